@@ -1,0 +1,1 @@
+"""minicompile: a small deep-learning compiler for PyTorch programs."""

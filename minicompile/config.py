@@ -1,0 +1,95 @@
+"""The one configuration object.
+
+Every option lives in the frozen :class:`Config` dataclass, read from ``MINICOMPILE_*``
+environment variables once, when this module is imported.  Per-call options (``backend=``,
+``dynamic=``...) override it through :func:`dataclasses.replace`; tests use :func:`patch`.
+``os.environ`` is read nowhere else in the package.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+LOG_PARTS = ("graph", "guards", "recompiles", "graph_breaks", "fusion", "output_code")
+
+
+def _flag(value: str | None) -> bool:
+    return (value or "").strip().lower() in ("1", "true", "yes", "on")
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    backend: str = "auto"  # "auto" | "cpp" | "triton"
+    dynamic: bool | None = None
+    fullgraph: bool = False
+    mode: str | None = None
+    # Where generated code and built libraries live between processes.
+    cache_dir: Path = Path.home() / ".cache" / "minicompile"
+    # MINICOMPILE_TRACE=1: print graphs, fused groups and kernels to stderr and write them
+    # under trace_dir.
+    trace: bool = False
+    trace_dir: Path = Path("minicompile_trace")
+    # MINICOMPILE_LOGS=graph,guards,...: the parts of the trace to print.
+    logs: frozenset[str] = frozenset()
+    # Compiled entries kept per code object before the code runs eagerly.
+    recompile_limit: int = 8
+    # Raise instead of falling back to eager when a kernel fails to build.
+    strict: bool = False
+    cxx: str = "g++"
+    cxx_flags: tuple[str, ...] = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC")
+    # Triton's interpreter runs kernels on CPU tensors (how the Triton backend is tested
+    # without a GPU).  Read from TRITON_INTERPRET, Triton's own switch.
+    triton_interpret: bool = False
+
+    def logging(self, part: str) -> bool:
+        """Whether ``part`` (one of LOG_PARTS) should be printed."""
+        return self.trace or part in self.logs
+
+
+def from_env(env: dict[str, str] | os._Environ = os.environ) -> Config:
+    logs = frozenset(p.strip() for p in env.get("MINICOMPILE_LOGS", "").split(",") if p.strip())
+    unknown = logs - set(LOG_PARTS) - {"all"}
+    if unknown:
+        raise ValueError(
+            f"MINICOMPILE_LOGS: unknown part(s) {sorted(unknown)}; known: {', '.join(LOG_PARTS)}"
+        )
+    if "all" in logs:
+        logs = frozenset(LOG_PARTS)
+    cfg = Config(
+        trace=_flag(env.get("MINICOMPILE_TRACE")),
+        logs=logs,
+        strict=_flag(env.get("MINICOMPILE_STRICT")),
+        triton_interpret=_flag(env.get("TRITON_INTERPRET")),
+    )
+    if "MINICOMPILE_CACHE_DIR" in env:
+        cfg = dataclasses.replace(cfg, cache_dir=Path(env["MINICOMPILE_CACHE_DIR"]))
+    if "MINICOMPILE_TRACE_DIR" in env:
+        cfg = dataclasses.replace(cfg, trace_dir=Path(env["MINICOMPILE_TRACE_DIR"]))
+    if "MINICOMPILE_BACKEND" in env:
+        cfg = dataclasses.replace(cfg, backend=env["MINICOMPILE_BACKEND"])
+    if "CXX" in env:
+        cfg = dataclasses.replace(cfg, cxx=env["CXX"])
+    return cfg
+
+
+_config = from_env()
+
+
+def get() -> Config:
+    return _config
+
+
+@contextlib.contextmanager
+def patch(**changes: object) -> Iterator[Config]:
+    """Temporarily replace fields of the global config (for tests)."""
+    global _config
+    saved = _config
+    _config = dataclasses.replace(_config, **changes)
+    try:
+        yield _config
+    finally:
+        _config = saved

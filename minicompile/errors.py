@@ -1,0 +1,34 @@
+"""Exceptions that carry a reason a user can act on."""
+
+from __future__ import annotations
+
+from minicompile.graph import SourceLine
+
+
+class Unsupported(Exception):
+    """Something the compiler cannot handle: the frame (or, later, the segment) runs eagerly.
+
+    ``reason`` is one line in the user's terms ("print() is not traceable"); ``stack`` is the
+    user's source, outermost frame first, where the construct was met.
+    """
+
+    def __init__(self, reason: str, stack: tuple[SourceLine, ...] = (), hint: str = "") -> None:
+        self.reason = reason
+        self.stack = tuple(stack)
+        self.hint = hint
+        super().__init__(self.describe())
+
+    def describe(self) -> str:
+        text = self.reason
+        if self.stack:
+            where = self.stack[-1]
+            text += f"\n  at {where.filename}:{where.lineno} in {where.function}"
+            if where.text:
+                text += f"\n    {where.text.strip()}"
+        if self.hint:
+            text += f"\n  hint: {self.hint}"
+        return text
+
+
+class BackendCompilerFailed(Exception):
+    """A kernel did not build; the frame falls back to eager unless strict mode is on."""

@@ -1,0 +1,269 @@
+"""The graph IR: an FX-like list of nodes in topological order.
+
+A :class:`Graph` holds ``placeholder`` nodes (the inputs), ``call`` nodes (one op of
+:mod:`minicompile.ops` each) and one ``output`` node.  Every tensor-valued node carries a
+:class:`TensorMeta`; sizes and strides are sympy expressions (plain integers today, size
+symbols once shapes are dynamic).  Nodes keep their ``users`` up to date themselves, so
+passes can ask who reads a value.  ``str(graph)`` is the canonical, stable text form::
+
+    graph(x: f32[8, 8], y: f32[8, 8]):
+        %0 = placeholder x : f32[8, 8]
+        %2 = sin(%0) : f32[8, 8]    # trig.py:9  a = torch.sin(x)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any
+
+import sympy
+import torch
+
+DTYPE_ABBR: dict[torch.dtype, str] = {
+    torch.float64: "f64",
+    torch.float32: "f32",
+    torch.float16: "f16",
+    torch.bfloat16: "bf16",
+    torch.int64: "i64",
+    torch.int32: "i32",
+    torch.int16: "i16",
+    torch.int8: "i8",
+    torch.uint8: "u8",
+    torch.bool: "b8",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorMeta:
+    """What the compiler knows of a tensor without its data."""
+
+    shape: tuple[sympy.Expr, ...]
+    stride: tuple[sympy.Expr, ...]
+    dtype: torch.dtype
+    device: torch.device
+    requires_grad: bool = False
+    storage_offset: sympy.Expr = sympy.Integer(0)
+
+    @staticmethod
+    def of(t: torch.Tensor) -> TensorMeta:
+        return TensorMeta(
+            shape=tuple(sympy.Integer(s) for s in t.shape),
+            stride=tuple(sympy.Integer(s) for s in t.stride()),
+            dtype=t.dtype,
+            device=t.device,
+            requires_grad=t.requires_grad,
+            storage_offset=sympy.Integer(t.storage_offset()),
+        )
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    def numel(self) -> sympy.Expr:
+        return sympy.Mul(*self.shape) if self.shape else sympy.Integer(1)
+
+    def concrete_shape(self) -> tuple[int, ...]:
+        return tuple(int(s) for s in self.shape)
+
+    def concrete_stride(self) -> tuple[int, ...]:
+        return tuple(int(s) for s in self.stride)
+
+    def fake(self) -> torch.Tensor:
+        """A tensor on the meta device with this layout, for shape and dtype inference."""
+        return torch.empty_strided(
+            self.concrete_shape(), self.concrete_stride(), dtype=self.dtype, device="meta"
+        )
+
+    def __str__(self) -> str:
+        dims = ", ".join(str(s) for s in self.shape)
+        return f"{DTYPE_ABBR.get(self.dtype, str(self.dtype))}[{dims}]"
+
+
+@dataclasses.dataclass(frozen=True)
+class SourceLine:
+    """One frame of the user's source that produced a node (outermost first in a stack)."""
+
+    filename: str
+    lineno: int
+    function: str
+    text: str = ""
+
+    def __str__(self) -> str:
+        import os.path
+
+        where = f"{os.path.basename(self.filename)}:{self.lineno}"
+        return f"{where}  {self.text.strip()}" if self.text else where
+
+
+@dataclasses.dataclass(eq=False)  # identity hash: nodes are graph vertices
+class Node:
+    op: str  # "placeholder" | "call" | "output"
+    target: str  # op name for "call", the input's source name for "placeholder"
+    args: tuple
+    kwargs: dict[str, Any]
+    meta: TensorMeta | None
+    stack: tuple[SourceLine, ...] = ()
+    users: list[Node] = dataclasses.field(default_factory=list, repr=False)
+    index: int = -1  # position in the graph; set by Graph
+
+    def inputs(self) -> Iterator[Node]:
+        """The nodes this node reads, in argument order."""
+        return iter(flatten_nodes((self.args, tuple(self.kwargs.values()))))
+
+    def __repr__(self) -> str:
+        return f"%{self.index}"
+
+
+def flatten_nodes(value: Any) -> list[Node]:
+    out: list[Node] = []
+
+    def visit(v: Any) -> None:
+        if isinstance(v, Node):
+            out.append(v)
+        elif isinstance(v, (tuple, list)):
+            for item in v:
+                visit(item)
+        elif isinstance(v, dict):
+            for item in v.values():
+                visit(item)
+
+    visit(value)
+    return out
+
+
+def map_nodes(value: Any, fn: Callable[[Node], Any]) -> Any:
+    """Rebuild ``value`` (nested tuples/lists/dicts) with every Node replaced by fn(node)."""
+    if isinstance(value, Node):
+        return fn(value)
+    if isinstance(value, tuple):
+        return tuple(map_nodes(v, fn) for v in value)
+    if isinstance(value, list):
+        return [map_nodes(v, fn) for v in value]
+    if isinstance(value, dict):
+        return {k: map_nodes(v, fn) for k, v in value.items()}
+    return value
+
+
+def format_arg(value: Any) -> str:
+    if isinstance(value, Node):
+        return repr(value)
+    if isinstance(value, tuple):
+        inner = ", ".join(format_arg(v) for v in value)
+        return f"({inner},)" if len(value) == 1 else f"({inner})"
+    if isinstance(value, list):
+        return "[" + ", ".join(format_arg(v) for v in value) + "]"
+    if isinstance(value, torch.dtype):
+        return str(value)
+    return repr(value)
+
+
+class Graph:
+    def __init__(self, name: str = "graph") -> None:
+        self.name = name
+        self.nodes: list[Node] = []
+
+    # -- building ---------------------------------------------------------------------------
+
+    def _append(self, node: Node) -> Node:
+        node.index = len(self.nodes)
+        self.nodes.append(node)
+        for inp in node.inputs():
+            inp.users.append(node)
+        return node
+
+    def placeholder(self, name: str, meta: TensorMeta) -> Node:
+        return self._append(Node("placeholder", name, (), {}, meta))
+
+    def call(
+        self,
+        target: str,
+        args: tuple,
+        kwargs: dict[str, Any] | None = None,
+        meta: TensorMeta | None = None,
+        stack: tuple[SourceLine, ...] = (),
+    ) -> Node:
+        return self._append(Node("call", target, tuple(args), dict(kwargs or {}), meta, stack))
+
+    def output(self, values: Sequence[Node]) -> Node:
+        return self._append(Node("output", "output", (tuple(values),), {}, None))
+
+    # -- reading ----------------------------------------------------------------------------
+
+    @property
+    def placeholders(self) -> list[Node]:
+        return [n for n in self.nodes if n.op == "placeholder"]
+
+    @property
+    def output_node(self) -> Node:
+        assert self.nodes and self.nodes[-1].op == "output", "graph has no output node"
+        return self.nodes[-1]
+
+    @property
+    def outputs(self) -> tuple[Node, ...]:
+        return self.output_node.args[0]
+
+    def calls(self) -> Iterable[Node]:
+        return (n for n in self.nodes if n.op == "call")
+
+    def verify(self) -> None:
+        """Check the invariants every pass must keep; raise AssertionError on the first break."""
+        seen: set[int] = set()
+        for i, node in enumerate(self.nodes):
+            assert node.index == i, f"node {node!r} has index {node.index}, position {i}"
+            for inp in node.inputs():
+                assert id(inp) in seen, f"{node!r} reads {inp!r} before it is defined"
+                assert node in inp.users, f"{inp!r} does not list its user {node!r}"
+            if node.op in ("placeholder", "call"):
+                assert node.meta is not None, f"{node!r} ({node.target}) has no meta"
+            if node.op == "output":
+                assert i == len(self.nodes) - 1, "output is not the last node"
+            seen.add(id(node))
+        for node in self.nodes:
+            for user in node.users:
+                assert id(user) in seen and node in list(user.inputs()), (
+                    f"{node!r} lists stale user {user!r}"
+                )
+        assert self.nodes and self.nodes[-1].op == "output", "graph has no output node"
+
+    def __str__(self) -> str:
+        params = ", ".join(f"{n.target}: {n.meta}" for n in self.placeholders)
+        lines = [f"{self.name}({params}):"]
+        for n in self.nodes:
+            if n.op == "placeholder":
+                lines.append(f"    %{n.index} = placeholder {n.target} : {n.meta}")
+            elif n.op == "call":
+                parts = [format_arg(a) for a in n.args]
+                parts += [f"{k}={format_arg(v)}" for k, v in n.kwargs.items()]
+                text = f"    %{n.index} = {n.target}({', '.join(parts)}) : {n.meta}"
+                if n.stack:
+                    text = f"{text:<48}  # {n.stack[-1]}"
+                lines.append(text)
+            else:
+                lines.append(f"    return {format_arg(n.args[0])}")
+        return "\n".join(lines)
+
+
+def copy_graph(graph: Graph, rewrite: Callable[[Graph, Node, Callable], Node | None]) -> Graph:
+    """Copy ``graph`` node by node; ``rewrite(new_graph, node, remap)`` may emit replacement
+    nodes and return the node standing for ``node`` (or None to copy it as is).
+    ``remap`` maps old argument values to the new graph.  The input graph is not changed."""
+    new = Graph(graph.name)
+    env: dict[Node, Node] = {}
+
+    def remap(value: Any) -> Any:
+        return map_nodes(value, lambda n: env[n])
+
+    for node in graph.nodes:
+        if node.op == "placeholder":
+            env[node] = new.placeholder(node.target, node.meta)
+        elif node.op == "output":
+            new.output(remap(node.args[0]))
+        else:
+            replaced = rewrite(new, node, remap)
+            if replaced is None:
+                replaced = new.call(
+                    node.target, remap(node.args), remap(node.kwargs), node.meta, node.stack
+                )
+            env[node] = replaced
+    return new

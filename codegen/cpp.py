@@ -1,0 +1,308 @@
+"""C++ kernels for fused pointwise groups: OpenMP over the outer loop, a plain inner loop
+the compiler vectorises.
+
+Each kernel is an ``extern "C"`` function over raw pointers.  float16 and bfloat16 are
+stored as ``uint16_t``, converted to float on load, rounded back after each op (as eager
+does) and converted on store.  Emitters only return text: the runtime builds and loads.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from minicompile.ir import LOW_PRECISION, Cast, Constant, Expr, Load, Op, walk
+
+from minicompile.codegen.common import CodeWriter, KernelPlan
+from minicompile.codegen.printers import cpp_index
+
+CPP_DTYPES: dict[torch.dtype, str] = {
+    torch.float64: "double",
+    torch.float32: "float",
+    torch.float16: "uint16_t",
+    torch.bfloat16: "uint16_t",
+    torch.int64: "int64_t",
+    torch.int32: "int32_t",
+    torch.int16: "int16_t",
+    torch.int8: "int8_t",
+    torch.uint8: "uint8_t",
+    torch.bool: "bool",
+}
+
+# Pointwise ops: format strings over the operands' variable names; "{t}" is the C type the
+# op computes in.  The mc_* helpers are in PREAMBLE.
+CPP_OPS: dict[str, str] = {
+    "add": "{0} + {1}",
+    "sub": "{0} - {1}",
+    "mul": "{0} * {1}",
+    "truediv": "{0} / {1}",
+    "floordiv": "mc_floordiv({0}, {1})",
+    "floordiv_int": "mc_floordiv_int({0}, {1})",
+    "remainder": "mc_remainder({0}, {1})",
+    "remainder_int": "mc_remainder_int({0}, {1})",
+    "pow": "std::pow({0}, {1})",
+    "maximum": "mc_maximum({0}, {1})",
+    "minimum": "mc_minimum({0}, {1})",
+    "eq": "{0} == {1}",
+    "ne": "{0} != {1}",
+    "lt": "{0} < {1}",
+    "le": "{0} <= {1}",
+    "gt": "{0} > {1}",
+    "ge": "{0} >= {1}",
+    "logical_and": "{0} && {1}",
+    "logical_or": "{0} || {1}",
+    "logical_xor": "{0} != {1}",
+    "logical_not": "!{0}",
+    "bitwise_and": "static_cast<{t}>({0} & {1})",
+    "bitwise_or": "static_cast<{t}>({0} | {1})",
+    "bitwise_xor": "static_cast<{t}>({0} ^ {1})",
+    "bitwise_not": "static_cast<{t}>(~{0})",
+    "bitwise_not_bool": "!{0}",
+    "neg": "static_cast<{t}>(-{0})",
+    "abs": "static_cast<{t}>(std::abs({0}))",
+    "exp": "std::exp({0})",
+    "exp2": "std::exp2({0})",
+    "expm1": "std::expm1({0})",
+    "log": "std::log({0})",
+    "log2": "std::log2({0})",
+    "log1p": "std::log1p({0})",
+    "sqrt": "std::sqrt({0})",
+    "rsqrt": "static_cast<{t}>(1) / std::sqrt({0})",
+    "reciprocal": "static_cast<{t}>(1) / {0}",
+    "sin": "std::sin({0})",
+    "cos": "std::cos({0})",
+    "tan": "std::tan({0})",
+    "tanh": "std::tanh({0})",
+    "sigmoid": "static_cast<{t}>(1) / (static_cast<{t}>(1) + std::exp(-{0}))",
+    "erf": "std::erf({0})",
+    "floor": "std::floor({0})",
+    "ceil": "std::ceil({0})",
+    "trunc": "std::trunc({0})",
+    "round": "std::nearbyint({0})",
+    "sign": "static_cast<{t}>(({0} > 0) - ({0} < 0))",
+    "where": "{0} ? {1} : {2}",
+}
+
+INT_VARIANTS = {"floordiv": "floordiv_int", "remainder": "remainder_int"}
+INT_IDENTITY = {"floor", "ceil", "trunc", "round"}
+# Small kernels run on one thread: starting the OpenMP team costs more than the work.
+PARALLEL_THRESHOLD = 32768
+
+
+def compute_type(dtype: torch.dtype) -> str:
+    return "float" if dtype in LOW_PRECISION else CPP_DTYPES[dtype]
+
+
+def _to_float(dtype: torch.dtype) -> str:
+    return "mc_half_to_float" if dtype == torch.float16 else "mc_bf16_to_float"
+
+
+def _from_float(dtype: torch.dtype) -> str:
+    return "mc_float_to_half" if dtype == torch.float16 else "mc_float_to_bf16"
+
+
+def _literal(value: bool | int | float, dtype: torch.dtype) -> str:
+    if dtype == torch.bool:
+        return "true" if value else "false"
+    if dtype.is_floating_point:
+        v = float(value)
+        if math.isnan(v):
+            text = "std::numeric_limits<double>::quiet_NaN()"
+        elif math.isinf(v):
+            text = ("-" if v < 0 else "") + "std::numeric_limits<double>::infinity()"
+        else:
+            text = repr(v)
+        return f"static_cast<{compute_type(dtype)}>({text})"
+    return f"static_cast<{CPP_DTYPES[dtype]}>({int(value)}LL)"
+
+
+class CppKernel:
+    def __init__(self, plan: KernelPlan) -> None:
+        self.plan = plan
+        self.w = CodeWriter()
+        self.names: dict[Expr, str] = {}
+        self.count = 0
+
+    def signature(self) -> str:
+        p = self.plan
+        params = [
+            f"const {CPP_DTYPES[dtype]}* __restrict__ in_ptr{k}"
+            for k, (_, dtype) in enumerate(p.inputs)
+        ]
+        params += [
+            f"{CPP_DTYPES[st.dtype]}* __restrict__ out_ptr{k}" for k, st in enumerate(p.stores)
+        ]
+        return f'extern "C" void {p.name}({", ".join(params)})'
+
+    def emit(self) -> str:
+        p, w = self.plan, self.w
+        for row in p.header_comment():
+            w.line(f"// {row}")
+        with w.block(self.signature()):
+            numel = int(p.numel)
+            ranges = [int(r) for r in p.ranges]
+            if not ranges:  # a 0-dim result: one element
+                self.emit_body()
+            else:
+                if numel >= PARALLEL_THRESHOLD:
+                    w.line("#pragma omp parallel for")
+                self._loops(0, ranges)
+        return w.text()
+
+    def _loops(self, depth: int, ranges: list[int]) -> None:
+        x = self.plan.loop_vars[depth]
+        if depth == len(ranges) - 1 and depth > 0:
+            self.w.line("#pragma omp simd")
+        with self.w.block(f"for (int64_t {x} = 0; {x} < {ranges[depth]}; ++{x})"):
+            if depth + 1 < len(ranges):
+                self._loops(depth + 1, ranges)
+            else:
+                self.names.clear()  # values are per element: define them inside the loop
+                self.count = 0
+                self.emit_body()
+
+    def emit_body(self) -> None:
+        p = self.plan
+        for store in p.stores:
+            value = self.value(store.value)
+            if store.dtype in LOW_PRECISION:
+                value = f"{_from_float(store.dtype)}({value})"
+            elif store.value.dtype != store.dtype:
+                value = f"static_cast<{CPP_DTYPES[store.dtype]}>({value})"
+            self.w.line(f"{p.pointer(store.buffer)}[{cpp_index(store.index)}] = {value};")
+
+    def fresh(self, text: str, ctype: str) -> str:
+        name = f"tmp{self.count}"
+        self.count += 1
+        self.w.line(f"{ctype} {name} = {text};")
+        return name
+
+    def value(self, expr: Expr) -> str:
+        for e in walk(expr):
+            if e not in self.names:
+                self.names[e] = self.emit_expr(e)
+        return self.names[expr]
+
+    def emit_expr(self, e: Expr) -> str:
+        ctype = compute_type(e.dtype)
+        if isinstance(e, Load):
+            text = f"{self.plan.pointer(e.buffer)}[{cpp_index(e.index)}]"
+            if e.dtype in LOW_PRECISION:
+                text = f"{_to_float(e.dtype)}({text})"
+            return self.fresh(text, ctype)
+        if isinstance(e, Constant):
+            return _literal(e.value, e.dtype)
+        if isinstance(e, Cast):
+            x = self.names[e.x]
+            if e.dtype == torch.bool:
+                return self.fresh(f"{x} != 0", ctype)
+            text = f"static_cast<{ctype}>({x})"
+            if e.dtype in LOW_PRECISION:
+                text = f"mc_round_{'half' if e.dtype == torch.float16 else 'bf16'}({text})"
+            return self.fresh(text, ctype)
+        assert isinstance(e, Op)
+        args = [self.names[a] for a in e.args]
+        operand_dtype = e.args[-1].dtype
+        op = e.op
+        if not operand_dtype.is_floating_point:
+            if op in INT_IDENTITY:
+                return args[0]
+            op = INT_VARIANTS.get(op, op)
+            if op == "bitwise_not" and operand_dtype == torch.bool:
+                op = "bitwise_not_bool"
+        text = CPP_OPS[op].format(*args, t=ctype)
+        if e.dtype in LOW_PRECISION:
+            text = f"mc_round_{'half' if e.dtype == torch.float16 else 'bf16'}({text})"
+        return self.fresh(text, ctype)
+
+
+def emit_kernel(plan: KernelPlan) -> str:
+    return CppKernel(plan).emit()
+
+
+PREAMBLE = r"""
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+
+// float16 and bfloat16 are stored as uint16_t and computed in float.
+static inline float mc_bf16_to_float(uint16_t h) {
+    uint32_t u = static_cast<uint32_t>(h) << 16;
+    float f;
+    std::memcpy(&f, &u, 4);
+    return f;
+}
+static inline uint16_t mc_float_to_bf16(float f) {  // round to nearest even
+    uint32_t u;
+    std::memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40u);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return static_cast<uint16_t>(u >> 16);
+}
+#if defined(__FLT16_MANT_DIG__)
+static inline float mc_half_to_float(uint16_t h) {
+    _Float16 v;
+    std::memcpy(&v, &h, 2);
+    return static_cast<float>(v);
+}
+static inline uint16_t mc_float_to_half(float f) {
+    _Float16 v = static_cast<_Float16>(f);
+    uint16_t h;
+    std::memcpy(&h, &v, 2);
+    return h;
+}
+#else
+static inline float mc_half_to_float(uint16_t h) {
+    uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+    uint32_t exp = (h >> 10) & 0x1fu, mant = h & 0x3ffu, u;
+    if (exp == 0) {
+        float f = std::ldexp(static_cast<float>(mant), -24);
+        return sign ? -f : f;
+    }
+    u = exp == 31 ? (sign | 0x7f800000u | (mant << 13)) : (sign | ((exp + 112) << 23) | (mant << 13));
+    float f;
+    std::memcpy(&f, &u, 4);
+    return f;
+}
+static inline uint16_t mc_float_to_half(float f) {
+    uint32_t u;
+    std::memcpy(&u, &f, 4);
+    uint16_t sign = static_cast<uint16_t>((u >> 16) & 0x8000u);
+    uint32_t mag = u & 0x7fffffffu;
+    if (mag >= 0x7f800000u) return sign | (mag > 0x7f800000u ? 0x7e00u : 0x7c00u);
+    if (mag >= 0x477ff000u) return sign | 0x7c00u;
+    if (mag < 0x38800000u) return sign | static_cast<uint16_t>(std::nearbyint(std::fabs(f) * 16777216.0f));
+    mag += 0xfffu + ((mag >> 13) & 1u);
+    return sign | static_cast<uint16_t>((mag - 0x38000000u) >> 13);
+}
+#endif
+static inline float mc_round_half(float f) { return mc_half_to_float(mc_float_to_half(f)); }
+static inline float mc_round_bf16(float f) { return mc_bf16_to_float(mc_float_to_bf16(f)); }
+
+// PyTorch's semantics where C++'s operators differ.
+template <typename T> static inline T mc_maximum(T a, T b) { return (a > b || a != a) ? a : b; }
+template <typename T> static inline T mc_minimum(T a, T b) { return (a < b || a != a) ? a : b; }
+template <typename T> static inline T mc_remainder(T a, T b) {
+    T r = std::fmod(a, b);
+    return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r;
+}
+template <typename T> static inline T mc_remainder_int(T a, T b) {
+    T r = a % b;
+    return (r != 0 && ((r < 0) != (b < 0))) ? static_cast<T>(r + b) : r;
+}
+template <typename T> static inline T mc_floordiv(T a, T b) {
+    if (b == 0) return a / b;
+    T r = std::fmod(a, b);
+    T q = (a - r) / b;
+    if (r != 0 && ((b < 0) != (r < 0))) q -= 1;
+    if (q == 0) return std::copysign(T(0), a / b);
+    T f = std::floor(q);
+    return (q - f > T(0.5)) ? f + 1 : f;
+}
+template <typename T> static inline T mc_floordiv_int(T a, T b) {
+    T q = a / b;
+    return ((a % b) != 0 && ((a < 0) != (b < 0))) ? static_cast<T>(q - 1) : q;
+}
+"""

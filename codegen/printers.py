@@ -1,0 +1,75 @@
+"""Index expressions to text, one printer per backend.  Only these turn sympy into code."""
+
+from __future__ import annotations
+
+import sympy
+
+from minicompile.sym import FloorDiv, ModularIndexing
+
+
+class IndexPrinter:
+    """Prints integer index arithmetic: sums, products, floor division and modulo."""
+
+    def floordiv(self, a: str, b: str) -> str:
+        raise NotImplementedError
+
+    def mod(self, a: str, b: str) -> str:
+        raise NotImplementedError
+
+    def __call__(self, expr: sympy.Expr) -> str:
+        return self.print(sympy.sympify(expr))
+
+    def print(self, e: sympy.Expr) -> str:
+        if e.is_Integer:
+            return str(int(e))
+        if e.is_Symbol:
+            return e.name
+        if isinstance(e, sympy.Add):
+            terms = sorted(e.args, key=lambda t: (t.is_Number, sympy.default_sort_key(t)))
+            text = self.print(terms[0])
+            for t in terms[1:]:
+                if t.could_extract_minus_sign():
+                    text += f" - {self.atom(-t)}"
+                else:
+                    text += f" + {self.print(t)}"
+            return text
+        if isinstance(e, sympy.Mul):
+            factors = sorted(e.args, key=lambda f: (not f.is_Number, sympy.default_sort_key(f)))
+            if factors[0] == -1:
+                return f"-{self.atom(sympy.Mul(*factors[1:]))}"
+            return "*".join(self.atom(f) for f in factors)
+        if isinstance(e, sympy.Pow) and e.exp.is_Integer and int(e.exp) > 0:
+            return "*".join([self.atom(e.base)] * int(e.exp))
+        if isinstance(e, FloorDiv):
+            return self.floordiv(self.atom(e.args[0]), self.atom(e.args[1]))
+        if isinstance(e, ModularIndexing):
+            base, div, mod = e.args
+            inner = self.atom(base) if div == 1 else self.floordiv(self.atom(base), self.atom(div))
+            return self.mod(inner, self.atom(mod))
+        raise NotImplementedError(f"cannot print index expression {e} ({type(e).__name__})")
+
+    def atom(self, e: sympy.Expr) -> str:
+        text = self.print(e)
+        if isinstance(e, sympy.Add):
+            return f"({text})"
+        return text
+
+
+class TritonIndexPrinter(IndexPrinter):
+    def floordiv(self, a: str, b: str) -> str:
+        return f"({a} // {b})"
+
+    def mod(self, a: str, b: str) -> str:
+        return f"({a} % {b})"
+
+
+class CppIndexPrinter(IndexPrinter):
+    def floordiv(self, a: str, b: str) -> str:
+        return f"({a} / {b})"
+
+    def mod(self, a: str, b: str) -> str:
+        return f"({a} % {b})"
+
+
+triton_index = TritonIndexPrinter()
+cpp_index = CppIndexPrinter()

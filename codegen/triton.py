@@ -1,0 +1,285 @@
+"""Triton kernels for fused pointwise groups, shaped like the Triton tutorials.
+
+One program handles ``XBLOCK`` consecutive elements of the flattened iteration space;
+``xindex`` is split into the plan's loop variables with ``//`` and ``%``.  float16 and
+bfloat16 values are computed in float32 and rounded back after each op, as eager does.
+Emitters only return text: the runtime builds and launches.
+"""
+
+from __future__ import annotations
+
+import math
+
+import sympy
+import torch
+
+from minicompile.ir import LOW_PRECISION, Cast, Constant, Expr, Load, Op, walk
+from minicompile.sym import FloorDiv, ModularIndexing
+
+from minicompile.codegen.common import CodeWriter, KernelPlan
+from minicompile.codegen.printers import triton_index
+
+TRITON_DTYPES: dict[torch.dtype, str] = {
+    torch.float64: "tl.float64",
+    torch.float32: "tl.float32",
+    torch.float16: "tl.float16",
+    torch.bfloat16: "tl.bfloat16",
+    torch.int64: "tl.int64",
+    torch.int32: "tl.int32",
+    torch.int16: "tl.int16",
+    torch.int8: "tl.int8",
+    torch.uint8: "tl.uint8",
+    torch.bool: "tl.int1",
+}
+
+# Pointwise ops: format strings over the operands' variable names.  "{t}" is the result's
+# compute dtype.  The mc_* helpers are in PREAMBLE.
+TRITON_OPS: dict[str, str] = {
+    "add": "{0} + {1}",
+    "sub": "{0} - {1}",
+    "mul": "{0} * {1}",
+    "truediv": "{0} / {1}",
+    "floordiv": "mc_floordiv({0}, {1})",
+    "floordiv_int": "mc_floordiv_int({0}, {1})",
+    "remainder": "mc_remainder({0}, {1})",
+    "remainder_int": "mc_remainder_int({0}, {1})",
+    "pow": "libdevice.pow({0}, {1})",
+    "maximum": "mc_maximum({0}, {1})",
+    "minimum": "mc_minimum({0}, {1})",
+    "eq": "{0} == {1}",
+    "ne": "{0} != {1}",
+    "lt": "{0} < {1}",
+    "le": "{0} <= {1}",
+    "gt": "{0} > {1}",
+    "ge": "{0} >= {1}",
+    "logical_and": "{0} & {1}",
+    "logical_or": "{0} | {1}",
+    "logical_xor": "{0} ^ {1}",
+    "logical_not": "{0} == 0",
+    "bitwise_and": "{0} & {1}",
+    "bitwise_or": "{0} | {1}",
+    "bitwise_xor": "{0} ^ {1}",
+    "bitwise_not": "~{0}",
+    "bitwise_not_bool": "{0} == 0",
+    "neg": "-{0}",
+    "abs": "tl.abs({0})",
+    "exp": "libdevice.exp({0})",
+    "exp2": "libdevice.exp2({0})",
+    "expm1": "libdevice.expm1({0})",
+    "log": "libdevice.log({0})",
+    "log2": "libdevice.log2({0})",
+    "log1p": "libdevice.log1p({0})",
+    "sqrt": "libdevice.sqrt({0})",
+    "rsqrt": "libdevice.rsqrt({0})",
+    "reciprocal": "1.0 / {0}",
+    "sin": "libdevice.sin({0})",
+    "cos": "libdevice.cos({0})",
+    "tan": "libdevice.tan({0})",
+    "tanh": "libdevice.tanh({0})",
+    "sigmoid": "1.0 / (1.0 + libdevice.exp(-{0}))",
+    "erf": "libdevice.erf({0})",
+    "floor": "libdevice.floor({0})",
+    "ceil": "libdevice.ceil({0})",
+    "trunc": "libdevice.trunc({0})",
+    "round": "libdevice.nearbyint({0})",
+    "sign": "({0} > 0).to({t}) - ({0} < 0).to({t})",
+    "where": "tl.where({0}, {1}, {2})",
+}
+
+# Ops whose integer forms differ, and those that are the identity on integers.
+INT_VARIANTS = {"floordiv": "floordiv_int", "remainder": "remainder_int"}
+INT_IDENTITY = {"floor", "ceil", "trunc", "round"}
+
+
+def compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float32 if dtype in LOW_PRECISION else dtype
+
+
+def _literal(value: bool | int | float, dtype: torch.dtype) -> str:
+    if dtype == torch.bool:
+        return "1" if value else "0"
+    if dtype.is_floating_point:
+        v = float(value)
+        text = repr(v) if math.isfinite(v) else f'float("{v}")'
+        if dtype == torch.float64:
+            return f"tl.full([], {text}, tl.float64)"
+        return text
+    if dtype == torch.int64 and not -(2**31) <= int(value) < 2**31:
+        return f"tl.full([], {int(value)}, tl.int64)"
+    return str(int(value))
+
+
+class TritonKernel:
+    """Emits one ``@triton.jit`` function for a plan."""
+
+    def __init__(self, plan: KernelPlan, wide_index: bool) -> None:
+        self.plan = plan
+        self.wide_index = wide_index  # int64 index arithmetic
+        self.w = CodeWriter()
+        self.names: dict[Expr, str] = {}
+        self.vector: set[str] = set()  # variables that hold XBLOCK values (not scalars)
+        self.count = 0
+
+    def emit(self) -> str:
+        p, w = self.plan, self.w
+        w.line("@triton.jit")
+        w.line(f"def {p.name}({', '.join(p.params())}, xnumel, XBLOCK: tl.constexpr):")
+        with w.indent():
+            for row in p.header_comment():
+                w.line(f"# {row}")
+            if self.wide_index:
+                w.line("xoffset = tl.program_id(0).to(tl.int64) * XBLOCK")
+            else:
+                w.line("xoffset = tl.program_id(0) * XBLOCK")
+            w.line("xindex = xoffset + tl.arange(0, XBLOCK)")
+            w.line("xmask = xindex < xnumel")
+            self.emit_loop_vars()
+            for store in p.stores:
+                value = self.value(store.value)
+                if value not in self.vector:
+                    value = f"tl.broadcast_to({value}, [XBLOCK])"
+                if compute_dtype(store.value.dtype) != store.dtype:
+                    value = f"{value}.to({TRITON_DTYPES[store.dtype]})"
+                index = triton_index(store.index)
+                if not store.index.free_symbols:  # one element (a 0-dim result)
+                    index = f"xindex * 0 + {index}"
+                w.line(f"tl.store({p.pointer(store.buffer)} + ({index}), {value}, xmask)")
+        return w.text()
+
+    def emit_loop_vars(self) -> None:
+        p = self.plan
+        if not p.loop_vars:
+            return
+        if len(p.loop_vars) == 1:
+            self.w.line(f"{p.loop_vars[0]} = xindex")
+            return
+        inner = sympy.Integer(1)
+        exprs = []
+        for x, size in reversed(list(zip(p.loop_vars, p.ranges))):
+            exprs.append((x, inner, size))
+            inner = inner * size
+        for x, div, size in reversed(exprs):
+            if x == p.loop_vars[0]:
+                text = triton_index(FloorDiv(sympy.Symbol("xindex"), div))
+            else:
+                text = triton_index(ModularIndexing(sympy.Symbol("xindex"), div, size))
+            self.w.line(f"{x} = {text}")
+
+    def fresh(self, text: str, vector: bool) -> str:
+        name = f"tmp{self.count}"
+        self.count += 1
+        self.w.line(f"{name} = {text}")
+        if vector:
+            self.vector.add(name)
+        return name
+
+    def value(self, expr: Expr) -> str:
+        for e in walk(expr):
+            if e not in self.names:
+                self.names[e] = self.emit_expr(e)
+        return self.names[expr]
+
+    def emit_expr(self, e: Expr) -> str:
+        if isinstance(e, Load):
+            vector = bool(e.index.free_symbols)
+            ptr = f"{self.plan.pointer(e.buffer)} + ({triton_index(e.index)})"
+            text = f"tl.load({ptr}, xmask)" if vector else f"tl.load({ptr})"
+            if e.dtype in LOW_PRECISION:
+                text += ".to(tl.float32)"
+            return self.fresh(text, vector)
+        if isinstance(e, Constant):
+            return _literal(e.value, e.dtype)
+        if isinstance(e, Cast):
+            x = self.names[e.x]
+            vector = x in self.vector
+            if e.dtype == torch.bool:
+                return self.fresh(f"{x} != 0", vector)
+            text = f"{x}.to({TRITON_DTYPES[e.dtype]})"
+            if e.dtype in LOW_PRECISION:  # round, then keep computing in float32
+                text += ".to(tl.float32)"
+            return self.fresh(text, vector)
+        assert isinstance(e, Op)
+        args = [self.names[a] for a in e.args]
+        vector = any(a in self.vector for a in args)
+        operand_dtype = e.args[-1].dtype
+        op = e.op
+        if not operand_dtype.is_floating_point:
+            if op in INT_IDENTITY:
+                return args[0]
+            op = INT_VARIANTS.get(op, op)
+            if op == "bitwise_not" and operand_dtype == torch.bool:
+                op = "bitwise_not_bool"
+        text = TRITON_OPS[op].format(*args, t=TRITON_DTYPES[compute_dtype(e.dtype)])
+        if e.dtype in LOW_PRECISION:
+            text = f"({text}).to({TRITON_DTYPES[e.dtype]}).to(tl.float32)"
+        return self.fresh(text, vector)
+
+
+def block_size(numel: int, interpret: bool) -> int:
+    """Elements per program.  The interpreter runs programs one after another, so there
+    larger blocks are faster."""
+    limit = 1 << 16 if interpret else 1024
+    return max(16, min(limit, 1 << max(0, (numel - 1).bit_length())))
+
+
+def emit_kernel(plan: KernelPlan) -> str:
+    numel = plan.numel
+    wide = not numel.is_Integer or int(numel) >= 2**31 - 2**20
+    return TritonKernel(plan, wide_index=wide).emit()
+
+
+PREAMBLE = """\
+import torch
+import triton
+import triton.language as tl
+from triton.language.extra import libdevice
+"""
+
+# Helpers with PyTorch's exact semantics where Triton's operators differ; a module gets
+# the ones its kernels call.
+HELPERS: dict[str, str] = {
+    "mc_maximum": """\
+@triton.jit
+def mc_maximum(a, b):  # NaN wins, as in torch.maximum
+    return tl.where((a > b) | (a != a), a, b)
+""",
+    "mc_minimum": """\
+@triton.jit
+def mc_minimum(a, b):
+    return tl.where((a < b) | (a != a), a, b)
+""",
+    "mc_remainder": """\
+@triton.jit
+def mc_remainder(a, b):  # the sign of the divisor, as Python's %
+    r = libdevice.fmod(a, b)
+    return tl.where((r != 0) & ((r < 0) != (b < 0)), r + b, r)
+""",
+    "mc_remainder_int": """\
+@triton.jit
+def mc_remainder_int(a, b):
+    r = a % b
+    return tl.where((r != 0) & ((r < 0) != (b < 0)), r + b, r)
+""",
+    "mc_floordiv": """\
+@triton.jit
+def mc_floordiv(a, b):  # torch's div_floor for floating point
+    r = libdevice.fmod(a, b)
+    q = (a - r) / b
+    q = tl.where((r != 0) & ((b < 0) != (r < 0)), q - 1.0, q)
+    f = libdevice.floor(q)
+    f = tl.where(q - f > 0.5, f + 1.0, f)
+    return tl.where(b == 0, a / b, tl.where(q == 0, 0.0 * (a / b), f))
+""",
+    "mc_floordiv_int": """\
+@triton.jit
+def mc_floordiv_int(a, b):
+    q = a // b
+    return tl.where(((a % b) != 0) & ((a < 0) != (b < 0)), q - 1, q)
+""",
+}
+
+
+def helpers_for(kernels: list[str]) -> list[str]:
+    """The helper definitions the kernel texts call."""
+    text = "\n".join(kernels)
+    return [src for name, src in HELPERS.items() if f"{name}(" in text]

@@ -1,0 +1,123 @@
+"""The Python wrapper around a graph's kernels: allocate outputs, launch, return.
+
+``generate(program, groups, backend)`` returns a :class:`GeneratedCode`: the text of one
+Python module (kernels and a ``call(args)`` function for Triton; the ``call`` function and
+the ctypes bindings for C++) and, for C++, the text of the kernels' translation unit.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from minicompile.ir import AliasOutput, Layout, LoopProgram
+
+from minicompile.codegen import cpp, triton
+from minicompile.codegen.common import CodeWriter, KernelPlan, kernel_name, plan_kernel
+from minicompile.passes.fusion import FusedGroup
+
+
+@dataclasses.dataclass(frozen=True)
+class GeneratedCode:
+    backend: str  # "triton" | "cpp"
+    module: str  # Python source: kernels (Triton) and call(args)
+    cpp_source: str | None  # the C++ translation unit, for backend "cpp"
+    kernels: tuple[str, ...]  # kernel names
+
+
+def _shape(values: tuple) -> str:
+    inner = ", ".join(str(int(v)) for v in values)
+    return f"({inner},)" if len(values) == 1 else f"({inner})"
+
+
+def _device_literal(device: torch.device) -> str:
+    return f'torch.device("{device.type}", {device.index})' if device.index is not None else (
+        f'torch.device("{device.type}")'
+    )
+
+
+def _alias(out: AliasOutput) -> str:
+    if out.layout is None:
+        return out.input
+    lay: Layout = out.layout
+    offset = f"{out.input}.storage_offset()"
+    if lay.offset != 0:
+        offset += f" + {int(lay.offset)}"
+    return f"{out.input}.as_strided({_shape(lay.shape)}, {_shape(lay.stride)}, {offset})"
+
+
+def generate(
+    program: LoopProgram, groups: list[FusedGroup], backend: str, graph_name: str = "graph"
+) -> GeneratedCode:
+    prefix = "triton_poi" if backend == "triton" else "cpp_poi"
+    plans = [plan_kernel(g, kernel_name(prefix, g, k)) for k, g in enumerate(groups)]
+    w = CodeWriter()
+    w.line(f"# minicompile: generated code for {graph_name} ({backend} backend)")
+    cpp_source = None
+    if backend == "triton":
+        w.lines_from(triton.PREAMBLE)
+        kernels = [triton.emit_kernel(plan) for plan in plans]
+        for text in triton.helpers_for(kernels) + kernels:
+            w.line()
+            w.line()
+            w.lines_from(text)
+    else:
+        unit = CodeWriter()
+        unit.lines_from(cpp.PREAMBLE)
+        for plan in plans:
+            unit.line()
+            unit.lines_from(cpp.emit_kernel(plan))
+        cpp_source = unit.text()
+        w.line("import ctypes")
+        w.line()
+        w.line("import torch")
+        w.line()
+        w.line("# `lib` is the compiled C++ kernels, put here by minicompile.runtime.")
+        for plan in plans:
+            n = len(plan.params())
+            w.line(f"{plan.name} = lib.{plan.name}")
+            w.line(f"{plan.name}.argtypes = [ctypes.c_void_p] * {n}")
+            w.line(f"{plan.name}.restype = None")
+    w.line()
+    devices = sorted({str(b.layout.device) for b in program.buffers})
+    for k, dev in enumerate(devices):
+        w.line(f"device{k} = {_device_literal(torch.device(dev))}")
+    w.line("empty_strided = torch.empty_strided")
+    w.line()
+    w.line()
+    w.line("def call(args):")
+    with w.indent():
+        names = [b.name for b in program.inputs]
+        if names:
+            w.line(f"{', '.join(names)}, = args")
+        for plan in plans:
+            emit_launch(w, program, plan, backend, devices)
+        outs = [o if isinstance(o, str) else _alias(o) for o in program.outputs]
+        w.line(f"return ({', '.join(outs)}{',' if len(outs) == 1 else ''})")
+    return GeneratedCode(backend, w.text(), cpp_source, tuple(p.name for p in plans))
+
+
+def emit_launch(
+    w: CodeWriter, program: LoopProgram, plan: KernelPlan, backend: str, devices: list[str]
+) -> None:
+    for name in plan.outputs:
+        lay = program.buffer(name).layout
+        dev = f"device{devices.index(str(lay.device))}"
+        w.line(
+            f"{name} = empty_strided({_shape(lay.shape)}, {_shape(lay.stride)}, "
+            f"dtype={lay.dtype}, device={dev})"
+        )
+    numel = int(plan.numel)
+    args = [b for b, _ in plan.inputs] + list(plan.outputs)
+    if numel == 0:
+        w.line(f"# {plan.name}: nothing to compute for an empty tensor")
+        return
+    w.line(f"# {', '.join(plan.origins)}")
+    if backend == "triton":
+        interpret = program.buffer(plan.outputs[0]).layout.device.type == "cpu"
+        block = triton.block_size(numel, interpret)
+        grid = -(-numel // block)
+        w.line(f"{plan.name}[({grid},)]({', '.join(args)}, {numel}, XBLOCK={block})")
+    else:
+        w.line(f"{plan.name}({', '.join(a + '.data_ptr()' for a in args)})")

@@ -1,0 +1,312 @@
+"""The public API, and the one place that wires the pipeline together:
+
+    capture -> graph passes -> lowering -> fusion -> codegen -> runtime build/load
+
+``compile(fn)`` returns a :class:`CompiledFunction`.  A call binds its arguments, runs the
+guards of each cache entry (newest first) and, on a hit, that entry's compiled code.  On a
+miss it captures the frame and compiles a new entry; whatever cannot be compiled runs
+eagerly, with the reason logged, never with a different result.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import inspect
+import logging
+import time
+import types
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from minicompile import config, trace
+from minicompile.capture import Capture, capture_frame
+from minicompile.config import Config
+from minicompile.errors import BackendCompilerFailed, Unsupported
+from minicompile.lowering import lower
+
+from minicompile.codegen.wrapper import generate
+from minicompile.passes.fusion import fuse
+from minicompile.passes.pipeline import run_graph_passes
+from minicompile.runtime import build
+
+log = logging.getLogger("minicompile")
+
+BACKENDS = ("auto", "cpp", "triton")
+MODES = (None, "default", "reduce-overhead", "max-autotune")
+
+_STAT_KEYS = (
+    "frames", "graphs", "graph_breaks", "recompiles", "kernels", "cache_hits", "eager_fallbacks",
+)
+_stats: dict[str, int] = dict.fromkeys(_STAT_KEYS, 0)
+_compiled: list[CompiledFunction] = []  # every wrapper, so reset() can clear them
+
+
+def stats() -> dict[str, int]:
+    """Counters since the last :func:`reset`: frames captured, graphs compiled, graph
+    breaks, recompiles, kernels in the compiled code (built or loaded from the cache),
+    cache hits (graphs whose code was found on disk or in memory), eager fallbacks."""
+    return dict(_stats)
+
+
+def reset() -> None:
+    """Forget all compiled code and zero the stats (the on-disk cache stays)."""
+    for fn in _compiled:
+        fn.entries.clear()
+        fn.eager_reason = None
+    build.forget()
+    for key in _stats:
+        _stats[key] = 0
+
+
+@dataclasses.dataclass
+class Entry:
+    """One compiled version of a frame, valid where its guards pass."""
+
+    capture: Capture
+    run: Callable[[tuple], Any]
+    eager_reason: str | None = None  # set when this entry runs the function eagerly
+
+
+class CompiledFunction:
+    def __init__(self, fn: Callable, cfg: Config) -> None:
+        if isinstance(fn, types.MethodType):
+            self.fn, self.bound_self = fn.__func__, fn.__self__
+        else:
+            self.fn, self.bound_self = fn, None
+        if not isinstance(self.fn, types.FunctionType):
+            raise TypeError(
+                f"minicompile.compile expects a Python function or method, got {type(fn).__name__}"
+            )
+        self.original = fn
+        self.cfg = cfg
+        self.entries: list[Entry] = []
+        self.eager_reason: str | None = None
+        self.signature = inspect.signature(self.fn)
+        code = self.fn.__code__
+        self.n_params = code.co_argcount + code.co_kwonlyargcount
+        self.simple = not (code.co_flags & (inspect.CO_VARARGS | inspect.CO_VARKEYWORDS)) and (
+            code.co_kwonlyargcount == 0
+        )
+        functools.update_wrapper(self, self.fn)  # type: ignore[arg-type]
+        _compiled.append(self)
+
+    # -- the per-call path ------------------------------------------------------------------
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if self.bound_self is not None:
+            args = (self.bound_self, *args)
+        if self.eager_reason is not None:
+            return self.fn(*args, **kwargs)
+        frame = args if (not kwargs and self.simple and len(args) == self.n_params) else (
+            self.bind(args, kwargs)
+        )
+        for entry in self.entries:
+            if entry.capture.guards.check(*frame):
+                return entry.run(frame)
+        return self.compile_and_run(frame, args, kwargs)
+
+    def bind(self, args: tuple, kwargs: dict[str, Any]) -> tuple:
+        """The frame's parameter values in co_varnames order (then *args, then **kwargs)."""
+        bound = self.signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        code = self.fn.__code__
+        names = code.co_varnames[: self.n_params]
+        values = [bound.arguments[n] for n in names]
+        flags = code.co_flags
+        if flags & inspect.CO_VARARGS:
+            values.append(tuple(bound.arguments.get(code.co_varnames[self.n_params], ())))
+        if flags & inspect.CO_VARKEYWORDS:
+            index = self.n_params + bool(flags & inspect.CO_VARARGS)
+            values.append(dict(bound.arguments.get(code.co_varnames[index], {})))
+        return tuple(values)
+
+    # -- the miss path ----------------------------------------------------------------------
+
+    def compile_and_run(self, frame: tuple, args: tuple, kwargs: dict[str, Any]) -> Any:
+        cfg = self.cfg
+        name = self.fn.__qualname__
+        if self.entries:
+            reasons = [e.capture.guards.explain_failure(*frame) for e in self.entries]
+            if len(self.entries) >= cfg.recompile_limit:
+                warnings.warn(
+                    f"minicompile: {name} hit the recompile limit ({cfg.recompile_limit}); "
+                    f"it runs eagerly from now on. Last guard failure: {reasons[0]}",
+                    stacklevel=3,
+                )
+                return self.give_up(f"recompile limit ({cfg.recompile_limit}) reached", args, kwargs)
+            _stats["recompiles"] += 1
+            trace.emit("recompiles", name, "\n".join(
+                f"entry {k}: {r}" for k, r in enumerate(reasons)))
+        _stats["frames"] += 1
+        try:
+            capture = capture_frame(self.fn, frame)
+        except Unsupported as e:
+            if cfg.fullgraph:
+                raise
+            trace.emit("graph_breaks", name, f"running {name} eagerly: {e.describe()}")
+            log.info("minicompile: running %s eagerly: %s", name, e.describe())
+            return self.give_up(e.describe(), args, kwargs)
+        trace.emit("graph", name, str(capture.graph), f"{self.fn.__name__}.graph.txt")
+        trace.emit("guards", name, str(capture.guards))
+        entry = self.build_entry(capture)
+        self.entries.insert(0, entry)
+        if entry.eager_reason is not None:
+            return self.fn(*args, **kwargs)
+        try:
+            return entry.run(frame)
+        except Exception as e:  # a kernel that failed to build at launch (Triton JIT)
+            if cfg.strict or not _is_build_failure(e):
+                raise
+            return self.fall_back(entry, f"kernel failed to build: {e}", args, kwargs)
+
+    def give_up(self, reason: str, args: tuple, kwargs: dict[str, Any]) -> Any:
+        self.eager_reason = reason
+        _stats["eager_fallbacks"] += 1
+        return self.fn(*args, **kwargs)
+
+    def fall_back(self, entry: Entry, reason: str, args: tuple, kwargs: dict) -> Any:
+        warnings.warn(f"minicompile: {self.fn.__qualname__} runs eagerly: {reason}", stacklevel=4)
+        _stats["eager_fallbacks"] += 1
+        entry.eager_reason = reason
+        entry.run = self.eager_runner()
+        return self.fn(*args, **kwargs)
+
+    def eager_runner(self) -> Callable[[tuple], Any]:
+        code = self.fn.__code__
+        fn, n = self.fn, self.n_params
+        varargs = bool(code.co_flags & inspect.CO_VARARGS)
+        varkw = bool(code.co_flags & inspect.CO_VARKEYWORDS)
+        names = code.co_varnames[: self.n_params]
+        n_pos = code.co_argcount
+
+        def run(frame: tuple) -> Any:
+            pos = list(frame[:n_pos])
+            kw = {names[k]: frame[k] for k in range(n_pos, n)}
+            extra = frame[n:]
+            if varargs:
+                pos += list(extra[0])
+                extra = extra[1:]
+            if varkw:
+                kw.update(extra[0])
+            return fn(*pos, **kw)
+
+        return run
+
+    def build_entry(self, capture: Capture) -> Entry:
+        cfg = self.cfg
+        name = self.fn.__qualname__
+        graph = capture.graph
+        grad = torch.is_grad_enabled()
+        needs_grad = [p.target for p in graph.placeholders if p.meta.requires_grad]
+        if grad and needs_grad:
+            reason = f"autograd is not supported yet ({', '.join(needs_grad)} requires grad)"
+            trace.emit("graph_breaks", name, f"running {name} eagerly: {reason}")
+            _stats["eager_fallbacks"] += 1
+            return Entry(capture, self.eager_runner(), reason)
+        try:
+            run, kernels = compile_graph(capture, cfg, name)
+        except (Unsupported, BackendCompilerFailed) as e:
+            if cfg.strict:
+                raise
+            reason = e.describe() if isinstance(e, Unsupported) else str(e)
+            if isinstance(e, BackendCompilerFailed):
+                warnings.warn(f"minicompile: {name} runs eagerly: {reason}", stacklevel=4)
+            trace.emit("graph_breaks", name, f"running {name} eagerly: {reason}")
+            _stats["eager_fallbacks"] += 1
+            return Entry(capture, self.eager_runner(), reason)
+        _stats["graphs"] += 1
+        return Entry(capture, run)
+
+    def __get__(self, obj: Any, objtype: Any = None) -> Any:
+        """Decorating a method: bind like a function does."""
+        if obj is None:
+            return self
+        return functools.partial(self.__call__, obj)
+
+    def __repr__(self) -> str:
+        return f"<minicompile.CompiledFunction {self.fn.__qualname__}>"
+
+
+def _is_build_failure(e: Exception) -> bool:
+    module = type(e).__module__ or ""
+    return module.startswith("triton") or isinstance(e, BackendCompilerFailed)
+
+
+def pick_backend(cfg: Config, capture: Capture) -> tuple[str, bool]:
+    """The backend for this graph, and whether Triton must run under its interpreter."""
+    devices = {p.meta.device.type for p in capture.graph.placeholders}
+    device = "cuda" if "cuda" in devices else "cpu"
+    backend = cfg.backend
+    if backend == "auto":
+        backend = "triton" if device == "cuda" else "cpp"
+    return backend, backend == "triton" and device == "cpu"
+
+
+def compile_graph(capture: Capture, cfg: Config, name: str) -> tuple[Callable[[tuple], Any], int]:
+    """Compile a captured graph; return the runner for its entry and its kernel count."""
+    start = time.perf_counter()
+    graph, _timings = run_graph_passes(capture.graph)
+    program = lower(graph)
+    fusion_log: list[str] = []
+    groups = fuse(program, fusion_log)
+    backend, interpret = pick_backend(cfg, capture)
+    code = generate(program, groups, backend, graph_name=name)
+    trace.emit("graph", f"{name} after passes", str(graph))
+    trace.emit("fusion", name, "\n".join(
+        [str(program), ""] + fusion_log + [f"group {g.name}" for g in groups]))
+    trace.emit("output_code", f"{name} ({backend})", code.module, f"{name}.{backend}.py")
+    if code.cpp_source is not None:
+        trace.emit("output_code", f"{name} kernels (C++)", code.cpp_source, f"{name}.cpp")
+    loaded = build.load(code, cfg, interpret)
+    _stats["kernels"] += len(code.kernels)
+    if loaded.from_cache:
+        _stats["cache_hits"] += 1
+    call = loaded.call
+    get_inputs = capture.get_inputs
+    rebuild = capture.rebuild
+
+    def run(frame: tuple) -> Any:
+        return rebuild(call(get_inputs(*frame)))
+
+    log.debug("minicompile: compiled %s in %.3fs", name, time.perf_counter() - start)
+    return run, len(code.kernels)
+
+
+def compile(
+    fn: Callable | None = None,
+    *,
+    backend: str = "auto",
+    dynamic: bool | None = None,
+    fullgraph: bool = False,
+    mode: str | None = None,
+) -> Any:
+    """Compile ``fn`` (a function or method; ``nn.Module`` support comes with frame capture
+    of modules).  Usable bare (``@minicompile.compile``) or with options.
+
+    backend: "auto" (Triton for CUDA tensors, C++ for CPU tensors), "triton", "cpp".
+    dynamic: None (automatic), True, False.  fullgraph: raise instead of running eagerly.
+    mode: accepted for torch.compile compatibility; every mode compiles the same way today.
+    """
+    if backend not in BACKENDS:
+        raise ValueError(f"minicompile.compile: unknown backend {backend!r}; use one of {BACKENDS}")
+    if mode not in MODES:
+        raise ValueError(f"minicompile.compile: unknown mode {mode!r}; use one of {MODES}")
+    if dynamic not in (None, True, False):
+        raise ValueError("minicompile.compile: dynamic must be None, True or False")
+    base = config.get()
+    cfg = dataclasses.replace(
+        base,
+        backend=backend if backend != "auto" else base.backend,
+        dynamic=dynamic,
+        fullgraph=fullgraph,
+        mode=mode,
+    )
+    if fn is None:
+        return lambda f: CompiledFunction(f, cfg)
+    if isinstance(fn, torch.nn.Module):
+        return CompiledFunction(fn.forward, cfg)
+    return CompiledFunction(fn, cfg)

@@ -1,0 +1,222 @@
+"""Guards: the checks that decide whether a captured graph may be reused for a new call.
+
+A :class:`GuardBuilder` collects one :class:`GuardCheck` per fact the trace relied on, with
+one method per kind of guard (tensor match, constant match, identity, sequence length, dict
+keys, grad mode).  :meth:`GuardBuilder.build` turns them into one generated Python function,
+compiled once, taking the frame's parameters in layout order::
+
+    def check(L_x, L_n):
+        return (
+            type(L_x) is Tensor  # L['x'] type
+            and L_x.dtype is torch.float32  # L['x'] dtype
+            ...
+        )
+
+Objects the checks compare against (devices, modules, functions, cells, the globals dict)
+are held by reference in the function's namespace, never by ``id()``.  The fast path is one
+boolean expression; :meth:`Guards.explain_failure` re-runs the checks one by one on a miss
+to say which failed and how.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from minicompile.capture.variables import Source
+
+
+@dataclasses.dataclass(frozen=True)
+class GuardCheck:
+    source: str  # readable source ("L['x']")
+    kind: str  # what is checked ("dtype")
+    expr: str  # Python expression that is True when the check passes
+    actual: str  # Python expression for the current value, for failure messages
+    expected: Any  # the traced value, for failure messages
+
+
+def format_value(value: Any) -> str:
+    """Values as a PyTorch user writes them: ``torch.float32``, ``(4, 8)``, ``cpu``."""
+    if isinstance(value, torch.Size):
+        return str(tuple(value))
+    if isinstance(value, (torch.dtype, torch.device)):
+        return str(value)
+    if isinstance(value, type):
+        module = value.__module__
+        return value.__qualname__ if module == "builtins" else f"{module}.{value.__qualname__}"
+    return repr(value)
+
+
+class Guards:
+    """The compiled guards of one capture.
+
+    ``check(*args)`` takes the frame's parameter values in layout order and returns True when
+    every check passes.  It does not raise on inputs of a different shape of Python object
+    (checks are ordered so that type checks come first).
+    """
+
+    def __init__(self, params: list[str], checks: list[GuardCheck], namespace: dict) -> None:
+        self.params = params
+        self.checks = checks
+        self.namespace = namespace
+        self.source = _render(params, checks)
+        exec(compile(self.source, "<minicompile guards>", "exec"), namespace)
+        self.check: Callable[..., bool] = namespace["check"]
+        self._slow: list[tuple[Callable, Callable]] | None = None
+
+    def explain_failure(self, *args: Any) -> str | None:
+        """The first failing check, as text with the traced and the current value, or None
+        if all pass.  Slow; call it only on a cache miss."""
+        if self._slow is None:
+            lam = f"lambda {', '.join(self.params)}: "
+            self._slow = [
+                (eval(lam + c.expr, self.namespace), eval(lam + c.actual, self.namespace))
+                for c in self.checks
+            ]
+        for check, (ok, actual) in zip(self.checks, self._slow):
+            try:
+                passed = bool(ok(*args))
+            except Exception as e:  # a check on something that is gone (a deleted global)
+                return f"{check.source} {check.kind}: check raised {type(e).__name__}: {e}"
+            if not passed:
+                try:
+                    got = format_value(actual(*args))
+                except Exception as e:
+                    got = f"<{type(e).__name__}: {e}>"
+                return (
+                    f"{check.source} {check.kind}: expected {format_value(check.expected)}, "
+                    f"got {got}"
+                )
+        return None
+
+    def __len__(self) -> int:
+        return len(self.checks)
+
+    def __str__(self) -> str:
+        return self.source
+
+
+def _render(params: list[str], checks: list[GuardCheck]) -> str:
+    lines = [f"def check({', '.join(params)}):"]
+    if not checks:
+        lines.append("    return True")
+        return "\n".join(lines) + "\n"
+    lines.append("    return (")
+    for i, c in enumerate(checks):
+        lead = "        " if i == 0 else "        and "
+        lines.append(f"{lead}{c.expr}  # {c.source} {c.kind}")
+    lines.append("    )")
+    return "\n".join(lines) + "\n"
+
+
+class GuardBuilder:
+    """Collects checks while tracing.  ``ref(obj)`` puts an object in the namespace shared by
+    the guard function and the other generated functions (inputs, rebuild) and returns the
+    name it goes by."""
+
+    def __init__(self, params: list[str]) -> None:
+        self.params = params
+        self.checks: list[GuardCheck] = []
+        self.namespace: dict[str, Any] = {"torch": torch, "Tensor": torch.Tensor}
+        self._refs: dict[int, str] = {id(torch): "torch", id(torch.Tensor): "Tensor"}
+        self._seen: set[str] = set()
+
+    def ref(self, obj: Any, hint: str = "obj") -> str:
+        if id(obj) in self._refs:
+            return self._refs[id(obj)]
+        base = re.sub(r"\W", "_", hint) or "obj"
+        name, n = base, 0
+        while name in self.namespace or name in self.params:
+            n += 1
+            name = f"{base}_{n}"
+        self.namespace[name] = obj
+        self._refs[id(obj)] = name
+        return name
+
+    def add(self, source: str, kind: str, expr: str, actual: str, expected: Any) -> None:
+        if expr in self._seen:
+            return
+        self._seen.add(expr)
+        self.checks.append(GuardCheck(source, kind, expr, actual, expected))
+
+    # -- one method per kind of guard ------------------------------------------------------
+
+    def tensor_match(self, src: Source, t: torch.Tensor) -> None:
+        """Type, dtype, device, requires_grad, sizes and strides (sizes give the rank)."""
+        x = src.expr
+        cls = type(t)
+        self.add(src.name, "type", f"type({src.first_expr}) is {self._type(cls)}",
+                 f"type({src.first_expr})", cls)  # fmt: skip
+        self.add(src.name, "dtype", f"{x}.dtype is {t.dtype}", f"{x}.dtype", t.dtype)
+        dev = self.ref(t.device, f"dev_{t.device.type}{t.device.index or ''}")
+        self.add(src.name, "device", f"{x}.device == {dev}", f"{x}.device", t.device)
+        self.add(src.name, "requires_grad", f"{x}.requires_grad is {t.requires_grad}",
+                 f"{x}.requires_grad", t.requires_grad)  # fmt: skip
+        shape = tuple(t.shape)
+        self.add(src.name, "sizes", f"{x}.shape == {shape!r}", f"{x}.shape", shape)
+        stride = tuple(t.stride())
+        self.add(src.name, "strides", f"{x}.stride() == {stride!r}", f"{x}.stride()", stride)
+
+    def constant_match(self, src: Source, value: Any) -> None:
+        """Type and value of a Python constant the trace read."""
+        x = src.first_expr
+        if value is None or isinstance(value, bool):
+            self.add(src.name, "value", f"{x} is {value!r}", x, value)
+            return
+        if isinstance(value, (torch.dtype, torch.device, torch.memory_format, torch.layout)):
+            if isinstance(value, torch.device):
+                self.add(src.name, "type", f"type({x}) is {self._type(torch.device)}",
+                         f"type({x})", torch.device)  # fmt: skip
+                self.add(src.name, "value", f"{src.expr} == {self.ref(value, 'dev')}",
+                         src.expr, value)  # fmt: skip
+            else:
+                self.add(src.name, "value", f"{x} is {self.ref(value, str(value))}", x, value)
+            return
+        self.add(src.name, "type", f"type({x}) is {self._type(type(value))}", f"type({x})",
+                 type(value))  # fmt: skip
+        self.add(src.name, "value", f"{src.expr} == {self._literal(value)}", src.expr, value)
+
+    def identity_match(self, src: Source, obj: Any) -> None:
+        """The very object the trace saw (modules, functions, classes reached by name)."""
+        name = self.ref(obj, getattr(obj, "__name__", type(obj).__name__))
+        self.add(src.name, "identity", f"{src.first_expr} is {name}", src.first_expr, obj)
+
+    def sequence_match(self, src: Source, value: tuple | list) -> None:
+        x = src.first_expr
+        self.add(src.name, "type", f"type({x}) is {self._type(type(value))}", f"type({x})",
+                 type(value))  # fmt: skip
+        self.add(src.name, "length", f"len({src.expr}) == {len(value)}", f"len({src.expr})",
+                 len(value))  # fmt: skip
+
+    def dict_keys_match(self, src: Source, value: dict) -> None:
+        x = src.first_expr
+        keys = list(value.keys())
+        self.add(src.name, "type", f"type({x}) is dict", f"type({x})", dict)
+        self.add(src.name, "keys", f"list({src.expr}) == {keys!r}", f"list({src.expr})", keys)
+
+    def grad_mode(self) -> None:
+        enabled = torch.is_grad_enabled()
+        fn = self.ref(torch.is_grad_enabled, "is_grad_enabled")
+        self.add("global", "grad mode", f"{fn}() is {enabled}", f"{fn}()", enabled)
+
+    # -- helpers ---------------------------------------------------------------------------
+
+    def _type(self, cls: type) -> str:
+        if cls.__module__ == "builtins":
+            return cls.__name__
+        return self.ref(cls, cls.__name__)
+
+    def _literal(self, value: Any) -> str:
+        if isinstance(value, float) and not math.isfinite(value):
+            return self.ref(value, "const")
+        if isinstance(value, (int, float, str, bytes, complex)) or type(value) is torch.Size:
+            return repr(tuple(value)) if type(value) is torch.Size else repr(value)
+        return self.ref(value, "const")
+
+    def build(self) -> Guards:
+        return Guards(self.params, list(self.checks), self.namespace)

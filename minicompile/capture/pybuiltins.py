@@ -1,0 +1,110 @@
+"""Calls to Python builtins and ``math`` functions during tracing.
+
+Pure builtins on constants are folded (``max(a, 2)``, ``math.sqrt(d)``, ``len(t)``).  The
+ones that see tensors answer from metadata (``len(x)``, ``isinstance(x, torch.Tensor)``) or
+become graph ops (``abs(x)``).  Everything else, ``print`` first of all, is Unsupported.
+"""
+
+from __future__ import annotations
+
+import builtins
+import math
+from typing import TYPE_CHECKING, Any
+
+from minicompile.capture import torch_ops
+from minicompile.capture.variables import (
+    ConstantVar,
+    DictVar,
+    ListVar,
+    ObjectVar,
+    TensorVar,
+    TupleVar,
+    Var,
+)
+from minicompile.errors import Unsupported
+
+if TYPE_CHECKING:
+    from minicompile.capture.output import OutputGraph
+
+# Builtins without side effects, folded when no argument is a tensor.
+FOLDABLE: frozenset[Any] = frozenset(
+    {
+        abs, all, any, bool, callable, complex, divmod, float, hash, int, isinstance,
+        issubclass, len, max, min, pow, repr, round, slice, sorted, str, sum, tuple, type,
+    }
+)  # fmt: skip
+_TENSOR_TO_PYTHON = (bool, int, float, complex)
+
+
+def contains_tensor(value: Any) -> bool:
+    if isinstance(value, TensorVar):
+        return True
+    if isinstance(value, (tuple, list)):
+        return any(contains_tensor(v) for v in value)
+    if isinstance(value, dict):
+        return any(contains_tensor(v) for v in value.values())
+    return False
+
+
+def call_builtin(out: OutputGraph, fn: Any, args: list[Var], kwargs: dict[str, Var]) -> Var:
+    """``fn(*args, **kwargs)`` for a builtin or math function ``fn``."""
+    name = getattr(fn, "__name__", repr(fn))
+    if fn is print:
+        raise Unsupported("print() is not traceable (side effect)", hint="remove the print")
+    if fn is builtins.getattr and len(args) in (2, 3):
+        raise Unsupported("getattr() is not supported yet")
+    if fn in (tuple, list) and len(args) == 1 and not kwargs:
+        return _sequence(fn, args[0])
+    values = [out.to_value(a) for a in args]
+    kw = {k: out.to_value(v) for k, v in kwargs.items()}
+    if any(contains_tensor(v) for v in (*values, *kw.values())):
+        return _with_tensors(out, fn, name, values, kw)
+    if fn in FOLDABLE or getattr(fn, "__module__", None) == "math":
+        try:
+            return out.from_value(fn(*values, **kw))
+        except Exception as e:
+            raise Unsupported(f"{name}() raised {type(e).__name__}: {e}") from e
+    raise Unsupported(f"builtin {name}() is not supported")
+
+
+def _sequence(fn: Any, arg: Var) -> Var:
+    if isinstance(arg, (TupleVar, ListVar)):
+        items = tuple(arg.items)
+    elif isinstance(arg, ConstantVar) and isinstance(arg.value, (str, bytes)):
+        items = tuple(ConstantVar(c) for c in arg.value)
+    elif isinstance(arg, DictVar):
+        items = tuple(ConstantVar(k) for k in arg.items)
+    else:
+        raise Unsupported(f"{fn.__name__}() of {arg.describe()} is not supported yet")
+    return TupleVar(items) if fn is tuple else ListVar(list(items))
+
+
+def _with_tensors(out: OutputGraph, fn: Any, name: str, values: list, kw: dict) -> Var:
+    x = values[0] if values else None
+    if fn is abs and len(values) == 1 and isinstance(x, TensorVar):
+        return out.op("abs", (x,))
+    if fn is len and len(values) == 1 and isinstance(x, TensorVar):
+        if x.meta.ndim == 0:
+            raise Unsupported("len() of a 0-d tensor (eager raises)")
+        return ConstantVar(int(x.meta.shape[0]))
+    if fn is isinstance and len(values) == 2 and isinstance(x, TensorVar):
+        return ConstantVar(issubclass(x.python_type, values[1]))
+    if fn is type and len(values) == 1 and isinstance(x, TensorVar):
+        return ObjectVar(x.python_type)
+    if fn is len and isinstance(x, (tuple, list, dict)):
+        return ConstantVar(len(x))
+    if fn is isinstance and len(values) == 2:
+        return ConstantVar(isinstance(x, values[1]))
+    if fn in _TENSOR_TO_PYTHON:
+        raise Unsupported(
+            f"{name}() of a tensor reads its data into Python; not supported",
+            hint="keep the value a tensor (graph break)",
+        )
+    raise Unsupported(f"builtin {name}() on tensors is not supported")
+
+
+def is_math_function(fn: Any) -> bool:
+    return getattr(fn, "__module__", None) == "math" or fn in vars(math).values()
+
+
+__all__ = ["call_builtin", "contains_tensor", "torch_ops"]

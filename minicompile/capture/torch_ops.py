@@ -1,0 +1,402 @@
+"""From PyTorch's many spellings to the graph ops of :mod:`minicompile.ops`.
+
+``torch.sin(x)``, ``x.sin()``, ``torch.Tensor.sin(x)`` and ``torch.special.sin`` all become
+one ``sin`` node; ``x + 1``, ``torch.add(x, 1)``, ``x.add(1)`` one ``add``.  Handlers see
+*values*: a :class:`TensorVar` for a tensor and plain Python objects for everything else
+(tuples may hold TensorVars).  They return a value of the same kind: a TensorVar, or a Python
+constant for metadata queries (``x.size()``, ``x.dim()``).  Nodes are made through an
+:class:`Emitter` (the interpreter's output graph), which infers metadata and records the
+user's source line.
+
+Handlers raise :class:`Unsupported` for anything they do not model exactly as eager PyTorch
+does, including calls eager would reject: the frame then runs eagerly and PyTorch raises
+its own error.
+
+Tables:
+- ``FUNCTIONS``: callable object -> handler (``torch.sin``, ``F.relu``, ``torch.Tensor.add``);
+- ``METHODS``: tensor method name -> handler (the tensor is the first argument);
+- ``ATTRIBUTES``: tensor attribute name -> handler (``shape``, ``T``, ``dtype``...).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import torch
+import torch.nn.functional as F
+
+from minicompile.capture.variables import TensorVar
+from minicompile.errors import Unsupported
+
+
+class Emitter(Protocol):
+    def op(self, name: str, args: tuple, kwargs: dict[str, Any] | None = None) -> TensorVar: ...
+
+
+Handler = Callable[[Emitter, str, tuple, dict], Any]
+
+FUNCTIONS: dict[Any, tuple[str, Handler]] = {}
+METHODS: dict[str, Handler] = {}
+ATTRIBUTES: dict[str, Callable[[Emitter, TensorVar], Any]] = {}
+
+_NAMESPACES: dict[str, Any] = {
+    "torch": torch,
+    "F": F,
+    "Tensor": torch.Tensor,
+    "torch.special": torch.special,
+}
+_SCALAR_TYPES = (bool, int, float)
+
+
+def register(*spellings: str) -> Callable[[Handler], Handler]:
+    """Register a handler under spellings like ``"torch.sin"``, ``"F.relu"`` and
+    ``"Tensor.sin"`` (the last one also makes ``x.sin()`` a method).  Spellings missing
+    from this PyTorch version are skipped."""
+
+    def deco(handler: Handler) -> Handler:
+        for spelling in spellings:
+            ns_name, _, attr = spelling.rpartition(".")
+            fn = getattr(_NAMESPACES[ns_name], attr, None)
+            if fn is None:
+                continue
+            if ns_name == "Tensor":
+                METHODS[attr] = handler
+            full = {"F": "torch.nn.functional"}.get(ns_name, ns_name)
+            FUNCTIONS[fn] = (f"{full}.{attr}", handler)
+        return handler
+
+    return deco
+
+
+def parse(fname: str, args: tuple, kwargs: dict, names: tuple[str, ...], **defaults: Any) -> list:
+    """Bind ``args``/``kwargs`` to ``names`` like a Python signature; anything unexpected
+    (``out=``, unknown keywords) is Unsupported."""
+    if len(args) > len(names):
+        raise Unsupported(f"{fname}() got {len(args)} positional arguments; not supported")
+    bound = dict(zip(names, args))
+    for key, value in kwargs.items():
+        if key == "out":
+            raise Unsupported(f"{fname}(out=...) is not supported")
+        if key not in names or key in bound:
+            raise Unsupported(f"{fname}() got an unsupported argument {key!r}")
+        bound[key] = value
+    for name in names:
+        if name not in bound:
+            if name not in defaults:
+                raise Unsupported(f"{fname}() missing argument {name!r}")
+            bound[name] = defaults[name]
+    return [bound[n] for n in names]
+
+
+def tensor_arg(fname: str, value: Any) -> TensorVar:
+    if not isinstance(value, TensorVar):
+        raise Unsupported(f"{fname}() expects a tensor, got {type(value).__name__}")
+    return value
+
+
+def scalar_or_tensor(fname: str, value: Any) -> Any:
+    if isinstance(value, TensorVar) or type(value) in _SCALAR_TYPES:
+        return value
+    raise Unsupported(f"{fname}(): argument of type {type(value).__name__} is not supported")
+
+
+def shape_of(x: TensorVar) -> tuple[int, ...]:
+    return x.meta.concrete_shape()
+
+
+def normalize_dim(fname: str, dim: Any, ndim: int) -> int:
+    """A dim in ``[-ndim, ndim)`` as a non-negative int (eager's IndexError otherwise)."""
+    if type(dim) is not int:
+        raise Unsupported(f"{fname}(): dim must be an int, got {type(dim).__name__}")
+    n = max(ndim, 1)  # a 0-d tensor accepts dims -1 and 0
+    if not -n <= dim < n:
+        raise Unsupported(f"{fname}(): dim {dim} out of range for a {ndim}-d tensor")
+    return dim + n if dim < 0 else dim
+
+
+def dims_arg(fname: str, args: tuple) -> tuple:
+    """``f(1, 0)`` or ``f((1, 0))``: the varargs or sequence forms of a dims/sizes list."""
+    if len(args) == 1 and isinstance(args[0], (tuple, list)):
+        return tuple(args[0])
+    return tuple(args)
+
+
+# -- unary and composite ops ---------------------------------------------------------------
+
+_UNARY_SPELLINGS: dict[str, tuple[str, ...]] = {
+    "neg": ("torch.neg", "torch.negative", "Tensor.neg", "Tensor.negative"),
+    "abs": ("torch.abs", "torch.absolute", "Tensor.abs", "Tensor.absolute"),
+    "exp": ("torch.exp", "Tensor.exp", "torch.special.exp"),
+    "exp2": ("torch.exp2", "Tensor.exp2", "torch.special.exp2"),
+    "expm1": ("torch.expm1", "Tensor.expm1", "torch.special.expm1"),
+    "log": ("torch.log", "Tensor.log"),
+    "log2": ("torch.log2", "Tensor.log2"),
+    "log1p": ("torch.log1p", "Tensor.log1p", "torch.special.log1p"),
+    "sqrt": ("torch.sqrt", "Tensor.sqrt"),
+    "rsqrt": ("torch.rsqrt", "Tensor.rsqrt"),
+    "reciprocal": ("torch.reciprocal", "Tensor.reciprocal"),
+    "sin": ("torch.sin", "Tensor.sin"),
+    "cos": ("torch.cos", "Tensor.cos"),
+    "tan": ("torch.tan", "Tensor.tan"),
+    "tanh": ("torch.tanh", "Tensor.tanh", "F.tanh"),
+    "sigmoid": ("torch.sigmoid", "Tensor.sigmoid", "F.sigmoid", "torch.special.expit"),
+    "erf": ("torch.erf", "Tensor.erf", "torch.special.erf"),
+    "floor": ("torch.floor", "Tensor.floor"),
+    "ceil": ("torch.ceil", "Tensor.ceil"),
+    "trunc": ("torch.trunc", "torch.fix", "Tensor.trunc", "Tensor.fix"),
+    "sign": ("torch.sign", "Tensor.sign"),
+    "logical_not": ("torch.logical_not", "Tensor.logical_not"),
+    "bitwise_not": ("torch.bitwise_not", "Tensor.bitwise_not"),
+}
+
+
+def _unary(op: str) -> Handler:
+    def handler(em: Emitter, fname: str, args: tuple, kwargs: dict) -> Any:
+        (x,) = parse(fname, args, kwargs, ("input",))
+        return em.op(op, (tensor_arg(fname, x),))
+
+    return handler
+
+
+for _op, _spellings in _UNARY_SPELLINGS.items():
+    register(*_spellings)(_unary(_op))
+
+
+@register("torch.round", "Tensor.round", "torch.special.round")
+def _round(em: Emitter, fname: str, args: tuple, kwargs: dict) -> Any:
+    x, decimals = parse(fname, args, kwargs, ("input", "decimals"), decimals=0)
+    if decimals != 0:
+        raise Unsupported(f"{fname}(decimals={decimals!r}) is not supported yet")
+    return em.op("round", (tensor_arg(fname, x),))
+
+
+def _activation(op: str, has_inplace: bool) -> Handler:
+    def handler(em: Emitter, fname: str, args: tuple, kwargs: dict) -> Any:
+        if has_inplace and fname.startswith("torch.nn.functional"):
+            x, inplace = parse(fname, args, kwargs, ("input", "inplace"), inplace=False)
+            if inplace:
+                raise Unsupported(f"{fname}(inplace=True) is not supported (in-place op)")
+        else:
+            (x,) = parse(fname, args, kwargs, ("input",))
+        return em.op(op, (tensor_arg(fname, x),))
+
+    return handler
+
+
+register("torch.relu", "Tensor.relu", "F.relu")(_activation("relu", True))
+register("F.silu")(_activation("silu", True))
+
+
+@register("F.gelu")
+def _gelu(em: Emitter, fname: str, args: tuple, kwargs: dict) -> Any:
+    x, approximate = parse(fname, args, kwargs, ("input", "approximate"), approximate="none")
+    if approximate not in ("none", "tanh"):
+        raise Unsupported(f"{fname}(approximate={approximate!r}): eager rejects it")
+    kwargs = {"approximate": approximate} if approximate != "none" else {}
+    return em.op("gelu", (tensor_arg(fname, x),), kwargs)
+
+
+# -- binary ops ------------------------------------------------------------------------------
+
+
+def binary(em: Emitter, op: str, a: Any, b: Any, fname: str) -> Any:
+    """``op(a, b)`` with at least one tensor; Python bool/int/float scalars on either side."""
+    a, b = scalar_or_tensor(fname, a), scalar_or_tensor(fname, b)
+    if not isinstance(a, TensorVar) and not isinstance(b, TensorVar):
+        raise Unsupported(f"{fname}() on two Python numbers: eager needs a tensor")
+    if op in ("maximum", "minimum") and not (isinstance(a, TensorVar) and isinstance(b, TensorVar)):
+        raise Unsupported(f"{fname}() needs two tensors (eager raises)")
+    return em.op(op, (a, b))
+
+
+def _scale(em: Emitter, fname: str, value: Any, alpha: Any, other: Any) -> Any:
+    """``alpha * value`` for torch.add/sub's ``alpha=``; eager rejects a float alpha with
+    integral operands, so that case runs eagerly."""
+    if alpha == 1 and type(alpha) in (int, bool):
+        return value
+    if type(alpha) not in _SCALAR_TYPES:
+        raise Unsupported(f"{fname}(alpha=...) must be a Python number here")
+    floating = any(
+        (isinstance(v, TensorVar) and v.meta.dtype.is_floating_point) or type(v) is float
+        for v in (value, other)
+    )
+    if isinstance(alpha, float) and not floating:
+        raise Unsupported(f"{fname}(): float alpha with integral inputs (eager raises)")
+    if isinstance(value, TensorVar):
+        return em.op("mul", (value, alpha))
+    return value * alpha
+
+
+def _binary(op: str, second: str = "other") -> Handler:
+    def handler(em: Emitter, fname: str, args: tuple, kwargs: dict) -> Any:
+        a, b = parse(fname, args, kwargs, ("input", second))
+        return binary(em, op, a, b, fname)
+
+    return handler
+
+
+_BINARY_SPELLINGS: dict[str, tuple[str, ...]] = {
+    "mul": ("torch.mul", "torch.multiply", "Tensor.mul", "Tensor.multiply"),
+    "truediv": ("torch.true_divide", "Tensor.true_divide"),
+    "floordiv": ("torch.floor_divide", "Tensor.floor_divide"),
+    "remainder": ("torch.remainder", "Tensor.remainder"),
+    "maximum": ("torch.maximum", "Tensor.maximum"),
+    "minimum": ("torch.minimum", "Tensor.minimum"),
+    "eq": ("torch.eq", "Tensor.eq"),
+    "ne": ("torch.ne", "torch.not_equal", "Tensor.ne", "Tensor.not_equal"),
+    "lt": ("torch.lt", "torch.less", "Tensor.lt", "Tensor.less"),
+    "le": ("torch.le", "torch.less_equal", "Tensor.le", "Tensor.less_equal"),
+    "gt": ("torch.gt", "torch.greater", "Tensor.gt", "Tensor.greater"),
+    "ge": ("torch.ge", "torch.greater_equal", "Tensor.ge", "Tensor.greater_equal"),
+    "logical_and": ("torch.logical_and", "Tensor.logical_and"),
+    "logical_or": ("torch.logical_or", "Tensor.logical_or"),
+    "logical_xor": ("torch.logical_xor", "Tensor.logical_xor"),
+    "bitwise_and": ("torch.bitwise_and", "Tensor.bitwise_and"),
+    "bitwise_or": ("torch.bitwise_or", "Tensor.bitwise_or"),
+    "bitwise_xor": ("torch.bitwise_xor", "Tensor.bitwise_xor"),
+}
+for _op, _spellings in _BINARY_SPELLINGS.items():
+    register(*_spellings)(_binary(_op))
+register("torch.pow", "Tensor.pow")(_binary("pow", "exponent"))
+
+
+@register("torch.add", "Tensor.add")
+def _add(em: Emitter, fname: str, args: tuple, kwargs: dict) -> Any:
+    a, b, alpha = parse(fname, args, kwargs, ("input", "other", "alpha"), alpha=1)
+    return binary(em, "add", a, _scale(em, fname, b, alpha, a), fname)
+
+
+@register("torch.sub", "torch.subtract", "Tensor.sub", "Tensor.subtract")
+def _sub(em: Emitter, fname: str, args: tuple, kwargs: dict) -> Any:
+    a, b, alpha = parse(fname, args, kwargs, ("input", "other", "alpha"), alpha=1)
+    return binary(em, "sub", a, _scale(em, fname, b, alpha, a), fname)
+
+
+@register("torch.rsub")
+def _rsub(em: Emitter, fname: str, args: tuple, kwargs: dict) -> Any:
+    a, b, alpha = parse(fname, args, kwargs, ("input", "other", "alpha"), alpha=1)
+    return binary(em, "sub", b, _scale(em, fname, a, alpha, b), fname)
+
+
+@register("torch.div", "torch.divide", "Tensor.div", "Tensor.divide")
+def _div(em: Emitter, fname: str, args: tuple, kwargs: dict) -> Any:
+    a, b, mode = parse(fname, args, kwargs, ("input", "other", "rounding_mode"), rounding_mode=None)
+    if mode is None:
+        return binary(em, "truediv", a, b, fname)
+    if mode == "floor":
+        return binary(em, "floordiv", a, b, fname)
+    if mode == "trunc":
+        # trunc(a / b) is eager's definition for float32/float64; integer and reduced
+        # precision division round differently, so those run eagerly.
+        tensors = [v for v in (a, b) if isinstance(v, TensorVar)]
+        if tensors and all(t.meta.dtype in (torch.float32, torch.float64) for t in tensors):
+            return em.op("trunc", (binary(em, "truediv", a, b, fname),))
+        raise Unsupported(f"{fname}(rounding_mode='trunc') is only supported on float32/64")
+    raise Unsupported(f"{fname}(rounding_mode={mode!r}): eager rejects it")
+
+
+# Python operators (BINARY_OP, COMPARE_OP) onto graph ops.
+OPERATORS: dict[str, str] = {
+    "+": "add",
+    "-": "sub",
+    "*": "mul",
+    "/": "truediv",
+    "//": "floordiv",
+    "%": "remainder",
+    "**": "pow",
+    "&": "bitwise_and",
+    "|": "bitwise_or",
+    "^": "bitwise_xor",
+    "==": "eq",
+    "!=": "ne",
+    "<": "lt",
+    "<=": "le",
+    ">": "gt",
+    ">=": "ge",
+}
+
+
+def binary_operator(em: Emitter, symbol: str, a: Any, b: Any) -> Any:
+    """``a <symbol> b`` where at least one side is a tensor (reflected forms included:
+    ``2 - x`` is ``sub(2, x)``)."""
+    if symbol == "@":
+        raise Unsupported("matrix multiply (@) is not supported yet")
+    if symbol not in OPERATORS:
+        raise Unsupported(f"operator {symbol} on tensors is not supported yet")
+    return binary(em, OPERATORS[symbol], a, b, f"operator {symbol}")
+
+
+def unary_operator(em: Emitter, symbol: str, x: TensorVar) -> Any:
+    """``-x``, ``~x`` (logical_not on bool tensors, as in eager) and ``+x``."""
+    if symbol == "-":
+        return em.op("neg", (x,))
+    if symbol == "~":
+        return em.op("logical_not" if x.meta.dtype == torch.bool else "bitwise_not", (x,))
+    if symbol == "+":
+        if x.meta.dtype == torch.bool:
+            raise Unsupported("unary + on a bool tensor (eager raises)")
+        return x  # torch.positive returns its input
+    raise Unsupported(f"unary operator {symbol} on a tensor is not supported")
+
+
+# -- where / clamp ---------------------------------------------------------------------------
+
+
+@register("torch.where")
+def _where(em: Emitter, fname: str, args: tuple, kwargs: dict) -> Any:
+    if len(args) + len(kwargs) == 1:
+        raise Unsupported("torch.where(condition) has a data-dependent shape; not supported")
+    cond, a, b = parse(fname, args, kwargs, ("condition", "input", "other"))
+    return em.op("where", (tensor_arg(fname, cond), scalar_or_tensor(fname, a),
+                           scalar_or_tensor(fname, b)))  # fmt: skip
+
+
+@register("Tensor.where")
+def _where_method(em: Emitter, fname: str, args: tuple, kwargs: dict) -> Any:
+    x, cond, other = parse(fname, args, kwargs, ("input", "condition", "other"))
+    return em.op("where", (tensor_arg(fname, cond), x, scalar_or_tensor(fname, other)))
+
+
+def clamp(em: Emitter, fname: str, x: Any, lo: Any, hi: Any) -> Any:
+    """Number bounds give one ``clamp`` node; tensor bounds give maximum/minimum nodes
+    (``min(max(x, lo), hi)``, eager's definition)."""
+    x = tensor_arg(fname, x)
+    if lo is None and hi is None:
+        raise Unsupported(f"{fname}(): at least one of min and max is needed (eager raises)")
+    for bound in (lo, hi):
+        if bound is not None:
+            scalar_or_tensor(fname, bound)
+    if not isinstance(lo, TensorVar) and not isinstance(hi, TensorVar):
+        return em.op("clamp", (x,), {"min": lo, "max": hi})
+    out = x
+    if lo is not None:
+        out = em.op("maximum", (out, lo)) if isinstance(lo, TensorVar) else em.op(
+            "clamp", (out,), {"min": lo, "max": None}
+        )
+    if hi is not None:
+        out = em.op("minimum", (out, hi)) if isinstance(hi, TensorVar) else em.op(
+            "clamp", (out,), {"min": None, "max": hi}
+        )
+    return out
+
+
+@register("torch.clamp", "torch.clip", "Tensor.clamp", "Tensor.clip")
+def _clamp(em: Emitter, fname: str, args: tuple, kwargs: dict) -> Any:
+    x, lo, hi = parse(fname, args, kwargs, ("input", "min", "max"), min=None, max=None)
+    return clamp(em, fname, x, lo, hi)
+
+
+@register("torch.clamp_min", "Tensor.clamp_min")
+def _clamp_min(em: Emitter, fname: str, args: tuple, kwargs: dict) -> Any:
+    x, lo = parse(fname, args, kwargs, ("input", "min"))
+    return clamp(em, fname, x, lo, None)
+
+
+@register("torch.clamp_max", "Tensor.clamp_max")
+def _clamp_max(em: Emitter, fname: str, args: tuple, kwargs: dict) -> Any:
+    x, hi = parse(fname, args, kwargs, ("input", "max"))
+    return clamp(em, fname, x, None, hi)
+
+
+from minicompile.capture import torch_views  # noqa: E402,F401  (registers casts and views)

@@ -1,0 +1,317 @@
+"""Casts, views and metadata queries of tensors, registered into the tables of
+:mod:`minicompile.capture.torch_ops` (imported from there; import that module, not this one).
+
+- casts (``x.to(dtype)``, ``x.float()``, ``x.type(dtype)``...) become ``to_dtype``; a cast to
+  the same dtype is the input itself, as in eager;
+- views become ``permute`` (with non-negative dims), ``unsqueeze``, ``squeeze`` (one dim per
+  node) and ``expand`` (sizes with -1 resolved); ``contiguous()`` is the input itself;
+- metadata (``x.shape``, ``x.size(1)``, ``x.dim()``, ``x.dtype``, ``x.is_cuda``...) is
+  answered from the traced metadata, which the tensor guards pin down.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from minicompile.capture.torch_ops import (
+    ATTRIBUTES,
+    Emitter,
+    dims_arg,
+    normalize_dim,
+    parse,
+    register,
+    shape_of,
+    tensor_arg,
+)
+from minicompile.capture.variables import TensorVar
+from minicompile.errors import Unsupported
+
+# -- casts -----------------------------------------------------------------------------------
+
+
+def cast(em: Emitter, x: TensorVar, dtype: torch.dtype | None) -> Any:
+    if dtype is None or dtype == x.meta.dtype:
+        return x
+    return em.op("to_dtype", (x,), {"dtype": dtype})
+
+
+def same_device(fname: str, x: TensorVar, device: Any) -> None:
+    """Device changes are not modelled; naming the tensor's own device is fine."""
+    if device is None:
+        return
+    want = torch.device(device)
+    have = x.meta.device
+    if want.type != have.type or (want.index is not None and want.index != have.index):
+        raise Unsupported(f"{fname}() moving a tensor from {have} to {want} is not supported")
+
+
+@register("Tensor.to")
+def _to(em: Emitter, fname: str, args: tuple, kwargs: dict) -> Any:
+    """``x.to(dtype)``, ``x.to(other)``, ``x.to(device[, dtype])`` and keyword forms."""
+    x, *rest = args
+    kwargs = dict(kwargs)
+    dtype = kwargs.pop("dtype", None)
+    device = kwargs.pop("device", None)
+    copy = kwargs.pop("copy", False)
+    kwargs.pop("non_blocking", None)
+    if kwargs:
+        raise Unsupported(f"{fname}() argument(s) {sorted(kwargs)} not supported")
+    if rest and isinstance(rest[0], TensorVar):
+        other = rest.pop(0)
+        dtype, device = other.meta.dtype, other.meta.device
+    elif rest and isinstance(rest[0], (str, torch.device)):
+        device = rest.pop(0)
+        if rest and isinstance(rest[0], torch.dtype):
+            dtype = rest.pop(0)
+    elif rest and isinstance(rest[0], torch.dtype):
+        dtype = rest.pop(0)
+    # What is left is (non_blocking, copy), positionally.
+    if len(rest) > 2 or not all(type(flag) is bool for flag in rest):
+        raise Unsupported(f"{fname}() with arguments {rest!r} is not supported")
+    if len(rest) == 2:
+        copy = rest[1]
+    if copy:
+        raise Unsupported(f"{fname}(copy=True) is not supported")
+    if dtype is not None and not isinstance(dtype, torch.dtype):
+        raise Unsupported(f"{fname}(dtype={dtype!r}) is not a torch.dtype")
+    same_device(fname, tensor_arg(fname, x), device)
+    return cast(em, x, dtype)
+
+
+def _cast_method(dtype: torch.dtype):
+    def handler(em: Emitter, fname: str, args: tuple, kwargs: dict) -> Any:
+        (x,) = parse(fname, args, kwargs, ("input",))
+        return cast(em, tensor_arg(fname, x), dtype)
+
+    return handler
+
+
+for _name, _dtype in {
+    "float": torch.float32,
+    "half": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "double": torch.float64,
+    "int": torch.int32,
+    "long": torch.int64,
+    "short": torch.int16,
+    "char": torch.int8,
+    "byte": torch.uint8,
+    "bool": torch.bool,
+}.items():
+    register(f"Tensor.{_name}")(_cast_method(_dtype))
+
+
+@register("Tensor.type")
+def _type(em: Emitter, fname: str, args: tuple, kwargs: dict) -> Any:
+    x, dtype = parse(fname, args, kwargs, ("input", "dtype"), dtype=None)
+    if not isinstance(dtype, torch.dtype):
+        raise Unsupported(f"{fname}() is only supported with a torch.dtype argument")
+    return cast(em, x, dtype)
+
+
+@register("Tensor.type_as")
+def _type_as(em: Emitter, fname: str, args: tuple, kwargs: dict) -> Any:
+    x, other = parse(fname, args, kwargs, ("input", "other"))
+    other = tensor_arg(fname, other)
+    same_device(fname, x, other.meta.device)
+    return cast(em, x, other.meta.dtype)
+
+
+# -- views -----------------------------------------------------------------------------------
+
+
+def permute(em: Emitter, fname: str, x: TensorVar, dims: tuple) -> TensorVar:
+    ndim = x.meta.ndim
+    norm = tuple(normalize_dim(fname, d, ndim) for d in dims)
+    if sorted(norm) != list(range(ndim)):
+        raise Unsupported(f"{fname}(): {dims!r} is not a permutation of {ndim} dims")
+    return em.op("permute", (x, norm))
+
+
+def swap_dims(em: Emitter, fname: str, x: TensorVar, a: Any, b: Any) -> TensorVar:
+    ndim = x.meta.ndim
+    dims = list(range(ndim))
+    a, b = normalize_dim(fname, a, ndim), normalize_dim(fname, b, ndim)
+    if ndim == 0:
+        return em.op("permute", (x, ()))
+    dims[a], dims[b] = dims[b], dims[a]
+    return em.op("permute", (x, tuple(dims)))
+
+
+@register("Tensor.permute")
+def _permute_method(em: Emitter, fname: str, args: tuple, kwargs: dict) -> Any:
+    if kwargs.keys() - {"dims"}:
+        raise Unsupported(f"{fname}() got an unsupported keyword")
+    dims = kwargs["dims"] if "dims" in kwargs else dims_arg(fname, args[1:])
+    return permute(em, fname, tensor_arg(fname, args[0]), tuple(dims))
+
+
+@register("torch.permute")
+def _permute(em: Emitter, fname: str, args: tuple, kwargs: dict) -> Any:
+    x, dims = parse(fname, args, kwargs, ("input", "dims"))
+    return permute(em, fname, tensor_arg(fname, x), tuple(dims))
+
+
+@register("torch.transpose", "torch.swapaxes", "torch.swapdims", "Tensor.transpose",
+          "Tensor.swapaxes", "Tensor.swapdims")  # fmt: skip
+def _transpose(em: Emitter, fname: str, args: tuple, kwargs: dict) -> Any:
+    x, a, b = parse(fname, args, kwargs, ("input", "dim0", "dim1"))
+    return swap_dims(em, fname, tensor_arg(fname, x), a, b)
+
+
+@register("torch.t", "Tensor.t")
+def _t(em: Emitter, fname: str, args: tuple, kwargs: dict) -> Any:
+    (x,) = parse(fname, args, kwargs, ("input",))
+    x = tensor_arg(fname, x)
+    if x.meta.ndim > 2:
+        raise Unsupported(f"{fname}() expects a tensor of at most 2 dims (eager raises)")
+    return em.op("permute", (x, tuple(reversed(range(x.meta.ndim)))))
+
+
+@register("torch.unsqueeze", "Tensor.unsqueeze")
+def _unsqueeze(em: Emitter, fname: str, args: tuple, kwargs: dict) -> Any:
+    x, dim = parse(fname, args, kwargs, ("input", "dim"))
+    x = tensor_arg(fname, x)
+    return em.op("unsqueeze", (x, normalize_dim(fname, dim, x.meta.ndim + 1)))
+
+
+@register("torch.squeeze", "Tensor.squeeze")
+def _squeeze(em: Emitter, fname: str, args: tuple, kwargs: dict) -> Any:
+    x, dim = parse(fname, args, kwargs, ("input", "dim"), dim=None)
+    x = tensor_arg(fname, x)
+    ndim = x.meta.ndim
+    if dim is None:
+        dims = [i for i, s in enumerate(shape_of(x)) if s == 1]
+    elif isinstance(dim, (tuple, list)):
+        dims = sorted({normalize_dim(fname, d, ndim) for d in dim})
+    else:
+        return em.op("squeeze", (x, normalize_dim(fname, dim, ndim)))
+    # One node per squeezed dim, highest dim first so the lower indices stay valid.
+    out = x
+    for d in reversed(dims):
+        out = em.op("squeeze", (out, d))
+    return out
+
+
+def expand(em: Emitter, fname: str, x: TensorVar, sizes: tuple) -> TensorVar:
+    shape = shape_of(x)
+    lead = len(sizes) - len(shape)
+    if lead < 0 or not all(type(s) is int for s in sizes):
+        raise Unsupported(f"{fname}(): sizes {sizes!r} do not fit a {len(shape)}-d tensor")
+    resolved = []
+    for i, s in enumerate(sizes):
+        if s == -1:
+            if i < lead:
+                raise Unsupported(f"{fname}(): -1 is not allowed in a new leading dim")
+            s = shape[i - lead]
+        resolved.append(s)
+    return em.op("expand", (x, tuple(resolved)))
+
+
+@register("Tensor.expand")
+def _expand(em: Emitter, fname: str, args: tuple, kwargs: dict) -> Any:
+    if kwargs.keys() - {"size"}:
+        raise Unsupported(f"{fname}() got an unsupported keyword")
+    sizes = kwargs["size"] if "size" in kwargs else dims_arg(fname, args[1:])
+    return expand(em, fname, tensor_arg(fname, args[0]), tuple(sizes))
+
+
+@register("torch.broadcast_to")
+def _broadcast_to(em: Emitter, fname: str, args: tuple, kwargs: dict) -> Any:
+    x, size = parse(fname, args, kwargs, ("input", "size"))
+    return expand(em, fname, tensor_arg(fname, x), tuple(size))
+
+
+@register("Tensor.expand_as")
+def _expand_as(em: Emitter, fname: str, args: tuple, kwargs: dict) -> Any:
+    x, other = parse(fname, args, kwargs, ("input", "other"))
+    return expand(em, fname, tensor_arg(fname, x), shape_of(tensor_arg(fname, other)))
+
+
+@register("Tensor.contiguous")
+def _contiguous(em: Emitter, fname: str, args: tuple, kwargs: dict) -> Any:
+    x, fmt = parse(fname, args, kwargs, ("input", "memory_format"),
+                   memory_format=torch.contiguous_format)  # fmt: skip
+    if fmt is not torch.contiguous_format:
+        raise Unsupported(f"{fname}(memory_format={fmt}) is not supported")
+    # Layout of outputs is decided later (lowering), so the value itself stands for it.
+    return tensor_arg(fname, x)
+
+
+# -- metadata --------------------------------------------------------------------------------
+
+
+@register("Tensor.size")
+def _size(em: Emitter, fname: str, args: tuple, kwargs: dict) -> Any:
+    x, dim = parse(fname, args, kwargs, ("input", "dim"), dim=None)
+    shape = shape_of(x)
+    if dim is None:
+        return torch.Size(shape)
+    return shape[normalize_dim(fname, dim, len(shape))]
+
+
+@register("Tensor.stride")
+def _stride(em: Emitter, fname: str, args: tuple, kwargs: dict) -> Any:
+    x, dim = parse(fname, args, kwargs, ("input", "dim"), dim=None)
+    stride = x.meta.concrete_stride()
+    if dim is None:
+        return stride
+    return stride[normalize_dim(fname, dim, len(stride))]
+
+
+def _query(answer: Any):
+    def handler(em: Emitter, fname: str, args: tuple, kwargs: dict) -> Any:
+        (x,) = parse(fname, args, kwargs, ("input",))
+        return answer(tensor_arg(fname, x))
+
+    return handler
+
+
+register("Tensor.dim", "Tensor.ndimension")(_query(lambda x: x.meta.ndim))
+register("Tensor.numel", "Tensor.nelement", "torch.numel")(
+    _query(lambda x: int(x.meta.numel()))
+)
+register("Tensor.is_floating_point", "torch.is_floating_point")(
+    _query(lambda x: x.meta.dtype.is_floating_point)
+)
+register("Tensor.is_complex", "torch.is_complex")(_query(lambda x: x.meta.dtype.is_complex))
+register("Tensor.element_size")(_query(lambda x: x.meta.dtype.itemsize))
+register("Tensor.is_contiguous")(_query(lambda x: x.meta.fake().is_contiguous()))
+
+
+@register("torch.is_tensor")
+def _is_tensor(em: Emitter, fname: str, args: tuple, kwargs: dict) -> Any:
+    (x,) = parse(fname, args, kwargs, ("obj",))
+    return isinstance(x, TensorVar)
+
+
+@register("torch.is_grad_enabled")
+def _is_grad_enabled(em: Emitter, fname: str, args: tuple, kwargs: dict) -> Any:
+    parse(fname, args, kwargs, ())
+    return torch.is_grad_enabled()  # grad mode is always guarded
+
+
+def _mT(em: Emitter, x: TensorVar) -> Any:
+    ndim = x.meta.ndim
+    if ndim < 2:
+        raise Unsupported("Tensor.mT needs a tensor of at least 2 dims (eager raises)")
+    return swap_dims(em, "Tensor.mT", x, ndim - 2, ndim - 1)
+
+
+ATTRIBUTES.update(
+    {
+        "shape": lambda em, x: torch.Size(shape_of(x)),
+        "dtype": lambda em, x: x.meta.dtype,
+        "device": lambda em, x: x.meta.device,
+        "ndim": lambda em, x: x.meta.ndim,
+        "is_cuda": lambda em, x: x.meta.device.type == "cuda",
+        "is_cpu": lambda em, x: x.meta.device.type == "cpu",
+        "is_meta": lambda em, x: x.meta.device.type == "meta",
+        "requires_grad": lambda em, x: x.meta.requires_grad,
+        "layout": lambda em, x: torch.strided,
+        "T": lambda em, x: em.op("permute", (x, tuple(reversed(range(x.meta.ndim))))),
+        "mT": _mT,
+    }
+)

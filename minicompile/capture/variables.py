@@ -1,0 +1,250 @@
+"""Value trackers: what the symbolic interpreter keeps on its stack and in its locals.
+
+Each tracker (a ``Var``) stands for one Python value of the user's frame:
+
+- :class:`TensorVar`: a tensor, i.e. a graph node with its metadata;
+- :class:`ConstantVar`: a Python value known while tracing (numbers, str, None, dtype,
+  device, slices, code objects), constant-folded by the interpreter;
+- :class:`TupleVar` / :class:`ListVar` / :class:`SizeVar` / :class:`DictVar`: containers of
+  trackers;
+- :class:`ObjectVar` and its kinds (:class:`ModuleVar`, :class:`UserFunctionVar`,
+  :class:`TorchFunctionVar`, :class:`BuiltinVar`, :class:`OpaqueVar`): Python objects known
+  by identity (guarded when read from the frame);
+- :class:`NestedFunctionVar`: a function created by ``def`` inside the traced code;
+- :class:`MethodVar`: ``obj.name`` waiting to be called;
+- plumbing: :class:`NullVar`, :class:`CellVar`, :class:`LazyVar`.
+
+Trackers are immutable except the interpreter-owned boxes (``ListVar`` built by the trace,
+``DictVar`` built by the trace, ``CellVar``), and never hold real tensors.
+
+A :class:`Source` says where a value read from the frame lives, in three spellings: readable
+(``L['t'][0]``, used in messages and guard comments), an expression in the generated guard
+and input functions (``L_t[0]``), and an identifier (``L_t_0``, used for placeholders).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+from typing import Any
+
+import torch
+
+from minicompile.graph import Node, TensorMeta
+
+
+@dataclasses.dataclass(frozen=True)
+class Source:
+    """Where a value of the frame lives.  ``trusted`` sources (attributes of ``torch``) are
+    read without guards: we assume nobody monkeypatches PyTorch between calls.
+    ``safe_expr`` evaluates without raising when the value has gone (a deleted global);
+    the first guard on a source uses it, later ones may use ``expr``."""
+
+    name: str
+    expr: str
+    ident: str
+    trusted: bool = False
+    safe_expr: str = ""
+
+    @property
+    def first_expr(self) -> str:
+        return self.safe_expr or self.expr
+
+    def attr(self, attr: str, trusted: bool = False) -> Source:
+        return Source(
+            f"{self.name}.{attr}",
+            f"{self.expr}.{attr}",
+            f"{self.ident}_{attr}",
+            trusted=self.trusted or trusted,
+            safe_expr=f"getattr({self.expr}, {attr!r}, None)",
+        )
+
+    def item(self, key: int | str) -> Source:
+        return Source(
+            f"{self.name}[{key!r}]", f"{self.expr}[{key!r}]", f"{self.ident}_{key}", self.trusted
+        )
+
+
+class Var:
+    """Base class of value trackers."""
+
+    source: Source | None = None
+
+    def describe(self) -> str:
+        """A short phrase for error messages ("a tensor", "an int")."""
+        return type(self).__name__
+
+
+@dataclasses.dataclass(eq=False)
+class TensorVar(Var):
+    node: Node
+    python_type: type = torch.Tensor
+    source: Source | None = None
+
+    @property
+    def meta(self) -> TensorMeta:
+        assert self.node.meta is not None
+        return self.node.meta
+
+    def describe(self) -> str:
+        return "a tensor"
+
+
+@dataclasses.dataclass(eq=False)
+class ConstantVar(Var):
+    value: Any
+    source: Source | None = None
+
+    def describe(self) -> str:
+        return f"a {type(self.value).__name__} ({self.value!r})"
+
+
+@dataclasses.dataclass(eq=False)
+class TupleVar(Var):
+    items: tuple[Var, ...]
+    source: Source | None = None
+
+    def describe(self) -> str:
+        return "a tuple"
+
+
+@dataclasses.dataclass(eq=False)
+class SizeVar(TupleVar):
+    """``x.shape`` / ``x.size()``: a torch.Size whose items are int ConstantVars."""
+
+    def describe(self) -> str:
+        return "a torch.Size"
+
+
+@dataclasses.dataclass(eq=False)
+class ListVar(Var):
+    items: list[Var]
+    # Lists built by the trace may be appended to (``[*a, b]`` compiles to LIST_EXTEND /
+    # LIST_APPEND); lists read from the frame are never mutated.
+    mutable: bool = True
+    source: Source | None = None
+
+    def describe(self) -> str:
+        return "a list"
+
+
+@dataclasses.dataclass(eq=False)
+class DictVar(Var):
+    items: dict[Any, Var]
+    mutable: bool = True
+    source: Source | None = None
+
+    def describe(self) -> str:
+        return "a dict"
+
+
+@dataclasses.dataclass(eq=False)
+class ObjectVar(Var):
+    """A Python object known by identity (a class, or anything the kinds below don't
+    cover).  Attribute reads give wrapped attributes; calling one is not supported."""
+
+    value: Any
+    source: Source | None = None
+
+    def describe(self) -> str:
+        return f"{type(self.value).__name__} {getattr(self.value, '__name__', '')}".strip()
+
+
+class ModuleVar(ObjectVar):
+    """A Python module (``torch``, ``torch.nn.functional``, ``math``, a user module)."""
+
+
+class UserFunctionVar(ObjectVar):
+    """A Python function of the user's: calls are inlined by a child translator."""
+
+
+class TorchFunctionVar(ObjectVar):
+    """A callable of PyTorch (``torch.sin``, ``F.gelu``, ``torch.Tensor.add``): calls go
+    through :mod:`minicompile.capture.torch_ops`."""
+
+
+class BuiltinVar(ObjectVar):
+    """A builtin (``len``, ``abs``, ``isinstance``...) or a ``math`` function."""
+
+
+class OpaqueVar(ObjectVar):
+    """An object the trace can hold and pass on but not look inside or call."""
+
+
+@dataclasses.dataclass(eq=False)
+class NestedFunctionVar(Var):
+    """A function made by MAKE_FUNCTION during the trace; its defaults and closure cells
+    are trackers."""
+
+    code: types.CodeType
+    f_globals: dict[str, Any]
+    defaults: tuple[Var, ...] = ()
+    kwdefaults: dict[str, Var] = dataclasses.field(default_factory=dict)
+    closure: tuple[CellVar, ...] = ()
+    source: Source | None = None
+
+    def describe(self) -> str:
+        return f"nested function {self.code.co_name}"
+
+
+@dataclasses.dataclass(eq=False)
+class MethodVar(Var):
+    """``obj.name`` loaded for a call (tensor methods, methods of constants)."""
+
+    obj: Var
+    name: str
+    source: Source | None = None
+
+    def describe(self) -> str:
+        return f"method {self.name}"
+
+
+class NullVar(Var):
+    """The NULL that CPython pushes next to callables; never a user value."""
+
+    def describe(self) -> str:
+        return "NULL"
+
+
+NULL = NullVar()
+
+
+@dataclasses.dataclass(eq=False)
+class CellVar(Var):
+    """A closure cell.  ``local`` cells are made by this trace (MAKE_CELL) and may be written;
+    the others wrap the real cells of a function's ``__closure__`` and are read-only."""
+
+    contents: Var | None
+    local: bool = True
+    source: Source | None = None
+
+
+@dataclasses.dataclass(eq=False)
+class LazyVar(Var):
+    """A frame value not yet looked at: it is wrapped (and guarded) when first read, so
+    the guards only cover what the trace used."""
+
+    value: Any
+    source: Source
+
+
+CONSTANT_TYPES: tuple[type, ...] = (
+    bool,
+    int,
+    float,
+    complex,
+    str,
+    bytes,
+    type(None),
+    type(Ellipsis),
+    slice,
+    torch.dtype,
+    torch.device,
+    torch.memory_format,
+    torch.layout,
+    types.CodeType,
+)
+
+
+def is_constant_value(value: Any) -> bool:
+    return type(value) in CONSTANT_TYPES

@@ -1,0 +1,82 @@
+"""``minicompile.explain(fn)(*args)``: what capture makes of a function, without compiling."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+from minicompile.errors import Unsupported
+from minicompile.graph import Graph
+
+
+@dataclasses.dataclass(frozen=True)
+class BreakReason:
+    reason: str
+    filename: str | None
+    lineno: int | None
+    hint: str = ""
+
+    def __str__(self) -> str:
+        where = f" at {self.filename}:{self.lineno}" if self.filename else ""
+        hint = f"  hint: {self.hint}" if self.hint else ""
+        return f"{self.reason}{where}{hint}"
+
+
+@dataclasses.dataclass
+class ExplainOutput:
+    graphs: list[Graph]
+    break_reasons: list[BreakReason]
+    eager_frames: int
+
+    @property
+    def graph_count(self) -> int:
+        return len(self.graphs)
+
+    @property
+    def graph_break_count(self) -> int:
+        return len(self.break_reasons)
+
+    @property
+    def ops_per_graph(self) -> list[list[str]]:
+        return [[n.target for n in g.calls()] for g in self.graphs]
+
+    @property
+    def op_count(self) -> int:
+        return sum(len(ops) for ops in self.ops_per_graph)
+
+    def __str__(self) -> str:
+        lines = [
+            f"Graph Count: {self.graph_count}   Graph Break Count: {self.graph_break_count}   "
+            f"Op Count: {self.op_count}   Eager Frames: {self.eager_frames}"
+        ]
+        for k, r in enumerate(self.break_reasons, 1):
+            lines.append(f"Break {k}  {r}")
+        for k, ops in enumerate(self.ops_per_graph):
+            lines.append(f"Graph {k}  ops: {', '.join(ops) or '(none)'}")
+        return "\n".join(lines)
+
+
+def explain(fn: Callable) -> Callable[..., ExplainOutput]:
+    """Capture ``fn`` on the given arguments and report its graphs and breaks.  Today a
+    break makes the whole frame eager, so a frame gives one graph or one break."""
+    from minicompile.api import CompiledFunction, capture_frame
+    from minicompile import config
+
+    def run(*args: Any, **kwargs: Any) -> ExplainOutput:
+        wrapper = CompiledFunction(fn, config.get())
+        if wrapper.bound_self is not None:
+            args = (wrapper.bound_self, *args)
+        frame = wrapper.bind(args, kwargs)
+        try:
+            capture = capture_frame(wrapper.fn, frame)
+        except Unsupported as e:
+            where = e.stack[-1] if e.stack else None
+            reason = BreakReason(
+                e.reason, where.filename if where else None, where.lineno if where else None,
+                e.hint,
+            )
+            return ExplainOutput([], [reason], eager_frames=1)
+        return ExplainOutput([capture.graph], [], eager_frames=0)
+
+    return run

@@ -1,0 +1,222 @@
+"""The loop IR: each buffer described by how one of its elements is computed.
+
+Bodies are small expression trees of frozen dataclasses (data, never closures), so they
+print, hash and compare.  Index expressions are sympy, over one index symbol per dimension
+of the buffer's iteration space (``i0``, ``i1``, ...; see :func:`dim_symbols`).
+
+Dtypes are PyTorch's, as eager would produce them.  Values of float16/bfloat16 are computed
+in float32 by the backends and rounded back after each op, so results match eager.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterator
+
+import sympy
+import torch
+
+from minicompile.graph import DTYPE_ABBR, SourceLine
+from minicompile.sym import index_symbol
+
+LOW_PRECISION = (torch.float16, torch.bfloat16)
+
+
+def dim_symbols(n: int) -> tuple[sympy.Symbol, ...]:
+    return tuple(index_symbol(f"i{k}") for k in range(n))
+
+
+class Expr:
+    """Base of the body expression nodes.  Subclasses are frozen dataclasses whose hash is
+    computed once, so bodies shared as DAGs hash in linear time."""
+
+    dtype: torch.dtype
+
+    def children(self) -> tuple[Expr, ...]:
+        return ()
+
+    def __post_init__(self) -> None:
+        fields = tuple(getattr(self, f.name) for f in dataclasses.fields(self))  # type: ignore[arg-type]
+        object.__setattr__(self, "_hash", hash((type(self).__name__,) + fields))
+
+    def __hash__(self) -> int:  # noqa: D105
+        return self._hash  # type: ignore[attr-defined]
+
+
+def _expr(cls: type) -> type:
+    cls = dataclasses.dataclass(frozen=True, eq=True)(cls)
+    cls.__hash__ = Expr.__hash__  # type: ignore[assignment]
+    return cls
+
+
+@_expr
+class Load(Expr):
+    buffer: str
+    index: sympy.Expr
+    dtype: torch.dtype
+
+    def __str__(self) -> str:
+        return f"load({self.buffer}, {self.index})"
+
+
+@_expr
+class Constant(Expr):
+    value: bool | int | float
+    dtype: torch.dtype
+
+    def __str__(self) -> str:
+        return f"{self.value!r}:{DTYPE_ABBR.get(self.dtype, self.dtype)}"
+
+
+@_expr
+class Op(Expr):
+    """A pointwise primitive (a key of the backends' op tables) applied to ``args``.  All
+    arguments have one dtype (lowering inserts the casts), except ``where``'s condition."""
+
+    op: str
+    args: tuple[Expr, ...]
+    dtype: torch.dtype
+
+    def children(self) -> tuple[Expr, ...]:
+        return self.args
+
+    def __str__(self) -> str:
+        return f"{self.op}({', '.join(str(a) for a in self.args)})"
+
+
+@_expr
+class Cast(Expr):
+    x: Expr
+    dtype: torch.dtype
+
+    def children(self) -> tuple[Expr, ...]:
+        return (self.x,)
+
+    def __str__(self) -> str:
+        return f"to({self.x}, {DTYPE_ABBR.get(self.dtype, self.dtype)})"
+
+
+def walk(expr: Expr) -> Iterator[Expr]:
+    """Every distinct subexpression, children before parents."""
+    seen: set[int] = set()
+    order: list[Expr] = []
+
+    def visit(e: Expr) -> None:
+        if id(e) in seen:
+            return
+        seen.add(id(e))
+        for c in e.children():
+            visit(c)
+        order.append(e)
+
+    visit(expr)
+    return iter(order)
+
+
+def map_loads(expr: Expr, fn: Callable[[Load], Expr]) -> Expr:
+    """Rebuild ``expr`` with every Load replaced by ``fn(load)`` (shared subtrees once)."""
+    memo: dict[int, Expr] = {}
+
+    def visit(e: Expr) -> Expr:
+        key = id(e)
+        if key not in memo:
+            if isinstance(e, Load):
+                memo[key] = fn(e)
+            elif isinstance(e, Op):
+                memo[key] = Op(e.op, tuple(visit(a) for a in e.args), e.dtype)
+            elif isinstance(e, Cast):
+                memo[key] = Cast(visit(e.x), e.dtype)
+            else:
+                memo[key] = e
+        return memo[key]
+
+    return visit(expr)
+
+
+def substitute_index(expr: Expr, mapping: dict[sympy.Symbol, sympy.Expr]) -> Expr:
+    """Re-express ``expr`` over other index variables (broadcasting, views, inlining)."""
+    if not mapping:
+        return expr
+    return map_loads(
+        expr, lambda ld: Load(ld.buffer, sympy.expand(ld.index.xreplace(mapping)), ld.dtype)
+    )
+
+
+# -- buffers ------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    shape: tuple[sympy.Expr, ...]
+    stride: tuple[sympy.Expr, ...]
+    dtype: torch.dtype
+    device: torch.device
+    offset: sympy.Expr = sympy.Integer(0)
+
+    def numel(self) -> sympy.Expr:
+        out: sympy.Expr = sympy.Integer(1)
+        for s in self.shape:
+            out = out * s
+        return out
+
+    def index(self, idx: tuple[sympy.Expr, ...]) -> sympy.Expr:
+        """The flat storage offset of the element at ``idx``."""
+        return sympy.expand(self.offset + sum(i * s for i, s in zip(idx, self.stride)))
+
+    def __str__(self) -> str:
+        shape = ", ".join(str(s) for s in self.shape)
+        stride = ", ".join(str(s) for s in self.stride)
+        return f"{DTYPE_ABBR.get(self.dtype, self.dtype)}[{shape}] stride ({stride})"
+
+
+@dataclasses.dataclass(frozen=True)
+class InputBuffer:
+    name: str  # "arg0" ...: the graph input it holds
+    layout: Layout
+
+
+@dataclasses.dataclass(frozen=True)
+class ComputedBuffer:
+    """A buffer written by a kernel: element ``i`` (one symbol per dim of ``layout.shape``,
+    see :func:`dim_symbols`) is ``body``, stored at ``layout.index(i)``."""
+
+    name: str  # "buf0" ...
+    layout: Layout
+    body: Expr
+    origins: tuple[str, ...] = ()  # graph nodes it came from, e.g. "%3 add"
+    sources: tuple[SourceLine, ...] = ()  # the user's source lines of those nodes
+
+    def reads(self) -> set[str]:
+        return {e.buffer for e in walk(self.body) if isinstance(e, Load)}
+
+    def __str__(self) -> str:
+        return f"{self.name}: {self.layout} = {self.body}"
+
+
+@dataclasses.dataclass(frozen=True)
+class AliasOutput:
+    """A graph output that is an input, or a view of one: returned without a copy, as eager
+    returns it (``as_strided`` over the input's storage)."""
+
+    input: str
+    layout: Layout | None  # None: the input itself
+
+
+@dataclasses.dataclass
+class LoopProgram:
+    """A lowered graph: inputs, the buffers kernels compute, and what the graph returns
+    (names of computed buffers, or AliasOutputs) in output order."""
+
+    inputs: list[InputBuffer]
+    buffers: list[ComputedBuffer]
+    outputs: list[str | AliasOutput]
+
+    def buffer(self, name: str) -> ComputedBuffer:
+        return next(b for b in self.buffers if b.name == name)
+
+    def __str__(self) -> str:
+        lines = [f"input {b.name}: {b.layout}" for b in self.inputs]
+        lines += [str(b) for b in self.buffers]
+        outs = [o if isinstance(o, str) else f"alias({o.input})" for o in self.outputs]
+        lines.append(f"return {', '.join(outs)}")
+        return "\n".join(lines)

@@ -1,0 +1,229 @@
+"""Lowering: a prim graph becomes a loop program.
+
+Every pointwise node's value is an expression tree over its own index symbols
+(``i0, i1, ...``, one per dimension of its shape).  Consumers inline it, re-expressing the
+indices for broadcasting and views, so a chain of pointwise ops becomes one body.  Graph
+outputs are *realized*: a ComputedBuffer with exactly the layout eager would return (the
+strides come from PyTorch's own rules through the node's meta).  Outputs that are inputs,
+or views of inputs, are returned as aliases without a kernel.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import sympy
+import torch
+
+from minicompile import ops
+from minicompile.errors import Unsupported
+from minicompile.graph import Graph, Node, TensorMeta
+from minicompile.ir import (
+    AliasOutput,
+    Cast,
+    ComputedBuffer,
+    Constant,
+    Expr,
+    InputBuffer,
+    Layout,
+    Load,
+    LoopProgram,
+    Op,
+    dim_symbols,
+    substitute_index,
+)
+
+ONE = sympy.Integer(1)
+ZERO = sympy.Integer(0)
+
+
+@dataclasses.dataclass(frozen=True)
+class Value:
+    """A tensor during lowering: ``expr`` over ``dim_symbols(len(shape))``.  ``view`` is set
+    when the value is an input's storage read through a layout (an input or a view of one)."""
+
+    shape: tuple[sympy.Expr, ...]
+    dtype: torch.dtype
+    expr: Expr
+    view: tuple[str, Layout] | None = None
+    origins: tuple[Node, ...] = ()
+
+
+def layout_of(meta: TensorMeta) -> Layout:
+    return Layout(meta.shape, meta.stride, meta.dtype, meta.device, meta.storage_offset)
+
+
+def _input_value(name: str, layout: Layout) -> Value:
+    idx = dim_symbols(len(layout.shape))
+    # Size-1 dims are always read at index 0, whatever their stride says.
+    idx = tuple(ZERO if s == 1 else i for i, s in zip(idx, layout.shape))
+    load = Load(name, layout.index(idx), layout.dtype)
+    return Value(layout.shape, layout.dtype, load, view=(name, layout))
+
+
+def broadcast_to(v: Value, shape: tuple[sympy.Expr, ...]) -> Expr:
+    """``v``'s expression re-indexed for a consumer of ``shape`` (PyTorch broadcasting)."""
+    lead = len(shape) - len(v.shape)
+    own = dim_symbols(len(v.shape))
+    out = dim_symbols(len(shape))
+    mapping = {}
+    for k, size in enumerate(v.shape):
+        mapping[own[k]] = ZERO if (size == 1 and shape[lead + k] != 1) else out[lead + k]
+    return substitute_index(v.expr, {a: b for a, b in mapping.items() if a != b})
+
+
+def _cast(e: Expr, dtype: torch.dtype) -> Expr:
+    if e.dtype == dtype:
+        return e
+    if isinstance(e, Constant):
+        return Constant(_py_value(e.value, dtype), dtype)
+    return Cast(e, dtype)
+
+
+def _py_value(value: Any, dtype: torch.dtype) -> Any:
+    if dtype == torch.bool:
+        return bool(value)
+    if dtype.is_floating_point:
+        return float(value)
+    return int(value)
+
+
+def _fake(arg: Any) -> Any:
+    return arg.meta.fake() if isinstance(arg, Node) else arg
+
+
+class Lowering:
+    def __init__(self, graph: Graph) -> None:
+        self.graph = graph
+        self.values: dict[Node, Value] = {}
+        self.inputs: list[InputBuffer] = []
+        self.buffers: list[ComputedBuffer] = []
+        self.realized: dict[Node, str] = {}
+
+    def run(self) -> LoopProgram:
+        for node in self.graph.nodes:
+            if node.op == "placeholder":
+                # Kernels get the input's data pointer, which already includes its storage
+                # offset: index from 0.
+                layout = dataclasses.replace(layout_of(node.meta), offset=ZERO)
+                buf = InputBuffer(f"arg{len(self.inputs)}", layout)
+                self.inputs.append(buf)
+                self.values[node] = _input_value(buf.name, buf.layout)
+            elif node.op == "call":
+                self.values[node] = self.lower_call(node)
+        outputs = [self.realize(n) for n in self.graph.outputs]
+        return LoopProgram(self.inputs, self.buffers, outputs)
+
+    # -- outputs ----------------------------------------------------------------------------
+
+    def realize(self, node: Node) -> str | AliasOutput:
+        value = self.values[node]
+        if value.view is not None:
+            name, layout = value.view
+            base = next(b for b in self.inputs if b.name == name)
+            return AliasOutput(name, None if layout == base.layout else layout)
+        if node in self.realized:  # the same node returned twice: one buffer
+            return self.realized[node]
+        layout = layout_of(node.meta)
+        origins = value.origins + (node,)
+        buf = ComputedBuffer(
+            name=f"buf{len(self.buffers)}",
+            layout=layout,
+            body=value.expr,
+            origins=tuple(_origin(n) for n in origins),
+            sources=tuple(dict.fromkeys(n.stack[-1] for n in origins if n.stack)),
+        )
+        self.buffers.append(buf)
+        self.realized[node] = buf.name
+        return buf.name
+
+    # -- calls ------------------------------------------------------------------------------
+
+    def lower_call(self, node: Node) -> Value:
+        family = ops.OPS[node.target].family
+        if family == "view":
+            return self.lower_view(node)
+        if family == "composite":
+            raise AssertionError(f"{node.target} reached lowering undecomposed")
+        if family not in ("unary", "binary", "ternary", "cast"):
+            raise Unsupported(f"no lowering for {node.target}", node.stack)
+        meta = node.meta
+        shape = meta.shape
+        out_dtype = meta.dtype
+        tensor_args = [a for a in node.args if isinstance(a, Node)]
+        origins = tuple(dict.fromkeys(o for a in tensor_args for o in self.values[a].origins))
+        origins += (node,)
+
+        if family == "cast":
+            (x,) = node.args
+            expr = _cast(broadcast_to(self.values[x], shape), node.kwargs["dtype"])
+            return Value(shape, out_dtype, expr, origins=origins)
+
+        compute = self.compute_dtype(node)
+
+        def operand(arg: Any, dtype: torch.dtype) -> Expr:
+            if isinstance(arg, Node):
+                return _cast(broadcast_to(self.values[arg], shape), dtype)
+            if isinstance(arg, (bool, int, float)):
+                return Constant(_py_value(arg, dtype), dtype)
+            raise Unsupported(f"{node.target}: argument {arg!r} is not a tensor or number",
+                              node.stack)
+
+        if node.target == "where":
+            cond, a, b = node.args
+            args = (operand(cond, torch.bool), operand(a, out_dtype), operand(b, out_dtype))
+        else:
+            args = tuple(operand(a, compute) for a in node.args)
+        if node.target == "pow" and not compute.is_floating_point:
+            raise Unsupported("pow on integer tensors is not supported yet", node.stack)
+        return Value(shape, out_dtype, Op(node.target, args, out_dtype), origins=origins)
+
+    @staticmethod
+    def compute_dtype(node: Node) -> torch.dtype:
+        """The dtype the op's operands are converted to before it applies."""
+        if node.target in ops.LOGICAL:
+            return torch.bool
+        if node.target in ops.COMPARISONS:
+            a, b = (_fake(x) for x in node.args)
+            return torch.result_type(a, b)
+        return node.meta.dtype
+
+    def lower_view(self, node: Node) -> Value:
+        x = self.values[node.args[0]]
+        n_out = node.meta.ndim
+        out = dim_symbols(n_out)
+        own = dim_symbols(len(x.shape))
+        if node.target == "permute":
+            dims = node.args[1]
+            mapping = {own[d]: out[k] for k, d in enumerate(dims)}
+        elif node.target == "unsqueeze":
+            d = node.args[1]
+            mapping = {own[k]: out[k if k < d else k + 1] for k in range(len(x.shape))}
+        elif node.target == "squeeze":
+            d = node.args[1]
+            mapping = {own[k]: (ZERO if k == d and x.shape[k] == 1 else out[k if k < d else k - 1])
+                       for k in range(len(x.shape)) if not (k == d and x.shape[k] != 1)}
+            if x.shape[d] != 1:  # squeeze of a dim that is not 1 is the identity
+                mapping = {own[k]: out[k] for k in range(len(x.shape))}
+        elif node.target == "expand":
+            lead = n_out - len(x.shape)
+            mapping = {own[k]: (ZERO if x.shape[k] == 1 and node.meta.shape[lead + k] != 1
+                                else out[lead + k]) for k in range(len(x.shape))}
+        else:
+            raise Unsupported(f"no lowering for view {node.target}", node.stack)
+        expr = substitute_index(x.expr, {a: b for a, b in mapping.items() if a != b})
+        view = None
+        if x.view is not None:  # still an input read through a layout: track that layout
+            view = (x.view[0], dataclasses.replace(layout_of(node.meta), offset=x.view[1].offset))
+        return Value(node.meta.shape, node.meta.dtype, expr, view=view,
+                     origins=x.origins + (node,))
+
+
+def _origin(node: Node) -> str:
+    return f"%{node.index} {node.target}"
+
+
+def lower(graph: Graph) -> LoopProgram:
+    """Lower a graph of prims and views (see passes/decompose.py) to a loop program."""
+    return Lowering(graph).run()

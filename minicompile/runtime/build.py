@@ -1,0 +1,111 @@
+"""Turn generated code into callables: build C++ with the system compiler, import Python
+modules from the cache directory.  A second process finds both on disk and builds nothing."""
+
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+import importlib.util
+import os
+import subprocess
+import sys
+import tempfile
+import types
+from pathlib import Path
+
+from minicompile.config import Config
+from minicompile.errors import BackendCompilerFailed
+from minicompile.runtime.cache import cache_key, tool_versions, write_atomic
+
+from minicompile.codegen.wrapper import GeneratedCode
+
+
+@dataclasses.dataclass
+class Loaded:
+    call: types.FunctionType  # call(args) -> tuple of outputs
+    module_path: Path
+    from_cache: bool  # nothing was built: every artefact was already on disk
+
+
+_loaded: dict[str, Loaded] = {}  # this process's modules, by key
+
+
+def build_cpp(source: str, cfg: Config) -> tuple[Path, bool]:
+    """Compile ``source`` to a shared library; return its path and whether it was cached."""
+    flags = list(cfg.cxx_flags)
+    key = cache_key(source, " ".join(flags), tool_versions(cfg.cxx))
+    folder = cfg.cache_dir / "cpp" / key[:2]
+    lib = folder / f"{key}.so"
+    if lib.exists():
+        return lib, True
+    folder.mkdir(parents=True, exist_ok=True)
+    src = folder / f"{key}.cpp"
+    write_atomic(src, source)
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{key}.", suffix=".so")
+    os.close(fd)
+    cmd = [cfg.cxx, *flags, str(src), "-o", tmp]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    except (OSError, subprocess.SubprocessError) as e:
+        Path(tmp).unlink(missing_ok=True)
+        raise BackendCompilerFailed(f"could not run the C++ compiler {cfg.cxx!r}: {e}") from e
+    if proc.returncode != 0:
+        Path(tmp).unlink(missing_ok=True)
+        raise BackendCompilerFailed(
+            f"C++ compilation failed ({' '.join(cmd)}):\n{proc.stderr.strip()[-4000:]}"
+        )
+    os.replace(tmp, lib)
+    return lib, False
+
+
+def _interpret_triton(module: types.ModuleType) -> None:
+    """Run this module's Triton kernels (and helpers) under Triton's interpreter, for CPU
+    tensors, whether or not TRITON_INTERPRET was set when Triton was imported."""
+    from triton.runtime.interpreter import InterpretedFunction
+    from triton.runtime.jit import JITFunction
+
+    from minicompile.runtime.triton_interp import libdevice
+
+    module.libdevice = libdevice  # type: ignore[attr-defined]
+    for name, value in list(vars(module).items()):
+        if isinstance(value, JITFunction):
+            setattr(module, name, InterpretedFunction(value.fn))
+
+
+def load(code: GeneratedCode, cfg: Config, interpret: bool) -> Loaded:
+    """Build (or find) the artefacts of ``code`` and import its wrapper module."""
+    key = cache_key(code.module, code.cpp_source or "", tool_versions(cfg.cxx), str(interpret))
+    if key in _loaded:
+        return dataclasses.replace(_loaded[key], from_cache=True)
+    folder = cfg.cache_dir / "py" / key[:2]
+    path = folder / f"mc_{key}.py"
+    from_cache = path.exists()
+    if not from_cache:
+        write_atomic(path, code.module)
+    namespace_lib = None
+    if code.cpp_source is not None:
+        lib_path, lib_cached = build_cpp(code.cpp_source, cfg)
+        from_cache = from_cache and lib_cached
+        namespace_lib = ctypes.CDLL(str(lib_path))
+    name = f"minicompile_generated.mc_{key}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    if namespace_lib is not None:
+        module.lib = namespace_lib  # type: ignore[attr-defined]
+    sys.modules[name] = module  # Triton's JIT looks its kernels' module up
+    try:
+        spec.loader.exec_module(module)
+    except Exception as e:
+        sys.modules.pop(name, None)
+        raise BackendCompilerFailed(f"generated module {path} failed to import: {e}") from e
+    if interpret:
+        _interpret_triton(module)
+    loaded = Loaded(module.call, path, from_cache)  # type: ignore[attr-defined]
+    _loaded[key] = loaded
+    return loaded
+
+
+def forget() -> None:
+    """Drop this process's loaded modules (the disk cache stays)."""
+    _loaded.clear()

@@ -1,0 +1,81 @@
+"""Index arithmetic: size symbols and the integer functions index expressions use.
+
+Every size, stride and index is a ``sympy.Expr``.  Size symbols (``s0``, ``s1``...) are
+positive integers; loop variables (``xindex``) are non-negative integers.  Floor division and
+modulo are the custom functions below, which simplify with what sympy knows of their
+arguments; only the per-backend printers (codegen/printers.py) turn them into text.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import sympy
+
+
+def size_symbol(i: int) -> sympy.Symbol:
+    return sympy.Symbol(f"s{i}", integer=True, positive=True)
+
+
+def index_symbol(name: str) -> sympy.Symbol:
+    return sympy.Symbol(name, integer=True, nonnegative=True)
+
+
+class FloorDiv(sympy.Function):
+    """``base // divisor`` for a non-negative base and a positive divisor."""
+
+    nargs = (2,)
+    is_integer = True
+    is_nonnegative = True
+
+    @classmethod
+    def eval(cls, base: sympy.Expr, divisor: sympy.Expr) -> sympy.Expr | None:
+        if divisor == 1:
+            return base
+        if base == 0:
+            return sympy.Integer(0)
+        if base.is_Integer and divisor.is_Integer:
+            return sympy.Integer(int(base) // int(divisor))
+        if isinstance(base, FloorDiv):  # (a // b) // c == a // (b * c)
+            return FloorDiv(base.args[0], base.args[1] * divisor)
+        quotient = sympy.cancel(base / divisor)
+        if quotient.is_polynomial() and _is_poly_int(quotient):
+            return quotient
+        return None
+
+
+class ModularIndexing(sympy.Function):
+    """``(base // divisor) % modulus``: the coordinate of a flat index along one dimension."""
+
+    nargs = (3,)
+    is_integer = True
+    is_nonnegative = True
+
+    @classmethod
+    def eval(cls, base: sympy.Expr, divisor: sympy.Expr, modulus: sympy.Expr) -> sympy.Expr | None:
+        if modulus == 1 or base == 0:
+            return sympy.Integer(0)
+        if base.is_Integer and divisor.is_Integer and modulus.is_Integer:
+            return sympy.Integer((int(base) // int(divisor)) % int(modulus))
+        return None
+
+
+def _is_poly_int(expr: sympy.Expr) -> bool:
+    """Whether every coefficient of ``expr`` is an integer (so it is exact to divide)."""
+    return all(c.is_Integer for c in sympy.Poly(expr).coeffs()) if expr.free_symbols else True
+
+
+def contiguous_strides(shape: Sequence[sympy.Expr]) -> tuple[sympy.Expr, ...]:
+    strides: list[sympy.Expr] = []
+    running: sympy.Expr = sympy.Integer(1)
+    for size in reversed(shape):
+        strides.append(running)
+        running = running * size
+    return tuple(reversed(strides))
+
+
+def product(values: Sequence[sympy.Expr]) -> sympy.Expr:
+    out: sympy.Expr = sympy.Integer(1)
+    for v in values:
+        out = out * v
+    return out

@@ -1,0 +1,69 @@
+"""Common-subexpression and dead-code elimination on the graph IR."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from minicompile.graph import Graph, Node, copy_graph
+
+
+def _key(value: Any) -> Any:
+    """A hashable stand-in for an argument; distinguishes 1, 1.0 and True."""
+    if isinstance(value, Node):
+        return ("node", id(value))
+    if isinstance(value, (tuple, list)):
+        return (type(value).__name__, tuple(_key(v) for v in value))
+    if isinstance(value, dict):
+        return ("dict", tuple((k, _key(v)) for k, v in sorted(value.items())))
+    if isinstance(value, (torch.dtype, torch.device, str)):
+        return (type(value).__name__, str(value))
+    return (type(value).__name__, repr(value))
+
+
+def eliminate_common_subexpressions(graph: Graph) -> Graph:
+    """Calls with the same op and the same arguments are computed once (all ops are pure)."""
+    seen: dict[Any, Node] = {}
+
+    def rewrite(new: Graph, node: Node, remap: Callable) -> Node:
+        args, kwargs = remap(node.args), remap(node.kwargs)
+        key = (node.target, _key(args), _key(kwargs))
+        if key not in seen:
+            seen[key] = new.call(node.target, args, kwargs, node.meta, node.stack)
+        return seen[key]
+
+    return copy_graph(graph, rewrite)
+
+
+def eliminate_dead_code(graph: Graph) -> Graph:
+    """Drop calls whose results nothing reads (placeholders stay: they are the signature)."""
+    live: set[int] = set()
+    for node in reversed(graph.nodes):
+        if node.op in ("output", "placeholder") or id(node) in live:
+            live.update(id(i) for i in node.inputs())
+            live.add(id(node))
+    dead = [n for n in graph.calls() if id(n) not in live]
+    if not dead:
+        return graph
+    new = Graph(graph.name)
+    env: dict[Node, Node] = {}
+    remap = lambda v: _remap(v, env)  # noqa: E731
+    for node in graph.nodes:
+        if id(node) not in live:
+            continue
+        if node.op == "placeholder":
+            env[node] = new.placeholder(node.target, node.meta)
+        elif node.op == "output":
+            new.output(remap(node.args[0]))
+        else:
+            env[node] = new.call(node.target, remap(node.args), remap(node.kwargs), node.meta,
+                                 node.stack)
+    return new
+
+
+def _remap(value: Any, env: dict[Node, Node]) -> Any:
+    from minicompile.graph import map_nodes
+
+    return map_nodes(value, lambda n: env[n])

@@ -1,0 +1,93 @@
+"""Rewrite composite pointwise ops (relu, gelu, silu, clamp) into primitives.
+
+Each decomposition computes as eager does: float16/bfloat16 inputs are upcast to float32
+("opmath"), the formula runs in float32 and the result is cast back once, so the rounding
+matches PyTorch's own kernels.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from minicompile.graph import Graph, Node
+from minicompile.ops import infer_meta
+
+LOW_PRECISION = (torch.float16, torch.bfloat16)
+
+
+class _Builder:
+    """Emits prim nodes carrying the source stack of the node being decomposed."""
+
+    def __init__(self, graph: Graph, origin: Node) -> None:
+        self.graph = graph
+        self.origin = origin
+
+    def __call__(self, op: str, *args: Any, **kwargs: Any) -> Node:
+        device = self.origin.meta.device  # type: ignore[union-attr]
+        meta = infer_meta(op, args, kwargs, device)
+        return self.graph.call(op, args, kwargs, meta, self.origin.stack)
+
+    def opmath(self, x: Node) -> Node:
+        if x.meta.dtype in LOW_PRECISION:  # type: ignore[union-attr]
+            return self("to_dtype", x, dtype=torch.float32)
+        return x
+
+    def restore(self, y: Node) -> Node:
+        dtype = self.origin.meta.dtype  # type: ignore[union-attr]
+        return y if y.meta.dtype == dtype else self("to_dtype", y, dtype=dtype)  # type: ignore[union-attr]
+
+
+def _relu(b: _Builder, x: Node) -> Node:
+    # where(x < 0, 0, x) keeps NaN (and -0.0) as torch.relu does.
+    return b("where", b("lt", x, 0), 0, x)
+
+
+def _gelu(b: _Builder, x: Node, approximate: str = "none") -> Node:
+    x = b.opmath(x)
+    if approximate == "tanh":
+        cube = b("mul", b("mul", x, x), x)
+        inner = b("mul", b("add", x, b("mul", cube, 0.044715)), math.sqrt(2.0 / math.pi))
+        cdf = b("mul", b("add", b("tanh", inner), 1.0), 0.5)
+    else:
+        cdf = b("mul", b("add", b("erf", b("mul", x, math.sqrt(0.5))), 1.0), 0.5)
+    return b.restore(b("mul", x, cdf))
+
+
+def _silu(b: _Builder, x: Node) -> Node:
+    x = b.opmath(x)  # x / (1 + exp(-x)), the formula of PyTorch's own kernels
+    return b.restore(b("truediv", x, b("add", b("exp", b("neg", x)), 1.0)))
+
+
+def _clamp(b: _Builder, x: Node, min: Any = None, max: Any = None) -> Node:
+    # Comparisons are false for NaN, so NaN passes through as torch.clamp lets it.
+    out = x
+    if min is not None:
+        out = b("where", b("lt", out, min), min, out)
+    if max is not None:
+        out = b("where", b("gt", out, max), max, out)
+    return out
+
+
+DECOMPOSITIONS: dict[str, Callable[..., Node]] = {
+    "relu": _relu,
+    "gelu": _gelu,
+    "silu": _silu,
+    "clamp": _clamp,
+}
+
+
+def decompose(graph: Graph) -> Graph:
+    """Return a copy of ``graph`` with every composite op replaced by primitives."""
+    from minicompile.graph import copy_graph
+
+    def rewrite(new: Graph, node: Node, remap: Callable) -> Node | None:
+        rule = DECOMPOSITIONS.get(node.target)
+        if rule is None:
+            return None
+        return rule(_Builder(new, node), *remap(node.args), **remap(node.kwargs))
+
+    return copy_graph(graph, rewrite)

@@ -226,9 +226,12 @@ PREAMBLE = r"""
 #include <cstdint>
 #include <cstring>
 #include <limits>
+"""
 
-// float16 and bfloat16 are stored as uint16_t and computed in float.
-static inline float mc_bf16_to_float(uint16_t h) {
+# Helpers; a translation unit gets the ones its kernels call (by name).
+HELPERS: dict[str, str] = {
+    # float16 and bfloat16 are stored as uint16_t and computed in float.
+    "low_precision": r"""static inline float mc_bf16_to_float(uint16_t h) {
     uint32_t u = static_cast<uint32_t>(h) << 16;
     float f;
     std::memcpy(&f, &u, 4);
@@ -280,19 +283,22 @@ static inline uint16_t mc_float_to_half(float f) {
 #endif
 static inline float mc_round_half(float f) { return mc_half_to_float(mc_float_to_half(f)); }
 static inline float mc_round_bf16(float f) { return mc_bf16_to_float(mc_float_to_bf16(f)); }
-
-// PyTorch's semantics where C++'s operators differ.
-template <typename T> static inline T mc_maximum(T a, T b) { return (a > b || a != a) ? a : b; }
-template <typename T> static inline T mc_minimum(T a, T b) { return (a < b || a != a) ? a : b; }
-template <typename T> static inline T mc_remainder(T a, T b) {
+""",
+    "mc_maximum": r"""template <typename T> static inline T mc_maximum(T a, T b) { return (a > b || a != a) ? a : b; }
+""",
+    "mc_minimum": r"""template <typename T> static inline T mc_minimum(T a, T b) { return (a < b || a != a) ? a : b; }
+""",
+    "mc_remainder": r"""template <typename T> static inline T mc_remainder(T a, T b) {
     T r = std::fmod(a, b);
     return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r;
 }
-template <typename T> static inline T mc_remainder_int(T a, T b) {
+""",
+    "mc_remainder_int": r"""template <typename T> static inline T mc_remainder_int(T a, T b) {
     T r = a % b;
     return (r != 0 && ((r < 0) != (b < 0))) ? static_cast<T>(r + b) : r;
 }
-template <typename T> static inline T mc_floordiv(T a, T b) {
+""",
+    "mc_floordiv": r"""template <typename T> static inline T mc_floordiv(T a, T b) {
     if (b == 0) return a / b;
     T r = std::fmod(a, b);
     T q = (a - r) / b;
@@ -301,8 +307,20 @@ template <typename T> static inline T mc_floordiv(T a, T b) {
     T f = std::floor(q);
     return (q - f > T(0.5)) ? f + 1 : f;
 }
-template <typename T> static inline T mc_floordiv_int(T a, T b) {
+""",
+    "mc_floordiv_int": r"""template <typename T> static inline T mc_floordiv_int(T a, T b) {
     T q = a / b;
     return ((a % b) != 0 && ((a < 0) != (b < 0))) ? static_cast<T>(q - 1) : q;
 }
-"""
+""",
+}
+
+
+def helpers_for(kernels: list[str]) -> list[str]:
+    """The helper definitions the kernel texts call."""
+    text = "\n".join(kernels)
+    wanted = []
+    if any(f"mc_{kind}" in text for kind in ("half", "bf16", "round", "float_to")):
+        wanted.append(HELPERS["low_precision"])
+    wanted += [src for name, src in HELPERS.items() if name != "low_precision" and f"{name}(" in text]
+    return wanted

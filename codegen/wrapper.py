@@ -64,10 +64,11 @@ def generate(
             w.lines_from(text)
     else:
         unit = CodeWriter()
-        unit.lines_from(cpp.PREAMBLE)
-        for plan in plans:
+        unit.lines_from(cpp.PREAMBLE.strip())
+        kernels = [cpp.emit_kernel(plan) for plan in plans]
+        for text in cpp.helpers_for(kernels) + kernels:
             unit.line()
-            unit.lines_from(cpp.emit_kernel(plan))
+            unit.lines_from(text)
         cpp_source = unit.text()
         w.line("import ctypes")
         w.line()

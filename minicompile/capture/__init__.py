@@ -1,0 +1,126 @@
+"""Frame capture: a Python function's frame -> a graph, guards and an output recipe.
+
+The API layer calls :func:`capture_frame` on a cache miss::
+
+    cap = capture_frame(fn, frame_args(fn, args, kwargs))
+    # later calls, with the same layout of arguments:
+    if cap.guards.check(*layout):
+        outs = run_compiled(cap.graph, cap.get_inputs(*layout))
+        return cap.rebuild(outs)
+
+The contract:
+
+- ``args`` are the frame's parameter values in layout order: ``co_varnames[:co_argcount +
+  co_kwonlyargcount]``, then the ``*args`` tuple, then the ``**kwargs`` dict, if the code has
+  them (:func:`frame_args` makes this layout, defaults applied).
+- Anything outside what capture models raises :class:`~minicompile.errors.Unsupported` with a
+  one-line reason and the user's source stack; the caller then runs the frame eagerly.
+  Tracing has no side effects, so giving up changes nothing.
+- ``guards.check(*layout)`` is True exactly when the capture may be reused;
+  ``get_inputs(*layout)`` gives the placeholder tensors in graph order;
+  ``rebuild(outputs)`` turns the graph outputs (in ``graph.outputs`` order) into the function's
+  return value.  The three are generated flat Python, compiled once.
+- The guards assume the same function object between calls (closure cells are checked
+  through the cells of this function).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import types
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from minicompile.capture import bytecode
+from minicompile.capture.guards import Guards
+from minicompile.capture.interpreter import InstructionTranslator, _builtins_of
+from minicompile.capture.output import OutputGraph
+from minicompile.capture.variables import CellVar, LazyVar, Source
+from minicompile.errors import Unsupported
+from minicompile.graph import Graph, SourceLine
+
+__all__ = ["Capture", "Guards", "capture_frame", "frame_args"]
+
+
+@dataclasses.dataclass
+class Capture:
+    graph: Graph  # placeholders in input order, named after their sources ("L_x", "G_w")
+    input_sources: list[str]  # readable source per placeholder: "L['x']", "G['w']"
+    get_inputs: Callable[..., list[torch.Tensor]]  # get_inputs(*layout) -> placeholder tensors
+    guards: Guards
+    rebuild: Callable[[Sequence[torch.Tensor]], Any]  # graph outputs -> return value
+    ops: int  # number of call nodes
+    get_inputs_source: str = ""
+    rebuild_source: str = ""
+
+    def __str__(self) -> str:
+        return "\n".join(
+            [str(self.graph), "", str(self.guards), self.get_inputs_source, self.rebuild_source]
+        )
+
+
+def frame_args(fn: types.FunctionType, args: tuple, kwargs: dict[str, Any]) -> tuple:
+    """Bind a call's arguments to the frame layout :func:`capture_frame` and the generated
+    functions take (defaults applied).  Raises TypeError like the call would."""
+    sig = inspect.signature(fn)
+    bound = sig.bind(*args, **kwargs)
+    bound.apply_defaults()
+    out = []
+    for name, param in sig.parameters.items():
+        value = bound.arguments[name]
+        if param.kind is inspect.Parameter.VAR_POSITIONAL:
+            value = tuple(value)
+        elif param.kind is inspect.Parameter.VAR_KEYWORD:
+            value = dict(value)
+        out.append(value)
+    return tuple(out)
+
+
+def capture_frame(fn: types.FunctionType, args: tuple) -> Capture:
+    """Trace one call of ``fn`` with the frame values ``args`` (layout order) into a graph.
+
+    Raises Unsupported for anything outside scope: generators and coroutines, loops, data-
+    dependent branches, unknown callables, in-place ops, mutation of objects.
+    """
+    code = fn.__code__
+    if bytecode.is_generator_like(code):
+        raise Unsupported(
+            f"generator/async function {fn.__qualname__}() is not supported",
+            (SourceLine(code.co_filename, code.co_firstlineno, code.co_name),),
+        )
+    names = bytecode.frame_layout(code)
+    if len(args) != len(names):
+        raise TypeError(f"capture_frame: expected {len(names)} frame values, got {len(args)}")
+    params = [f"L_{n}" for n in names]
+    output = OutputGraph(fn.__name__, params)
+    local_vars = {
+        n: LazyVar(v, Source(f"L[{n!r}]", f"L_{n}", f"L_{n}")) for n, v in zip(names, args)
+    }
+    output.guards.ref(fn.__globals__, "G")
+    cells: dict[str, CellVar] = {}
+    for name, cell in zip(code.co_freevars, fn.__closure__ or ()):
+        ref = output.guards.ref(cell, f"cell_{name}")
+        source = Source(f"C[{name!r}]", f"{ref}.cell_contents", f"C_{name}")
+        try:
+            contents = LazyVar(cell.cell_contents, source)
+        except ValueError:  # empty cell
+            contents = None
+        cells[name] = CellVar(contents, local=False, source=source)
+    tx = InstructionTranslator(
+        output, code, fn.__globals__, _builtins_of(fn.__globals__), local_vars, cells
+    )
+    result = tx.run()
+    done = output.finish(result)
+    return Capture(
+        graph=done.graph,
+        input_sources=done.input_sources,
+        get_inputs=done.get_inputs,
+        guards=done.guards,
+        rebuild=done.rebuild,
+        ops=sum(1 for _ in done.graph.calls()),
+        get_inputs_source=done.get_inputs_source,
+        rebuild_source=done.rebuild_source,
+    )

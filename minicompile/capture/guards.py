@@ -20,7 +20,9 @@ to say which failed and how.
 
 from __future__ import annotations
 
+import builtins
 import dataclasses
+import keyword
 import math
 import re
 from collections.abc import Callable
@@ -29,6 +31,10 @@ from typing import Any
 import torch
 
 from minicompile.capture.variables import Source
+
+
+# Names the generated functions use themselves.
+_RESERVED = frozenset({"check", "get_inputs", "rebuild", "outs", *keyword.kwlist})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -123,19 +129,22 @@ class GuardBuilder:
         self.params = params
         self.checks: list[GuardCheck] = []
         self.namespace: dict[str, Any] = {"torch": torch, "Tensor": torch.Tensor}
-        self._refs: dict[int, str] = {id(torch): "torch", id(torch.Tensor): "Tensor"}
+        self._refs: dict[Any, str] = {id(torch): "torch", id(torch.Tensor): "Tensor"}
         self._seen: set[str] = set()
 
     def ref(self, obj: Any, hint: str = "obj") -> str:
-        if id(obj) in self._refs:
-            return self._refs[id(obj)]
+        key: Any = ("device", str(obj)) if isinstance(obj, torch.device) else id(obj)
+        if key in self._refs:
+            return self._refs[key]
         base = re.sub(r"\W", "_", hint) or "obj"
         name, n = base, 0
-        while name in self.namespace or name in self.params:
+        while name in self.namespace or name in self.params or name in _RESERVED or (
+            hasattr(builtins, name) and getattr(builtins, name) is not obj
+        ):
             n += 1
             name = f"{base}_{n}"
         self.namespace[name] = obj
-        self._refs[id(obj)] = name
+        self._refs[key] = name
         return name
 
     def add(self, source: str, kind: str, expr: str, actual: str, expected: Any) -> None:
@@ -148,38 +157,35 @@ class GuardBuilder:
 
     def tensor_match(self, src: Source, t: torch.Tensor) -> None:
         """Type, dtype, device, requires_grad, sizes and strides (sizes give the rank)."""
-        x = src.expr
-        cls = type(t)
-        self.add(src.name, "type", f"type({src.first_expr}) is {self._type(cls)}",
-                 f"type({src.first_expr})", cls)  # fmt: skip
+        x, cls = src.expr, type(t)
+        typ = f"type({src.first_expr})"
+        self.add(src.name, "type", f"{typ} is {self._type(cls)}", typ, cls)
         self.add(src.name, "dtype", f"{x}.dtype is {t.dtype}", f"{x}.dtype", t.dtype)
-        dev = self.ref(t.device, f"dev_{t.device.type}{t.device.index or ''}")
+        index = "" if t.device.index is None else t.device.index
+        dev = self.ref(t.device, f"dev_{t.device.type}{index}")
         self.add(src.name, "device", f"{x}.device == {dev}", f"{x}.device", t.device)
-        self.add(src.name, "requires_grad", f"{x}.requires_grad is {t.requires_grad}",
-                 f"{x}.requires_grad", t.requires_grad)  # fmt: skip
-        shape = tuple(t.shape)
+        grad = t.requires_grad
+        self.add(src.name, "requires_grad", f"{x}.requires_grad is {grad}", f"{x}.requires_grad",
+                 grad)  # fmt: skip
+        shape, stride = tuple(t.shape), tuple(t.stride())
         self.add(src.name, "sizes", f"{x}.shape == {shape!r}", f"{x}.shape", shape)
-        stride = tuple(t.stride())
         self.add(src.name, "strides", f"{x}.stride() == {stride!r}", f"{x}.stride()", stride)
 
     def constant_match(self, src: Source, value: Any) -> None:
-        """Type and value of a Python constant the trace read."""
-        x = src.first_expr
+        """Type and value of a Python constant the trace read (``is`` for singletons)."""
+        x, typ = src.first_expr, f"type({src.first_expr})"
         if value is None or isinstance(value, bool):
             self.add(src.name, "value", f"{x} is {value!r}", x, value)
-            return
-        if isinstance(value, (torch.dtype, torch.device, torch.memory_format, torch.layout)):
-            if isinstance(value, torch.device):
-                self.add(src.name, "type", f"type({x}) is {self._type(torch.device)}",
-                         f"type({x})", torch.device)  # fmt: skip
-                self.add(src.name, "value", f"{src.expr} == {self.ref(value, 'dev')}",
-                         src.expr, value)  # fmt: skip
-            else:
-                self.add(src.name, "value", f"{x} is {self.ref(value, str(value))}", x, value)
-            return
-        self.add(src.name, "type", f"type({x}) is {self._type(type(value))}", f"type({x})",
-                 type(value))  # fmt: skip
-        self.add(src.name, "value", f"{src.expr} == {self._literal(value)}", src.expr, value)
+        elif isinstance(value, (torch.dtype, torch.memory_format, torch.layout)):
+            self.add(src.name, "value", f"{x} is {self.ref(value, str(value))}", x, value)
+        elif isinstance(value, torch.device):
+            self.add(src.name, "type", f"{typ} is {self._type(torch.device)}", typ, torch.device)
+            dev = self.ref(value, "dev")
+            self.add(src.name, "value", f"{src.expr} == {dev}", src.expr, value)
+        else:
+            self.add(src.name, "type", f"{typ} is {self._type(type(value))}", typ, type(value))
+            literal = self._literal(value)
+            self.add(src.name, "value", f"{src.expr} == {literal}", src.expr, value)
 
     def identity_match(self, src: Source, obj: Any) -> None:
         """The very object the trace saw (modules, functions, classes reached by name)."""
@@ -187,16 +193,14 @@ class GuardBuilder:
         self.add(src.name, "identity", f"{src.first_expr} is {name}", src.first_expr, obj)
 
     def sequence_match(self, src: Source, value: tuple | list) -> None:
-        x = src.first_expr
-        self.add(src.name, "type", f"type({x}) is {self._type(type(value))}", f"type({x})",
-                 type(value))  # fmt: skip
-        self.add(src.name, "length", f"len({src.expr}) == {len(value)}", f"len({src.expr})",
-                 len(value))  # fmt: skip
+        typ, length = f"type({src.first_expr})", f"len({src.expr})"
+        cls = type(value)
+        self.add(src.name, "type", f"{typ} is {self._type(cls)}", typ, cls)
+        self.add(src.name, "length", f"{length} == {len(value)}", length, len(value))
 
     def dict_keys_match(self, src: Source, value: dict) -> None:
-        x = src.first_expr
-        keys = list(value.keys())
-        self.add(src.name, "type", f"type({x}) is dict", f"type({x})", dict)
+        typ, keys = f"type({src.first_expr})", list(value.keys())
+        self.add(src.name, "type", f"{typ} is dict", typ, dict)
         self.add(src.name, "keys", f"list({src.expr}) == {keys!r}", f"list({src.expr})", keys)
 
     def grad_mode(self) -> None:

@@ -1,0 +1,725 @@
+"""The symbolic bytecode interpreter: one method per opcode, named after it.
+
+An :class:`InstructionTranslator` walks the instructions of one code object (from
+:func:`bytecode.decode`) with a stack and locals of value trackers
+(:mod:`minicompile.capture.variables`).  Tensor operations append nodes to the shared
+:class:`OutputGraph`; Python values are computed while tracing (constant folding); calls
+to user functions are inlined by a child translator sharing the output.  The trace ends at
+``RETURN_VALUE`` / ``RETURN_CONST`` of the root frame.
+
+Anything it cannot model raises :class:`Unsupported` with the user's source stack; the
+interpreter never runs user code and never mutates user objects, so giving up is always
+safe.
+
+Stack layout of calls (CPython 3.11/3.12): ``[NULL | callable, callable | self, *args]``
+then ``CALL n``; keyword names come from ``KW_NAMES`` just before.  Method loads always
+push ``[NULL, bound method]`` here (the method tracker carries its ``self``), which CALL
+treats like any other callable.  3.13 puts the NULL after the callable; see
+:mod:`bytecode`.
+"""
+
+from __future__ import annotations
+
+import builtins
+import inspect
+import linecache
+import types
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from minicompile.capture import bytecode, pybuiltins, torch_ops
+from minicompile.capture.bytecode import NULL_AFTER_CALLABLE, PY, Inst
+from minicompile.capture.output import OutputGraph, is_trusted_namespace
+from minicompile.capture.variables import (
+    NULL,
+    BuiltinVar,
+    CellVar,
+    ConstantVar,
+    DictVar,
+    LazyVar,
+    ListVar,
+    MethodVar,
+    ModuleVar,
+    NestedFunctionVar,
+    NullVar,
+    ObjectVar,
+    OpaqueVar,
+    SizeVar,
+    Source,
+    TensorVar,
+    TorchFunctionVar,
+    TupleVar,
+    UserFunctionVar,
+    Var,
+)
+from minicompile.errors import Unsupported
+from minicompile.graph import SourceLine
+
+MAX_INLINE_DEPTH = 20
+_IMMUTABLE_METHOD_OWNERS = (int, float, bool, complex, str, bytes, tuple, torch.Size,
+                            torch.dtype, torch.device)  # fmt: skip
+
+
+class InstructionTranslator:
+    """Interprets one frame.  ``parent_stack`` is the user stack of the call site when this
+    frame is inlined (outermost first)."""
+
+    def __init__(
+        self,
+        output: OutputGraph,
+        code: types.CodeType,
+        f_globals: dict[str, Any],
+        f_builtins: dict[str, Any],
+        local_vars: dict[str, Var],
+        cells: dict[str, CellVar],
+        parent_stack: tuple[SourceLine, ...] = (),
+        depth: int = 0,
+        globals_name: str = "G",
+    ) -> None:
+        if bytecode.is_generator_like(code):
+            raise Unsupported(f"generator/async function {code.co_name}() is not supported")
+        self.output = output
+        self.code = code
+        self.f_globals = f_globals
+        self.f_builtins = f_builtins
+        self.locals = local_vars
+        self.cells = cells
+        self.parent_stack = parent_stack
+        self.depth = depth
+        self.globals_name = globals_name
+        self.insts = bytecode.decode(code)
+        self.index_of = bytecode.offset_to_index(self.insts)
+        self.stack: list[Var] = []
+        self.ip = 0
+        self.inst: Inst = self.insts[0]
+        self.kw_names: tuple[str, ...] = ()
+        self.result: Var | None = None
+
+    # -- driver ----------------------------------------------------------------------------
+
+    def run(self) -> Var:
+        """Interpret until this frame returns; the returned tracker."""
+        saved, self.output.tx = self.output.tx, self
+        try:
+            while self.result is None:
+                self.inst = self.insts[self.ip]
+                self.ip += 1
+                handler = getattr(self, self.inst.opname, None)
+                if handler is None:
+                    raise Unsupported(f"bytecode {self.inst.opname} is not supported yet")
+                try:
+                    handler(self.inst)
+                except Unsupported as e:
+                    if e.stack:
+                        raise
+                    raise Unsupported(e.reason, self.user_stack(), e.hint) from e
+            return self.result
+        finally:
+            self.output.tx = saved
+
+    def user_stack(self) -> tuple[SourceLine, ...]:
+        lineno = self.inst.lineno
+        text = linecache.getline(self.code.co_filename, lineno).strip()
+        here = SourceLine(self.code.co_filename, lineno, self.code.co_name, text)
+        return (*self.parent_stack, here)
+
+    # -- stack helpers ---------------------------------------------------------------------
+
+    def push(self, var: Var) -> None:
+        self.stack.append(var)
+
+    def pop(self) -> Var:
+        return self.stack.pop()
+
+    def popn(self, n: int) -> list[Var]:
+        if n == 0:
+            return []
+        items = self.stack[-n:]
+        del self.stack[-n:]
+        return items
+
+    def jump(self, inst: Inst) -> None:
+        if bytecode.is_backward_jump(inst):
+            raise Unsupported("loops are not supported yet (backward jump)")
+        self.ip = self.index_of[inst.argval]
+
+    # -- values ----------------------------------------------------------------------------
+
+    def realize(self, var: Var) -> Var:
+        if isinstance(var, LazyVar):
+            return self.output.wrap(var.value, var.source)
+        return var
+
+    def truthy(self, var: Var) -> bool:
+        """``bool(var)`` for a branch: Python values decide now (they are guarded, or derived
+        from guarded tensor metadata); tensors would need their data."""
+        if isinstance(var, TensorVar):
+            raise Unsupported(
+                "data-dependent branch: `if` on a tensor value is not supported",
+                hint="use torch.where",
+            )
+        if isinstance(var, (TupleVar, ListVar, DictVar)):
+            return len(var.items) > 0
+        if isinstance(var, (ConstantVar, ObjectVar)):
+            try:
+                return bool(var.value)
+            except Exception as e:
+                raise Unsupported(f"bool() of {var.describe()} raised {e}") from e
+        if isinstance(var, (NestedFunctionVar, MethodVar)):
+            return True
+        raise Unsupported(f"truth value of {var.describe()} is not supported")
+
+    def fold(self, fn: Callable, *args: Var, what: str = "") -> Var:
+        """Apply a Python operator to constant trackers now."""
+        values = [self.output.to_value(a) for a in args]
+        if any(pybuiltins.contains_tensor(v) for v in values):
+            raise Unsupported(f"{what or fn.__name__} on a tuple/list holding tensors")
+        try:
+            return self.output.from_value(fn(*values))
+        except Unsupported:
+            raise
+        except Exception as e:
+            raise Unsupported(f"{what or fn.__name__} raised {type(e).__name__}: {e}") from e
+
+    def load_attr(self, obj: Var, name: str) -> Var:
+        if isinstance(obj, TensorVar):
+            if name in torch_ops.ATTRIBUTES:
+                return self.output.from_value(torch_ops.ATTRIBUTES[name](self.output, obj))
+            if callable(getattr(torch.Tensor, name, None)):
+                return MethodVar(obj, name)
+            raise Unsupported(f"Tensor.{name} is not supported yet")
+        if isinstance(obj, (ModuleVar, ObjectVar)) and not isinstance(
+            obj, (OpaqueVar, UserFunctionVar)
+        ):
+            try:
+                value = getattr(obj.value, name)
+            except AttributeError as e:
+                raise Unsupported(f"attribute error: {e}") from e
+            source = None
+            if obj.source is not None:
+                source = obj.source.attr(name, trusted=is_trusted_namespace(obj.value))
+            return self.output.wrap(value, source)
+        if isinstance(obj, (ConstantVar, TupleVar)):
+            value = self.output.to_value(obj)
+            if isinstance(value, _IMMUTABLE_METHOD_OWNERS) or value is None:
+                attr = getattr(type(value), name, None)
+                if callable(attr):
+                    return MethodVar(obj, name)
+                return self.fold(lambda v: getattr(v, name), obj, what=f".{name}")
+        raise Unsupported(f"attribute {name!r} of {obj.describe()} is not supported yet")
+
+    # -- calls -----------------------------------------------------------------------------
+
+    def call_function(self, fn: Var, args: list[Var], kwargs: dict[str, Var]) -> Var:
+        out = self.output
+        if isinstance(fn, (UserFunctionVar, NestedFunctionVar)):
+            return self.inline_call(fn, args, kwargs)
+        if isinstance(fn, TorchFunctionVar):
+            if fn.value not in torch_ops.FUNCTIONS:
+                raise Unsupported(f"{_describe_callable(fn.value)} is not supported yet")
+            fname, handler = torch_ops.FUNCTIONS[fn.value]
+            result = handler(out, fname, *self._values(args, kwargs))
+            return out.from_value(result)
+        if isinstance(fn, MethodVar):
+            return self.call_method(fn.obj, fn.name, args, kwargs)
+        if isinstance(fn, BuiltinVar):
+            return pybuiltins.call_builtin(out, fn.value, args, kwargs)
+        if isinstance(fn, ObjectVar):
+            raise Unsupported(f"call to {_describe_callable(fn.value)} is not supported")
+        raise Unsupported(f"calling {fn.describe()} is not supported")
+
+    def _values(self, args: list[Var], kwargs: dict[str, Var]) -> tuple[tuple, dict]:
+        return (
+            tuple(self.output.to_value(a) for a in args),
+            {k: self.output.to_value(v) for k, v in kwargs.items()},
+        )
+
+    def call_method(self, obj: Var, name: str, args: list[Var], kwargs: dict[str, Var]) -> Var:
+        if isinstance(obj, TensorVar):
+            handler = torch_ops.METHODS.get(name)
+            if handler is None:
+                raise Unsupported(_unsupported_method_reason(name))
+            pos, kw = self._values(args, kwargs)
+            return self.output.from_value(handler(self.output, f"Tensor.{name}", (obj, *pos), kw))
+        # Methods of immutable Python values (str.format, tuple.index, dtype.to_complex...)
+        method = getattr(self.output.to_value(obj), name)
+        values = [self.output.to_value(a) for a in args]
+        kw = {k: self.output.to_value(v) for k, v in kwargs.items()}
+        if any(pybuiltins.contains_tensor(v) for v in (*values, *kw.values())):
+            raise Unsupported(f"method {name}() with tensor arguments is not supported")
+        try:
+            return self.output.from_value(method(*values, **kw))
+        except Exception as e:
+            raise Unsupported(f"{name}() raised {type(e).__name__}: {e}") from e
+
+    def inline_call(self, fn: Var, args: list[Var], kwargs: dict[str, Var]) -> Var:
+        """Run a user function's bytecode in a child translator sharing this output."""
+        if self.depth >= MAX_INLINE_DEPTH:
+            raise Unsupported(f"inlining deeper than {MAX_INLINE_DEPTH} calls (recursion?)")
+        if isinstance(fn, NestedFunctionVar):
+            code, f_globals = fn.code, fn.f_globals
+            signature_of = types.FunctionType(
+                code, f_globals, code.co_name, tuple(fn.defaults) or None,
+                tuple(types.CellType() for _ in code.co_freevars) or None,
+            )  # fmt: skip
+            signature_of.__kwdefaults__ = dict(fn.kwdefaults) or None
+            cells = dict(zip(code.co_freevars, fn.closure))
+            globals_name = self.globals_name if f_globals is self.f_globals else None
+        else:
+            func = fn.value
+            code, f_globals, signature_of = func.__code__, func.__globals__, func
+            cells = {}
+            for name, cell in zip(code.co_freevars, func.__closure__ or ()):
+                source = self._cell_source(func, name, cell)
+                try:
+                    contents = LazyVar(cell.cell_contents, source)
+                except ValueError:  # empty cell
+                    contents = None
+                cells[name] = CellVar(contents, local=False, source=source)
+            globals_name = None
+        try:
+            bound = inspect.signature(signature_of).bind(*args, **kwargs)
+        except TypeError as e:
+            raise Unsupported(f"bad call to {code.co_name}(): {e} (eager raises)") from e
+        bound.apply_defaults()
+        local_vars: dict[str, Var] = {}
+        for pname, value in bound.arguments.items():
+            kind = bound.signature.parameters[pname].kind
+            if kind is inspect.Parameter.VAR_POSITIONAL:
+                local_vars[pname] = TupleVar(tuple(value))
+            elif kind is inspect.Parameter.VAR_KEYWORD:
+                local_vars[pname] = DictVar(dict(value))
+            else:
+                local_vars[pname] = self.output.from_value(value)  # defaults are plain values
+        if globals_name is None:
+            globals_name = self.output.guards.ref(f_globals, f"G_{f_globals.get('__name__')}")
+        child = InstructionTranslator(
+            self.output, code, f_globals, _builtins_of(f_globals), local_vars, cells,
+            parent_stack=self.user_stack(), depth=self.depth + 1, globals_name=globals_name,
+        )  # fmt: skip
+        return child.run()
+
+    def _cell_source(self, func: Any, name: str, cell: types.CellType) -> Source:
+        ref = self.output.guards.ref(cell, f"cell_{func.__name__}_{name}")
+        return Source(f"{func.__qualname__}.C[{name!r}]", f"{ref}.cell_contents", ref)
+
+    def _call(self, fn: Var, self_arg: Var, args: list[Var], names: tuple[str, ...]) -> None:
+        if not isinstance(self_arg, NullVar):
+            args = [self_arg, *args]
+        split = len(args) - len(names)
+        kwargs = dict(zip(names, args[split:]))
+        self.push(self.call_function(fn, args[:split], kwargs))
+
+    # -- locals, constants, globals, cells -------------------------------------------------
+
+    def LOAD_FAST(self, inst: Inst) -> None:
+        name = inst.argval
+        if name not in self.locals:
+            raise Unsupported(f"local variable {name!r} is unbound (eager raises)")
+        var = self.locals[name] = self.realize(self.locals[name])
+        self.push(var)
+
+    LOAD_FAST_CHECK = LOAD_FAST
+
+    def LOAD_FAST_AND_CLEAR(self, inst: Inst) -> None:
+        self.push(self.realize(self.locals.pop(inst.argval, NULL)))
+
+    def STORE_FAST(self, inst: Inst) -> None:
+        self.locals[inst.argval] = self.pop()
+
+    def DELETE_FAST(self, inst: Inst) -> None:
+        self.locals.pop(inst.argval, None)
+
+    def LOAD_FAST_LOAD_FAST(self, inst: Inst) -> None:  # 3.13
+        for name in inst.argval:
+            self.LOAD_FAST(Inst("LOAD_FAST", None, name, inst.offset, inst.lineno))
+
+    def STORE_FAST_LOAD_FAST(self, inst: Inst) -> None:  # 3.13
+        store, load = inst.argval
+        self.locals[store] = self.pop()
+        self.LOAD_FAST(Inst("LOAD_FAST", None, load, inst.offset, inst.lineno))
+
+    def STORE_FAST_STORE_FAST(self, inst: Inst) -> None:  # 3.13: the first name takes TOS
+        for name in inst.argval:
+            self.locals[name] = self.pop()
+
+    def LOAD_CONST(self, inst: Inst) -> None:
+        self.push(self.output.from_value(inst.argval))
+
+    def LOAD_GLOBAL(self, inst: Inst) -> None:
+        push_null = bool(inst.arg & 1)
+        if push_null and not NULL_AFTER_CALLABLE:
+            self.push(NULL)
+        self.push(self.load_global(inst.argval))
+        if push_null and NULL_AFTER_CALLABLE:
+            self.push(NULL)
+
+    def load_global(self, name: str) -> Var:
+        g = self.globals_name
+        if name in self.f_globals:
+            label = "G" if g == "G" else f"{g}"
+            source = Source(f"{label}[{name!r}]", f"{g}[{name!r}]", f"{g}_{name}",
+                            safe_expr=f"{g}.get({name!r})")  # fmt: skip
+            return self.output.wrap(self.f_globals[name], source)
+        if name in self.f_builtins:
+            b = self.output.guards.ref(self.f_builtins, "B")
+            expr = f"{g}.get({name!r}, {b}.get({name!r}))"
+            source = Source(f"B[{name!r}]", expr, f"B_{name}", safe_expr=expr)
+            return self.output.wrap(self.f_builtins[name], source)
+        raise Unsupported(f"name {name!r} is not defined (eager raises NameError)")
+
+    def MAKE_CELL(self, inst: Inst) -> None:
+        self.cells[inst.argval] = CellVar(self.locals.pop(inst.argval, None), local=True)
+
+    def LOAD_DEREF(self, inst: Inst) -> None:
+        cell = self.cells[inst.argval]
+        if cell.contents is None:
+            raise Unsupported(f"free variable {inst.argval!r} referenced before assignment")
+        cell.contents = self.realize(cell.contents)
+        self.push(cell.contents)
+
+    def STORE_DEREF(self, inst: Inst) -> None:
+        cell = self.cells[inst.argval]
+        if not cell.local:
+            raise Unsupported(f"assignment to closure variable {inst.argval!r} (nonlocal)")
+        cell.contents = self.pop()
+
+    def LOAD_CLOSURE(self, inst: Inst) -> None:
+        self.push(self.cells[inst.argval])
+
+    # -- attributes and calls --------------------------------------------------------------
+
+    def push_method(self, method: Var) -> None:
+        if NULL_AFTER_CALLABLE:
+            self.push(method)
+            self.push(NULL)
+        else:
+            self.push(NULL)
+            self.push(method)
+
+    def LOAD_ATTR(self, inst: Inst) -> None:
+        value = self.load_attr(self.pop(), inst.argval)
+        if bytecode.LOAD_ATTR_HAS_METHOD_BIT and inst.arg & 1:
+            self.push_method(value)
+        else:
+            self.push(value)
+
+    def LOAD_METHOD(self, inst: Inst) -> None:  # 3.11
+        self.push_method(self.load_attr(self.pop(), inst.argval))
+
+    def PUSH_NULL(self, inst: Inst) -> None:
+        self.push(NULL)
+
+    def KW_NAMES(self, inst: Inst) -> None:  # 3.11, 3.12
+        self.kw_names = bytecode.kw_names(self.code, inst)
+
+    def CALL(self, inst: Inst) -> None:
+        args = self.popn(inst.arg)
+        names, self.kw_names = self.kw_names, ()
+        a, b = self.popn(2)
+        if NULL_AFTER_CALLABLE:
+            self._call(a, b, args, names)
+        elif isinstance(a, NullVar):
+            self._call(b, NULL, args, names)
+        else:
+            self._call(a, b, args, names)
+
+    def CALL_KW(self, inst: Inst) -> None:  # 3.13: the names tuple is on the stack
+        names = self.output.to_value(self.pop())
+        args = self.popn(inst.arg)
+        fn, self_arg = self.popn(2)
+        self._call(fn, self_arg, args, names)
+
+    def CALL_FUNCTION_EX(self, inst: Inst) -> None:
+        kwargs = self.pop() if inst.arg & 1 else DictVar({})
+        args = self.pop()
+        if NULL_AFTER_CALLABLE:
+            fn, _null = self.popn(2)
+        else:
+            _null, fn = self.popn(2)
+        if not isinstance(args, (TupleVar, ListVar)) or not isinstance(kwargs, DictVar):
+            raise Unsupported(f"f(*{args.describe()}, **{kwargs.describe()}) is not supported")
+        self.push(self.call_function(fn, list(args.items), dict(kwargs.items)))
+
+    # -- operators -------------------------------------------------------------------------
+
+    def BINARY_OP(self, inst: Inst) -> None:
+        b, a = self.pop(), self.pop()
+        symbol, fn, inplace = bytecode.binary_op(inst)
+        self.push(self.binary(symbol, fn, a, b, inplace))
+
+    def binary(self, symbol: str, fn: Callable, a: Var, b: Var, inplace: bool = False) -> Var:
+        if isinstance(a, TensorVar) or isinstance(b, TensorVar):
+            if inplace and isinstance(a, TensorVar):
+                raise Unsupported(f"in-place operator {symbol}= on a tensor is not supported yet")
+            av, bv = self.output.to_value(a), self.output.to_value(b)
+            return self.output.from_value(torch_ops.binary_operator(self.output, symbol, av, bv))
+        if inplace and isinstance(a, (ListVar, DictVar)):
+            raise Unsupported(f"in-place operator {symbol}= on a list/dict (mutation)")
+        return self.fold(fn, a, b, what=f"operator {symbol}")
+
+    def COMPARE_OP(self, inst: Inst) -> None:
+        b, a = self.pop(), self.pop()
+        symbol = bytecode.compare_symbol(inst)
+        self.push(self.binary(symbol, bytecode.COMPARE_OPS[symbol], a, b))
+
+    def IS_OP(self, inst: Inst) -> None:
+        b, a = self.pop(), self.pop()
+        if isinstance(a, TensorVar) or isinstance(b, TensorVar):
+            same = a is b or (
+                isinstance(a, TensorVar) and isinstance(b, TensorVar) and a.node is b.node
+            )
+        elif isinstance(a, (ConstantVar, ObjectVar)) and isinstance(b, (ConstantVar, ObjectVar)):
+            same = a.value is b.value
+        else:
+            same = a is b
+        self.push(ConstantVar(same != bool(inst.arg)))
+
+    def CONTAINS_OP(self, inst: Inst) -> None:
+        container, item = self.pop(), self.pop()
+        result = self.fold(lambda x, c: x in c, item, container, what="`in`")
+        self.push(ConstantVar(result.value != bool(inst.arg)))
+
+    def _unary(symbol: str, fn: Callable) -> Callable:  # noqa: N805 (a handler factory)
+        def handler(self: InstructionTranslator, inst: Inst) -> None:
+            x = self.pop()
+            if isinstance(x, TensorVar):
+                self.push(self.output.from_value(torch_ops.unary_operator(self.output, symbol, x)))
+            else:
+                self.push(self.fold(fn, x, what=f"unary {symbol}"))
+
+        return handler
+
+    UNARY_NEGATIVE = _unary("-", lambda v: -v)
+    UNARY_INVERT = _unary("~", lambda v: ~v)
+    UNARY_POSITIVE = _unary("+", lambda v: +v)  # 3.11; 3.12 uses CALL_INTRINSIC_1
+
+    def UNARY_NOT(self, inst: Inst) -> None:
+        self.push(ConstantVar(not self.truthy(self.pop())))
+
+    def TO_BOOL(self, inst: Inst) -> None:  # 3.13
+        self.push(ConstantVar(self.truthy(self.pop())))
+
+    def CALL_INTRINSIC_1(self, inst: Inst) -> None:  # 3.12
+        if inst.argval == "INTRINSIC_UNARY_POSITIVE" or inst.arg == 5:
+            self.UNARY_POSITIVE(inst)
+        elif inst.argval == "INTRINSIC_LIST_TO_TUPLE" or inst.arg == 6:
+            self.LIST_TO_TUPLE(inst)
+        else:
+            raise Unsupported(f"CALL_INTRINSIC_1 {inst.argval} is not supported")
+
+    # -- containers ------------------------------------------------------------------------
+
+    def items_of(self, var: Var) -> list[Var]:
+        if isinstance(var, (TupleVar, ListVar)):
+            return list(var.items)
+        if isinstance(var, TensorVar):
+            raise Unsupported("unpacking/iterating a tensor is not supported yet")
+        value = self.output.to_value(var)
+        if isinstance(value, (str, bytes, tuple, list, dict)):
+            return [self.output.from_value(v) for v in value]
+        raise Unsupported(f"unpacking {var.describe()} is not supported")
+
+    def BUILD_TUPLE(self, inst: Inst) -> None:
+        self.push(TupleVar(tuple(self.popn(inst.arg))))
+
+    def BUILD_LIST(self, inst: Inst) -> None:
+        self.push(ListVar(self.popn(inst.arg)))
+
+    def BUILD_MAP(self, inst: Inst) -> None:
+        flat = self.popn(2 * inst.arg)
+        keys = [self.output.to_value(k) for k in flat[0::2]]
+        self.push(DictVar(dict(zip(keys, flat[1::2]))))
+
+    def BUILD_CONST_KEY_MAP(self, inst: Inst) -> None:
+        keys = self.output.to_value(self.pop())
+        self.push(DictVar(dict(zip(keys, self.popn(inst.arg)))))
+
+    def BUILD_SLICE(self, inst: Inst) -> None:
+        parts = self.popn(inst.arg)
+        self.push(self.fold(slice, *parts, what="slice"))
+
+    def _mutable(self, var: Var, what: str) -> Var:
+        if not isinstance(var, (ListVar, DictVar)) or not var.mutable:
+            raise Unsupported(f"{what} on {var.describe()} from outside the trace (mutation)")
+        return var
+
+    def LIST_APPEND(self, inst: Inst) -> None:
+        item = self.pop()
+        self._mutable(self.stack[-inst.arg], "append").items.append(item)
+
+    def LIST_EXTEND(self, inst: Inst) -> None:
+        items = self.items_of(self.pop())
+        self._mutable(self.stack[-inst.arg], "extend").items.extend(items)
+
+    def LIST_TO_TUPLE(self, inst: Inst) -> None:  # 3.11
+        self.push(TupleVar(tuple(self.items_of(self.pop()))))
+
+    def DICT_MERGE(self, inst: Inst) -> None:
+        update = self.pop()
+        target = self._mutable(self.stack[-inst.arg], "dict merge")
+        if not isinstance(update, DictVar):
+            raise Unsupported(f"**{update.describe()} is not supported")
+        if inst.opname == "DICT_MERGE" and target.items.keys() & update.items.keys():
+            raise Unsupported("duplicate keyword argument (eager raises TypeError)")
+        target.items.update(update.items)
+
+    DICT_UPDATE = DICT_MERGE
+
+    def UNPACK_SEQUENCE(self, inst: Inst) -> None:
+        items = self.items_of(self.pop())
+        if len(items) != inst.arg:
+            raise Unsupported(f"unpacking {len(items)} values into {inst.arg} (eager raises)")
+        self.stack.extend(reversed(items))
+
+    def UNPACK_EX(self, inst: Inst) -> None:
+        items = self.items_of(self.pop())
+        before, after = inst.arg & 0xFF, inst.arg >> 8
+        if len(items) < before + after:
+            raise Unsupported("not enough values to unpack (eager raises)")
+        rest = ListVar(items[before : len(items) - after])
+        self.stack.extend(reversed([*items[:before], rest, *items[len(items) - after :]]))
+
+    def BINARY_SUBSCR(self, inst: Inst) -> None:
+        index, container = self.pop(), self.pop()
+        self.push(self.subscript(container, index))
+
+    def subscript(self, container: Var, index: Var) -> Var:
+        if isinstance(container, TensorVar):
+            raise Unsupported("tensor indexing (x[...]) is not supported yet")
+        if isinstance(index, TensorVar):
+            raise Unsupported("indexing with a tensor is not supported")
+        if isinstance(container, (TupleVar, ListVar)):
+            i = self.output.to_value(index)
+            try:
+                picked = container.items[i]
+            except (IndexError, TypeError) as e:
+                raise Unsupported(f"indexing raised {type(e).__name__}: {e}") from e
+            if isinstance(i, slice):
+                cls = SizeVar if isinstance(container, SizeVar) else type(container)
+                return ListVar(picked) if cls is ListVar else cls(tuple(picked))
+            return picked
+        if isinstance(container, DictVar):
+            key = self.output.to_value(index)
+            if key not in container.items:
+                raise Unsupported(f"key {key!r} not found (eager raises KeyError)")
+            return container.items[key]
+        return self.fold(lambda c, i: c[i], container, index, what="indexing")
+
+    def BINARY_SLICE(self, inst: Inst) -> None:  # 3.12
+        end, start, container = self.pop(), self.pop(), self.pop()
+        self.push(self.subscript(container, self.fold(slice, start, end, what="slice")))
+
+    # -- stack shuffles, jumps, returns ----------------------------------------------------
+
+    def POP_TOP(self, inst: Inst) -> None:
+        self.pop()
+
+    def COPY(self, inst: Inst) -> None:
+        self.push(self.stack[-inst.arg])
+
+    def SWAP(self, inst: Inst) -> None:
+        self.stack[-1], self.stack[-inst.arg] = self.stack[-inst.arg], self.stack[-1]
+
+    def _noop(self, inst: Inst) -> None:
+        pass
+
+    NOP = RESUME = PRECALL = EXTENDED_ARG = COPY_FREE_VARS = CACHE = _noop
+
+    def _pop_jump(test: Callable[[InstructionTranslator, Var], bool]) -> Callable:  # noqa: N805
+        def handler(self: InstructionTranslator, inst: Inst) -> None:
+            if test(self, self.pop()):
+                self.jump(inst)
+
+        return handler
+
+    POP_JUMP_IF_TRUE = _pop_jump(lambda self, v: self.truthy(v))
+    POP_JUMP_IF_FALSE = _pop_jump(lambda self, v: not self.truthy(v))
+    POP_JUMP_IF_NONE = _pop_jump(lambda self, v: isinstance(v, ConstantVar) and v.value is None)
+    POP_JUMP_IF_NOT_NONE = _pop_jump(
+        lambda self, v: not (isinstance(v, ConstantVar) and v.value is None)
+    )
+    # 3.11 spells the direction out; backward jumps are loops and refused by jump().
+    POP_JUMP_FORWARD_IF_TRUE = POP_JUMP_BACKWARD_IF_TRUE = POP_JUMP_IF_TRUE
+    POP_JUMP_FORWARD_IF_FALSE = POP_JUMP_BACKWARD_IF_FALSE = POP_JUMP_IF_FALSE
+    POP_JUMP_FORWARD_IF_NONE = POP_JUMP_BACKWARD_IF_NONE = POP_JUMP_IF_NONE
+    POP_JUMP_FORWARD_IF_NOT_NONE = POP_JUMP_BACKWARD_IF_NOT_NONE = POP_JUMP_IF_NOT_NONE
+
+    def JUMP_IF_TRUE_OR_POP(self, inst: Inst) -> None:  # 3.11
+        if self.truthy(self.stack[-1]):
+            self.jump(inst)
+        else:
+            self.pop()
+
+    def JUMP_IF_FALSE_OR_POP(self, inst: Inst) -> None:  # 3.11
+        if not self.truthy(self.stack[-1]):
+            self.jump(inst)
+        else:
+            self.pop()
+
+    def JUMP_FORWARD(self, inst: Inst) -> None:
+        self.jump(inst)
+
+    JUMP_BACKWARD = JUMP_BACKWARD_NO_INTERRUPT = JUMP_FORWARD  # refused by jump()
+
+    def GET_ITER(self, inst: Inst) -> None:
+        raise Unsupported("loops (for ... in ...) are not supported yet")
+
+    def RETURN_VALUE(self, inst: Inst) -> None:
+        self.result = self.pop()
+
+    def RETURN_CONST(self, inst: Inst) -> None:  # 3.12
+        self.result = self.output.from_value(inst.argval)
+
+    # -- functions -------------------------------------------------------------------------
+
+    def MAKE_FUNCTION(self, inst: Inst) -> None:
+        code = self.output.to_value(self.pop())
+        fn = NestedFunctionVar(code, self.f_globals)
+        flags = inst.arg or 0  # 3.13: always 0, attributes come by SET_FUNCTION_ATTRIBUTE
+        for flag in (0x08, 0x04, 0x02, 0x01):
+            if flags & flag:
+                fn = self._set_function_attribute(fn, flag, self.pop())
+        self.push(fn)
+
+    def SET_FUNCTION_ATTRIBUTE(self, inst: Inst) -> None:  # 3.13
+        fn = self.pop()
+        self.push(self._set_function_attribute(fn, inst.arg, self.pop()))
+
+    def _set_function_attribute(self, fn: NestedFunctionVar, flag: int, value: Var) -> Var:
+        if flag == 0x08:
+            fn.closure = tuple(value.items)
+        elif flag == 0x02:
+            fn.kwdefaults = dict(value.items)
+        elif flag == 0x01:
+            fn.defaults = tuple(self.items_of(value))
+        return fn  # 0x04 annotations: ignored
+
+
+def _builtins_of(f_globals: dict[str, Any]) -> dict[str, Any]:
+    b = f_globals.get("__builtins__", builtins)
+    return b if isinstance(b, dict) else vars(b)
+
+
+def _describe_callable(fn: Any) -> str:
+    module = getattr(fn, "__module__", None)
+    name = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or repr(fn)
+    if module in (None, "builtins"):
+        return f"{name}()"
+    if module.startswith("torch._C"):
+        module = "torch"
+    return f"{module}.{name}()"
+
+
+def _unsupported_method_reason(name: str) -> str:
+    if name in ("item", "tolist", "numpy", "__bool__", "__int__", "__float__"):
+        return f"Tensor.{name}() reads tensor data into Python; not supported (graph break)"
+    if name.endswith("_") and not name.startswith("_"):
+        return f"in-place Tensor.{name}() is not supported"
+    return f"Tensor.{name}() is not supported yet"
+
+
+if PY < (3, 11):  # pragma: no cover
+    raise ImportError("minicompile.capture needs CPython 3.11 or newer")

@@ -1,0 +1,75 @@
+"""Fixtures shared by every test folder.
+
+Order matters at the top of this file: minicompile reads its configuration from the
+environment once, when ``minicompile.config`` is imported, and Triton reads
+``TRITON_INTERPRET`` when it is imported.  Both variables are set here, before anything
+imports either package, so the suite never touches the user's ``~/.cache/minicompile``.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+
+# Kernels of the Triton backend run under Triton's interpreter on machines without a GPU.
+os.environ.setdefault("TRITON_INTERPRET", "1")
+# A private on-disk cache for the whole session (read once, at minicompile's import).
+_CACHE_DIR = tempfile.mkdtemp(prefix="minicompile-test-cache-")
+os.environ["MINICOMPILE_CACHE_DIR"] = _CACHE_DIR
+# Tracing and log output would only slow the suite down; tests that want them run a
+# subprocess with their own environment.
+for _name in ("MINICOMPILE_TRACE", "MINICOMPILE_LOGS", "MINICOMPILE_BACKEND"):
+    os.environ.pop(_name, None)
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+import minicompile  # noqa: E402
+
+from known_failures import apply_known_failures  # noqa: E402
+
+BACKENDS = ("cpp", "triton")
+CUDA = torch.cuda.is_available()
+
+
+def device_for(backend: str) -> torch.device:
+    """The device a backend's tests use: the C++ backend only compiles CPU tensors; Triton
+    uses the GPU when there is one and its interpreter on CPU tensors otherwise."""
+    if backend == "triton" and CUDA:
+        return torch.device("cuda")
+    return torch.device("cpu")
+
+
+@pytest.fixture(params=BACKENDS)
+def backend(request: pytest.FixtureRequest) -> str:
+    return request.param
+
+
+@pytest.fixture
+def device(request: pytest.FixtureRequest) -> torch.device:
+    """``cuda`` when available else ``cpu``; in a test that also takes ``backend``, the
+    device that backend applies to (always ``cpu`` for ``cpp``)."""
+    if "backend" in request.fixturenames:
+        return device_for(request.getfixturevalue("backend"))
+    return torch.device("cuda" if CUDA else "cpu")
+
+
+@pytest.fixture(autouse=True)
+def _fresh_minicompile() -> None:
+    """Every test starts with no compiled code and zeroed stats."""
+    minicompile.reset()
+
+
+@pytest.fixture(scope="session")
+def cache_dir() -> str:
+    """The session's MINICOMPILE_CACHE_DIR."""
+    return _CACHE_DIR
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    apply_known_failures(items)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    shutil.rmtree(_CACHE_DIR, ignore_errors=True)

@@ -123,6 +123,7 @@ class CppKernel:
         self.w = CodeWriter()
         self.names: dict[Expr, str] = {}
         self.count = 0
+        self.parallel = False
 
     def signature(self) -> str:
         p = self.plan
@@ -145,15 +146,19 @@ class CppKernel:
             if not ranges:  # a 0-dim result: one element
                 self.emit_body()
             else:
-                if numel >= PARALLEL_THRESHOLD:
-                    w.line("#pragma omp parallel for")
+                self.parallel = numel >= PARALLEL_THRESHOLD
                 self._loops(0, ranges)
         return w.text()
 
     def _loops(self, depth: int, ranges: list[int]) -> None:
         x = self.plan.loop_vars[depth]
-        if depth == len(ranges) - 1 and depth > 0:
-            self.w.line("#pragma omp simd")
+        pragma = []
+        if depth == 0 and self.parallel:
+            pragma.append("parallel for")
+        if depth == len(ranges) - 1:
+            pragma.append("simd")
+        if pragma:
+            self.w.line(f"#pragma omp {' '.join(pragma)}")
         with self.w.block(f"for (int64_t {x} = 0; {x} < {ranges[depth]}; ++{x})"):
             if depth + 1 < len(ranges):
                 self._loops(depth + 1, ranges)

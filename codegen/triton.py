@@ -39,6 +39,7 @@ TRITON_OPS: dict[str, str] = {
     "sub": "{0} - {1}",
     "mul": "{0} * {1}",
     "truediv": "{0} / {1}",
+    "truediv_f32": "tl.math.div_rn({0}, {1})",  # IEEE division; "/" is approximate in fp32
     "floordiv": "mc_floordiv({0}, {1})",
     "floordiv_int": "mc_floordiv_int({0}, {1})",
     "remainder": "mc_remainder({0}, {1})",
@@ -71,7 +72,8 @@ TRITON_OPS: dict[str, str] = {
     "log1p": "libdevice.log1p({0})",
     "sqrt": "libdevice.sqrt({0})",
     "rsqrt": "libdevice.rsqrt({0})",
-    "reciprocal": "1.0 / {0}",
+    "reciprocal": "tl.math.div_rn(1.0, {0})",
+    "reciprocal_f64": "1.0 / {0}",
     "sin": "libdevice.sin({0})",
     "cos": "libdevice.cos({0})",
     "tan": "libdevice.tan({0})",
@@ -86,8 +88,10 @@ TRITON_OPS: dict[str, str] = {
     "where": "tl.where({0}, {1}, {2})",
 }
 
-# Ops whose integer forms differ, and those that are the identity on integers.
+# Ops whose integer forms differ, and those that are the identity on integers.  Triton's
+# int1 arithmetic wraps, where torch's bool add/mul are logical or/and.
 INT_VARIANTS = {"floordiv": "floordiv_int", "remainder": "remainder_int"}
+BOOL_VARIANTS = {"add": "logical_or", "mul": "logical_and", "bitwise_not": "bitwise_not_bool"}
 INT_IDENTITY = {"floor", "ceil", "trunc", "round"}
 
 
@@ -107,6 +111,14 @@ def _literal(value: bool | int | float, dtype: torch.dtype) -> str:
     if dtype == torch.int64 and not -(2**31) <= int(value) < 2**31:
         return f"tl.full([], {int(value)}, tl.int64)"
     return str(int(value))
+
+
+def _round(value: str, dtype: torch.dtype) -> str:
+    """``value`` rounded to float16/bfloat16 as eager rounds, kept in float32.  bfloat16
+    rounds through integer ops (mc_round_bf16), exact under Triton's interpreter too."""
+    if dtype == torch.bfloat16:
+        return f"mc_round_bf16({value}.to(tl.float32))"
+    return f"{value}.to(tl.float16).to(tl.float32)"
 
 
 class TritonKernel:
@@ -138,7 +150,9 @@ class TritonKernel:
                 value = self.value(store.value)
                 if value not in self.vector:
                     value = f"tl.broadcast_to({value}, [XBLOCK])"
-                if compute_dtype(store.value.dtype) != store.dtype:
+                if store.dtype == torch.bfloat16:  # exact once rounded
+                    value = f"{_round(value, store.dtype)}.to(tl.bfloat16)"
+                elif compute_dtype(store.value.dtype) != store.dtype:
                     value = f"{value}.to({TRITON_DTYPES[store.dtype]})"
                 index = triton_index(store.index)
                 if not store.index.free_symbols:  # one element (a 0-dim result)
@@ -194,9 +208,10 @@ class TritonKernel:
             vector = x in self.vector
             if e.dtype == torch.bool:
                 return self.fresh(f"{x} != 0", vector)
-            text = f"{x}.to({TRITON_DTYPES[e.dtype]})"
             if e.dtype in LOW_PRECISION:  # round, then keep computing in float32
-                text += ".to(tl.float32)"
+                text = _round(x, e.dtype)
+            else:
+                text = f"{x}.to({TRITON_DTYPES[e.dtype]})"
             return self.fresh(text, vector)
         assert isinstance(e, Op)
         args = [self.names[a] for a in e.args]
@@ -207,11 +222,15 @@ class TritonKernel:
             if op in INT_IDENTITY:
                 return args[0]
             op = INT_VARIANTS.get(op, op)
-            if op == "bitwise_not" and operand_dtype == torch.bool:
-                op = "bitwise_not_bool"
+            if operand_dtype == torch.bool:
+                op = BOOL_VARIANTS.get(op, op)
+        elif op == "truediv" and compute_dtype(operand_dtype) == torch.float32:
+            op = "truediv_f32"
+        elif op == "reciprocal" and compute_dtype(operand_dtype) != torch.float32:
+            op = "reciprocal_f64"
         text = TRITON_OPS[op].format(*args, t=TRITON_DTYPES[compute_dtype(e.dtype)])
         if e.dtype in LOW_PRECISION:
-            text = f"({text}).to({TRITON_DTYPES[e.dtype]}).to(tl.float32)"
+            text = f"{_round(f'({text})', e.dtype)}"
         return self.fresh(text, vector)
 
 
@@ -247,6 +266,13 @@ def mc_maximum(a, b):  # NaN wins, as in torch.maximum
 @triton.jit
 def mc_minimum(a, b):
     return tl.where((a < b) | (a != a), a, b)
+""",
+    "mc_round_bf16": """\
+@triton.jit
+def mc_round_bf16(x):  # round float32 to the nearest bfloat16 (ties to even), keep float32
+    u = x.to(tl.uint32, bitcast=True)
+    u = (u + (0x7FFF + ((u >> 16) & 1))) & 0xFFFF0000
+    return tl.where(x != x, x, u.to(tl.float32, bitcast=True))
 """,
     "mc_remainder": """\
 @triton.jit

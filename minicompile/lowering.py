@@ -82,11 +82,12 @@ def _cast(e: Expr, dtype: torch.dtype) -> Expr:
 
 
 def _py_value(value: Any, dtype: torch.dtype) -> Any:
+    """A Python scalar converted to ``dtype`` as PyTorch converts it (integers wrap)."""
     if dtype == torch.bool:
         return bool(value)
     if dtype.is_floating_point:
         return float(value)
-    return int(value)
+    return torch.tensor(int(value), dtype=torch.int64).to(dtype).item()
 
 
 def _fake(arg: Any) -> Any:

@@ -12,8 +12,14 @@ import os
 import shutil
 import tempfile
 
+import torch  # noqa: E402  (importing torch does not import triton)
+
 # Kernels of the Triton backend run under Triton's interpreter on machines without a GPU.
-os.environ.setdefault("TRITON_INTERPRET", "1")
+# With a GPU the variable is left alone: set, it would make every @triton.jit kernel an
+# interpreted one, and the CUDA run of the suite would never test real Triton code.
+# (CPU tensors run under the interpreter either way; minicompile.runtime sees to that.)
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 # A private on-disk cache for the whole session (read once, at minicompile's import).
 _CACHE_DIR = tempfile.mkdtemp(prefix="minicompile-test-cache-")
 os.environ["MINICOMPILE_CACHE_DIR"] = _CACHE_DIR
@@ -23,22 +29,11 @@ for _name in ("MINICOMPILE_TRACE", "MINICOMPILE_LOGS", "MINICOMPILE_BACKEND"):
     os.environ.pop(_name, None)
 
 import pytest  # noqa: E402
-import torch  # noqa: E402
 
 import minicompile  # noqa: E402
 
+from devices import BACKENDS, CUDA, device_for  # noqa: E402
 from known_failures import apply_known_failures  # noqa: E402
-
-BACKENDS = ("cpp", "triton")
-CUDA = torch.cuda.is_available()
-
-
-def device_for(backend: str) -> torch.device:
-    """The device a backend's tests use: the C++ backend only compiles CPU tensors; Triton
-    uses the GPU when there is one and its interpreter on CPU tensors otherwise."""
-    if backend == "triton" and CUDA:
-        return torch.device("cuda")
-    return torch.device("cpu")
 
 
 @pytest.fixture(params=BACKENDS)

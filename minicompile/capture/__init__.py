@@ -36,7 +36,7 @@ import torch
 
 from minicompile.capture import bytecode
 from minicompile.capture.guards import Guards
-from minicompile.capture.interpreter import InstructionTranslator, _builtins_of
+from minicompile.capture.interpreter import InstructionTranslator, builtins_of
 from minicompile.capture.output import OutputGraph
 from minicompile.capture.variables import CellVar, LazyVar, Source
 from minicompile.errors import Unsupported
@@ -110,7 +110,7 @@ def capture_frame(fn: types.FunctionType, args: tuple) -> Capture:
             contents = None
         cells[name] = CellVar(contents, local=False, source=source)
     tx = InstructionTranslator(
-        output, code, fn.__globals__, _builtins_of(fn.__globals__), local_vars, cells
+        output, code, fn.__globals__, builtins_of(fn.__globals__), local_vars, cells
     )
     result = tx.run()
     done = output.finish(result)

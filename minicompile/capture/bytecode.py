@@ -27,7 +27,9 @@ NULL_AFTER_CALLABLE: bool = PY >= (3, 13)
 LOAD_ATTR_HAS_METHOD_BIT: bool = PY >= (3, 12)
 
 _UNSUPPORTED_CODE_FLAGS = (
-    inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR
+    inspect.CO_GENERATOR
+    | inspect.CO_COROUTINE
+    | inspect.CO_ASYNC_GENERATOR
     | inspect.CO_ITERABLE_COROUTINE
 )
 

@@ -32,7 +32,6 @@ import torch
 
 from minicompile.capture.variables import Source
 
-
 # Names the generated functions use themselves.
 _RESERVED = frozenset({"check", "get_inputs", "rebuild", "outs", *keyword.kwlist})
 
@@ -138,8 +137,11 @@ class GuardBuilder:
             return self._refs[key]
         base = re.sub(r"\W", "_", hint) or "obj"
         name, n = base, 0
-        while name in self.namespace or name in self.params or name in _RESERVED or (
-            hasattr(builtins, name) and getattr(builtins, name) is not obj
+        while (
+            name in self.namespace
+            or name in self.params
+            or name in _RESERVED
+            or (hasattr(builtins, name) and getattr(builtins, name) is not obj)
         ):
             n += 1
             name = f"{base}_{n}"
@@ -165,8 +167,9 @@ class GuardBuilder:
         dev = self.ref(t.device, f"dev_{t.device.type}{index}")
         self.add(src.name, "device", f"{x}.device == {dev}", f"{x}.device", t.device)
         grad = t.requires_grad
-        self.add(src.name, "requires_grad", f"{x}.requires_grad is {grad}", f"{x}.requires_grad",
-                 grad)  # fmt: skip
+        self.add(
+            src.name, "requires_grad", f"{x}.requires_grad is {grad}", f"{x}.requires_grad", grad
+        )
         shape, stride = tuple(t.shape), tuple(t.stride())
         self.add(src.name, "sizes", f"{x}.shape == {shape!r}", f"{x}.shape", shape)
         self.add(src.name, "strides", f"{x}.stride() == {stride!r}", f"{x}.stride()", stride)

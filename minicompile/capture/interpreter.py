@@ -58,8 +58,18 @@ from minicompile.errors import Unsupported
 from minicompile.graph import SourceLine
 
 MAX_INLINE_DEPTH = 20
-_IMMUTABLE_METHOD_OWNERS = (int, float, bool, complex, str, bytes, tuple, torch.Size,
-                            torch.dtype, torch.device)  # fmt: skip
+_IMMUTABLE_METHOD_OWNERS = (
+    int,
+    float,
+    bool,
+    complex,
+    str,
+    bytes,
+    tuple,
+    torch.Size,
+    torch.dtype,
+    torch.device,
+)
 
 
 class InstructionTranslator:
@@ -148,9 +158,7 @@ class InstructionTranslator:
     # -- values ----------------------------------------------------------------------------
 
     def realize(self, var: Var) -> Var:
-        if isinstance(var, LazyVar):
-            return self.output.wrap(var.value, var.source)
-        return var
+        return self.output.realize(var)
 
     def truthy(self, var: Var) -> bool:
         """``bool(var)`` for a branch: Python values decide now (they are guarded, or derived
@@ -261,9 +269,12 @@ class InstructionTranslator:
         if isinstance(fn, NestedFunctionVar):
             code, f_globals = fn.code, fn.f_globals
             signature_of = types.FunctionType(
-                code, f_globals, code.co_name, tuple(fn.defaults) or None,
+                code,
+                f_globals,
+                code.co_name,
+                tuple(fn.defaults) or None,
                 tuple(types.CellType() for _ in code.co_freevars) or None,
-            )  # fmt: skip
+            )
             signature_of.__kwdefaults__ = dict(fn.kwdefaults) or None
             cells = dict(zip(code.co_freevars, fn.closure))
             globals_name = self.globals_name if f_globals is self.f_globals else None
@@ -296,9 +307,16 @@ class InstructionTranslator:
         if globals_name is None:
             globals_name = self.output.guards.ref(f_globals, f"G_{f_globals.get('__name__')}")
         child = InstructionTranslator(
-            self.output, code, f_globals, _builtins_of(f_globals), local_vars, cells,
-            parent_stack=self.user_stack(), depth=self.depth + 1, globals_name=globals_name,
-        )  # fmt: skip
+            self.output,
+            code,
+            f_globals,
+            builtins_of(f_globals),
+            local_vars,
+            cells,
+            parent_stack=self.user_stack(),
+            depth=self.depth + 1,
+            globals_name=globals_name,
+        )
         return child.run()
 
     def _cell_source(self, func: Any, name: str, cell: types.CellType) -> Source:
@@ -360,8 +378,12 @@ class InstructionTranslator:
         g = self.globals_name
         if name in self.f_globals:
             label = "G" if g == "G" else f"{g}"
-            source = Source(f"{label}[{name!r}]", f"{g}[{name!r}]", f"{g}_{name}",
-                            safe_expr=f"{g}.get({name!r})")  # fmt: skip
+            source = Source(
+                f"{label}[{name!r}]",
+                f"{g}[{name!r}]",
+                f"{g}_{name}",
+                safe_expr=f"{g}.get({name!r})",
+            )
             return self.output.wrap(self.f_globals[name], source)
         if name in self.f_builtins:
             b = self.output.guards.ref(self.f_builtins, "B")
@@ -439,9 +461,10 @@ class InstructionTranslator:
             fn, _null = self.popn(2)
         else:
             _null, fn = self.popn(2)
-        if not isinstance(args, (TupleVar, ListVar)) or not isinstance(kwargs, DictVar):
-            raise Unsupported(f"f(*{args.describe()}, **{kwargs.describe()}) is not supported")
-        self.push(self.call_function(fn, list(args.items), dict(kwargs.items)))
+        if not isinstance(kwargs, DictVar):
+            raise Unsupported(f"f(**{kwargs.describe()}) is not supported")
+        kw = {k: self.realize(v) for k, v in kwargs.items.items()}
+        self.push(self.call_function(fn, self.items_of(args), kw))
 
     # -- operators -------------------------------------------------------------------------
 
@@ -514,7 +537,7 @@ class InstructionTranslator:
 
     def items_of(self, var: Var) -> list[Var]:
         if isinstance(var, (TupleVar, ListVar)):
-            return list(var.items)
+            return [self.realize(v) for v in var.items]
         if isinstance(var, TensorVar):
             raise Unsupported("unpacking/iterating a tensor is not supported yet")
         value = self.output.to_value(var)
@@ -597,15 +620,15 @@ class InstructionTranslator:
                 picked = container.items[i]
             except (IndexError, TypeError) as e:
                 raise Unsupported(f"indexing raised {type(e).__name__}: {e}") from e
-            if isinstance(i, slice):
-                cls = SizeVar if isinstance(container, SizeVar) else type(container)
-                return ListVar(picked) if cls is ListVar else cls(tuple(picked))
-            return picked
+            if not isinstance(i, slice):
+                return self.realize(picked)
+            cls = SizeVar if isinstance(container, SizeVar) else type(container)
+            return ListVar(list(picked)) if cls is ListVar else cls(tuple(picked))
         if isinstance(container, DictVar):
             key = self.output.to_value(index)
             if key not in container.items:
                 raise Unsupported(f"key {key!r} not found (eager raises KeyError)")
-            return container.items[key]
+            return self.realize(container.items[key])
         return self.fold(lambda c, i: c[i], container, index, what="indexing")
 
     def BINARY_SLICE(self, inst: Inst) -> None:  # 3.12
@@ -664,6 +687,49 @@ class InstructionTranslator:
 
     JUMP_BACKWARD = JUMP_BACKWARD_NO_INTERRUPT = JUMP_FORWARD  # refused by jump()
 
+    def _mutation(self, inst: Inst) -> None:
+        raise Unsupported(
+            f"mutation of Python state ({inst.opname} {inst.argval}) is not supported"
+        )
+
+    STORE_ATTR = STORE_SUBSCR = STORE_GLOBAL = STORE_SLICE = _mutation
+    DELETE_ATTR = DELETE_SUBSCR = DELETE_GLOBAL = DELETE_DEREF = _mutation
+
+    def _refuse(reason: str) -> Callable:  # noqa: N805 (a handler factory)
+        def handler(self: InstructionTranslator, inst: Inst) -> None:
+            raise Unsupported(reason)
+
+        return handler
+
+    LOAD_ASSERTION_ERROR = _refuse("failed assert: eager raises AssertionError")
+    RAISE_VARARGS = _refuse("raise statement: eager raises")
+    BEFORE_WITH = _refuse("`with` blocks are not supported yet")
+    IMPORT_NAME = _refuse("import statements inside traced code are not supported")
+    LOAD_SUPER_ATTR = _refuse("super() is not supported yet")
+
+    # -- f-strings on constants ------------------------------------------------------------
+
+    def FORMAT_VALUE(self, inst: Inst) -> None:  # 3.11, 3.12
+        spec = self.output.to_value(self.pop()) if inst.arg & 0x04 else ""
+        convert = {0: None, 1: str, 2: repr, 3: ascii}[inst.arg & 0x03]
+        value = self.pop()
+        self.push(self.fold(lambda v: format(convert(v) if convert else v, spec), value))
+
+    def CONVERT_VALUE(self, inst: Inst) -> None:  # 3.13
+        convert = {1: str, 2: repr, 3: ascii}[inst.arg]
+        self.push(self.fold(convert, self.pop()))
+
+    def FORMAT_SIMPLE(self, inst: Inst) -> None:  # 3.13
+        self.push(self.fold(format, self.pop()))
+
+    def FORMAT_WITH_SPEC(self, inst: Inst) -> None:  # 3.13
+        spec = self.pop()
+        self.push(self.fold(format, self.pop(), spec))
+
+    def BUILD_STRING(self, inst: Inst) -> None:
+        parts = self.popn(inst.arg)
+        self.push(self.fold(lambda *p: "".join(p), *parts, what="f-string"))
+
     def GET_ITER(self, inst: Inst) -> None:
         raise Unsupported("loops (for ... in ...) are not supported yet")
 
@@ -698,19 +764,27 @@ class InstructionTranslator:
         return fn  # 0x04 annotations: ignored
 
 
-def _builtins_of(f_globals: dict[str, Any]) -> dict[str, Any]:
+def builtins_of(f_globals: dict[str, Any]) -> dict[str, Any]:
     b = f_globals.get("__builtins__", builtins)
     return b if isinstance(b, dict) else vars(b)
 
 
 def _describe_callable(fn: Any) -> str:
+    """``torch.matmul``, ``torch.nn.functional.softmax``, ``os.getpid``... for messages."""
+    name = getattr(fn, "__name__", None) or repr(fn)
+    for prefix, namespace in (
+        ("torch", torch),
+        ("torch.nn.functional", torch.nn.functional),
+        ("Tensor", torch.Tensor),
+        ("torch.special", torch.special),
+        ("torch.linalg", torch.linalg),
+        ("torch.fft", torch.fft),
+    ):
+        if getattr(namespace, name, None) is fn:
+            return f"{prefix}.{name}"
     module = getattr(fn, "__module__", None)
-    name = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or repr(fn)
-    if module in (None, "builtins"):
-        return f"{name}()"
-    if module.startswith("torch._C"):
-        module = "torch"
-    return f"{module}.{name}()"
+    qualname = getattr(fn, "__qualname__", name)
+    return f"{qualname}()" if module in (None, "builtins") else f"{module}.{qualname}"
 
 
 def _unsupported_method_reason(name: str) -> str:

@@ -24,6 +24,7 @@ from minicompile.capture.variables import (
     BuiltinVar,
     ConstantVar,
     DictVar,
+    LazyVar,
     ListVar,
     ModuleVar,
     ObjectVar,
@@ -38,7 +39,7 @@ from minicompile.capture.variables import (
     is_constant_value,
 )
 from minicompile.errors import Unsupported
-from minicompile.graph import DTYPE_ABBR, Graph, Node, SourceLine, TensorMeta, flatten_nodes
+from minicompile.graph import DTYPE_ABBR, Graph, Node, SourceLine, TensorMeta
 
 if TYPE_CHECKING:
     from minicompile.capture.interpreter import InstructionTranslator
@@ -110,18 +111,27 @@ class OutputGraph:
         if type(value) in (tuple, list):
             if guard:
                 g.sequence_match(source, value)
-            items = [self.wrap(v, source.item(i) if source else None) for i, v in enumerate(value)]
+            items = [self._item(v, source, i) for i, v in enumerate(value)]
             if type(value) is tuple:
                 return TupleVar(tuple(items), source)
             return ListVar(items, mutable=False, source=source)
         if type(value) is dict and all(type(k) is str for k in value):
             if guard:
                 g.dict_keys_match(source, value)
-            items = {k: self.wrap(v, source.item(k) if source else None) for k, v in value.items()}
+            items = {k: self._item(v, source, k) for k, v in value.items()}
             return DictVar(items, mutable=False, source=source)
         if guard:
             g.identity_match(source, value)
         return self.object_var(value, source)
+
+    def _item(self, value: Any, source: Source | None, key: int | str) -> Var:
+        """Items of containers read from the frame are wrapped when first used."""
+        return LazyVar(value, source.item(key)) if source else self._wrap(value, None)
+
+    def realize(self, var: Var) -> Var:
+        if isinstance(var, LazyVar):
+            return self.wrap(var.value, var.source)
+        return var
 
     def _wrap_tensor(self, t: torch.Tensor, source: Source | None) -> TensorVar:
         if source is None:
@@ -173,6 +183,7 @@ class OutputGraph:
     def to_value(self, var: Var) -> Any:
         """The plain value torch_ops and constant folding work on: TensorVars stay, constants
         and known objects become themselves, containers are rebuilt."""
+        var = self.realize(var)
         if isinstance(var, TensorVar):
             return var
         if isinstance(var, (ConstantVar, ObjectVar)):
@@ -242,6 +253,7 @@ class OutputGraph:
         g = self.guards
 
         def expr(v: Var) -> str:
+            v = self.realize(v)
             if isinstance(v, TensorVar):
                 if v.node not in index:
                     index[v.node] = len(outputs)
@@ -306,6 +318,3 @@ def _to_nodes(value: Any) -> Any:
     if isinstance(value, dict):
         return {k: _to_nodes(v) for k, v in value.items()}
     return value
-
-
-__all__ = ["OutputGraph", "Finished", "flatten_nodes", "is_trusted_namespace"]

@@ -8,10 +8,8 @@ become graph ops (``abs(x)``).  Everything else, ``print`` first of all, is Unsu
 from __future__ import annotations
 
 import builtins
-import math
 from typing import TYPE_CHECKING, Any
 
-from minicompile.capture import torch_ops
 from minicompile.capture.variables import (
     ConstantVar,
     DictVar,
@@ -29,10 +27,33 @@ if TYPE_CHECKING:
 # Builtins without side effects, folded when no argument is a tensor.
 FOLDABLE: frozenset[Any] = frozenset(
     {
-        abs, all, any, bool, callable, complex, divmod, float, hash, int, isinstance,
-        issubclass, len, max, min, pow, repr, round, slice, sorted, str, sum, tuple, type,
+        abs,
+        all,
+        any,
+        bool,
+        callable,
+        complex,
+        divmod,
+        float,
+        hash,
+        int,
+        isinstance,
+        issubclass,
+        len,
+        max,
+        min,
+        pow,
+        range,
+        repr,
+        round,
+        slice,
+        sorted,
+        str,
+        sum,
+        tuple,
+        type,
     }
-)  # fmt: skip
+)
 _TENSOR_TO_PYTHON = (bool, int, float, complex)
 
 
@@ -59,7 +80,8 @@ def call_builtin(out: OutputGraph, fn: Any, args: list[Var], kwargs: dict[str, V
     kw = {k: out.to_value(v) for k, v in kwargs.items()}
     if any(contains_tensor(v) for v in (*values, *kw.values())):
         return _with_tensors(out, fn, name, values, kw)
-    if fn in FOLDABLE or getattr(fn, "__module__", None) == "math":
+    exception_class = isinstance(fn, type) and issubclass(fn, BaseException)
+    if fn in FOLDABLE or exception_class or getattr(fn, "__module__", None) == "math":
         try:
             return out.from_value(fn(*values, **kw))
         except Exception as e:
@@ -101,10 +123,3 @@ def _with_tensors(out: OutputGraph, fn: Any, name: str, values: list, kw: dict) 
             hint="keep the value a tensor (graph break)",
         )
     raise Unsupported(f"builtin {name}() on tensors is not supported")
-
-
-def is_math_function(fn: Any) -> bool:
-    return getattr(fn, "__module__", None) == "math" or fn in vars(math).values()
-
-
-__all__ = ["call_builtin", "contains_tensor", "torch_ops"]

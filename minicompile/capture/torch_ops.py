@@ -348,8 +348,9 @@ def _where(em: Emitter, fname: str, args: tuple, kwargs: dict) -> Any:
     if len(args) + len(kwargs) == 1:
         raise Unsupported("torch.where(condition) has a data-dependent shape; not supported")
     cond, a, b = parse(fname, args, kwargs, ("condition", "input", "other"))
-    return em.op("where", (tensor_arg(fname, cond), scalar_or_tensor(fname, a),
-                           scalar_or_tensor(fname, b)))  # fmt: skip
+    return em.op(
+        "where", (tensor_arg(fname, cond), scalar_or_tensor(fname, a), scalar_or_tensor(fname, b))
+    )
 
 
 @register("Tensor.where")
@@ -371,12 +372,16 @@ def clamp(em: Emitter, fname: str, x: Any, lo: Any, hi: Any) -> Any:
         return em.op("clamp", (x,), {"min": lo, "max": hi})
     out = x
     if lo is not None:
-        out = em.op("maximum", (out, lo)) if isinstance(lo, TensorVar) else em.op(
-            "clamp", (out,), {"min": lo, "max": None}
+        out = (
+            em.op("maximum", (out, lo))
+            if isinstance(lo, TensorVar)
+            else em.op("clamp", (out,), {"min": lo, "max": None})
         )
     if hi is not None:
-        out = em.op("minimum", (out, hi)) if isinstance(hi, TensorVar) else em.op(
-            "clamp", (out,), {"min": None, "max": hi}
+        out = (
+            em.op("minimum", (out, hi))
+            if isinstance(hi, TensorVar)
+            else em.op("clamp", (out,), {"min": None, "max": hi})
         )
     return out
 

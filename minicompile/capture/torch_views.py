@@ -154,8 +154,14 @@ def _permute(em: Emitter, fname: str, args: tuple, kwargs: dict) -> Any:
     return permute(em, fname, tensor_arg(fname, x), tuple(dims))
 
 
-@register("torch.transpose", "torch.swapaxes", "torch.swapdims", "Tensor.transpose",
-          "Tensor.swapaxes", "Tensor.swapdims")  # fmt: skip
+@register(
+    "torch.transpose",
+    "torch.swapaxes",
+    "torch.swapdims",
+    "Tensor.transpose",
+    "Tensor.swapaxes",
+    "Tensor.swapdims",
+)
 def _transpose(em: Emitter, fname: str, args: tuple, kwargs: dict) -> Any:
     x, a, b = parse(fname, args, kwargs, ("input", "dim0", "dim1"))
     return swap_dims(em, fname, tensor_arg(fname, x), a, b)
@@ -232,8 +238,9 @@ def _expand_as(em: Emitter, fname: str, args: tuple, kwargs: dict) -> Any:
 
 @register("Tensor.contiguous")
 def _contiguous(em: Emitter, fname: str, args: tuple, kwargs: dict) -> Any:
-    x, fmt = parse(fname, args, kwargs, ("input", "memory_format"),
-                   memory_format=torch.contiguous_format)  # fmt: skip
+    x, fmt = parse(
+        fname, args, kwargs, ("input", "memory_format"), memory_format=torch.contiguous_format
+    )
     if fmt is not torch.contiguous_format:
         raise Unsupported(f"{fname}(memory_format={fmt}) is not supported")
     # Layout of outputs is decided later (lowering), so the value itself stands for it.
@@ -270,9 +277,7 @@ def _query(answer: Any):
 
 
 register("Tensor.dim", "Tensor.ndimension")(_query(lambda x: x.meta.ndim))
-register("Tensor.numel", "Tensor.nelement", "torch.numel")(
-    _query(lambda x: int(x.meta.numel()))
-)
+register("Tensor.numel", "Tensor.nelement", "torch.numel")(_query(lambda x: int(x.meta.numel())))
 register("Tensor.is_floating_point", "torch.is_floating_point")(
     _query(lambda x: x.meta.dtype.is_floating_point)
 )

@@ -1,0 +1,181 @@
+"""Unsupported constructs: a clear one-line reason and the user's source line."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+import torch.nn.functional as F
+from capture_helpers import capture
+
+from minicompile.errors import Unsupported
+
+
+def unsupported(fn, *args, **kwargs) -> Unsupported:
+    with pytest.raises(Unsupported) as info:
+        capture(fn, *args, **kwargs)
+    return info.value
+
+
+def test_print_names_reason_and_line() -> None:
+    def f(x):
+        y = x + 1
+        print(y)
+        return y
+
+    e = unsupported(f, torch.ones(2))
+    assert e.reason == "print() is not traceable (side effect)"
+    where = e.stack[-1]
+    assert where.filename == __file__ and where.function == "f"
+    assert where.text == "print(y)"
+    assert where.lineno == f.__code__.co_firstlineno + 2
+    assert f"{__file__}:{where.lineno} in f" in str(e)
+
+
+@pytest.mark.parametrize(
+    "fn,reason,text",
+    [
+        (lambda x: x.sum().item(), "Tensor.sum() is not supported yet", None),
+        (lambda x: x.exp().item(), "Tensor.item() reads tensor data into Python", None),
+        (lambda x: torch.matmul(x, x), "torch.matmul is not supported yet", None),
+        (lambda x: x @ x, "matrix multiply (@) is not supported yet", None),
+        (lambda x: x.reshape(-1), "Tensor.reshape() is not supported yet", None),
+        (lambda x: x.add_(1), "in-place Tensor.add_() is not supported", None),
+        (lambda x: F.relu(x, inplace=True), "torch.nn.functional.relu(inplace=True)", None),
+        (lambda x: torch.sin(x, out=x), "torch.sin(out=...) is not supported", None),
+        (lambda x: os.getpid() + x, "call to posix.getpid is not supported", None),
+        (lambda x: x[0], "tensor indexing (x[...]) is not supported yet", None),
+        (lambda x: x.to("meta"), "moving a tensor from cpu to meta is not supported", None),
+        (lambda x: float(x), "float() of a tensor reads its data into Python", None),
+        (lambda x: x + torch.ones(3), "torch.ones is not supported yet", None),
+        (lambda x: x + x.T.unsqueeze(0)[0], "tensor indexing", None),
+        (
+            lambda x: torch.div(x.long(), 2, rounding_mode="trunc"),
+            "only supported on float32",
+            None,
+        ),
+    ],
+)
+def test_reasons(fn, reason, text) -> None:
+    e = unsupported(fn, torch.ones(2, 2))
+    assert reason in e.reason
+    assert e.stack and e.stack[-1].filename == __file__
+
+
+def test_if_on_tensor() -> None:
+    def f(x):
+        if x.sum() > 0:
+            return x
+        return -x
+
+    def g(x):
+        if (x > 0).all():
+            return x
+        return -x
+
+    assert "Tensor.sum() is not supported" in unsupported(f, torch.ones(2)).reason
+    e = unsupported(g, torch.ones(2))
+    assert "Tensor.all()" in e.reason
+
+    def h(x):
+        if x > 0:
+            return x
+        return -x
+
+    e = unsupported(h, torch.ones(()))
+    assert e.reason.startswith("data-dependent branch")
+    assert e.hint == "use torch.where"
+    assert e.stack[-1].text == "if x > 0:"
+
+
+def test_shape_error_runs_eagerly() -> None:
+    e = unsupported(lambda a, b: a + b, torch.ones(2, 3), torch.ones(4))
+    assert e.reason.startswith("add: eager PyTorch raises RuntimeError")
+
+
+def test_loops_and_mutation() -> None:
+    def loop(x):
+        for _ in range(2):
+            x = x + 1
+        return x
+
+    def mutate(x, box):
+        box.value = x
+        return x
+
+    k = 1
+
+    def outer_nonlocal(x):
+        nonlocal k
+        k = 2
+        return x * k
+
+    assert "loops" in unsupported(loop, torch.ones(2)).reason
+    e = unsupported(mutate, torch.ones(2), object())
+    assert e.reason == "mutation of Python state (STORE_ATTR value) is not supported"
+    assert "assignment to closure variable 'k'" in unsupported(outer_nonlocal, torch.ones(2)).reason
+
+
+def test_nonlocal_write_to_a_cell_of_the_trace_is_fine() -> None:
+    from capture_helpers import check_matches_eager
+
+    def f(x):
+        k = 1
+
+        def g():
+            nonlocal k
+            k = 2
+
+        g()
+        return x * k
+
+    check_matches_eager(f, torch.ones(2))
+
+
+def test_inlined_error_has_full_stack() -> None:
+    def inner(t):
+        return t.item()
+
+    def outer(x):
+        return inner(x * 2)
+
+    e = unsupported(outer, torch.ones(()))
+    assert [s.function for s in e.stack] == ["outer", "inner"]
+    assert e.stack[0].text == "return inner(x * 2)"
+    assert e.stack[-1].text == "return t.item()"
+
+
+def test_recursion_is_capped() -> None:
+    def rec(x, n):
+        return x if n == 0 else rec(x + 1, n - 1)
+
+    capture(rec, torch.ones(2), 3)  # shallow recursion inlines
+    assert "inlining deeper than 20" in unsupported(rec, torch.ones(2), 30).reason
+
+
+def test_autograd_inputs() -> None:
+    e = unsupported(lambda x: x * 2, torch.ones(2, requires_grad=True))
+    assert "autograd is not supported yet" in e.reason
+
+
+def test_unsupported_global_object_call() -> None:
+    class Thing:
+        def __call__(self, x):
+            return x
+
+    thing = Thing()
+    assert "is not supported" in unsupported(lambda x: thing(x), torch.ones(2)).reason
+
+
+def test_failing_assert_and_mixed_devices() -> None:
+    def f(x):
+        if x.ndim != 3:
+            raise ValueError("needs 3 dims")
+        return x
+
+    # (a failing `assert` in this file would go through pytest's assertion rewriting)
+    assert unsupported(f, torch.ones(2)).reason == "raise statement: eager raises"
+    if torch.cuda.is_available():
+        e = unsupported(lambda a, b: a + b, torch.ones(2), torch.ones(2, device="cuda"))
+        assert "tensors on different devices (cpu, cuda:0)" in e.reason

@@ -1,0 +1,260 @@
+"""Kernel text, without a GPU and without building: hand-built graphs through the passes,
+lowering, fusion and ``codegen.wrapper.generate``; the tests read the generated source."""
+
+from __future__ import annotations
+
+import ast
+import re
+
+import pytest
+import sympy
+import torch
+
+from minicompile import ops
+from minicompile.codegen import cpp, triton
+from minicompile.codegen.common import CodeWriter
+from minicompile.codegen.printers import cpp_index, triton_index
+from minicompile.graph import SourceLine
+from minicompile.sym import FloorDiv, ModularIndexing, index_symbol
+
+from graph_builder import Compiled, GraphBuilder, compile_graph_text
+
+POINTWISE_FAMILIES = ("unary", "binary", "ternary")
+
+
+def chain(shape: tuple = (4, 8), dtype: torch.dtype = torch.float32) -> GraphBuilder:
+    b = GraphBuilder()
+    x = b.input("L_x", shape, dtype)
+    src = SourceLine("/home/user/model.py", 12, "f", "    a = torch.sin(x)")
+    a = b("sin", x, stack=(src,))
+    b.output(b("sin", a, stack=(SourceLine("/home/user/model.py", 13, "f", "return a.sin()"),)))
+    return b
+
+
+def triton_kernels(c: Compiled) -> list[str]:
+    """The texts of the generated kernels (helpers excluded), split at ``@triton.jit``."""
+    parts = c.code.module.split("@triton.jit\n")[1:]
+    return [p for p in parts if re.match(r"def triton_", p)]
+
+
+def cpp_kernels(c: Compiled) -> list[str]:
+    src = c.code.cpp_source
+    return [m.group(0) for m in re.finditer(r'extern "C" void \w+\(.*?\n\}\n', src, re.S)]
+
+
+# -- Triton ---------------------------------------------------------------------------------
+
+
+def test_triton_chain_is_one_tutorial_shaped_kernel() -> None:
+    c = compile_graph_text(chain().graph, "triton")
+    assert len(c.code.kernels) == 1
+    (kernel,) = triton_kernels(c)
+    assert c.code.module.count("@triton.jit") == 1  # no helper needed by sin
+    assert re.search(r"def triton_poi_sin_0\(in_ptr0, out_ptr0, xnumel, XBLOCK: tl.constexpr\)",
+                     kernel)
+    for needle in ("xindex = ", "xmask = xindex < xnumel", "tl.program_id(0)", "tl.load(",
+                   "tl.store(", "xmask)"):
+        assert needle in kernel, needle
+    assert kernel.count("libdevice.sin(") == 2
+    assert kernel.count("tl.load(") == 1 and kernel.count("tl.store(") == 1
+
+
+def test_triton_kernel_comment_names_nodes_and_sources() -> None:
+    c = compile_graph_text(chain().graph, "triton")
+    (kernel,) = triton_kernels(c)
+    comments = [line.strip() for line in kernel.splitlines() if line.strip().startswith("#")]
+    assert comments[0] == "# graph nodes: %1 sin, %2 sin"
+    assert "# source: model.py:12  a = torch.sin(x)" in comments
+    assert "# source: model.py:13  return a.sin()" in comments
+
+
+def test_triton_module_is_valid_python_with_a_call_function() -> None:
+    c = compile_graph_text(chain().graph, "triton")
+    tree = ast.parse(c.code.module)
+    names = {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}
+    assert {"triton_poi_sin_0", "call"} <= names
+    assert "triton_poi_sin_0[(1,)](arg0, buf0, 32, XBLOCK=" in c.code.module
+    assert "empty_strided((4, 8), (8, 1), dtype=torch.float32" in c.code.module
+    assert c.code.cpp_source is None
+
+
+def test_triton_low_precision_computes_in_float32() -> None:
+    c = compile_graph_text(chain(dtype=torch.float16).graph, "triton")
+    (kernel,) = triton_kernels(c)
+    assert ".to(tl.float32)" in kernel  # loads widen
+    assert ".to(tl.float16)" in kernel  # each op rounds back, as eager does
+
+
+def test_triton_transposed_input_splits_xindex() -> None:
+    b = GraphBuilder()
+    x = b.input("L_x", torch.empty(8, 6).T)  # [6, 8], strides (1, 6)
+    y = b.input("L_y", (6, 8))
+    b.output(b("add", x, y))
+    c = compile_graph_text(b.graph, "triton")
+    (kernel,) = triton_kernels(c)
+    assert "(xindex // " in kernel and "(xindex % " in kernel
+
+
+def test_triton_zero_dim_and_empty() -> None:
+    b = GraphBuilder()
+    x = b.input("L_x", ())
+    y = b.input("L_y", (0, 4))
+    b.output(b("exp", x), b("exp", y))
+    c = compile_graph_text(b.graph, "triton")
+    assert "xindex * 0 + 0" in c.code.module  # a 0-dim store is one element
+    assert "nothing to compute for an empty tensor" in c.code.module
+
+
+def test_triton_helpers_are_emitted_only_when_used() -> None:
+    b = GraphBuilder()
+    x, y = b.input("L_x", (4, 8)), b.input("L_y", (4, 8))
+    b.output(b("maximum", x, y))
+    c = compile_graph_text(b.graph, "triton")
+    assert "def mc_maximum(" in c.code.module
+    assert "def mc_floordiv(" not in c.code.module
+    ast.parse(c.code.module)
+
+
+# -- C++ ------------------------------------------------------------------------------------
+
+
+def test_cpp_chain_is_one_extern_c_kernel() -> None:
+    c = compile_graph_text(chain().graph, "cpp")
+    assert len(c.code.kernels) == 1
+    (kernel,) = cpp_kernels(c)
+    assert kernel.startswith('extern "C" void cpp_poi_sin_0(')
+    assert "const float* __restrict__ in_ptr0" in kernel
+    assert kernel.count("std::sin(") == 2
+    assert "// graph nodes: %1 sin, %2 sin" in c.code.cpp_source
+    assert "// source: model.py:12  a = torch.sin(x)" in c.code.cpp_source
+    ast.parse(c.code.module)
+    assert "lib.cpp_poi_sin_0" in c.code.module
+
+
+def test_cpp_large_kernel_uses_openmp() -> None:
+    c = compile_graph_text(chain(shape=(256, 256)).graph, "cpp")
+    (kernel,) = cpp_kernels(c)
+    assert "#pragma omp parallel for" in kernel
+
+
+def test_cpp_inner_loop_is_simd() -> None:
+    b = GraphBuilder()
+    x = b.input("L_x", torch.empty(8, 6).T)
+    y = b.input("L_y", (6, 8))
+    b.output(b("mul", x, y))
+    c = compile_graph_text(b.graph, "cpp")
+    (kernel,) = cpp_kernels(c)
+    assert "#pragma omp" in kernel
+    assert kernel.count("for (int64_t") == 2
+
+
+def test_cpp_half_is_stored_as_uint16() -> None:
+    c = compile_graph_text(chain(dtype=torch.bfloat16).graph, "cpp")
+    (kernel,) = cpp_kernels(c)
+    assert "const uint16_t* __restrict__ in_ptr0" in kernel
+    assert "mc_bf16_to_float(" in kernel and "mc_float_to_bf16(" in kernel
+
+
+# -- both backends ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("backend", ["cpp", "triton"])
+def test_sibling_outputs_are_one_kernel(backend: str) -> None:
+    b = GraphBuilder()
+    x = b.input("L_x", (4, 8))
+    b.output(b("sin", x), b("cos", x))
+    c = compile_graph_text(b.graph, backend)
+    assert len(c.code.kernels) == 1
+    assert "out_ptr1" in (c.code.cpp_source or c.code.module)
+
+
+@pytest.mark.parametrize("backend", ["cpp", "triton"])
+def test_alias_outputs_have_no_kernel(backend: str) -> None:
+    b = GraphBuilder()
+    x = b.input("L_x", (4, 8))
+    b.output(x, b("permute", x, (1, 0)))
+    c = compile_graph_text(b.graph, backend)
+    assert c.code.kernels == ()
+    assert "return (arg0, arg0.as_strided((8, 4), (1, 8), arg0.storage_offset()))" in (
+        c.code.module
+    )
+
+
+@pytest.mark.parametrize("backend", ["cpp", "triton"])
+@pytest.mark.parametrize("name", sorted(n for n, d in ops.OPS.items()
+                                        if d.family in POINTWISE_FAMILIES))
+def test_every_pointwise_op_generates_valid_text(backend: str, name: str) -> None:
+    family = ops.OPS[name].family
+    b = GraphBuilder()
+    if name in ops.LOGICAL or name.startswith("bitwise"):
+        dtype = torch.bool if name.startswith("logical") else torch.int32
+    else:
+        dtype = torch.float32
+    x, y = b.input("L_x", (4, 8), dtype), b.input("L_y", (4, 8), dtype)
+    if family == "unary":
+        out = b(name, x)
+    elif family == "binary":
+        out = b(name, x, y)
+    else:
+        out = b(name, b("gt", x, y), x, y)
+    b.output(out)
+    c = compile_graph_text(b.graph, backend)
+    assert len(c.code.kernels) == 1
+    ast.parse(c.code.module)
+    if backend == "cpp":
+        assert c.code.cpp_source.count("{") == c.code.cpp_source.count("}")
+
+
+def test_op_tables_are_complete() -> None:
+    """Every pointwise op of minicompile.ops has an entry in each backend's table."""
+    pointwise = {n for n, d in ops.OPS.items() if d.family in POINTWISE_FAMILIES}
+    assert pointwise, "no pointwise ops found"
+    assert not pointwise - set(triton.TRITON_OPS), sorted(pointwise - set(triton.TRITON_OPS))
+    assert not pointwise - set(cpp.CPP_OPS), sorted(pointwise - set(cpp.CPP_OPS))
+    # The integer variants the emitters switch to exist in both tables as well.
+    for table in (triton.TRITON_OPS, cpp.CPP_OPS):
+        for variant in list(triton.INT_VARIANTS.values()) + ["bitwise_not_bool"]:
+            assert variant in table
+
+
+def test_dtype_tables_cover_the_graph_dtypes() -> None:
+    from minicompile.graph import DTYPE_ABBR
+
+    assert set(DTYPE_ABBR) <= set(triton.TRITON_DTYPES)
+    assert set(DTYPE_ABBR) <= set(cpp.CPP_DTYPES)
+
+
+# -- the shared pieces -----------------------------------------------------------------------
+
+
+def test_code_writer_indents_and_braces() -> None:
+    w = CodeWriter()
+    w.line("def f():")
+    with w.indent():
+        w.line("return 1")
+    with w.block("void g()"):
+        w.line("return;")
+    w.line()
+    assert w.text() == "def f():\n    return 1\nvoid g() {\n    return;\n}\n\n"
+
+
+def test_index_printers() -> None:
+    x = index_symbol("xindex")
+    assert triton_index(FloorDiv(x, 6)) == "(xindex // 6)"
+    assert cpp_index(FloorDiv(x, 6)) == "(xindex / 6)"
+    assert triton_index(ModularIndexing(x, 1, 6)) == "(xindex % 6)"
+    assert triton_index(ModularIndexing(x, 6, 4)) == "((xindex // 6) % 4)"
+    x0, x1 = index_symbol("x0"), index_symbol("x1")
+    assert triton_index(8 * x0 + x1) == "x1 + 8*x0" or triton_index(8 * x0 + x1) == "8*x0 + x1"
+    assert triton_index(sympy.Integer(0)) == "0"
+    assert "-" in cpp_index(x0 - x1)
+
+
+def test_sym_simplifies() -> None:
+    x = index_symbol("x")
+    assert FloorDiv(x, 1) == x
+    assert FloorDiv(sympy.Integer(13), sympy.Integer(4)) == 3
+    assert FloorDiv(FloorDiv(x, 2), 3) == FloorDiv(x, 6)
+    assert FloorDiv(4 * x + 8, 4) == x + 2
+    assert ModularIndexing(x, 3, 1) == 0
+    assert ModularIndexing(sympy.Integer(14), 3, 4) == 0

@@ -1,0 +1,249 @@
+"""Graph passes, text in and text out: decompose, CSE, DCE; ``verify()`` after each pass;
+no pass mutates its input."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+import torch
+
+from minicompile import ops
+from minicompile.graph import Graph, SourceLine
+from minicompile.passes.cleanup import eliminate_common_subexpressions, eliminate_dead_code
+from minicompile.passes.decompose import DECOMPOSITIONS, decompose
+from minicompile.passes.pipeline import GRAPH_PASSES, run_graph_passes
+
+from graph_builder import GraphBuilder
+
+
+def text(s: str) -> str:
+    return textwrap.dedent(s).strip("\n")
+
+
+def one_op(op: str, dtype: torch.dtype = torch.float32, **kwargs: object) -> Graph:
+    b = GraphBuilder()
+    x = b.input("L_x", (4, 8), dtype)
+    return b.output(b(op, x, **kwargs))
+
+
+def run_pass(graph_pass, graph: Graph) -> Graph:
+    """Apply ``graph_pass``; check it verified and left its input unchanged."""
+    before = str(graph)
+    out = graph_pass(graph)
+    out.verify()
+    assert str(graph) == before, f"{graph_pass.__name__} mutated its input"
+    return out
+
+
+# -- decompose -------------------------------------------------------------------------------
+
+
+def test_decompose_relu() -> None:
+    assert str(run_pass(decompose, one_op("relu"))) == text("""
+        graph(L_x: f32[4, 8]):
+            %0 = placeholder L_x : f32[4, 8]
+            %1 = lt(%0, 0) : b8[4, 8]
+            %2 = where(%1, 0, %0) : f32[4, 8]
+            return (%2,)
+    """)
+
+
+def test_decompose_gelu_erf() -> None:
+    assert str(run_pass(decompose, one_op("gelu"))) == text("""
+        graph(L_x: f32[4, 8]):
+            %0 = placeholder L_x : f32[4, 8]
+            %1 = mul(%0, 0.7071067811865476) : f32[4, 8]
+            %2 = erf(%1) : f32[4, 8]
+            %3 = add(%2, 1.0) : f32[4, 8]
+            %4 = mul(%3, 0.5) : f32[4, 8]
+            %5 = mul(%0, %4) : f32[4, 8]
+            return (%5,)
+    """)
+
+
+def test_decompose_gelu_tanh_in_float16_uses_opmath() -> None:
+    out = str(run_pass(decompose, one_op("gelu", torch.float16, approximate="tanh")))
+    lines = out.splitlines()
+    assert "to_dtype(%0, dtype=torch.float32) : f32[4, 8]" in lines[2]
+    assert "tanh(" in out and "0.044715" in out and "erf" not in out
+    assert "dtype=torch.float16) : f16[4, 8]" in lines[-2]  # one rounding, at the end
+    assert sum("to_dtype" in line for line in lines) == 2
+
+
+def test_decompose_silu() -> None:
+    assert str(run_pass(decompose, one_op("silu"))) == text("""
+        graph(L_x: f32[4, 8]):
+            %0 = placeholder L_x : f32[4, 8]
+            %1 = neg(%0) : f32[4, 8]
+            %2 = exp(%1) : f32[4, 8]
+            %3 = add(%2, 1.0) : f32[4, 8]
+            %4 = truediv(%0, %3) : f32[4, 8]
+            return (%4,)
+    """)
+
+
+def test_decompose_clamp() -> None:
+    assert str(run_pass(decompose, one_op("clamp", min=-1.0, max=1.0))) == text("""
+        graph(L_x: f32[4, 8]):
+            %0 = placeholder L_x : f32[4, 8]
+            %1 = lt(%0, -1.0) : b8[4, 8]
+            %2 = where(%1, -1.0, %0) : f32[4, 8]
+            %3 = gt(%2, 1.0) : b8[4, 8]
+            %4 = where(%3, 1.0, %2) : f32[4, 8]
+            return (%4,)
+    """)
+
+
+def test_decompose_clamp_one_sided() -> None:
+    out = str(run_pass(decompose, one_op("clamp", torch.int32, max=3)))
+    assert "gt(%0, 3)" in out and "lt(" not in out
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("op", sorted(DECOMPOSITIONS))
+def test_decompose_leaves_only_prims_and_keeps_meta(op: str, dtype: torch.dtype) -> None:
+    kwargs = {"min": -0.5, "max": 0.5} if op == "clamp" else {}
+    g = one_op(op, dtype, **kwargs)
+    out = run_pass(decompose, g)
+    assert all(ops.OPS[n.target].family != "composite" for n in out.calls())
+    assert out.outputs[0].meta == g.outputs[0].meta  # same dtype, shape, stride
+
+
+def test_decompose_keeps_source_lines() -> None:
+    b = GraphBuilder()
+    x = b.input("L_x", (4,))
+    src = SourceLine("/tmp/m.py", 7, "f", "y = F.silu(x)")
+    g = b.output(b("silu", x, stack=(src,)))
+    out = run_pass(decompose, g)
+    assert all(n.stack == (src,) for n in out.calls())
+    assert "m.py:7  y = F.silu(x)" in str(out)
+
+
+def test_every_composite_op_has_a_decomposition() -> None:
+    composite = {n for n, d in ops.OPS.items() if d.family == "composite"}
+    assert composite == set(DECOMPOSITIONS)
+
+
+# -- CSE and DCE ----------------------------------------------------------------------------
+
+
+def test_cse_computes_a_duplicate_once() -> None:
+    b = GraphBuilder()
+    x = b.input("L_x", (4, 8))
+    g = b.output(b("add", b("sin", x), b("sin", x)))
+    assert str(run_pass(eliminate_common_subexpressions, g)) == text("""
+        graph(L_x: f32[4, 8]):
+            %0 = placeholder L_x : f32[4, 8]
+            %1 = sin(%0) : f32[4, 8]
+            %2 = add(%1, %1) : f32[4, 8]
+            return (%2,)
+    """)
+
+
+def test_cse_follows_chains() -> None:
+    b = GraphBuilder()
+    x = b.input("L_x", (4, 8))
+    a1, a2 = b("exp", b("sin", x)), b("exp", b("sin", x))
+    g = b.output(a1, a2)
+    out = run_pass(eliminate_common_subexpressions, g)
+    assert [n.target for n in out.calls()] == ["sin", "exp"]
+    assert out.outputs[0] is out.outputs[1]
+
+
+def test_cse_tells_constants_and_kwargs_apart() -> None:
+    b = GraphBuilder()
+    x = b.input("L_x", (4, 8))
+    g = b.output(
+        b("add", x, 1), b("add", x, 1.0), b("add", x, True),
+        b("to_dtype", x, dtype=torch.float16), b("to_dtype", x, dtype=torch.bfloat16),
+    )
+    out = run_pass(eliminate_common_subexpressions, g)
+    assert len(list(out.calls())) == 5
+
+
+def test_cse_keeps_different_inputs_apart() -> None:
+    b = GraphBuilder()
+    x, y = b.input("L_x", (4, 8)), b.input("L_y", (4, 8))
+    g = b.output(b("sin", x), b("sin", y))
+    assert len(list(run_pass(eliminate_common_subexpressions, g).calls())) == 2
+
+
+def test_dce_drops_unused_calls_and_keeps_placeholders() -> None:
+    b = GraphBuilder()
+    x, unused = b.input("L_x", (4, 8)), b.input("L_unused", (2,))
+    b("cos", b("exp", x))  # dead chain
+    b("neg", unused)  # dead, on an otherwise unused input
+    g = b.output(b("sin", x))
+    assert str(run_pass(eliminate_dead_code, g)) == text("""
+        graph(L_x: f32[4, 8], L_unused: f32[2]):
+            %0 = placeholder L_x : f32[4, 8]
+            %1 = placeholder L_unused : f32[2]
+            %2 = sin(%0) : f32[4, 8]
+            return (%2,)
+    """)
+
+
+def test_dce_of_a_clean_graph_changes_nothing() -> None:
+    g = one_op("sin")
+    assert str(run_pass(eliminate_dead_code, g)) == str(g)
+
+
+def test_cse_then_dce_after_decompose() -> None:
+    # gelu(x) and gelu(x) again: decomposed twice, then shared by CSE, nothing left dead.
+    b = GraphBuilder()
+    x = b.input("L_x", (4, 8))
+    g = b.output(b("add", b("gelu", x), b("gelu", x)))
+    out, timings = run_graph_passes(g, verify=True)
+    assert set(timings) == {p.__name__ for p in GRAPH_PASSES}
+    targets = [n.target for n in out.calls()]
+    assert targets.count("erf") == 1 and targets[-1] == "add"
+    assert "gelu" not in targets
+
+
+# -- verify ----------------------------------------------------------------------------------
+
+
+def mixed_graph() -> Graph:
+    b = GraphBuilder()
+    x = b.input("L_x", (4, 1, 8))
+    y = b.input("L_y", (5, 1), torch.float16)
+    c = b.input("L_c", (5, 8), torch.bool)
+    a = b("gelu", b("add", x, y))
+    d = b("where", c, b("clamp", a, min=0.0), b("silu", x))
+    b("relu", d)  # dead
+    return b.output(d, b("permute", a, (2, 0, 1)), b("to_dtype", d, dtype=torch.int32))
+
+
+@pytest.mark.parametrize("graph_pass", GRAPH_PASSES, ids=lambda p: p.__name__)
+def test_each_pass_keeps_the_invariants(graph_pass) -> None:
+    g = mixed_graph()
+    run_pass(graph_pass, g)
+
+
+def test_pipeline_verifies_after_every_pass() -> None:
+    g = mixed_graph()
+    out, _ = run_graph_passes(g, verify=True)
+    assert "relu" not in str(out) and "gelu" not in str(out)
+
+
+def test_verify_catches_a_broken_graph() -> None:
+    g = one_op("sin")
+    g.nodes[1].users.clear()  # the sin node forgets its user
+    g.nodes[0].users.clear()  # the input forgets the sin
+    with pytest.raises(AssertionError, match="does not list its user"):
+        g.verify()
+    g = one_op("sin")
+    g.nodes[0], g.nodes[1] = g.nodes[1], g.nodes[0]  # use before definition
+    with pytest.raises(AssertionError):
+        g.verify()
+    g = one_op("sin")
+    g.nodes[1].meta = None
+    with pytest.raises(AssertionError, match="no meta"):
+        g.verify()
+
+
+def test_graph_text_is_stable() -> None:
+    assert str(mixed_graph()) == str(mixed_graph())
+    g = mixed_graph()
+    assert [n.index for n in g.nodes] == list(range(len(g.nodes)))

@@ -1,0 +1,188 @@
+"""The architecture check of STYLE.md: imports point one way.
+
+Imports are read with ``ast`` (every ``import`` statement, including those inside
+functions), never by importing the modules, so the check is fast and sees lazy imports too.
+"""
+
+from __future__ import annotations
+
+import ast
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+# Source folder -> the package it installs as (setup.cfg's package_dir).
+PACKAGES = {
+    ROOT / "minicompile": "minicompile",
+    ROOT / "passes": "minicompile.passes",
+    ROOT / "codegen": "minicompile.codegen",
+}
+IR_MODULES = ("graph.py", "ir.py", "sym.py", "ops.py")
+IR_NAMES = {f"minicompile.{Path(f).stem}" for f in IR_MODULES}
+STDLIB = set(sys.stdlib_module_names)
+
+
+def _module_name(path: Path) -> str:
+    for folder, package in PACKAGES.items():
+        if path.is_relative_to(folder):
+            rel = path.relative_to(folder).with_suffix("")
+            parts = [p for p in rel.parts if p != "__init__"]
+            return ".".join([package, *parts])
+    raise AssertionError(f"{path} is in no package")
+
+
+def _sources(folder: Path) -> list[Path]:
+    return sorted(p for p in folder.rglob("*.py") if "__pycache__" not in p.parts)
+
+
+def imports_of(path: Path) -> list[tuple[str, int]]:
+    """Absolute names of every module ``path`` imports, with line numbers.  ``from a import
+    b`` gives both ``a`` and ``a.b`` (b may be a submodule); relative imports are resolved."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    module = _module_name(path)
+    is_package = path.name == "__init__.py"
+    found: list[tuple[str, int]] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [(alias.name, node.lineno) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = module.split(".")
+                base = base[: len(base) - node.level + (1 if is_package else 0)]
+                name = ".".join(base + ([node.module] if node.module else []))
+            else:
+                name = node.module or ""
+            if name == "__future__":
+                continue
+            found.append((name, node.lineno))
+            found += [(f"{name}.{alias.name}", node.lineno) for alias in node.names]
+    return found
+
+
+def _top(name: str) -> str:
+    return name.split(".")[0]
+
+
+def _is_under(name: str, prefix: str) -> bool:
+    return name == prefix or name.startswith(prefix + ".")
+
+
+ALL_SOURCES = [p for folder in PACKAGES for p in _sources(folder)]
+
+
+def _rel(path: Path) -> str:
+    return str(path.relative_to(ROOT))
+
+
+def test_sources_found() -> None:
+    names = {_rel(p) for p in ALL_SOURCES}
+    for expected in ("minicompile/graph.py", "passes/fusion.py", "codegen/wrapper.py"):
+        assert expected in names
+
+
+@pytest.mark.parametrize("filename", IR_MODULES)
+def test_ir_modules_import_only_stdlib_sympy_torch_and_each_other(filename: str) -> None:
+    path = ROOT / "minicompile" / filename
+    bad = []
+    for name, line in imports_of(path):
+        top = _top(name)
+        if top in STDLIB or top in ("sympy", "torch"):
+            continue
+        if name == "minicompile" or any(_is_under(name, ir) for ir in IR_NAMES):
+            continue
+        bad.append(f"{_rel(path)}:{line} imports {name}")
+    assert not bad, "\n".join(bad)
+
+
+@pytest.mark.parametrize("path", _sources(ROOT / "codegen"), ids=_rel)
+def test_codegen_imports(path: Path) -> None:
+    """codegen reads the IR; of passes/ it may use only fusion's FusedGroup; it never
+    reaches up to capture or the API."""
+    bad = []
+    for name, line in imports_of(path):
+        if _is_under(name, "minicompile.capture") or _is_under(name, "minicompile.api"):
+            bad.append(f"{_rel(path)}:{line} imports {name}")
+        elif _is_under(name, "minicompile.passes") and not (
+            name in ("minicompile.passes", "minicompile.passes.fusion")
+            or _is_under(name, "minicompile.passes.fusion")
+        ):
+            bad.append(f"{_rel(path)}:{line} imports {name} (only passes.fusion is allowed)")
+    assert not bad, "\n".join(bad)
+
+
+@pytest.mark.parametrize("path", _sources(ROOT / "passes"), ids=_rel)
+def test_passes_imports(path: Path) -> None:
+    forbidden = ("minicompile.codegen", "minicompile.capture", "minicompile.api")
+    bad = [
+        f"{_rel(path)}:{line} imports {name}"
+        for name, line in imports_of(path)
+        if any(_is_under(name, f) for f in forbidden)
+    ]
+    assert not bad, "\n".join(bad)
+
+
+def test_networkx_only_in_passes() -> None:
+    bad = [
+        f"{_rel(p)}:{line} imports {name}"
+        for p in ALL_SOURCES
+        if not p.is_relative_to(ROOT / "passes")
+        for name, line in imports_of(p)
+        if _top(name) == "networkx"
+    ]
+    assert not bad, "\n".join(bad)
+
+
+def _environment_reads(path: Path) -> list[int]:
+    """Lines that read the process environment: ``os.environ``, ``os.getenv``,
+    ``from os import environ/getenv``."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    lines = []
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.Attribute)
+            and node.attr in ("environ", "getenv", "environb")
+            and isinstance(node.value, ast.Name)
+            and node.value.id == "os"
+        ):
+            lines.append(node.lineno)
+        elif isinstance(node, ast.ImportFrom) and node.module == "os":
+            if any(a.name in ("environ", "getenv", "environb") for a in node.names):
+                lines.append(node.lineno)
+    return lines
+
+
+def test_os_environ_only_in_config() -> None:
+    config = ROOT / "minicompile" / "config.py"
+    assert _environment_reads(config), "config.py should be where the environment is read"
+    bad = [
+        f"{_rel(p)}:{line}"
+        for p in ALL_SOURCES
+        if p != config
+        for line in _environment_reads(p)
+    ]
+    assert not bad, "the environment is read outside minicompile/config.py:\n" + "\n".join(bad)
+
+
+def test_import_parser_resolves_relative_imports(tmp_path: Path) -> None:
+    # The checker itself: relative imports must resolve, or the rules above see nothing.
+    fake = ROOT / "codegen" / "x.py"
+    src = "from .common import CodeWriter\nfrom ..ir import Load\nimport networkx as nx\n"
+    tree_names = []
+    module = _module_name(fake)
+    assert module == "minicompile.codegen.x"
+    path = tmp_path / "x.py"
+    path.write_text(src)
+    # Reuse imports_of's logic through a file placed (virtually) in codegen/.
+    original = PACKAGES.copy()
+    PACKAGES.clear()
+    PACKAGES[tmp_path] = "minicompile.codegen"
+    try:
+        tree_names = [n for n, _ in imports_of(path)]
+    finally:
+        PACKAGES.clear()
+        PACKAGES.update(original)
+    assert "minicompile.codegen.common" in tree_names
+    assert "minicompile.ir.Load" in tree_names
+    assert "networkx" in tree_names

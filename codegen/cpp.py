@@ -42,6 +42,7 @@ CPP_OPS: dict[str, str] = {
     "remainder": "mc_remainder({0}, {1})",
     "remainder_int": "mc_remainder_int({0}, {1})",
     "pow": "std::pow({0}, {1})",
+    "pow_int": "mc_pow_int({0}, {1})",
     "maximum": "mc_maximum({0}, {1})",
     "minimum": "mc_minimum({0}, {1})",
     "eq": "{0} == {1}",
@@ -84,7 +85,7 @@ CPP_OPS: dict[str, str] = {
     "where": "{0} ? {1} : {2}",
 }
 
-INT_VARIANTS = {"floordiv": "floordiv_int", "remainder": "remainder_int"}
+INT_VARIANTS = {"floordiv": "floordiv_int", "remainder": "remainder_int", "pow": "pow_int"}
 INT_IDENTITY = {"floor", "ceil", "trunc", "round"}
 # Small kernels run on one thread: starting the OpenMP team costs more than the work.
 PARALLEL_THRESHOLD = 32768
@@ -311,6 +312,17 @@ static inline float mc_round_bf16(float f) { return mc_bf16_to_float(mc_float_to
     if (q == 0) return std::copysign(T(0), a / b);
     T f = std::floor(q);
     return (q - f > T(0.5)) ? f + 1 : f;
+}
+""",
+    "mc_pow_int": r"""template <typename T> static inline T mc_pow_int(T a, T b) {
+    if (b < 0) return a == 1 ? T(1) : (a == -1 ? ((b & 1) ? T(-1) : T(1)) : T(0));
+    T result = 1;
+    while (b) {  // square and multiply, wrapping like torch's integer pow
+        if (b & 1) result = static_cast<T>(result * a);
+        a = static_cast<T>(a * a);
+        b = static_cast<T>(b >> 1);
+    }
+    return result;
 }
 """,
     "mc_floordiv_int": r"""template <typename T> static inline T mc_floordiv_int(T a, T b) {

@@ -45,6 +45,7 @@ TRITON_OPS: dict[str, str] = {
     "remainder": "mc_remainder({0}, {1})",
     "remainder_int": "mc_remainder_int({0}, {1})",
     "pow": "libdevice.pow({0}, {1})",
+    "pow_int": "mc_pow_int({0}, {1})",
     "maximum": "mc_maximum({0}, {1})",
     "minimum": "mc_minimum({0}, {1})",
     "eq": "{0} == {1}",
@@ -90,7 +91,7 @@ TRITON_OPS: dict[str, str] = {
 
 # Ops whose integer forms differ, and those that are the identity on integers.  Triton's
 # int1 arithmetic wraps, where torch's bool add/mul are logical or/and.
-INT_VARIANTS = {"floordiv": "floordiv_int", "remainder": "remainder_int"}
+INT_VARIANTS = {"floordiv": "floordiv_int", "remainder": "remainder_int", "pow": "pow_int"}
 BOOL_VARIANTS = {"add": "logical_or", "mul": "logical_and", "bitwise_not": "bitwise_not_bool"}
 INT_IDENTITY = {"floor", "ceil", "trunc", "round"}
 
@@ -124,9 +125,11 @@ def _round(value: str, dtype: torch.dtype) -> str:
 class TritonKernel:
     """Emits one ``@triton.jit`` function for a plan."""
 
-    def __init__(self, plan: KernelPlan, wide_index: bool) -> None:
+    def __init__(self, plan: KernelPlan, wide_index: bool, masked: bool) -> None:
         self.plan = plan
         self.wide_index = wide_index  # int64 index arithmetic
+        self.masked = masked  # the last block runs past xnumel
+        self.mask = ", xmask" if masked else ""
         self.w = CodeWriter()
         self.names: dict[Expr, str] = {}
         self.vector: set[str] = set()  # variables that hold XBLOCK values (not scalars)
@@ -144,7 +147,10 @@ class TritonKernel:
             else:
                 w.line("xoffset = tl.program_id(0) * XBLOCK")
             w.line("xindex = xoffset + tl.arange(0, XBLOCK)")
-            w.line("xmask = xindex < xnumel")
+            if self.masked:
+                w.line("xmask = xindex < xnumel")
+            else:
+                w.line("# xnumel is a multiple of XBLOCK: no mask")
             self.emit_loop_vars()
             for store in p.stores:
                 value = self.value(store.value)
@@ -157,7 +163,7 @@ class TritonKernel:
                 index = triton_index(store.index)
                 if not store.index.free_symbols:  # one element (a 0-dim result)
                     index = f"xindex * 0 + {index}"
-                w.line(f"tl.store({p.pointer(store.buffer)} + ({index}), {value}, xmask)")
+                w.line(f"tl.store({p.pointer(store.buffer)} + ({index}), {value}{self.mask})")
         return w.text()
 
     def emit_loop_vars(self) -> None:
@@ -197,7 +203,7 @@ class TritonKernel:
         if isinstance(e, Load):
             vector = bool(e.index.free_symbols)
             ptr = f"{self.plan.pointer(e.buffer)} + ({triton_index(e.index)})"
-            text = f"tl.load({ptr}, xmask)" if vector else f"tl.load({ptr})"
+            text = f"tl.load({ptr}{self.mask})" if vector else f"tl.load({ptr})"
             if e.dtype in LOW_PRECISION:
                 text += ".to(tl.float32)"
             return self.fresh(text, vector)
@@ -241,10 +247,11 @@ def block_size(numel: int, interpret: bool) -> int:
     return max(16, min(limit, 1 << max(0, (numel - 1).bit_length())))
 
 
-def emit_kernel(plan: KernelPlan) -> str:
+def emit_kernel(plan: KernelPlan, interpret: bool) -> str:
     numel = plan.numel
     wide = not numel.is_Integer or int(numel) >= 2**31 - 2**20
-    return TritonKernel(plan, wide_index=wide).emit()
+    masked = not numel.is_Integer or int(numel) % block_size(int(numel), interpret) != 0
+    return TritonKernel(plan, wide_index=wide, masked=masked).emit()
 
 
 PREAMBLE = """\
@@ -273,6 +280,21 @@ def mc_round_bf16(x):  # round float32 to the nearest bfloat16 (ties to even), k
     u = x.to(tl.uint32, bitcast=True)
     u = (u + (0x7FFF + ((u >> 16) & 1))) & 0xFFFF0000
     return tl.where(x != x, x, u.to(tl.float32, bitcast=True))
+""",
+    "mc_pow_int": """\
+@triton.jit
+def mc_pow_int(a, b):  # square and multiply; negative exponents as torch's integer pow
+    one = a * 0 + b * 0 + 1
+    result = one
+    base = a + b * 0
+    e = b
+    for _ in tl.static_range(63):
+        result = tl.where((e & 1) != 0, result * base, result)
+        base = base * base
+        e = e >> 1
+    odd = (b & 1) != 0
+    negative = tl.where(a == 1, one, tl.where(a == -1, tl.where(odd, -one, one), one * 0))
+    return tl.where(b < 0, negative, result)
 """,
     "mc_remainder": """\
 @triton.jit

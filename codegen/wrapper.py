@@ -57,7 +57,7 @@ def generate(
     cpp_source = None
     if backend == "triton":
         w.lines_from(triton.PREAMBLE)
-        kernels = [triton.emit_kernel(plan) for plan in plans]
+        kernels = [triton.emit_kernel(plan, _interpreted(program, plan)) for plan in plans]
         for text in triton.helpers_for(kernels) + kernels:
             w.line()
             w.line()
@@ -99,6 +99,11 @@ def generate(
     return GeneratedCode(backend, w.text(), cpp_source, tuple(p.name for p in plans))
 
 
+def _interpreted(program: LoopProgram, plan: KernelPlan) -> bool:
+    """Triton kernels over CPU tensors run under Triton's interpreter."""
+    return program.buffer(plan.outputs[0]).layout.device.type == "cpu"
+
+
 def emit_launch(
     w: CodeWriter, program: LoopProgram, plan: KernelPlan, backend: str, devices: list[str]
 ) -> None:
@@ -116,8 +121,7 @@ def emit_launch(
         return
     w.line(f"# {', '.join(plan.origins)}")
     if backend == "triton":
-        interpret = program.buffer(plan.outputs[0]).layout.device.type == "cpu"
-        block = triton.block_size(numel, interpret)
+        block = triton.block_size(numel, _interpreted(program, plan))
         grid = -(-numel // block)
         w.line(f"{plan.name}[({grid},)]({', '.join(args)}, {numel}, XBLOCK={block})")
     else:

@@ -52,8 +52,9 @@ def main() -> None:
 
     compiled = minicompile.compile(sin_sin)
     torch.testing.assert_close(compiled(x), sin_sin(x))
+    kernel_call = compiled.entries[0].call  # the generated wrapper: allocate and launch
     rows = [("copy (ceiling)", lambda: x.clone()), ("eager", lambda: sin_sin(x)),
-            ("minicompile", lambda: compiled(x))]
+            ("minicompile", lambda: compiled(x)), ("  its call()", lambda: kernel_call([x]))]
     if not args.no_inductor:
         inductor = torch.compile(sin_sin)
         torch.testing.assert_close(inductor(x), sin_sin(x))

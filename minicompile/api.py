@@ -69,6 +69,9 @@ class Entry:
     capture: Capture
     run: Callable[[tuple], Any]
     eager_reason: str | None = None  # set when this entry runs the function eagerly
+    # The generated wrapper's call(inputs) (allocate, launch, return), for inspection and
+    # benchmarks; None for an eager entry.
+    call: Callable[[list], tuple] | None = None
 
 
 class CompiledFunction:
@@ -208,7 +211,7 @@ class CompiledFunction:
             _stats["eager_fallbacks"] += 1
             return Entry(capture, self.eager_runner(), reason)
         try:
-            run, kernels = compile_graph(capture, cfg, name)
+            run, call = compile_graph(capture, cfg, name)
         except (Unsupported, BackendCompilerFailed) as e:
             if cfg.strict:
                 raise
@@ -219,7 +222,7 @@ class CompiledFunction:
             _stats["eager_fallbacks"] += 1
             return Entry(capture, self.eager_runner(), reason)
         _stats["graphs"] += 1
-        return Entry(capture, run)
+        return Entry(capture, run, call=call)
 
     def __get__(self, obj: Any, objtype: Any = None) -> Any:
         """Decorating a method: bind like a function does."""
@@ -246,8 +249,11 @@ def pick_backend(cfg: Config, capture: Capture) -> tuple[str, bool]:
     return backend, backend == "triton" and device == "cpu"
 
 
-def compile_graph(capture: Capture, cfg: Config, name: str) -> tuple[Callable[[tuple], Any], int]:
-    """Compile a captured graph; return the runner for its entry and its kernel count."""
+def compile_graph(
+    capture: Capture, cfg: Config, name: str
+) -> tuple[Callable[[tuple], Any], Callable[[list], tuple]]:
+    """Compile a captured graph; return the runner for its entry (frame -> return value)
+    and the generated call(inputs)."""
     start = time.perf_counter()
     graph, _timings = run_graph_passes(capture.graph)
     program = lower(graph)
@@ -273,7 +279,7 @@ def compile_graph(capture: Capture, cfg: Config, name: str) -> tuple[Callable[[t
         return rebuild(call(get_inputs(*frame)))
 
     log.debug("minicompile: compiled %s in %.3fs", name, time.perf_counter() - start)
-    return run, len(code.kernels)
+    return run, call
 
 
 def compile(

@@ -176,8 +176,6 @@ class Lowering:
             args = (operand(cond, torch.bool), operand(a, out_dtype), operand(b, out_dtype))
         else:
             args = tuple(operand(a, compute) for a in node.args)
-        if node.target == "pow" and not compute.is_floating_point:
-            raise Unsupported("pow on integer tensors is not supported yet", node.stack)
         return Value(shape, out_dtype, Op(node.target, args, out_dtype), origins=origins)
 
     @staticmethod

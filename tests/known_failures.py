@@ -10,15 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-_POW_INT = (
-    "pow on integer tensors is not lowered yet: lowering.py raises Unsupported "
-    "('pow on integer tensors is not supported yet'), so the frame runs eagerly"
-)
-
-KNOWN_FAILURES: dict[str, str] = {
-    "backends/test_ops.py::test_matches_eager[cpp-pow_i64]": _POW_INT,
-    "backends/test_ops.py::test_matches_eager[triton-pow_i64]": _POW_INT,
-}
+KNOWN_FAILURES: dict[str, str] = {}
 
 
 def apply_known_failures(items: list[pytest.Item]) -> None:

@@ -191,6 +191,8 @@ case("pow_tensor_f32", lambda x, y: torch.pow(x, y), rand(S, f32, "pos"), rand(S
 case("rpow_f32", lambda x: 2**x, rand(S))
 case("pow_method_f16", lambda x: x.pow(3), rand(S, f16, "unit"))
 case("pow_i64", lambda x: x**2, rand(S, i64))
+case("pow_i32_tensor_exp", lambda x, y: x**y, rand(S, i32), rand(S, i32, "small_int"))
+case("pow_i64_wraps", lambda x: x**41, rand(S, i64))
 # maximum / minimum, with NaN propagation.
 for _dt in (f32, f16, i32):
     case(f"maximum_{SHORT[_dt]}", lambda x, y: torch.maximum(x, y), rand(S, _dt), rand(S, _dt))

@@ -227,12 +227,33 @@ def emit_kernel(plan: KernelPlan) -> str:
     return CppKernel(plan).emit()
 
 
-PREAMBLE = r"""
+# Not pow: GCC 12 crashes (internal compiler error) vectorising powf with a constant
+# exponent.
+_VECTOR_MATH = ("sin cos tan exp exp2 expm1 log log2 log1p tanh erf").split()
+_SIMD_DECLS = "\n".join(
+    f"MC_SIMD float {f}f(float); MC_SIMD double {f}(double);" for f in _VECTOR_MATH
+)
+
+PREAMBLE = (
+    r"""
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <limits>
+
+#if defined(MC_LIBMVEC)
+// glibc's vector math library (libmvec) has SIMD versions of these: declaring them lets
+// the compiler vectorise loops that call them (the runtime links -lmvec and defines
+// MC_LIBMVEC where glibc >= 2.35 provides them).
+#define MC_SIMD __attribute__((simd("notinbranch")))
+extern "C" {
 """
+    + _SIMD_DECLS
+    + """
+}
+#endif
+"""
+)
 
 # Helpers; a translation unit gets the ones its kernels call (by name).
 HELPERS: dict[str, str] = {

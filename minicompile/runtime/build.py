@@ -4,9 +4,12 @@ modules from the cache directory.  A second process finds both on disk and build
 from __future__ import annotations
 
 import ctypes
+import ctypes.util
 import dataclasses
+import functools
 import importlib.util
 import os
+import platform
 import subprocess
 import sys
 import tempfile
@@ -30,9 +33,28 @@ class Loaded:
 _loaded: dict[str, Loaded] = {}  # this process's modules, by key
 
 
+@functools.lru_cache(maxsize=None)
+def vector_math_flags() -> tuple[str, ...]:
+    """Flags that let kernels call glibc's SIMD math (libmvec), where it is complete
+    (x86-64 Linux, glibc >= 2.35); none elsewhere, and the loops stay scalar."""
+    if platform.system() != "Linux" or platform.machine() != "x86_64":
+        return ()
+    try:
+        version = os.confstr("CS_GNU_LIBC_VERSION") or ""
+    except (ValueError, OSError):
+        return ()
+    parts = version.split()
+    if len(parts) != 2 or parts[0] != "glibc":
+        return ()
+    major, minor = (int(v) for v in parts[1].split(".")[:2])
+    if (major, minor) < (2, 35) or ctypes.util.find_library("mvec") is None:
+        return ()
+    return ("-DMC_LIBMVEC", "-lmvec")
+
+
 def build_cpp(source: str, cfg: Config) -> tuple[Path, bool]:
     """Compile ``source`` to a shared library; return its path and whether it was cached."""
-    flags = list(cfg.cxx_flags)
+    flags = [*cfg.cxx_flags, *vector_math_flags()]
     key = cache_key(source, " ".join(flags), tool_versions(cfg.cxx))
     folder = cfg.cache_dir / "cpp" / key[:2]
     lib = folder / f"{key}.so"
@@ -43,7 +65,9 @@ def build_cpp(source: str, cfg: Config) -> tuple[Path, bool]:
     write_atomic(src, source)
     fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{key}.", suffix=".so")
     os.close(fd)
-    cmd = [cfg.cxx, *flags, str(src), "-o", tmp]
+    # Libraries come after the source for the linker.
+    libs = [f for f in flags if f.startswith("-l")]
+    cmd = [cfg.cxx, *[f for f in flags if not f.startswith("-l")], str(src), "-o", tmp, *libs]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     except (OSError, subprocess.SubprocessError) as e:

@@ -181,7 +181,7 @@ def kernel_name(prefix: str, group: FusedGroup, index: int) -> str:
     ops: list[str] = []
     for b in group.buffers:
         for origin in b.origins:
-            op = origin.split(" ", 1)[1]
-            if op not in ops and op not in ("to_dtype", "permute", "expand"):
+            op = origin.split(" ", 1)[1].split(".")[-1]
+            if op not in ops and op not in ("to_dtype", "permute", "expand", "getitem"):
                 ops.append(op)
     return f"{prefix}_{'_'.join(ops[:4]) or 'copy'}_{index}"

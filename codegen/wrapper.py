@@ -11,7 +11,7 @@ import dataclasses
 
 import torch
 
-from minicompile.ir import AliasOutput, Layout, LoopProgram
+from minicompile.ir import AliasOutput, Buffer, BufferRef, ExternKernel, Layout, LoopProgram
 
 from minicompile.codegen import cpp, triton
 from minicompile.codegen.common import CodeWriter, KernelPlan, kernel_name, plan_kernel
@@ -51,7 +51,10 @@ def generate(
     program: LoopProgram, groups: list[FusedGroup], backend: str, graph_name: str = "graph"
 ) -> GeneratedCode:
     prefix = "triton_poi" if backend == "triton" else "cpp_poi"
-    plans = [plan_kernel(g, kernel_name(prefix, g, k)) for k, g in enumerate(groups)]
+    kernel_groups = [g for g in groups if g.extern is None]
+    plans = [plan_kernel(g, kernel_name(prefix, g, k)) for k, g in enumerate(kernel_groups)]
+    plan_of = {g.key: p for g, p in zip(kernel_groups, plans)}
+    externs = [g.extern for g in groups if g.extern is not None]
     w = CodeWriter()
     w.line(f"# minicompile: generated code for {graph_name} ({backend} backend)")
     cpp_source = None
@@ -80,11 +83,17 @@ def generate(
             w.line(f"{plan.name} = lib.{plan.name}")
             w.line(f"{plan.name}.argtypes = [ctypes.c_void_p] * {n}")
             w.line(f"{plan.name}.restype = None")
+    if any(e.op.startswith("operator.") and e.op != "operator.getitem" for e in externs):
+        w.line("import operator")
     w.line()
-    devices = sorted({str(b.layout.device) for b in program.buffers})
+    devices = sorted({str(layout.device) for b in program.buffers for layout in _layouts(b)})
     for k, dev in enumerate(devices):
         w.line(f"device{k} = {_device_literal(torch.device(dev))}")
     w.line("empty_strided = torch.empty_strided")
+    if externs:
+        w.line()
+        w.line()
+        w.lines_from(LAYOUT_HELPER)
     w.line()
     w.line()
     w.line("def call(args):")
@@ -92,11 +101,67 @@ def generate(
         names = [b.name for b in program.inputs]
         if names:
             w.line(f"{', '.join(names)}, = args")
-        for plan in plans:
-            emit_launch(w, program, plan, backend, devices)
+        for group in groups:
+            if group.extern is not None:
+                emit_extern(w, group.extern)
+            else:
+                emit_launch(w, program, plan_of[group.key], backend, devices)
         outs = [o if isinstance(o, str) else _alias(o) for o in program.outputs]
         w.line(f"return ({', '.join(outs)}{',' if len(outs) == 1 else ''})")
     return GeneratedCode(backend, w.text(), cpp_source, tuple(p.name for p in plans))
+
+
+def _layouts(buf: Buffer) -> tuple[Layout, ...]:
+    layout = buf.layout
+    return layout if isinstance(layout, tuple) else (layout,)
+
+
+# Kernels index an extern's result by the strides eager gives it; a library may choose
+# others (another device's kernels, say): then the result is copied into that layout.
+LAYOUT_HELPER = """\
+def with_layout(t, size, stride):
+    if all(st == want for st, want, n in zip(t.stride(), stride, size) if n > 1):
+        return t
+    return empty_strided(size, stride, dtype=t.dtype, device=t.device).copy_(t)
+"""
+
+
+def _extern_arg(value: object) -> str:
+    if isinstance(value, BufferRef):
+        return value.name
+    if isinstance(value, AliasOutput):
+        return _alias(value)
+    if isinstance(value, tuple):
+        inner = ", ".join(_extern_arg(v) for v in value)
+        return f"({inner},)" if len(value) == 1 else f"({inner})"
+    if isinstance(value, list):
+        return "[" + ", ".join(_extern_arg(v) for v in value) + "]"
+    if isinstance(value, (torch.dtype, torch.device)):
+        return _literal(value)
+    return repr(value)
+
+
+def _literal(value: torch.dtype | torch.device) -> str:
+    if isinstance(value, torch.dtype):
+        return str(value)
+    return _device_literal(value)
+
+
+def emit_extern(w: CodeWriter, ext: ExternKernel) -> None:
+    args = [_extern_arg(a) for a in ext.args]
+    args += [f"{k}={_extern_arg(v)}" for k, v in ext.kwargs.items()]
+    call = f"{ext.op}({', '.join(args)})"
+    if ext.op == "operator.getitem":
+        call = f"{args[0]}[{args[1]}]"
+    comment = ", ".join(ext.origins)
+    if ext.sources:
+        comment += f"  ({ext.sources[0]})"
+    w.line(f"# {comment}")
+    if isinstance(ext.layout, tuple):
+        w.line(f"{ext.name} = {call}")
+    else:
+        lay = ext.layout
+        w.line(f"{ext.name} = with_layout({call}, {_shape(lay.shape)}, {_shape(lay.stride)})")
 
 
 def _interpreted(program: LoopProgram, plan: KernelPlan) -> bool:

@@ -202,21 +202,82 @@ class AliasOutput:
     layout: Layout | None  # None: the input itself
 
 
+@dataclasses.dataclass(frozen=True)
+class BufferRef:
+    """An extern kernel's tensor argument: a buffer (input, computed or extern) as it is."""
+
+    name: str
+
+
+@dataclasses.dataclass(frozen=True)
+class ExternKernel:
+    """A buffer computed by a library call (``op`` is a dotted path, see ops.extern_op), with
+    tensor arguments as BufferRefs or AliasOutputs (views of existing buffers).  ``layout``
+    is the result's layout as eager makes it, or a tuple of layouts for a tuple result
+    (whose elements are then picked by ``operator.getitem`` externs)."""
+
+    name: str
+    op: str
+    args: tuple
+    kwargs: dict
+    layout: Layout | tuple[Layout, ...]
+    origins: tuple[str, ...] = ()
+    sources: tuple[SourceLine, ...] = ()
+
+    def reads(self) -> set[str]:
+        names: set[str] = set()
+
+        def visit(v: object) -> None:
+            if isinstance(v, BufferRef):
+                names.add(v.name)
+            elif isinstance(v, AliasOutput):
+                names.add(v.input)
+            elif isinstance(v, (tuple, list)):
+                for item in v:
+                    visit(item)
+            elif isinstance(v, dict):
+                for item in v.values():
+                    visit(item)
+
+        visit((self.args, self.kwargs))
+        return names
+
+    def __str__(self) -> str:
+        args = ", ".join(
+            [_arg_text(a) for a in self.args] + [f"{k}={_arg_text(v)}" for k, v in self.kwargs.items()]
+        )
+        layout = self.layout if isinstance(self.layout, Layout) else "tuple"
+        return f"{self.name}: {layout} = extern {self.op}({args})"
+
+
+def _arg_text(v: object) -> str:
+    if isinstance(v, BufferRef):
+        return v.name
+    if isinstance(v, AliasOutput):
+        return f"view({v.input})" if v.layout is not None else v.input
+    if isinstance(v, (tuple, list)):
+        return "(" + ", ".join(_arg_text(x) for x in v) + ")"
+    return repr(v)
+
+
+Buffer = ComputedBuffer | ExternKernel
+
+
 @dataclasses.dataclass
 class LoopProgram:
-    """A lowered graph: inputs, the buffers kernels compute, and what the graph returns
-    (names of computed buffers, or AliasOutputs) in output order."""
+    """A lowered graph: inputs, the buffers kernels and library calls compute (in a valid
+    order), and what the graph returns (buffer names, or AliasOutputs) in output order."""
 
     inputs: list[InputBuffer]
-    buffers: list[ComputedBuffer]
+    buffers: list[Buffer]
     outputs: list[str | AliasOutput]
 
-    def buffer(self, name: str) -> ComputedBuffer:
+    def buffer(self, name: str) -> Buffer:
         return next(b for b in self.buffers if b.name == name)
 
     def __str__(self) -> str:
         lines = [f"input {b.name}: {b.layout}" for b in self.inputs]
         lines += [str(b) for b in self.buffers]
-        outs = [o if isinstance(o, str) else f"alias({o.input})" for o in self.outputs]
+        outs = [o if isinstance(o, str) else _arg_text(o) for o in self.outputs]
         lines.append(f"return {', '.join(outs)}")
         return "\n".join(lines)

@@ -18,13 +18,15 @@ import torch
 
 from minicompile import ops
 from minicompile.errors import Unsupported
-from minicompile.graph import Graph, Node, TensorMeta
+from minicompile.graph import Graph, Node, TensorMeta, map_nodes
 from minicompile.ir import (
     AliasOutput,
+    BufferRef,
     Cast,
     ComputedBuffer,
     Constant,
     Expr,
+    ExternKernel,
     InputBuffer,
     Layout,
     Load,
@@ -48,6 +50,8 @@ class Value:
     expr: Expr
     view: tuple[str, Layout] | None = None
     origins: tuple[Node, ...] = ()
+    # An extern's tuple result (only read through getitem): the buffer holding the tuple.
+    tuple_buffer: str | None = None
 
 
 def layout_of(meta: TensorMeta) -> Layout:
@@ -101,6 +105,7 @@ class Lowering:
         self.inputs: list[InputBuffer] = []
         self.buffers: list[ComputedBuffer] = []
         self.realized: dict[Node, str] = {}
+        self.layouts: dict[str, Layout] = {}  # of buffers that exist as tensors in the wrapper
 
     def run(self) -> LoopProgram:
         for node in self.graph.nodes:
@@ -110,6 +115,7 @@ class Lowering:
                 layout = dataclasses.replace(layout_of(node.meta), offset=ZERO)
                 buf = InputBuffer(f"arg{len(self.inputs)}", layout)
                 self.inputs.append(buf)
+                self.layouts[buf.name] = layout
                 self.values[node] = _input_value(buf.name, buf.layout)
             elif node.op == "call":
                 self.values[node] = self.lower_call(node)
@@ -119,15 +125,16 @@ class Lowering:
     # -- outputs ----------------------------------------------------------------------------
 
     def realize(self, node: Node) -> str | AliasOutput:
+        """A tensor that exists in the wrapper for ``node``: an existing buffer, a view of
+        one, or a new ComputedBuffer the kernels write."""
         value = self.values[node]
         if value.view is not None:
             name, layout = value.view
-            base = next(b for b in self.inputs if b.name == name)
-            return AliasOutput(name, None if layout == base.layout else layout)
+            return AliasOutput(name, None if layout == self.layouts[name] else layout)
         if node in self.realized:  # the same node returned twice: one buffer
             return self.realized[node]
         layout = layout_of(node.meta)
-        origins = value.origins + (node,)
+        origins = tuple(dict.fromkeys(value.origins + (node,)))
         buf = ComputedBuffer(
             name=f"buf{len(self.buffers)}",
             layout=layout,
@@ -137,6 +144,9 @@ class Lowering:
         )
         self.buffers.append(buf)
         self.realized[node] = buf.name
+        # Later consumers load the buffer instead of computing the value again.
+        self.layouts[buf.name] = layout
+        self.values[node] = dataclasses.replace(_input_value(buf.name, layout), view=None)
         return buf.name
 
     # -- calls ------------------------------------------------------------------------------
@@ -145,6 +155,8 @@ class Lowering:
         family = ops.OPS[node.target].family
         if family == "view":
             return self.lower_view(node)
+        if family in ("extern", "tuple"):
+            return self.lower_extern(node)
         if family == "composite":
             raise AssertionError(f"{node.target} reached lowering undecomposed")
         if family not in ("unary", "binary", "ternary", "cast"):
@@ -178,6 +190,38 @@ class Lowering:
             args = tuple(operand(a, compute) for a in node.args)
         return Value(shape, out_dtype, Op(node.target, args, out_dtype), origins=origins)
 
+    def lower_extern(self, node: Node) -> Value:
+        """A library call: its tensor arguments are realized (or passed as views), and its
+        result is a buffer later kernels load through the layout eager gives it."""
+        if node.target == "getitem":  # one element of an extern's tuple result
+            source, index = node.args
+            args: tuple = (BufferRef(self.values[source].tuple_buffer), index)  # type: ignore[arg-type]
+            op = "operator.getitem"
+            kwargs: dict = {}
+        else:
+            op = node.target
+            args = map_nodes(node.args, self.tensor_arg)
+            kwargs = map_nodes(node.kwargs, self.tensor_arg)
+        name = f"buf{len(self.buffers)}"
+        meta = node.meta
+        layout = (
+            tuple(layout_of(m) for m in meta) if isinstance(meta, tuple) else layout_of(meta)
+        )
+        self.buffers.append(ExternKernel(
+            name, op, args, kwargs, layout, (_origin(node),),
+            (node.stack[-1],) if node.stack else (),
+        ))
+        if isinstance(layout, tuple):
+            return Value((), torch.float32, Constant(0, torch.float32), tuple_buffer=name)
+        self.layouts[name] = layout
+        return _input_value(name, layout)  # no origins: kernels only read the result
+
+    def tensor_arg(self, node: Node) -> BufferRef | AliasOutput:
+        ref = self.realize(node)
+        if isinstance(ref, str):
+            return BufferRef(ref)
+        return BufferRef(ref.input) if ref.layout is None else ref
+
     @staticmethod
     def compute_dtype(node: Node) -> torch.dtype:
         """The dtype the op's operands are converted to before it applies."""
@@ -201,10 +245,11 @@ class Lowering:
             mapping = {own[k]: out[k if k < d else k + 1] for k in range(len(x.shape))}
         elif node.target == "squeeze":
             d = node.args[1]
-            mapping = {own[k]: (ZERO if k == d and x.shape[k] == 1 else out[k if k < d else k - 1])
-                       for k in range(len(x.shape)) if not (k == d and x.shape[k] != 1)}
-            if x.shape[d] != 1:  # squeeze of a dim that is not 1 is the identity
-                mapping = {own[k]: out[k] for k in range(len(x.shape))}
+            if x.shape[d] != 1:  # squeezing a dim that is not 1 changes nothing
+                mapping = {}
+            else:
+                mapping = {own[k]: out[k - (k > d)] for k in range(len(x.shape)) if k != d}
+                mapping[own[d]] = ZERO
         elif node.target == "expand":
             lead = n_out - len(x.shape)
             mapping = {own[k]: (ZERO if x.shape[k] == 1 and node.meta.shape[lead + k] != 1

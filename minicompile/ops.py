@@ -10,13 +10,17 @@ Families (in the style of tinygrad's ``GroupOp``):
 - ``unary`` / ``binary`` / ``ternary``: pointwise ops the backends implement directly;
 - ``composite``: pointwise ops that ``passes/decompose.py`` rewrites into the above;
 - ``cast``: dtype conversion;
-- ``view``: layout-only ops, lowered to index rewrites.
+- ``view``: layout-only ops, lowered to index rewrites;
+- ``extern``: any other PyTorch function, called as a library kernel by the generated
+  wrapper (Inductor's "fallback kernels"); registered on first use by :func:`extern_op`;
+- ``tuple``: ``getitem``, which picks one tensor of an extern's tuple result.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import operator
+import types
 from collections.abc import Callable
 from typing import Any
 
@@ -125,6 +129,62 @@ OPS["to_dtype"] = OpDef("to_dtype", "cast", _to_dtype)
 for _name, _fn in VIEW.items():
     OPS[_name] = OpDef(_name, "view", _fn)
 
+OPS["getitem"] = OpDef("getitem", "tuple", operator.getitem)
+
+
+def extern_op(fn: Callable[..., Any]) -> str:
+    """Register the PyTorch callable ``fn`` as an extern op and return its op name, the
+    dotted path it is reached by (``torch.nn.functional.linear``, ``torch.Tensor.reshape``,
+    ``operator.getitem``).  The generated wrapper calls ``fn`` itself, so ``fn`` must be
+    importable by that path, must not mutate its arguments, and must return a tensor or a
+    tuple/list of tensors whose metadata the meta device computes."""
+    name = extern_name(fn)
+    if name not in OPS:
+        OPS[name] = OpDef(name, "extern", fn)
+    elif OPS[name].eager is not fn:
+        raise ValueError(f"extern op {name} already names another function")
+    return name
+
+
+def extern_name(fn: Callable[..., Any]) -> str:
+    """The public dotted path that reaches ``fn``; ValueError when there is none."""
+    name = getattr(fn, "__name__", "")
+    candidates = [
+        ("torch.nn.functional", torch.nn.functional),
+        ("torch", torch),
+        ("torch.Tensor", torch.Tensor),
+        ("torch.special", torch.special),
+        ("torch.linalg", torch.linalg),
+        ("torch.fft", torch.fft),
+        ("operator", operator),
+    ]
+    for prefix, namespace in candidates:
+        if name and getattr(namespace, name, None) is fn:
+            return f"{prefix}.{name}"
+    path = f"{getattr(fn, '__module__', '')}.{getattr(fn, '__qualname__', name)}"
+    if resolve_path(path) is fn:
+        return path
+    raise ValueError(f"{fn!r} has no public dotted path")
+
+
+def resolve_path(path: str) -> Any:
+    """The object a dotted path names (``torch.nn.functional.linear``), or None."""
+    import importlib
+
+    parts = path.split(".")
+    for k in range(len(parts), 0, -1):
+        try:
+            obj: Any = importlib.import_module(".".join(parts[:k]))
+        except ImportError:
+            continue
+        for attr in parts[k:]:
+            obj = getattr(obj, attr, None)
+            if obj is None:
+                return None
+        return obj
+    return None
+
+
 COMPARISONS = frozenset({"eq", "ne", "lt", "le", "gt", "ge"})
 LOGICAL = frozenset({"logical_and", "logical_or", "logical_xor", "logical_not"})
 
@@ -137,7 +197,9 @@ def run_eager(name: str, args: tuple, kwargs: dict[str, Any]) -> Any:
     return OPS[name].eager(*args, **kwargs)
 
 
-def infer_meta(name: str, args: tuple, kwargs: dict[str, Any], device: torch.device) -> TensorMeta:
+def infer_meta(
+    name: str, args: tuple, kwargs: dict[str, Any], device: torch.device
+) -> TensorMeta | tuple[TensorMeta, ...]:
     """Result metadata of ``name`` applied to ``args``: PyTorch's own broadcasting, type
     promotion and stride rules, found by running the eager op on meta tensors.
 
@@ -148,15 +210,21 @@ def infer_meta(name: str, args: tuple, kwargs: dict[str, Any], device: torch.dev
     def fake(v: Any) -> Any:
         if isinstance(v, Node):
             assert v.meta is not None
-            return v.meta.fake()
+            return fake(v.meta)
         if isinstance(v, TensorMeta):
             return v.fake()
-        if isinstance(v, (tuple, list)):
+        if isinstance(v, (tuple, list)):  # also an extern's tuple of metas
             return type(v)(fake(x) for x in v)
         return v
 
     out = run_eager(name, fake(args), {k: fake(v) for k, v in kwargs.items()})
-    if not isinstance(out, torch.Tensor):
-        raise TypeError(f"{name} did not produce a tensor")
-    meta = TensorMeta.of(out)
-    return dataclasses.replace(meta, device=device, storage_offset=sympy.Integer(0))
+
+    def meta_of(t: Any) -> TensorMeta:
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} produced a {type(t).__name__}, not a tensor")
+        meta = TensorMeta.of(t)
+        return dataclasses.replace(meta, device=device, storage_offset=sympy.Integer(0))
+
+    if isinstance(out, (tuple, list)):
+        return tuple(meta_of(t) for t in out)
+    return meta_of(out)

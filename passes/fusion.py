@@ -13,13 +13,18 @@ import dataclasses
 
 import networkx as nx
 
-from minicompile.ir import ComputedBuffer, Load, LoopProgram, walk
+from minicompile.ir import Buffer, ComputedBuffer, ExternKernel, Load, LoopProgram, walk
 
 
 @dataclasses.dataclass
 class FusedGroup:
     key: int  # its vertex in the dependency DAG
-    buffers: list[ComputedBuffer]
+    buffers: list[Buffer]  # ComputedBuffers, or one ExternKernel
+
+    @property
+    def extern(self) -> ExternKernel | None:
+        first = self.buffers[0]
+        return first if isinstance(first, ExternKernel) else None
 
     @property
     def name(self) -> str:
@@ -27,11 +32,11 @@ class FusedGroup:
 
     @property
     def shape(self) -> tuple:
-        return self.buffers[0].layout.shape
+        return self.buffers[0].layout.shape  # type: ignore[union-attr]
 
     @property
     def device(self):
-        return self.buffers[0].layout.device
+        return self.buffers[0].layout.device  # type: ignore[union-attr]
 
 
 def dependency_graph(groups: list[FusedGroup]) -> nx.DiGraph:
@@ -49,23 +54,36 @@ def dependency_graph(groups: list[FusedGroup]) -> nx.DiGraph:
 
 def can_fuse(a: FusedGroup, b: FusedGroup, dag: nx.DiGraph) -> tuple[bool, str]:
     """Whether ``a`` and ``b`` may run as one kernel; the reason when not."""
+    if a.extern is not None or b.extern is not None:
+        return False, "a library call runs on its own"
     if a.device != b.device:
         return False, "different devices"
     if a.shape != b.shape:
         return False, "different iteration spaces"
     if dag.has_edge(a.key, b.key) or dag.has_edge(b.key, a.key):
         return False, "one reads the other's buffer (a realized producer)"
-    merged = nx.contracted_nodes(dag, a.key, b.key, self_loops=False)
-    if not nx.is_directed_acyclic_graph(merged):
+    if _reaches_through_other(dag, a.key, b.key) or _reaches_through_other(dag, b.key, a.key):
         return False, "fusing would create a cycle"
     return True, "same iteration space"
+
+
+def _reaches_through_other(dag: nx.DiGraph, a: int, b: int) -> bool:
+    """Whether a path a -> x -> ... -> b exists through some other vertex x (merging a and
+    b would then put a cycle through x)."""
+    return any(s != b and nx.has_path(dag, s, b) for s in dag.successors(a))
 
 
 def score_fusion(a: FusedGroup, b: FusedGroup) -> int:
     """How much fusing saves: the distinct loads the two groups share."""
 
     def loads(g: FusedGroup) -> set[tuple[str, object]]:
-        return {(e.buffer, e.index) for x in g.buffers for e in walk(x.body) if isinstance(e, Load)}
+        return {
+            (e.buffer, e.index)
+            for x in g.buffers
+            if isinstance(x, ComputedBuffer)
+            for e in walk(x.body)
+            if isinstance(e, Load)
+        }
 
     return len(loads(a) & loads(b))
 
@@ -93,4 +111,6 @@ def fuse(program: LoopProgram, log: list[str] | None = None) -> list[FusedGroup]
         _, a, b = best
         groups[a].buffers.extend(groups.pop(b).buffers)
         dag = nx.contracted_nodes(dag, a, b, self_loops=False)
-    return [groups[k] for k in nx.topological_sort(dag)]
+    # Library calls keep their program order (random number generators and the like see
+    # them in eager's order); kernels go wherever their inputs allow.
+    return [groups[k] for k in nx.lexicographical_topological_sort(dag)]

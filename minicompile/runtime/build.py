@@ -124,7 +124,13 @@ def load(code: GeneratedCode, cfg: Config, interpret: bool) -> Loaded:
         sys.modules.pop(name, None)
         raise BackendCompilerFailed(f"generated module {path} failed to import: {e}") from e
     if interpret:
-        _interpret_triton(module)
+        try:
+            _interpret_triton(module)
+        except ImportError as e:
+            raise BackendCompilerFailed(
+                f"the Triton backend on CPU tensors runs under Triton's interpreter, which "
+                f"needs numpy ({e}): pip install numpy"
+            ) from e
     loaded = Loaded(module.call, path, from_cache)  # type: ignore[attr-defined]
     _loaded[key] = loaded
     return loaded

@@ -16,10 +16,10 @@ import sympy
 import torch
 
 from minicompile.graph import SourceLine
-from minicompile.ir import ComputedBuffer, Expr, Load, dim_symbols, map_loads, walk
+from minicompile.ir import ComputedBuffer, Expr, Load, Reduce, map_loads, walk
 from minicompile.sym import index_symbol
 
-from minicompile.passes.fusion import FusedGroup
+from minicompile.schedule import FusedGroup, kept_symbols, reduced_symbols, store_index
 
 
 class CodeWriter:
@@ -61,24 +61,44 @@ class CodeWriter:
 class Store:
     buffer: str
     index: sympy.Expr  # over the plan's loop variables
-    value: Expr  # loads indexed over the plan's loop variables
+    value: Expr  # loads indexed over the plan's loop variables; may contain Reduce nodes
     dtype: torch.dtype
+    level: str  # "x": one value per kept point (reductions, "x" members); "xr": per element
 
 
 @dataclasses.dataclass(frozen=True)
 class KernelPlan:
+    """A fused group ready to print.  Pointwise kernels have only x loops; reduction
+    kernels also r loops (the reduced dims).  Values of members the rest of the program
+    does not read are never stored: other members use them from registers."""
+
     name: str
-    ranges: tuple[sympy.Expr, ...]  # merged loop sizes, outermost first
+    ranges: tuple[sympy.Expr, ...]  # merged kept (x) loop sizes, outermost first
     loop_vars: tuple[sympy.Symbol, ...]  # x0, x1, ... matching ranges
     inputs: tuple[tuple[str, torch.dtype], ...]  # buffers loaded, in parameter order
     stores: tuple[Store, ...]
     origins: tuple[str, ...]  # graph nodes ("%3 add")
     sources: tuple[SourceLine, ...]  # user source lines
+    rranges: tuple[sympy.Expr, ...] = ()  # merged reduced (r) loop sizes
+    rvars: tuple[sympy.Symbol, ...] = ()  # r0, r1, ...
+
+    @property
+    def is_reduction(self) -> bool:
+        return bool(self.rvars) or any(
+            isinstance(e, Reduce) for st in self.stores for e in walk(st.value)
+        )
 
     @property
     def numel(self) -> sympy.Expr:
         out: sympy.Expr = sympy.Integer(1)
         for r in self.ranges:
+            out = out * r
+        return out
+
+    @property
+    def rnumel(self) -> sympy.Expr:
+        out: sympy.Expr = sympy.Integer(1)
+        for r in self.rranges:
             out = out * r
         return out
 
@@ -114,59 +134,89 @@ def _coefficients(index: sympy.Expr, dims: tuple[sympy.Symbol, ...]) -> tuple | 
     return rest, coeffs
 
 
-def plan_kernel(group: FusedGroup, name: str) -> KernelPlan:
-    buffers: list[ComputedBuffer] = group.buffers
-    shape = buffers[0].layout.shape
-    ndim = len(shape)
-    dims = dim_symbols(ndim)
-
-    # Iterate in the memory order of the first output (outermost = largest stride), dropping
-    # size-1 dims.
-    first = buffers[0].layout
-    live = [k for k in range(ndim) if shape[k] != 1]
-    order = sorted(live, key=lambda k: -_sort_key(first.stride[k]))
-
-    accesses: list[sympy.Expr] = [b.layout.index(dims) for b in buffers]
-    for b in buffers:
-        accesses += [e.index for e in walk(b.body) if isinstance(e, Load)]
-    table = [_coefficients(a, dims) for a in accesses]
-
-    # Merge adjacent dims (in iteration order) when every access sees them as one.
-    groups: list[list[int]] = []
+def _merge(order: list[int], sizes: tuple, table: list) -> list[list[int]]:
+    """Runs of adjacent dims (in ``order``) that every access sees as one."""
+    runs: list[list[int]] = []
     for k in order:
-        if groups and all(
-            t is not None and sympy.expand(t[1][groups[-1][-1]] - t[1][k] * shape[k]) == 0
+        if runs and all(
+            t is not None and sympy.expand(t[1][runs[-1][-1]] - t[1][k] * sizes[k]) == 0
             for t in table
         ):
-            groups[-1].append(k)
+            runs[-1].append(k)
         else:
-            groups.append([k])
+            runs.append([k])
+    return runs
 
-    loop_vars = tuple(index_symbol(f"x{j}") for j in range(len(groups)))
-    ranges = tuple(sympy.Mul(*[shape[k] for k in g]) for g in groups)
+
+def plan_kernel(group: FusedGroup, name: str, needed: set[str] | None = None) -> KernelPlan:
+    """Plan the kernel of ``group``.  ``needed``: the members the rest of the program reads
+    (stored); None stores every member."""
+    space = group.space
+    places = group.placements()
+    assert places is not None, f"group {group.name} does not fit one iteration space"
+    p = kept_symbols(len(space.kept))
+    q = reduced_symbols(len(space.reduced))
+    members: list[ComputedBuffer] = group.buffers  # type: ignore[assignment]
+
+    def to_space(e: Expr, buf: ComputedBuffer) -> Expr:
+        mapping = places[buf.name].mapping
+        return map_loads(e, lambda ld: Load(ld.buffer, sympy.expand(ld.index.xreplace(mapping)),
+                                            ld.dtype))
+
+    bodies = {b.name: to_space(b.body, b) for b in members}
+    store_at = {b.name: store_index(b, places[b.name]) for b in members}
+
+    # Loop order: kept dims in the memory order of the first member's output (pointwise
+    # groups write in memory order), reduced dims as they come; then merge.
+    first = members[0]
+    strides = [sympy.expand(store_at[first.name]).coeff(v) for v in p]
+    x_order = sorted(range(len(p)), key=lambda k: -_sort_key(strides[k])) if not q else list(
+        range(len(p))
+    )
+    accesses = list(store_at.values()) + [
+        e.index for body in bodies.values() for e in walk(body) if isinstance(e, Load)
+    ]
+    x_runs = _merge(x_order, space.kept, [_coefficients(a, p) for a in accesses])
+    r_runs = _merge(list(range(len(q))), space.reduced, [_coefficients(a, q) for a in accesses])
+    loop_vars = tuple(index_symbol(f"x{j}") for j in range(len(x_runs)))
+    rvars = tuple(index_symbol(f"r{j}") for j in range(len(r_runs)))
 
     def reindex(index: sympy.Expr) -> sympy.Expr:
-        t = _coefficients(index, dims)
-        if t is None:
+        tx, tr = _coefficients(index, p), _coefficients(index, q)
+        if tx is None or tr is None:
             raise NotImplementedError(f"non-affine index {index}")
-        const, coeffs = t
-        return sympy.expand(const + sum(coeffs[g[-1]] * x for g, x in zip(groups, loop_vars)))
+        const = sympy.expand(tx[0] - sum(c * v for c, v in zip(tr[1], q)))
+        out = const + sum(tx[1][run[-1]] * x for run, x in zip(x_runs, loop_vars))
+        out += sum(tr[1][run[-1]] * r for run, r in zip(r_runs, rvars))
+        return sympy.expand(out)
 
-    def relabel(e: Expr) -> Expr:
-        return map_loads(e, lambda ld: Load(ld.buffer, reindex(ld.index), ld.dtype))
+    # Members read by other members come from registers: substitute their values.
+    values: dict[str, Expr] = {}
+    for b in members:
+        def resolve(ld: Load) -> Expr:
+            if ld.buffer in values:
+                return values[ld.buffer]
+            return Load(ld.buffer, reindex(ld.index), ld.dtype)
+
+        values[b.name] = map_loads(bodies[b.name], resolve)
 
     stores = tuple(
-        Store(b.name, reindex(b.layout.index(dims)), relabel(b.body), b.layout.dtype)
-        for b in buffers
+        Store(b.name, reindex(store_at[b.name]), values[b.name], b.layout.dtype,
+              "xr" if places[b.name].kind == "xr" else "x")
+        for b in members
+        if needed is None or b.name in needed
     )
     inputs: dict[str, torch.dtype] = {}
     for st in stores:
         for e in walk(st.value):
             if isinstance(e, Load):
                 inputs.setdefault(e.buffer, e.dtype)
-    origins = tuple(dict.fromkeys(o for b in buffers for o in b.origins))
-    sources = tuple(dict.fromkeys(s for b in buffers for s in b.sources))
-    return KernelPlan(name, ranges, loop_vars, tuple(inputs.items()), stores, origins, sources)
+    origins = tuple(dict.fromkeys(o for b in members for o in b.origins))
+    sources = tuple(dict.fromkeys(s for b in members for s in b.sources))
+    ranges = tuple(sympy.Mul(*[space.kept[k] for k in run]) for run in x_runs)
+    rranges = tuple(sympy.Mul(*[space.reduced[k] for k in run]) for run in r_runs)
+    return KernelPlan(name, ranges, loop_vars, tuple(inputs.items()), stores, origins, sources,
+                      rranges, rvars)
 
 
 def _sort_key(stride: sympy.Expr) -> float:
@@ -184,4 +234,4 @@ def kernel_name(prefix: str, group: FusedGroup, index: int) -> str:
             op = origin.split(" ", 1)[1].split(".")[-1]
             if op not in ops and op not in ("to_dtype", "permute", "expand", "getitem"):
                 ops.append(op)
-    return f"{prefix}_{'_'.join(ops[:4]) or 'copy'}_{index}"
+    return f"{prefix}_{'_'.join(ops[:4]) or 'copy'}_{index}".replace("poi_", "red_" if group.has_reduction else "poi_", 1)

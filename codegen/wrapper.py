@@ -15,7 +15,7 @@ from minicompile.ir import AliasOutput, Buffer, BufferRef, ExternKernel, Layout,
 
 from minicompile.codegen import cpp, triton
 from minicompile.codegen.common import CodeWriter, KernelPlan, kernel_name, plan_kernel
-from minicompile.passes.fusion import FusedGroup
+from minicompile.schedule import FusedGroup
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,7 +52,10 @@ def generate(
 ) -> GeneratedCode:
     prefix = "triton_poi" if backend == "triton" else "cpp_poi"
     kernel_groups = [g for g in groups if g.extern is None]
-    plans = [plan_kernel(g, kernel_name(prefix, g, k)) for k, g in enumerate(kernel_groups)]
+    plans = [
+        plan_kernel(g, kernel_name(prefix, g, k), needed_outside(program, groups, g))
+        for k, g in enumerate(kernel_groups)
+    ]
     plan_of = {g.key: p for g, p in zip(kernel_groups, plans)}
     externs = [g.extern for g in groups if g.extern is not None]
     w = CodeWriter()
@@ -109,6 +112,16 @@ def generate(
         outs = [o if isinstance(o, str) else _alias(o) for o in program.outputs]
         w.line(f"return ({', '.join(outs)}{',' if len(outs) == 1 else ''})")
     return GeneratedCode(backend, w.text(), cpp_source, tuple(p.name for p in plans))
+
+
+def needed_outside(program: LoopProgram, groups: list[FusedGroup], group: FusedGroup) -> set[str]:
+    """The members of ``group`` that outlive its kernel: returned, or read by another group."""
+    needed = {o if isinstance(o, str) else o.input for o in program.outputs}
+    for other in groups:
+        if other is not group:
+            for buf in other.buffers:
+                needed |= buf.reads()
+    return {b.name for b in group.buffers} & needed
 
 
 def _layouts(buf: Buffer) -> tuple[Layout, ...]:

@@ -8,9 +8,18 @@ The first call captures the function's bytecode into a graph, fuses it and gener
 (CUDA tensors) or C++ (CPU tensors) kernels; later calls whose guards pass run them directly.
 """
 
-from minicompile.api import compile, reset, stats
-from minicompile.errors import Unsupported
-from minicompile.explain import explain
+import importlib.util as _importlib_util
+import os as _os
+
+# passes/ and codegen/ install as minicompile.passes and minicompile.codegen (setup.cfg's
+# package_dir).  Where that mapping is missing (a source checkout on the path before an
+# editable install's finder), find them beside this package.
+if _importlib_util.find_spec("minicompile.codegen") is None:
+    __path__.append(_os.path.dirname(_os.path.dirname(_os.path.abspath(__file__))))
+
+from minicompile.api import compile, reset, stats  # noqa: E402
+from minicompile.errors import Unsupported  # noqa: E402
+from minicompile.explain import explain  # noqa: E402
 
 __all__ = ["compile", "explain", "reset", "stats", "Unsupported"]
 __version__ = "0.1.0"

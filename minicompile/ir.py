@@ -26,6 +26,11 @@ def dim_symbols(n: int) -> tuple[sympy.Symbol, ...]:
     return tuple(index_symbol(f"i{k}") for k in range(n))
 
 
+def reduction_symbols(n: int) -> tuple[sympy.Symbol, ...]:
+    """Index symbols of the dimensions a reduction runs over (``r0``, ``r1``, ...)."""
+    return tuple(index_symbol(f"r{k}") for k in range(n))
+
+
 class Expr:
     """Base of the body expression nodes.  Subclasses are frozen dataclasses whose hash is
     computed once, so bodies shared as DAGs hash in linear time."""
@@ -96,6 +101,32 @@ class Cast(Expr):
         return f"to({self.x}, {DTYPE_ABBR.get(self.dtype, self.dtype)})"
 
 
+@_expr
+class Reduce(Expr):
+    """``op`` ("sum", "prod", "amax", "amin", "any", "all") of ``x`` over the reduction
+    symbols r0, r1, ... of its buffer (``x`` may also use the buffer's own i-symbols)."""
+
+    op: str
+    x: Expr
+    dtype: torch.dtype
+
+    def children(self) -> tuple[Expr, ...]:
+        return (self.x,)
+
+    def __str__(self) -> str:
+        return f"{self.op}_r({self.x})"
+
+
+REDUCTION_IDENTITY: dict[str, object] = {
+    "sum": 0,
+    "prod": 1,
+    "amax": float("-inf"),
+    "amin": float("inf"),
+    "any": False,
+    "all": True,
+}
+
+
 def walk(expr: Expr) -> Iterator[Expr]:
     """Every distinct subexpression, children before parents."""
     seen: set[int] = set()
@@ -126,6 +157,8 @@ def map_loads(expr: Expr, fn: Callable[[Load], Expr]) -> Expr:
                 memo[key] = Op(e.op, tuple(visit(a) for a in e.args), e.dtype)
             elif isinstance(e, Cast):
                 memo[key] = Cast(visit(e.x), e.dtype)
+            elif isinstance(e, Reduce):
+                memo[key] = Reduce(e.op, visit(e.x), e.dtype)
             else:
                 memo[key] = e
         return memo[key]
@@ -185,12 +218,20 @@ class ComputedBuffer:
     body: Expr
     origins: tuple[str, ...] = ()  # graph nodes it came from, e.g. "%3 add"
     sources: tuple[SourceLine, ...] = ()  # the user's source lines of those nodes
+    # For a reduction (body is a Reduce): the sizes of the reduced dims, indexed in the
+    # body by reduction_symbols().
+    reduction_ranges: tuple[sympy.Expr, ...] = ()
+
+    @property
+    def is_reduction(self) -> bool:
+        return bool(self.reduction_ranges)
 
     def reads(self) -> set[str]:
         return {e.buffer for e in walk(self.body) if isinstance(e, Load)}
 
     def __str__(self) -> str:
-        return f"{self.name}: {self.layout} = {self.body}"
+        over = f" over r{list(self.reduction_ranges)}" if self.reduction_ranges else ""
+        return f"{self.name}: {self.layout} = {self.body}{over}"
 
 
 @dataclasses.dataclass(frozen=True)

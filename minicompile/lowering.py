@@ -32,7 +32,9 @@ from minicompile.ir import (
     Load,
     LoopProgram,
     Op,
+    Reduce,
     dim_symbols,
+    reduction_symbols,
     substitute_index,
 )
 
@@ -157,6 +159,8 @@ class Lowering:
             return self.lower_view(node)
         if family in ("extern", "tuple"):
             return self.lower_extern(node)
+        if family == "reduction":
+            return self.lower_reduction(node)
         if family == "composite":
             raise AssertionError(f"{node.target} reached lowering undecomposed")
         if family not in ("unary", "binary", "ternary", "cast"):
@@ -215,6 +219,42 @@ class Lowering:
             return Value((), torch.float32, Constant(0, torch.float32), tuple_buffer=name)
         self.layouts[name] = layout
         return _input_value(name, layout)  # no origins: kernels only read the result
+
+    def lower_reduction(self, node: Node) -> Value:
+        """A reduction is always realized: a buffer over the kept dims whose body reduces
+        over the reduced ones (r0, r1, ... in ``dims`` order)."""
+        x_node, dims, keepdim = node.args
+        x = self.values[x_node]
+        dims = tuple(sorted(dims))
+        own = dim_symbols(len(x.shape))
+        out = dim_symbols(node.meta.ndim)
+        rsyms = reduction_symbols(len(dims))
+        mapping: dict[sympy.Symbol, sympy.Expr] = {}
+        position = 0
+        for k in range(len(x.shape)):
+            if k in dims:
+                mapping[own[k]] = ZERO if x.shape[k] == 1 else rsyms[dims.index(k)]
+                position += 1 if keepdim else 0
+            else:
+                mapping[own[k]] = out[position]
+                position += 1
+        operand = substitute_index(x.expr, {a: b for a, b in mapping.items() if a != b})
+        out_dtype = node.meta.dtype
+        operand = _cast(operand, torch.bool if node.target in ("any", "all") else out_dtype)
+        layout = layout_of(node.meta)
+        origins = tuple(dict.fromkeys(x.origins + (node,)))
+        buf = ComputedBuffer(
+            name=f"buf{len(self.buffers)}",
+            layout=layout,
+            body=Reduce(node.target, operand, out_dtype),
+            origins=tuple(_origin(n) for n in origins),
+            sources=tuple(dict.fromkeys(n.stack[-1] for n in origins if n.stack)),
+            reduction_ranges=tuple(x.shape[d] for d in dims),
+        )
+        self.buffers.append(buf)
+        self.realized[node] = buf.name
+        self.layouts[buf.name] = layout
+        return dataclasses.replace(_input_value(buf.name, layout), view=None)
 
     def tensor_arg(self, node: Node) -> BufferRef | AliasOutput:
         ref = self.realize(node)

@@ -120,8 +120,29 @@ VIEW: dict[str, Callable] = {
     "squeeze": lambda x, dim: torch.squeeze(x, dim),
 }
 
+# Reductions over ``dims`` (a tuple of non-negative ints, never empty), as
+# ``name(x, dims, keepdim)``.  sum and prod accumulate in the result dtype (int64 for
+# integer inputs, as torch.sum gives); float16/bfloat16 accumulate in float32.
+REDUCTION: dict[str, Callable] = {
+    "sum": lambda x, dims, keepdim: torch.sum(x, dims, keepdim),
+    "prod": lambda x, dims, keepdim: _prod(x, dims, keepdim),
+    "amax": lambda x, dims, keepdim: torch.amax(x, dims, keepdim),
+    "amin": lambda x, dims, keepdim: torch.amin(x, dims, keepdim),
+    "any": lambda x, dims, keepdim: torch.any(x, dims, keepdim),
+    "all": lambda x, dims, keepdim: torch.all(x, dims, keepdim),
+}
+
+
+def _prod(x: torch.Tensor, dims: tuple[int, ...], keepdim: bool) -> torch.Tensor:
+    for d in sorted(dims, reverse=True):
+        x = torch.prod(x, d, keepdim=keepdim)
+    return x
+
+
 OPS: dict[str, OpDef] = {}
-for _family, _table in (("unary", UNARY), ("binary", BINARY), ("composite", COMPOSITE)):
+for _family, _table in (
+    ("unary", UNARY), ("binary", BINARY), ("composite", COMPOSITE), ("reduction", REDUCTION)
+):
     for _name, _fn in _table.items():
         OPS[_name] = OpDef(_name, _family, _fn)
 OPS["where"] = OpDef("where", "ternary", torch.where)

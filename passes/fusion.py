@@ -1,42 +1,20 @@
 """Fusion: schedule the loop program's buffers into groups, one kernel per group.
 
 The buffers form a DAG (an edge for every buffer one body loads from another), kept in
-networkx.  Two groups fuse when it is legal (:func:`can_fuse`: same device, same iteration
-space, and merging keeps the DAG acyclic) and worth it (:func:`score_fusion`: the bytes
-they would share).  Pointwise producers were already inlined by lowering, so what is left
-to fuse here are sibling outputs over the same iteration space.
+networkx.  Two groups fuse when it is legal (:func:`can_fuse`: same device, every member
+fits one iteration space (see minicompile/schedule.py), loads between members stay at the
+same point of that space, and merging keeps the DAG acyclic) and worth it
+(:func:`score_fusion`: the loads they would share).  Pointwise producers were already
+inlined by lowering, so what fuses here are sibling outputs, and reductions with their
+prologues and epilogues (a softmax or a layer norm is one group).
 """
 
 from __future__ import annotations
 
-import dataclasses
-
 import networkx as nx
 
-from minicompile.ir import Buffer, ComputedBuffer, ExternKernel, Load, LoopProgram, walk
-
-
-@dataclasses.dataclass
-class FusedGroup:
-    key: int  # its vertex in the dependency DAG
-    buffers: list[Buffer]  # ComputedBuffers, or one ExternKernel
-
-    @property
-    def extern(self) -> ExternKernel | None:
-        first = self.buffers[0]
-        return first if isinstance(first, ExternKernel) else None
-
-    @property
-    def name(self) -> str:
-        return "+".join(b.name for b in self.buffers)
-
-    @property
-    def shape(self) -> tuple:
-        return self.buffers[0].layout.shape  # type: ignore[union-attr]
-
-    @property
-    def device(self):
-        return self.buffers[0].layout.device  # type: ignore[union-attr]
+from minicompile.ir import ComputedBuffer, Load, LoopProgram, walk
+from minicompile.schedule import FusedGroup, aligned
 
 
 def dependency_graph(groups: list[FusedGroup]) -> nx.DiGraph:
@@ -58,13 +36,26 @@ def can_fuse(a: FusedGroup, b: FusedGroup, dag: nx.DiGraph) -> tuple[bool, str]:
         return False, "a library call runs on its own"
     if a.device != b.device:
         return False, "different devices"
-    if a.shape != b.shape:
+    if a.has_reduction and b.has_reduction and a.space != b.space:
+        return False, "different reduction spaces"
+    space = a.space if a.has_reduction or not b.has_reduction else b.space
+    if not a.has_reduction and not b.has_reduction and a.space != b.space:
         return False, "different iteration spaces"
-    if dag.has_edge(a.key, b.key) or dag.has_edge(b.key, a.key):
-        return False, "one reads the other's buffer (a realized producer)"
+    places = FusedGroup(-1, a.buffers + b.buffers).placements(space)
+    if places is None:
+        return False, "a buffer does not fit the iteration space"
+    members = {m.name: m for m in a.buffers + b.buffers}
+    for reader in members.values():
+        for name in reader.reads():  # type: ignore[union-attr]
+            if name in members and not aligned(
+                reader, places[reader.name], members[name], places[name]  # type: ignore[arg-type]
+            ):
+                return False, f"{reader.name} reads {name} at other points of the space"
     if _reaches_through_other(dag, a.key, b.key) or _reaches_through_other(dag, b.key, a.key):
         return False, "fusing would create a cycle"
-    return True, "same iteration space"
+    return True, "same iteration space" if not a.has_reduction and not b.has_reduction else (
+        "reduction with its prologue/epilogue"
+    )
 
 
 def _reaches_through_other(dag: nx.DiGraph, a: int, b: int) -> bool:
@@ -113,4 +104,12 @@ def fuse(program: LoopProgram, log: list[str] | None = None) -> list[FusedGroup]
         dag = nx.contracted_nodes(dag, a, b, self_loops=False)
     # Library calls keep their program order (random number generators and the like see
     # them in eager's order); kernels go wherever their inputs allow.
+    position = {b.name: k for k, b in enumerate(program.buffers)}
+    for g in groups.values():  # members in dependency order (program order among equals)
+        inner = nx.DiGraph()
+        names = {b.name: b for b in g.buffers}
+        inner.add_nodes_from(names)
+        inner.add_edges_from((r, b.name) for b in g.buffers for r in b.reads() if r in names)
+        order = nx.lexicographical_topological_sort(inner, key=lambda n: position[n])
+        g.buffers = [names[n] for n in order]
     return [groups[k] for k in nx.lexicographical_topological_sort(dag)]

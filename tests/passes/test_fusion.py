@@ -87,13 +87,24 @@ def _buffer(name: str, reads: list[str], shape=(4, 8), device=CPU) -> ComputedBu
     return ComputedBuffer(name, layout, body)
 
 
-def test_a_realized_producer_is_not_fused_with_its_consumer() -> None:
+def test_a_realized_producer_fuses_with_a_consumer_reading_the_same_element() -> None:
     a = FusedGroup(0, [_buffer("buf0", ["arg0"])])
     b = FusedGroup(1, [_buffer("buf1", ["buf0"])])
     dag = dependency_graph([a, b])
     assert list(dag.edges) == [(0, 1)]
-    ok, reason = can_fuse(a, b, dag)
-    assert not ok and "reads the other's buffer" in reason
+    assert can_fuse(a, b, dag) == (True, "same iteration space")
+
+
+def test_a_consumer_reading_other_elements_of_a_producer_is_not_fused() -> None:
+    a = FusedGroup(0, [_buffer("buf0", ["arg0"])])
+    i0, i1 = dim_symbols(2)
+    shifted = _buffer("buf1", ["arg0"])
+    shifted = ComputedBuffer(  # reads buf0 one row down: another point of the space
+        "buf1", shifted.layout, Load("buf0", 8 * ((i0 + 1) % 4) + i1, torch.float32)
+    )
+    b = FusedGroup(1, [shifted])
+    ok, reason = can_fuse(a, b, dependency_graph([a, b]))
+    assert not ok and reason == "buf1 reads buf0 at other points of the space"
 
 
 def test_fusing_that_would_make_a_cycle_is_refused() -> None:

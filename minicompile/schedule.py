@@ -1,0 +1,173 @@
+"""Kernel groups and their iteration spaces: what the fusion pass builds and codegen reads.
+
+A :class:`FusedGroup` is one kernel (or one library call).  A group without reductions
+iterates over its buffers' common shape.  A group with reductions iterates over a
+*canonical space*: kept dims ``p0, p1, ...`` (the reduction's output dims, size-1 dims
+dropped) and reduced dims ``q0, q1, ...``; every member is *placed* in that space:
+
+- a reduction: its output dims on the p's, its reduced dims on the q's;
+- an "x" member (pointwise over the kept dims only: ``mean``, ``rstd``);
+- an "xr" member (pointwise over kept then reduced dims: softmax's output).
+
+:func:`place` gives the substitution from a member's own index symbols to the canonical
+ones, or None when the member does not fit.  Loads between members of a group must read
+the element the writer produces at the same point of the space (:func:`aligned`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import sympy
+
+from minicompile.ir import (
+    Buffer,
+    ComputedBuffer,
+    ExternKernel,
+    Load,
+    dim_symbols,
+    reduction_symbols,
+    walk,
+)
+from minicompile.sym import index_symbol
+
+ZERO = sympy.Integer(0)
+
+
+def kept_symbols(n: int) -> tuple[sympy.Symbol, ...]:
+    return tuple(index_symbol(f"p{k}") for k in range(n))
+
+
+def reduced_symbols(n: int) -> tuple[sympy.Symbol, ...]:
+    return tuple(index_symbol(f"q{k}") for k in range(n))
+
+
+@dataclasses.dataclass(frozen=True)
+class Space:
+    """A reduction group's canonical iteration space (sizes of the p's and the q's)."""
+
+    kept: tuple[sympy.Expr, ...]
+    reduced: tuple[sympy.Expr, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class Placement:
+    kind: str  # "reduction" | "x" | "xr"
+    mapping: dict  # own symbol -> canonical expression (p's, q's or 0)
+
+
+def space_of(buf: ComputedBuffer) -> Space:
+    assert buf.is_reduction
+    return Space(
+        tuple(s for s in buf.layout.shape if s != 1),
+        tuple(s for s in buf.reduction_ranges if s != 1),
+    )
+
+
+def _onto(sizes: tuple, symbols: tuple, targets: tuple) -> dict | None:
+    """Map the non-1 ``sizes`` (with ``symbols``) onto ``targets`` in order; 1s map to 0."""
+    mapping: dict = {}
+    k = 0
+    for size, sym in zip(sizes, symbols):
+        if size == 1:
+            mapping[sym] = ZERO
+        else:
+            mapping[sym] = targets[k] if k < len(targets) else None
+            k += 1
+    if k != len(targets) or any(v is None for v in mapping.values()):
+        return None
+    return mapping
+
+
+def place(buf: ComputedBuffer, space: Space) -> Placement | None:
+    """Where ``buf`` sits in ``space``, or None when it does not fit."""
+    p = kept_symbols(len(space.kept))
+    q = reduced_symbols(len(space.reduced))
+    shape = buf.layout.shape
+    own = dim_symbols(len(shape))
+    if buf.is_reduction:
+        if space_of(buf) != space:
+            return None
+        kept = _onto(shape, own, p)
+        reduced = _onto(buf.reduction_ranges, reduction_symbols(len(buf.reduction_ranges)), q)
+        return Placement("reduction", {**kept, **reduced}) if kept is not None else None
+    non_one = tuple(s for s in shape if s != 1)
+    if non_one == space.kept + space.reduced and space.reduced:
+        mapping = _onto(shape, own, p + q)
+        return Placement("xr", mapping) if mapping is not None else None
+    if non_one == space.kept:
+        mapping = _onto(shape, own, p)
+        return Placement("x", mapping) if mapping is not None else None
+    return None
+
+
+def store_index(buf: ComputedBuffer, placement: Placement) -> sympy.Expr:
+    """Where ``buf``'s element at a point of the space is stored, in canonical symbols."""
+    own = dim_symbols(len(buf.layout.shape))
+    return sympy.expand(buf.layout.index(own).xreplace(placement.mapping))
+
+
+def canonical(expr_index: sympy.Expr, placement: Placement) -> sympy.Expr:
+    return sympy.expand(expr_index.xreplace(placement.mapping))
+
+
+@dataclasses.dataclass
+class FusedGroup:
+    key: int  # its vertex in the dependency DAG
+    buffers: list[Buffer]  # ComputedBuffers, or one ExternKernel
+
+    @property
+    def extern(self) -> ExternKernel | None:
+        first = self.buffers[0]
+        return first if isinstance(first, ExternKernel) else None
+
+    @property
+    def name(self) -> str:
+        return "+".join(b.name for b in self.buffers)
+
+    @property
+    def shape(self) -> tuple:
+        return self.buffers[0].layout.shape  # type: ignore[union-attr]
+
+    @property
+    def device(self):
+        return self.buffers[0].layout.device  # type: ignore[union-attr]
+
+    @property
+    def has_reduction(self) -> bool:
+        return any(isinstance(b, ComputedBuffer) and b.is_reduction for b in self.buffers)
+
+    @property
+    def space(self) -> Space:
+        """The canonical space: a reduction's, or for pointwise groups the (non-1) dims of
+        the shape, all kept."""
+        for b in self.buffers:
+            if isinstance(b, ComputedBuffer) and b.is_reduction:
+                return space_of(b)
+        return Space(tuple(s for s in self.shape if s != 1), ())
+
+    def placements(self, space: Space | None = None) -> dict[str, Placement] | None:
+        """Each member's placement in ``space`` (default: the group's), or None."""
+        space = space or self.space
+        out = {}
+        for b in self.buffers:
+            placed = place(b, space)  # type: ignore[arg-type]
+            if placed is None:
+                return None
+            out[b.name] = placed
+        return out
+
+
+def aligned(reader: ComputedBuffer, reader_place: Placement,
+            writer: ComputedBuffer, writer_place: Placement) -> bool:
+    """Whether every load of ``writer`` in ``reader`` reads the element the writer makes at
+    the same point of the space (so the value can stay in registers)."""
+    want = store_index(writer, writer_place)
+    for e in walk(reader.body):
+        if isinstance(e, Load) and e.buffer == writer.name:
+            got = canonical(e.index, reader_place)
+            if got.free_symbols - want.free_symbols:
+                return False  # reads across the reduced dims of a row-level value
+            if sympy.expand(got - want) != 0:
+                return False
+    return True

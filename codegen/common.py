@@ -124,6 +124,25 @@ class KernelPlan:
         return lines
 
 
+def pending(expr: Expr, done: dict) -> list[Expr]:
+    """The subexpressions of ``expr`` not in ``done``, children before parents, without
+    entering a Reduce's operand (the reduction emits it in its own loop)."""
+    order: list[Expr] = []
+    seen: set[int] = set()
+    stack: list[tuple[Expr, bool]] = [(expr, False)]
+    while stack:
+        e, expanded = stack.pop()
+        if e in done or id(e) in seen:
+            continue
+        if expanded or isinstance(e, Reduce) or not e.children():
+            seen.add(id(e))
+            order.append(e)
+            continue
+        stack.append((e, True))
+        stack.extend((c, False) for c in reversed(e.children()))
+    return order
+
+
 def _coefficients(index: sympy.Expr, dims: tuple[sympy.Symbol, ...]) -> tuple | None:
     """``index`` as (constant, coefficient per dim) when it is affine in ``dims``."""
     poly = sympy.expand(index)

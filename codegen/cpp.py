@@ -14,7 +14,7 @@ import torch
 
 from minicompile.ir import LOW_PRECISION, Cast, Constant, Expr, Load, Op, walk
 
-from minicompile.codegen.common import CodeWriter, KernelPlan
+from minicompile.codegen.common import CodeWriter, KernelPlan, Store, pending
 from minicompile.codegen.printers import cpp_index
 
 CPP_DTYPES: dict[torch.dtype, str] = {
@@ -169,14 +169,17 @@ class CppKernel:
                 self.emit_body()
 
     def emit_body(self) -> None:
-        p = self.plan
-        for store in p.stores:
-            value = self.value(store.value)
-            if store.dtype in LOW_PRECISION:
-                value = f"{_from_float(store.dtype)}({value})"
-            elif store.value.dtype != store.dtype:
-                value = f"static_cast<{CPP_DTYPES[store.dtype]}>({value})"
-            self.w.line(f"{p.pointer(store.buffer)}[{cpp_index(store.index)}] = {value};")
+        for store in self.plan.stores:
+            self.emit_body_store(store)
+
+    def emit_body_store(self, store: Store) -> None:
+        value = self.value(store.value)
+        if store.dtype in LOW_PRECISION:
+            value = f"{_from_float(store.dtype)}({value})"
+        elif store.value.dtype != store.dtype:
+            value = f"static_cast<{CPP_DTYPES[store.dtype]}>({value})"
+        index = cpp_index(store.index)
+        self.w.line(f"{self.plan.pointer(store.buffer)}[{index}] = {value};")
 
     def fresh(self, text: str, ctype: str) -> str:
         name = f"tmp{self.count}"
@@ -185,9 +188,10 @@ class CppKernel:
         return name
 
     def value(self, expr: Expr) -> str:
-        for e in walk(expr):
-            if e not in self.names:
-                self.names[e] = self.emit_expr(e)
+        """The variable holding ``expr``, emitting what is not computed yet (children
+        first; a reduction emits its own operand)."""
+        for e in pending(expr, self.names):
+            self.names[e] = self.emit_expr(e)
         return self.names[expr]
 
     def emit_expr(self, e: Expr) -> str:

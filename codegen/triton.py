@@ -9,14 +9,15 @@ Emitters only return text: the runtime builds and launches.
 from __future__ import annotations
 
 import math
+import re
 
 import sympy
 import torch
 
-from minicompile.ir import LOW_PRECISION, Cast, Constant, Expr, Load, Op, walk
+from minicompile.ir import LOW_PRECISION, Cast, Constant, Expr, Load, Op, Reduce, walk
 from minicompile.sym import FloorDiv, ModularIndexing
 
-from minicompile.codegen.common import CodeWriter, KernelPlan
+from minicompile.codegen.common import CodeWriter, KernelPlan, Store, pending
 from minicompile.codegen.printers import triton_index
 
 TRITON_DTYPES: dict[torch.dtype, str] = {
@@ -123,17 +124,22 @@ def _round(value: str, dtype: torch.dtype) -> str:
 
 
 class TritonKernel:
-    """Emits one ``@triton.jit`` function for a plan."""
+    """Emits one ``@triton.jit`` function for a pointwise plan; the reduction emitter
+    (codegen/triton_reduction.py) extends it.  Every variable has a *level*, the block axes
+    it spans: {"x"} for XBLOCK values, {"x", "r"} for [XBLOCK, RBLOCK] blocks, {} for
+    scalars."""
 
     def __init__(self, plan: KernelPlan, wide_index: bool, masked: bool) -> None:
         self.plan = plan
         self.wide_index = wide_index  # int64 index arithmetic
-        self.masked = masked  # the last block runs past xnumel
-        self.mask = ", xmask" if masked else ""
+        self.xmasked = masked  # the last block runs past xnumel
+        self.rmasked = False
         self.w = CodeWriter()
         self.names: dict[Expr, str] = {}
-        self.vector: set[str] = set()  # variables that hold XBLOCK values (not scalars)
+        self.levels: dict[str, frozenset[str]] = {}
         self.count = 0
+
+    # -- the kernel -------------------------------------------------------------------------
 
     def emit(self) -> str:
         p, w = self.plan, self.w
@@ -142,86 +148,128 @@ class TritonKernel:
         with w.indent():
             for row in p.header_comment():
                 w.line(f"# {row}")
-            if self.wide_index:
-                w.line("xoffset = tl.program_id(0).to(tl.int64) * XBLOCK")
-            else:
-                w.line("xoffset = tl.program_id(0) * XBLOCK")
-            w.line("xindex = xoffset + tl.arange(0, XBLOCK)")
-            if self.masked:
-                w.line("xmask = xindex < xnumel")
-            else:
-                w.line("# xnumel is a multiple of XBLOCK: no mask")
-            self.emit_loop_vars()
+            self.emit_xindex("")
             for store in p.stores:
-                value = self.value(store.value)
-                if value not in self.vector:
-                    value = f"tl.broadcast_to({value}, [XBLOCK])"
-                if store.dtype == torch.bfloat16:  # exact once rounded
-                    value = f"{_round(value, store.dtype)}.to(tl.bfloat16)"
-                elif compute_dtype(store.value.dtype) != store.dtype:
-                    value = f"{value}.to({TRITON_DTYPES[store.dtype]})"
-                index = triton_index(store.index)
-                if not store.index.free_symbols:  # one element (a 0-dim result)
-                    index = f"xindex * 0 + {index}"
-                w.line(f"tl.store({p.pointer(store.buffer)} + ({index}), {value}{self.mask})")
+                self.emit_store(store, frozenset({"x"}))
         return w.text()
 
-    def emit_loop_vars(self) -> None:
-        p = self.plan
-        if not p.loop_vars:
+    def emit_xindex(self, shape: str) -> None:
+        """``shape``: "" for a 1-D block, "[:, None]" for the rows of a 2-D one."""
+        w = self.w
+        pid = "tl.program_id(0).to(tl.int64)" if self.wide_index else "tl.program_id(0)"
+        w.line(f"xoffset = {pid} * XBLOCK")
+        w.line(f"xindex = xoffset + tl.arange(0, XBLOCK){shape}")
+        if self.xmasked:
+            w.line("xmask = xindex < xnumel")
+        else:
+            w.line("# xnumel is a multiple of XBLOCK: no mask")
+        self.emit_vars("xindex", self.plan.loop_vars, self.plan.ranges)
+
+    def emit_vars(self, flat: str, names: tuple, ranges: tuple) -> None:
+        """Split a flat block index into the loop variables (outermost first)."""
+        if not names:
             return
-        if len(p.loop_vars) == 1:
-            self.w.line(f"{p.loop_vars[0]} = xindex")
+        if len(names) == 1:
+            self.w.line(f"{names[0]} = {flat}")
             return
         inner = sympy.Integer(1)
         exprs = []
-        for x, size in reversed(list(zip(p.loop_vars, p.ranges))):
+        for x, size in reversed(list(zip(names, ranges))):
             exprs.append((x, inner, size))
             inner = inner * size
+        base = sympy.Symbol(flat, integer=True, nonnegative=True)
         for x, div, size in reversed(exprs):
-            if x == p.loop_vars[0]:
-                text = triton_index(FloorDiv(sympy.Symbol("xindex"), div))
+            if x == names[0]:
+                text = triton_index(FloorDiv(base, div))
             else:
-                text = triton_index(ModularIndexing(sympy.Symbol("xindex"), div, size))
+                text = triton_index(ModularIndexing(base, div, size))
             self.w.line(f"{x} = {text}")
 
-    def fresh(self, text: str, vector: bool) -> str:
+    def axes_of(self, index: sympy.Expr) -> frozenset[str]:
+        names = {s.name for s in index.free_symbols}
+        axes = set()
+        if names & {str(v) for v in self.plan.loop_vars}:
+            axes.add("x")
+        if names & {str(v) for v in self.plan.rvars}:
+            axes.add("r")
+        return frozenset(axes)
+
+    def mask(self, axes: frozenset[str]) -> str | None:
+        parts = []
+        if "x" in axes and self.xmasked:
+            parts.append("xmask")
+        if "r" in axes and self.rmasked:
+            parts.append("rmask")
+        return " & ".join(parts) or None
+
+    def block_shape(self, axes: frozenset[str]) -> str:
+        return "[XBLOCK]" if not self.plan.rvars and not self.plan.is_reduction else (
+            "[XBLOCK, RBLOCK]" if "r" in axes else "[XBLOCK, 1]"
+        )
+
+    def emit_store(self, store: Store, axes: frozenset[str]) -> None:
+        p = self.plan
+        value = self.value(store.value)
+        if self.levels.get(value, frozenset()) != axes:
+            value = f"tl.broadcast_to({value}, {self.block_shape(axes)})"
+        if store.dtype == torch.bfloat16:  # exact once rounded
+            value = f"{_round(value, store.dtype)}.to(tl.bfloat16)"
+        elif compute_dtype(store.value.dtype) != store.dtype:
+            value = f"{value}.to({TRITON_DTYPES[store.dtype]})"
+        index = triton_index(store.index)
+        if not store.index.free_symbols:  # one element per row (a 0-dim result)
+            index = f"xindex * 0 + {index}"
+        mask = self.mask(axes)
+        suffix = f", {mask}" if mask else ""
+        self.w.line(f"tl.store({p.pointer(store.buffer)} + ({index}), {value}{suffix})")
+
+    # -- values -----------------------------------------------------------------------------
+
+    def fresh(self, text: str, axes: frozenset[str]) -> str:
         name = f"tmp{self.count}"
         self.count += 1
         self.w.line(f"{name} = {text}")
-        if vector:
-            self.vector.add(name)
+        self.levels[name] = axes
         return name
 
+    def level(self, name: str) -> frozenset[str]:
+        return self.levels.get(name, frozenset())
+
     def value(self, expr: Expr) -> str:
-        for e in walk(expr):
-            if e not in self.names:
-                self.names[e] = self.emit_expr(e)
+        """The variable holding ``expr``, emitting what is not computed yet (children
+        first; a reduction emits its own operand)."""
+        for e in pending(expr, self.names):
+            self.names[e] = self.emit_expr(e)
         return self.names[expr]
+
+    def emit_reduce(self, e: Reduce) -> str:
+        raise AssertionError("a pointwise kernel has no reductions")
 
     def emit_expr(self, e: Expr) -> str:
         if isinstance(e, Load):
-            vector = bool(e.index.free_symbols)
+            axes = self.axes_of(e.index)
             ptr = f"{self.plan.pointer(e.buffer)} + ({triton_index(e.index)})"
-            text = f"tl.load({ptr}{self.mask})" if vector else f"tl.load({ptr})"
+            mask = self.mask(axes)
+            text = f"tl.load({ptr}, {mask})" if mask else f"tl.load({ptr})"
             if e.dtype in LOW_PRECISION:
                 text += ".to(tl.float32)"
-            return self.fresh(text, vector)
+            return self.fresh(text, axes)
         if isinstance(e, Constant):
             return _literal(e.value, e.dtype)
+        if isinstance(e, Reduce):
+            return self.emit_reduce(e)
         if isinstance(e, Cast):
             x = self.names[e.x]
-            vector = x in self.vector
             if e.dtype == torch.bool:
-                return self.fresh(f"{x} != 0", vector)
+                return self.fresh(f"{x} != 0", self.level(x))
             if e.dtype in LOW_PRECISION:  # round, then keep computing in float32
                 text = _round(x, e.dtype)
             else:
                 text = f"{x}.to({TRITON_DTYPES[e.dtype]})"
-            return self.fresh(text, vector)
+            return self.fresh(text, self.level(x))
         assert isinstance(e, Op)
         args = [self.names[a] for a in e.args]
-        vector = any(a in self.vector for a in args)
+        axes = frozenset().union(*(self.level(a) for a in args))
         operand_dtype = e.args[-1].dtype
         op = e.op
         if not operand_dtype.is_floating_point:
@@ -237,7 +285,7 @@ class TritonKernel:
         text = TRITON_OPS[op].format(*args, t=TRITON_DTYPES[compute_dtype(e.dtype)])
         if e.dtype in LOW_PRECISION:
             text = f"{_round(f'({text})', e.dtype)}"
-        return self.fresh(text, vector)
+        return self.fresh(text, axes)
 
 
 def block_size(numel: int, interpret: bool) -> int:
@@ -264,6 +312,11 @@ from triton.language.extra import libdevice
 # Helpers with PyTorch's exact semantics where Triton's operators differ; a module gets
 # the ones its kernels call.
 HELPERS: dict[str, str] = {
+    "mc_multiply": """\
+@triton.jit
+def mc_multiply(a, b):  # combines a product reduction
+    return a * b
+""",
     "mc_maximum": """\
 @triton.jit
 def mc_maximum(a, b):  # NaN wins, as in torch.maximum
@@ -330,4 +383,4 @@ def mc_floordiv_int(a, b):
 def helpers_for(kernels: list[str]) -> list[str]:
     """The helper definitions the kernel texts call."""
     text = "\n".join(kernels)
-    return [src for name, src in HELPERS.items() if f"{name}(" in text]
+    return [src for name, src in HELPERS.items() if re.search(rf"\b{name}\b", text)]

@@ -13,7 +13,7 @@ import torch
 
 from minicompile.ir import AliasOutput, Buffer, BufferRef, ExternKernel, Layout, LoopProgram
 
-from minicompile.codegen import cpp, triton
+from minicompile.codegen import cpp, cpp_reduction, triton, triton_reduction
 from minicompile.codegen.common import CodeWriter, KernelPlan, kernel_name, plan_kernel
 from minicompile.schedule import FusedGroup
 
@@ -63,7 +63,12 @@ def generate(
     cpp_source = None
     if backend == "triton":
         w.lines_from(triton.PREAMBLE)
-        kernels = [triton.emit_kernel(plan, _interpreted(program, plan)) for plan in plans]
+        kernels = [
+            triton_reduction.emit_reduction_kernel(plan, _interpreted(program, plan))
+            if plan.is_reduction
+            else triton.emit_kernel(plan, _interpreted(program, plan))
+            for plan in plans
+        ]
         for text in triton.helpers_for(kernels) + kernels:
             w.line()
             w.line()
@@ -71,7 +76,11 @@ def generate(
     else:
         unit = CodeWriter()
         unit.lines_from(cpp.PREAMBLE.strip())
-        kernels = [cpp.emit_kernel(plan) for plan in plans]
+        kernels = [
+            cpp_reduction.emit_reduction_kernel(plan) if plan.is_reduction
+            else cpp.emit_kernel(plan)
+            for plan in plans
+        ]
         for text in cpp.helpers_for(kernels) + kernels:
             unit.line()
             unit.lines_from(text)
@@ -198,7 +207,15 @@ def emit_launch(
         w.line(f"# {plan.name}: nothing to compute for an empty tensor")
         return
     w.line(f"# {', '.join(plan.origins)}")
-    if backend == "triton":
+    if backend == "triton" and plan.is_reduction:
+        interpret = _interpreted(program, plan)
+        xblock, rblock, warps = triton_reduction.launch_config(plan, interpret)
+        grid = -(-numel // xblock)
+        w.line(
+            f"{plan.name}[({grid},)]({', '.join(args)}, {numel}, {int(plan.rnumel)}, "
+            f"XBLOCK={xblock}, RBLOCK={rblock}, num_warps={warps})"
+        )
+    elif backend == "triton":
         block = triton.block_size(numel, _interpreted(program, plan))
         grid = -(-numel // block)
         w.line(f"{plan.name}[({grid},)]({', '.join(args)}, {numel}, XBLOCK={block})")

@@ -83,21 +83,20 @@ def build_cpp(source: str, cfg: Config) -> tuple[Path, bool]:
 
 
 def _interpret_triton(module: types.ModuleType) -> None:
-    """Run this module's Triton kernels (and helpers) under Triton's interpreter, for CPU
-    tensors, whether or not TRITON_INTERPRET was set when Triton was imported."""
-    from triton.runtime.interpreter import InterpretedFunction
-    from triton.runtime.jit import JITFunction
-
+    """Prepare this module's Triton kernels to run under Triton's interpreter (CPU
+    tensors): its ``libdevice`` becomes the numpy stand-in."""
     from minicompile.runtime.triton_interp import libdevice
 
     module.libdevice = libdevice  # type: ignore[attr-defined]
-    for name, value in list(vars(module).items()):
-        if isinstance(value, JITFunction):
-            setattr(module, name, InterpretedFunction(value.fn))
 
 
 def load(code: GeneratedCode, cfg: Config, interpret: bool) -> Loaded:
     """Build (or find) the artefacts of ``code`` and import its wrapper module."""
+    if interpret and not cfg.triton_interpret:
+        raise BackendCompilerFailed(
+            "backend='triton' on CPU tensors runs under Triton's interpreter: set "
+            "TRITON_INTERPRET=1 in the environment before Python starts"
+        )
     key = cache_key(code.module, code.cpp_source or "", tool_versions(cfg.cxx), str(interpret))
     if key in _loaded:
         return dataclasses.replace(_loaded[key], from_cache=True)

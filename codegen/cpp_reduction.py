@@ -1,0 +1,148 @@
+"""C++ kernels for groups with reductions: OpenMP over the kept points (rows), a pass over
+the reduced elements per batch of independent reductions, then a pass for the outputs that
+are per element.  Float sums accumulate in double."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from minicompile.ir import LOW_PRECISION, REDUCTION_IDENTITY, Reduce, walk
+
+from minicompile.codegen.common import KernelPlan, Store
+from minicompile.codegen.cpp import PARALLEL_THRESHOLD, CppKernel, compute_type
+
+COMBINE = {
+    "sum": "{acc} + {v}",
+    "prod": "{acc} * {v}",
+    "amax": "mc_maximum({acc}, static_cast<{t}>({v}))",
+    "amin": "mc_minimum({acc}, static_cast<{t}>({v}))",
+    "any": "{acc} || {v}",
+    "all": "{acc} && {v}",
+}
+# OpenMP reductions that keep PyTorch's semantics (max/min would drop NaN).
+OMP_REDUCTION = {"sum": "+", "prod": "*", "any": "||", "all": "&&"}
+
+
+def accumulator_type(red: Reduce) -> str:
+    if red.op in ("sum", "prod") and (red.dtype.is_floating_point):
+        return "double"
+    return compute_type(red.dtype)
+
+
+def _identity(red: Reduce, ctype: str) -> str:
+    """The reduction's starting value, as a literal of the accumulator type."""
+    value = REDUCTION_IDENTITY[red.op]
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float) and math.isinf(value):
+        if not red.dtype.is_floating_point:
+            info = torch.iinfo(red.dtype)
+            return f"static_cast<{ctype}>({info.min if value < 0 else info.max}LL)"
+        sign = "-" if value < 0 else ""
+        return f"{sign}std::numeric_limits<{ctype}>::infinity()"
+    return f"static_cast<{ctype}>({value})"
+
+
+class CppReductionKernel(CppKernel):
+    def __init__(self, plan: KernelPlan) -> None:
+        super().__init__(plan)
+        self.accs = 0
+
+    def emit(self) -> str:
+        p, w = self.plan, self.w
+        for row in p.header_comment():
+            w.line(f"// {row}")
+        with w.block(self.signature()):
+            ranges = [int(r) for r in p.ranges]
+            total = int(p.numel) * max(int(p.rnumel), 1)
+            self.parallel = total >= PARALLEL_THRESHOLD and int(p.numel) > 1
+            if ranges:
+                self.row_loops(0, ranges)
+            else:
+                self.row_body()
+        return w.text()
+
+    def row_loops(self, depth: int, ranges: list[int]) -> None:
+        x = self.plan.loop_vars[depth]
+        if depth == 0 and self.parallel:
+            self.w.line("#pragma omp parallel for")
+        with self.w.block(f"for (int64_t {x} = 0; {x} < {ranges[depth]}; ++{x})"):
+            if depth + 1 < len(ranges):
+                self.row_loops(depth + 1, ranges)
+            else:
+                self.row_body()
+
+    def row_body(self) -> None:
+        p = self.plan
+        self.names = {}
+        for batch in self.batches():
+            self.reduce_batch(batch)
+        elem = [s for s in p.stores if s.level == "xr"]
+        if elem:
+            self.element_loops(0, lambda: [self.store(s) for s in elem], None, simd=True)
+        for store in p.stores:
+            if store.level == "x":
+                self.store(store)
+
+    def batches(self) -> list[list[Reduce]]:
+        order = [e for st in self.plan.stores for e in walk(st.value) if isinstance(e, Reduce)]
+        batches: list[list[Reduce]] = []
+        for red in dict.fromkeys(order):
+            inner = {e for e in walk(red.x) if isinstance(e, Reduce)}
+            if batches and not inner & set(batches[-1]):
+                batches[-1].append(red)
+            else:
+                batches.append([red])
+        return batches
+
+    def reduce_batch(self, batch: list[Reduce]) -> None:
+        accs = []
+        for red in batch:
+            acc = f"acc{self.accs}"
+            self.accs += 1
+            ctype = accumulator_type(red)
+            self.w.line(f"{ctype} {acc} = {_identity(red, ctype)};")
+            accs.append((red, acc, ctype))
+        clause = None
+        if all(red.op in OMP_REDUCTION for red in batch):
+            ops = {OMP_REDUCTION[red.op] for red in batch}
+            if len(ops) == 1:
+                clause = f"reduction({ops.pop()}:{', '.join(a for _, a, _ in accs)})"
+
+        def body() -> None:
+            for red, acc, ctype in accs:
+                v = self.value(red.x)
+                self.w.line(f"{acc} = {COMBINE[red.op].format(acc=acc, v=v, t=ctype)};")
+
+        # Without an OpenMP reduction clause the accumulator carries a dependency from one
+        # element to the next: no simd pragma then.
+        self.element_loops(0, body, clause, simd=clause is not None)
+        for red, acc, _ in accs:
+            ctype = compute_type(red.dtype)
+            text = f"static_cast<{ctype}>({acc})"
+            if red.dtype in LOW_PRECISION:
+                kind = "half" if red.dtype == torch.float16 else "bf16"
+                text = f"mc_round_{kind}({text})"
+            self.names[red] = self.fresh(text, ctype)
+
+    def element_loops(self, depth: int, body, clause: str | None, simd: bool) -> None:
+        p = self.plan
+        if depth == len(p.rvars):
+            saved = dict(self.names)
+            body()
+            self.names = saved  # per-element values end with the loop
+            return
+        r = p.rvars[depth]
+        if depth == len(p.rvars) - 1 and simd:
+            self.w.line("#pragma omp simd" + (f" {clause}" if clause else ""))
+        with self.w.block(f"for (int64_t {r} = 0; {r} < {int(p.rranges[depth])}; ++{r})"):
+            self.element_loops(depth + 1, body, clause, simd)
+
+    def store(self, store: Store) -> None:
+        self.emit_body_store(store)
+
+
+def emit_reduction_kernel(plan: KernelPlan) -> str:
+    return CppReductionKernel(plan).emit()

@@ -1,0 +1,195 @@
+"""Triton kernels for groups with reductions: a block of XBLOCK rows (kept points) by
+RBLOCK reduced elements.
+
+A *persistent* kernel holds a whole row in registers (rnumel <= RBLOCK): it loads the row
+once and computes every reduction, prologue and epilogue of the group from it.  A *looped*
+kernel walks the row RBLOCK elements at a time, once per batch of reductions that do not
+depend on each other, then once more for the outputs that are per element (softmax's
+output).  Masked lanes enter each reduction as its identity.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from minicompile.ir import REDUCTION_IDENTITY, Reduce, walk
+
+from minicompile.codegen.common import KernelPlan
+from minicompile.codegen.triton import TRITON_DTYPES, TritonKernel, _literal, _round, compute_dtype
+
+# Combining two partial results elementwise (loop accumulators), and reducing a block
+# along its rows; the mc_* helpers are in codegen/triton.py's HELPERS.
+COMBINE = {
+    "sum": "{0} + {1}",
+    "prod": "{0} * {1}",
+    "amax": "mc_maximum({0}, {1})",
+    "amin": "mc_minimum({0}, {1})",
+    "any": "{0} | {1}",
+    "all": "{0} & {1}",
+}
+REDUCE_ROWS = {
+    "sum": "tl.sum({0}, 1)[:, None]",
+    "prod": "tl.reduce({0}, 1, mc_multiply)[:, None]",
+    "amax": "tl.reduce({0}, 1, mc_maximum)[:, None]",
+    "amin": "tl.reduce({0}, 1, mc_minimum)[:, None]",
+    "any": "tl.max({0}.to(tl.int8), 1)[:, None] != 0",
+    "all": "tl.min({0}.to(tl.int8), 1)[:, None] != 0",
+}
+PERSISTENT_LIMIT = 4096  # widest row kept in registers (interpreter: INTERPRET_PERSISTENT)
+INTERPRET_PERSISTENT = 1 << 16
+
+
+def _pow2(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+def reduction_blocks(xnumel: int, rnumel: int, interpret: bool) -> tuple[int, int, int, bool]:
+    """(XBLOCK, RBLOCK, num_warps, persistent) for a reduction over rows of ``rnumel``."""
+    limit = INTERPRET_PERSISTENT if interpret else PERSISTENT_LIMIT
+    if rnumel <= limit:
+        rblock = max(2, _pow2(rnumel))
+        budget = (1 << 16) if interpret else 4096  # elements of a block
+        xblock = max(1, min(_pow2(max(xnumel, 1)), budget // rblock, 64 if not interpret else 1 << 16))
+        persistent = True
+    else:
+        rblock = 4096 if interpret else 2048
+        xblock = 1
+        persistent = False
+    warps = 8 if xblock * rblock >= 2048 else 4
+    return xblock, rblock, warps, persistent
+
+
+class TritonReductionKernel(TritonKernel):
+    def __init__(self, plan: KernelPlan, interpret: bool) -> None:
+        xnumel, rnumel = int(plan.numel), int(plan.rnumel)
+        wide = xnumel * max(rnumel, 1) >= 2**31 - 2**20
+        self.xblock, self.rblock, self.warps, self.persistent = reduction_blocks(
+            xnumel, rnumel, interpret
+        )
+        super().__init__(plan, wide_index=wide, masked=xnumel % self.xblock != 0)
+        self.rmasked = rnumel % self.rblock != 0 if not self.persistent else rnumel != self.rblock
+        self.accumulators: dict[Reduce, str] = {}
+
+    def emit(self) -> str:
+        p, w = self.plan, self.w
+        w.line("@triton.jit")
+        params = ", ".join(p.params())
+        w.line(f"def {p.name}({params}, xnumel, rnumel, XBLOCK: tl.constexpr, "
+               "RBLOCK: tl.constexpr):")
+        with w.indent():
+            for row in p.header_comment():
+                w.line(f"# {row}")
+            self.emit_xindex("[:, None]")
+            row_stores = [s for s in p.stores if s.level == "x"]
+            elem_stores = [s for s in p.stores if s.level == "xr"]
+            if self.persistent:
+                self.emit_rindex("tl.arange(0, RBLOCK)[None, :]")
+                for store in elem_stores:
+                    self.emit_store(store, frozenset({"x", "r"}))
+            else:
+                w.line("rbase = tl.arange(0, RBLOCK)[None, :]")
+                for batch in self.batches():
+                    self.emit_loop(batch)
+                if elem_stores:
+                    self.open_loop()
+                    saved = dict(self.names)
+                    with w.indent():
+                        for store in elem_stores:
+                            self.emit_store(store, frozenset({"x", "r"}))
+                    self.names = saved
+            for store in row_stores:
+                self.emit_store(store, frozenset({"x"}))
+        return w.text()
+
+    def emit_rindex(self, start: str) -> None:
+        self.w.line(f"rindex = {start}")
+        if self.rmasked:
+            self.w.line("rmask = rindex < rnumel")
+        self.emit_vars("rindex", self.plan.rvars, self.plan.rranges)
+
+    def open_loop(self) -> None:
+        self.w.line("for roffset in range(0, rnumel, RBLOCK):")
+        with self.w.indent():
+            self.emit_rindex("roffset + rbase")
+
+    # -- looped reductions ------------------------------------------------------------------
+
+    def batches(self) -> list[list[Reduce]]:
+        """The group's reductions in dependency order, batched so that no reduction reads
+        one of its own batch: each batch is one pass over the row."""
+        order = [e for st in self.plan.stores for e in walk(st.value) if isinstance(e, Reduce)]
+        order = list(dict.fromkeys(order))
+        batches: list[list[Reduce]] = []
+        for red in order:
+            inner = {e for e in walk(red.x) if isinstance(e, Reduce)}
+            if batches and not inner & set(batches[-1]):
+                batches[-1].append(red)
+            else:
+                batches.append([red])
+        return batches
+
+    def emit_loop(self, batch: list[Reduce]) -> None:
+        w = self.w
+        for red in batch:
+            acc = f"acc{len(self.accumulators)}"
+            self.accumulators[red] = acc
+            dtype = TRITON_DTYPES[compute_dtype(red.dtype)]
+            identity = _identity(red)
+            w.line(f"{acc} = tl.full([XBLOCK, RBLOCK], {identity}, {dtype})")
+        self.open_loop()
+        saved = dict(self.names)
+        with w.indent():
+            for red in batch:
+                operand = self.masked_operand(red)
+                acc = self.accumulators[red]
+                w.line(f"{acc} = {COMBINE[red.op].format(acc, operand)}")
+        self.names = saved  # values inside the loop are per element: not visible after it
+        for red in batch:
+            self.names[red] = self.finish(red, self.accumulators[red])
+
+    # -- both -------------------------------------------------------------------------------
+
+    def masked_operand(self, red: Reduce) -> str:
+        """The operand as an [XBLOCK, RBLOCK] block with masked lanes set to the identity."""
+        x = self.value(red.x)
+        if self.level(x) != frozenset({"x", "r"}):
+            x = self.fresh(f"tl.broadcast_to({x}, [XBLOCK, RBLOCK])", frozenset({"x", "r"}))
+        mask = self.mask(frozenset({"x", "r"}))
+        if mask is None:
+            return x
+        return self.fresh(f"tl.where({mask}, {x}, {_identity(red)})", frozenset({"x", "r"}))
+
+    def finish(self, red: Reduce, block: str) -> str:
+        text = REDUCE_ROWS[red.op].format(block)
+        if red.dtype in (torch.float16, torch.bfloat16):
+            text = _round(f"({text})", red.dtype)
+        return self.fresh(text, frozenset({"x"}))
+
+    def emit_reduce(self, e: Reduce) -> str:
+        assert self.persistent, "looped reductions are computed by emit_loop"
+        return self.finish(e, self.masked_operand(e))
+
+    def launch(self) -> tuple[int, int, int]:
+        return self.xblock, self.rblock, self.warps
+
+
+def _identity(red: Reduce) -> str:
+    value = REDUCTION_IDENTITY[red.op]
+    dtype = compute_dtype(red.dtype)
+    if isinstance(value, float) and math.isinf(value) and not dtype.is_floating_point:
+        info = torch.iinfo(dtype) if dtype != torch.bool else None
+        value = (info.min if value < 0 else info.max) if info else value > 0
+    return _literal(value, dtype if dtype != torch.float64 else torch.float32)
+
+
+def emit_reduction_kernel(plan: KernelPlan, interpret: bool) -> str:
+    return TritonReductionKernel(plan, interpret).emit()
+
+
+def launch_config(plan: KernelPlan, interpret: bool) -> tuple[int, int, int]:
+    """(XBLOCK, RBLOCK, num_warps) the wrapper launches ``plan`` with."""
+    xblock, rblock, warps, _ = reduction_blocks(int(plan.numel), int(plan.rnumel), interpret)
+    return xblock, rblock, warps
+

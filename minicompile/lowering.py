@@ -241,6 +241,8 @@ class Lowering:
         operand = substitute_index(x.expr, {a: b for a, b in mapping.items() if a != b})
         out_dtype = node.meta.dtype
         operand = _cast(operand, torch.bool if node.target in ("any", "all") else out_dtype)
+        if all(x.shape[d] == 1 for d in dims):  # reducing size-1 dims: each value is its own
+            return Value(node.meta.shape, out_dtype, _cast(operand, out_dtype), origins=(node,))
         layout = layout_of(node.meta)
         origins = tuple(dict.fromkeys(x.origins + (node,)))
         buf = ComputedBuffer(

@@ -16,6 +16,8 @@ import torch
 from minicompile.graph import Graph, Node
 from minicompile.ops import infer_meta
 
+from minicompile.passes.decompose_reductions import REDUCTION_DECOMPOSITIONS
+
 LOW_PRECISION = (torch.float16, torch.bfloat16)
 
 
@@ -36,8 +38,9 @@ class _Builder:
             return self("to_dtype", x, dtype=torch.float32)
         return x
 
-    def restore(self, y: Node) -> Node:
-        dtype = self.origin.meta.dtype  # type: ignore[union-attr]
+    def restore(self, y: Node, dtype: torch.dtype | None = None) -> Node:
+        """``y`` cast back to the decomposed node's dtype (or ``dtype``)."""
+        dtype = dtype or self.origin.meta.dtype  # type: ignore[union-attr]
         return y if y.meta.dtype == dtype else self("to_dtype", y, dtype=dtype)  # type: ignore[union-attr]
 
 
@@ -85,9 +88,10 @@ def decompose(graph: Graph) -> Graph:
     from minicompile.graph import copy_graph
 
     def rewrite(new: Graph, node: Node, remap: Callable) -> Node | None:
-        rule = DECOMPOSITIONS.get(node.target)
+        rule = DECOMPOSITIONS.get(node.target) or REDUCTION_DECOMPOSITIONS.get(node.target)
         if rule is None:
             return None
+        # A rule returns None for forms it leaves to the library call.
         return rule(_Builder(new, node), *remap(node.args), **remap(node.kwargs))
 
     return copy_graph(graph, rewrite)

@@ -1,0 +1,314 @@
+"""Reductions and normalisations, reached as library calls (extern ops), rewritten into
+the reduction prims (ops.REDUCTION) and pointwise ops, so that fusion sees them: a softmax
+or a layer norm becomes one kernel instead of a library call.
+
+Each rule computes as PyTorch's own kernels do: float16/bfloat16 inputs are upcast to
+float32 ("opmath"), reductions accumulate there, and the result is cast back once.
+Forms a rule does not handle (index-returning max/min, norms other than 2...) return None
+and stay library calls.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from minicompile.graph import Node
+
+Builder = Any  # passes.decompose._Builder (kept loose to avoid an import cycle)
+NOT_HANDLED = None
+
+
+def bind(args: tuple, kwargs: dict, names: Sequence[str], defaults: dict[str, Any]) -> dict:
+    """Arguments by parameter name, as Python would bind them (positional, then keyword)."""
+    bound = dict(defaults)
+    for name, value in zip(names, args):
+        bound[name] = value
+    bound.update(kwargs)
+    return bound
+
+
+def _dims(dim: Any, ndim: int) -> tuple[int, ...]:
+    """Normalised reduction dims; None or () means all."""
+    if dim is None or (isinstance(dim, (tuple, list)) and len(dim) == 0):
+        return tuple(range(ndim))
+    if isinstance(dim, int):
+        dim = (dim,)
+    return tuple(sorted({d % ndim if ndim else 0 for d in dim}))
+
+
+def _numel(x: Node, dims: tuple[int, ...]) -> int:
+    return math.prod(int(x.meta.shape[d]) for d in dims)
+
+
+def _reduce(b: Builder, op: str, x: Node, dims: tuple[int, ...], keepdim: bool) -> Node:
+    if x.meta.ndim == 0:  # a 0-dim tensor reduces to itself
+        return x
+    return b(op, x, dims, keepdim)
+
+
+def _sum(b: Builder, *args: Any, **kwargs: Any) -> Node | None:
+    a = bind(args, kwargs, ("input", "dim", "keepdim"), {"dim": None, "keepdim": False,
+                                                         "dtype": None})
+    x = a["input"]
+    if a["dtype"] is not None:
+        x = b("to_dtype", x, dtype=a["dtype"])
+    return _reduce(b, "sum", x, _dims(a["dim"], x.meta.ndim), a["keepdim"])
+
+
+def _mean(b: Builder, *args: Any, **kwargs: Any) -> Node | None:
+    a = bind(args, kwargs, ("input", "dim", "keepdim"), {"dim": None, "keepdim": False,
+                                                         "dtype": None})
+    x = a["input"]
+    if a["dtype"] is not None:
+        x = b("to_dtype", x, dtype=a["dtype"])
+    if not x.meta.dtype.is_floating_point:
+        return NOT_HANDLED  # eager raises; let it
+    dims = _dims(a["dim"], x.meta.ndim)
+    xf = b.opmath(x)
+    out = b("truediv", _reduce(b, "sum", xf, dims, a["keepdim"]), _numel(x, dims))
+    return b.restore(out)
+
+
+def _extreme(op: str) -> Callable[..., Node | None]:
+    def rule(b: Builder, *args: Any, **kwargs: Any) -> Node | None:
+        a = bind(args, kwargs, ("input", "dim", "keepdim"), {"dim": (), "keepdim": False})
+        x = a["input"]
+        if _numel(x, tuple(range(x.meta.ndim))) == 0:
+            return NOT_HANDLED  # eager raises on empty input
+        return _reduce(b, op, x, _dims(a["dim"], x.meta.ndim), a["keepdim"])
+
+    return rule
+
+
+def _max_or_min(op: str) -> Callable[..., Node | None]:
+    def rule(b: Builder, *args: Any, **kwargs: Any) -> Node | None:
+        if len(args) != 1 or kwargs:
+            return NOT_HANDLED  # max(x, dim) gives (values, indices); max(x, y) is maximum
+        x = args[0]
+        if _numel(x, tuple(range(x.meta.ndim))) == 0:
+            return NOT_HANDLED
+        return _reduce(b, op, x, tuple(range(x.meta.ndim)), False)
+
+    return rule
+
+
+def _prod(b: Builder, *args: Any, **kwargs: Any) -> Node | None:
+    a = bind(args, kwargs, ("input", "dim", "keepdim"), {"dim": None, "keepdim": False,
+                                                         "dtype": None})
+    x = a["input"]
+    if a["dtype"] is not None:
+        x = b("to_dtype", x, dtype=a["dtype"])
+    return _reduce(b, "prod", x, _dims(a["dim"], x.meta.ndim), a["keepdim"])
+
+
+def _logical(op: str) -> Callable[..., Node | None]:
+    def rule(b: Builder, *args: Any, **kwargs: Any) -> Node | None:
+        a = bind(args, kwargs, ("input", "dim", "keepdim"), {"dim": None, "keepdim": False})
+        x = a["input"]
+        if x.meta.dtype == torch.uint8:
+            return NOT_HANDLED  # any/all on uint8 return uint8
+        return _reduce(b, op, x, _dims(a["dim"], x.meta.ndim), a["keepdim"])
+
+    return rule
+
+
+def _variance(b: Builder, x: Node, dims: tuple[int, ...], correction: float,
+              keepdim: bool) -> Node:
+    """Two passes: the mean, then the mean square deviation (numerically careful)."""
+    n = _numel(x, dims)
+    xf = b.opmath(x)
+    mean = b("truediv", b("sum", xf, dims, True), n)
+    centred = b("sub", xf, mean)
+    return b("truediv", b("sum", b("mul", centred, centred), dims, keepdim), max(n - correction, 0))
+
+
+def _var_args(args: tuple, kwargs: dict) -> tuple[Node, Any, float, bool] | None:
+    a = bind(args, kwargs, ("input", "dim"), {"dim": None, "keepdim": False,
+                                               "correction": None, "unbiased": None})
+    if len(args) > 2 and isinstance(args[1], bool):  # var(x, unbiased)
+        a["unbiased"], a["dim"] = args[1], None
+    elif len(args) > 2:  # var(x, dim, unbiased, keepdim)
+        a["unbiased"] = args[2]
+        if len(args) > 3:
+            a["keepdim"] = args[3]
+    correction = a["correction"]
+    if correction is None:
+        correction = 0 if a["unbiased"] is False else 1
+    x = a["input"]
+    if not x.meta.dtype.is_floating_point or x.meta.ndim == 0:
+        return None
+    return x, a["dim"], correction, a["keepdim"]
+
+
+def _var(b: Builder, *args: Any, **kwargs: Any) -> Node | None:
+    parsed = _var_args(args, kwargs)
+    if parsed is None:
+        return NOT_HANDLED
+    x, dim, correction, keepdim = parsed
+    return b.restore(_variance(b, x, _dims(dim, x.meta.ndim), correction, keepdim))
+
+
+def _std(b: Builder, *args: Any, **kwargs: Any) -> Node | None:
+    parsed = _var_args(args, kwargs)
+    if parsed is None:
+        return NOT_HANDLED
+    x, dim, correction, keepdim = parsed
+    return b.restore(b("sqrt", _variance(b, x, _dims(dim, x.meta.ndim), correction, keepdim)))
+
+
+def _squeeze_dims(b: Builder, x: Node, dims: tuple[int, ...]) -> Node:
+    for d in sorted(dims, reverse=True):
+        x = b("squeeze", x, d)
+    return x
+
+
+def _logsumexp(b: Builder, *args: Any, **kwargs: Any) -> Node | None:
+    a = bind(args, kwargs, ("input", "dim", "keepdim"), {"keepdim": False})
+    x = a["input"]
+    if not x.meta.dtype.is_floating_point or x.meta.ndim == 0:
+        return NOT_HANDLED
+    dims = _dims(a["dim"], x.meta.ndim)
+    xf = b.opmath(x)
+    m = b("amax", xf, dims, True)
+    # An infinite maximum would give inf - inf: shift by 0 there, as torch does.
+    shift = b("where", b("eq", b("abs", m), float("inf")), 0.0, m)
+    total = b("sum", b("exp", b("sub", xf, shift)), dims, True)
+    out = b("add", b("log", total), shift)
+    if not a["keepdim"]:
+        out = _squeeze_dims(b, out, dims)
+    return b.restore(out)
+
+
+def _norm(b: Builder, *args: Any, **kwargs: Any) -> Node | None:
+    a = bind(args, kwargs, ("input", "p", "dim", "keepdim"), {"p": "fro", "dim": None,
+                                                              "keepdim": False, "dtype": None})
+    x = a["input"]
+    if a["p"] not in ("fro", 2, 2.0) or a["dtype"] is not None:
+        return NOT_HANDLED
+    if not x.meta.dtype.is_floating_point or x.meta.ndim == 0:
+        return NOT_HANDLED
+    xf = b.opmath(x)
+    dims = _dims(a["dim"], x.meta.ndim)
+    return b.restore(b("sqrt", b("sum", b("mul", xf, xf), dims, a["keepdim"])))
+
+
+def _softmax_args(args: tuple, kwargs: dict) -> tuple[Node, int, Any]:
+    a = bind(args, kwargs, ("input", "dim", "_stacklevel", "dtype"),
+             {"dim": None, "dtype": None})
+    return a["input"], a["dim"], a["dtype"]
+
+
+def _softmax(log: bool) -> Callable[..., Node | None]:
+    def rule(b: Builder, *args: Any, **kwargs: Any) -> Node | None:
+        x, dim, dtype = _softmax_args(args, kwargs)
+        if dim is None or x.meta.ndim == 0:
+            return NOT_HANDLED
+        if dtype is not None:
+            x = b("to_dtype", x, dtype=dtype)
+        if not x.meta.dtype.is_floating_point:
+            return NOT_HANDLED
+        dims = (dim % x.meta.ndim,)
+        xf = b.opmath(x)
+        shifted = b("sub", xf, b("amax", xf, dims, True))
+        if log:
+            out = b("sub", shifted, b("log", b("sum", b("exp", shifted), dims, True)))
+        else:
+            e = b("exp", shifted)
+            out = b("truediv", e, b("sum", e, dims, True))
+        return b.restore(out, x.meta.dtype)
+
+    return rule
+
+
+def _layer_norm(b: Builder, *args: Any, **kwargs: Any) -> Node | None:
+    a = bind(args, kwargs, ("input", "normalized_shape", "weight", "bias", "eps"),
+             {"weight": None, "bias": None, "eps": 1e-5})
+    x = a["input"]
+    if not x.meta.dtype.is_floating_point:
+        return NOT_HANDLED
+    k = len(a["normalized_shape"])
+    dims = tuple(range(x.meta.ndim - k, x.meta.ndim))
+    n = _numel(x, dims)
+    xf = b.opmath(x)
+    mean = b("truediv", b("sum", xf, dims, True), n)
+    centred = b("sub", xf, mean)
+    var = b("truediv", b("sum", b("mul", centred, centred), dims, True), n)
+    out = b("mul", centred, b("rsqrt", b("add", var, float(a["eps"]))))
+    if a["weight"] is not None:
+        out = b("mul", out, a["weight"])
+    if a["bias"] is not None:
+        out = b("add", out, a["bias"])
+    return b.restore(out)
+
+
+def _rms_norm(b: Builder, *args: Any, **kwargs: Any) -> Node | None:
+    a = bind(args, kwargs, ("input", "normalized_shape", "weight", "eps"),
+             {"weight": None, "eps": None})
+    x = a["input"]
+    if not x.meta.dtype.is_floating_point:
+        return NOT_HANDLED
+    eps = a["eps"] if a["eps"] is not None else torch.finfo(x.meta.dtype).eps
+    k = len(a["normalized_shape"])
+    dims = tuple(range(x.meta.ndim - k, x.meta.ndim))
+    xf = b.opmath(x)
+    ms = b("truediv", b("sum", b("mul", xf, xf), dims, True), _numel(x, dims))
+    out = b("mul", xf, b("rsqrt", b("add", ms, float(eps))))
+    if a["weight"] is not None:
+        out = b("mul", out, a["weight"])
+    return b.restore(out)
+
+
+def _batch_norm(b: Builder, *args: Any, **kwargs: Any) -> Node | None:
+    """Inference-mode batch norm: a per-channel affine map (no reduction)."""
+    a = bind(args, kwargs, ("input", "running_mean", "running_var", "weight", "bias",
+                            "training", "momentum", "eps"),
+             {"weight": None, "bias": None, "training": False, "momentum": 0.1, "eps": 1e-5})
+    x = a["input"]
+    if a["training"] or a["running_mean"] is None or a["running_var"] is None:
+        return NOT_HANDLED
+    if x.meta.ndim < 2 or not x.meta.dtype.is_floating_point:
+        return NOT_HANDLED
+
+    def per_channel(t: Node) -> Node:  # [C] -> [C, 1, 1, ...] to broadcast over dim 1
+        for _ in range(x.meta.ndim - 2):
+            t = b("unsqueeze", t, t.meta.ndim)
+        return t
+
+    xf = b.opmath(x)
+    inv = b("rsqrt", b("add", per_channel(a["running_var"]), float(a["eps"])))
+    out = b("mul", b("sub", xf, per_channel(a["running_mean"])), inv)
+    if a["weight"] is not None:
+        out = b("mul", out, per_channel(a["weight"]))
+    if a["bias"] is not None:
+        out = b("add", out, per_channel(a["bias"]))
+    return b.restore(out)
+
+
+REDUCTION_DECOMPOSITIONS: dict[str, Callable[..., Node | None]] = {}
+for _names, _rule in (
+    (("torch.sum", "torch.Tensor.sum"), _sum),
+    (("torch.mean", "torch.Tensor.mean"), _mean),
+    (("torch.amax", "torch.Tensor.amax"), _extreme("amax")),
+    (("torch.amin", "torch.Tensor.amin"), _extreme("amin")),
+    (("torch.max", "torch.Tensor.max"), _max_or_min("amax")),
+    (("torch.min", "torch.Tensor.min"), _max_or_min("amin")),
+    (("torch.prod", "torch.Tensor.prod"), _prod),
+    (("torch.any", "torch.Tensor.any"), _logical("any")),
+    (("torch.all", "torch.Tensor.all"), _logical("all")),
+    (("torch.var", "torch.Tensor.var"), _var),
+    (("torch.std", "torch.Tensor.std"), _std),
+    (("torch.logsumexp", "torch.Tensor.logsumexp"), _logsumexp),
+    (("torch.norm", "torch.Tensor.norm"), _norm),
+    (("torch.nn.functional.softmax", "torch.softmax", "torch.Tensor.softmax"), _softmax(False)),
+    (("torch.nn.functional.log_softmax", "torch.log_softmax", "torch.Tensor.log_softmax"),
+     _softmax(True)),
+    (("torch.nn.functional.layer_norm", "torch.layer_norm"), _layer_norm),
+    (("torch.nn.functional.rms_norm",), _rms_norm),
+    (("torch.nn.functional.batch_norm", "torch.batch_norm"), _batch_norm),
+):
+    for _name in _names:
+        REDUCTION_DECOMPOSITIONS[_name] = _rule

@@ -143,6 +143,27 @@ def pending(expr: Expr, done: dict) -> list[Expr]:
     return order
 
 
+def row_invariant(exprs: list[Expr], done: dict, rvars: tuple) -> list[Expr]:
+    """The not-yet-computed subexpressions of ``exprs`` that do not vary along the reduced
+    dims (no load indexed by an r variable under them): computed once per row, before the
+    loops over the row."""
+    rnames = {str(r) for r in rvars}
+    varies: dict[int, bool] = {}
+    out: list[Expr] = []
+    for expr in exprs:
+        for e in pending(expr, done):
+            if isinstance(e, Load):
+                v = any(s.name in rnames for s in e.index.free_symbols)
+            elif isinstance(e, Reduce):
+                v = True  # computed by its own loop
+            else:
+                v = any(varies.get(id(c), False) for c in e.children())
+            varies[id(e)] = v
+            if not v and e not in out:
+                out.append(e)
+    return out
+
+
 def _coefficients(index: sympy.Expr, dims: tuple[sympy.Symbol, ...]) -> tuple | None:
     """``index`` as (constant, coefficient per dim) when it is affine in ``dims``."""
     poly = sympy.expand(index)

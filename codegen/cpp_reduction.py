@@ -10,7 +10,7 @@ import torch
 
 from minicompile.ir import LOW_PRECISION, REDUCTION_IDENTITY, Reduce, walk
 
-from minicompile.codegen.common import KernelPlan, Store
+from minicompile.codegen.common import KernelPlan, Store, row_invariant
 from minicompile.codegen.cpp import PARALLEL_THRESHOLD, CppKernel, compute_type
 
 COMBINE = {
@@ -80,6 +80,7 @@ class CppReductionKernel(CppKernel):
         for batch in self.batches():
             self.reduce_batch(batch)
         elem = [s for s in p.stores if s.level == "xr"]
+        self.hoist([s.value for s in elem])
         if elem:
             self.element_loops(0, lambda: [self.store(s) for s in elem], None, simd=True)
         for store in p.stores:
@@ -105,6 +106,7 @@ class CppReductionKernel(CppKernel):
             ctype = accumulator_type(red)
             self.w.line(f"{ctype} {acc} = {_identity(red, ctype)};")
             accs.append((red, acc, ctype))
+        self.hoist([red.x for red in batch])
         clause = None
         if all(red.op in OMP_REDUCTION for red in batch):
             ops = {OMP_REDUCTION[red.op] for red in batch}
@@ -139,6 +141,11 @@ class CppReductionKernel(CppKernel):
             self.w.line("#pragma omp simd" + (f" {clause}" if clause else ""))
         with self.w.block(f"for (int64_t {r} = 0; {r} < {int(p.rranges[depth])}; ++{r})"):
             self.element_loops(depth + 1, body, clause, simd)
+
+    def hoist(self, exprs: list) -> None:
+        """Compute the row-invariant parts of ``exprs`` once, outside the element loop."""
+        for e in row_invariant(exprs, self.names, self.plan.rvars):
+            self.names[e] = self.emit_expr(e)
 
     def store(self, store: Store) -> None:
         self.emit_body_store(store)

@@ -16,7 +16,7 @@ import torch
 
 from minicompile.ir import REDUCTION_IDENTITY, Reduce, walk
 
-from minicompile.codegen.common import KernelPlan
+from minicompile.codegen.common import KernelPlan, row_invariant
 from minicompile.codegen.triton import TRITON_DTYPES, TritonKernel, _literal, _round, compute_dtype
 
 # Combining two partial results elementwise (loop accumulators), and reducing a block
@@ -93,6 +93,7 @@ class TritonReductionKernel(TritonKernel):
                 for batch in self.batches():
                     self.emit_loop(batch)
                 if elem_stores:
+                    self.hoist([st.value for st in elem_stores])
                     self.open_loop()
                     saved = dict(self.names)
                     with w.indent():
@@ -108,6 +109,11 @@ class TritonReductionKernel(TritonKernel):
         if self.rmasked:
             self.w.line("rmask = rindex < rnumel")
         self.emit_vars("rindex", self.plan.rvars, self.plan.rranges)
+
+    def hoist(self, exprs: list) -> None:
+        """Compute the row-invariant parts of ``exprs`` once, before the loop over the row."""
+        for e in row_invariant(exprs, self.names, self.plan.rvars):
+            self.names[e] = self.emit_expr(e)
 
     def open_loop(self) -> None:
         self.w.line("for roffset in range(0, rnumel, RBLOCK):")
@@ -138,6 +144,7 @@ class TritonReductionKernel(TritonKernel):
             dtype = TRITON_DTYPES[compute_dtype(red.dtype)]
             identity = _identity(red)
             w.line(f"{acc} = tl.full([XBLOCK, RBLOCK], {identity}, {dtype})")
+        self.hoist([red.x for red in batch])
         self.open_loop()
         saved = dict(self.names)
         with w.indent():

@@ -221,10 +221,15 @@ def plan_kernel(group: FusedGroup, name: str, needed: set[str] | None = None) ->
     loop_vars = tuple(index_symbol(f"x{j}") for j in range(len(x_runs)))
     rvars = tuple(index_symbol(f"r{j}") for j in range(len(r_runs)))
 
+    singles = {p[run[0]]: x for run, x in zip(x_runs, loop_vars) if len(run) == 1}
+    singles.update({q[run[0]]: r for run, r in zip(r_runs, rvars) if len(run) == 1})
+
     def reindex(index: sympy.Expr) -> sympy.Expr:
         tx, tr = _coefficients(index, p), _coefficients(index, q)
         if tx is None or tr is None:
-            raise NotImplementedError(f"non-affine index {index}")
+            # Not affine (a reshape of a computed value): no dims were merged then, so
+            # each canonical symbol is one loop variable.
+            return index.xreplace(singles)
         const = sympy.expand(tx[0] - sum(c * v for c, v in zip(tr[1], q)))
         out = const + sum(tx[1][run[-1]] * x for run, x in zip(x_runs, loop_vars))
         out += sum(tr[1][run[-1]] * r for run, r in zip(r_runs, rvars))

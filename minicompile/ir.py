@@ -192,6 +192,12 @@ class Layout:
             out = out * s
         return out
 
+    def concrete_shape(self) -> tuple[int, ...]:
+        return tuple(int(s) for s in self.shape)
+
+    def concrete_stride(self) -> tuple[int, ...]:
+        return tuple(int(s) for s in self.stride)
+
     def index(self, idx: tuple[sympy.Expr, ...]) -> sympy.Expr:
         """The flat storage offset of the element at ``idx``."""
         return sympy.expand(self.offset + sum(i * s for i, s in zip(idx, self.stride)))

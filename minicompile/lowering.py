@@ -19,6 +19,7 @@ import torch
 from minicompile import ops
 from minicompile.errors import Unsupported
 from minicompile.graph import Graph, Node, TensorMeta, map_nodes
+from minicompile.sym import FloorDiv, ModularIndexing
 from minicompile.ir import (
     AliasOutput,
     BufferRef,
@@ -275,35 +276,126 @@ class Lowering:
         return node.meta.dtype
 
     def lower_view(self, node: Node) -> Value:
+        """A view is an index rewrite.  Over a buffer (an input, a library call's result,
+        a realized value) it is a new layout of the same storage, computed by PyTorch's
+        own view rules; over a computed value, a substitution of its index symbols."""
         x = self.values[node.args[0]]
-        n_out = node.meta.ndim
-        out = dim_symbols(n_out)
-        own = dim_symbols(len(x.shape))
-        if node.target == "permute":
-            dims = node.args[1]
-            mapping = {own[d]: out[k] for k, d in enumerate(dims)}
-        elif node.target == "unsqueeze":
-            d = node.args[1]
-            mapping = {own[k]: out[k if k < d else k + 1] for k in range(len(x.shape))}
-        elif node.target == "squeeze":
-            d = node.args[1]
-            if x.shape[d] != 1:  # squeezing a dim that is not 1 changes nothing
-                mapping = {}
-            else:
-                mapping = {own[k]: out[k - (k > d)] for k in range(len(x.shape)) if k != d}
-                mapping[own[d]] = ZERO
-        elif node.target == "expand":
-            lead = n_out - len(x.shape)
-            mapping = {own[k]: (ZERO if x.shape[k] == 1 and node.meta.shape[lead + k] != 1
-                                else out[lead + k]) for k in range(len(x.shape))}
-        else:
-            raise Unsupported(f"no lowering for view {node.target}", node.stack)
+        origins = x.origins + (node,)
+        if x.view is not None:
+            name, base = x.view
+            layout = view_layout(base, node)
+            if layout is not None:
+                value = _input_value(name, layout)
+                return dataclasses.replace(value, origins=origins)
+        mapping = view_mapping(node, x.shape)
         expr = substitute_index(x.expr, {a: b for a, b in mapping.items() if a != b})
-        view = None
-        if x.view is not None:  # still an input read through a layout: track that layout
-            view = (x.view[0], dataclasses.replace(layout_of(node.meta), offset=x.view[1].offset))
-        return Value(node.meta.shape, node.meta.dtype, expr, view=view,
-                     origins=x.origins + (node,))
+        return Value(node.meta.shape, node.meta.dtype, expr, origins=origins)
+
+
+def view_layout(base: Layout, node: Node) -> Layout | None:
+    """The layout ``node`` (a view op) gives a tensor of layout ``base``, or None when the
+    view cannot be a layout of the same storage (a reshape that must copy)."""
+    shape, stride = base.concrete_shape(), base.concrete_stride()
+    offset = int(base.offset)
+    span = 1 + sum((n - 1) * abs(st) for n, st in zip(shape, stride)) if all(shape) else 1
+    fake = torch.empty(offset + span, dtype=base.dtype, device="meta").as_strided(
+        shape, stride, offset
+    )
+    args = node.args[1:]
+    try:
+        if node.target == "reshape":
+            out = fake.view(args[0])
+        else:
+            out = ops.run_eager(node.target, (fake, *args), node.kwargs)
+    except RuntimeError:
+        return None
+    return Layout(
+        tuple(sympy.Integer(n) for n in out.shape),
+        tuple(sympy.Integer(st) for st in out.stride()),
+        base.dtype,
+        base.device,
+        sympy.Integer(out.storage_offset()),
+    )
+
+
+def view_mapping(node: Node, in_shape: tuple) -> dict:
+    """Each input index symbol as an expression of the view's index symbols."""
+    out = dim_symbols(node.meta.ndim)
+    own = dim_symbols(len(in_shape))
+    n_in = len(in_shape)
+    target, args = node.target, node.args[1:]
+    if target == "permute":
+        return {own[d]: out[k] for k, d in enumerate(args[0])}
+    if target == "unsqueeze":
+        d = args[0]
+        return {own[k]: out[k if k < d else k + 1] for k in range(n_in)}
+    if target == "squeeze":
+        d = args[0]
+        if in_shape[d] != 1:  # squeezing a dim that is not 1 changes nothing
+            return {}
+        mapping = {own[k]: out[k - (k > d)] for k in range(n_in) if k != d}
+        mapping[own[d]] = ZERO
+        return mapping
+    if target == "expand":
+        lead = node.meta.ndim - n_in
+        return {own[k]: (ZERO if in_shape[k] == 1 and node.meta.shape[lead + k] != 1
+                         else out[lead + k]) for k in range(n_in)}
+    if target == "slice":
+        d, start, _end, step = args
+        mapping = {own[k]: out[k] for k in range(n_in)}
+        mapping[own[d]] = start + step * out[d]
+        return mapping
+    if target == "select":
+        d, index = args
+        mapping = {own[k]: out[k - (k > d)] for k in range(n_in) if k != d}
+        mapping[own[d]] = sympy.Integer(index)
+        return mapping
+    if target == "reshape":
+        return reshape_mapping(in_shape, node.meta.shape)
+    raise Unsupported(f"no lowering for view {target}", node.stack)
+
+
+def reshape_mapping(in_shape: tuple, out_shape: tuple) -> dict:
+    """Input indices of a reshape, dims grouped where their sizes multiply to the same
+    number (so [B, T, C] -> [B*T, C] touches only the first two dims)."""
+    own = dim_symbols(len(in_shape))
+    out = dim_symbols(len(out_shape))
+    mapping: dict = {own[k]: ZERO for k in range(len(in_shape)) if in_shape[k] == 1}
+    ins = [k for k in range(len(in_shape)) if in_shape[k] != 1]
+    outs = [k for k in range(len(out_shape)) if out_shape[k] != 1]
+    i = j = 0
+    while i < len(ins) or j < len(outs):
+        group_in, group_out = [ins[i]] if i < len(ins) else [], [outs[j]] if j < len(outs) else []
+        i, j = i + bool(group_in), j + bool(group_out)
+        p_in = _prod(in_shape[k] for k in group_in)
+        p_out = _prod(out_shape[k] for k in group_out)
+        while p_in != p_out:
+            if (p_in < p_out and i < len(ins)) or j >= len(outs):
+                group_in.append(ins[i])
+                p_in *= in_shape[ins[i]]
+                i += 1
+            else:
+                group_out.append(outs[j])
+                p_out *= out_shape[outs[j]]
+                j += 1
+        flat: sympy.Expr = ZERO
+        for k in group_out:
+            flat = flat * out_shape[k] + out[k]
+        inner = _prod(in_shape[k] for k in group_in)
+        for pos, k in enumerate(group_in):
+            inner = inner / in_shape[k]
+            if pos == 0:
+                mapping[own[k]] = FloorDiv(flat, inner)
+            else:
+                mapping[own[k]] = ModularIndexing(flat, inner, in_shape[k])
+    return mapping
+
+
+def _prod(values) -> sympy.Expr:
+    out: sympy.Expr = sympy.Integer(1)
+    for v in values:
+        out = out * v
+    return out
 
 
 def _origin(node: Node) -> str:

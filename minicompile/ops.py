@@ -9,7 +9,7 @@ to infer result metadata).  Capture maps the many spellings of an op (``x + y``,
 Families (in the style of tinygrad's ``GroupOp``):
 - ``unary`` / ``binary`` / ``ternary``: pointwise ops the backends implement directly;
 - ``composite``: pointwise ops that ``passes/decompose.py`` rewrites into the above;
-- ``cast``: dtype conversion;
+- ``cast``: dtype conversion; ``copy``: ``contiguous``;
 - ``view``: layout-only ops, lowered to index rewrites;
 - ``extern``: any other PyTorch function, called as a library kernel by the generated
   wrapper (Inductor's "fallback kernels"); registered on first use by :func:`extern_op`;
@@ -113,11 +113,15 @@ COMPOSITE: dict[str, Callable] = {
     "clamp": _clamp,
 }
 
+# Views, in normalised form: non-negative dims, slice bounds clamped to the size.
 VIEW: dict[str, Callable] = {
     "permute": lambda x, dims: x.permute(dims),
     "expand": lambda x, sizes: x.expand(sizes),
     "unsqueeze": torch.unsqueeze,
     "squeeze": lambda x, dim: torch.squeeze(x, dim),
+    "reshape": lambda x, shape: x.reshape(shape),
+    "slice": lambda x, dim, start, end, step: x[(slice(None),) * dim + (slice(start, end, step),)],
+    "select": lambda x, dim, index: x.select(dim, index),
 }
 
 # Reductions over ``dims`` (a tuple of non-negative ints, never empty), as
@@ -146,6 +150,8 @@ for _family, _table in (
     for _name, _fn in _table.items():
         OPS[_name] = OpDef(_name, _family, _fn)
 OPS["where"] = OpDef("where", "ternary", torch.where)
+# x.contiguous(): x itself when it already is, else a copy in row-major order.
+OPS["contiguous"] = OpDef("contiguous", "copy", lambda x: x.contiguous())
 OPS["to_dtype"] = OpDef("to_dtype", "cast", _to_dtype)
 for _name, _fn in VIEW.items():
     OPS[_name] = OpDef(_name, "view", _fn)

@@ -202,14 +202,6 @@ class CompiledFunction:
     def build_entry(self, capture: Capture) -> Entry:
         cfg = self.cfg
         name = self.fn.__qualname__
-        graph = capture.graph
-        grad = torch.is_grad_enabled()
-        needs_grad = [p.target for p in graph.placeholders if p.meta.requires_grad]
-        if grad and needs_grad:
-            reason = f"autograd is not supported yet ({', '.join(needs_grad)} requires grad)"
-            trace.emit("graph_breaks", name, f"running {name} eagerly: {reason}")
-            _stats["eager_fallbacks"] += 1
-            return Entry(capture, self.eager_runner(), reason)
         try:
             run, call = compile_graph(capture, cfg, name)
         except (Unsupported, BackendCompilerFailed) as e:
@@ -274,9 +266,19 @@ def compile_graph(
     call = loaded.call
     get_inputs = capture.get_inputs
     rebuild = capture.rebuild
+    if any(p.meta.requires_grad for p in capture.graph.placeholders):
+        # Capture refused every op that would need autograd; run without recording it.
+        no_grad = torch.no_grad
 
-    def run(frame: tuple) -> Any:
-        return rebuild(call(get_inputs(*frame)))
+        def run(frame: tuple) -> Any:
+            with no_grad():
+                outs = call(get_inputs(*frame))
+            return rebuild(outs, *frame)
+
+    else:
+
+        def run(frame: tuple) -> Any:
+            return rebuild(call(get_inputs(*frame)), *frame)
 
     log.debug("minicompile: compiled %s in %.3fs", name, time.perf_counter() - start)
     return run, call
@@ -290,8 +292,9 @@ def compile(
     fullgraph: bool = False,
     mode: str | None = None,
 ) -> Any:
-    """Compile ``fn`` (a function or method; ``nn.Module`` support comes with frame capture
-    of modules).  Usable bare (``@minicompile.compile``) or with options.
+    """Compile ``fn`` (a function, a method, or an ``nn.Module``: then an
+    :class:`OptimizedModule` sharing its parameters).  Usable bare (``@minicompile.compile``)
+    or with options.
 
     backend: "auto" (Triton for CUDA tensors, C++ for CPU tensors), "triton", "cpp".
     dynamic: None (automatic), True, False.  fullgraph: raise instead of running eagerly.
@@ -312,7 +315,42 @@ def compile(
         mode=mode,
     )
     if fn is None:
-        return lambda f: CompiledFunction(f, cfg)
+        return lambda f: compile(f, backend=backend, dynamic=dynamic, fullgraph=fullgraph,
+                                 mode=mode)
     if isinstance(fn, torch.nn.Module):
-        return CompiledFunction(fn.forward, cfg)
+        return OptimizedModule(fn, cfg)
     return CompiledFunction(fn, cfg)
+
+
+class OptimizedModule(torch.nn.Module):
+    """``minicompile.compile(module)``: a module whose ``forward`` is the original module's
+    forward, compiled.  It shares the original's parameters, buffers and submodules (it
+    holds it as ``_orig_mod``); attribute reads, ``state_dict`` and ``load_state_dict`` go to
+    the original, so checkpoints keep their keys."""
+
+    def __init__(self, mod: torch.nn.Module, cfg: Config) -> None:
+        super().__init__()
+        self._orig_mod = mod
+        forward = type(mod).forward
+        self.__dict__["_compiled"] = CompiledFunction(types.MethodType(forward, mod), cfg)
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        mod = self._orig_mod
+        if mod._forward_hooks or mod._forward_pre_hooks or "forward" in mod.__dict__:
+            return mod(*args, **kwargs)  # hooks and patched forwards run as in eager
+        return self.__dict__["_compiled"](*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            return getattr(self._modules["_orig_mod"], name)
+
+    def state_dict(self, *args: Any, **kwargs: Any) -> Any:
+        return self._orig_mod.state_dict(*args, **kwargs)
+
+    def load_state_dict(self, *args: Any, **kwargs: Any) -> Any:
+        return self._orig_mod.load_state_dict(*args, **kwargs)
+
+    def __repr__(self) -> str:
+        return f"OptimizedModule({self._orig_mod!r})"

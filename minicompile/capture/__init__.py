@@ -6,7 +6,7 @@ The API layer calls :func:`capture_frame` on a cache miss::
     # later calls, with the same layout of arguments:
     if cap.guards.check(*layout):
         outs = run_compiled(cap.graph, cap.get_inputs(*layout))
-        return cap.rebuild(outs)
+        return cap.rebuild(outs, *layout)
 
 The contract:
 
@@ -18,8 +18,11 @@ The contract:
   Tracing has no side effects, so giving up changes nothing.
 - ``guards.check(*layout)`` is True exactly when the capture may be reused;
   ``get_inputs(*layout)`` gives the placeholder tensors in graph order;
-  ``rebuild(outputs)`` turns the graph outputs (in ``graph.outputs`` order) into the function's
-  return value.  The three are generated flat Python, compiled once.
+  ``rebuild(outputs, *layout)`` finishes the call: it copies new contents into input tensors
+  the frame mutated in place, replays the logged side effects (attribute, global, cell and
+  container writes) and returns the function's return value, built from the graph outputs
+  (in ``graph.outputs`` order) and the caller's own objects.  It must run exactly once per
+  compiled call.  The three are generated flat Python, compiled once.
 - The guards assume the same function object between calls (closure cells are checked
   through the cells of this function).
 """
@@ -51,7 +54,7 @@ class Capture:
     input_sources: list[str]  # readable source per placeholder: "L['x']", "G['w']"
     get_inputs: Callable[..., list[torch.Tensor]]  # get_inputs(*layout) -> placeholder tensors
     guards: Guards
-    rebuild: Callable[[Sequence[torch.Tensor]], Any]  # graph outputs -> return value
+    rebuild: Callable[..., Any]  # rebuild(graph outputs, *layout) -> return value
     ops: int  # number of call nodes
     get_inputs_source: str = ""
     rebuild_source: str = ""
@@ -65,25 +68,24 @@ class Capture:
 def frame_args(fn: types.FunctionType, args: tuple, kwargs: dict[str, Any]) -> tuple:
     """Bind a call's arguments to the frame layout :func:`capture_frame` and the generated
     functions take (defaults applied).  Raises TypeError like the call would."""
-    sig = inspect.signature(fn)
-    bound = sig.bind(*args, **kwargs)
+    bound = inspect.signature(fn).bind(*args, **kwargs)
     bound.apply_defaults()
-    out = []
-    for name, param in sig.parameters.items():
-        value = bound.arguments[name]
-        if param.kind is inspect.Parameter.VAR_POSITIONAL:
-            value = tuple(value)
-        elif param.kind is inspect.Parameter.VAR_KEYWORD:
-            value = dict(value)
-        out.append(value)
+    code = fn.__code__
+    out = [bound.arguments[n] for n in code.co_varnames[: code.co_argcount + code.co_kwonlyargcount]]
+    index = code.co_argcount + code.co_kwonlyargcount
+    if code.co_flags & inspect.CO_VARARGS:
+        out.append(tuple(bound.arguments.get(code.co_varnames[index], ())))
+        index += 1
+    if code.co_flags & inspect.CO_VARKEYWORDS:
+        out.append(dict(bound.arguments.get(code.co_varnames[index], {})))
     return tuple(out)
 
 
 def capture_frame(fn: types.FunctionType, args: tuple) -> Capture:
     """Trace one call of ``fn`` with the frame values ``args`` (layout order) into a graph.
 
-    Raises Unsupported for anything outside scope: generators and coroutines, loops, data-
-    dependent branches, unknown callables, in-place ops, mutation of objects.
+    Raises Unsupported for anything outside scope: generators and coroutines, data-dependent
+    branches, reading tensor data into Python, random ops, unknown callables, autograd.
     """
     code = fn.__code__
     if bytecode.is_generator_like(code):

@@ -32,6 +32,12 @@ import torch
 
 from minicompile.capture.variables import Source
 
+# nn.Module's global forward hooks (registered with register_module_forward_hook).
+_GLOBAL_HOOKS = (
+    torch.nn.modules.module._global_forward_hooks,
+    torch.nn.modules.module._global_forward_pre_hooks,
+)
+
 # Names the generated functions use themselves.
 _RESERVED = frozenset({"check", "get_inputs", "rebuild", "outs", *keyword.kwlist})
 
@@ -90,13 +96,10 @@ class Guards:
                 return f"{check.source} {check.kind}: check raised {type(e).__name__}: {e}"
             if not passed:
                 try:
-                    got = format_value(actual(*args))
+                    value = actual(*args)
                 except Exception as e:
-                    got = f"<{type(e).__name__}: {e}>"
-                return (
-                    f"{check.source} {check.kind}: expected {format_value(check.expected)}, "
-                    f"got {got}"
-                )
+                    return f"{check.source} {check.kind}: expected {check.expected!r}, got <{e}>"
+                return describe_mismatch(check, value)
         return None
 
     def __len__(self) -> int:
@@ -104,6 +107,21 @@ class Guards:
 
     def __str__(self) -> str:
         return self.source
+
+
+def describe_mismatch(check: GuardCheck, value: Any) -> str:
+    """``L['x'] size mismatch at index 0: expected 4, got 6`` (Dynamo's wording, in ours)."""
+    expected = check.expected
+    if check.kind in ("sizes", "strides") and isinstance(expected, tuple):
+        got = tuple(value)
+        what = "size" if check.kind == "sizes" else "stride"
+        if len(got) == len(expected):
+            for i, (e, a) in enumerate(zip(expected, got)):
+                if e != a:
+                    return f"{check.source} {what} mismatch at index {i}: expected {e}, got {a}"
+    return f"{check.source} {check.kind}: expected {format_value(expected)}, got " + (
+        format_value(value)
+    )
 
 
 def _render(params: list[str], checks: list[GuardCheck]) -> str:
@@ -194,6 +212,47 @@ class GuardBuilder:
         """The very object the trace saw (modules, functions, classes reached by name)."""
         name = self.ref(obj, getattr(obj, "__name__", type(obj).__name__))
         self.add(src.name, "identity", f"{src.first_expr} is {name}", src.first_expr, obj)
+
+    def type_match(self, src: Source, obj: Any) -> None:
+        """Instances of user classes: the class, not the object (attributes read are
+        guarded one by one)."""
+        typ, cls = f"type({src.first_expr})", type(obj)
+        self.add(src.name, "type", f"{typ} is {self._type(cls)}", typ, cls)
+
+    def alias_match(self, src: Source, same_as: Source) -> None:
+        """``src`` is the very object already traced as ``same_as`` (``f(x, x)``)."""
+        expr = f"{src.first_expr} is {same_as.expr}"
+        self.add(src.name, f"is {same_as.name}", expr, f"{src.first_expr} is {same_as.expr}", True)
+
+    def distinct_storages(self, exprs: list[str]) -> None:
+        """Tensor inputs do not share memory (needed when one is mutated in place)."""
+        if len(exprs) < 2:
+            return
+        ids = ", ".join(f"{e}.untyped_storage()._cdata" for e in exprs)
+        self.add(
+            "tensor inputs", "distinct storages", f"len({{{ids}}}) == {len(exprs)}",
+            f"len({{{ids}}})", len(exprs),
+        )
+
+    def module_match(self, src: Source, mod: Any) -> None:
+        """A module whose forward is inlined: no hooks, no forward set on the instance,
+        the same ``training`` flag."""
+        x = src.expr
+        self.add(
+            src.name, "hooks", f"not ({x}._forward_hooks or {x}._forward_pre_hooks)",
+            f"len({x}._forward_hooks) + len({x}._forward_pre_hooks)", 0,
+        )
+        self.add(src.name, "forward", f"'forward' not in {x}.__dict__",
+                 f"'forward' in {x}.__dict__", False)
+        self.add(src.name + ".training", "value", f"{x}.training is {mod.training}",
+                 f"{x}.training", mod.training)
+        ref = self.ref(_GLOBAL_HOOKS, "global_module_hooks")
+        self.add("global", "module hooks", f"not ({ref}[0] or {ref}[1])",
+                 f"len({ref}[0]) + len({ref}[1])", 0)
+
+    def keys_match(self, src: Source, expr: str, keys: list) -> None:
+        """The keys of a mapping the trace iterated (``_modules`` of a ModuleList)."""
+        self.add(src.name, "keys", f"list({expr}) == {keys!r}", f"list({expr})", keys)
 
     def sequence_match(self, src: Source, value: tuple | list) -> None:
         typ, length = f"type({src.first_expr})", f"len({src.expr})"

@@ -29,52 +29,39 @@ from typing import Any
 
 import torch
 
-from minicompile.capture import bytecode, pybuiltins, torch_ops
+from minicompile.capture import bytecode, mutation, pybuiltins, torch_ops
 from minicompile.capture.bytecode import NULL_AFTER_CALLABLE, PY, Inst
-from minicompile.capture.output import OutputGraph, is_trusted_namespace
+from minicompile.capture.calls import CallsMixin
+from minicompile.capture.control import ControlMixin
+from minicompile.capture.output import MAX_INSTRUCTIONS, OutputGraph
 from minicompile.capture.variables import (
     NULL,
-    BuiltinVar,
     CellVar,
     ConstantVar,
     DictVar,
-    LazyVar,
     ListVar,
     MethodVar,
-    ModuleVar,
     NestedFunctionVar,
+    NNModuleVar,
     NullVar,
     ObjectVar,
-    OpaqueVar,
     SizeVar,
     Source,
     TensorVar,
-    TorchFunctionVar,
     TupleVar,
-    UserFunctionVar,
     Var,
 )
 from minicompile.errors import Unsupported
 from minicompile.graph import SourceLine
 
-MAX_INLINE_DEPTH = 20
-_IMMUTABLE_METHOD_OWNERS = (
-    int,
-    float,
-    bool,
-    complex,
-    str,
-    bytes,
-    tuple,
-    torch.Size,
-    torch.dtype,
-    torch.device,
-)
-
-
-class InstructionTranslator:
+class InstructionTranslator(CallsMixin, ControlMixin):
     """Interprets one frame.  ``parent_stack`` is the user stack of the call site when this
-    frame is inlined (outermost first)."""
+    frame is inlined (outermost first); ``parent`` is the translator of the caller.
+
+    When an instruction raises :class:`Unsupported`, the translator is left as it was just
+    before that instruction (``ip`` points at it, the stack is restored) and the exception
+    carries it as ``e.translator`` (the innermost frame; follow ``parent`` outwards), so a
+    driver can inspect or resume the state at the break."""
 
     def __init__(
         self,
@@ -87,9 +74,15 @@ class InstructionTranslator:
         parent_stack: tuple[SourceLine, ...] = (),
         depth: int = 0,
         globals_name: str = "G",
+        parent: InstructionTranslator | None = None,
     ) -> None:
+        # Generator functions called inside the trace (generator expressions) run to
+        # exhaustion; their items are collected by YIELD_VALUE (see inline_call).
+        self.generated: list[Var] | None = None
         if bytecode.is_generator_like(code):
-            raise Unsupported(f"generator/async function {code.co_name}() is not supported")
+            if not (code.co_flags & inspect.CO_GENERATOR) or not depth:
+                raise Unsupported(f"generator/async function {code.co_name}() is not supported")
+            self.generated = []
         self.output = output
         self.code = code
         self.f_globals = f_globals
@@ -99,6 +92,7 @@ class InstructionTranslator:
         self.parent_stack = parent_stack
         self.depth = depth
         self.globals_name = globals_name
+        self.parent = parent
         self.insts = bytecode.decode(code)
         self.index_of = bytecode.offset_to_index(self.insts)
         self.stack: list[Var] = []
@@ -111,20 +105,30 @@ class InstructionTranslator:
 
     def run(self) -> Var:
         """Interpret until this frame returns; the returned tracker."""
-        saved, self.output.tx = self.output.tx, self
+        out = self.output
+        saved, out.tx = out.tx, self
         try:
             while self.result is None:
                 self.inst = self.insts[self.ip]
                 self.ip += 1
-                handler = getattr(self, self.inst.opname, None)
-                if handler is None:
-                    raise Unsupported(f"bytecode {self.inst.opname} is not supported yet")
+                snapshot = self.stack[:]
                 try:
+                    out.instructions += 1
+                    if out.instructions > MAX_INSTRUCTIONS:
+                        raise Unsupported(
+                            f"trace longer than {MAX_INSTRUCTIONS} instructions (a long loop?)"
+                        )
+                    handler = getattr(self, self.inst.opname, None)
+                    if handler is None:
+                        raise Unsupported(f"bytecode {self.inst.opname} is not supported yet")
                     handler(self.inst)
                 except Unsupported as e:
-                    if e.stack:
-                        raise
-                    raise Unsupported(e.reason, self.user_stack(), e.hint) from e
+                    self.stack, self.ip = snapshot, self.ip - 1
+                    if not e.stack:
+                        e = Unsupported(e.reason, self.user_stack(), e.hint)
+                    if getattr(e, "translator", None) is None:
+                        e.translator = self  # type: ignore[attr-defined]
+                    raise e
             return self.result
         finally:
             self.output.tx = saved
@@ -151,8 +155,6 @@ class InstructionTranslator:
         return items
 
     def jump(self, inst: Inst) -> None:
-        if bytecode.is_backward_jump(inst):
-            raise Unsupported("loops are not supported yet (backward jump)")
         self.ip = self.index_of[inst.argval]
 
     # -- values ----------------------------------------------------------------------------
@@ -191,145 +193,6 @@ class InstructionTranslator:
         except Exception as e:
             raise Unsupported(f"{what or fn.__name__} raised {type(e).__name__}: {e}") from e
 
-    def load_attr(self, obj: Var, name: str) -> Var:
-        if isinstance(obj, TensorVar):
-            if name in torch_ops.ATTRIBUTES:
-                return self.output.from_value(torch_ops.ATTRIBUTES[name](self.output, obj))
-            if callable(getattr(torch.Tensor, name, None)):
-                return MethodVar(obj, name)
-            raise Unsupported(f"Tensor.{name} is not supported yet")
-        if isinstance(obj, (ModuleVar, ObjectVar)) and not isinstance(
-            obj, (OpaqueVar, UserFunctionVar)
-        ):
-            try:
-                value = getattr(obj.value, name)
-            except AttributeError as e:
-                raise Unsupported(f"attribute error: {e}") from e
-            source = None
-            if obj.source is not None:
-                source = obj.source.attr(name, trusted=is_trusted_namespace(obj.value))
-            return self.output.wrap(value, source)
-        if isinstance(obj, (ConstantVar, TupleVar)):
-            value = self.output.to_value(obj)
-            if isinstance(value, _IMMUTABLE_METHOD_OWNERS) or value is None:
-                attr = getattr(type(value), name, None)
-                if callable(attr):
-                    return MethodVar(obj, name)
-                return self.fold(lambda v: getattr(v, name), obj, what=f".{name}")
-        raise Unsupported(f"attribute {name!r} of {obj.describe()} is not supported yet")
-
-    # -- calls -----------------------------------------------------------------------------
-
-    def call_function(self, fn: Var, args: list[Var], kwargs: dict[str, Var]) -> Var:
-        out = self.output
-        if isinstance(fn, (UserFunctionVar, NestedFunctionVar)):
-            return self.inline_call(fn, args, kwargs)
-        if isinstance(fn, TorchFunctionVar):
-            if fn.value not in torch_ops.FUNCTIONS:
-                raise Unsupported(f"{_describe_callable(fn.value)} is not supported yet")
-            fname, handler = torch_ops.FUNCTIONS[fn.value]
-            result = handler(out, fname, *self._values(args, kwargs))
-            return out.from_value(result)
-        if isinstance(fn, MethodVar):
-            return self.call_method(fn.obj, fn.name, args, kwargs)
-        if isinstance(fn, BuiltinVar):
-            return pybuiltins.call_builtin(out, fn.value, args, kwargs)
-        if isinstance(fn, ObjectVar):
-            raise Unsupported(f"call to {_describe_callable(fn.value)} is not supported")
-        raise Unsupported(f"calling {fn.describe()} is not supported")
-
-    def _values(self, args: list[Var], kwargs: dict[str, Var]) -> tuple[tuple, dict]:
-        return (
-            tuple(self.output.to_value(a) for a in args),
-            {k: self.output.to_value(v) for k, v in kwargs.items()},
-        )
-
-    def call_method(self, obj: Var, name: str, args: list[Var], kwargs: dict[str, Var]) -> Var:
-        if isinstance(obj, TensorVar):
-            handler = torch_ops.METHODS.get(name)
-            if handler is None:
-                raise Unsupported(_unsupported_method_reason(name))
-            pos, kw = self._values(args, kwargs)
-            return self.output.from_value(handler(self.output, f"Tensor.{name}", (obj, *pos), kw))
-        # Methods of immutable Python values (str.format, tuple.index, dtype.to_complex...)
-        method = getattr(self.output.to_value(obj), name)
-        values = [self.output.to_value(a) for a in args]
-        kw = {k: self.output.to_value(v) for k, v in kwargs.items()}
-        if any(pybuiltins.contains_tensor(v) for v in (*values, *kw.values())):
-            raise Unsupported(f"method {name}() with tensor arguments is not supported")
-        try:
-            return self.output.from_value(method(*values, **kw))
-        except Exception as e:
-            raise Unsupported(f"{name}() raised {type(e).__name__}: {e}") from e
-
-    def inline_call(self, fn: Var, args: list[Var], kwargs: dict[str, Var]) -> Var:
-        """Run a user function's bytecode in a child translator sharing this output."""
-        if self.depth >= MAX_INLINE_DEPTH:
-            raise Unsupported(f"inlining deeper than {MAX_INLINE_DEPTH} calls (recursion?)")
-        if isinstance(fn, NestedFunctionVar):
-            code, f_globals = fn.code, fn.f_globals
-            signature_of = types.FunctionType(
-                code,
-                f_globals,
-                code.co_name,
-                tuple(fn.defaults) or None,
-                tuple(types.CellType() for _ in code.co_freevars) or None,
-            )
-            signature_of.__kwdefaults__ = dict(fn.kwdefaults) or None
-            cells = dict(zip(code.co_freevars, fn.closure))
-            globals_name = self.globals_name if f_globals is self.f_globals else None
-        else:
-            func = fn.value
-            code, f_globals, signature_of = func.__code__, func.__globals__, func
-            cells = {}
-            for name, cell in zip(code.co_freevars, func.__closure__ or ()):
-                source = self._cell_source(func, name, cell)
-                try:
-                    contents = LazyVar(cell.cell_contents, source)
-                except ValueError:  # empty cell
-                    contents = None
-                cells[name] = CellVar(contents, local=False, source=source)
-            globals_name = None
-        try:
-            bound = inspect.signature(signature_of).bind(*args, **kwargs)
-        except TypeError as e:
-            raise Unsupported(f"bad call to {code.co_name}(): {e} (eager raises)") from e
-        bound.apply_defaults()
-        local_vars: dict[str, Var] = {}
-        for pname, value in bound.arguments.items():
-            kind = bound.signature.parameters[pname].kind
-            if kind is inspect.Parameter.VAR_POSITIONAL:
-                local_vars[pname] = TupleVar(tuple(value))
-            elif kind is inspect.Parameter.VAR_KEYWORD:
-                local_vars[pname] = DictVar(dict(value))
-            else:
-                local_vars[pname] = self.output.from_value(value)  # defaults are plain values
-        if globals_name is None:
-            globals_name = self.output.guards.ref(f_globals, f"G_{f_globals.get('__name__')}")
-        child = InstructionTranslator(
-            self.output,
-            code,
-            f_globals,
-            builtins_of(f_globals),
-            local_vars,
-            cells,
-            parent_stack=self.user_stack(),
-            depth=self.depth + 1,
-            globals_name=globals_name,
-        )
-        return child.run()
-
-    def _cell_source(self, func: Any, name: str, cell: types.CellType) -> Source:
-        ref = self.output.guards.ref(cell, f"cell_{func.__name__}_{name}")
-        return Source(f"{func.__qualname__}.C[{name!r}]", f"{ref}.cell_contents", ref)
-
-    def _call(self, fn: Var, self_arg: Var, args: list[Var], names: tuple[str, ...]) -> None:
-        if not isinstance(self_arg, NullVar):
-            args = [self_arg, *args]
-        split = len(args) - len(names)
-        kwargs = dict(zip(names, args[split:]))
-        self.push(self.call_function(fn, args[:split], kwargs))
-
     # -- locals, constants, globals, cells -------------------------------------------------
 
     def LOAD_FAST(self, inst: Inst) -> None:
@@ -343,9 +206,6 @@ class InstructionTranslator:
 
     def LOAD_FAST_AND_CLEAR(self, inst: Inst) -> None:
         self.push(self.realize(self.locals.pop(inst.argval, NULL)))
-
-    def STORE_FAST(self, inst: Inst) -> None:
-        self.locals[inst.argval] = self.pop()
 
     def DELETE_FAST(self, inst: Inst) -> None:
         self.locals.pop(inst.argval, None)
@@ -376,12 +236,16 @@ class InstructionTranslator:
 
     def load_global(self, name: str) -> Var:
         g = self.globals_name
+        pending = self.output.side_effects.load_global(self.f_globals, name)
+        if pending is not None:
+            return pending
         if name in self.f_globals:
             label = "G" if g == "G" else f"{g}"
             source = Source(
                 f"{label}[{name!r}]",
                 f"{g}[{name!r}]",
                 f"{g}_{name}",
+                trusted=str(self.f_globals.get("__name__", "")).split(".")[0] == "torch",
                 safe_expr=f"{g}.get({name!r})",
             )
             return self.output.wrap(self.f_globals[name], source)
@@ -401,12 +265,6 @@ class InstructionTranslator:
             raise Unsupported(f"free variable {inst.argval!r} referenced before assignment")
         cell.contents = self.realize(cell.contents)
         self.push(cell.contents)
-
-    def STORE_DEREF(self, inst: Inst) -> None:
-        cell = self.cells[inst.argval]
-        if not cell.local:
-            raise Unsupported(f"assignment to closure variable {inst.argval!r} (nonlocal)")
-        cell.contents = self.pop()
 
     def LOAD_CLOSURE(self, inst: Inst) -> None:
         self.push(self.cells[inst.argval])
@@ -475,10 +333,14 @@ class InstructionTranslator:
 
     def binary(self, symbol: str, fn: Callable, a: Var, b: Var, inplace: bool = False) -> Var:
         if isinstance(a, TensorVar) or isinstance(b, TensorVar):
-            if inplace and isinstance(a, TensorVar):
-                raise Unsupported(f"in-place operator {symbol}= on a tensor is not supported yet")
             av, bv = self.output.to_value(a), self.output.to_value(b)
-            return self.output.from_value(torch_ops.binary_operator(self.output, symbol, av, bv))
+            result = torch_ops.binary_operator(self.output, symbol, av, bv)
+            if inplace and isinstance(a, TensorVar):  # x += y is x.__iadd__(y): in place
+                return mutation.mutate(self.output, a, result, f"operator {symbol}=")
+            return self.output.from_value(result)
+        if inplace and isinstance(a, ListVar) and symbol == "+":
+            self.list_method(a, "extend", [b], {})
+            return a
         if inplace and isinstance(a, (ListVar, DictVar)):
             raise Unsupported(f"in-place operator {symbol}= on a list/dict (mutation)")
         return self.fold(fn, a, b, what=f"operator {symbol}")
@@ -501,7 +363,16 @@ class InstructionTranslator:
         self.push(ConstantVar(same != bool(inst.arg)))
 
     def CONTAINS_OP(self, inst: Inst) -> None:
-        container, item = self.pop(), self.pop()
+        container, item = self.realize(self.pop()), self.pop()
+        if isinstance(container, DictVar) or (
+            isinstance(container, NNModuleVar) and isinstance(container.value, torch.nn.ModuleDict)
+        ):
+            keys = container.items if isinstance(container, DictVar) else [
+                k.value for k in self.iter_items(container)
+            ]
+            found = self.output.to_value(item) in keys
+            self.push(ConstantVar(found != bool(inst.arg)))
+            return
         result = self.fold(lambda x, c: x in c, item, container, what="`in`")
         self.push(ConstantVar(result.value != bool(inst.arg)))
 
@@ -536,14 +407,7 @@ class InstructionTranslator:
     # -- containers ------------------------------------------------------------------------
 
     def items_of(self, var: Var) -> list[Var]:
-        if isinstance(var, (TupleVar, ListVar)):
-            return [self.realize(v) for v in var.items]
-        if isinstance(var, TensorVar):
-            raise Unsupported("unpacking/iterating a tensor is not supported yet")
-        value = self.output.to_value(var)
-        if isinstance(value, (str, bytes, tuple, list, dict)):
-            return [self.output.from_value(v) for v in value]
-        raise Unsupported(f"unpacking {var.describe()} is not supported")
+        return self.iter_items(var)
 
     def BUILD_TUPLE(self, inst: Inst) -> None:
         self.push(TupleVar(tuple(self.popn(inst.arg))))
@@ -576,6 +440,11 @@ class InstructionTranslator:
     def LIST_EXTEND(self, inst: Inst) -> None:
         items = self.items_of(self.pop())
         self._mutable(self.stack[-inst.arg], "extend").items.extend(items)
+
+    def MAP_ADD(self, inst: Inst) -> None:
+        value, key = self.pop(), self.pop()
+        target = self._mutable(self.stack[-inst.arg], "dict comprehension")
+        target.items[self.output.to_value(key)] = value
 
     def LIST_TO_TUPLE(self, inst: Inst) -> None:  # 3.11
         self.push(TupleVar(tuple(self.items_of(self.pop()))))
@@ -610,8 +479,15 @@ class InstructionTranslator:
         self.push(self.subscript(container, index))
 
     def subscript(self, container: Var, index: Var) -> Var:
+        container = self.realize(container)
         if isinstance(container, TensorVar):
-            raise Unsupported("tensor indexing (x[...]) is not supported yet")
+            key = self.output.to_value(index)
+            keys = key if isinstance(key, tuple) else (key,)
+            if any(isinstance(k, TensorVar) and k.meta.dtype == torch.bool for k in keys):
+                raise Unsupported("indexing with a bool mask has a data-dependent shape")
+            return self.output.extern(torch.Tensor.__getitem__, (container, key), {})
+        if isinstance(container, NNModuleVar):
+            return self.module_subscript(container, self.output.to_value(index))
         if isinstance(index, TensorVar):
             raise Unsupported("indexing with a tensor is not supported")
         if isinstance(container, (TupleVar, ListVar)):
@@ -687,14 +563,6 @@ class InstructionTranslator:
 
     JUMP_BACKWARD = JUMP_BACKWARD_NO_INTERRUPT = JUMP_FORWARD  # refused by jump()
 
-    def _mutation(self, inst: Inst) -> None:
-        raise Unsupported(
-            f"mutation of Python state ({inst.opname} {inst.argval}) is not supported"
-        )
-
-    STORE_ATTR = STORE_SUBSCR = STORE_GLOBAL = STORE_SLICE = _mutation
-    DELETE_ATTR = DELETE_SUBSCR = DELETE_GLOBAL = DELETE_DEREF = _mutation
-
     def _refuse(reason: str) -> Callable:  # noqa: N805 (a handler factory)
         def handler(self: InstructionTranslator, inst: Inst) -> None:
             raise Unsupported(reason)
@@ -703,9 +571,9 @@ class InstructionTranslator:
 
     LOAD_ASSERTION_ERROR = _refuse("failed assert: eager raises AssertionError")
     RAISE_VARARGS = _refuse("raise statement: eager raises")
-    BEFORE_WITH = _refuse("`with` blocks are not supported yet")
     IMPORT_NAME = _refuse("import statements inside traced code are not supported")
-    LOAD_SUPER_ATTR = _refuse("super() is not supported yet")
+    DELETE_ATTR = DELETE_GLOBAL = DELETE_DEREF = _refuse("del of an attribute/global/cell")
+    BEFORE_ASYNC_WITH = _refuse("async with is not supported")
 
     # -- f-strings on constants ------------------------------------------------------------
 
@@ -730,11 +598,17 @@ class InstructionTranslator:
         parts = self.popn(inst.arg)
         self.push(self.fold(lambda *p: "".join(p), *parts, what="f-string"))
 
-    def GET_ITER(self, inst: Inst) -> None:
-        raise Unsupported("loops (for ... in ...) are not supported yet")
-
     def RETURN_VALUE(self, inst: Inst) -> None:
         self.result = self.pop()
+
+    def RETURN_GENERATOR(self, inst: Inst) -> None:  # the generator object, popped next
+        self.push(ConstantVar(None))
+
+    def YIELD_VALUE(self, inst: Inst) -> None:
+        if self.generated is None:
+            raise Unsupported("yield outside a generator")
+        self.generated.append(self.pop())
+        self.push(ConstantVar(None))  # what the consumer sends back: next() sends None
 
     def RETURN_CONST(self, inst: Inst) -> None:  # 3.12
         self.result = self.output.from_value(inst.argval)
@@ -767,32 +641,6 @@ class InstructionTranslator:
 def builtins_of(f_globals: dict[str, Any]) -> dict[str, Any]:
     b = f_globals.get("__builtins__", builtins)
     return b if isinstance(b, dict) else vars(b)
-
-
-def _describe_callable(fn: Any) -> str:
-    """``torch.matmul``, ``torch.nn.functional.softmax``, ``os.getpid``... for messages."""
-    name = getattr(fn, "__name__", None) or repr(fn)
-    for prefix, namespace in (
-        ("torch", torch),
-        ("torch.nn.functional", torch.nn.functional),
-        ("Tensor", torch.Tensor),
-        ("torch.special", torch.special),
-        ("torch.linalg", torch.linalg),
-        ("torch.fft", torch.fft),
-    ):
-        if getattr(namespace, name, None) is fn:
-            return f"{prefix}.{name}"
-    module = getattr(fn, "__module__", None)
-    qualname = getattr(fn, "__qualname__", name)
-    return f"{qualname}()" if module in (None, "builtins") else f"{module}.{qualname}"
-
-
-def _unsupported_method_reason(name: str) -> str:
-    if name in ("item", "tolist", "numpy", "__bool__", "__int__", "__float__"):
-        return f"Tensor.{name}() reads tensor data into Python; not supported (graph break)"
-    if name.endswith("_") and not name.startswith("_"):
-        return f"in-place Tensor.{name}() is not supported"
-    return f"Tensor.{name}() is not supported yet"
 
 
 if PY < (3, 11):  # pragma: no cover

@@ -18,8 +18,9 @@ import sympy
 import torch
 
 from minicompile import ops
-from minicompile.capture import torch_ops
+from minicompile.capture import externs, mutation, torch_ops
 from minicompile.capture.guards import GuardBuilder, Guards
+from minicompile.capture.side_effects import SideEffects, generate_rebuild
 from minicompile.capture.variables import (
     BuiltinVar,
     ConstantVar,
@@ -27,14 +28,17 @@ from minicompile.capture.variables import (
     LazyVar,
     ListVar,
     ModuleVar,
+    NNModuleVar,
     ObjectVar,
     OpaqueVar,
     SizeVar,
     Source,
+    StructSeqVar,
     TensorVar,
     TorchFunctionVar,
     TupleVar,
     UserFunctionVar,
+    UserObjectVar,
     Var,
     is_constant_value,
 )
@@ -46,6 +50,20 @@ if TYPE_CHECKING:
 
 # Python modules whose attributes are read without guards (nobody patches them per call).
 _TRUSTED_MODULES = ("torch", "math", "operator", "builtins")
+# Graph view ops and how a view made by one is described (see mutation.ViewStep).
+_VIEW_OPS = frozenset({"permute", "expand", "unsqueeze", "squeeze"})
+MAX_INSTRUCTIONS = 100_000
+
+
+def is_user_object(value: Any) -> bool:
+    """An instance of a user class whose attributes the trace may read (dataclasses,
+    config objects), as opposed to modules, functions, classes and library objects."""
+    if isinstance(value, (type, types.ModuleType, types.FunctionType, types.MethodType)):
+        return False
+    if isinstance(value, types.BuiltinFunctionType):
+        return False
+    module = type(value).__module__ or ""
+    return module.split(".")[0] not in ("builtins", "torch", "math", "functools", "typing")
 
 
 def is_trusted_namespace(obj: Any) -> bool:
@@ -79,6 +97,18 @@ class OutputGraph:
         self._wrapped: dict[str, Var] = {}
         self._idents: set[str] = set()
         self.tx: InstructionTranslator | None = None  # the translator running now
+        # Mutable objects read from the frame, by identity: a second source for the same
+        # object gives the same tracker plus an `is` guard (aliased inputs, tied weights).
+        self._by_id: dict[int, Var] = {}
+        self._values: list[Any] = []  # keeps the objects behind _by_id alive
+        self.input_values: list[torch.Tensor] = []  # the traced tensor per placeholder
+        self.input_vars: list[TensorVar] = []
+        self.input_nodes: dict[int, Node] = {}  # id(input tracker) -> its placeholder
+        self.mutated_inputs: dict[int, TensorVar] = {}  # roots to write back, in order
+        self.views: dict[int, list[TensorVar]] = {}  # id(root) -> live views of it
+        self.side_effects = SideEffects()
+        self.initial_grad = self.grad_enabled = torch.is_grad_enabled()
+        self.instructions = 0
 
     def user_stack(self) -> tuple[SourceLine, ...]:
         return self.tx.user_stack() if self.tx is not None else ()
@@ -91,9 +121,22 @@ class OutputGraph:
         once, so a global read twice is one placeholder and one set of guards."""
         if source is None:
             return self._wrap(value, None)
-        if source.name not in self._wrapped:
-            self._wrapped[source.name] = self._wrap(value, source)
-        return self._wrapped[source.name]
+        if source.name in self._wrapped:
+            return self._wrapped[source.name]
+        tracked = isinstance(value, (torch.Tensor, list, dict, torch.nn.Module)) or (
+            is_user_object(value)
+        )
+        prev = self._by_id.get(id(value)) if tracked else None
+        if prev is not None and prev.source is not None:
+            self.guards.alias_match(source, prev.source)
+            var = prev
+        else:
+            var = self._wrap(value, source)
+            if tracked:
+                self._by_id[id(value)] = var
+                self._values.append(value)
+        self._wrapped[source.name] = var
+        return var
 
     def _wrap(self, value: Any, source: Source | None) -> Var:
         guard = source is not None and not source.trusted
@@ -121,7 +164,10 @@ class OutputGraph:
             items = {k: self._item(v, source, k) for k, v in value.items()}
             return DictVar(items, mutable=False, source=source)
         if guard:
-            g.identity_match(source, value)
+            if is_user_object(value) and not isinstance(value, torch.nn.Module):
+                g.type_match(source, value)
+            else:
+                g.identity_match(source, value)
         return self.object_var(value, source)
 
     def _item(self, value: Any, source: Source | None, key: int | str) -> Var:
@@ -147,7 +193,11 @@ class OutputGraph:
         node = self.graph.placeholder(self._ident(source.ident), meta)
         self.input_sources.append(source.name)
         self.input_exprs.append(source.expr)
-        return TensorVar(node, type(t), source)
+        var = TensorVar(node, type(t), source)
+        self.input_values.append(t)
+        self.input_vars.append(var)
+        self.input_nodes[id(var)] = node
+        return var
 
     def _ident(self, base: str) -> str:
         name, n = base, 0
@@ -161,6 +211,8 @@ class OutputGraph:
         """The kind of tracker for a non-constant object (no guards: callers guard)."""
         if isinstance(value, types.ModuleType):
             return ModuleVar(value, source)
+        if isinstance(value, torch.nn.Module):
+            return NNModuleVar(value, source)
         try:
             in_torch_table = value in torch_ops.FUNCTIONS
         except TypeError:  # unhashable
@@ -174,6 +226,8 @@ class OutputGraph:
             return UserFunctionVar(value, source)
         if isinstance(value, (types.BuiltinFunctionType, type)) and module in ("builtins", "math"):
             return BuiltinVar(value, source)
+        if is_user_object(value):
+            return UserObjectVar(value, source)
         if isinstance(value, type) or callable(value):
             return ObjectVar(value, source)
         return OpaqueVar(value, source)
@@ -218,7 +272,9 @@ class OutputGraph:
 
     # -- graph nodes -----------------------------------------------------------------------
 
-    def op(self, name: str, args: tuple, kwargs: dict[str, Any] | None = None) -> TensorVar:
+    def op(
+        self, name: str, args: tuple, kwargs: dict[str, Any] | None = None, track: bool = True
+    ) -> TensorVar:
         """Append ``name(*args, **kwargs)`` (args hold TensorVars) to the graph.  Anything
         eager would reject (bad shapes, dtypes, mixed devices) is Unsupported, so the
         frame runs eagerly and PyTorch raises its own error."""
@@ -227,56 +283,111 @@ class OutputGraph:
         devices = sorted({str(t.meta.device) for t in tensors})
         if len(devices) > 1:
             raise Unsupported(f"{name}: tensors on different devices ({', '.join(devices)})")
-        if torch.is_grad_enabled() and any(t.meta.requires_grad for t in tensors):
+        if self.grad_enabled and any(t.meta.requires_grad for t in tensors):
             raise Unsupported(
                 f"{name}: an input requires grad; autograd is not supported yet",
                 hint="run under torch.no_grad() or detach the inputs",
             )
+        for v in _flatten((args, kwargs)):
+            if not isinstance(v, TensorVar) and not _graph_constant(v):
+                raise Unsupported(f"{name}: argument of type {type(v).__name__} is not supported")
         node_args = _to_nodes(args)
         node_kwargs = _to_nodes(kwargs)
         try:
-            meta = ops.infer_meta(name, node_args, node_kwargs, tensors[0].meta.device)
+            if tensors:
+                meta = ops.infer_meta(name, node_args, node_kwargs, tensors[0].meta.device)
+            else:
+                meta = _factory_meta(ops.OPS[name].eager, node_args, node_kwargs)
+        except Unsupported:
+            raise
         except Exception as e:
             msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             raise Unsupported(f"{name}: eager PyTorch raises {type(e).__name__}: {msg}") from e
-        node = self.graph.call(name, node_args, node_kwargs, meta=meta, stack=self.user_stack())
-        return TensorVar(node)
+        stack = self.user_stack()
+        node = self.graph.call(name, node_args, node_kwargs, meta=meta, stack=stack)
+        if isinstance(meta, tuple):
+            items = tuple(
+                TensorVar(self.graph.call("getitem", (node, i), {}, meta=m, stack=stack))
+                for i, m in enumerate(meta)
+            )
+            return TupleVar(items)  # type: ignore[return-value]
+        result = TensorVar(node)
+        if track and name in _VIEW_OPS:
+            mutation.register_view(self, result, args[0], (mutation.ViewStep(name, args[1:]),))
+        return result
+
+    def extern(self, fn: Any, args: tuple, kwargs: dict, track: bool = True) -> Any:
+        """``fn(*args, **kwargs)`` as one extern node (args hold TensorVars).  A result
+        that is a view of an argument (found on meta tensors) is recorded as one, unless
+        ``track`` is False (replays of views made by capture itself)."""
+        fname = externs.public_name(fn)
+        if fname is None:
+            raise Unsupported(f"{externs._describe(fn)} is not supported")
+        try:
+            name = ops.extern_op(fn)
+        except ValueError as e:
+            raise Unsupported(f"{fname}: {e}") from e
+        if kwargs.get("requires_grad"):
+            raise Unsupported(f"{fname}(requires_grad=True): autograd is not supported yet")
+        result = self.op(name, args, kwargs, track=False)
+        short = fname.rpartition(".")[2]
+        if isinstance(result, TupleVar):
+            cls = getattr(torch.return_types, short, None)
+            fields = getattr(cls, "__match_args__", None)
+            if fields:
+                result = StructSeqVar(result.items, fields=tuple(fields), cls=cls)
+        if track and short in externs.MAYBE_VIEW:
+            self._track_views(fn, short, args, kwargs, result)
+        return result
+
+    def _track_views(self, fn: Any, short: str, args: tuple, kwargs: dict, result: Any) -> None:
+        sources = [a for a in _flatten((args, kwargs)) if isinstance(a, TensorVar)]
+        if not sources:
+            return
+        fakes = {id(v): v.meta.fake() for v in sources}
+
+        def fake(v: Any) -> Any:
+            if isinstance(v, TensorVar):
+                return fakes[id(v)]
+            if isinstance(v, (tuple, list)):
+                return type(v)(fake(x) for x in v)
+            return v
+
+        try:
+            res = fn(*fake(args), **{k: fake(v) for k, v in kwargs.items()})
+        except Exception:
+            return
+        by_fake = {id(f): v for v in sources for f in [fakes[id(v)]]}
+        outs = list(result.items) if isinstance(result, TupleVar) else [result]
+        reals = list(res) if isinstance(res, (tuple, list)) else [res]
+        for k, (var, r) in enumerate(zip(outs, reals)):
+            if not isinstance(r, torch.Tensor):
+                continue
+            src = by_fake.get(id(r)) or by_fake.get(id(r._base))
+            if src is None:
+                continue
+            index = k if isinstance(result, TupleVar) else None
+            steps = externs.view_steps(fn, short, src, fakes[id(src)], r, args, kwargs, index)
+            mutation.register_view(self, var, src, steps)
+
+    def note_mutation(self, root: TensorVar) -> None:
+        """``root`` was rebound by an in-place op; inputs are written back after the graph."""
+        if id(root) in self.input_nodes and id(root) not in self.mutated_inputs:
+            self.mutated_inputs[id(root)] = root
 
     # -- the end of the trace --------------------------------------------------------------
 
     def finish(self, result: Var) -> Finished:
         """Close the graph on the value the frame returns and generate get_inputs and
         rebuild (flat Python, compiled once)."""
-        self.guards.grad_mode()
-        outputs: list[Node] = []
-        index: dict[Node, int] = {}
+        if self.grad_enabled != self.initial_grad:
+            raise Unsupported("grad mode changed outside a `with` block (set_grad_enabled)")
         g = self.guards
-
-        def expr(v: Var) -> str:
-            v = self.realize(v)
-            if isinstance(v, TensorVar):
-                if v.node not in index:
-                    index[v.node] = len(outputs)
-                    outputs.append(v.node)
-                return f"outs[{index[v.node]}]"
-            if isinstance(v, SizeVar) or (isinstance(v, ConstantVar) and not _literal_ok(v.value)):
-                return g.ref(self.to_value(v), "const")
-            if isinstance(v, ConstantVar):
-                return repr(v.value)
-            if isinstance(v, TupleVar):
-                inner = ", ".join(expr(i) for i in v.items)
-                return f"({inner},)" if len(v.items) == 1 else f"({inner})"
-            if isinstance(v, ListVar):
-                return "[" + ", ".join(expr(i) for i in v.items) + "]"
-            if isinstance(v, DictVar):
-                return "{" + ", ".join(f"{k!r}: {expr(i)}" for k, i in v.items.items()) + "}"
-            if isinstance(v, ObjectVar):
-                return g.ref(v.value, getattr(v.value, "__name__", "obj"))
-            raise Unsupported(f"returning {v.describe()} is not supported")
-
-        body = expr(result)
+        g.grad_mode()
+        outputs, rebuild_src = generate_rebuild(self, result)
+        if self.mutated_inputs:
+            self._check_no_shared_storage()
         self.graph.output(outputs)
-        rebuild_src = f"def rebuild(outs):\n    return {body}\n"
         inputs_src = (
             f"def get_inputs({', '.join(self.params)}):\n"
             f"    return [{', '.join(self.input_exprs)}]\n"
@@ -295,11 +406,31 @@ class OutputGraph:
             rebuild_source=rebuild_src,
         )
 
+    def _check_no_shared_storage(self) -> None:
+        """Mutated inputs must not share memory with other inputs (``f(x, x[0])``): the
+        graph treats inputs as independent.  Refused now, guarded for later calls."""
+        storages = [t.untyped_storage()._cdata for t in self.input_values]
+        if len(set(storages)) != len(storages):
+            raise Unsupported("an input mutated in place shares memory with another input")
+        self.guards.distinct_storages(self.input_exprs)
 
-def _literal_ok(value: Any) -> bool:
-    if type(value) is float:
-        return value == value and value not in (float("inf"), float("-inf"))
-    return type(value) in (bool, int, str, bytes, type(None))
+
+def _graph_constant(value: Any) -> bool:
+    if type(value) is torch.Size:
+        return True
+    return value is None or (is_constant_value(value) and not isinstance(value, types.CodeType))
+
+
+def _factory_meta(fn: Any, args: tuple, kwargs: dict) -> TensorMeta:
+    """Metadata of a tensor built from Python values (``torch.ones(3)``), made on the meta
+    device so nothing is allocated."""
+    kw = dict(kwargs)
+    device = torch.device(kw.pop("device", None) or torch.get_default_device())
+    result = fn(*args, **kw, device="meta")
+    if not isinstance(result, torch.Tensor):
+        raise Unsupported(f"{fn.__name__} did not produce a tensor")
+    meta = TensorMeta.of(result)
+    return dataclasses.replace(meta, device=device, storage_offset=sympy.Integer(0))
 
 
 def _flatten(value: Any) -> list[Any]:

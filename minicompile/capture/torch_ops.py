@@ -31,7 +31,11 @@ from minicompile.errors import Unsupported
 
 
 class Emitter(Protocol):
+    grad_enabled: bool
+
     def op(self, name: str, args: tuple, kwargs: dict[str, Any] | None = None) -> TensorVar: ...
+
+    def extern(self, fn: Any, args: tuple, kwargs: dict, track: bool = True) -> Any: ...
 
 
 Handler = Callable[[Emitter, str, tuple, dict], Any]
@@ -321,7 +325,9 @@ def binary_operator(em: Emitter, symbol: str, a: Any, b: Any) -> Any:
     """``a <symbol> b`` where at least one side is a tensor (reflected forms included:
     ``2 - x`` is ``sub(2, x)``)."""
     if symbol == "@":
-        raise Unsupported("matrix multiply (@) is not supported yet")
+        if not isinstance(a, TensorVar) or not isinstance(b, TensorVar):
+            raise Unsupported("matrix multiply (@) needs two tensors (eager raises)")
+        return em.extern(torch.matmul, (a, b), {})
     if symbol not in OPERATORS:
         raise Unsupported(f"operator {symbol} on tensors is not supported yet")
     return binary(em, OPERATORS[symbol], a, b, f"operator {symbol}")

@@ -295,7 +295,7 @@ def _is_tensor(em: Emitter, fname: str, args: tuple, kwargs: dict) -> Any:
 @register("torch.is_grad_enabled")
 def _is_grad_enabled(em: Emitter, fname: str, args: tuple, kwargs: dict) -> Any:
     parse(fname, args, kwargs, ())
-    return torch.is_grad_enabled()  # grad mode is always guarded
+    return em.grad_enabled  # the traced mode; the mode at entry is always guarded
 
 
 def _mT(em: Emitter, x: TensorVar) -> Any:

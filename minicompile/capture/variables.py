@@ -77,9 +77,16 @@ class Var:
 
 @dataclasses.dataclass(eq=False)
 class TensorVar(Var):
+    """A tensor.  Trackers of tensors are the one mutable kind: an in-place op rebinds
+    ``node`` (functionalization), so every place holding this tracker sees the new value.
+    A view of another tensor names its root ``base`` and the ``view`` steps from it
+    (:mod:`minicompile.capture.mutation`); mutating either side updates the other."""
+
     node: Node
     python_type: type = torch.Tensor
     source: Source | None = None
+    base: TensorVar | None = None
+    view: tuple[Any, ...] = ()  # ViewSteps from ``base``
 
     @property
     def meta(self) -> TensorMeta:
@@ -109,6 +116,14 @@ class TupleVar(Var):
 
 
 @dataclasses.dataclass(eq=False)
+class StructSeqVar(TupleVar):
+    """A named tuple of tensors (``torch.return_types.max``: ``.values``, ``.indices``)."""
+
+    fields: tuple[str, ...] = ()
+    cls: Any = None  # the torch.return_types class, to rebuild the value
+
+
+@dataclasses.dataclass(eq=False)
 class SizeVar(TupleVar):
     """``x.shape`` / ``x.size()``: a torch.Size whose items are int ConstantVars."""
 
@@ -119,8 +134,8 @@ class SizeVar(TupleVar):
 @dataclasses.dataclass(eq=False)
 class ListVar(Var):
     items: list[Var]
-    # Lists built by the trace may be appended to (``[*a, b]`` compiles to LIST_EXTEND /
-    # LIST_APPEND); lists read from the frame are never mutated.
+    # ``mutable``: built by the trace.  Lists read from the frame (``mutable=False``, with
+    # a source) may be mutated too; the side-effect log replays their final contents.
     mutable: bool = True
     source: Source | None = None
 
@@ -152,6 +167,16 @@ class ObjectVar(Var):
 
 class ModuleVar(ObjectVar):
     """A Python module (``torch``, ``torch.nn.functional``, ``math``, a user module)."""
+
+
+class NNModuleVar(ObjectVar):
+    """An ``nn.Module`` instance: submodules, parameters and buffers are read through
+    ``_modules`` / ``_parameters`` / ``_buffers``; calls inline ``type(m).forward``."""
+
+
+class UserObjectVar(ObjectVar):
+    """An instance of a user class (a dataclass, a config object): attributes are read as
+    guarded values, methods and properties are inlined, attribute writes are logged."""
 
 
 class UserFunctionVar(ObjectVar):
@@ -199,6 +224,65 @@ class MethodVar(Var):
         return f"method {self.name}"
 
 
+@dataclasses.dataclass(eq=False)
+class BoundMethodVar(Var):
+    """A Python function bound to a tracker (``self.helper``, ``super().forward``):
+    calls inline ``func`` with ``self_var`` first."""
+
+    func: types.FunctionType
+    self_var: Var
+    source: Source | None = None
+
+    def describe(self) -> str:
+        return f"method {self.func.__qualname__}"
+
+
+@dataclasses.dataclass(eq=False)
+class SuperVar(Var):
+    """``super()`` (or ``super(cls, obj)``): attribute lookups start after ``cls``."""
+
+    cls: type
+    obj: Var
+
+    def describe(self) -> str:
+        return f"super({self.cls.__name__})"
+
+
+@dataclasses.dataclass(eq=False)
+class IteratorVar(Var):
+    """An iterator over known items (``range``, lists, ``zip``, ``enumerate``, module
+    containers), consumed by FOR_ITER; loops are unrolled while tracing."""
+
+    items: list[Var]
+    pos: int = 0
+
+    def describe(self) -> str:
+        return "an iterator"
+
+
+@dataclasses.dataclass(eq=False)
+class GradModeVar(Var):
+    """``torch.no_grad()``, ``torch.enable_grad()``, ``torch.set_grad_enabled(b)``: a
+    context manager setting the traced grad mode.  ``prev`` is the mode to restore."""
+
+    enabled: bool
+    prev: bool | None = None
+    entered: bool = False
+
+    def describe(self) -> str:
+        return f"grad mode context ({self.enabled})"
+
+
+@dataclasses.dataclass(eq=False)
+class WithExitVar(Var):
+    """The ``__exit__`` that BEFORE_WITH pushes; calling it restores the grad mode."""
+
+    ctx: GradModeVar
+
+    def describe(self) -> str:
+        return "__exit__"
+
+
 class NullVar(Var):
     """The NULL that CPython pushes next to callables; never a user value."""
 
@@ -243,6 +327,7 @@ CONSTANT_TYPES: tuple[type, ...] = (
     torch.memory_format,
     torch.layout,
     types.CodeType,
+    range,
 )
 
 

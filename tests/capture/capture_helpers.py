@@ -37,7 +37,7 @@ def capture(fn: Any, *args: Any, **kwargs: Any) -> tuple[Capture, tuple]:
 
 def replay(cap: Capture, frame: tuple) -> Any:
     """What a compiled entry returns: get_inputs -> graph -> rebuild."""
-    return cap.rebuild(interpret(cap.graph, cap.get_inputs(*frame)))
+    return cap.rebuild(interpret(cap.graph, cap.get_inputs(*frame)), *frame)
 
 
 def assert_same(actual: Any, expected: Any) -> None:

@@ -1,0 +1,557 @@
+"""Attribute reads and calls for the interpreter (a mixin of InstructionTranslator).
+
+- attributes: tensors (metadata, methods), ``nn.Module`` (``_modules`` -> ``_parameters`` ->
+  ``_buffers`` -> ``__dict__`` -> the class), user objects (``__dict__`` then the class:
+  methods, properties, static and class methods), ``super()``, Python modules and classes;
+- calls: user functions, methods and ``forward`` of modules are inlined by a child
+  translator; torch callables go to :mod:`torch_ops` or become extern ops
+  (:mod:`externs`); builtins are folded or modelled; list and dict methods mutate the
+  trackers (and log a side effect when the container existed before the call).
+"""
+
+from __future__ import annotations
+
+import inspect
+import operator
+import types
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from minicompile.capture import externs, mutation, pybuiltins, torch_ops
+from minicompile.capture.variables import (
+    BoundMethodVar,
+    BuiltinVar,
+    CellVar,
+    ConstantVar,
+    DictVar,
+    GradModeVar,
+    IteratorVar,
+    LazyVar,
+    ListVar,
+    MethodVar,
+    ModuleVar,
+    NestedFunctionVar,
+    NNModuleVar,
+    NullVar,
+    ObjectVar,
+    OpaqueVar,
+    Source,
+    StructSeqVar,
+    SuperVar,
+    TensorVar,
+    TorchFunctionVar,
+    TupleVar,
+    UserFunctionVar,
+    UserObjectVar,
+    Var,
+    WithExitVar,
+)
+from minicompile.errors import Unsupported
+
+if TYPE_CHECKING:
+    from minicompile.capture.interpreter import InstructionTranslator
+
+MAX_INLINE_DEPTH = 20
+_IMMUTABLE_METHOD_OWNERS = (
+    int, float, bool, complex, str, bytes, tuple, range, torch.Size, torch.dtype, torch.device,
+)
+_LIST_MUTATORS = frozenset({"append", "extend", "insert", "pop", "clear", "reverse"})
+_DICT_MUTATORS = frozenset({"update", "pop", "setdefault", "clear"})
+_CONTAINER_MODULES = (torch.nn.ModuleList, torch.nn.Sequential)
+_GRAD_MODE_CLASSES = (torch.no_grad, torch.enable_grad, torch.set_grad_enabled)
+
+
+class CallsMixin:
+    # -- attributes ------------------------------------------------------------------------
+
+    def load_attr(self: InstructionTranslator, obj: Var, name: str) -> Var:
+        obj = self.realize(obj)
+        out = self.output
+        if isinstance(obj, TensorVar):
+            if name in torch_ops.ATTRIBUTES:
+                return out.from_value(torch_ops.ATTRIBUTES[name](out, obj))
+            if callable(getattr(torch.Tensor, name, None)):
+                return MethodVar(obj, name)
+            raise Unsupported(f"Tensor.{name} is not supported yet")
+        if isinstance(obj, SuperVar):
+            return self.class_attr(obj.obj, type(obj.obj.value), name, after=obj.cls)
+        if isinstance(obj, NNModuleVar):
+            return self.module_attr(obj, name)
+        if isinstance(obj, UserObjectVar):
+            return self.object_attr(obj, name)
+        if isinstance(obj, StructSeqVar) and name in obj.fields:
+            return self.realize(obj.items[obj.fields.index(name)])
+        if isinstance(obj, (ListVar, DictVar)):
+            if callable(getattr(list if isinstance(obj, ListVar) else dict, name, None)):
+                return MethodVar(obj, name)
+        if isinstance(obj, (ModuleVar, ObjectVar)) and not isinstance(
+            obj, (OpaqueVar, UserFunctionVar)
+        ):
+            try:
+                value = getattr(obj.value, name)
+            except AttributeError as e:
+                raise Unsupported(f"attribute error: {e}") from e
+            source = None
+            if obj.source is not None:
+                from minicompile.capture.output import is_trusted_namespace
+
+                source = obj.source.attr(name, trusted=is_trusted_namespace(obj.value))
+            return out.wrap(value, source)
+        if isinstance(obj, UserFunctionVar) and name in ("__name__", "__qualname__", "__doc__"):
+            return ConstantVar(getattr(obj.value, name))
+        if isinstance(obj, (ConstantVar, TupleVar)):
+            value = out.to_value(obj)
+            if isinstance(value, _IMMUTABLE_METHOD_OWNERS) or value is None:
+                attr = getattr(type(value), name, None)
+                if callable(attr):
+                    return MethodVar(obj, name)
+                return self.fold(lambda v: getattr(v, name), obj, what=f".{name}")
+        raise Unsupported(f"attribute {name!r} of {obj.describe()} is not supported yet")
+
+    def has_attr(self: InstructionTranslator, obj: Var, name: str) -> bool:
+        obj = self.realize(obj)
+        if isinstance(obj, TensorVar):
+            return name in torch_ops.ATTRIBUTES or hasattr(torch.Tensor, name)
+        if isinstance(obj, ObjectVar) and self.output.side_effects.load_attr(obj, name):
+            return True
+        try:
+            return hasattr(self.output.to_value(obj), name)
+        except Unsupported:
+            raise Unsupported(f"hasattr() on {obj.describe()} is not supported") from None
+
+    def module_attr(self: InstructionTranslator, obj: NNModuleVar, name: str) -> Var:
+        """``m.name`` in nn.Module's own lookup order."""
+        pending = self.output.side_effects.load_attr(obj, name)
+        if pending is not None:
+            return pending
+        m, src = obj.value, obj.source
+        d = m.__dict__
+        for table in ("_modules", "_parameters", "_buffers"):
+            if name in d.get(table, ()):
+                if src is None:
+                    raise Unsupported(f"module attribute {name!r} reached without a source")
+                source = Source(
+                    f"{src.name}.{table}[{name!r}]",
+                    f"{src.expr}.{table}[{name!r}]",
+                    f"{src.ident}_{name}",
+                    src.trusted,
+                    safe_expr=f"{src.expr}.{table}.get({name!r})",
+                )
+                return self.output.wrap(d[table][name], source)
+        if name in d:
+            return self.output.wrap(d[name], src.attr(name) if src else None)
+        return self.class_attr(obj, type(m), name)
+
+    def object_attr(self: InstructionTranslator, obj: UserObjectVar, name: str) -> Var:
+        pending = self.output.side_effects.load_attr(obj, name)
+        if pending is not None:
+            return pending
+        d = getattr(obj.value, "__dict__", None)
+        if d is not None and name in d:
+            return self.output.wrap(d[name], obj.source.attr(name) if obj.source else None)
+        return self.class_attr(obj, type(obj.value), name)
+
+    def class_attr(
+        self: InstructionTranslator, obj: ObjectVar, cls: type, name: str, after: type | None = None
+    ) -> Var:
+        """``name`` found on the class of ``obj`` (after ``after`` in the MRO for super())."""
+        mro = cls.__mro__
+        if after is not None:
+            mro = mro[mro.index(after) + 1 :]
+        for klass in mro:
+            if name in klass.__dict__:
+                attr = klass.__dict__[name]
+                break
+        else:
+            raise Unsupported(
+                f"{cls.__name__!r} object has no attribute {name!r} (eager raises AttributeError)"
+            )
+        if isinstance(attr, staticmethod):
+            return self.output.wrap(attr.__func__, None)
+        if isinstance(attr, classmethod):
+            return BoundMethodVar(attr.__func__, ObjectVar(cls))
+        if isinstance(attr, property) and isinstance(attr.fget, types.FunctionType):
+            return self.inline_call(UserFunctionVar(attr.fget), [obj], {})
+        if isinstance(attr, types.FunctionType):
+            return BoundMethodVar(attr, obj)
+        if isinstance(attr, types.MemberDescriptorType):  # __slots__
+            src = obj.source.attr(name) if obj.source else None
+            return self.output.wrap(getattr(obj.value, name), src)
+        if hasattr(type(attr), "__get__"):
+            raise Unsupported(f"attribute {cls.__name__}.{name} ({type(attr).__name__})")
+        src = obj.source.attr(name) if obj.source is not None and after is None else None
+        return self.output.wrap(attr, src)
+
+    def module_items(self: InstructionTranslator, obj: NNModuleVar) -> list[Var]:
+        """Iterating a ModuleList / Sequential (submodules) or a ModuleDict (keys)."""
+        m, src = obj.value, obj.source
+        if src is None:
+            raise Unsupported("iterating a module container reached without a source")
+        keys = list(m._modules)
+        self.output.guards.keys_match(src, f"{src.expr}._modules", keys)
+        if isinstance(m, _CONTAINER_MODULES):
+            return [self.module_attr(obj, k) for k in keys]
+        if isinstance(m, torch.nn.ModuleDict):
+            return [ConstantVar(k) for k in keys]
+        raise Unsupported(f"iterating {type(m).__name__} modules is not supported")
+
+    def module_subscript(self: InstructionTranslator, obj: NNModuleVar, index: Any) -> Var:
+        m = obj.value
+        if isinstance(m, torch.nn.ModuleDict) and isinstance(index, str):
+            if index not in m._modules:
+                raise Unsupported(f"ModuleDict has no key {index!r} (eager raises KeyError)")
+            return self.module_attr(obj, index)
+        if isinstance(m, torch.nn.ModuleList) and isinstance(index, slice):
+            return ListVar(self.module_items(obj)[index])
+        if isinstance(m, _CONTAINER_MODULES) and type(index) is int:
+            items = self.module_items(obj)
+            if not -len(items) <= index < len(items):
+                raise Unsupported(f"index {index} out of range (eager raises IndexError)")
+            return items[index]
+        raise Unsupported(f"{type(m).__name__}[{index!r}] is not supported")
+
+    # -- calls -----------------------------------------------------------------------------
+
+    def call_function(self: InstructionTranslator, fn: Var, args: list, kwargs: dict) -> Var:
+        fn = self.realize(fn)
+        out = self.output
+        if isinstance(fn, (UserFunctionVar, NestedFunctionVar)):
+            return self.inline_call(fn, args, kwargs)
+        if isinstance(fn, BoundMethodVar):
+            return self.inline_call(UserFunctionVar(fn.func), [fn.self_var, *args], kwargs)
+        if isinstance(fn, NNModuleVar):
+            return self.call_module(fn, args, kwargs)
+        if isinstance(fn, TorchFunctionVar) or (
+            isinstance(fn, ObjectVar) and fn.value in _GRAD_MODE_CLASSES
+        ):
+            return self.call_torch(fn.value, args, kwargs)
+        if isinstance(fn, MethodVar):
+            return self.call_method(fn.obj, fn.name, args, kwargs)
+        if isinstance(fn, BuiltinVar):
+            return self.call_builtin(fn.value, args, kwargs)
+        if isinstance(fn, WithExitVar):
+            out.grad_enabled = bool(fn.ctx.prev)
+            return ConstantVar(None)
+        if isinstance(fn, UserObjectVar):
+            call = getattr(type(fn.value), "__call__", None)
+            if isinstance(call, types.FunctionType):
+                return self.inline_call(UserFunctionVar(call), [fn, *args], kwargs)
+        if isinstance(fn, ObjectVar):
+            if isinstance(fn.value, type) and not issubclass(fn.value, BaseException):
+                raise Unsupported(f"creating {fn.value.__qualname__} objects is not supported")
+            if isinstance(fn.value, type):
+                return pybuiltins.call_builtin(out, fn.value, args, kwargs)
+            raise Unsupported(f"call to {externs._describe(fn.value)} is not supported")
+        raise Unsupported(f"calling {fn.describe()} is not supported")
+
+    def _values(self: InstructionTranslator, args: list, kwargs: dict) -> tuple[tuple, dict]:
+        return (
+            tuple(self.output.to_value(a) for a in args),
+            {k: self.output.to_value(v) for k, v in kwargs.items()},
+        )
+
+    def call_torch(self: InstructionTranslator, fn: Any, args: list, kwargs: dict) -> Var:
+        out = self.output
+        if fn is torch.no_grad or fn is torch.enable_grad:
+            if args or kwargs:
+                raise Unsupported(f"{fn.__name__}(...) with arguments is not supported")
+            return GradModeVar(fn is torch.enable_grad)
+        if fn is torch.set_grad_enabled:
+            pos, kw = self._values(args, kwargs)
+            mode = pos[0] if pos else kw.get("mode")
+            if type(mode) is not bool:
+                raise Unsupported("torch.set_grad_enabled() needs a Python bool")
+            ctx = GradModeVar(mode, prev=out.grad_enabled)
+            out.grad_enabled = mode  # the constructor sets the mode, as in eager
+            return ctx
+        if fn is torch.inference_mode or fn is torch.autocast:
+            raise Unsupported(f"torch.{fn.__name__} is not supported yet")
+        pos, kw = self._values(args, kwargs)
+        fname = externs.public_name(fn) or externs._describe(fn)
+        target = kw.pop("out") if "out" in kw else None
+        inplace = kw.get("inplace") is True and fname.startswith("torch.nn.functional")
+        if inplace:
+            kw["inplace"] = False
+        if fn in torch_ops.FUNCTIONS:
+            fname, handler = torch_ops.FUNCTIONS[fn]
+            result = handler(out, fname, pos, kw)
+        else:
+            result = externs.call_function(out, fn, pos, kw)
+        if target is not None:
+            result = externs.with_out(out, result, target, fname)
+        if inplace:
+            x = pos[0] if pos else None
+            if not isinstance(x, TensorVar):
+                raise Unsupported(f"{fname}(inplace=True) needs a tensor input")
+            result = mutation.mutate(out, x, result, f"{fname}(inplace=True)")
+        return out.from_value(result)
+
+    def call_method(self: InstructionTranslator, obj: Var, name: str, args: list, kwargs: dict):
+        out = self.output
+        if isinstance(obj, TensorVar):
+            pos, kw = self._values(args, kwargs)
+            handler = torch_ops.METHODS.get(name)
+            if handler is not None and not name.endswith("_"):
+                return out.from_value(handler(out, f"Tensor.{name}", (obj, *pos), kw))
+            return out.from_value(externs.call_method(out, obj, name, pos, kw))
+        if isinstance(obj, ListVar):
+            return self.list_method(obj, name, args, kwargs)
+        if isinstance(obj, DictVar):
+            return self.dict_method(obj, name, args, kwargs)
+        # Methods of immutable Python values (str.format, tuple.index, dtype.to_complex...)
+        method = getattr(out.to_value(obj), name)
+        values, kw = self._values(args, kwargs)
+        if any(pybuiltins.contains_tensor(v) for v in (*values, *kw.values())):
+            raise Unsupported(f"method {name}() with tensor arguments is not supported")
+        try:
+            return out.from_value(method(*values, **kw))
+        except Exception as e:
+            raise Unsupported(f"{name}() raised {type(e).__name__}: {e}") from e
+
+    def list_method(self: InstructionTranslator, lst: ListVar, name: str, args: list, kw: dict):
+        if name in _LIST_MUTATORS:
+            self.output.side_effects.mutate_container(lst, f"list.{name}")
+        items = lst.items
+        const = self.output.to_value
+        if kw:
+            raise Unsupported(f"list.{name}() with keyword arguments is not supported")
+        if name == "append" and len(args) == 1:
+            items.append(args[0])
+        elif name == "extend" and len(args) == 1:
+            items.extend(self.iter_items(args[0]))
+        elif name == "insert" and len(args) == 2:
+            items.insert(const(args[0]), args[1])
+        elif name == "pop" and len(args) <= 1:
+            if not items:
+                raise Unsupported("pop from an empty list (eager raises IndexError)")
+            return self.realize(items.pop(const(args[0]) if args else -1))
+        elif name == "clear" and not args:
+            items.clear()
+        elif name == "reverse" and not args:
+            items.reverse()
+        elif name == "copy" and not args:
+            return ListVar(list(items))
+        elif name in ("index", "count"):
+            return self.fold(lambda v, *a: getattr(v, name)(*a), lst, *args, what=name)
+        else:
+            raise Unsupported(f"list.{name}() is not supported yet")
+        return ConstantVar(None)
+
+    def dict_method(self: InstructionTranslator, d: DictVar, name: str, args: list, kw: dict):
+        if name in _DICT_MUTATORS:
+            self.output.side_effects.mutate_container(d, f"dict.{name}")
+        items = d.items
+        const = self.output.to_value
+        if name == "get" and 1 <= len(args) <= 2:
+            key = const(args[0])
+            return self.realize(items[key]) if key in items else (
+                args[1] if len(args) == 2 else ConstantVar(None)
+            )
+        if name == "keys" and not args:
+            return ListVar([ConstantVar(k) for k in items])
+        if name == "values" and not args:
+            return ListVar([self.realize(v) for v in items.values()])
+        if name == "items" and not args:
+            return ListVar([TupleVar((ConstantVar(k), self.realize(v))) for k, v in items.items()])
+        if name == "copy" and not args:
+            return DictVar(dict(items))
+        if name == "update" and len(args) <= 1:
+            if args:
+                other = self.realize(args[0])
+                if not isinstance(other, DictVar):
+                    raise Unsupported(f"dict.update({other.describe()}) is not supported")
+                items.update(other.items)
+            items.update(kw)
+            return ConstantVar(None)
+        if name == "pop" and 1 <= len(args) <= 2:
+            key = const(args[0])
+            if key in items:
+                return self.realize(items.pop(key))
+            if len(args) == 2:
+                return args[1]
+            raise Unsupported(f"key {key!r} not found (eager raises KeyError)")
+        if name == "setdefault" and 1 <= len(args) <= 2:
+            key = const(args[0])
+            if key not in items:
+                items[key] = args[1] if len(args) == 2 else ConstantVar(None)
+            return self.realize(items[key])
+        if name == "clear" and not args:
+            items.clear()
+            return ConstantVar(None)
+        raise Unsupported(f"dict.{name}() is not supported yet")
+
+    def call_module(self: InstructionTranslator, mod: NNModuleVar, args: list, kwargs: dict):
+        """``m(*args)``: inline ``type(m).forward``; hooks and ``training`` are guarded."""
+        m = mod.value
+        if mod.source is None:
+            raise Unsupported(f"calling module {type(m).__name__} reached without a source")
+        hooks = torch.nn.modules.module
+        if m._forward_hooks or m._forward_pre_hooks or hooks._global_forward_hooks or (
+            hooks._global_forward_pre_hooks
+        ):
+            raise Unsupported(f"forward hooks on {type(m).__name__} are not supported yet")
+        if "forward" in m.__dict__:
+            raise Unsupported(f"{type(m).__name__} instance with its own forward attribute")
+        self.output.guards.module_match(mod.source, m)
+        forward = type(m).forward
+        if not isinstance(forward, types.FunctionType):
+            raise Unsupported(f"{type(m).__name__}.forward is not a Python function")
+        return self.inline_call(UserFunctionVar(forward), [mod, *args], kwargs)
+
+    def call_builtin(self: InstructionTranslator, fn: Any, args: list, kwargs: dict) -> Var:
+        args = [self.realize(a) for a in args]
+        if fn is super:
+            return self.make_super(args)
+        if fn in (getattr, hasattr) and 2 <= len(args) <= 3 - (fn is hasattr) and not kwargs:
+            name = self.output.to_value(args[1])
+            if fn is hasattr:
+                return ConstantVar(self.has_attr(args[0], name))
+            if len(args) == 3 and not self.has_attr(args[0], name):
+                return args[2]
+            return self.load_attr(args[0], name)
+        if fn is setattr and len(args) == 3:
+            self.store_attr(args[0], self.output.to_value(args[1]), args[2])
+            return ConstantVar(None)
+        if fn is zip and not kwargs.keys() - {"strict"}:
+            columns = [self.iter_items(a) for a in args]
+            return IteratorVar([TupleVar(tuple(row)) for row in zip(*columns)])
+        if fn is enumerate:
+            start = self.output.to_value(args[1] if len(args) > 1 else kwargs.get("start", ConstantVar(0)))
+            return IteratorVar([TupleVar((ConstantVar(start + i), v))
+                                for i, v in enumerate(self.iter_items(args[0]))])
+        if fn is reversed and len(args) == 1:
+            return IteratorVar(list(reversed(self.iter_items(args[0]))))
+        if fn in (map, filter) and len(args) >= 2 and not kwargs:
+            if fn is map:
+                rows = zip(*[self.iter_items(a) for a in args[1:]])
+                return IteratorVar([self.call_function(args[0], list(r), {}) for r in rows])
+            if len(args) == 2 and not isinstance(args[0], ConstantVar):
+                items = self.iter_items(args[1])
+                keep = [self.truthy(self.call_function(args[0], [i], {})) for i in items]
+                return IteratorVar([i for i, k in zip(items, keep) if k])
+        if fn is iter and len(args) == 1:
+            return IteratorVar(self.iter_items(args[0]))
+        if fn is next and 1 <= len(args) <= 2 and isinstance(args[0], IteratorVar):
+            it = args[0]
+            if it.pos < len(it.items):
+                it.pos += 1
+                return self.realize(it.items[it.pos - 1])
+            if len(args) == 2:
+                return args[1]
+            raise Unsupported("next() on an exhausted iterator (eager raises StopIteration)")
+        if fn in (list, tuple) and len(args) == 1 and not kwargs:
+            items = self.iter_items(args[0])
+            return ListVar(items) if fn is list else TupleVar(tuple(items))
+        if fn is len and len(args) == 1 and isinstance(args[0], NNModuleVar):
+            return ConstantVar(len(self.module_items(args[0])))
+        if fn is isinstance and len(args) == 2 and isinstance(args[0], (StructSeqVar,)):
+            return ConstantVar(issubclass(args[0].cls or tuple, self.output.to_value(args[1])))
+        if fn is sum and 1 <= len(args) <= 2 and not kwargs:
+            items = self.iter_items(args[0])
+            if any(isinstance(i, TensorVar) for i in items):
+                total = args[1] if len(args) == 2 else ConstantVar(0)
+                for item in items:
+                    total = self.binary("+", operator.add, total, item)
+                return total
+        # Iterators become lists for the folding builtins (sum, any, max, sorted...).
+        args = [ListVar(self.iter_items(a)) if isinstance(a, IteratorVar) else a for a in args]
+        return pybuiltins.call_builtin(self.output, fn, args, kwargs)
+
+    def make_super(self: InstructionTranslator, args: list) -> Var:
+        if len(args) == 2:
+            return SuperVar(self.output.to_value(args[0]), self.realize(args[1]))
+        if args:
+            raise Unsupported("one-argument super() is not supported")
+        cell = self.cells.get("__class__")
+        if cell is None or cell.contents is None or not self.code.co_argcount:
+            raise Unsupported("super() outside a method (no __class__ cell)")
+        cls = self.output.to_value(self.realize(cell.contents))
+        first = self.code.co_varnames[0]
+        obj = self.locals.get(first)
+        if obj is None and first in self.cells:
+            obj = self.cells[first].contents
+        if obj is None:
+            raise Unsupported("super(): the first argument is unbound")
+        return SuperVar(cls, self.realize(obj))
+
+    def inline_call(self: InstructionTranslator, fn: Var, args: list, kwargs: dict) -> Var:
+        """Run a user function's bytecode in a child translator sharing this output."""
+        from minicompile.capture.interpreter import InstructionTranslator, builtins_of
+
+        if self.depth >= MAX_INLINE_DEPTH:
+            raise Unsupported(f"inlining deeper than {MAX_INLINE_DEPTH} calls (recursion?)")
+        if isinstance(fn, NestedFunctionVar):
+            code, f_globals = fn.code, fn.f_globals
+            signature_of = types.FunctionType(
+                code,
+                f_globals,
+                code.co_name,
+                tuple(fn.defaults) or None,
+                tuple(types.CellType() for _ in code.co_freevars) or None,
+            )
+            signature_of.__kwdefaults__ = dict(fn.kwdefaults) or None
+            cells = dict(zip(code.co_freevars, fn.closure))
+            globals_name = self.globals_name if f_globals is self.f_globals else None
+        else:
+            func = fn.value
+            code, f_globals, signature_of = func.__code__, func.__globals__, func
+            cells = {}
+            for name, cell in zip(code.co_freevars, func.__closure__ or ()):
+                source = self._cell_source(func, name, cell)
+                try:
+                    contents: Var | None = LazyVar(cell.cell_contents, source)
+                except ValueError:  # empty cell
+                    contents = None
+                cells[name] = CellVar(contents, local=False, source=source)
+            globals_name = None
+        local_vars: dict[str, Var] = {}
+        if code.co_argcount and code.co_varnames[0].startswith("."):
+            # A 3.11 comprehension: one positional argument `.0`, the iterator.
+            if len(args) != 1 or kwargs:
+                raise Unsupported(f"unexpected call of {code.co_name}")
+            local_vars[code.co_varnames[0]] = args[0]
+        else:
+            try:
+                bound = inspect.signature(signature_of).bind(*args, **kwargs)
+            except TypeError as e:
+                raise Unsupported(f"bad call to {code.co_name}(): {e} (eager raises)") from e
+            bound.apply_defaults()
+            for pname, value in bound.arguments.items():
+                kind = bound.signature.parameters[pname].kind
+                if kind is inspect.Parameter.VAR_POSITIONAL:
+                    local_vars[pname] = TupleVar(tuple(value))
+                elif kind is inspect.Parameter.VAR_KEYWORD:
+                    local_vars[pname] = DictVar(dict(value))
+                else:
+                    local_vars[pname] = self.output.from_value(value)  # defaults: plain values
+        if globals_name is None:
+            globals_name = self.output.guards.ref(f_globals, f"G_{f_globals.get('__name__')}")
+        child = InstructionTranslator(
+            self.output,
+            code,
+            f_globals,
+            builtins_of(f_globals),
+            local_vars,
+            cells,
+            parent_stack=self.user_stack(),
+            depth=self.depth + 1,
+            globals_name=globals_name,
+            parent=self,
+        )
+        result = child.run()
+        if child.generated is not None:
+            return IteratorVar(child.generated)
+        return result
+
+    def _cell_source(self: InstructionTranslator, func: Any, name: str, cell: Any) -> Source:
+        ref = self.output.guards.ref(cell, f"cell_{func.__name__}_{name}")
+        return Source(f"{func.__qualname__}.C[{name!r}]", f"{ref}.cell_contents", ref)
+
+    def _call(self: InstructionTranslator, fn: Var, self_arg: Var, args: list, names: tuple):
+        if not isinstance(self_arg, NullVar):
+            args = [self_arg, *args]
+        split = len(args) - len(names)
+        kwargs = dict(zip(names, args[split:]))
+        self.push(self.call_function(fn, args[:split], kwargs))
+

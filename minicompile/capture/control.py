@@ -1,0 +1,220 @@
+"""Loops, ``with`` blocks, ``super`` and stores, for the interpreter (a mixin).
+
+Loops are unrolled while tracing: ``GET_ITER`` turns a Python iterable of known length
+(``range``, tuples, lists, dicts, ``zip``/``enumerate``, module containers, a tensor's first
+dim) into an :class:`IteratorVar`, ``FOR_ITER`` takes the next item or jumps out, and
+backward jumps simply go back; the total number of traced instructions is capped.
+
+``with torch.no_grad()`` / ``enable_grad()`` / ``set_grad_enabled(b)`` set the traced grad
+mode (``OutputGraph.grad_enabled``); the normal exit (``CALL`` of ``__exit__`` with three
+Nones) restores it.  ``try`` needs nothing: handlers are only reachable through the
+exception table, and symbolic code never raises.
+
+Stores to objects, globals, cells and containers that existed before the call are logged
+as side effects (:mod:`side_effects`); stores into tensors are functionalized
+(:mod:`mutation`).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+
+from minicompile.capture import mutation
+from minicompile.capture.bytecode import PY, Inst
+from minicompile.capture.variables import (
+    NULL,
+    ConstantVar,
+    DictVar,
+    GradModeVar,
+    IteratorVar,
+    ListVar,
+    NNModuleVar,
+    NullVar,
+    ObjectVar,
+    SuperVar,
+    TensorVar,
+    TupleVar,
+    UserObjectVar,
+    Var,
+    WithExitVar,
+)
+from minicompile.errors import Unsupported
+
+if TYPE_CHECKING:
+    from minicompile.capture.interpreter import InstructionTranslator
+
+
+class ControlMixin:
+    # -- iteration -------------------------------------------------------------------------
+
+    def iter_items(self: InstructionTranslator, var: Var) -> list[Var]:
+        """The items a ``for`` loop over ``var`` sees (a live list for trace lists)."""
+        var = self.realize(var)
+        out = self.output
+        if isinstance(var, IteratorVar):
+            rest = var.items[var.pos :]
+            var.pos = len(var.items)
+            return [self.realize(v) for v in rest]
+        if isinstance(var, (TupleVar, ListVar)):
+            return [self.realize(v) for v in var.items]
+        if isinstance(var, DictVar):
+            return [ConstantVar(k) for k in var.items]
+        if isinstance(var, NNModuleVar):
+            return self.module_items(var)
+        if isinstance(var, TensorVar):
+            if var.meta.ndim == 0:
+                raise Unsupported("iteration over a 0-d tensor (eager raises)")
+            n = int(var.meta.shape[0])
+            return [self.subscript(var, ConstantVar(i)) for i in range(n)]
+        value = out.to_value(var)
+        if isinstance(value, (range, str, bytes, tuple, list, dict)):
+            return [out.from_value(v) for v in value]
+        raise Unsupported(f"iterating over {var.describe()} is not supported")
+
+    def GET_ITER(self: InstructionTranslator, inst: Inst) -> None:
+        var = self.realize(self.pop())
+        if isinstance(var, IteratorVar):
+            self.push(var)
+        elif isinstance(var, ListVar):
+            self.push(IteratorVar(var.items))  # live: appends during the loop are seen
+        else:
+            self.push(IteratorVar(self.iter_items(var)))
+
+    def FOR_ITER(self: InstructionTranslator, inst: Inst) -> None:
+        it = self.stack[-1]
+        if not isinstance(it, IteratorVar):
+            raise Unsupported(f"FOR_ITER over {it.describe()}")
+        if it.pos < len(it.items):
+            it.pos += 1
+            self.push(self.realize(it.items[it.pos - 1]))
+            return
+        if PY >= (3, 12):
+            self.push(NULL)  # END_FOR at the target pops it (and the iterator on 3.12)
+        else:
+            self.pop()
+        self.ip = self.index_of[inst.argval]
+
+    def END_FOR(self: InstructionTranslator, inst: Inst) -> None:
+        self.popn(2 if PY == (3, 12) else 1)
+
+    # -- with ------------------------------------------------------------------------------
+
+    def BEFORE_WITH(self: InstructionTranslator, inst: Inst) -> None:
+        ctx = self.realize(self.pop())
+        if not isinstance(ctx, GradModeVar):
+            raise Unsupported(f"`with` on {ctx.describe()} is not supported yet")
+        if ctx.entered:
+            raise Unsupported("re-entering a grad mode context is not supported")
+        ctx.entered = True
+        if ctx.prev is None:
+            ctx.prev = self.output.grad_enabled
+            self.output.grad_enabled = ctx.enabled
+        self.push(WithExitVar(ctx))
+        self.push(ConstantVar(None))
+
+    # -- super (3.12) ----------------------------------------------------------------------
+
+    def LOAD_SUPER_ATTR(self: InstructionTranslator, inst: Inst) -> None:
+        obj, cls, _super = self.pop(), self.pop(), self.pop()
+        sup = SuperVar(self.output.to_value(self.realize(cls)), self.realize(obj))
+        attr = self.load_attr(sup, inst.argval)
+        if inst.arg & 1:
+            self.push_method(attr)
+        else:
+            self.push(attr)
+
+    # -- stores ----------------------------------------------------------------------------
+
+    def store_attr(self: InstructionTranslator, obj: Var, name: str, value: Var) -> None:
+        obj = self.realize(obj)
+        if isinstance(obj, NNModuleVar):
+            m = obj.value
+            if name in m._parameters or name in m._modules:
+                raise Unsupported(f"assigning parameter/submodule {name!r} is not supported")
+            if isinstance(value, TensorVar) and name not in m._buffers:
+                raise Unsupported(f"assigning a tensor to module attribute {name!r}")
+        elif not isinstance(obj, UserObjectVar):
+            raise Unsupported(f"attribute write on {obj.describe()} is not supported")
+        if type(obj.value).__setattr__ is not object.__setattr__ and not isinstance(
+            obj, NNModuleVar
+        ):
+            raise Unsupported(f"{type(obj.value).__name__} has a custom __setattr__")
+        if getattr(type(obj.value), "__dataclass_params__", None) is not None and (
+            type(obj.value).__dataclass_params__.frozen
+        ):
+            raise Unsupported("assignment to a frozen dataclass (eager raises)")
+        self.output.side_effects.store_attr(obj, name, value)
+
+    def STORE_ATTR(self: InstructionTranslator, inst: Inst) -> None:
+        obj = self.pop()
+        self.store_attr(obj, inst.argval, self.pop())
+
+    def STORE_GLOBAL(self: InstructionTranslator, inst: Inst) -> None:
+        value = self.pop()
+        if self.globals_name is None:
+            raise Unsupported("global write from a function without globals")
+        self.output.side_effects.store_global(
+            self.f_globals, self.globals_name, inst.argval, value
+        )
+
+    def STORE_SUBSCR(self: InstructionTranslator, inst: Inst) -> None:
+        key, container, value = self.pop(), self.realize(self.pop()), self.pop()
+        self.store_item(container, key, value)
+
+    def store_item(self: InstructionTranslator, container: Var, key: Var, value: Var) -> None:
+        out = self.output
+        if isinstance(container, TensorVar):
+            mutation.setitem(out, container, out.to_value(key), out.to_value(value))
+        elif isinstance(container, ListVar):
+            index = out.to_value(key)
+            out.side_effects.mutate_container(container, "item assignment")
+            try:
+                if isinstance(index, slice):
+                    container.items[index] = self.iter_items(value)
+                else:
+                    container.items[index] = value
+            except (IndexError, TypeError, ValueError) as e:
+                raise Unsupported(f"list assignment raised {type(e).__name__}: {e}") from e
+        elif isinstance(container, DictVar):
+            out.side_effects.mutate_container(container, "item assignment")
+            container.items[_hashable(out.to_value(key))] = value
+        else:
+            raise Unsupported(f"item assignment on {container.describe()} is not supported")
+
+    def STORE_SLICE(self: InstructionTranslator, inst: Inst) -> None:  # 3.12
+        end, start = self.pop(), self.pop()
+        container, value = self.realize(self.pop()), self.pop()
+        self.store_item(container, self.fold(slice, start, end, what="slice"), value)
+
+    def DELETE_SUBSCR(self: InstructionTranslator, inst: Inst) -> None:
+        key, container = self.pop(), self.realize(self.pop())
+        if not isinstance(container, (ListVar, DictVar)):
+            raise Unsupported(f"del on {container.describe()} is not supported")
+        index = self.output.to_value(key)
+        self.output.side_effects.mutate_container(container, "del")
+        try:
+            del container.items[index]
+        except (IndexError, KeyError, TypeError) as e:
+            raise Unsupported(f"del raised {type(e).__name__}: {e}") from e
+
+    def STORE_FAST(self: InstructionTranslator, inst: Inst) -> None:
+        value = self.pop()
+        if isinstance(value, NullVar):  # 3.12 comprehensions restore an unset local
+            self.locals.pop(inst.argval, None)
+        else:
+            self.locals[inst.argval] = value
+
+    def STORE_DEREF(self: InstructionTranslator, inst: Inst) -> None:
+        self.output.side_effects.store_cell(self.cells[inst.argval], self.pop())
+
+
+def _hashable(key: Any) -> Any:
+    try:
+        hash(key)
+    except TypeError as e:
+        raise Unsupported(f"unhashable dict key of type {type(key).__name__}") from e
+    if isinstance(key, (TensorVar, ObjectVar)):
+        raise Unsupported("dict keys must be Python constants here")
+    return key
+

@@ -1,0 +1,292 @@
+"""PyTorch functions beyond the pointwise and view tables: extern graph ops.
+
+Any public ``torch.*``, ``torch.nn.functional.*``, ``torch.special.*``, ``torch.linalg.*``,
+``torch.fft.*`` function or ``Tensor`` method that :mod:`torch_ops` does not map onto a
+graph op becomes one ``extern`` node (:func:`minicompile.ops.extern_op`) whose metadata
+comes from running it on meta tensors; a tuple result becomes a node with a tuple of metas
+plus one ``getitem`` node per element.  Refused, with a reason:
+
+- in-place ops and ``out=`` are functionalized here (:func:`inplace_method`,
+  :func:`with_out`) rather than called;
+- random ops ("random ops are not compiled yet"), ops with data-dependent output shapes,
+  ops that read tensor data into Python (``.item()``, ``.tolist()``: future graph breaks)
+  and functions with side effects outside the tensors (``torch.manual_seed``).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.nn.functional as F
+
+from minicompile.capture import mutation
+from minicompile.capture.variables import TensorVar
+from minicompile.errors import Unsupported
+
+if TYPE_CHECKING:
+    from minicompile.capture.output import OutputGraph
+
+NAMESPACES: tuple[tuple[str, Any], ...] = (
+    ("torch.nn.functional", F),
+    ("torch", torch),
+    ("torch.special", torch.special),
+    ("torch.linalg", torch.linalg),
+    ("torch.fft", torch.fft),
+)
+
+RANDOM = frozenset(
+    """rand rand_like randn randn_like randint randint_like randperm normal bernoulli
+    multinomial poisson dropout alpha_dropout feature_alpha_dropout dropout1d dropout2d
+    dropout3d feature_dropout rrelu gumbel_softmax uniform_ normal_ random_ exponential_
+    geometric_ cauchy_ log_normal_ bernoulli_ fractional_max_pool2d fractional_max_pool3d
+    native_dropout""".split()
+)
+DATA_DEPENDENT = frozenset(
+    """nonzero nonzero_static argwhere masked_select unique unique_consecutive bincount
+    repeat_interleave histogram histogramdd""".split()
+)
+READS_DATA = frozenset(
+    """item tolist numpy __bool__ __int__ __float__ __index__ __complex__ data_ptr
+    __array__ __len__ __iter__ __repr__ __str__ __format__ untyped_storage storage""".split()
+)
+# Names with effects outside the tensors passed in (or on autograd state).
+SIDE_EFFECTS = frozenset(
+    """manual_seed seed initial_seed save load set_printoptions backward register_hook
+    retain_grad record_stream share_memory_ pin_memory set_default_dtype
+    set_default_device set_num_threads use_deterministic_algorithms compile
+    set_default_tensor_type cuda cpu""".split()
+)
+# In-place ops that change metadata or autograd state, not values.
+METADATA_INPLACE = frozenset(
+    """t_ transpose_ squeeze_ unsqueeze_ resize_ resize_as_ as_strided_ set_ swapdims_
+    swapaxes_ detach_ requires_grad_ share_memory_ rename_""".split()
+)
+# Functions that build tensors from Python values (no tensor arguments).
+FACTORIES = frozenset(
+    """zeros ones full empty arange linspace logspace eye tensor as_tensor scalar_tensor
+    zeros_like ones_like full_like empty_like tril_indices triu_indices""".split()
+)
+# Functions whose result may share memory with an argument (checked on meta tensors).
+MAYBE_VIEW = frozenset(
+    """view view_as reshape reshape_as flatten unflatten ravel select narrow diagonal detach
+    alias split split_with_sizes chunk unbind tensor_split hsplit vsplit dsplit unfold
+    as_strided movedim moveaxis swapaxes swapdims transpose t adjoint permute squeeze
+    unsqueeze expand expand_as broadcast_to broadcast_tensors real imag view_as_real
+    view_as_complex __getitem__ atleast_1d atleast_2d atleast_3d meshgrid conj positive
+    to type type_as contiguous""".split()
+)
+_RESHAPES = frozenset(
+    "view view_as reshape reshape_as flatten unflatten ravel atleast_1d atleast_2d "
+    "atleast_3d".split()
+)
+
+
+def public_name(fn: Any) -> str | None:
+    """``torch.nn.functional.linear`` for F.linear: the public path of a torch callable,
+    found by identity in the namespaces above (never a user function wrapped by torch)."""
+    name = getattr(fn, "__name__", None)
+    if not name:
+        return None
+    for prefix, ns in NAMESPACES:
+        if getattr(ns, name, None) is fn:
+            return f"{prefix}.{name}"
+    if getattr(torch.Tensor, name, None) is fn:
+        return f"torch.Tensor.{name}"
+    return None
+
+
+def check_callable(fname: str, short: str) -> None:
+    if short in READS_DATA:
+        raise Unsupported(
+            f"{fname}() reads tensor data into Python; not supported (graph break)",
+            hint="keep the value a tensor",
+        )
+    if short in RANDOM or short.rstrip("_") in RANDOM:
+        raise Unsupported(f"{fname}: random ops are not compiled yet")
+    if short in DATA_DEPENDENT:
+        raise Unsupported(f"{fname}() has a data-dependent output shape; not supported")
+    if short in SIDE_EFFECTS or short.startswith(("set_", "_")) and not short.startswith("__"):
+        raise Unsupported(f"{fname}() is not supported (effects outside the graph)")
+
+
+def call_function(out: OutputGraph, fn: Any, args: tuple, kwargs: dict) -> Any:
+    """A torch callable that :mod:`torch_ops` has no handler for."""
+    fname = public_name(fn)
+    if fname is None:
+        raise Unsupported(f"{_describe(fn)} is not supported")
+    short = fname.rpartition(".")[2]
+    if short in ("dropout", "alpha_dropout", "feature_alpha_dropout", "dropout1d", "dropout2d",
+                 "dropout3d"):
+        return dropout(out, fname, args, kwargs)
+    check_callable(fname, short)
+    if short.endswith("_") and not short.endswith("__"):
+        if not args or not isinstance(args[0], TensorVar):
+            raise Unsupported(f"in-place {fname}() is not supported")
+        return inplace_method(out, args[0], short, args[1:], kwargs)
+    if fn is F.embedding and _arg(args, kwargs, 3, "max_norm") is not None:
+        raise Unsupported("F.embedding(max_norm=...) renormalizes the weight in place")
+    if fn is F.batch_norm and _arg(args, kwargs, 5, "training", False):
+        if _arg(args, kwargs, 1, "running_mean") is not None:
+            raise Unsupported("F.batch_norm in training mode updates running stats in place")
+    return out.extern(fn, args, kwargs)
+
+
+def call_method(out: OutputGraph, x: TensorVar, name: str, args: tuple, kwargs: dict) -> Any:
+    """``x.name(*args, **kwargs)`` for a method :mod:`torch_ops` has no handler for."""
+    fname = f"Tensor.{name}"
+    check_callable(fname, name)
+    if name.endswith("_") and not name.endswith("__"):
+        return inplace_method(out, x, name, args, kwargs)
+    if name == "cpu" or name == "cuda":
+        if x.meta.device.type == name:
+            return x
+        raise Unsupported(f"{fname}() moving a tensor between devices is not supported")
+    fn = getattr(torch.Tensor, name, None)
+    if fn is None or not callable(fn):
+        raise Unsupported(f"{fname}() is not supported")
+    return out.extern(fn, (x, *args), kwargs)
+
+
+def _arg(args: tuple, kwargs: dict, i: int, name: str, default: Any = None) -> Any:
+    if len(args) > i:
+        return args[i]
+    return kwargs.get(name, default)
+
+
+def dropout(out: OutputGraph, fname: str, args: tuple, kwargs: dict) -> Any:
+    x = _arg(args, kwargs, 0, "input")
+    p = _arg(args, kwargs, 1, "p", 0.5)
+    # F.dropout*(input, p, training=True, inplace); torch.dropout(input, p, train)
+    training = _arg(args, kwargs, 2, "training", fname.startswith("torch.nn.functional"))
+    if "train" in kwargs:
+        training = kwargs["train"]
+    inplace = _arg(args, kwargs, 3, "inplace", False)
+    if not isinstance(x, TensorVar):
+        raise Unsupported(f"{fname}() expects a tensor")
+    if type(p) not in (int, float) or not 0 <= p <= 1:
+        raise Unsupported(f"{fname}(p={p!r}): eager raises")
+    if training and p > 0:
+        raise Unsupported(f"{fname}(training=True): random ops are not compiled yet")
+    del inplace  # identity either way
+    return x
+
+
+def inplace_method(out: OutputGraph, x: TensorVar, name: str, args: tuple, kwargs: dict) -> Any:
+    """``x.name_(...)``: the out-of-place op, then ``x`` is rebound to its result."""
+    from minicompile.capture import torch_ops
+
+    fname = f"Tensor.{name}"
+    if name in METADATA_INPLACE:
+        raise Unsupported(f"in-place {fname}() changes tensor metadata; not supported")
+    if name.rstrip("_") in RANDOM or name in RANDOM:
+        raise Unsupported(f"{fname}: random ops are not compiled yet")
+    if name == "zero_":
+        if args or kwargs:
+            raise Unsupported(f"{fname}() takes no arguments")
+        new = out.extern(torch.zeros_like, (x,), {}, track=False)
+    elif name == "fill_":
+        if len(args) != 1 or kwargs:
+            raise Unsupported(f"{fname}() expects one value")
+        value = args[0]
+        if isinstance(value, TensorVar) and value.meta.ndim != 0:
+            raise Unsupported(f"{fname}() with a non-0-d tensor (eager raises)")
+        new = mutation.conform(out, x, value, fname)
+    elif name == "copy_":
+        if not args or set(kwargs) - {"non_blocking"}:
+            raise Unsupported(f"{fname}() expects a source tensor")
+        new = mutation.conform(out, x, args[0], fname)
+    else:
+        base = name[:-1]
+        handler = torch_ops.METHODS.get(base)
+        if handler is not None:
+            new = handler(out, f"Tensor.{base}", (x, *args), kwargs)
+        else:
+            fn = getattr(torch.Tensor, base, None)
+            if fn is None:
+                raise Unsupported(f"in-place {fname}() has no out-of-place form")
+            check_callable(f"Tensor.{base}", base)
+            new = out.extern(fn, (x, *args), kwargs, track=False)
+    if new is x:  # e.g. relu_ of... nothing changed structurally; still a mutation
+        return x
+    return mutation.mutate(out, x, new, fname)
+
+
+def with_out(out: OutputGraph, result: Any, target: Any, fname: str) -> Any:
+    """``f(..., out=target)``: write the functional ``result`` into ``target``."""
+    if not isinstance(target, TensorVar) or not isinstance(result, TensorVar):
+        raise Unsupported(f"{fname}(out=...) is only supported with one tensor result")
+    if result.meta.concrete_shape() != target.meta.concrete_shape():
+        raise Unsupported(f"{fname}(out=...) with a differently shaped out tensor (resizes it)")
+    if result.meta.dtype != target.meta.dtype:
+        raise Unsupported(f"{fname}(out=...) with an out tensor of another dtype")
+    return mutation.mutate(out, target, result, f"{fname}(out=...)")
+
+
+def view_steps(fn: Any, short: str, x: TensorVar, fake_x: torch.Tensor, res: torch.Tensor,
+               args: tuple, kwargs: dict, index: int | None) -> tuple:
+    """The view steps from ``x`` to the extern's result ``res`` (element ``index`` of a
+    tuple result), found on meta tensors: ``fake_x`` stood for ``x``."""
+    if res is fake_x:
+        return (mutation.ViewStep("alias"),)
+    shape = tuple(res.shape)
+    if short in _RESHAPES:
+        return (mutation.ViewStep("reshape", (shape,)),)
+    if short == "select":
+        dim = _arg(args, kwargs, 1, "dim")
+        i = _arg(args, kwargs, 2, "index")
+        ndim = fake_x.ndim
+        if type(dim) is int and type(i) is int:
+            dim %= ndim
+            return (mutation.ViewStep("select", (dim, i % fake_x.shape[dim])),)
+    if short == "narrow":
+        dim, start, length = (_arg(args, kwargs, k, n) for k, n in ((1, "dim"), (2, "start"),
+                                                                   (3, "length")))
+        if type(dim) is int and type(start) is int and type(length) is int:
+            dim %= fake_x.ndim
+            start %= max(fake_x.shape[dim], 1)
+            return (mutation.ViewStep("slice", (dim, start, start + length, 1)),)
+    if short == "__getitem__":
+        steps = mutation.index_steps(args[1], tuple(fake_x.shape))
+        if steps is not None:
+            return tuple(steps)
+    if short == "diagonal":
+        offset = _arg(args, kwargs, 1, "offset", 0)
+        d1, d2 = _arg(args, kwargs, 2, "dim1", 0), _arg(args, kwargs, 3, "dim2", 1)
+        return (mutation.ViewStep("diagonal", (offset, d1, d2)),)
+    if short in ("detach", "alias", "positive"):
+        return (mutation.ViewStep("alias"),)
+    if short in ("split", "split_with_sizes", "chunk", "tensor_split", "hsplit", "vsplit",
+                 "dsplit") and res.ndim == fake_x.ndim and res.stride() == fake_x.stride():
+        dims = [d for d in range(res.ndim) if res.shape[d] != fake_x.shape[d]] or [0]
+        d = dims[0]
+        stride = fake_x.stride()[d] if fake_x.ndim else 1
+        start = res.storage_offset() // stride if stride else 0
+        return (mutation.ViewStep("slice", (d, start, start + res.shape[d], 1)),)
+    if short == "unbind" and index is not None:
+        dim = _arg(args, kwargs, 1, "dim", 0) % max(fake_x.ndim, 1)
+        return (mutation.ViewStep("select", (dim, index)),)
+    if index is not None:  # an element of a tuple of views we cannot describe
+        return (mutation.ViewStep("opaque", fn=_Unreplayable(short)),)
+    rest = tuple(args[1:])
+    return (mutation.ViewStep("opaque", rest, fn, tuple(sorted(kwargs.items()))),)
+
+
+class _Unreplayable:
+    """Stands in for a view op whose result cannot be recomputed from the base alone."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        raise Unsupported(f"mutating the base of a view made by {self.name}() is not supported")
+
+    def __repr__(self) -> str:
+        return f"{self.name}()"
+
+
+def _describe(fn: Any) -> str:
+    name = getattr(fn, "__name__", None) or repr(fn)
+    module = getattr(fn, "__module__", None)
+    qualname = getattr(fn, "__qualname__", name)
+    return f"{qualname}()" if module in (None, "builtins") else f"{module}.{qualname}"

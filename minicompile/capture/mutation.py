@@ -1,0 +1,242 @@
+"""In-place tensor ops and views, functionalized while tracing.
+
+The graph is pure: an in-place op becomes its out-of-place form, and the tracker of the
+mutated tensor is *rebound* to the new node (:class:`TensorVar` is the one mutable kind of
+tracker, so every local, container and attribute holding it sees the new value).
+
+Views share memory with their base, so mutating one changes the other.  Each view tracker
+records its root ``base`` and the :class:`ViewStep` chain from it.  Mutating a view scatters
+the new value back into the root through the chain (``select_scatter``, ``slice_scatter``,
+inverse permutes...), then every live view of that root is recomputed from the new root by
+replaying its chain.  A root that is a graph input is written back into the caller's tensor
+after the graph runs (:meth:`OutputGraph.finish`).
+
+Views that cannot be inverted (``expand``, ``unfold``, ``as_strided``...) are replayed when
+their base changes, but mutating them is Unsupported.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from minicompile.capture.variables import TensorVar
+from minicompile.errors import Unsupported
+
+if TYPE_CHECKING:
+    from minicompile.capture.output import OutputGraph
+
+
+@dataclasses.dataclass(frozen=True)
+class ViewStep:
+    """One view op from a tensor to its view.  ``kind`` is one of select, slice,
+    unsqueeze, squeeze, permute, reshape, diagonal, alias, expand, opaque."""
+
+    kind: str
+    args: tuple = ()
+    fn: Any = None  # opaque: the extern callable, called as fn(x, *args, **kwargs)
+    kwargs: tuple = ()  # opaque: sorted (name, value) pairs
+
+    def apply(self, out: OutputGraph, x: TensorVar) -> TensorVar:
+        """This view of ``x`` (a new tracker, not registered as a view)."""
+        k, a = self.kind, self.args
+        if k == "select":
+            return out.extern(torch.select, (x, *a), {}, track=False)
+        if k == "slice":
+            dim, start, stop, step = a
+            key = (slice(None),) * dim + (slice(start, stop, step),)
+            return out.extern(torch.Tensor.__getitem__, (x, key), {}, track=False)
+        if k in ("unsqueeze", "squeeze", "permute", "expand"):
+            return out.op(k, (x, *a), track=False)
+        if k == "reshape":
+            return out.extern(torch.reshape, (x, a[0]), {}, track=False)
+        if k == "diagonal":
+            return out.extern(torch.diagonal, (x, *a), {}, track=False)
+        if k == "alias":
+            return TensorVar(x.node)
+        if getattr(self.fn, "__name__", None) is None:  # externs._Unreplayable raises
+            self.fn()
+        return out.extern(self.fn, (x, *a), dict(self.kwargs), track=False)
+
+    def scatter(self, out: OutputGraph, base: TensorVar, src: TensorVar) -> TensorVar:
+        """The value of ``base`` after its view (this step of it) became ``src``."""
+        k, a = self.kind, self.args
+        if k == "select":
+            return out.extern(torch.select_scatter, (base, src, *a), {}, track=False)
+        if k == "slice":
+            return out.extern(torch.slice_scatter, (base, src, *a), {}, track=False)
+        if k == "unsqueeze":
+            return out.op("squeeze", (src, a[0]), track=False)
+        if k == "squeeze":
+            if int(base.meta.shape[a[0]]) != 1:
+                return src
+            return out.op("unsqueeze", (src, a[0]), track=False)
+        if k == "permute":
+            inverse = tuple(sorted(range(len(a[0])), key=lambda i: a[0][i]))
+            return out.op("permute", (src, inverse), track=False)
+        if k == "reshape":
+            return out.extern(torch.reshape, (src, base.meta.concrete_shape()), {}, track=False)
+        if k == "diagonal":
+            return out.extern(torch.diagonal_scatter, (base, src, *a), {}, track=False)
+        if k == "alias":
+            return src
+        what = "an expanded (broadcast) view" if k == "expand" else f"a view made by {self.fn}"
+        raise Unsupported(f"in-place op on {what} is not supported")
+
+
+def register_view(out: OutputGraph, view: TensorVar, of: TensorVar, steps: tuple) -> None:
+    """Record that ``view`` is ``of`` seen through ``steps``."""
+    if view is of:
+        return
+    if of.base is not None:
+        root, steps = of.base, (*of.view, *steps)
+    else:
+        root = of
+    view.base, view.view = root, steps
+    out.views.setdefault(id(root), []).append(view)
+
+
+def index_steps(key: Any, shape: tuple[int, ...]) -> list[ViewStep] | None:
+    """``x[key]`` as view steps for basic keys (ints, slices, None, Ellipsis); None when the
+    key has tensors or lists (advanced indexing, a copy)."""
+    key = key if isinstance(key, tuple) else (key,)
+    if any(not isinstance(k, (int, slice)) and k is not None and k is not Ellipsis for k in key):
+        return None
+    if any(type(k) is bool for k in key):
+        raise Unsupported("indexing a tensor with True/False is not supported")
+    if sum(k is Ellipsis for k in key) > 1:
+        raise Unsupported("an index can only have a single ellipsis (eager raises)")
+    consumed = sum(isinstance(k, (int, slice)) for k in key)
+    ndim = len(shape)
+    if consumed > ndim:
+        raise Unsupported(f"too many indices for a {ndim}-d tensor (eager raises)")
+    steps: list[ViewStep] = []
+    od = d = 0  # dim of the original tensor / of the current intermediate
+    for k in key:
+        if k is None:
+            steps.append(ViewStep("unsqueeze", (d,)))
+            d += 1
+        elif k is Ellipsis:
+            od += ndim - consumed
+            d += ndim - consumed
+        elif isinstance(k, slice):
+            start, stop, step = k.indices(shape[od])
+            if step <= 0:
+                raise Unsupported("negative slice steps on tensors (eager raises)")
+            steps.append(ViewStep("slice", (d, start, max(stop, start), step)))
+            od += 1
+            d += 1
+        else:
+            size = shape[od]
+            if not -size <= k < size:
+                raise Unsupported(f"index {k} is out of bounds for size {size} (eager raises)")
+            steps.append(ViewStep("select", (d, k % size)))
+            od += 1
+    return steps
+
+
+def scatter_through(
+    out: OutputGraph, root: TensorVar, steps: tuple | list, new: TensorVar
+) -> TensorVar:
+    """The value of ``root`` after its view through ``steps`` became ``new``."""
+    values = [root]
+    for step in steps[:-1]:
+        values.append(step.apply(out, values[-1]))
+    for step, base in zip(reversed(steps), reversed(values)):
+        new = step.scatter(out, base, new)
+    return new
+
+
+def rebind(out: OutputGraph, root: TensorVar, new: TensorVar) -> None:
+    """``root`` now holds ``new``'s value; recompute the views of ``root``."""
+    root.node = new.node
+    out.note_mutation(root)
+    for view in list(out.views.get(id(root), ())):
+        value = root
+        for step in view.view:
+            value = step.apply(out, value)
+        view.node = value.node
+
+
+def conform(out: OutputGraph, target: TensorVar, value: Any, what: str) -> TensorVar:
+    """``value`` (a tensor or a Python number) as the new contents of ``target``: cast to its
+    dtype and broadcast to its shape, as in-place ops and ``copy_`` do."""
+    shape = target.meta.concrete_shape()
+    if not isinstance(value, TensorVar):
+        if type(value) not in (bool, int, float):
+            raise Unsupported(f"{what}: value of type {type(value).__name__} is not supported")
+        return out.extern(torch.full_like, (target, value), {}, track=False)
+    if value.meta.device != target.meta.device:
+        raise Unsupported(f"{what}: copying between devices is not supported")
+    if value.meta.dtype != target.meta.dtype:
+        value = out.op("to_dtype", (value,), {"dtype": target.meta.dtype})
+    vshape = value.meta.concrete_shape()
+    while len(vshape) > len(shape) and vshape[0] == 1:  # eager drops leading 1s
+        value = out.op("squeeze", (value, 0), track=False)
+        vshape = vshape[1:]
+    if vshape != shape:
+        try:
+            torch.broadcast_shapes(vshape, shape)
+        except RuntimeError as e:
+            raise Unsupported(f"{what}: shape {vshape} does not broadcast to {shape}") from e
+        if len(vshape) > len(shape) or torch.broadcast_shapes(vshape, shape) != shape:
+            raise Unsupported(f"{what}: shape {vshape} does not broadcast to {shape}")
+        value = out.op("expand", (value, shape), track=False)
+    return value
+
+
+def mutate(out: OutputGraph, target: TensorVar, new: TensorVar, what: str) -> TensorVar:
+    """``target`` now holds ``new`` (the functional result of an in-place op on it), cast
+    to ``target``'s dtype as eager does.  Returns ``target``, as in-place ops do."""
+    if out.grad_enabled and (target.base or target).meta.requires_grad:
+        raise Unsupported(
+            f"{what}: in-place op on a tensor that requires grad; autograd is not supported yet",
+            hint="run under torch.no_grad()",
+        )
+    if not isinstance(new, TensorVar):
+        raise Unsupported(f"{what}: the result is not a tensor")
+    if new.meta.concrete_shape() != target.meta.concrete_shape():
+        raise Unsupported(
+            f"{what}: result shape {new.meta.concrete_shape()} differs from the tensor's "
+            f"{target.meta.concrete_shape()} (eager raises)"
+        )
+    if new.meta.dtype != target.meta.dtype:
+        if not torch.can_cast(new.meta.dtype, target.meta.dtype):
+            raise Unsupported(
+                f"{what}: result type {new.meta.dtype} can't be cast to {target.meta.dtype} "
+                "(eager raises)"
+            )
+        new = out.op("to_dtype", (new,), {"dtype": target.meta.dtype})
+    if target.base is None:
+        rebind(out, target, new)
+    else:
+        rebind(out, target.base, scatter_through(out, target.base, target.view, new))
+    return target
+
+
+def setitem(out: OutputGraph, x: TensorVar, key: Any, value: Any) -> None:
+    """``x[key] = value``, functionalized."""
+    what = "tensor item assignment (x[...] = v)"
+    steps = index_steps(key, x.meta.concrete_shape())
+    if steps is not None:
+        region = x
+        for step in steps:
+            region = step.apply(out, region)
+        new_region = conform(out, region, value, what)
+        if out.grad_enabled and (x.base or x).meta.requires_grad:
+            raise Unsupported(f"{what} on a tensor that requires grad; autograd is not supported")
+        root = x.base or x
+        chain = (*x.view, *steps) if x.base is not None else tuple(steps)
+        rebind(out, root, scatter_through(out, root, chain, new_region))
+        return
+    keys = key if isinstance(key, tuple) else (key,)
+    if not all(isinstance(k, TensorVar) for k in keys):
+        raise Unsupported(f"{what} with a mixed basic/advanced index is not supported yet")
+    if not isinstance(value, TensorVar):
+        value = out.extern(torch.Tensor.new_full, (x, (), value), {}, track=False)
+    elif value.meta.dtype != x.meta.dtype:
+        value = out.op("to_dtype", (value,), {"dtype": x.meta.dtype})
+    new = out.extern(torch.Tensor.index_put, (x, tuple(keys), value), {}, track=False)
+    mutate(out, x, new, what)

@@ -1,0 +1,213 @@
+"""Side effects on Python state, and the generated glue that replays them.
+
+Tracing never mutates user objects.  Writes to objects that existed before the call
+(attribute writes, ``STORE_GLOBAL``, ``nonlocal`` writes to closure cells, ``append`` /
+``__setitem__`` / ... on lists and dicts read from the frame) are logged in
+:class:`SideEffects`; later reads in the same trace see the logged values.  After the graph
+runs, the generated ``rebuild(outs, *frame)`` function:
+
+1. evaluates the return value and every value to be stored (graph outputs, constants,
+   frame objects), before anything changes, as eager computed them before the writes;
+2. copies the new contents of mutated input tensors into the caller's tensors;
+3. replays the writes: the final value of each attribute, global and cell, and the final
+   contents of each mutated container (``lst[:] = ...`` keeps the caller's list object);
+4. returns the value, built from the caller's own objects where the frame returned them
+   (``return x.add_(1)`` returns the caller's ``x``, as eager does).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from minicompile.capture.variables import (
+    CellVar,
+    ConstantVar,
+    DictVar,
+    ListVar,
+    ObjectVar,
+    SizeVar,
+    StructSeqVar,
+    TensorVar,
+    TupleVar,
+    Var,
+)
+from minicompile.errors import Unsupported
+from minicompile.graph import Node
+
+if TYPE_CHECKING:
+    from minicompile.capture.output import OutputGraph
+
+
+class SideEffects:
+    def __init__(self) -> None:
+        self.attrs: dict[int, tuple[Var, dict[str, Var]]] = {}  # id(obj) -> (tracker, writes)
+        self.globals: dict[tuple[int, str], tuple[str, Var]] = {}  # -> (dict expr, value)
+        self.containers: dict[int, Var] = {}  # pre-existing lists/dicts that were mutated
+        self.cells: dict[int, CellVar] = {}
+
+    def __bool__(self) -> bool:
+        return bool(self.attrs or self.globals or self.containers or self.cells)
+
+    def store_attr(self, obj: ObjectVar, name: str, value: Var) -> None:
+        if obj.source is None:
+            raise Unsupported(f"attribute write on {obj.describe()} reached without a source")
+        self.attrs.setdefault(id(obj.value), (obj, {}))[1][name] = value
+
+    def load_attr(self, obj: ObjectVar, name: str) -> Var | None:
+        entry = self.attrs.get(id(obj.value))
+        return entry[1].get(name) if entry else None
+
+    def store_global(self, f_globals: dict, dict_expr: str, name: str, value: Var) -> None:
+        self.globals[(id(f_globals), name)] = (dict_expr, value)
+
+    def load_global(self, f_globals: dict, name: str) -> Var | None:
+        entry = self.globals.get((id(f_globals), name))
+        return entry[1] if entry else None
+
+    def mutate_container(self, var: ListVar | DictVar, what: str) -> None:
+        """``var`` is about to be mutated in place."""
+        if var.mutable:
+            return  # built by this trace: nothing outside sees it
+        if var.source is None:
+            raise Unsupported(f"{what} on {var.describe()} reached without a source (mutation)")
+        self.containers[id(var)] = var
+
+    def store_cell(self, cell: CellVar, value: Var) -> None:
+        cell.contents = value
+        if not cell.local:
+            if cell.source is None:
+                raise Unsupported("assignment to a closure variable without a source")
+            self.cells[id(cell)] = cell
+
+
+def generate_rebuild(out: OutputGraph, result: Var) -> tuple[list[Node], str]:
+    """The graph outputs and the source of ``rebuild(outs, *frame)`` (see the module doc)."""
+    g = out.guards
+    outputs: list[Node] = []
+    index: dict[Node, int] = {}
+
+    def output(node: Node) -> str:
+        if node not in index:
+            index[node] = len(outputs)
+            outputs.append(node)
+        return f"outs[{index[node]}]"
+
+    def expr(v: Var) -> str:
+        v = out.realize(v)
+        if isinstance(v, TensorVar):
+            if v.source is not None:
+                return v.source.expr
+            if v.base is not None and v.base.source is not None:
+                view = view_expr(v.base.source.expr, v.view)
+                if view is not None:  # a view of an input, as eager returns it
+                    return view
+            return output(v.node)
+        if isinstance(v, SizeVar) or (isinstance(v, ConstantVar) and not _literal_ok(v.value)):
+            return g.ref(out.to_value(v), "const")
+        if isinstance(v, ConstantVar):
+            return repr(v.value)
+        if isinstance(v, StructSeqVar) and v.cls is not None:
+            inner = ", ".join(expr(i) for i in v.items)
+            return f"{g.ref(v.cls, v.cls.__name__)}(({inner},))"
+        if isinstance(v, TupleVar):
+            inner = ", ".join(expr(i) for i in v.items)
+            return f"({inner},)" if len(v.items) == 1 else f"({inner})"
+        if isinstance(v, (ListVar, DictVar)) and not v.mutable and v.source is not None:
+            return v.source.expr  # the caller's own object (mutations are replayed on it)
+        if isinstance(v, ListVar):
+            return "[" + ", ".join(expr(i) for i in v.items) + "]"
+        if isinstance(v, DictVar):
+            items = ", ".join(f"{key(k)}: {expr(i)}" for k, i in v.items.items())
+            return "{" + items + "}"
+        if isinstance(v, ObjectVar):
+            if v.source is not None:
+                return v.source.expr
+            return g.ref(v.value, getattr(v.value, "__name__", "obj"))
+        raise Unsupported(f"{v.describe()} cannot leave the compiled region (returned/stored)")
+
+    def key(k: Any) -> str:
+        return repr(k) if _literal_ok(k) else g.ref(k, "key")
+
+    lines = [f"    ret = {expr(result)}"]
+    replays: list[str] = []
+    fx = out.side_effects
+    n = 0
+
+    def temp(value_expr: str) -> str:
+        nonlocal n
+        name = f"_v{n}"
+        n += 1
+        lines.append(f"    {name} = {value_expr}")
+        return name
+
+    for var in fx.containers.values():
+        assert var.source is not None
+        if isinstance(var, ListVar):
+            items = temp("[" + ", ".join(expr(i) for i in var.items) + "]")
+            replays.append(f"    {var.source.expr}[:] = {items}")
+        else:
+            assert isinstance(var, DictVar)
+            body = ", ".join(f"{key(k)}: {expr(i)}" for k, i in var.items.items())
+            items = temp("{" + body + "}")
+            replays.append(f"    {var.source.expr}.clear()")
+            replays.append(f"    {var.source.expr}.update({items})")
+    for obj, writes in fx.attrs.values():
+        assert obj.source is not None
+        for name, value in writes.items():
+            replays.append(f"    {obj.source.expr}.{name} = {temp(expr(value))}")
+    for (_, name), (dict_expr, value) in fx.globals.items():
+        replays.append(f"    {dict_expr}[{name!r}] = {temp(expr(value))}")
+    for cell in fx.cells.values():
+        assert cell.source is not None and cell.contents is not None
+        replays.append(f"    {cell.source.expr} = {temp(expr(cell.contents))}")
+
+    writebacks: list[str] = []
+    needs_no_grad = False
+    for var in out.mutated_inputs.values():
+        if var.node is out.input_nodes[id(var)]:
+            continue  # written, but with its own value
+        assert var.source is not None
+        writebacks.append(f"{var.source.expr}.copy_({output(var.node)})")
+        needs_no_grad = needs_no_grad or var.meta.requires_grad
+    if needs_no_grad:
+        lines.append(f"    with {g.ref(torch.no_grad, 'no_grad')}():")
+        lines.extend(f"        {w}" for w in writebacks)
+    else:
+        lines.extend(f"    {w}" for w in writebacks)
+    lines.extend(replays)
+    lines.append("    return ret")
+    params = ", ".join(["outs", *out.params])
+    return outputs, f"def rebuild({params}):\n" + "\n".join(lines) + "\n"
+
+
+def view_expr(base: str, steps: tuple) -> str | None:
+    """``base`` seen through view ``steps`` as a Python expression on the real tensor
+    (None when a step cannot be written down)."""
+    text = base
+    for step in steps:
+        k, a = step.kind, step.args
+        if k == "select":
+            text = f"{text}.select({a[0]}, {a[1]})"
+        elif k == "slice":
+            dim, start, stop, stride = a
+            key = ", ".join([":"] * dim + [f"{start}:{stop}:{stride}"])
+            text = f"{text}[{key}]"
+        elif k in ("unsqueeze", "squeeze"):
+            text = f"{text}.{k}({a[0]})"
+        elif k in ("permute", "expand"):
+            text = f"{text}.{k}({tuple(a[0])!r})"
+        elif k == "reshape":
+            text = f"{text}.view({tuple(a[0])!r})"
+        elif k == "diagonal":
+            text = f"{text}.diagonal({a[0]}, {a[1]}, {a[2]})"
+        elif k != "alias":
+            return None
+    return text
+
+
+def _literal_ok(value: Any) -> bool:
+    if type(value) is float:
+        return value == value and value not in (float("inf"), float("-inf"))
+    return type(value) in (bool, int, str, bytes, type(None))

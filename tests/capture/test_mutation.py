@@ -1,0 +1,192 @@
+"""In-place tensor ops (functionalized, written back) and Python side effects (replayed):
+after a replayed call, every object must be exactly as eager left it."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+from capture_helpers import assert_same, body, capture, replay
+
+from minicompile.errors import Unsupported
+
+
+def state(value):
+    if isinstance(value, (list, tuple)):
+        return [state(v) for v in value]
+    if isinstance(value, dict):
+        return {k: state(v) for k, v in value.items()}
+    if hasattr(value, "__dict__") and not isinstance(value, torch.Tensor):
+        return state(vars(value))
+    return value
+
+
+def check_exact(fn, *args):
+    """Replay on copies of ``args`` and compare return value and arguments with eager."""
+    ours, eager = copy.deepcopy(args), copy.deepcopy(args)
+    cap, frame = capture(fn, *ours)
+    assert cap.guards.check(*frame), cap.guards.explain_failure(*frame)
+    got = replay(cap, frame)
+    expected = fn(*eager)
+    assert_same(got, expected)
+    assert_same(state(ours), state(eager))
+    return cap, ours, got
+
+
+def rand(*shape):
+    return torch.randn(*shape)
+
+
+def test_inplace_methods_on_inputs_are_written_back() -> None:
+    def f(x, y):
+        x.add_(1)
+        y.mul_(2).clamp_(-1, 1)
+        x.sub_(y, alpha=2)
+        return x.exp()
+
+    cap, (x, y), _ = check_exact(f, rand(4, 8), rand(4, 8))
+    assert "L_x.copy_(" in cap.rebuild_source and "L_y.copy_(" in cap.rebuild_source
+    assert "add_" not in body(cap)  # functional ops only
+
+
+def test_returning_the_mutated_input_returns_the_callers_tensor() -> None:
+    def f(x):
+        return x.add_(1)
+
+    cap, (x,), got = check_exact(f, rand(3))
+    assert got is x
+
+
+def test_fill_zero_copy_operators_and_out() -> None:
+    def f(x, y, z, w):
+        x.zero_()
+        y.fill_(2.5)
+        z.copy_(w[0])
+        w += 1
+        w *= torch.tensor(2.0)
+        torch.mul(w, 3, out=z)
+        F.relu(y, inplace=True)
+        return None
+
+    check_exact(f, rand(3, 4), rand(3, 4), rand(2, 4), rand(2, 4))
+
+
+def test_views_of_inputs_mutate_the_base() -> None:
+    def f(x):
+        x[0].zero_()
+        x[1:, 2].mul_(2)
+        x.view(-1)[:3] = 7.0
+        x.t()[0, 1] = -1.0
+        row = x[2]
+        x.add_(1)  # the earlier view sees it
+        return row * 1
+
+    check_exact(f, rand(4, 5))
+
+
+def test_setitem_forms() -> None:
+    def f(x, idx, v):
+        x[0] = v
+        x[..., 1] = 3
+        x[None, 2:3] = v[:1]
+        x[idx] = 0.5
+        return x.sum(0)
+
+    check_exact(f, rand(4, 3), torch.tensor([1, 3]), rand(3))
+
+
+def test_intermediate_mutation_rebinds_only() -> None:
+    def f(x):
+        y = x * 2
+        z = y
+        y.add_(1)
+        return z, x
+
+    cap, (x,), (z, xr) = check_exact(f, rand(3))
+    assert xr is x and "copy_" not in cap.rebuild_source
+
+
+def test_tuple_results_and_views_of_split() -> None:
+    def f(x):
+        a, b = x.chunk(2, dim=1)
+        a.mul_(10)
+        v, i = x.max(dim=1)
+        return v, i, b + 0
+
+    check_exact(f, rand(3, 4))
+
+
+class Box:
+    def __init__(self):
+        self.count = 0
+        self.items = []
+
+
+G_COUNTER = 0
+
+
+def effects(x, box, lst, d):
+    global G_COUNTER
+    box.count += 1
+    G_COUNTER = G_COUNTER + 1
+    lst.append(x * 2)
+    d["k"] = box.count
+    del d["a"]
+    box.items.extend([G_COUNTER, box.count])
+    return lst[-1] + box.count, lst
+
+
+def test_python_side_effects_are_replayed() -> None:
+    global G_COUNTER
+    box, lst, d = Box(), [1], {"a": 1}
+    cap, frame = capture(effects, rand(2), box, lst, d)
+    assert (box.count, lst, d, G_COUNTER) == (0, [1], {"a": 1}, 0)  # tracing changed nothing
+    (out, returned) = replay(cap, frame)
+    assert returned is lst and len(lst) == 2 and d == {"k": 1}
+    assert box.count == 1 and box.items == [1, 1] and G_COUNTER == 1
+    torch.testing.assert_close(out, lst[1] + 1)
+    # the guards saw the old values: a second call recompiles
+    assert not cap.guards.check(*frame)
+    assert "value: expected 0, got 1" in cap.guards.explain_failure(*frame)
+    G_COUNTER = 0
+
+
+def test_nonlocal_cell_writes_are_replayed() -> None:
+    total = 0
+
+    def f(x):
+        nonlocal total
+        total = total + 1
+        return x * total
+
+    cap, frame = capture(f, rand(2))
+    replay(cap, frame)
+    assert total == 1
+
+
+def test_aliased_inputs_are_guarded() -> None:
+    def f(a, b):
+        a.add_(1)
+        return b * 1
+
+    x = rand(3)
+    cap, frame = capture(f, x, x)
+    assert len(cap.graph.placeholders) == 1
+    assert "L_b is L_a" in str(cap.guards)
+    assert not cap.guards.check(rand(3), rand(3))
+    y, z = rand(3), rand(3)
+    cap2, frame2 = capture(f, y, z)
+    assert not cap2.guards.check(x, x)
+    assert "distinct storages" in cap2.guards.explain_failure(x, x[:])
+    with pytest.raises(Unsupported, match="shares memory"):
+        capture(f, x, x[:])
+
+
+def test_mutation_under_autograd_is_refused() -> None:
+    w = torch.randn(3, requires_grad=True)
+    with pytest.raises(Unsupported, match="autograd"):
+        capture(lambda w: w.add_(1), w)
+    with torch.no_grad():
+        check_exact(lambda w: w.add_(1), w.detach().clone().requires_grad_())

@@ -23,10 +23,12 @@ from typing import Any
 import torch
 
 from minicompile import config, trace
-from minicompile.capture import Capture, capture_frame
+from minicompile.capture import Break, Capture, ResumePoint, capture_segment, concrete
+from minicompile.capture import root_point
 from minicompile.config import Config
 from minicompile.errors import BackendCompilerFailed, Unsupported
 from minicompile.lowering import lower
+from minicompile.ops import run_graph
 
 from minicompile.codegen.wrapper import generate
 from minicompile.passes.fusion import fuse
@@ -40,6 +42,7 @@ MODES = (None, "default", "reduce-overhead", "max-autotune")
 
 _STAT_KEYS = (
     "frames", "graphs", "graph_breaks", "recompiles", "kernels", "cache_hits", "eager_fallbacks",
+    "instructions",
 )
 _stats: dict[str, int] = dict.fromkeys(_STAT_KEYS, 0)
 _compiled: list[CompiledFunction] = []  # every wrapper, so reset() can clear them
@@ -55,7 +58,9 @@ def stats() -> dict[str, int]:
 def reset() -> None:
     """Forget all compiled code and zero the stats (the on-disk cache stays)."""
     for fn in _compiled:
-        fn.entries.clear()
+        fn.segments = {fn.root: []}
+        fn.concrete_points.clear()
+        fn.breaks.clear()
         fn.eager_reason = None
     build.forget()
     for key in _stats:
@@ -68,7 +73,8 @@ class Entry:
 
     capture: Capture
     run: Callable[[tuple], Any]
-    eager_reason: str | None = None  # set when this entry runs the function eagerly
+    eager_reason: str | None = None  # set when this entry runs its graph eagerly
+    stop: Break | None = None  # where the segment breaks; None: it runs to the return
     # The generated wrapper's call(inputs) (allocate, launch, return), for inspection and
     # benchmarks; None for an eager entry.
     call: Callable[[list], tuple] | None = None
@@ -86,8 +92,12 @@ class CompiledFunction:
             )
         self.original = fn
         self.cfg = cfg
-        self.entries: list[Entry] = []
+        self.root = root_point(self.fn.__code__)
+        # Compiled segments by where they start; the root's are the whole-frame entries.
+        self.segments: dict[ResumePoint, list[Entry]] = {self.root: []}
+        self.concrete_points: set[ResumePoint] = set()  # the rest of the frame runs for real
         self.eager_reason: str | None = None
+        self.breaks: list[Break | Unsupported] = []  # every break met, for explain()
         self.signature = inspect.signature(self.fn)
         code = self.fn.__code__
         self.n_params = code.co_argcount + code.co_kwonlyargcount
@@ -107,10 +117,84 @@ class CompiledFunction:
         frame = args if (not kwargs and self.simple and len(args) == self.n_params) else (
             self.bind(args, kwargs)
         )
-        for entry in self.entries:
+        for entry in self.segments[self.root]:
             if entry.capture.guards.check(*frame):
-                return entry.run(frame)
+                if entry.stop is None:
+                    return entry.run(frame)
+                return self.resume(entry, entry.run(frame))
         return self.compile_and_run(frame, args, kwargs)
+
+    @property
+    def entries(self) -> list[Entry]:
+        """The compiled versions of the frame's first segment, newest first."""
+        return self.segments[self.root]
+
+    # -- graph breaks -----------------------------------------------------------------------
+
+    def resume(self, entry: Entry, state: tuple) -> Any:
+        """Continue a frame after a segment that stopped at a graph break: run the breaking
+        instruction for real, then the segment after it (compiled on a miss), until the
+        frame returns."""
+        while True:
+            stop = entry.stop
+            assert stop is not None
+            local_values, stack = state
+            f = concrete.Frame.at(
+                self.fn, stop.offset, dict(zip(stop.local_names, local_values)), list(stack)
+            )
+            concrete.step(f)  # the breaking instruction
+            if f.returned:
+                return f.result
+            code = self.fn.__code__
+            names = tuple(n for n in code.co_varnames if n in f.locals)
+            point = ResumePoint(f.offset, names, len(f.stack))
+            values = tuple(f.locals[n] for n in names) + tuple(f.stack)
+            found = self.segment(point, values)
+            if found is None:  # the rest cannot be compiled: finish this call for real
+                return concrete.run_to_end(f)
+            entry = found
+            if entry.stop is None:
+                return entry.run(values)
+            state = entry.run(values)
+
+    def segment(self, point: ResumePoint, values: tuple) -> Entry | None:
+        """The compiled segment starting at ``point`` for these values (traced on a miss),
+        or None when that part of the frame runs for real."""
+        if point in self.concrete_points:
+            return None
+        entries = self.segments.setdefault(point, [])
+        for entry in entries:
+            if entry.capture.guards.check(*values):
+                return entry
+        name = f"{self.fn.__qualname__} (from offset {point.offset})"
+        if len(entries) >= self.cfg.recompile_limit:
+            self.concrete_points.add(point)
+            return None
+        if entries:
+            _stats["recompiles"] += 1
+        _stats["frames"] += 1
+        try:
+            capture, stop = capture_segment(self.fn, point, values)
+        except Unsupported as e:
+            trace.emit("graph_breaks", name, f"running the rest eagerly: {e.describe()}")
+            self.concrete_points.add(point)
+            _stats["eager_fallbacks"] += 1
+            return None
+        entry = self.new_entry(capture, stop, name)
+        entries.insert(0, entry)
+        return entry
+
+    def new_entry(self, capture: Capture, stop: Break | None, name: str) -> Entry:
+        _stats["instructions"] += capture.instructions
+        if stop is not None:
+            _stats["graph_breaks"] += 1
+            self.breaks.append(stop)
+            trace.emit("graph_breaks", name, f"graph break: {stop.reason.describe()}")
+        trace.emit("graph", name, str(capture.graph), f"{self.fn.__name__}.graph.txt")
+        trace.emit("guards", name, str(capture.guards))
+        entry = self.build_entry(capture)
+        entry.stop = stop
+        return entry
 
     def bind(self, args: tuple, kwargs: dict[str, Any]) -> tuple:
         """The frame's parameter values in co_varnames order (then *args, then **kwargs)."""
@@ -146,58 +230,44 @@ class CompiledFunction:
                 f"entry {k}: {r}" for k, r in enumerate(reasons)))
         _stats["frames"] += 1
         try:
-            capture = capture_frame(self.fn, frame)
+            capture, stop = capture_segment(self.fn, self.root, frame, not cfg.fullgraph)
         except Unsupported as e:
             if cfg.fullgraph:
                 raise
+            self.breaks.append(e)
             trace.emit("graph_breaks", name, f"running {name} eagerly: {e.describe()}")
             log.info("minicompile: running %s eagerly: %s", name, e.describe())
             return self.give_up(e.describe(), args, kwargs)
-        trace.emit("graph", name, str(capture.graph), f"{self.fn.__name__}.graph.txt")
-        trace.emit("guards", name, str(capture.guards))
-        entry = self.build_entry(capture)
+        entry = self.new_entry(capture, stop, name)
         self.entries.insert(0, entry)
-        if entry.eager_reason is not None:
-            return self.fn(*args, **kwargs)
         try:
-            return entry.run(frame)
+            result = entry.run(frame)
         except Exception as e:  # a kernel that failed to build at launch (Triton JIT)
             if cfg.strict or not _is_build_failure(e):
                 raise
-            return self.fall_back(entry, f"kernel failed to build: {e}", args, kwargs)
+            warnings.warn(f"minicompile: {name} runs eagerly: kernel failed to build: {e}",
+                          stacklevel=3)
+            self.run_graph_eagerly(entry, f"kernel failed to build: {e}")
+            result = entry.run(frame)
+        return result if entry.stop is None else self.resume(entry, result)
 
     def give_up(self, reason: str, args: tuple, kwargs: dict[str, Any]) -> Any:
         self.eager_reason = reason
         _stats["eager_fallbacks"] += 1
         return self.fn(*args, **kwargs)
 
-    def fall_back(self, entry: Entry, reason: str, args: tuple, kwargs: dict) -> Any:
-        warnings.warn(f"minicompile: {self.fn.__qualname__} runs eagerly: {reason}", stacklevel=4)
+    def run_graph_eagerly(self, entry: Entry, reason: str) -> None:
+        """From now on ``entry`` evaluates its graph with PyTorch ops (its kernels could
+        not be built); guards, write-backs and side effects stay as compiled."""
         _stats["eager_fallbacks"] += 1
         entry.eager_reason = reason
-        entry.run = self.eager_runner()
-        return self.fn(*args, **kwargs)
-
-    def eager_runner(self) -> Callable[[tuple], Any]:
-        code = self.fn.__code__
-        fn, n = self.fn, self.n_params
-        varargs = bool(code.co_flags & inspect.CO_VARARGS)
-        varkw = bool(code.co_flags & inspect.CO_VARKEYWORDS)
-        names = code.co_varnames[: self.n_params]
-        n_pos = code.co_argcount
+        capture = entry.capture
+        graph, get_inputs, rebuild = capture.graph, capture.get_inputs, capture.rebuild
 
         def run(frame: tuple) -> Any:
-            pos = list(frame[:n_pos])
-            kw = {names[k]: frame[k] for k in range(n_pos, n)}
-            extra = frame[n:]
-            if varargs:
-                pos += list(extra[0])
-                extra = extra[1:]
-            if varkw:
-                kw.update(extra[0])
-            return fn(*pos, **kw)
+            return rebuild(run_graph(graph, get_inputs(*frame)), *frame)
 
-        return run
+        entry.run = run
 
     def build_entry(self, capture: Capture) -> Entry:
         cfg = self.cfg
@@ -210,9 +280,10 @@ class CompiledFunction:
             reason = e.describe() if isinstance(e, Unsupported) else str(e)
             if isinstance(e, BackendCompilerFailed):
                 warnings.warn(f"minicompile: {name} runs eagerly: {reason}", stacklevel=4)
-            trace.emit("graph_breaks", name, f"running {name} eagerly: {reason}")
-            _stats["eager_fallbacks"] += 1
-            return Entry(capture, self.eager_runner(), reason)
+            trace.emit("graph_breaks", name, f"running {name}'s graph eagerly: {reason}")
+            entry = Entry(capture, lambda frame: None)
+            self.run_graph_eagerly(entry, reason)
+            return entry
         _stats["graphs"] += 1
         return Entry(capture, run, call=call)
 

@@ -58,25 +58,33 @@ class ExplainOutput:
 
 
 def explain(fn: Callable) -> Callable[..., ExplainOutput]:
-    """Capture ``fn`` on the given arguments and report its graphs and breaks.  Today a
-    break makes the whole frame eager, so a frame gives one graph or one break."""
-    from minicompile.api import CompiledFunction, capture_frame
-    from minicompile import config
+    """``explain(fn)(*args)`` runs ``fn`` once through a fresh compiled wrapper (so its
+    side effects happen, as with ``torch._dynamo.explain``) and reports the graphs compiled
+    and every graph break met, with the user's file and line.  ``minicompile.stats()`` is
+    left as it was."""
+    from minicompile import api, config
 
     def run(*args: Any, **kwargs: Any) -> ExplainOutput:
-        wrapper = CompiledFunction(fn, config.get())
-        if wrapper.bound_self is not None:
-            args = (wrapper.bound_self, *args)
-        frame = wrapper.bind(args, kwargs)
+        saved = api.stats()
+        wrapper = api.CompiledFunction(fn, config.get())
         try:
-            capture = capture_frame(wrapper.fn, frame)
-        except Unsupported as e:
+            wrapper(*args, **kwargs)
+        finally:
+            api._compiled.remove(wrapper)
+            api._stats.update(saved)
+        graphs = [
+            e.capture.graph
+            for point in sorted(wrapper.segments, key=lambda p: p.offset)
+            for e in reversed(wrapper.segments[point])
+        ]
+        reasons = []
+        for b in wrapper.breaks:
+            e = b if isinstance(b, Unsupported) else b.reason
             where = e.stack[-1] if e.stack else None
-            reason = BreakReason(
+            reasons.append(BreakReason(
                 e.reason, where.filename if where else None, where.lineno if where else None,
                 e.hint,
-            )
-            return ExplainOutput([], [reason], eager_frames=1)
-        return ExplainOutput([capture.graph], [], eager_frames=0)
+            ))
+        return ExplainOutput(graphs, reasons, eager_frames=int(wrapper.eager_reason is not None))
 
     return run

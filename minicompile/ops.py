@@ -255,3 +255,22 @@ def infer_meta(
     if isinstance(out, (tuple, list)):
         return tuple(meta_of(t) for t in out)
     return meta_of(out)
+
+
+def run_graph(graph: Any, inputs: list) -> tuple:
+    """Evaluate ``graph`` eagerly with PyTorch on ``inputs`` (the placeholders' tensors):
+    the fallback when its kernels cannot be built, and a reference in tests."""
+    from minicompile.graph import map_nodes
+
+    env: dict[Node, Any] = {}
+    values = iter(inputs)
+    for node in graph.nodes:
+        if node.op == "placeholder":
+            env[node] = next(values)
+        elif node.op == "call":
+            args = map_nodes(node.args, lambda n: env[n])
+            kwargs = map_nodes(node.kwargs, lambda n: env[n])
+            env[node] = run_eager(node.target, args, kwargs)
+        else:
+            return tuple(env[n] for n in node.args[0])
+    return ()

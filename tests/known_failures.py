@@ -10,7 +10,19 @@ from __future__ import annotations
 
 import pytest
 
-KNOWN_FAILURES: dict[str, str] = {}
+_PARTIAL = "functools.partial objects cannot be created inside the trace yet (capture)"
+_ALIASED_VIEW = (
+    "an input mutated in place that shares memory with another input (f(a, a[0])) runs "
+    "eagerly: the graph treats inputs as independent"
+)
+
+KNOWN_FAILURES: dict[str, str] = {
+    "programs/test_programs.py::test_program_matches_eager[cpp-functools_partial]": _PARTIAL,
+    "programs/test_programs.py::test_program_matches_eager[triton-functools_partial]": _PARTIAL,
+    "programs/test_programs.py::test_program_matches_eager[cpp-aliased_view_inputs]": _ALIASED_VIEW,
+    "programs/test_programs.py::test_program_matches_eager[triton-aliased_view_inputs]":
+        _ALIASED_VIEW,
+}
 
 
 def apply_known_failures(items: list[pytest.Item]) -> None:

@@ -41,11 +41,22 @@ from minicompile.capture import bytecode
 from minicompile.capture.guards import Guards
 from minicompile.capture.interpreter import InstructionTranslator, builtins_of
 from minicompile.capture.output import OutputGraph
+from minicompile.capture.segments import (
+    Break,
+    ResumePoint,
+    frame_state,
+    initial_values,
+    root_point,
+    why_not_resumable,
+)
 from minicompile.capture.variables import CellVar, LazyVar, Source
 from minicompile.errors import Unsupported
 from minicompile.graph import Graph, SourceLine
 
-__all__ = ["Capture", "Guards", "capture_frame", "frame_args"]
+__all__ = [
+    "Break", "Capture", "Guards", "ResumePoint", "capture_frame", "capture_segment",
+    "frame_args", "root_point",
+]
 
 
 @dataclasses.dataclass
@@ -58,6 +69,7 @@ class Capture:
     ops: int  # number of call nodes
     get_inputs_source: str = ""
     rebuild_source: str = ""
+    instructions: int = 0  # bytecode instructions interpreted to make it
 
     def __str__(self) -> str:
         return "\n".join(
@@ -82,10 +94,26 @@ def frame_args(fn: types.FunctionType, args: tuple, kwargs: dict[str, Any]) -> t
 
 
 def capture_frame(fn: types.FunctionType, args: tuple) -> Capture:
-    """Trace one call of ``fn`` with the frame values ``args`` (layout order) into a graph.
+    """Trace one call of ``fn`` with the frame values ``args`` (layout order) into a graph
+    of the whole frame.
 
     Raises Unsupported for anything outside scope: generators and coroutines, data-dependent
     branches, reading tensor data into Python, random ops, unknown callables, autograd.
+    """
+    capture, stop = capture_segment(fn, root_point(fn.__code__), args, allow_break=False)
+    assert stop is None
+    return capture
+
+
+def capture_segment(
+    fn: types.FunctionType, point: ResumePoint, values: tuple, allow_break: bool = True
+) -> tuple[Capture, Break | None]:
+    """Trace ``fn`` from ``point`` with the frame values ``values`` (``point.layout()``).
+
+    The segment ends where the frame returns (the Break is None; ``rebuild`` gives the
+    return value) or, when ``allow_break``, at a resumable graph break (``rebuild`` gives
+    ``(locals, stack)`` at the breaking instruction, which the caller runs for real).
+    Unsupported when neither applies.
     """
     code = fn.__code__
     if bytecode.is_generator_like(code):
@@ -93,14 +121,11 @@ def capture_frame(fn: types.FunctionType, args: tuple) -> Capture:
             f"generator/async function {fn.__qualname__}() is not supported",
             (SourceLine(code.co_filename, code.co_firstlineno, code.co_name),),
         )
-    names = bytecode.frame_layout(code)
-    if len(args) != len(names):
-        raise TypeError(f"capture_frame: expected {len(names)} frame values, got {len(args)}")
-    params = [f"L_{n}" for n in names]
-    output = OutputGraph(fn.__name__, params)
-    local_vars = {
-        n: LazyVar(v, Source(f"L[{n!r}]", f"L_{n}", f"L_{n}")) for n, v in zip(names, args)
-    }
+    names = point.layout()
+    if len(values) != len(names):
+        raise TypeError(f"capture_segment: expected {len(names)} frame values, got {len(values)}")
+    output = OutputGraph(fn.__name__, names)
+    local_vars, stack = initial_values(point, values)
     output.guards.ref(fn.__globals__, "G")
     cells: dict[str, CellVar] = {}
     for name, cell in zip(code.co_freevars, fn.__closure__ or ()):
@@ -114,9 +139,19 @@ def capture_frame(fn: types.FunctionType, args: tuple) -> Capture:
     tx = InstructionTranslator(
         output, code, fn.__globals__, builtins_of(fn.__globals__), local_vars, cells
     )
-    result = tx.run()
+    if point.offset:
+        tx.ip = tx.index_of[point.offset]
+    tx.stack = stack
+    stop = None
+    try:
+        result = tx.run()
+    except Unsupported as e:
+        if not allow_break or why_not_resumable(code, tx) is not None:
+            raise
+        result, local_names = frame_state(tx)
+        stop = Break(tx.insts[tx.ip].offset, local_names, len(tx.stack), e)
     done = output.finish(result)
-    return Capture(
+    capture = Capture(
         graph=done.graph,
         input_sources=done.input_sources,
         get_inputs=done.get_inputs,
@@ -125,4 +160,6 @@ def capture_frame(fn: types.FunctionType, args: tuple) -> Capture:
         ops=sum(1 for _ in done.graph.calls()),
         get_inputs_source=done.get_inputs_source,
         rebuild_source=done.rebuild_source,
+        instructions=output.instructions,
     )
+    return capture, stop

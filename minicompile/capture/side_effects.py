@@ -17,15 +17,20 @@ runs, the generated ``rebuild(outs, *frame)`` function:
 
 from __future__ import annotations
 
+import types
 from typing import TYPE_CHECKING, Any
 
 import torch
 
+from minicompile.capture import concrete
 from minicompile.capture.variables import (
+    BoundMethodVar,
     CellVar,
     ConstantVar,
     DictVar,
     ListVar,
+    MethodVar,
+    NullVar,
     ObjectVar,
     SizeVar,
     StructSeqVar,
@@ -125,6 +130,13 @@ def generate_rebuild(out: OutputGraph, result: Var) -> tuple[list[Node], str]:
             if v.source is not None:
                 return v.source.expr
             return g.ref(v.value, getattr(v.value, "__name__", "obj"))
+        # What a value stack holds at a graph break (see segments.py).
+        if isinstance(v, NullVar):
+            return g.ref(concrete.NULL, "NULL")
+        if isinstance(v, MethodVar):
+            return f"getattr({expr(v.obj)}, {v.name!r})"
+        if isinstance(v, BoundMethodVar):
+            return f"{g.ref(types.MethodType, 'MethodType')}({g.ref(v.func, 'fn')}, {expr(v.self_var)})"
         raise Unsupported(f"{v.describe()} cannot leave the compiled region (returned/stored)")
 
     def key(k: Any) -> str:

@@ -1,0 +1,351 @@
+"""Running bytecode for real, one instruction at a time, with real values.
+
+At a graph break the breaking instruction (a call to ``print``, a jump on a tensor, a
+``.item()``) runs here, between two compiled segments.  When the rest of a frame cannot be
+compiled after segments of it already ran (a break inside a loop, say), the frame finishes
+here too: its side effects have happened, so it cannot start again eagerly.
+
+The state is a :class:`Frame`: the locals (a dict of the bound ones), the value stack and
+the instruction pointer.  Only the opcodes ordinary function bodies use are handled;
+anything else raises :class:`NotConcrete`.
+"""
+
+from __future__ import annotations
+
+import builtins
+import dataclasses
+import operator
+import types
+from typing import Any
+
+from minicompile.capture import bytecode
+from minicompile.capture.bytecode import LOAD_ATTR_HAS_METHOD_BIT, Inst
+
+
+class _Null:
+    """CPython's NULL stack slot (next to callables), as a value."""
+
+    def __repr__(self) -> str:
+        return "NULL"
+
+
+NULL = _Null()
+
+INPLACE = {
+    "+": operator.iadd, "&": operator.iand, "//": operator.ifloordiv, "<<": operator.ilshift,
+    "@": operator.imatmul, "*": operator.imul, "%": operator.imod, "|": operator.ior,
+    "**": operator.ipow, ">>": operator.irshift, "-": operator.isub, "/": operator.itruediv,
+    "^": operator.ixor,
+}
+
+
+class NotConcrete(Exception):
+    """An instruction this executor does not implement."""
+
+
+@dataclasses.dataclass
+class Frame:
+    fn: types.FunctionType
+    locals: dict[str, Any]
+    stack: list[Any]
+    index: int  # position in ``insts``
+    insts: list[Inst] = dataclasses.field(default_factory=list)
+    index_of: dict[int, int] = dataclasses.field(default_factory=dict)
+    kw_names: tuple[str, ...] = ()
+    returned: bool = False
+    result: Any = None
+
+    @staticmethod
+    def at(fn: types.FunctionType, offset: int, local_values: dict, stack: list) -> Frame:
+        insts = bytecode.decode(fn.__code__)
+        index_of = bytecode.offset_to_index(insts)
+        return Frame(fn, dict(local_values), list(stack), index_of[offset], insts, index_of)
+
+    @property
+    def offset(self) -> int:
+        return self.insts[self.index].offset
+
+
+def step(f: Frame) -> None:
+    """Execute the instruction at ``f.index`` and advance."""
+    inst = f.insts[f.index]
+    f.index += 1
+    handler = HANDLERS.get(inst.opname)
+    if handler is None:
+        raise NotConcrete(f"bytecode {inst.opname} cannot run outside a compiled segment")
+    handler(f, inst)
+
+
+def run_to_end(f: Frame) -> Any:
+    while not f.returned:
+        step(f)
+    return f.result
+
+
+# -- handlers ------------------------------------------------------------------------------
+
+def _jump(f: Frame, inst: Inst) -> None:
+    f.index = f.index_of[inst.argval]
+
+
+def _global(f: Frame, name: str) -> Any:
+    g = f.fn.__globals__
+    if name in g:
+        return g[name]
+    b = g.get("__builtins__", builtins)
+    b = b if isinstance(b, dict) else vars(b)
+    if name in b:
+        return b[name]
+    raise NameError(f"name {name!r} is not defined")
+
+
+def _call(f: Frame, n: int) -> None:
+    args = f.stack[len(f.stack) - n:]
+    del f.stack[len(f.stack) - n:]
+    second, first = f.stack.pop(), f.stack.pop()
+    fn, args = (second, args) if first is NULL else (first, [second, *args])
+    kw = f.kw_names
+    f.kw_names = ()
+    kwargs = {}
+    if kw:
+        kwargs = dict(zip(kw, args[len(args) - len(kw):]))
+        args = args[: len(args) - len(kw)]
+    f.stack.append(fn(*args, **kwargs))
+
+
+def _load_attr(f: Frame, inst: Inst) -> None:
+    obj = f.stack.pop()
+    method = LOAD_ATTR_HAS_METHOD_BIT and inst.arg is not None and inst.arg & 1
+    value = getattr(obj, inst.argval)
+    if method:
+        f.stack.extend([NULL, value])  # a bound method: the NULL form is equivalent
+    else:
+        f.stack.append(value)
+
+
+def _load_global(f: Frame, inst: Inst) -> None:
+    if inst.arg is not None and inst.arg & 1:
+        f.stack.append(NULL)
+    f.stack.append(_global(f, inst.argval))
+
+
+def _load_deref(f: Frame, inst: Inst) -> None:
+    name = inst.argval
+    code = f.fn.__code__
+    if name not in code.co_freevars:
+        raise NotConcrete("a cell variable of the frame itself")
+    f.stack.append(f.fn.__closure__[code.co_freevars.index(name)].cell_contents)
+
+
+def _pop_jump(test: Any) -> Any:
+    def handler(f: Frame, inst: Inst) -> None:
+        if test(f.stack.pop()):
+            _jump(f, inst)
+
+    return handler
+
+
+def _jump_or_pop(when: bool) -> Any:
+    def handler(f: Frame, inst: Inst) -> None:
+        if bool(f.stack[-1]) is when:
+            _jump(f, inst)
+        else:
+            f.stack.pop()
+
+    return handler
+
+
+def _binary_op(f: Frame, inst: Inst) -> None:
+    rhs, lhs = f.stack.pop(), f.stack.pop()
+    symbol, fn, inplace = bytecode.binary_op(inst)
+    f.stack.append((INPLACE[symbol] if inplace else fn)(lhs, rhs))
+
+
+def _compare(f: Frame, inst: Inst) -> None:
+    rhs, lhs = f.stack.pop(), f.stack.pop()
+    f.stack.append(bytecode.COMPARE_OPS[bytecode.compare_symbol(inst)](lhs, rhs))
+
+
+def _build(kind: Any) -> Any:
+    def handler(f: Frame, inst: Inst) -> None:
+        items = f.stack[len(f.stack) - inst.arg:] if inst.arg else []
+        if inst.arg:
+            del f.stack[len(f.stack) - inst.arg:]
+        f.stack.append(kind(items))
+
+    return handler
+
+
+def _build_map(f: Frame, inst: Inst) -> None:
+    items = f.stack[len(f.stack) - 2 * inst.arg:] if inst.arg else []
+    if inst.arg:
+        del f.stack[len(f.stack) - 2 * inst.arg:]
+    f.stack.append({items[i]: items[i + 1] for i in range(0, len(items), 2)})
+
+
+def _const_key_map(f: Frame, inst: Inst) -> None:
+    keys = f.stack.pop()
+    values = f.stack[len(f.stack) - len(keys):]
+    del f.stack[len(f.stack) - len(keys):]
+    f.stack.append(dict(zip(keys, values)))
+
+
+def _unpack(f: Frame, inst: Inst) -> None:
+    items = list(f.stack.pop())
+    if len(items) != inst.arg:
+        raise ValueError(f"expected {inst.arg} values to unpack, got {len(items)}")
+    f.stack.extend(reversed(items))
+
+
+def _call_function_ex(f: Frame, inst: Inst) -> None:
+    kwargs = f.stack.pop() if inst.arg and inst.arg & 1 else {}
+    args = f.stack.pop()
+    fn = f.stack.pop()
+    if f.stack and f.stack[-1] is NULL:
+        f.stack.pop()
+    f.stack.append(fn(*args, **kwargs))
+
+
+def _for_iter(f: Frame, inst: Inst) -> None:
+    try:
+        f.stack.append(next(f.stack[-1]))
+    except StopIteration:
+        if bytecode.PY >= (3, 12):
+            f.stack.append(None)  # END_FOR at the target pops two
+        else:
+            f.stack.pop()
+        _jump(f, inst)
+
+
+def _format(f: Frame, inst: Inst) -> None:
+    flags = inst.arg or 0
+    spec = f.stack.pop() if flags & 0x04 else ""
+    value = f.stack.pop()
+    conv = {1: str, 2: repr, 3: ascii}.get(flags & 0x03)
+    f.stack.append(format(conv(value) if conv else value, spec))
+
+
+def _intrinsic(f: Frame, inst: Inst) -> None:
+    value = f.stack.pop()
+    if inst.argval in ("INTRINSIC_LIST_TO_TUPLE", 6):
+        f.stack.append(tuple(value))
+    elif inst.argval in ("INTRINSIC_UNARY_POSITIVE", 5):
+        f.stack.append(+value)
+    else:
+        raise NotConcrete(f"CALL_INTRINSIC_1 {inst.argval}")
+
+
+def _ret(f: Frame, value: Any) -> None:
+    f.returned, f.result = True, value
+
+
+def _store_subscr(f: Frame, inst: Inst) -> None:
+    key, obj, value = f.stack.pop(), f.stack.pop(), f.stack.pop()
+    obj[key] = value
+
+
+def _store_attr(f: Frame, inst: Inst) -> None:
+    obj, value = f.stack.pop(), f.stack.pop()
+    setattr(obj, inst.argval, value)
+
+
+def _swap(f: Frame, inst: Inst) -> None:
+    f.stack[-1], f.stack[-inst.arg] = f.stack[-inst.arg], f.stack[-1]
+
+
+def _noop(f: Frame, inst: Inst) -> None:
+    pass
+
+
+def _load_fast_and_clear(f: Frame, inst: Inst) -> None:
+    f.stack.append(f.locals.pop(inst.argval, NULL))
+
+
+def _store_fast(f: Frame, inst: Inst) -> None:
+    value = f.stack.pop()
+    if value is NULL:  # 3.12 comprehensions restore an unbound local this way
+        f.locals.pop(inst.argval, None)
+    else:
+        f.locals[inst.argval] = value
+
+
+def _binary_slice(f: Frame, inst: Inst) -> None:
+    end, start, obj = f.stack.pop(), f.stack.pop(), f.stack.pop()
+    f.stack.append(obj[start:end])
+
+
+def _build_slice(f: Frame, inst: Inst) -> None:
+    parts = f.stack[len(f.stack) - inst.arg:]
+    del f.stack[len(f.stack) - inst.arg:]
+    f.stack.append(slice(*parts))
+
+
+HANDLERS: dict[str, Any] = {
+    "NOP": _noop, "RESUME": _noop, "PRECALL": _noop, "CACHE": _noop, "EXTENDED_ARG": _noop,
+    "LOAD_FAST": lambda f, i: f.stack.append(f.locals[i.argval]),
+    "LOAD_FAST_CHECK": lambda f, i: f.stack.append(f.locals[i.argval]),
+    "LOAD_FAST_AND_CLEAR": _load_fast_and_clear,
+    "STORE_FAST": _store_fast,
+    "DELETE_FAST": lambda f, i: f.locals.pop(i.argval),
+    "LOAD_CONST": lambda f, i: f.stack.append(i.argval),
+    "RETURN_CONST": lambda f, i: _ret(f, i.argval),
+    "RETURN_VALUE": lambda f, i: _ret(f, f.stack.pop()),
+    "LOAD_GLOBAL": _load_global,
+    "LOAD_ATTR": _load_attr,
+    "LOAD_METHOD": lambda f, i: f.stack.extend([NULL, getattr(f.stack.pop(), i.argval)]),
+    "STORE_ATTR": _store_attr,
+    "LOAD_DEREF": _load_deref,
+    "PUSH_NULL": lambda f, i: f.stack.append(NULL),
+    "KW_NAMES": lambda f, i: setattr(f, "kw_names", bytecode.kw_names(f.fn.__code__, i)),
+    "CALL": lambda f, i: _call(f, i.arg),
+    "CALL_FUNCTION_EX": _call_function_ex,
+    "POP_TOP": lambda f, i: f.stack.pop(),
+    "COPY": lambda f, i: f.stack.append(f.stack[-i.arg]),
+    "SWAP": _swap,
+    "BINARY_OP": _binary_op,
+    "BINARY_SUBSCR": lambda f, i: f.stack.append(operator.getitem(*reversed(
+        [f.stack.pop(), f.stack.pop()]))),
+    "BINARY_SLICE": _binary_slice,
+    "BUILD_SLICE": _build_slice,
+    "STORE_SUBSCR": _store_subscr,
+    "COMPARE_OP": _compare,
+    "IS_OP": lambda f, i: f.stack.append((f.stack.pop() is f.stack.pop()) != bool(i.arg)),
+    "CONTAINS_OP": lambda f, i: f.stack.append(
+        (f.stack.pop(-2) in f.stack.pop()) != bool(i.arg)),
+    "UNARY_NEGATIVE": lambda f, i: f.stack.append(-f.stack.pop()),
+    "UNARY_POSITIVE": lambda f, i: f.stack.append(+f.stack.pop()),
+    "UNARY_NOT": lambda f, i: f.stack.append(not f.stack.pop()),
+    "UNARY_INVERT": lambda f, i: f.stack.append(~f.stack.pop()),
+    "BUILD_TUPLE": _build(tuple),
+    "BUILD_LIST": _build(list),
+    "BUILD_SET": _build(set),
+    "BUILD_STRING": _build("".join),
+    "BUILD_MAP": _build_map,
+    "BUILD_CONST_KEY_MAP": _const_key_map,
+    "LIST_APPEND": lambda f, i: f.stack[-i.arg - 1].append(f.stack.pop()),
+    "LIST_EXTEND": lambda f, i: f.stack[-i.arg - 1].extend(f.stack.pop()),
+    "LIST_TO_TUPLE": lambda f, i: f.stack.append(tuple(f.stack.pop())),
+    "CALL_INTRINSIC_1": _intrinsic,
+    "UNPACK_SEQUENCE": _unpack,
+    "FORMAT_VALUE": _format,
+    "GET_ITER": lambda f, i: f.stack.append(iter(f.stack.pop())),
+    "FOR_ITER": _for_iter,
+    "END_FOR": lambda f, i: (f.stack.pop(), f.stack.pop()),
+    "JUMP_FORWARD": _jump,
+    "JUMP_BACKWARD": _jump,
+    "JUMP_BACKWARD_NO_INTERRUPT": _jump,
+    "POP_JUMP_IF_FALSE": _pop_jump(lambda v: not v),
+    "POP_JUMP_IF_TRUE": _pop_jump(lambda v: bool(v)),
+    "POP_JUMP_IF_NONE": _pop_jump(lambda v: v is None),
+    "POP_JUMP_IF_NOT_NONE": _pop_jump(lambda v: v is not None),
+    "POP_JUMP_FORWARD_IF_FALSE": _pop_jump(lambda v: not v),
+    "POP_JUMP_FORWARD_IF_TRUE": _pop_jump(lambda v: bool(v)),
+    "POP_JUMP_BACKWARD_IF_FALSE": _pop_jump(lambda v: not v),
+    "POP_JUMP_BACKWARD_IF_TRUE": _pop_jump(lambda v: bool(v)),
+    "POP_JUMP_FORWARD_IF_NONE": _pop_jump(lambda v: v is None),
+    "POP_JUMP_FORWARD_IF_NOT_NONE": _pop_jump(lambda v: v is not None),
+    "POP_JUMP_BACKWARD_IF_NONE": _pop_jump(lambda v: v is None),
+    "POP_JUMP_BACKWARD_IF_NOT_NONE": _pop_jump(lambda v: v is not None),
+    "JUMP_IF_FALSE_OR_POP": _jump_or_pop(False),
+    "JUMP_IF_TRUE_OR_POP": _jump_or_pop(True),
+}

@@ -37,6 +37,7 @@ from minicompile.ir import (
     dim_symbols,
     reduction_symbols,
     substitute_index,
+    walk,
 )
 
 ONE = sympy.Integer(1)
@@ -122,6 +123,8 @@ class Lowering:
                 self.values[node] = _input_value(buf.name, buf.layout)
             elif node.op == "call":
                 self.values[node] = self.lower_call(node)
+                if should_realize(node, self.values[node]):
+                    self.realize(node)
         outputs = [self.realize(n) for n in self.graph.outputs]
         return LoopProgram(self.inputs, self.buffers, outputs)
 
@@ -164,7 +167,7 @@ class Lowering:
             return self.lower_reduction(node)
         if family == "composite":
             raise AssertionError(f"{node.target} reached lowering undecomposed")
-        if family not in ("unary", "binary", "ternary", "cast"):
+        if family not in ("unary", "binary", "ternary", "cast", "copy"):
             raise Unsupported(f"no lowering for {node.target}", node.stack)
         meta = node.meta
         shape = meta.shape
@@ -172,6 +175,10 @@ class Lowering:
         tensor_args = [a for a in node.args if isinstance(a, Node)]
         origins = tuple(dict.fromkeys(o for a in tensor_args for o in self.values[a].origins))
         origins += (node,)
+
+        if family == "copy":  # contiguous(): the same values, realized in row-major order
+            (x,) = node.args
+            return Value(shape, out_dtype, broadcast_to(self.values[x], shape), origins=origins)
 
         if family == "cast":
             (x,) = node.args
@@ -396,6 +403,21 @@ def _prod(values) -> sympy.Expr:
     for v in values:
         out = out * v
     return out
+
+
+# A computed value read by several consumers is stored once its expression reads this many
+# elements (Inductor's realize_reads_threshold): each consumer then loads one value instead
+# of recomputing the expression, and chains such as a residual stream stay short.
+REALIZE_READS = 3
+
+
+def should_realize(node: Node, value: Value) -> bool:
+    if value.view is not None or value.tuple_buffer is not None or len(node.users) < 2:
+        return False
+    if isinstance(value.expr, Load):
+        return False
+    loads = {(e.buffer, e.index) for e in walk(value.expr) if isinstance(e, Load)}
+    return len(loads) >= REALIZE_READS
 
 
 def _origin(node: Node) -> str:

@@ -17,6 +17,7 @@ from minicompile.graph import Graph, Node
 from minicompile.ops import infer_meta
 
 from minicompile.passes.decompose_reductions import REDUCTION_DECOMPOSITIONS
+from minicompile.passes.decompose_views import VIEW_DECOMPOSITIONS
 
 LOW_PRECISION = (torch.float16, torch.bfloat16)
 
@@ -88,7 +89,11 @@ def decompose(graph: Graph) -> Graph:
     from minicompile.graph import copy_graph
 
     def rewrite(new: Graph, node: Node, remap: Callable) -> Node | None:
-        rule = DECOMPOSITIONS.get(node.target) or REDUCTION_DECOMPOSITIONS.get(node.target)
+        rule = (
+            DECOMPOSITIONS.get(node.target)
+            or REDUCTION_DECOMPOSITIONS.get(node.target)
+            or VIEW_DECOMPOSITIONS.get(node.target)
+        )
         if rule is None:
             return None
         # A rule returns None for forms it leaves to the library call.

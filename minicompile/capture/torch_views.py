@@ -4,7 +4,7 @@
 - casts (``x.to(dtype)``, ``x.float()``, ``x.type(dtype)``...) become ``to_dtype``; a cast to
   the same dtype is the input itself, as in eager;
 - views become ``permute`` (with non-negative dims), ``unsqueeze``, ``squeeze`` (one dim per
-  node) and ``expand`` (sizes with -1 resolved); ``contiguous()`` is the input itself;
+  node) and ``expand`` (sizes with -1 resolved); ``contiguous()`` is the input itself when it is contiguous, else a copy;
 - metadata (``x.shape``, ``x.size(1)``, ``x.dim()``, ``x.dtype``, ``x.is_cuda``...) is
   answered from the traced metadata, which the tensor guards pin down.
 """
@@ -243,8 +243,10 @@ def _contiguous(em: Emitter, fname: str, args: tuple, kwargs: dict) -> Any:
     )
     if fmt is not torch.contiguous_format:
         raise Unsupported(f"{fname}(memory_format={fmt}) is not supported")
-    # Layout of outputs is decided later (lowering), so the value itself stands for it.
-    return tensor_arg(fname, x)
+    x = tensor_arg(fname, x)
+    if x.meta.fake().is_contiguous():
+        return x  # eager returns the tensor itself
+    return em.op("contiguous", (x,))  # a row-major copy, as eager makes
 
 
 # -- metadata --------------------------------------------------------------------------------

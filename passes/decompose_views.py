@@ -1,0 +1,114 @@
+"""Views reached as library calls (``view``, ``reshape``, ``flatten``, ``split``, ``chunk``,
+``unbind``, ``narrow``, ``select``, basic ``x[...]`` indexing) rewritten into the native
+view ops (``reshape``, ``slice``, ``select``, ``unsqueeze``), which lowering turns into
+index rewrites: no copy, and fusion sees through them.  The target shapes come from the
+nodes' metadata (PyTorch's own rules); forms not handled stay library calls (None)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from minicompile.graph import Node
+
+Builder = Any
+SPLITS = ("torch.Tensor.split", "torch.split", "torch.Tensor.chunk", "torch.chunk")
+UNBINDS = ("torch.Tensor.unbind", "torch.unbind")
+
+
+def _reshape(b: Builder, x: Any, *args: Any, **kwargs: Any) -> Node | None:
+    if not isinstance(x, Node) or isinstance(b.origin.meta, tuple):
+        return None
+    if b.origin.meta.dtype != x.meta.dtype:
+        return None  # view(dtype) reinterprets bits
+    return b("reshape", x, tuple(int(s) for s in b.origin.meta.shape))
+
+
+def _dim_of(args: tuple, kwargs: dict, position: int, ndim: int, default: int = 0) -> int:
+    dim = kwargs.get("dim", args[position] if len(args) > position else default)
+    return dim % ndim
+
+
+def _piece(b: Builder, source: Node, index: int) -> Node | None:
+    """Element ``index`` of a split/chunk/unbind, as a slice or select of its input."""
+    if source.target not in SPLITS + UNBINDS or not isinstance(index, int):
+        return None
+    x = source.args[0]
+    metas = source.meta
+    if source.target in UNBINDS:
+        dim = _dim_of(source.args, source.kwargs, 1, x.meta.ndim)
+        return b("select", x, dim, index % len(metas))
+    dim = _dim_of(source.args, source.kwargs, 2, x.meta.ndim)
+    index %= len(metas)
+    start = sum(int(m.shape[dim]) for m in metas[:index])
+    return b("slice", x, dim, start, start + int(metas[index].shape[dim]), 1)
+
+
+def _getitem(b: Builder, source: Any, index: Any) -> Node | None:
+    return _piece(b, source, index) if isinstance(source, Node) else None
+
+
+def _narrow(b: Builder, x: Node, dim: int, start: Any, length: int) -> Node | None:
+    if not isinstance(start, int):
+        return None
+    dim %= x.meta.ndim
+    start %= max(int(x.meta.shape[dim]), 1) if start < 0 else start + 1
+    return b("slice", x, dim, start, start + length, 1)
+
+
+def _select(b: Builder, x: Node, dim: int, index: int) -> Node | None:
+    dim %= x.meta.ndim
+    return b("select", x, dim, index % int(x.meta.shape[dim]))
+
+
+def _index(b: Builder, x: Node, key: Any) -> Node | None:
+    """Basic indexing: ints, slices, None and one Ellipsis (no tensors)."""
+    key = key if isinstance(key, tuple) else (key,)
+    if any(isinstance(k, (Node, torch.Tensor, list, bool)) for k in key):
+        return None
+    if sum(k is Ellipsis for k in key) > 1:
+        return None
+    used = sum(1 for k in key if k is not None and k is not Ellipsis)
+    if Ellipsis in key:
+        at = key.index(Ellipsis)
+        key = key[:at] + (slice(None),) * (x.meta.ndim - used) + key[at + 1:]
+    out, dim = x, 0
+    for k in key:
+        if k is None:
+            out = b("unsqueeze", out, dim)
+            dim += 1
+        elif isinstance(k, int):
+            size = int(out.meta.shape[dim])
+            out = b("select", out, dim, k % size if size else k)
+        elif isinstance(k, slice):
+            size = int(out.meta.shape[dim])
+            start, stop, step = k.indices(size)
+            if step <= 0:
+                return None
+            stop = max(stop, start)
+            if (start, stop, step) != (0, size, 1):
+                out = b("slice", out, dim, start, stop, step)
+            dim += 1
+        else:
+            return None
+    return out if out is not x else None
+
+
+VIEW_DECOMPOSITIONS: dict[str, Callable[..., Node | None]] = {
+    name: _reshape
+    for name in (
+        "torch.Tensor.view", "torch.Tensor.reshape", "torch.reshape", "torch.Tensor.flatten",
+        "torch.flatten", "torch.Tensor.unflatten", "torch.Tensor.view_as",
+        "torch.Tensor.reshape_as",
+    )
+}
+VIEW_DECOMPOSITIONS.update({
+    "getitem": _getitem,
+    "torch.Tensor.narrow": _narrow,
+    "torch.narrow": _narrow,
+    "torch.Tensor.select": _select,
+    "torch.select": _select,
+    "torch.Tensor.__getitem__": _index,
+})

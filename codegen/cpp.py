@@ -240,6 +240,7 @@ _SIMD_DECLS = "\n".join(
 
 PREAMBLE = (
     r"""
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>

@@ -16,13 +16,13 @@ from minicompile.codegen.cpp import PARALLEL_THRESHOLD, CppKernel, compute_type
 COMBINE = {
     "sum": "{acc} + {v}",
     "prod": "{acc} * {v}",
-    "amax": "mc_maximum({acc}, static_cast<{t}>({v}))",
-    "amin": "mc_minimum({acc}, static_cast<{t}>({v}))",
+    # NaN is tracked apart (see reduce_batch), so plain max/min vectorise here.
+    "amax": "std::max({acc}, static_cast<{t}>({v}))",
+    "amin": "std::min({acc}, static_cast<{t}>({v}))",
     "any": "{acc} || {v}",
     "all": "{acc} && {v}",
 }
-# OpenMP reductions that keep PyTorch's semantics (max/min would drop NaN).
-OMP_REDUCTION = {"sum": "+", "prod": "*", "any": "||", "all": "&&"}
+OMP_REDUCTION = {"sum": "+", "prod": "*", "any": "||", "all": "&&", "amax": "max", "amin": "min"}
 
 
 def accumulator_type(red: Reduce) -> str:
@@ -99,31 +99,38 @@ class CppReductionKernel(CppKernel):
         return batches
 
     def reduce_batch(self, batch: list[Reduce]) -> None:
+        """One pass over the row accumulating every reduction of ``batch``.  Each has an
+        OpenMP reduction clause, so the loop vectorises; max/min also track whether a NaN
+        was seen (OpenMP's max drops NaN, torch's propagates it)."""
         accs = []
+        clauses = []
         for red in batch:
             acc = f"acc{self.accs}"
             self.accs += 1
             ctype = accumulator_type(red)
             self.w.line(f"{ctype} {acc} = {_identity(red, ctype)};")
-            accs.append((red, acc, ctype))
+            nan = None
+            if red.op in ("amax", "amin") and red.dtype.is_floating_point:
+                nan = f"{acc}_nan"
+                self.w.line(f"bool {nan} = false;")
+                clauses.append(f"reduction(||:{nan})")
+            clauses.append(f"reduction({OMP_REDUCTION[red.op]}:{acc})")
+            accs.append((red, acc, ctype, nan))
         self.hoist([red.x for red in batch])
-        clause = None
-        if all(red.op in OMP_REDUCTION for red in batch):
-            ops = {OMP_REDUCTION[red.op] for red in batch}
-            if len(ops) == 1:
-                clause = f"reduction({ops.pop()}:{', '.join(a for _, a, _ in accs)})"
 
         def body() -> None:
-            for red, acc, ctype in accs:
+            for red, acc, ctype, nan in accs:
                 v = self.value(red.x)
                 self.w.line(f"{acc} = {COMBINE[red.op].format(acc=acc, v=v, t=ctype)};")
+                if nan is not None:
+                    self.w.line(f"{nan} = {nan} || ({v} != {v});")
 
-        # Without an OpenMP reduction clause the accumulator carries a dependency from one
-        # element to the next: no simd pragma then.
-        self.element_loops(0, body, clause, simd=clause is not None)
-        for red, acc, _ in accs:
+        self.element_loops(0, body, " ".join(clauses), simd=True)
+        for red, acc, _, nan in accs:
             ctype = compute_type(red.dtype)
             text = f"static_cast<{ctype}>({acc})"
+            if nan is not None:
+                text = f"{nan} ? std::numeric_limits<{ctype}>::quiet_NaN() : {text}"
             if red.dtype in LOW_PRECISION:
                 kind = "half" if red.dtype == torch.float16 else "bf16"
                 text = f"mc_round_{kind}({text})"

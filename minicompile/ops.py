@@ -157,6 +157,7 @@ for _name, _fn in VIEW.items():
     OPS[_name] = OpDef(_name, "view", _fn)
 
 OPS["getitem"] = OpDef("getitem", "tuple", operator.getitem)
+OPS["torch.Tensor.to"] = OpDef("torch.Tensor.to", "extern", torch.Tensor.to)  # device moves
 
 
 def extern_op(fn: Callable[..., Any]) -> str:
@@ -244,6 +245,10 @@ def infer_meta(
             return type(v)(fake(x) for x in v)
         return v
 
+    moved = [v for v in (*args, *kwargs.values()) if isinstance(v, torch.device)]
+    if moved:  # a copy to another device: computed on the meta device, placed after
+        device = moved[0]
+        args = tuple(torch.device("meta") if isinstance(v, torch.device) else v for v in args)
     out = run_eager(name, fake(args), {k: fake(v) for k, v in kwargs.items()})
 
     def meta_of(t: Any) -> TensorMeta:

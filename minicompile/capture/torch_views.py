@@ -76,8 +76,23 @@ def _to(em: Emitter, fname: str, args: tuple, kwargs: dict) -> Any:
         raise Unsupported(f"{fname}(copy=True) is not supported")
     if dtype is not None and not isinstance(dtype, torch.dtype):
         raise Unsupported(f"{fname}(dtype={dtype!r}) is not a torch.dtype")
-    same_device(fname, tensor_arg(fname, x), device)
+    x = tensor_arg(fname, x)
+    if device is not None and _moves(x, torch.device(device)):
+        # A copy to another device: a library call (the wrapper runs x.to(device)).
+        x = em.op("torch.Tensor.to", (x, _full_device(torch.device(device))))
     return cast(em, x, dtype)
+
+
+def _moves(x: TensorVar, want: torch.device) -> bool:
+    have = x.meta.device
+    return want.type != have.type or (want.index is not None and want.index != have.index)
+
+
+def _full_device(device: torch.device) -> torch.device:
+    """``cuda`` names the current CUDA device; the graph records which one."""
+    if device.type == "cuda" and device.index is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    return device
 
 
 def _cast_method(dtype: torch.dtype):

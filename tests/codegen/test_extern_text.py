@@ -8,11 +8,12 @@ import torch.nn.functional as F
 from minicompile import config, ops
 from minicompile.runtime import build
 
+from devices import device_for
 from graph_builder import GraphBuilder, compile_graph_text
 
 
-def linear_gelu_split() -> GraphBuilder:
-    b = GraphBuilder()
+def linear_gelu_split(device: torch.device = torch.device("cpu")) -> GraphBuilder:
+    b = GraphBuilder(device)
     x = b.input("L_x", (4, 8), torch.float32)
     w = b.input("L_w", (16, 8), torch.float32)
     bias = b.input("L_b", (16,), torch.float32)
@@ -36,9 +37,10 @@ def test_extern_calls_are_named_and_pointwise_work_is_fused_around_them() -> Non
 
 def test_extern_program_matches_eager_on_both_backends() -> None:
     for backend in ("cpp", "triton"):
-        c = compile_graph_text(linear_gelu_split().graph, backend)
-        loaded = build.load(c.code, config.get(), interpret=backend == "triton")
-        x, w, bias = torch.randn(4, 8), torch.randn(16, 8), torch.randn(16)
+        device = device_for(backend)
+        c = compile_graph_text(linear_gelu_split(device).graph, backend)
+        loaded = build.load(c.code, config.get(), interpret=device.type == "cpu" and backend == "triton")
+        x, w, bias = (torch.randn(*s, device=device) for s in ((4, 8), (16, 8), (16,)))
         out, lin_t = loaded.call([x, w, bias])
         lin = F.linear(x.sin(), w, bias)
         a, b = torch.split(F.gelu(lin), 8, 1)

@@ -77,6 +77,8 @@ def _to(em: Emitter, fname: str, args: tuple, kwargs: dict) -> Any:
     if dtype is not None and not isinstance(dtype, torch.dtype):
         raise Unsupported(f"{fname}(dtype={dtype!r}) is not a torch.dtype")
     x = tensor_arg(fname, x)
+    if device is not None and torch.device(device).type == "meta":
+        same_device(fname, x, device)  # raises: meta tensors have no data to compile
     if device is not None and _moves(x, torch.device(device)):
         # A copy to another device: a library call (the wrapper runs x.to(device)).
         x = em.op("torch.Tensor.to", (x, _full_device(torch.device(device))))

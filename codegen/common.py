@@ -143,6 +143,20 @@ def pending(expr: Expr, done: dict) -> list[Expr]:
     return order
 
 
+def reduction_batches(plan: KernelPlan) -> list[list[Reduce]]:
+    """The plan's reductions in dependency order, batched so that no reduction reads one of
+    its own batch: each batch is one pass over the row."""
+    order = [e for st in plan.stores for e in walk(st.value) if isinstance(e, Reduce)]
+    batches: list[list[Reduce]] = []
+    for red in dict.fromkeys(order):
+        inner = {e for e in walk(red.x) if isinstance(e, Reduce)}
+        if batches and not inner & set(batches[-1]):
+            batches[-1].append(red)
+        else:
+            batches.append([red])
+    return batches
+
+
 def row_invariant(exprs: list[Expr], done: dict, rvars: tuple) -> list[Expr]:
     """The not-yet-computed subexpressions of ``exprs`` that do not vary along the reduced
     dims (no load indexed by an r variable under them): computed once per row, before the

@@ -8,9 +8,9 @@ import math
 
 import torch
 
-from minicompile.ir import LOW_PRECISION, REDUCTION_IDENTITY, Reduce, walk
+from minicompile.ir import LOW_PRECISION, REDUCTION_IDENTITY, Reduce
 
-from minicompile.codegen.common import KernelPlan, Store, row_invariant
+from minicompile.codegen.common import KernelPlan, Store, reduction_batches, row_invariant
 from minicompile.codegen.cpp import PARALLEL_THRESHOLD, CppKernel, compute_type
 
 COMBINE = {
@@ -77,7 +77,7 @@ class CppReductionKernel(CppKernel):
     def row_body(self) -> None:
         p = self.plan
         self.names = {}
-        for batch in self.batches():
+        for batch in reduction_batches(self.plan):
             self.reduce_batch(batch)
         elem = [s for s in p.stores if s.level == "xr"]
         self.hoist([s.value for s in elem])
@@ -87,16 +87,6 @@ class CppReductionKernel(CppKernel):
             if store.level == "x":
                 self.store(store)
 
-    def batches(self) -> list[list[Reduce]]:
-        order = [e for st in self.plan.stores for e in walk(st.value) if isinstance(e, Reduce)]
-        batches: list[list[Reduce]] = []
-        for red in dict.fromkeys(order):
-            inner = {e for e in walk(red.x) if isinstance(e, Reduce)}
-            if batches and not inner & set(batches[-1]):
-                batches[-1].append(red)
-            else:
-                batches.append([red])
-        return batches
 
     def reduce_batch(self, batch: list[Reduce]) -> None:
         """One pass over the row accumulating every reduction of ``batch``.  Each has an

@@ -14,9 +14,9 @@ import math
 
 import torch
 
-from minicompile.ir import REDUCTION_IDENTITY, Reduce, walk
+from minicompile.ir import REDUCTION_IDENTITY, Reduce
 
-from minicompile.codegen.common import KernelPlan, row_invariant
+from minicompile.codegen.common import KernelPlan, reduction_batches, row_invariant
 from minicompile.codegen.triton import TRITON_DTYPES, TritonKernel, _literal, _round, compute_dtype
 
 # Combining two partial results elementwise (loop accumulators), and reducing a block
@@ -90,7 +90,7 @@ class TritonReductionKernel(TritonKernel):
                     self.emit_store(store, frozenset({"x", "r"}))
             else:
                 w.line("rbase = tl.arange(0, RBLOCK)[None, :]")
-                for batch in self.batches():
+                for batch in reduction_batches(self.plan):
                     self.emit_loop(batch)
                 if elem_stores:
                     self.hoist([st.value for st in elem_stores])
@@ -122,19 +122,6 @@ class TritonReductionKernel(TritonKernel):
 
     # -- looped reductions ------------------------------------------------------------------
 
-    def batches(self) -> list[list[Reduce]]:
-        """The group's reductions in dependency order, batched so that no reduction reads
-        one of its own batch: each batch is one pass over the row."""
-        order = [e for st in self.plan.stores for e in walk(st.value) if isinstance(e, Reduce)]
-        order = list(dict.fromkeys(order))
-        batches: list[list[Reduce]] = []
-        for red in order:
-            inner = {e for e in walk(red.x) if isinstance(e, Reduce)}
-            if batches and not inner & set(batches[-1]):
-                batches[-1].append(red)
-            else:
-                batches.append([red])
-        return batches
 
     def emit_loop(self, batch: list[Reduce]) -> None:
         w = self.w

@@ -10,33 +10,14 @@ one write of the tensor), plus a device-to-device copy as the ceiling.
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
-from collections.abc import Callable
-
 import torch
 
 import minicompile
+from timing import median_seconds
 
 
 def sin_sin(x: torch.Tensor) -> torch.Tensor:
     return torch.sin(torch.sin(x))
-
-
-def bench(fn: Callable[[], object], device: str, reps: int) -> float:
-    """Median seconds of ``fn`` after warm-up (CUDA events on the GPU)."""
-    for _ in range(3):
-        fn()
-    if device == "cuda":
-        from triton.testing import do_bench
-
-        return do_bench(fn, warmup=50, rep=500, return_mode="median") / 1e3
-    times = []
-    for _ in range(reps):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
 
 
 def main() -> None:
@@ -64,7 +45,7 @@ def main() -> None:
     print(f"sin(sin(x)), {n} float32 elements (2^{n.bit_length() - 1}) on {name}")
     print(f"{'version':<16}{'median ms':>12}{'GB/s':>10}")
     for label, fn in rows:
-        seconds = bench(fn, device, args.reps)
+        seconds = median_seconds(fn, device == "cuda", args.reps)
         print(f"{label:<16}{seconds * 1e3:>12.3f}{bytes_moved / seconds / 1e9:>10.1f}")
     print(f"minicompile stats: {minicompile.stats()}")
 

@@ -17,6 +17,7 @@ import logging
 import time
 import types
 import warnings
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -142,6 +143,7 @@ class CompiledFunction:
             f = concrete.Frame.at(
                 self.fn, stop.offset, dict(zip(stop.local_names, local_values)), list(stack)
             )
+            f.call = self.call_at_break
             concrete.step(f)  # the breaking instruction
             if f.returned:
                 return f.result
@@ -156,6 +158,16 @@ class CompiledFunction:
             if entry.stop is None:
                 return entry.run(values)
             state = entry.run(values)
+
+    def call_at_break(self, fn: Any, args: list, kwargs: dict) -> Any:
+        """A call the frame broke at.  When it is a function of the user's (the break was
+        inside it), it runs compiled as a frame of its own, as PEP 523 would give it."""
+        if _is_user_function(fn):
+            wrapper = _callee_wrappers.get(fn)
+            if wrapper is None:
+                wrapper = _callee_wrappers[fn] = CompiledFunction(fn, self.cfg)
+            return wrapper(*args, **kwargs)
+        return fn(*args, **kwargs)
 
     def segment(self, point: ResumePoint, values: tuple) -> Entry | None:
         """The compiled segment starting at ``point`` for these values (traced on a miss),
@@ -295,6 +307,16 @@ class CompiledFunction:
 
     def __repr__(self) -> str:
         return f"<minicompile.CompiledFunction {self.fn.__qualname__}>"
+
+
+_callee_wrappers: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _is_user_function(fn: Any) -> bool:
+    if not isinstance(fn, types.FunctionType):
+        return False
+    module = getattr(fn, "__module__", "") or ""
+    return not module.split(".")[0] in ("torch", "minicompile", "triton", "numpy", "builtins")
 
 
 def _is_build_failure(e: Exception) -> bool:

@@ -16,7 +16,7 @@ import sympy
 import torch
 
 from minicompile.graph import SourceLine
-from minicompile.ir import ComputedBuffer, Expr, Load, Reduce, map_loads, walk
+from minicompile.ir import ComputedBuffer, Expr, IndirectLoad, Load, Reduce, map_loads, walk
 from minicompile.sym import index_symbol
 
 from minicompile.schedule import FusedGroup, kept_symbols, reduced_symbols, store_index
@@ -124,6 +124,12 @@ class KernelPlan:
         return lines
 
 
+def checks_indices(plan: KernelPlan) -> bool:
+    """Whether the kernel reads through indices: it then takes ``err_ptr``, a flag it sets
+    for an index out of range (the wrapper raises IndexError)."""
+    return any(isinstance(e, IndirectLoad) for st in plan.stores for e in walk(st.value))
+
+
 def pending(expr: Expr, done: dict) -> list[Expr]:
     """The subexpressions of ``expr`` not in ``done``, children before parents, without
     entering a Reduce's operand (the reduction emits it in its own loop)."""
@@ -167,7 +173,9 @@ def row_invariant(exprs: list[Expr], done: dict, rvars: tuple) -> list[Expr]:
     for expr in exprs:
         for e in pending(expr, done):
             if isinstance(e, Load):
-                v = any(s.name in rnames for s in e.index.free_symbols)
+                v = any(s.name in rnames for s in e.index.free_symbols) or any(
+                    varies.get(id(c), False) for c in e.children()  # an IndirectLoad's index
+                )
             elif isinstance(e, Reduce):
                 v = True  # computed by its own loop
             else:
@@ -214,8 +222,7 @@ def plan_kernel(group: FusedGroup, name: str, needed: set[str] | None = None) ->
 
     def to_space(e: Expr, buf: ComputedBuffer) -> Expr:
         mapping = places[buf.name].mapping
-        return map_loads(e, lambda ld: Load(ld.buffer, sympy.expand(ld.index.xreplace(mapping)),
-                                            ld.dtype))
+        return map_loads(e, lambda ld: ld.with_index(sympy.expand(ld.index.xreplace(mapping))))
 
     bodies = {b.name: to_space(b.body, b) for b in members}
     store_at = {b.name: store_index(b, places[b.name]) for b in members}
@@ -255,7 +262,7 @@ def plan_kernel(group: FusedGroup, name: str, needed: set[str] | None = None) ->
         def resolve(ld: Load) -> Expr:
             if ld.buffer in values:
                 return values[ld.buffer]
-            return Load(ld.buffer, reindex(ld.index), ld.dtype)
+            return ld.with_index(reindex(ld.index))
 
         values[b.name] = map_loads(bodies[b.name], resolve)
 

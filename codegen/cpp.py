@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import math
 
+import sympy
 import torch
 
-from minicompile.ir import LOW_PRECISION, Cast, Constant, Expr, Load, Op, walk
+from minicompile.ir import LOW_PRECISION, Cast, Constant, Expr, IndirectLoad, Load, Op, walk
 
-from minicompile.codegen.common import CodeWriter, KernelPlan, Store, pending
+from minicompile.codegen.common import CodeWriter, KernelPlan, Store, checks_indices, pending
 from minicompile.codegen.printers import cpp_index
 
 CPP_DTYPES: dict[torch.dtype, str] = {
@@ -135,6 +136,8 @@ class CppKernel:
         params += [
             f"{CPP_DTYPES[st.dtype]}* __restrict__ out_ptr{k}" for k, st in enumerate(p.stores)
         ]
+        if checks_indices(p):
+            params.append("int32_t* __restrict__ err_ptr")
         return f'extern "C" void {p.name}({", ".join(params)})'
 
     def emit(self) -> str:
@@ -197,7 +200,17 @@ class CppKernel:
     def emit_expr(self, e: Expr) -> str:
         ctype = compute_type(e.dtype)
         if isinstance(e, Load):
-            text = f"{self.plan.pointer(e.buffer)}[{cpp_index(e.index)}]"
+            index = e.index
+            if isinstance(e, IndirectLoad):
+                # Never read out of range: an index outside [0, size) sets the error flag
+                # the wrapper raises on, and reads element 0 instead.
+                at = self.names[e.at]
+                safe = self.fresh(
+                    f"({at} >= 0 && {at} < {cpp_index(e.size)}) ? {at} : (*err_ptr = 1, 0)",
+                    "int64_t",
+                )
+                index = index.xreplace({e.symbol: sympy.Symbol(safe, integer=True)})
+            text = f"{self.plan.pointer(e.buffer)}[{cpp_index(index)}]"
             if e.dtype in LOW_PRECISION:
                 text = f"{_to_float(e.dtype)}({text})"
             return self.fresh(text, ctype)
@@ -225,6 +238,8 @@ class CppKernel:
         if e.dtype in LOW_PRECISION:
             text = f"mc_round_{'half' if e.dtype == torch.float16 else 'bf16'}({text})"
         return self.fresh(text, ctype)
+
+
 
 
 def emit_kernel(plan: KernelPlan) -> str:

@@ -14,10 +14,10 @@ import re
 import sympy
 import torch
 
-from minicompile.ir import LOW_PRECISION, Cast, Constant, Expr, Load, Op, Reduce, walk
+from minicompile.ir import LOW_PRECISION, Cast, Constant, Expr, IndirectLoad, Load, Op, Reduce, walk
 from minicompile.sym import FloorDiv, ModularIndexing
 
-from minicompile.codegen.common import CodeWriter, KernelPlan, Store, pending
+from minicompile.codegen.common import CodeWriter, KernelPlan, Store, checks_indices, pending
 from minicompile.codegen.printers import triton_index
 
 TRITON_DTYPES: dict[torch.dtype, str] = {
@@ -144,7 +144,7 @@ class TritonKernel:
     def emit(self) -> str:
         p, w = self.plan, self.w
         w.line("@triton.jit")
-        w.line(f"def {p.name}({', '.join(p.params())}, xnumel, XBLOCK: tl.constexpr):")
+        w.line(f"def {p.name}({', '.join(kernel_params(p))}, xnumel, XBLOCK: tl.constexpr):")
         with w.indent():
             for row in p.header_comment():
                 w.line(f"# {row}")
@@ -247,9 +247,18 @@ class TritonKernel:
 
     def emit_expr(self, e: Expr) -> str:
         if isinstance(e, Load):
-            axes = self.axes_of(e.index)
-            ptr = f"{self.plan.pointer(e.buffer)} + ({triton_index(e.index)})"
-            mask = self.mask(axes)
+            index, axes, mask = e.index, self.axes_of(e.index), None
+            if isinstance(e, IndirectLoad):
+                # Never read out of range: check the index, and mask the load by the check.
+                at = self.names[e.at]
+                axes = axes | self.level(at)
+                ok = self.fresh(f"(0 <= {at}) & ({at} < {triton_index(e.size)})", self.level(at))
+                bad = " & ".join(m for m in (f"~{ok}", self.mask(axes)) if m)
+                self.w.line(f"tl.store(err_ptr + 0 * {at}, 1, {bad})  # index out of range")
+                index = index.xreplace({e.symbol: sympy.Symbol(at, integer=True)})
+                mask = ok
+            ptr = f"{self.plan.pointer(e.buffer)} + ({triton_index(index)})"
+            mask = " & ".join(m for m in (self.mask(axes), mask) if m) or None
             text = f"tl.load({ptr}, {mask})" if mask else f"tl.load({ptr})"
             if e.dtype in LOW_PRECISION:
                 text += ".to(tl.float32)"
@@ -286,6 +295,10 @@ class TritonKernel:
         if e.dtype in LOW_PRECISION:
             text = f"{_round(f'({text})', e.dtype)}"
         return self.fresh(text, axes)
+
+
+def kernel_params(plan: KernelPlan) -> list[str]:
+    return plan.params() + (["err_ptr"] if checks_indices(plan) else [])
 
 
 def block_size(numel: int, interpret: bool) -> int:

@@ -17,7 +17,14 @@ import torch
 from minicompile.ir import REDUCTION_IDENTITY, Reduce
 
 from minicompile.codegen.common import KernelPlan, reduction_batches, row_invariant
-from minicompile.codegen.triton import TRITON_DTYPES, TritonKernel, _literal, _round, compute_dtype
+from minicompile.codegen.triton import (
+    TRITON_DTYPES,
+    TritonKernel,
+    _literal,
+    _round,
+    compute_dtype,
+    kernel_params,
+)
 
 # Combining two partial results elementwise (loop accumulators), and reducing a block
 # along its rows; the mc_* helpers are in codegen/triton.py's HELPERS.
@@ -75,7 +82,7 @@ class TritonReductionKernel(TritonKernel):
     def emit(self) -> str:
         p, w = self.plan, self.w
         w.line("@triton.jit")
-        params = ", ".join(p.params())
+        params = ", ".join(kernel_params(p))
         w.line(f"def {p.name}({params}, xnumel, rnumel, XBLOCK: tl.constexpr, "
                "RBLOCK: tl.constexpr):")
         with w.indent():

@@ -14,7 +14,13 @@ import torch
 from minicompile.ir import AliasOutput, Buffer, BufferRef, ExternKernel, Layout, LoopProgram
 
 from minicompile.codegen import cpp, cpp_reduction, triton, triton_reduction
-from minicompile.codegen.common import CodeWriter, KernelPlan, kernel_name, plan_kernel
+from minicompile.codegen.common import (
+    CodeWriter,
+    KernelPlan,
+    checks_indices,
+    kernel_name,
+    plan_kernel,
+)
 from minicompile.schedule import FusedGroup
 
 
@@ -91,7 +97,7 @@ def generate(
         w.line()
         w.line("# `lib` is the compiled C++ kernels, put here by minicompile.runtime.")
         for plan in plans:
-            n = len(plan.params())
+            n = len(plan.params()) + checks_indices(plan)
             w.line(f"{plan.name} = lib.{plan.name}")
             w.line(f"{plan.name}.argtypes = [ctypes.c_void_p] * {n}")
             w.line(f"{plan.name}.restype = None")
@@ -203,6 +209,7 @@ def emit_launch(
         )
     numel = int(plan.numel)
     args = [b for b, _ in plan.inputs] + list(plan.outputs)
+    errs = ["err"] if checks_indices(plan) else []
     if numel == 0:
         w.line(f"# {plan.name}: nothing to compute for an empty tensor")
         return
@@ -211,13 +218,21 @@ def emit_launch(
         interpret = _interpreted(program, plan)
         xblock, rblock, warps = triton_reduction.launch_config(plan, interpret)
         grid = -(-numel // xblock)
-        w.line(
-            f"{plan.name}[({grid},)]({', '.join(args)}, {numel}, {int(plan.rnumel)}, "
-            f"XBLOCK={xblock}, RBLOCK={rblock}, num_warps={warps})"
-        )
+        launch = (f"{plan.name}[({grid},)]({', '.join(args + errs)}, {numel}, "
+                  f"{int(plan.rnumel)}, XBLOCK={xblock}, RBLOCK={rblock}, num_warps={warps})")
     elif backend == "triton":
         block = triton.block_size(numel, _interpreted(program, plan))
         grid = -(-numel // block)
-        w.line(f"{plan.name}[({grid},)]({', '.join(args)}, {numel}, XBLOCK={block})")
+        launch = f"{plan.name}[({grid},)]({', '.join(args + errs)}, {numel}, XBLOCK={block})"
     else:
-        w.line(f"{plan.name}({', '.join(a + '.data_ptr()' for a in args)})")
+        pointers = [a + ".data_ptr()" for a in args + errs]
+        launch = f"{plan.name}({', '.join(pointers)})"
+    if errs:
+        dev = f"device{devices.index(str(program.buffer(plan.outputs[0]).layout.device))}"
+        w.line(f"err = torch.zeros((1,), dtype=torch.int32, device={dev})  # index out of range?")
+    w.line(launch)
+    if errs:
+        w.line("if err[0]:")
+        with w.indent():
+            w.line(f'raise IndexError("index out of range in {plan.name} '
+                   f'({", ".join(plan.origins)})")')

@@ -63,6 +63,29 @@ class Load(Expr):
     def __str__(self) -> str:
         return f"load({self.buffer}, {self.index})"
 
+    def with_index(self, index: sympy.Expr) -> Load:
+        return Load(self.buffer, index, self.dtype)
+
+
+@_expr
+class IndirectLoad(Load):
+    """A load whose index reads data: ``index`` uses ``symbol``, which stands for the value
+    of ``at`` (an integer expression, e.g. a load of an embedding's indices).  Values of
+    ``at`` outside ``[0, size)`` are an error, reported by the kernel, never read."""
+
+    at: Expr
+    symbol: sympy.Symbol
+    size: sympy.Expr
+
+    def children(self) -> tuple[Expr, ...]:
+        return (self.at,)
+
+    def with_index(self, index: sympy.Expr) -> Load:
+        return IndirectLoad(self.buffer, index, self.dtype, self.at, self.symbol, self.size)
+
+    def __str__(self) -> str:
+        return f"load({self.buffer}, {self.index} where {self.symbol} = {self.at})"
+
 
 @_expr
 class Constant(Expr):
@@ -151,7 +174,10 @@ def map_loads(expr: Expr, fn: Callable[[Load], Expr]) -> Expr:
     def visit(e: Expr) -> Expr:
         key = id(e)
         if key not in memo:
-            if isinstance(e, Load):
+            if isinstance(e, IndirectLoad):
+                moved = IndirectLoad(e.buffer, e.index, e.dtype, visit(e.at), e.symbol, e.size)
+                memo[key] = fn(moved)
+            elif isinstance(e, Load):
                 memo[key] = fn(e)
             elif isinstance(e, Op):
                 memo[key] = Op(e.op, tuple(visit(a) for a in e.args), e.dtype)
@@ -171,7 +197,7 @@ def substitute_index(expr: Expr, mapping: dict[sympy.Symbol, sympy.Expr]) -> Exp
     if not mapping:
         return expr
     return map_loads(
-        expr, lambda ld: Load(ld.buffer, sympy.expand(ld.index.xreplace(mapping)), ld.dtype)
+        expr, lambda ld: ld.with_index(sympy.expand(ld.index.xreplace(mapping)))
     )
 
 

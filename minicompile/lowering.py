@@ -19,7 +19,7 @@ import torch
 from minicompile import ops
 from minicompile.errors import Unsupported
 from minicompile.graph import Graph, Node, TensorMeta, map_nodes
-from minicompile.sym import FloorDiv, ModularIndexing
+from minicompile.sym import FloorDiv, ModularIndexing, index_symbol
 from minicompile.ir import (
     AliasOutput,
     BufferRef,
@@ -32,9 +32,11 @@ from minicompile.ir import (
     Layout,
     Load,
     LoopProgram,
+    IndirectLoad,
     Op,
     Reduce,
     dim_symbols,
+    map_loads,
     reduction_symbols,
     substitute_index,
     walk,
@@ -110,6 +112,7 @@ class Lowering:
         self.buffers: list[ComputedBuffer] = []
         self.realized: dict[Node, str] = {}
         self.layouts: dict[str, Layout] = {}  # of buffers that exist as tensors in the wrapper
+        self.indirect = 0  # index symbols made so far (ind0, ind1, ...)
 
     def run(self) -> LoopProgram:
         for node in self.graph.nodes:
@@ -165,6 +168,8 @@ class Lowering:
             return self.lower_extern(node)
         if family == "reduction":
             return self.lower_reduction(node)
+        if family == "index":
+            return self.lower_index(node)
         if family == "composite":
             raise AssertionError(f"{node.target} reached lowering undecomposed")
         if family not in ("unary", "binary", "ternary", "cast", "copy"):
@@ -265,6 +270,39 @@ class Lowering:
         self.realized[node] = buf.name
         self.layouts[buf.name] = layout
         return dataclasses.replace(_input_value(buf.name, layout), view=None)
+
+    def lower_index(self, node: Node) -> Value:
+        """embedding / index_select / gather: the source's index along one dim becomes a
+        symbol standing for the index tensor's value (an IndirectLoad)."""
+        out = dim_symbols(node.meta.ndim)
+        symbol = index_symbol(f"ind{self.indirect}")
+        self.indirect += 1
+        if node.target == "embedding":
+            source, dim, index = node.args[0], 0, node.args[1]
+            src = self.values[source]
+            idx = self.values[index]
+            at_map = dict(zip(dim_symbols(len(idx.shape)), out[:-1]))
+            src_map = {dim_symbols(2)[0]: symbol, dim_symbols(2)[1]: out[-1]}
+        else:
+            source, dim, index = node.args
+            src, idx = self.values[source], self.values[index]
+            own = dim_symbols(len(src.shape))
+            src_map = {own[k]: (symbol if k == dim else out[k]) for k in range(len(own))}
+            if node.target == "index_select":
+                at_map = {dim_symbols(1)[0]: out[dim]} if idx.shape else {}
+            else:  # gather: the index tensor has the output's shape
+                at_map = dict(zip(dim_symbols(len(idx.shape)), out))
+        at = _cast(substitute_index(idx.expr, at_map), torch.int64)
+        size = src.shape[dim]
+        expr = substitute_index(src.expr, src_map)
+
+        def bind(ld: Load) -> Expr:
+            if symbol in ld.index.free_symbols:
+                return IndirectLoad(ld.buffer, ld.index, ld.dtype, at, symbol, size)
+            return ld
+
+        origins = tuple(dict.fromkeys(src.origins + idx.origins + (node,)))
+        return Value(node.meta.shape, node.meta.dtype, map_loads(expr, bind), origins=origins)
 
     def tensor_arg(self, node: Node) -> BufferRef | AliasOutput:
         ref = self.realize(node)

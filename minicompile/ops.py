@@ -13,7 +13,8 @@ Families (in the style of tinygrad's ``GroupOp``):
 - ``view``: layout-only ops, lowered to index rewrites;
 - ``extern``: any other PyTorch function, called as a library kernel by the generated
   wrapper (Inductor's "fallback kernels"); registered on first use by :func:`extern_op`;
-- ``tuple``: ``getitem``, which picks one tensor of an extern's tuple result.
+- ``tuple``: ``getitem``, which picks one tensor of an extern's tuple result;
+- ``index``: ``embedding``, ``index_select``, ``gather``: indirect, bounds-checked loads.
 """
 
 from __future__ import annotations
@@ -157,6 +158,10 @@ for _name, _fn in VIEW.items():
     OPS[_name] = OpDef(_name, "view", _fn)
 
 OPS["getitem"] = OpDef("getitem", "tuple", operator.getitem)
+# Index ops: loads whose position comes from another tensor's values (bounds-checked).
+OPS["embedding"] = OpDef("embedding", "index", lambda weight, indices: F.embedding(indices, weight))
+OPS["index_select"] = OpDef("index_select", "index", torch.index_select)
+OPS["gather"] = OpDef("gather", "index", torch.gather)
 OPS["torch.Tensor.to"] = OpDef("torch.Tensor.to", "extern", torch.Tensor.to)  # device moves
 
 

@@ -7,13 +7,14 @@ matches PyTorch's own kernels.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
-from minicompile.graph import Graph, Node
+from minicompile.graph import Graph, Node, TensorMeta
 from minicompile.ops import infer_meta
 
 from minicompile.passes.decompose_reductions import REDUCTION_DECOMPOSITIONS
@@ -97,6 +98,13 @@ def decompose(graph: Graph) -> Graph:
         if rule is None:
             return None
         # A rule returns None for forms it leaves to the library call.
-        return rule(_Builder(new, node), *remap(node.args), **remap(node.kwargs))
+        start = len(new.nodes)
+        out = rule(_Builder(new, node), *remap(node.args), **remap(node.kwargs))
+        if out is not None and out.index >= start and isinstance(node.meta, TensorMeta):
+            # The result is laid out as eager lays out the op it replaces (a softmax of a
+            # transposed tensor is contiguous), not as its last primitive would be.
+            if out.meta.shape == node.meta.shape and out.meta.dtype == node.meta.dtype:
+                out.meta = dataclasses.replace(out.meta, stride=node.meta.stride)
+        return out
 
     return copy_graph(graph, rewrite)

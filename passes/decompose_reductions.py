@@ -129,7 +129,7 @@ def _variance(b: Builder, x: Node, dims: tuple[int, ...], correction: float,
 def _var_args(args: tuple, kwargs: dict) -> tuple[Node, Any, float, bool] | None:
     a = bind(args, kwargs, ("input", "dim"), {"dim": None, "keepdim": False,
                                                "correction": None, "unbiased": None})
-    if len(args) > 2 and isinstance(args[1], bool):  # var(x, unbiased)
+    if len(args) >= 2 and isinstance(args[1], bool):  # var(x, unbiased)
         a["unbiased"], a["dim"] = args[1], None
     elif len(args) > 2:  # var(x, dim, unbiased, keepdim)
         a["unbiased"] = args[2]

@@ -96,6 +96,26 @@ def _index(b: Builder, x: Node, key: Any) -> Node | None:
     return out if out is not x else None
 
 
+def _embedding(b: Builder, *args: Any, **kwargs: Any) -> Node | None:
+    names = ("input", "weight", "padding_idx", "max_norm")
+    a = dict(zip(names, args), **kwargs)
+    if a.get("max_norm") is not None or a.get("sparse"):
+        return None  # max_norm renormalises the weight in place
+    return b("embedding", a["weight"], a["input"])
+
+
+def _index_select(b: Builder, x: Node, dim: int, index: Node) -> Node | None:
+    if not isinstance(index, Node) or index.meta.ndim > 1:
+        return None
+    return b("index_select", x, dim % max(x.meta.ndim, 1), index)
+
+
+def _gather(b: Builder, x: Node, dim: int, index: Node, sparse_grad: bool = False) -> Node | None:
+    if not isinstance(index, Node) or x.meta.ndim == 0:
+        return None
+    return b("gather", x, dim % x.meta.ndim, index)
+
+
 VIEW_DECOMPOSITIONS: dict[str, Callable[..., Node | None]] = {
     name: _reshape
     for name in (
@@ -111,4 +131,9 @@ VIEW_DECOMPOSITIONS.update({
     "torch.Tensor.select": _select,
     "torch.select": _select,
     "torch.Tensor.__getitem__": _index,
+    "torch.nn.functional.embedding": _embedding,
+    "torch.index_select": _index_select,
+    "torch.Tensor.index_select": _index_select,
+    "torch.gather": _gather,
+    "torch.Tensor.gather": _gather,
 })

@@ -16,12 +16,27 @@ _ALIASED_VIEW = (
     "eagerly: the graph treats inputs as independent"
 )
 
+_EXTERN_META_STRIDES = (
+    "output strides come from PyTorch's meta kernels, which for scaled_dot_product_attention "
+    "of a transposed q, and for batch_norm of a channels-last-like input, differ from the CPU "
+    "kernels' (minicompile/ops.py infer_meta); values are right, strides differ"
+)
+
 KNOWN_FAILURES: dict[str, str] = {
     "programs/test_programs.py::test_program_matches_eager[cpp-functools_partial]": _PARTIAL,
     "programs/test_programs.py::test_program_matches_eager[triton-functools_partial]": _PARTIAL,
     "programs/test_programs.py::test_program_matches_eager[cpp-aliased_view_inputs]": _ALIASED_VIEW,
     "programs/test_programs.py::test_program_matches_eager[triton-aliased_view_inputs]":
         _ALIASED_VIEW,
+    **{
+        f"backends/test_reductions.py::test_reduction_matches_eager[{backend}-"
+        "batch_norm_eval_transposed]": _EXTERN_META_STRIDES
+        for backend in ("cpp", "triton")
+    },
+    "backends/test_reductions.py::test_shape_op_matches_eager[cpp-sdpa_transposed_q]":
+        _EXTERN_META_STRIDES,
+    "backends/test_reductions.py::test_shape_op_matches_eager[triton-sdpa_transposed_q]":
+        _EXTERN_META_STRIDES,
 }
 
 

@@ -1,0 +1,317 @@
+"""Cases of issue #4 for the differential suite: reductions, normalisations and losses.
+
+Each case is an :class:`op_cases.OpCase`, run by ``test_reductions.py`` through the same
+check as ``test_ops.py`` (fresh inputs each call, value, dtype, shape, strides and aliasing
+compared with eager, no eager fallback).  Reductions are taken at several shapes: a 1-d
+row, ``[4, 33]`` (a row that is not a power of two), ``[3, 5, 17]`` (inner, middle and
+multiple dims), ``[2, 5000]`` (a row over 4096 elements: Triton's looped reduction), and
+empty dims where eager allows them; on non-contiguous inputs made outside the function
+(transposed, sliced with a step).  Views, index ops and extern kernels are in
+``shape_cases.py``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+import torch.nn.functional as F
+
+from op_cases import SHORT, OpCase, b8, bf16, f16, f32, i32, i64, inputs, rand, strided, transposed
+
+CASES: list[OpCase] = []
+
+# Reductions accumulate in another order than eager's kernels (and float16/bfloat16 ones
+# in float32, rounded once): a few ulps of the result dtype, more for the long rows.
+RED_TOL: dict[torch.dtype, dict[str, float]] = {
+    f32: dict(rtol=1e-5, atol=1e-5),
+    f16: dict(rtol=5e-3, atol=5e-3),
+    bf16: dict(rtol=2e-2, atol=2e-2),
+}
+LONG_TOL: dict[torch.dtype, dict[str, float]] = {
+    f32: dict(rtol=1e-4, atol=1e-4),
+    f16: dict(rtol=1e-2, atol=1e-2),
+    bf16: dict(rtol=3e-2, atol=3e-2),
+}
+
+ROW, MAT, CUBE, LONG = (7,), (4, 33), (3, 5, 17), (2, 5000)
+SHAPES: dict[str, tuple[int, ...]] = {"7": ROW, "4x33": MAT, "3x5x17": CUBE}
+
+
+def case(name: str, fn: Callable, *makers: Callable,
+         tol: dict[torch.dtype, dict[str, float]] | None = None) -> None:
+    CASES.append(OpCase(name, fn, inputs(*makers), tol=RED_TOL if tol is None else tol))
+
+
+# Cases whose rows are longer than a GPU's persistent Triton reduction (4096 elements):
+# test_reductions.py runs them with the interpreter's limit lowered to the GPU's, so that
+# the looped kernel (for roffset in range(0, rnumel, RBLOCK)) is what runs on CPU too.
+LOOPED: set[str] = set()
+
+
+def long_case(name: str, fn: Callable, *makers: Callable) -> None:
+    LOOPED.add(name)
+    case(name, fn, *makers, tol=LONG_TOL)
+
+
+def near_one(shape: Sequence[int], dtype: torch.dtype = f32) -> Callable:
+    """Values in [0.6, 1.4), either sign: products of a few dozen stay in range."""
+
+    def make(device: torch.device) -> torch.Tensor:
+        mag = torch.rand(tuple(shape), device=device) * 0.8 + 0.6
+        sign = torch.randint(0, 2, tuple(shape), device=device) * 2 - 1
+        return (mag * sign).to(dtype)
+
+    return make
+
+
+def ints(shape: Sequence[int], dtype: torch.dtype, low: int, high: int) -> Callable:
+    return lambda device: torch.randint(low, high, tuple(shape), device=device).to(dtype)
+
+
+def mostly(shape: Sequence[int], value: bool) -> Callable:
+    """Booleans that are ``value`` 90% of the time, so any/all see both answers per row."""
+    return lambda device: (torch.rand(tuple(shape), device=device) < 0.9) == value
+
+
+# -- the reductions with dim / dims / keepdim / all dims -----------------------------------
+
+REDUCTIONS: list[tuple[str, Callable, Callable, Callable]] = [
+    # name, fn(x) at dim -1, fn(x, dims, keepdim), fn(x) over all dims
+    ("sum", lambda x: x.sum(-1), lambda x, d, k: torch.sum(x, d, keepdim=k), lambda x: x.sum()),
+    ("mean", lambda x: x.mean(-1), lambda x, d, k: x.mean(d, keepdim=k), lambda x: torch.mean(x)),
+    ("amax", lambda x: x.amax(-1), lambda x, d, k: torch.amax(x, d, keepdim=k),
+     lambda x: torch.amax(x)),
+    ("amin", lambda x: torch.amin(x, -1), lambda x, d, k: x.amin(d, k), lambda x: x.amin()),
+    ("logsumexp", lambda x: torch.logsumexp(x, -1), lambda x, d, k: x.logsumexp(d, k),
+     lambda x: torch.logsumexp(x, tuple(range(x.ndim)))),
+    ("norm", lambda x: x.norm(dim=-1), lambda x, d, k: torch.norm(x, dim=d, keepdim=k),
+     lambda x: x.norm()),
+    ("var", lambda x: x.var(-1), lambda x, d, k: torch.var(x, d, keepdim=k),
+     lambda x: torch.var(x)),
+    ("std", lambda x: torch.std(x, -1), lambda x, d, k: x.std(d, keepdim=k), lambda x: x.std()),
+]
+# Every op at every shape kind; the rarer layouts (1-d, a middle dim, a strided input) on
+# one op of each way of computing (plain, opmath, two-pass, exp-shifted), to keep the suite fast.
+FULL = {"sum", "amax", "var", "logsumexp"}
+for _name, _last, _dims, _all in REDUCTIONS:
+    for _s, _shape in SHAPES.items():
+        if _name in FULL or _s != "7":
+            case(f"{_name}_last_{_s}", _last, rand(_shape))
+    case(f"{_name}_dim0_4x33", lambda x, f=_dims: f(x, 0, False), rand(MAT))
+    case(f"{_name}_dims02_keep_3x5x17", lambda x, f=_dims: f(x, (0, 2), True), rand(CUBE))
+    case(f"{_name}_all_3x5x17", _all, rand(CUBE))
+    case(f"{_name}_last_transposed", _last, transposed(MAT))
+    if _name in FULL:
+        case(f"{_name}_dim1_keep_3x5x17", lambda x, f=_dims: f(x, 1, True), rand(CUBE))
+        case(f"{_name}_dim0_strided", lambda x, f=_dims: f(x, 0, False), strided(MAT))
+    case(f"{_name}_last_f16", _last, rand(MAT, f16))
+    case(f"{_name}_dim0_bf16", lambda x, f=_dims: f(x, 0, False), rand(MAT, bf16))
+    long_case(f"{_name}_last_long", _last, rand(LONG))
+long_case("sum_long_f16", lambda x: x.sum(-1), rand(LONG, f16))
+case("sum_dtype_f32_of_f16", lambda x: x.sum(-1, dtype=torch.float32), rand(MAT, f16))
+long_case("mean_all_long", lambda x: x.mean(), rand(LONG))
+long_case("amax_all_long_transposed", lambda x: x.amax(), transposed(LONG))
+
+# prod: values near +-1 so that the products neither overflow nor vanish.
+for _s, _shape in SHAPES.items():
+    case(f"prod_last_{_s}", lambda x: x.prod(-1), near_one(_shape))
+case("prod_dim0_keep", lambda x: torch.prod(x, 0, keepdim=True), near_one(MAT))
+case("prod_all", lambda x: x.prod(), near_one((3, 7)))
+case("prod_last_transposed", lambda x: x.prod(-1), lambda d: near_one((33, 4))(d).T)
+case("prod_last_f16", lambda x: x.prod(-1), near_one(MAT, f16))
+case("prod_dim0_bf16", lambda x: x.prod(0), near_one(MAT, bf16))
+
+# max/min: the full reduction (a 0-dim tensor) and the (values, indices) forms.
+for _s, _shape in SHAPES.items():
+    case(f"max_full_{_s}", lambda x: torch.max(x), rand(_shape))
+    case(f"min_full_{_s}", lambda x: x.min(), rand(_shape))
+    case(f"max_dim_{_s}", lambda x: torch.max(x, -1), rand(_shape))
+    case(f"min_dim_keep_{_s}", lambda x: x.min(0, keepdim=True), rand(_shape))
+    case(f"argmax_{_s}", lambda x: torch.argmax(x, -1), rand(_shape))
+    case(f"argmin_dim0_{_s}", lambda x: x.argmin(0), rand(_shape))
+long_case("max_full_long", lambda x: x.max(), rand(LONG))
+case("max_dim_values_indices_used", lambda x: (lambda v, i: (v * 2, i + 1))(*x.max(1)), rand(MAT))
+case("max_dim_named", lambda x: x.max(dim=1).values.sin(), rand(MAT))
+case("max_full_transposed", lambda x: x.max(), transposed(MAT))
+case("min_full_f16", lambda x: torch.min(x), rand(MAT, f16))
+case("argmax_all", lambda x: x.argmax(), rand(CUBE))
+case("argmax_keepdim_transposed", lambda x: x.argmax(1, keepdim=True), transposed(MAT))
+case("argmin_bf16", lambda x: torch.argmin(x, 1), rand(MAT, bf16))
+case("max_full_nan", lambda x: x.max(), rand(MAT, f32, "nan"))
+case("amax_last_nan", lambda x: x.amax(-1), rand(MAT, f32, "nan"))
+case("sum_last_nan", lambda x: x.sum(-1), rand(MAT, f32, "nan"))
+
+# var/std: correction and unbiased, every spelling.
+for _fname, _f in (("var", torch.var), ("std", torch.std)):
+    case(f"{_fname}_correction0", lambda x, f=_f: f(x, 1, correction=0), rand(MAT))
+    case(f"{_fname}_correction1_keep", lambda x, f=_f: f(x, 1, correction=1, keepdim=True),
+         rand(MAT))
+    case(f"{_fname}_unbiased_false", lambda x, f=_f: f(x, 1, unbiased=False), rand(MAT))
+    case(f"{_fname}_unbiased_true_dims", lambda x, f=_f: f(x, (0, 2), unbiased=True),
+         rand(CUBE))
+    case(f"{_fname}_positional_unbiased", lambda x, f=_f: f(x, False), rand(MAT))
+    case(f"{_fname}_correction0_all", lambda x, f=_f: f(x, correction=0), rand(CUBE))
+
+# Integers: sum and prod give int64, amax/amin keep the dtype, any/all give bool.
+for _dt in (i32, i64):
+    _t = SHORT[_dt]
+    case(f"sum_last_{_t}", lambda x: x.sum(-1), rand(MAT, _dt))
+    case(f"prod_last_{_t}", lambda x: x.prod(-1), ints((4, 9), _dt, -3, 4))
+    case(f"amax_last_{_t}", lambda x: x.amax(-1), rand(MAT, _dt))
+    case(f"any_last_{_t}", lambda x: x.any(-1), ints(MAT, _dt, 0, 2))
+    case(f"all_last_{_t}", lambda x: x.all(-1),
+         lambda d, dt=_dt: (torch.rand(MAT, device=d) < 0.97).to(dt))
+case("sum_all_i64", lambda x: torch.sum(x), rand(CUBE, i64))
+case("sum_dims_keep_i32", lambda x: x.sum((0, 2), keepdim=True), rand(CUBE, i32))
+case("amin_dim0_i64", lambda x: torch.amin(x, 0), rand(MAT, i64))
+case("max_full_i32", lambda x: x.max(), rand(MAT, i32))
+long_case("sum_long_i64", lambda x: x.sum(-1), rand(LONG, i64))
+case("sum_strided_i32", lambda x: x.sum(0), strided(MAT, i32))
+case("sum_of_bool", lambda x: x.sum(-1), rand(MAT, b8))
+
+# any / all on bool and float inputs.
+for _s, _shape in SHAPES.items():
+    case(f"any_last_{_s}", lambda x: x.any(-1), mostly(_shape, False))
+    case(f"all_last_{_s}", lambda x: torch.all(x, -1), mostly(_shape, True))
+case("any_all_dims", lambda x: x.any(), mostly(CUBE, False))
+case("all_all_dims", lambda x: torch.all(x), mostly((3, 4), True))
+case("any_dims_keep", lambda x: torch.any(x, (0, 2), keepdim=True), mostly(CUBE, False))
+case("all_dim0_transposed", lambda x: x.all(0), lambda d: mostly((33, 4), True)(d).T)
+case("any_of_f32", lambda x: (x > 3).any(-1), rand(MAT))
+case("all_of_f32_values", lambda x: x.all(-1), rand(MAT, f32, "small_int"))
+long_case("any_long", lambda x: x.any(-1), mostly(LONG, False))
+
+# Empty dims: sum/prod/any/all/mean of nothing (amax/max of nothing raise in eager).
+case("sum_empty_dim", lambda x: x.sum(0), rand((0, 5)))
+case("sum_over_empty_row", lambda x: x.sum(1), rand((3, 0)))
+case("prod_empty_dim", lambda x: x.prod(0), rand((0, 5)))
+case("mean_empty_dim", lambda x: x.mean(0), rand((0, 5)))
+case("any_empty", lambda x: x.any(1), rand((3, 0), b8))
+case("all_empty", lambda x: x.all(1), rand((3, 0), b8))
+case("amax_nonempty_dim_of_empty", lambda x: x.amax(1), rand((0, 5)))
+case("sum_all_empty", lambda x: x.sum(), rand((0, 5)))
+
+# Reductions inside pointwise work (fused prologue / epilogue).
+case("sum_of_sin_plus_one", lambda x: (x.sin() * 2).sum(-1) + 1, rand(MAT))
+case("sum_and_amax_same_x", lambda x: (x.sum(1), x.amax(1)), rand(MAT))
+case("mean_subtracted", lambda x: x - x.mean(-1, keepdim=True), rand(CUBE))
+case("sum_of_product", lambda x, y: (x * y).sum(0), rand(MAT), transposed(MAT))
+
+# -- softmax and log_softmax --------------------------------------------------------------
+
+for _name, _f in (("softmax", F.softmax), ("log_softmax", F.log_softmax)):
+    for _s, _shape in SHAPES.items():
+        case(f"{_name}_last_{_s}", lambda x, f=_f: f(x, -1), rand(_shape))
+    case(f"{_name}_dim0_4x33", lambda x, f=_f: f(x, 0), rand(MAT))
+    case(f"{_name}_dim0_3x5x17", lambda x, f=_f: f(x, dim=0), rand(CUBE))
+    case(f"{_name}_last_transposed", lambda x, f=_f: f(x, -1), transposed(MAT))
+    case(f"{_name}_dim0_strided", lambda x, f=_f: f(x, 0), strided(MAT))
+    case(f"{_name}_last_f16", lambda x, f=_f: f(x, -1), rand(MAT, f16))
+    case(f"{_name}_dim0_bf16", lambda x, f=_f: f(x, 0), rand(MAT, bf16))
+    long_case(f"{_name}_last_long", lambda x, f=_f: f(x, -1), rand(LONG))
+case("softmax_method", lambda x: x.softmax(-1), rand(MAT))
+case("torch_log_softmax", lambda x: torch.log_softmax(x, 1), rand(MAT))
+case("softmax_dtype_f32_of_f16", lambda x: F.softmax(x, -1, dtype=torch.float32), rand(MAT, f16))
+case("softmax_of_scaled", lambda x: F.softmax(x * 0.5 + 1, -1) * 3, rand(MAT))
+
+# -- normalisations -----------------------------------------------------------------------
+
+
+def _weight(n: Sequence[int] | int, dtype: torch.dtype = f32) -> Callable:
+    return rand((n,) if isinstance(n, int) else tuple(n), dtype)
+
+
+case("layer_norm_last1", lambda x: F.layer_norm(x, (33,)), rand(MAT))
+case("layer_norm_last1_affine", lambda x, w, b: F.layer_norm(x, (33,), w, b),
+     rand(MAT), _weight(33), _weight(33))
+case("layer_norm_last1_weight_only", lambda x, w: F.layer_norm(x, (17,), weight=w, eps=1e-3),
+     rand(CUBE), _weight(17))
+case("layer_norm_last2", lambda x: F.layer_norm(x, (5, 17)), rand(CUBE))
+case("layer_norm_last2_affine", lambda x, w, b: F.layer_norm(x, x.shape[-2:], w, b),
+     rand(CUBE), _weight((5, 17)), _weight((5, 17)))
+case("layer_norm_1d", lambda x: F.layer_norm(x, (7,)), rand(ROW))
+case("layer_norm_transposed", lambda x, w, b: F.layer_norm(x, (33,), w, b),
+     transposed(MAT), _weight(33), _weight(33))
+case("layer_norm_strided", lambda x: F.layer_norm(x, (33,)), strided(MAT))
+case("layer_norm_f16", lambda x, w, b: F.layer_norm(x, (33,), w, b),
+     rand(MAT, f16), _weight(33, f16), _weight(33, f16))
+case("layer_norm_bf16", lambda x: F.layer_norm(x, (33,)), rand(MAT, bf16))
+long_case("layer_norm_long", lambda x, w, b: F.layer_norm(x, (5000,), w, b),
+     rand(LONG), _weight(5000), _weight(5000))
+case("residual_layer_norm", lambda x, r, w, b: F.layer_norm(x + r, (33,), w, b),
+     rand(MAT), rand(MAT), _weight(33), _weight(33))
+
+case("rms_norm_last1", lambda x: F.rms_norm(x, (33,)), rand(MAT))
+case("rms_norm_weight", lambda x, w: F.rms_norm(x, (33,), w), rand(MAT), _weight(33))
+case("rms_norm_eps", lambda x, w: F.rms_norm(x, (17,), w, eps=1e-6), rand(CUBE), _weight(17))
+case("rms_norm_last2", lambda x: F.rms_norm(x, (5, 17)), rand(CUBE))
+case("rms_norm_transposed", lambda x: F.rms_norm(x, (33,)), transposed(MAT))
+case("rms_norm_f16", lambda x, w: F.rms_norm(x, (33,), w), rand(MAT, f16), _weight(33, f16))
+case("rms_norm_bf16", lambda x: F.rms_norm(x, (33,)), rand(MAT, bf16))
+long_case("rms_norm_long", lambda x: F.rms_norm(x, (5000,)), rand(LONG))
+
+case("group_norm", lambda x, w, b: F.group_norm(x, 3, w, b), rand((2, 6, 5)), _weight(6),
+     _weight(6))
+case("group_norm_no_affine", lambda x: F.group_norm(x, 2), rand((2, 4, 3, 3)))
+case("group_norm_f16", lambda x: F.group_norm(x, 2), rand((2, 4, 5), f16))
+case("group_norm_with_pointwise", lambda x: F.group_norm(x.sin(), 2).relu() * 2,
+     rand((2, 4, 5)))
+
+
+def _bn_inputs(shape: Sequence[int], dtype: torch.dtype = f32) -> list[Callable]:
+    c = shape[1]
+    return [rand(shape, dtype), rand((c,), dtype), rand((c,), dtype, "pos"),
+            rand((c,), dtype), rand((c,), dtype)]
+
+
+case("batch_norm_eval_2d", lambda x, m, v, w, b: F.batch_norm(x, m, v, w, b, training=False),
+     *_bn_inputs((4, 3)))
+case("batch_norm_eval_4d", lambda x, m, v, w, b: F.batch_norm(x, m, v, w, b, False, 0.1, 1e-3),
+     *_bn_inputs((2, 3, 4, 5)))
+case("batch_norm_eval_no_affine", lambda x, m, v: F.batch_norm(x, m, v), *_bn_inputs((2, 3, 5))[:3])
+case("batch_norm_eval_f16", lambda x, m, v, w, b: F.batch_norm(x, m, v, w, b),
+     *_bn_inputs((2, 3, 5), f16))
+case("batch_norm_eval_transposed", lambda x, m, v: F.batch_norm(x, m, v),
+     lambda d: rand((5, 3))(d).T.unsqueeze(0).expand(2, 3, 5) + 0, rand((3,)),
+     rand((3,), f32, "pos"))
+
+case("dropout_eval", lambda x: F.dropout(x, 0.5, training=False) * 2, rand(MAT))
+case("dropout_eval_returned", lambda x: F.dropout(x, p=0.1, training=False), rand(MAT))
+
+# -- losses -------------------------------------------------------------------------------
+
+N, C = 6, 5
+
+
+def targets(n: int, c: int, ignore: int | None = None) -> Callable:
+    """Class indices; with ``ignore``, a third of them are ``ignore`` (never all)."""
+
+    def make(device: torch.device) -> torch.Tensor:
+        t = torch.randint(0, c, (n,), device=device)
+        if ignore is not None:
+            t[torch.rand(n, device=device) < 0.33] = ignore
+            t[0] = 0
+        return t
+
+    return make
+
+
+for _red in ("mean", "sum", "none"):
+    case(f"cross_entropy_{_red}", lambda x, t, r=_red: F.cross_entropy(x, t, reduction=r),
+         rand((N, C)), targets(N, C))
+    case(f"cross_entropy_{_red}_ignore",
+         lambda x, t, r=_red: F.cross_entropy(x, t, ignore_index=-100, reduction=r),
+         rand((N, C)), targets(N, C, -100))
+    case(f"nll_loss_{_red}", lambda x, t, r=_red: F.nll_loss(F.log_softmax(x, 1), t, reduction=r),
+         rand((N, C)), targets(N, C))
+    case(f"nll_loss_{_red}_ignore",
+         lambda x, t, r=_red: F.nll_loss(F.log_softmax(x, 1), t, ignore_index=2, reduction=r),
+         rand((N, C)), targets(N, C, 2))
+case("cross_entropy_f16", lambda x, t: F.cross_entropy(x, t), rand((N, C), f16), targets(N, C))
+case("cross_entropy_transposed_logits", lambda x, t: F.cross_entropy(x, t),
+     transposed((N, C)), targets(N, C))
+case("cross_entropy_3d", lambda x, t: F.cross_entropy(x, t),
+     rand((2, C, 3)), lambda d: torch.randint(0, C, (2, 3), device=d))
+case("nll_loss_weight", lambda x, t, w: F.nll_loss(x, t, w), rand((N, C)), targets(N, C),
+     rand((C,), f32, "pos"))

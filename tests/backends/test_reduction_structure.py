@@ -1,0 +1,47 @@
+"""Structure of issue #4's reductions beside their values: a normalisation is one kernel,
+pointwise work feeding or reading it fuses into it, and reductions of one input over the
+same rows share a kernel.  Every value is still compared with eager."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import minicompile
+
+TOL = dict(rtol=1e-5, atol=1e-5)
+
+
+def residual_layer_norm(x: torch.Tensor, r: torch.Tensor, w: torch.Tensor,
+                        b: torch.Tensor) -> torch.Tensor:
+    return F.layer_norm(x + r, (x.shape[-1],), w, b)
+
+
+def sum_and_amax(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return x.sum(1), x.amax(1)
+
+
+ONE_KERNEL: list[tuple[str, Callable, tuple[tuple[int, ...], ...]]] = [
+    ("softmax", lambda x: F.softmax(x, -1), ((4, 33),)),
+    ("log_softmax", lambda x: F.log_softmax(x, -1), ((4, 33),)),
+    ("layer_norm", lambda x, w, b: F.layer_norm(x, (33,), w, b), ((4, 33), (33,), (33,))),
+    ("layer_norm_no_affine", lambda x: F.layer_norm(x, (33,)), ((4, 33),)),
+    ("rms_norm", lambda x, w: F.rms_norm(x, (33,), w), ((4, 33), (33,))),
+    ("residual_layer_norm", residual_layer_norm, ((4, 33), (4, 33), (33,), (33,))),
+    ("sum_and_amax_share", sum_and_amax, ((4, 33),)),
+    ("softmax_with_prologue_epilogue", lambda x: F.softmax(x.sin() * 2, -1) + 1, ((4, 33),)),
+]
+
+
+@pytest.mark.parametrize("name, fn, shapes", ONE_KERNEL, ids=[c[0] for c in ONE_KERNEL])
+def test_is_one_kernel(name: str, fn: Callable, shapes: tuple, device: torch.device,
+                       backend: str) -> None:
+    compiled = minicompile.compile(fn, backend=backend)
+    args = [torch.randn(s, device=device) for s in shapes]
+    torch.testing.assert_close(compiled(*args), fn(*args), **TOL)
+    stats = minicompile.stats()
+    assert stats["eager_fallbacks"] == 0 and stats["graphs"] == 1, stats
+    assert stats["kernels"] == 1, f"{name}: {stats['kernels']} kernels, expected 1"

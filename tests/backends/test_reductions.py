@@ -1,0 +1,69 @@
+"""The differential suite over issue #4's operators: the cases of reduction_cases.py
+(reductions, normalisations, losses) and shape_cases.py (views, index ops, extern kernels),
+on every backend, with the one check of test_ops.py; plus out-of-range indices, which must
+raise in the compiled function as they do in eager."""
+
+from __future__ import annotations
+
+import zlib
+
+import pytest
+import torch
+
+import minicompile
+
+import minicompile.codegen.triton_reduction as triton_reduction
+from devices import device_for
+from op_cases import OpCase
+from reduction_cases import CASES as REDUCTION_CASES
+from reduction_cases import LOOPED
+from shape_cases import CASES as SHAPE_CASES
+from shape_cases import OUT_OF_RANGE
+from test_ops import check_case
+
+
+def _unique(cases: list[OpCase]) -> list[OpCase]:
+    names = [c.name for c in cases]
+    duplicates = {n for n in names if names.count(n) > 1}
+    assert not duplicates, f"duplicate case names: {sorted(duplicates)}"
+    return cases
+
+
+@pytest.mark.parametrize("case", _unique(REDUCTION_CASES), ids=lambda c: c.name)
+def test_reduction_matches_eager(
+    case: OpCase, backend: str, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if case.name in LOOPED and backend == "triton" and device_for(backend).type == "cpu":
+        # The interpreter keeps rows up to 65536 wide in one block; a GPU loops over rows
+        # wider than PERSISTENT_LIMIT.  Test the GPU's looped kernel here too.
+        monkeypatch.setattr(
+            triton_reduction, "INTERPRET_PERSISTENT", triton_reduction.PERSISTENT_LIMIT
+        )
+    check_case(case, backend, request)
+
+
+@pytest.mark.parametrize("case", _unique(SHAPE_CASES), ids=lambda c: c.name)
+def test_shape_op_matches_eager(
+    case: OpCase, backend: str, request: pytest.FixtureRequest
+) -> None:
+    check_case(case, backend, request)
+
+
+@pytest.mark.parametrize("name, fn, make", OUT_OF_RANGE, ids=[c[0] for c in OUT_OF_RANGE])
+def test_out_of_range_index_raises(name: str, fn, make, backend: str) -> None:  # noqa: ANN001
+    """Compiled on good indices (so the second call runs the compiled code, a guard hit),
+    then called with one out of range: it raises, as eager does, and never returns."""
+    device = device_for(backend)
+    torch.manual_seed(zlib.crc32(name.encode()))
+    compiled = minicompile.compile(fn, backend=backend)
+    good = make(device, False)
+    torch.testing.assert_close(compiled(*good), fn(*good))
+    assert minicompile.stats()["eager_fallbacks"] == 0, minicompile.stats()
+    bad = make(device, True)
+    with pytest.raises((IndexError, RuntimeError)) as eager_error:
+        fn(*bad)
+    with pytest.raises(Exception) as compiled_error:
+        result = compiled(*bad)
+        pytest.fail(f"returned {result!r} for an out-of-range index; eager raises "
+                    f"{eager_error.value!r}")
+    assert str(compiled_error.value).strip(), "raised with no message"

@@ -60,10 +60,12 @@ def test_out_of_range_index_raises(name: str, fn, make, backend: str) -> None:  
     torch.testing.assert_close(compiled(*good), fn(*good))
     assert minicompile.stats()["eager_fallbacks"] == 0, minicompile.stats()
     bad = make(device, True)
-    with pytest.raises((IndexError, RuntimeError)) as eager_error:
-        fn(*bad)
-    with pytest.raises(Exception) as compiled_error:
+    if device.type == "cpu":
+        # On CUDA eager's own kernels stop on a device-side assert, which leaves the CUDA
+        # context unusable for the rest of the process: compare with eager on the CPU only.
+        with pytest.raises((IndexError, RuntimeError)):
+            fn(*bad)
+    with pytest.raises(IndexError) as compiled_error:
         result = compiled(*bad)
-        pytest.fail(f"returned {result!r} for an out-of-range index; eager raises "
-                    f"{eager_error.value!r}")
-    assert str(compiled_error.value).strip(), "raised with no message"
+        pytest.fail(f"returned {result!r} for an out-of-range index")
+    assert "index out of range" in str(compiled_error.value)

@@ -33,8 +33,8 @@ COMBINE = {
     "prod": "{0} * {1}",
     "amax": "mc_maximum({0}, {1})",
     "amin": "mc_minimum({0}, {1})",
-    "any": "{0} | {1}",
-    "all": "{0} & {1}",
+    "any": "({0} | {1}) != 0",  # stays int1: the loop-carried type must not change
+    "all": "({0} & {1}) != 0",
 }
 REDUCE_ROWS = {
     "sum": "tl.sum({0}, 1)[:, None]",

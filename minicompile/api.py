@@ -64,6 +64,7 @@ def reset() -> None:
         fn.breaks.clear()
         fn.eager_reason = None
     build.forget()
+    _callee_wrappers.clear()
     for key in _stats:
         _stats[key] = 0
 
@@ -163,9 +164,10 @@ class CompiledFunction:
         """A call the frame broke at.  When it is a function of the user's (the break was
         inside it), it runs compiled as a frame of its own, as PEP 523 would give it."""
         if _is_user_function(fn):
-            wrapper = _callee_wrappers.get(fn)
+            wrappers = _callee_wrappers.setdefault(fn, {})
+            wrapper = wrappers.get(self.cfg)
             if wrapper is None:
-                wrapper = _callee_wrappers[fn] = CompiledFunction(fn, self.cfg)
+                wrapper = wrappers[self.cfg] = CompiledFunction(fn, self.cfg)
             return wrapper(*args, **kwargs)
         return fn(*args, **kwargs)
 
@@ -331,6 +333,8 @@ def pick_backend(cfg: Config, capture: Capture) -> tuple[str, bool]:
     backend = cfg.backend
     if backend == "auto":
         backend = "triton" if device == "cuda" else "cpp"
+    if backend == "cpp" and device != "cpu":
+        raise Unsupported(f"backend='cpp' compiles CPU tensors; these are on {device}")
     return backend, backend == "triton" and device == "cpu"
 
 

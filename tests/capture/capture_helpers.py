@@ -9,22 +9,13 @@ import torch
 
 from minicompile import ops
 from minicompile.capture import Capture, capture_frame, frame_args
-from minicompile.graph import Graph, map_nodes
+from minicompile.graph import Graph
 
 
 def interpret(graph: Graph, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-    """Run ``graph`` eagerly, op by op, with ``minicompile.ops.run_eager``; returns the graph
+    """Run ``graph`` eagerly, op by op (``minicompile.ops.run_graph``); returns the graph
     outputs in order (placeholder outputs are the input objects themselves)."""
-    env: dict[Any, Any] = {}
-    placeholders = iter(inputs)
-    for node in graph.nodes:
-        if node.op == "placeholder":
-            env[node] = next(placeholders)
-        elif node.op == "call":
-            args = map_nodes(node.args, lambda n: env[n])
-            kwargs = map_nodes(node.kwargs, lambda n: env[n])
-            env[node] = ops.run_eager(node.target, args, kwargs)
-    return [env[n] for n in graph.outputs]
+    return list(ops.run_graph(graph, list(inputs)))
 
 
 def capture(fn: Any, *args: Any, **kwargs: Any) -> tuple[Capture, tuple]:

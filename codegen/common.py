@@ -17,7 +17,7 @@ import torch
 
 from minicompile.graph import SourceLine
 from minicompile.ir import ComputedBuffer, Expr, IndirectLoad, Load, Reduce, map_loads, walk
-from minicompile.sym import index_symbol
+from minicompile.sym import index_symbol, product
 
 from minicompile.schedule import FusedGroup, kept_symbols, reduced_symbols, store_index
 
@@ -90,17 +90,11 @@ class KernelPlan:
 
     @property
     def numel(self) -> sympy.Expr:
-        out: sympy.Expr = sympy.Integer(1)
-        for r in self.ranges:
-            out = out * r
-        return out
+        return product(self.ranges)
 
     @property
     def rnumel(self) -> sympy.Expr:
-        out: sympy.Expr = sympy.Integer(1)
-        for r in self.rranges:
-            out = out * r
-        return out
+        return product(self.rranges)
 
     @property
     def outputs(self) -> tuple[str, ...]:
@@ -279,8 +273,8 @@ def plan_kernel(group: FusedGroup, name: str, needed: set[str] | None = None) ->
                 inputs.setdefault(e.buffer, e.dtype)
     origins = tuple(dict.fromkeys(o for b in members for o in b.origins))
     sources = tuple(dict.fromkeys(s for b in members for s in b.sources))
-    ranges = tuple(sympy.Mul(*[space.kept[k] for k in run]) for run in x_runs)
-    rranges = tuple(sympy.Mul(*[space.reduced[k] for k in run]) for run in r_runs)
+    ranges = tuple(product([space.kept[k] for k in run]) for run in x_runs)
+    rranges = tuple(product([space.reduced[k] for k in run]) for run in r_runs)
     return KernelPlan(name, ranges, loop_vars, tuple(inputs.items()), stores, origins, sources,
                       rranges, rvars)
 

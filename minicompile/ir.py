@@ -17,7 +17,7 @@ import sympy
 import torch
 
 from minicompile.graph import DTYPE_ABBR, SourceLine
-from minicompile.sym import index_symbol
+from minicompile.sym import index_symbol, product
 
 LOW_PRECISION = (torch.float16, torch.bfloat16)
 
@@ -213,10 +213,7 @@ class Layout:
     offset: sympy.Expr = sympy.Integer(0)
 
     def numel(self) -> sympy.Expr:
-        out: sympy.Expr = sympy.Integer(1)
-        for s in self.shape:
-            out = out * s
-        return out
+        return product(self.shape)
 
     def concrete_shape(self) -> tuple[int, ...]:
         return tuple(int(s) for s in self.shape)

@@ -19,7 +19,7 @@ import torch
 from minicompile import ops
 from minicompile.errors import Unsupported
 from minicompile.graph import Graph, Node, TensorMeta, map_nodes
-from minicompile.sym import FloorDiv, ModularIndexing, index_symbol
+from minicompile.sym import FloorDiv, ModularIndexing, index_symbol, product
 from minicompile.ir import (
     AliasOutput,
     BufferRef,
@@ -412,8 +412,8 @@ def reshape_mapping(in_shape: tuple, out_shape: tuple) -> dict:
     while i < len(ins) or j < len(outs):
         group_in, group_out = [ins[i]] if i < len(ins) else [], [outs[j]] if j < len(outs) else []
         i, j = i + bool(group_in), j + bool(group_out)
-        p_in = _prod(in_shape[k] for k in group_in)
-        p_out = _prod(out_shape[k] for k in group_out)
+        p_in = product(in_shape[k] for k in group_in)
+        p_out = product(out_shape[k] for k in group_out)
         while p_in != p_out:
             if (p_in < p_out and i < len(ins)) or j >= len(outs):
                 group_in.append(ins[i])
@@ -426,7 +426,7 @@ def reshape_mapping(in_shape: tuple, out_shape: tuple) -> dict:
         flat: sympy.Expr = ZERO
         for k in group_out:
             flat = flat * out_shape[k] + out[k]
-        inner = _prod(in_shape[k] for k in group_in)
+        inner = product(in_shape[k] for k in group_in)
         for pos, k in enumerate(group_in):
             inner = inner / in_shape[k]
             if pos == 0:
@@ -435,12 +435,6 @@ def reshape_mapping(in_shape: tuple, out_shape: tuple) -> dict:
                 mapping[own[k]] = ModularIndexing(flat, inner, in_shape[k])
     return mapping
 
-
-def _prod(values) -> sympy.Expr:
-    out: sympy.Expr = sympy.Integer(1)
-    for v in values:
-        out = out * v
-    return out
 
 
 # A computed value read by several consumers is stored once its expression reads this many

@@ -222,9 +222,6 @@ COMPARISONS = frozenset({"eq", "ne", "lt", "le", "gt", "ge"})
 LOGICAL = frozenset({"logical_and", "logical_or", "logical_xor", "logical_not"})
 
 
-def is_pointwise(name: str) -> bool:
-    return OPS[name].family in ("unary", "binary", "ternary", "composite", "cast")
-
 
 def run_eager(name: str, args: tuple, kwargs: dict[str, Any]) -> Any:
     return OPS[name].eager(*args, **kwargs)

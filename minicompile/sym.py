@@ -8,7 +8,7 @@ arguments; only the per-backend printers (codegen/printers.py) turn them into te
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable
 
 import sympy
 
@@ -65,16 +65,8 @@ def _is_poly_int(expr: sympy.Expr) -> bool:
     return all(c.is_Integer for c in sympy.Poly(expr).coeffs()) if expr.free_symbols else True
 
 
-def contiguous_strides(shape: Sequence[sympy.Expr]) -> tuple[sympy.Expr, ...]:
-    strides: list[sympy.Expr] = []
-    running: sympy.Expr = sympy.Integer(1)
-    for size in reversed(shape):
-        strides.append(running)
-        running = running * size
-    return tuple(reversed(strides))
 
-
-def product(values: Sequence[sympy.Expr]) -> sympy.Expr:
+def product(values: Iterable[sympy.Expr]) -> sympy.Expr:
     out: sympy.Expr = sympy.Integer(1)
     for v in values:
         out = out * v

@@ -12,10 +12,13 @@ import importlib.util as _importlib_util
 import os as _os
 
 # passes/ and codegen/ install as minicompile.passes and minicompile.codegen (setup.cfg's
-# package_dir).  Where that mapping is missing (a source checkout on the path before an
-# editable install's finder), find them beside this package.
-if _importlib_util.find_spec("minicompile.codegen") is None:
-    __path__.append(_os.path.dirname(_os.path.dirname(_os.path.abspath(__file__))))
+# package_dir).  Imported from a source checkout (setup.cfg beside this package), they are
+# that checkout's own, even where another checkout is installed editable.
+_root = _os.path.dirname(_os.path.dirname(_os.path.abspath(__file__)))
+if _os.path.isfile(_os.path.join(_root, "setup.cfg")) or (
+    _importlib_util.find_spec("minicompile.codegen") is None
+):
+    __path__.append(_root)
 
 from minicompile.api import compile, reset, stats  # noqa: E402
 from minicompile.errors import Unsupported  # noqa: E402

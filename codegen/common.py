@@ -16,8 +16,17 @@ import sympy
 import torch
 
 from minicompile.graph import SourceLine
-from minicompile.ir import ComputedBuffer, Expr, IndirectLoad, Load, Reduce, map_loads, walk
-from minicompile.sym import index_symbol, product
+from minicompile.ir import (
+    ComputedBuffer,
+    Expr,
+    IndirectLoad,
+    Load,
+    Reduce,
+    SizeValue,
+    map_loads,
+    walk,
+)
+from minicompile.sym import index_symbol, product, size_symbols
 
 from minicompile.schedule import FusedGroup, kept_symbols, reduced_symbols, store_index
 
@@ -99,6 +108,21 @@ class KernelPlan:
     @property
     def outputs(self) -> tuple[str, ...]:
         return tuple(s.buffer for s in self.stores)
+
+    @property
+    def size_args(self) -> tuple[sympy.Symbol, ...]:
+        """The size symbols the kernel's loops and indices use: scalar parameters."""
+        exprs: list[sympy.Expr] = [*self.ranges, *self.rranges]
+        for st in self.stores:
+            exprs.append(st.index)
+            for e in walk(st.value):
+                if isinstance(e, Load):
+                    exprs.append(e.index)
+                if isinstance(e, IndirectLoad):
+                    exprs.append(e.size)
+                if isinstance(e, SizeValue):
+                    exprs.append(e.size)
+        return size_symbols(exprs)
 
     def params(self) -> list[str]:
         """Kernel parameter names: in_ptr0.., out_ptr0.. (Inductor's spelling)."""

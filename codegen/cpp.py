@@ -13,7 +13,17 @@ import math
 import sympy
 import torch
 
-from minicompile.ir import LOW_PRECISION, Cast, Constant, Expr, IndirectLoad, Load, Op, walk
+from minicompile.ir import (
+    LOW_PRECISION,
+    Cast,
+    Constant,
+    Expr,
+    IndirectLoad,
+    Load,
+    Op,
+    SizeValue,
+    walk,
+)
 
 from minicompile.codegen.common import CodeWriter, KernelPlan, Store, checks_indices, pending
 from minicompile.codegen.printers import cpp_index
@@ -125,7 +135,7 @@ class CppKernel:
         self.w = CodeWriter()
         self.names: dict[Expr, str] = {}
         self.count = 0
-        self.parallel = False
+        self.parallel: str | None = None  # the OpenMP pragma of the outer loop
 
     def signature(self) -> str:
         p = self.plan
@@ -138,6 +148,7 @@ class CppKernel:
         ]
         if checks_indices(p):
             params.append("int32_t* __restrict__ err_ptr")
+        params += [f"int64_t {s}" for s in p.size_args]
         return f'extern "C" void {p.name}({", ".join(params)})'
 
     def emit(self) -> str:
@@ -145,20 +156,19 @@ class CppKernel:
         for row in p.header_comment():
             w.line(f"// {row}")
         with w.block(self.signature()):
-            numel = int(p.numel)
-            ranges = [int(r) for r in p.ranges]
+            ranges = [cpp_index(r) for r in p.ranges]
             if not ranges:  # a 0-dim result: one element
                 self.emit_body()
             else:
-                self.parallel = numel >= PARALLEL_THRESHOLD
+                self.parallel = parallel_pragma(p.numel, p.numel)
                 self._loops(0, ranges)
         return w.text()
 
-    def _loops(self, depth: int, ranges: list[int]) -> None:
+    def _loops(self, depth: int, ranges: list[str]) -> None:
         x = self.plan.loop_vars[depth]
         pragma = []
         if depth == 0 and self.parallel:
-            pragma.append("parallel for")
+            pragma.append(self.parallel)
         if depth == len(ranges) - 1:
             pragma.append("simd")
         if pragma:
@@ -216,6 +226,8 @@ class CppKernel:
             return self.fresh(text, ctype)
         if isinstance(e, Constant):
             return _literal(e.value, e.dtype)
+        if isinstance(e, SizeValue):
+            return self.fresh(f"static_cast<int64_t>({cpp_index(e.size)})", "int64_t")
         if isinstance(e, Cast):
             x = self.names[e.x]
             if e.dtype == torch.bool:
@@ -240,6 +252,14 @@ class CppKernel:
         return self.fresh(text, ctype)
 
 
+
+
+def parallel_pragma(total: sympy.Expr, rows: sympy.Expr) -> str | None:
+    """``parallel for`` when the kernel has enough work to share between threads; with
+    symbolic sizes, an OpenMP ``if`` clause decides at run time."""
+    if total.is_Integer and rows.is_Integer:
+        return "parallel for" if int(total) >= PARALLEL_THRESHOLD and int(rows) > 1 else None
+    return f"parallel for if({cpp_index(total)} >= {PARALLEL_THRESHOLD})"
 
 
 def emit_kernel(plan: KernelPlan) -> str:

@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import math
 
+import sympy
 import torch
 
 from minicompile.ir import LOW_PRECISION, REDUCTION_IDENTITY, Reduce
 
 from minicompile.codegen.common import KernelPlan, Store, reduction_batches, row_invariant
-from minicompile.codegen.cpp import PARALLEL_THRESHOLD, CppKernel, compute_type
+from minicompile.codegen.cpp import CppKernel, compute_type, parallel_pragma
+from minicompile.codegen.printers import cpp_index
 
 COMBINE = {
     "sum": "{acc} + {v}",
@@ -55,19 +57,18 @@ class CppReductionKernel(CppKernel):
         for row in p.header_comment():
             w.line(f"// {row}")
         with w.block(self.signature()):
-            ranges = [int(r) for r in p.ranges]
-            total = int(p.numel) * max(int(p.rnumel), 1)
-            self.parallel = total >= PARALLEL_THRESHOLD and int(p.numel) > 1
+            ranges = [cpp_index(r) for r in p.ranges]
+            self.parallel = parallel_pragma(p.numel * sympy.Max(p.rnumel, 1), p.numel)
             if ranges:
                 self.row_loops(0, ranges)
             else:
                 self.row_body()
         return w.text()
 
-    def row_loops(self, depth: int, ranges: list[int]) -> None:
+    def row_loops(self, depth: int, ranges: list[str]) -> None:
         x = self.plan.loop_vars[depth]
         if depth == 0 and self.parallel:
-            self.w.line("#pragma omp parallel for")
+            self.w.line(f"#pragma omp {self.parallel}")
         with self.w.block(f"for (int64_t {x} = 0; {x} < {ranges[depth]}; ++{x})"):
             if depth + 1 < len(ranges):
                 self.row_loops(depth + 1, ranges)
@@ -136,7 +137,7 @@ class CppReductionKernel(CppKernel):
         r = p.rvars[depth]
         if depth == len(p.rvars) - 1 and simd:
             self.w.line("#pragma omp simd" + (f" {clause}" if clause else ""))
-        with self.w.block(f"for (int64_t {r} = 0; {r} < {int(p.rranges[depth])}; ++{r})"):
+        with self.w.block(f"for (int64_t {r} = 0; {r} < {cpp_index(p.rranges[depth])}; ++{r})"):
             self.element_loops(depth + 1, body, clause, simd)
 
     def hoist(self, exprs: list) -> None:

@@ -14,7 +14,18 @@ import re
 import sympy
 import torch
 
-from minicompile.ir import LOW_PRECISION, Cast, Constant, Expr, IndirectLoad, Load, Op, Reduce, walk
+from minicompile.ir import (
+    LOW_PRECISION,
+    Cast,
+    Constant,
+    Expr,
+    IndirectLoad,
+    Load,
+    Op,
+    Reduce,
+    SizeValue,
+    walk,
+)
 from minicompile.sym import FloorDiv, ModularIndexing
 
 from minicompile.codegen.common import CodeWriter, KernelPlan, Store, checks_indices, pending
@@ -265,6 +276,8 @@ class TritonKernel:
             return self.fresh(text, axes)
         if isinstance(e, Constant):
             return _literal(e.value, e.dtype)
+        if isinstance(e, SizeValue):  # a scalar computed from the size arguments
+            return self.fresh(f"({triton_index(e.size)}).to(tl.int64)", frozenset())
         if isinstance(e, Reduce):
             return self.emit_reduce(e)
         if isinstance(e, Cast):
@@ -298,7 +311,18 @@ class TritonKernel:
 
 
 def kernel_params(plan: KernelPlan) -> list[str]:
-    return plan.params() + (["err_ptr"] if checks_indices(plan) else [])
+    """Pointers, the error flag of index checks, then the size symbols (scalars)."""
+    sizes = [str(s) for s in plan.size_args]
+    return plan.params() + (["err_ptr"] if checks_indices(plan) else []) + sizes
+
+
+# A symbolic size is planned for as if it were this large: blocks sized for big tensors
+# (what dynamic shapes are for), with masks, since no size is known to divide.
+SYMBOLIC_HINT = 1 << 20
+
+
+def planning_size(n: sympy.Expr) -> int:
+    return int(n) if n.is_Integer else SYMBOLIC_HINT
 
 
 def block_size(numel: int, interpret: bool) -> int:
@@ -311,7 +335,7 @@ def block_size(numel: int, interpret: bool) -> int:
 def emit_kernel(plan: KernelPlan, interpret: bool) -> str:
     numel = plan.numel
     wide = not numel.is_Integer or int(numel) >= 2**31 - 2**20
-    masked = not numel.is_Integer or int(numel) % block_size(int(numel), interpret) != 0
+    masked = not numel.is_Integer or int(numel) % block_size(planning_size(numel), interpret) != 0
     return TritonKernel(plan, wide_index=wide, masked=masked).emit()
 
 

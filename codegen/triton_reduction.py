@@ -24,6 +24,7 @@ from minicompile.codegen.triton import (
     _round,
     compute_dtype,
     kernel_params,
+    planning_size,
 )
 
 # Combining two partial results elementwise (loop accumulators), and reducing a block
@@ -70,13 +71,20 @@ def reduction_blocks(xnumel: int, rnumel: int, interpret: bool) -> tuple[int, in
 
 class TritonReductionKernel(TritonKernel):
     def __init__(self, plan: KernelPlan, interpret: bool) -> None:
-        xnumel, rnumel = int(plan.numel), int(plan.rnumel)
-        wide = xnumel * max(rnumel, 1) >= 2**31 - 2**20
+        symbolic = not (plan.numel.is_Integer and plan.rnumel.is_Integer)
+        xnumel, rnumel = planning_size(plan.numel), planning_size(plan.rnumel)
+        wide = symbolic or xnumel * max(rnumel, 1) >= 2**31 - 2**20
         self.xblock, self.rblock, self.warps, self.persistent = reduction_blocks(
             xnumel, rnumel, interpret
         )
-        super().__init__(plan, wide_index=wide, masked=xnumel % self.xblock != 0)
-        self.rmasked = rnumel % self.rblock != 0 if not self.persistent else rnumel != self.rblock
+        xmasked = not plan.numel.is_Integer or xnumel % self.xblock != 0
+        super().__init__(plan, wide_index=wide, masked=xmasked)
+        if not plan.rnumel.is_Integer:
+            self.rmasked = True
+        elif self.persistent:
+            self.rmasked = rnumel != self.rblock
+        else:
+            self.rmasked = rnumel % self.rblock != 0
         self.accumulators: dict[Reduce, str] = {}
 
     def emit(self) -> str:
@@ -191,6 +199,8 @@ def emit_reduction_kernel(plan: KernelPlan, interpret: bool) -> str:
 
 def launch_config(plan: KernelPlan, interpret: bool) -> tuple[int, int, int]:
     """(XBLOCK, RBLOCK, num_warps) the wrapper launches ``plan`` with."""
-    xblock, rblock, warps, _ = reduction_blocks(int(plan.numel), int(plan.rnumel), interpret)
+    xblock, rblock, warps, _ = reduction_blocks(
+        planning_size(plan.numel), planning_size(plan.rnumel), interpret
+    )
     return xblock, rblock, warps
 

@@ -9,9 +9,13 @@ from __future__ import annotations
 
 import dataclasses
 
+import sympy
 import torch
 
+from minicompile.errors import Unsupported
 from minicompile.ir import AliasOutput, Buffer, BufferRef, ExternKernel, Layout, LoopProgram
+from minicompile.shapes import python_expr
+from minicompile.sym import size_symbols
 
 from minicompile.codegen import cpp, cpp_reduction, triton, triton_reduction
 from minicompile.codegen.common import (
@@ -33,7 +37,7 @@ class GeneratedCode:
 
 
 def _shape(values: tuple) -> str:
-    inner = ", ".join(str(int(v)) for v in values)
+    inner = ", ".join(python_expr(v) for v in values)
     return f"({inner},)" if len(values) == 1 else f"({inner})"
 
 
@@ -49,7 +53,7 @@ def _alias(out: AliasOutput) -> str:
     lay: Layout = out.layout
     offset = f"{out.input}.storage_offset()"
     if lay.offset != 0:
-        offset += f" + {int(lay.offset)}"
+        offset += f" + {python_expr(lay.offset)}"
     return f"{out.input}.as_strided({_shape(lay.shape)}, {_shape(lay.stride)}, {offset})"
 
 
@@ -99,7 +103,9 @@ def generate(
         for plan in plans:
             n = len(plan.params()) + checks_indices(plan)
             w.line(f"{plan.name} = lib.{plan.name}")
-            w.line(f"{plan.name}.argtypes = [ctypes.c_void_p] * {n}")
+            sizes = len(plan.size_args)
+            ints = f" + [ctypes.c_int64] * {sizes}" if sizes else ""
+            w.line(f"{plan.name}.argtypes = [ctypes.c_void_p] * {n}{ints}")
             w.line(f"{plan.name}.restype = None")
     if any(e.op.startswith("operator.") and e.op != "operator.getitem" for e in externs):
         w.line("import operator")
@@ -119,6 +125,7 @@ def generate(
         names = [b.name for b in program.inputs]
         if names:
             w.line(f"{', '.join(names)}, = args")
+        emit_sizes(w, program)
         for group in groups:
             if group.extern is not None:
                 emit_extern(w, group.extern)
@@ -127,6 +134,23 @@ def generate(
         outs = [o if isinstance(o, str) else _alias(o) for o in program.outputs]
         w.line(f"return ({', '.join(outs)}{',' if len(outs) == 1 else ''})")
     return GeneratedCode(backend, w.text(), cpp_source, tuple(p.name for p in plans))
+
+
+def emit_sizes(w: CodeWriter, program: LoopProgram) -> None:
+    """Read each size symbol off the first input that has it as a dimension."""
+    found: dict = {}
+    for buf in program.inputs:
+        for d, size in enumerate(buf.layout.shape):
+            if size.is_Symbol and size not in found:
+                found[size] = f"{buf.name}.shape[{d}]"
+    used = size_symbols(
+        [s for b in program.buffers for lay in _layouts(b) for s in (*lay.shape, *lay.stride)]
+    )
+    for s in sorted(found, key=lambda s: int(s.name[1:])):
+        w.line(f"{s} = {found[s]}  # a dynamic size")
+    missing = [s for s in used if s not in found]
+    if missing:
+        raise Unsupported(f"dynamic shapes: sizes {missing} are not a dimension of any input")
 
 
 def needed_outside(program: LoopProgram, groups: list[FusedGroup], group: FusedGroup) -> set[str]:
@@ -166,6 +190,8 @@ def _extern_arg(value: object) -> str:
         return "[" + ", ".join(_extern_arg(v) for v in value) + "]"
     if isinstance(value, (torch.dtype, torch.device)):
         return _literal(value)
+    if isinstance(value, sympy.Basic):
+        return python_expr(value)
     return repr(value)
 
 
@@ -192,6 +218,15 @@ def emit_extern(w: CodeWriter, ext: ExternKernel) -> None:
         w.line(f"{ext.name} = with_layout({call}, {_shape(lay.shape)}, {_shape(lay.stride)})")
 
 
+def _grid(numel: sympy.Expr, block: int) -> str:
+    """Programs to launch: a number, or an expression of the sizes."""
+    if numel.is_Integer:
+        return str(-(-int(numel) // block))
+    if block == 1:
+        return python_expr(numel)
+    return f"({python_expr(numel)} + {block - 1}) // {block}"
+
+
 def _interpreted(program: LoopProgram, plan: KernelPlan) -> bool:
     """Triton kernels over CPU tensors run under Triton's interpreter."""
     return program.buffer(plan.outputs[0]).layout.device.type == "cpu"
@@ -207,9 +242,10 @@ def emit_launch(
             f"{name} = empty_strided({_shape(lay.shape)}, {_shape(lay.stride)}, "
             f"dtype={lay.dtype}, device={dev})"
         )
-    numel = int(plan.numel)
+    numel = plan.numel
     args = [b for b, _ in plan.inputs] + list(plan.outputs)
     errs = ["err"] if checks_indices(plan) else []
+    sizes = [str(s) for s in plan.size_args]
     if numel == 0:
         w.line(f"# {plan.name}: nothing to compute for an empty tensor")
         return
@@ -217,16 +253,16 @@ def emit_launch(
     if backend == "triton" and plan.is_reduction:
         interpret = _interpreted(program, plan)
         xblock, rblock, warps = triton_reduction.launch_config(plan, interpret)
-        grid = -(-numel // xblock)
-        launch = (f"{plan.name}[({grid},)]({', '.join(args + errs)}, {numel}, "
-                  f"{int(plan.rnumel)}, XBLOCK={xblock}, RBLOCK={rblock}, num_warps={warps})")
+        launch = (f"{plan.name}[({_grid(numel, xblock)},)]({', '.join(args + errs + sizes)}, "
+                  f"{python_expr(numel)}, {python_expr(plan.rnumel)}, XBLOCK={xblock}, "
+                  f"RBLOCK={rblock}, num_warps={warps})")
     elif backend == "triton":
-        block = triton.block_size(numel, _interpreted(program, plan))
-        grid = -(-numel // block)
-        launch = f"{plan.name}[({grid},)]({', '.join(args + errs)}, {numel}, XBLOCK={block})"
+        block = triton.block_size(triton.planning_size(numel), _interpreted(program, plan))
+        launch = (f"{plan.name}[({_grid(numel, block)},)]({', '.join(args + errs + sizes)}, "
+                  f"{python_expr(numel)}, XBLOCK={block})")
     else:
         pointers = [a + ".data_ptr()" for a in args + errs]
-        launch = f"{plan.name}({', '.join(pointers)})"
+        launch = f"{plan.name}({', '.join(pointers + sizes)})"
     if errs:
         dev = f"device{devices.index(str(program.buffer(plan.outputs[0]).layout.device))}"
         w.line(f"err = torch.zeros((1,), dtype=torch.int32, device={dev})  # index out of range?")

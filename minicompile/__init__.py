@@ -21,8 +21,9 @@ if _os.path.isfile(_os.path.join(_root, "setup.cfg")) or (
     __path__.append(_root)
 
 from minicompile.api import compile, reset, stats  # noqa: E402
+from minicompile.capture.dynamic import mark_dynamic  # noqa: E402
 from minicompile.errors import Unsupported  # noqa: E402
 from minicompile.explain import explain  # noqa: E402
 
-__all__ = ["compile", "explain", "reset", "stats", "Unsupported"]
+__all__ = ["compile", "explain", "mark_dynamic", "reset", "stats", "Unsupported"]
 __version__ = "0.1.0"

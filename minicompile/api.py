@@ -26,6 +26,7 @@ import torch
 from minicompile import config, trace
 from minicompile.capture import Break, Capture, ResumePoint, capture_segment, concrete
 from minicompile.capture import root_point
+from minicompile.capture.dynamic import STATIC, DynamicPolicy
 from minicompile.config import Config
 from minicompile.errors import BackendCompilerFailed, Unsupported
 from minicompile.lowering import lower
@@ -80,6 +81,7 @@ class Entry:
     # The generated wrapper's call(inputs) (allocate, launch, return), for inspection and
     # benchmarks; None for an eager entry.
     call: Callable[[list], tuple] | None = None
+    sizes: list = dataclasses.field(default_factory=list)  # the traced inputs' sizes
 
 
 class CompiledFunction:
@@ -100,6 +102,8 @@ class CompiledFunction:
         self.concrete_points: set[ResumePoint] = set()  # the rest of the frame runs for real
         self.eager_reason: str | None = None
         self.breaks: list[Break | Unsupported] = []  # every break met, for explain()
+        # Automatic dynamic: per segment start, the dims of each input source seen to change.
+        self.dynamic_dims: dict[ResumePoint, dict[str, frozenset[int]]] = {}
         self.signature = inspect.signature(self.fn)
         code = self.fn.__code__
         self.n_params = code.co_argcount + code.co_kwonlyargcount
@@ -188,17 +192,19 @@ class CompiledFunction:
             _stats["recompiles"] += 1
         _stats["frames"] += 1
         try:
-            capture, stop = capture_segment(self.fn, point, values)
+            capture, stop = self.capture(point, values, entries, name)
         except Unsupported as e:
             trace.emit("graph_breaks", name, f"running the rest eagerly: {e.describe()}")
             self.concrete_points.add(point)
             _stats["eager_fallbacks"] += 1
             return None
-        entry = self.new_entry(capture, stop, name)
+        entry = self.new_entry(capture, stop, name, values)
         entries.insert(0, entry)
         return entry
 
-    def new_entry(self, capture: Capture, stop: Break | None, name: str) -> Entry:
+    def new_entry(
+        self, capture: Capture, stop: Break | None, name: str, values: tuple
+    ) -> Entry:
         _stats["instructions"] += capture.instructions
         if stop is not None:
             _stats["graph_breaks"] += 1
@@ -206,7 +212,7 @@ class CompiledFunction:
             trace.emit("graph_breaks", name, f"graph break: {stop.reason.describe()}")
         trace.emit("graph", name, str(capture.graph), f"{self.fn.__name__}.graph.txt")
         trace.emit("guards", name, str(capture.guards))
-        entry = self.build_entry(capture)
+        entry = self.build_entry(capture, values)
         entry.stop = stop
         return entry
 
@@ -244,7 +250,7 @@ class CompiledFunction:
                 f"entry {k}: {r}" for k, r in enumerate(reasons)))
         _stats["frames"] += 1
         try:
-            capture, stop = capture_segment(self.fn, self.root, frame, not cfg.fullgraph)
+            capture, stop = self.capture(self.root, frame, self.entries, name, not cfg.fullgraph)
         except Unsupported as e:
             if cfg.fullgraph:
                 raise
@@ -252,7 +258,7 @@ class CompiledFunction:
             trace.emit("graph_breaks", name, f"running {name} eagerly: {e.describe()}")
             log.info("minicompile: running %s eagerly: %s", name, e.describe())
             return self.give_up(e.describe(), args, kwargs)
-        entry = self.new_entry(capture, stop, name)
+        entry = self.new_entry(capture, stop, name, frame)
         self.entries.insert(0, entry)
         try:
             result = entry.run(frame)
@@ -264,6 +270,62 @@ class CompiledFunction:
             self.run_graph_eagerly(entry, f"kernel failed to build: {e}")
             result = entry.run(frame)
         return result if entry.stop is None else self.resume(entry, result)
+
+    # -- dynamic shapes ---------------------------------------------------------------------
+
+    def policy(self, point: ResumePoint, values: tuple, entries: list[Entry]) -> DynamicPolicy:
+        """Which dims to trace as symbols (capture/dynamic.py).  Automatic: a dim whose size
+        differs from what an earlier entry was traced with is dynamic from now on."""
+        mode = self.cfg.dynamic
+        if mode is not None:
+            return DynamicPolicy(mode)
+        seen = self.dynamic_dims.setdefault(point, {})
+        for entry in entries:
+            try:
+                now = [tuple(t.shape) for t in entry.capture.get_inputs(*values)]
+            except Exception:  # another structure of arguments: nothing to compare
+                continue
+            for source, before, after in zip(entry.capture.input_sources, entry.sizes, now):
+                if len(before) != len(after):
+                    continue
+                changed = {d for d, (a, b) in enumerate(zip(before, after)) if a != b}
+                new = changed - seen.get(source, frozenset())
+                if new:
+                    seen[source] = frozenset(seen.get(source, frozenset()) | new)
+                    trace.emit("dynamic", self.fn.__qualname__, "\n".join(
+                        f"{source} dim {d} is dynamic: traced with size {before[d]}, "
+                        f"called with {after[d]}" for d in sorted(new)))
+        return DynamicPolicy(None, dict(seen))
+
+    def capture(
+        self, point: ResumePoint, values: tuple, entries: list[Entry], name: str,
+        allow_break: bool = True,
+    ) -> tuple[Capture, Break | None]:
+        """Trace a segment, with symbolic sizes where the policy asks for them; what
+        cannot be traced (or compiled) with symbols is traced again with static sizes."""
+        policy = self.policy(point, values, entries)
+        if not policy.is_static:
+            try:
+                capture, stop = capture_segment(self.fn, point, values, allow_break, policy)
+                if capture.graph.shapes is None:
+                    return capture, stop
+                self.check_compiles(capture)
+                trace.emit("dynamic", name, describe_symbols(capture))
+                return capture, stop
+            except Unsupported as e:
+                trace.emit("dynamic", name, f"compiled with static sizes: {e.describe()}")
+            except Exception as e:  # a gap in symbolic support: static sizes are exact
+                log.debug("minicompile: dynamic capture of %s failed", name, exc_info=True)
+                trace.emit("dynamic", name, f"compiled with static sizes: internal error "
+                           f"with symbolic sizes: {type(e).__name__}: {e}")
+        return capture_segment(self.fn, point, values, allow_break, STATIC)
+
+    def check_compiles(self, capture: Capture) -> None:
+        """Build the symbolic graph's kernels now, so a failure can fall back to static."""
+        try:
+            capture.compiled = compile_graph(capture, self.cfg, self.fn.__qualname__)
+        except BackendCompilerFailed as e:
+            raise Unsupported(f"kernels with symbolic sizes failed to build: {e}") from e
 
     def give_up(self, reason: str, args: tuple, kwargs: dict[str, Any]) -> Any:
         self.eager_reason = reason
@@ -283,11 +345,19 @@ class CompiledFunction:
 
         entry.run = run
 
-    def build_entry(self, capture: Capture) -> Entry:
+    def build_entry(self, capture: Capture, values: tuple) -> Entry:
+        entry = self._build_entry(capture)
+        entry.sizes = [tuple(t.shape) for t in capture.get_inputs(*values)]
+        return entry
+
+    def _build_entry(self, capture: Capture) -> Entry:
         cfg = self.cfg
         name = self.fn.__qualname__
         try:
-            run, call = compile_graph(capture, cfg, name)
+            if capture.compiled is not None:  # built while choosing symbolic sizes
+                run, call = capture.compiled
+            else:
+                run, call = compile_graph(capture, cfg, name)
         except (Unsupported, BackendCompilerFailed) as e:
             if cfg.strict:
                 raise
@@ -336,6 +406,16 @@ def pick_backend(cfg: Config, capture: Capture) -> tuple[str, bool]:
     if backend == "cpp" and device != "cpu":
         raise Unsupported(f"backend='cpp' compiles CPU tensors; these are on {device}")
     return backend, backend == "triton" and device == "cpu"
+
+
+def describe_symbols(capture: Capture) -> str:
+    """The size symbols of a capture and the relations its guards keep, for the logs."""
+    shapes = capture.graph.shapes
+    lines = [f"{s} = {where.name} (traced with {shapes.hints[s]})"
+             for s, where in shapes.sources.items()]
+    relations = [g.kind for g in capture.guards.checks if g.source == "sizes"]
+    lines += [f"guard: {r}" for r in relations] or ["no relations between sizes"]
+    return "\n".join(lines)
 
 
 def compile_graph(

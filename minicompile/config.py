@@ -14,7 +14,9 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
-LOG_PARTS = ("graph", "guards", "recompiles", "graph_breaks", "fusion", "output_code")
+LOG_PARTS = (
+    "graph", "guards", "recompiles", "dynamic", "graph_breaks", "fusion", "output_code",
+)
 
 
 def _flag(value: str | None) -> bool:

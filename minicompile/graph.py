@@ -44,6 +44,9 @@ class TensorMeta:
     device: torch.device
     requires_grad: bool = False
     storage_offset: sympy.Expr = sympy.Integer(0)
+    # The ShapeContext of the capture when sizes are symbolic (minicompile/shapes.py):
+    # what turns them into PyTorch's SymInts.  Not part of the value.
+    shapes: Any = dataclasses.field(default=None, compare=False, repr=False)
 
     @staticmethod
     def of(t: torch.Tensor) -> TensorMeta:
@@ -63,14 +66,32 @@ class TensorMeta:
     def numel(self) -> sympy.Expr:
         return sympy.Mul(*self.shape) if self.shape else sympy.Integer(1)
 
+    @property
+    def is_symbolic(self) -> bool:
+        return any(not s.is_Integer for s in (*self.shape, *self.stride))
+
     def concrete_shape(self) -> tuple[int, ...]:
-        return tuple(int(s) for s in self.shape)
+        return tuple(_concrete(s, "size") for s in self.shape)
 
     def concrete_stride(self) -> tuple[int, ...]:
-        return tuple(int(s) for s in self.stride)
+        return tuple(_concrete(s, "stride") for s in self.stride)
+
+    def sizes(self) -> tuple:
+        """The shape as Python sees it: ints, and PyTorch SymInts for symbolic sizes."""
+        if not self.is_symbolic:
+            return self.concrete_shape()
+        return tuple(self.shapes.to_symint(s) for s in self.shape)
+
+    def strides(self) -> tuple:
+        if not self.is_symbolic:
+            return self.concrete_stride()
+        return tuple(self.shapes.to_symint(s) for s in self.stride)
 
     def fake(self) -> torch.Tensor:
-        """A tensor on the meta device with this layout, for shape and dtype inference."""
+        """A tensor on the meta device with this layout, for shape and dtype inference
+        (a fake tensor of the capture's ShapeContext when sizes are symbolic)."""
+        if self.shapes is not None and self.is_symbolic:
+            return self.shapes.fake(self.shape, self.stride, self.dtype)
         return torch.empty_strided(
             self.concrete_shape(), self.concrete_stride(), dtype=self.dtype, device="meta"
         )
@@ -78,6 +99,14 @@ class TensorMeta:
     def __str__(self) -> str:
         dims = ", ".join(str(s) for s in self.shape)
         return f"{DTYPE_ABBR.get(self.dtype, str(self.dtype))}[{dims}]"
+
+
+def _concrete(value: sympy.Expr, what: str) -> int:
+    if not value.is_Integer:
+        from minicompile.shapes import ShapeError
+
+        raise ShapeError(f"a {what} is symbolic ({value}) where a number is needed")
+    return int(value)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -159,9 +188,10 @@ def format_arg(value: Any) -> str:
 
 
 class Graph:
-    def __init__(self, name: str = "graph") -> None:
+    def __init__(self, name: str = "graph", shapes: Any = None) -> None:
         self.name = name
         self.nodes: list[Node] = []
+        self.shapes = shapes  # the ShapeContext when sizes are symbolic (shapes.py), else None
 
     # -- building ---------------------------------------------------------------------------
 
@@ -248,7 +278,7 @@ def copy_graph(graph: Graph, rewrite: Callable[[Graph, Node, Callable], Node | N
     """Copy ``graph`` node by node; ``rewrite(new_graph, node, remap)`` may emit replacement
     nodes and return the node standing for ``node`` (or None to copy it as is).
     ``remap`` maps old argument values to the new graph.  The input graph is not changed."""
-    new = Graph(graph.name)
+    new = Graph(graph.name, graph.shapes)
     env: dict[Node, Node] = {}
 
     def remap(value: Any) -> Any:

@@ -97,6 +97,18 @@ class Constant(Expr):
 
 
 @_expr
+class SizeValue(Expr):
+    """A size expression used as a number (``1 / n`` of a mean over a dynamic dim): an
+    int64 computed from the kernel's size arguments."""
+
+    size: sympy.Expr
+    dtype: torch.dtype = torch.int64
+
+    def __str__(self) -> str:
+        return f"size({self.size})"
+
+
+@_expr
 class Op(Expr):
     """A pointwise primitive (a key of the backends' op tables) applied to ``args``.  All
     arguments have one dtype (lowering inserts the casts), except ``where``'s condition."""

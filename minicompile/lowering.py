@@ -19,6 +19,7 @@ import torch
 from minicompile import ops
 from minicompile.errors import Unsupported
 from minicompile.graph import Graph, Node, TensorMeta, map_nodes
+from minicompile.shapes import ShapeError, is_symbolic
 from minicompile.sym import FloorDiv, ModularIndexing, index_symbol, product
 from minicompile.ir import (
     AliasOutput,
@@ -26,6 +27,7 @@ from minicompile.ir import (
     Cast,
     ComputedBuffer,
     Constant,
+    SizeValue,
     Expr,
     ExternKernel,
     InputBuffer,
@@ -197,6 +199,10 @@ class Lowering:
                 return _cast(broadcast_to(self.values[arg], shape), dtype)
             if isinstance(arg, (bool, int, float)):
                 return Constant(_py_value(arg, dtype), dtype)
+            if isinstance(arg, sympy.Expr) and arg.is_integer:  # a symbolic size
+                if arg.is_Integer:
+                    return Constant(_py_value(int(arg), dtype), dtype)
+                return _cast(SizeValue(arg), dtype)
             raise Unsupported(f"{node.target}: argument {arg!r} is not a tensor or number",
                               node.stack)
 
@@ -328,7 +334,7 @@ class Lowering:
         origins = x.origins + (node,)
         if x.view is not None:
             name, base = x.view
-            layout = view_layout(base, node)
+            layout = view_layout(base, node, self.graph.shapes)
             if layout is not None:
                 value = _input_value(name, layout)
                 return dataclasses.replace(value, origins=origins)
@@ -337,9 +343,11 @@ class Lowering:
         return Value(node.meta.shape, node.meta.dtype, expr, origins=origins)
 
 
-def view_layout(base: Layout, node: Node) -> Layout | None:
+def view_layout(base: Layout, node: Node, shapes: Any = None) -> Layout | None:
     """The layout ``node`` (a view op) gives a tensor of layout ``base``, or None when the
     view cannot be a layout of the same storage (a reshape that must copy)."""
+    if shapes is not None and (is_symbolic(base.shape + base.stride) or is_symbolic(node.args)):
+        return _symbolic_view_layout(base, node, shapes)
     shape, stride = base.concrete_shape(), base.concrete_stride()
     offset = int(base.offset)
     span = 1 + sum((n - 1) * abs(st) for n, st in zip(shape, stride)) if all(shape) else 1
@@ -360,6 +368,30 @@ def view_layout(base: Layout, node: Node) -> Layout | None:
         base.dtype,
         base.device,
         sympy.Integer(out.storage_offset()),
+    )
+
+
+def _symbolic_view_layout(base: Layout, node: Node, shapes: Any) -> Layout | None:
+    """view_layout with symbolic sizes: PyTorch's view rules on a fake tensor."""
+    fake = shapes.fake(base.shape, base.stride, base.dtype, base.offset)
+    args = tuple(
+        tuple(shapes.to_symint(s) for s in a) if isinstance(a, tuple) else (
+            shapes.to_symint(a) if isinstance(a, sympy.Basic) else a)
+        for a in node.args[1:]
+    )
+    try:
+        if node.target == "reshape":
+            out = shapes.run(fake.view, args[0])
+        else:
+            out = shapes.run(ops.run_eager, node.target, (fake, *args), node.kwargs)
+    except RuntimeError:
+        return None
+    return Layout(
+        tuple(shapes.to_sympy(n) for n in out.shape),
+        tuple(shapes.to_sympy(st) for st in out.stride()),
+        base.dtype,
+        base.device,
+        shapes.to_sympy(out.storage_offset()),
     )
 
 
@@ -393,11 +425,21 @@ def view_mapping(node: Node, in_shape: tuple) -> dict:
     if target == "select":
         d, index = args
         mapping = {own[k]: out[k - (k > d)] for k in range(n_in) if k != d}
-        mapping[own[d]] = sympy.Integer(index)
+        mapping[own[d]] = sympy.sympify(index)
         return mapping
     if target == "reshape":
         return reshape_mapping(in_shape, node.meta.shape)
     raise Unsupported(f"no lowering for view {target}", node.stack)
+
+
+def _less(a: sympy.Expr, b: sympy.Expr) -> bool:
+    """a < b for sizes; symbolic ones compare by their ratio (s0 < 4*s0)."""
+    if a.is_Integer and b.is_Integer:
+        return int(a) < int(b)
+    ratio = sympy.simplify(b / a)
+    if ratio.is_Number:
+        return bool(ratio > 1)
+    raise ShapeError(f"cannot order the sizes {a} and {b} of a reshape")
 
 
 def reshape_mapping(in_shape: tuple, out_shape: tuple) -> dict:
@@ -415,7 +457,7 @@ def reshape_mapping(in_shape: tuple, out_shape: tuple) -> dict:
         p_in = product(in_shape[k] for k in group_in)
         p_out = product(out_shape[k] for k in group_out)
         while p_in != p_out:
-            if (p_in < p_out and i < len(ins)) or j >= len(outs):
+            if (_less(p_in, p_out) and i < len(ins)) or j >= len(outs):
                 group_in.append(ins[i])
                 p_in *= in_shape[ins[i]]
                 i += 1

@@ -228,40 +228,83 @@ def run_eager(name: str, args: tuple, kwargs: dict[str, Any]) -> Any:
 
 
 def infer_meta(
-    name: str, args: tuple, kwargs: dict[str, Any], device: torch.device
+    name: str, args: tuple, kwargs: dict[str, Any], device: torch.device, shapes: Any = None
 ) -> TensorMeta | tuple[TensorMeta, ...]:
     """Result metadata of ``name`` applied to ``args``: PyTorch's own broadcasting, type
     promotion and stride rules, found by running the eager op on meta tensors.
 
     Raises whatever PyTorch raises for bad arguments (shape mismatch, bad dtype), so the
-    user sees PyTorch's message.
+    user sees PyTorch's message.  With symbolic sizes (in the tensors, or in size arguments:
+    then ``shapes``, the capture's ShapeContext, is needed) it runs on fake tensors.
     """
+
+    found = symbolic_context((args, kwargs))
+    shapes = found if found is not None or not _has_symbols((args, kwargs)) else shapes
 
     def fake(v: Any) -> Any:
         if isinstance(v, Node):
             assert v.meta is not None
             return fake(v.meta)
         if isinstance(v, TensorMeta):
+            if shapes is not None:  # every tensor a fake tensor of the same context
+                return shapes.fake(v.shape, v.stride, v.dtype)
             return v.fake()
         if isinstance(v, (tuple, list)):  # also an extern's tuple of metas
             return type(v)(fake(x) for x in v)
+        if isinstance(v, sympy.Expr) and shapes is not None:  # a symbolic size argument
+            return shapes.to_symint(v)
         return v
 
     moved = [v for v in (*args, *kwargs.values()) if isinstance(v, torch.device)]
     if moved:  # a copy to another device: computed on the meta device, placed after
         device = moved[0]
         args = tuple(torch.device("meta") if isinstance(v, torch.device) else v for v in args)
-    out = run_eager(name, fake(args), {k: fake(v) for k, v in kwargs.items()})
+    if shapes is None:
+        out = run_eager(name, fake(args), {k: fake(v) for k, v in kwargs.items()})
+    else:
+        out = shapes.run(run_eager, name, fake(args), {k: fake(v) for k, v in kwargs.items()})
 
     def meta_of(t: Any) -> TensorMeta:
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} produced a {type(t).__name__}, not a tensor")
+        if shapes is not None:
+            return TensorMeta(
+                shape=tuple(shapes.to_sympy(n) for n in t.shape),
+                stride=tuple(shapes.to_sympy(n) for n in t.stride()),
+                dtype=t.dtype, device=device, requires_grad=t.requires_grad, shapes=shapes,
+            )
         meta = TensorMeta.of(t)
         return dataclasses.replace(meta, device=device, storage_offset=sympy.Integer(0))
 
     if isinstance(out, (tuple, list)):
         return tuple(meta_of(t) for t in out)
     return meta_of(out)
+
+
+def symbolic_context(values: Any) -> Any:
+    """The ShapeContext of the first symbolic tensor or size among ``values``, or None."""
+    if isinstance(values, Node):
+        values = values.meta
+    if isinstance(values, TensorMeta):
+        return values.shapes if values.is_symbolic else None
+    if isinstance(values, (tuple, list)):
+        for v in values:
+            found = symbolic_context(v)
+            if found is not None:
+                return found
+    if isinstance(values, dict):
+        return symbolic_context(tuple(values.values()))
+    return None
+
+
+def _has_symbols(values: Any) -> bool:
+    if isinstance(values, sympy.Basic):
+        return bool(values.free_symbols)
+    if isinstance(values, (tuple, list)):
+        return any(_has_symbols(v) for v in values)
+    if isinstance(values, dict):
+        return _has_symbols(tuple(values.values()))
+    return False
 
 
 def run_graph(graph: Any, inputs: list) -> tuple:

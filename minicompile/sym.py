@@ -17,6 +17,18 @@ def size_symbol(i: int) -> sympy.Symbol:
     return sympy.Symbol(f"s{i}", integer=True, positive=True)
 
 
+def is_size_symbol(s: sympy.Basic) -> bool:
+    return isinstance(s, sympy.Symbol) and s.is_positive and s.name[:1] == "s" and (
+        s.name[1:].isdigit()
+    )
+
+
+def size_symbols(exprs: Iterable[sympy.Expr]) -> tuple[sympy.Symbol, ...]:
+    """The size symbols in ``exprs``, in number order (s0, s1, s10...)."""
+    found = {s for e in exprs for s in sympy.sympify(e).free_symbols if is_size_symbol(s)}
+    return tuple(sorted(found, key=lambda s: int(s.name[1:])))
+
+
 def index_symbol(name: str) -> sympy.Symbol:
     return sympy.Symbol(name, integer=True, nonnegative=True)
 

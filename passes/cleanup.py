@@ -47,7 +47,7 @@ def eliminate_dead_code(graph: Graph) -> Graph:
     dead = [n for n in graph.calls() if id(n) not in live]
     if not dead:
         return graph
-    new = Graph(graph.name)
+    new = Graph(graph.name, graph.shapes)
     env: dict[Node, Node] = {}
     remap = lambda v: _remap(v, env)  # noqa: E731
     for node in graph.nodes:

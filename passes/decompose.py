@@ -32,7 +32,7 @@ class _Builder:
 
     def __call__(self, op: str, *args: Any, **kwargs: Any) -> Node:
         device = self.origin.meta.device  # type: ignore[union-attr]
-        meta = infer_meta(op, args, kwargs, device)
+        meta = infer_meta(op, args, kwargs, device, self.graph.shapes)
         return self.graph.call(op, args, kwargs, meta, self.origin.stack)
 
     def opmath(self, x: Node) -> Node:

@@ -17,6 +17,8 @@ from typing import Any
 import torch
 
 from minicompile.graph import Node
+from minicompile.shapes import MIN_DYNAMIC_SIZE, ShapeError
+from minicompile.sym import product
 
 Builder = Any  # passes.decompose._Builder (kept loose to avoid an import cycle)
 NOT_HANDLED = None
@@ -40,8 +42,10 @@ def _dims(dim: Any, ndim: int) -> tuple[int, ...]:
     return tuple(sorted({d % ndim if ndim else 0 for d in dim}))
 
 
-def _numel(x: Node, dims: tuple[int, ...]) -> int:
-    return math.prod(int(x.meta.shape[d]) for d in dims)
+def _numel(x: Node, dims: tuple[int, ...]) -> Any:
+    """Elements per reduced row: an int, or a sympy expression when sizes are symbolic."""
+    n = product(x.meta.shape[d] for d in dims)
+    return int(n) if n.is_Integer else n
 
 
 def _reduce(b: Builder, op: str, x: Node, dims: tuple[int, ...], keepdim: bool) -> Node:
@@ -123,7 +127,13 @@ def _variance(b: Builder, x: Node, dims: tuple[int, ...], correction: float,
     xf = b.opmath(x)
     mean = b("truediv", b("sum", xf, dims, True), n)
     centred = b("sub", xf, mean)
-    return b("truediv", b("sum", b("mul", centred, centred), dims, keepdim), max(n - correction, 0))
+    if isinstance(n, int):
+        denominator = max(n - correction, 0)
+    elif correction <= MIN_DYNAMIC_SIZE:  # n >= 2 (its guard): n - correction >= 0
+        denominator = n - correction
+    else:
+        raise ShapeError(f"var(correction={correction}) over a dynamic dim")
+    return b("truediv", b("sum", b("mul", centred, centred), dims, keepdim), denominator)
 
 
 def _var_args(args: tuple, kwargs: dict) -> tuple[Node, Any, float, bool] | None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import sympy
 import torch
 
 from minicompile.graph import Node
@@ -23,7 +24,13 @@ def _reshape(b: Builder, x: Any, *args: Any, **kwargs: Any) -> Node | None:
         return None
     if b.origin.meta.dtype != x.meta.dtype:
         return None  # view(dtype) reinterprets bits
-    return b("reshape", x, tuple(int(s) for s in b.origin.meta.shape))
+    return b("reshape", x, tuple(b.origin.meta.shape))
+
+
+def _int(value: Any) -> Any:
+    """A size argument: an int where it is a number, else the sympy expression."""
+    value = sympy.sympify(value)
+    return int(value) if value.is_Integer else value
 
 
 def _dim_of(args: tuple, kwargs: dict, position: int, ndim: int, default: int = 0) -> int:
@@ -42,8 +49,8 @@ def _piece(b: Builder, source: Node, index: int) -> Node | None:
         return b("select", x, dim, index % len(metas))
     dim = _dim_of(source.args, source.kwargs, 2, x.meta.ndim)
     index %= len(metas)
-    start = sum(int(m.shape[dim]) for m in metas[:index])
-    return b("slice", x, dim, start, start + int(metas[index].shape[dim]), 1)
+    start = sum((m.shape[dim] for m in metas[:index]), sympy.Integer(0))
+    return b("slice", x, dim, _int(start), _int(start + metas[index].shape[dim]), 1)
 
 
 def _getitem(b: Builder, source: Any, index: Any) -> Node | None:
@@ -51,16 +58,21 @@ def _getitem(b: Builder, source: Any, index: Any) -> Node | None:
 
 
 def _narrow(b: Builder, x: Node, dim: int, start: Any, length: int) -> Node | None:
-    if not isinstance(start, int):
+    if not isinstance(start, int) or not isinstance(length, int):
         return None
     dim %= x.meta.ndim
+    if not x.meta.shape[dim].is_Integer:
+        return None
     start %= max(int(x.meta.shape[dim]), 1) if start < 0 else start + 1
     return b("slice", x, dim, start, start + length, 1)
 
 
 def _select(b: Builder, x: Node, dim: int, index: int) -> Node | None:
     dim %= x.meta.ndim
-    return b("select", x, dim, index % int(x.meta.shape[dim]))
+    size = x.meta.shape[dim]
+    if not size.is_Integer:  # capture checked the index against the size (a guard)
+        return b("select", x, dim, _int(index + size if index < 0 else index))
+    return b("select", x, dim, index % int(size))
 
 
 def _index(b: Builder, x: Node, key: Any) -> Node | None:
@@ -78,6 +90,13 @@ def _index(b: Builder, x: Node, key: Any) -> Node | None:
     for k in key:
         if k is None:
             out = b("unsqueeze", out, dim)
+            dim += 1
+        elif isinstance(k, int) and not out.meta.shape[dim].is_Integer:
+            size = out.meta.shape[dim]  # capture checked k against the size (a guard)
+            out = b("select", out, dim, _int(k + size if k < 0 else k))
+        elif isinstance(k, slice) and not out.meta.shape[dim].is_Integer:
+            if k != slice(None):
+                return None  # a slice of a symbolic size: left to PyTorch
             dim += 1
         elif isinstance(k, int):
             size = int(out.meta.shape[dim])

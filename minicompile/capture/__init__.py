@@ -38,6 +38,7 @@ from typing import Any
 import torch
 
 from minicompile.capture import bytecode
+from minicompile.capture.dynamic import STATIC, DynamicPolicy
 from minicompile.capture.guards import Guards
 from minicompile.capture.interpreter import InstructionTranslator, builtins_of
 from minicompile.capture.output import OutputGraph
@@ -70,6 +71,7 @@ class Capture:
     get_inputs_source: str = ""
     rebuild_source: str = ""
     instructions: int = 0  # bytecode instructions interpreted to make it
+    compiled: Any = None  # (run, call) when the API built it already (dynamic shapes)
 
     def __str__(self) -> str:
         return "\n".join(
@@ -106,14 +108,19 @@ def capture_frame(fn: types.FunctionType, args: tuple) -> Capture:
 
 
 def capture_segment(
-    fn: types.FunctionType, point: ResumePoint, values: tuple, allow_break: bool = True
+    fn: types.FunctionType,
+    point: ResumePoint,
+    values: tuple,
+    allow_break: bool = True,
+    dynamic: DynamicPolicy = STATIC,
 ) -> tuple[Capture, Break | None]:
     """Trace ``fn`` from ``point`` with the frame values ``values`` (``point.layout()``).
 
     The segment ends where the frame returns (the Break is None; ``rebuild`` gives the
     return value) or, when ``allow_break``, at a resumable graph break (``rebuild`` gives
     ``(locals, stack)`` at the breaking instruction, which the caller runs for real).
-    Unsupported when neither applies.
+    Unsupported when neither applies.  ``dynamic`` says which input dims become size
+    symbols (capture/dynamic.py).
     """
     code = fn.__code__
     if bytecode.is_generator_like(code):
@@ -124,7 +131,7 @@ def capture_segment(
     names = point.layout()
     if len(values) != len(names):
         raise TypeError(f"capture_segment: expected {len(names)} frame values, got {len(values)}")
-    output = OutputGraph(fn.__name__, names)
+    output = OutputGraph(fn.__name__, names, dynamic)
     local_vars, stack = initial_values(point, values)
     output.guards.ref(fn.__globals__, "G")
     cells: dict[str, CellVar] = {}

@@ -65,7 +65,7 @@ class ControlMixin:
         if isinstance(var, TensorVar):
             if var.meta.ndim == 0:
                 raise Unsupported("iteration over a 0-d tensor (eager raises)")
-            n = int(var.meta.shape[0])
+            n = var.meta.concrete_shape()[0]
             return [self.subscript(var, ConstantVar(i)) for i in range(n)]
         value = out.to_value(var)
         if isinstance(value, (range, str, bytes, tuple, list, dict)):

@@ -31,6 +31,7 @@ from typing import Any
 import torch
 
 from minicompile.capture.variables import Source
+from minicompile.shapes import MIN_DYNAMIC_SIZE, python_expr
 
 # nn.Module's global forward hooks (registered with register_module_forward_hook).
 _GLOBAL_HOOKS = (
@@ -175,8 +176,10 @@ class GuardBuilder:
 
     # -- one method per kind of guard ------------------------------------------------------
 
-    def tensor_match(self, src: Source, t: torch.Tensor) -> None:
-        """Type, dtype, device, requires_grad, sizes and strides (sizes give the rank)."""
+    def tensor_match(self, src: Source, t: torch.Tensor, meta: Any = None) -> None:
+        """Type, dtype, device, requires_grad, sizes and strides (sizes give the rank).
+        With symbolic sizes in ``meta`` (a TensorMeta), those dims are checked to be at
+        least 2 and the strides to be the same expressions of the sizes."""
         x, cls = src.expr, type(t)
         typ = f"type({src.first_expr})"
         self.add(src.name, "type", f"{typ} is {self._type(cls)}", typ, cls)
@@ -188,9 +191,39 @@ class GuardBuilder:
         self.add(
             src.name, "requires_grad", f"{x}.requires_grad is {grad}", f"{x}.requires_grad", grad
         )
+        if meta is not None and meta.is_symbolic:
+            self._symbolic_sizes(src, t, meta)
+            return
         shape, stride = tuple(t.shape), tuple(t.stride())
         self.add(src.name, "sizes", f"{x}.shape == {shape!r}", f"{x}.shape", shape)
         self.add(src.name, "strides", f"{x}.stride() == {stride!r}", f"{x}.stride()", stride)
+
+    def _symbolic_sizes(self, src: Source, t: torch.Tensor, meta: Any) -> None:
+        x = src.expr
+        self.add(src.name, "dims", f"{x}.dim() == {t.dim()}", f"{x}.dim()", t.dim())
+        names = {s: where.expr for s, where in meta.shapes.sources.items()}
+        for d, size in enumerate(meta.shape):
+            if size.is_Integer:
+                self.add(src.name, f"size {d}", f"{x}.shape[{d}] == {int(size)}",
+                         f"{x}.shape[{d}]", int(size))
+            elif names.get(size) == f"{x}.shape[{d}]":  # where the symbol is defined
+                self.add(src.name, f"size {d} (dynamic, {size})",
+                         f"{x}.shape[{d}] >= {MIN_DYNAMIC_SIZE}", f"{x}.shape[{d}]",
+                         f">= {MIN_DYNAMIC_SIZE}")
+        checked = [d for d in range(t.dim()) if t.shape[d] != 1]
+        if checked:
+            want = ", ".join(python_expr(meta.stride[d], names) for d in checked)
+            got = ", ".join(f"stride[{d}]" for d in checked)
+            self.add(src.name, "strides", f"(lambda stride: ({got},) == ({want},))({x}.stride())",
+                     f"{x}.stride()", tuple(str(s) for s in meta.stride))
+
+    def shape_relations(self, shapes: Any) -> None:
+        """The relations between sizes the trace relied on (``Eq(s0, s1)`` for a broadcast,
+        divisibility for a ``view``), as plain Python over the tensors' shapes."""
+        names = {s: where.expr for s, where in shapes.sources.items()}
+        readable = {s: where.name for s, where in shapes.sources.items()}
+        for rel in shapes.relations():
+            self.add("sizes", python_expr(rel, readable), python_expr(rel, names), "False", True)
 
     def constant_match(self, src: Source, value: Any) -> None:
         """Type and value of a Python constant the trace read (``is`` for singletons)."""

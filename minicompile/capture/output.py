@@ -19,6 +19,7 @@ import torch
 
 from minicompile import ops
 from minicompile.capture import externs, mutation, torch_ops
+from minicompile.capture.dynamic import STATIC, DynamicPolicy, symbolic_strides
 from minicompile.capture.guards import GuardBuilder, Guards
 from minicompile.capture.side_effects import SideEffects, generate_rebuild
 from minicompile.capture.variables import (
@@ -44,6 +45,7 @@ from minicompile.capture.variables import (
 )
 from minicompile.errors import Unsupported
 from minicompile.graph import DTYPE_ABBR, Graph, Node, SourceLine, TensorMeta
+from minicompile.shapes import ShapeContext, SymbolSource
 
 if TYPE_CHECKING:
     from minicompile.capture.interpreter import InstructionTranslator
@@ -88,8 +90,9 @@ class Finished:
 
 
 class OutputGraph:
-    def __init__(self, name: str, params: list[str]) -> None:
+    def __init__(self, name: str, params: list[str], dynamic: DynamicPolicy = STATIC) -> None:
         self.graph = Graph(name)
+        self.dynamic = dynamic
         self.params = params
         self.guards = GuardBuilder(params)
         self.input_sources: list[str] = []
@@ -150,7 +153,7 @@ class OutputGraph:
         if type(value) is torch.Size:
             if guard:
                 g.constant_match(source, value)
-            return SizeVar(tuple(ConstantVar(int(s)) for s in value), source)
+            return SizeVar(tuple(ConstantVar(_size(s)) for s in value), source)
         if type(value) in (tuple, list):
             if guard:
                 g.sequence_match(source, value)
@@ -186,10 +189,13 @@ class OutputGraph:
             raise Unsupported(f"tensor subclass {type(t).__name__} is not supported")
         if t.layout != torch.strided or t.dtype not in DTYPE_ABBR:
             raise Unsupported(f"{t.layout} tensors of dtype {t.dtype} are not supported")
-        self.guards.tensor_match(source, t)
         # Placeholders describe the tensor from its data pointer: storage offsets are not
         # guarded, so they are not part of the metadata either.
         meta = dataclasses.replace(TensorMeta.of(t), storage_offset=sympy.Integer(0))
+        dims = self.dynamic.dims(source.name, t)
+        if dims:
+            meta = self._symbolic_meta(t, source, dims, meta)
+        self.guards.tensor_match(source, t, meta)
         node = self.graph.placeholder(self._ident(source.ident), meta)
         self.input_sources.append(source.name)
         self.input_exprs.append(source.expr)
@@ -198,6 +204,34 @@ class OutputGraph:
         self.input_vars.append(var)
         self.input_nodes[id(var)] = node
         return var
+
+    def _symbolic_meta(
+        self, t: torch.Tensor, source: Source, dims: tuple[int, ...], meta: TensorMeta
+    ) -> TensorMeta:
+        """``t``'s metadata with a size symbol for each of ``dims``."""
+        shapes = self.graph.shapes
+        if shapes is None:
+            shapes = self.graph.shapes = ShapeContext()
+        shape = list(meta.shape)
+        for d in dims:
+            where = SymbolSource(f"{source.name}.shape[{d}]", f"{source.expr}.shape[{d}]")
+            shape[d] = shapes.symbol(int(t.shape[d]), where)
+        stride = symbolic_strides(t, tuple(shape))
+        return dataclasses.replace(meta, shape=tuple(shape), stride=stride, shapes=shapes)
+
+    def sizes_to_sympy(self, value: Any) -> Any:
+        """Node arguments hold sizes as sympy expressions over our symbols, not SymInts."""
+        if isinstance(value, torch.SymInt):
+            return self.graph.shapes.to_sympy(value)
+        if isinstance(value, (torch.SymBool, torch.SymFloat)):
+            raise Unsupported(f"a symbolic {type(value).__name__} as an operator argument")
+        if type(value) in (tuple, list):
+            return type(value)(self.sizes_to_sympy(v) for v in value)
+        if type(value) is torch.Size:
+            return tuple(self.sizes_to_sympy(v) for v in value)
+        if isinstance(value, dict):
+            return {k: self.sizes_to_sympy(v) for k, v in value.items()}
+        return value
 
     def _ident(self, base: str) -> str:
         name, n = base, 0
@@ -259,7 +293,7 @@ class OutputGraph:
         if isinstance(value, torch.Tensor):
             raise Unsupported("a real tensor appeared during tracing")
         if type(value) is torch.Size:
-            return SizeVar(tuple(ConstantVar(int(s)) for s in value))
+            return SizeVar(tuple(ConstantVar(_size(s)) for s in value))
         if type(value) is tuple:
             return TupleVar(tuple(self.from_value(v) for v in value))
         if type(value) is list:
@@ -293,9 +327,14 @@ class OutputGraph:
                 raise Unsupported(f"{name}: argument of type {type(v).__name__} is not supported")
         node_args = _to_nodes(args)
         node_kwargs = _to_nodes(kwargs)
+        if self.graph.shapes is not None:
+            node_args = self.sizes_to_sympy(node_args)
+            node_kwargs = self.sizes_to_sympy(node_kwargs)
         try:
             if tensors:
-                meta = ops.infer_meta(name, node_args, node_kwargs, tensors[0].meta.device)
+                meta = ops.infer_meta(
+                    name, node_args, node_kwargs, tensors[0].meta.device, self.graph.shapes
+                )
             else:
                 meta = _factory_meta(ops.OPS[name].eager, node_args, node_kwargs)
         except Unsupported:
@@ -384,6 +423,8 @@ class OutputGraph:
             raise Unsupported("grad mode changed outside a `with` block (set_grad_enabled)")
         g = self.guards
         g.grad_mode()
+        if self.graph.shapes is not None:
+            g.shape_relations(self.graph.shapes)
         outputs, rebuild_src = generate_rebuild(self, result)
         if self.mutated_inputs:
             self._check_no_shared_storage()
@@ -413,6 +454,10 @@ class OutputGraph:
         if len(set(storages)) != len(storages):
             raise Unsupported("an input mutated in place shares memory with another input")
         self.guards.distinct_storages(self.input_exprs)
+
+
+def _size(value: Any) -> Any:
+    return value if isinstance(value, torch.SymInt) else int(value)
 
 
 def _graph_constant(value: Any) -> bool:

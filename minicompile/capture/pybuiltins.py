@@ -108,7 +108,7 @@ def _with_tensors(out: OutputGraph, fn: Any, name: str, values: list, kw: dict) 
     if fn is len and len(values) == 1 and isinstance(x, TensorVar):
         if x.meta.ndim == 0:
             raise Unsupported("len() of a 0-d tensor (eager raises)")
-        return ConstantVar(int(x.meta.shape[0]))
+        return ConstantVar(x.meta.sizes()[0])
     if fn is isinstance and len(values) == 2 and isinstance(x, TensorVar):
         return ConstantVar(issubclass(x.python_type, values[1]))
     if fn is type and len(values) == 1 and isinstance(x, TensorVar):

@@ -105,8 +105,9 @@ def scalar_or_tensor(fname: str, value: Any) -> Any:
     raise Unsupported(f"{fname}(): argument of type {type(value).__name__} is not supported")
 
 
-def shape_of(x: TensorVar) -> tuple[int, ...]:
-    return x.meta.concrete_shape()
+def shape_of(x: TensorVar) -> tuple:
+    """Sizes as Python sees them: ints, SymInts where the capture made a size symbolic."""
+    return x.meta.sizes()
 
 
 def normalize_dim(fname: str, dim: Any, ndim: int) -> int:

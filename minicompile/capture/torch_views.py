@@ -281,10 +281,15 @@ def _size(em: Emitter, fname: str, args: tuple, kwargs: dict) -> Any:
 @register("Tensor.stride")
 def _stride(em: Emitter, fname: str, args: tuple, kwargs: dict) -> Any:
     x, dim = parse(fname, args, kwargs, ("input", "dim"), dim=None)
-    stride = x.meta.concrete_stride()
+    stride = x.meta.strides()
     if dim is None:
         return stride
     return stride[normalize_dim(fname, dim, len(stride))]
+
+
+def _numel(x: TensorVar) -> Any:
+    n = x.meta.numel()
+    return x.meta.shapes.to_symint(n) if x.meta.is_symbolic else int(n)
 
 
 def _query(answer: Any):
@@ -296,7 +301,7 @@ def _query(answer: Any):
 
 
 register("Tensor.dim", "Tensor.ndimension")(_query(lambda x: x.meta.ndim))
-register("Tensor.numel", "Tensor.nelement", "torch.numel")(_query(lambda x: int(x.meta.numel())))
+register("Tensor.numel", "Tensor.nelement", "torch.numel")(_query(lambda x: _numel(x)))
 register("Tensor.is_floating_point", "torch.is_floating_point")(
     _query(lambda x: x.meta.dtype.is_floating_point)
 )

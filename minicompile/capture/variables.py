@@ -328,6 +328,9 @@ CONSTANT_TYPES: tuple[type, ...] = (
     torch.layout,
     types.CodeType,
     range,
+    torch.SymInt,  # sizes of a dynamic capture: Python arithmetic on them records relations
+    torch.SymBool,
+    torch.SymFloat,
 )
 
 

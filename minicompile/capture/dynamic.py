@@ -1,0 +1,90 @@
+"""Which tensor dimensions a capture makes symbolic, and how the guards read them.
+
+The policy follows PyTorch 2's automatic dynamic shapes (CAPTURE.md §3):
+
+- ``dynamic=False``: every size is a constant of the compiled code;
+- ``dynamic=True``: every dimension of every input tensor is a symbol, except parameters
+  and buffers of modules (their sizes do not change between calls);
+- ``dynamic=None`` (automatic): the first compile is static; a recompile caused by a changed
+  size makes that dimension, of that source, a symbol from then on (``automatic`` below);
+- ``minicompile.mark_dynamic(t, dim)`` (or ``torch._dynamo.mark_dynamic``) marks a dim ahead.
+
+Sizes 0 and 1 are never symbols: a dimension of size 0 or 1 is compiled as that constant
+(its own cache entry), so broadcasting and empty tensors need no symbolic reasoning.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+import sympy
+import torch
+
+from minicompile.shapes import MIN_DYNAMIC_SIZE
+
+MARK_ATTR = "_minicompile_dynamic_dims"
+
+
+def mark_dynamic(t: torch.Tensor, dim: int | list[int] | tuple[int, ...]) -> None:
+    """Compile ``t``'s dimension(s) ``dim`` with a symbolic size from the first call."""
+    dims = (dim,) if isinstance(dim, int) else tuple(dim)
+    for d in dims:
+        if not -t.dim() <= d < max(t.dim(), 1):
+            raise IndexError(f"mark_dynamic: dim {d} out of range for a {t.dim()}-d tensor")
+    marked = set(getattr(t, MARK_ATTR, ()))
+    marked.update(d % t.dim() for d in dims)
+    setattr(t, MARK_ATTR, frozenset(marked))
+
+
+@dataclasses.dataclass(frozen=True)
+class DynamicPolicy:
+    mode: bool | None = None  # the `dynamic` option
+    automatic: Mapping[str, frozenset[int]] = dataclasses.field(default_factory=dict)
+
+    def dims(self, source_name: str, t: torch.Tensor) -> tuple[int, ...]:
+        """The dims of ``t`` (read at ``source_name``) to trace as symbols."""
+        if self.mode is False:
+            return ()
+        if self.mode is True and not _is_module_state(source_name, t):
+            wanted = set(range(t.dim()))
+        else:
+            wanted = set(self.automatic.get(source_name, ()))
+            wanted |= set(getattr(t, MARK_ATTR, ()))
+            wanted |= set(getattr(t, "_dynamo_dynamic_indices", ()))
+        return tuple(sorted(d for d in wanted if d < t.dim() and t.shape[d] >= MIN_DYNAMIC_SIZE))
+
+    @property
+    def is_static(self) -> bool:
+        return self.mode is False or (self.mode is None and not self.automatic)
+
+
+STATIC = DynamicPolicy(False)
+
+
+def _is_module_state(source_name: str, t: torch.Tensor) -> bool:
+    return isinstance(t, torch.nn.Parameter) or "_buffers[" in source_name
+
+
+def symbolic_strides(t: torch.Tensor, shape: tuple[sympy.Expr, ...]) -> tuple[sympy.Expr, ...]:
+    """The strides of ``t`` as expressions of its (partly symbolic) ``shape``: a stride that
+    equals the product of the sizes of the dims inside it (a dense layout, in any order)
+    becomes that product; any other stride stays the number it is."""
+    out: list[sympy.Expr] = [sympy.Integer(s) for s in t.stride()]
+    order = sorted(range(t.dim()), key=lambda d: (t.stride(d), t.shape[d]))
+    dense, dense_sym = 1, sympy.Integer(1)
+    for d in order:
+        if t.shape[d] == 1:  # any stride goes for a dim of size 1 (never read, not guarded)
+            out[d] = dense_sym
+            continue
+        if t.stride(d) == dense:
+            out[d] = dense_sym
+        dense = t.stride(d) * t.shape[d]
+        dense_sym = out[d] * shape[d]
+    return tuple(out)
+
+
+def size_key(values: Any) -> Any:
+    """Sizes of the tensors among ``values`` (a list of inputs), for automatic dynamic."""
+    return [tuple(v.shape) if isinstance(v, torch.Tensor) else None for v in values]

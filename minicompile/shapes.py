@@ -1,0 +1,301 @@
+"""Symbolic sizes: the size symbols of one dynamic capture and what the trace learnt of them.
+
+A dynamic dimension of an input becomes a size symbol ``s0, s1, ...`` (:func:`sym.size_symbol`,
+a positive integer) with its traced value as a *hint*.  Shapes, strides and index expressions
+in the graph and the loop IR are sympy expressions over these symbols.
+
+Metadata of ops on symbolic shapes comes from PyTorch itself: a :class:`ShapeContext` wraps
+one ``torch.fx.experimental.symbolic_shapes.ShapeEnv`` and a fake-tensor mode, so broadcasting,
+``view`` arithmetic, library kernels' result shapes and strides follow PyTorch's own rules.
+Every decision PyTorch (or the user's Python code) takes on a symbol evaluates its hint and
+records the relation it relied on (``Eq(s0, s1)``, ``s0 > 4``): :meth:`ShapeContext.relations`
+returns them, in our symbols, for the guards.  PyTorch's symbols (named by a hash) never leave
+this module: :meth:`to_sympy` and :meth:`to_symint` translate both ways.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import sympy
+import torch
+
+from minicompile.errors import Unsupported
+from minicompile.sym import FloorDiv, ModularIndexing, size_symbol
+
+MIN_DYNAMIC_SIZE = 2  # sizes 0 and 1 stay specialised (their own compiled entries)
+
+
+class ShapeError(Unsupported):
+    """Something a dynamic capture cannot keep symbolic; the caller compiles static sizes."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(f"dynamic shapes: {reason}")
+
+
+@dataclasses.dataclass(frozen=True)
+class SymbolSource:
+    """Where a size symbol is read from in the frame: ``L['x']``'s dim 0."""
+
+    name: str  # readable ("L['x'].shape[0]")
+    expr: str  # Python over the guard function's parameters ("L_x.shape[0]")
+
+
+class _Name(str):
+    """A source name that also works called (older ShapeEnvs call ``source.name()``)."""
+
+    def __call__(self) -> str:
+        return str(self)
+
+
+@functools.cache
+def _torch_source_class() -> type:
+    from torch._guards import GuardSource, Source
+
+    @dataclasses.dataclass(frozen=True)
+    class _Source(Source):  # type: ignore[misc]
+        text: str
+
+        @property
+        def name(self) -> str:  # type: ignore[override]
+            return _Name(self.text)
+
+        def guard_source(self) -> Any:
+            return GuardSource.LOCAL
+
+        def reconstruct(self, codegen: Any) -> None:
+            raise NotImplementedError
+
+    return _Source
+
+
+def _torch_functions() -> Any:
+    import torch.utils._sympy.functions as fns
+
+    return fns
+
+
+class ShapeContext:
+    """The size symbols of one capture, their hints and sources, and the relations the
+    trace recorded on them."""
+
+    def __init__(self) -> None:
+        from torch._subclasses.fake_tensor import FakeTensorMode
+        from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+        # No duck sizing: two dims that happen to be equal get two symbols, and a
+        # relation only where the program relies on one (a broadcast, a matmul).
+        self.env = ShapeEnv(duck_shape=False)
+        self.mode = FakeTensorMode(shape_env=self.env, allow_non_fake_inputs=True)
+        self.hints: dict[sympy.Symbol, int] = {}
+        self.sources: dict[sympy.Symbol, SymbolSource] = {}
+        self._ours: dict[sympy.Symbol, sympy.Symbol] = {}  # PyTorch's symbol -> ours
+        self._theirs: dict[sympy.Symbol, sympy.Symbol] = {}  # ours -> PyTorch's
+        self._symints: dict[sympy.Symbol, Any] = {}
+        self._known: tuple[int, dict] = (-1, {})
+
+    # -- symbols -------------------------------------------------------------------------
+
+    def symbol(self, hint: int, source: SymbolSource) -> sympy.Symbol:
+        """A new size symbol for a dimension of traced size ``hint`` (at least 2)."""
+        from torch.fx.experimental.symbolic_shapes import DimDynamic
+
+        assert hint >= MIN_DYNAMIC_SIZE, hint
+        src = _torch_source_class()(source.name)
+        theirs = self.env.create_symbol(hint, src, dynamic_dim=DimDynamic.DYNAMIC)
+        ours = size_symbol(len(self.hints))
+        self._ours[theirs] = ours
+        self._theirs[ours] = theirs
+        self.hints[ours] = hint
+        self.sources[ours] = source
+        self._symints[ours] = self.env.create_symintnode(theirs, hint=hint, source=src)
+        return ours
+
+    def hint(self, expr: Any) -> int:
+        """The traced value of a size expression."""
+        expr = sympy.sympify(expr)
+        if expr.is_Integer:
+            return int(expr)
+        return int(expr.xreplace({s: sympy.Integer(v) for s, v in self.hints.items()}))
+
+    # -- PyTorch's values <-> ours -------------------------------------------------------
+
+    def to_sympy(self, value: Any) -> sympy.Expr:
+        """An int or a SymInt as a sympy expression over our symbols."""
+        if isinstance(value, torch.SymInt):
+            expr = self.env.replace(value.node.expr)
+            if expr.is_Integer:
+                return sympy.Integer(int(expr))
+            expr = expr.xreplace(self._known_values())  # sizes proved constant (a -1)
+            if expr.is_Integer:
+                return sympy.Integer(int(expr))
+            return self._translate(expr, self._ours, _FROM_TORCH)
+        return sympy.Integer(int(value))
+
+    def _known_values(self) -> dict[sympy.Expr, sympy.Integer]:
+        """Expressions the recorded guards pin to a constant: ``Eq(64*FloorDiv(..), 128)``."""
+        if self._known[0] != len(self.env.guards):
+            known = {}
+            for guard in self.env.guards:
+                e = guard.expr
+                if isinstance(e, sympy.Eq) and e.rhs.is_Integer:
+                    lhs, value = e.lhs, int(e.rhs)
+                    if isinstance(lhs, sympy.Mul) and lhs.args[0].is_Integer:
+                        coeff = int(lhs.args[0])
+                        if value % coeff:
+                            continue
+                        lhs, value = lhs / coeff, value // coeff
+                    known[lhs] = sympy.Integer(value)
+            self._known = (len(self.env.guards), known)
+        return self._known[1]
+
+    def to_symint(self, expr: Any) -> Any:
+        """A size expression over our symbols as an int or a SymInt PyTorch computes with."""
+        expr = sympy.sympify(expr)
+        if expr.is_Integer:
+            return int(expr)
+        if expr in self._symints:
+            return self._symints[expr]
+        theirs = self._translate(expr, self._theirs, _to_torch_table())
+        return self.env.create_symintnode(theirs, hint=self.hint(expr))
+
+    def _translate(self, expr: sympy.Expr, symbols: dict, functions: dict) -> sympy.Expr:
+        def rebuild(e: sympy.Basic) -> sympy.Basic:
+            if not e.args:
+                if isinstance(e, sympy.Symbol) and e not in symbols:
+                    raise ShapeError(f"size expression {expr} uses an unknown symbol {e}")
+                return symbols.get(e, e)
+            args = [rebuild(a) for a in e.args]
+            name = type(e).__name__
+            if name in functions:
+                return functions[name](*args)
+            if isinstance(e, sympy.Function) and not isinstance(e, _SYMPY_FUNCTIONS):
+                raise ShapeError(f"size expression {expr} uses {name}")
+            return e.func(*args)
+
+        return rebuild(sympy.sympify(expr))
+
+    # -- fake tensors --------------------------------------------------------------------
+
+    def fake(self, shape: tuple, stride: tuple, dtype: torch.dtype, offset: Any = 0) -> Any:
+        """A fake tensor with this symbolic layout, for running PyTorch's meta rules."""
+        with self.mode:
+            t = torch.empty_strided(
+                tuple(self.to_symint(s) for s in shape),
+                tuple(self.to_symint(s) for s in stride),
+                dtype=dtype,
+                device="meta",
+            )
+            if offset:
+                t = t.as_strided(t.shape, t.stride(), self.to_symint(offset))
+        return t
+
+    def run(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """``fn`` on fake tensors.  PyTorch's own error is raised as is (the caller
+        reports it); the fake-tensor logger's copy of it is kept quiet."""
+        quiet = logging.getLogger("torch._subclasses.fake_tensor")
+        level = quiet.level
+        quiet.setLevel(logging.CRITICAL)
+        try:
+            with self.mode:
+                return fn(*args, **kwargs)
+        finally:
+            quiet.setLevel(level)
+
+    # -- what the trace relied on --------------------------------------------------------
+
+    def relations(self) -> list[sympy.Expr]:
+        """The relations recorded on the symbols (guards), over our symbols: PyTorch's
+        shape guards, and the symbols it replaced by an expression (``Eq(s1, s0)``)."""
+        out: list[sympy.Expr] = []
+        for theirs, ours in self._ours.items():
+            repl = self.env.replacements.get(theirs)
+            if repl is not None and repl != theirs:
+                out.append(sympy.Eq(ours, self._translate(repl, self._ours, _FROM_TORCH)))
+        for guard in self.env.guards:
+            expr = self._translate(guard.expr, self._ours, _FROM_TORCH)
+            if expr is sympy.true:
+                continue
+            if expr not in out:
+                out.append(expr)
+        return out
+
+
+_SYMPY_FUNCTIONS = (sympy.Max, sympy.Min, sympy.Mod)
+
+
+def _mod(a: sympy.Expr, b: sympy.Expr) -> sympy.Expr:
+    return sympy.Mod(a, b)
+
+
+_FROM_TORCH: dict[str, Callable[..., sympy.Expr]] = {
+    "FloorDiv": FloorDiv,
+    "CleanDiv": FloorDiv,
+    "ModularIndexing": ModularIndexing,
+    "Mod": _mod,
+    "PythonMod": _mod,
+    "PowByNatural": sympy.Pow,
+}
+
+
+@functools.cache
+def _to_torch_table() -> dict[str, Callable[..., sympy.Expr]]:
+    fns = _torch_functions()
+    return {"FloorDiv": fns.FloorDiv, "ModularIndexing": fns.ModularIndexing}
+
+
+def is_symbolic(values: Any) -> bool:
+    """Whether a size, or a tuple of sizes, has a free symbol."""
+    if isinstance(values, (tuple, list)):
+        return any(is_symbolic(v) for v in values)
+    return isinstance(values, sympy.Basic) and bool(values.free_symbols)
+
+
+def python_expr(expr: Any, names: dict[sympy.Symbol, str] | None = None) -> str:
+    """A size expression, or a relation between sizes, as Python source; each symbol is
+    printed as ``names[symbol]`` (an expression such as ``L_x.shape[0]``) or its own name."""
+    names = names or {}
+
+    def atom(e: sympy.Basic) -> str:
+        text = show(e)
+        return text if (not e.args or isinstance(e, sympy.Function)) else f"({text})"
+
+    def show(e: sympy.Basic) -> str:
+        if e is sympy.true or e is sympy.false:
+            return str(bool(e))
+        if isinstance(e, sympy.Integer):
+            return str(int(e))
+        if isinstance(e, sympy.Symbol):
+            return names.get(e, e.name)
+        if isinstance(e, sympy.Add):
+            return " + ".join(atom(a) for a in sorted(e.args, key=sympy.default_sort_key))
+        if isinstance(e, sympy.Mul):
+            return "*".join(atom(a) for a in sorted(e.args, key=sympy.default_sort_key))
+        if isinstance(e, sympy.Pow) and e.exp.is_Integer and int(e.exp) > 0:
+            return "*".join([atom(e.base)] * int(e.exp))
+        if isinstance(e, FloorDiv):
+            return f"({atom(e.args[0])} // {atom(e.args[1])})"
+        if isinstance(e, ModularIndexing):
+            return f"(({atom(e.args[0])} // {atom(e.args[1])}) % {atom(e.args[2])})"
+        if isinstance(e, sympy.Mod):
+            return f"({atom(e.args[0])} % {atom(e.args[1])})"
+        if isinstance(e, (sympy.Max, sympy.Min)):
+            fn = "max" if isinstance(e, sympy.Max) else "min"
+            return f"{fn}({', '.join(show(a) for a in e.args)})"
+        if isinstance(e, sympy.Not):
+            return f"not {atom(e.args[0])}"
+        if isinstance(e, (sympy.And, sympy.Or)):
+            op = " and " if isinstance(e, sympy.And) else " or "
+            return op.join(atom(a) for a in e.args)
+        if isinstance(e, sympy.core.relational.Relational):
+            return f"{atom(e.lhs)} {_RELATIONS[e.rel_op]} {atom(e.rhs)}"
+        raise ShapeError(f"cannot print size expression {e} as Python")
+
+    return show(sympy.sympify(expr))
+
+
+_RELATIONS = {"==": "==", "!=": "!=", "<": "<", "<=": "<=", ">": ">", ">=": ">="}

@@ -1,0 +1,188 @@
+"""Dynamic shapes (issue #5): one compile serves every batch size and sequence length.
+
+Every call is checked against eager on fresh inputs, on both backends.  The counts are
+the compiled entries of the function (``len(fn.entries)``): automatic dynamic compiles a
+varying dimension at most twice (static, then symbolic); ``dynamic=True`` once; sizes 0
+and 1 get entries of their own.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import minicompile
+
+EXAMPLES = os.path.join(os.path.dirname(__file__), "..", "..", "examples")
+sys.path.insert(0, EXAMPLES)
+
+from gpt import CausalSelfAttention, GPTConfig  # noqa: E402
+
+BATCHES = (8, 16, 3, 33, 64, 5, 12, 2)  # eight sizes of at least 2
+TOL = dict(rtol=1e-4, atol=1e-4)
+
+
+def pointwise(x, y):
+    return torch.sin(x) * 2 + y.exp() - 1
+
+
+def softmax(x):
+    return torch.softmax(x, -1)
+
+
+def layer_norm(x, w, b):
+    return F.layer_norm(x, (x.shape[-1],), w, b)
+
+
+def _inputs(name: str, n: int, device: torch.device) -> tuple:
+    if name == "pointwise":
+        return torch.randn(n, 40, device=device), torch.randn(40, device=device)
+    if name == "softmax":
+        return (torch.randn(n, 50, device=device),)
+    return (torch.randn(n, 48, device=device), torch.randn(48, device=device),
+            torch.randn(48, device=device))
+
+
+FUNCTIONS = {"pointwise": pointwise, "softmax": softmax, "layer_norm": layer_norm}
+
+
+def _run(fn, name: str, sizes, device: torch.device) -> None:
+    for n in sizes:
+        args = _inputs(name, n, device)
+        torch.testing.assert_close(fn(*args), FUNCTIONS[name](*args), **TOL)
+
+
+@pytest.mark.parametrize("name", sorted(FUNCTIONS))
+def test_automatic_dynamic_compiles_twice(name: str, backend: str, device: torch.device) -> None:
+    fn = minicompile.compile(FUNCTIONS[name], backend=backend)
+    _run(fn, name, BATCHES, device)
+    assert len(fn.entries) == 2  # static for the first size, then symbolic
+    assert fn.entries[0].capture.graph.shapes is not None
+    assert minicompile.stats()["eager_fallbacks"] == 0
+
+
+@pytest.mark.parametrize("name", sorted(FUNCTIONS))
+def test_dynamic_true_compiles_once(name: str, backend: str, device: torch.device) -> None:
+    fn = minicompile.compile(FUNCTIONS[name], backend=backend, dynamic=True)
+    _run(fn, name, BATCHES, device)
+    assert len(fn.entries) == 1
+
+
+@pytest.mark.parametrize("name", sorted(FUNCTIONS))
+def test_dynamic_false_compiles_every_size(name: str, backend: str, device: torch.device) -> None:
+    fn = minicompile.compile(FUNCTIONS[name], backend=backend, dynamic=False)
+    _run(fn, name, BATCHES[:3], device)
+    assert len(fn.entries) == 3
+    assert all(e.capture.graph.shapes is None for e in fn.entries)
+
+
+@pytest.mark.parametrize("name", sorted(FUNCTIONS))
+def test_sizes_zero_and_one_are_specialised(name: str, backend: str, device: torch.device) -> None:
+    fn = minicompile.compile(FUNCTIONS[name], backend=backend, dynamic=True)
+    _run(fn, name, (0, 1, 7, 1, 0, 9), device)
+    assert len(fn.entries) == 3  # 0, 1 and the symbolic entry
+    _run(fn, name, (4, 100), device)
+    assert len(fn.entries) == 3
+
+
+def test_mark_dynamic_compiles_symbolic_first(backend: str, device: torch.device) -> None:
+    fn = minicompile.compile(softmax, backend=backend)
+    for n in BATCHES:
+        x = torch.randn(n, 50, device=device)
+        minicompile.mark_dynamic(x, 0)
+        torch.testing.assert_close(fn(x), softmax(x), **TOL)
+    assert len(fn.entries) == 1
+
+
+def test_relations_between_sizes_are_guarded(backend: str, device: torch.device) -> None:
+    """x + y broadcasts two symbolic sizes: the trace relies on them being equal."""
+
+    def add(x, y):
+        return x * 2 + y
+
+    fn = minicompile.compile(add, backend=backend, dynamic=True)
+    x, y = torch.randn(6, 5, device=device), torch.randn(6, 5, device=device)
+    torch.testing.assert_close(fn(x, y), add(x, y))
+    x, y = torch.randn(9, 5, device=device), torch.randn(9, 5, device=device)
+    torch.testing.assert_close(fn(x, y), add(x, y))
+    assert len(fn.entries) == 1
+    guards = str(fn.entries[0].capture.guards)
+    assert "L_x.shape[0] == L_y.shape[0]" in guards or "L_y.shape[0] == L_x.shape[0]" in guards
+    # Sizes that broadcast differently (9 against 1) are another entry, not a wrong result.
+    x, y = torch.randn(9, 5, device=device), torch.randn(1, 5, device=device)
+    torch.testing.assert_close(fn(x, y), add(x, y))
+    assert len(fn.entries) == 2
+
+
+def test_non_contiguous_inputs(backend: str, device: torch.device) -> None:
+    fn = minicompile.compile(softmax, backend=backend, dynamic=True)
+    for n in (6, 10, 3):
+        x = torch.randn(50, n, device=device).t()  # strides (1, n)
+        torch.testing.assert_close(fn(x), softmax(x), **TOL)
+    for n in (6, 10):
+        x = torch.randn(n, 100, device=device)[:, ::2]  # strides (100, 2)
+        torch.testing.assert_close(fn(x), softmax(x), **TOL)
+    assert len(fn.entries) <= 2
+
+
+def test_reduction_over_a_dynamic_dim(backend: str, device: torch.device) -> None:
+    """The reduced dim itself varies: a looped reduction over a symbolic row length."""
+
+    def fn(x):
+        return torch.softmax(x, -1) * x.amax(-1, keepdim=True)
+
+    compiled = minicompile.compile(fn, backend=backend, dynamic=True)
+    for n in (5, 17, 300, 2):
+        x = torch.randn(4, n, device=device)
+        torch.testing.assert_close(compiled(x), fn(x), **TOL)
+    assert len(compiled.entries) == 1
+
+
+def test_sizes_read_in_python(backend: str, device: torch.device) -> None:
+    """Sizes read into Python (x.shape, arithmetic, view) stay symbolic."""
+
+    def fn(x):
+        b, t = x.shape
+        y = x.view(b, t // 4, 4).sum(-1)
+        return y * (t // 4)
+
+    compiled = minicompile.compile(fn, backend=backend, dynamic=True)
+    for b, t in ((3, 8), (5, 8), (2, 16), (7, 12)):
+        x = torch.randn(b, t, device=device)
+        torch.testing.assert_close(compiled(x), fn(x), **TOL)
+    assert len(compiled.entries) <= 2
+
+
+@torch.no_grad()
+def test_attention_module_batch_and_sequence(backend: str, device: torch.device) -> None:
+    torch.manual_seed(0)
+    model = CausalSelfAttention(GPTConfig(n_embd=32, n_head=4)).to(device).eval()
+    compiled = minicompile.compile(model, backend=backend)
+    for t in (16, 24):
+        for b in BATCHES:
+            x = torch.randn(b, t, 32, device=device)
+            torch.testing.assert_close(compiled(x), model(x), **TOL)
+    entries = compiled._compiled.entries  # noqa: SLF001
+    assert len(entries) <= 3  # static, batch dynamic, batch and sequence dynamic
+    for b in (1, 3):
+        x = torch.randn(b, 9, 32, device=device)
+        torch.testing.assert_close(compiled(x), model(x), **TOL)
+
+
+def test_dynamic_log_names_the_dimension() -> None:
+    code = (
+        "import torch, minicompile\n"
+        "f = minicompile.compile(lambda x: x.sin() + 1)\n"
+        "for n in (4, 6, 8):\n"
+        "    f(torch.randn(n, 3))\n"
+    )
+    env = {**os.environ, "MINICOMPILE_LOGS": "dynamic"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         check=True)
+    assert "L['x'] dim 0 is dynamic: traced with size 4, called with 6" in out.stderr
+    assert "s0 = L['x'].shape[0]" in out.stderr

@@ -168,9 +168,11 @@ class CppKernel:
         x = self.plan.loop_vars[depth]
         pragma = []
         if depth == 0 and self.parallel:
-            pragma.append(self.parallel)
+            pragma.append("parallel for")
         if depth == len(ranges) - 1:
             pragma.append("simd")
+        if depth == 0 and self.parallel and self.parallel != "parallel for":
+            pragma.append(self.parallel.removeprefix("parallel for "))  # the if() clause
         if pragma:
             self.w.line(f"#pragma omp {' '.join(pragma)}")
         with self.w.block(f"for (int64_t {x} = 0; {x} < {ranges[depth]}; ++{x})"):

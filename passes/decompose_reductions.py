@@ -273,10 +273,8 @@ def _batch_norm(b: Builder, *args: Any, **kwargs: Any) -> Node | None:
     if x.meta.ndim < 2 or not x.meta.dtype.is_floating_point:
         return NOT_HANDLED
 
-    def per_channel(t: Node) -> Node:  # [C] -> [C, 1, 1, ...] to broadcast over dim 1
-        for _ in range(x.meta.ndim - 2):
-            t = b("unsqueeze", t, t.meta.ndim)
-        return t
+    def per_channel(t: Node) -> Node:
+        return _per_channel(b, t, x.meta.ndim)
 
     xf = b.opmath(x)
     inv = b("rsqrt", b("add", per_channel(a["running_var"]), float(a["eps"])))
@@ -285,6 +283,38 @@ def _batch_norm(b: Builder, *args: Any, **kwargs: Any) -> Node | None:
         out = b("mul", out, per_channel(a["weight"]))
     if a["bias"] is not None:
         out = b("add", out, per_channel(a["bias"]))
+    return b.restore(out)
+
+
+def _per_channel(b: Builder, t: Node, ndim: int) -> Node:
+    """A [C] tensor as [C, 1, 1, ...], to broadcast over dim 1 of an ``ndim``-d input."""
+    for _ in range(ndim - 2):
+        t = b("unsqueeze", t, t.meta.ndim)
+    return t
+
+
+def _group_norm(b: Builder, *args: Any, **kwargs: Any) -> Node | None:
+    """Normalise each group of C // G channels (and all spatial positions) of an [N, C, *]
+    input: reshape to [N, G, -1], two-pass mean/variance over the last dim, reshape back,
+    then the per-channel affine map, as ATen's group_norm kernels compute it."""
+    a = bind(args, kwargs, ("input", "num_groups", "weight", "bias", "eps"),
+             {"weight": None, "bias": None, "eps": 1e-5})
+    x, groups = a["input"], a["num_groups"]
+    if x.meta.ndim < 2 or not x.meta.dtype.is_floating_point or not isinstance(groups, int):
+        return NOT_HANDLED
+    shape = tuple(int(s) for s in x.meta.shape)
+    if groups <= 0 or shape[1] % groups or math.prod(shape) == 0:
+        return NOT_HANDLED  # eager raises (or returns an empty tensor): let it
+    grouped = b("reshape", b.opmath(x), (shape[0], groups, math.prod(shape) // (shape[0] * groups)))
+    n = math.prod(grouped.meta.shape[2:])
+    mean = b("truediv", b("sum", grouped, (2,), True), int(n))
+    centred = b("sub", grouped, mean)
+    var = b("truediv", b("sum", b("mul", centred, centred), (2,), True), int(n))
+    out = b("reshape", b("mul", centred, b("rsqrt", b("add", var, float(a["eps"])))), shape)
+    if a["weight"] is not None:
+        out = b("mul", out, _per_channel(b, a["weight"], len(shape)))
+    if a["bias"] is not None:
+        out = b("add", out, _per_channel(b, a["bias"], len(shape)))
     return b.restore(out)
 
 
@@ -309,6 +339,7 @@ for _names, _rule in (
     (("torch.nn.functional.layer_norm", "torch.layer_norm"), _layer_norm),
     (("torch.nn.functional.rms_norm",), _rms_norm),
     (("torch.nn.functional.batch_norm", "torch.batch_norm"), _batch_norm),
+    (("torch.nn.functional.group_norm", "torch.group_norm"), _group_norm),
 ):
     for _name in _names:
         REDUCTION_DECOMPOSITIONS[_name] = _rule

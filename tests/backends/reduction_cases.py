@@ -257,6 +257,14 @@ case("group_norm_no_affine", lambda x: F.group_norm(x, 2), rand((2, 4, 3, 3)))
 case("group_norm_f16", lambda x: F.group_norm(x, 2), rand((2, 4, 5), f16))
 case("group_norm_with_pointwise", lambda x: F.group_norm(x.sin(), 2).relu() * 2,
      rand((2, 4, 5)))
+case("group_norm_4d_affine", lambda x, w, b: F.group_norm(x, 2, w, b, eps=1e-3),
+     rand((2, 6, 3, 4)), _weight(6), _weight(6))
+case("group_norm_one_group", lambda x: F.group_norm(x, 1), rand((3, 4, 5)))
+case("group_norm_per_channel", lambda x, w: F.group_norm(x, 4, w), rand((2, 4, 7)), _weight(4))
+case("group_norm_2d_input", lambda x: F.group_norm(x, 3), rand((5, 6)))
+case("group_norm_transposed", lambda x: F.group_norm(x, 2), lambda d: rand((2, 5, 4))(d).transpose(1, 2))
+case("group_norm_bf16_affine", lambda x, w, b: F.group_norm(x, 2, w, b), rand((2, 4, 5), bf16),
+     _weight(4, bf16), _weight(4, bf16))
 
 
 def _bn_inputs(shape: Sequence[int], dtype: torch.dtype = f32) -> list[Callable]:

@@ -17,6 +17,7 @@ import torch
 from minicompile.graph import Graph, Node, TensorMeta
 from minicompile.ops import infer_meta
 
+from minicompile.passes.decompose_losses import LOSS_DECOMPOSITIONS
 from minicompile.passes.decompose_reductions import REDUCTION_DECOMPOSITIONS
 from minicompile.passes.decompose_views import VIEW_DECOMPOSITIONS
 
@@ -93,6 +94,7 @@ def decompose(graph: Graph) -> Graph:
         rule = (
             DECOMPOSITIONS.get(node.target)
             or REDUCTION_DECOMPOSITIONS.get(node.target)
+            or LOSS_DECOMPOSITIONS.get(node.target)
             or VIEW_DECOMPOSITIONS.get(node.target)
         )
         if rule is None:

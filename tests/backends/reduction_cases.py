@@ -323,3 +323,65 @@ case("cross_entropy_3d", lambda x, t: F.cross_entropy(x, t),
      rand((2, C, 3)), lambda d: torch.randint(0, C, (2, 3), device=d))
 case("nll_loss_weight", lambda x, t, w: F.nll_loss(x, t, w), rand((N, C)), targets(N, C),
      rand((C,), f32, "pos"))
+
+
+def probs(shape: Sequence[int], dtype: torch.dtype = f32) -> Callable:
+    """Class probabilities along dim 1 (rows of a softmax), for probability targets."""
+    return lambda device: torch.softmax(torch.randn(tuple(shape), device=device), 1).to(dtype)
+
+
+def all_ignored(n: int) -> Callable:
+    return lambda device: torch.full((n,), -100, device=device)
+
+
+_W = rand((C,), f32, "pos")
+for _red in ("mean", "sum", "none"):
+    case(f"cross_entropy_smoothing_{_red}",
+         lambda x, t, r=_red: F.cross_entropy(x, t, reduction=r, label_smoothing=0.2),
+         rand((N, C)), targets(N, C))
+    case(f"cross_entropy_smoothing_weight_ignore_{_red}",
+         lambda x, t, w, r=_red: F.cross_entropy(x, t, w, ignore_index=-100, reduction=r,
+                                                 label_smoothing=0.1),
+         rand((N, C)), targets(N, C, -100), _W)
+    case(f"cross_entropy_weight_ignore_{_red}",
+         lambda x, t, w, r=_red: F.cross_entropy(x, t, w, ignore_index=1, reduction=r),
+         transposed((N, C)), targets(N, C, 1), _W)
+    case(f"cross_entropy_probs_{_red}", lambda x, p, r=_red: F.cross_entropy(x, p, reduction=r),
+         rand((N, C)), probs((N, C)))
+    case(f"cross_entropy_probs_weight_smoothing_{_red}",
+         lambda x, p, w, r=_red: F.cross_entropy(x, p, w, reduction=r, label_smoothing=0.3),
+         transposed((N, C)), probs((N, C)), _W)
+    case(f"nll_loss_weight_ignore_{_red}",
+         lambda x, t, w, r=_red: F.nll_loss(x, t, w, ignore_index=3, reduction=r),
+         strided((N, C)), targets(N, C, 3), _W)
+    case(f"nll_loss_1d_{_red}", lambda x, t, r=_red: F.nll_loss(x, t, reduction=r),
+         rand((C,)), lambda d: torch.tensor(3, device=d))
+    case(f"cross_entropy_4d_weight_{_red}",
+         lambda x, t, w, r=_red: F.cross_entropy(x, t, w, reduction=r),
+         rand((2, C, 3, 2)), lambda d: torch.randint(0, C, (2, 3, 2), device=d), _W)
+for _dt in (f16, bf16):
+    _t = SHORT[_dt]
+    case(f"cross_entropy_smoothing_weight_{_t}",
+         lambda x, t, w: F.cross_entropy(x, t, w, label_smoothing=0.1),
+         rand((N, C), _dt), targets(N, C, -100), rand((C,), _dt, "pos"))
+    case(f"cross_entropy_probs_{_t}", lambda x, p: F.cross_entropy(x, p),
+         rand((N, C), _dt), probs((N, C), _dt))
+    case(f"nll_loss_weight_none_{_t}", lambda x, t, w: F.nll_loss(x, t, w, reduction="none"),
+         rand((N, C), _dt), targets(N, C), rand((C,), _dt, "pos"))
+case("cross_entropy_bf16_3d_sum", lambda x, t: F.cross_entropy(x, t, reduction="sum"),
+     rand((2, C, 3), bf16), lambda d: torch.randint(0, C, (2, 3), device=d))
+case("cross_entropy_1d_smoothing", lambda x, t: F.cross_entropy(x, t, label_smoothing=0.25),
+     rand((C,)), lambda d: torch.tensor(1, device=d))
+case("cross_entropy_1d_probs", lambda x, p: F.cross_entropy(x, p), rand((C,)),
+     lambda d: torch.softmax(torch.randn(C, device=d), 0))
+case("cross_entropy_3d_probs_smoothing_none",
+     lambda x, p: F.cross_entropy(x, p, reduction="none", label_smoothing=0.1),
+     rand((2, C, 3)), probs((2, C, 3)))
+# Every target ignored: "mean" is 0/0, nan in eager too.
+case("nll_loss_all_ignored_mean", lambda x, t: F.nll_loss(x, t), rand((N, C)), all_ignored(N))
+case("cross_entropy_all_ignored_smoothing",
+     lambda x, t: F.cross_entropy(x, t, label_smoothing=0.1), rand((N, C)), all_ignored(N))
+case("cross_entropy_with_pointwise", lambda x, t: F.cross_entropy(x.sin() * 3, t) + 1,
+     rand((N, C)), targets(N, C))
+long_case("cross_entropy_long_rows", lambda x, t: F.cross_entropy(x, t),
+          rand((2, 5000)), targets(2, 5000))

@@ -32,6 +32,7 @@ from minicompile.ir import (
     Layout,
     Load,
     LoopProgram,
+    IndexExpr,
     IndirectLoad,
     Op,
     Reduce,
@@ -170,6 +171,8 @@ class Lowering:
             return self.lower_reduction(node)
         if family == "index":
             return self.lower_index(node)
+        if family == "iota":
+            return self.lower_iota(node)
         if family == "composite":
             raise AssertionError(f"{node.target} reached lowering undecomposed")
         if family not in ("unary", "binary", "ternary", "cast", "copy"):
@@ -296,13 +299,24 @@ class Lowering:
         size = src.shape[dim]
         expr = substitute_index(src.expr, src_map)
 
-        def bind(ld: Load) -> Expr:
+        def bind(ld: Load | IndexExpr) -> Expr:
+            if isinstance(ld, IndexExpr):
+                if symbol in ld.index.free_symbols:  # not made by any decomposition
+                    raise Unsupported(f"{node.target} of an index expression", node.stack)
+                return ld
             if symbol in ld.index.free_symbols:
                 return IndirectLoad(ld.buffer, ld.index, ld.dtype, at, symbol, size)
             return ld
 
         origins = tuple(dict.fromkeys(src.origins + idx.origins + (node,)))
         return Value(node.meta.shape, node.meta.dtype, map_loads(expr, bind), origins=origins)
+
+    def lower_iota(self, node: Node) -> Value:
+        """Each element's index along ``dim``, as an int64 value computed in the kernel
+        (nothing is loaded).  A size-1 dim is always index 0, as for loads."""
+        shape, dim = node.meta.shape, node.args[1]
+        index = ZERO if shape[dim] == 1 else dim_symbols(len(shape))[dim]
+        return Value(shape, torch.int64, IndexExpr(index, torch.int64), origins=(node,))
 
     def tensor_arg(self, node: Node) -> BufferRef | AliasOutput:
         ref = self.realize(node)

@@ -138,6 +138,46 @@ case("min_full_f16", lambda x: torch.min(x), rand(MAT, f16))
 case("argmax_all", lambda x: x.argmax(), rand(CUBE))
 case("argmax_keepdim_transposed", lambda x: x.argmax(1, keepdim=True), transposed(MAT))
 case("argmin_bf16", lambda x: torch.argmin(x, 1), rand(MAT, bf16))
+
+
+def ties_and_nans(shape: Sequence[int], dtype: torch.dtype = f32, nans: bool = True) -> Callable:
+    """Small integer values (many ties per row) with some NaNs, some rows all NaN."""
+
+    def make(device: torch.device) -> torch.Tensor:
+        t = torch.randint(-2, 3, tuple(shape), device=device).float()
+        if nans:
+            t[torch.rand(tuple(shape), device=device) < 0.15] = float("nan")
+            t[0] = float("nan")
+        return t.to(dtype)
+
+    return make
+
+
+# argmax/argmin and max/min(dim) are compiled natively (decompose_reductions.py): NaN is the
+# extreme and ties give the first index, as eager.
+case("argmax_ties_nan", lambda x: x.argmax(1), ties_and_nans(MAT))
+case("argmin_ties_nan_dim0", lambda x: torch.argmin(x, 0), ties_and_nans(CUBE))
+case("argmax_ties_no_nan", lambda x: (x.argmax(-1), x.argmin(-1)), ties_and_nans(CUBE, nans=False))
+case("argmax_all_nan_f16", lambda x: x.argmax(), ties_and_nans(MAT, f16))
+case("argmax_middle_dim_keep", lambda x: x.argmax(1, keepdim=True), rand(CUBE))
+case("argmax_all_keepdim", lambda x: torch.argmax(x, keepdim=True), rand(CUBE))
+case("argmin_all_transposed", lambda x: x.argmin(), transposed(MAT))
+case("argmax_strided", lambda x: x.argmax(0), strided(MAT))
+case("argmax_i32", lambda x: x.argmax(1), ints(MAT, i32, -3, 4))
+case("argmin_i64_dim0", lambda x: x.argmin(0), ints(CUBE, i64, -3, 4))
+case("argmax_size1_dim", lambda x: x.argmax(1), rand((4, 1)))
+case("argmax_empty_kept_dim", lambda x: x.argmax(1), rand((0, 5)))
+case("max_dim_empty_kept_dim", lambda x: torch.max(x, 1), rand((0, 5)))
+case("max_dim_ties_nan", lambda x: x.max(1), ties_and_nans(MAT))
+case("min_dim_ties_nan_keep", lambda x: torch.min(x, 0, keepdim=True), ties_and_nans(CUBE))
+case("max_dim_bf16", lambda x: x.max(-1), ties_and_nans(MAT, bf16))
+case("min_dim_i32_named", lambda x: (lambda r: (r.indices, r.values + 1))(x.min(dim=1)),
+     ints(MAT, i32, -3, 4))
+case("max_dim_indices_only", lambda x: x.max(0)[1] * 2, rand(CUBE))
+case("argmax_of_softmax", lambda x: torch.softmax(x * 2, -1).argmax(-1), rand(MAT))
+case("argmax_plus_amax", lambda x: (x.argmax(-1), x.amax(-1) + 1), rand(MAT))
+long_case("argmax_long", lambda x: x.argmax(-1), ties_and_nans(LONG, f32, nans=False))
+long_case("max_dim_long_nan", lambda x: x.max(-1), ties_and_nans(LONG))
 case("max_full_nan", lambda x: x.max(), rand(MAT, f32, "nan"))
 case("amax_last_nan", lambda x: x.amax(-1), rand(MAT, f32, "nan"))
 case("sum_last_nan", lambda x: x.sum(-1), rand(MAT, f32, "nan"))

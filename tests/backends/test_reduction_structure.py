@@ -72,6 +72,11 @@ DECOMPOSED: list[tuple[str, Callable, tuple[Callable, ...], int]] = [
      (_randn(6, 5), _randn(6, 5)), 2),
     ("nll_loss_weight", lambda x, t, w: F.nll_loss(x, t, w), (_randn(6, 5), _targets(6, 5),
                                                               _randn(5)), 1),
+    # The maximum and the first position holding it: two passes over the row, one kernel.
+    ("argmax", lambda x: x.argmax(-1), (_randn(4, 33),), 1),
+    ("argmin_all", lambda x: torch.argmin(x), (_randn(3, 5, 7),), 1),
+    ("max_dim_values_indices", lambda x: x.max(1), (_randn(4, 33),), 1),
+    ("min_dim_named_indices", lambda x: x.min(dim=0).indices + 1, (_randn(4, 33),), 1),
 ]
 
 

@@ -19,10 +19,10 @@ from minicompile.graph import SourceLine
 from minicompile.ir import (
     ComputedBuffer,
     Expr,
+    IndexExpr,
     IndirectLoad,
     Load,
     Reduce,
-    SizeValue,
     map_loads,
     walk,
 )
@@ -120,8 +120,8 @@ class KernelPlan:
                     exprs.append(e.index)
                 if isinstance(e, IndirectLoad):
                     exprs.append(e.size)
-                if isinstance(e, SizeValue):
-                    exprs.append(e.size)
+                if isinstance(e, IndexExpr):
+                    exprs.append(e.index)
         return size_symbols(exprs)
 
     def params(self) -> list[str]:
@@ -190,7 +190,7 @@ def row_invariant(exprs: list[Expr], done: dict, rvars: tuple) -> list[Expr]:
     out: list[Expr] = []
     for expr in exprs:
         for e in pending(expr, done):
-            if isinstance(e, Load):
+            if isinstance(e, (Load, IndexExpr)):
                 v = any(s.name in rnames for s in e.index.free_symbols) or any(
                     varies.get(id(c), False) for c in e.children()  # an IndirectLoad's index
                 )
@@ -252,8 +252,10 @@ def plan_kernel(group: FusedGroup, name: str, needed: set[str] | None = None) ->
     x_order = sorted(range(len(p)), key=lambda k: -_sort_key(strides[k])) if not q else list(
         range(len(p))
     )
+    # Index expressions count as accesses: a dim they read alone is never merged away.
     accesses = list(store_at.values()) + [
-        e.index for body in bodies.values() for e in walk(body) if isinstance(e, Load)
+        e.index for body in bodies.values() for e in walk(body)
+        if isinstance(e, (Load, IndexExpr))
     ]
     x_runs = _merge(x_order, space.kept, [_coefficients(a, p) for a in accesses])
     r_runs = _merge(list(range(len(q))), space.reduced, [_coefficients(a, q) for a in accesses])
@@ -278,7 +280,7 @@ def plan_kernel(group: FusedGroup, name: str, needed: set[str] | None = None) ->
     values: dict[str, Expr] = {}
     for b in members:
         def resolve(ld: Load) -> Expr:
-            if ld.buffer in values:
+            if isinstance(ld, Load) and ld.buffer in values:
                 return values[ld.buffer]
             return ld.with_index(reindex(ld.index))
 

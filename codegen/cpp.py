@@ -13,17 +13,7 @@ import math
 import sympy
 import torch
 
-from minicompile.ir import (
-    LOW_PRECISION,
-    Cast,
-    Constant,
-    Expr,
-    IndirectLoad,
-    Load,
-    Op,
-    SizeValue,
-    walk,
-)
+from minicompile.ir import LOW_PRECISION, Cast, Constant, Expr, IndexExpr, IndirectLoad, Load, Op, walk
 
 from minicompile.codegen.common import CodeWriter, KernelPlan, Store, checks_indices, pending
 from minicompile.codegen.printers import cpp_index
@@ -228,8 +218,8 @@ class CppKernel:
             return self.fresh(text, ctype)
         if isinstance(e, Constant):
             return _literal(e.value, e.dtype)
-        if isinstance(e, SizeValue):
-            return self.fresh(f"static_cast<int64_t>({cpp_index(e.size)})", "int64_t")
+        if isinstance(e, IndexExpr):  # the index itself (loop variables are int64_t)
+            return self.fresh(cpp_index(e.index), "int64_t")
         if isinstance(e, Cast):
             x = self.names[e.x]
             if e.dtype == torch.bool:

@@ -15,16 +15,7 @@ import sympy
 import torch
 
 from minicompile.ir import (
-    LOW_PRECISION,
-    Cast,
-    Constant,
-    Expr,
-    IndirectLoad,
-    Load,
-    Op,
-    Reduce,
-    SizeValue,
-    walk,
+    LOW_PRECISION, Cast, Constant, Expr, IndexExpr, IndirectLoad, Load, Op, Reduce, walk,
 )
 from minicompile.sym import FloorDiv, ModularIndexing
 
@@ -276,8 +267,10 @@ class TritonKernel:
             return self.fresh(text, axes)
         if isinstance(e, Constant):
             return _literal(e.value, e.dtype)
-        if isinstance(e, SizeValue):  # a scalar computed from the size arguments
-            return self.fresh(f"({triton_index(e.size)}).to(tl.int64)", frozenset())
+        if isinstance(e, IndexExpr):  # the index itself, as an int64 block
+            if not e.index.free_symbols:
+                return _literal(int(e.index), torch.int64)
+            return self.fresh(f"({triton_index(e.index)}).to(tl.int64)", self.axes_of(e.index))
         if isinstance(e, Reduce):
             return self.emit_reduce(e)
         if isinstance(e, Cast):

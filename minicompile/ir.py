@@ -88,24 +88,28 @@ class IndirectLoad(Load):
 
 
 @_expr
+class IndexExpr(Expr):
+    """The integer value of an index expression: element ``i`` of an ``iota`` along dim d
+    is ``i_d`` (Inductor's ``ops.index_expr``), e.g. the position argmax compares.  Like a
+    Load it has an ``index`` that views and fusion re-express, but it reads no buffer."""
+
+    index: sympy.Expr
+    dtype: torch.dtype
+
+    def __str__(self) -> str:
+        return f"index({self.index})"
+
+    def with_index(self, index: sympy.Expr) -> IndexExpr:
+        return IndexExpr(index, self.dtype)
+
+
+@_expr
 class Constant(Expr):
     value: bool | int | float
     dtype: torch.dtype
 
     def __str__(self) -> str:
         return f"{self.value!r}:{DTYPE_ABBR.get(self.dtype, self.dtype)}"
-
-
-@_expr
-class SizeValue(Expr):
-    """A size expression used as a number (``1 / n`` of a mean over a dynamic dim): an
-    int64 computed from the kernel's size arguments."""
-
-    size: sympy.Expr
-    dtype: torch.dtype = torch.int64
-
-    def __str__(self) -> str:
-        return f"size({self.size})"
 
 
 @_expr
@@ -179,8 +183,10 @@ def walk(expr: Expr) -> Iterator[Expr]:
     return iter(order)
 
 
-def map_loads(expr: Expr, fn: Callable[[Load], Expr]) -> Expr:
-    """Rebuild ``expr`` with every Load replaced by ``fn(load)`` (shared subtrees once)."""
+def map_loads(expr: Expr, fn: Callable[[Load | IndexExpr], Expr]) -> Expr:
+    """Rebuild ``expr`` with every Load, and every IndexExpr, replaced by ``fn(leaf)``
+    (shared subtrees once): the leaves that carry an index, so that one call re-expresses
+    every index of a body."""
     memo: dict[int, Expr] = {}
 
     def visit(e: Expr) -> Expr:
@@ -189,7 +195,7 @@ def map_loads(expr: Expr, fn: Callable[[Load], Expr]) -> Expr:
             if isinstance(e, IndirectLoad):
                 moved = IndirectLoad(e.buffer, e.index, e.dtype, visit(e.at), e.symbol, e.size)
                 memo[key] = fn(moved)
-            elif isinstance(e, Load):
+            elif isinstance(e, (Load, IndexExpr)):
                 memo[key] = fn(e)
             elif isinstance(e, Op):
                 memo[key] = Op(e.op, tuple(visit(a) for a in e.args), e.dtype)

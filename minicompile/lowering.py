@@ -27,13 +27,13 @@ from minicompile.ir import (
     Cast,
     ComputedBuffer,
     Constant,
-    SizeValue,
     Expr,
     ExternKernel,
     InputBuffer,
     Layout,
     Load,
     LoopProgram,
+    IndexExpr,
     IndirectLoad,
     Op,
     Reduce,
@@ -172,6 +172,8 @@ class Lowering:
             return self.lower_reduction(node)
         if family == "index":
             return self.lower_index(node)
+        if family == "iota":
+            return self.lower_iota(node)
         if family == "composite":
             raise AssertionError(f"{node.target} reached lowering undecomposed")
         if family not in ("unary", "binary", "ternary", "cast", "copy"):
@@ -202,7 +204,7 @@ class Lowering:
             if isinstance(arg, sympy.Expr) and arg.is_integer:  # a symbolic size
                 if arg.is_Integer:
                     return Constant(_py_value(int(arg), dtype), dtype)
-                return _cast(SizeValue(arg), dtype)
+                return _cast(IndexExpr(arg, torch.int64), dtype)
             raise Unsupported(f"{node.target}: argument {arg!r} is not a tensor or number",
                               node.stack)
 
@@ -302,13 +304,24 @@ class Lowering:
         size = src.shape[dim]
         expr = substitute_index(src.expr, src_map)
 
-        def bind(ld: Load) -> Expr:
+        def bind(ld: Load | IndexExpr) -> Expr:
+            if isinstance(ld, IndexExpr):
+                if symbol in ld.index.free_symbols:  # not made by any decomposition
+                    raise Unsupported(f"{node.target} of an index expression", node.stack)
+                return ld
             if symbol in ld.index.free_symbols:
                 return IndirectLoad(ld.buffer, ld.index, ld.dtype, at, symbol, size)
             return ld
 
         origins = tuple(dict.fromkeys(src.origins + idx.origins + (node,)))
         return Value(node.meta.shape, node.meta.dtype, map_loads(expr, bind), origins=origins)
+
+    def lower_iota(self, node: Node) -> Value:
+        """Each element's index along ``dim``, as an int64 value computed in the kernel
+        (nothing is loaded).  A size-1 dim is always index 0, as for loads."""
+        shape, dim = node.meta.shape, node.args[1]
+        index = ZERO if shape[dim] == 1 else dim_symbols(len(shape))[dim]
+        return Value(shape, torch.int64, IndexExpr(index, torch.int64), origins=(node,))
 
     def tensor_arg(self, node: Node) -> BufferRef | AliasOutput:
         ref = self.realize(node)

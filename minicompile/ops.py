@@ -14,7 +14,8 @@ Families (in the style of tinygrad's ``GroupOp``):
 - ``extern``: any other PyTorch function, called as a library kernel by the generated
   wrapper (Inductor's "fallback kernels"); registered on first use by :func:`extern_op`;
 - ``tuple``: ``getitem``, which picks one tensor of an extern's tuple result;
-- ``index``: ``embedding``, ``index_select``, ``gather``: indirect, bounds-checked loads.
+- ``index``: ``embedding``, ``index_select``, ``gather``: indirect, bounds-checked loads;
+- ``iota``: the index along one dim as an int64 value (Inductor's ``index_expr``).
 """
 
 from __future__ import annotations
@@ -157,6 +158,19 @@ OPS["to_dtype"] = OpDef("to_dtype", "cast", _to_dtype)
 for _name, _fn in VIEW.items():
     OPS[_name] = OpDef(_name, "view", _fn)
 
+
+
+def _iota(shape: tuple[int, ...], dim: int, device: torch.device) -> torch.Tensor:
+    """An int64 tensor of ``shape`` whose elements are their own index along ``dim``."""
+    sizes = [1] * len(shape)
+    sizes[dim] = shape[dim]
+    return torch.arange(shape[dim], device=device).view(sizes).expand(shape).contiguous()
+
+
+# iota(shape, dim, device): positions along a dim as values (what argmax compares); lowered
+# to an index expression, never stored.  The device is an argument so that infer_meta
+# computes it on the meta device and run_graph makes it where the graph runs.
+OPS["iota"] = OpDef("iota", "iota", _iota)
 OPS["getitem"] = OpDef("getitem", "tuple", operator.getitem)
 # Index ops: loads whose position comes from another tensor's values (bounds-checked).
 OPS["embedding"] = OpDef("embedding", "index", lambda weight, indices: F.embedding(indices, weight))

@@ -17,6 +17,7 @@ import torch
 from minicompile.graph import Graph, Node, TensorMeta
 from minicompile.ops import infer_meta
 
+from minicompile.passes.decompose_losses import LOSS_DECOMPOSITIONS
 from minicompile.passes.decompose_reductions import REDUCTION_DECOMPOSITIONS
 from minicompile.passes.decompose_views import VIEW_DECOMPOSITIONS
 
@@ -31,7 +32,8 @@ class _Builder:
         self.origin = origin
 
     def __call__(self, op: str, *args: Any, **kwargs: Any) -> Node:
-        device = self.origin.meta.device  # type: ignore[union-attr]
+        meta = self.origin.meta
+        device = (meta[0] if isinstance(meta, tuple) else meta).device  # type: ignore[union-attr]
         meta = infer_meta(op, args, kwargs, device, self.graph.shapes)
         return self.graph.call(op, args, kwargs, meta, self.origin.stack)
 
@@ -85,6 +87,14 @@ DECOMPOSITIONS: dict[str, Callable[..., Node]] = {
 }
 
 
+def _lay_out_as(out: Node, meta: TensorMeta, start: int) -> None:
+    """A result is laid out as eager lays out the op it replaces (a softmax of a transposed
+    tensor is contiguous), not as its last primitive would be.  Only nodes the rule made
+    (index >= ``start``) are changed."""
+    if out.index >= start and out.meta.shape == meta.shape and out.meta.dtype == meta.dtype:
+        out.meta = dataclasses.replace(out.meta, stride=meta.stride)
+
+
 def decompose(graph: Graph) -> Graph:
     """Return a copy of ``graph`` with every composite op replaced by primitives."""
     from minicompile.graph import copy_graph
@@ -93,6 +103,7 @@ def decompose(graph: Graph) -> Graph:
         rule = (
             DECOMPOSITIONS.get(node.target)
             or REDUCTION_DECOMPOSITIONS.get(node.target)
+            or LOSS_DECOMPOSITIONS.get(node.target)
             or VIEW_DECOMPOSITIONS.get(node.target)
         )
         if rule is None:
@@ -100,11 +111,13 @@ def decompose(graph: Graph) -> Graph:
         # A rule returns None for forms it leaves to the library call.
         start = len(new.nodes)
         out = rule(_Builder(new, node), *remap(node.args), **remap(node.kwargs))
-        if out is not None and out.index >= start and isinstance(node.meta, TensorMeta):
-            # The result is laid out as eager lays out the op it replaces (a softmax of a
-            # transposed tensor is contiguous), not as its last primitive would be.
-            if out.meta.shape == node.meta.shape and out.meta.dtype == node.meta.dtype:
-                out.meta = dataclasses.replace(out.meta, stride=node.meta.stride)
+        if isinstance(out, tuple):
+            # A tuple result (max(x, dim): values, indices) stands for the op in ``env``;
+            # its getitem users pick their element (_getitem in decompose_views.py).
+            for item, meta in zip(out, node.meta):
+                _lay_out_as(item, meta, start)
+        elif out is not None and isinstance(node.meta, TensorMeta):
+            _lay_out_as(out, node.meta, start)
         return out
 
     return copy_graph(graph, rewrite)

@@ -4,8 +4,8 @@ or a layer norm becomes one kernel instead of a library call.
 
 Each rule computes as PyTorch's own kernels do: float16/bfloat16 inputs are upcast to
 float32 ("opmath"), reductions accumulate there, and the result is cast back once.
-Forms a rule does not handle (index-returning max/min, norms other than 2...) return None
-and stay library calls.
+Forms a rule does not handle (norms other than 2, max/min of bool...) return None and
+stay library calls.
 """
 
 from __future__ import annotations
@@ -88,14 +88,69 @@ def _extreme(op: str) -> Callable[..., Node | None]:
     return rule
 
 
-def _max_or_min(op: str) -> Callable[..., Node | None]:
+def _max_or_min(op: str) -> Callable[..., Node | tuple[Node, Node] | None]:
+    """torch.max / torch.min: over everything (a 0-dim value), or along a dim as
+    (values, indices), the tuple whose getitem users decompose.py rewires."""
+
+    def rule(b: Builder, *args: Any, **kwargs: Any) -> Node | tuple[Node, Node] | None:
+        if len(args) == 1 and not kwargs:
+            x = args[0]
+            if _numel(x, tuple(range(x.meta.ndim))) == 0:
+                return NOT_HANDLED
+            return _reduce(b, op, x, tuple(range(x.meta.ndim)), False)
+        a = bind(args, kwargs, ("input", "dim", "keepdim"), {"keepdim": False})
+        if not isinstance(a.get("dim"), int) or set(a) != {"input", "dim", "keepdim"}:
+            return NOT_HANDLED  # max(x, y) is maximum; out= is not ours
+        if not all(u.target == "getitem" for u in b.origin.users):
+            return NOT_HANDLED  # the tuple itself is used: keep the library call
+        return _extreme_with_index(b, a["input"], op, a["dim"], a["keepdim"])
+
+    return rule
+
+
+def _extreme_with_index(b: Builder, x: Node, op: str, dim: int | None,
+                        keepdim: bool) -> tuple[Node, Node] | None:
+    """(values, indices) of the maximum (op "amax") or minimum ("amin") along ``dim`` (None:
+    of the flattened input), as eager computes them: NaN counts as the extreme, and a tie
+    gives the first index.  The index is amin(where(x == extreme, position, n)) over the
+    row, with positions from an ``iota``: a second pass over the row of the same kernel."""
+    dtype = x.meta.dtype
+    if x.meta.ndim == 0 or dtype == torch.bool or dtype.is_complex:
+        return NOT_HANDLED
+    if dim is None:
+        x = b("reshape", x, (_numel(x, tuple(range(x.meta.ndim))),))
+        dim = 0
+    dim %= x.meta.ndim
+    n = int(x.meta.shape[dim])
+    if n == 0:
+        return NOT_HANDLED  # eager raises: no extreme of an empty row
+    extreme = b(op, x, (dim,), True)
+    match = b("eq", x, extreme)
+    if dtype.is_floating_point:  # NaN != NaN: a NaN row extreme matches the NaNs
+        both_nan = b("logical_and", b("ne", x, x), b("ne", extreme, extreme))
+        match = b("logical_or", match, both_nan)
+    position = b("iota", tuple(int(s) for s in x.meta.shape), dim, x.meta.device)
+    index = b("amin", b("where", match, position, n), (dim,), keepdim)
+    values = extreme if keepdim else b("squeeze", extreme, dim)
+    return values, index
+
+
+def _arg_extreme(op: str) -> Callable[..., Node | None]:
+    """torch.argmax / torch.argmin, ``dim=None`` meaning the flattened input."""
+
     def rule(b: Builder, *args: Any, **kwargs: Any) -> Node | None:
-        if len(args) != 1 or kwargs:
-            return NOT_HANDLED  # max(x, dim) gives (values, indices); max(x, y) is maximum
-        x = args[0]
-        if _numel(x, tuple(range(x.meta.ndim))) == 0:
+        a = bind(args, kwargs, ("input", "dim", "keepdim"), {"dim": None, "keepdim": False})
+        if set(a) != {"input", "dim", "keepdim"} or not (a["dim"] is None or
+                                                          isinstance(a["dim"], int)):
             return NOT_HANDLED
-        return _reduce(b, op, x, tuple(range(x.meta.ndim)), False)
+        pair = _extreme_with_index(b, a["input"], op, a["dim"], a["keepdim"])
+        if pair is None:
+            return NOT_HANDLED
+        index = pair[1]
+        shape = tuple(int(s) for s in b.origin.meta.shape)
+        if tuple(int(s) for s in index.meta.shape) != shape:  # keepdim of a flattened input
+            index = b("reshape", index, shape)
+        return index
 
     return rule
 
@@ -283,10 +338,8 @@ def _batch_norm(b: Builder, *args: Any, **kwargs: Any) -> Node | None:
     if x.meta.ndim < 2 or not x.meta.dtype.is_floating_point:
         return NOT_HANDLED
 
-    def per_channel(t: Node) -> Node:  # [C] -> [C, 1, 1, ...] to broadcast over dim 1
-        for _ in range(x.meta.ndim - 2):
-            t = b("unsqueeze", t, t.meta.ndim)
-        return t
+    def per_channel(t: Node) -> Node:
+        return _per_channel(b, t, x.meta.ndim)
 
     xf = b.opmath(x)
     inv = b("rsqrt", b("add", per_channel(a["running_var"]), float(a["eps"])))
@@ -298,6 +351,38 @@ def _batch_norm(b: Builder, *args: Any, **kwargs: Any) -> Node | None:
     return b.restore(out)
 
 
+def _per_channel(b: Builder, t: Node, ndim: int) -> Node:
+    """A [C] tensor as [C, 1, 1, ...], to broadcast over dim 1 of an ``ndim``-d input."""
+    for _ in range(ndim - 2):
+        t = b("unsqueeze", t, t.meta.ndim)
+    return t
+
+
+def _group_norm(b: Builder, *args: Any, **kwargs: Any) -> Node | None:
+    """Normalise each group of C // G channels (and all spatial positions) of an [N, C, *]
+    input: reshape to [N, G, -1], two-pass mean/variance over the last dim, reshape back,
+    then the per-channel affine map, as ATen's group_norm kernels compute it."""
+    a = bind(args, kwargs, ("input", "num_groups", "weight", "bias", "eps"),
+             {"weight": None, "bias": None, "eps": 1e-5})
+    x, groups = a["input"], a["num_groups"]
+    if x.meta.ndim < 2 or not x.meta.dtype.is_floating_point or not isinstance(groups, int):
+        return NOT_HANDLED
+    shape = tuple(int(s) for s in x.meta.shape)
+    if groups <= 0 or shape[1] % groups or math.prod(shape) == 0:
+        return NOT_HANDLED  # eager raises (or returns an empty tensor): let it
+    grouped = b("reshape", b.opmath(x), (shape[0], groups, math.prod(shape) // (shape[0] * groups)))
+    n = math.prod(grouped.meta.shape[2:])
+    mean = b("truediv", b("sum", grouped, (2,), True), int(n))
+    centred = b("sub", grouped, mean)
+    var = b("truediv", b("sum", b("mul", centred, centred), (2,), True), int(n))
+    out = b("reshape", b("mul", centred, b("rsqrt", b("add", var, float(a["eps"])))), shape)
+    if a["weight"] is not None:
+        out = b("mul", out, _per_channel(b, a["weight"], len(shape)))
+    if a["bias"] is not None:
+        out = b("add", out, _per_channel(b, a["bias"], len(shape)))
+    return b.restore(out)
+
+
 REDUCTION_DECOMPOSITIONS: dict[str, Callable[..., Node | None]] = {}
 for _names, _rule in (
     (("torch.sum", "torch.Tensor.sum"), _sum),
@@ -306,6 +391,8 @@ for _names, _rule in (
     (("torch.amin", "torch.Tensor.amin"), _extreme("amin")),
     (("torch.max", "torch.Tensor.max"), _max_or_min("amax")),
     (("torch.min", "torch.Tensor.min"), _max_or_min("amin")),
+    (("torch.argmax", "torch.Tensor.argmax"), _arg_extreme("amax")),
+    (("torch.argmin", "torch.Tensor.argmin"), _arg_extreme("amin")),
     (("torch.prod", "torch.Tensor.prod"), _prod),
     (("torch.any", "torch.Tensor.any"), _logical("any")),
     (("torch.all", "torch.Tensor.all"), _logical("all")),
@@ -319,6 +406,7 @@ for _names, _rule in (
     (("torch.nn.functional.layer_norm", "torch.layer_norm"), _layer_norm),
     (("torch.nn.functional.rms_norm",), _rms_norm),
     (("torch.nn.functional.batch_norm", "torch.batch_norm"), _batch_norm),
+    (("torch.nn.functional.group_norm", "torch.group_norm"), _group_norm),
 ):
     for _name in _names:
         REDUCTION_DECOMPOSITIONS[_name] = _rule

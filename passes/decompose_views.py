@@ -54,6 +54,8 @@ def _piece(b: Builder, source: Node, index: int) -> Node | None:
 
 
 def _getitem(b: Builder, source: Any, index: Any) -> Node | None:
+    if isinstance(source, tuple):  # a decomposed tuple result: its element, as it is
+        return source[index]
     return _piece(b, source, index) if isinstance(source, Node) else None
 
 

@@ -138,6 +138,46 @@ case("min_full_f16", lambda x: torch.min(x), rand(MAT, f16))
 case("argmax_all", lambda x: x.argmax(), rand(CUBE))
 case("argmax_keepdim_transposed", lambda x: x.argmax(1, keepdim=True), transposed(MAT))
 case("argmin_bf16", lambda x: torch.argmin(x, 1), rand(MAT, bf16))
+
+
+def ties_and_nans(shape: Sequence[int], dtype: torch.dtype = f32, nans: bool = True) -> Callable:
+    """Small integer values (many ties per row) with some NaNs, some rows all NaN."""
+
+    def make(device: torch.device) -> torch.Tensor:
+        t = torch.randint(-2, 3, tuple(shape), device=device).float()
+        if nans:
+            t[torch.rand(tuple(shape), device=device) < 0.15] = float("nan")
+            t[0] = float("nan")
+        return t.to(dtype)
+
+    return make
+
+
+# argmax/argmin and max/min(dim) are compiled natively (decompose_reductions.py): NaN is the
+# extreme and ties give the first index, as eager.
+case("argmax_ties_nan", lambda x: x.argmax(1), ties_and_nans(MAT))
+case("argmin_ties_nan_dim0", lambda x: torch.argmin(x, 0), ties_and_nans(CUBE))
+case("argmax_ties_no_nan", lambda x: (x.argmax(-1), x.argmin(-1)), ties_and_nans(CUBE, nans=False))
+case("argmax_all_nan_f16", lambda x: x.argmax(), ties_and_nans(MAT, f16))
+case("argmax_middle_dim_keep", lambda x: x.argmax(1, keepdim=True), rand(CUBE))
+case("argmax_all_keepdim", lambda x: torch.argmax(x, keepdim=True), rand(CUBE))
+case("argmin_all_transposed", lambda x: x.argmin(), transposed(MAT))
+case("argmax_strided", lambda x: x.argmax(0), strided(MAT))
+case("argmax_i32", lambda x: x.argmax(1), ints(MAT, i32, -3, 4))
+case("argmin_i64_dim0", lambda x: x.argmin(0), ints(CUBE, i64, -3, 4))
+case("argmax_size1_dim", lambda x: x.argmax(1), rand((4, 1)))
+case("argmax_empty_kept_dim", lambda x: x.argmax(1), rand((0, 5)))
+case("max_dim_empty_kept_dim", lambda x: torch.max(x, 1), rand((0, 5)))
+case("max_dim_ties_nan", lambda x: x.max(1), ties_and_nans(MAT))
+case("min_dim_ties_nan_keep", lambda x: torch.min(x, 0, keepdim=True), ties_and_nans(CUBE))
+case("max_dim_bf16", lambda x: x.max(-1), ties_and_nans(MAT, bf16))
+case("min_dim_i32_named", lambda x: (lambda r: (r.indices, r.values + 1))(x.min(dim=1)),
+     ints(MAT, i32, -3, 4))
+case("max_dim_indices_only", lambda x: x.max(0)[1] * 2, rand(CUBE))
+case("argmax_of_softmax", lambda x: torch.softmax(x * 2, -1).argmax(-1), rand(MAT))
+case("argmax_plus_amax", lambda x: (x.argmax(-1), x.amax(-1) + 1), rand(MAT))
+long_case("argmax_long", lambda x: x.argmax(-1), ties_and_nans(LONG, f32, nans=False))
+long_case("max_dim_long_nan", lambda x: x.max(-1), ties_and_nans(LONG))
 case("max_full_nan", lambda x: x.max(), rand(MAT, f32, "nan"))
 case("amax_last_nan", lambda x: x.amax(-1), rand(MAT, f32, "nan"))
 case("sum_last_nan", lambda x: x.sum(-1), rand(MAT, f32, "nan"))
@@ -257,6 +297,14 @@ case("group_norm_no_affine", lambda x: F.group_norm(x, 2), rand((2, 4, 3, 3)))
 case("group_norm_f16", lambda x: F.group_norm(x, 2), rand((2, 4, 5), f16))
 case("group_norm_with_pointwise", lambda x: F.group_norm(x.sin(), 2).relu() * 2,
      rand((2, 4, 5)))
+case("group_norm_4d_affine", lambda x, w, b: F.group_norm(x, 2, w, b, eps=1e-3),
+     rand((2, 6, 3, 4)), _weight(6), _weight(6))
+case("group_norm_one_group", lambda x: F.group_norm(x, 1), rand((3, 4, 5)))
+case("group_norm_per_channel", lambda x, w: F.group_norm(x, 4, w), rand((2, 4, 7)), _weight(4))
+case("group_norm_2d_input", lambda x: F.group_norm(x, 3), rand((5, 6)))
+case("group_norm_transposed", lambda x: F.group_norm(x, 2), lambda d: rand((2, 5, 4))(d).transpose(1, 2))
+case("group_norm_bf16_affine", lambda x, w, b: F.group_norm(x, 2, w, b), rand((2, 4, 5), bf16),
+     _weight(4, bf16), _weight(4, bf16))
 
 
 def _bn_inputs(shape: Sequence[int], dtype: torch.dtype = f32) -> list[Callable]:
@@ -315,3 +363,65 @@ case("cross_entropy_3d", lambda x, t: F.cross_entropy(x, t),
      rand((2, C, 3)), lambda d: torch.randint(0, C, (2, 3), device=d))
 case("nll_loss_weight", lambda x, t, w: F.nll_loss(x, t, w), rand((N, C)), targets(N, C),
      rand((C,), f32, "pos"))
+
+
+def probs(shape: Sequence[int], dtype: torch.dtype = f32) -> Callable:
+    """Class probabilities along dim 1 (rows of a softmax), for probability targets."""
+    return lambda device: torch.softmax(torch.randn(tuple(shape), device=device), 1).to(dtype)
+
+
+def all_ignored(n: int) -> Callable:
+    return lambda device: torch.full((n,), -100, device=device)
+
+
+_W = rand((C,), f32, "pos")
+for _red in ("mean", "sum", "none"):
+    case(f"cross_entropy_smoothing_{_red}",
+         lambda x, t, r=_red: F.cross_entropy(x, t, reduction=r, label_smoothing=0.2),
+         rand((N, C)), targets(N, C))
+    case(f"cross_entropy_smoothing_weight_ignore_{_red}",
+         lambda x, t, w, r=_red: F.cross_entropy(x, t, w, ignore_index=-100, reduction=r,
+                                                 label_smoothing=0.1),
+         rand((N, C)), targets(N, C, -100), _W)
+    case(f"cross_entropy_weight_ignore_{_red}",
+         lambda x, t, w, r=_red: F.cross_entropy(x, t, w, ignore_index=1, reduction=r),
+         transposed((N, C)), targets(N, C, 1), _W)
+    case(f"cross_entropy_probs_{_red}", lambda x, p, r=_red: F.cross_entropy(x, p, reduction=r),
+         rand((N, C)), probs((N, C)))
+    case(f"cross_entropy_probs_weight_smoothing_{_red}",
+         lambda x, p, w, r=_red: F.cross_entropy(x, p, w, reduction=r, label_smoothing=0.3),
+         transposed((N, C)), probs((N, C)), _W)
+    case(f"nll_loss_weight_ignore_{_red}",
+         lambda x, t, w, r=_red: F.nll_loss(x, t, w, ignore_index=3, reduction=r),
+         strided((N, C)), targets(N, C, 3), _W)
+    case(f"nll_loss_1d_{_red}", lambda x, t, r=_red: F.nll_loss(x, t, reduction=r),
+         rand((C,)), lambda d: torch.tensor(3, device=d))
+    case(f"cross_entropy_4d_weight_{_red}",
+         lambda x, t, w, r=_red: F.cross_entropy(x, t, w, reduction=r),
+         rand((2, C, 3, 2)), lambda d: torch.randint(0, C, (2, 3, 2), device=d), _W)
+for _dt in (f16, bf16):
+    _t = SHORT[_dt]
+    case(f"cross_entropy_smoothing_weight_{_t}",
+         lambda x, t, w: F.cross_entropy(x, t, w, label_smoothing=0.1),
+         rand((N, C), _dt), targets(N, C, -100), rand((C,), _dt, "pos"))
+    case(f"cross_entropy_probs_{_t}", lambda x, p: F.cross_entropy(x, p),
+         rand((N, C), _dt), probs((N, C), _dt))
+    case(f"nll_loss_weight_none_{_t}", lambda x, t, w: F.nll_loss(x, t, w, reduction="none"),
+         rand((N, C), _dt), targets(N, C), rand((C,), _dt, "pos"))
+case("cross_entropy_bf16_3d_sum", lambda x, t: F.cross_entropy(x, t, reduction="sum"),
+     rand((2, C, 3), bf16), lambda d: torch.randint(0, C, (2, 3), device=d))
+case("cross_entropy_1d_smoothing", lambda x, t: F.cross_entropy(x, t, label_smoothing=0.25),
+     rand((C,)), lambda d: torch.tensor(1, device=d))
+case("cross_entropy_1d_probs", lambda x, p: F.cross_entropy(x, p), rand((C,)),
+     lambda d: torch.softmax(torch.randn(C, device=d), 0))
+case("cross_entropy_3d_probs_smoothing_none",
+     lambda x, p: F.cross_entropy(x, p, reduction="none", label_smoothing=0.1),
+     rand((2, C, 3)), probs((2, C, 3)))
+# Every target ignored: "mean" is 0/0, nan in eager too.
+case("nll_loss_all_ignored_mean", lambda x, t: F.nll_loss(x, t), rand((N, C)), all_ignored(N))
+case("cross_entropy_all_ignored_smoothing",
+     lambda x, t: F.cross_entropy(x, t, label_smoothing=0.1), rand((N, C)), all_ignored(N))
+case("cross_entropy_with_pointwise", lambda x, t: F.cross_entropy(x.sin() * 3, t) + 1,
+     rand((N, C)), targets(N, C))
+long_case("cross_entropy_long_rows", lambda x, t: F.cross_entropy(x, t),
+          rand((2, 5000)), targets(2, 5000))

@@ -160,6 +160,14 @@ OUT_OF_RANGE: list[tuple[str, Callable, Callable]] = [
                      torch.tensor([[0], [4 if bad else 3], [1]], device=d))),
     ("index_select", lambda x, i: torch.index_select(x, 0, i) * 3,
      lambda d, bad: (torch.randn(3, 4, device=d), torch.tensor([2, 3 if bad else 0], device=d))),
+    # Loss targets are gathered (decompose_losses.py): a target out of [0, C) that is not
+    # ignore_index raises, as eager's "Target 4 is out of bounds" does.
+    ("cross_entropy_target", lambda x, t: F.cross_entropy(x, t, label_smoothing=0.1),
+     lambda d, bad: (torch.randn(3, 4, device=d),
+                     torch.tensor([0, 4 if bad else 3, -100], device=d))),
+    ("nll_loss_negative_target", lambda x, t, w: F.nll_loss(x, t, w, ignore_index=2),
+     lambda d, bad: (torch.randn(3, 4, device=d), torch.tensor([0, -1 if bad else 1, 2], device=d),
+                     torch.rand(4, device=d))),
 ]
 
 # -- extern kernels with a pointwise prologue and epilogue ---------------------------------

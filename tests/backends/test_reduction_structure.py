@@ -45,3 +45,58 @@ def test_is_one_kernel(name: str, fn: Callable, shapes: tuple, device: torch.dev
     stats = minicompile.stats()
     assert stats["eager_fallbacks"] == 0 and stats["graphs"] == 1, stats
     assert stats["kernels"] == 1, f"{name}: {stats['kernels']} kernels, expected 1"
+
+
+# -- decomposed library calls: no extern left, and few kernels ------------------------------
+
+
+def _targets(n: int, c: int) -> Callable[[torch.device], torch.Tensor]:
+    return lambda d: torch.randint(0, c, (n,), device=d)
+
+
+def _randn(*shape: int) -> Callable[[torch.device], torch.Tensor]:
+    return lambda d: torch.randn(shape, device=d)
+
+
+# name, fn, input makers, most kernels: the row reductions and the pick of each target's
+# class share a kernel; a loss reduced over the batch adds one.
+DECOMPOSED: list[tuple[str, Callable, tuple[Callable, ...], int]] = [
+    ("group_norm", lambda x, w, b: F.group_norm(x, 2, w, b),
+     (_randn(2, 4, 3, 3), _randn(4), _randn(4)), 2),
+    ("cross_entropy_mean", lambda x, t: F.cross_entropy(x, t), (_randn(6, 5), _targets(6, 5)), 2),
+    ("cross_entropy_none", lambda x, t: F.cross_entropy(x, t, reduction="none"),
+     (_randn(6, 5), _targets(6, 5)), 1),
+    ("cross_entropy_smoothing_weight", lambda x, t, w: F.cross_entropy(x, t, w, label_smoothing=0.1),
+     (_randn(6, 5), _targets(6, 5), _randn(5)), 2),
+    ("cross_entropy_probs", lambda x, p: F.cross_entropy(x, p.softmax(1)),
+     (_randn(6, 5), _randn(6, 5)), 2),
+    ("nll_loss_weight", lambda x, t, w: F.nll_loss(x, t, w), (_randn(6, 5), _targets(6, 5),
+                                                              _randn(5)), 1),
+    # The maximum and the first position holding it: two passes over the row, one kernel.
+    ("argmax", lambda x: x.argmax(-1), (_randn(4, 33),), 1),
+    ("argmin_all", lambda x: torch.argmin(x), (_randn(3, 5, 7),), 1),
+    ("max_dim_values_indices", lambda x: x.max(1), (_randn(4, 33),), 1),
+    ("min_dim_named_indices", lambda x: x.min(dim=0).indices + 1, (_randn(4, 33),), 1),
+]
+
+
+def _library_calls(fn: Callable, args: list) -> list[str]:
+    """The extern ops left in ``fn``'s graphs after the graph passes."""
+    from minicompile import ops
+    from minicompile.passes.pipeline import run_graph_passes
+
+    graphs = minicompile.explain(fn)(*args).graphs
+    return [n.target for g in graphs for n in run_graph_passes(g)[0].calls()
+            if ops.OPS[n.target].family in ("extern", "tuple")]
+
+
+@pytest.mark.parametrize("name, fn, makers, most", DECOMPOSED, ids=[c[0] for c in DECOMPOSED])
+def test_decomposed_has_no_library_call(name: str, fn: Callable, makers: tuple, most: int,
+                                        device: torch.device, backend: str) -> None:
+    args = [m(device) for m in makers]
+    assert _library_calls(fn, args) == [], f"{name} still calls a library kernel"
+    compiled = minicompile.compile(fn, backend=backend)
+    torch.testing.assert_close(compiled(*args), fn(*args), **TOL)
+    stats = minicompile.stats()
+    assert stats["eager_fallbacks"] == 0 and stats["graphs"] == 1, stats
+    assert stats["kernels"] <= most, f"{name}: {stats['kernels']} kernels, expected <= {most}"

@@ -266,3 +266,26 @@ def test_triton_masks_a_partial_last_block() -> None:
     (kernel,) = triton_kernels(compile_graph_text(chain((3, 7)).graph, "triton"))
     assert "xmask = xindex < xnumel" in kernel
     assert kernel.count(", xmask)") == 2  # the load and the store
+
+
+# -- index expressions (iota), from argmax --------------------------------------------------
+
+
+def argmax_graph() -> GraphBuilder:
+    b = GraphBuilder()
+    x = b.input("L_x", (4, 33))
+    b.output(b(ops.extern_op(torch.argmax), x, 1))
+    return b
+
+
+def test_argmax_is_one_kernel_reading_its_position_as_int64() -> None:
+    t = compile_graph_text(argmax_graph().graph, "triton")
+    (kernel,) = triton_kernels(t)
+    assert "(r0).to(tl.int64)" in kernel  # the iota: the row position, never loaded
+    assert kernel.count("tl.load(") == 1 and kernel.count("tl.reduce(") == 2
+    c = compile_graph_text(argmax_graph().graph, "cpp")
+    (kernel,) = cpp_kernels(c)
+    assert re.search(r"int64_t tmp\d+ = r0;", kernel), kernel
+    for compiled in (t, c):
+        assert "torch.argmax" not in compiled.code.module
+        assert "iota" in str(compiled.graph) and "index(r0)" in str(compiled.program)

@@ -262,24 +262,7 @@ class TritonKernel:
 
     def emit_expr(self, e: Expr) -> str:
         if isinstance(e, Load):
-            index, axes, mask = e.index, self.axes_of(e.index), None
-            axes = axes.union(*(self.level(c) for c in self.conditions))
-            if isinstance(e, IndirectLoad):
-                # Never read out of range: check the index, and mask the load by the check.
-                at = self.names[e.at]
-                axes = axes | self.level(at)
-                ok = self.fresh(f"(0 <= {at}) & ({at} < {triton_index(e.size)})", self.level(at))
-                bad = " & ".join(m for m in (f"~{ok}", self.mask(axes)) if m)
-                self.w.line(f"tl.store(err_ptr + 0 * {at}, 1, {bad})  # index out of range")
-                index = index.xreplace({e.symbol: sympy.Symbol(at, integer=True)})
-                mask = ok
-            ptr = f"{self.plan.pointer(e.buffer)} + ({triton_index(index)})"
-            mask = " & ".join(m for m in (self.mask(axes), mask) if m) or None
-            other = ", other=0" if self.conditions else ""
-            text = f"tl.load({ptr}, {mask}{other})" if mask else f"tl.load({ptr})"
-            if e.dtype in LOW_PRECISION:
-                text += ".to(tl.float32)"
-            return self.fresh(text, axes)
+            return self.emit_load(e)
         if isinstance(e, Constant):
             return _literal(e.value, e.dtype)
         if isinstance(e, Reduce):
@@ -314,6 +297,32 @@ class TritonKernel:
         if e.dtype in LOW_PRECISION:
             text = f"{_round(f'({text})', e.dtype)}"
         return self.fresh(text, axes)
+
+    def emit_load(self, e: Load) -> str:
+        index, axes, mask = e.index, self.axes_of(e.index), None
+        if isinstance(e, IndirectLoad):
+            # Never read out of range: check the index, and mask the load by the check.
+            at = self.names[e.at]
+            axes = axes | self.level(at)
+            ok = self.fresh(f"(0 <= {at}) & ({at} < {triton_index(e.size)})", self.level(at))
+            bad = " & ".join(m for m in (f"~{ok}", self.mask(axes)) if m)
+            spread = self.spread(axes | self.level(at))
+            self.w.line(f"tl.store(err_ptr + 0 * {at}{spread}, 1, {bad})  # index out of range")
+            index = index.xreplace({e.symbol: sympy.Symbol(at, integer=True)})
+            mask = ok
+        ptr = f"{self.plan.pointer(e.buffer)} + ({triton_index(index)}){self.spread(axes)}"
+        axes = axes.union(*(self.level(c) for c in self.conditions))
+        mask = " & ".join(m for m in (self.mask(axes), mask) if m) or None
+        other = ", other=0" if self.conditions else ""
+        text = f"tl.load({ptr}, {mask}{other})" if mask else f"tl.load({ptr})"
+        if e.dtype in LOW_PRECISION:
+            text += ".to(tl.float32)"
+        return self.fresh(text, axes)
+
+    def spread(self, axes: frozenset[str]) -> str:
+        """Terms that widen a pointer of ``axes`` to the blocks of the Cat conditions that
+        mask it (a mask may not be wider than its pointer): `` + 0 * tmp3``."""
+        return "".join(f" + 0 * {c}" for c in self.conditions if not self.level(c) <= axes)
 
     def emit_cat(self, e: Cat) -> str:
         """Each piece computed under its condition (its loads masked by it, reading 0

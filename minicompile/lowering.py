@@ -283,6 +283,10 @@ class Lowering:
         out = dim_symbols(node.meta.ndim)
         symbol = index_symbol(f"ind{self.indirect}")
         self.indirect += 1
+        source = node.args[0]  # embedding's weight; index_select's, gather's input
+        if any(isinstance(e, Cat) for e in walk(self.values[source].expr)):
+            # A Cat's position may not stand for data: read the concatenation from memory.
+            self.realize(source)
         if node.target == "embedding":
             source, dim, index = node.args[0], 0, node.args[1]
             src = self.values[source]

@@ -184,6 +184,10 @@ case("stack_of_scalars", lambda x, y: torch.stack([x.sum(), y.amax(), x[0, 0]]) 
 case("cat_piece_reads_row_max", lambda x: torch.cat([x[:, :4] - x.amax(1, keepdim=True),
                                                      x[:, 4:].exp()], 1),
      rand((4, 8)))
+case("embedding_of_cat_weight", lambda i, w, v: F.embedding(i, torch.cat([w, v.sin()])) * 2,
+     lambda d: torch.randint(0, 7, (5,), device=d), rand((3, 4)), rand((4, 4)))
+case("gather_of_stack", lambda x, i: torch.gather(torch.stack([x, x.exp()], 1), 1, i),
+     rand((3, 4)), lambda d: torch.randint(0, 2, (3, 2, 4), device=d))
 case("cat_nine_pieces_library", lambda x: torch.cat([x[k:k + 1] for k in range(9)], 1).sin(),
      rand((9, 2)))
 case("stack_nine_pieces_int", lambda x: torch.stack([x[k % 3] for k in range(9)], 0) * 2,

@@ -184,6 +184,10 @@ case("stack_of_scalars", lambda x, y: torch.stack([x.sum(), y.amax(), x[0, 0]]) 
 case("cat_piece_reads_row_max", lambda x: torch.cat([x[:, :4] - x.amax(1, keepdim=True),
                                                      x[:, 4:].exp()], 1),
      rand((4, 8)))
+case("cat_sum_all", lambda x, y: torch.cat([x, y.cos()], 1).sum(), rand((3, 4)), rand((3, 2)),
+     tol=MM_TOL)
+case("cat_then_expand", lambda x, y: torch.cat([x, y], 1).expand(3, 5) * 2, rand((1, 3)),
+     rand((1, 2)))
 case("embedding_of_cat_weight", lambda i, w, v: F.embedding(i, torch.cat([w, v.sin()])) * 2,
      lambda d: torch.randint(0, 7, (5,), device=d), rand((3, 4)), rand((4, 4)))
 case("gather_of_stack", lambda x, i: torch.gather(torch.stack([x, x.exp()], 1), 1, i),

@@ -17,6 +17,7 @@ import torch
 
 from minicompile.graph import SourceLine
 from minicompile.ir import (
+    Cat,
     ComputedBuffer,
     Expr,
     IndexExpr,
@@ -24,6 +25,7 @@ from minicompile.ir import (
     Load,
     Reduce,
     map_loads,
+    reindex_expr,
     walk,
 )
 from minicompile.sym import index_symbol, product, size_symbols
@@ -150,7 +152,8 @@ def checks_indices(plan: KernelPlan) -> bool:
 
 def pending(expr: Expr, done: dict) -> list[Expr]:
     """The subexpressions of ``expr`` not in ``done``, children before parents, without
-    entering a Reduce's operand (the reduction emits it in its own loop)."""
+    entering a Reduce's operand (the reduction emits it in its own loop) or a Cat's pieces
+    (each is emitted under its own condition)."""
     order: list[Expr] = []
     seen: set[int] = set()
     stack: list[tuple[Expr, bool]] = [(expr, False)]
@@ -158,7 +161,7 @@ def pending(expr: Expr, done: dict) -> list[Expr]:
         e, expanded = stack.pop()
         if e in done or id(e) in seen:
             continue
-        if expanded or isinstance(e, Reduce) or not e.children():
+        if expanded or isinstance(e, (Reduce, Cat)) or not e.children():
             seen.add(id(e))
             order.append(e)
             continue
@@ -196,6 +199,12 @@ def row_invariant(exprs: list[Expr], done: dict, rvars: tuple) -> list[Expr]:
                 )
             elif isinstance(e, Reduce):
                 v = True  # computed by its own loop
+            elif isinstance(e, Cat):  # its pieces are not visited: look inside
+                v = any(
+                    s.name in rnames
+                    for x in (e.index, *(ld.index for ld in walk(e) if isinstance(ld, Load)))
+                    for s in x.free_symbols
+                ) or any(isinstance(x, Reduce) for x in walk(e))
             else:
                 v = any(varies.get(id(c), False) for c in e.children())
             varies[id(e)] = v
@@ -240,7 +249,7 @@ def plan_kernel(group: FusedGroup, name: str, needed: set[str] | None = None) ->
 
     def to_space(e: Expr, buf: ComputedBuffer) -> Expr:
         mapping = places[buf.name].mapping
-        return map_loads(e, lambda ld: ld.with_index(sympy.expand(ld.index.xreplace(mapping))))
+        return reindex_expr(e, lambda index: sympy.expand(index.xreplace(mapping)))
 
     bodies = {b.name: to_space(b.body, b) for b in members}
     store_at = {b.name: store_index(b, places[b.name]) for b in members}
@@ -252,10 +261,11 @@ def plan_kernel(group: FusedGroup, name: str, needed: set[str] | None = None) ->
     x_order = sorted(range(len(p)), key=lambda k: -_sort_key(strides[k])) if not q else list(
         range(len(p))
     )
-    # Index expressions count as accesses: a dim they read alone is never merged away.
+    # Every index the kernel computes (loads', index expressions', a Cat's position):
+    # a dim one of them reads alone, or tests, is never merged away.
     accesses = list(store_at.values()) + [
         e.index for body in bodies.values() for e in walk(body)
-        if isinstance(e, (Load, IndexExpr))
+        if isinstance(e, (Load, IndexExpr, Cat))
     ]
     x_runs = _merge(x_order, space.kept, [_coefficients(a, p) for a in accesses])
     r_runs = _merge(list(range(len(q))), space.reduced, [_coefficients(a, q) for a in accesses])
@@ -284,7 +294,7 @@ def plan_kernel(group: FusedGroup, name: str, needed: set[str] | None = None) ->
                 return values[ld.buffer]
             return ld.with_index(reindex(ld.index))
 
-        values[b.name] = map_loads(bodies[b.name], resolve)
+        values[b.name] = map_loads(bodies[b.name], resolve, index=reindex)
 
     stores = tuple(
         Store(b.name, reindex(store_at[b.name]), values[b.name], b.layout.dtype,

@@ -13,7 +13,19 @@ import math
 import sympy
 import torch
 
-from minicompile.ir import LOW_PRECISION, Cast, Constant, Expr, IndexExpr, IndirectLoad, Load, Op, walk
+from minicompile.ir import (
+    LOW_PRECISION,
+    Cast,
+    Cat,
+    Constant,
+    Expr,
+    IndexExpr,
+    IndirectLoad,
+    Load,
+    Op,
+    Reduce,
+    walk,
+)
 
 from minicompile.codegen.common import CodeWriter, KernelPlan, Store, checks_indices, pending
 from minicompile.codegen.printers import cpp_index
@@ -220,6 +232,8 @@ class CppKernel:
             return _literal(e.value, e.dtype)
         if isinstance(e, IndexExpr):  # the index itself (loop variables are int64_t)
             return self.fresh(cpp_index(e.index), "int64_t")
+        if isinstance(e, Cat):
+            return self.emit_cat(e)
         if isinstance(e, Cast):
             x = self.names[e.x]
             if e.dtype == torch.bool:
@@ -243,7 +257,27 @@ class CppKernel:
             text = f"mc_round_{'half' if e.dtype == torch.float16 else 'bf16'}({text})"
         return self.fresh(text, ctype)
 
-
+    def emit_cat(self, e: Cat) -> str:
+        """An if / else-if chain on the position: only the taken piece is evaluated, so no
+        piece reads outside its input."""
+        for red in (x for x in walk(e) if isinstance(x, Reduce)):
+            self.value(red)  # a whole row's value: computed outside every piece's branch
+        position = cpp_index(e.index)
+        out = f"tmp{self.count}"
+        self.count += 1
+        self.w.line(f"{compute_type(e.dtype)} {out};")
+        for k, piece in enumerate(e.pieces):
+            hi = e.bounds(k)[1]
+            if hi is None:
+                header = "else"
+            else:
+                header = f"{'else ' if k else ''}if ({position} < {cpp_index(hi)})"
+            with self.w.block(header):
+                self.w.line(f"// cat piece {k}: {position} in {e.span(k)}")
+                saved = dict(self.names)  # values of the branch end with it
+                self.w.line(f"{out} = {self.value(piece)};")
+                self.names = saved
+        return out
 
 
 def parallel_pragma(total: sympy.Expr, rows: sympy.Expr) -> str | None:

@@ -15,7 +15,17 @@ import sympy
 import torch
 
 from minicompile.ir import (
-    LOW_PRECISION, Cast, Constant, Expr, IndexExpr, IndirectLoad, Load, Op, Reduce, walk,
+    LOW_PRECISION,
+    Cast,
+    Cat,
+    Constant,
+    Expr,
+    IndexExpr,
+    IndirectLoad,
+    Load,
+    Op,
+    Reduce,
+    walk,
 )
 from minicompile.sym import FloorDiv, ModularIndexing
 
@@ -140,6 +150,9 @@ class TritonKernel:
         self.names: dict[Expr, str] = {}
         self.levels: dict[str, frozenset[str]] = {}
         self.count = 0
+        # The conditions of the Cat pieces being emitted (variable names): every load and
+        # index check inside a piece is masked by them.
+        self.conditions: list[str] = []
 
     # -- the kernel -------------------------------------------------------------------------
 
@@ -202,6 +215,7 @@ class TritonKernel:
             parts.append("xmask")
         if "r" in axes and self.rmasked:
             parts.append("rmask")
+        parts += self.conditions
         return " & ".join(parts) or None
 
     def block_shape(self, axes: frozenset[str]) -> str:
@@ -249,22 +263,7 @@ class TritonKernel:
 
     def emit_expr(self, e: Expr) -> str:
         if isinstance(e, Load):
-            index, axes, mask = e.index, self.axes_of(e.index), None
-            if isinstance(e, IndirectLoad):
-                # Never read out of range: check the index, and mask the load by the check.
-                at = self.names[e.at]
-                axes = axes | self.level(at)
-                ok = self.fresh(f"(0 <= {at}) & ({at} < {triton_index(e.size)})", self.level(at))
-                bad = " & ".join(m for m in (f"~{ok}", self.mask(axes)) if m)
-                self.w.line(f"tl.store(err_ptr + 0 * {at}, 1, {bad})  # index out of range")
-                index = index.xreplace({e.symbol: sympy.Symbol(at, integer=True)})
-                mask = ok
-            ptr = f"{self.plan.pointer(e.buffer)} + ({triton_index(index)})"
-            mask = " & ".join(m for m in (self.mask(axes), mask) if m) or None
-            text = f"tl.load({ptr}, {mask})" if mask else f"tl.load({ptr})"
-            if e.dtype in LOW_PRECISION:
-                text += ".to(tl.float32)"
-            return self.fresh(text, axes)
+            return self.emit_load(e)
         if isinstance(e, Constant):
             return _literal(e.value, e.dtype)
         if isinstance(e, IndexExpr):  # the index itself, as an int64 block
@@ -273,6 +272,8 @@ class TritonKernel:
             return self.fresh(f"({triton_index(e.index)}).to(tl.int64)", self.axes_of(e.index))
         if isinstance(e, Reduce):
             return self.emit_reduce(e)
+        if isinstance(e, Cat):
+            return self.emit_cat(e)
         if isinstance(e, Cast):
             x = self.names[e.x]
             if e.dtype == torch.bool:
@@ -301,6 +302,61 @@ class TritonKernel:
         if e.dtype in LOW_PRECISION:
             text = f"{_round(f'({text})', e.dtype)}"
         return self.fresh(text, axes)
+
+    def emit_load(self, e: Load) -> str:
+        index, axes, mask = e.index, self.axes_of(e.index), None
+        if isinstance(e, IndirectLoad):
+            # Never read out of range: check the index, and mask the load by the check.
+            at = self.names[e.at]
+            axes = axes | self.level(at)
+            ok = self.fresh(f"(0 <= {at}) & ({at} < {triton_index(e.size)})", self.level(at))
+            bad = " & ".join(m for m in (f"~{ok}", self.mask(axes)) if m)
+            spread = self.spread(axes | self.level(at))
+            self.w.line(f"tl.store(err_ptr + 0 * {at}{spread}, 1, {bad})  # index out of range")
+            index = index.xreplace({e.symbol: sympy.Symbol(at, integer=True)})
+            mask = ok
+        ptr = f"{self.plan.pointer(e.buffer)} + ({triton_index(index)}){self.spread(axes)}"
+        axes = axes.union(*(self.level(c) for c in self.conditions))
+        mask = " & ".join(m for m in (self.mask(axes), mask) if m) or None
+        other = ", other=0" if self.conditions else ""
+        text = f"tl.load({ptr}, {mask}{other})" if mask else f"tl.load({ptr})"
+        if e.dtype in LOW_PRECISION:
+            text += ".to(tl.float32)"
+        return self.fresh(text, axes)
+
+    def spread(self, axes: frozenset[str]) -> str:
+        """Terms that widen a pointer of ``axes`` to the blocks of the Cat conditions that
+        mask it (a mask may not be wider than its pointer): `` + 0 * tmp3``."""
+        return "".join(f" + 0 * {c}" for c in self.conditions if not self.level(c) <= axes)
+
+    def emit_cat(self, e: Cat) -> str:
+        """Each piece computed under its condition (its loads masked by it, reading 0
+        elsewhere, so no address outside the piece's input is read), then chosen by
+        position with nested ``tl.where``."""
+        for red in (x for x in walk(e) if isinstance(x, Reduce)):
+            self.value(red)  # a whole row's value: computed outside every piece's condition
+        position = triton_index(e.index)
+        axes = self.axes_of(e.index)
+        chosen: list[tuple[str, str]] = []
+        for k, piece in enumerate(e.pieces):
+            lo, hi = e.bounds(k)
+            self.w.line(f"# cat piece {k}: {position} in {e.span(k)}")
+            tests = []
+            if lo is not None:
+                tests.append(f"({position} >= {triton_index(lo)})")
+            if hi is not None:
+                tests.append(f"({position} < {triton_index(hi)})")
+            cond = self.fresh(" & ".join(tests), axes)
+            saved = dict(self.names)  # values computed under the condition stay inside
+            self.conditions.append(cond)
+            chosen.append((cond, self.value(piece)))
+            self.conditions.pop()
+            self.names = saved
+        out = chosen[-1][1]
+        for cond, value in reversed(chosen[:-1]):
+            level = axes | self.level(value) | self.level(out)
+            out = self.fresh(f"tl.where({cond}, {value}, {out})", level)
+        return out
 
 
 def kernel_params(plan: KernelPlan) -> list[str]:

@@ -304,7 +304,7 @@ class CompiledFunction:
         """Trace a segment, with symbolic sizes where the policy asks for them; what
         cannot be traced (or compiled) with symbols is traced again with static sizes."""
         policy = self.policy(point, values, entries)
-        if not policy.is_static:
+        if policy.mode is not False:  # dims may be symbolic (marked, or seen to change)
             try:
                 capture, stop = capture_segment(self.fn, point, values, allow_break, policy)
                 if capture.graph.shapes is None:

@@ -156,6 +156,50 @@ class Reduce(Expr):
         return f"{self.op}_r({self.x})"
 
 
+@_expr
+class Cat(Expr):
+    """The concatenation of ``pieces`` along one dimension, whose position is ``index`` (an
+    expression of the index symbols): piece k holds positions ``[starts[k-1], starts[k])``
+    (from 0 for the first, to the end for the last), and is itself indexed from 0 (its
+    loads are already shifted).  A piece is only evaluated where its position holds: the
+    backends mask its loads by that condition, so a piece never reads out of range.
+    Build it with :func:`make_cat`, which drops pieces a constant position rules out."""
+
+    index: sympy.Expr
+    starts: tuple[sympy.Expr, ...]  # len(pieces) - 1 boundaries, increasing
+    pieces: tuple[Expr, ...]
+    dtype: torch.dtype
+
+    def children(self) -> tuple[Expr, ...]:
+        return self.pieces
+
+    def bounds(self, k: int) -> tuple[sympy.Expr | None, sympy.Expr | None]:
+        """Piece ``k``'s positions as ``(lo, hi)``; None where that side needs no test."""
+        lo = self.starts[k - 1] if k > 0 else None
+        hi = self.starts[k] if k < len(self.starts) else None
+        return lo, hi
+
+    def span(self, k: int) -> str:
+        """Piece ``k``'s positions as text: ``[3, 8)``, ``[8, end)``."""
+        lo, hi = self.bounds(k)
+        return f"[{lo if lo is not None else 0}, {hi if hi is not None else 'end'})"
+
+    def __str__(self) -> str:
+        parts = [f"{self.span(k)}: {piece}" for k, piece in enumerate(self.pieces)]
+        return f"cat({self.index}; {', '.join(parts)})"
+
+
+def make_cat(index: sympy.Expr, starts: tuple[sympy.Expr, ...], pieces: tuple[Expr, ...],
+             dtype: torch.dtype) -> Expr:
+    """A :class:`Cat`, or the one piece a constant ``index`` selects."""
+    if len(pieces) == 1:
+        return pieces[0]
+    if index.is_Integer:
+        k = sum(1 for s in starts if int(index) >= int(s))
+        return pieces[k]
+    return Cat(index, starts, pieces, dtype)
+
+
 REDUCTION_IDENTITY: dict[str, object] = {
     "sum": 0,
     "prod": 1,
@@ -183,10 +227,15 @@ def walk(expr: Expr) -> Iterator[Expr]:
     return iter(order)
 
 
-def map_loads(expr: Expr, fn: Callable[[Load | IndexExpr], Expr]) -> Expr:
+def map_loads(
+    expr: Expr,
+    fn: Callable[[Load | IndexExpr], Expr],
+    index: Callable[[sympy.Expr], sympy.Expr] | None = None,
+) -> Expr:
     """Rebuild ``expr`` with every Load, and every IndexExpr, replaced by ``fn(leaf)``
     (shared subtrees once): the leaves that carry an index, so that one call re-expresses
-    every index of a body."""
+    every index of a body.  ``index`` re-expresses a Cat's position; a caller that moves
+    the loads' indices to other symbols must pass the same re-indexing here."""
     memo: dict[int, Expr] = {}
 
     def visit(e: Expr) -> Expr:
@@ -203,6 +252,9 @@ def map_loads(expr: Expr, fn: Callable[[Load | IndexExpr], Expr]) -> Expr:
                 memo[key] = Cast(visit(e.x), e.dtype)
             elif isinstance(e, Reduce):
                 memo[key] = Reduce(e.op, visit(e.x), e.dtype)
+            elif isinstance(e, Cat):
+                where = index(e.index) if index is not None else e.index
+                memo[key] = make_cat(where, e.starts, tuple(visit(p) for p in e.pieces), e.dtype)
             else:
                 memo[key] = e
         return memo[key]
@@ -214,9 +266,12 @@ def substitute_index(expr: Expr, mapping: dict[sympy.Symbol, sympy.Expr]) -> Exp
     """Re-express ``expr`` over other index variables (broadcasting, views, inlining)."""
     if not mapping:
         return expr
-    return map_loads(
-        expr, lambda ld: ld.with_index(sympy.expand(ld.index.xreplace(mapping)))
-    )
+    return reindex_expr(expr, lambda index: sympy.expand(index.xreplace(mapping)))
+
+
+def reindex_expr(expr: Expr, fn: Callable[[sympy.Expr], sympy.Expr]) -> Expr:
+    """``expr`` with every index (loads', and Cat positions) rewritten by ``fn``."""
+    return map_loads(expr, lambda ld: ld.with_index(fn(ld.index)), index=fn)
 
 
 # -- buffers ------------------------------------------------------------------------------

@@ -25,6 +25,7 @@ from minicompile.ir import (
     AliasOutput,
     BufferRef,
     Cast,
+    Cat,
     ComputedBuffer,
     Constant,
     Expr,
@@ -38,6 +39,7 @@ from minicompile.ir import (
     Op,
     Reduce,
     dim_symbols,
+    make_cat,
     map_loads,
     reduction_symbols,
     substitute_index,
@@ -166,6 +168,10 @@ class Lowering:
         family = ops.OPS[node.target].family
         if family == "view":
             return self.lower_view(node)
+        if family == "extern" and node.target in CAT_OPS:
+            value = self.lower_cat(node)
+            if value is not None:
+                return value
         if family in ("extern", "tuple"):
             return self.lower_extern(node)
         if family == "reduction":
@@ -285,6 +291,10 @@ class Lowering:
         out = dim_symbols(node.meta.ndim)
         symbol = index_symbol(f"ind{self.indirect}")
         self.indirect += 1
+        source = node.args[0]  # embedding's weight; index_select's, gather's input
+        if any(isinstance(e, Cat) for e in walk(self.values[source].expr)):
+            # A Cat's position may not stand for data: read the concatenation from memory.
+            self.realize(source)
         if node.target == "embedding":
             source, dim, index = node.args[0], 0, node.args[1]
             src = self.values[source]
@@ -322,6 +332,42 @@ class Lowering:
         shape, dim = node.meta.shape, node.args[1]
         index = ZERO if shape[dim] == 1 else dim_symbols(len(shape))[dim]
         return Value(shape, torch.int64, IndexExpr(index, torch.int64), origins=(node,))
+
+    def lower_cat(self, node: Node) -> Value | None:
+        """cat / stack as a piecewise expression over the output's index: each input's
+        expression shifted to its place along the dim (a Cat), so consumers read the inputs
+        directly.  None (the library call) for anything unusual: eager then decides."""
+        args = cat_arguments(node)
+        if args is None:
+            return None
+        tensors, dim = args
+        meta = node.meta
+        shape = meta.shape
+        stack = node.target == "torch.stack"
+        if any(not s.is_Integer for s in shape) or product(shape) == 0:
+            return None  # symbolic sizes or an empty result: nothing to gain
+        out = dim_symbols(len(shape))
+        pieces: list[Expr] = []
+        starts: list[sympy.Expr] = []
+        position = ZERO
+        for t in tensors:
+            x = self.values[t]
+            if not stack and x.shape == (ZERO,) and len(shape) != 1:
+                continue  # the legacy empty 1-d tensor, which eager's cat skips
+            if not _fits(x.shape, shape, dim, stack):
+                return None  # eager's cat would raise (cat never broadcasts): let it
+            width = ONE if stack else x.shape[dim]
+            if width == 0:
+                continue
+            mapping = _piece_mapping(len(x.shape), out, dim, position, stack)
+            pieces.append(_cast(substitute_index(x.expr, mapping), meta.dtype))
+            starts.append(position)
+            position = position + width
+        if not pieces or len(pieces) > MAX_CAT_PIECES or position != shape[dim]:
+            return None
+        expr = make_cat(out[dim], tuple(starts[1:]), tuple(pieces), meta.dtype)
+        origins = tuple(dict.fromkeys(o for t in tensors for o in self.values[t].origins))
+        return Value(shape, meta.dtype, expr, origins=origins + (node,))
 
     def tensor_arg(self, node: Node) -> BufferRef | AliasOutput:
         ref = self.realize(node)
@@ -490,6 +536,50 @@ def reshape_mapping(in_shape: tuple, out_shape: tuple) -> dict:
                 mapping[own[k]] = ModularIndexing(flat, inner, in_shape[k])
     return mapping
 
+
+
+# cat and stack, by every name capture records them under; they lower to a Cat expression
+# of at most this many pieces (more: the library call, which copies each input once).
+CAT_OPS = frozenset({"torch.cat", "torch.concat", "torch.concatenate", "torch.stack"})
+MAX_CAT_PIECES = 8
+
+
+def cat_arguments(node: Node) -> tuple[list[Node], int] | None:
+    """The tensors and the non-negative dim of a cat / stack node, or None when its
+    arguments are not a plain list of graph tensors and an int dim (``out=``, say)."""
+    args, kwargs = list(node.args), dict(node.kwargs)
+    tensors = args.pop(0) if args else kwargs.pop("tensors", None)
+    dim_key = "axis" if node.target == "torch.concatenate" else "dim"
+    dim = args.pop(0) if args else kwargs.pop(dim_key, 0)
+    if args or kwargs or not isinstance(tensors, (list, tuple)) or not tensors:
+        return None
+    if not all(isinstance(t, Node) for t in tensors) or type(dim) is not int:
+        return None
+    ndim = node.meta.ndim if isinstance(node.meta, TensorMeta) else -1
+    if not -ndim <= dim < ndim:
+        return None
+    return list(tensors), dim % ndim
+
+
+def _fits(in_shape: tuple, out_shape: tuple, dim: int, stack: bool) -> bool:
+    """Whether an input has the output's sizes in every dim but the cat dim (stack: the
+    output's shape without ``dim``): cat never broadcasts."""
+    if stack:
+        return tuple(in_shape) == tuple(out_shape[:dim] + out_shape[dim + 1:])
+    return len(in_shape) == len(out_shape) and all(
+        a == b for k, (a, b) in enumerate(zip(in_shape, out_shape)) if k != dim
+    )
+
+
+def _piece_mapping(ndim: int, out: tuple, dim: int, start: sympy.Expr, stack: bool) -> dict:
+    """An input's index symbols in terms of the output's, for the piece starting at
+    ``start`` along ``dim`` (stack: the input has no ``dim``; its dims skip it)."""
+    own = dim_symbols(ndim)
+    if stack:
+        return {own[k]: out[k if k < dim else k + 1] for k in range(ndim)}
+    mapping = {own[k]: out[k] for k in range(ndim)}
+    mapping[own[dim]] = out[dim] - start
+    return mapping
 
 
 # A computed value read by several consumers is stored once its expression reads this many

@@ -55,10 +55,6 @@ class DynamicPolicy:
             wanted |= set(getattr(t, "_dynamo_dynamic_indices", ()))
         return tuple(sorted(d for d in wanted if d < t.dim() and t.shape[d] >= MIN_DYNAMIC_SIZE))
 
-    @property
-    def is_static(self) -> bool:
-        return self.mode is False or (self.mode is None and not self.automatic)
-
 
 STATIC = DynamicPolicy(False)
 

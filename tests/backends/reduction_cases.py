@@ -290,6 +290,8 @@ case("rms_norm_transposed", lambda x: F.rms_norm(x, (33,)), transposed(MAT))
 case("rms_norm_f16", lambda x, w: F.rms_norm(x, (33,), w), rand(MAT, f16), _weight(33, f16))
 case("rms_norm_bf16", lambda x: F.rms_norm(x, (33,)), rand(MAT, bf16))
 long_case("rms_norm_long", lambda x: F.rms_norm(x, (5000,)), rand(LONG))
+long_case("softmax_of_cat_long", lambda x, y: F.softmax(torch.cat([x, y.sin()], -1), -1),
+          rand((2, 3000)), rand((2, 2000)))
 
 case("group_norm", lambda x, w, b: F.group_norm(x, 3, w, b), rand((2, 6, 5)), _weight(6),
      _weight(6))

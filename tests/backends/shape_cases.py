@@ -15,7 +15,19 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from op_cases import OpCase, bf16, f16, f32, i64, inputs, rand, strided, transposed
+from op_cases import (
+    OpCase,
+    b8,
+    bf16,
+    f16,
+    f32,
+    i64,
+    inputs,
+    offset,
+    rand,
+    strided,
+    transposed,
+)
 
 CASES: list[OpCase] = []
 
@@ -109,6 +121,82 @@ case("stack_dim1_then_mul", lambda x, y: torch.stack((x, y), dim=1) * 3, rand((4
      strided((4, 8)))
 case("stack_of_views", lambda x: torch.stack([x[0], x[1].sin(), x[2] * 2], -1), rand((3, 5)))
 
+# cat and stack lower to one expression that reads each input at its place (no copy):
+# every dim, several pieces, mixed dtypes, empty pieces, strided inputs, and consumers of
+# every kind (pointwise, reductions, views, several at once).
+case("cat_dim0_then_sin", lambda x, y: torch.cat([x, y], 0).sin(), rand((2, 8)), rand((3, 8)))
+case("cat_dim1_of_pointwise", lambda x, y: torch.cat([x.sin(), y], 1).relu(), rand((4, 3)),
+     rand((4, 5)))
+case("cat_dim_minus1_three", lambda x, y, z: torch.cat([x, y.cos(), z * 2], -1) - 1,
+     rand((2, 3, 4)), rand((2, 3, 1)), rand((2, 3, 5)))
+case("cat_middle_dim_three", lambda x, y, z: torch.cat((x, y, z), dim=1).exp(),
+     rand((2, 1, 4)), rand((2, 3, 4)), rand((2, 2, 4)))
+case("cat_negative_dim0", lambda x, y: torch.cat([x, y], -2) * 3, rand((2, 5)), rand((1, 5)))
+case("concat_alias", lambda x, y: torch.concat([x, y], dim=1).abs(), rand((3, 2)), rand((3, 4)))
+case("concatenate_axis", lambda x, y: torch.concatenate([x, y], axis=0) + 1, rand((2, 4)),
+     rand((2, 4)))
+case("cat_transposed_and_strided", lambda x, y, z: torch.cat([x, y, z], 1) * 2,
+     transposed((4, 3)), strided((4, 5)), offset((4, 2)))
+case("cat_of_views", lambda x: torch.cat([x[:, 4:], x[:, :4].T.reshape(4, 4)], 0).sin(),
+     rand((4, 8)))
+case("cat_int_and_float", lambda x, y: torch.cat([x, y], 1), rand((3, 4), i64),
+     rand((3, 2)))
+case("cat_f16_and_bf16", lambda x, y: torch.cat([x, y]) * 2, rand((2, 4), f16),
+     rand((3, 4), bf16))
+case("cat_bool_and_int", lambda x, y: torch.cat([x, y], -1) + 1, rand((3, 2), b8),
+     rand((3, 3), i64))
+case("cat_f16_pointwise", lambda x, y: torch.cat([x.sin(), y + 1], 1).exp(), rand((4, 3), f16),
+     rand((4, 5), f16))
+case("stack_bf16_last", lambda x, y: torch.stack([x * 2, y], -1).sigmoid(), rand((4, 3), bf16),
+     rand((4, 3), bf16))
+case("cat_empty_piece", lambda x, y, z: torch.cat([x, y, z], 1).sin(), rand((4, 3)),
+     rand((4, 0)), rand((4, 5)))
+case("cat_legacy_empty_1d", lambda x, e: torch.cat([e, x, e], 0) * 2, rand((2, 3)),
+     rand((0,), torch.float64))
+case("cat_single_input", lambda x: torch.cat([x]).neg(), rand((3, 4)))
+case("cat_returned_and_consumed", lambda x, y: (torch.cat([x, y], 1),
+                                                torch.cat([x, y], 1).sum(1)),
+     rand((4, 3)), rand((4, 5)))
+case("cat_read_twice", lambda x, y, z: (lambda c: (c.sin(), c.cos() * 2))(
+    torch.cat([x, y.exp(), z], 0)), rand((2, 4)), rand((1, 4)), rand((3, 4)))
+case("cat_of_cat", lambda x, y, z: torch.cat([torch.cat([x, y], 1), z], 0).tanh(),
+     rand((2, 3)), rand((2, 2)), rand((1, 5)))
+case("cat_then_transpose", lambda x, y: torch.cat([x, y], 1).T * 2, rand((3, 4)), rand((3, 2)))
+case("cat_then_reshape", lambda x, y: torch.cat([x, y], 0).reshape(-1, 2) + 1, rand((2, 4)),
+     rand((1, 4)))
+case("stack_then_sum0", lambda x, y, z: torch.stack([x, y, z]).sum(0), rand((4, 5)),
+     rand((4, 5)), rand((4, 5)), tol=MM_TOL)
+case("softmax_of_cat", lambda x, y: F.softmax(torch.cat([x, y.sin()], -1), -1), rand((4, 5)),
+     rand((4, 7)), tol=MM_TOL)
+case("cat_sum_other_dim", lambda x, y: torch.cat([x, y], 1).sum(0), rand((6, 3)),
+     rand((6, 4)), tol=MM_TOL)
+case("layer_norm_of_cat", lambda x, y: F.layer_norm(torch.cat([x, y * 2], 1), (9,)),
+     rand((3, 4)), transposed((3, 5)), tol=MM_TOL)
+case("cat_of_embedding", lambda i, w, x: torch.cat([F.embedding(i, w), x], 1) * 2,
+     lambda d: torch.randint(0, 10, (4,), device=d), rand((10, 3)), rand((4, 2)))
+case("cat_transposed_returned", lambda x, y: torch.cat([x, y], 1), transposed((4, 3)),
+     transposed((4, 5)))
+case("cat_channels_last_returned", lambda x, y: torch.cat([x, y * 2], 1),
+     lambda d: rand((2, 3, 4, 5))(d).to(memory_format=torch.channels_last),
+     lambda d: rand((2, 2, 4, 5))(d).to(memory_format=torch.channels_last))
+case("stack_of_scalars", lambda x, y: torch.stack([x.sum(), y.amax(), x[0, 0]]) * 2,
+     rand((3, 4)), rand((5,)), tol=MM_TOL)
+case("cat_piece_reads_row_max", lambda x: torch.cat([x[:, :4] - x.amax(1, keepdim=True),
+                                                     x[:, 4:].exp()], 1),
+     rand((4, 8)))
+case("cat_sum_all", lambda x, y: torch.cat([x, y.cos()], 1).sum(), rand((3, 4)), rand((3, 2)),
+     tol=MM_TOL)
+case("cat_then_expand", lambda x, y: torch.cat([x, y], 1).expand(3, 5) * 2, rand((1, 3)),
+     rand((1, 2)))
+case("embedding_of_cat_weight", lambda i, w, v: F.embedding(i, torch.cat([w, v.sin()])) * 2,
+     lambda d: torch.randint(0, 7, (5,), device=d), rand((3, 4)), rand((4, 4)))
+case("gather_of_stack", lambda x, i: torch.gather(torch.stack([x, x.exp()], 1), 1, i),
+     rand((3, 4)), lambda d: torch.randint(0, 2, (3, 2, 4), device=d))
+case("cat_nine_pieces_library", lambda x: torch.cat([x[k:k + 1] for k in range(9)], 1).sin(),
+     rand((9, 2)))
+case("stack_nine_pieces_int", lambda x: torch.stack([x[k % 3] for k in range(9)], 0) * 2,
+     rand((3, 4), i64))
+
 # -- index ops ----------------------------------------------------------------------------
 
 
@@ -158,6 +246,9 @@ OUT_OF_RANGE: list[tuple[str, Callable, Callable]] = [
     ("gather", lambda x, i: torch.gather(x.sin(), 1, i),
      lambda d, bad: (torch.randn(3, 4, device=d),
                      torch.tensor([[0], [4 if bad else 3], [1]], device=d))),
+    ("embedding_in_a_cat", lambda i, w, x: torch.cat([x, F.embedding(i, w)], 1),
+     lambda d, bad: (torch.tensor([0, 10 if bad else 9], device=d),
+                     torch.randn(10, 4, device=d), torch.randn(2, 3, device=d))),
     ("index_select", lambda x, i: torch.index_select(x, 0, i) * 3,
      lambda d, bad: (torch.randn(3, 4, device=d), torch.tensor([2, 3 if bad else 0], device=d))),
     # Loss targets are gathered (decompose_losses.py): a target out of [0, C) that is not

@@ -85,6 +85,66 @@ def test_returning_an_input_needs_no_kernel_and_returns_it(
     assert minicompile.stats()["kernels"] == 0
 
 
+def _output_code(fn, args: tuple, backend: str, capsys: pytest.CaptureFixture) -> str:  # noqa: ANN001
+    """Compile and run ``fn`` (checking its value against eager); the generated module."""
+    capsys.readouterr()
+    with config.patch(logs=frozenset({"output_code"})):
+        compiled = minicompile.compile(fn, backend=backend)
+        torch.testing.assert_close(compiled(*args), fn(*args))
+    return capsys.readouterr().err
+
+
+def _calls(code: str, name: str) -> list[str]:
+    """The generated lines (not comments, which quote the user's source) calling ``name``."""
+    return [line for line in code.splitlines()
+            if f"{name}(" in line and not line.strip().startswith(("#", "//"))]
+
+
+def cat_relu(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return torch.cat([a.sin(), b], 1).relu()
+
+
+def test_cat_of_pointwise_is_one_kernel_and_no_library_call(
+    backend: str, device: torch.device, capsys: pytest.CaptureFixture
+) -> None:
+    args = (torch.randn(4, 3, device=device), torch.randn(4, 5, device=device))
+    code = _output_code(cat_relu, args, backend, capsys)
+    assert minicompile.stats()["kernels"] == 1
+    assert not _calls(code, "torch.cat"), code
+
+
+def test_stack_into_a_reduction_is_one_kernel(
+    backend: str, device: torch.device, capsys: pytest.CaptureFixture
+) -> None:
+    def fn(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return torch.softmax(torch.stack([x, y.exp()], -1) * 2, -1)
+
+    args = (torch.randn(4, 6, device=device), torch.randn(4, 6, device=device))
+    code = _output_code(fn, args, backend, capsys)
+    assert minicompile.stats()["kernels"] == 1
+    assert not _calls(code, "torch.stack"), code
+
+
+def test_cat_of_many_pieces_stays_a_library_call(
+    backend: str, device: torch.device, capsys: pytest.CaptureFixture
+) -> None:
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        return torch.cat([x * k for k in range(10)], 0).sin()
+
+    code = _output_code(fn, (torch.randn(2, 3, device=device),), backend, capsys)
+    assert _calls(code, "torch.cat"), code
+
+
+def test_cat_keeps_eager_errors(backend: str, device: torch.device) -> None:
+    """cat never broadcasts: sizes that differ outside the cat dim raise eager's error."""
+    compiled = minicompile.compile(cat_relu, backend=backend)
+    a, b = torch.randn(4, 3, device=device), torch.randn(1, 5, device=device)
+    with pytest.raises(RuntimeError, match="Sizes of tensors must match"):
+        cat_relu(a, b)
+    with pytest.raises(RuntimeError, match="Sizes of tensors must match"):
+        compiled(a, b)
+
+
 # -- guards and recompiles -------------------------------------------------------------------
 
 

@@ -289,3 +289,52 @@ def test_argmax_is_one_kernel_reading_its_position_as_int64() -> None:
     for compiled in (t, c):
         assert "torch.argmax" not in compiled.code.module
         assert "iota" in str(compiled.graph) and "index(r0)" in str(compiled.program)
+
+
+# -- cat: a piecewise read of the inputs, each piece masked by its position --------------------
+
+
+def cat_of_sin(dim: int = 1) -> GraphBuilder:
+    """``torch.cat([x.sin(), y], dim).relu()`` over x [4, 3] and y [4, 5] (dim 1)."""
+    b = GraphBuilder()
+    x = b.input("L_x", (4, 3))
+    y = b.input("L_y", (4, 5) if dim in (1, -1) else (2, 3))
+    c = b(ops.extern_op(torch.cat), [b("sin", x), y], dim)
+    b.output(b("relu", c))
+    return b
+
+
+def test_cat_is_one_kernel_without_a_library_call(backend: str) -> None:
+    c = compile_graph_text(cat_of_sin().graph, backend)
+    assert len(c.code.kernels) == 1
+    assert "torch.cat(" not in c.code.module
+    assert "cat(i1; [0, 3): sin(load(arg0" in str(c.program), str(c.program)
+
+
+def test_triton_cat_pieces_mask_every_load_by_their_condition() -> None:
+    (kernel,) = triton_kernels(compile_graph_text(cat_of_sin().graph, "triton"))
+    conditions = dict(re.findall(r"(tmp\d+) = (\(x1 [<>]=? 3\))", kernel))
+    assert sorted(conditions.values()) == ["(x1 < 3)", "(x1 >= 3)"], kernel
+    loads = [line for line in kernel.splitlines() if "tl.load(" in line]
+    assert len(loads) == 2, kernel
+    for line, cond in zip(loads, conditions):
+        # The piece's condition is in the load's mask: a shifted index outside the piece is
+        # never read, and masked lanes read 0.
+        assert re.search(rf"tl\.load\(in_ptr\d \+ \([^)]*\), [^)]*\b{cond}\b[^)]*, other=0\)",
+                         line), line
+    assert "tl.where(" in kernel and "# cat piece 1: x1 in [3, end)" in kernel
+
+
+def test_triton_cat_along_dim0_masks_the_row_condition() -> None:
+    (kernel,) = triton_kernels(compile_graph_text(cat_of_sin(dim=0).graph, "triton"))
+    assert "(x0 < 4)" in kernel and "(x0 >= 4)" in kernel, kernel
+    assert re.search(r"tl\.load\(in_ptr1 \+ \(3\*x0 \+ x1 - 12\), xmask & tmp\d+, other=0\)",
+                     kernel), kernel
+
+
+def test_cpp_cat_evaluates_only_the_taken_piece() -> None:
+    (kernel,) = cpp_kernels(compile_graph_text(cat_of_sin().graph, "cpp"))
+    assert "if (x1 < 3) {" in kernel and "else {" in kernel, kernel
+    branch = kernel[kernel.index("if (x1 < 3) {"):kernel.index("else {")]
+    assert "std::sin(in_ptr0" in branch or "in_ptr0[" in branch, kernel
+    assert "in_ptr1" not in branch  # the second input is read in its own branch only

@@ -16,6 +16,10 @@ class IndexPrinter:
     def mod(self, a: str, b: str) -> str:
         raise NotImplementedError
 
+    def extreme(self, fn: str, args: list[str]) -> str:
+        """``max`` / ``min`` of sizes (PyTorch writes strides as ``Max(1, size)``)."""
+        raise NotImplementedError
+
     def __call__(self, expr: sympy.Expr) -> str:
         return self.print(sympy.sympify(expr))
 
@@ -46,6 +50,9 @@ class IndexPrinter:
             base, div, mod = e.args
             inner = self.atom(base) if div == 1 else self.floordiv(self.atom(base), self.atom(div))
             return self.mod(inner, self.atom(mod))
+        if isinstance(e, (sympy.Max, sympy.Min)):
+            args = [self.print(a) for a in sorted(e.args, key=sympy.default_sort_key)]
+            return self.extreme("max" if isinstance(e, sympy.Max) else "min", args)
         raise NotImplementedError(f"cannot print index expression {e} ({type(e).__name__})")
 
     def atom(self, e: sympy.Expr) -> str:
@@ -62,6 +69,12 @@ class TritonIndexPrinter(IndexPrinter):
     def mod(self, a: str, b: str) -> str:
         return f"({a} % {b})"
 
+    def extreme(self, fn: str, args: list[str]) -> str:
+        out = args[0]
+        for a in args[1:]:
+            out = f"tl.{fn}imum({out}, {a})"
+        return out
+
 
 class CppIndexPrinter(IndexPrinter):
     def floordiv(self, a: str, b: str) -> str:
@@ -69,6 +82,12 @@ class CppIndexPrinter(IndexPrinter):
 
     def mod(self, a: str, b: str) -> str:
         return f"({a} % {b})"
+
+    def extreme(self, fn: str, args: list[str]) -> str:
+        out = args[0]
+        for a in args[1:]:
+            out = f"std::{fn}<int64_t>({out}, {a})"
+        return out
 
 
 triton_index = TritonIndexPrinter()

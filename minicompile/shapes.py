@@ -179,6 +179,14 @@ class ShapeContext:
 
         return rebuild(sympy.sympify(expr))
 
+    def python_source(self, value: Any) -> str:
+        """A SymInt (or SymBool, SymFloat) as Python over the frame's tensors' shapes, for
+        the generated functions that rebuild Python values of the frame."""
+        expr = self.env.replace(value.node.expr).xreplace(self._known_values())
+        ours = self._translate(expr, self._ours, _FROM_TORCH)
+        text = python_expr(ours, {s: where.expr for s, where in self.sources.items()})
+        return f"float({text})" if isinstance(value, torch.SymFloat) else text
+
     # -- fake tensors --------------------------------------------------------------------
 
     def fake(self, shape: tuple, stride: tuple, dtype: torch.dtype, offset: Any = 0) -> Any:
@@ -239,13 +247,16 @@ _FROM_TORCH: dict[str, Callable[..., sympy.Expr]] = {
     "Mod": _mod,
     "PythonMod": _mod,
     "PowByNatural": sympy.Pow,
+    "Max": sympy.Max,
+    "Min": sympy.Min,
 }
 
 
 @functools.cache
 def _to_torch_table() -> dict[str, Callable[..., sympy.Expr]]:
     fns = _torch_functions()
-    return {"FloorDiv": fns.FloorDiv, "ModularIndexing": fns.ModularIndexing}
+    return {"FloorDiv": fns.FloorDiv, "ModularIndexing": fns.ModularIndexing,
+            "Max": fns.Max, "Min": fns.Min}
 
 
 def is_symbolic(values: Any) -> bool:

@@ -109,6 +109,13 @@ def generate_rebuild(out: OutputGraph, result: Var) -> tuple[list[Node], str]:
                 if view is not None:  # a view of an input, as eager returns it
                     return view
             return output(v.node)
+        if isinstance(v, ConstantVar) and isinstance(v.value, SYMBOLIC_TYPES):
+            # A size of a dynamic capture: recomputed from the frame's tensors on each call.
+            return out.graph.shapes.python_source(v.value)
+        if isinstance(v, SizeVar) and any(isinstance(i, ConstantVar) and isinstance(
+                i.value, SYMBOLIC_TYPES) for i in v.items):
+            inner = ", ".join(expr(i) for i in v.items)
+            return f"{g.ref(torch.Size, 'Size')}(({inner},))"
         if isinstance(v, SizeVar) or (isinstance(v, ConstantVar) and not _literal_ok(v.value)):
             return g.ref(out.to_value(v), "const")
         if isinstance(v, ConstantVar):
@@ -217,6 +224,9 @@ def view_expr(base: str, steps: tuple) -> str | None:
         elif k != "alias":
             return None
     return text
+
+
+SYMBOLIC_TYPES = (torch.SymInt, torch.SymBool, torch.SymFloat)
 
 
 def _literal_ok(value: Any) -> bool:

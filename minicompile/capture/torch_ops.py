@@ -50,7 +50,8 @@ _NAMESPACES: dict[str, Any] = {
     "Tensor": torch.Tensor,
     "torch.special": torch.special,
 }
-_SCALAR_TYPES = (bool, int, float)
+# Python numbers; SymInt/SymFloat: sizes of a dynamic capture used as numbers (x * (t // 4)).
+_SCALAR_TYPES = (bool, int, float, torch.SymInt, torch.SymFloat)
 
 
 def register(*spellings: str) -> Callable[[Handler], Handler]:

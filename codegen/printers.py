@@ -45,15 +45,21 @@ class IndexPrinter:
         if isinstance(e, sympy.Pow) and e.exp.is_Integer and int(e.exp) > 0:
             return "*".join([self.atom(e.base)] * int(e.exp))
         if isinstance(e, FloorDiv):
-            return self.floordiv(self.atom(e.args[0]), self.atom(e.args[1]))
+            return self.floordiv(self.atom(e.args[0]), self.operand(e.args[1]))
         if isinstance(e, ModularIndexing):
             base, div, mod = e.args
-            inner = self.atom(base) if div == 1 else self.floordiv(self.atom(base), self.atom(div))
-            return self.mod(inner, self.atom(mod))
+            inner = self.atom(base) if div == 1 else self.floordiv(self.atom(base), self.operand(div))
+            return self.mod(inner, self.operand(mod))
         if isinstance(e, (sympy.Max, sympy.Min)):
             args = [self.print(a) for a in sorted(e.args, key=sympy.default_sort_key)]
             return self.extreme("max" if isinstance(e, sympy.Max) else "min", args)
         raise NotImplementedError(f"cannot print index expression {e} ({type(e).__name__})")
+
+    def operand(self, e: sympy.Expr) -> str:
+        """The right operand of ``//`` or ``%``: a product needs parentheses there too
+        (``x // (32*s1)``; a symbolic size makes such divisors)."""
+        text = self.print(e)
+        return f"({text})" if isinstance(e, (sympy.Add, sympy.Mul)) else text
 
     def atom(self, e: sympy.Expr) -> str:
         text = self.print(e)

@@ -122,7 +122,7 @@ def generate(
     w.line()
     w.line("def call(args):")
     with w.indent():
-        names = [b.name for b in program.inputs]
+        names = [b.name for b in program.inputs] + [str(s) for s in program.scalar_sizes]
         if names:
             w.line(f"{', '.join(names)}, = args")
         emit_sizes(w, program)
@@ -148,7 +148,7 @@ def emit_sizes(w: CodeWriter, program: LoopProgram) -> None:
     )
     for s in sorted(found, key=lambda s: int(s.name[1:])):
         w.line(f"{s} = {found[s]}  # a dynamic size")
-    missing = [s for s in used if s not in found]
+    missing = [s for s in used if s not in found and s not in program.scalar_sizes]
     if missing:
         raise Unsupported(f"dynamic shapes: sizes {missing} are not a dimension of any input")
 

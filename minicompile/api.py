@@ -62,6 +62,8 @@ def reset() -> None:
     for fn in _compiled:
         fn.segments = {fn.root: []}
         fn.concrete_points.clear()
+        fn.dynamic_dims.clear()
+        fn.dynamic_ints.clear()
         fn.breaks.clear()
         fn.eager_reason = None
     build.forget()
@@ -104,6 +106,7 @@ class CompiledFunction:
         self.breaks: list[Break | Unsupported] = []  # every break met, for explain()
         # Automatic dynamic: per segment start, the dims of each input source seen to change.
         self.dynamic_dims: dict[ResumePoint, dict[str, frozenset[int]]] = {}
+        self.dynamic_ints: dict[ResumePoint, set[str]] = {}  # int arguments seen to change
         self.signature = inspect.signature(self.fn)
         code = self.fn.__code__
         self.n_params = code.co_argcount + code.co_kwonlyargcount
@@ -280,7 +283,13 @@ class CompiledFunction:
         if mode is not None:
             return DynamicPolicy(mode)
         seen = self.dynamic_dims.setdefault(point, {})
+        ints = self.dynamic_ints.setdefault(point, set())
         for entry in entries:
+            for source, (before, after) in entry.capture.guards.changed_ints(*values).items():
+                if source not in ints:
+                    ints.add(source)
+                    trace.emit("dynamic", self.fn.__qualname__,
+                               f"{source} is dynamic: traced with {before}, called with {after}")
             try:
                 now = [tuple(t.shape) for t in entry.capture.get_inputs(*values)]
             except Exception:  # another structure of arguments: nothing to compare
@@ -295,7 +304,7 @@ class CompiledFunction:
                     trace.emit("dynamic", self.fn.__qualname__, "\n".join(
                         f"{source} dim {d} is dynamic: traced with size {before[d]}, "
                         f"called with {after[d]}" for d in sorted(new)))
-        return DynamicPolicy(None, dict(seen))
+        return DynamicPolicy(None, dict(seen), frozenset(ints))
 
     def capture(
         self, point: ResumePoint, values: tuple, entries: list[Entry], name: str,
@@ -347,7 +356,8 @@ class CompiledFunction:
 
     def build_entry(self, capture: Capture, values: tuple) -> Entry:
         entry = self._build_entry(capture)
-        entry.sizes = [tuple(t.shape) for t in capture.get_inputs(*values)]
+        entry.sizes = [tuple(t.shape) for t in capture.get_inputs(*values)
+                       if isinstance(t, torch.Tensor)]
         return entry
 
     def _build_entry(self, capture: Capture) -> Entry:

@@ -259,6 +259,10 @@ class Graph:
     def __str__(self) -> str:
         params = ", ".join(f"{n.target}: {n.meta}" for n in self.placeholders)
         lines = [f"{self.name}({params}):"]
+        if self.shapes is not None:  # the size symbols, where they come from
+            for symbol, where in self.shapes.sources.items():
+                lines.append(f"    # {symbol} = {where.name}  (dynamic; traced with "
+                             f"{self.shapes.hints[symbol]})")
         for n in self.nodes:
             if n.op == "placeholder":
                 lines.append(f"    %{n.index} = placeholder {n.target} : {n.meta}")

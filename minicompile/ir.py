@@ -414,6 +414,9 @@ class LoopProgram:
     inputs: list[InputBuffer]
     buffers: list[Buffer]
     outputs: list[str | AliasOutput]
+    # Size symbols that are Python ints of the frame, not sizes of an input tensor: the
+    # wrapper receives them after the tensors (dynamic shapes).
+    scalar_sizes: tuple[sympy.Symbol, ...] = ()
 
     def buffer(self, name: str) -> Buffer:
         return next(b for b in self.buffers if b.name == name)

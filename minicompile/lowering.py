@@ -133,7 +133,9 @@ class Lowering:
                 if should_realize(node, self.values[node]):
                     self.realize(node)
         outputs = [self.realize(n) for n in self.graph.outputs]
-        return LoopProgram(self.inputs, self.buffers, outputs)
+        shapes = self.graph.shapes
+        scalars = tuple(shapes.scalar_symbols()) if shapes is not None else ()
+        return LoopProgram(self.inputs, self.buffers, outputs, scalars)
 
     # -- outputs ----------------------------------------------------------------------------
 

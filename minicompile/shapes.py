@@ -43,6 +43,7 @@ class SymbolSource:
 
     name: str  # readable ("L['x'].shape[0]")
     expr: str  # Python over the guard function's parameters ("L_x.shape[0]")
+    is_tensor_size: bool = True  # False: a Python int argument ("L['n']")
 
 
 class _Name(str):
@@ -114,6 +115,10 @@ class ShapeContext:
         self.sources[ours] = source
         self._symints[ours] = self.env.create_symintnode(theirs, hint=hint, source=src)
         return ours
+
+    def scalar_symbols(self) -> list[sympy.Symbol]:
+        """Symbols read from Python ints of the frame (not a tensor's size), in order."""
+        return [s for s, where in self.sources.items() if not where.is_tensor_size]
 
     def hint(self, expr: Any) -> int:
         """The traced value of a size expression."""

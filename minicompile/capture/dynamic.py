@@ -16,6 +16,7 @@ Sizes 0 and 1 are never symbols: a dimension of size 0 or 1 is compiled as that 
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -25,6 +26,7 @@ import torch
 from minicompile.shapes import MIN_DYNAMIC_SIZE
 
 MARK_ATTR = "_minicompile_dynamic_dims"
+_ARGUMENT = re.compile(r"^L\['\w+'\]$")
 
 
 def mark_dynamic(t: torch.Tensor, dim: int | list[int] | tuple[int, ...]) -> None:
@@ -42,6 +44,14 @@ def mark_dynamic(t: torch.Tensor, dim: int | list[int] | tuple[int, ...]) -> Non
 class DynamicPolicy:
     mode: bool | None = None  # the `dynamic` option
     automatic: Mapping[str, frozenset[int]] = dataclasses.field(default_factory=dict)
+    ints: frozenset[str] = frozenset()  # automatic: Python int arguments seen to change
+
+    def wants_int(self, source_name: str, value: int) -> bool:
+        """Whether a Python int read at ``source_name`` is traced as a size symbol: an
+        argument of the frame (``L['n']``), under dynamic=True or once seen to change."""
+        if self.mode is False or value < MIN_DYNAMIC_SIZE or not _ARGUMENT.match(source_name):
+            return False
+        return self.mode is True or source_name in self.ints
 
     def dims(self, source_name: str, t: torch.Tensor) -> tuple[int, ...]:
         """The dims of ``t`` (read at ``source_name``) to trace as symbols."""

@@ -103,6 +103,22 @@ class Guards:
                 return describe_mismatch(check, value)
         return None
 
+    def changed_ints(self, *args: Any) -> dict[str, tuple[int, int]]:
+        """Python ints the checks compare by value whose value differs in ``args``:
+        source -> (traced, now).  For automatic dynamic shapes."""
+        out = {}
+        lam = f"lambda {', '.join(self.params)}: "
+        for c in self.checks:
+            if c.kind != "value" or type(c.expected) is not int:
+                continue
+            try:
+                now = eval(lam + c.actual, self.namespace)(*args)
+            except Exception:
+                continue
+            if type(now) is int and now != c.expected:
+                out[c.source] = (c.expected, now)
+        return out
+
     def __len__(self) -> int:
         return len(self.checks)
 
@@ -216,6 +232,13 @@ class GuardBuilder:
             got = ", ".join(f"stride[{d}]" for d in checked)
             self.add(src.name, "strides", f"(lambda stride: ({got},) == ({want},))({x}.stride())",
                      f"{x}.stride()", tuple(str(s) for s in meta.stride))
+
+    def symbolic_int(self, src: Source, value: int, symbol: str) -> None:
+        """A Python int traced as a size symbol: any int of at least 2 reuses the trace."""
+        x, typ = src.first_expr, f"type({src.first_expr})"
+        self.add(src.name, "type", f"{typ} is int", typ, int)
+        self.add(src.name, f"value (dynamic, {symbol})", f"{src.expr} >= {MIN_DYNAMIC_SIZE}",
+                 x, f">= {MIN_DYNAMIC_SIZE}")
 
     def shape_relations(self, shapes: Any) -> None:
         """The relations between sizes the trace relied on (``Eq(s0, s1)`` for a broadcast,

@@ -35,6 +35,7 @@ from minicompile.capture.calls import CallsMixin
 from minicompile.capture.control import ControlMixin
 from minicompile.capture.output import MAX_INSTRUCTIONS, OutputGraph
 from minicompile.capture.variables import (
+    specialized,
     NULL,
     CellVar,
     ConstantVar,
@@ -181,9 +182,12 @@ class InstructionTranslator(CallsMixin, ControlMixin):
             return True
         raise Unsupported(f"truth value of {var.describe()} is not supported")
 
-    def fold(self, fn: Callable, *args: Var, what: str = "") -> Var:
-        """Apply a Python operator to constant trackers now."""
+    def fold(self, fn: Callable, *args: Var, what: str = "", text: bool = False) -> Var:
+        """Apply a Python operator to constant trackers now.  ``text``: the result shows
+        its operands as text (f-strings), so symbolic sizes give their numbers."""
         values = [self.output.to_value(a) for a in args]
+        if text or any(isinstance(v, str) for v in values):  # "%s" % n, "n=" + str(n)
+            values = [specialized(v) for v in values]
         if any(pybuiltins.contains_tensor(v) for v in values):
             raise Unsupported(f"{what or fn.__name__} on a tuple/list holding tensors")
         try:
@@ -581,22 +585,23 @@ class InstructionTranslator(CallsMixin, ControlMixin):
         spec = self.output.to_value(self.pop()) if inst.arg & 0x04 else ""
         convert = {0: None, 1: str, 2: repr, 3: ascii}[inst.arg & 0x03]
         value = self.pop()
-        self.push(self.fold(lambda v: format(convert(v) if convert else v, spec), value))
+        self.push(self.fold(lambda v: format(convert(v) if convert else v, spec), value,
+                            text=True))
 
     def CONVERT_VALUE(self, inst: Inst) -> None:  # 3.13
         convert = {1: str, 2: repr, 3: ascii}[inst.arg]
-        self.push(self.fold(convert, self.pop()))
+        self.push(self.fold(convert, self.pop(), text=True))
 
     def FORMAT_SIMPLE(self, inst: Inst) -> None:  # 3.13
-        self.push(self.fold(format, self.pop()))
+        self.push(self.fold(format, self.pop(), text=True))
 
     def FORMAT_WITH_SPEC(self, inst: Inst) -> None:  # 3.13
         spec = self.pop()
-        self.push(self.fold(format, self.pop(), spec))
+        self.push(self.fold(format, self.pop(), spec, text=True))
 
     def BUILD_STRING(self, inst: Inst) -> None:
         parts = self.popn(inst.arg)
-        self.push(self.fold(lambda *p: "".join(p), *parts, what="f-string"))
+        self.push(self.fold(lambda *p: "".join(p), *parts, what="f-string", text=True))
 
     def RETURN_VALUE(self, inst: Inst) -> None:
         self.result = self.pop()

@@ -146,6 +146,8 @@ class OutputGraph:
         g = self.guards
         if isinstance(value, torch.Tensor):
             return self._wrap_tensor(value, source)
+        if type(value) is int and source is not None and self.dynamic.wants_int(source.name, value):
+            return self._symbolic_int(value, source)
         if is_constant_value(value):
             if guard:
                 g.constant_match(source, value)
@@ -218,6 +220,17 @@ class OutputGraph:
             shape[d] = shapes.symbol(int(t.shape[d]), where)
         stride = symbolic_strides(t, tuple(shape))
         return dataclasses.replace(meta, shape=tuple(shape), stride=stride, shapes=shapes)
+
+    def _symbolic_int(self, value: int, source: Source) -> ConstantVar:
+        """A Python int argument the policy makes a size symbol (it changed between calls,
+        or dynamic=True): a SymInt, guarded to stay an int of at least 2."""
+        shapes = self.graph.shapes
+        if shapes is None:
+            shapes = self.graph.shapes = ShapeContext()
+        where = SymbolSource(source.name, source.expr, is_tensor_size=False)
+        symbol = shapes.symbol(value, where)
+        self.guards.symbolic_int(source, value, str(symbol))
+        return ConstantVar(shapes.to_symint(symbol), source)
 
     def sizes_to_sympy(self, value: Any) -> Any:
         """Node arguments hold sizes as sympy expressions over our symbols, not SymInts."""
@@ -429,9 +442,13 @@ class OutputGraph:
         if self.mutated_inputs:
             self._check_no_shared_storage()
         self.graph.output(outputs)
+        scalars = []  # Python ints that are size symbols: passed after the tensors
+        if self.graph.shapes is not None:
+            shapes = self.graph.shapes
+            scalars = [shapes.sources[s].expr for s in shapes.scalar_symbols()]
         inputs_src = (
             f"def get_inputs({', '.join(self.params)}):\n"
-            f"    return [{', '.join(self.input_exprs)}]\n"
+            f"    return [{', '.join(self.input_exprs + scalars)}]\n"
         )
         guards = g.build()  # the namespace is final now
         ns = guards.namespace

@@ -11,6 +11,8 @@ import builtins
 from typing import TYPE_CHECKING, Any
 
 from minicompile.capture.variables import (
+    python_type_of,
+    specialized,
     ConstantVar,
     DictVar,
     ListVar,
@@ -67,6 +69,10 @@ def contains_tensor(value: Any) -> bool:
     return False
 
 
+# Builtins that compute with symbolic sizes as they are (and record relations they decide).
+_SYMBOLIC_SAFE = frozenset({abs, min, max, int, float, bool, round, divmod, pow, sum, len})
+
+
 def call_builtin(out: OutputGraph, fn: Any, args: list[Var], kwargs: dict[str, Var]) -> Var:
     """``fn(*args, **kwargs)`` for a builtin or math function ``fn``."""
     name = getattr(fn, "__name__", repr(fn))
@@ -81,6 +87,10 @@ def call_builtin(out: OutputGraph, fn: Any, args: list[Var], kwargs: dict[str, V
     if any(contains_tensor(v) for v in (*values, *kw.values())):
         return _with_tensors(out, fn, name, values, kw)
     exception_class = isinstance(fn, type) and issubclass(fn, BaseException)
+    if fn in (isinstance, type, issubclass, callable):
+        values = [python_type_of(v) for v in values]  # a symbolic size is an int
+    elif fn not in _SYMBOLIC_SAFE:  # str(n), hash(n), format(n): the number, guarded
+        values, kw = specialized(values), specialized(kw)
     if fn in FOLDABLE or exception_class or getattr(fn, "__module__", None) == "math":
         try:
             return out.from_value(fn(*values, **kw))

@@ -30,6 +30,7 @@ from minicompile.capture.variables import (
     DictVar,
     ListVar,
     MethodVar,
+    SYMBOLIC_TYPES,
     NullVar,
     ObjectVar,
     SizeVar,
@@ -224,9 +225,6 @@ def view_expr(base: str, steps: tuple) -> str | None:
         elif k != "alias":
             return None
     return text
-
-
-SYMBOLIC_TYPES = (torch.SymInt, torch.SymBool, torch.SymFloat)
 
 
 def _literal_ok(value: Any) -> bool:

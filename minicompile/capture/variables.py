@@ -334,5 +334,37 @@ CONSTANT_TYPES: tuple[type, ...] = (
 )
 
 
+SYMBOLIC_TYPES = (torch.SymInt, torch.SymBool, torch.SymFloat)
+
+
+def specialized(value: Any) -> Any:
+    """``value`` with every SymInt/SymBool/SymFloat replaced by its number.  Reading the
+    number records a guard that the size equals it (the entry is static in that size):
+    for what text or identity would show (``str(n)``, f-strings, ``hash``), never ``s0``."""
+    if isinstance(value, torch.SymInt):
+        return int(value)
+    if isinstance(value, torch.SymFloat):
+        return float(value)
+    if isinstance(value, torch.SymBool):
+        return bool(value)
+    if type(value) in (tuple, list):
+        return type(value)(specialized(v) for v in value)
+    if type(value) is dict:
+        return {k: specialized(v) for k, v in value.items()}
+    return value
+
+
+def python_type_of(value: Any) -> Any:
+    """A stand-in of the Python type a symbolic value has when the frame runs for real
+    (``isinstance(n, int)`` is True for a symbolic size n), with no guard."""
+    if isinstance(value, torch.SymInt):
+        return 2
+    if isinstance(value, torch.SymFloat):
+        return 2.0
+    if isinstance(value, torch.SymBool):
+        return True
+    return value
+
+
 def is_constant_value(value: Any) -> bool:
     return type(value) in CONSTANT_TYPES

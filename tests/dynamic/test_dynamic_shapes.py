@@ -186,3 +186,67 @@ def test_dynamic_log_names_the_dimension() -> None:
                          check=True)
     assert "L['x'] dim 0 is dynamic: traced with size 4, called with 6" in out.stderr
     assert "s0 = L['x'].shape[0]" in out.stderr
+
+
+def test_python_int_argument_becomes_a_symbol(backend: str, device: torch.device) -> None:
+    def fn(x, n):
+        return x.reshape(n, -1).sum(1) * n
+
+    compiled = minicompile.compile(fn, backend=backend)
+    for n, m in ((2, 6), (3, 6), (4, 6), (5, 10), (6, 12), (7, 3)):
+        x = torch.randn(n * m, device=device)
+        torch.testing.assert_close(compiled(x, n), fn(x, n), **TOL)
+    assert len(compiled.entries) == 2
+    shapes = compiled.entries[0].capture.graph.shapes
+    assert [w.name for w in shapes.sources.values()] == ["L['x'].shape[0]", "L['n']"]
+    guards = str(compiled.entries[0].capture.guards)
+    assert "type(L_n) is int" in guards and "L_n >= 2" in guards
+    # A size the reshape cannot divide is eager's error, not a wrong answer.
+    with pytest.raises(RuntimeError):
+        compiled(torch.randn(10, device=device), 3)
+
+
+def test_sizes_returned_and_kept_across_a_graph_break(backend: str, device: torch.device) -> None:
+    """Sizes leave the compiled code as Python ints computed from the call's tensors."""
+
+    def fn(x):
+        b, t = x.shape
+        y = x.sum(1) * t
+        print_nothing = str(t)  # a call capture does not trace: a graph break
+        return y + b, (b, t + 1), print_nothing
+
+    compiled = minicompile.compile(fn, backend=backend, dynamic=True)
+    for b, t in ((3, 5), (4, 7), (6, 2)):
+        x = torch.randn(b, t, device=device)
+        got, want = compiled(x), fn(x)
+        torch.testing.assert_close(got[0], want[0], **TOL)
+        assert got[1:] == want[1:] and type(got[1][1]) is int
+
+
+def test_trace_shows_the_symbols() -> None:
+    code = (
+        "import torch, minicompile\n"
+        "f = minicompile.compile(lambda x: torch.softmax(x, -1), dynamic=True)\n"
+        "f(torch.randn(6, 50))\n"
+    )
+    env = {**os.environ, "MINICOMPILE_LOGS": "graph,output_code"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         check=True).stderr
+    assert "# s0 = L['x'].shape[0]  (dynamic; traced with 6)" in out
+    assert "f32[s0, s1]" in out  # dynamic=True: every dim a symbol
+    assert "s0 = arg0.shape[0]  # a dynamic size" in out  # the wrapper reads the size
+    assert "int64_t s0" in out  # and passes it to the kernel
+
+
+def test_index_printers_parenthesise_symbolic_divisors() -> None:
+    from minicompile.codegen.printers import cpp_index, triton_index
+    from minicompile.shapes import python_expr
+    from minicompile.sym import FloorDiv, ModularIndexing, index_symbol, size_symbol
+
+    x, s1 = index_symbol("x"), size_symbol(1)
+    assert triton_index(FloorDiv(x, 32 * s1)) == "(x // (32*s1))"
+    assert cpp_index(ModularIndexing(x, 32, s1 + 1)) == "((x / 32) % (s1 + 1))"
+    assert python_expr(128 * FloorDiv(s1 * x, 2)) == "128*((s1*x) // 2)"
+    for n, size in ((100, 3), (7, 5)):  # the printed text computes what sympy means
+        value = eval(python_expr(FloorDiv(x, 4 * s1)), {"x": n, "s1": size})
+        assert value == n // (4 * size)

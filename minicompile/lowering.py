@@ -406,54 +406,43 @@ class Lowering:
 
 def view_layout(base: Layout, node: Node, shapes: Any = None) -> Layout | None:
     """The layout ``node`` (a view op) gives a tensor of layout ``base``, or None when the
-    view cannot be a layout of the same storage (a reshape that must copy)."""
-    if shapes is not None and (is_symbolic(base.shape + base.stride) or is_symbolic(node.args)):
-        return _symbolic_view_layout(base, node, shapes)
-    shape, stride = base.concrete_shape(), base.concrete_stride()
-    offset = int(base.offset)
-    span = 1 + sum((n - 1) * abs(st) for n, st in zip(shape, stride)) if all(shape) else 1
-    fake = torch.empty(offset + span, dtype=base.dtype, device="meta").as_strided(
-        shape, stride, offset
-    )
+    view cannot be a layout of the same storage (a reshape that must copy).  PyTorch's own
+    view rules decide, on a meta tensor (a fake one of ``shapes`` when sizes are symbolic)."""
     args = node.args[1:]
+    if shapes is not None and (is_symbolic(base.shape + base.stride) or is_symbolic(args)):
+        fake = shapes.fake(base.shape, base.stride, base.dtype, base.offset)
+        args = tuple(
+            tuple(shapes.to_symint(s) for s in a) if isinstance(a, tuple) else (
+                shapes.to_symint(a) if isinstance(a, sympy.Basic) else a)
+            for a in args
+        )
+        run, number = shapes.run, shapes.to_sympy
+    else:
+        shape, stride = base.concrete_shape(), base.concrete_stride()
+        offset = int(base.offset)
+        span = 1 + sum((n - 1) * abs(st) for n, st in zip(shape, stride)) if all(shape) else 1
+        fake = torch.empty(offset + span, dtype=base.dtype, device="meta").as_strided(
+            shape, stride, offset
+        )
+        run, number = _call, sympy.Integer
     try:
         if node.target == "reshape":
-            out = fake.view(args[0])
+            out = run(fake.view, args[0])
         else:
-            out = ops.run_eager(node.target, (fake, *args), node.kwargs)
+            out = run(ops.run_eager, node.target, (fake, *args), node.kwargs)
     except RuntimeError:
         return None
     return Layout(
-        tuple(sympy.Integer(n) for n in out.shape),
-        tuple(sympy.Integer(st) for st in out.stride()),
+        tuple(number(n) for n in out.shape),
+        tuple(number(st) for st in out.stride()),
         base.dtype,
         base.device,
-        sympy.Integer(out.storage_offset()),
+        number(out.storage_offset()),
     )
 
 
-def _symbolic_view_layout(base: Layout, node: Node, shapes: Any) -> Layout | None:
-    """view_layout with symbolic sizes: PyTorch's view rules on a fake tensor."""
-    fake = shapes.fake(base.shape, base.stride, base.dtype, base.offset)
-    args = tuple(
-        tuple(shapes.to_symint(s) for s in a) if isinstance(a, tuple) else (
-            shapes.to_symint(a) if isinstance(a, sympy.Basic) else a)
-        for a in node.args[1:]
-    )
-    try:
-        if node.target == "reshape":
-            out = shapes.run(fake.view, args[0])
-        else:
-            out = shapes.run(ops.run_eager, node.target, (fake, *args), node.kwargs)
-    except RuntimeError:
-        return None
-    return Layout(
-        tuple(shapes.to_sympy(n) for n in out.shape),
-        tuple(shapes.to_sympy(st) for st in out.stride()),
-        base.dtype,
-        base.device,
-        shapes.to_sympy(out.storage_offset()),
-    )
+def _call(fn: Any, *args: Any) -> Any:
+    return fn(*args)
 
 
 def view_mapping(node: Node, in_shape: tuple) -> dict:

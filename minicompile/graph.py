@@ -91,7 +91,7 @@ class TensorMeta:
         """A tensor on the meta device with this layout, for shape and dtype inference
         (a fake tensor of the capture's ShapeContext when sizes are symbolic)."""
         if self.shapes is not None and self.is_symbolic:
-            return self.shapes.fake(self.shape, self.stride, self.dtype)
+            return self.shapes.fake(self.shape, self.stride, self.dtype, device=self.device)
         return torch.empty_strided(
             self.concrete_shape(), self.concrete_stride(), dtype=self.dtype, device="meta"
         )

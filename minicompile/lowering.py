@@ -410,7 +410,7 @@ def view_layout(base: Layout, node: Node, shapes: Any = None) -> Layout | None:
     view rules decide, on a meta tensor (a fake one of ``shapes`` when sizes are symbolic)."""
     args = node.args[1:]
     if shapes is not None and (is_symbolic(base.shape + base.stride) or is_symbolic(args)):
-        fake = shapes.fake(base.shape, base.stride, base.dtype, base.offset)
+        fake = shapes.fake(base.shape, base.stride, base.dtype, base.offset, base.device)
         args = tuple(
             tuple(shapes.to_symint(s) for s in a) if isinstance(a, tuple) else (
                 shapes.to_symint(a) if isinstance(a, sympy.Basic) else a)

@@ -261,7 +261,7 @@ def infer_meta(
             return fake(v.meta)
         if isinstance(v, TensorMeta):
             if shapes is not None:  # every tensor a fake tensor of the same context
-                return shapes.fake(v.shape, v.stride, v.dtype)
+                return shapes.fake(v.shape, v.stride, v.dtype, device=v.device)
             return v.fake()
         if isinstance(v, (tuple, list)):  # also an extern's tuple of metas
             return type(v)(fake(x) for x in v)

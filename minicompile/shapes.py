@@ -194,14 +194,20 @@ class ShapeContext:
 
     # -- fake tensors --------------------------------------------------------------------
 
-    def fake(self, shape: tuple, stride: tuple, dtype: torch.dtype, offset: Any = 0) -> Any:
-        """A fake tensor with this symbolic layout, for running PyTorch's meta rules."""
+    def fake(
+        self, shape: tuple, stride: tuple, dtype: torch.dtype, offset: Any = 0,
+        device: Any = "meta",
+    ) -> Any:
+        """A fake tensor with this symbolic layout, for running PyTorch's meta rules.  On
+        the tensor's own device where there is one: library kernels pick their rules by
+        device (scaled_dot_product_attention's CPU/meta rules specialise sizes in some
+        PyTorch versions; its CUDA ones do not)."""
         with self.mode:
             t = torch.empty_strided(
                 tuple(self.to_symint(s) for s in shape),
                 tuple(self.to_symint(s) for s in stride),
                 dtype=dtype,
-                device="meta",
+                device=device,
             )
             if offset:
                 t = t.as_strided(t.shape, t.stride(), self.to_symint(offset))

@@ -19,7 +19,8 @@ PACKAGES = {
     ROOT / "passes": "minicompile.passes",
     ROOT / "codegen": "minicompile.codegen",
 }
-IR_MODULES = ("graph.py", "ir.py", "sym.py", "ops.py")
+# shapes.py: size symbols (wrapping PyTorch's ShapeEnv); errors.py: the exceptions they raise.
+IR_MODULES = ("graph.py", "ir.py", "sym.py", "ops.py", "shapes.py", "errors.py")
 IR_NAMES = {f"minicompile.{Path(f).stem}" for f in IR_MODULES}
 STDLIB = set(sys.stdlib_module_names)
 

@@ -92,6 +92,8 @@ class KernelPlan:
     sources: tuple[SourceLine, ...]  # user source lines
     rranges: tuple[sympy.Expr, ...] = ()  # merged reduced (r) loop sizes
     rvars: tuple[sympy.Symbol, ...] = ()  # r0, r1, ...
+    # Traced values of the size symbols, for choosing block sizes only.
+    hints: dict = dataclasses.field(default_factory=dict, compare=False, hash=False)
 
     @property
     def is_reduction(self) -> bool:
@@ -237,9 +239,11 @@ def _merge(order: list[int], sizes: tuple, table: list) -> list[list[int]]:
     return runs
 
 
-def plan_kernel(group: FusedGroup, name: str, needed: set[str] | None = None) -> KernelPlan:
+def plan_kernel(
+    group: FusedGroup, name: str, needed: set[str] | None = None, hints: dict | None = None
+) -> KernelPlan:
     """Plan the kernel of ``group``.  ``needed``: the members the rest of the program reads
-    (stored); None stores every member."""
+    (stored); None stores every member.  ``hints``: traced values of size symbols."""
     space = group.space
     places = group.placements()
     assert places is not None, f"group {group.name} does not fit one iteration space"
@@ -312,7 +316,7 @@ def plan_kernel(group: FusedGroup, name: str, needed: set[str] | None = None) ->
     ranges = tuple(product([space.kept[k] for k in run]) for run in x_runs)
     rranges = tuple(product([space.reduced[k] for k in run]) for run in r_runs)
     return KernelPlan(name, ranges, loop_vars, tuple(inputs.items()), stores, origins, sources,
-                      rranges, rvars)
+                      rranges, rvars, hints or {})
 
 
 def _sort_key(stride: sympy.Expr) -> float:

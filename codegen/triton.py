@@ -370,8 +370,16 @@ def kernel_params(plan: KernelPlan) -> list[str]:
 SYMBOLIC_HINT = 1 << 20
 
 
-def planning_size(n: sympy.Expr) -> int:
-    return int(n) if n.is_Integer else SYMBOLIC_HINT
+def planning_size(n: sympy.Expr, hints: dict | None = None) -> int:
+    """The size blocks are chosen for: the number, the traced value of a symbolic size,
+    or SYMBOLIC_HINT where there is none."""
+    if n.is_Integer:
+        return int(n)
+    if hints:
+        value = n.xreplace({s: sympy.Integer(v) for s, v in hints.items()})
+        if value.is_Integer:
+            return int(value)
+    return SYMBOLIC_HINT
 
 
 def block_size(numel: int, interpret: bool) -> int:
@@ -384,7 +392,9 @@ def block_size(numel: int, interpret: bool) -> int:
 def emit_kernel(plan: KernelPlan, interpret: bool) -> str:
     numel = plan.numel
     wide = not numel.is_Integer or int(numel) >= 2**31 - 2**20
-    masked = not numel.is_Integer or int(numel) % block_size(planning_size(numel), interpret) != 0
+    masked = not numel.is_Integer or (
+        int(numel) % block_size(planning_size(numel, plan.hints), interpret) != 0
+    )
     return TritonKernel(plan, wide_index=wide, masked=masked).emit()
 
 

@@ -53,9 +53,19 @@ def _pow2(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
 
-def reduction_blocks(xnumel: int, rnumel: int, interpret: bool) -> tuple[int, int, int, bool]:
-    """(XBLOCK, RBLOCK, num_warps, persistent) for a reduction over rows of ``rnumel``."""
+def reduction_blocks(
+    xnumel: int, rnumel: int, interpret: bool, symbolic_rows: bool = False
+) -> tuple[int, int, int, bool]:
+    """(XBLOCK, RBLOCK, num_warps, persistent) for a reduction over rows of ``rnumel``.
+    ``symbolic_rows``: the row length is a size symbol (``rnumel`` its traced value), so the
+    kernel loops over the row whatever its length, in blocks sized for the traced one."""
     limit = INTERPRET_PERSISTENT if interpret else PERSISTENT_LIMIT
+    if symbolic_rows:
+        rblock = max(16, min(_pow2(rnumel), 4096 if interpret else 2048))
+        budget = (1 << 16) if interpret else 4096
+        xblock = max(1, min(_pow2(max(xnumel, 1)), budget // rblock, 64))
+        warps = 8 if xblock * rblock >= 2048 else 4
+        return xblock, rblock, warps, False
     if rnumel <= limit:
         rblock = max(2, _pow2(rnumel))
         budget = (1 << 16) if interpret else 4096  # elements of a block
@@ -72,11 +82,9 @@ def reduction_blocks(xnumel: int, rnumel: int, interpret: bool) -> tuple[int, in
 class TritonReductionKernel(TritonKernel):
     def __init__(self, plan: KernelPlan, interpret: bool) -> None:
         symbolic = not (plan.numel.is_Integer and plan.rnumel.is_Integer)
-        xnumel, rnumel = planning_size(plan.numel), planning_size(plan.rnumel)
+        xnumel, rnumel = planning_size(plan.numel, plan.hints), planning_size(plan.rnumel, plan.hints)
         wide = symbolic or xnumel * max(rnumel, 1) >= 2**31 - 2**20
-        self.xblock, self.rblock, self.warps, self.persistent = reduction_blocks(
-            xnumel, rnumel, interpret
-        )
+        self.xblock, self.rblock, self.warps, self.persistent = plan_blocks(plan, interpret)
         xmasked = not plan.numel.is_Integer or xnumel % self.xblock != 0
         super().__init__(plan, wide_index=wide, masked=xmasked)
         if not plan.rnumel.is_Integer:
@@ -199,8 +207,14 @@ def emit_reduction_kernel(plan: KernelPlan, interpret: bool) -> str:
 
 def launch_config(plan: KernelPlan, interpret: bool) -> tuple[int, int, int]:
     """(XBLOCK, RBLOCK, num_warps) the wrapper launches ``plan`` with."""
-    xblock, rblock, warps, _ = reduction_blocks(
-        planning_size(plan.numel), planning_size(plan.rnumel), interpret
-    )
+    xblock, rblock, warps, _ = plan_blocks(plan, interpret)
     return xblock, rblock, warps
+
+
+def plan_blocks(plan: KernelPlan, interpret: bool) -> tuple[int, int, int, bool]:
+    """reduction_blocks for ``plan``: symbolic sizes planned for their traced values."""
+    return reduction_blocks(
+        planning_size(plan.numel, plan.hints), planning_size(plan.rnumel, plan.hints),
+        interpret, symbolic_rows=not plan.rnumel.is_Integer,
+    )
 

@@ -63,7 +63,8 @@ def generate(
     prefix = "triton_poi" if backend == "triton" else "cpp_poi"
     kernel_groups = [g for g in groups if g.extern is None]
     plans = [
-        plan_kernel(g, kernel_name(prefix, g, k), needed_outside(program, groups, g))
+        plan_kernel(g, kernel_name(prefix, g, k), needed_outside(program, groups, g),
+                    program.hints)
         for k, g in enumerate(kernel_groups)
     ]
     plan_of = {g.key: p for g, p in zip(kernel_groups, plans)}
@@ -257,7 +258,8 @@ def emit_launch(
                   f"{python_expr(numel)}, {python_expr(plan.rnumel)}, XBLOCK={xblock}, "
                   f"RBLOCK={rblock}, num_warps={warps})")
     elif backend == "triton":
-        block = triton.block_size(triton.planning_size(numel), _interpreted(program, plan))
+        block = triton.block_size(triton.planning_size(numel, plan.hints),
+                                  _interpreted(program, plan))
         launch = (f"{plan.name}[({_grid(numel, block)},)]({', '.join(args + errs + sizes)}, "
                   f"{python_expr(numel)}, XBLOCK={block})")
     else:

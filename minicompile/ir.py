@@ -417,6 +417,9 @@ class LoopProgram:
     # Size symbols that are Python ints of the frame, not sizes of an input tensor: the
     # wrapper receives them after the tensors (dynamic shapes).
     scalar_sizes: tuple[sympy.Symbol, ...] = ()
+    # The traced value of each size symbol: block sizes are chosen for it (never the code's
+    # correctness, which holds for every value).
+    hints: dict = dataclasses.field(default_factory=dict)
 
     def buffer(self, name: str) -> Buffer:
         return next(b for b in self.buffers if b.name == name)

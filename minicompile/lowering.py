@@ -135,7 +135,8 @@ class Lowering:
         outputs = [self.realize(n) for n in self.graph.outputs]
         shapes = self.graph.shapes
         scalars = tuple(shapes.scalar_symbols()) if shapes is not None else ()
-        return LoopProgram(self.inputs, self.buffers, outputs, scalars)
+        hints = dict(shapes.hints) if shapes is not None else {}
+        return LoopProgram(self.inputs, self.buffers, outputs, scalars, hints)
 
     # -- outputs ----------------------------------------------------------------------------
 

@@ -163,15 +163,31 @@ def test_attention_module_batch_and_sequence(backend: str, device: torch.device)
     torch.manual_seed(0)
     model = CausalSelfAttention(GPTConfig(n_embd=32, n_head=4)).to(device).eval()
     compiled = minicompile.compile(model, backend=backend)
-    for t in (16, 24):
-        for b in BATCHES:
+    entries = compiled._compiled.entries  # noqa: SLF001
+    for b in BATCHES:
+        x = torch.randn(b, 16, 32, device=device)
+        torch.testing.assert_close(compiled(x), model(x), **TOL)
+    assert len(entries) == 2  # static, then the batch dimension symbolic
+    for t in (24, 9):  # the sequence length varies too: it becomes a symbol once
+        for b in BATCHES[:4]:
             x = torch.randn(b, t, 32, device=device)
             torch.testing.assert_close(compiled(x), model(x), **TOL)
-    entries = compiled._compiled.entries  # noqa: SLF001
-    assert len(entries) <= 3  # static, batch dynamic, batch and sequence dynamic
-    for b in (1, 3):
-        x = torch.randn(b, 9, 32, device=device)
+    assert len(entries) == 3
+    for b in (0, 1):  # specialised: entries of their own
+        x = torch.randn(b, 12, 32, device=device)
         torch.testing.assert_close(compiled(x), model(x), **TOL)
+    assert minicompile.stats()["eager_fallbacks"] == 0
+
+
+@torch.no_grad()
+def test_attention_module_dynamic_true(backend: str, device: torch.device) -> None:
+    torch.manual_seed(0)
+    model = CausalSelfAttention(GPTConfig(n_embd=32, n_head=4)).to(device).eval()
+    compiled = minicompile.compile(model, backend=backend, dynamic=True)
+    for b, t in zip(BATCHES, (16, 24, 9, 16, 5, 30, 12, 7)):
+        x = torch.randn(b, t, 32, device=device)
+        torch.testing.assert_close(compiled(x), model(x), **TOL)
+    assert len(compiled._compiled.entries) == 1  # noqa: SLF001
 
 
 def test_dynamic_log_names_the_dimension() -> None:

@@ -18,6 +18,7 @@ runs, the generated ``rebuild(outs, *frame)`` function:
 from __future__ import annotations
 
 import types
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -100,13 +101,23 @@ def generate_rebuild(out: OutputGraph, result: Var) -> tuple[list[Node], str]:
             outputs.append(node)
         return f"outs[{index[node]}]"
 
+    def value_text(value: Any) -> str:
+        """A Python value of the trace as source: symbolic sizes as expressions of the
+        frame's tensors' shapes, sequences item by item."""
+        if isinstance(value, SYMBOLIC_TYPES):
+            return out.graph.shapes.python_source(value)
+        if type(value) in (tuple, list):
+            inner = ", ".join(value_text(v) for v in value)
+            return f"({inner},)" if type(value) is tuple else f"[{inner}]"
+        return repr(value)
+
     def expr(v: Var) -> str:
         v = out.realize(v)
         if isinstance(v, TensorVar):
             if v.source is not None:
                 return v.source.expr
             if v.base is not None and v.base.source is not None:
-                view = view_expr(v.base.source.expr, v.view)
+                view = view_expr(v.base.source.expr, v.view, value_text)
                 if view is not None:  # a view of an input, as eager returns it
                     return view
             return output(v.node)
@@ -202,26 +213,26 @@ def generate_rebuild(out: OutputGraph, result: Var) -> tuple[list[Node], str]:
     return outputs, f"def rebuild({params}):\n" + "\n".join(lines) + "\n"
 
 
-def view_expr(base: str, steps: tuple) -> str | None:
+def view_expr(base: str, steps: tuple, fmt: Callable[[Any], str] = repr) -> str | None:
     """``base`` seen through view ``steps`` as a Python expression on the real tensor
-    (None when a step cannot be written down)."""
+    (None when a step cannot be written down).  ``fmt`` writes the steps' arguments
+    (sizes of a dynamic capture as expressions of the frame's tensors' shapes)."""
     text = base
     for step in steps:
         k, a = step.kind, step.args
         if k == "select":
-            text = f"{text}.select({a[0]}, {a[1]})"
+            text = f"{text}.select({fmt(a[0])}, {fmt(a[1])})"
         elif k == "slice":
             dim, start, stop, stride = a
-            key = ", ".join([":"] * dim + [f"{start}:{stop}:{stride}"])
+            key = ", ".join([":"] * dim + [f"{fmt(start)}:{fmt(stop)}:{fmt(stride)}"])
             text = f"{text}[{key}]"
         elif k in ("unsqueeze", "squeeze"):
-            text = f"{text}.{k}({a[0]})"
-        elif k in ("permute", "expand"):
-            text = f"{text}.{k}({tuple(a[0])!r})"
-        elif k == "reshape":
-            text = f"{text}.view({tuple(a[0])!r})"
+            text = f"{text}.{k}({fmt(a[0])})"
+        elif k in ("permute", "expand", "reshape"):
+            method = "view" if k == "reshape" else k
+            text = f"{text}.{method}({fmt(tuple(a[0]))})"
         elif k == "diagonal":
-            text = f"{text}.diagonal({a[0]}, {a[1]}, {a[2]})"
+            text = f"{text}.diagonal({fmt(a[0])}, {fmt(a[1])}, {fmt(a[2])})"
         elif k != "alias":
             return None
     return text

@@ -61,11 +61,26 @@ class Frame:
     def at(fn: types.FunctionType, offset: int, local_values: dict, stack: list) -> Frame:
         insts = bytecode.decode(fn.__code__)
         index_of = bytecode.offset_to_index(insts)
-        return Frame(fn, dict(local_values), list(stack), index_of[offset], insts, index_of)
+        frame = Frame(fn, dict(local_values), list(stack), index_of[offset], insts, index_of)
+        frame.kw_names = _pending_kw_names(fn.__code__, insts, index_of[offset])
+        return frame
 
     @property
     def offset(self) -> int:
         return self.insts[self.index].offset
+
+
+def _pending_kw_names(code: types.CodeType, insts: list[Inst], index: int) -> tuple[str, ...]:
+    """The keyword names a CALL at ``index`` takes from the KW_NAMES just before it (3.11:
+    KW_NAMES, PRECALL, CALL; 3.12: KW_NAMES, CALL), which the trace ran, not this frame."""
+    if insts[index].opname not in ("CALL", "PRECALL"):
+        return ()
+    k = index - 1
+    while k >= 0 and insts[k].opname in ("PRECALL", "CACHE"):
+        k -= 1
+    if k >= 0 and insts[k].opname == "KW_NAMES":
+        return bytecode.kw_names(code, insts[k])
+    return ()
 
 
 def step(f: Frame) -> None:

@@ -325,3 +325,30 @@ def test_recompile_limit_warns_once_then_runs_eagerly(backend: str, device: torc
     assert stats["graphs"] == 8, stats
     assert stats["recompiles"] == 7, stats
     assert stats["eager_fallbacks"] == 1, stats
+
+
+# -- a break at a call with keyword arguments ------------------------------------------------
+
+
+def _scaled_after_a_print(x, *, scale):
+    print(end="")
+    return x * scale
+
+
+def break_at_keyword_call(x):
+    y = x + 1
+    z = _scaled_after_a_print(y, scale=2.0)  # the break: the call runs for real, with kwargs
+    print("a", "b", sep="", end="|\n")
+    return z.sin()
+
+
+def test_break_at_a_call_with_keyword_arguments(backend: str, device: torch.device,
+                                                capsys) -> None:
+    """The keyword names (KW_NAMES, run by the trace) reach the call that runs for real."""
+    x = torch.randn(5, device=device)
+    expected, out = eager_and_output(break_at_keyword_call, x, capsys=capsys)
+    compiled = minicompile.compile(break_at_keyword_call, backend=backend)
+    for _ in range(2):
+        torch.testing.assert_close(compiled(x), expected)
+        assert capsys.readouterr().out == out == "ab|\n"
+    assert minicompile.stats()["graph_breaks"] >= 2

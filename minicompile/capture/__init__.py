@@ -52,6 +52,7 @@ from minicompile.capture.segments import (
 )
 from minicompile.capture.variables import CellVar, LazyVar, Source
 from minicompile.errors import Unsupported
+from minicompile.shapes import ShapeError
 from minicompile.graph import Graph, SourceLine
 
 __all__ = [
@@ -153,6 +154,8 @@ def capture_segment(
     try:
         result = tx.run()
     except Unsupported as e:
+        if isinstance(e, ShapeError):  # not a graph break: the caller traces static sizes
+            raise
         if not allow_break or why_not_resumable(code, tx) is not None:
             raise
         result, local_names = frame_state(tx)

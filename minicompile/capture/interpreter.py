@@ -126,7 +126,7 @@ class InstructionTranslator(CallsMixin, ControlMixin):
                 except Unsupported as e:
                     self.stack, self.ip = snapshot, self.ip - 1
                     if not e.stack:
-                        e = Unsupported(e.reason, self.user_stack(), e.hint)
+                        e = type(e)(e.reason, self.user_stack(), e.hint)  # ShapeError stays one
                     if getattr(e, "translator", None) is None:
                         e.translator = self  # type: ignore[attr-defined]
                     raise e

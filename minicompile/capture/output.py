@@ -45,7 +45,7 @@ from minicompile.capture.variables import (
 )
 from minicompile.errors import Unsupported
 from minicompile.graph import DTYPE_ABBR, Graph, Node, SourceLine, TensorMeta
-from minicompile.shapes import ShapeContext, SymbolSource
+from minicompile.shapes import ShapeContext, ShapeError, SymbolSource
 
 if TYPE_CHECKING:
     from minicompile.capture.interpreter import InstructionTranslator
@@ -354,6 +354,8 @@ class OutputGraph:
             raise
         except Exception as e:
             msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            if self.graph.shapes is not None:  # maybe only PyTorch's symbolic rules fail:
+                raise ShapeError(f"{name}: {type(e).__name__}: {msg}") from e  # retry static
             raise Unsupported(f"{name}: eager PyTorch raises {type(e).__name__}: {msg}") from e
         stack = self.user_stack()
         node = self.graph.call(name, node_args, node_kwargs, meta=meta, stack=stack)

@@ -266,3 +266,21 @@ def test_index_printers_parenthesise_symbolic_divisors() -> None:
     for n, size in ((100, 3), (7, 5)):  # the printed text computes what sympy means
         value = eval(python_expr(FloorDiv(x, 4 * s1)), {"x": n, "s1": size})
         assert value == n // (4 * size)
+
+
+def test_what_fails_symbolically_is_traced_static(backend: str, device: torch.device) -> None:
+    """An op PyTorch rejects for these sizes fails the symbolic trace too: the frame is
+    traced again with static sizes, where the op is a graph break and eager raises its own
+    error, as it would without the compiler."""
+
+    def fn(x, y):
+        return (x @ y).sin()
+
+    compiled = minicompile.compile(fn, backend=backend, dynamic=True)
+    x, y = torch.randn(3, 4, device=device), torch.randn(4, 5, device=device)
+    torch.testing.assert_close(compiled(x, y), fn(x, y), **TOL)
+    with pytest.raises(RuntimeError, match="cannot be multiplied|same reduction dim"):
+        compiled(x, torch.randn(6, 5, device=device))
+    x, y = torch.randn(7, 9, device=device), torch.randn(9, 2, device=device)
+    torch.testing.assert_close(compiled(x, y), fn(x, y), **TOL)
+    assert compiled.entries[-1].capture.graph.shapes is not None  # the first entry: symbolic

@@ -133,14 +133,16 @@ class ShapeContext:
     def to_sympy(self, value: Any) -> sympy.Expr:
         """An int or a SymInt as a sympy expression over our symbols."""
         if isinstance(value, torch.SymInt):
-            expr = self.env.replace(value.node.expr)
-            if expr.is_Integer:
-                return sympy.Integer(int(expr))
-            expr = expr.xreplace(self._known_values())  # sizes proved constant (a -1)
-            if expr.is_Integer:
-                return sympy.Integer(int(expr))
-            return self._translate(expr, self._ours, _FROM_TORCH)
+            return self._ours_of(value)
         return sympy.Integer(int(value))
+
+    def _ours_of(self, value: Any) -> sympy.Expr:
+        """A SymInt/SymBool/SymFloat's expression over our symbols, with PyTorch's
+        replacements and the sizes its guards proved constant (a reshape's -1) applied."""
+        expr = self.env.replace(value.node.expr).xreplace(self._known_values())
+        if expr.is_Integer:
+            return sympy.Integer(int(expr))
+        return self._translate(expr, self._ours, _FROM_TORCH)
 
     def _known_values(self) -> dict[sympy.Expr, sympy.Integer]:
         """Expressions the recorded guards pin to a constant: ``Eq(64*FloorDiv(..), 128)``."""
@@ -188,9 +190,8 @@ class ShapeContext:
     def python_source(self, value: Any) -> str:
         """A SymInt (or SymBool, SymFloat) as Python over the frame's tensors' shapes, for
         the generated functions that rebuild Python values of the frame."""
-        expr = self.env.replace(value.node.expr).xreplace(self._known_values())
-        ours = self._translate(expr, self._ours, _FROM_TORCH)
-        text = python_expr(ours, {s: where.expr for s, where in self.sources.items()})
+        names = {s: where.expr for s, where in self.sources.items()}
+        text = python_expr(self._ours_of(value), names)
         return f"float({text})" if isinstance(value, torch.SymFloat) else text
 
     # -- fake tensors --------------------------------------------------------------------

@@ -252,8 +252,11 @@ def infer_meta(
     then ``shapes``, the capture's ShapeContext, is needed) it runs on fake tensors.
     """
 
-    found = symbolic_context((args, kwargs))
-    shapes = found if found is not None or not _has_symbols((args, kwargs)) else shapes
+    # The context of a symbolic tensor argument; else ``shapes``, if a size argument is
+    # symbolic; else none (plain meta tensors, the fast path).
+    shapes = symbolic_context((args, kwargs)) or (
+        shapes if _has_symbols((args, kwargs)) else None
+    )
 
     def fake(v: Any) -> Any:
         if isinstance(v, Node):

@@ -237,11 +237,11 @@ class ShapeContext:
             repl = self.env.replacements.get(theirs)
             if repl is not None and repl != theirs:
                 out.append(sympy.Eq(ours, self._translate(repl, self._ours, _FROM_TORCH)))
+        seen = {_unordered(e) for e in out}
         for guard in self.env.guards:
             expr = self._translate(guard.expr, self._ours, _FROM_TORCH)
-            if expr is sympy.true:
-                continue
-            if expr not in out:
+            if expr is not sympy.true and _unordered(expr) not in seen:  # a == b is b == a
+                seen.add(_unordered(expr))
                 out.append(expr)
         return out
 
@@ -249,16 +249,19 @@ class ShapeContext:
 _SYMPY_FUNCTIONS = (sympy.Max, sympy.Min, sympy.Mod)
 
 
-def _mod(a: sympy.Expr, b: sympy.Expr) -> sympy.Expr:
-    return sympy.Mod(a, b)
+def _unordered(relation: sympy.Basic) -> Any:
+    """A key under which ``Eq(a, b)`` and ``Eq(b, a)`` (or ``Ne``) are one relation."""
+    if isinstance(relation, (sympy.Eq, sympy.Ne)):
+        return (type(relation).__name__, frozenset(relation.args))
+    return relation
 
 
 _FROM_TORCH: dict[str, Callable[..., sympy.Expr]] = {
     "FloorDiv": FloorDiv,
     "CleanDiv": FloorDiv,
     "ModularIndexing": ModularIndexing,
-    "Mod": _mod,
-    "PythonMod": _mod,
+    "Mod": sympy.Mod,
+    "PythonMod": sympy.Mod,
     "PowByNatural": sympy.Pow,
     "Max": sympy.Max,
     "Min": sympy.Min,

@@ -18,7 +18,6 @@ from __future__ import annotations
 import dataclasses
 import re
 from collections.abc import Mapping
-from typing import Any
 
 import sympy
 import torch
@@ -90,7 +89,3 @@ def symbolic_strides(t: torch.Tensor, shape: tuple[sympy.Expr, ...]) -> tuple[sy
         dense_sym = out[d] * shape[d]
     return tuple(out)
 
-
-def size_key(values: Any) -> Any:
-    """Sizes of the tensors among ``values`` (a list of inputs), for automatic dynamic."""
-    return [tuple(v.shape) if isinstance(v, torch.Tensor) else None for v in values]

@@ -207,13 +207,17 @@ class OutputGraph:
         self.input_nodes[id(var)] = node
         return var
 
+    def _shape_context(self) -> ShapeContext:
+        """The capture's size symbols, made with its first one."""
+        if self.graph.shapes is None:
+            self.graph.shapes = ShapeContext()
+        return self.graph.shapes
+
     def _symbolic_meta(
         self, t: torch.Tensor, source: Source, dims: tuple[int, ...], meta: TensorMeta
     ) -> TensorMeta:
         """``t``'s metadata with a size symbol for each of ``dims``."""
-        shapes = self.graph.shapes
-        if shapes is None:
-            shapes = self.graph.shapes = ShapeContext()
+        shapes = self._shape_context()
         shape = list(meta.shape)
         for d in dims:
             where = SymbolSource(f"{source.name}.shape[{d}]", f"{source.expr}.shape[{d}]")
@@ -224,9 +228,7 @@ class OutputGraph:
     def _symbolic_int(self, value: int, source: Source) -> ConstantVar:
         """A Python int argument the policy makes a size symbol (it changed between calls,
         or dynamic=True): a SymInt, guarded to stay an int of at least 2."""
-        shapes = self.graph.shapes
-        if shapes is None:
-            shapes = self.graph.shapes = ShapeContext()
+        shapes = self._shape_context()
         where = SymbolSource(source.name, source.expr, is_tensor_size=False)
         symbol = shapes.symbol(value, where)
         self.guards.symbolic_int(source, value, str(symbol))

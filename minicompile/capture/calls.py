@@ -12,13 +12,14 @@
 from __future__ import annotations
 
 import inspect
+import logging
 import operator
 import types
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from minicompile.capture import externs, mutation, pybuiltins, torch_ops
+from minicompile.capture import externs, library, mutation, pybuiltins, records, torch_ops
 from minicompile.capture.variables import (
     BoundMethodVar,
     BuiltinVar,
@@ -36,6 +37,8 @@ from minicompile.capture.variables import (
     NullVar,
     ObjectVar,
     OpaqueVar,
+    ReadMethodVar,
+    RecordVar,
     Source,
     StructSeqVar,
     SuperVar,
@@ -55,9 +58,25 @@ if TYPE_CHECKING:
 MAX_INLINE_DEPTH = 20
 _IMMUTABLE_METHOD_OWNERS = (
     int, float, bool, complex, str, bytes, tuple, range, torch.Size, torch.dtype, torch.device,
+    types.CodeType, torch.finfo, torch.iinfo, inspect.Signature, inspect.Parameter,
 )
+# Attributes of a Python function that library decorators read (functools.wraps,
+# inspect.signature, transformers' `func.__code__.co_varnames`); all but the first few are
+# looked up in the function's __dict__ as well.
+_FUNCTION_ATTRIBUTES = frozenset({
+    "__code__", "__name__", "__qualname__", "__doc__", "__module__", "__defaults__",
+    "__kwdefaults__", "__wrapped__", "__annotations__", "__dict__",
+})
 _LIST_MUTATORS = frozenset({"append", "extend", "insert", "pop", "clear", "reverse"})
 _DICT_MUTATORS = frozenset({"update", "pop", "setdefault", "clear"})
+# Methods of builtin containers that only read, called on instances of user subclasses
+# (``super().get(key)`` in a dict subclass): the result is read from the object now, with
+# a guard on it.
+_READ_METHODS = {
+    dict: frozenset({"get", "__getitem__", "__contains__", "__len__"}),
+    list: frozenset({"__getitem__", "__len__", "index", "count", "__contains__"}),
+    tuple: frozenset({"__getitem__", "__len__", "index", "count", "__contains__"}),
+}
 _CONTAINER_MODULES = (torch.nn.ModuleList, torch.nn.Sequential)
 _GRAD_MODE_CLASSES = (torch.no_grad, torch.enable_grad, torch.set_grad_enabled)
 
@@ -74,6 +93,10 @@ class CallsMixin:
             if callable(getattr(torch.Tensor, name, None)):
                 return MethodVar(obj, name)
             raise Unsupported(f"Tensor.{name} is not supported yet")
+        if isinstance(obj, RecordVar):
+            return records.attr(self, obj, name)
+        if name == "__class__" and isinstance(obj, ObjectVar):  # its type is guarded
+            return out.wrap(type(obj.value), None)
         if isinstance(obj, SuperVar):
             return self.class_attr(obj.obj, type(obj.obj.value), name, after=obj.cls)
         if isinstance(obj, NNModuleVar):
@@ -98,8 +121,8 @@ class CallsMixin:
 
                 source = obj.source.attr(name, trusted=is_trusted_namespace(obj.value))
             return out.wrap(value, source)
-        if isinstance(obj, UserFunctionVar) and name in ("__name__", "__qualname__", "__doc__"):
-            return ConstantVar(getattr(obj.value, name))
+        if isinstance(obj, UserFunctionVar):
+            return self.function_attr(obj, name)
         if isinstance(obj, (ConstantVar, TupleVar)):
             value = out.to_value(obj)
             if isinstance(value, _IMMUTABLE_METHOD_OWNERS) or value is None:
@@ -109,12 +132,26 @@ class CallsMixin:
                 return self.fold(lambda v: getattr(v, name), obj, what=f".{name}")
         raise Unsupported(f"attribute {name!r} of {obj.describe()} is not supported yet")
 
+    def function_attr(self: InstructionTranslator, obj: UserFunctionVar, name: str) -> Var:
+        """``func.name`` for a Python function: its code, names, defaults and whatever a
+        decorator stored in its ``__dict__`` (``__wrapped__``), read as guarded values."""
+        fn = obj.value
+        if name not in _FUNCTION_ATTRIBUTES and name not in fn.__dict__:
+            raise Unsupported(f"attribute {name!r} of function {fn.__qualname__} is not supported")
+        try:
+            value = getattr(fn, name)
+        except AttributeError as e:
+            raise Unsupported(f"attribute error: {e} (eager raises)") from e
+        return self.output.wrap(value, obj.source.attr(name) if obj.source else None)
+
     def has_attr(self: InstructionTranslator, obj: Var, name: str) -> bool:
         obj = self.realize(obj)
         if isinstance(obj, TensorVar):
             return name in torch_ops.ATTRIBUTES or hasattr(torch.Tensor, name)
         if isinstance(obj, ObjectVar) and self.output.side_effects.load_attr(obj, name):
             return True
+        if isinstance(obj, RecordVar):
+            return records.has_attr(obj, name)
         try:
             return hasattr(self.output.to_value(obj), name)
         except Unsupported:
@@ -150,6 +187,8 @@ class CallsMixin:
         d = getattr(obj.value, "__dict__", None)
         if d is not None and name in d:
             return self.output.wrap(d[name], obj.source.attr(name) if obj.source else None)
+        if isinstance(obj.value, logging.Logger):  # logger.info, logger.warning_once
+            return ObjectVar(getattr(obj.value, name))
         return self.class_attr(obj, type(obj.value), name)
 
     def class_attr(
@@ -175,6 +214,9 @@ class CallsMixin:
             return self.inline_call(UserFunctionVar(attr.fget), [obj], {})
         if isinstance(attr, types.FunctionType):
             return BoundMethodVar(attr, obj)
+        if isinstance(attr, types.MethodDescriptorType) and attr.__objclass__ in _READ_METHODS:
+            if name in _READ_METHODS[attr.__objclass__]:  # dict.get of a dict subclass
+                return ReadMethodVar(attr, obj)
         if isinstance(attr, types.MemberDescriptorType):  # __slots__
             src = obj.source.attr(name) if obj.source else None
             return self.output.wrap(getattr(obj.value, name), src)
@@ -216,6 +258,12 @@ class CallsMixin:
     def call_function(self: InstructionTranslator, fn: Var, args: list, kwargs: dict) -> Var:
         fn = self.realize(fn)
         out = self.output
+        if isinstance(fn, ObjectVar):
+            handler = library.handler_for(fn.value)
+            if handler is not None:
+                return handler(self, fn.value, args, kwargs)
+            if library.is_log_call(fn.value):
+                return library.log_call(self, fn.value, args, kwargs)
         if isinstance(fn, (UserFunctionVar, NestedFunctionVar)):
             return self.inline_call(fn, args, kwargs)
         if isinstance(fn, BoundMethodVar):
@@ -230,6 +278,8 @@ class CallsMixin:
             return self.call_method(fn.obj, fn.name, args, kwargs)
         if isinstance(fn, BuiltinVar):
             return self.call_builtin(fn.value, args, kwargs)
+        if isinstance(fn, ReadMethodVar):
+            return self.call_read_method(fn, args, kwargs)
         if isinstance(fn, WithExitVar):
             out.grad_enabled = bool(fn.ctx.prev)
             return ConstantVar(None)
@@ -238,12 +288,39 @@ class CallsMixin:
             if isinstance(call, types.FunctionType):
                 return self.inline_call(UserFunctionVar(call), [fn, *args], kwargs)
         if isinstance(fn, ObjectVar):
+            if isinstance(fn.value, type) and records.is_record_class(fn.value):
+                return records.construct(self, fn.value, args, kwargs)
             if isinstance(fn.value, type) and not issubclass(fn.value, BaseException):
                 raise Unsupported(f"creating {fn.value.__qualname__} objects is not supported")
             if isinstance(fn.value, type):
                 return pybuiltins.call_builtin(out, fn.value, args, kwargs)
             raise Unsupported(f"call to {externs._describe(fn.value)} is not supported")
         raise Unsupported(f"calling {fn.describe()} is not supported")
+
+    def call_read_method(self: InstructionTranslator, fn: ReadMethodVar, args: list, kw: dict):
+        """``dict.get(obj, key)`` and friends on a user subclass read from the frame: the
+        value is read now and guarded through the same call in the guard function."""
+        obj, method = fn.self_var, fn.descriptor
+        values, kwargs = self._values(args, kw)
+        if obj.source is None or kwargs or not all(
+            type(v) in (str, int, bool, type(None)) for v in values
+        ):
+            raise Unsupported(f"{method.__objclass__.__name__}.{method.__name__}() of "
+                              f"{obj.describe()} with these arguments is not supported")
+        owner, mname = method.__objclass__.__name__, method.__name__
+        text = ", ".join(repr(v) for v in values)
+        src = obj.source
+        source = Source(
+            f"{src.name}.{mname}({text})",
+            f"{owner}.{mname}({src.expr}{', ' if text else ''}{text})",
+            self.output._ident(f"{src.ident}_{mname}"),
+            src.trusted,
+        )
+        try:
+            value = method(obj.value, *values)
+        except Exception as e:
+            raise Unsupported(f"{source.name} raised {type(e).__name__} (eager raises)") from e
+        return self.output.wrap(value, source)
 
     def _values(self: InstructionTranslator, args: list, kwargs: dict) -> tuple[tuple, dict]:
         return (
@@ -299,6 +376,8 @@ class CallsMixin:
             return self.list_method(obj, name, args, kwargs)
         if isinstance(obj, DictVar):
             return self.dict_method(obj, name, args, kwargs)
+        if isinstance(obj, RecordVar):
+            return records.call_method(self, obj, name, args, kwargs)
         # Methods of immutable Python values (str.format, tuple.index, dtype.to_complex...)
         method = getattr(out.to_value(obj), name)
         values, kw = self._values(args, kwargs)
@@ -410,6 +489,10 @@ class CallsMixin:
             if len(args) == 3 and not self.has_attr(args[0], name):
                 return args[2]
             return self.load_attr(args[0], name)
+        if fn is callable and len(args) == 1 and isinstance(
+            args[0], (NestedFunctionVar, BoundMethodVar, MethodVar, ReadMethodVar)
+        ):
+            return ConstantVar(True)
         if fn is setattr and len(args) == 3:
             self.store_attr(args[0], self.output.to_value(args[1]), args[2])
             return ConstantVar(None)
@@ -443,6 +526,14 @@ class CallsMixin:
         if fn in (list, tuple) and len(args) == 1 and not kwargs:
             items = self.iter_items(args[0])
             return ListVar(items) if fn is list else TupleVar(tuple(items))
+        if isinstance(args[0] if args else None, RecordVar) and not kwargs:
+            record = args[0]
+            if fn is isinstance and len(args) == 2:
+                return ConstantVar(issubclass(record.cls, self.output.to_value(args[1])))
+            if fn is type and len(args) == 1:
+                return self.output.wrap(record.cls, None)
+            if fn is len and len(args) == 1:
+                return ConstantVar(len(records.keys_of(record)))
         if fn is len and len(args) == 1 and isinstance(args[0], NNModuleVar):
             return ConstantVar(len(self.module_items(args[0])))
         if fn is isinstance and len(args) == 2 and isinstance(args[0], (StructSeqVar,)):
@@ -513,7 +604,7 @@ class CallsMixin:
             local_vars[code.co_varnames[0]] = args[0]
         else:
             try:
-                bound = inspect.signature(signature_of).bind(*args, **kwargs)
+                bound = inspect.signature(signature_of, follow_wrapped=False).bind(*args, **kwargs)
             except TypeError as e:
                 raise Unsupported(f"bad call to {code.co_name}(): {e} (eager raises)") from e
             bound.apply_defaults()

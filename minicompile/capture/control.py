@@ -20,7 +20,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 
-from minicompile.capture import mutation
+from minicompile.capture import mutation, records
 from minicompile.capture.bytecode import PY, Inst
 from minicompile.capture.variables import (
     NULL,
@@ -32,6 +32,7 @@ from minicompile.capture.variables import (
     NNModuleVar,
     NullVar,
     ObjectVar,
+    RecordVar,
     SuperVar,
     TensorVar,
     TupleVar,
@@ -62,6 +63,8 @@ class ControlMixin:
             return [ConstantVar(k) for k in var.items]
         if isinstance(var, NNModuleVar):
             return self.module_items(var)
+        if isinstance(var, RecordVar):
+            return [ConstantVar(k) for k in records.keys_of(var)]
         if isinstance(var, TensorVar):
             if var.meta.ndim == 0:
                 raise Unsupported("iteration over a 0-d tensor (eager raises)")
@@ -128,6 +131,8 @@ class ControlMixin:
 
     def store_attr(self: InstructionTranslator, obj: Var, name: str, value: Var) -> None:
         obj = self.realize(obj)
+        if isinstance(obj, RecordVar):
+            return records.set_attr(self, obj, name, value)
         if isinstance(obj, NNModuleVar):
             m = obj.value
             if name in m._parameters or name in m._modules:
@@ -176,6 +181,8 @@ class ControlMixin:
                     container.items[index] = value
             except (IndexError, TypeError, ValueError) as e:
                 raise Unsupported(f"list assignment raised {type(e).__name__}: {e}") from e
+        elif isinstance(container, RecordVar):
+            records.set_item(self, container, key, value)
         elif isinstance(container, DictVar):
             out.side_effects.mutate_container(container, "item assignment")
             container.items[_hashable(out.to_value(key))] = value

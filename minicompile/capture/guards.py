@@ -329,7 +329,7 @@ class GuardBuilder:
     # -- helpers ---------------------------------------------------------------------------
 
     def _type(self, cls: type) -> str:
-        if cls.__module__ == "builtins":
+        if getattr(builtins, cls.__name__, None) is cls:  # int, str (not code, function)
             return cls.__name__
         return self.ref(cls, cls.__name__)
 

@@ -21,7 +21,9 @@ treats like any other callable.  3.13 puts the NULL after the callable; see
 from __future__ import annotations
 
 import builtins
+import importlib.util
 import inspect
+import sys
 import linecache
 import types
 from collections.abc import Callable
@@ -29,7 +31,7 @@ from typing import Any
 
 import torch
 
-from minicompile.capture import bytecode, mutation, pybuiltins, torch_ops
+from minicompile.capture import bytecode, mutation, pybuiltins, records, torch_ops
 from minicompile.capture.bytecode import NULL_AFTER_CALLABLE, PY, Inst
 from minicompile.capture.calls import CallsMixin
 from minicompile.capture.control import ControlMixin
@@ -42,10 +44,12 @@ from minicompile.capture.variables import (
     DictVar,
     ListVar,
     MethodVar,
+    ModuleVar,
     NestedFunctionVar,
     NNModuleVar,
     NullVar,
     ObjectVar,
+    RecordVar,
     SizeVar,
     Source,
     TensorVar,
@@ -368,6 +372,10 @@ class InstructionTranslator(CallsMixin, ControlMixin):
 
     def CONTAINS_OP(self, inst: Inst) -> None:
         container, item = self.realize(self.pop()), self.pop()
+        if isinstance(container, RecordVar):
+            found = self.output.to_value(item) in records.keys_of(container)
+            self.push(ConstantVar(found != bool(inst.arg)))
+            return
         if isinstance(container, DictVar) or (
             isinstance(container, NNModuleVar) and isinstance(container.value, torch.nn.ModuleDict)
         ):
@@ -492,6 +500,8 @@ class InstructionTranslator(CallsMixin, ControlMixin):
             return self.output.extern(torch.Tensor.__getitem__, (container, key), {})
         if isinstance(container, NNModuleVar):
             return self.module_subscript(container, self.output.to_value(index))
+        if isinstance(container, RecordVar):
+            return records.get_item(self, container, index)
         if isinstance(index, TensorVar):
             raise Unsupported("indexing with a tensor is not supported")
         if isinstance(container, (TupleVar, ListVar)):
@@ -575,9 +585,36 @@ class InstructionTranslator(CallsMixin, ControlMixin):
 
     LOAD_ASSERTION_ERROR = _refuse("failed assert: eager raises AssertionError")
     RAISE_VARARGS = _refuse("raise statement: eager raises")
-    IMPORT_NAME = _refuse("import statements inside traced code are not supported")
     DELETE_ATTR = DELETE_GLOBAL = DELETE_DEREF = _refuse("del of an attribute/global/cell")
     BEFORE_ASYNC_WITH = _refuse("async with is not supported")
+
+    # -- imports of modules already loaded -------------------------------------------------
+
+    def IMPORT_NAME(self, inst: Inst) -> None:
+        """``import a.b`` / ``from .x import y`` of a module the process already imported
+        (then the import has no effect but the binding); anything else would run code."""
+        fromlist = self.output.to_value(self.pop())
+        level = self.output.to_value(self.pop())
+        package = self.f_globals.get("__package__") or self.f_globals.get("__name__", "")
+        try:
+            name = importlib.util.resolve_name("." * level + inst.argval, package)
+        except (ImportError, ValueError) as e:
+            raise Unsupported(f"import of {inst.argval!r}: {e}") from e
+        if name not in sys.modules:
+            raise Unsupported(f"import of {name!r}, not yet imported, inside traced code")
+        top = name if fromlist or level else name.partition(".")[0]
+        self.push(self.output.wrap(sys.modules[top], None))
+
+    def IMPORT_FROM(self, inst: Inst) -> None:
+        module = self.stack[-1]
+        value = getattr(module.value, inst.argval, None) if isinstance(module, ModuleVar) else None
+        if value is None:
+            sub = f"{getattr(module, 'value', None).__name__}.{inst.argval}" if isinstance(
+                module, ModuleVar) else ""
+            if sub not in sys.modules:
+                raise Unsupported(f"from-import of {inst.argval!r} is not supported here")
+            value = sys.modules[sub]
+        self.push(self.output.wrap(value, None))
 
     # -- f-strings on constants ------------------------------------------------------------
 

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from minicompile.capture import concrete
+from minicompile.capture import concrete, records
 from minicompile.capture.variables import (
     BoundMethodVar,
     CellVar,
@@ -34,6 +34,7 @@ from minicompile.capture.variables import (
     SYMBOLIC_TYPES,
     NullVar,
     ObjectVar,
+    RecordVar,
     SizeVar,
     StructSeqVar,
     TensorVar,
@@ -138,6 +139,11 @@ def generate_rebuild(out: OutputGraph, result: Var) -> tuple[list[Node], str]:
         if isinstance(v, TupleVar):
             inner = ", ".join(expr(i) for i in v.items)
             return f"({inner},)" if len(v.items) == 1 else f"({inner})"
+        if isinstance(v, RecordVar):
+            init = ", ".join(f"{k!r}: {expr(i)}" for k, i in v.init.items())
+            writes = "".join(f"({kind!r}, {name!r}, {expr(i)}), " for kind, name, i in v.writes)
+            build = g.ref(records.build_record, "build_record")
+            return f"{build}({g.ref(v.cls, v.cls.__name__)}, {{{init}}}, ({writes}))"
         if isinstance(v, (ListVar, DictVar)) and not v.mutable and v.source is not None:
             return v.source.expr  # the caller's own object (mutations are replayed on it)
         if isinstance(v, ListVar):

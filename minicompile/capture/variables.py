@@ -25,6 +25,7 @@ and input functions (``L_t[0]``), and an identifier (``L_t_0``, used for placeho
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import types
 from typing import Any
 
@@ -238,6 +239,37 @@ class BoundMethodVar(Var):
 
 
 @dataclasses.dataclass(eq=False)
+class RecordVar(Var):
+    """An instance of a dataclass made by the trace (a transformers ``ModelOutput``, a
+    plain record); see :mod:`minicompile.capture.records`.  ``keys`` is the mapping of a
+    ModelOutput (its non-None items, in order), None for plain dataclasses; ``writes``
+    are the attribute and item writes after construction, in order."""
+
+    cls: type
+    fields: dict[str, Var]
+    init: dict[str, Var]
+    keys: list[str] | None = None
+    writes: list[tuple[str, str, Var]] = dataclasses.field(default_factory=list)
+    source: Source | None = None
+
+    def describe(self) -> str:
+        return f"a {self.cls.__name__}"
+
+
+@dataclasses.dataclass(eq=False)
+class ReadMethodVar(Var):
+    """A read-only method of a builtin container (``dict.get``) bound to an instance of a
+    user subclass: called on constant arguments, the result is read from the object."""
+
+    descriptor: Any
+    self_var: Var
+    source: Source | None = None
+
+    def describe(self) -> str:
+        return f"method {self.descriptor.__objclass__.__name__}.{self.descriptor.__name__}"
+
+
+@dataclasses.dataclass(eq=False)
 class SuperVar(Var):
     """``super()`` (or ``super(cls, obj)``): attribute lookups start after ``cls``."""
 
@@ -331,6 +363,10 @@ CONSTANT_TYPES: tuple[type, ...] = (
     torch.SymInt,  # sizes of a dynamic capture: Python arithmetic on them records relations
     torch.SymBool,
     torch.SymFloat,
+    torch.finfo,  # immutable descriptions of a dtype (torch.finfo(x.dtype).min)
+    torch.iinfo,
+    inspect.Signature,  # immutable too (inspect.signature(fn).parameters)
+    inspect.Parameter,
 )
 
 

@@ -1,0 +1,173 @@
+"""The Python that library model code calls around its tensors, answered by capture.
+
+Model libraries (transformers, timm, torchvision) ask the runtime questions and check
+their inputs in plain Python: ``torch._assert(H == 224, msg)``, ``torch.jit.is_scripting()``,
+``torch.compiler.is_compiling()``, ``warnings.warn(...)``, ``logger.warning_once(...)``,
+``torch.finfo(dtype).min``.  Each has a known meaning, so the trace answers it the way
+Dynamo does instead of breaking the graph:
+
+- checks (``torch._assert``, ``torch._check*``) on Python values are decided now (their
+  operands are guarded); a failing one is Unsupported, so the frame runs eagerly and
+  raises the library's own error;
+- ``is_compiling()`` is True under minicompile, so libraries take their compile-friendly
+  paths; ``is_scripting()`` / ``is_tracing()`` are False;
+- warnings and log messages with constant text are emitted once, while tracing (Python
+  shows a warning once per call site by default; later calls run compiled code);
+- ``torch.finfo`` / ``torch.iinfo`` and ``inspect.signature`` of known functions are
+  folded into constants.
+
+:func:`handler_for` maps a callable to its handler, or None.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import types
+import warnings
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from minicompile.capture.variables import BoundMethodVar, ConstantVar, ObjectVar, TensorVar, Var
+from minicompile.errors import Unsupported
+
+if TYPE_CHECKING:
+    from minicompile.capture.interpreter import InstructionTranslator
+
+Handler = Callable[["InstructionTranslator", Any, list, dict], Var]
+_HANDLERS: dict[Any, Handler] = {}
+
+
+def _register(*fns: Any) -> Callable[[Handler], Handler]:
+    def deco(handler: Handler) -> Handler:
+        for fn in fns:
+            if fn is not None:
+                _HANDLERS[fn] = handler
+        return handler
+
+    return deco
+
+
+def _maybe(owner: Any, *path: str) -> Any:
+    """``owner.a.b`` when this PyTorch has it, else None."""
+    for name in path:
+        owner = getattr(owner, name, None)
+        if owner is None:
+            return None
+    return owner
+
+
+def _constant(value: Any) -> Handler:
+    def handler(tx: InstructionTranslator, fn: Any, args: list, kwargs: dict) -> Var:
+        return ConstantVar(value)
+
+    return handler
+
+
+_register(
+    _maybe(torch, "compiler", "is_compiling"),
+    _maybe(torch, "compiler", "is_dynamo_compiling"),
+    _maybe(torch, "_dynamo", "is_compiling"),
+    _maybe(torch, "_utils", "is_compiling"),
+)(_constant(True))
+_register(
+    _maybe(torch, "jit", "is_scripting"),
+    _maybe(torch, "jit", "is_tracing"),
+    _maybe(torch, "compiler", "is_exporting"),
+    _maybe(torch, "_jit_internal", "is_scripting"),
+)(_constant(False))
+_register(_maybe(torch, "_C", "_get_tracing_state"))(_constant(None))
+
+
+@_register(
+    torch._assert,
+    _maybe(torch, "_check"),
+    _maybe(torch, "_check_value"),
+    _maybe(torch, "_check_type"),
+    _maybe(torch, "_check_index"),
+    _maybe(torch, "_check_with"),
+    _maybe(torch, "_check_is_size"),
+)
+def _check(tx: InstructionTranslator, fn: Any, args: list, kwargs: dict) -> Var:
+    """A check on Python values, decided now; the frame runs eagerly if it fails."""
+    values = [tx.output.to_value(tx.realize(a)) for a in args]
+    cond = values[1] if values and isinstance(values[0], type) else (values or [None])[0]
+    if cond is None:
+        cond = tx.output.to_value(kwargs.get("cond", ConstantVar(True)))
+    if isinstance(cond, TensorVar):
+        raise Unsupported("a check on a tensor's value (torch._assert / torch._check)")
+    if isinstance(cond, (int, bool, torch.SymInt, torch.SymBool)):
+        if isinstance(cond, torch.SymInt):  # _check_is_size(n): n >= 0
+            cond = cond >= 0
+        ok = tx.truthy(ConstantVar(cond))
+    else:
+        ok = bool(cond)
+    if not ok:
+        raise Unsupported("a torch._assert / torch._check failed (eager raises)")
+    return ConstantVar(None)
+
+
+@_register(torch.finfo, torch.iinfo)
+def _type_info(tx: InstructionTranslator, fn: Any, args: list, kwargs: dict) -> Var:
+    values = [tx.output.to_value(a) for a in args]
+    kw = {k: tx.output.to_value(v) for k, v in kwargs.items()}
+    try:
+        info = fn(*values, **kw)
+    except Exception as e:
+        raise Unsupported(f"torch.finfo/iinfo raised {type(e).__name__}: {e}") from e
+    return ConstantVar(info)
+
+
+@_register(inspect.signature)
+def _signature(tx: InstructionTranslator, fn: Any, args: list, kwargs: dict) -> Var:
+    """``inspect.signature(f)`` of a function the trace knows: its code decides it."""
+    if len(args) != 1:
+        raise Unsupported("inspect.signature() with these arguments is not supported")
+    target = tx.realize(args[0])
+    if isinstance(target, BoundMethodVar) and isinstance(target.self_var, ObjectVar):
+        real: Any = types.MethodType(target.func, target.self_var.value)
+    elif isinstance(target, ObjectVar) and callable(target.value):
+        real = target.value
+    else:
+        raise Unsupported(f"inspect.signature() of {target.describe()} is not supported")
+    kw = {k: tx.output.to_value(v) for k, v in kwargs.items()}
+    return ConstantVar(inspect.signature(real, **kw))
+
+
+@_register(warnings.warn)
+def _warn(tx: InstructionTranslator, fn: Any, args: list, kwargs: dict) -> Var:
+    values, kw = _message_args(tx, args, kwargs, "warnings.warn")
+    kw["stacklevel"] = 1
+    warnings.warn(*values[:2], **kw)  # Python's own filter decides whether it shows
+    return ConstantVar(None)
+
+
+def is_log_call(fn: Any) -> bool:
+    """A method of a ``logging.Logger`` (``logger.info``, transformers' ``warning_once``)."""
+    return isinstance(getattr(fn, "__self__", None), logging.Logger)
+
+
+def log_call(tx: InstructionTranslator, fn: Any, args: list, kwargs: dict) -> Var:
+    values, kw = _message_args(tx, args, kwargs, "a logging call")
+    fn(*values, **kw)
+    return ConstantVar(None)
+
+
+def _message_args(tx: InstructionTranslator, args: list, kwargs: dict, what: str):
+    values = [tx.output.to_value(a) for a in args]
+    kw = {k: tx.output.to_value(v) for k, v in kwargs.items()}
+    from minicompile.capture.pybuiltins import contains_tensor
+    from minicompile.capture.variables import specialized
+
+    if any(contains_tensor(v) for v in (*values, *kw.values())):
+        raise Unsupported(f"{what} with a tensor argument reads its data")
+    return specialized(values), specialized(kw)
+
+
+def handler_for(fn: Any) -> Handler | None:
+    try:
+        return _HANDLERS.get(fn)
+    except TypeError:  # unhashable
+        return None

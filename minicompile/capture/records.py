@@ -1,0 +1,234 @@
+"""Dataclass instances created inside the trace: model outputs and small records.
+
+Model code returns its tensors in dataclasses: transformers' ``ModelOutput`` subclasses
+(``BaseModelOutputWithPooling(last_hidden_state=h, pooler_output=p)``), which are also
+ordered dicts of their non-None fields, and plain ``@dataclass`` records.  A
+:class:`~minicompile.capture.variables.RecordVar` models one such object while tracing:
+
+- construction binds the arguments to the fields (defaults applied) as the generated
+  ``__init__`` does; for a ``ModelOutput`` the mapping holds the non-None fields in field
+  order, as its ``__post_init__`` makes it;
+- attribute reads give the field trackers; attribute and item writes are applied to the
+  model and logged, in order;
+- the mapping protocol of ``ModelOutput``: ``out["name"]``, ``out[0]`` / ``out[:2]`` (the
+  non-None values as a tuple), ``to_tuple()``, ``keys()``, ``values()``, ``items()``,
+  ``get()``, ``len()``, ``in``, iteration; other methods and properties of the class are
+  inlined with the record as ``self``.
+
+The real object is made where the value leaves the compiled code (returned, stored, or
+live at a graph break) by :func:`build_record`: the constructor is called with the traced
+arguments and the logged writes are replayed, so the object, its dict order included, is
+the one eager builds.  Classes with a hand-written ``__init__`` or another
+``__post_init__`` are not records (creating them stays unsupported).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from typing import TYPE_CHECKING, Any
+
+from minicompile.capture.variables import (
+    BoundMethodVar,
+    ConstantVar,
+    DictVar,
+    ListVar,
+    MethodVar,
+    RecordVar,
+    TensorVar,
+    TupleVar,
+    Var,
+)
+from minicompile.errors import Unsupported
+
+if TYPE_CHECKING:
+    from minicompile.capture.interpreter import InstructionTranslator
+
+# The mapping methods of a ModelOutput that the record answers itself.
+MAPPING_METHODS = frozenset({"keys", "values", "items", "to_tuple", "get"})
+
+
+def is_model_output(cls: type) -> bool:
+    """A subclass of transformers' ``ModelOutput`` (found by name: no import of it)."""
+    return any(
+        k.__name__ == "ModelOutput" and k.__module__.startswith("transformers.")
+        for k in cls.__mro__
+    )
+
+
+def is_record_class(cls: type) -> bool:
+    """A dataclass whose ``__init__`` is the generated one and whose ``__post_init__`` is
+    none or ModelOutput's (both modelled here)."""
+    if not dataclasses.is_dataclass(cls) or not isinstance(cls, type):
+        return False
+    init = getattr(cls, "__init__", None)
+    code = getattr(init, "__code__", None)
+    if code is None or code.co_filename != "<string>":  # dataclasses exec()s its __init__
+        return False
+    if hasattr(cls, "__post_init__") and not is_model_output(cls):
+        return False
+    return not getattr(cls, "__slots__", None)
+
+
+def construct(tx: InstructionTranslator, cls: type, args: list, kwargs: dict) -> RecordVar:
+    """``cls(*args, **kwargs)`` for a record class."""
+    names = [f.name for f in dataclasses.fields(cls) if f.init]
+    params = [inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD) for n in names]
+    try:
+        bound = inspect.Signature(params).bind_partial(*args, **kwargs)
+    except TypeError as e:
+        raise Unsupported(f"{cls.__name__}(): {e} (eager raises TypeError)") from e
+    fields: dict[str, Var] = {}
+    for f in dataclasses.fields(cls):
+        if f.name in bound.arguments:
+            fields[f.name] = bound.arguments[f.name]
+        elif f.default is not dataclasses.MISSING:
+            fields[f.name] = tx.output.from_value(f.default)
+        elif f.default_factory in (list, dict, tuple):  # type: ignore[comparison-overlap]
+            fields[f.name] = {list: ListVar([]), dict: DictVar({}), tuple: TupleVar(())}[
+                f.default_factory  # type: ignore[index]
+            ]
+        else:
+            raise Unsupported(f"{cls.__name__}(): field {f.name!r} has no value (eager raises)")
+    record = RecordVar(cls, dict(fields), init=dict(bound.arguments))
+    if is_model_output(cls):
+        record.keys = _model_output_keys(cls, fields)
+    return record
+
+
+def _model_output_keys(cls: type, fields: dict[str, Var]) -> list[str]:
+    """The dict ModelOutput.__post_init__ builds: the non-None fields, in field order (its
+    other branch, a dict or iterator of pairs as the only field, is not modelled)."""
+    names = list(fields)
+    first = fields[names[0]]
+    others_none = all(_is_none(fields[n]) for n in names[1:])
+    if others_none and not isinstance(first, TensorVar) and not _is_none(first):
+        raise Unsupported(f"{cls.__name__}() built from a dict or an iterator of pairs")
+    return [n for n in names if not _is_none(fields[n])]
+
+
+def _is_none(var: Var) -> bool:
+    return isinstance(var, ConstantVar) and var.value is None
+
+
+def _key_error(record: RecordVar, key: Any) -> Unsupported:
+    return Unsupported(f"{record.cls.__name__} has no key {key!r} (eager raises KeyError)")
+
+
+def attr(tx: InstructionTranslator, record: RecordVar, name: str) -> Var:
+    """``record.name``: a field or a written attribute, a mapping method, or whatever the
+    class defines (methods and properties are inlined with the record as ``self``)."""
+    if name in record.fields:
+        return tx.realize(record.fields[name])
+    if record.keys is not None and name in MAPPING_METHODS:
+        return MethodVar(record, name)
+    if name == "__class__":
+        return tx.output.wrap(record.cls, None)
+    for klass in record.cls.__mro__:
+        if name in klass.__dict__:
+            value = klass.__dict__[name]
+            break
+    else:
+        raise Unsupported(f"{record.cls.__name__!r} object has no attribute {name!r}")
+    if isinstance(value, property) and inspect.isfunction(value.fget):
+        return tx.inline_call(BoundMethodVar(value.fget, record), [], {})
+    if inspect.isfunction(value):
+        return BoundMethodVar(value, record)
+    if isinstance(value, (staticmethod, classmethod)) or hasattr(type(value), "__get__"):
+        raise Unsupported(f"attribute {record.cls.__name__}.{name} ({type(value).__name__})")
+    return tx.output.wrap(value, None)
+
+
+def has_attr(record: RecordVar, name: str) -> bool:
+    return name in record.fields or hasattr(record.cls, name)
+
+
+def set_attr(tx: InstructionTranslator, record: RecordVar, name: str, value: Var) -> None:
+    params = getattr(record.cls, "__dataclass_params__", None)
+    if params is not None and params.frozen:
+        raise Unsupported("assignment to a frozen dataclass (eager raises)")
+    if record.keys is not None and name in _field_names(record) and not _is_none(value):
+        _add_key(record, name)  # ModelOutput.__setattr__ keeps the mapping in step
+    record.fields[name] = value
+    record.writes.append(("attr", name, value))
+
+
+def set_item(tx: InstructionTranslator, record: RecordVar, key: Var, value: Var) -> None:
+    k = tx.output.to_value(key)
+    if record.keys is None or not isinstance(k, str):
+        raise Unsupported(f"item assignment on {record.describe()} is not supported")
+    _add_key(record, k)
+    record.fields[k] = value
+    record.writes.append(("item", k, value))
+
+
+def get_item(tx: InstructionTranslator, record: RecordVar, key: Var) -> Var:
+    if record.keys is None:
+        raise Unsupported(f"{record.describe()} is not subscriptable (eager raises)")
+    k = tx.output.to_value(key)
+    if isinstance(k, str):
+        if k not in record.keys:
+            raise _key_error(record, k)
+        return tx.realize(record.fields[k])
+    values = to_tuple(tx, record)
+    try:
+        picked = values.items[k]
+    except (IndexError, TypeError) as e:
+        raise Unsupported(f"{record.cls.__name__}[{k!r}] raised {type(e).__name__}") from e
+    return TupleVar(tuple(picked)) if isinstance(k, slice) else picked
+
+
+def to_tuple(tx: InstructionTranslator, record: RecordVar) -> TupleVar:
+    assert record.keys is not None
+    return TupleVar(tuple(tx.realize(record.fields[k]) for k in record.keys))
+
+
+def call_method(tx: InstructionTranslator, record: RecordVar, name: str, args: list,
+                kwargs: dict) -> Var:
+    """The mapping methods of a ModelOutput."""
+    assert record.keys is not None
+    if kwargs or (name != "get" and args):
+        raise Unsupported(f"{record.cls.__name__}.{name}() with these arguments")
+    if name == "to_tuple":
+        return to_tuple(tx, record)
+    if name == "keys":
+        return ListVar([ConstantVar(k) for k in record.keys])
+    if name == "values":
+        return ListVar(list(to_tuple(tx, record).items))
+    if name == "items":
+        return ListVar([TupleVar((ConstantVar(k), tx.realize(record.fields[k])))
+                        for k in record.keys])
+    if name == "get" and 1 <= len(args) <= 2:
+        k = tx.output.to_value(args[0])
+        if k in record.keys:
+            return tx.realize(record.fields[k])
+        return args[1] if len(args) == 2 else ConstantVar(None)
+    raise Unsupported(f"{record.cls.__name__}.{name}() is not supported")
+
+
+def keys_of(record: RecordVar) -> list[str]:
+    """What iterating, ``len()`` and ``in`` see."""
+    if record.keys is None:
+        raise Unsupported(f"{record.describe()} is not iterable (eager raises TypeError)")
+    return list(record.keys)
+
+
+def _field_names(record: RecordVar) -> set[str]:
+    return {f.name for f in dataclasses.fields(record.cls)}
+
+
+def _add_key(record: RecordVar, key: str) -> None:
+    assert record.keys is not None
+    if key not in record.keys:
+        record.keys.append(key)
+
+
+def build_record(cls: type, init: dict[str, Any], writes: tuple) -> Any:
+    """The real object, as eager made it: the constructor, then the writes in order."""
+    obj = cls(**init)
+    for kind, name, value in writes:
+        if kind == "item":
+            obj[name] = value
+        else:
+            setattr(obj, name, value)
+    return obj

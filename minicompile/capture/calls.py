@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import collections.abc
 import inspect
 import logging
 import operator
@@ -33,6 +34,7 @@ from minicompile.capture.variables import (
     MethodVar,
     ModuleVar,
     NestedFunctionVar,
+    NewObjectVar,
     NNModuleVar,
     NullVar,
     ObjectVar,
@@ -69,14 +71,10 @@ _FUNCTION_ATTRIBUTES = frozenset({
 })
 _LIST_MUTATORS = frozenset({"append", "extend", "insert", "pop", "clear", "reverse"})
 _DICT_MUTATORS = frozenset({"update", "pop", "setdefault", "clear"})
-# Methods of builtin containers that only read, called on instances of user subclasses
-# (``super().get(key)`` in a dict subclass): the result is read from the object now, with
-# a guard on it.
-_READ_METHODS = {
-    dict: frozenset({"get", "__getitem__", "__contains__", "__len__"}),
-    list: frozenset({"__getitem__", "__len__", "index", "count", "__contains__"}),
-    tuple: frozenset({"__getitem__", "__len__", "index", "count", "__contains__"}),
-}
+# Mapping methods that only read and never raise, called on a user mapping read from the
+# frame (``super().get(key)`` in a dict subclass, ``os.environ.get(name)``): the result is
+# read from the object now, with a guard that makes the same call.
+_READ_METHODS = frozenset({"get", "__contains__", "__len__"})
 _CONTAINER_MODULES = (torch.nn.ModuleList, torch.nn.Sequential)
 _GRAD_MODE_CLASSES = (torch.no_grad, torch.enable_grad, torch.set_grad_enabled)
 
@@ -95,10 +93,13 @@ class CallsMixin:
             raise Unsupported(f"Tensor.{name} is not supported yet")
         if isinstance(obj, RecordVar):
             return records.attr(self, obj, name)
+        if isinstance(obj, NewObjectVar):
+            return records.object_attr(self, obj, name)
         if name == "__class__" and isinstance(obj, ObjectVar):  # its type is guarded
             return out.wrap(type(obj.value), None)
         if isinstance(obj, SuperVar):
-            return self.class_attr(obj.obj, type(obj.obj.value), name, after=obj.cls)
+            cls = records.python_class(obj.obj) or type(obj.obj.value)
+            return self.class_attr(obj.obj, cls, name, after=obj.cls)
         if isinstance(obj, NNModuleVar):
             return self.module_attr(obj, name)
         if isinstance(obj, UserObjectVar):
@@ -152,6 +153,8 @@ class CallsMixin:
             return True
         if isinstance(obj, RecordVar):
             return records.has_attr(obj, name)
+        if isinstance(obj, NewObjectVar):
+            return name in obj.attrs or hasattr(obj.cls, name)
         try:
             return hasattr(self.output.to_value(obj), name)
         except Unsupported:
@@ -189,7 +192,20 @@ class CallsMixin:
             return self.output.wrap(d[name], obj.source.attr(name) if obj.source else None)
         if isinstance(obj.value, logging.Logger):  # logger.info, logger.warning_once
             return ObjectVar(getattr(obj.value, name))
-        return self.class_attr(obj, type(obj.value), name)
+        cls = type(obj.value)
+        if isinstance(obj.value, collections.abc.Mapping) and name in _READ_METHODS and (
+            getattr(getattr(cls, name), "__module__", "") == "collections.abc"
+        ):  # Mapping's own get (os.environ.get(...)), not a subclass's
+            return ReadMethodVar(getattr(cls, name), obj)
+        if obj.source is not None and not any(name in k.__dict__ for k in cls.__mro__) and (
+            cls.__getattribute__ is not object.__getattribute__ or hasattr(cls, "__getattr__")
+        ):  # computed by the class (transformers' config attribute_map): read, and guard
+            try:
+                value = getattr(obj.value, name)
+            except AttributeError as e:
+                raise Unsupported(f"attribute error: {e} (eager raises)") from e
+            return self.output.wrap(value, obj.source.attr(name))
+        return self.class_attr(obj, cls, name)
 
     def class_attr(
         self: InstructionTranslator, obj: ObjectVar, cls: type, name: str, after: type | None = None
@@ -214,10 +230,11 @@ class CallsMixin:
             return self.inline_call(UserFunctionVar(attr.fget), [obj], {})
         if isinstance(attr, types.FunctionType):
             return BoundMethodVar(attr, obj)
-        if isinstance(attr, types.MethodDescriptorType) and attr.__objclass__ in _READ_METHODS:
-            if name in _READ_METHODS[attr.__objclass__]:  # dict.get of a dict subclass
-                return ReadMethodVar(attr, obj)
-        if isinstance(attr, types.MemberDescriptorType):  # __slots__
+        if isinstance(attr, types.MethodDescriptorType) and attr.__objclass__ is dict and (
+            name in _READ_METHODS
+        ):  # dict.get of a dict subclass
+            return ReadMethodVar(attr, obj)
+        if isinstance(attr, types.MemberDescriptorType) and isinstance(obj, ObjectVar):
             src = obj.source.attr(name) if obj.source else None
             return self.output.wrap(getattr(obj.value, name), src)
         if hasattr(type(attr), "__get__"):
@@ -264,6 +281,9 @@ class CallsMixin:
                 return handler(self, fn.value, args, kwargs)
             if library.is_log_call(fn.value):
                 return library.log_call(self, fn.value, args, kwargs)
+            factory = library.context_factory(fn.value)
+            if factory is not None:
+                return self.call_torch(factory, args, kwargs)
         if isinstance(fn, (UserFunctionVar, NestedFunctionVar)):
             return self.inline_call(fn, args, kwargs)
         if isinstance(fn, BoundMethodVar):
@@ -290,6 +310,8 @@ class CallsMixin:
         if isinstance(fn, ObjectVar):
             if isinstance(fn.value, type) and records.is_record_class(fn.value):
                 return records.construct(self, fn.value, args, kwargs)
+            if isinstance(fn.value, type) and records.can_create(fn.value):
+                return records.create(self, fn.value, args, kwargs)
             if isinstance(fn.value, type) and not issubclass(fn.value, BaseException):
                 raise Unsupported(f"creating {fn.value.__qualname__} objects is not supported")
             if isinstance(fn.value, type):
@@ -302,17 +324,17 @@ class CallsMixin:
         value is read now and guarded through the same call in the guard function."""
         obj, method = fn.self_var, fn.descriptor
         values, kwargs = self._values(args, kw)
+        mname = method.__name__
         if obj.source is None or kwargs or not all(
             type(v) in (str, int, bool, type(None)) for v in values
         ):
-            raise Unsupported(f"{method.__objclass__.__name__}.{method.__name__}() of "
-                              f"{obj.describe()} with these arguments is not supported")
-        owner, mname = method.__objclass__.__name__, method.__name__
-        text = ", ".join(repr(v) for v in values)
+            raise Unsupported(f"{mname}() of {obj.describe()} with these arguments")
+        text = "".join(f", {v!r}" for v in values)
         src = obj.source
+        call = self.output.guards.ref(method, mname)
         source = Source(
-            f"{src.name}.{mname}({text})",
-            f"{owner}.{mname}({src.expr}{', ' if text else ''}{text})",
+            f"{src.name}.{mname}({text[2:]})",
+            f"{call}({src.expr}{text})",
             self.output._ident(f"{src.ident}_{mname}"),
             src.trusted,
         )
@@ -526,14 +548,18 @@ class CallsMixin:
         if fn in (list, tuple) and len(args) == 1 and not kwargs:
             items = self.iter_items(args[0])
             return ListVar(items) if fn is list else TupleVar(tuple(items))
-        if isinstance(args[0] if args else None, RecordVar) and not kwargs:
-            record = args[0]
+        cls = records.python_class(args[0]) if args else None
+        if cls is not None and not kwargs:  # objects the trace made
             if fn is isinstance and len(args) == 2:
-                return ConstantVar(issubclass(record.cls, self.output.to_value(args[1])))
+                return ConstantVar(issubclass(cls, self.output.to_value(args[1])))
             if fn is type and len(args) == 1:
-                return self.output.wrap(record.cls, None)
-            if fn is len and len(args) == 1:
-                return ConstantVar(len(records.keys_of(record)))
+                return self.output.wrap(cls, None)
+            if fn is len and len(args) == 1 and isinstance(args[0], RecordVar):
+                return ConstantVar(len(records.keys_of(args[0])))
+            if fn is len and len(args) == 1 and callable(getattr(cls, "__len__", None)):
+                return self.call_function(self.load_attr(args[0], "__len__"), [], {})
+        if fn is len and len(args) == 1 and isinstance(args[0], (TupleVar, ListVar, DictVar)):
+            return ConstantVar(len(args[0].items))  # items may be objects of the trace
         if fn is len and len(args) == 1 and isinstance(args[0], NNModuleVar):
             return ConstantVar(len(self.module_items(args[0])))
         if fn is isinstance and len(args) == 2 and isinstance(args[0], (StructSeqVar,)):
@@ -636,8 +662,10 @@ class CallsMixin:
         return result
 
     def _cell_source(self: InstructionTranslator, func: Any, name: str, cell: Any) -> Source:
+        # Named after the guard's reference to the cell: two decorated functions share a
+        # qualname (every `wrapper` of one decorator), never a cell.
         ref = self.output.guards.ref(cell, f"cell_{func.__name__}_{name}")
-        return Source(f"{func.__qualname__}.C[{name!r}]", f"{ref}.cell_contents", ref)
+        return Source(f"{ref}.cell_contents", f"{ref}.cell_contents", ref)
 
     def _call(self: InstructionTranslator, fn: Var, self_arg: Var, args: list, names: tuple):
         if not isinstance(self_arg, NullVar):

@@ -17,6 +17,8 @@ as side effects (:mod:`side_effects`); stores into tensors are functionalized
 
 from __future__ import annotations
 
+import collections.abc
+import inspect
 from typing import TYPE_CHECKING, Any
 
 
@@ -31,6 +33,7 @@ from minicompile.capture.variables import (
     ListVar,
     NNModuleVar,
     NullVar,
+    NewObjectVar,
     ObjectVar,
     RecordVar,
     SuperVar,
@@ -65,6 +68,8 @@ class ControlMixin:
             return self.module_items(var)
         if isinstance(var, RecordVar):
             return [ConstantVar(k) for k in records.keys_of(var)]
+        if isinstance(var, (NewObjectVar, UserObjectVar)):
+            return self.object_items(var)
         if isinstance(var, TensorVar):
             if var.meta.ndim == 0:
                 raise Unsupported("iteration over a 0-d tensor (eager raises)")
@@ -73,6 +78,20 @@ class ControlMixin:
         value = out.to_value(var)
         if isinstance(value, (range, str, bytes, tuple, list, dict)):
             return [out.from_value(v) for v in value]
+        raise Unsupported(f"iterating over {var.describe()} is not supported")
+
+    def object_items(self: InstructionTranslator, var: Var) -> list[Var]:
+        """Iterating an instance of a user class: its ``__iter__`` (a generator is run to
+        its end), or, for a ``collections.abc.Sequence`` that keeps the default one, items
+        ``0 .. len - 1``."""
+        cls = records.python_class(var) or type(var.value)
+        method = getattr(cls, "__iter__", None)
+        if method is collections.abc.Sequence.__iter__:
+            n = self.output.to_value(self.call_function(self.load_attr(var, "__len__"), [], {}))
+            getitem = self.load_attr(var, "__getitem__")
+            return [self.call_function(getitem, [ConstantVar(i)], {}) for i in range(n)]
+        if inspect.isfunction(method):
+            return self.iter_items(self.call_function(self.load_attr(var, "__iter__"), [], {}))
         raise Unsupported(f"iterating over {var.describe()} is not supported")
 
     def GET_ITER(self: InstructionTranslator, inst: Inst) -> None:
@@ -133,6 +152,9 @@ class ControlMixin:
         obj = self.realize(obj)
         if isinstance(obj, RecordVar):
             return records.set_attr(self, obj, name, value)
+        if isinstance(obj, NewObjectVar):
+            obj.attrs[name] = value  # a new object: nothing outside sees it yet
+            return None
         if isinstance(obj, NNModuleVar):
             m = obj.value
             if name in m._parameters or name in m._modules:

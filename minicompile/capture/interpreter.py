@@ -349,6 +349,10 @@ class InstructionTranslator(CallsMixin, ControlMixin):
         if inplace and isinstance(a, ListVar) and symbol == "+":
             self.list_method(a, "extend", [b], {})
             return a
+        a, b = self.realize(a), self.realize(b)
+        if symbol == "+" and type(a) is type(b) and type(a) in (ListVar, TupleVar):
+            items = [*a.items, *b.items]  # may hold tensors: no folding
+            return ListVar(items) if isinstance(a, ListVar) else TupleVar(tuple(items))
         if inplace and isinstance(a, (ListVar, DictVar)):
             raise Unsupported(f"in-place operator {symbol}= on a list/dict (mutation)")
         return self.fold(fn, a, b, what=f"operator {symbol}")

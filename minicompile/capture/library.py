@@ -166,6 +166,16 @@ def _message_args(tx: InstructionTranslator, args: list, kwargs: dict, what: str
     return specialized(values), specialized(kw)
 
 
+def context_factory(fn: Any) -> Any:
+    """The grad-mode class whose fresh instance ``fn()`` makes, for the bound ``clone``
+    that functions decorated with ``@torch.no_grad()`` enter on each call; else None."""
+    owner = getattr(fn, "__self__", None)
+    if getattr(fn, "__name__", "") == "clone" and type(owner) in (torch.no_grad,
+                                                                   torch.enable_grad):
+        return type(owner)
+    return None
+
+
 def handler_for(fn: Any) -> Handler | None:
     try:
         return _HANDLERS.get(fn)

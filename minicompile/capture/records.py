@@ -1,4 +1,4 @@
-"""Dataclass instances created inside the trace: model outputs and small records.
+"""Objects created inside the trace: model outputs, records and plain user objects.
 
 Model code returns its tensors in dataclasses: transformers' ``ModelOutput`` subclasses
 (``BaseModelOutputWithPooling(last_hidden_state=h, pooler_output=p)``), which are also
@@ -18,12 +18,18 @@ ordered dicts of their non-None fields, and plain ``@dataclass`` records.  A
 The real object is made where the value leaves the compiled code (returned, stored, or
 live at a graph break) by :func:`build_record`: the constructor is called with the traced
 arguments and the logged writes are replayed, so the object, its dict order included, is
-the one eager builds.  Classes with a hand-written ``__init__`` or another
-``__post_init__`` are not records (creating them stays unsupported).
+the one eager builds.
+
+Instances of other plain classes (``__new__`` and ``__setattr__`` of ``object``, no
+metaclass but ``ABCMeta``, no builtin base: transformers' ``DynamicCache`` and its layers)
+are :class:`~minicompile.capture.variables.NewObjectVar`: ``__init__`` is inlined with the
+new object as ``self``, attribute writes go to its ``attrs``, and :func:`new_object` makes
+the real one from them (``object.__new__`` plus its ``__dict__``).
 """
 
 from __future__ import annotations
 
+import abc
 import dataclasses
 import inspect
 from typing import TYPE_CHECKING, Any
@@ -34,9 +40,11 @@ from minicompile.capture.variables import (
     DictVar,
     ListVar,
     MethodVar,
+    NewObjectVar,
     RecordVar,
     TensorVar,
     TupleVar,
+    UserFunctionVar,
     Var,
 )
 from minicompile.errors import Unsupported
@@ -131,7 +139,7 @@ def attr(tx: InstructionTranslator, record: RecordVar, name: str) -> Var:
     else:
         raise Unsupported(f"{record.cls.__name__!r} object has no attribute {name!r}")
     if isinstance(value, property) and inspect.isfunction(value.fget):
-        return tx.inline_call(BoundMethodVar(value.fget, record), [], {})
+        return tx.inline_call(UserFunctionVar(value.fget), [record], {})
     if inspect.isfunction(value):
         return BoundMethodVar(value, record)
     if isinstance(value, (staticmethod, classmethod)) or hasattr(type(value), "__get__"):
@@ -232,3 +240,53 @@ def build_record(cls: type, init: dict[str, Any], writes: tuple) -> Any:
         else:
             setattr(obj, name, value)
     return obj
+
+
+# -- plain user objects --------------------------------------------------------------------
+
+
+def can_create(cls: type) -> bool:
+    """A class whose instances the trace can create by inlining ``__init__``."""
+    if type(cls) not in (type, abc.ABCMeta) or getattr(cls, "__abstractmethods__", None):
+        return False
+    if cls.__new__ is not object.__new__ or cls.__setattr__ is not object.__setattr__:
+        return False
+    if cls.__getattribute__ is not object.__getattribute__ or "__slots__" in vars(cls):
+        return False
+    for klass in cls.__mro__[:-1]:
+        if klass.__module__ in ("builtins", "torch") or klass.__module__.startswith("torch."):
+            return False  # builtin bases (dict, Exception), tensors, modules
+    init = cls.__init__
+    return init is object.__init__ or inspect.isfunction(init)
+
+
+def create(tx: InstructionTranslator, cls: type, args: list, kwargs: dict) -> NewObjectVar:
+    obj = NewObjectVar(cls)
+    if cls.__init__ is object.__init__:
+        if args or kwargs:
+            raise Unsupported(f"{cls.__name__}() takes no arguments (eager raises TypeError)")
+        return obj
+    result = tx.inline_call(UserFunctionVar(cls.__init__), [obj, *args], kwargs)
+    if not _is_none(result):
+        raise Unsupported(f"{cls.__name__}.__init__() returned a value (eager raises TypeError)")
+    return obj
+
+
+def object_attr(tx: InstructionTranslator, obj: NewObjectVar, name: str) -> Var:
+    if name in obj.attrs:
+        return tx.realize(obj.attrs[name])
+    if name == "__class__":
+        return tx.output.wrap(obj.cls, None)
+    return tx.class_attr(obj, obj.cls, name)
+
+
+def new_object(cls: type, attrs: dict[str, Any]) -> Any:
+    """The real object of a NewObjectVar (its __init__ already ran in the trace)."""
+    obj = object.__new__(cls)
+    obj.__dict__.update(attrs)
+    return obj
+
+
+def python_class(var: Var) -> type | None:
+    """The class of an object the trace made (None for other trackers)."""
+    return var.cls if isinstance(var, (NewObjectVar, RecordVar)) else None

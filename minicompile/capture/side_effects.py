@@ -33,6 +33,7 @@ from minicompile.capture.variables import (
     MethodVar,
     SYMBOLIC_TYPES,
     NullVar,
+    NewObjectVar,
     ObjectVar,
     RecordVar,
     SizeVar,
@@ -139,6 +140,8 @@ def generate_rebuild(out: OutputGraph, result: Var) -> tuple[list[Node], str]:
         if isinstance(v, TupleVar):
             inner = ", ".join(expr(i) for i in v.items)
             return f"({inner},)" if len(v.items) == 1 else f"({inner})"
+        if isinstance(v, NewObjectVar):
+            return new_object(v)
         if isinstance(v, RecordVar):
             init = ", ".join(f"{k!r}: {expr(i)}" for k, i in v.init.items())
             writes = "".join(f"({kind!r}, {name!r}, {expr(i)}), " for kind, name, i in v.writes)
@@ -167,7 +170,7 @@ def generate_rebuild(out: OutputGraph, result: Var) -> tuple[list[Node], str]:
     def key(k: Any) -> str:
         return repr(k) if _literal_ok(k) else g.ref(k, "key")
 
-    lines = [f"    ret = {expr(result)}"]
+    lines: list[str] = []
     replays: list[str] = []
     fx = out.side_effects
     n = 0
@@ -178,6 +181,18 @@ def generate_rebuild(out: OutputGraph, result: Var) -> tuple[list[Node], str]:
         n += 1
         lines.append(f"    {name} = {value_expr}")
         return name
+
+    made: dict[int, str] = {}  # objects of the trace, made once each (they may share)
+
+    def new_object(v: NewObjectVar) -> str:
+        if id(v) not in made:
+            made[id(v)] = name = temp(f"{g.ref(records.new_object, 'new_object')}("
+                                      f"{g.ref(v.cls, v.cls.__name__)}, {{}})")
+            attrs = ", ".join(f"{k!r}: {expr(i)}" for k, i in v.attrs.items())
+            lines.append(f"    {name}.__dict__.update({{{attrs}}})")
+        return made[id(v)]
+
+    lines.append(f"    ret = {expr(result)}")
 
     for var in fx.containers.values():
         assert var.source is not None

@@ -257,16 +257,31 @@ class RecordVar(Var):
 
 
 @dataclasses.dataclass(eq=False)
+class NewObjectVar(Var):
+    """An instance of a plain user class created by the trace (transformers'
+    ``DynamicCache``): its ``__init__`` was inlined and its attributes live in ``attrs``;
+    methods and properties are inlined with it as ``self``."""
+
+    cls: type
+    attrs: dict[str, Var] = dataclasses.field(default_factory=dict)
+    source: Source | None = None
+
+    def describe(self) -> str:
+        return f"a new {self.cls.__name__}"
+
+
+@dataclasses.dataclass(eq=False)
 class ReadMethodVar(Var):
-    """A read-only method of a builtin container (``dict.get``) bound to an instance of a
-    user subclass: called on constant arguments, the result is read from the object."""
+    """A mapping method that only reads (``dict.get`` of a dict subclass, ``get`` of
+    ``os.environ``), bound to an object read from the frame: called on constant
+    arguments, the result is read from the object (``descriptor(obj, *args)``)."""
 
     descriptor: Any
     self_var: Var
     source: Source | None = None
 
     def describe(self) -> str:
-        return f"method {self.descriptor.__objclass__.__name__}.{self.descriptor.__name__}"
+        return f"method {self.descriptor.__name__}"
 
 
 @dataclasses.dataclass(eq=False)

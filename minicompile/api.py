@@ -107,7 +107,9 @@ class CompiledFunction:
         # Automatic dynamic: per segment start, the dims of each input source seen to change.
         self.dynamic_dims: dict[ResumePoint, dict[str, frozenset[int]]] = {}
         self.dynamic_ints: dict[ResumePoint, set[str]] = {}  # int arguments seen to change
-        self.signature = inspect.signature(self.fn)
+        # The signature of the code that runs: not the one functools.wraps advertises
+        # (a `wrapper(*args, **kwargs)` binds its arguments into `args` and `kwargs`).
+        self.signature = inspect.signature(self.fn, follow_wrapped=False)
         code = self.fn.__code__
         self.n_params = code.co_argcount + code.co_kwonlyargcount
         self.simple = not (code.co_flags & (inspect.CO_VARARGS | inspect.CO_VARKEYWORDS)) and (

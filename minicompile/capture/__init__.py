@@ -83,7 +83,7 @@ class Capture:
 def frame_args(fn: types.FunctionType, args: tuple, kwargs: dict[str, Any]) -> tuple:
     """Bind a call's arguments to the frame layout :func:`capture_frame` and the generated
     functions take (defaults applied).  Raises TypeError like the call would."""
-    bound = inspect.signature(fn).bind(*args, **kwargs)
+    bound = inspect.signature(fn, follow_wrapped=False).bind(*args, **kwargs)
     bound.apply_defaults()
     code = fn.__code__
     out = [bound.arguments[n] for n in code.co_varnames[: code.co_argcount + code.co_kwonlyargcount]]

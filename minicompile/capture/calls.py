@@ -513,7 +513,9 @@ class CallsMixin:
             local_vars[code.co_varnames[0]] = args[0]
         else:
             try:
-                bound = inspect.signature(signature_of).bind(*args, **kwargs)
+                bound = inspect.signature(signature_of, follow_wrapped=False).bind(
+                    *args, **kwargs
+                )
             except TypeError as e:
                 raise Unsupported(f"bad call to {code.co_name}(): {e} (eager raises)") from e
             bound.apply_defaults()

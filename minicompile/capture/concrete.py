@@ -215,12 +215,18 @@ def _unpack(f: Frame, inst: Inst) -> None:
 
 
 def _call_function_ex(f: Frame, inst: Inst) -> None:
+    """``fn(*args, **kwargs)``: the stack is [NULL, fn, args, kwargs?] on 3.11/3.12 and
+    [fn, NULL, args, kwargs?] on 3.13.  Like CALL it goes through ``f.call``, so a user
+    function the frame broke in is compiled as its own frame there too."""
     kwargs = f.stack.pop() if inst.arg and inst.arg & 1 else {}
     args = f.stack.pop()
     fn = f.stack.pop()
-    if f.stack and f.stack[-1] is NULL:
+    if fn is NULL:  # 3.13: the NULL sits above the callable
+        fn = f.stack.pop()
+    elif f.stack and f.stack[-1] is NULL:
         f.stack.pop()
-    f.stack.append(fn(*args, **kwargs))
+    args, kwargs = list(args), dict(kwargs)
+    f.stack.append(f.call(fn, args, kwargs) if f.call else fn(*args, **kwargs))
 
 
 def _for_iter(f: Frame, inst: Inst) -> None:

@@ -301,6 +301,7 @@ class CallsMixin:
             return self.dict_method(obj, name, args, kwargs)
         # Methods of immutable Python values (str.format, tuple.index, dtype.to_complex...)
         method = getattr(out.to_value(obj), name)
+        out.require_pinned([*args, *kwargs.values()], f"{name}()")  # "{}".format(array)
         values, kw = self._values(args, kwargs)
         if any(pybuiltins.contains_tensor(v) for v in (*values, *kw.values())):
             raise Unsupported(f"method {name}() with tensor arguments is not supported")

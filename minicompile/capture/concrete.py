@@ -262,6 +262,18 @@ def _ret(f: Frame, value: Any) -> None:
     f.returned, f.result = True, value
 
 
+def _raise(f: Frame, inst: Inst) -> None:
+    """``raise`` with no handler around it (segments.why_not_concrete checks that): the
+    exception leaves the frame, as it would natively."""
+    if inst.arg == 0:  # handler code is never reached here, so nothing is being handled
+        raise RuntimeError("No active exception to reraise")
+    cause = f.stack.pop() if inst.arg == 2 else None
+    exc = f.stack.pop()
+    if inst.arg == 2:
+        raise exc from cause
+    raise exc
+
+
 def _store_subscr(f: Frame, inst: Inst) -> None:
     key, obj, value = f.stack.pop(), f.stack.pop(), f.stack.pop()
     obj[key] = value
@@ -313,6 +325,8 @@ HANDLERS: dict[str, Any] = {
     "LOAD_CONST": lambda f, i: f.stack.append(i.argval),
     "RETURN_CONST": lambda f, i: _ret(f, i.argval),
     "RETURN_VALUE": lambda f, i: _ret(f, f.stack.pop()),
+    "RAISE_VARARGS": _raise,
+    "LOAD_ASSERTION_ERROR": lambda f, i: f.stack.append(AssertionError),
     "LOAD_GLOBAL": _load_global,
     "LOAD_ATTR": _load_attr,
     "LOAD_METHOD": lambda f, i: f.stack.extend([NULL, getattr(f.stack.pop(), i.argval)]),

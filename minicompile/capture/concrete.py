@@ -56,6 +56,7 @@ class Frame:
     result: Any = None
     # Calls go through this (the driver compiles the user's own functions on the way).
     call: Any = None
+    steps: int = 0  # instructions executed, for stats()["concrete_instructions"]
 
     @staticmethod
     def at(fn: types.FunctionType, offset: int, local_values: dict, stack: list) -> Frame:
@@ -87,6 +88,7 @@ def step(f: Frame) -> None:
     """Execute the instruction at ``f.index`` and advance."""
     inst = f.insts[f.index]
     f.index += 1
+    f.steps += 1
     handler = HANDLERS.get(inst.opname)
     if handler is None:
         raise NotConcrete(f"bytecode {inst.opname} cannot run outside a compiled segment")

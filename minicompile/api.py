@@ -418,6 +418,8 @@ _callee_wrappers: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 def _is_user_function(fn: Any) -> bool:
     if not isinstance(fn, types.FunctionType):
         return False
+    if fn.__code__.co_name in ("<listcomp>", "<dictcomp>", "<setcomp>", "<genexpr>"):
+        return False  # a 3.11 comprehension made at a break: its `.0` binds no signature
     module = getattr(fn, "__module__", "") or ""
     return not module.split(".")[0] in ("torch", "minicompile", "triton", "numpy", "builtins")
 

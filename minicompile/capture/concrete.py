@@ -276,6 +276,44 @@ def _raise(f: Frame, inst: Inst) -> None:
     raise exc
 
 
+def _dict_merge(f: Frame, inst: Inst) -> None:
+    """``f(**a, **b)``: a repeated keyword is a TypeError, as in CPython."""
+    other = f.stack.pop()
+    target = f.stack[-inst.arg]
+    for key in other.keys():
+        if key in target:
+            raise TypeError(f"got multiple values for keyword argument {key!r}")
+        target[key] = other[key]
+
+
+def _unpack_ex(f: Frame, inst: Inst) -> None:
+    before, after = inst.arg & 0xFF, inst.arg >> 8
+    items = list(f.stack.pop())
+    if len(items) < before + after:
+        raise ValueError(f"not enough values to unpack (expected at least {before + after}, "
+                         f"got {len(items)})")
+    rest = items[before : len(items) - after]
+    f.stack.extend(reversed([*items[:before], rest, *items[len(items) - after :]]))
+
+
+def _make_function(f: Frame, inst: Inst) -> None:
+    """A nested function or a 3.11 comprehension (cells of the frame itself never get
+    here: frames with cell variables do not resume)."""
+    code = f.stack.pop()
+    flags = inst.arg or 0
+    closure = f.stack.pop() if flags & 0x08 else None
+    annotations = f.stack.pop() if flags & 0x04 else None
+    kwdefaults = f.stack.pop() if flags & 0x02 else None
+    defaults = f.stack.pop() if flags & 0x01 else None
+    fn = types.FunctionType(code, f.fn.__globals__, code.co_name, defaults, closure)
+    fn.__qualname__ = code.co_qualname
+    fn.__kwdefaults__ = kwdefaults
+    if annotations is not None:
+        fn.__annotations__ = dict(zip(annotations[::2], annotations[1::2])) if isinstance(
+            annotations, tuple) else annotations
+    f.stack.append(fn)
+
+
 def _store_subscr(f: Frame, inst: Inst) -> None:
     key, obj, value = f.stack.pop(), f.stack.pop(), f.stack.pop()
     obj[key] = value
@@ -364,6 +402,16 @@ HANDLERS: dict[str, Any] = {
     "LIST_APPEND": lambda f, i: f.stack[-i.arg - 1].append(f.stack.pop()),
     "LIST_EXTEND": lambda f, i: f.stack[-i.arg - 1].extend(f.stack.pop()),
     "LIST_TO_TUPLE": lambda f, i: f.stack.append(tuple(f.stack.pop())),
+    "DICT_MERGE": _dict_merge,
+    "DICT_UPDATE": lambda f, i: f.stack[-i.arg - 1].update(f.stack.pop()),
+    "MAP_ADD": lambda f, i: f.stack[-i.arg - 2].__setitem__(*reversed(
+        [f.stack.pop(), f.stack.pop()])),
+    "SET_ADD": lambda f, i: f.stack[-i.arg - 1].add(f.stack.pop()),
+    "SET_UPDATE": lambda f, i: f.stack[-i.arg - 1].update(f.stack.pop()),
+    "UNPACK_EX": _unpack_ex,
+    "MAKE_FUNCTION": _make_function,
+    "DELETE_SUBSCR": lambda f, i: operator.delitem(*reversed([f.stack.pop(), f.stack.pop()])),
+    "COPY_FREE_VARS": _noop,  # LOAD_DEREF reads the closure of the function itself
     "CALL_INTRINSIC_1": _intrinsic,
     "UNPACK_SEQUENCE": _unpack,
     "FORMAT_VALUE": _format,

@@ -10,8 +10,12 @@ starts after it, found by its resume point and guards, or traced on a miss.  Thi
 Dynamo's resume functions, as data: no bytecode is generated.
 
 Breaks are not resumed (the frame runs eagerly instead) inside a loop or a ``try`` block
-(a segment per iteration), inside a ``with`` block, in frames with cell variables, or at an
-instruction the concrete executor does not run.
+(a segment per iteration), inside a ``with`` block, in frames with cell variables, at an
+instruction the concrete executor does not run, or where that executor could not finish the
+frame should the rest fail to compile (an opcode it lacks, or an ``except``/``with`` handler
+after the break: it does not unwind exceptions).  Values made at a break (numpy arrays,
+lists, ``.item()`` numbers) are inputs of the next segment, guarded like any frame value;
+objects guarded only by their type are never computed with while tracing.
 """
 
 from __future__ import annotations

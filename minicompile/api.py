@@ -44,7 +44,7 @@ MODES = (None, "default", "reduce-overhead", "max-autotune")
 
 _STAT_KEYS = (
     "frames", "graphs", "graph_breaks", "recompiles", "kernels", "cache_hits", "eager_fallbacks",
-    "instructions",
+    "instructions", "concrete_instructions",
 )
 _stats: dict[str, int] = dict.fromkeys(_STAT_KEYS, 0)
 _compiled: list[CompiledFunction] = []  # every wrapper, so reset() can clear them
@@ -53,7 +53,9 @@ _compiled: list[CompiledFunction] = []  # every wrapper, so reset() can clear th
 def stats() -> dict[str, int]:
     """Counters since the last :func:`reset`: frames captured, graphs compiled, graph
     breaks, recompiles, kernels in the compiled code (built or loaded from the cache),
-    cache hits (graphs whose code was found on disk or in memory), eager fallbacks."""
+    cache hits (graphs whose code was found on disk or in memory), eager fallbacks,
+    bytecode instructions traced (``instructions``) and run by the concrete executor
+    (``concrete_instructions``: breaking instructions, and frames finished for real)."""
     return dict(_stats)
 
 
@@ -107,6 +109,8 @@ class CompiledFunction:
         # Automatic dynamic: per segment start, the dims of each input source seen to change.
         self.dynamic_dims: dict[ResumePoint, dict[str, frozenset[int]]] = {}
         self.dynamic_ints: dict[ResumePoint, set[str]] = {}  # int arguments seen to change
+        # The signature of the code that runs: not the one functools.wraps advertises
+        # (a `wrapper(*args, **kwargs)` binds its arguments into `args` and `kwargs`).
         self.signature = inspect.signature(self.fn, follow_wrapped=False)
         code = self.fn.__code__
         self.n_params = code.co_argcount + code.co_kwonlyargcount
@@ -152,7 +156,10 @@ class CompiledFunction:
                 self.fn, stop.offset, dict(zip(stop.local_names, local_values)), list(stack)
             )
             f.call = self.call_at_break
-            concrete.step(f)  # the breaking instruction
+            try:
+                concrete.step(f)  # the breaking instruction
+            finally:
+                _stats["concrete_instructions"] += f.steps
             if f.returned:
                 return f.result
             code = self.fn.__code__
@@ -160,12 +167,26 @@ class CompiledFunction:
             point = ResumePoint(f.offset, names, len(f.stack))
             values = tuple(f.locals[n] for n in names) + tuple(f.stack)
             found = self.segment(point, values)
-            if found is None:  # the rest cannot be compiled: finish this call for real
-                return concrete.run_to_end(f)
+            if found is None:
+                return self.finish_concretely(f, point)
             entry = found
             if entry.stop is None:
                 return entry.run(values)
             state = entry.run(values)
+
+    def finish_concretely(self, f: concrete.Frame, point: ResumePoint) -> Any:
+        """The rest of the frame from ``point`` cannot be compiled.  This call has run
+        segments and the breaking instruction already (side effects included), so it
+        finishes for real from where it is.  Later calls run the original function from
+        the start, as eager code costs no more than eager plus the check of
+        ``eager_reason`` (no segment guards, no interpreted bytecode)."""
+        reason = f"the rest of the frame from offset {point.offset} cannot be compiled"
+        self.eager_reason = self.eager_reason or reason
+        f.steps = 0
+        try:
+            return concrete.run_to_end(f)
+        finally:
+            _stats["concrete_instructions"] += f.steps
 
     def call_at_break(self, fn: Any, args: list, kwargs: dict) -> Any:
         """A call the frame broke at.  When it is a function of the user's (the break was
@@ -397,6 +418,8 @@ _callee_wrappers: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 def _is_user_function(fn: Any) -> bool:
     if not isinstance(fn, types.FunctionType):
         return False
+    if fn.__code__.co_name in ("<listcomp>", "<dictcomp>", "<setcomp>", "<genexpr>"):
+        return False  # a 3.11 comprehension made at a break: its `.0` binds no signature
     module = getattr(fn, "__module__", "") or ""
     return not module.split(".")[0] in ("torch", "minicompile", "triton", "numpy", "builtins")
 

@@ -149,7 +149,9 @@ def capture_segment(
     )
     if point.offset:
         tx.ip = tx.index_of[point.offset]
-    tx.stack = stack
+    # Stack values are consumed by the instructions that follow, which look at their kind
+    # (a tensor operand) before any read would realize them: wrap them now.
+    tx.stack = [output.realize(v) for v in stack]
     stop = None
     try:
         result = tx.run()

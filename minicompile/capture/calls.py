@@ -402,6 +402,7 @@ class CallsMixin:
             return records.call_method(self, obj, name, args, kwargs)
         # Methods of immutable Python values (str.format, tuple.index, dtype.to_complex...)
         method = getattr(out.to_value(obj), name)
+        out.require_pinned([*args, *kwargs.values()], f"{name}()")  # "{}".format(array)
         values, kw = self._values(args, kwargs)
         if any(pybuiltins.contains_tensor(v) for v in (*values, *kw.values())):
             raise Unsupported(f"method {name}() with tensor arguments is not supported")
@@ -630,7 +631,9 @@ class CallsMixin:
             local_vars[code.co_varnames[0]] = args[0]
         else:
             try:
-                bound = inspect.signature(signature_of, follow_wrapped=False).bind(*args, **kwargs)
+                bound = inspect.signature(signature_of, follow_wrapped=False).bind(
+                    *args, **kwargs
+                )
             except TypeError as e:
                 raise Unsupported(f"bad call to {code.co_name}(): {e} (eager raises)") from e
             bound.apply_defaults()

@@ -56,6 +56,7 @@ class Frame:
     result: Any = None
     # Calls go through this (the driver compiles the user's own functions on the way).
     call: Any = None
+    steps: int = 0  # instructions executed, for stats()["concrete_instructions"]
 
     @staticmethod
     def at(fn: types.FunctionType, offset: int, local_values: dict, stack: list) -> Frame:
@@ -87,6 +88,7 @@ def step(f: Frame) -> None:
     """Execute the instruction at ``f.index`` and advance."""
     inst = f.insts[f.index]
     f.index += 1
+    f.steps += 1
     handler = HANDLERS.get(inst.opname)
     if handler is None:
         raise NotConcrete(f"bytecode {inst.opname} cannot run outside a compiled segment")
@@ -215,12 +217,18 @@ def _unpack(f: Frame, inst: Inst) -> None:
 
 
 def _call_function_ex(f: Frame, inst: Inst) -> None:
+    """``fn(*args, **kwargs)``: the stack is [NULL, fn, args, kwargs?] on 3.11/3.12 and
+    [fn, NULL, args, kwargs?] on 3.13.  Like CALL it goes through ``f.call``, so a user
+    function the frame broke in is compiled as its own frame there too."""
     kwargs = f.stack.pop() if inst.arg and inst.arg & 1 else {}
     args = f.stack.pop()
     fn = f.stack.pop()
-    if f.stack and f.stack[-1] is NULL:
+    if fn is NULL:  # 3.13: the NULL sits above the callable
+        fn = f.stack.pop()
+    elif f.stack and f.stack[-1] is NULL:
         f.stack.pop()
-    f.stack.append(fn(*args, **kwargs))
+    args, kwargs = list(args), dict(kwargs)
+    f.stack.append(f.call(fn, args, kwargs) if f.call else fn(*args, **kwargs))
 
 
 def _for_iter(f: Frame, inst: Inst) -> None:
@@ -254,6 +262,56 @@ def _intrinsic(f: Frame, inst: Inst) -> None:
 
 def _ret(f: Frame, value: Any) -> None:
     f.returned, f.result = True, value
+
+
+def _raise(f: Frame, inst: Inst) -> None:
+    """``raise`` with no handler around it (segments.why_not_concrete checks that): the
+    exception leaves the frame, as it would natively."""
+    if inst.arg == 0:  # handler code is never reached here, so nothing is being handled
+        raise RuntimeError("No active exception to reraise")
+    cause = f.stack.pop() if inst.arg == 2 else None
+    exc = f.stack.pop()
+    if inst.arg == 2:
+        raise exc from cause
+    raise exc
+
+
+def _dict_merge(f: Frame, inst: Inst) -> None:
+    """``f(**a, **b)``: a repeated keyword is a TypeError, as in CPython."""
+    other = f.stack.pop()
+    target = f.stack[-inst.arg]
+    for key in other.keys():
+        if key in target:
+            raise TypeError(f"got multiple values for keyword argument {key!r}")
+        target[key] = other[key]
+
+
+def _unpack_ex(f: Frame, inst: Inst) -> None:
+    before, after = inst.arg & 0xFF, inst.arg >> 8
+    items = list(f.stack.pop())
+    if len(items) < before + after:
+        raise ValueError(f"not enough values to unpack (expected at least {before + after}, "
+                         f"got {len(items)})")
+    rest = items[before : len(items) - after]
+    f.stack.extend(reversed([*items[:before], rest, *items[len(items) - after :]]))
+
+
+def _make_function(f: Frame, inst: Inst) -> None:
+    """A nested function or a 3.11 comprehension (cells of the frame itself never get
+    here: frames with cell variables do not resume)."""
+    code = f.stack.pop()
+    flags = inst.arg or 0
+    closure = f.stack.pop() if flags & 0x08 else None
+    annotations = f.stack.pop() if flags & 0x04 else None
+    kwdefaults = f.stack.pop() if flags & 0x02 else None
+    defaults = f.stack.pop() if flags & 0x01 else None
+    fn = types.FunctionType(code, f.fn.__globals__, code.co_name, defaults, closure)
+    fn.__qualname__ = code.co_qualname
+    fn.__kwdefaults__ = kwdefaults
+    if annotations is not None:
+        fn.__annotations__ = dict(zip(annotations[::2], annotations[1::2])) if isinstance(
+            annotations, tuple) else annotations
+    f.stack.append(fn)
 
 
 def _store_subscr(f: Frame, inst: Inst) -> None:
@@ -307,6 +365,8 @@ HANDLERS: dict[str, Any] = {
     "LOAD_CONST": lambda f, i: f.stack.append(i.argval),
     "RETURN_CONST": lambda f, i: _ret(f, i.argval),
     "RETURN_VALUE": lambda f, i: _ret(f, f.stack.pop()),
+    "RAISE_VARARGS": _raise,
+    "LOAD_ASSERTION_ERROR": lambda f, i: f.stack.append(AssertionError),
     "LOAD_GLOBAL": _load_global,
     "LOAD_ATTR": _load_attr,
     "LOAD_METHOD": lambda f, i: f.stack.extend([NULL, getattr(f.stack.pop(), i.argval)]),
@@ -342,6 +402,16 @@ HANDLERS: dict[str, Any] = {
     "LIST_APPEND": lambda f, i: f.stack[-i.arg - 1].append(f.stack.pop()),
     "LIST_EXTEND": lambda f, i: f.stack[-i.arg - 1].extend(f.stack.pop()),
     "LIST_TO_TUPLE": lambda f, i: f.stack.append(tuple(f.stack.pop())),
+    "DICT_MERGE": _dict_merge,
+    "DICT_UPDATE": lambda f, i: f.stack[-i.arg - 1].update(f.stack.pop()),
+    "MAP_ADD": lambda f, i: f.stack[-i.arg - 2].__setitem__(*reversed(
+        [f.stack.pop(), f.stack.pop()])),
+    "SET_ADD": lambda f, i: f.stack[-i.arg - 1].add(f.stack.pop()),
+    "SET_UPDATE": lambda f, i: f.stack[-i.arg - 1].update(f.stack.pop()),
+    "UNPACK_EX": _unpack_ex,
+    "MAKE_FUNCTION": _make_function,
+    "DELETE_SUBSCR": lambda f, i: operator.delitem(*reversed([f.stack.pop(), f.stack.pop()])),
+    "COPY_FREE_VARS": _noop,  # LOAD_DEREF reads the closure of the function itself
     "CALL_INTRINSIC_1": _intrinsic,
     "UNPACK_SEQUENCE": _unpack,
     "FORMAT_VALUE": _format,

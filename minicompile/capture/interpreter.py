@@ -189,6 +189,7 @@ class InstructionTranslator(CallsMixin, ControlMixin):
     def fold(self, fn: Callable, *args: Var, what: str = "", text: bool = False) -> Var:
         """Apply a Python operator to constant trackers now.  ``text``: the result shows
         its operands as text (f-strings), so symbolic sizes give their numbers."""
+        self.output.require_pinned(args, what or fn.__name__)
         values = [self.output.to_value(a) for a in args]
         if text or any(isinstance(v, str) for v in values):  # "%s" % n, "n=" + str(n)
             values = [specialized(v) for v in values]

@@ -10,6 +10,7 @@ between trackers and the plain values torch_ops works on (:meth:`to_value` /
 from __future__ import annotations
 
 import dataclasses
+import enum
 import types
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -300,6 +301,29 @@ class OutputGraph:
         if isinstance(var, DictVar):
             return {k: self.to_value(v) for k, v in var.items.items()}
         raise Unsupported(f"{var.describe()} cannot be used as a value here")
+
+    def require_pinned(self, operands: Any, what: str) -> None:
+        """Raise Unsupported when an operand (or an item of one) is an object the guards
+        know only by its type: a user object, or a library object such as a numpy array.
+        Computing with it while tracing (an operator, a builtin, a format) would bake this
+        call's contents into the segment, and a later call with other contents, which
+        passes ``type(v) is C``, would reuse them.  The operation must run for real
+        instead (a graph break).  Enum members are immutable: an identity guard pins them."""
+        for var in operands:
+            var = self.realize(var)
+            if isinstance(var, (TupleVar, ListVar)):
+                self.require_pinned(var.items, what)
+            elif isinstance(var, DictVar):
+                self.require_pinned(var.items.values(), what)
+            elif isinstance(var, UserObjectVar):
+                if not isinstance(var.value, enum.Enum):
+                    raise Unsupported(
+                        f"{what} on {type(var.value).__module__}.{type(var.value).__name__}: "
+                        "its contents are not guarded, so the trace cannot compute with them",
+                        hint="the operation runs for real (graph break)",
+                    )
+                if var.source is not None and not var.source.trusted:
+                    self.guards.identity_match(var.source, var.value)
 
     def from_value(self, value: Any) -> Var:
         """The inverse of :meth:`to_value`, for results of folding and torch_ops."""

@@ -87,6 +87,8 @@ def call_builtin(out: OutputGraph, fn: Any, args: list[Var], kwargs: dict[str, V
     if any(contains_tensor(v) for v in (*values, *kw.values())):
         return _with_tensors(out, fn, name, values, kw)
     exception_class = isinstance(fn, type) and issubclass(fn, BaseException)
+    if fn not in (isinstance, type, issubclass, callable):  # these need only the type
+        out.require_pinned([*args, *kwargs.values()], f"{name}()")
     if fn in (isinstance, type, issubclass, callable):
         values = [python_type_of(v) for v in values]  # a symbolic size is an int
     elif fn not in _SYMBOLIC_SAFE:  # str(n), hash(n), format(n): the number, guarded

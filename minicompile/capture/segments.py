@@ -10,8 +10,12 @@ starts after it, found by its resume point and guards, or traced on a miss.  Thi
 Dynamo's resume functions, as data: no bytecode is generated.
 
 Breaks are not resumed (the frame runs eagerly instead) inside a loop or a ``try`` block
-(a segment per iteration), inside a ``with`` block, in frames with cell variables, or at an
-instruction the concrete executor does not run.
+(a segment per iteration), inside a ``with`` block, in frames with cell variables, at an
+instruction the concrete executor does not run, or where that executor could not finish the
+frame should the rest fail to compile (an opcode it lacks, or an ``except``/``with`` handler
+after the break: it does not unwind exceptions).  Values made at a break (numpy arrays,
+lists, ``.item()`` numbers) are inputs of the next segment, guarded like any frame value;
+objects guarded only by their type are never computed with while tracing.
 """
 
 from __future__ import annotations
@@ -73,6 +77,55 @@ def loop_and_try_ranges(code: types.CodeType) -> list[tuple[int, int]]:
     return ranges
 
 
+# Instructions after which control does not fall through to the next one.
+_NO_FALLTHROUGH = frozenset(
+    {"RETURN_VALUE", "RETURN_CONST", "RAISE_VARARGS", "RERAISE", "JUMP_FORWARD",
+     "JUMP_BACKWARD", "JUMP_BACKWARD_NO_INTERRUPT"}
+)
+
+
+def catching_handlers(code: types.CodeType) -> list[tuple[int, int]]:
+    """Offset ranges protected by a handler that may catch (``except``, ``finally``,
+    ``with``: their handler starts with PUSH_EXC_INFO).  A 3.12 comprehension's hidden
+    handler only restores a local and re-raises: skipping it changes nothing."""
+    insts = bytecode.decode(code)
+    index_of = bytecode.offset_to_index(insts)
+    ranges = []
+    for entry in dis.Bytecode(code).exception_entries:
+        k = index_of[entry.target]
+        while insts[k].opname not in ("PUSH_EXC_INFO", "RERAISE"):
+            k += 1
+        if insts[k].opname == "PUSH_EXC_INFO":
+            ranges.append((entry.start, entry.end))
+    return ranges
+
+
+def why_not_concrete(code: types.CodeType, offset: int) -> str | None:
+    """None when the frame can be finished by the concrete executor from ``offset`` (as
+    it must be when the rest fails to compile after a segment ran): every instruction
+    control can reach has a handler, and none is protected by a handler that catches
+    (the executor does not unwind through the exception table)."""
+    insts = bytecode.decode(code)
+    index_of = bytecode.offset_to_index(insts)
+    protected = catching_handlers(code)
+    todo, seen = [index_of[offset]], set()
+    while todo:
+        k = todo.pop()
+        if k in seen or k >= len(insts):
+            continue
+        seen.add(k)
+        inst = insts[k]
+        if inst.opname not in concrete.HANDLERS:
+            return f"{inst.opname} after the break cannot run outside a compiled segment"
+        if any(start <= inst.offset < end for start, end in protected):
+            return "a try or with block after the break"
+        if "JUMP" in inst.opname or inst.opname == "FOR_ITER":
+            todo.append(index_of[inst.argval])
+        if inst.opname not in _NO_FALLTHROUGH:
+            todo.append(k + 1)
+    return None
+
+
 def why_not_resumable(code: types.CodeType, tx: Any) -> str | None:
     """None when the break at ``tx``'s instruction can be resumed, else the reason."""
     inst = tx.insts[tx.ip]
@@ -80,6 +133,9 @@ def why_not_resumable(code: types.CodeType, tx: Any) -> str | None:
         return f"a break at {inst.opname} cannot be resumed"
     if any(start <= inst.offset <= end for start, end in loop_and_try_ranges(code)):
         return "a graph break inside a loop or a try block"
+    tail = why_not_concrete(code, inst.offset)
+    if tail is not None:
+        return tail
     if code.co_cellvars:
         return "a graph break in a frame with closure cells"
     if any(type(v).__name__ in ("GradModeVar", "WithExitVar") for v in tx.stack):

@@ -1,0 +1,157 @@
+"""Models that people run, built from the libraries they come from, with tiny random-init
+configs (no weights to download), and the inputs their users pass.
+
+Each :class:`ModelCase` builds the model (seeded) and makes fresh inputs on each call, as
+``(args, kwargs)``: the transformers models are called with keyword arguments
+(``model(**encoded_input)``), exactly as in the PyTorch 2.0 tutorial.
+
+torchvision beside PyTorch's CPU build: PyPI's torchvision wheels are CUDA builds whose C++
+operators cannot load beside a CPU-only torch, and importing torchvision then fails while
+registering the fake kernel of ``torchvision::nms``.  The models here use none of those
+operators, so :func:`import_torchvision` declares the two operators' schemas first when
+the import fails that way, and imports the pure-Python rest of the package.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+_TORCHVISION_OPS = (
+    "nms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor",
+    "qnms(Tensor qdets, Tensor scores, float iou_threshold) -> Tensor",
+)
+_torchvision_lib: Any = None
+
+
+def import_torchvision() -> Any:
+    global _torchvision_lib
+    try:
+        return importlib.import_module("torchvision")
+    except RuntimeError as e:
+        if "torchvision::nms" not in str(e):
+            raise
+    for name in [m for m in sys.modules if m == "torchvision" or m.startswith("torchvision.")]:
+        del sys.modules[name]
+    _torchvision_lib = torch.library.Library("torchvision", "FRAGMENT")
+    for schema in _TORCHVISION_OPS:
+        _torchvision_lib.define(schema)
+    return importlib.import_module("torchvision")
+
+
+Inputs = tuple[tuple, dict[str, Any]]
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelCase:
+    name: str
+    build: Callable[[], torch.nn.Module]
+    inputs: Callable[[torch.device], Inputs]  # fresh random inputs on each call
+    float_inputs: bool = True  # inputs to cast to a low-precision dtype with the model
+
+    def __str__(self) -> str:
+        return self.name
+
+
+def _images(batch: int = 2, size: int = 64) -> Callable[[torch.device], Inputs]:
+    return lambda device: ((torch.randn(batch, 3, size, size, device=device),), {})
+
+
+def _tokens(vocab: int, batch: int = 2, length: int = 12) -> torch.Tensor:
+    return torch.randint(0, vocab, (batch, length))
+
+
+def _bert_inputs(device: torch.device) -> Inputs:
+    """What a tokenizer returns for two sentences, the second one padded."""
+    ids = _tokens(100)
+    mask = torch.ones_like(ids)
+    mask[1, 8:] = 0
+    ids[1, 8:] = 0
+    encoded = {"input_ids": ids, "token_type_ids": torch.zeros_like(ids), "attention_mask": mask}
+    return (), {k: v.to(device) for k, v in encoded.items()}
+
+
+def _causal_lm_inputs(device: torch.device) -> Inputs:
+    return (), {"input_ids": _tokens(100).to(device)}
+
+
+def _seq2seq_inputs(device: torch.device) -> Inputs:
+    return (), {"input_ids": _tokens(100).to(device),
+                "decoder_input_ids": _tokens(100, length=7).to(device)}
+
+
+def _torchvision_resnet18() -> torch.nn.Module:
+    return import_torchvision().models.resnet18(num_classes=10)
+
+
+def _timm(name: str, **kwargs: Any) -> Callable[[], torch.nn.Module]:
+    def build() -> torch.nn.Module:
+        import timm
+
+        return timm.create_model(name, pretrained=False, **kwargs)
+
+    return build
+
+
+def _bert() -> torch.nn.Module:
+    from transformers import BertConfig, BertModel
+
+    return BertModel(BertConfig(vocab_size=100, hidden_size=64, num_hidden_layers=2,
+                                num_attention_heads=4, intermediate_size=128,
+                                max_position_embeddings=64))
+
+
+def _gpt2() -> torch.nn.Module:
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    return GPT2LMHeadModel(GPT2Config(vocab_size=100, n_embd=64, n_layer=2, n_head=4,
+                                      n_positions=64, bos_token_id=0, eos_token_id=0))
+
+
+def _t5() -> torch.nn.Module:
+    from transformers import T5Config, T5ForConditionalGeneration
+
+    return T5ForConditionalGeneration(T5Config(vocab_size=100, d_model=64, d_kv=16, d_ff=128,
+                                               num_layers=2, num_heads=4,
+                                               decoder_start_token_id=0))
+
+
+def _llama() -> torch.nn.Module:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    return LlamaForCausalLM(LlamaConfig(vocab_size=100, hidden_size=64, intermediate_size=128,
+                                        num_hidden_layers=2, num_attention_heads=4,
+                                        num_key_value_heads=2, max_position_embeddings=64))
+
+
+MODELS: tuple[ModelCase, ...] = (
+    ModelCase("torchvision_resnet18", _torchvision_resnet18, _images()),
+    ModelCase("timm_resnext26ts", _timm("resnext26ts", num_classes=2), _images()),
+    ModelCase("timm_vit_tiny", _timm("vit_tiny_patch16_224", img_size=64, num_classes=10),
+              _images()),
+    ModelCase("timm_efficientnet_b0", _timm("efficientnet_b0", num_classes=10), _images()),
+    ModelCase("hf_bert", _bert, _bert_inputs, float_inputs=False),
+    ModelCase("hf_gpt2", _gpt2, _causal_lm_inputs, float_inputs=False),
+    ModelCase("hf_t5", _t5, _seq2seq_inputs, float_inputs=False),
+    ModelCase("hf_llama", _llama, _causal_lm_inputs, float_inputs=False),
+)
+
+
+def tensors_of(value: Any) -> list[Any]:
+    """Every tensor (and other leaf) a model returned, in a fixed order: ModelOutput and
+    dict values by key, tuple items, and the attributes of other objects (a KV cache)."""
+    if isinstance(value, torch.Tensor) or value is None or isinstance(value, (int, float, str)):
+        return [value]
+    if isinstance(value, dict):
+        return [("key", k) for k in value] + [x for v in value.values() for x in tensors_of(v)]
+    if isinstance(value, (tuple, list)):
+        return [x for v in value for x in tensors_of(v)]
+    if hasattr(value, "__dict__"):
+        attrs = vars(value)
+        return [type(value)] + [x for k in sorted(attrs) for x in tensors_of(attrs[k])]
+    return [value]

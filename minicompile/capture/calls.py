@@ -36,6 +36,7 @@ from minicompile.capture.variables import (
     NestedFunctionVar,
     NewObjectVar,
     NNModuleVar,
+    ObjectSlotVar,
     NullVar,
     ObjectVar,
     OpaqueVar,
@@ -222,6 +223,10 @@ class CallsMixin:
             raise Unsupported(
                 f"{cls.__name__!r} object has no attribute {name!r} (eager raises AttributeError)"
             )
+        if isinstance(obj, NewObjectVar) and name in records.OBJECT_SLOTS and (
+            attr is getattr(object, name)
+        ):  # super().__setattr__(k, v) in a class that overrides it
+            return ObjectSlotVar(name, obj)
         if isinstance(attr, staticmethod):
             return self.output.wrap(attr.__func__, None)
         if isinstance(attr, classmethod):
@@ -300,6 +305,8 @@ class CallsMixin:
             return self.call_builtin(fn.value, args, kwargs)
         if isinstance(fn, ReadMethodVar):
             return self.call_read_method(fn, args, kwargs)
+        if isinstance(fn, ObjectSlotVar):
+            return records.call_slot(self, fn, args, kwargs)
         if isinstance(fn, WithExitVar):
             out.grad_enabled = bool(fn.ctx.prev)
             return ConstantVar(None)
@@ -318,6 +325,28 @@ class CallsMixin:
                 return pybuiltins.call_builtin(out, fn.value, args, kwargs)
             raise Unsupported(f"call to {externs._describe(fn.value)} is not supported")
         raise Unsupported(f"calling {fn.describe()} is not supported")
+
+    def has_python_method(self: InstructionTranslator, var: Var, name: str) -> bool:
+        """``var`` is an object of a user class whose ``name`` (``__getitem__``,
+        ``__len__``...) is Python code the trace can inline."""
+        if isinstance(var, NewObjectVar):
+            cls = var.cls
+        elif isinstance(var, UserObjectVar):
+            cls = type(var.value)
+        else:
+            return False
+        return inspect.isfunction(getattr(cls, name, None))
+
+    def user_contains(self: InstructionTranslator, container: Var, item: Var) -> bool:
+        """``item in container`` for an object of a user class.  The mixin ``__contains__``
+        of collections.abc (``try: self[k]`` ...) is answered from the keys the object
+        iterates over; a class's own is inlined."""
+        method = getattr(records.python_class(container) or type(container.value), "__contains__")
+        if method.__module__ == "collections.abc":
+            key = self.output.to_value(item)
+            return any(self.output.to_value(k) == key for k in self.object_items(container))
+        return self.truthy(self.call_function(self.load_attr(container, "__contains__"),
+                                              [item], {}))
 
     def call_read_method(self: InstructionTranslator, fn: ReadMethodVar, args: list, kw: dict):
         """``dict.get(obj, key)`` and friends on a user subclass read from the frame: the
@@ -516,6 +545,9 @@ class CallsMixin:
             args[0], (NestedFunctionVar, BoundMethodVar, MethodVar, ReadMethodVar)
         ):
             return ConstantVar(True)
+        if fn is delattr and len(args) == 2 and isinstance(args[0], NewObjectVar):
+            records.del_object_attr(self, args[0], self.output.to_value(args[1]))
+            return ConstantVar(None)
         if fn is setattr and len(args) == 3:
             self.store_attr(args[0], self.output.to_value(args[1]), args[2])
             return ConstantVar(None)
@@ -557,10 +589,11 @@ class CallsMixin:
                 return self.output.wrap(cls, None)
             if fn is len and len(args) == 1 and isinstance(args[0], RecordVar):
                 return ConstantVar(len(records.keys_of(args[0])))
-            if fn is len and len(args) == 1 and callable(getattr(cls, "__len__", None)):
-                return self.call_function(self.load_attr(args[0], "__len__"), [], {})
+
         if fn is len and len(args) == 1 and isinstance(args[0], (TupleVar, ListVar, DictVar)):
             return ConstantVar(len(args[0].items))  # items may be objects of the trace
+        if fn is len and len(args) == 1 and self.has_python_method(args[0], "__len__"):
+            return self.call_function(self.load_attr(args[0], "__len__"), [], {})
         if fn is len and len(args) == 1 and isinstance(args[0], NNModuleVar):
             return ConstantVar(len(self.module_items(args[0])))
         if fn is isinstance and len(args) == 2 and isinstance(args[0], (StructSeqVar,)):

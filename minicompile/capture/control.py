@@ -153,8 +153,7 @@ class ControlMixin:
         if isinstance(obj, RecordVar):
             return records.set_attr(self, obj, name, value)
         if isinstance(obj, NewObjectVar):
-            obj.attrs[name] = value  # a new object: nothing outside sees it yet
-            return None
+            return records.set_object_attr(self, obj, name, value)
         if isinstance(obj, NNModuleVar):
             m = obj.value
             if name in m._parameters or name in m._modules:

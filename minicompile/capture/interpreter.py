@@ -46,6 +46,7 @@ from minicompile.capture.variables import (
     MethodVar,
     ModuleVar,
     NestedFunctionVar,
+    NewObjectVar,
     NNModuleVar,
     NullVar,
     ObjectVar,
@@ -381,6 +382,9 @@ class InstructionTranslator(CallsMixin, ControlMixin):
             found = self.output.to_value(item) in records.keys_of(container)
             self.push(ConstantVar(found != bool(inst.arg)))
             return
+        if self.has_python_method(container, "__contains__"):
+            self.push(ConstantVar(self.user_contains(container, item) != bool(inst.arg)))
+            return
         if isinstance(container, DictVar) or (
             isinstance(container, NNModuleVar) and isinstance(container.value, torch.nn.ModuleDict)
         ):
@@ -507,6 +511,8 @@ class InstructionTranslator(CallsMixin, ControlMixin):
             return self.module_subscript(container, self.output.to_value(index))
         if isinstance(container, RecordVar):
             return records.get_item(self, container, index)
+        if self.has_python_method(container, "__getitem__"):  # a user mapping or sequence
+            return self.call_function(self.load_attr(container, "__getitem__"), [index], {})
         if isinstance(index, TensorVar):
             raise Unsupported("indexing with a tensor is not supported")
         if isinstance(container, (TupleVar, ListVar)):
@@ -590,7 +596,13 @@ class InstructionTranslator(CallsMixin, ControlMixin):
 
     LOAD_ASSERTION_ERROR = _refuse("failed assert: eager raises AssertionError")
     RAISE_VARARGS = _refuse("raise statement: eager raises")
-    DELETE_ATTR = DELETE_GLOBAL = DELETE_DEREF = _refuse("del of an attribute/global/cell")
+    DELETE_GLOBAL = DELETE_DEREF = _refuse("del of a global/cell")
+
+    def DELETE_ATTR(self, inst: Inst) -> None:
+        obj = self.realize(self.pop())
+        if not isinstance(obj, NewObjectVar):
+            raise Unsupported(f"del of an attribute of {obj.describe()} is not supported")
+        records.del_object_attr(self, obj, inst.argval)
     BEFORE_ASYNC_WITH = _refuse("async with is not supported")
 
     # -- imports of modules already loaded -------------------------------------------------

@@ -21,6 +21,7 @@ Dynamo does instead of breaking the graph:
 
 from __future__ import annotations
 
+import copy
 import inspect
 import logging
 import types
@@ -134,6 +135,15 @@ def _signature(tx: InstructionTranslator, fn: Any, args: list, kwargs: dict) -> 
         raise Unsupported(f"inspect.signature() of {target.describe()} is not supported")
     kw = {k: tx.output.to_value(v) for k, v in kwargs.items()}
     return ConstantVar(inspect.signature(real, **kw))
+
+
+@_register(copy.copy, copy.deepcopy)
+def _copy(tx: InstructionTranslator, fn: Any, args: list, kwargs: dict) -> Var:
+    if len(args) != 1 or kwargs:
+        raise Unsupported(f"copy.{fn.__name__}() with a memo is not supported")
+    from minicompile.capture import records
+
+    return records.copy_value(tx, args[0], deep=fn is copy.deepcopy)
 
 
 @_register(warnings.warn)

@@ -164,7 +164,7 @@ class OutputGraph:
             if type(value) is tuple:
                 return TupleVar(tuple(items), source)
             return ListVar(items, mutable=False, source=source)
-        if type(value) is dict and all(type(k) is str for k in value):
+        if type(value) is dict and all(type(k) in (str, int) for k in value):
             if guard:
                 g.dict_keys_match(source, value)
             items = {k: self._item(v, source, k) for k, v in value.items()}

@@ -20,11 +20,15 @@ live at a graph break) by :func:`build_record`: the constructor is called with t
 arguments and the logged writes are replayed, so the object, its dict order included, is
 the one eager builds.
 
-Instances of other plain classes (``__new__`` and ``__setattr__`` of ``object``, no
-metaclass but ``ABCMeta``, no builtin base: transformers' ``DynamicCache`` and its layers)
-are :class:`~minicompile.capture.variables.NewObjectVar`: ``__init__`` is inlined with the
-new object as ``self``, attribute writes go to its ``attrs``, and :func:`new_object` makes
-the real one from them (``object.__new__`` plus its ``__dict__``).
+Instances of other plain classes (``object.__new__``, no metaclass but ``ABCMeta``, no
+builtin base: transformers' ``DynamicCache`` and its layers) are
+:class:`~minicompile.capture.variables.NewObjectVar`: ``__init__`` is inlined with the new
+object as ``self``, attribute reads and writes go to its ``attrs`` (through the class's
+own ``__getattribute__`` / ``__setattr__`` / ``__delattr__`` when it has Python ones), and
+:func:`new_object` makes the real one from them (``object.__new__`` plus its
+``__dict__``).  ``copy.copy`` / ``copy.deepcopy`` of such objects read from the frame
+(a config copied before it is edited) make NewObjectVars too: the copy's attributes are
+the original's, read (and guarded) when used, and mutable ones copied.
 """
 
 from __future__ import annotations
@@ -39,19 +43,28 @@ from minicompile.capture.variables import (
     ConstantVar,
     DictVar,
     ListVar,
+    LazyVar,
     MethodVar,
+    ModuleVar,
     NewObjectVar,
+    ObjectSlotVar,
+    ObjectVar,
     RecordVar,
+    Source,
     TensorVar,
     TupleVar,
     UserFunctionVar,
+    UserObjectVar,
     Var,
+    is_constant_value,
 )
 from minicompile.errors import Unsupported
 
 if TYPE_CHECKING:
     from minicompile.capture.interpreter import InstructionTranslator
 
+# object's attribute protocol, which a class's override reaches through super().
+OBJECT_SLOTS = ("__getattribute__", "__setattr__", "__delattr__")
 # The mapping methods of a ModelOutput that the record answers itself.
 MAPPING_METHODS = frozenset({"keys", "values", "items", "to_tuple", "get"})
 
@@ -249,10 +262,12 @@ def can_create(cls: type) -> bool:
     """A class whose instances the trace can create by inlining ``__init__``."""
     if type(cls) not in (type, abc.ABCMeta) or getattr(cls, "__abstractmethods__", None):
         return False
-    if cls.__new__ is not object.__new__ or cls.__setattr__ is not object.__setattr__:
+    if cls.__new__ is not object.__new__ or any(vars(k).get("__slots__") for k in cls.__mro__):
         return False
-    if cls.__getattribute__ is not object.__getattribute__ or "__slots__" in vars(cls):
-        return False
+    for hook in ("__getattribute__", "__setattr__", "__delattr__"):
+        method = getattr(cls, hook)
+        if method is not getattr(object, hook) and not inspect.isfunction(method):
+            return False
     for klass in cls.__mro__[:-1]:
         if klass.__module__ in ("builtins", "torch") or klass.__module__.startswith("torch."):
             return False  # builtin bases (dict, Exception), tensors, modules
@@ -273,11 +288,112 @@ def create(tx: InstructionTranslator, cls: type, args: list, kwargs: dict) -> Ne
 
 
 def object_attr(tx: InstructionTranslator, obj: NewObjectVar, name: str) -> Var:
+    """``obj.name``, through the class's own ``__getattribute__`` when it has one."""
+    if obj.cls.__getattribute__ is not object.__getattribute__:
+        return tx.call_function(UserFunctionVar(obj.cls.__getattribute__),
+                                [obj, ConstantVar(name)], {})
+    return plain_attr(tx, obj, name)
+
+
+def plain_attr(tx: InstructionTranslator, obj: NewObjectVar, name: str) -> Var:
+    """``object.__getattribute__(obj, name)``: the instance dict, then the class."""
     if name in obj.attrs:
-        return tx.realize(obj.attrs[name])
+        value = obj.attrs[name] = tx.realize(obj.attrs[name])
+        return value
     if name == "__class__":
         return tx.output.wrap(obj.cls, None)
+    if name == "__dict__":
+        return DictVar(obj.attrs)  # the same dict: writes through it are the object's
+    if name in OBJECT_SLOTS and getattr(obj.cls, name) is getattr(object, name):
+        return ObjectSlotVar(name, obj)
     return tx.class_attr(obj, obj.cls, name)
+
+
+def set_object_attr(tx: InstructionTranslator, obj: NewObjectVar, name: str, value: Var) -> None:
+    if obj.cls.__setattr__ is not object.__setattr__:
+        tx.call_function(UserFunctionVar(obj.cls.__setattr__), [obj, ConstantVar(name), value],
+                         {})
+    else:
+        obj.attrs[name] = value  # a new object: nothing outside sees it yet
+
+
+def del_object_attr(tx: InstructionTranslator, obj: NewObjectVar, name: str) -> None:
+    if obj.cls.__delattr__ is not object.__delattr__:
+        tx.call_function(UserFunctionVar(obj.cls.__delattr__), [obj, ConstantVar(name)], {})
+    elif obj.attrs.pop(name, None) is None:
+        raise Unsupported(f"{obj.cls.__name__!r} object has no attribute {name!r} (eager raises)")
+
+
+def call_slot(tx: InstructionTranslator, slot: ObjectSlotVar, args: list, kwargs: dict) -> Var:
+    """``object.__getattribute__(obj, name)`` and friends on an object of the trace."""
+    obj, values = slot.obj, [tx.output.to_value(a) for a in args[:1]]
+    if kwargs or not values or type(values[0]) is not str or not isinstance(obj, NewObjectVar):
+        raise Unsupported(f"object.{slot.name}() with these arguments is not supported")
+    name = values[0]
+    if slot.name == "__getattribute__" and len(args) == 1:
+        return plain_attr(tx, obj, name)
+    if slot.name == "__setattr__" and len(args) == 2:
+        obj.attrs[name] = args[1]
+        return ConstantVar(None)
+    if slot.name == "__delattr__" and len(args) == 1 and obj.attrs.pop(name, None) is not None:
+        return ConstantVar(None)
+    raise Unsupported(f"object.{slot.name}() with these arguments is not supported")
+
+
+def copy_value(tx: InstructionTranslator, var: Var, deep: bool) -> Var:
+    """``copy.deepcopy(var)`` (``deep``) or ``copy.copy(var)``."""
+    var = tx.realize(var)
+    if deep:
+        return _deep(tx, var, {})
+    if isinstance(var, ListVar):
+        return ListVar(list(var.items))
+    if isinstance(var, DictVar):
+        return DictVar(dict(var.items))
+    if isinstance(var, UserObjectVar):
+        return _copy_object(tx, var, lambda v: v)  # the attributes themselves are shared
+    if isinstance(var, (ConstantVar, TupleVar)):
+        return var
+    raise Unsupported(f"copy.copy() of {var.describe()} is not supported")
+
+
+def _deep(tx: InstructionTranslator, var: Var, memo: dict[int, Var]) -> Var:
+    if isinstance(var, LazyVar):
+        if is_constant_value(var.value):
+            return var  # immutable: shared, read (and guarded) when used
+        var = tx.realize(var)
+    if id(var) in memo:
+        return memo[id(var)]
+    if isinstance(var, ConstantVar) or type(var) in (ObjectVar, ModuleVar, UserFunctionVar):
+        return var  # deepcopy keeps numbers, classes, functions and modules
+    if isinstance(var, (ListVar, TupleVar)):
+        items = [_deep(tx, i, memo) for i in var.items]
+        copy = ListVar(items) if isinstance(var, ListVar) else type(var)(tuple(items))
+    elif isinstance(var, DictVar):
+        copy = DictVar({k: _deep(tx, v, memo) for k, v in var.items.items()})
+    elif isinstance(var, NewObjectVar):
+        copy = NewObjectVar(var.cls, {k: _deep(tx, v, memo) for k, v in var.attrs.items()})
+    elif isinstance(var, UserObjectVar):
+        copy = _copy_object(tx, var, lambda v: _deep(tx, v, memo))
+    else:
+        raise Unsupported(f"copy.deepcopy() of {var.describe()} is not supported")
+    memo[id(var)] = copy
+    return copy
+
+
+def _copy_object(tx: InstructionTranslator, var: UserObjectVar, copy: Any) -> NewObjectVar:
+    """A copy of an object read from the frame, as copy's default reduction makes it
+    (``cls.__new__(cls)`` and a copy of its ``__dict__``)."""
+    cls = type(var.value)
+    default = all(getattr(cls, n, None) is getattr(object, n, None) for n in (
+        "__reduce_ex__", "__reduce__", "__getstate__", "__copy__", "__deepcopy__",
+        "__setstate__"))
+    if not default or not can_create(cls) or var.source is None:
+        raise Unsupported(f"copying {var.describe()} (a class with its own copy protocol)")
+    src = var.source
+    state = tx.output.wrap(var.value.__dict__, Source(
+        f"{src.name}.__dict__", f"{src.expr}.__dict__", f"{src.ident}___dict__", src.trusted))
+    assert isinstance(state, DictVar)
+    return NewObjectVar(cls, {k: copy(v) for k, v in state.items.items()})
 
 
 def new_object(cls: type, attrs: dict[str, Any]) -> Any:

@@ -271,6 +271,20 @@ class NewObjectVar(Var):
 
 
 @dataclasses.dataclass(eq=False)
+class ObjectSlotVar(Var):
+    """``object.__getattribute__`` / ``__setattr__`` / ``__delattr__`` bound to an object
+    of the trace (what ``super().__setattr__(k, v)`` reaches in a class that overrides
+    it): the plain attribute operation, without the class's override."""
+
+    name: str
+    obj: Var
+    source: Source | None = None
+
+    def describe(self) -> str:
+        return f"object.{self.name}"
+
+
+@dataclasses.dataclass(eq=False)
 class ReadMethodVar(Var):
     """A mapping method that only reads (``dict.get`` of a dict subclass, ``get`` of
     ``os.environ``), bound to an object read from the frame: called on constant

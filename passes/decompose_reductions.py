@@ -34,12 +34,13 @@ def bind(args: tuple, kwargs: dict, names: Sequence[str], defaults: dict[str, An
 
 
 def _dims(dim: Any, ndim: int) -> tuple[int, ...]:
-    """Normalised reduction dims; None or () means all."""
-    if dim is None or (isinstance(dim, (tuple, list)) and len(dim) == 0):
+    """Normalised reduction dims; None or () means all.  A 0-dim tensor has no dims to
+    name: its ``dim=0`` / ``dim=-1`` (which eager accepts) normalise to ``()``, all of it."""
+    if dim is None or (isinstance(dim, (tuple, list)) and len(dim) == 0) or ndim == 0:
         return tuple(range(ndim))
     if isinstance(dim, int):
         dim = (dim,)
-    return tuple(sorted({d % ndim if ndim else 0 for d in dim}))
+    return tuple(sorted({d % ndim for d in dim}))
 
 
 def _numel(x: Node, dims: tuple[int, ...]) -> Any:
@@ -49,8 +50,11 @@ def _numel(x: Node, dims: tuple[int, ...]) -> Any:
 
 
 def _reduce(b: Builder, op: str, x: Node, dims: tuple[int, ...], keepdim: bool) -> Node:
-    if x.meta.ndim == 0:  # a 0-dim tensor reduces to itself
-        return x
+    if x.meta.ndim == 0:
+        # A 0-dim tensor is a row of one element, reduced like any other: the result is a
+        # new tensor of the reduction's dtype (bool for any/all, int64 for an integer sum),
+        # never the input itself.  keepdim keeps no dims of a 0-dim input.
+        return b(op, b("reshape", x, (1,)), (0,), False)
     return b(op, x, dims, keepdim)
 
 
@@ -115,9 +119,11 @@ def _extreme_with_index(b: Builder, x: Node, op: str, dim: int | None,
     gives the first index.  The index is amin(where(x == extreme, position, n)) over the
     row, with positions from an ``iota``: a second pass over the row of the same kernel."""
     dtype = x.meta.dtype
-    if x.meta.ndim == 0 or dtype == torch.bool or dtype.is_complex:
+    if dtype == torch.bool or dtype.is_complex:
         return NOT_HANDLED
-    if dim is None:
+    if x.meta.ndim == 0:  # a row of one element; keepdim keeps no dims of a 0-dim input
+        x, dim, keepdim = b("reshape", x, (1,)), 0, False
+    elif dim is None:
         x = b("reshape", x, (_numel(x, tuple(range(x.meta.ndim))),))
         dim = 0
     dim %= x.meta.ndim

@@ -308,6 +308,10 @@ class TritonKernel:
         if isinstance(e, IndirectLoad):
             # Never read out of range: check the index, and mask the load by the check.
             at = self.names[e.at]
+            if not self.level(at) and axes:
+                # One index for the whole block (a 0-dim index tensor): widened to the
+                # load's block, since a scalar check cannot mask a block's store.
+                at = self.fresh(at + "".join(f" + 0 * {a}index" for a in sorted(axes)), axes)
             axes = axes | self.level(at)
             ok = self.fresh(f"(0 <= {at}) & ({at} < {triton_index(e.size)})", self.level(at))
             bad = " & ".join(m for m in (f"~{ok}", self.mask(axes)) if m)

@@ -4,7 +4,7 @@ or a layer norm becomes one kernel instead of a library call.
 
 Each rule computes as PyTorch's own kernels do: float16/bfloat16 inputs are upcast to
 float32 ("opmath"), reductions accumulate there, and the result is cast back once.
-Forms a rule does not handle (norms other than 2, max/min of bool...) return None and
+Forms a rule does not handle (matrix norms, max/min of bool...) return None and
 stay library calls.
 """
 
@@ -257,14 +257,27 @@ def _logsumexp(b: Builder, *args: Any, **kwargs: Any) -> Node | None:
 def _norm(b: Builder, *args: Any, **kwargs: Any) -> Node | None:
     a = bind(args, kwargs, ("input", "p", "dim", "keepdim"), {"p": "fro", "dim": None,
                                                               "keepdim": False, "dtype": None})
-    x = a["input"]
-    if a["p"] not in ("fro", 2, 2.0) or a["dtype"] is not None:
+    x, p = a["input"], a["p"]
+    if not (p == "fro" or isinstance(p, (int, float)) and not isinstance(p, bool)):
+        return NOT_HANDLED  # "nuc" and matrix norms stay library calls
+    if a["dtype"] is not None or not x.meta.dtype.is_floating_point or x.meta.ndim == 0:
         return NOT_HANDLED
-    if not x.meta.dtype.is_floating_point or x.meta.ndim == 0:
-        return NOT_HANDLED
-    xf = b.opmath(x)
     dims = _dims(a["dim"], x.meta.ndim)
-    return b.restore(b("sqrt", b("sum", b("mul", xf, xf), dims, a["keepdim"])))
+    if p == "fro" or p == 2:
+        xf = b.opmath(x)
+        return b.restore(b("sqrt", b("sum", b("mul", xf, xf), dims, a["keepdim"])))
+    ax = b("abs", b.opmath(x))
+    if math.isinf(p):  # the largest (smallest) magnitude; eager raises on an empty row
+        if _numel(x, dims) == 0:
+            return NOT_HANDLED
+        return b.restore(b("amax" if p > 0 else "amin", ax, dims, a["keepdim"]))
+    if p == 0:  # the count of non-zero elements
+        return b.restore(b("sum", b("to_dtype", b("ne", ax, 0), dtype=ax.meta.dtype), dims,
+                           a["keepdim"]))
+    if p == 1:
+        return b.restore(b("sum", ax, dims, a["keepdim"]))
+    total = b("sum", b("pow", ax, float(p)), dims, a["keepdim"])
+    return b.restore(b("pow", total, 1.0 / p))
 
 
 def _softmax_args(args: tuple, kwargs: dict) -> tuple[Node, int, Any]:

@@ -268,6 +268,20 @@ for _name, _f in (("softmax", F.softmax), ("log_softmax", F.log_softmax)):
     case(f"{_name}_0dim_last", lambda x, f=_f: f(x, -1), rand(ZERO_DIM))
 case("sum_of_0dim_sin_plus_one", lambda x: x.sin().sum() + 1, rand(ZERO_DIM))
 
+# p-norms (torch.norm, Tensor.norm): max/min magnitude, count of non-zeros, sum of p-th
+# powers; the infinite orders print inf as a literal in the kernels of both backends.
+INF = float("inf")
+for _p, _pname in ((INF, "inf"), (-INF, "minus_inf"), (0, "0"), (1, "1"), (2, "2"),
+                   (3.5, "3_5")):
+    case(f"norm_p{_pname}_all", lambda x, p=_p: torch.norm(x, p=p), rand(MAT, f32, "small_int"))
+    case(f"norm_p{_pname}_last", lambda x, p=_p: x.norm(p, dim=-1), rand(CUBE))
+    case(f"norm_p{_pname}_dim0_keep", lambda x, p=_p: torch.norm(x, p, 0, keepdim=True),
+         transposed(MAT))
+case("norm_pinf_f16", lambda x: x.norm(INF, dim=1), rand(MAT, f16))
+case("norm_p3_bf16", lambda x: x.norm(3, dim=1), rand(MAT, bf16))
+case("norm_pinf_nan", lambda x: x.norm(INF, dim=1), rand(MAT, f32, "nan"))
+case("norm_pinf_0dim", lambda x: torch.norm(x, INF), rand(ZERO_DIM))
+
 # Reductions inside pointwise work (fused prologue / epilogue).
 case("sum_of_sin_plus_one", lambda x: (x.sin() * 2).sum(-1) + 1, rand(MAT))
 case("sum_and_amax_same_x", lambda x: (x.sum(1), x.amax(1)), rand(MAT))

@@ -320,6 +320,8 @@ class TritonKernel:
             index = index.xreplace({e.symbol: sympy.Symbol(at, integer=True)})
             mask = ok
         ptr = f"{self.plan.pointer(e.buffer)} + ({triton_index(index)}){self.spread(axes)}"
+        if isinstance(e, IndirectLoad) and e.symbol not in e.index.free_symbols:
+            ptr += f" + 0 * {at}"  # a size-1 dim: as wide as the check that masks it
         axes = axes.union(*(self.level(c) for c in self.conditions))
         mask = " & ".join(m for m in (self.mask(axes), mask) if m) or None
         other = ", other=0" if self.conditions else ""

@@ -308,6 +308,10 @@ class TritonKernel:
         if isinstance(e, IndirectLoad):
             # Never read out of range: check the index, and mask the load by the check.
             at = self.names[e.at]
+            if not self.level(at) and axes:
+                # One index for the whole block (a 0-dim index tensor): widened to the
+                # load's block, since a scalar check cannot mask a block's store.
+                at = self.fresh(at + "".join(f" + 0 * {a}index" for a in sorted(axes)), axes)
             axes = axes | self.level(at)
             ok = self.fresh(f"(0 <= {at}) & ({at} < {triton_index(e.size)})", self.level(at))
             bad = " & ".join(m for m in (f"~{ok}", self.mask(axes)) if m)
@@ -316,6 +320,8 @@ class TritonKernel:
             index = index.xreplace({e.symbol: sympy.Symbol(at, integer=True)})
             mask = ok
         ptr = f"{self.plan.pointer(e.buffer)} + ({triton_index(index)}){self.spread(axes)}"
+        if isinstance(e, IndirectLoad) and e.symbol not in e.index.free_symbols:
+            ptr += f" + 0 * {at}"  # a size-1 dim: as wide as the check that masks it
         axes = axes.union(*(self.level(c) for c in self.conditions))
         mask = " & ".join(m for m in (self.mask(axes), mask) if m) or None
         other = ", other=0" if self.conditions else ""

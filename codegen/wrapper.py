@@ -8,6 +8,7 @@ the ctypes bindings for C++) and, for C++, the text of the kernels' translation 
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import sympy
 import torch
@@ -193,6 +194,8 @@ def _extern_arg(value: object) -> str:
         return _literal(value)
     if isinstance(value, sympy.Basic):
         return python_expr(value)
+    if isinstance(value, float) and not math.isfinite(value):
+        return f'float("{value}")'  # repr gives inf, -inf, nan: no such names in Python
     return repr(value)
 
 

@@ -6,6 +6,8 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
+import torch
+
 from minicompile.errors import Unsupported
 from minicompile.graph import Graph
 
@@ -57,12 +59,21 @@ class ExplainOutput:
         return "\n".join(lines)
 
 
-def explain(fn: Callable) -> Callable[..., ExplainOutput]:
+def explain(fn: Callable | torch.nn.Module) -> Callable[..., ExplainOutput]:
     """``explain(fn)(*args)`` runs ``fn`` once through a fresh compiled wrapper (so its
     side effects happen, as with ``torch._dynamo.explain``) and reports the graphs compiled
     and every graph break met, with the user's file and line.  ``minicompile.stats()`` is
-    left as it was."""
+    left as it was.
+
+    ``fn`` may be an ``nn.Module`` (or what ``minicompile.compile`` made of one): then its
+    ``forward`` is what is compiled and reported, as ``minicompile.compile(module)`` compiles
+    it; forward hooks are not run."""
     from minicompile import api, config
+
+    if isinstance(fn, api.OptimizedModule):
+        fn = fn._orig_mod
+    if isinstance(fn, torch.nn.Module):
+        fn = fn.forward
 
     def run(*args: Any, **kwargs: Any) -> ExplainOutput:
         saved = api.stats()

@@ -322,7 +322,9 @@ class Lowering:
                 if symbol in ld.index.free_symbols:  # not made by any decomposition
                     raise Unsupported(f"{node.target} of an index expression", node.stack)
                 return ld
-            if symbol in ld.index.free_symbols:
+            # Along a size-1 dim every load reads index 0 (the symbol is gone from their
+            # indices), but the index values must still be checked: each load checks them.
+            if symbol in ld.index.free_symbols or size == 1:
                 return IndirectLoad(ld.buffer, ld.index, ld.dtype, at, symbol, size)
             return ld
 

@@ -4,7 +4,7 @@ or a layer norm becomes one kernel instead of a library call.
 
 Each rule computes as PyTorch's own kernels do: float16/bfloat16 inputs are upcast to
 float32 ("opmath"), reductions accumulate there, and the result is cast back once.
-Forms a rule does not handle (norms other than 2, max/min of bool...) return None and
+Forms a rule does not handle (matrix norms, max/min of bool...) return None and
 stay library calls.
 """
 
@@ -34,12 +34,13 @@ def bind(args: tuple, kwargs: dict, names: Sequence[str], defaults: dict[str, An
 
 
 def _dims(dim: Any, ndim: int) -> tuple[int, ...]:
-    """Normalised reduction dims; None or () means all."""
-    if dim is None or (isinstance(dim, (tuple, list)) and len(dim) == 0):
+    """Normalised reduction dims; None or () means all.  A 0-dim tensor has no dims to
+    name: its ``dim=0`` / ``dim=-1`` (which eager accepts) normalise to ``()``, all of it."""
+    if dim is None or (isinstance(dim, (tuple, list)) and len(dim) == 0) or ndim == 0:
         return tuple(range(ndim))
     if isinstance(dim, int):
         dim = (dim,)
-    return tuple(sorted({d % ndim if ndim else 0 for d in dim}))
+    return tuple(sorted({d % ndim for d in dim}))
 
 
 def _numel(x: Node, dims: tuple[int, ...]) -> Any:
@@ -49,8 +50,11 @@ def _numel(x: Node, dims: tuple[int, ...]) -> Any:
 
 
 def _reduce(b: Builder, op: str, x: Node, dims: tuple[int, ...], keepdim: bool) -> Node:
-    if x.meta.ndim == 0:  # a 0-dim tensor reduces to itself
-        return x
+    if x.meta.ndim == 0:
+        # A 0-dim tensor is a row of one element, reduced like any other: the result is a
+        # new tensor of the reduction's dtype (bool for any/all, int64 for an integer sum),
+        # never the input itself.  keepdim keeps no dims of a 0-dim input.
+        return b(op, b("reshape", x, (1,)), (0,), False)
     return b(op, x, dims, keepdim)
 
 
@@ -115,9 +119,11 @@ def _extreme_with_index(b: Builder, x: Node, op: str, dim: int | None,
     gives the first index.  The index is amin(where(x == extreme, position, n)) over the
     row, with positions from an ``iota``: a second pass over the row of the same kernel."""
     dtype = x.meta.dtype
-    if x.meta.ndim == 0 or dtype == torch.bool or dtype.is_complex:
+    if dtype == torch.bool or dtype.is_complex:
         return NOT_HANDLED
-    if dim is None:
+    if x.meta.ndim == 0:  # a row of one element; keepdim keeps no dims of a 0-dim input
+        x, dim, keepdim = b("reshape", x, (1,)), 0, False
+    elif dim is None:
         x = b("reshape", x, (_numel(x, tuple(range(x.meta.ndim))),))
         dim = 0
     dim %= x.meta.ndim
@@ -251,14 +257,27 @@ def _logsumexp(b: Builder, *args: Any, **kwargs: Any) -> Node | None:
 def _norm(b: Builder, *args: Any, **kwargs: Any) -> Node | None:
     a = bind(args, kwargs, ("input", "p", "dim", "keepdim"), {"p": "fro", "dim": None,
                                                               "keepdim": False, "dtype": None})
-    x = a["input"]
-    if a["p"] not in ("fro", 2, 2.0) or a["dtype"] is not None:
+    x, p = a["input"], a["p"]
+    if not (p == "fro" or isinstance(p, (int, float)) and not isinstance(p, bool)):
+        return NOT_HANDLED  # "nuc" and matrix norms stay library calls
+    if a["dtype"] is not None or not x.meta.dtype.is_floating_point or x.meta.ndim == 0:
         return NOT_HANDLED
-    if not x.meta.dtype.is_floating_point or x.meta.ndim == 0:
-        return NOT_HANDLED
-    xf = b.opmath(x)
     dims = _dims(a["dim"], x.meta.ndim)
-    return b.restore(b("sqrt", b("sum", b("mul", xf, xf), dims, a["keepdim"])))
+    if p == "fro" or p == 2:
+        xf = b.opmath(x)
+        return b.restore(b("sqrt", b("sum", b("mul", xf, xf), dims, a["keepdim"])))
+    ax = b("abs", b.opmath(x))
+    if math.isinf(p):  # the largest (smallest) magnitude; eager raises on an empty row
+        if _numel(x, dims) == 0:
+            return NOT_HANDLED
+        return b.restore(b("amax" if p > 0 else "amin", ax, dims, a["keepdim"]))
+    if p == 0:  # the count of non-zero elements
+        return b.restore(b("sum", b("to_dtype", b("ne", ax, 0), dtype=ax.meta.dtype), dims,
+                           a["keepdim"]))
+    if p == 1:
+        return b.restore(b("sum", ax, dims, a["keepdim"]))
+    total = b("sum", b("pow", ax, float(p)), dims, a["keepdim"])
+    return b.restore(b("pow", total, 1.0 / p))
 
 
 def _softmax_args(args: tuple, kwargs: dict) -> tuple[Node, int, Any]:

@@ -128,12 +128,19 @@ def _embedding(b: Builder, *args: Any, **kwargs: Any) -> Node | None:
 def _index_select(b: Builder, x: Node, dim: int, index: Node) -> Node | None:
     if not isinstance(index, Node) or index.meta.ndim > 1:
         return None
-    return b("index_select", x, dim % max(x.meta.ndim, 1), index)
+    if x.meta.ndim == 0:  # as eager: a 0-dim input is a row of one element (index 0)
+        picked = b("index_select", b("reshape", x, (1,)), 0, index)
+        return b("reshape", picked, b.origin.meta.shape)
+    return b("index_select", x, dim % x.meta.ndim, index)
 
 
 def _gather(b: Builder, x: Node, dim: int, index: Node, sparse_grad: bool = False) -> Node | None:
-    if not isinstance(index, Node) or x.meta.ndim == 0:
+    if not isinstance(index, Node):
         return None
+    if x.meta.ndim == 0:  # as eager: a 0-dim input (and index) is a row of one element
+        row = b("reshape", index, (1,)) if index.meta.ndim == 0 else index
+        picked = b("gather", b("reshape", x, (1,)), 0, row)
+        return b("reshape", picked, b.origin.meta.shape)
     return b("gather", x, dim % x.meta.ndim, index)
 
 

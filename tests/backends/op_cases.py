@@ -260,6 +260,25 @@ case("clamp_nan", lambda x: torch.clamp(x, -1.0, 1.0), rand(S, f32, "nan"))
 case("clamp_i64_float_bounds", lambda x: torch.clamp(x, -2.5, 2.5), rand(S, i64))
 case("clamp_min_gt_max", lambda x: torch.clamp(x, 1.0, -1.0), rand(S))
 
+# -- infinities and NaN as constants: in kernels (both printers) and in library calls ------
+
+INF = float("inf")
+GLOBAL_NAN = float("nan")  # NaN is written out in the other cases: see mul_global_nan
+case("clamp_min_minus_inf", lambda x: x.clamp(min=-INF), rand(S, f32, "nan"))
+case("clamp_max_inf_f16", lambda x: torch.clamp(x, -1.0, INF), rand(S, f16))
+case("where_minus_inf", lambda x: torch.where(x > 0, x, float("-inf")), rand(S))
+case("where_nan_bf16", lambda x: torch.where(x > 0, float("nan"), x), rand(S, bf16))
+case("add_inf", lambda x: (x + INF) * (x < 0), rand(S))
+case("mul_nan", lambda x: x * float("nan") + x, rand(S))
+case("mul_global_nan", lambda x: x * GLOBAL_NAN + x, rand(S))  # known failure: recompiles
+case("full_like_inf", lambda x: torch.full_like(x, INF) - x, rand(S))
+case("full_like_minus_inf_nan",
+     lambda x: (torch.full_like(x, -INF), torch.full_like(x, float("nan"))), rand(S))
+case("nan_to_num", lambda x: torch.nan_to_num(x / (x > 0)), rand(S, f32, "nan"))
+case("nan_to_num_infinite_args",
+     lambda x: torch.nan_to_num(torch.log(x), nan=0.5, posinf=INF, neginf=-INF).exp(),
+     rand(S, f32, "nan"))
+
 # -- casts --------------------------------------------------------------------------------
 
 case("to_f16", lambda x: x.to(torch.float16), rand(S), exact=True)

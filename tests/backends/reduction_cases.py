@@ -232,6 +232,56 @@ case("all_empty", lambda x: x.all(1), rand((3, 0), b8))
 case("amax_nonempty_dim_of_empty", lambda x: x.amax(1), rand((0, 5)))
 case("sum_all_empty", lambda x: x.sum(), rand((0, 5)))
 
+# 0-dim inputs: a row of one element.  The result is a new tensor of the reduction's dtype
+# (bool for any/all, int64 for an integer sum), and dim 0 / -1 names the whole tensor.
+ZERO_DIM = ()
+for _name, _last, _dims, _all in REDUCTIONS:
+    case(f"{_name}_0dim_all", _all, rand(ZERO_DIM))
+    case(f"{_name}_0dim_dim0", lambda x, f=_dims: f(x, 0, False), rand(ZERO_DIM))
+    case(f"{_name}_0dim_last_keep", lambda x, f=_dims: f(x, -1, True), rand(ZERO_DIM))
+for _fname, _f in (("any", torch.any), ("all", torch.all)):
+    case(f"{_fname}_0dim", lambda x, f=_f: f(x), rand(ZERO_DIM, f32, "small_int"))
+    case(f"{_fname}_0dim_method", lambda x, n=_fname: getattr(x, n)(), rand(ZERO_DIM, f32,
+                                                                              "small_int"))
+    case(f"{_fname}_0dim_dim0", lambda x, f=_f: f(x, 0), rand(ZERO_DIM, b8))
+    case(f"{_fname}_0dim_keep_method", lambda x, n=_fname: getattr(x, n)(-1, keepdim=True),
+         rand(ZERO_DIM, f16, "small_int"))
+    for _dt in (i32, i64):
+        case(f"{_fname}_0dim_{SHORT[_dt]}", lambda x, f=_f: f(x), ints(ZERO_DIM, _dt, 0, 2))
+        case(f"{_fname}_all_dims_{SHORT[_dt]}", lambda x, f=_f: f(x), ints(MAT, _dt, 0, 2))
+case("sum_0dim_i32", lambda x: x.sum(), rand(ZERO_DIM, i32))
+case("sum_0dim_bool_dim0", lambda x: torch.sum(x, 0), rand(ZERO_DIM, b8))
+case("sum_0dim_f16", lambda x: x.sum(-1), rand(ZERO_DIM, f16))
+case("prod_0dim_i64", lambda x: x.prod(), rand(ZERO_DIM, i64))
+case("prod_0dim_dim0_keep", lambda x: torch.prod(x, 0, keepdim=True), rand(ZERO_DIM))
+case("mean_0dim_bf16_dim0", lambda x: x.mean(0), rand(ZERO_DIM, bf16))
+case("max_0dim", lambda x: x.max(), rand(ZERO_DIM))
+case("max_0dim_dim0", lambda x: torch.max(x, 0), rand(ZERO_DIM))
+case("min_0dim_keep", lambda x: x.min(-1, keepdim=True), rand(ZERO_DIM))
+case("argmax_0dim", lambda x: x.argmax(), rand(ZERO_DIM))
+case("argmax_0dim_dim0", lambda x: torch.argmax(x, 0), rand(ZERO_DIM))
+case("argmin_0dim_keep", lambda x: x.argmin(-1, keepdim=True), rand(ZERO_DIM))
+case("var_0dim_correction0", lambda x: x.var(correction=0), rand(ZERO_DIM))
+case("std_0dim_dim0_correction0", lambda x: torch.std(x, 0, correction=0), rand(ZERO_DIM))
+for _name, _f in (("softmax", F.softmax), ("log_softmax", F.log_softmax)):
+    case(f"{_name}_0dim_dim0", lambda x, f=_f: f(x, 0), rand(ZERO_DIM))
+    case(f"{_name}_0dim_last", lambda x, f=_f: f(x, -1), rand(ZERO_DIM))
+case("sum_of_0dim_sin_plus_one", lambda x: x.sin().sum() + 1, rand(ZERO_DIM))
+
+# p-norms (torch.norm, Tensor.norm): max/min magnitude, count of non-zeros, sum of p-th
+# powers; the infinite orders print inf as a literal in the kernels of both backends.
+INF = float("inf")
+for _p, _pname in ((INF, "inf"), (-INF, "minus_inf"), (0, "0"), (1, "1"), (2, "2"),
+                   (3.5, "3_5")):
+    case(f"norm_p{_pname}_all", lambda x, p=_p: torch.norm(x, p=p), rand(MAT, f32, "small_int"))
+    case(f"norm_p{_pname}_last", lambda x, p=_p: x.norm(p, dim=-1), rand(CUBE))
+    case(f"norm_p{_pname}_dim0_keep", lambda x, p=_p: torch.norm(x, p, 0, keepdim=True),
+         transposed(MAT))
+case("norm_pinf_f16", lambda x: x.norm(INF, dim=1), rand(MAT, f16))
+case("norm_p3_bf16", lambda x: x.norm(3, dim=1), rand(MAT, bf16))
+case("norm_pinf_nan", lambda x: x.norm(INF, dim=1), rand(MAT, f32, "nan"))
+case("norm_pinf_0dim", lambda x: torch.norm(x, INF), rand(ZERO_DIM))
+
 # Reductions inside pointwise work (fused prologue / epilogue).
 case("sum_of_sin_plus_one", lambda x: (x.sin() * 2).sum(-1) + 1, rand(MAT))
 case("sum_and_amax_same_x", lambda x: (x.sum(1), x.amax(1)), rand(MAT))

@@ -234,6 +234,15 @@ case("index_select_dim1_transposed", lambda x, i: x.index_select(1, i).sin(),
      transposed((4, 8)), indices((3,), 8))
 case("index_select_i32_index", lambda x, i: torch.index_select(x, 1, i.int()) + x[:, :1],
      rand((4, 8)), indices((5,), 8))
+# A 0-dim input is a row of one element: index 0 (a 0-dim or a one-element index).
+case("index_select_0dim", lambda x, i: torch.index_select(x, 0, i) * 2, rand(()),
+     indices((1,), 1))
+case("index_select_0dim_0dim_index", lambda x, i: x.index_select(-1, i), rand(()),
+     indices((), 1))
+case("index_select_0dim_index", lambda x, i: torch.index_select(x, 1, i).exp(), rand((4, 8)),
+     indices((), 8))
+case("gather_0dim", lambda x, i: torch.gather(x, 0, i) + 1, rand(()), indices((), 1))
+case("gather_0dim_1d_index", lambda x, i: x.gather(-1, i), rand(()), indices((3,), 1))
 
 # Out-of-range indices: eager raises and so must the compiled function (checked in
 # test_reductions.py, not here: there is no result to compare).
@@ -251,6 +260,13 @@ OUT_OF_RANGE: list[tuple[str, Callable, Callable]] = [
                      torch.randn(10, 4, device=d), torch.randn(2, 3, device=d))),
     ("index_select", lambda x, i: torch.index_select(x, 0, i) * 3,
      lambda d, bad: (torch.randn(3, 4, device=d), torch.tensor([2, 3 if bad else 0], device=d))),
+    ("index_select_0dim", lambda x, i: torch.index_select(x, 0, i) + 1,
+     lambda d, bad: (torch.randn((), device=d), torch.tensor([1 if bad else 0], device=d))),
+    # Along a size-1 dim the loads read index 0 whatever the index: it is checked anyway.
+    ("index_select_size1_dim", lambda x, i: torch.index_select(x, 0, i) * 2,
+     lambda d, bad: (torch.randn(1, 4, device=d), torch.tensor([0, 1 if bad else 0], device=d))),
+    ("embedding_one_row", lambda i, w: F.embedding(i, w) - 1,
+     lambda d, bad: (torch.tensor([0, -1 if bad else 0], device=d), torch.randn(1, 4, device=d))),
     # Loss targets are gathered (decompose_losses.py): a target out of [0, C) that is not
     # ignore_index raises, as eager's "Target 4 is out of bounds" does.
     ("cross_entropy_target", lambda x, t: F.cross_entropy(x, t, label_smoothing=0.1),

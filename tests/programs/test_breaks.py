@@ -22,6 +22,7 @@ import pytest
 import torch
 
 import minicompile
+from minicompile.explain import ExplainOutput
 
 
 def line_of(fn, text: str) -> int:
@@ -170,6 +171,42 @@ def test_explain_without_breaks() -> None:
 
     out = minicompile.explain(f)(torch.randn(4, 8), torch.randn(4, 8))
     assert (out.graph_count, out.graph_break_count, out.break_reasons) == (1, 0, [])
+
+
+
+class PrintingBlock(torch.nn.Module):
+    """A module whose forward breaks at a print between two submodule calls."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inner = torch.nn.Linear(8, 8)
+        self.norm = torch.nn.LayerNorm(8)
+
+    def forward(self, x):
+        y = torch.relu(self.inner(x))
+        print("y has shape", tuple(y.shape))
+        return self.norm(y) + x
+
+
+def test_explain_accepts_a_module(capsys) -> None:
+    """``explain(model)(x)`` as ``torch._dynamo.explain`` takes it: the module's forward
+    runs once (its print happens) and its graphs and breaks are reported as for a
+    function; a compiled module is explained as its original."""
+    model = PrintingBlock().eval()
+    stats = minicompile.stats()
+    with torch.no_grad():
+        for target in (model, minicompile.compile(model)):
+            out = minicompile.explain(target)(torch.randn(4, 8))
+            assert isinstance(out, ExplainOutput)
+            assert (out.graph_count, out.graph_break_count, out.eager_frames) == (2, 1, 0), out
+            [reason] = out.break_reasons
+            assert "print" in reason.reason and reason.filename == __file__
+            assert reason.lineno == line_of(PrintingBlock.forward, "print(")
+            first, second = out.ops_per_graph
+            assert "torch.nn.functional.linear" in first, first
+            assert "torch.nn.functional.layer_norm" in second, second
+            assert capsys.readouterr().out == "y has shape (4, 8)\n"
+    assert minicompile.stats() == stats
 
 
 # -- fullgraph --------------------------------------------------------------------------------

@@ -5,44 +5,23 @@ Each :class:`ModelCase` builds the model (seeded) and makes fresh inputs on each
 ``(args, kwargs)``: the transformers models are called with keyword arguments
 (``model(**encoded_input)``), exactly as in the PyTorch 2.0 tutorial.
 
-torchvision beside PyTorch's CPU build: PyPI's torchvision wheels are CUDA builds whose C++
-operators cannot load beside a CPU-only torch, and importing torchvision then fails while
-registering the fake kernel of ``torchvision::nms``.  The models here use none of those
-operators, so :func:`import_torchvision` declares the two operators' schemas first when
-the import fails that way, and imports the pure-Python rest of the package.
+torchvision is imported through ``examples/model_report.py``'s :func:`import_torchvision`:
+PyPI's torchvision wheels are CUDA builds whose C++ operators cannot load beside the CPU
+build of torch that CI installs; the models here use none of them.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
 
-_TORCHVISION_OPS = (
-    "nms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor",
-    "qnms(Tensor qdets, Tensor scores, float iou_threshold) -> Tensor",
-)
-_torchvision_lib: Any = None
-
-
-def import_torchvision() -> Any:
-    global _torchvision_lib
-    try:
-        return importlib.import_module("torchvision")
-    except RuntimeError as e:
-        if "torchvision::nms" not in str(e):
-            raise
-    for name in [m for m in sys.modules if m == "torchvision" or m.startswith("torchvision.")]:
-        del sys.modules[name]
-    _torchvision_lib = torch.library.Library("torchvision", "FRAGMENT")
-    for schema in _TORCHVISION_OPS:
-        _torchvision_lib.define(schema)
-    return importlib.import_module("torchvision")
-
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
+from model_report import import_torchvision  # noqa: E402
 
 Inputs = tuple[tuple, dict[str, Any]]
 
@@ -86,11 +65,15 @@ def _seq2seq_inputs(device: torch.device) -> Inputs:
 
 
 def _torchvision_resnet18() -> torch.nn.Module:
-    return import_torchvision().models.resnet18(num_classes=10)
+    import_torchvision()
+    import torchvision
+
+    return torchvision.models.resnet18(num_classes=10)
 
 
 def _timm(name: str, **kwargs: Any) -> Callable[[], torch.nn.Module]:
     def build() -> torch.nn.Module:
+        import_torchvision()  # timm and transformers import it
         import timm
 
         return timm.create_model(name, pretrained=False, **kwargs)
@@ -99,6 +82,7 @@ def _timm(name: str, **kwargs: Any) -> Callable[[], torch.nn.Module]:
 
 
 def _bert() -> torch.nn.Module:
+    import_torchvision()
     from transformers import BertConfig, BertModel
 
     return BertModel(BertConfig(vocab_size=100, hidden_size=64, num_hidden_layers=2,
@@ -107,6 +91,7 @@ def _bert() -> torch.nn.Module:
 
 
 def _gpt2() -> torch.nn.Module:
+    import_torchvision()
     from transformers import GPT2Config, GPT2LMHeadModel
 
     return GPT2LMHeadModel(GPT2Config(vocab_size=100, n_embd=64, n_layer=2, n_head=4,
@@ -114,6 +99,7 @@ def _gpt2() -> torch.nn.Module:
 
 
 def _t5() -> torch.nn.Module:
+    import_torchvision()
     from transformers import T5Config, T5ForConditionalGeneration
 
     return T5ForConditionalGeneration(T5Config(vocab_size=100, d_model=64, d_kv=16, d_ff=128,
@@ -122,6 +108,7 @@ def _t5() -> torch.nn.Module:
 
 
 def _llama() -> torch.nn.Module:
+    import_torchvision()
     from transformers import LlamaConfig, LlamaForCausalLM
 
     return LlamaForCausalLM(LlamaConfig(vocab_size=100, hidden_size=64, intermediate_size=128,

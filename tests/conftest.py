@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 import tempfile
+from pathlib import Path
 
 import torch  # noqa: E402  (importing torch does not import triton)
 
@@ -29,6 +31,9 @@ for _name in ("MINICOMPILE_TRACE", "MINICOMPILE_LOGS", "MINICOMPILE_BACKEND"):
     os.environ.pop(_name, None)
 
 import pytest  # noqa: E402
+
+# The library-model zoo (examples/model_zoo.py) serves the model tests and the benchmarks.
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
 
 import minicompile  # noqa: E402
 

@@ -23,16 +23,7 @@ _EXTERN_META_STRIDES = (
     "kernels' (minicompile/ops.py infer_meta); values are right, strides differ"
 )
 
-_NAN_GUARD = (
-    "a global float NaN read by the function is guarded by equality, and nan != nan: every "
-    "call recompiles (values are right; capture/guards.py should compare NaN as NaN)"
-)
-
 KNOWN_FAILURES: dict[str, str] = {
-    **{
-        f"backends/test_ops.py::test_matches_eager[{backend}-mul_global_nan]": _NAN_GUARD
-        for backend in ("cpp", "triton")
-    },
     "programs/test_programs.py::test_program_matches_eager[cpp-functools_partial]": _PARTIAL,
     "programs/test_programs.py::test_program_matches_eager[triton-functools_partial]": _PARTIAL,
     "programs/test_programs.py::test_program_matches_eager[cpp-aliased_view_inputs]": _ALIASED_VIEW,

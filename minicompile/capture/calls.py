@@ -479,8 +479,8 @@ class CallsMixin:
             return self.realize(items[key]) if key in items else (
                 args[1] if len(args) == 2 else ConstantVar(None)
             )
-        if name == "keys" and not args:
-            return ListVar([ConstantVar(k) for k in items])
+        if name == "keys" and not args:  # a view of plain keys: sets ops, `in`, iteration
+            return ConstantVar(dict.fromkeys(items).keys())
         if name == "values" and not args:
             return ListVar([self.realize(v) for v in items.values()])
         if name == "items" and not args:
@@ -605,8 +605,11 @@ class CallsMixin:
                 for item in items:
                     total = self.binary("+", operator.add, total, item)
                 return total
-        # Iterators become lists for the folding builtins (sum, any, max, sorted...).
-        args = [ListVar(self.iter_items(a)) if isinstance(a, IteratorVar) else a for a in args]
+        # Iterators and iterable objects become lists for the folding builtins (sum, any,
+        # max, sorted...).
+        args = [ListVar(self.iter_items(a)) if isinstance(a, (IteratorVar, NewObjectVar)) or (
+            isinstance(a, UserObjectVar) and hasattr(type(a.value), "__iter__")) else a
+            for a in args]
         return pybuiltins.call_builtin(self.output, fn, args, kwargs)
 
     def make_super(self: InstructionTranslator, args: list) -> Var:

@@ -76,7 +76,8 @@ class ControlMixin:
             n = var.meta.concrete_shape()[0]
             return [self.subscript(var, ConstantVar(i)) for i in range(n)]
         value = out.to_value(var)
-        if isinstance(value, (range, str, bytes, tuple, list, dict)):
+        if isinstance(value, (range, str, bytes, tuple, list, dict, set, frozenset,
+                              collections.abc.KeysView)):
             return [out.from_value(v) for v in value]
         raise Unsupported(f"iterating over {var.describe()} is not supported")
 

@@ -261,6 +261,9 @@ class GuardBuilder:
             self.add(src.name, "value", f"{src.expr} == {dev}", src.expr, value)
         else:
             self.add(src.name, "type", f"{typ} is {self._type(type(value))}", typ, type(value))
+            if isinstance(value, float) and value != value:  # NaN: equal to no number
+                self.add(src.name, "value", f"{src.expr} != {src.expr}", src.expr, value)
+                return
             literal = self._literal(value)
             self.add(src.name, "value", f"{src.expr} == {literal}", src.expr, value)
 

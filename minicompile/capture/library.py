@@ -93,10 +93,9 @@ _register(_maybe(torch, "_C", "_get_tracing_state"))(_constant(None))
 )
 def _check(tx: InstructionTranslator, fn: Any, args: list, kwargs: dict) -> Var:
     """A check on Python values, decided now; the frame runs eagerly if it fails."""
-    values = [tx.output.to_value(tx.realize(a)) for a in args]
-    cond = values[1] if values and isinstance(values[0], type) else (values or [None])[0]
-    if cond is None:
-        cond = tx.output.to_value(kwargs.get("cond", ConstantVar(True)))
+    position = 1 if fn is getattr(torch, "_check_with", None) else 0  # (error_type, cond)
+    var = args[position] if len(args) > position else kwargs.get("cond", ConstantVar(True))
+    cond = tx.output.to_value(tx.realize(var))  # the message (a lambda, often) stays unread
     if isinstance(cond, TensorVar):
         raise Unsupported("a check on a tensor's value (torch._assert / torch._check)")
     if isinstance(cond, (int, bool, torch.SymInt, torch.SymBool)):

@@ -8,6 +8,7 @@ become graph ops (``abs(x)``).  Everything else, ``print`` first of all, is Unsu
 from __future__ import annotations
 
 import builtins
+import collections.abc
 from typing import TYPE_CHECKING, Any
 
 from minicompile.capture.variables import (
@@ -104,7 +105,9 @@ def call_builtin(out: OutputGraph, fn: Any, args: list[Var], kwargs: dict[str, V
 def _sequence(fn: Any, arg: Var) -> Var:
     if isinstance(arg, (TupleVar, ListVar)):
         items = tuple(arg.items)
-    elif isinstance(arg, ConstantVar) and isinstance(arg.value, (str, bytes)):
+    elif isinstance(arg, ConstantVar) and isinstance(
+        arg.value, (str, bytes, set, frozenset, collections.abc.KeysView)
+    ):
         items = tuple(ConstantVar(c) for c in arg.value)
     elif isinstance(arg, DictVar):
         items = tuple(ConstantVar(k) for k in arg.items)

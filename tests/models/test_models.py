@@ -14,7 +14,7 @@ import torch
 import minicompile
 
 from devices import CUDA, device_for
-from models.zoo import MODELS, ModelCase, tensors_of
+from model_zoo import MODELS, ModelCase, tensors_of
 
 DTYPES = (torch.float32, torch.bfloat16) if CUDA else (torch.float32,)
 TOLERANCES = {torch.float32: {"rtol": 1e-3, "atol": 1e-4}, torch.bfloat16: {"rtol": 3e-2, "atol": 3e-2}}

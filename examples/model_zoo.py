@@ -5,23 +5,21 @@ Each :class:`ModelCase` builds the model (seeded) and makes fresh inputs on each
 ``(args, kwargs)``: the transformers models are called with keyword arguments
 (``model(**encoded_input)``), exactly as in the PyTorch 2.0 tutorial.
 
-torchvision is imported through ``examples/model_report.py``'s :func:`import_torchvision`:
-PyPI's torchvision wheels are CUDA builds whose C++ operators cannot load beside the CPU
-build of torch that CI installs; the models here use none of them.
+Used by the model tests (``tests/models``) and ``bench_models.py``.  torchvision is imported
+through ``model_report.import_torchvision``: PyPI's torchvision wheels are CUDA builds whose
+C++ operators cannot load beside the CPU build of torch that CI installs; the models here
+use none of them.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import sys
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
-from model_report import import_torchvision  # noqa: E402
+from model_report import import_torchvision
 
 Inputs = tuple[tuple, dict[str, Any]]
 

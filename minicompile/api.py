@@ -431,7 +431,12 @@ def _is_build_failure(e: Exception) -> bool:
 
 def pick_backend(cfg: Config, capture: Capture) -> tuple[str, bool]:
     """The backend for this graph, and whether Triton must run under its interpreter."""
-    devices = {p.meta.device.type for p in capture.graph.placeholders}
+    devices = {
+        m.device.type for n in capture.graph.nodes
+        for m in (n.meta if isinstance(n.meta, tuple) else (n.meta,)) if m is not None
+    }  # placeholders and tensors made in the graph (torch.ones(3))
+    if not devices:  # no tensor at all (a segment of Python before a break): no kernel
+        return ("cpp" if cfg.backend == "auto" else cfg.backend), False
     device = "cuda" if "cuda" in devices else "cpu"
     backend = cfg.backend
     if backend == "auto":

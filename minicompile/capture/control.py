@@ -125,6 +125,12 @@ class ControlMixin:
 
     def BEFORE_WITH(self: InstructionTranslator, inst: Inst) -> None:
         ctx = self.realize(self.pop())
+        if self.has_python_method(ctx, "__enter__") and self.has_python_method(ctx, "__exit__"):
+            # A context manager written in Python (contextlib.nullcontext, a library's own):
+            # __exit__(None, None, None) is called by the code after the block.
+            self.push(self.load_attr(ctx, "__exit__"))
+            self.push(self.call_function(self.load_attr(ctx, "__enter__"), [], {}))
+            return
         if not isinstance(ctx, GradModeVar):
             raise Unsupported(f"`with` on {ctx.describe()} is not supported yet")
         if ctx.entered:

@@ -324,6 +324,14 @@ class GuardBuilder:
         self.add(src.name, "type", f"{typ} is dict", typ, dict)
         self.add(src.name, "keys", f"list({src.expr}) == {keys!r}", f"list({src.expr})", keys)
 
+    def global_call(self, fn: Callable, args: tuple, kwargs: dict, value: Any) -> None:
+        """A query of global state (``torch.is_autocast_enabled("cuda")``) answers the same."""
+        ref = self.ref(fn, fn.__name__)
+        text = ", ".join([*map(self._literal, args),
+                          *(f"{k}={self._literal(v)}" for k, v in kwargs.items())])
+        call = f"{ref}({text})"
+        self.add("global", call, f"{call} == {self._literal(value)}", call, value)
+
     def grad_mode(self) -> None:
         enabled = torch.is_grad_enabled()
         fn = self.ref(torch.is_grad_enabled, "is_grad_enabled")

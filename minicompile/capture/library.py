@@ -109,6 +109,21 @@ def _check(tx: InstructionTranslator, fn: Any, args: list, kwargs: dict) -> Var:
     return ConstantVar(None)
 
 
+@_register(torch.is_autocast_enabled, _maybe(torch, "is_autocast_cpu_enabled"),
+           _maybe(torch, "get_autocast_dtype"), _maybe(torch, "is_autocast_cache_enabled"))
+def _autocast_query(tx: InstructionTranslator, fn: Any, args: list, kwargs: dict) -> Var:
+    """The autocast state, read now and guarded like the grad mode (autocast regions
+    themselves are not compiled: one entered in the trace is unsupported)."""
+    values = [tx.output.to_value(a) for a in args]
+    kw = {k: tx.output.to_value(v) for k, v in kwargs.items()}
+    try:
+        value = fn(*values, **kw)
+    except Exception as e:
+        raise Unsupported(f"torch.{fn.__name__} raised {type(e).__name__} (eager raises)") from e
+    tx.output.guards.global_call(fn, tuple(values), kw, value)
+    return ConstantVar(value)
+
+
 @_register(torch.finfo, torch.iinfo)
 def _type_info(tx: InstructionTranslator, fn: Any, args: list, kwargs: dict) -> Var:
     values = [tx.output.to_value(a) for a in args]

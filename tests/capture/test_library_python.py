@@ -11,6 +11,7 @@ the compiled function follows (a guard, never a value baked in).
 from __future__ import annotations
 
 import collections.abc
+import contextlib
 import copy
 import dataclasses
 import enum
@@ -132,6 +133,21 @@ def test_compile_state_queries() -> None:
     x = torch.randn(4)
     torch.testing.assert_close(compiled(x), x + 1)  # as torch.compile: compiling is True
     torch.testing.assert_close(f(x), x - 1)
+
+
+def test_autocast_query_and_python_context_managers() -> None:
+    def maybe_autocast(device_type, enabled=True):  # transformers' maybe_autocast
+        if torch.is_autocast_enabled(device_type) or enabled:
+            return torch.autocast(device_type, enabled=enabled)
+        return contextlib.nullcontext()
+
+    def f(x):
+        with maybe_autocast(x.device.type, enabled=False):
+            y = x.float().sin()
+        with contextlib.nullcontext(y) as z:
+            return z * 2
+
+    compiled_matches_eager(f, (2, 5))
 
 
 def test_warnings_and_logging_do_not_break() -> None:

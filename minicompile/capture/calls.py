@@ -14,7 +14,6 @@ from __future__ import annotations
 import collections.abc
 import inspect
 import logging
-import operator
 import types
 from typing import TYPE_CHECKING, Any
 
@@ -70,8 +69,6 @@ _FUNCTION_ATTRIBUTES = frozenset({
     "__code__", "__name__", "__qualname__", "__doc__", "__module__", "__defaults__",
     "__kwdefaults__", "__wrapped__", "__annotations__", "__dict__",
 })
-_LIST_MUTATORS = frozenset({"append", "extend", "insert", "pop", "clear", "reverse"})
-_DICT_MUTATORS = frozenset({"update", "pop", "setdefault", "clear"})
 # Mapping methods that only read and never raise, called on a user mapping read from the
 # frame (``super().get(key)`` in a dict subclass, ``os.environ.get(name)``): the result is
 # read from the object now, with a guard that makes the same call.
@@ -326,53 +323,6 @@ class CallsMixin:
             raise Unsupported(f"call to {externs._describe(fn.value)} is not supported")
         raise Unsupported(f"calling {fn.describe()} is not supported")
 
-    def has_python_method(self: InstructionTranslator, var: Var, name: str) -> bool:
-        """``var`` is an object of a user class whose ``name`` (``__getitem__``,
-        ``__len__``...) is Python code the trace can inline."""
-        if isinstance(var, NewObjectVar):
-            cls = var.cls
-        elif isinstance(var, UserObjectVar):
-            cls = type(var.value)
-        else:
-            return False
-        return inspect.isfunction(getattr(cls, name, None))
-
-    def user_contains(self: InstructionTranslator, container: Var, item: Var) -> bool:
-        """``item in container`` for an object of a user class.  The mixin ``__contains__``
-        of collections.abc (``try: self[k]`` ...) is answered from the keys the object
-        iterates over; a class's own is inlined."""
-        method = getattr(records.python_class(container) or type(container.value), "__contains__")
-        if method.__module__ == "collections.abc":
-            key = self.output.to_value(item)
-            return any(self.output.to_value(k) == key for k in self.object_items(container))
-        return self.truthy(self.call_function(self.load_attr(container, "__contains__"),
-                                              [item], {}))
-
-    def call_read_method(self: InstructionTranslator, fn: ReadMethodVar, args: list, kw: dict):
-        """``dict.get(obj, key)`` and friends on a user subclass read from the frame: the
-        value is read now and guarded through the same call in the guard function."""
-        obj, method = fn.self_var, fn.descriptor
-        values, kwargs = self._values(args, kw)
-        mname = method.__name__
-        if obj.source is None or kwargs or not all(
-            type(v) in (str, int, bool, type(None)) for v in values
-        ):
-            raise Unsupported(f"{mname}() of {obj.describe()} with these arguments")
-        text = "".join(f", {v!r}" for v in values)
-        src = obj.source
-        call = self.output.guards.ref(method, mname)
-        source = Source(
-            f"{src.name}.{mname}({text[2:]})",
-            f"{call}({src.expr}{text})",
-            self.output._ident(f"{src.ident}_{mname}"),
-            src.trusted,
-        )
-        try:
-            value = method(obj.value, *values)
-        except Exception as e:
-            raise Unsupported(f"{source.name} raised {type(e).__name__} (eager raises)") from e
-        return self.output.wrap(value, source)
-
     def _values(self: InstructionTranslator, args: list, kwargs: dict) -> tuple[tuple, dict]:
         return (
             tuple(self.output.to_value(a) for a in args),
@@ -440,78 +390,6 @@ class CallsMixin:
         except Exception as e:
             raise Unsupported(f"{name}() raised {type(e).__name__}: {e}") from e
 
-    def list_method(self: InstructionTranslator, lst: ListVar, name: str, args: list, kw: dict):
-        if name in _LIST_MUTATORS:
-            self.output.side_effects.mutate_container(lst, f"list.{name}")
-        items = lst.items
-        const = self.output.to_value
-        if kw:
-            raise Unsupported(f"list.{name}() with keyword arguments is not supported")
-        if name == "append" and len(args) == 1:
-            items.append(args[0])
-        elif name == "extend" and len(args) == 1:
-            items.extend(self.iter_items(args[0]))
-        elif name == "insert" and len(args) == 2:
-            items.insert(const(args[0]), args[1])
-        elif name == "pop" and len(args) <= 1:
-            if not items:
-                raise Unsupported("pop from an empty list (eager raises IndexError)")
-            return self.realize(items.pop(const(args[0]) if args else -1))
-        elif name == "clear" and not args:
-            items.clear()
-        elif name == "reverse" and not args:
-            items.reverse()
-        elif name == "copy" and not args:
-            return ListVar(list(items))
-        elif name in ("index", "count"):
-            return self.fold(lambda v, *a: getattr(v, name)(*a), lst, *args, what=name)
-        else:
-            raise Unsupported(f"list.{name}() is not supported yet")
-        return ConstantVar(None)
-
-    def dict_method(self: InstructionTranslator, d: DictVar, name: str, args: list, kw: dict):
-        if name in _DICT_MUTATORS:
-            self.output.side_effects.mutate_container(d, f"dict.{name}")
-        items = d.items
-        const = self.output.to_value
-        if name == "get" and 1 <= len(args) <= 2:
-            key = const(args[0])
-            return self.realize(items[key]) if key in items else (
-                args[1] if len(args) == 2 else ConstantVar(None)
-            )
-        if name == "keys" and not args:  # a view of plain keys: sets ops, `in`, iteration
-            return ConstantVar(dict.fromkeys(items).keys())
-        if name == "values" and not args:
-            return ListVar([self.realize(v) for v in items.values()])
-        if name == "items" and not args:
-            return ListVar([TupleVar((ConstantVar(k), self.realize(v))) for k, v in items.items()])
-        if name == "copy" and not args:
-            return DictVar(dict(items))
-        if name == "update" and len(args) <= 1:
-            if args:
-                other = self.realize(args[0])
-                if not isinstance(other, DictVar):
-                    raise Unsupported(f"dict.update({other.describe()}) is not supported")
-                items.update(other.items)
-            items.update(kw)
-            return ConstantVar(None)
-        if name == "pop" and 1 <= len(args) <= 2:
-            key = const(args[0])
-            if key in items:
-                return self.realize(items.pop(key))
-            if len(args) == 2:
-                return args[1]
-            raise Unsupported(f"key {key!r} not found (eager raises KeyError)")
-        if name == "setdefault" and 1 <= len(args) <= 2:
-            key = const(args[0])
-            if key not in items:
-                items[key] = args[1] if len(args) == 2 else ConstantVar(None)
-            return self.realize(items[key])
-        if name == "clear" and not args:
-            items.clear()
-            return ConstantVar(None)
-        raise Unsupported(f"dict.{name}() is not supported yet")
-
     def call_module(self: InstructionTranslator, mod: NNModuleVar, args: list, kwargs: dict):
         """``m(*args)``: inline ``type(m).forward``; hooks and ``training`` are guarded."""
         m = mod.value
@@ -529,105 +407,6 @@ class CallsMixin:
         if not isinstance(forward, types.FunctionType):
             raise Unsupported(f"{type(m).__name__}.forward is not a Python function")
         return self.inline_call(UserFunctionVar(forward), [mod, *args], kwargs)
-
-    def call_builtin(self: InstructionTranslator, fn: Any, args: list, kwargs: dict) -> Var:
-        args = [self.realize(a) for a in args]
-        if fn is super:
-            return self.make_super(args)
-        if fn in (getattr, hasattr) and 2 <= len(args) <= 3 - (fn is hasattr) and not kwargs:
-            name = self.output.to_value(args[1])
-            if fn is hasattr:
-                return ConstantVar(self.has_attr(args[0], name))
-            if len(args) == 3 and not self.has_attr(args[0], name):
-                return args[2]
-            return self.load_attr(args[0], name)
-        if fn is callable and len(args) == 1 and isinstance(
-            args[0], (NestedFunctionVar, BoundMethodVar, MethodVar, ReadMethodVar)
-        ):
-            return ConstantVar(True)
-        if fn is delattr and len(args) == 2 and isinstance(args[0], NewObjectVar):
-            records.del_object_attr(self, args[0], self.output.to_value(args[1]))
-            return ConstantVar(None)
-        if fn is setattr and len(args) == 3:
-            self.store_attr(args[0], self.output.to_value(args[1]), args[2])
-            return ConstantVar(None)
-        if fn is zip and not kwargs.keys() - {"strict"}:
-            columns = [self.iter_items(a) for a in args]
-            return IteratorVar([TupleVar(tuple(row)) for row in zip(*columns)])
-        if fn is enumerate:
-            start = self.output.to_value(args[1] if len(args) > 1 else kwargs.get("start", ConstantVar(0)))
-            return IteratorVar([TupleVar((ConstantVar(start + i), v))
-                                for i, v in enumerate(self.iter_items(args[0]))])
-        if fn is reversed and len(args) == 1:
-            return IteratorVar(list(reversed(self.iter_items(args[0]))))
-        if fn in (map, filter) and len(args) >= 2 and not kwargs:
-            if fn is map:
-                rows = zip(*[self.iter_items(a) for a in args[1:]])
-                return IteratorVar([self.call_function(args[0], list(r), {}) for r in rows])
-            if len(args) == 2 and not isinstance(args[0], ConstantVar):
-                items = self.iter_items(args[1])
-                keep = [self.truthy(self.call_function(args[0], [i], {})) for i in items]
-                return IteratorVar([i for i, k in zip(items, keep) if k])
-        if fn is iter and len(args) == 1:
-            return IteratorVar(self.iter_items(args[0]))
-        if fn is next and 1 <= len(args) <= 2 and isinstance(args[0], IteratorVar):
-            it = args[0]
-            if it.pos < len(it.items):
-                it.pos += 1
-                return self.realize(it.items[it.pos - 1])
-            if len(args) == 2:
-                return args[1]
-            raise Unsupported("next() on an exhausted iterator (eager raises StopIteration)")
-        if fn in (list, tuple) and len(args) == 1 and not kwargs:
-            items = self.iter_items(args[0])
-            return ListVar(items) if fn is list else TupleVar(tuple(items))
-        cls = records.python_class(args[0]) if args else None
-        if cls is not None and not kwargs:  # objects the trace made
-            if fn is isinstance and len(args) == 2:
-                return ConstantVar(issubclass(cls, self.output.to_value(args[1])))
-            if fn is type and len(args) == 1:
-                return self.output.wrap(cls, None)
-            if fn is len and len(args) == 1 and isinstance(args[0], RecordVar):
-                return ConstantVar(len(records.keys_of(args[0])))
-
-        if fn is len and len(args) == 1 and isinstance(args[0], (TupleVar, ListVar, DictVar)):
-            return ConstantVar(len(args[0].items))  # items may be objects of the trace
-        if fn is len and len(args) == 1 and self.has_python_method(args[0], "__len__"):
-            return self.call_function(self.load_attr(args[0], "__len__"), [], {})
-        if fn is len and len(args) == 1 and isinstance(args[0], NNModuleVar):
-            return ConstantVar(len(self.module_items(args[0])))
-        if fn is isinstance and len(args) == 2 and isinstance(args[0], (StructSeqVar,)):
-            return ConstantVar(issubclass(args[0].cls or tuple, self.output.to_value(args[1])))
-        if fn is sum and 1 <= len(args) <= 2 and not kwargs:
-            items = self.iter_items(args[0])
-            if any(isinstance(i, TensorVar) for i in items):
-                total = args[1] if len(args) == 2 else ConstantVar(0)
-                for item in items:
-                    total = self.binary("+", operator.add, total, item)
-                return total
-        # Iterators and iterable objects become lists for the folding builtins (sum, any,
-        # max, sorted...).
-        args = [ListVar(self.iter_items(a)) if isinstance(a, (IteratorVar, NewObjectVar)) or (
-            isinstance(a, UserObjectVar) and hasattr(type(a.value), "__iter__")) else a
-            for a in args]
-        return pybuiltins.call_builtin(self.output, fn, args, kwargs)
-
-    def make_super(self: InstructionTranslator, args: list) -> Var:
-        if len(args) == 2:
-            return SuperVar(self.output.to_value(args[0]), self.realize(args[1]))
-        if args:
-            raise Unsupported("one-argument super() is not supported")
-        cell = self.cells.get("__class__")
-        if cell is None or cell.contents is None or not self.code.co_argcount:
-            raise Unsupported("super() outside a method (no __class__ cell)")
-        cls = self.output.to_value(self.realize(cell.contents))
-        first = self.code.co_varnames[0]
-        obj = self.locals.get(first)
-        if obj is None and first in self.cells:
-            obj = self.cells[first].contents
-        if obj is None:
-            raise Unsupported("super(): the first argument is unbound")
-        return SuperVar(cls, self.realize(obj))
 
     def inline_call(self: InstructionTranslator, fn: Var, args: list, kwargs: dict) -> Var:
         """Run a user function's bytecode in a child translator sharing this output."""

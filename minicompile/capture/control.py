@@ -1,4 +1,4 @@
-"""Loops, ``with`` blocks, ``super`` and stores, for the interpreter (a mixin).
+"""Loops, ``with`` blocks, ``super``, stores and imports, for the interpreter (a mixin).
 
 Loops are unrolled while tracing: ``GET_ITER`` turns a Python iterable of known length
 (``range``, tuples, lists, dicts, ``zip``/``enumerate``, module containers, a tensor's first
@@ -18,7 +18,9 @@ as side effects (:mod:`side_effects`); stores into tensors are functionalized
 from __future__ import annotations
 
 import collections.abc
+import importlib.util
 import inspect
+import sys
 from typing import TYPE_CHECKING, Any
 
 
@@ -30,6 +32,7 @@ from minicompile.capture.variables import (
     DictVar,
     GradModeVar,
     IteratorVar,
+    ModuleVar,
     ListVar,
     NNModuleVar,
     NullVar,
@@ -183,6 +186,12 @@ class ControlMixin:
         obj = self.pop()
         self.store_attr(obj, inst.argval, self.pop())
 
+    def DELETE_ATTR(self: InstructionTranslator, inst: Inst) -> None:
+        obj = self.realize(self.pop())
+        if not isinstance(obj, NewObjectVar):
+            raise Unsupported(f"del of an attribute of {obj.describe()} is not supported")
+        records.del_object_attr(self, obj, inst.argval)
+
     def STORE_GLOBAL(self: InstructionTranslator, inst: Inst) -> None:
         value = self.pop()
         if self.globals_name is None:
@@ -243,6 +252,34 @@ class ControlMixin:
     def STORE_DEREF(self: InstructionTranslator, inst: Inst) -> None:
         self.output.side_effects.store_cell(self.cells[inst.argval], self.pop())
 
+    # -- imports of modules already loaded -------------------------------------------------
+
+    def IMPORT_NAME(self: InstructionTranslator, inst: Inst) -> None:
+        """``import a.b`` / ``from .x import y`` of a module the process already imported
+        (then the import has no effect but the binding); anything else would run code."""
+        fromlist = self.output.to_value(self.pop())
+        level = self.output.to_value(self.pop())
+        package = self.f_globals.get("__package__") or self.f_globals.get("__name__", "")
+        try:
+            name = importlib.util.resolve_name("." * level + inst.argval, package)
+        except (ImportError, ValueError) as e:
+            raise Unsupported(f"import of {inst.argval!r}: {e}") from e
+        if name not in sys.modules:
+            raise Unsupported(f"import of {name!r}, not yet imported, inside traced code")
+        top = name if fromlist or level else name.partition(".")[0]
+        self.push(self.output.wrap(sys.modules[top], None))
+
+    def IMPORT_FROM(self: InstructionTranslator, inst: Inst) -> None:
+        module = self.stack[-1]
+        if not isinstance(module, ModuleVar):
+            raise Unsupported(f"from-import of {inst.argval!r} is not supported here")
+        value = getattr(module.value, inst.argval, None)
+        if value is None:  # a submodule imported but not yet an attribute
+            value = sys.modules.get(f"{module.value.__name__}.{inst.argval}")
+        if value is None:
+            raise Unsupported(f"from-import of {inst.argval!r}, not yet imported")
+        self.push(self.output.wrap(value, None))
+
 
 def _hashable(key: Any) -> Any:
     try:
@@ -252,4 +289,3 @@ def _hashable(key: Any) -> Any:
     if isinstance(key, (TensorVar, ObjectVar)):
         raise Unsupported("dict keys must be Python constants here")
     return key
-

@@ -21,9 +21,7 @@ treats like any other callable.  3.13 puts the NULL after the callable; see
 from __future__ import annotations
 
 import builtins
-import importlib.util
 import inspect
-import sys
 import linecache
 import types
 from collections.abc import Callable
@@ -34,6 +32,7 @@ import torch
 from minicompile.capture import bytecode, mutation, pybuiltins, records, torch_ops
 from minicompile.capture.bytecode import NULL_AFTER_CALLABLE, PY, Inst
 from minicompile.capture.calls import CallsMixin
+from minicompile.capture.python_calls import PythonCallsMixin
 from minicompile.capture.control import ControlMixin
 from minicompile.capture.output import MAX_INSTRUCTIONS, OutputGraph
 from minicompile.capture.variables import (
@@ -44,9 +43,7 @@ from minicompile.capture.variables import (
     DictVar,
     ListVar,
     MethodVar,
-    ModuleVar,
     NestedFunctionVar,
-    NewObjectVar,
     NNModuleVar,
     NullVar,
     ObjectVar,
@@ -60,7 +57,7 @@ from minicompile.capture.variables import (
 from minicompile.errors import Unsupported
 from minicompile.graph import SourceLine
 
-class InstructionTranslator(CallsMixin, ControlMixin):
+class InstructionTranslator(CallsMixin, PythonCallsMixin, ControlMixin):
     """Interprets one frame.  ``parent_stack`` is the user stack of the call site when this
     frame is inlined (outermost first); ``parent`` is the translator of the caller.
 
@@ -597,41 +594,7 @@ class InstructionTranslator(CallsMixin, ControlMixin):
     LOAD_ASSERTION_ERROR = _refuse("failed assert: eager raises AssertionError")
     RAISE_VARARGS = _refuse("raise statement: eager raises")
     DELETE_GLOBAL = DELETE_DEREF = _refuse("del of a global/cell")
-
-    def DELETE_ATTR(self, inst: Inst) -> None:
-        obj = self.realize(self.pop())
-        if not isinstance(obj, NewObjectVar):
-            raise Unsupported(f"del of an attribute of {obj.describe()} is not supported")
-        records.del_object_attr(self, obj, inst.argval)
     BEFORE_ASYNC_WITH = _refuse("async with is not supported")
-
-    # -- imports of modules already loaded -------------------------------------------------
-
-    def IMPORT_NAME(self, inst: Inst) -> None:
-        """``import a.b`` / ``from .x import y`` of a module the process already imported
-        (then the import has no effect but the binding); anything else would run code."""
-        fromlist = self.output.to_value(self.pop())
-        level = self.output.to_value(self.pop())
-        package = self.f_globals.get("__package__") or self.f_globals.get("__name__", "")
-        try:
-            name = importlib.util.resolve_name("." * level + inst.argval, package)
-        except (ImportError, ValueError) as e:
-            raise Unsupported(f"import of {inst.argval!r}: {e}") from e
-        if name not in sys.modules:
-            raise Unsupported(f"import of {name!r}, not yet imported, inside traced code")
-        top = name if fromlist or level else name.partition(".")[0]
-        self.push(self.output.wrap(sys.modules[top], None))
-
-    def IMPORT_FROM(self, inst: Inst) -> None:
-        module = self.stack[-1]
-        value = getattr(module.value, inst.argval, None) if isinstance(module, ModuleVar) else None
-        if value is None:
-            sub = f"{getattr(module, 'value', None).__name__}.{inst.argval}" if isinstance(
-                module, ModuleVar) else ""
-            if sub not in sys.modules:
-                raise Unsupported(f"from-import of {inst.argval!r} is not supported here")
-            value = sys.modules[sub]
-        self.push(self.output.wrap(value, None))
 
     # -- f-strings on constants ------------------------------------------------------------
 

@@ -185,24 +185,26 @@ class CallsMixin:
         pending = self.output.side_effects.load_attr(obj, name)
         if pending is not None:
             return pending
-        d = getattr(obj.value, "__dict__", None)
-        if d is not None and name in d:
-            return self.output.wrap(d[name], obj.source.attr(name) if obj.source else None)
-        if isinstance(obj.value, logging.Logger):  # logger.info, logger.warning_once
-            return ObjectVar(getattr(obj.value, name))
         cls = type(obj.value)
-        if isinstance(obj.value, collections.abc.Mapping) and name in _READ_METHODS and (
-            getattr(getattr(cls, name), "__module__", "") == "collections.abc"
-        ):  # Mapping's own get (os.environ.get(...)), not a subclass's
-            return ReadMethodVar(getattr(cls, name), obj)
-        if obj.source is not None and not any(name in k.__dict__ for k in cls.__mro__) and (
-            cls.__getattribute__ is not object.__getattribute__ or hasattr(cls, "__getattr__")
-        ):  # computed by the class (transformers' config attribute_map): read, and guard
-            try:
+        in_class = any(name in k.__dict__ for k in cls.__mro__)
+        d = getattr(obj.value, "__dict__", None)
+        if obj.source is not None and not in_class and (
+            cls.__getattribute__ is not object.__getattribute__
+            or (hasattr(cls, "__getattr__") and (d is None or name not in d))
+        ):  # computed by the class (transformers' config attribute_map): the guard reads
+            try:  # it the same way, through the class's own lookup
                 value = getattr(obj.value, name)
             except AttributeError as e:
                 raise Unsupported(f"attribute error: {e} (eager raises)") from e
             return self.output.wrap(value, obj.source.attr(name))
+        if d is not None and name in d:
+            return self.output.wrap(d[name], obj.source.attr(name) if obj.source else None)
+        if isinstance(obj.value, logging.Logger) and callable(getattr(obj.value, name, None)):
+            return ObjectVar(getattr(obj.value, name))  # logger.info, logger.warning_once
+        if isinstance(obj.value, collections.abc.Mapping) and name in _READ_METHODS and (
+            getattr(getattr(cls, name), "__module__", "") == "collections.abc"
+        ):  # Mapping's own get (os.environ.get(...)), not a subclass's
+            return ReadMethodVar(getattr(cls, name), obj)
         return self.class_attr(obj, cls, name)
 
     def class_attr(

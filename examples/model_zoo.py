@@ -28,7 +28,7 @@ Inputs = tuple[tuple, dict[str, Any]]
 class ModelCase:
     name: str
     build: Callable[[], torch.nn.Module]
-    inputs: Callable[[torch.device], Inputs]  # fresh random inputs on each call
+    inputs: Callable[..., Inputs]  # fresh random inputs on each call: (device, [batch, length])
     float_inputs: bool = True  # inputs to cast to a low-precision dtype with the model
 
     def __str__(self) -> str:
@@ -43,18 +43,18 @@ def _tokens(vocab: int, batch: int = 2, length: int = 12) -> torch.Tensor:
     return torch.randint(0, vocab, (batch, length))
 
 
-def _bert_inputs(device: torch.device) -> Inputs:
-    """What a tokenizer returns for two sentences, the second one padded."""
-    ids = _tokens(100)
+def _bert_inputs(device: torch.device, batch: int = 2, length: int = 12) -> Inputs:
+    """What a tokenizer returns for ``batch`` sentences, the last one padded."""
+    ids = _tokens(100, batch, length)
     mask = torch.ones_like(ids)
-    mask[1, 8:] = 0
-    ids[1, 8:] = 0
+    mask[-1, length * 2 // 3:] = 0
+    ids[-1, length * 2 // 3:] = 0
     encoded = {"input_ids": ids, "token_type_ids": torch.zeros_like(ids), "attention_mask": mask}
     return (), {k: v.to(device) for k, v in encoded.items()}
 
 
-def _causal_lm_inputs(device: torch.device) -> Inputs:
-    return (), {"input_ids": _tokens(100).to(device)}
+def _causal_lm_inputs(device: torch.device, batch: int = 2, length: int = 12) -> Inputs:
+    return (), {"input_ids": _tokens(100, batch, length).to(device)}
 
 
 def _seq2seq_inputs(device: torch.device) -> Inputs:

@@ -255,7 +255,7 @@ def infer_meta(
     # The context of a symbolic tensor argument; else ``shapes``, if a size argument is
     # symbolic; else none (plain meta tensors, the fast path).
     shapes = symbolic_context((args, kwargs)) or (
-        shapes if _has_symbols((args, kwargs)) else None
+        shapes if has_symbols((args, kwargs)) else None
     )
 
     def fake(v: Any) -> Any:
@@ -270,6 +270,8 @@ def infer_meta(
             return type(v)(fake(x) for x in v)
         if isinstance(v, sympy.Expr) and shapes is not None:  # a symbolic size argument
             return shapes.to_symint(v)
+        if isinstance(v, slice):
+            return slice(fake(v.start), fake(v.stop), fake(v.step))
         return v
 
     moved = [v for v in (*args, *kwargs.values()) if isinstance(v, torch.device)]
@@ -314,13 +316,15 @@ def symbolic_context(values: Any) -> Any:
     return None
 
 
-def _has_symbols(values: Any) -> bool:
+def has_symbols(values: Any) -> bool:
     if isinstance(values, sympy.Basic):
         return bool(values.free_symbols)
     if isinstance(values, (tuple, list)):
-        return any(_has_symbols(v) for v in values)
+        return any(has_symbols(v) for v in values)
+    if isinstance(values, slice):
+        return has_symbols((values.start, values.stop, values.step))
     if isinstance(values, dict):
-        return _has_symbols(tuple(values.values()))
+        return has_symbols(tuple(values.values()))
     return False
 
 

@@ -104,6 +104,9 @@ def _index(b: Builder, x: Node, key: Any) -> Node | None:
             size = int(out.meta.shape[dim])
             out = b("select", out, dim, k % size if size else k)
         elif isinstance(k, slice):
+            if any(isinstance(v, sympy.Basic) and v.free_symbols for v in (k.start, k.stop,
+                                                                            k.step)):
+                return None  # symbolic bounds (buffer[:, :n]): left to PyTorch
             size = int(out.meta.shape[dim])
             start, stop, step = k.indices(size)
             if step <= 0:

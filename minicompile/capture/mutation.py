@@ -98,6 +98,25 @@ def register_view(out: OutputGraph, view: TensorVar, of: TensorVar, steps: tuple
     out.views.setdefault(id(root), []).append(view)
 
 
+def slice_bounds(k: slice, size: Any) -> tuple[Any, Any, int]:
+    """``k.indices(size)`` (with ``stop >= start``) that keeps a symbolic ``size`` symbolic:
+    ``slice.indices`` would turn it into its traced number (an equality guard)."""
+    step = 1 if k.step is None else k.step
+    if step <= 0:
+        raise Unsupported("negative slice steps on tensors (eager raises)")
+
+    def bound(i: Any, default: Any) -> Any:
+        if i is None:
+            return default
+        if i < 0:
+            i = i + size
+            return 0 if i < 0 else i
+        return size if i > size else i
+
+    start, stop = bound(k.start, 0), bound(k.stop, size)
+    return start, (stop if stop >= start else start), step
+
+
 def index_steps(key: Any, shape: tuple[int, ...]) -> list[ViewStep] | None:
     """``x[key]`` as view steps for basic keys (ints, slices, None, Ellipsis); None when the
     key has tensors or lists (advanced indexing, a copy)."""
@@ -122,10 +141,8 @@ def index_steps(key: Any, shape: tuple[int, ...]) -> list[ViewStep] | None:
             od += ndim - consumed
             d += ndim - consumed
         elif isinstance(k, slice):
-            start, stop, step = k.indices(shape[od])
-            if step <= 0:
-                raise Unsupported("negative slice steps on tensors (eager raises)")
-            steps.append(ViewStep("slice", (d, start, max(stop, start), step)))
+            start, stop, step = slice_bounds(k, shape[od])
+            steps.append(ViewStep("slice", (d, start, stop, step)))
             od += 1
             d += 1
         else:

@@ -245,6 +245,8 @@ class OutputGraph:
             return type(value)(self.sizes_to_sympy(v) for v in value)
         if type(value) is torch.Size:
             return tuple(self.sizes_to_sympy(v) for v in value)
+        if type(value) is slice:  # x[:, :n] with a symbolic n
+            return slice(*(self.sizes_to_sympy(v) for v in (value.start, value.stop, value.step)))
         if isinstance(value, dict):
             return {k: self.sizes_to_sympy(v) for k, v in value.items()}
         return value
@@ -374,6 +376,11 @@ class OutputGraph:
                 meta = ops.infer_meta(
                     name, node_args, node_kwargs, tensors[0].meta.device, self.graph.shapes
                 )
+            elif self.graph.shapes is not None and ops.has_symbols((node_args, node_kwargs)):
+                # A factory with symbolic sizes (torch.arange(n)): on fake tensors, placed
+                # on the device it names.
+                device = torch.device(node_kwargs.get("device") or torch.get_default_device())
+                meta = ops.infer_meta(name, node_args, node_kwargs, device, self.graph.shapes)
             else:
                 meta = _factory_meta(ops.OPS[name].eager, node_args, node_kwargs)
         except Unsupported:
@@ -424,7 +431,12 @@ class OutputGraph:
         sources = [a for a in _flatten((args, kwargs)) if isinstance(a, TensorVar)]
         if not sources:
             return
-        fakes = {id(v): v.meta.fake() for v in sources}
+        shapes = self.graph.shapes  # symbolic sizes stay symbolic (no guard on their hints)
+        fakes = {
+            id(v): shapes.fake(v.meta.shape, v.meta.stride, v.meta.dtype, device=v.meta.device)
+            if shapes is not None else v.meta.fake()
+            for v in sources
+        }
 
         def fake(v: Any) -> Any:
             if isinstance(v, TensorVar):
@@ -434,7 +446,9 @@ class OutputGraph:
             return v
 
         try:
-            res = fn(*fake(args), **{k: fake(v) for k, v in kwargs.items()})
+            fake_args, fake_kwargs = fake(args), {k: fake(v) for k, v in kwargs.items()}
+            res = (shapes.run(fn, *fake_args, **fake_kwargs) if shapes is not None
+                   else fn(*fake_args, **fake_kwargs))
         except Exception:
             return
         by_fake = {id(f): v for v in sources for f in [fakes[id(v)]]}

@@ -221,7 +221,7 @@ def _squeeze(em: Emitter, fname: str, args: tuple, kwargs: dict) -> Any:
 def expand(em: Emitter, fname: str, x: TensorVar, sizes: tuple) -> TensorVar:
     shape = shape_of(x)
     lead = len(sizes) - len(shape)
-    if lead < 0 or not all(type(s) is int for s in sizes):
+    if lead < 0 or not all(type(s) in (int, torch.SymInt) for s in sizes):
         raise Unsupported(f"{fname}(): sizes {sizes!r} do not fit a {len(shape)}-d tensor")
     resolved = []
     for i, s in enumerate(sizes):

@@ -91,6 +91,10 @@ def public_name(fn: Any) -> str | None:
     for prefix, ns in NAMESPACES:
         if getattr(ns, name, None) is fn:
             return f"{prefix}.{name}"
+        # torch.linalg.vector_norm is named linalg_vector_norm (torch.fft, torch.special too)
+        short = name.removeprefix(prefix.rpartition(".")[2] + "_")
+        if short != name and getattr(ns, short, None) is fn:
+            return f"{prefix}.{short}"
     if getattr(torch.Tensor, name, None) is fn:
         return f"torch.Tensor.{name}"
     return None

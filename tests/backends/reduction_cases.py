@@ -281,6 +281,10 @@ case("norm_pinf_f16", lambda x: x.norm(INF, dim=1), rand(MAT, f16))
 case("norm_p3_bf16", lambda x: x.norm(3, dim=1), rand(MAT, bf16))
 case("norm_pinf_nan", lambda x: x.norm(INF, dim=1), rand(MAT, f32, "nan"))
 case("norm_pinf_0dim", lambda x: torch.norm(x, INF), rand(ZERO_DIM))
+# torch.linalg's functions are named linalg_vector_norm: found under their public name.
+case("linalg_vector_norm_inf", lambda x: torch.linalg.vector_norm(x, ord=INF), rand(MAT))
+case("linalg_vector_norm_2_last", lambda x: torch.linalg.vector_norm(x, ord=2, dim=-1),
+     rand(CUBE))
 
 # Reductions inside pointwise work (fused prologue / epilogue).
 case("sum_of_sin_plus_one", lambda x: (x.sin() * 2).sum(-1) + 1, rand(MAT))

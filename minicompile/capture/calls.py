@@ -345,7 +345,7 @@ class CallsMixin:
             ctx = GradModeVar(mode, prev=out.grad_enabled)
             out.grad_enabled = mode  # the constructor sets the mode, as in eager
             return ctx
-        if fn is torch.inference_mode or fn is torch.autocast:
+        if fn is torch.inference_mode:
             raise Unsupported(f"torch.{fn.__name__} is not supported yet")
         pos, kw = self._values(args, kwargs)
         fname = externs.public_name(fn) or externs._describe(fn)

@@ -21,6 +21,7 @@ Dynamo does instead of breaking the graph:
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import inspect
 import logging
@@ -31,7 +32,11 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from minicompile.capture.variables import BoundMethodVar, ConstantVar, ObjectVar, TensorVar, Var
+from minicompile.capture import records
+from minicompile.capture.pybuiltins import contains_tensor
+from minicompile.capture.variables import (
+    BoundMethodVar, ConstantVar, ObjectVar, TensorVar, Var, specialized,
+)
 from minicompile.errors import Unsupported
 
 if TYPE_CHECKING:
@@ -124,6 +129,22 @@ def _autocast_query(tx: InstructionTranslator, fn: Any, args: list, kwargs: dict
     return ConstantVar(value)
 
 
+@_register(torch.autocast, _maybe(torch, "amp", "autocast"))
+def _autocast(tx: InstructionTranslator, fn: Any, args: list, kwargs: dict) -> Var:
+    """``torch.autocast(device, enabled=False)`` where autocast is off (guarded) changes
+    nothing: a ``nullcontext``.  Autocast regions themselves are not compiled yet."""
+    values = [tx.output.to_value(a) for a in args]
+    kw = {k: tx.output.to_value(v) for k, v in kwargs.items()}
+    device = values[0] if values else kw.get("device_type")
+    enabled = values[2] if len(values) > 2 else kw.get("enabled", True)
+    if enabled is not False or type(device) is not str:
+        raise Unsupported("torch.autocast regions are not compiled yet")
+    _autocast_query(tx, torch.is_autocast_enabled, [ConstantVar(device)], {})
+    if torch.is_autocast_enabled(device):
+        raise Unsupported("torch.autocast(enabled=False) inside an autocast region")
+    return records.create(tx, contextlib.nullcontext, [], {})
+
+
 @_register(torch.finfo, torch.iinfo)
 def _type_info(tx: InstructionTranslator, fn: Any, args: list, kwargs: dict) -> Var:
     values = [tx.output.to_value(a) for a in args]
@@ -155,8 +176,6 @@ def _signature(tx: InstructionTranslator, fn: Any, args: list, kwargs: dict) -> 
 def _copy(tx: InstructionTranslator, fn: Any, args: list, kwargs: dict) -> Var:
     if len(args) != 1 or kwargs:
         raise Unsupported(f"copy.{fn.__name__}() with a memo is not supported")
-    from minicompile.capture import records
-
     return records.copy_value(tx, args[0], deep=fn is copy.deepcopy)
 
 
@@ -182,9 +201,6 @@ def log_call(tx: InstructionTranslator, fn: Any, args: list, kwargs: dict) -> Va
 def _message_args(tx: InstructionTranslator, args: list, kwargs: dict, what: str):
     values = [tx.output.to_value(a) for a in args]
     kw = {k: tx.output.to_value(v) for k, v in kwargs.items()}
-    from minicompile.capture.pybuiltins import contains_tensor
-    from minicompile.capture.variables import specialized
-
     if any(contains_tensor(v) for v in (*values, *kw.values())):
         raise Unsupported(f"{what} with a tensor argument reads its data")
     return specialized(values), specialized(kw)

@@ -144,6 +144,8 @@ def test_autocast_query_and_python_context_managers() -> None:
     def f(x):
         with maybe_autocast(x.device.type, enabled=False):
             y = x.float().sin()
+        with torch.autocast(x.device.type, enabled=False):  # older transformers' rotary
+            y = y.cos()
         with contextlib.nullcontext(y) as z:
             return z * 2
 

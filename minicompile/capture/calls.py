@@ -70,8 +70,8 @@ _FUNCTION_ATTRIBUTES = frozenset({
     "__kwdefaults__", "__wrapped__", "__annotations__", "__dict__",
 })
 # Mapping methods that only read and never raise, called on a user mapping read from the
-# frame (``super().get(key)`` in a dict subclass, ``os.environ.get(name)``): the result is
-# read from the object now, with a guard that makes the same call.
+# frame (``super().get(key)`` in a dict subclass, the environment's ``get(name)``): the
+# result is read from the object now, with a guard that makes the same call.
 _READ_METHODS = frozenset({"get", "__contains__", "__len__"})
 _CONTAINER_MODULES = (torch.nn.ModuleList, torch.nn.Sequential)
 _GRAD_MODE_CLASSES = (torch.no_grad, torch.enable_grad, torch.set_grad_enabled)
@@ -203,7 +203,7 @@ class CallsMixin:
             return ObjectVar(getattr(obj.value, name))  # logger.info, logger.warning_once
         if isinstance(obj.value, collections.abc.Mapping) and name in _READ_METHODS and (
             getattr(getattr(cls, name), "__module__", "") == "collections.abc"
-        ):  # Mapping's own get (os.environ.get(...)), not a subclass's
+        ):  # Mapping's own get (the environment's get), not a subclass's
             return ReadMethodVar(getattr(cls, name), obj)
         return self.class_attr(obj, cls, name)
 

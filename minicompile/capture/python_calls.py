@@ -7,8 +7,8 @@ the interpreter (a mixin of InstructionTranslator).
 - list and dict methods mutate the trackers (and log a side effect when the container
   existed before the call);
 - objects of user classes answer ``obj[k]``, ``k in obj``, ``len(obj)`` through their own
-  Python methods (inlined), and reads of user mappings (``os.environ.get``) are evaluated
-  with a guard that repeats them.
+  Python methods (inlined), and reads of user mappings (the environment's ``get``) are
+  evaluated with a guard that repeats them.
 """
 
 from __future__ import annotations

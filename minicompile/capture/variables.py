@@ -287,7 +287,7 @@ class ObjectSlotVar(Var):
 @dataclasses.dataclass(eq=False)
 class ReadMethodVar(Var):
     """A mapping method that only reads (``dict.get`` of a dict subclass, ``get`` of
-    ``os.environ``), bound to an object read from the frame: called on constant
+    the process environment), bound to an object read from the frame: called on constant
     arguments, the result is read from the object (``descriptor(obj, *args)``)."""
 
     descriptor: Any

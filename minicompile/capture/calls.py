@@ -149,10 +149,8 @@ class CallsMixin:
             return name in torch_ops.ATTRIBUTES or hasattr(torch.Tensor, name)
         if isinstance(obj, ObjectVar) and self.output.side_effects.load_attr(obj, name):
             return True
-        if isinstance(obj, RecordVar):
+        if isinstance(obj, (RecordVar, NewObjectVar)):
             return records.has_attr(obj, name)
-        if isinstance(obj, NewObjectVar):
-            return name in obj.attrs or hasattr(obj.cls, name)
         try:
             return hasattr(self.output.to_value(obj), name)
         except Unsupported:

@@ -39,7 +39,6 @@ import inspect
 from typing import TYPE_CHECKING, Any
 
 from minicompile.capture.variables import (
-    BoundMethodVar,
     ConstantVar,
     DictVar,
     ListVar,
@@ -145,23 +144,13 @@ def attr(tx: InstructionTranslator, record: RecordVar, name: str) -> Var:
         return MethodVar(record, name)
     if name == "__class__":
         return tx.output.wrap(record.cls, None)
-    for klass in record.cls.__mro__:
-        if name in klass.__dict__:
-            value = klass.__dict__[name]
-            break
-    else:
-        raise Unsupported(f"{record.cls.__name__!r} object has no attribute {name!r}")
-    if isinstance(value, property) and inspect.isfunction(value.fget):
-        return tx.inline_call(UserFunctionVar(value.fget), [record], {})
-    if inspect.isfunction(value):
-        return BoundMethodVar(value, record)
-    if isinstance(value, (staticmethod, classmethod)) or hasattr(type(value), "__get__"):
-        raise Unsupported(f"attribute {record.cls.__name__}.{name} ({type(value).__name__})")
-    return tx.output.wrap(value, None)
+    return tx.class_attr(record, record.cls, name)
 
 
-def has_attr(record: RecordVar, name: str) -> bool:
-    return name in record.fields or hasattr(record.cls, name)
+def has_attr(obj: RecordVar | NewObjectVar, name: str) -> bool:
+    """``hasattr`` of an object the trace made: its own attributes, then its class."""
+    own = obj.fields if isinstance(obj, RecordVar) else obj.attrs
+    return name in own or hasattr(obj.cls, name)
 
 
 def set_attr(tx: InstructionTranslator, record: RecordVar, name: str, value: Var) -> None:

@@ -111,6 +111,9 @@ def generate(
             w.line(f"{plan.name}.restype = None")
     if any(e.op.startswith("operator.") and e.op != "operator.getitem" for e in externs):
         w.line("import operator")
+    for module in sorted({e.op.rpartition(".")[0] for e in externs
+                          if e.op.startswith("minicompile.")}):
+        w.line(f"import {module}")  # runtime helpers the wrapper calls (training's record)
     w.line()
     devices = sorted({str(layout.device) for b in program.buffers for layout in _layouts(b)})
     for k, dev in enumerate(devices):

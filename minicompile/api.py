@@ -33,9 +33,11 @@ from minicompile.lowering import lower
 from minicompile.ops import run_graph
 
 from minicompile.codegen.wrapper import generate
+from minicompile.passes.autograd import differentiate, requires_grad
 from minicompile.passes.fusion import fuse
 from minicompile.passes.pipeline import run_graph_passes
 from minicompile.runtime import build
+from minicompile.runtime.autograd import TrainingStep, make_runner
 
 log = logging.getLogger("minicompile")
 
@@ -460,29 +462,31 @@ def compile_graph(
     capture: Capture, cfg: Config, name: str
 ) -> tuple[Callable[[tuple], Any], Callable[[list], tuple]]:
     """Compile a captured graph; return the runner for its entry (frame -> return value)
-    and the generated call(inputs)."""
+    and the generated call(inputs).  A graph whose outputs take gradients (grad mode on,
+    inputs requiring grad) compiles its backward too and runs as an autograd.Function."""
     start = time.perf_counter()
     graph, _timings = run_graph_passes(capture.graph)
-    program = lower(graph)
-    fusion_log: list[str] = []
-    groups = fuse(program, fusion_log)
     backend, interpret = pick_backend(cfg, capture)
-    code = generate(program, groups, backend, graph_name=name)
-    trace.emit("graph", f"{name} after passes", str(graph))
-    trace.emit("fusion", name, "\n".join(
-        [str(program), ""] + fusion_log + [f"group {g.name}" for g in groups]))
-    trace.emit("output_code", f"{name} ({backend})", code.module, f"{name}.{backend}.py")
-    if code.cpp_source is not None:
-        trace.emit("output_code", f"{name} kernels (C++)", code.cpp_source, f"{name}.cpp")
-    loaded = build.load(code, cfg, interpret)
-    _stats["kernels"] += len(code.kernels)
-    if loaded.from_cache:
-        _stats["cache_hits"] += 1
-    call = loaded.call
     get_inputs = capture.get_inputs
     rebuild = capture.rebuild
+    if requires_grad(graph):
+        joint = differentiate(graph)
+        backward, _ = run_graph_passes(joint.backward)
+        call = build_graph(joint.forward, cfg, name, backend, interpret)
+        backward_call = build_graph(backward, cfg, f"{name}_backward", backend, interpret)
+        trace.emit("graph", f"{name} saved for backward", describe_saved(joint))
+        step = TrainingStep(
+            call, backward_call, joint.num_outputs, joint.backward_inputs, joint.input_grads,
+            tuple(any(m.requires_grad for m in (o.meta if isinstance(o.meta, tuple)
+                                                 else (o.meta,))) for o in graph.outputs),
+        )
+        run = make_runner(step, get_inputs, rebuild)
+        log.debug("minicompile: compiled %s (forward and backward) in %.3fs", name,
+                  time.perf_counter() - start)
+        return run, call
+    call = build_graph(graph, cfg, name, backend, interpret)
     if any(p.meta.requires_grad for p in capture.graph.placeholders):
-        # Capture refused every op that would need autograd; run without recording it.
+        # Nothing here takes a gradient (grad mode is off): run without recording.
         no_grad = torch.no_grad
 
         def run(frame: tuple) -> Any:
@@ -497,6 +501,34 @@ def compile_graph(
 
     log.debug("minicompile: compiled %s in %.3fs", name, time.perf_counter() - start)
     return run, call
+
+
+def build_graph(graph: Any, cfg: Config, name: str, backend: str,
+                interpret: bool) -> Callable[[list], tuple]:
+    """A graph after the graph passes -> its generated, built and loaded call(inputs)."""
+    program = lower(graph)
+    fusion_log: list[str] = []
+    groups = fuse(program, fusion_log)
+    code = generate(program, groups, backend, graph_name=name)
+    trace.emit("graph", f"{name} after passes", str(graph))
+    trace.emit("fusion", name, "\n".join(
+        [str(program), ""] + fusion_log + [f"group {g.name}" for g in groups]))
+    trace.emit("output_code", f"{name} ({backend})", code.module, f"{name}.{backend}.py")
+    if code.cpp_source is not None:
+        trace.emit("output_code", f"{name} kernels (C++)", code.cpp_source, f"{name}.cpp")
+    loaded = build.load(code, cfg, interpret)
+    _stats["kernels"] += len(code.kernels)
+    if loaded.from_cache:
+        _stats["cache_hits"] += 1
+    return loaded.call
+
+
+def describe_saved(joint: Any) -> str:
+    """What the forward keeps for the backward, for the logs."""
+    saved = [k for kind, k in joint.backward_inputs if kind == "saved"]
+    inputs = [k for kind, k in joint.backward_inputs if kind == "input"]
+    return (f"{len(saved)} values ({joint.saved_bytes / 2**20:.2f} MiB) and {len(inputs)} "
+            f"inputs ({joint.saved_input_bytes / 2**20:.2f} MiB) saved for the backward")
 
 
 def compile(

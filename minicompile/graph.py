@@ -269,7 +269,9 @@ class Graph:
             elif n.op == "call":
                 parts = [format_arg(a) for a in n.args]
                 parts += [f"{k}={format_arg(v)}" for k, v in n.kwargs.items()]
-                text = f"    %{n.index} = {n.target}({', '.join(parts)}) : {n.meta}"
+                meta = (f"({', '.join(str(m) for m in n.meta)})" if isinstance(n.meta, tuple)
+                        else str(n.meta))
+                text = f"    %{n.index} = {n.target}({', '.join(parts)}) : {meta}"
                 if n.stack:
                     text = f"{text:<48}  # {n.stack[-1]}"
                 lines.append(text)

@@ -155,6 +155,8 @@ OPS["where"] = OpDef("where", "ternary", torch.where)
 # x.contiguous(): x itself when it already is, else a copy in row-major order.
 OPS["contiguous"] = OpDef("contiguous", "copy", lambda x: x.contiguous())
 OPS["to_dtype"] = OpDef("to_dtype", "cast", _to_dtype)
+# detach(x): x's values, through which no gradient flows (the max that softmax subtracts).
+OPS["detach"] = OpDef("detach", "copy", torch.detach)
 for _name, _fn in VIEW.items():
     OPS[_name] = OpDef(_name, "view", _fn)
 

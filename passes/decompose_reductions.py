@@ -107,6 +107,8 @@ def _max_or_min(op: str) -> Callable[..., Node | tuple[Node, Node] | None]:
             return NOT_HANDLED  # max(x, y) is maximum; out= is not ours
         if not all(u.target == "getitem" for u in b.origin.users):
             return NOT_HANDLED  # the tuple itself is used: keep the library call
+        if b.requires_grad:
+            return NOT_HANDLED  # its gradient picks the index on ties: PyTorch's backward
         return _extreme_with_index(b, a["input"], op, a["dim"], a["keepdim"])
 
     return rule
@@ -165,6 +167,8 @@ def _prod(b: Builder, *args: Any, **kwargs: Any) -> Node | None:
     a = bind(args, kwargs, ("input", "dim", "keepdim"), {"dim": None, "keepdim": False,
                                                          "dtype": None})
     x = a["input"]
+    if b.requires_grad:
+        return NOT_HANDLED  # its gradient with zeros in a row: PyTorch's backward
     if a["dtype"] is not None:
         x = b("to_dtype", x, dtype=a["dtype"])
     return _reduce(b, "prod", x, _dims(a["dim"], x.meta.ndim), a["keepdim"])
@@ -244,7 +248,7 @@ def _logsumexp(b: Builder, *args: Any, **kwargs: Any) -> Node | None:
         return NOT_HANDLED
     dims = _dims(a["dim"], x.meta.ndim)
     xf = b.opmath(x)
-    m = b("amax", xf, dims, True)
+    m = b("amax", b("detach", xf), dims, True)  # the shift cancels in the gradient
     # An infinite maximum would give inf - inf: shift by 0 there, as torch does.
     shift = b("where", b("eq", b("abs", m), float("inf")), 0.0, m)
     total = b("sum", b("exp", b("sub", xf, shift)), dims, True)
@@ -297,7 +301,8 @@ def _softmax(log: bool) -> Callable[..., Node | None]:
             return NOT_HANDLED
         dims = (dim % x.meta.ndim,)
         xf = b.opmath(x)
-        shifted = b("sub", xf, b("amax", xf, dims, True))
+        # The shift by the row maximum cancels in the gradient: it is not differentiated.
+        shifted = b("sub", xf, b("amax", b("detach", xf), dims, True))
         if log:
             out = b("sub", shifted, b("log", b("sum", b("exp", shifted), dims, True)))
         else:

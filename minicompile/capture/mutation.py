@@ -204,14 +204,21 @@ def conform(out: OutputGraph, target: TensorVar, value: Any, what: str) -> Tenso
     return value
 
 
+def refuse_grad_input(out: OutputGraph, target: TensorVar, what: str) -> None:
+    """An in-place op on an input that requires grad (or a view of one) is refused: on a
+    leaf eager raises, and on a non-leaf autograd would have to see the caller's tensor
+    change.  Intermediates are functionalized, so the backward differentiates the new
+    value, exactly as autograd differentiates eager's in-place op."""
+    root = target.base or target
+    if out.grad_enabled and root.meta.requires_grad and id(root) in out.input_nodes:
+        raise Unsupported(f"{what}: in-place op on an input that requires grad",
+                          hint="run under torch.no_grad(), or write to a copy")
+
+
 def mutate(out: OutputGraph, target: TensorVar, new: TensorVar, what: str) -> TensorVar:
     """``target`` now holds ``new`` (the functional result of an in-place op on it), cast
     to ``target``'s dtype as eager does.  Returns ``target``, as in-place ops do."""
-    if out.grad_enabled and (target.base or target).meta.requires_grad:
-        raise Unsupported(
-            f"{what}: in-place op on a tensor that requires grad; autograd is not supported yet",
-            hint="run under torch.no_grad()",
-        )
+    refuse_grad_input(out, target, what)
     if not isinstance(new, TensorVar):
         raise Unsupported(f"{what}: the result is not a tensor")
     if new.meta.concrete_shape() != target.meta.concrete_shape():
@@ -242,8 +249,7 @@ def setitem(out: OutputGraph, x: TensorVar, key: Any, value: Any) -> None:
         for step in steps:
             region = step.apply(out, region)
         new_region = conform(out, region, value, what)
-        if out.grad_enabled and (x.base or x).meta.requires_grad:
-            raise Unsupported(f"{what} on a tensor that requires grad; autograd is not supported")
+        refuse_grad_input(out, x, what)
         root = x.base or x
         chain = (*x.view, *steps) if x.base is not None else tuple(steps)
         rebind(out, root, scatter_through(out, root, chain, new_region))

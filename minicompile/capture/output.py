@@ -55,6 +55,14 @@ if TYPE_CHECKING:
 _TRUSTED_MODULES = ("torch", "math", "operator", "builtins")
 # Graph view ops and how a view made by one is described (see mutation.ViewStep).
 _VIEW_OPS = frozenset({"permute", "expand", "unsqueeze", "squeeze"})
+# Ops whose results never require grad, whatever their inputs (eager's autograd agrees).
+NON_DIFFERENTIABLE = frozenset({
+    "torch.Tensor.detach", "torch.detach", "torch.argmax", "torch.argmin", "torch.Tensor.argmax",
+    "torch.Tensor.argmin", "torch.zeros_like", "torch.ones_like", "torch.empty_like",
+    "torch.Tensor.new_zeros", "torch.Tensor.new_ones", "torch.Tensor.new_empty",
+    "torch.rand_like", "torch.randn_like", "torch.randint_like", "torch.full_like",
+    "torch.Tensor.new_full",
+})
 MAX_INSTRUCTIONS = 100_000
 
 
@@ -358,11 +366,6 @@ class OutputGraph:
         devices = sorted({str(t.meta.device) for t in tensors})
         if len(devices) > 1:
             raise Unsupported(f"{name}: tensors on different devices ({', '.join(devices)})")
-        if self.grad_enabled and any(t.meta.requires_grad for t in tensors):
-            raise Unsupported(
-                f"{name}: an input requires grad; autograd is not supported yet",
-                hint="run under torch.no_grad() or detach the inputs",
-            )
         for v in _flatten((args, kwargs)):
             if not isinstance(v, TensorVar) and not _graph_constant(v):
                 raise Unsupported(f"{name}: argument of type {type(v).__name__} is not supported")
@@ -390,6 +393,7 @@ class OutputGraph:
             if self.graph.shapes is not None:  # maybe only PyTorch's symbolic rules fail:
                 raise ShapeError(f"{name}: {type(e).__name__}: {msg}") from e  # retry static
             raise Unsupported(f"{name}: eager PyTorch raises {type(e).__name__}: {msg}") from e
+        meta = self._with_grad(name, meta, tensors)
         stack = self.user_stack()
         node = self.graph.call(name, node_args, node_kwargs, meta=meta, stack=stack)
         if isinstance(meta, tuple):
@@ -402,6 +406,17 @@ class OutputGraph:
         if track and name in _VIEW_OPS:
             mutation.register_view(self, result, args[0], (mutation.ViewStep(name, args[1:]),))
         return result
+
+    def _with_grad(self, name: str, meta: Any, tensors: list) -> Any:
+        """``meta`` marked as requiring grad where eager's result would: grad mode on, an
+        input requiring grad, a differentiable op and a floating-point result.  The
+        autograd pass (passes/autograd.py) differentiates exactly the nodes marked."""
+        grad = (self.grad_enabled and name not in NON_DIFFERENTIABLE
+                and any(t.meta.requires_grad for t in tensors))
+        if isinstance(meta, tuple):
+            return tuple(self._with_grad(name, m, tensors) for m in meta)
+        grad = grad and (meta.dtype.is_floating_point or meta.dtype.is_complex)
+        return dataclasses.replace(meta, requires_grad=grad) if grad != meta.requires_grad else meta
 
     def extern(self, fn: Any, args: tuple, kwargs: dict, track: bool = True) -> Any:
         """``fn(*args, **kwargs)`` as one extern node (args hold TensorVars).  A result

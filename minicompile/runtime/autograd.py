@@ -1,0 +1,163 @@
+"""The runtime of training: a compiled forward and backward as one autograd.Function.
+
+``TrainingStep`` holds a graph's two compiled calls (``passes/autograd.py`` made the pair).
+``CompiledGraphFunction.apply(step, *inputs)`` runs the forward kernels without recording
+anything, saves what the backward needs with ``ctx.save_for_backward`` (so autograd's
+version checks, ``retain_graph`` and the freeing of saved tensors work as for any op), and
+returns the outputs with the Function as their ``grad_fn``.  ``loss.backward()``,
+``torch.autograd.grad``, gradient accumulation, hooks and graph breaks between compiled
+segments then work as in eager: each segment is one node of the autograd graph.
+
+Library calls are differentiated by PyTorch: ``record`` runs one inside the forward with
+autograd on (its differentiable tensor arguments as fresh leaves), so PyTorch saves what
+its own backward needs; ``vjp`` runs that backward from the saved result.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from minicompile.ops import resolve_path
+
+_functions: dict[str, Callable] = {}
+
+
+def _function(name: str) -> Callable:
+    fn = _functions.get(name)
+    if fn is None:
+        fn = _functions[name] = resolve_path(name)
+    return fn
+
+
+def _flatten(value: Any, out: list) -> None:
+    if isinstance(value, torch.Tensor):
+        out.append(value)
+    elif isinstance(value, (tuple, list)):
+        for v in value:
+            _flatten(v, out)
+    elif isinstance(value, dict):
+        for v in value.values():
+            _flatten(v, out)
+
+
+def _replace(value: Any, table: dict[int, torch.Tensor], counter: list) -> Any:
+    """``value`` with its k-th tensor (in _flatten's order) replaced by ``table[k]``."""
+    if isinstance(value, torch.Tensor):
+        k = counter[0]
+        counter[0] += 1
+        return table.get(k, value)
+    if isinstance(value, tuple):
+        return tuple(_replace(v, table, counter) for v in value)
+    if isinstance(value, list):
+        return [_replace(v, table, counter) for v in value]
+    if isinstance(value, dict):
+        return {key: _replace(v, table, counter) for key, v in value.items()}
+    return value
+
+
+def record(name: str, diff: tuple[int, ...], stride: tuple, *args: Any, **kwargs: Any) -> Any:
+    """``name(*args, **kwargs)`` with autograd recording it: the tensors at ``diff`` (in
+    argument order) become leaves that require grad.  The result has the strides the
+    compiled code reads it with (``stride``: a copy, recorded too, if the library chose
+    others) and keeps its leaves for :func:`vjp`."""
+    tensors: list = []
+    _flatten((args, kwargs), tensors)
+    leaves = {k: tensors[k].detach().requires_grad_() for k in diff}
+    args, kwargs = _replace((args, kwargs), leaves, [0])
+    with torch.enable_grad():
+        out = _function(name)(*args, **kwargs)
+        if any(s != want for s, want, n in zip(out.stride(), stride, out.shape) if n > 1):
+            out = torch.empty_strided(out.shape, stride, dtype=out.dtype,
+                                      device=out.device).copy_(out)
+    out._minicompile_leaves = tuple(leaves[k] for k in diff)
+    return out
+
+
+def vjp(out: torch.Tensor, grad: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """The gradients of :func:`record`'s leaves, from PyTorch's backward of that call,
+    row-major (as the backward graph reads them)."""
+    leaves = out._minicompile_leaves
+    if out.grad_fn is None:  # nothing of the output depends on its leaves
+        return tuple(torch.zeros_like(t, memory_format=torch.contiguous_format) for t in leaves)
+    grads = torch.autograd.grad(out, leaves, grad, retain_graph=True, allow_unused=True)
+    return tuple(
+        torch.zeros_like(t, memory_format=torch.contiguous_format) if g is None
+        else g.contiguous() for g, t in zip(grads, leaves)
+    )
+
+
+@dataclasses.dataclass
+class TrainingStep:
+    """One graph's compiled forward and backward, and how their values connect (see
+    passes.autograd.Joint for the fields' meaning)."""
+
+    forward: Callable[[list], tuple]
+    backward: Callable[[list], tuple]
+    num_outputs: int
+    backward_inputs: tuple[tuple[str, int], ...]
+    input_grads: tuple[int | str | None, ...]
+    differentiable: tuple[bool, ...]  # per user output: does it take a gradient?
+
+
+class CompiledGraphFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, step: TrainingStep, *inputs: Any) -> tuple:  # type: ignore[override]
+        outs = step.forward(list(inputs))
+        n = step.num_outputs
+        saved = [inputs[k] if kind == "input" else outs[n + k]
+                 for kind, k in step.backward_inputs if kind != "grad"]
+        ctx.save_for_backward(*saved)
+        ctx.step = step
+        ctx.zeros = {k: (inputs[k].shape, inputs[k].dtype, inputs[k].device)
+                     for k, where in enumerate(step.input_grads) if where == "zero"}
+        # Values the forward made with autograd on (library results) leave detached: this
+        # Function is their only history.
+        results = tuple(
+            o.detach() if isinstance(o, torch.Tensor) and o.requires_grad else o
+            for o in outs[:n]
+        )
+        ctx.mark_non_differentiable(*[
+            o for o, diff in zip(results, step.differentiable)
+            if not diff and isinstance(o, torch.Tensor)
+        ])
+        return results
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx: Any, *grads: Any) -> tuple:  # type: ignore[override]
+        step: TrainingStep = ctx.step
+        saved = iter(ctx.saved_tensors)
+        values = []
+        for kind, k in step.backward_inputs:
+            if kind == "grad":
+                g = grads[k]
+                values.append(g if g.is_contiguous() else g.contiguous())
+            else:
+                values.append(next(saved))
+        results = step.backward(values) if values or step.input_grads else ()
+        out: list = [None]
+        inputs = ctx.needs_input_grad[1:]
+        for k, where in enumerate(step.input_grads):
+            if where is None or not inputs[k]:
+                out.append(None)
+            elif where == "zero":  # eager's gradient through floor, sign, round: zeros
+                shape, dtype, device = ctx.zeros[k]
+                out.append(torch.zeros(shape, dtype=dtype, device=device))
+            else:
+                out.append(results[where])
+        out += [None] * (len(ctx.needs_input_grad) - len(out))  # sizes passed as ints
+        return tuple(out)
+
+
+def make_runner(step: TrainingStep, get_inputs: Callable, rebuild: Callable) -> Callable:
+    """The entry's runner: frame values -> the user's return value."""
+    apply = CompiledGraphFunction.apply
+
+    def run(frame: tuple) -> Any:
+        return rebuild(apply(step, *get_inputs(*frame)), *frame)
+
+    return run

@@ -1,0 +1,303 @@
+"""Training: derive the backward graph of a prim graph, and partition the work.
+
+``differentiate(graph)`` walks the forward graph (after decomposition, so every op is a
+prim or a library call) from its outputs back to its inputs, applying one derivative rule
+per op (``passes/derivatives.py``), and returns a :class:`Joint`: the forward graph, with
+the values the backward needs appended to its outputs, and the backward graph, whose inputs
+are those saved values and the gradients of the forward's outputs, and whose outputs are
+the gradients of the forward's inputs.  Both then take the ordinary road: lowering, fusion,
+codegen; ``minicompile/runtime/autograd.py`` runs the pair as a ``torch.autograd.Function``.
+
+Which forward values reach the backward (the partition, after AOTAutograd's min-cut idea):
+
+- inputs of the graph are saved by reference (the caller holds them anyway);
+- reductions, index ops and library calls are saved: they are costly to compute again;
+- cheap pointwise and view values are recomputed inside the backward kernels from what is
+  saved, as long as that reads at most two large tensors (``MAX_RECOMPUTE_READS``), so
+  a layer norm's output is rebuilt from its input and its row statistics, a ReLU's mask
+  from its input, and no boolean masks or normalised copies are kept.
+
+Library calls (matmul, linear, conv, attention, dropout, ...) are differentiated by PyTorch:
+the forward calls them through ``record`` (PyTorch's autograd records that one call and
+saves what its own backward needs, as in eager) and the backward calls ``vjp`` on the saved
+result, which runs PyTorch's backward kernels for it.  Concatenation is the exception: its
+gradient is slices of the incoming one, fused like any view.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import sympy
+import torch
+
+from minicompile import ops
+from minicompile.errors import Unsupported
+from minicompile.graph import Graph, Node, TensorMeta, copy_graph, flatten_nodes, map_nodes
+
+from minicompile.passes.derivatives import RULES, cat_rule
+
+RECORD = "minicompile.runtime.autograd.record"
+VJP = "minicompile.runtime.autograd.vjp"
+CAT_OPS = {"torch.cat": False, "torch.concat": False, "torch.concatenate": False,
+           "torch.stack": True}
+RECOMPUTABLE = frozenset({"unary", "binary", "ternary", "cast", "copy", "view", "iota"})
+MAX_RECOMPUTE_READS = 2
+
+
+@dataclasses.dataclass
+class Joint:
+    """A forward graph and its backward.
+
+    The forward's outputs are the user's ``num_outputs`` values, then the saved values.
+    The backward's inputs are, in order, what ``backward_inputs`` names: ``("input", k)``
+    (forward placeholder k), ``("saved", j)`` (saved value j) or ``("grad", i)`` (the
+    gradient of forward output i).  ``input_grads[k]`` says what forward placeholder k gets:
+    an index into the backward's outputs, ``"zero"`` (it is reached, but every path to it
+    has a zero derivative) or None (no gradient: it does not require one, or no output
+    depends on it)."""
+
+    forward: Graph
+    backward: Graph
+    num_outputs: int
+    backward_inputs: tuple[tuple[str, int], ...]
+    input_grads: tuple[int | str | None, ...]
+    saved_bytes: int  # of the saved values (inputs excluded), at the traced sizes
+    saved_input_bytes: int
+
+
+def requires_grad(graph: Graph) -> bool:
+    """Whether any output of ``graph`` takes a gradient (then it trains)."""
+    return any(n.meta is not None and _grad(n) for n in graph.outputs)
+
+
+def _grad(node: Node) -> bool:
+    metas = node.meta if isinstance(node.meta, tuple) else (node.meta,)
+    return any(m.requires_grad for m in metas)
+
+
+def differentiate(graph: Graph) -> Joint:
+    d = Differentiator(graph)
+    grads: dict[Node, Node] = {}
+    reached: set[Node] = set()
+
+    def accumulate(node: Node, g: Node | None) -> None:
+        reached.add(node)
+        if g is None:
+            return
+        if g.meta.dtype != node.meta.dtype and node.meta.dtype.is_floating_point:
+            g = d("to_dtype", g, dtype=node.meta.dtype)
+        grads[node] = d("add", grads[node], g) if node in grads else g
+
+    for i, out in enumerate(graph.outputs):
+        if _grad(out):
+            accumulate(out, d.grad_output(i, out))
+    for node in reversed(graph.nodes):
+        if node.op != "call" or node not in grads:
+            continue
+        g = grads.pop(node)
+        d.origin = node
+        for arg, ga in d.rule(node, g):
+            if isinstance(arg, Node) and _grad(arg):
+                accumulate(arg, ga)
+    placeholders = graph.placeholders
+    results: list[Node] = []
+    input_grads: list[int | str | None] = []
+    for ph in placeholders:
+        if ph in grads:
+            g = grads[ph]
+            if tuple(g.meta.shape) != tuple(ph.meta.shape):
+                raise Unsupported(f"internal: gradient of {ph.target} has shape "
+                                  f"{tuple(g.meta.shape)}, not {tuple(ph.meta.shape)}")
+            input_grads.append(len(results))
+            results.append(g)
+        else:
+            input_grads.append("zero" if ph in reached and ph.meta.requires_grad else None)
+    d.b.output(results)
+    forward = d.forward_graph()
+    saved_inputs = [placeholders[k] for kind, k in d.sources if kind == "input"]
+    return Joint(
+        forward=forward,
+        backward=d.b,
+        num_outputs=len(graph.outputs),
+        backward_inputs=tuple(d.sources),
+        input_grads=tuple(input_grads),
+        saved_bytes=sum(_bytes(n.meta, graph) for n in d.saved),
+        saved_input_bytes=sum(_bytes(n.meta, graph) for n in saved_inputs),
+    )
+
+
+class Differentiator:
+    """Builds the backward graph; what derivative rules call (see passes/derivatives.py)."""
+
+    def __init__(self, graph: Graph) -> None:
+        self.graph = graph
+        self.b = Graph(f"{graph.name}_backward", graph.shapes)
+        self.origin: Node | None = None
+        self.env: dict[Node, Node] = {}  # forward node -> its value in the backward
+        self.sources: list[tuple[str, int]] = []
+        self.saved: list[Node] = []
+        self.recorded: dict[Node, tuple[int, ...]] = {}  # library calls -> differentiable args
+        self.recompute = plan_recompute(graph)
+        self.index = {id(n): k for k, n in enumerate(graph.placeholders)}
+
+    # -- what rules call ----------------------------------------------------------------
+
+    def __call__(self, op: str, *args: Any, **kwargs: Any) -> Node:
+        assert self.origin is not None
+        meta = ops.infer_meta(op, args, kwargs, _device(self.origin), self.b.shapes)
+        return self.b.call(op, args, kwargs, _no_grad(meta), self.origin.stack)
+
+    def extern(self, fn: Any, *args: Any, **kwargs: Any) -> Node:
+        return self(ops.extern_op(fn), *args, **kwargs)
+
+    def needs(self, x: Any) -> bool:
+        return isinstance(x, Node) and _grad(x)
+
+    def fwd(self, x: Node) -> Node:
+        """The forward value ``x`` in the backward graph: an input, a saved value, or
+        recomputed there from those."""
+        if x in self.env:
+            return self.env[x]
+        if x.op == "placeholder":
+            value = self.b.placeholder(f"saved_{x.target}", _no_grad(x.meta))
+            self.sources.append(("input", self.index[id(x)]))
+        elif self.recompute.get(x, False):
+            args = map_nodes(x.args, self.fwd)
+            kwargs = map_nodes(x.kwargs, self.fwd)
+            value = self.b.call(x.target, args, kwargs, _no_grad(x.meta), x.stack)
+        else:
+            value = self.b.placeholder(f"saved_{len(self.saved)}", _no_grad(x.meta))
+            self.sources.append(("saved", len(self.saved)))
+            self.saved.append(x)
+        self.env[x] = value
+        return value
+
+    def grad_output(self, i: int, out: Node) -> Node:
+        """The incoming gradient of forward output ``i``, laid out row-major (the runtime
+        makes it so)."""
+        meta = out.meta
+        stride = _row_major(meta.shape)
+        g = self.b.placeholder(f"grad_{i}", dataclasses.replace(
+            meta, stride=stride, storage_offset=sympy.Integer(0), requires_grad=False))
+        self.sources.append(("grad", i))
+        return g
+
+    # -- one node -------------------------------------------------------------------------
+
+    def rule(self, node: Node, g: Node) -> list[tuple[Any, Node | None]]:
+        """(argument, gradient) pairs for ``node``'s tensor arguments."""
+        family = ops.OPS[node.target].family
+        if node.target in RULES:
+            return list(zip(node.args, RULES[node.target](self, node, g)))
+        if node.target in CAT_OPS:
+            tensors, dim = _cat_args(node)
+            return list(zip(tensors, cat_rule(self, node, g, tensors, dim, CAT_OPS[node.target])))
+        if family == "extern":
+            return self.library_call(node, g)
+        if family == "tuple":
+            source = node.args[0]
+            raise Unsupported(f"the gradient of {source.target} (a tuple of results) is not "
+                              "supported yet", node.stack)
+        raise Unsupported(f"no derivative rule for {node.target}", node.stack)
+
+    def library_call(self, node: Node, g: Node) -> list[tuple[Any, Node | None]]:
+        """PyTorch differentiates the call: ``vjp`` of its recorded result."""
+        if isinstance(node.meta, tuple):
+            raise Unsupported(f"the gradient of {node.target} (a tuple of results) is not "
+                              "supported yet", node.stack)
+        tensors = flatten_nodes((node.args, node.kwargs))
+        diff = tuple(k for k, t in enumerate(tensors) if _grad(t))
+        self.recorded[node] = diff
+        metas = tuple(_no_grad(dataclasses.replace(
+            tensors[k].meta, stride=_row_major(tensors[k].meta.shape),
+            storage_offset=sympy.Integer(0))) for k in diff)
+        assert self.origin is not None
+        call = self.b.call(VJP, (self.fwd(node), g), {}, metas, self.origin.stack)
+        ops.extern_op(ops.resolve_path(VJP))
+        pairs: list[tuple[Any, Node | None]] = []
+        for j, k in enumerate(diff):
+            pairs.append((tensors[k], self.b.call("getitem", (call, j), {}, metas[j],
+                                                  self.origin.stack)))
+        return pairs
+
+    # -- the forward ----------------------------------------------------------------------
+
+    def forward_graph(self) -> Graph:
+        """The forward graph: library calls that need PyTorch's backward go through
+        ``record``; the saved values are appended to the outputs."""
+        record = ops.extern_op(ops.resolve_path(RECORD))
+
+        def rewrite(new: Graph, node: Node, remap: Any) -> Node | None:
+            if node not in self.recorded:
+                return None
+            meta = node.meta
+            args = (node.target, self.recorded[node], tuple(meta.stride), *remap(node.args))
+            return new.call(record, args, remap(node.kwargs), meta, node.stack)
+
+        forward = copy_graph(self.graph, rewrite)
+        env = dict(zip(self.graph.nodes, forward.nodes))
+        out = forward.nodes.pop()  # the output node, rebuilt with the saved values
+        for inp in out.inputs():
+            inp.users.remove(out)
+        forward.output(tuple(out.args[0]) + tuple(env[n] for n in self.saved))
+        return forward
+
+
+def plan_recompute(graph: Graph) -> dict[Node, bool]:
+    """Which pointwise and view values the backward computes again instead of saving."""
+    large: dict[Node, frozenset] = {}  # the large saved tensors recomputing a node reads
+    plan: dict[Node, bool] = {}
+    for node in graph.nodes:
+        if node.op != "call" or isinstance(node.meta, tuple):
+            continue
+        if ops.OPS[node.target].family not in RECOMPUTABLE:
+            plan[node] = False
+            continue
+        size = _elements(node.meta, graph)
+        reads: set = set()
+        for arg in node.inputs():
+            reads |= large[arg] if plan.get(arg, False) else {arg}
+        reads = {r for r in reads  # what is small beside this value costs little to read
+                 if not isinstance(r.meta, tuple) and _elements(r.meta, graph) * 4 >= size}
+        plan[node] = len(reads) <= MAX_RECOMPUTE_READS
+        large[node] = frozenset(reads)
+    return plan
+
+
+def _cat_args(node: Node) -> tuple[list[Node], int]:
+    tensors = node.args[0] if node.args else node.kwargs["tensors"]
+    dim = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim", 0)
+    return list(tensors), dim % max(tensors[0].meta.ndim + (CAT_OPS[node.target]), 1)
+
+
+def _row_major(shape: tuple) -> tuple:
+    stride: list = []
+    running: Any = sympy.Integer(1)
+    for size in reversed(shape):
+        stride.append(running)
+        running = running * (max(int(size), 1) if size.is_Integer else size)
+    return tuple(reversed(stride))
+
+
+def _no_grad(meta: Any) -> Any:
+    if isinstance(meta, tuple):
+        return tuple(_no_grad(m) for m in meta)
+    return dataclasses.replace(meta, requires_grad=False) if meta.requires_grad else meta
+
+
+def _device(node: Node) -> torch.device:
+    meta = node.meta
+    return (meta[0] if isinstance(meta, tuple) else meta).device
+
+
+def _elements(meta: TensorMeta, graph: Graph) -> int:
+    n = meta.numel()
+    if not n.is_Integer and graph.shapes is not None:
+        n = n.xreplace(graph.shapes.hints)
+    return int(n) if n.is_Integer else 1
+
+
+def _bytes(meta: TensorMeta, graph: Graph) -> int:
+    return _elements(meta, graph) * meta.dtype.itemsize

@@ -1,0 +1,322 @@
+"""Derivative rules: one per prim op, the way micrograd and tinygrad keep theirs.
+
+A rule ``rule(d, node, g)`` receives the node being differentiated and ``g``, the gradient
+of the loss with respect to its value (a node of the backward graph), and returns one
+gradient per argument of ``node`` (None where the argument gets none).  It builds backward
+nodes with ``d`` (a :class:`passes.autograd.Differentiator`): ``d(op, *args)`` emits a prim,
+``d.fwd(x)`` is the forward value ``x`` as the backward graph sees it (saved by the forward
+or recomputed; the partition in ``passes/autograd.py`` decides which).
+
+Gradients keep PyTorch's conventions: a broadcast argument gets the gradient summed over
+its broadcast dims; float16/bfloat16 values get gradients of their own dtype; ops whose
+derivative is zero almost everywhere (floor, sign, round) give none.  Library calls
+(matmul, conv, attention, dropout, ...) are not here: the forward records them with
+PyTorch's autograd and the backward calls PyTorch's own backward kernels for them.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from minicompile.graph import Node
+
+Rule = Callable[..., tuple]
+
+
+def sum_to(d: Any, g: Node, shape: tuple) -> Node:
+    """``g`` summed over the dims that broadcasting added to a value of ``shape``."""
+    gshape = tuple(g.meta.shape)
+    if gshape == tuple(shape):
+        return g
+    lead = len(gshape) - len(shape)
+    dims = tuple(range(lead)) + tuple(
+        lead + i for i, s in enumerate(shape) if s == 1 and gshape[lead + i] != 1
+    )
+    if dims:
+        g = d("sum", g, dims, True)
+    if tuple(g.meta.shape) != tuple(shape):
+        g = d("reshape", g, tuple(shape))
+    return g
+
+
+def _unary(fn: Callable[[Any, Node, Node, Node], Node]) -> Rule:
+    """A rule for y = op(x) from ``fn(d, x, y, g) -> gx`` (x and y forward values)."""
+
+    def rule(d: Any, node: Node, g: Node) -> tuple:
+        x = node.args[0]
+        return (fn(d, lambda: d.fwd(x), lambda: d.fwd(node), g),)
+
+    return rule
+
+
+def _zero(d: Any, node: Node, g: Node) -> tuple:
+    return (None,) * len(node.args)
+
+
+UNARY_RULES: dict[str, Rule] = {
+    "neg": _unary(lambda d, x, y, g: d("neg", g)),
+    "abs": _unary(lambda d, x, y, g: d("mul", g, d("sign", x()))),
+    "exp": _unary(lambda d, x, y, g: d("mul", g, y())),
+    "exp2": _unary(lambda d, x, y, g: d("mul", g, d("mul", y(), math.log(2.0)))),
+    "expm1": _unary(lambda d, x, y, g: d("mul", g, d("add", y(), 1.0))),
+    "log": _unary(lambda d, x, y, g: d("truediv", g, x())),
+    "log2": _unary(lambda d, x, y, g: d("truediv", g, d("mul", x(), math.log(2.0)))),
+    "log1p": _unary(lambda d, x, y, g: d("truediv", g, d("add", x(), 1.0))),
+    "sqrt": _unary(lambda d, x, y, g: d("truediv", g, d("mul", y(), 2.0))),
+    # d/dx x^-1/2 = -1/2 x^-3/2 = -1/2 y^3, as PyTorch's rsqrt_backward.
+    "rsqrt": _unary(lambda d, x, y, g: d("mul", g, d("mul", d("mul", d("mul", y(), y()), y()),
+                                                     -0.5))),
+    "reciprocal": _unary(lambda d, x, y, g: d("mul", g, d("neg", d("mul", y(), y())))),
+    "sin": _unary(lambda d, x, y, g: d("mul", g, d("cos", x()))),
+    "cos": _unary(lambda d, x, y, g: d("mul", g, d("neg", d("sin", x())))),
+    "tan": _unary(lambda d, x, y, g: d("mul", g, d("add", d("mul", y(), y()), 1.0))),
+    "tanh": _unary(lambda d, x, y, g: d("mul", g, d("sub", 1.0, d("mul", y(), y())))),
+    "sigmoid": _unary(lambda d, x, y, g: d("mul", g, d("mul", y(), d("sub", 1.0, y())))),
+    "erf": _unary(lambda d, x, y, g: d("mul", g, d("mul", d("exp", d("neg", d("mul", x(), x()))),
+                                                   2.0 / math.sqrt(math.pi)))),
+    "floor": _zero, "ceil": _zero, "trunc": _zero, "round": _zero, "sign": _zero,
+}
+
+
+def _both(node: Node) -> tuple[Any, Any]:
+    return node.args[0], node.args[1]
+
+
+def _binary(fa: Callable | None, fb: Callable | None) -> Rule:
+    """A rule for y = op(a, b); ``fa(d, a, b, y, g)`` / ``fb(...)`` give the gradients
+    before un-broadcasting (a, b, y are thunks of forward values; numbers stay numbers)."""
+
+    def rule(d: Any, node: Node, g: Node) -> tuple:
+        a, b = _both(node)
+        va = (lambda: d.fwd(a)) if isinstance(a, Node) else (lambda: a)
+        vb = (lambda: d.fwd(b)) if isinstance(b, Node) else (lambda: b)
+        vy = lambda: d.fwd(node)  # noqa: E731
+        out = []
+        for arg, f in ((a, fa), (b, fb)):
+            if isinstance(arg, Node) and f is not None and d.needs(arg):
+                out.append(sum_to(d, f(d, va, vb, vy, g), arg.meta.shape))
+            else:
+                out.append(None)
+        return tuple(out)
+
+    return rule
+
+
+def _pow_base(d: Any, a: Callable, b: Callable, y: Callable, g: Node) -> Node:
+    exponent = b()
+    if isinstance(exponent, (int, float)):
+        if exponent == 0:
+            return d("mul", g, 0.0)
+        return d("mul", g, d("mul", d("pow", a(), exponent - 1), exponent))
+    # where(b == 0, 0, b * a^(b-1)), as PyTorch's pow_backward_self
+    term = d("mul", exponent, d("pow", a(), d("sub", exponent, 1.0)))
+    return d("mul", g, d("where", d("eq", exponent, 0.0), 0.0, term))
+
+
+def _pow_exponent(d: Any, a: Callable, b: Callable, y: Callable, g: Node) -> Node:
+    base = a()
+    if isinstance(base, (int, float)):
+        return d("mul", g, d("mul", y(), math.log(base) if base > 0 else float("nan")))
+    # where(a == 0 and b >= 0, 0, y * log(a)), as PyTorch's pow_backward_exponent
+    cond = d("logical_and", d("eq", base, 0.0), d("ge", b(), 0.0))
+    return d("mul", g, d("where", cond, 0.0, d("mul", y(), d("log", base))))
+
+
+def _extreme_pair(mine: str) -> Callable:
+    """maximum/minimum: the gradient goes to the chosen argument, split evenly on ties."""
+
+    def f(d: Any, a: Callable, b: Callable, y: Callable, g: Node, first: bool) -> Node:
+        x, other = (a(), b()) if first else (b(), a())
+        wins = d(mine, x, other)
+        share = d("where", wins, 1.0, d("where", d("eq", x, other), 0.5, 0.0))
+        return d("mul", g, share)
+
+    return f
+
+
+_max_f, _min_f = _extreme_pair("gt"), _extreme_pair("lt")
+
+BINARY_RULES: dict[str, Rule] = {
+    "add": _binary(lambda d, a, b, y, g: g, lambda d, a, b, y, g: g),
+    "sub": _binary(lambda d, a, b, y, g: g, lambda d, a, b, y, g: d("neg", g)),
+    "mul": _binary(lambda d, a, b, y, g: d("mul", g, b()), lambda d, a, b, y, g: d("mul", g, a())),
+    "truediv": _binary(
+        lambda d, a, b, y, g: d("truediv", g, b()),
+        lambda d, a, b, y, g: d("neg", d("truediv", d("mul", g, a()), d("mul", b(), b()))),
+    ),
+    "pow": _binary(_pow_base, _pow_exponent),
+    "maximum": _binary(lambda d, a, b, y, g: _max_f(d, a, b, y, g, True),
+                       lambda d, a, b, y, g: _max_f(d, a, b, y, g, False)),
+    "minimum": _binary(lambda d, a, b, y, g: _min_f(d, a, b, y, g, True),
+                       lambda d, a, b, y, g: _min_f(d, a, b, y, g, False)),
+    "remainder": _binary(
+        lambda d, a, b, y, g: g,
+        lambda d, a, b, y, g: d("mul", d("neg", g), d("floor", d("truediv", a(), b()))),
+    ),
+    "floordiv": _zero,
+}
+
+
+def _where(d: Any, node: Node, g: Node) -> tuple:
+    cond, a, b = node.args
+    c = d.fwd(cond)
+    ga = sum_to(d, d("where", c, g, 0.0), a.meta.shape) if (
+        isinstance(a, Node) and d.needs(a)) else None
+    gb = sum_to(d, d("where", c, 0.0, g), b.meta.shape) if (
+        isinstance(b, Node) and d.needs(b)) else None
+    return (None, ga, gb)
+
+
+def _to_dtype(d: Any, node: Node, g: Node) -> tuple:
+    return (d("to_dtype", g, dtype=node.args[0].meta.dtype),)
+
+
+def _contiguous(d: Any, node: Node, g: Node) -> tuple:
+    return (g,)
+
+
+# -- views ------------------------------------------------------------------------------------
+
+
+def _permute(d: Any, node: Node, g: Node) -> tuple:
+    dims = node.args[1]
+    inverse = tuple(sorted(range(len(dims)), key=lambda i: dims[i]))
+    return (d("permute", g, inverse), None)
+
+
+def _expand(d: Any, node: Node, g: Node) -> tuple:
+    return (sum_to(d, g, node.args[0].meta.shape), None)
+
+
+def _reshape_back(d: Any, node: Node, g: Node) -> tuple:
+    return (d("reshape", g, tuple(node.args[0].meta.shape)),) + (None,) * (len(node.args) - 1)
+
+
+def _pad_along(d: Any, g: Node, dim: int, start: Any, size: Any) -> Node:
+    """``g`` placed at ``start`` along ``dim`` of a zero tensor whose dim is ``size`` long: a
+    cat of zero blocks and ``g`` (lowered as piecewise reads, fused with its readers)."""
+    after = size - start - g.meta.shape[dim]
+    if start == 0 and after == 0:
+        return g
+    zero = d.extern(torch.Tensor.new_zeros, g, ())
+
+    def block(width: Any) -> Node:
+        shape = tuple(width if k == dim else s for k, s in enumerate(g.meta.shape))
+        return d("expand", zero, shape)
+
+    pieces = ([block(start)] if start != 0 else []) + [g] + ([block(after)] if after != 0 else [])
+    return d.extern(torch.cat, pieces, dim)
+
+
+def _slice(d: Any, node: Node, g: Node) -> tuple:
+    x, dim, start, end, step = node.args
+    size = x.meta.shape[dim]
+    if step != 1:
+        base = d.extern(torch.Tensor.new_zeros, g, tuple(x.meta.shape))
+        return (d.extern(torch.slice_scatter, base, g, dim, start, end, step),) + (None,) * 4
+    return (_pad_along(d, g, dim, start, size),) + (None,) * 4
+
+
+def _select(d: Any, node: Node, g: Node) -> tuple:
+    x, dim, index = node.args
+    size = x.meta.shape[dim]
+    if not isinstance(index, int):
+        base = d.extern(torch.Tensor.new_zeros, g, tuple(x.meta.shape))
+        return (d.extern(torch.select_scatter, base, g, dim, index), None, None)
+    index = index % int(size) if index < 0 else index
+    return (_pad_along(d, d("unsqueeze", g, dim), dim, index, size), None, None)
+
+
+# -- reductions ---------------------------------------------------------------------------
+
+
+def _kept(d: Any, node: Node, g: Node) -> Node:
+    """The reduction's gradient with the reduced dims kept (size 1)."""
+    x, dims, keepdim = node.args
+    if keepdim:
+        return g
+    shape = tuple(1 if k in dims else s for k, s in enumerate(x.meta.shape))
+    return d("reshape", g, shape)
+
+
+def _sum(d: Any, node: Node, g: Node) -> tuple:
+    x = node.args[0]
+    return (d("expand", _kept(d, node, g), tuple(x.meta.shape)), None, None)
+
+
+def _extreme(d: Any, node: Node, g: Node) -> tuple:
+    """amax/amin: the gradient split evenly among the elements equal to the extreme."""
+    x, dims, keepdim = node.args
+    y = d.fwd(node)
+    if not keepdim:
+        shape = tuple(1 if k in dims else s for k, s in enumerate(x.meta.shape))
+        y = d("reshape", y, shape)
+    mask = d("eq", d.fwd(x), y)
+    count = d("sum", d("to_dtype", mask, dtype=g.meta.dtype), dims, True)
+    share = d("truediv", _kept(d, node, g), count)
+    return (d("where", mask, share, 0.0), None, None)
+
+
+# -- index ops ------------------------------------------------------------------------------
+
+
+def _embedding(d: Any, node: Node, g: Node) -> tuple:
+    weight, indices = node.args
+    width = weight.meta.shape[1]
+    flat = d("reshape", g, (-1, width)) if g.meta.ndim != 2 else g
+    idx = d("reshape", d.fwd(indices), (-1,))
+    base = d.extern(torch.Tensor.new_zeros, g, tuple(weight.meta.shape))
+    return (d.extern(torch.index_add, base, 0, idx, flat), None)
+
+
+def _index_select(d: Any, node: Node, g: Node) -> tuple:
+    x, dim, index = node.args
+    base = d.extern(torch.Tensor.new_zeros, g, tuple(x.meta.shape))
+    return (d.extern(torch.index_add, base, dim, d.fwd(index), g), None, None)
+
+
+def _gather(d: Any, node: Node, g: Node) -> tuple:
+    x, dim, index = node.args[:3]
+    base = d.extern(torch.Tensor.new_zeros, g, tuple(x.meta.shape))
+    return (d.extern(torch.scatter_add, base, dim, d.fwd(index), g),) + (None,) * (
+        len(node.args) - 1)
+
+
+RULES: dict[str, Rule] = {
+    **UNARY_RULES,
+    **BINARY_RULES,
+    "where": _where,
+    "to_dtype": _to_dtype,
+    "contiguous": _contiguous,
+    "permute": _permute,
+    "expand": _expand,
+    "unsqueeze": _reshape_back,
+    "squeeze": _reshape_back,
+    "reshape": _reshape_back,
+    "slice": _slice,
+    "select": _select,
+    "sum": _sum,
+    "amax": _extreme,
+    "amin": _extreme,
+    "embedding": _embedding,
+    "index_select": _index_select,
+    "gather": _gather,
+}
+
+
+def cat_rule(d: Any, node: Node, g: Node, tensors: list, dim: int, stack: bool) -> list:
+    """torch.cat / torch.stack: each input's gradient is its piece of ``g`` (a view)."""
+    grads = []
+    offset = 0
+    for t in tensors:
+        if stack:
+            grads.append(d("select", g, dim, len(grads)))
+            continue
+        size = t.meta.shape[dim]
+        grads.append(d("slice", g, dim, offset, offset + size, 1))
+        offset += size
+    return grads

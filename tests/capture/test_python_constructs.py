@@ -117,8 +117,8 @@ def test_grad_mode_contexts() -> None:
 
     cap = check_matches_eager(f, x48(), w)
     assert "is_grad_enabled() is True" in str(cap.guards)
-    with pytest.raises(Unsupported, match="autograd is not supported yet"):
-        capture(lambda x, w: x * w, x48(), w)
+    graph = capture(lambda x, w: (x * w, (x * w).detach(), x + 1), x48(), w)[0].graph
+    assert [o.meta.requires_grad for o in graph.outputs] == [True, False, False]
 
 
 @dataclasses.dataclass

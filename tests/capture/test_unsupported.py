@@ -142,9 +142,9 @@ def test_recursion_is_capped() -> None:
     assert "inlining deeper than 20" in unsupported(rec, torch.ones(2), 30).reason
 
 
-def test_autograd_inputs() -> None:
-    e = unsupported(lambda x: x * 2, torch.ones(2, requires_grad=True))
-    assert "autograd is not supported yet" in e.reason
+def test_in_place_op_on_a_leaf_that_requires_grad() -> None:
+    e = unsupported(lambda x: x.mul_(2), torch.ones(2, requires_grad=True))
+    assert "in-place op on an input that requires grad" in e.reason
 
 
 def test_unsupported_global_object_call() -> None:

@@ -157,7 +157,6 @@ BINARY_RULES: dict[str, Rule] = {
         lambda d, a, b, y, g: g,
         lambda d, a, b, y, g: d("mul", d("neg", g), d("floor", d("truediv", a(), b()))),
     ),
-    "floordiv": _zero,
 }
 
 

@@ -16,6 +16,7 @@ its own backward needs; ``vjp`` runs that backward from the saved result.
 from __future__ import annotations
 
 import dataclasses
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -24,6 +25,9 @@ import torch
 from minicompile.ops import resolve_path
 
 _functions: dict[str, Callable] = {}
+# The (result, leaves) of every record() call of the forward running now: the Function
+# saves the leaves too, and gives them back to the results the backward unpacks.
+_recorded = threading.local()
 
 
 def _function(name: str) -> Callable:
@@ -74,6 +78,9 @@ def record(name: str, diff: tuple[int, ...], stride: tuple, *args: Any, **kwargs
             out = torch.empty_strided(out.shape, stride, dtype=out.dtype,
                                       device=out.device).copy_(out)
     out._minicompile_leaves = tuple(leaves[k] for k in diff)
+    calls = getattr(_recorded, "calls", None)
+    if calls is not None:
+        calls.append(out)
     return out
 
 
@@ -106,10 +113,22 @@ class TrainingStep:
 class CompiledGraphFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, step: TrainingStep, *inputs: Any) -> tuple:  # type: ignore[override]
-        outs = step.forward(list(inputs))
+        _recorded.calls = []
+        try:
+            outs = step.forward(list(inputs))
+        finally:
+            calls, _recorded.calls = _recorded.calls, None
         n = step.num_outputs
         saved = [inputs[k] if kind == "input" else outs[n + k]
                  for kind, k in step.backward_inputs if kind != "grad"]
+        # A saved tensor's Python attributes need not survive saving: the leaves of
+        # library calls are saved beside their results and reattached in backward.
+        ids = {id(t): k for k, t in enumerate(saved)}
+        ctx.leaves = []
+        for out in calls:
+            if id(out) in ids:
+                ctx.leaves.append((ids[id(out)], len(out._minicompile_leaves)))
+                saved.extend(out._minicompile_leaves)
         ctx.save_for_backward(*saved)
         ctx.step = step
         ctx.zeros = {k: (inputs[k].shape, inputs[k].dtype, inputs[k].device)
@@ -130,7 +149,13 @@ class CompiledGraphFunction(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx: Any, *grads: Any) -> tuple:  # type: ignore[override]
         step: TrainingStep = ctx.step
-        saved = iter(ctx.saved_tensors)
+        tensors = ctx.saved_tensors
+        end = len(tensors) - sum(count for _, count in ctx.leaves)
+        start = end
+        for k, count in ctx.leaves:
+            tensors[k]._minicompile_leaves = tensors[start:start + count]
+            start += count
+        saved = iter(tensors[:end])
         values = []
         for kind, k in step.backward_inputs:
             if kind == "grad":

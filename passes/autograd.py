@@ -94,10 +94,14 @@ def differentiate(graph: Graph) -> Joint:
         if _grad(out):
             accumulate(out, d.grad_output(i, out))
     for node in reversed(graph.nodes):
-        if node.op != "call" or node not in grads:
+        if node.op != "call" or node not in grads and node not in d.item_grads:
             continue
-        g = grads.pop(node)
         d.origin = node
+        if node.target == "getitem":  # one result of a library call with several
+            source, i = node.args
+            d.item_grads.setdefault(source, {})[i] = grads.pop(node)
+            continue
+        g = grads.pop(node, None)
         for arg, ga in d.rule(node, g):
             if isinstance(arg, Node) and _grad(arg):
                 accumulate(arg, ga)
@@ -139,6 +143,7 @@ class Differentiator:
         self.sources: list[tuple[str, int]] = []
         self.saved: list[Node] = []
         self.recorded: dict[Node, tuple[int, ...]] = {}  # library calls -> differentiable args
+        self.item_grads: dict[Node, dict[int, Node]] = {}  # tuple results' items' gradients
         self.recompute = plan_recompute(graph)
         self.index = {id(n): k for k, n in enumerate(graph.placeholders)}
 
@@ -191,22 +196,24 @@ class Differentiator:
         family = ops.OPS[node.target].family
         if node.target in RULES:
             return list(zip(node.args, RULES[node.target](self, node, g)))
-        if node.target in CAT_OPS:
+        if node.target in CAT_OPS and _plain_cat(node):
             tensors, dim = _cat_args(node)
             return list(zip(tensors, cat_rule(self, node, g, tensors, dim, CAT_OPS[node.target])))
         if family == "extern":
             return self.library_call(node, g)
-        if family == "tuple":
-            source = node.args[0]
-            raise Unsupported(f"the gradient of {source.target} (a tuple of results) is not "
-                              "supported yet", node.stack)
         raise Unsupported(f"no derivative rule for {node.target}", node.stack)
 
     def library_call(self, node: Node, g: Node) -> list[tuple[Any, Node | None]]:
-        """PyTorch differentiates the call: ``vjp`` of its recorded result."""
+        """PyTorch differentiates the call: ``vjp`` of its recorded result (for a tuple
+        of results, of the items that take gradients, with theirs)."""
         if isinstance(node.meta, tuple):
-            raise Unsupported(f"the gradient of {node.target} (a tuple of results) is not "
-                              "supported yet", node.stack)
+            items = self.item_grads.pop(node, {})
+            getters = {u.args[1]: u for u in node.users if u.target == "getitem"}
+            keys = sorted(k for k in items if k in getters)
+            result: Any = tuple(self.fwd(getters[k]) for k in keys)
+            g = tuple(items[k] for k in keys)  # type: ignore[assignment]
+        else:
+            result = self.fwd(node)
         tensors = flatten_nodes((node.args, node.kwargs))
         diff = tuple(k for k, t in enumerate(tensors) if _grad(t))
         self.recorded[node] = diff
@@ -214,7 +221,7 @@ class Differentiator:
             tensors[k].meta, stride=_row_major(tensors[k].meta.shape),
             storage_offset=sympy.Integer(0))) for k in diff)
         assert self.origin is not None
-        call = self.b.call(VJP, (self.fwd(node), g), {}, metas, self.origin.stack)
+        call = self.b.call(VJP, (result, g), {}, metas, self.origin.stack)
         ops.extern_op(ops.resolve_path(VJP))
         pairs: list[tuple[Any, Node | None]] = []
         for j, k in enumerate(diff):
@@ -233,7 +240,8 @@ class Differentiator:
             if node not in self.recorded:
                 return None
             meta = node.meta
-            args = (node.target, self.recorded[node], tuple(meta.stride), *remap(node.args))
+            stride = () if isinstance(meta, tuple) else tuple(meta.stride)
+            args = (node.target, self.recorded[node], stride, *remap(node.args))
             return new.call(record, args, remap(node.kwargs), meta, node.stack)
 
         forward = copy_graph(self.graph, rewrite)
@@ -264,6 +272,17 @@ def plan_recompute(graph: Graph) -> dict[Node, bool]:
         plan[node] = len(reads) <= MAX_RECOMPUTE_READS
         large[node] = frozenset(reads)
     return plan
+
+
+def _plain_cat(node: Node) -> bool:
+    """A cat of same-rank graph tensors (not legacy empty 1-d ones) along an int dim."""
+    if node.kwargs.keys() - {"dim", "tensors"} or not node.args and "tensors" not in node.kwargs:
+        return False
+    tensors = node.args[0] if node.args else node.kwargs["tensors"]
+    dim = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim", 0)
+    return (isinstance(tensors, (list, tuple)) and isinstance(dim, int)
+            and all(isinstance(t, Node) and t.meta.ndim == node.meta.ndim - (
+                CAT_OPS[node.target]) for t in tensors))
 
 
 def _cat_args(node: Node) -> tuple[list[Node], int]:

@@ -87,6 +87,8 @@ def _clamp(b: _Builder, x: Node, min: Any = None, max: Any = None) -> Node:
         out = b("where", b("lt", out, min), min, out)
     if max is not None:
         out = b("where", b("gt", out, max), max, out)
+    if b.requires_grad and x.meta.dtype.is_floating_point:  # eager: no gradient to a NaN
+        out = b("where", b("ne", x, x), b("detach", x), out)
     return out
 
 

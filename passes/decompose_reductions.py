@@ -99,8 +99,8 @@ def _max_or_min(op: str) -> Callable[..., Node | tuple[Node, Node] | None]:
     def rule(b: Builder, *args: Any, **kwargs: Any) -> Node | tuple[Node, Node] | None:
         if len(args) == 1 and not kwargs:
             x = args[0]
-            if _numel(x, tuple(range(x.meta.ndim))) == 0:
-                return NOT_HANDLED
+            if _numel(x, tuple(range(x.meta.ndim))) == 0 or b.requires_grad:
+                return NOT_HANDLED  # (its gradient treats NaN apart: PyTorch's backward)
             return _reduce(b, op, x, tuple(range(x.meta.ndim)), False)
         a = bind(args, kwargs, ("input", "dim", "keepdim"), {"keepdim": False})
         if not isinstance(a.get("dim"), int) or set(a) != {"input", "dim", "keepdim"}:
@@ -276,6 +276,8 @@ def _norm(b: Builder, *args: Any, **kwargs: Any) -> Node | None:
             return NOT_HANDLED
         return b.restore(b("amax" if p > 0 else "amin", ax, dims, a["keepdim"]))
     if p == 0:  # the count of non-zero elements
+        if b.requires_grad:
+            return NOT_HANDLED  # eager's result requires grad (a zero one): PyTorch's call
         return b.restore(b("sum", b("to_dtype", b("ne", ax, 0), dtype=ax.meta.dtype), dims,
                            a["keepdim"]))
     if p == 1:
@@ -391,6 +393,8 @@ def _group_norm(b: Builder, *args: Any, **kwargs: Any) -> Node | None:
     x, groups = a["input"], a["num_groups"]
     if x.meta.ndim < 2 or not x.meta.dtype.is_floating_point or not isinstance(groups, int):
         return NOT_HANDLED
+    if x.meta.ndim == 2 and b.requires_grad:
+        return NOT_HANDLED  # the backward of an [N, C] input goes to PyTorch
     shape = tuple(int(s) for s in x.meta.shape)
     if groups <= 0 or shape[1] % groups or math.prod(shape) == 0:
         return NOT_HANDLED  # eager raises (or returns an empty tensor): let it

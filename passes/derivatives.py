@@ -126,19 +126,19 @@ def _pow_exponent(d: Any, a: Callable, b: Callable, y: Callable, g: Node) -> Nod
     return d("mul", g, d("where", cond, 0.0, d("mul", y(), d("log", base))))
 
 
-def _extreme_pair(mine: str) -> Callable:
-    """maximum/minimum: the gradient goes to the chosen argument, split evenly on ties."""
+def _extreme_pair(loses: str) -> Callable:
+    """maximum/minimum: the gradient goes to the chosen argument, split evenly on ties; a
+    NaN on either side passes it to both (PyTorch's max/min backward)."""
 
     def f(d: Any, a: Callable, b: Callable, y: Callable, g: Node, first: bool) -> Node:
         x, other = (a(), b()) if first else (b(), a())
-        wins = d(mine, x, other)
-        share = d("where", wins, 1.0, d("where", d("eq", x, other), 0.5, 0.0))
+        share = d("where", d("eq", x, other), 0.5, d("where", d(loses, x, other), 0.0, 1.0))
         return d("mul", g, share)
 
     return f
 
 
-_max_f, _min_f = _extreme_pair("gt"), _extreme_pair("lt")
+_max_f, _min_f = _extreme_pair("lt"), _extreme_pair("gt")
 
 BINARY_RULES: dict[str, Rule] = {
     "add": _binary(lambda d, a, b, y, g: g, lambda d, a, b, y, g: g),
@@ -254,10 +254,10 @@ def _extreme(d: Any, node: Node, g: Node) -> tuple:
     if not keepdim:
         shape = tuple(1 if k in dims else s for k, s in enumerate(x.meta.shape))
         y = d("reshape", y, shape)
-    mask = d("eq", d.fwd(x), y)
-    count = d("sum", d("to_dtype", mask, dtype=g.meta.dtype), dims, True)
-    share = d("truediv", _kept(d, node, g), count)
-    return (d("where", mask, share, 0.0), None, None)
+    maskf = d("to_dtype", d("eq", d.fwd(x), y), dtype=g.meta.dtype)
+    count = d("sum", maskf, dims, True)
+    # (g / count) * mask, as PyTorch's amax_backward: a NaN row gets NaN gradients
+    return (d("mul", d("truediv", _kept(d, node, g), count), maskf), None, None)
 
 
 # -- index ops ------------------------------------------------------------------------------

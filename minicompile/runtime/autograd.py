@@ -63,7 +63,7 @@ def _replace(value: Any, table: dict[int, torch.Tensor], counter: list) -> Any:
     return value
 
 
-def record(name: str, diff: tuple[int, ...], stride: tuple, *args: Any, **kwargs: Any) -> Any:
+def record(name: str, diff: tuple[int, ...], stride: tuple, /, *args: Any, **kwargs: Any) -> Any:
     """``name(*args, **kwargs)`` with autograd recording it: the tensors at ``diff`` (in
     argument order) become leaves that require grad.  The result has the strides the
     compiled code reads it with (``stride``: a copy, recorded too, if the library chose
@@ -74,23 +74,30 @@ def record(name: str, diff: tuple[int, ...], stride: tuple, *args: Any, **kwargs
     args, kwargs = _replace((args, kwargs), leaves, [0])
     with torch.enable_grad():
         out = _function(name)(*args, **kwargs)
-        if any(s != want for s, want, n in zip(out.stride(), stride, out.shape) if n > 1):
+        if isinstance(out, torch.Tensor) and any(
+            s != want for s, want, n in zip(out.stride(), stride, out.shape) if n > 1
+        ):
             out = torch.empty_strided(out.shape, stride, dtype=out.dtype,
                                       device=out.device).copy_(out)
-    out._minicompile_leaves = tuple(leaves[k] for k in diff)
     calls = getattr(_recorded, "calls", None)
-    if calls is not None:
-        calls.append(out)
+    for t in (out,) if isinstance(out, torch.Tensor) else out:  # a tuple: every item
+        t._minicompile_leaves = tuple(leaves[k] for k in diff)
+        if calls is not None:
+            calls.append(t)
     return out
 
 
-def vjp(out: torch.Tensor, grad: torch.Tensor) -> tuple[torch.Tensor, ...]:
+def vjp(out: Any, grad: Any) -> tuple[torch.Tensor, ...]:
     """The gradients of :func:`record`'s leaves, from PyTorch's backward of that call,
-    row-major (as the backward graph reads them)."""
-    leaves = out._minicompile_leaves
-    if out.grad_fn is None:  # nothing of the output depends on its leaves
+    row-major (as the backward graph reads them).  ``out`` and ``grad`` may be tuples
+    (the items of a tuple of results that take gradients)."""
+    outs, grads_in = (out, grad) if isinstance(out, tuple) else ((out,), (grad,))
+    leaves = outs[0]._minicompile_leaves
+    pairs = [(o, g) for o, g in zip(outs, grads_in) if o.grad_fn is not None]
+    if not pairs:  # nothing of the output depends on its leaves
         return tuple(torch.zeros_like(t, memory_format=torch.contiguous_format) for t in leaves)
-    grads = torch.autograd.grad(out, leaves, grad, retain_graph=True, allow_unused=True)
+    grads = torch.autograd.grad([o for o, _ in pairs], leaves, [g for _, g in pairs],
+                                retain_graph=True, allow_unused=True)
     return tuple(
         torch.zeros_like(t, memory_format=torch.contiguous_format) if g is None
         else g.contiguous() for g, t in zip(grads, leaves)

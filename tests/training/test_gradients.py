@@ -50,8 +50,10 @@ def _differentiable(case: Any) -> bool:
     try:
         with torch.enable_grad():
             outs = [o for o in _tensors(case.fn(*args)) if o.requires_grad]
+            leaves = [a for a in args if isinstance(a, torch.Tensor) and a.requires_grad]
             if outs:  # eager's backward may itself refuse (floor_divide)
-                torch.autograd.grad(sum(o.float().sum() for o in outs), outs[0])
+                torch.autograd.grad(sum(o.float().sum() for o in outs), leaves,
+                                    allow_unused=True)
     except Exception:
         return False
     return bool(outs)

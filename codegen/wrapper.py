@@ -126,19 +126,41 @@ def generate(
     w.line()
     w.line()
     w.line("def call(args):")
+    live: set[str] = set()
     with w.indent():
         names = [b.name for b in program.inputs] + [str(s) for s in program.scalar_sizes]
         if names:
             w.line(f"{', '.join(names)}, = args")
         emit_sizes(w, program)
-        for group in groups:
+        last_use = last_reads(groups)
+        keep = {o if isinstance(o, str) else o.input for o in program.outputs}
+        keep |= {b.name for b in program.inputs}
+        for k, group in enumerate(groups):
             if group.extern is not None:
                 emit_extern(w, group.extern)
+                made = [group.extern.name]
             else:
-                emit_launch(w, program, plan_of[group.key], backend, devices)
+                plan = plan_of[group.key]
+                emit_launch(w, program, plan, backend, devices)
+                made = list(plan.outputs)
+            live.update(made)
+            dead = sorted(n for n in live if last_use.get(n, -1) <= k and n not in keep)
+            if dead:  # free memory as soon as no later kernel reads it (a long backward)
+                w.line(f"del {', '.join(dead)}")
+                live.difference_update(dead)
         outs = [o if isinstance(o, str) else _alias(o) for o in program.outputs]
         w.line(f"return ({', '.join(outs)}{',' if len(outs) == 1 else ''})")
     return GeneratedCode(backend, w.text(), cpp_source, tuple(p.name for p in plans))
+
+
+def last_reads(groups: list[FusedGroup]) -> dict[str, int]:
+    """For each buffer, the position of the last group that reads it."""
+    last: dict[str, int] = {}
+    for k, group in enumerate(groups):
+        for buf in group.buffers:
+            for name in buf.reads():
+                last[name] = k
+    return last
 
 
 def emit_sizes(w: CodeWriter, program: LoopProgram) -> None:

@@ -36,7 +36,7 @@ from minicompile import ops
 from minicompile.errors import Unsupported
 from minicompile.graph import Graph, Node, TensorMeta, copy_graph, flatten_nodes, map_nodes
 
-from minicompile.passes.derivatives import RULES, cat_rule
+from minicompile.passes.derivatives import LIBRARY_RULES, RULES, cat_rule
 
 RECORD = "minicompile.runtime.autograd.record"
 VJP = "minicompile.runtime.autograd.vjp"
@@ -199,6 +199,10 @@ class Differentiator:
         if node.target in CAT_OPS and _plain_cat(node):
             tensors, dim = _cat_args(node)
             return list(zip(tensors, cat_rule(self, node, g, tensors, dim, CAT_OPS[node.target])))
+        if node.target in LIBRARY_RULES and not isinstance(node.meta, tuple):
+            pairs = LIBRARY_RULES[node.target](self, node, g)
+            if pairs is not None:
+                return pairs
         if family == "extern":
             return self.library_call(node, g)
         raise Unsupported(f"no derivative rule for {node.target}", node.stack)

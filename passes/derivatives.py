@@ -280,6 +280,13 @@ def _index_select(d: Any, node: Node, g: Node) -> tuple:
 
 def _gather(d: Any, node: Node, g: Node) -> tuple:
     x, dim, index = node.args[:3]
+    shape = tuple(x.meta.shape)
+    picks_one = len(node.args) == 3 and not node.kwargs and index.meta.shape[dim] == 1 and all(
+        s == t for k, (s, t) in enumerate(zip(index.meta.shape, shape)) if k != dim)
+    if picks_one:  # one element per row (a loss's target class): a fused one-hot
+        position = d("iota", shape, dim, x.meta.device)
+        hit = d("eq", position, d("expand", d.fwd(index), shape))
+        return (d("where", hit, d("expand", g, shape), 0.0), None, None)
     base = d.extern(torch.Tensor.new_zeros, g, tuple(x.meta.shape))
     return (d.extern(torch.scatter_add, base, dim, d.fwd(index), g),) + (None,) * (
         len(node.args) - 1)
@@ -304,6 +311,75 @@ RULES: dict[str, Rule] = {
     "embedding": _embedding,
     "index_select": _index_select,
     "gather": _gather,
+}
+
+
+# -- matrix products: their gradients are matrix products (library calls of the backward)
+
+
+def _swap_last(d: Any, x: Node) -> Node:
+    n = x.meta.ndim
+    return d("permute", x, tuple(range(n - 2)) + (n - 1, n - 2))
+
+
+def _matmul_grads(d: Any, a: Node, b: Node, g: Node) -> tuple[Node | None, Node | None]:
+    """a @ b for a, b of 2+ dims (batch dims broadcast): dA = g @ b^T, dB = a^T @ g, each
+    summed back over the batch dims that broadcasting added."""
+    ga = gb = None
+    if d.needs(a):
+        ga = sum_to(d, d.extern(torch.matmul, g, _swap_last(d, d.fwd(b))), a.meta.shape)
+    if d.needs(b):
+        av = d.fwd(a)
+        if b.meta.ndim == 2 and a.meta.ndim > 2:  # fold a's batch dims into the product
+            k = a.meta.shape[-1]
+            av = d("reshape", av, (-1, k))
+            g = d("reshape", g, (-1, g.meta.shape[-1]))
+        gb = sum_to(d, d.extern(torch.matmul, _swap_last(d, av), g), b.meta.shape)
+    return ga, gb
+
+
+def matmul_rule(d: Any, node: Node, g: Node) -> list | None:
+    """torch.matmul / mm / bmm / @ of tensors with 2+ dims; None for other forms."""
+    if len(node.args) != 2 or node.kwargs:
+        return None
+    a, b = node.args
+    if not (isinstance(a, Node) and isinstance(b, Node)) or a.meta.ndim < 2 or b.meta.ndim < 2:
+        return None
+    ga, gb = _matmul_grads(d, a, b, g)
+    return [(a, ga), (b, gb)]
+
+
+def linear_rule(d: Any, node: Node, g: Node) -> list | None:
+    """F.linear(x, w, b): dx = g @ w, dw = g^T @ x (batch dims folded), db = g summed."""
+    names = ("input", "weight", "bias")
+    bound = dict(zip(names, node.args), **node.kwargs)
+    x, w, bias = bound.get("input"), bound.get("weight"), bound.get("bias")
+    if not (isinstance(x, Node) and isinstance(w, Node)) or w.meta.ndim != 2 or x.meta.ndim < 1:
+        return None
+    if x.meta.ndim == 1 or (bias is not None and not isinstance(bias, Node)):
+        return None
+    out: list = []
+    if d.needs(x):
+        out.append((x, d.extern(torch.matmul, g, d.fwd(w))))
+    if d.needs(w):
+        g2 = d("reshape", g, (-1, g.meta.shape[-1])) if g.meta.ndim != 2 else g
+        xv = d.fwd(x)
+        x2 = d("reshape", xv, (-1, x.meta.shape[-1])) if x.meta.ndim != 2 else xv
+        out.append((w, d.extern(torch.matmul, d("permute", g2, (1, 0)), x2)))
+    if isinstance(bias, Node) and d.needs(bias):
+        out.append((bias, sum_to(d, g, bias.meta.shape)))
+    return out
+
+
+LIBRARY_RULES: dict[str, Callable[..., list | None]] = {
+    "torch.matmul": matmul_rule,
+    "torch.Tensor.matmul": matmul_rule,
+    "torch.mm": matmul_rule,
+    "torch.Tensor.mm": matmul_rule,
+    "torch.bmm": matmul_rule,
+    "torch.Tensor.bmm": matmul_rule,
+    "operator.matmul": matmul_rule,
+    "torch.nn.functional.linear": linear_rule,
 }
 
 

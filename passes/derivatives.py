@@ -157,6 +157,8 @@ BINARY_RULES: dict[str, Rule] = {
         lambda d, a, b, y, g: g,
         lambda d, a, b, y, g: d("mul", d("neg", g), d("floor", d("truediv", a(), b()))),
     ),
+    # div(rounding_mode="floor") has a zero derivative (``x // y`` raises in eager instead)
+    "floordiv": _zero,
 }
 
 
@@ -281,10 +283,11 @@ def _index_select(d: Any, node: Node, g: Node) -> tuple:
 def _gather(d: Any, node: Node, g: Node) -> tuple:
     x, dim, index = node.args[:3]
     shape = tuple(x.meta.shape)
-    picks_one = len(node.args) == 3 and not node.kwargs and index.meta.shape[dim] == 1 and all(
+    picks_one = all(s.is_Integer for s in shape) and len(node.args) == 3 and not node.kwargs
+    picks_one = picks_one and index.meta.shape[dim] == 1 and all(
         s == t for k, (s, t) in enumerate(zip(index.meta.shape, shape)) if k != dim)
     if picks_one:  # one element per row (a loss's target class): a fused one-hot
-        position = d("iota", shape, dim, x.meta.device)
+        position = d("iota", tuple(int(s) for s in shape), dim, x.meta.device)
         hit = d("eq", position, d("expand", d.fwd(index), shape))
         return (d("where", hit, d("expand", g, shape), 0.0), None, None)
     base = d.extern(torch.Tensor.new_zeros, g, tuple(x.meta.shape))

@@ -19,7 +19,9 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from minicompile.capture import externs, library, mutation, pybuiltins, records, torch_ops
+from minicompile.capture import (
+    externs, library, mutation, pybuiltins, records, torch_ops, training_ops,
+)
 from minicompile.capture.variables import (
     BoundMethodVar,
     BuiltinVar,
@@ -403,7 +405,7 @@ class CallsMixin:
         if "forward" in m.__dict__:
             raise Unsupported(f"{type(m).__name__} instance with its own forward attribute")
         self.output.guards.module_match(mod.source, m)
-        forward = type(m).forward
+        forward = training_ops.module_forward(m) or type(m).forward
         if not isinstance(forward, types.FunctionType):
             raise Unsupported(f"{type(m).__name__}.forward is not a Python function")
         return self.inline_call(UserFunctionVar(forward), [mod, *args], kwargs)

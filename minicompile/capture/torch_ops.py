@@ -413,3 +413,4 @@ def _clamp_max(em: Emitter, fname: str, args: tuple, kwargs: dict) -> Any:
 
 
 from minicompile.capture import torch_views  # noqa: E402,F401  (registers casts and views)
+from minicompile.capture import training_ops  # noqa: E402,F401  (batch norm, dropout)

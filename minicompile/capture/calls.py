@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from minicompile.capture import (
-    externs, library, mutation, pybuiltins, records, torch_ops, training_ops,
+    autocast, externs, library, mutation, pybuiltins, records, torch_ops, training_ops,
 )
 from minicompile.capture.variables import (
     BoundMethodVar,
@@ -307,7 +307,10 @@ class CallsMixin:
         if isinstance(fn, ObjectSlotVar):
             return records.call_slot(self, fn, args, kwargs)
         if isinstance(fn, WithExitVar):
-            out.grad_enabled = bool(fn.ctx.prev)
+            if isinstance(fn.ctx, autocast.AutocastVar):
+                fn.ctx.exit(out)
+            else:
+                out.grad_enabled = bool(fn.ctx.prev)
             return ConstantVar(None)
         if isinstance(fn, UserObjectVar):
             call = getattr(type(fn.value), "__call__", None)
@@ -355,9 +358,10 @@ class CallsMixin:
             kw["inplace"] = False
         if fn in torch_ops.FUNCTIONS:
             fname, handler = torch_ops.FUNCTIONS[fn]
-            result = handler(out, fname, pos, kw)
+            result = autocast.call(out, fn, pos, kw, lambda p, k: handler(out, fname, p, k))
         else:
-            result = externs.call_function(out, fn, pos, kw)
+            result = autocast.call(out, fn, pos, kw,
+                                   lambda p, k: externs.call_function(out, fn, p, k))
         if target is not None:
             result = externs.with_out(out, result, target, fname)
         if inplace:
@@ -373,8 +377,14 @@ class CallsMixin:
             pos, kw = self._values(args, kwargs)
             handler = torch_ops.METHODS.get(name)
             if handler is not None and not name.endswith("_"):
-                return out.from_value(handler(out, f"Tensor.{name}", (obj, *pos), kw))
-            return out.from_value(externs.call_method(out, obj, name, pos, kw))
+                method = lambda p, k: handler(out, f"Tensor.{name}", p, k)  # noqa: E731
+            else:
+                method = lambda p, k: externs.call_method(out, p[0], name, p[1:], k)  # noqa: E731
+            fn = getattr(torch.Tensor, name, None)
+            if fn is None:
+                return out.from_value(method((obj, *pos), kw))
+            inplace = name.endswith("_") and not name.endswith("__")
+            return out.from_value(autocast.call(out, fn, (obj, *pos), kw, method, inplace))
         if isinstance(obj, ListVar):
             return self.list_method(obj, name, args, kwargs)
         if isinstance(obj, DictVar):

@@ -134,12 +134,15 @@ def _update_running(em: Emitter, fname: str, running: TensorVar, stat: TensorVar
                     momentum: Any, channels: Any) -> None:
     """``running = (1 - momentum) * running + momentum * stat``, written back in place."""
     stat = em.op("reshape", (stat, (channels,)), track=False)  # type: ignore[call-arg]
+    current = running
+    if running.meta.dtype in _LOW_PRECISION:  # computed in float32, rounded once
+        current = em.op("to_dtype", (running,), {"dtype": torch.float32})
     if isinstance(momentum, TensorVar):
         keep = em.op("sub", (1.0, momentum))
     else:
         keep = 1.0 - float(momentum)
         momentum = float(momentum)
-    new = em.op("add", (em.op("mul", (running, keep)), em.op("mul", (stat, momentum))))
+    new = em.op("add", (em.op("mul", (current, keep)), em.op("mul", (stat, momentum))))
     mutation.mutate(em, running, new, f"{fname}(training=True) updating running statistics")  # type: ignore[arg-type]
 
 
@@ -175,10 +178,11 @@ _DROPOUTS = ("dropout", "dropout1d", "dropout2d", "dropout3d", "alpha_dropout",
 
 def _dropout(em: Emitter, fname: str, args: tuple, kwargs: dict) -> Any:
     functional = fname.startswith("torch.nn.functional")
-    if functional:
+    if functional:  # F.alpha_dropout and F.feature_alpha_dropout default to training=False
+        training_default = "alpha" not in fname
         x, p, training, inplace = parse(fname, args, kwargs, ("input", "p", "training",
                                                               "inplace"),
-                                        p=0.5, training=True, inplace=False)
+                                        p=0.5, training=training_default, inplace=False)
     else:  # torch.dropout(input, p, train)
         x, p, training = parse(fname, args, kwargs, ("input", "p", "train"))
         inplace = False

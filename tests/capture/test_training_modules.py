@@ -123,6 +123,22 @@ def test_batch_norm_training_then_eval(backend: str, device: torch.device) -> No
         assert_same(model[1].running_var, eager[1].running_var)
 
 
+@torch.no_grad()
+@pytest.mark.parametrize("stats_dtype", [torch.float32, torch.bfloat16])
+def test_batch_norm_in_bfloat16(stats_dtype, backend: str, device: torch.device) -> None:
+    def f(x, mean, var, w, b):
+        return F.batch_norm(x, mean, var, w, b, training=True)
+
+    compiled = minicompile.compile(f, backend=backend, fullgraph=True)
+    for _ in range(2):
+        x = torch.randn(4, 3, 3, device=device, dtype=torch.bfloat16)
+        params = [torch.randn(3, device=device, dtype=stats_dtype) for _ in range(4)]
+        params[1] = params[1].abs() + 0.5
+        copies = [p.clone() for p in params]
+        assert_same(compiled(x, *params), f(x, *copies), **BF16)
+        assert_same(params, copies, **BF16)
+
+
 def test_batch_norm_one_value_per_channel_runs_eagerly() -> None:
     bn = nn.BatchNorm1d(3).train()
     compiled = minicompile.compile(bn, backend="cpp")
@@ -189,13 +205,14 @@ def test_random_calls_are_never_merged_dropped_or_reordered(backend: str,
 @torch.no_grad()
 def test_dropout_identity_cases_and_probability_one(backend: str, device: torch.device) -> None:
     def f(x):
-        return F.dropout(x, 0.0), F.dropout(x, 0.5, training=False), F.dropout(x, 1.0)
+        return (F.dropout(x, 0.0), F.dropout(x, 0.5, training=False), F.dropout(x, 1.0),
+                F.alpha_dropout(x, 0.5))  # alpha dropout: training=False by default
 
     compiled = minicompile.compile(f, backend=backend, fullgraph=True)
     for _ in range(2):
         x = torch.randn(3, 5, device=device)
-        a, b, c = compiled(x)
-        assert torch.equal(a, x) and torch.equal(b, x)
+        a, b, c, d = compiled(x)
+        assert torch.equal(a, x) and torch.equal(b, x) and torch.equal(d, x)
         assert torch.equal(c, torch.zeros_like(x))
     assert "dropout(" not in str(minicompile.explain(lambda x: F.dropout(x, 0.0))(x))
 

@@ -218,7 +218,14 @@ def call(out: OutputGraph, fn: Any, args: tuple, kwargs: dict,
         return run(args, kwargs)
     key = _key(fn, device_type, mode.dtype, (args, kwargs))
     if key not in _POLICIES:
-        _POLICIES[key] = _ask(out, fn, device_type, mode.dtype, args, kwargs)
+        try:
+            policy = _ask(out, fn, device_type, mode.dtype, args, kwargs)
+        except _EagerRaises:
+            run(args, kwargs)  # the handler's own refusal, when it has one, says it better
+            raise
+        if len(_POLICIES) >= _MAX_POLICIES:
+            _POLICIES.clear()
+        _POLICIES[key] = policy
     casts, result_dtypes = _POLICIES[key]
     what = _name(fn)
     if any(casts):
@@ -243,7 +250,13 @@ def call(out: OutputGraph, fn: Any, args: tuple, kwargs: dict,
     return result
 
 
+# Policies asked so far, by call signature (function, device, dtype, argument metadata).
 _POLICIES: dict[Any, tuple[tuple, tuple]] = {}
+_MAX_POLICIES = 4096
+
+
+class _EagerRaises(Unsupported):
+    """The call raises under autocast in eager too (or reads data the fakes do not have)."""
 
 
 def _ask(out: OutputGraph, fn: Any, device_type: str, dtype: torch.dtype, args: tuple,
@@ -261,7 +274,7 @@ def _ask(out: OutputGraph, fn: Any, device_type: str, dtype: torch.dtype, args: 
     try:
         on_log, on_result = _run(fake_mode, fn, fakes, device_type, dtype, True)
     except Exception as e:
-        raise Unsupported(f"{what} under torch.autocast: eager raises {type(e).__name__}") from e
+        raise _EagerRaises(f"{what} under torch.autocast: eager raises {type(e).__name__}") from e
     result_dtypes = tuple(t.dtype for t in _leaves(on_result) if isinstance(t, torch.Tensor))
     ids = {id(t): k for k, t in enumerate(inputs)}
     seen = [None] * len(inputs)

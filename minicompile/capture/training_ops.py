@@ -102,11 +102,21 @@ def batch_norm(em: Emitter, fname: str, x: Any, mean: Any, var: Any, weight: Any
         out = em.op("add", (out, _per_channel(em, bias, len(shape))))
     if out.meta.dtype != x.meta.dtype:
         out = em.op("to_dtype", (out,), {"dtype": x.meta.dtype})
+    if not _keeps_layout(x) and not out.meta.fake().is_contiguous():
+        out = em.op("contiguous", (out,))  # eager's kernels write it row-major
     if mean is not None:
         unbiased = em.op("truediv", (squares, n - 1))
         _update_running(em, fname, mean, batch_mean, momentum, channels)
         _update_running(em, fname, var, unbiased, momentum, channels)
     return out
+
+
+def _keeps_layout(x: TensorVar) -> bool:
+    """Whether eager's batch norm lays its result out as ``x`` (channels-last inputs; every
+    other layout gives a row-major result)."""
+    fake = x.meta.fake()
+    formats = {4: torch.channels_last, 5: torch.channels_last_3d}
+    return x.meta.ndim in formats and fake.is_contiguous(memory_format=formats[x.meta.ndim])
 
 
 def _check_per_channel(fname: str, name: str, t: Any, channels: Any, x: TensorVar) -> None:

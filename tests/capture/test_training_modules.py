@@ -110,6 +110,21 @@ def test_functional_batch_norm_updates_caller_tensors(backend: str, device: torc
 
 
 @torch.no_grad()
+def test_batch_norm_result_layout_is_eagers(backend: str, device: torch.device) -> None:
+    def f(x, mean, var):
+        return F.batch_norm(x, mean, var, training=True)
+
+    compiled = minicompile.compile(f, backend=backend)
+    for x in (torch.randn(2, 3, 4, 5, device=device).to(memory_format=torch.channels_last),
+              torch.randn(5, 3, 2, device=device).transpose(0, 2),
+              torch.randn(3, 4, device=device).t()):
+        mean, var = torch.zeros(x.shape[1], device=device), torch.ones(x.shape[1], device=device)
+        got, want = compiled(x, mean.clone(), var.clone()), f(x, mean, var)
+        assert_same(got, want)
+        assert got.stride() == want.stride(), (got.stride(), want.stride())
+
+
+@torch.no_grad()
 def test_batch_norm_training_then_eval(backend: str, device: torch.device) -> None:
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(4, 6), nn.BatchNorm1d(6)).to(device)

@@ -92,6 +92,22 @@ def test_conv_batch_norm_relu_fuses(backend: str, device: torch.device) -> None:
 
 
 @torch.no_grad()
+def test_batch_norm_and_dropout_with_symbolic_batch(backend: str, device: torch.device) -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 6), nn.BatchNorm1d(6), nn.Dropout(0.3)).to(device)
+    eager = copy.deepcopy(model)
+    compiled = minicompile.compile(model, backend=backend, dynamic=True, fullgraph=True)
+    for n in (2, 3, 5):
+        x = torch.randn(n, 4, device=device)
+        torch.manual_seed(n)
+        got = compiled(x)
+        torch.manual_seed(n)
+        assert_same(got, eager(x))
+        assert_same(model[1].running_var, eager[1].running_var)
+    assert minicompile.stats()["recompiles"] == 0
+
+
+@torch.no_grad()
 def test_functional_batch_norm_updates_caller_tensors(backend: str, device: torch.device) -> None:
     def f(x, mean, var, w, b):
         y = F.batch_norm(x, mean, var, w, b, training=True, momentum=0.2, eps=1e-3)

@@ -41,13 +41,15 @@ if TYPE_CHECKING:
     from minicompile.capture.output import OutputGraph
 
 DEVICE_TYPES = ("cpu", "cuda")
-_AUTOCAST_CLASSES = tuple(
-    c for c in (getattr(torch, "autocast", None),
-                getattr(getattr(torch, "amp", None), "autocast", None),
+# torch.autocast (also torch.amp.autocast), then the deprecated per-device subclasses
+# torch.cuda.amp.autocast and torch.cpu.amp.autocast where this PyTorch has them.
+_BASE = torch.autocast
+_AUTOCAST_CLASSES = tuple(dict.fromkeys(
+    c for c in (_BASE, getattr(getattr(torch, "amp", None), "autocast", None),
                 getattr(getattr(getattr(torch, "cuda", None), "amp", None), "autocast", None),
                 getattr(getattr(getattr(torch, "cpu", None), "amp", None), "autocast", None))
     if isinstance(c, type)
-)
+))
 _CASTABLE = (torch.float16, torch.bfloat16, torch.float32)  # autocast leaves float64 alone
 
 
@@ -80,7 +82,7 @@ class AutocastState:
             self._guarded.add(device_type)
             out.guards.global_call(torch.is_autocast_enabled, (device_type,), {}, entry.enabled)
         if (entry.enabled or with_dtype) and (device_type, "dtype") not in self._guarded:
-            self._guarded.add((device_type, "dtype"))  # type: ignore[arg-type]
+            self._guarded.add((device_type, "dtype"))
             out.guards.global_call(torch.get_autocast_dtype, (device_type,), {}, entry.dtype)
         return entry
 
@@ -150,7 +152,7 @@ def _make_region(tx: InstructionTranslator, cls: Any, args: list, kwargs: dict) 
     kw = {k: tx.output.to_value(v) for k, v in kwargs.items()}
     if any(isinstance(v, TensorVar) for v in (*values, *kw.values())):
         raise Unsupported("torch.autocast() with a tensor argument")
-    if cls is _AUTOCAST_CLASSES[0]:  # torch.autocast(device_type, dtype=None, ...)
+    if cls is _BASE:  # torch.autocast(device_type, dtype=None, ...)
         device = values[0] if values else kw.get("device_type")
         if type(device) is str and (values[1] if len(values) > 1 else kw.get("dtype")) is None:
             dtype = tx.output.autocast.mode(tx.output, device, with_dtype=True).dtype
@@ -268,7 +270,7 @@ def _ask(out: OutputGraph, fn: Any, device_type: str, dtype: torch.dtype, args: 
     what = _name(fn)
     fake_mode = FakeTensorMode()
     with fake_mode:
-        fakes = _map_leaves((args, kwargs), lambda v: _fake(out, v) if isinstance(v, TensorVar)
+        fakes = _map_leaves((args, kwargs), lambda v: _fake(v) if isinstance(v, TensorVar)
                             else _hint(out, v))
     inputs = [v for v in _leaves(fakes) if isinstance(v, torch.Tensor)]
     try:
@@ -363,7 +365,8 @@ def _plain(value: Any) -> Any:
         else type(value).__name__
 
 
-def _fake(out: OutputGraph, v: TensorVar) -> torch.Tensor:
+def _fake(v: TensorVar) -> torch.Tensor:
+    """A fake tensor (of the active FakeTensorMode) like ``v``, on its device."""
     meta = v.meta
     if meta.is_symbolic:
         shapes = meta.shapes

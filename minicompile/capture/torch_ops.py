@@ -33,7 +33,8 @@ from minicompile.errors import Unsupported
 class Emitter(Protocol):
     grad_enabled: bool
 
-    def op(self, name: str, args: tuple, kwargs: dict[str, Any] | None = None) -> TensorVar: ...
+    def op(self, name: str, args: tuple, kwargs: dict[str, Any] | None = None,
+           track: bool = True) -> TensorVar: ...
 
     def extern(self, fn: Any, args: tuple, kwargs: dict, track: bool = True) -> Any: ...
 

@@ -136,14 +136,14 @@ def _check_per_channel(fname: str, name: str, t: Any, channels: Any, x: TensorVa
 def _per_channel(em: Emitter, t: TensorVar, ndim: int) -> TensorVar:
     """A [C] tensor as [C, 1, ...], to broadcast over dim 1 of an ``ndim``-d input."""
     for _ in range(ndim - 2):
-        t = em.op("unsqueeze", (t, t.meta.ndim), track=False)  # type: ignore[call-arg]
+        t = em.op("unsqueeze", (t, t.meta.ndim), track=False)
     return t
 
 
 def _update_running(em: Emitter, fname: str, running: TensorVar, stat: TensorVar,
                     momentum: Any, channels: Any) -> None:
     """``running = (1 - momentum) * running + momentum * stat``, written back in place."""
-    stat = em.op("reshape", (stat, (channels,)), track=False)  # type: ignore[call-arg]
+    stat = em.op("reshape", (stat, (channels,)), track=False)
     current = running
     if running.meta.dtype in _LOW_PRECISION:  # computed in float32, rounded once
         current = em.op("to_dtype", (running,), {"dtype": torch.float32})
@@ -153,7 +153,8 @@ def _update_running(em: Emitter, fname: str, running: TensorVar, stat: TensorVar
         keep = 1.0 - float(momentum)
         momentum = float(momentum)
     new = em.op("add", (em.op("mul", (current, keep)), em.op("mul", (stat, momentum))))
-    mutation.mutate(em, running, new, f"{fname}(training=True) updating running statistics")  # type: ignore[arg-type]
+    what = f"{fname}(training=True) updating running statistics"
+    mutation.mutate(em, running, new, what)  # type: ignore[arg-type]
 
 
 def _cumulative_batch_norm_forward(self: Any, input: Any) -> Any:

@@ -160,6 +160,7 @@ def _update_running(em: Emitter, fname: str, running: TensorVar, stat: TensorVar
 def _cumulative_batch_norm_forward(self: Any, input: Any) -> Any:
     """``_BatchNorm.forward`` in training with ``momentum=None`` and running statistics:
     the cumulative-average factor ``1 / num_batches_tracked`` stays a tensor."""
+    assert self.momentum is None and self.track_running_stats  # read, so guarded
     self._check_input_dim(input)
     self.num_batches_tracked.add_(1)
     factor = 1.0 / self.num_batches_tracked

@@ -170,6 +170,20 @@ def test_batch_norm_in_bfloat16(stats_dtype, backend: str, device: torch.device)
         assert_same(params, copies, **BF16)
 
 
+@torch.no_grad()
+def test_cumulative_average_is_guarded(backend: str, device: torch.device) -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.BatchNorm1d(3, momentum=None)).to(device).train()
+    eager = copy.deepcopy(model)
+    compiled = minicompile.compile(model, backend=backend)
+    for momentum in (None, None, 0.5, None):
+        model[0].momentum = eager[0].momentum = momentum
+        x = torch.randn(4, 3, device=device)
+        assert_same(compiled(x), eager(x))
+        assert_same((model[0].running_mean, model[0].num_batches_tracked),
+                    (eager[0].running_mean, eager[0].num_batches_tracked))
+
+
 def test_batch_norm_one_value_per_channel_runs_eagerly() -> None:
     bn = nn.BatchNorm1d(3).train()
     compiled = minicompile.compile(bn, backend="cpp")

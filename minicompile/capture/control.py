@@ -7,8 +7,9 @@ backward jumps simply go back; the total number of traced instructions is capped
 
 ``with torch.no_grad()`` / ``enable_grad()`` / ``set_grad_enabled(b)`` set the traced grad
 mode (``OutputGraph.grad_enabled``), ``with torch.autocast(...)`` the traced autocast state
-(:mod:`autocast`); the normal exit (``CALL`` of ``__exit__`` with three Nones) restores it.  ``try`` needs nothing: handlers are only reachable through the
-exception table, and symbolic code never raises.
+(:mod:`autocast`); the normal exit (``CALL`` of ``__exit__`` with three Nones) restores it.
+``try`` needs nothing: handlers are only reachable through the exception table, and
+symbolic code never raises.
 
 Stores to objects, globals, cells and containers that existed before the call are logged
 as side effects (:mod:`side_effects`); stores into tensors are functionalized

@@ -25,7 +25,7 @@ import torch
 
 from minicompile import config, trace
 from minicompile.capture import Break, Capture, ResumePoint, capture_segment, concrete
-from minicompile.capture import root_point
+from minicompile.capture import root_point, training_ops
 from minicompile.capture.dynamic import STATIC, DynamicPolicy
 from minicompile.config import Config
 from minicompile.errors import BackendCompilerFailed, Unsupported
@@ -580,11 +580,19 @@ class OptimizedModule(torch.nn.Module):
         self._orig_mod = mod
         forward = type(mod).forward
         self.__dict__["_compiled"] = CompiledFunction(types.MethodType(forward, mod), cfg)
+        self.__dict__["_cfg"] = cfg
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         mod = self._orig_mod
         if mod._forward_hooks or mod._forward_pre_hooks or "forward" in mod.__dict__:
             return mod(*args, **kwargs)  # hooks and patched forwards run as in eager
+        traced = training_ops.module_forward(mod)  # the one capture traces in its place
+        if traced is not None:
+            compiled = self.__dict__.setdefault("_compiled_as_traced", {})
+            if traced not in compiled:
+                compiled[traced] = CompiledFunction(types.MethodType(traced, mod),
+                                                    self.__dict__["_cfg"])
+            return compiled[traced](*args, **kwargs)
         return self.__dict__["_compiled"](*args, **kwargs)
 
     def __getattr__(self, name: str) -> Any:

@@ -234,6 +234,19 @@ def resolve_path(path: str) -> Any:
     return None
 
 
+# Extern ops that draw from PyTorch's random number generator.  They are not pure: the
+# graph passes never merge (CSE) or drop (DCE) them, and they run in program order, so the
+# generator sees eager's sequence of draws.
+RANDOM_EXTERNS = frozenset(
+    f"{prefix}.{name}"
+    for prefix, names in (
+        ("torch.nn.functional", "dropout dropout1d dropout2d dropout3d alpha_dropout "
+                                "feature_alpha_dropout"),
+        ("torch", "dropout alpha_dropout feature_dropout feature_alpha_dropout"),
+    )
+    for name in names.split()
+)
+
 COMPARISONS = frozenset({"eq", "ne", "lt", "le", "gt", "ge"})
 LOGICAL = frozenset({"logical_and", "logical_or", "logical_xor", "logical_not"})
 

@@ -8,6 +8,7 @@ from typing import Any
 import torch
 
 from minicompile.graph import Graph, Node, copy_graph
+from minicompile.ops import RANDOM_EXTERNS
 
 
 def _key(value: Any) -> Any:
@@ -24,11 +25,14 @@ def _key(value: Any) -> Any:
 
 
 def eliminate_common_subexpressions(graph: Graph) -> Graph:
-    """Calls with the same op and the same arguments are computed once (all ops are pure)."""
+    """Calls with the same op and the same arguments are computed once (every op is pure
+    but the random ones: two dropouts of one tensor draw two masks)."""
     seen: dict[Any, Node] = {}
 
     def rewrite(new: Graph, node: Node, remap: Callable) -> Node:
         args, kwargs = remap(node.args), remap(node.kwargs)
+        if node.target in RANDOM_EXTERNS:
+            return new.call(node.target, args, kwargs, node.meta, node.stack)
         # A value computed under no_grad is not the same value as one autograd sees.
         grad = any(m.requires_grad for m in _metas(node.meta))
         key = (node.target, _key(args), _key(kwargs), grad)
@@ -44,10 +48,13 @@ def _metas(meta: Any) -> tuple:
 
 
 def eliminate_dead_code(graph: Graph) -> Graph:
-    """Drop calls whose results nothing reads (placeholders stay: they are the signature)."""
+    """Drop calls whose results nothing reads (placeholders stay: they are the signature;
+    random calls stay: they advance the generator that later draws read)."""
     live: set[int] = set()
     for node in reversed(graph.nodes):
-        if node.op in ("output", "placeholder") or id(node) in live:
+        if node.op in ("output", "placeholder") or id(node) in live or (
+            node.target in RANDOM_EXTERNS
+        ):
             live.update(id(i) for i in node.inputs())
             live.add(id(node))
     dead = [n for n in graph.calls() if id(n) not in live]

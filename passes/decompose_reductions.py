@@ -433,7 +433,7 @@ for _names, _rule in (
      _softmax(True)),
     (("torch.nn.functional.layer_norm", "torch.layer_norm"), _layer_norm),
     (("torch.nn.functional.rms_norm",), _rms_norm),
-    (("torch.nn.functional.batch_norm", "torch.batch_norm"), _batch_norm),
+    (("torch.nn.functional.batch_norm",), _batch_norm),  # torch.batch_norm orders args apart
     (("torch.nn.functional.group_norm", "torch.group_norm"), _group_norm),
 ):
     for _name in _names:

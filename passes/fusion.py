@@ -13,14 +13,19 @@ from __future__ import annotations
 
 import networkx as nx
 
-from minicompile.ir import ComputedBuffer, Load, LoopProgram, walk
+from minicompile.ir import ComputedBuffer, ExternKernel, Load, LoopProgram, walk
+from minicompile.ops import RANDOM_EXTERNS
 from minicompile.schedule import FusedGroup, aligned
 
 
 def dependency_graph(groups: list[FusedGroup]) -> nx.DiGraph:
-    """Vertices are group keys; an edge for every buffer a group loads from another."""
+    """Vertices are group keys; an edge for every buffer a group loads from another, and
+    one from each random library call to the next (they draw in program order)."""
     owner = {b.name: g.key for g in groups for b in g.buffers}
     dag = nx.DiGraph()
+    random_calls = [g.key for g in groups
+                    if isinstance(g.extern, ExternKernel) and g.extern.op in RANDOM_EXTERNS]
+    dag.add_edges_from(zip(random_calls, random_calls[1:]))
     for g in groups:
         dag.add_node(g.key)
         for buf in g.buffers:

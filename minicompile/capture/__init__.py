@@ -37,7 +37,7 @@ from typing import Any
 
 import torch
 
-from minicompile.capture import bytecode
+from minicompile.capture import autocast, bytecode
 from minicompile.capture.dynamic import STATIC, DynamicPolicy
 from minicompile.capture.guards import Guards
 from minicompile.capture.interpreter import InstructionTranslator, builtins_of
@@ -153,16 +153,17 @@ def capture_segment(
     # (a tensor operand) before any read would realize them: wrap them now.
     tx.stack = [output.realize(v) for v in stack]
     stop = None
-    try:
-        result = tx.run()
-    except Unsupported as e:
-        if isinstance(e, ShapeError):  # not a graph break: the caller traces static sizes
-            raise
-        if not allow_break or why_not_resumable(code, tx) is not None:
-            raise
-        result, local_names = frame_state(tx)
-        stop = Break(tx.insts[tx.ip].offset, local_names, len(tx.stack), e)
-    done = output.finish(result)
+    with autocast.suspended():  # the trace models autocast itself (capture/autocast.py)
+        try:
+            result = tx.run()
+        except Unsupported as e:
+            if isinstance(e, ShapeError):  # not a graph break: the caller traces static sizes
+                raise
+            if not allow_break or why_not_resumable(code, tx) is not None:
+                raise
+            result, local_names = frame_state(tx)
+            stop = Break(tx.insts[tx.ip].offset, local_names, len(tx.stack), e)
+        done = output.finish(result)
     capture = Capture(
         graph=done.graph,
         input_sources=done.input_sources,

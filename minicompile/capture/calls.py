@@ -19,7 +19,9 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from minicompile.capture import externs, library, mutation, pybuiltins, records, torch_ops
+from minicompile.capture import (
+    autocast, externs, library, mutation, pybuiltins, records, torch_ops, training_ops,
+)
 from minicompile.capture.variables import (
     BoundMethodVar,
     BuiltinVar,
@@ -305,7 +307,10 @@ class CallsMixin:
         if isinstance(fn, ObjectSlotVar):
             return records.call_slot(self, fn, args, kwargs)
         if isinstance(fn, WithExitVar):
-            out.grad_enabled = bool(fn.ctx.prev)
+            if isinstance(fn.ctx, autocast.AutocastVar):
+                fn.ctx.exit(out)
+            else:
+                out.grad_enabled = bool(fn.ctx.prev)
             return ConstantVar(None)
         if isinstance(fn, UserObjectVar):
             call = getattr(type(fn.value), "__call__", None)
@@ -353,9 +358,10 @@ class CallsMixin:
             kw["inplace"] = False
         if fn in torch_ops.FUNCTIONS:
             fname, handler = torch_ops.FUNCTIONS[fn]
-            result = handler(out, fname, pos, kw)
+            result = autocast.call(out, fn, pos, kw, lambda p, k: handler(out, fname, p, k))
         else:
-            result = externs.call_function(out, fn, pos, kw)
+            result = autocast.call(out, fn, pos, kw,
+                                   lambda p, k: externs.call_function(out, fn, p, k))
         if target is not None:
             result = externs.with_out(out, result, target, fname)
         if inplace:
@@ -371,8 +377,14 @@ class CallsMixin:
             pos, kw = self._values(args, kwargs)
             handler = torch_ops.METHODS.get(name)
             if handler is not None and not name.endswith("_"):
-                return out.from_value(handler(out, f"Tensor.{name}", (obj, *pos), kw))
-            return out.from_value(externs.call_method(out, obj, name, pos, kw))
+                method = lambda p, k: handler(out, f"Tensor.{name}", p, k)  # noqa: E731
+            else:
+                method = lambda p, k: externs.call_method(out, p[0], name, p[1:], k)  # noqa: E731
+            fn = getattr(torch.Tensor, name, None)
+            if fn is None:
+                return out.from_value(method((obj, *pos), kw))
+            inplace = name.endswith("_") and not name.endswith("__")
+            return out.from_value(autocast.call(out, fn, (obj, *pos), kw, method, inplace))
         if isinstance(obj, ListVar):
             return self.list_method(obj, name, args, kwargs)
         if isinstance(obj, DictVar):
@@ -403,7 +415,7 @@ class CallsMixin:
         if "forward" in m.__dict__:
             raise Unsupported(f"{type(m).__name__} instance with its own forward attribute")
         self.output.guards.module_match(mod.source, m)
-        forward = type(m).forward
+        forward = training_ops.module_forward(m) or type(m).forward
         if not isinstance(forward, types.FunctionType):
             raise Unsupported(f"{type(m).__name__}.forward is not a Python function")
         return self.inline_call(UserFunctionVar(forward), [mod, *args], kwargs)

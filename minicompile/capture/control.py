@@ -6,9 +6,10 @@ dim) into an :class:`IteratorVar`, ``FOR_ITER`` takes the next item or jumps out
 backward jumps simply go back; the total number of traced instructions is capped.
 
 ``with torch.no_grad()`` / ``enable_grad()`` / ``set_grad_enabled(b)`` set the traced grad
-mode (``OutputGraph.grad_enabled``); the normal exit (``CALL`` of ``__exit__`` with three
-Nones) restores it.  ``try`` needs nothing: handlers are only reachable through the
-exception table, and symbolic code never raises.
+mode (``OutputGraph.grad_enabled``), ``with torch.autocast(...)`` the traced autocast state
+(:mod:`autocast`); the normal exit (``CALL`` of ``__exit__`` with three Nones) restores it.
+``try`` needs nothing: handlers are only reachable through the exception table, and
+symbolic code never raises.
 
 Stores to objects, globals, cells and containers that existed before the call are logged
 as side effects (:mod:`side_effects`); stores into tensors are functionalized
@@ -24,7 +25,7 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 
-from minicompile.capture import mutation, records
+from minicompile.capture import autocast, mutation, records
 from minicompile.capture.bytecode import PY, Inst
 from minicompile.capture.variables import (
     NULL,
@@ -133,6 +134,13 @@ class ControlMixin:
             # __exit__(None, None, None) is called by the code after the block.
             self.push(self.load_attr(ctx, "__exit__"))
             self.push(self.call_function(self.load_attr(ctx, "__enter__"), [], {}))
+            return
+        if isinstance(ctx, ObjectVar) and autocast.is_autocast_object(ctx.value):
+            ctx = autocast.region_of(self.output, ctx.value)  # @torch.autocast(...) decorator
+        if isinstance(ctx, autocast.AutocastVar):
+            ctx.enter(self.output)
+            self.push(WithExitVar(ctx))
+            self.push(ConstantVar(None))
             return
         if not isinstance(ctx, GradModeVar):
             raise Unsupported(f"`with` on {ctx.describe()} is not supported yet")

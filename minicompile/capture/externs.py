@@ -8,7 +8,8 @@ plus one ``getitem`` node per element.  Refused, with a reason:
 
 - in-place ops and ``out=`` are functionalized here (:func:`inplace_method`,
   :func:`with_out`) rather than called;
-- random ops ("random ops are not compiled yet"), ops with data-dependent output shapes,
+- random ops other than dropout ("random ops are not compiled yet"; dropout is handled in
+  :mod:`training_ops`), ops with data-dependent output shapes,
   ops that read tensor data into Python (``.item()``, ``.tolist()``: future graph breaks)
   and functions with side effects outside the tensors (``torch.manual_seed``).
 """
@@ -120,9 +121,6 @@ def call_function(out: OutputGraph, fn: Any, args: tuple, kwargs: dict) -> Any:
     if fname is None:
         raise Unsupported(f"{_describe(fn)} is not supported")
     short = fname.rpartition(".")[2]
-    if short in ("dropout", "alpha_dropout", "feature_alpha_dropout", "dropout1d", "dropout2d",
-                 "dropout3d"):
-        return dropout(out, fname, args, kwargs)
     check_callable(fname, short)
     if short.endswith("_") and not short.endswith("__"):
         if not args or not isinstance(args[0], TensorVar):
@@ -130,9 +128,6 @@ def call_function(out: OutputGraph, fn: Any, args: tuple, kwargs: dict) -> Any:
         return inplace_method(out, args[0], short, args[1:], kwargs)
     if fn is F.embedding and _arg(args, kwargs, 3, "max_norm") is not None:
         raise Unsupported("F.embedding(max_norm=...) renormalizes the weight in place")
-    if fn is F.batch_norm and _arg(args, kwargs, 5, "training", False):
-        if _arg(args, kwargs, 1, "running_mean") is not None:
-            raise Unsupported("F.batch_norm in training mode updates running stats in place")
     return out.extern(fn, args, kwargs)
 
 
@@ -156,24 +151,6 @@ def _arg(args: tuple, kwargs: dict, i: int, name: str, default: Any = None) -> A
     if len(args) > i:
         return args[i]
     return kwargs.get(name, default)
-
-
-def dropout(out: OutputGraph, fname: str, args: tuple, kwargs: dict) -> Any:
-    x = _arg(args, kwargs, 0, "input")
-    p = _arg(args, kwargs, 1, "p", 0.5)
-    # F.dropout*(input, p, training=True, inplace); torch.dropout(input, p, train)
-    training = _arg(args, kwargs, 2, "training", fname.startswith("torch.nn.functional"))
-    if "train" in kwargs:
-        training = kwargs["train"]
-    inplace = _arg(args, kwargs, 3, "inplace", False)
-    if not isinstance(x, TensorVar):
-        raise Unsupported(f"{fname}() expects a tensor")
-    if type(p) not in (int, float) or not 0 <= p <= 1:
-        raise Unsupported(f"{fname}(p={p!r}): eager raises")
-    if training and p > 0:
-        raise Unsupported(f"{fname}(training=True): random ops are not compiled yet")
-    del inplace  # identity either way
-    return x
 
 
 def inplace_method(out: OutputGraph, x: TensorVar, name: str, args: tuple, kwargs: dict) -> Any:

@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from minicompile.capture import bytecode, mutation, pybuiltins, records, torch_ops
+from minicompile.capture import autocast, bytecode, mutation, pybuiltins, records, torch_ops
 from minicompile.capture.bytecode import NULL_AFTER_CALLABLE, PY, Inst
 from minicompile.capture.calls import CallsMixin
 from minicompile.capture.python_calls import PythonCallsMixin
@@ -341,7 +341,11 @@ class InstructionTranslator(CallsMixin, PythonCallsMixin, ControlMixin):
     def binary(self, symbol: str, fn: Callable, a: Var, b: Var, inplace: bool = False) -> Var:
         if isinstance(a, TensorVar) or isinstance(b, TensorVar):
             av, bv = self.output.to_value(a), self.output.to_value(b)
-            result = torch_ops.binary_operator(self.output, symbol, av, bv)
+            result = autocast.call(
+                self.output, fn, (av, bv), {},
+                lambda p, k: torch_ops.binary_operator(self.output, symbol, *p),
+                inplace=inplace,
+            )
             if inplace and isinstance(a, TensorVar):  # x += y is x.__iadd__(y): in place
                 return mutation.mutate(self.output, a, result, f"operator {symbol}=")
             return self.output.from_value(result)
@@ -398,7 +402,9 @@ class InstructionTranslator(CallsMixin, PythonCallsMixin, ControlMixin):
         def handler(self: InstructionTranslator, inst: Inst) -> None:
             x = self.pop()
             if isinstance(x, TensorVar):
-                self.push(self.output.from_value(torch_ops.unary_operator(self.output, symbol, x)))
+                result = autocast.call(self.output, fn, (x,), {}, lambda p, k: (
+                    torch_ops.unary_operator(self.output, symbol, *p)))
+                self.push(self.output.from_value(result))
             else:
                 self.push(self.fold(fn, x, what=f"unary {symbol}"))
 

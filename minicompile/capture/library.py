@@ -14,14 +14,15 @@ Dynamo does instead of breaking the graph:
 - warnings and log messages with constant text are emitted once, while tracing (Python
   shows a warning once per call site by default; later calls run compiled code);
 - ``torch.finfo`` / ``torch.iinfo`` and ``inspect.signature`` of known functions are
-  folded into constants.
+  folded into constants;
+- ``torch.autocast`` (regions, traced as casts) and the autocast state queries are
+  :mod:`autocast`'s.
 
 :func:`handler_for` maps a callable to its handler, or None.
 """
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import inspect
 import logging
@@ -32,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from minicompile.capture import records
+from minicompile.capture import autocast, records
 from minicompile.capture.pybuiltins import contains_tensor
 from minicompile.capture.variables import (
     BoundMethodVar, ConstantVar, ObjectVar, TensorVar, Var, specialized,
@@ -114,37 +115,6 @@ def _check(tx: InstructionTranslator, fn: Any, args: list, kwargs: dict) -> Var:
     return ConstantVar(None)
 
 
-@_register(torch.is_autocast_enabled, _maybe(torch, "is_autocast_cpu_enabled"),
-           _maybe(torch, "get_autocast_dtype"), _maybe(torch, "is_autocast_cache_enabled"))
-def _autocast_query(tx: InstructionTranslator, fn: Any, args: list, kwargs: dict) -> Var:
-    """The autocast state, read now and guarded like the grad mode (autocast regions
-    themselves are not compiled: one entered in the trace is unsupported)."""
-    values = [tx.output.to_value(a) for a in args]
-    kw = {k: tx.output.to_value(v) for k, v in kwargs.items()}
-    try:
-        value = fn(*values, **kw)
-    except Exception as e:
-        raise Unsupported(f"torch.{fn.__name__} raised {type(e).__name__} (eager raises)") from e
-    tx.output.guards.global_call(fn, tuple(values), kw, value)
-    return ConstantVar(value)
-
-
-@_register(torch.autocast, _maybe(torch, "amp", "autocast"))
-def _autocast(tx: InstructionTranslator, fn: Any, args: list, kwargs: dict) -> Var:
-    """``torch.autocast(device, enabled=False)`` where autocast is off (guarded) changes
-    nothing: a ``nullcontext``.  Autocast regions themselves are not compiled yet."""
-    values = [tx.output.to_value(a) for a in args]
-    kw = {k: tx.output.to_value(v) for k, v in kwargs.items()}
-    device = values[0] if values else kw.get("device_type")
-    enabled = values[2] if len(values) > 2 else kw.get("enabled", True)
-    if enabled is not False or type(device) is not str:
-        raise Unsupported("torch.autocast regions are not compiled yet")
-    _autocast_query(tx, torch.is_autocast_enabled, [ConstantVar(device)], {})
-    if torch.is_autocast_enabled(device):
-        raise Unsupported("torch.autocast(enabled=False) inside an autocast region")
-    return records.create(tx, contextlib.nullcontext, [], {})
-
-
 @_register(torch.finfo, torch.iinfo)
 def _type_info(tx: InstructionTranslator, fn: Any, args: list, kwargs: dict) -> Var:
     values = [tx.output.to_value(a) for a in args]
@@ -218,6 +188,6 @@ def context_factory(fn: Any) -> Any:
 
 def handler_for(fn: Any) -> Handler | None:
     try:
-        return _HANDLERS.get(fn)
+        return _HANDLERS.get(fn) or autocast.HANDLERS.get(fn)
     except TypeError:  # unhashable
         return None

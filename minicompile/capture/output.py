@@ -20,6 +20,7 @@ import torch
 
 from minicompile import ops
 from minicompile.capture import externs, mutation, torch_ops
+from minicompile.capture.autocast import AutocastState
 from minicompile.capture.dynamic import STATIC, DynamicPolicy, symbolic_strides
 from minicompile.capture.guards import GuardBuilder, Guards
 from minicompile.capture.side_effects import SideEffects, generate_rebuild
@@ -120,6 +121,7 @@ class OutputGraph:
         self.views: dict[int, list[TensorVar]] = {}  # id(root) -> live views of it
         self.side_effects = SideEffects()
         self.initial_grad = self.grad_enabled = torch.is_grad_enabled()
+        self.autocast = AutocastState()  # the traced torch.autocast state (capture/autocast.py)
         self.instructions = 0
 
     def user_stack(self) -> tuple[SourceLine, ...]:

@@ -33,7 +33,8 @@ from minicompile.errors import Unsupported
 class Emitter(Protocol):
     grad_enabled: bool
 
-    def op(self, name: str, args: tuple, kwargs: dict[str, Any] | None = None) -> TensorVar: ...
+    def op(self, name: str, args: tuple, kwargs: dict[str, Any] | None = None,
+           track: bool = True) -> TensorVar: ...
 
     def extern(self, fn: Any, args: tuple, kwargs: dict, track: bool = True) -> Any: ...
 
@@ -413,3 +414,4 @@ def _clamp_max(em: Emitter, fname: str, args: tuple, kwargs: dict) -> Any:
 
 
 from minicompile.capture import torch_views  # noqa: E402,F401  (registers casts and views)
+from minicompile.capture import training_ops  # noqa: E402,F401  (batch norm, dropout)

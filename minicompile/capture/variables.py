@@ -336,9 +336,10 @@ class GradModeVar(Var):
 
 @dataclasses.dataclass(eq=False)
 class WithExitVar(Var):
-    """The ``__exit__`` that BEFORE_WITH pushes; calling it restores the grad mode."""
+    """The ``__exit__`` that BEFORE_WITH pushes; calling it restores the grad mode (or, for
+    an ``autocast.AutocastVar``, the traced autocast state)."""
 
-    ctx: GradModeVar
+    ctx: Var
 
     def describe(self) -> str:
         return "__exit__"

@@ -44,7 +44,7 @@ def test_print_names_reason_and_line() -> None:
         (lambda x: x.to("meta"), "moving a tensor from cpu to meta is not supported", None),
         (lambda x: float(x), "float() of a tensor reads its data into Python", None),
         (lambda x: torch.rand(3) + x, "random ops are not compiled yet", None),
-        (lambda x: F.dropout(x, 0.5), "random ops are not compiled yet", None),
+        (lambda x: torch.bernoulli(x), "random ops are not compiled yet", None),
         (lambda x: x.uniform_(), "random ops are not compiled yet", None),
         (lambda x: torch.nonzero(x), "data-dependent output shape", None),
         (lambda x: x[x > 0], "bool mask has a data-dependent shape", None),

@@ -5,6 +5,7 @@ from __future__ import annotations
 import sympy
 import torch
 
+from minicompile import ops
 from minicompile.ir import ComputedBuffer, Layout, Load, Op, dim_symbols
 from minicompile.lowering import lower
 from minicompile.passes.fusion import (
@@ -142,3 +143,16 @@ def test_fuse_returns_groups_in_dependency_order() -> None:
     groups = fuse(program)
     order = [buf.name for g in groups for buf in g.buffers]
     assert order.index("buf0") < order.index("buf1")
+
+
+def test_random_library_calls_keep_their_program_order() -> None:
+    # Two dropouts that nothing orders: an edge from the first to the second keeps the
+    # generator's draws in eager's order.
+    drop = ops.extern_op(torch.nn.functional.dropout)
+    b = GraphBuilder()
+    x, y = b.input("L_x", (4, 8)), b.input("L_y", (4, 8))
+    b.output(b(drop, b("sin", y), 0.5, True, False), b(drop, x, 0.5, True, False))
+    program = lowered(b)
+    groups = [FusedGroup(k, [buf]) for k, buf in enumerate(program.buffers)]
+    randoms = [g.key for g in groups if g.extern is not None and g.extern.op == drop]
+    assert len(randoms) == 2 and dependency_graph(groups).has_edge(*randoms)

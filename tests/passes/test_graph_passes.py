@@ -184,6 +184,16 @@ def test_dce_drops_unused_calls_and_keeps_placeholders() -> None:
     """)
 
 
+def test_random_calls_are_neither_merged_nor_dropped() -> None:
+    drop = ops.extern_op(torch.nn.functional.dropout)
+    b = GraphBuilder()
+    x = b.input("L_x", (4, 8))
+    b(drop, x, 0.5, True, False)  # unused: it still advances the generator
+    g = b.output(b("add", b(drop, x, 0.5, True, False), b(drop, x, 0.5, True, False)))
+    out = run_pass(eliminate_dead_code, run_pass(eliminate_common_subexpressions, g))
+    assert [n.target for n in out.calls()] == [drop, drop, drop, "add"]
+
+
 def test_dce_of_a_clean_graph_changes_nothing() -> None:
     g = one_op("sin")
     assert str(run_pass(eliminate_dead_code, g)) == str(g)

@@ -1,0 +1,426 @@
+"""``torch.autocast`` regions, traced as explicit casts in the graph (as Dynamo does).
+
+The traced autocast state (:class:`AutocastState`) starts as the state the compiled code is
+called in (read when the trace starts, guarded when first relied on) and changes at
+``with torch.autocast(...)`` blocks (:class:`AutocastVar`; the ``torch.amp.autocast``,
+``torch.cuda.amp.autocast`` and ``torch.cpu.amp.autocast`` spellings, and instances used
+as decorators, alike).  While it is on for the device of a call's tensors, the call gets
+autocast's casting policy as ``to_dtype`` nodes on its inputs (:func:`call`).
+
+The policy is not a table of ours: PyTorch's own lists differ per device and version.  It
+is *asked*: the call runs on fake tensors of the same device, dtypes and shapes with the
+autocast state switched on, under a dispatch mode that records what reaches ATen: the
+casts autocast made of the inputs, then the op.  The same call on inputs cast that way,
+with autocast off, must reach ATen with the same ops and dtypes (or, for ops autocast
+gives an fp32 ``dtype=`` argument, such as softmax and sum on CUDA, the same ops and
+result dtypes from inputs cast to the result dtype).  When neither holds (a library
+function casting inside its own body), the call is Unsupported with that reason: never a
+silent dtype difference.  Fake tensors carry their device's autocast dispatch keys, so
+the same question answers for CUDA on the GPU machine.
+
+While tracing, PyTorch's real autocast state is switched off (:func:`suspended`): shape
+inference on fake tensors must see the casts of the graph, not autocast's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import operator
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from minicompile.capture.variables import ConstantVar, ListVar, TensorVar, TupleVar, Var
+from minicompile.errors import Unsupported
+
+if TYPE_CHECKING:
+    from minicompile.capture.interpreter import InstructionTranslator
+    from minicompile.capture.output import OutputGraph
+
+DEVICE_TYPES = ("cpu", "cuda")
+# torch.autocast (also torch.amp.autocast), then the deprecated per-device subclasses
+# torch.cuda.amp.autocast and torch.cpu.amp.autocast where this PyTorch has them.
+_BASE = torch.autocast
+_AUTOCAST_CLASSES = tuple(dict.fromkeys(
+    c for c in (_BASE, getattr(getattr(torch, "amp", None), "autocast", None),
+                getattr(getattr(getattr(torch, "cuda", None), "amp", None), "autocast", None),
+                getattr(getattr(getattr(torch, "cpu", None), "amp", None), "autocast", None))
+    if isinstance(c, type)
+))
+_CASTABLE = (torch.float16, torch.bfloat16, torch.float32)  # autocast leaves float64 alone
+
+
+@dataclasses.dataclass(frozen=True)
+class Mode:
+    enabled: bool
+    dtype: torch.dtype
+
+
+class AutocastState:
+    """The traced autocast state of one capture: the entry state per device type (read when
+    the trace starts, guarded when first used) under a stack of traced regions."""
+
+    def __init__(self) -> None:
+        self.entry = {d: Mode(torch.is_autocast_enabled(d), torch.get_autocast_dtype(d))
+                      for d in DEVICE_TYPES}
+        self.regions: list[tuple[str, Mode]] = []
+        self._guarded: set[Any] = set()  # device types (and (type, "dtype")) guarded
+
+    def mode(self, out: OutputGraph, device_type: str, with_dtype: bool = False) -> Mode:
+        """The state for ``device_type`` now.  Relying on the entry state guards whether it
+        is enabled, and its dtype where that matters (enabled, or ``with_dtype``)."""
+        for dev, mode in reversed(self.regions):
+            if dev == device_type:
+                return mode
+        if device_type not in self.entry:
+            return Mode(False, torch.float32)  # no autocast for this kind of device here
+        entry = self.entry[device_type]
+        if device_type not in self._guarded:
+            self._guarded.add(device_type)
+            out.guards.global_call(torch.is_autocast_enabled, (device_type,), {}, entry.enabled)
+        if (entry.enabled or with_dtype) and (device_type, "dtype") not in self._guarded:
+            self._guarded.add((device_type, "dtype"))
+            out.guards.global_call(torch.get_autocast_dtype, (device_type,), {}, entry.dtype)
+        return entry
+
+    def active(self, out: OutputGraph, device_type: str) -> Mode | None:
+        mode = self.mode(out, device_type)
+        return mode if mode.enabled else None
+
+
+@contextlib.contextmanager
+def suspended() -> Iterator[None]:
+    """PyTorch's real autocast off (for every device type we trace) for the duration."""
+    saved = {d: torch.is_autocast_enabled(d) for d in DEVICE_TYPES}
+    try:
+        for d in DEVICE_TYPES:
+            torch.set_autocast_enabled(d, False)
+        yield
+    finally:
+        for d, enabled in saved.items():
+            torch.set_autocast_enabled(d, enabled)
+
+
+# -- regions -------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(eq=False)
+class AutocastVar(Var):
+    """A ``torch.autocast`` context: entering pushes its state, the normal exit pops it."""
+
+    device_type: str = "cpu"
+    mode: Mode = Mode(False, torch.float32)
+    entered: bool = False
+
+    def describe(self) -> str:
+        return f"torch.autocast({self.device_type!r}, enabled={self.mode.enabled})"
+
+    def enter(self, out: OutputGraph) -> None:
+        if self.entered:
+            raise Unsupported("re-entering a torch.autocast context is not supported")
+        self.entered = True
+        out.autocast.regions.append((self.device_type, self.mode))
+
+    def exit(self, out: OutputGraph) -> None:
+        regions = out.autocast.regions
+        if not regions or regions[-1] != (self.device_type, self.mode):
+            raise Unsupported("torch.autocast contexts exited out of order")
+        regions.pop()
+        self.entered = False
+
+
+def is_autocast_object(value: Any) -> bool:
+    return isinstance(value, _AUTOCAST_CLASSES)
+
+
+def region_of(out: OutputGraph, obj: Any) -> AutocastVar:
+    """The traced context for a real autocast object (a decorator's ``autocast_instance``)."""
+    device = getattr(obj, "device", None)
+    if type(device) is not str or not isinstance(getattr(obj, "fast_dtype", None), torch.dtype):
+        raise Unsupported("a torch.autocast object without a device and dtype")
+    return AutocastVar(device_type=device, mode=Mode(bool(obj._enabled), obj.fast_dtype))
+
+
+def _make_region(tx: InstructionTranslator, cls: Any, args: list, kwargs: dict) -> Var:
+    """``torch.autocast(device_type, dtype=None, enabled=True, cache_enabled=None)`` (or a
+    device-specific subclass): PyTorch's own constructor checks the arguments (and disables
+    autocast where eager does, with its warning); an unspecified dtype is the traced one."""
+    values = [tx.output.to_value(a) for a in args]
+    kw = {k: tx.output.to_value(v) for k, v in kwargs.items()}
+    if any(isinstance(v, TensorVar) for v in (*values, *kw.values())):
+        raise Unsupported("torch.autocast() with a tensor argument")
+    if cls is _BASE:  # torch.autocast(device_type, dtype=None, ...)
+        device = values[0] if values else kw.get("device_type")
+        if type(device) is str and (values[1] if len(values) > 1 else kw.get("dtype")) is None:
+            dtype = tx.output.autocast.mode(tx.output, device, with_dtype=True).dtype
+            if len(values) > 1:
+                values[1] = dtype
+            else:
+                kw["dtype"] = dtype
+    try:
+        obj = cls(*values, **kw)
+    except Exception as e:
+        raise Unsupported(f"torch.autocast(...) raised {type(e).__name__} (eager raises)") from e
+    return region_of(tx.output, obj)
+
+
+def _query(tx: InstructionTranslator, fn: Any, args: list, kwargs: dict) -> Var:
+    """``torch.is_autocast_enabled(device)`` / ``torch.get_autocast_dtype(device)`` and the
+    older per-device spellings: the traced state (the entry state is guarded)."""
+    values = [tx.output.to_value(a) for a in args]
+    kw = {k: tx.output.to_value(v) for k, v in kwargs.items()}
+    device = values[0] if values else kw.get("device_type", "cuda")
+    if fn is getattr(torch, "is_autocast_cpu_enabled", None):
+        device = "cpu"
+    if type(device) is not str:
+        raise Unsupported(f"torch.{fn.__name__}() of a {type(device).__name__}")
+    if device not in DEVICE_TYPES:
+        try:
+            value = fn(*values, **kw)
+        except Exception as e:
+            raise Unsupported(f"torch.{fn.__name__} raised {type(e).__name__}") from e
+        tx.output.guards.global_call(fn, tuple(values), kw, value)
+        return ConstantVar(value)
+    wants_dtype = fn is getattr(torch, "get_autocast_dtype", None)
+    mode = tx.output.autocast.mode(tx.output, device, with_dtype=wants_dtype)
+    return ConstantVar(mode.dtype if wants_dtype else mode.enabled)
+
+
+def _cache_query(tx: InstructionTranslator, fn: Any, args: list, kwargs: dict) -> Var:
+    value = torch.is_autocast_cache_enabled()
+    tx.output.guards.global_call(fn, (), {}, value)
+    return ConstantVar(value)
+
+
+HANDLERS: dict[Any, Callable[..., Var]] = {cls: _make_region for cls in _AUTOCAST_CLASSES}
+for _fn in (torch.is_autocast_enabled, getattr(torch, "is_autocast_cpu_enabled", None),
+            getattr(torch, "get_autocast_dtype", None)):
+    if _fn is not None:
+        HANDLERS[_fn] = _query
+HANDLERS[torch.is_autocast_cache_enabled] = _cache_query
+
+
+# -- the casting policy --------------------------------------------------------------------
+
+
+def call(out: OutputGraph, fn: Any, args: tuple, kwargs: dict,
+         run: Callable[[tuple, dict], Any], inplace: bool = False) -> Any:
+    """``run(args, kwargs)`` (which emits the graph for ``fn(*args, **kwargs)``) with the
+    inputs cast as autocast would cast them, when the traced state is on for the device of
+    the tensors; the result's dtypes are checked against autocast's."""
+    tensors = [v for v in _leaves((args, kwargs)) if isinstance(v, TensorVar)]
+    if not tensors:
+        return run(args, kwargs)
+    device_type = tensors[0].meta.device.type
+    mode = out.autocast.active(out, device_type)
+    if mode is None:
+        return run(args, kwargs)
+    key = _key(fn, device_type, mode.dtype, (args, kwargs))
+    if key not in _POLICIES:
+        try:
+            policy = _ask(out, fn, device_type, mode.dtype, args, kwargs)
+        except _EagerRaises:
+            run(args, kwargs)  # the handler's own refusal, when it has one, says it better
+            raise
+        if len(_POLICIES) >= _MAX_POLICIES:
+            _POLICIES.clear()
+        _POLICIES[key] = policy
+    casts, result_dtypes = _POLICIES[key]
+    what = _name(fn)
+    if any(casts):
+        if inplace and casts[0] is not None:
+            raise Unsupported(f"{what} in place under torch.autocast casts its target")
+        it = iter(casts)
+
+        def cast(v: Any) -> Any:
+            if not isinstance(v, TensorVar):
+                return v
+            dtype = next(it)
+            if dtype is None or dtype == v.meta.dtype:
+                return v
+            return out.op("to_dtype", (v,), {"dtype": dtype})
+
+        args, kwargs = _map_leaves((args, kwargs), cast)
+    result = run(args, kwargs)
+    got = tuple(v.meta.dtype for v in _leaves(result) if isinstance(v, TensorVar))
+    if got != result_dtypes:
+        raise Unsupported(f"{what} under torch.autocast: the graph gives {got}, eager "
+                          f"{result_dtypes}")
+    return result
+
+
+# Policies asked so far, by call signature (function, device, dtype, argument metadata).
+_POLICIES: dict[Any, tuple[tuple, tuple]] = {}
+_MAX_POLICIES = 4096
+
+
+class _EagerRaises(Unsupported):
+    """The call raises under autocast in eager too (or reads data the fakes do not have)."""
+
+
+def _ask(out: OutputGraph, fn: Any, device_type: str, dtype: torch.dtype, args: tuple,
+         kwargs: dict) -> tuple[tuple, tuple]:
+    """(the dtype each tensor input is cast to, or None; the result dtypes) of ``fn`` under
+    autocast on ``device_type`` to ``dtype``, found on fake tensors (see the module doc)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    what = _name(fn)
+    fake_mode = FakeTensorMode()
+    with fake_mode:
+        fakes = _map_leaves((args, kwargs), lambda v: _fake(v) if isinstance(v, TensorVar)
+                            else _hint(out, v))
+    inputs = [v for v in _leaves(fakes) if isinstance(v, torch.Tensor)]
+    try:
+        on_log, on_result = _run(fake_mode, fn, fakes, device_type, dtype, True)
+    except Exception as e:
+        raise _EagerRaises(f"{what} under torch.autocast: eager raises {type(e).__name__}") from e
+    result_dtypes = tuple(t.dtype for t in _leaves(on_result) if isinstance(t, torch.Tensor))
+    ids = {id(t): k for k, t in enumerate(inputs)}
+    seen = [None] * len(inputs)
+    ops = []
+    for func, first, plain, outs in on_log:
+        if func == "aten._to_copy.default" and isinstance(first, torch.Tensor) and (
+            id(first) in ids
+        ):
+            seen[ids[id(first)]] = outs[0]
+        else:
+            ops.append((func, plain, outs))
+    plans = [tuple(seen)]
+    if result_dtypes and result_dtypes[0].is_floating_point:
+        target = result_dtypes[0]
+        plans.append(tuple(target if t.dtype in _CASTABLE else None for t in inputs))
+    for strict, plan in zip((True, False), plans):
+        if _reproduces(fake_mode, fn, fakes, inputs, plan, device_type, dtype, ops, strict):
+            return plan, result_dtypes
+    raise Unsupported(f"{what}: torch.autocast's policy for it on {device_type} is not a "
+                      "cast of its inputs; not compiled", hint="move it out of the autocast "
+                      "region, or call it on inputs of the dtype you want")
+
+
+def _reproduces(fake_mode: Any, fn: Any, fakes: Any, inputs: list, plan: tuple,
+                device_type: str, dtype: torch.dtype, ops: list, strict: bool) -> bool:
+    """Whether ``fn`` on inputs cast by ``plan``, with autocast off, reaches ATen as it did
+    with autocast on (``strict``: ops, argument and result dtypes; else ops and results)."""
+    casts = {id(t): d for t, d in zip(inputs, plan)}
+    with fake_mode:
+        cast_fakes = _map_leaves(fakes, lambda v: v.to(casts[id(v)]) if isinstance(
+            v, torch.Tensor) and casts.get(id(v)) is not None else v)
+    try:
+        log, _ = _run(fake_mode, fn, cast_fakes, device_type, dtype, False)
+    except Exception:
+        return False
+    got = [(f, plain, o) for f, _, plain, o in log]
+    if strict:
+        return got == ops
+    return [(f, o) for f, _, o in got] == [(f, o) for f, _, o in ops]
+
+
+class _Recorder(TorchDispatchMode):
+    """Records each ATen call below autocast: (name, its first argument, its arguments with
+    tensors as their dtypes, its result dtypes)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[tuple[str, Any, Any, tuple]] = []
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: Any = None):
+        kwargs = kwargs or {}
+        result = func(*args, **kwargs)
+        name = str(func)
+        if not name.startswith("prim."):
+            outs = tuple(t.dtype for t in _leaves(result) if isinstance(t, torch.Tensor))
+            first = args[0] if args else None
+            self.calls.append((name, first, _plain((args, sorted(kwargs.items()))), outs))
+        return result
+
+
+def _run(fake_mode: Any, fn: Any, fakes: tuple, device_type: str, dtype: torch.dtype,
+         enabled: bool) -> tuple[list, Any]:
+    args, kwargs = fakes
+    prev = torch.is_autocast_enabled(device_type), torch.get_autocast_dtype(device_type)
+    prev_cache = torch.is_autocast_cache_enabled()
+    torch.set_autocast_enabled(device_type, enabled)
+    torch.set_autocast_dtype(device_type, dtype)
+    torch.set_autocast_cache_enabled(False)
+    try:
+        with fake_mode, _Recorder() as recorder:
+            result = fn(*args, **kwargs)
+    finally:
+        torch.set_autocast_enabled(device_type, prev[0])
+        torch.set_autocast_dtype(device_type, prev[1])
+        torch.set_autocast_cache_enabled(prev_cache)
+    return recorder.calls, result
+
+
+def _plain(value: Any) -> Any:
+    """A comparable picture of ATen arguments: tensors as their dtypes."""
+    if isinstance(value, (list, tuple)):
+        return tuple(_plain(v) for v in value)
+    if isinstance(value, torch.Tensor):
+        return value.dtype
+    return value if isinstance(value, (int, float, bool, str, type(None), torch.dtype)) \
+        else type(value).__name__
+
+
+def _fake(v: TensorVar) -> torch.Tensor:
+    """A fake tensor (of the active FakeTensorMode) like ``v``, on its device."""
+    meta = v.meta
+    if meta.is_symbolic:
+        shapes = meta.shapes
+        size = [shapes.hint(s) for s in meta.shape]
+        stride = [shapes.hint(s) for s in meta.stride]
+    else:
+        size, stride = list(meta.concrete_shape()), list(meta.concrete_stride())
+    return torch.empty_strided(size, stride, dtype=meta.dtype, device=meta.device)
+
+
+def _hint(out: OutputGraph, v: Any) -> Any:
+    if isinstance(v, torch.SymInt) and out.graph.shapes is not None:
+        return int(out.graph.shapes.hint(out.graph.shapes.to_sympy(v)))
+    return v
+
+
+def _key(fn: Any, device_type: str, dtype: torch.dtype, values: Any) -> Any:
+    def key(v: Any) -> Any:
+        if isinstance(v, TensorVar):
+            meta = v.meta
+            return ("T", meta.dtype, str(meta.shape), str(meta.stride))
+        if isinstance(v, (tuple, list)):
+            return (type(v).__name__, tuple(key(x) for x in v))
+        if isinstance(v, dict):
+            return ("dict", tuple((k, key(x)) for k, x in v.items()))
+        return (type(v).__name__, repr(v))
+
+    return (fn, device_type, dtype, key(values))
+
+
+def _leaves(value: Any) -> list:
+    if isinstance(value, (tuple, list)):
+        return [x for v in value for x in _leaves(v)]
+    if isinstance(value, dict):
+        return [x for v in value.values() for x in _leaves(v)]
+    if isinstance(value, (TupleVar, ListVar)):  # a tuple result of an extern
+        return _leaves(list(value.items))
+    return [value]
+
+
+def _map_leaves(value: Any, fn: Callable[[Any], Any]) -> Any:
+    if isinstance(value, (tuple, list)):
+        return type(value)(_map_leaves(v, fn) for v in value)
+    if isinstance(value, dict):
+        return {k: _map_leaves(v, fn) for k, v in value.items()}
+    return fn(value)
+
+
+def _name(fn: Any) -> str:
+    for op, name in _OPERATOR_NAMES.items():
+        if fn is op:
+            return f"operator {name}"
+    return f"{getattr(fn, '__module__', None) or ''}.{getattr(fn, '__qualname__', fn)}".lstrip(".")
+
+
+_OPERATOR_NAMES = {getattr(operator, n): n for n in ("add", "sub", "mul", "truediv", "matmul",
+                                                     "pow", "neg")}

@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from minicompile import config, trace
+from minicompile import config, optim, trace
 from minicompile.capture import Break, Capture, ResumePoint, capture_segment, concrete
 from minicompile.capture import root_point
 from minicompile.capture.dynamic import STATIC, DynamicPolicy
@@ -534,6 +534,10 @@ def compile(
                                  mode=mode)
     if isinstance(fn, torch.nn.Module):
         return OptimizedModule(fn, cfg)
+    opt = optim.recognise(fn)
+    if opt is not None:  # an optimizer's step: its update, with combo kernels
+        update_cfg = dataclasses.replace(cfg, horizontal_fusion=True)
+        return optim.CompiledStep(fn, opt, lambda f: CompiledFunction(f, update_cfg), _stats)
     return CompiledFunction(fn, cfg)
 
 

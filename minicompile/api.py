@@ -34,6 +34,7 @@ from minicompile.ops import run_graph
 
 from minicompile.codegen.wrapper import generate
 from minicompile.passes.fusion import fuse
+from minicompile.passes.horizontal import combine
 from minicompile.passes.pipeline import run_graph_passes
 from minicompile.runtime import build
 
@@ -466,6 +467,8 @@ def compile_graph(
     program = lower(graph)
     fusion_log: list[str] = []
     groups = fuse(program, fusion_log)
+    if cfg.horizontal_fusion:
+        groups = combine(groups, fusion_log)
     backend, interpret = pick_backend(cfg, capture)
     code = generate(program, groups, backend, graph_name=name)
     trace.emit("graph", f"{name} after passes", str(graph))

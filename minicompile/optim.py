@@ -133,11 +133,11 @@ def adam_update(params: list, grads: list, exp_avgs: list, exp_avg_sqs: list,
 
 
 class Plan:
-    """One step's call of a pure update: its arguments, and the tensors its results are
-    written back into (in the order the results come)."""
+    """One step's arguments of the pure update, and the tensors its results are written
+    back into (in the order the results come)."""
 
-    def __init__(self, update: Callable, args: tuple, targets: list[list[torch.Tensor]]):
-        self.update, self.args, self.targets = update, args, targets
+    def __init__(self, args: tuple, targets: list[list[torch.Tensor]]) -> None:
+        self.args, self.targets = args, targets
 
 
 def unsupported(opt: Optimizer) -> str | None:
@@ -198,12 +198,11 @@ def plan_sgd(opt: SGD) -> Plan:
                 continue
             params.append(p)
             grads.append(p.grad)
-            if momentum != 0:
-                bufs.append(opt.state[p]["momentum_buffer"])
+            bufs.append(opt.state[p]["momentum_buffer"] if momentum != 0 else None)
             rows.append([wd, momentum, 1 - damp, -group["lr"]])
             flags.append((group["maximize"], wd != 0, momentum != 0, group["nesterov"]))
     scalars = _table(rows, params)
-    return Plan(sgd_update, (params, grads, bufs, scalars, tuple(flags)), [params, bufs])
+    return Plan((params, grads, bufs, scalars, tuple(flags)), [params, _present(bufs)])
 
 
 def plan_adam(opt: Adam) -> Plan:
@@ -218,8 +217,7 @@ def plan_adam(opt: Adam) -> Plan:
             grads.append(p.grad)
             ms.append(state["exp_avg"])
             vs.append(state["exp_avg_sq"])
-            if group["amsgrad"]:
-                vmaxes.append(state["max_exp_avg_sq"])
+            vmaxes.append(state["max_exp_avg_sq"] if group["amsgrad"] else None)
             steps.append(state["step"])
             group_of.append(group)
     if steps:
@@ -239,7 +237,13 @@ def plan_adam(opt: Adam) -> Plan:
         flags.append((group["maximize"], decay, group["amsgrad"], abs(1 - beta1) < 0.5))
     scalars = _table(rows, params)
     args = (params, grads, ms, vs, vmaxes, scalars, tuple(flags))
-    return Plan(adam_update, args, [params, ms, vs, vmaxes])
+    return Plan(args, [params, ms, vs, _present(vmaxes)])
+
+
+def _present(tensors: list[torch.Tensor | None]) -> list[torch.Tensor]:
+    """The state tensors of the parameters that have them (None marks the others, so the
+    update indexes every list by parameter)."""
+    return [t for t in tensors if t is not None]
 
 
 def _table(rows: list[list[float]], params: list[torch.Tensor]) -> torch.Tensor:
@@ -258,10 +262,7 @@ class CompiledStep:
         self.fn = fn  # what eager runs: the bound step, or the scheduler's wrapper of it
         self.opt = opt
         self.stats = stats
-        self.compiled: dict[Callable, Any] = {
-            sgd_update: compile_update(sgd_update),
-            adam_update: compile_update(adam_update),
-        }
+        self.compiled = compile_update(sgd_update if isinstance(opt, SGD) else adam_update)
         self.eager_reason: str | None = None  # why the last step ran eagerly
 
     def __call__(self, closure: Callable | None = None) -> Any:
@@ -281,7 +282,7 @@ class CompiledStep:
             plan = plan_sgd(opt) if isinstance(opt, SGD) else plan_adam(opt)
             if not plan.args[0]:
                 return loss  # no parameter has a gradient
-            results = self.compiled[plan.update](*plan.args)
+            results = self.compiled(*plan.args)
             targets = [t for ts in plan.targets for t in ts]
             values = [v for vs in results for v in vs]
             torch._foreach_copy_(targets, values)

@@ -21,7 +21,7 @@ import dataclasses
 import torch
 
 from minicompile.codegen import triton
-from minicompile.codegen.common import CodeWriter, KernelPlan
+from minicompile.codegen.common import CodeWriter, KernelPlan, pointer_param, pointer_params
 from minicompile.codegen.cpp import CPP_DTYPES, CppKernel
 
 
@@ -47,15 +47,10 @@ class ComboPlan:
         return tuple(o for part in self.parts for o in part.origins)
 
     def params(self) -> list[str]:
-        return [f"in_ptr{k}" for k in range(len(self.inputs))] + [
-            f"out_ptr{k}" for k in range(len(self.outputs))
-        ]
+        return pointer_params(self.inputs, self.outputs)
 
     def pointer(self, buffer: str) -> str:
-        names = [b for b, _ in self.inputs]
-        if buffer in names:
-            return f"in_ptr{names.index(buffer)}"
-        return f"out_ptr{self.outputs.index(buffer)}"
+        return pointer_param(self.inputs, self.outputs, buffer)
 
 
 def part_comment(k: int, part: KernelPlan) -> list[str]:

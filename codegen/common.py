@@ -77,6 +77,21 @@ class Store:
     level: str  # "x": one value per kept point (reductions, "x" members); "xr": per element
 
 
+def pointer_params(inputs: tuple, outputs: tuple) -> list[str]:
+    """``in_ptr0..`` for the (buffer, dtype) ``inputs``, then ``out_ptr0..`` for ``outputs``."""
+    return [f"in_ptr{k}" for k in range(len(inputs))] + [
+        f"out_ptr{k}" for k in range(len(outputs))
+    ]
+
+
+def pointer_param(inputs: tuple, outputs: tuple, buffer: str) -> str:
+    """The parameter of :func:`pointer_params` that points at ``buffer``."""
+    names = [b for b, _ in inputs]
+    if buffer in names:
+        return f"in_ptr{names.index(buffer)}"
+    return f"out_ptr{outputs.index(buffer)}"
+
+
 @dataclasses.dataclass(frozen=True)
 class KernelPlan:
     """A fused group ready to print.  Pointwise kernels have only x loops; reduction
@@ -130,15 +145,10 @@ class KernelPlan:
 
     def params(self) -> list[str]:
         """Kernel parameter names: in_ptr0.., out_ptr0.. (Inductor's spelling)."""
-        return [f"in_ptr{k}" for k in range(len(self.inputs))] + [
-            f"out_ptr{k}" for k in range(len(self.stores))
-        ]
+        return pointer_params(self.inputs, self.outputs)
 
     def pointer(self, buffer: str) -> str:
-        names = [b for b, _ in self.inputs]
-        if buffer in names:
-            return f"in_ptr{names.index(buffer)}"
-        return f"out_ptr{self.outputs.index(buffer)}"
+        return pointer_param(self.inputs, self.outputs, buffer)
 
     def header_comment(self) -> list[str]:
         lines = [f"graph nodes: {', '.join(self.origins)}"]

@@ -57,7 +57,7 @@ def test_reductions_stay_alone_and_order_is_kept() -> None:
     y = b("sum", x, [1], False)
     b.output(b("add", b("mul", y, 2.0), w), b("cos", u), b("sin", v))
     log: list[str] = []
-    _, groups, units = grouped(b, log)
+    _, _, units = grouped(b, log)
     assert any(line.endswith("a reduction keeps its own kernel") for line in log)
     combos = [u for u in units if isinstance(u, ComboGroup)]
     assert len(combos) == 1 and len(combos[0].parts) == 2
@@ -73,7 +73,7 @@ def test_reductions_stay_alone_and_order_is_kept() -> None:
 
 @pytest.mark.parametrize("backend", ["triton", "cpp"])
 def test_combo_kernel_text(backend: str) -> None:
-    program, groups, units = grouped(independent(3, base=30))
+    program, _, units = grouped(independent(3, base=30))
     code = generate(program, units, backend, graph_name="three")
     assert len(code.kernels) == 1 and "combo" in code.kernels[0]
     ast.parse(code.module)

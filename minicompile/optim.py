@@ -268,15 +268,19 @@ class CompiledStep:
     def __call__(self, closure: Callable | None = None) -> Any:
         opt = self.opt
         reason = unsupported(opt)
+        if reason is not None:
+            return self.eager(reason, closure)
+        loss = None
+        if closure is not None:  # as eager: the closure first, then the update
+            with torch.enable_grad():
+                loss = closure()
+            reason = unsupported(opt)  # the gradients it made
         if reason is None and needs_state(opt):
             reason = "this step creates optimizer state (eager creates it)"
         if reason is not None:
-            return self.eager(reason, closure)
+            self.eager(reason, None)
+            return loss
         self.eager_reason = None
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
         opt._opt_called = True  # what an LR scheduler's wrapper of opt.step records
         with torch.no_grad():
             plan = plan_sgd(opt) if isinstance(opt, SGD) else plan_adam(opt)

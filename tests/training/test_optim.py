@@ -25,6 +25,8 @@ CONFIGS: dict[str, Callable] = {
                                                          dampening=0.3, maximize=True),
     "adam": lambda ps: torch.optim.Adam(ps, lr=1e-2),
     "adam_wd": lambda ps: torch.optim.Adam(ps, lr=1e-2, weight_decay=0.1),
+    "adam_maximize_amsgrad": lambda ps: torch.optim.Adam(ps, lr=1e-2, maximize=True,
+                                                         amsgrad=True),
     "adamw": lambda ps: torch.optim.AdamW(ps, lr=1e-2),
     "adamw_amsgrad_small_beta1": lambda ps: torch.optim.AdamW(ps, lr=1e-2, betas=(0.3, 0.99),
                                                               amsgrad=True, weight_decay=0.05),
@@ -205,6 +207,28 @@ def test_many_parameters_are_a_few_kernels() -> None:
     for p, q in zip(params, ref):
         torch.testing.assert_close(p, q, **TOL)
     assert minicompile.stats()["kernels"] == 3  # 8 + 8 + 4 parts
+
+
+def test_float64_and_closure() -> None:
+    model = make_model(torch.device("cpu")).double()
+    ref = copy.deepcopy(model)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
+    ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-2, weight_decay=0.1)
+    step = minicompile.compile(opt.step, backend="cpp")
+    x = torch.randn(5, 6, dtype=torch.float64)
+    for _ in range(5):
+        for m, o, s in ((model, opt, step), (ref, ref_opt, ref_opt.step)):
+            def closure(m=m, o=o):
+                o.zero_grad()
+                loss = m(x).square().mean()
+                loss.backward()
+                return loss
+
+            losses = s(closure)
+        assert torch.is_tensor(losses)
+    assert_same(model, ref, opt, ref_opt)
+    assert opt.state[model[0].weight]["exp_avg"].dtype == torch.float64
+    assert minicompile.stats()["graphs"] == 1
 
 
 def test_other_callables_are_ordinary_functions() -> None:

@@ -50,6 +50,8 @@ class ComboPlan:
         return pointer_params(self.inputs, self.outputs)
 
     def pointer(self, buffer: str) -> str:
+        for part in self.parts:
+            buffer = dict(part.in_place).get(buffer, buffer)
         return pointer_param(self.inputs, self.outputs, buffer)
 
 
@@ -108,6 +110,8 @@ def emit_triton(plan: ComboPlan, interpret: bool) -> str:
                     w.line(f"xmask = xindex < {numel}")
                 body = TritonPart(plan, part, w, wide, masked, count)
                 body.emit_vars("xindex", part.loop_vars, part.ranges)
+                for store in part.stores:  # every value before any store (in place)
+                    body.value(store.value)
                 for store in part.stores:
                     body.emit_store(store, frozenset({"x"}))
                 count = body.count  # tmp names stay unique across the parts

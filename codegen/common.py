@@ -109,6 +109,9 @@ class KernelPlan:
     rvars: tuple[sympy.Symbol, ...] = ()  # r0, r1, ...
     # Traced values of the size symbols, for choosing block sizes only.
     hints: dict = dataclasses.field(default_factory=dict, compare=False, hash=False)
+    # (input, output) pairs stored in place (passes/inplace.py): the input is read through
+    # the output's pointer, so no two parameters alias.
+    in_place: tuple[tuple[str, str], ...] = ()
 
     @property
     def is_reduction(self) -> bool:
@@ -148,12 +151,24 @@ class KernelPlan:
         return pointer_params(self.inputs, self.outputs)
 
     def pointer(self, buffer: str) -> str:
+        buffer = dict(self.in_place).get(buffer, buffer)
         return pointer_param(self.inputs, self.outputs, buffer)
 
     def header_comment(self) -> list[str]:
         lines = [f"graph nodes: {', '.join(self.origins)}"]
         lines += [f"source: {s}" for s in self.sources]
         return lines
+
+
+def with_in_place(plan: KernelPlan, in_place: dict[str, str]) -> KernelPlan:
+    """``plan`` storing the outputs of ``in_place`` (output -> input) into their inputs:
+    those inputs are no parameters of their own."""
+    pairs = tuple((inp, out) for out, inp in in_place.items() if out in plan.outputs)
+    if not pairs:
+        return plan
+    dropped = {inp for inp, _ in pairs}
+    inputs = tuple(i for i in plan.inputs if i[0] not in dropped)
+    return dataclasses.replace(plan, inputs=inputs, in_place=pairs)
 
 
 def checks_indices(plan: KernelPlan) -> bool:

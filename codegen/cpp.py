@@ -195,6 +195,8 @@ class CppKernel:
                 self.emit_body()
 
     def emit_body(self) -> None:
+        for store in self.plan.stores:  # every value before any store: inputs stored in place
+            self.value(store.value)
         for store in self.plan.stores:
             self.emit_body_store(store)
 

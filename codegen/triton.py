@@ -168,6 +168,8 @@ class TritonKernel:
             for row in p.header_comment():
                 w.line(f"# {row}")
             self.emit_xindex("")
+            for store in p.stores:  # every value before any store: inputs stored in place
+                self.value(store.value)
             for store in p.stores:
                 self.emit_store(store, frozenset({"x"}))
         return w.text()

@@ -25,6 +25,7 @@ from minicompile.codegen.common import (
     checks_indices,
     kernel_name,
     plan_kernel,
+    with_in_place,
 )
 from minicompile.schedule import ComboGroup, FusedGroup
 
@@ -59,12 +60,15 @@ def _alias(out: AliasOutput) -> str:
 
 
 def generate(
-    program: LoopProgram, groups: list[FusedGroup], backend: str, graph_name: str = "graph"
+    program: LoopProgram, groups: list[FusedGroup], backend: str, graph_name: str = "graph",
+    in_place: dict[str, str] | None = None,
 ) -> GeneratedCode:
+    """``in_place``: output buffers stored into inputs (passes/inplace.py)."""
+    in_place = in_place or {}
     prefix = "triton_poi" if backend == "triton" else "cpp_poi"
     kernel_groups = [g for g in groups if g.extern is None]
-    plans = [plan_group(program, groups, g, kernel_name(prefix, g, k))
-             if isinstance(g, FusedGroup) else plan_combo(program, groups, g, prefix, k)
+    plans = [plan_group(program, groups, g, kernel_name(prefix, g, k), in_place)
+             if isinstance(g, FusedGroup) else plan_combo(program, groups, g, prefix, k, in_place)
              for k, g in enumerate(kernel_groups)]
     plan_of = {g.key: p for g, p in zip(kernel_groups, plans)}
     externs = [g.extern for g in groups if g.extern is not None]
@@ -137,7 +141,7 @@ def generate(
             if group.extern is not None:
                 emit_extern(w, group.extern)
             else:
-                emit_launch(w, program, plan_of[group.key], backend, devices)
+                emit_launch(w, program, plan_of[group.key], backend, devices, in_place)
         outs = [o if isinstance(o, str) else _alias(o) for o in program.outputs]
         w.line(f"return ({', '.join(outs)}{',' if len(outs) == 1 else ''})")
     return GeneratedCode(backend, w.text(), cpp_source, tuple(p.name for p in plans))
@@ -160,18 +164,22 @@ def emit_sizes(w: CodeWriter, program: LoopProgram) -> None:
         raise Unsupported(f"dynamic shapes: sizes {missing} are not a dimension of any input")
 
 
-def plan_group(program: LoopProgram, groups: list, group: FusedGroup, name: str) -> KernelPlan:
-    return plan_kernel(group, name, needed_outside(program, groups, group), program.hints)
+def plan_group(
+    program: LoopProgram, groups: list, group: FusedGroup, name: str, in_place: dict[str, str]
+) -> KernelPlan:
+    plan = plan_kernel(group, name, needed_outside(program, groups, group), program.hints)
+    return with_in_place(plan, in_place)
 
 
 def plan_combo(
-    program: LoopProgram, groups: list, group: ComboGroup, prefix: str, index: int
+    program: LoopProgram, groups: list, group: ComboGroup, prefix: str, index: int,
+    in_place: dict[str, str],
 ) -> combo.ComboPlan:
     """A combo kernel's plan: each part planned as its own kernel (what it must store is
     decided among the parts and the other groups, not the combo as a whole)."""
     flat = [p for g in groups for p in (g.parts if isinstance(g, ComboGroup) else [g])]
     name = kernel_name(prefix.replace("_poi", "_combo"), FusedGroup(-1, group.buffers), index)
-    parts = tuple(plan_group(program, flat, part, f"{name}_part{k}")
+    parts = tuple(plan_group(program, flat, part, f"{name}_part{k}", in_place)
                   for k, part in enumerate(group.parts))
     return combo.ComboPlan(name, parts)
 
@@ -259,9 +267,12 @@ def _interpreted(program: LoopProgram, plan: KernelPlan) -> bool:
 
 def emit_launch(
     w: CodeWriter, program: LoopProgram, plan: KernelPlan | combo.ComboPlan, backend: str,
-    devices: list[str],
+    devices: list[str], in_place: dict[str, str] | None = None,
 ) -> None:
     for name in plan.outputs:
+        if in_place and name in in_place:
+            w.line(f"{name} = {in_place[name]}  # stored in place (rebuild writes it back)")
+            continue
         lay = program.buffer(name).layout
         dev = f"device{devices.index(str(lay.device))}"
         w.line(

@@ -35,6 +35,7 @@ from minicompile.ops import run_graph
 from minicompile.codegen.wrapper import generate
 from minicompile.passes.fusion import fuse
 from minicompile.passes.horizontal import combine
+from minicompile.passes.inplace import stores_in_place
 from minicompile.passes.pipeline import run_graph_passes
 from minicompile.runtime import build
 
@@ -467,10 +468,13 @@ def compile_graph(
     program = lower(graph)
     fusion_log: list[str] = []
     groups = fuse(program, fusion_log)
+    in_place = {}
+    if cfg.store_in_place:
+        in_place = stores_in_place(program, groups, capture.writebacks, fusion_log)
     if cfg.horizontal_fusion:
         groups = combine(groups, fusion_log)
     backend, interpret = pick_backend(cfg, capture)
-    code = generate(program, groups, backend, graph_name=name)
+    code = generate(program, groups, backend, graph_name=name, in_place=in_place)
     trace.emit("graph", f"{name} after passes", str(graph))
     trace.emit("fusion", name, "\n".join(
         [str(program), ""] + fusion_log + [f"group {g.name}" for g in groups]))
@@ -539,7 +543,7 @@ def compile(
         return OptimizedModule(fn, cfg)
     opt = optim.recognise(fn)
     if opt is not None:  # an optimizer's step: its update, with combo kernels
-        update_cfg = dataclasses.replace(cfg, horizontal_fusion=True)
+        update_cfg = dataclasses.replace(cfg, horizontal_fusion=True, store_in_place=True)
         return optim.CompiledStep(fn, opt, lambda f: CompiledFunction(f, update_cfg), _stats)
     return CompiledFunction(fn, cfg)
 

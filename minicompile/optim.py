@@ -5,10 +5,12 @@ Why not trace ``torch.optim``'s own code, as Dynamo does?  Its ``step`` opens a 
 ``.item()`` and passes the learning rate as a Python float (a constant the trace would bake
 in, so every scheduler step would recompile).  Dynamo handles each of these specially; here
 they would be as many special cases in capture, shared with other work.  Instead this
-module recognises the bound ``step`` of ``SGD``, ``Adam`` and ``AdamW`` and compiles a
-*pure* update, written below in torch ops following PyTorch's single-tensor formulas
-(``torch/optim/sgd.py``, ``adam.py``) op for op, through the ordinary pipeline (capture,
-passes, lowering, fusion, horizontal fusion into combo kernels, codegen).
+module recognises the bound ``step`` of ``SGD``, ``Adam`` and ``AdamW`` and compiles an
+update written below in torch ops, following PyTorch's single-tensor formulas
+(``torch/optim/sgd.py``, ``adam.py``) op for op, in place as eager updates, through the
+ordinary pipeline: capture, passes, lowering, fusion, then for these graphs in-place stores
+(passes/inplace.py: the kernels write parameters and state directly, no copies) and
+horizontal fusion (passes/horizontal.py: one combo kernel per 8 parameters).
 
 Per step, on the host, as eager does it: the ``step`` counters are incremented (they live on
 the CPU) and every scalar eager computes in Python (bias corrections, ``-lr / bc1``,
@@ -17,14 +19,14 @@ parameters' dtype, one row per parameter.  The kernels read their scalars from t
 so they are runtime values: changing ``lr`` (a scheduler) or any hyperparameter never
 recompiles and is never baked in.  Only the structure is guarded (which parameters have
 gradients, their shapes, and per-parameter flags such as ``amsgrad`` or whether weight decay
-is on).  The update returns the new parameters and state; one ``torch._foreach_copy_``
-writes them back in place, so ``opt.state``, ``state_dict()`` and eager steps keep working.
+is on).  ``opt.state`` keeps eager's tensors, so ``state_dict()`` and eager steps keep
+working.
 
 Runs eagerly (``opt.step`` itself, the reason logged under ``graph_breaks``): a step that
 must create state (the first, or a parameter seen with a gradient for the first time: eager
-creates it exactly), a closure-free call with hooks registered, ``differentiable``,
-``capturable`` or ``fused`` groups, tensor hyperparameters, complex or sparse gradients,
-parameters of several devices or dtypes, dtypes other than float32/float64, and a
+creates it exactly), a call with step hooks registered, ``differentiable``, ``capturable``
+or ``fused`` groups, tensor hyperparameters, complex or sparse gradients, parameters of
+several devices or dtypes, dtypes other than float32/float64, and a
 ``grad_scale``/``found_inf`` set by a gradient scaler.
 """
 
@@ -71,7 +73,7 @@ def _is_ref(cell: Any) -> bool:
         return False
 
 
-# -- the pure updates (traced by capture) ----------------------------------------------------
+# -- the updates (traced by capture) ----------------------------------------------------------
 # Scalar table rows: SGD [weight_decay, momentum, 1 - dampening, -lr];
 # Adam [weight_decay or 1 - lr * wd, 1 - beta1, beta2, 1 - beta2, sqrt(bc2), eps, -lr / bc1].
 # flags[i]: SGD (maximize, weight decay on, momentum on, nesterov);
@@ -79,9 +81,8 @@ def _is_ref(cell: Any) -> bool:
 
 
 def sgd_update(params: list, grads: list, bufs: list, scalars: torch.Tensor,
-               flags: tuple) -> tuple:
-    """torch.optim.sgd._single_tensor_sgd, as new values: (params, momentum buffers)."""
-    new_params, new_bufs = [], []
+               flags: tuple) -> None:
+    """torch.optim.sgd._single_tensor_sgd, in place (bufs[i] is None without momentum)."""
     for i in range(len(params)):
         maximize, decay, momentum, nesterov = flags[i]
         s = scalars[i]
@@ -90,54 +91,39 @@ def sgd_update(params: list, grads: list, bufs: list, scalars: torch.Tensor,
         if decay:
             g = g + s[0] * p  # grad.add(param, alpha=weight_decay)
         if momentum:
-            buf = bufs[i] * s[1] + s[2] * g  # buf.mul_(momentum).add_(grad, alpha=1 - damp)
-            new_bufs.append(buf)
+            buf = bufs[i]
+            buf.mul_(s[1]).add_(s[2] * g)  # buf.mul_(momentum).add_(grad, alpha=1 - damp)
             g = g + s[1] * buf if nesterov else buf  # grad.add(buf, alpha=momentum)
-        new_params.append(p + s[3] * g)  # param.add_(grad, alpha=-lr)
-    return new_params, new_bufs
+        p.add_(s[3] * g)  # param.add_(grad, alpha=-lr)
 
 
 def adam_update(params: list, grads: list, exp_avgs: list, exp_avg_sqs: list,
-                max_exp_avg_sqs: list, scalars: torch.Tensor, flags: tuple) -> tuple:
-    """torch.optim.adam._single_tensor_adam (capturable=False), as new values: (params,
-    exp_avgs, exp_avg_sqs, max_exp_avg_sqs)."""
-    new_p, new_m, new_v, new_vmax = [], [], [], []
+                max_exp_avg_sqs: list, scalars: torch.Tensor, flags: tuple) -> None:
+    """torch.optim.adam._single_tensor_adam (capturable=False), in place
+    (max_exp_avg_sqs[i] is None without amsgrad)."""
     for i in range(len(params)):
         maximize, decay, amsgrad, small_weight = flags[i]
         s = scalars[i]
-        p = params[i]
+        p, m, v = params[i], exp_avgs[i], exp_avg_sqs[i]
         g = -grads[i] if maximize else grads[i]
         if decay == "decoupled":
-            p = p * s[0]  # param.mul_(1 - lr * weight_decay)
+            p.mul_(s[0])  # param.mul_(1 - lr * weight_decay)
         elif decay == "coupled":
             g = g + s[0] * p  # grad.add(param, alpha=weight_decay)
-        m = exp_avgs[i]
         if small_weight:  # exp_avg.lerp_(grad, 1 - beta1), ATen's two-sided formula
-            m = m + s[1] * (g - m)
+            m.add_(s[1] * (g - m))
         else:
-            m = g - (g - m) * (1 - s[1])
-        v = exp_avg_sqs[i] * s[2] + s[3] * g * g  # mul_(beta2).addcmul_(g, g, 1 - beta2)
+            m.copy_(g - (g - m) * (1 - s[1]))
+        v.mul_(s[2]).add_(s[3] * g * g)  # mul_(beta2).addcmul_(g, g, value=1 - beta2)
         if amsgrad:
-            vmax = torch.maximum(max_exp_avg_sqs[i], v)
-            new_vmax.append(vmax)
-            denom = torch.sqrt(vmax) / s[4] + s[5]
-        else:
-            denom = torch.sqrt(v) / s[4] + s[5]  # (v.sqrt() / bc2_sqrt).add_(eps)
-        new_p.append(p + s[6] * m / denom)  # param.addcdiv_(m, denom, value=-step_size)
-        new_m.append(m)
-        new_v.append(v)
-    return new_p, new_m, new_v, new_vmax
+            vmax = max_exp_avg_sqs[i]
+            vmax.copy_(torch.maximum(vmax, v))
+            v = vmax
+        denom = torch.sqrt(v) / s[4] + s[5]  # (v.sqrt() / bias_correction2_sqrt).add_(eps)
+        p.add_(s[6] * m / denom)  # param.addcdiv_(m, denom, value=-step_size)
 
 
 # -- per-step planning (on the host, as eager computes it) ----------------------------------
-
-
-class Plan:
-    """One step's arguments of the pure update, and the tensors its results are written
-    back into (in the order the results come)."""
-
-    def __init__(self, args: tuple, targets: list[list[torch.Tensor]]) -> None:
-        self.args, self.targets = args, targets
 
 
 def unsupported(opt: Optimizer) -> str | None:
@@ -189,7 +175,8 @@ def needs_state(opt: Optimizer) -> bool:
     return False
 
 
-def plan_sgd(opt: SGD) -> Plan:
+def plan_sgd(opt: SGD) -> tuple:
+    """sgd_update's arguments for this step."""
     params, grads, bufs, rows, flags = [], [], [], [], []
     for group in opt.param_groups:
         wd, momentum, damp = group["weight_decay"], group["momentum"], group["dampening"]
@@ -202,10 +189,11 @@ def plan_sgd(opt: SGD) -> Plan:
             rows.append([wd, momentum, 1 - damp, -group["lr"]])
             flags.append((group["maximize"], wd != 0, momentum != 0, group["nesterov"]))
     scalars = _table(rows, params)
-    return Plan((params, grads, bufs, scalars, tuple(flags)), [params, _present(bufs)])
+    return params, grads, bufs, scalars, tuple(flags)
 
 
-def plan_adam(opt: Adam) -> Plan:
+def plan_adam(opt: Adam) -> tuple:
+    """adam_update's arguments for this step (the step counters are incremented)."""
     params, grads, ms, vs, vmaxes, steps = [], [], [], [], [], []
     group_of = []
     for group in opt.param_groups:
@@ -236,14 +224,7 @@ def plan_adam(opt: Adam) -> Plan:
                      bias_correction2**0.5, eps, -step_size])
         flags.append((group["maximize"], decay, group["amsgrad"], abs(1 - beta1) < 0.5))
     scalars = _table(rows, params)
-    args = (params, grads, ms, vs, vmaxes, scalars, tuple(flags))
-    return Plan(args, [params, ms, vs, _present(vmaxes)])
-
-
-def _present(tensors: list[torch.Tensor | None]) -> list[torch.Tensor]:
-    """The state tensors of the parameters that have them (None marks the others, so the
-    update indexes every list by parameter)."""
-    return [t for t in tensors if t is not None]
+    return params, grads, ms, vs, vmaxes, scalars, tuple(flags)
 
 
 def _table(rows: list[list[float]], params: list[torch.Tensor]) -> torch.Tensor:
@@ -283,13 +264,9 @@ class CompiledStep:
         self.eager_reason = None
         opt._opt_called = True  # what an LR scheduler's wrapper of opt.step records
         with torch.no_grad():
-            plan = plan_sgd(opt) if isinstance(opt, SGD) else plan_adam(opt)
-            if not plan.args[0]:
-                return loss  # no parameter has a gradient
-            results = self.compiled(*plan.args)
-            targets = [t for ts in plan.targets for t in ts]
-            values = [v for vs in results for v in vs]
-            torch._foreach_copy_(targets, values)
+            args = plan_sgd(opt) if isinstance(opt, SGD) else plan_adam(opt)
+            if args[0]:  # some parameter has a gradient
+                self.compiled(*args)
         return loss
 
     def eager(self, reason: str, closure: Callable | None) -> Any:

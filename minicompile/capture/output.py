@@ -88,6 +88,8 @@ class Finished:
     guards: Guards
     rebuild: Callable[..., Any]
     rebuild_source: str
+    # (graph output, placeholder) index pairs: rebuild copies that output into that input.
+    writebacks: tuple[tuple[int, int], ...] = ()
 
 
 class OutputGraph:
@@ -504,6 +506,18 @@ class OutputGraph:
             guards=guards,
             rebuild=ns["rebuild"],
             rebuild_source=rebuild_src,
+            writebacks=self._writebacks(outputs),
+        )
+
+    def _writebacks(self, outputs: list[Node]) -> tuple[tuple[int, int], ...]:
+        """Which graph output rebuild copies into which input (by placeholder position),
+        for a backend that can store those outputs in place."""
+        position = {node: k for k, node in enumerate(self.graph.placeholders)}
+        out_index = {node: k for k, node in enumerate(outputs)}
+        return tuple(
+            (out_index[var.node], position[self.input_nodes[id(var)]])
+            for var in self.mutated_inputs.values()
+            if var.node is not self.input_nodes[id(var)] and var.node in out_index
         )
 
     def _check_no_shared_storage(self) -> None:

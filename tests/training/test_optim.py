@@ -235,3 +235,28 @@ def test_other_callables_are_ordinary_functions() -> None:
     opt = torch.optim.SGD([torch.nn.Parameter(torch.ones(2))], lr=0.1)
     compiled = minicompile.compile(opt.zero_grad)
     assert not isinstance(compiled, minicompile.optim.CompiledStep)
+
+
+def _mutating(x, y, w):
+    x.mul_(0.5).add_(y)  # stored in place
+    total = w.sum()  # w's kernel is a reduction: copied back instead
+    w.add_(1.0)
+    z = y * 2
+    y.copy_(z)  # z is also returned: copied back
+    return total, z
+
+
+def test_in_place_stores_keep_eager_semantics(backend: str, device: torch.device) -> None:
+    from minicompile import config
+
+    args = [torch.randn(5, 3, device=device), torch.randn(5, 3, device=device),
+            torch.randn(7, device=device)]
+    expect = [a.clone() for a in args]
+    want = _mutating(*expect)
+    with config.patch(store_in_place=True):
+        fn = minicompile.compile(_mutating, backend=backend)
+    got = fn(*args)
+    for a, b in zip([*args, *got], [*expect, *want]):
+        torch.testing.assert_close(a, b)
+    assert got[1] is not args[1]  # a tensor of its own, as eager's z
+    assert minicompile.stats()["graphs"] == 1

@@ -232,7 +232,11 @@ def _table(rows: list[list[float]], params: list[torch.Tensor]) -> torch.Tensor:
     to the tensor's dtype the same way when an op takes it."""
     if not params:
         return torch.zeros((0, 0))
-    return torch.tensor(rows, dtype=params[0].dtype, device=params[0].device)
+    table = torch.tensor(rows, dtype=params[0].dtype)
+    device = params[0].device
+    if device.type == "cuda":  # pinned, so the copy does not wait for the GPU
+        return table.pin_memory().to(device, non_blocking=True)
+    return table.to(device)
 
 
 class CompiledStep:

@@ -3,6 +3,7 @@ the mutated input, the reason when not, and the wrapper and kernel text that fol
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from minicompile import ops
@@ -37,37 +38,38 @@ def test_an_elementwise_update_is_stored_in_place() -> None:
     assert "float tmp0 = out_ptr0[x0];" in code.cpp_source
 
 
-def test_a_read_by_a_library_call_keeps_the_copy() -> None:
-    b = GraphBuilder()
+def read_by_a_library_call(b: GraphBuilder) -> None:
     x, m = b.input("L_x", (4, 8)), b.input("L_m", (8, 3))
     b.output(b("mul", x, 2.0), b(ops.extern_op(torch.mm), x, m))  # mm reads the old x
-    _, _, chosen, log = planned(b, ((0, 0),))
-    assert chosen == {}
-    assert log == ["copy buf1 back into arg0: library call buf0 reads the input"]
 
 
-def test_a_kernel_with_a_reduction_keeps_the_copy() -> None:
-    b = GraphBuilder()
+def kernel_with_a_reduction(b: GraphBuilder) -> None:
     x = b.input("L_x", (4, 8))
     b.output(b("mul", x, 2.0), b("sum", x, [1], False))  # one kernel with the row sums
-    _, _, chosen, log = planned(b, ((0, 0),))
-    assert chosen == {}
-    assert log[0].endswith("not made by a pointwise kernel")
 
 
-def test_a_read_of_other_elements_keeps_the_copy() -> None:
-    b2 = GraphBuilder()
-    y = b2.input("L_y", (4, 4))
-    b2.output(b2("add", y, b2("permute", y, [1, 0])))  # y.add_(y.t()): reads y[j, i]
-    _, _, chosen, log = planned(b2, ((0, 0),))
-    assert chosen == {}
-    assert log == ["copy buf0 back into arg0: buf0 reads other elements of the input"]
+def read_of_other_elements(b: GraphBuilder) -> None:
+    y = b.input("L_y", (4, 4))
+    b.output(b("add", y, b("permute", y, [1, 0])))  # y.add_(y.t()): reads y[j, i]
 
 
-def test_a_value_also_returned_keeps_the_copy() -> None:
-    b = GraphBuilder()
+def value_also_returned(b: GraphBuilder) -> None:
     x = b.input("L_x", (4, 8))
     y = b("mul", x, 2.0)
     b.output(y, y)  # written back, and returned as a tensor of its own
-    _, _, chosen, _ = planned(b, ((0, 0),))
-    assert chosen == {}
+
+
+REFUSED = [
+    (read_by_a_library_call, "copy buf1 back into arg0: library call buf0 reads the input"),
+    (kernel_with_a_reduction, "copy buf1 back into arg0: not made by a pointwise kernel"),
+    (read_of_other_elements, "copy buf0 back into arg0: buf0 reads other elements of the input"),
+    (value_also_returned, "copy buf0 back into arg0: the value is also returned"),
+]
+
+
+@pytest.mark.parametrize(("build", "reason"), REFUSED, ids=lambda v: getattr(v, "__name__", ""))
+def test_write_backs_that_keep_the_copy(build, reason: str) -> None:
+    b = GraphBuilder()
+    build(b)
+    _, _, chosen, log = planned(b, ((0, 0),))
+    assert chosen == {} and log == [reason]

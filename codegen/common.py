@@ -77,6 +77,21 @@ class Store:
     level: str  # "x": one value per kept point (reductions, "x" members); "xr": per element
 
 
+def pointer_params(inputs: tuple, outputs: tuple) -> list[str]:
+    """``in_ptr0..`` for the (buffer, dtype) ``inputs``, then ``out_ptr0..`` for ``outputs``."""
+    return [f"in_ptr{k}" for k in range(len(inputs))] + [
+        f"out_ptr{k}" for k in range(len(outputs))
+    ]
+
+
+def pointer_param(inputs: tuple, outputs: tuple, buffer: str) -> str:
+    """The parameter of :func:`pointer_params` that points at ``buffer``."""
+    names = [b for b, _ in inputs]
+    if buffer in names:
+        return f"in_ptr{names.index(buffer)}"
+    return f"out_ptr{outputs.index(buffer)}"
+
+
 @dataclasses.dataclass(frozen=True)
 class KernelPlan:
     """A fused group ready to print.  Pointwise kernels have only x loops; reduction
@@ -94,6 +109,9 @@ class KernelPlan:
     rvars: tuple[sympy.Symbol, ...] = ()  # r0, r1, ...
     # Traced values of the size symbols, for choosing block sizes only.
     hints: dict = dataclasses.field(default_factory=dict, compare=False, hash=False)
+    # (input, output) pairs stored in place (passes/inplace.py): the input is read through
+    # the output's pointer, so no two parameters alias.
+    in_place: tuple[tuple[str, str], ...] = ()
 
     @property
     def is_reduction(self) -> bool:
@@ -130,20 +148,27 @@ class KernelPlan:
 
     def params(self) -> list[str]:
         """Kernel parameter names: in_ptr0.., out_ptr0.. (Inductor's spelling)."""
-        return [f"in_ptr{k}" for k in range(len(self.inputs))] + [
-            f"out_ptr{k}" for k in range(len(self.stores))
-        ]
+        return pointer_params(self.inputs, self.outputs)
 
     def pointer(self, buffer: str) -> str:
-        names = [b for b, _ in self.inputs]
-        if buffer in names:
-            return f"in_ptr{names.index(buffer)}"
-        return f"out_ptr{self.outputs.index(buffer)}"
+        buffer = dict(self.in_place).get(buffer, buffer)
+        return pointer_param(self.inputs, self.outputs, buffer)
 
     def header_comment(self) -> list[str]:
         lines = [f"graph nodes: {', '.join(self.origins)}"]
         lines += [f"source: {s}" for s in self.sources]
         return lines
+
+
+def with_in_place(plan: KernelPlan, in_place: dict[str, str]) -> KernelPlan:
+    """``plan`` storing the outputs of ``in_place`` (output -> input) into their inputs:
+    those inputs are no parameters of their own."""
+    pairs = tuple((inp, out) for out, inp in in_place.items() if out in plan.outputs)
+    if not pairs:
+        return plan
+    dropped = {inp for inp, _ in pairs}
+    inputs = tuple(i for i in plan.inputs if i[0] not in dropped)
+    return dataclasses.replace(plan, inputs=inputs, in_place=pairs)
 
 
 def checks_indices(plan: KernelPlan) -> bool:

@@ -153,18 +153,27 @@ class CppKernel:
         params += [f"int64_t {s}" for s in p.size_args]
         return f'extern "C" void {p.name}({", ".join(params)})'
 
+    def pointer(self, buffer: str) -> str:
+        """The parameter that points at ``buffer`` (a combo kernel renames them)."""
+        return self.plan.pointer(buffer)
+
     def emit(self) -> str:
         p, w = self.plan, self.w
         for row in p.header_comment():
             w.line(f"// {row}")
         with w.block(self.signature()):
-            ranges = [cpp_index(r) for r in p.ranges]
-            if not ranges:  # a 0-dim result: one element
-                self.emit_body()
-            else:
-                self.parallel = parallel_pragma(p.numel, p.numel)
-                self._loops(0, ranges)
+            self.emit_loops()
         return w.text()
+
+    def emit_loops(self) -> None:
+        """The kernel's body: its loop nest (or one element, for a 0-dim result)."""
+        p = self.plan
+        ranges = [cpp_index(r) for r in p.ranges]
+        if not ranges:  # a 0-dim result: one element
+            self.emit_body()
+        else:
+            self.parallel = parallel_pragma(p.numel, p.numel)
+            self._loops(0, ranges)
 
     def _loops(self, depth: int, ranges: list[str]) -> None:
         x = self.plan.loop_vars[depth]
@@ -186,6 +195,8 @@ class CppKernel:
                 self.emit_body()
 
     def emit_body(self) -> None:
+        for store in self.plan.stores:  # every value before any store: inputs stored in place
+            self.value(store.value)
         for store in self.plan.stores:
             self.emit_body_store(store)
 
@@ -196,7 +207,7 @@ class CppKernel:
         elif store.value.dtype != store.dtype:
             value = f"static_cast<{CPP_DTYPES[store.dtype]}>({value})"
         index = cpp_index(store.index)
-        self.w.line(f"{self.plan.pointer(store.buffer)}[{index}] = {value};")
+        self.w.line(f"{self.pointer(store.buffer)}[{index}] = {value};")
 
     def fresh(self, text: str, ctype: str) -> str:
         name = f"tmp{self.count}"
@@ -224,7 +235,7 @@ class CppKernel:
                     "int64_t",
                 )
                 index = index.xreplace({e.symbol: sympy.Symbol(safe, integer=True)})
-            text = f"{self.plan.pointer(e.buffer)}[{cpp_index(index)}]"
+            text = f"{self.pointer(e.buffer)}[{cpp_index(index)}]"
             if e.dtype in LOW_PRECISION:
                 text = f"{_to_float(e.dtype)}({text})"
             return self.fresh(text, ctype)

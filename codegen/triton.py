@@ -156,6 +156,10 @@ class TritonKernel:
 
     # -- the kernel -------------------------------------------------------------------------
 
+    def pointer(self, buffer: str) -> str:
+        """The parameter that points at ``buffer`` (a combo kernel renames them)."""
+        return self.plan.pointer(buffer)
+
     def emit(self) -> str:
         p, w = self.plan, self.w
         w.line("@triton.jit")
@@ -164,6 +168,8 @@ class TritonKernel:
             for row in p.header_comment():
                 w.line(f"# {row}")
             self.emit_xindex("")
+            for store in p.stores:  # every value before any store: inputs stored in place
+                self.value(store.value)
             for store in p.stores:
                 self.emit_store(store, frozenset({"x"}))
         return w.text()
@@ -224,7 +230,6 @@ class TritonKernel:
         )
 
     def emit_store(self, store: Store, axes: frozenset[str]) -> None:
-        p = self.plan
         value = self.value(store.value)
         if self.levels.get(value, frozenset()) != axes:
             value = f"tl.broadcast_to({value}, {self.block_shape(axes)})"
@@ -237,7 +242,7 @@ class TritonKernel:
             index = f"xindex * 0 + {index}"
         mask = self.mask(axes)
         suffix = f", {mask}" if mask else ""
-        self.w.line(f"tl.store({p.pointer(store.buffer)} + ({index}), {value}{suffix})")
+        self.w.line(f"tl.store({self.pointer(store.buffer)} + ({index}), {value}{suffix})")
 
     # -- values -----------------------------------------------------------------------------
 
@@ -319,7 +324,7 @@ class TritonKernel:
             self.w.line(f"tl.store(err_ptr + 0 * {at}{spread}, 1, {bad})  # index out of range")
             index = index.xreplace({e.symbol: sympy.Symbol(at, integer=True)})
             mask = ok
-        ptr = f"{self.plan.pointer(e.buffer)} + ({triton_index(index)}){self.spread(axes)}"
+        ptr = f"{self.pointer(e.buffer)} + ({triton_index(index)}){self.spread(axes)}"
         if isinstance(e, IndirectLoad) and e.symbol not in e.index.free_symbols:
             ptr += f" + 0 * {at}"  # a size-1 dim: as wide as the check that masks it
         axes = axes.union(*(self.level(c) for c in self.conditions))

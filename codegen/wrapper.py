@@ -18,15 +18,16 @@ from minicompile.ir import AliasOutput, Buffer, BufferRef, ExternKernel, Layout,
 from minicompile.shapes import python_expr
 from minicompile.sym import size_symbols
 
-from minicompile.codegen import cpp, cpp_reduction, triton, triton_reduction
+from minicompile.codegen import combo, cpp, cpp_reduction, triton, triton_reduction
 from minicompile.codegen.common import (
     CodeWriter,
     KernelPlan,
     checks_indices,
     kernel_name,
     plan_kernel,
+    with_in_place,
 )
-from minicompile.schedule import FusedGroup
+from minicompile.schedule import ComboGroup, FusedGroup
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,15 +60,16 @@ def _alias(out: AliasOutput) -> str:
 
 
 def generate(
-    program: LoopProgram, groups: list[FusedGroup], backend: str, graph_name: str = "graph"
+    program: LoopProgram, groups: list[FusedGroup], backend: str, graph_name: str = "graph",
+    in_place: dict[str, str] | None = None,
 ) -> GeneratedCode:
+    """``in_place``: output buffers stored into inputs (passes/inplace.py)."""
+    in_place = in_place or {}
     prefix = "triton_poi" if backend == "triton" else "cpp_poi"
     kernel_groups = [g for g in groups if g.extern is None]
-    plans = [
-        plan_kernel(g, kernel_name(prefix, g, k), needed_outside(program, groups, g),
-                    program.hints)
-        for k, g in enumerate(kernel_groups)
-    ]
+    plans = [plan_group(program, groups, g, kernel_name(prefix, g, k), in_place)
+             if isinstance(g, FusedGroup) else plan_combo(program, groups, g, prefix, k, in_place)
+             for k, g in enumerate(kernel_groups)]
     plan_of = {g.key: p for g, p in zip(kernel_groups, plans)}
     externs = [g.extern for g in groups if g.extern is not None]
     w = CodeWriter()
@@ -76,7 +78,9 @@ def generate(
     if backend == "triton":
         w.lines_from(triton.PREAMBLE)
         kernels = [
-            triton_reduction.emit_reduction_kernel(plan, _interpreted(program, plan))
+            combo.emit_triton(plan, _interpreted(program, plan))
+            if isinstance(plan, combo.ComboPlan)
+            else triton_reduction.emit_reduction_kernel(plan, _interpreted(program, plan))
             if plan.is_reduction
             else triton.emit_kernel(plan, _interpreted(program, plan))
             for plan in plans
@@ -89,7 +93,8 @@ def generate(
         unit = CodeWriter()
         unit.lines_from(cpp.PREAMBLE.strip())
         kernels = [
-            cpp_reduction.emit_reduction_kernel(plan) if plan.is_reduction
+            combo.emit_cpp(plan) if isinstance(plan, combo.ComboPlan)
+            else cpp_reduction.emit_reduction_kernel(plan) if plan.is_reduction
             else cpp.emit_kernel(plan)
             for plan in plans
         ]
@@ -103,8 +108,12 @@ def generate(
         w.line()
         w.line("# `lib` is the compiled C++ kernels, put here by minicompile.runtime.")
         for plan in plans:
-            n = len(plan.params()) + checks_indices(plan)
             w.line(f"{plan.name} = lib.{plan.name}")
+            if isinstance(plan, combo.ComboPlan):
+                w.line(f"{plan.name}.argtypes = [ctypes.c_void_p] * {len(plan.params())}")
+                w.line(f"{plan.name}.restype = None")
+                continue
+            n = len(plan.params()) + checks_indices(plan)
             sizes = len(plan.size_args)
             ints = f" + [ctypes.c_int64] * {sizes}" if sizes else ""
             w.line(f"{plan.name}.argtypes = [ctypes.c_void_p] * {n}{ints}")
@@ -141,7 +150,7 @@ def generate(
                 made = [group.extern.name]
             else:
                 plan = plan_of[group.key]
-                emit_launch(w, program, plan, backend, devices)
+                emit_launch(w, program, plan, backend, devices, in_place)
                 made = list(plan.outputs)
             live.update(made)
             dead = sorted(n for n in live if last_use.get(n, -1) <= k and n not in keep)
@@ -178,6 +187,26 @@ def emit_sizes(w: CodeWriter, program: LoopProgram) -> None:
     missing = [s for s in used if s not in found and s not in program.scalar_sizes]
     if missing:
         raise Unsupported(f"dynamic shapes: sizes {missing} are not a dimension of any input")
+
+
+def plan_group(
+    program: LoopProgram, groups: list, group: FusedGroup, name: str, in_place: dict[str, str]
+) -> KernelPlan:
+    plan = plan_kernel(group, name, needed_outside(program, groups, group), program.hints)
+    return with_in_place(plan, in_place)
+
+
+def plan_combo(
+    program: LoopProgram, groups: list, group: ComboGroup, prefix: str, index: int,
+    in_place: dict[str, str],
+) -> combo.ComboPlan:
+    """A combo kernel's plan: each part planned as its own kernel (what it must store is
+    decided among the parts and the other groups, not the combo as a whole)."""
+    flat = [p for g in groups for p in (g.parts if isinstance(g, ComboGroup) else [g])]
+    name = kernel_name(prefix.replace("_poi", "_combo"), FusedGroup(-1, group.buffers), index)
+    parts = tuple(plan_group(program, flat, part, f"{name}_part{k}", in_place)
+                  for k, part in enumerate(group.parts))
+    return combo.ComboPlan(name, parts)
 
 
 def needed_outside(program: LoopProgram, groups: list[FusedGroup], group: FusedGroup) -> set[str]:
@@ -262,17 +291,29 @@ def _interpreted(program: LoopProgram, plan: KernelPlan) -> bool:
 
 
 def emit_launch(
-    w: CodeWriter, program: LoopProgram, plan: KernelPlan, backend: str, devices: list[str]
+    w: CodeWriter, program: LoopProgram, plan: KernelPlan | combo.ComboPlan, backend: str,
+    devices: list[str], in_place: dict[str, str] | None = None,
 ) -> None:
     for name in plan.outputs:
+        if in_place and name in in_place:
+            w.line(f"{name} = {in_place[name]}  # stored in place (rebuild writes it back)")
+            continue
         lay = program.buffer(name).layout
         dev = f"device{devices.index(str(lay.device))}"
         w.line(
             f"{name} = empty_strided({_shape(lay.shape)}, {_shape(lay.stride)}, "
             f"dtype={lay.dtype}, device={dev})"
         )
-    numel = plan.numel
     args = [b for b, _ in plan.inputs] + list(plan.outputs)
+    if isinstance(plan, combo.ComboPlan):
+        w.line(f"# combo kernel of {len(plan.parts)} parts: "
+               + " | ".join(", ".join(part.outputs) for part in plan.parts))
+        if backend == "triton":
+            w.line(combo.triton_launch(plan, args, _interpreted(program, plan)))
+        else:
+            w.line(f"{plan.name}({', '.join(a + '.data_ptr()' for a in args)})")
+        return
+    numel = plan.numel
     errs = ["err"] if checks_indices(plan) else []
     sizes = [str(s) for s in plan.size_args]
     if numel == 0:

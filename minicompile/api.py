@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from minicompile import config, trace
+from minicompile import config, optim, trace
 from minicompile.capture import Break, Capture, ResumePoint, capture_segment, concrete
 from minicompile.capture import root_point, training_ops
 from minicompile.capture.dynamic import STATIC, DynamicPolicy
@@ -35,6 +35,8 @@ from minicompile.ops import run_graph
 from minicompile.codegen.wrapper import generate
 from minicompile.passes.autograd import differentiate, requires_grad
 from minicompile.passes.fusion import fuse
+from minicompile.passes.horizontal import combine
+from minicompile.passes.inplace import stores_in_place
 from minicompile.passes.pipeline import run_graph_passes
 from minicompile.runtime import build
 from minicompile.runtime.autograd import TrainingStep, make_runner
@@ -484,7 +486,7 @@ def compile_graph(
         log.debug("minicompile: compiled %s (forward and backward) in %.3fs", name,
                   time.perf_counter() - start)
         return run, call
-    call = build_graph(graph, cfg, name, backend, interpret)
+    call = build_graph(graph, cfg, name, backend, interpret, capture.writebacks)
     if any(p.meta.requires_grad for p in capture.graph.placeholders):
         # Nothing here takes a gradient (grad mode is off): run without recording.
         no_grad = torch.no_grad
@@ -503,13 +505,20 @@ def compile_graph(
     return run, call
 
 
-def build_graph(graph: Any, cfg: Config, name: str, backend: str,
-                interpret: bool) -> Callable[[list], tuple]:
-    """A graph after the graph passes -> its generated, built and loaded call(inputs)."""
+def build_graph(graph: Any, cfg: Config, name: str, backend: str, interpret: bool,
+                writebacks: tuple = ()) -> Callable[[list], tuple]:
+    """A graph after the graph passes -> its generated, built and loaded call(inputs).
+    ``writebacks`` (output, input) pairs may be stored in place (never in training: the
+    backward may have saved the input)."""
     program = lower(graph)
     fusion_log: list[str] = []
     groups = fuse(program, fusion_log)
-    code = generate(program, groups, backend, graph_name=name)
+    in_place = {}
+    if cfg.store_in_place and writebacks:
+        in_place = stores_in_place(program, groups, writebacks, fusion_log)
+    if cfg.horizontal_fusion:
+        groups = combine(groups, fusion_log)
+    code = generate(program, groups, backend, graph_name=name, in_place=in_place)
     trace.emit("graph", f"{name} after passes", str(graph))
     trace.emit("fusion", name, "\n".join(
         [str(program), ""] + fusion_log + [f"group {g.name}" for g in groups]))
@@ -566,6 +575,10 @@ def compile(
                                  mode=mode)
     if isinstance(fn, torch.nn.Module):
         return OptimizedModule(fn, cfg)
+    opt = optim.recognise(fn)
+    if opt is not None:  # an optimizer's step: its update, with combo kernels
+        update_cfg = dataclasses.replace(cfg, horizontal_fusion=True, store_in_place=True)
+        return optim.CompiledStep(fn, opt, lambda f: CompiledFunction(f, update_cfg), _stats)
     return CompiledFunction(fn, cfg)
 
 

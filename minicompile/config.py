@@ -46,6 +46,11 @@ class Config:
     # Triton's interpreter runs kernels on CPU tensors (how the Triton backend is tested
     # without a GPU).  Read from TRITON_INTERPRET, Triton's own switch.
     triton_interpret: bool = False
+    # Combine independent kernels of a graph into combo kernels (passes/horizontal.py), and
+    # store outputs written back into inputs in place (passes/inplace.py): both on for
+    # compiled optimizer steps (minicompile/optim.py).
+    horizontal_fusion: bool = False
+    store_in_place: bool = False
 
     def logging(self, part: str) -> bool:
         """Whether ``part`` (one of LOG_PARTS) should be printed."""

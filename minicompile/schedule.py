@@ -171,3 +171,31 @@ def aligned(reader: ComputedBuffer, reader_place: Placement,
             if sympy.expand(got - want) != 0:
                 return False
     return True
+
+
+@dataclasses.dataclass
+class ComboGroup:
+    """Independent pointwise groups run as one kernel, one launch (Inductor's combo
+    kernels): each part keeps its own iteration space; the kernel runs them in turn (C++)
+    or splits its programs among them (Triton).  Made by passes/horizontal.py."""
+
+    key: int  # its vertex in the dependency DAG
+    parts: list[FusedGroup]
+
+    extern = None  # never a library call
+
+    @property
+    def buffers(self) -> list[Buffer]:
+        return [b for part in self.parts for b in part.buffers]
+
+    @property
+    def name(self) -> str:
+        return " | ".join(part.name for part in self.parts)
+
+    @property
+    def device(self):
+        return self.parts[0].device
+
+    @property
+    def has_reduction(self) -> bool:
+        return False

@@ -73,6 +73,8 @@ class Capture:
     rebuild_source: str = ""
     instructions: int = 0  # bytecode instructions interpreted to make it
     compiled: Any = None  # (run, call) when the API built it already (dynamic shapes)
+    # (graph output, placeholder) index pairs that rebuild copies back (mutated inputs).
+    writebacks: tuple[tuple[int, int], ...] = ()
 
     def __str__(self) -> str:
         return "\n".join(
@@ -174,5 +176,6 @@ def capture_segment(
         get_inputs_source=done.get_inputs_source,
         rebuild_source=done.rebuild_source,
         instructions=output.instructions,
+        writebacks=done.writebacks,
     )
     return capture, stop

@@ -97,6 +97,8 @@ class Finished:
     guards: Guards
     rebuild: Callable[..., Any]
     rebuild_source: str
+    # (graph output, placeholder) index pairs: rebuild copies that output into that input.
+    writebacks: tuple[tuple[int, int], ...] = ()
 
 
 class OutputGraph:
@@ -521,6 +523,20 @@ class OutputGraph:
             guards=guards,
             rebuild=ns["rebuild"],
             rebuild_source=rebuild_src,
+            writebacks=self._writebacks(outputs, rebuild_src),
+        )
+
+    def _writebacks(self, outputs: list[Node], rebuild_src: str) -> tuple[tuple[int, int], ...]:
+        """Which graph output rebuild copies into which input (by placeholder position) and
+        uses for nothing else (not returned, not stored): a backend may store those
+        outputs in place."""
+        position = {node: k for k, node in enumerate(self.graph.placeholders)}
+        out_index = {node: k for k, node in enumerate(outputs)}
+        return tuple(
+            (out_index[var.node], position[self.input_nodes[id(var)]])
+            for var in self.mutated_inputs.values()
+            if var.node is not self.input_nodes[id(var)] and var.node in out_index
+            and rebuild_src.count(f"outs[{out_index[var.node]}]") == 1
         )
 
     def _check_no_shared_storage(self) -> None:

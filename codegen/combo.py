@@ -1,0 +1,162 @@
+"""Combo kernels: several independent pointwise kernels in one function, one launch.
+
+A :class:`ComboPlan` holds the :class:`KernelPlan` of each part (planned as if it were a
+kernel of its own) and gives them one parameter list: inputs shared by parts (a table of
+scalars read by every part) are passed once.  The parts' bodies are the ordinary emitters'
+(codegen/triton.py, codegen/cpp.py), with pointers renamed to the combo's parameters.
+
+- Triton: the launch's programs are split among the parts in order; part ``k`` owns
+  programs ``[start_k, start_k + cdiv(numel_k, XBLOCK))`` and runs its body on
+  ``pid - start_k``, with its own size in its mask (Inductor's combo kernels).
+- C++: the parts' loop nests run one after another, each in its own block scope, each
+  parallelised (OpenMP) as its own kernel would be.
+
+Sizes are static (passes/horizontal.py only combines those), so the grid is a number.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from minicompile.codegen import triton
+from minicompile.codegen.common import CodeWriter, KernelPlan, pointer_param, pointer_params
+from minicompile.codegen.cpp import CPP_DTYPES, CppKernel
+
+
+@dataclasses.dataclass(frozen=True)
+class ComboPlan:
+    name: str
+    parts: tuple[KernelPlan, ...]
+
+    @property
+    def inputs(self) -> tuple[tuple[str, torch.dtype], ...]:
+        found: dict[str, torch.dtype] = {}
+        for part in self.parts:
+            for name, dtype in part.inputs:
+                found.setdefault(name, dtype)
+        return tuple(found.items())
+
+    @property
+    def outputs(self) -> tuple[str, ...]:
+        return tuple(name for part in self.parts for name in part.outputs)
+
+    @property
+    def origins(self) -> tuple[str, ...]:
+        return tuple(o for part in self.parts for o in part.origins)
+
+    def params(self) -> list[str]:
+        return pointer_params(self.inputs, self.outputs)
+
+    def pointer(self, buffer: str) -> str:
+        for part in self.parts:
+            buffer = dict(part.in_place).get(buffer, buffer)
+        return pointer_param(self.inputs, self.outputs, buffer)
+
+
+def part_comment(k: int, part: KernelPlan) -> list[str]:
+    lines = [f"part {k}: {int(part.numel)} elements ({', '.join(part.outputs)})"]
+    return lines + part.header_comment()
+
+
+# -- Triton ---------------------------------------------------------------------------------
+
+
+class TritonPart(triton.TritonKernel):
+    """A part's body inside a combo kernel: the combo's pointers and writer."""
+
+    def __init__(self, combo: ComboPlan, part: KernelPlan, w: CodeWriter, wide: bool,
+                 masked: bool, count: int) -> None:
+        super().__init__(part, wide_index=wide, masked=masked)
+        self.combo, self.w, self.count = combo, w, count
+
+    def pointer(self, buffer: str) -> str:
+        return self.combo.pointer(buffer)
+
+
+def block_size(plan: ComboPlan, interpret: bool) -> int:
+    """One XBLOCK for every part: sized for the largest."""
+    return triton.block_size(max(int(p.numel) for p in plan.parts), interpret)
+
+
+def program_counts(plan: ComboPlan, block: int) -> list[int]:
+    return [-(-int(p.numel) // block) for p in plan.parts]
+
+
+def emit_triton(plan: ComboPlan, interpret: bool) -> str:
+    block = block_size(plan, interpret)
+    wide = any(int(p.numel) >= 2**31 - 2**20 for p in plan.parts)
+    w = CodeWriter()
+    w.line("@triton.jit")
+    w.line(f"def {plan.name}({', '.join(plan.params())}, XBLOCK: tl.constexpr):")
+    count = 0
+    with w.indent():
+        w.line(f"# combo kernel: {len(plan.parts)} independent parts; the programs are split "
+               "among them")
+        w.line(f"pid = tl.program_id(0){'.to(tl.int64)' if wide else ''}")
+        start = 0
+        for k, (part, n) in enumerate(zip(plan.parts, program_counts(plan, block))):
+            test = f"if pid < {start + n}:" if k == 0 else f"elif pid < {start + n}:"
+            w.line(test)
+            with w.indent():
+                for row in part_comment(k, part):
+                    w.line(f"# {row}")
+                numel = int(part.numel)
+                masked = numel % block != 0
+                w.line(f"xoffset = (pid - {start}) * XBLOCK" if start else "xoffset = pid * XBLOCK")
+                w.line("xindex = xoffset + tl.arange(0, XBLOCK)")
+                if masked:
+                    w.line(f"xmask = xindex < {numel}")
+                body = TritonPart(plan, part, w, wide, masked, count)
+                body.emit_vars("xindex", part.loop_vars, part.ranges)
+                for store in part.stores:  # every value before any store (in place)
+                    body.value(store.value)
+                for store in part.stores:
+                    body.emit_store(store, frozenset({"x"}))
+                count = body.count  # tmp names stay unique across the parts
+            start += n
+    return w.text()
+
+
+def triton_launch(plan: ComboPlan, args: list[str], interpret: bool) -> str:
+    block = block_size(plan, interpret)
+    grid = sum(program_counts(plan, block))
+    return f"{plan.name}[({grid},)]({', '.join(args)}, XBLOCK={block})"
+
+
+# -- C++ ------------------------------------------------------------------------------------
+
+
+class CppPart(CppKernel):
+    """A part's loop nest inside a combo function: the combo's pointers and writer."""
+
+    def __init__(self, combo: ComboPlan, part: KernelPlan, w: CodeWriter) -> None:
+        super().__init__(part)
+        self.combo, self.w = combo, w
+
+    def pointer(self, buffer: str) -> str:
+        return self.combo.pointer(buffer)
+
+
+def cpp_signature(plan: ComboPlan) -> str:
+    dtypes = {st.buffer: st.dtype for part in plan.parts for st in part.stores}
+    params = [f"const {CPP_DTYPES[dtype]}* __restrict__ in_ptr{k}"
+              for k, (_, dtype) in enumerate(plan.inputs)]
+    params += [f"{CPP_DTYPES[dtypes[name]]}* __restrict__ out_ptr{k}"
+               for k, name in enumerate(plan.outputs)]
+    return f'extern "C" void {plan.name}({", ".join(params)})'
+
+
+def emit_cpp(plan: ComboPlan) -> str:
+    w = CodeWriter()
+    w.line(f"// combo kernel: {len(plan.parts)} independent parts, run one after another")
+    with w.block(cpp_signature(plan)):
+        for k, part in enumerate(plan.parts):
+            w.line("{")
+            with w.indent():
+                for row in part_comment(k, part):
+                    w.line(f"// {row}")
+                CppPart(plan, part, w).emit_loops()
+            w.line("}")
+    return w.text()

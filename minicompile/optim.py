@@ -1,0 +1,288 @@
+"""Compiled optimizer steps: ``minicompile.compile(opt.step)`` for SGD, Adam and AdamW.
+
+Why not trace ``torch.optim``'s own code, as Dynamo does?  Its ``step`` opens a profiler
+``record_function``, runs hooks, creates state lazily, reads every ``state["step"]`` with
+``.item()`` and passes the learning rate as a Python float (a constant the trace would bake
+in, so every scheduler step would recompile).  Dynamo handles each of these specially; here
+they would be as many special cases in capture, shared with other work.  Instead this
+module recognises the bound ``step`` of ``SGD``, ``Adam`` and ``AdamW`` and compiles an
+update written below in torch ops, following PyTorch's single-tensor formulas
+(``torch/optim/sgd.py``, ``adam.py``) op for op, in place as eager updates, through the
+ordinary pipeline: capture, passes, lowering, fusion, then for these graphs in-place stores
+(passes/inplace.py: the kernels write parameters and state directly, no copies) and
+horizontal fusion (passes/horizontal.py: one combo kernel per 8 parameters).
+
+Per step, on the host, as eager does it: the ``step`` counters are incremented (they live on
+the CPU) and every scalar eager computes in Python (bias corrections, ``-lr / bc1``,
+``1 - lr * wd``) is computed in double precision and put into one small table of the
+parameters' dtype, one row per parameter.  The kernels read their scalars from that table,
+so they are runtime values: changing ``lr`` (a scheduler) or any hyperparameter never
+recompiles and is never baked in.  Only the structure is guarded (which parameters have
+gradients, their shapes, and per-parameter flags such as ``amsgrad`` or whether weight decay
+is on).  ``opt.state`` keeps eager's tensors, so ``state_dict()`` and eager steps keep
+working.
+
+Runs eagerly (``opt.step`` itself, the reason logged under ``graph_breaks``): a step that
+must create state (the first, or a parameter seen with a gradient for the first time: eager
+creates it exactly), a call with step hooks registered, ``differentiable``, ``capturable``
+or ``fused`` groups, tensor hyperparameters, complex or sparse gradients, parameters of
+several devices or dtypes, dtypes other than float32/float64, and a
+``grad_scale``/``found_inf`` set by a gradient scaler.
+"""
+
+from __future__ import annotations
+
+import logging
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch.optim import SGD, Adam, AdamW, Optimizer
+
+from minicompile import trace
+
+log = logging.getLogger("minicompile")
+
+SUPPORTED = (SGD, Adam, AdamW)
+DTYPES = (torch.float32, torch.float64)
+
+
+def recognise(fn: Any) -> Optimizer | None:
+    """The optimizer whose unmodified ``step`` ``fn`` is: a bound ``opt.step``, or the
+    wrapper an LR scheduler puts on ``opt.step`` (it holds the optimizer by weak
+    reference).  None for anything else (compiled as an ordinary function)."""
+    opt = getattr(fn, "__self__", None)
+    if isinstance(opt, Optimizer):
+        func = getattr(fn, "__func__", None)
+    elif getattr(fn, "_wrapped_by_lr_sched", False):
+        refs = [c.cell_contents for c in fn.__closure__ or () if _is_ref(c)]
+        opt = refs[0]() if refs else None
+        func = getattr(fn, "__wrapped__", None)
+    else:
+        return None
+    if type(opt) not in SUPPORTED or func is not type(opt).step:
+        return None
+    return opt
+
+
+def _is_ref(cell: Any) -> bool:
+    try:
+        return isinstance(cell.cell_contents, weakref.ref)
+    except ValueError:  # an empty cell
+        return False
+
+
+# -- the updates (traced by capture) ----------------------------------------------------------
+# Scalar table rows: SGD [weight_decay, momentum, 1 - dampening, -lr];
+# Adam [weight_decay or 1 - lr * wd, 1 - beta1, beta2, 1 - beta2, sqrt(bc2), eps, -lr / bc1].
+# flags[i]: SGD (maximize, weight decay on, momentum on, nesterov);
+# Adam (maximize, "none" | "coupled" | "decoupled" weight decay, amsgrad, lerp weight < 0.5).
+
+
+def sgd_update(params: list, grads: list, bufs: list, scalars: torch.Tensor,
+               flags: tuple) -> None:
+    """torch.optim.sgd._single_tensor_sgd, in place (bufs[i] is None without momentum)."""
+    for i in range(len(params)):
+        maximize, decay, momentum, nesterov = flags[i]
+        s = scalars[i]
+        p = params[i]
+        g = -grads[i] if maximize else grads[i]
+        if decay:
+            g = g + s[0] * p  # grad.add(param, alpha=weight_decay)
+        if momentum:
+            buf = bufs[i]
+            buf.mul_(s[1]).add_(s[2] * g)  # buf.mul_(momentum).add_(grad, alpha=1 - damp)
+            g = g + s[1] * buf if nesterov else buf  # grad.add(buf, alpha=momentum)
+        p.add_(s[3] * g)  # param.add_(grad, alpha=-lr)
+
+
+def adam_update(params: list, grads: list, exp_avgs: list, exp_avg_sqs: list,
+                max_exp_avg_sqs: list, scalars: torch.Tensor, flags: tuple) -> None:
+    """torch.optim.adam._single_tensor_adam (capturable=False), in place
+    (max_exp_avg_sqs[i] is None without amsgrad)."""
+    for i in range(len(params)):
+        maximize, decay, amsgrad, small_weight = flags[i]
+        s = scalars[i]
+        p, m, v = params[i], exp_avgs[i], exp_avg_sqs[i]
+        g = -grads[i] if maximize else grads[i]
+        if decay == "decoupled":
+            p.mul_(s[0])  # param.mul_(1 - lr * weight_decay)
+        elif decay == "coupled":
+            g = g + s[0] * p  # grad.add(param, alpha=weight_decay)
+        if small_weight:  # exp_avg.lerp_(grad, 1 - beta1), ATen's two-sided formula
+            m.add_(s[1] * (g - m))
+        else:
+            m.copy_(g - (g - m) * (1 - s[1]))
+        v.mul_(s[2]).add_(s[3] * g * g)  # mul_(beta2).addcmul_(g, g, value=1 - beta2)
+        if amsgrad:
+            vmax = max_exp_avg_sqs[i]
+            vmax.copy_(torch.maximum(vmax, v))
+            v = vmax
+        denom = torch.sqrt(v) / s[4] + s[5]  # (v.sqrt() / bias_correction2_sqrt).add_(eps)
+        p.add_(s[6] * m / denom)  # param.addcdiv_(m, denom, value=-step_size)
+
+
+# -- per-step planning (on the host, as eager computes it) ----------------------------------
+
+
+def unsupported(opt: Optimizer) -> str | None:
+    """Why this step must run eagerly, or None."""
+    if getattr(opt, "grad_scale", None) is not None or getattr(opt, "found_inf", None) is not None:
+        return "a gradient scaler's grad_scale/found_inf is set"
+    from torch.optim import optimizer as optimizer_module
+
+    hooks = (opt._optimizer_step_pre_hooks, opt._optimizer_step_post_hooks,
+             optimizer_module._global_optimizer_pre_hooks,
+             optimizer_module._global_optimizer_post_hooks)
+    if any(hooks):
+        return "optimizer step hooks are registered"
+    devices, dtypes = set(), set()
+    for group in opt.param_groups:
+        for key in ("differentiable", "capturable", "fused"):
+            if group.get(key):
+                return f"{key}=True is not compiled"
+        for key, value in group.items():
+            if key != "params" and (torch.is_tensor(value) or (
+                    isinstance(value, tuple) and any(torch.is_tensor(v) for v in value))):
+                return f"tensor hyperparameter {key!r} is not compiled"
+        for p in group["params"]:
+            if p.grad is None:
+                continue
+            if p.grad.is_sparse or p.is_complex():
+                return "sparse gradients and complex parameters are not compiled"
+            if p.grad.dtype != p.dtype or p.grad.layout != torch.strided:
+                return "a gradient of another dtype or layout than its parameter"
+            devices.add(p.device)
+            dtypes.add(p.dtype)
+    if len(devices) > 1 or len(dtypes) > 1:
+        return "parameters on several devices or of several dtypes"
+    if dtypes and not dtypes <= set(DTYPES):
+        return f"parameters of dtype {dtypes.pop()} (float32 and float64 are compiled)"
+    return None
+
+
+def needs_state(opt: Optimizer) -> bool:
+    """Whether eager's step would create state (it does so lazily, for parameters with a
+    gradient): that step runs eagerly, which creates it exactly as eager does."""
+    for group in opt.param_groups:
+        if isinstance(opt, SGD) and group["momentum"] == 0:
+            continue  # plain SGD keeps no state
+        key = "momentum_buffer" if isinstance(opt, SGD) else "exp_avg"
+        for p in group["params"]:
+            if p.grad is not None and opt.state[p].get(key) is None:
+                return True
+    return False
+
+
+def plan_sgd(opt: SGD) -> tuple:
+    """sgd_update's arguments for this step."""
+    params, grads, bufs, rows, flags = [], [], [], [], []
+    for group in opt.param_groups:
+        wd, momentum, damp = group["weight_decay"], group["momentum"], group["dampening"]
+        for p in group["params"]:
+            if p.grad is None:
+                continue
+            params.append(p)
+            grads.append(p.grad)
+            bufs.append(opt.state[p]["momentum_buffer"] if momentum != 0 else None)
+            rows.append([wd, momentum, 1 - damp, -group["lr"]])
+            flags.append((group["maximize"], wd != 0, momentum != 0, group["nesterov"]))
+    scalars = _table(rows, params)
+    return params, grads, bufs, scalars, tuple(flags)
+
+
+def plan_adam(opt: Adam) -> tuple:
+    """adam_update's arguments for this step (the step counters are incremented)."""
+    params, grads, ms, vs, vmaxes, steps = [], [], [], [], [], []
+    group_of = []
+    for group in opt.param_groups:
+        for p in group["params"]:
+            if p.grad is None:
+                continue
+            state = opt.state[p]
+            params.append(p)
+            grads.append(p.grad)
+            ms.append(state["exp_avg"])
+            vs.append(state["exp_avg_sq"])
+            vmaxes.append(state["max_exp_avg_sq"] if group["amsgrad"] else None)
+            steps.append(state["step"])
+            group_of.append(group)
+    if steps:
+        torch._foreach_add_(steps, 1)  # step_t += 1 (CPU tensors: capturable is off)
+    rows, flags = [], []
+    for group, step_t in zip(group_of, steps):
+        lr, wd, eps = group["lr"], group["weight_decay"], group["eps"]
+        beta1, beta2 = group["betas"]
+        step = step_t.item()  # _get_value(step_t)
+        bias_correction1 = 1 - beta1**step
+        bias_correction2 = 1 - beta2**step
+        step_size = lr / bias_correction1
+        decoupled = group.get("decoupled_weight_decay", isinstance(opt, AdamW))
+        decay = "none" if wd == 0 else ("decoupled" if decoupled else "coupled")
+        rows.append([1 - lr * wd if decay == "decoupled" else wd, 1 - beta1, beta2, 1 - beta2,
+                     bias_correction2**0.5, eps, -step_size])
+        flags.append((group["maximize"], decay, group["amsgrad"], abs(1 - beta1) < 0.5))
+    scalars = _table(rows, params)
+    return params, grads, ms, vs, vmaxes, scalars, tuple(flags)
+
+
+def _table(rows: list[list[float]], params: list[torch.Tensor]) -> torch.Tensor:
+    """The per-parameter scalars in the parameters' dtype: eager rounds a Python scalar
+    to the tensor's dtype the same way when an op takes it."""
+    if not params:
+        return torch.zeros((0, 0))
+    table = torch.tensor(rows, dtype=params[0].dtype)
+    device = params[0].device
+    if device.type == "cuda":  # pinned, so the copy does not wait for the GPU
+        return table.pin_memory().to(device, non_blocking=True)
+    return table.to(device)
+
+
+class CompiledStep:
+    """``minicompile.compile(opt.step)``: call it as ``opt.step`` is called."""
+
+    def __init__(self, fn: Callable, opt: Optimizer, compile_update: Callable[[Callable], Any],
+                 stats: dict[str, int]) -> None:
+        self.fn = fn  # what eager runs: the bound step, or the scheduler's wrapper of it
+        self.opt = opt
+        self.stats = stats
+        self.compiled = compile_update(sgd_update if isinstance(opt, SGD) else adam_update)
+        self.eager_reason: str | None = None  # why the last step ran eagerly
+
+    def __call__(self, closure: Callable | None = None) -> Any:
+        opt = self.opt
+        reason = unsupported(opt)
+        if reason is not None:
+            return self.eager(reason, closure)
+        loss = None
+        if closure is not None:  # as eager: the closure first, then the update
+            with torch.enable_grad():
+                loss = closure()
+            reason = unsupported(opt)  # the gradients it made
+        if reason is None and needs_state(opt):
+            reason = "this step creates optimizer state (eager creates it)"
+        if reason is not None:
+            self.eager(reason, None)
+            return loss
+        self.eager_reason = None
+        opt._opt_called = True  # what an LR scheduler's wrapper of opt.step records
+        with torch.no_grad():
+            args = plan_sgd(opt) if isinstance(opt, SGD) else plan_adam(opt)
+            if args[0]:  # some parameter has a gradient
+                self.compiled(*args)
+        return loss
+
+    def eager(self, reason: str, closure: Callable | None) -> Any:
+        if reason != self.eager_reason:
+            name = type(self.opt).__name__
+            trace.emit("graph_breaks", f"{name}.step", f"running {name}.step eagerly: {reason}")
+            log.info("minicompile: running %s.step eagerly: %s", name, reason)
+        self.eager_reason = reason
+        self.stats["eager_fallbacks"] += 1
+        opt = self.opt
+        opt._opt_called = True
+        return self.fn(closure) if closure is not None else self.fn()
+
+    def __repr__(self) -> str:
+        return f"<minicompile.CompiledStep {type(self.opt).__name__}.step>"

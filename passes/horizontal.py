@@ -1,0 +1,97 @@
+"""Horizontal fusion: independent pointwise groups of one graph become combo kernels.
+
+Vertical fusion (passes/fusion.py) gives one kernel per iteration space, so an optimizer
+step over N parameters of N shapes is N kernels, N launches.  This pass combines groups that
+do not depend on each other into :class:`ComboGroup` s, one launch each, as Inductor's
+foreach/combo kernels do.  Legality (:func:`can_join`) is per group (pointwise, static size,
+no index checks); independence comes from levels: a group's level is the longest path to it
+in the dependency DAG, so groups of one level never reach each other, and a combo of one
+level keeps every edge pointing from a lower level to a higher one (the DAG stays acyclic).
+Profitability is simple: fewer launches is always better here; :data:`MAX_PARTS` and
+:data:`MAX_ARGS` cap a combo so Triton's compile time and argument lists stay sane.
+"""
+
+from __future__ import annotations
+
+import networkx as nx
+
+from minicompile.ir import ComputedBuffer, IndirectLoad, walk
+from minicompile.schedule import ComboGroup, FusedGroup
+
+from minicompile.passes.fusion import dependency_graph
+
+MAX_PARTS = 8  # sub-kernels per combo kernel
+MAX_ARGS = 96  # pointers per combo kernel (inputs and outputs)
+
+
+def can_join(group: FusedGroup) -> tuple[bool, str]:
+    """Whether ``group`` may be a part of a combo kernel; the reason when not."""
+    if group.extern is not None:
+        return False, "a library call runs on its own"
+    if group.has_reduction:
+        return False, "a reduction keeps its own kernel"
+    if not all(s.is_Integer for b in group.buffers for s in b.layout.shape):  # type: ignore
+        return False, "symbolic sizes (a combo's grid is static)"
+    if any(0 in tuple(b.layout.shape) for b in group.buffers):  # type: ignore[union-attr]
+        return False, "an empty tensor launches nothing"
+    for b in group.buffers:
+        if isinstance(b, ComputedBuffer) and any(isinstance(e, IndirectLoad)
+                                                 for e in walk(b.body)):
+            return False, "indirect loads check their indices with an error flag"
+    return True, "independent pointwise group"
+
+
+def pointers(group: FusedGroup) -> set[str]:
+    """The buffers the group's kernel may take as arguments (an upper bound)."""
+    names = {b.name for b in group.buffers}
+    for b in group.buffers:
+        names |= b.reads()
+    return names
+
+
+def levels(groups: list[FusedGroup]) -> dict[int, int]:
+    """Each group's level: the number of groups on the longest path to it."""
+    dag = dependency_graph(groups)
+    level: dict[int, int] = {}
+    for key in nx.topological_sort(dag):
+        level[key] = max((level[p] + 1 for p in dag.predecessors(key)), default=0)
+    return level
+
+
+def combine(
+    groups: list[FusedGroup], log: list[str] | None = None
+) -> list[FusedGroup | ComboGroup]:
+    """Combine independent pointwise groups (in dependency order) into combo kernels of at
+    most MAX_PARTS parts and MAX_ARGS pointers; the result is in dependency order."""
+    level = levels(groups)
+    buckets: dict[tuple, list[list[FusedGroup]]] = {}
+    for g in groups:
+        ok, reason = can_join(g)
+        if log is not None and not ok:
+            log.append(f"keep {g.name} alone: {reason}")
+        if not ok:
+            continue
+        chunks = buckets.setdefault((level[g.key], str(g.device)), [[]])
+        args = set().union(*(pointers(part) for part in chunks[-1]), pointers(g))
+        if len(chunks[-1]) >= MAX_PARTS or len(args) > MAX_ARGS:
+            chunks.append([])
+        chunks[-1].append(g)
+    unit_of = {g.key: g for g in groups}  # group key -> the unit (group or combo) it is in
+    for chunks in buckets.values():
+        for parts in chunks:
+            if len(parts) < 2:
+                continue
+            combo = ComboGroup(min(p.key for p in parts), parts)
+            if log is not None:
+                log.append(f"combine {combo.name}: {len(parts)} independent pointwise groups")
+            for p in parts:
+                unit_of[p.key] = combo
+    # The units in dependency order, earliest program position first among those ready.
+    units = {id(u): u for u in unit_of.values()}
+    dag = nx.DiGraph()
+    dag.add_nodes_from(units)
+    for a, b in dependency_graph(groups).edges:
+        if unit_of[a] is not unit_of[b]:
+            dag.add_edge(id(unit_of[a]), id(unit_of[b]))
+    order = nx.lexicographical_topological_sort(dag, key=lambda u: units[u].key)
+    return [units[u] for u in order]

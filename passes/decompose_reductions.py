@@ -272,8 +272,8 @@ def _norm(b: Builder, *args: Any, **kwargs: Any) -> Node | None:
         return b.restore(b("sqrt", b("sum", b("mul", xf, xf), dims, a["keepdim"])))
     ax = b("abs", b.opmath(x))
     if math.isinf(p):  # the largest (smallest) magnitude; eager raises on an empty row
-        if _numel(x, dims) == 0:
-            return NOT_HANDLED
+        if _numel(x, dims) == 0 or b.requires_grad:
+            return NOT_HANDLED  # (its gradient treats NaN apart: PyTorch's backward)
         return b.restore(b("amax" if p > 0 else "amin", ax, dims, a["keepdim"]))
     if p == 0:  # the count of non-zero elements
         if b.requires_grad:

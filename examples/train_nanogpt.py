@@ -86,6 +86,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--bench", action="store_true")
     parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--batch", type=int, default=None, help="sequences per step")
     args = parser.parse_args()
     cuda = torch.cuda.is_available()
     device = "cuda" if cuda else "cpu"
@@ -99,6 +100,7 @@ def main() -> None:
     base = GPT(config).to(device).train()
     trainers = [Trainer("eager", copy.deepcopy(base)),
                 Trainer("minicompile", copy.deepcopy(base), minicompile.compile)]
+    batch = args.batch or batch
     data = batches(config, batch, device, args.steps)
     for k, (idx, targets) in enumerate(data):
         losses = [t.step(idx, targets) for t in trainers]

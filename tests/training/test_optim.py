@@ -191,6 +191,16 @@ def test_unsupported_options_run_eagerly(backend: str, device: torch.device) -> 
     assert minicompile.stats()["graphs"] == 1 and step.eager_reason is None
 
 
+def test_fullgraph_raises_for_what_is_not_compiled() -> None:
+    model = make_model(torch.device("cpu"))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    opt.register_step_pre_hook(lambda *args: None)
+    step = minicompile.compile(opt.step, backend="cpp", fullgraph=True)
+    backward(model, 0, torch.device("cpu"))
+    with pytest.raises(minicompile.Unsupported, match="hooks"):
+        step()
+
+
 def test_many_parameters_are_a_few_kernels() -> None:
     """20 parameters of different shapes: combo kernels of at most 8 parts, one launch each."""
     torch.manual_seed(0)

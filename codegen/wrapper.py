@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 
 import sympy
 import torch
@@ -67,8 +68,9 @@ def generate(
     in_place = in_place or {}
     prefix = "triton_poi" if backend == "triton" else "cpp_poi"
     kernel_groups = [g for g in groups if g.extern is None]
-    plans = [plan_group(program, groups, g, kernel_name(prefix, g, k), in_place)
-             if isinstance(g, FusedGroup) else plan_combo(program, groups, g, prefix, k, in_place)
+    needed = needed_outside(program, groups)
+    plans = [plan_group(program, g, kernel_name(prefix, g, k), in_place, needed)
+             if isinstance(g, FusedGroup) else plan_combo(program, g, prefix, k, in_place, needed)
              for k, g in enumerate(kernel_groups)]
     plan_of = {g.key: p for g, p in zip(kernel_groups, plans)}
     externs = [g.extern for g in groups if g.extern is not None]
@@ -190,33 +192,39 @@ def emit_sizes(w: CodeWriter, program: LoopProgram) -> None:
 
 
 def plan_group(
-    program: LoopProgram, groups: list, group: FusedGroup, name: str, in_place: dict[str, str]
+    program: LoopProgram, group: FusedGroup, name: str, in_place: dict[str, str],
+    needed: Callable[[FusedGroup], set[str]],
 ) -> KernelPlan:
-    plan = plan_kernel(group, name, needed_outside(program, groups, group), program.hints)
-    return with_in_place(plan, in_place)
+    return with_in_place(plan_kernel(group, name, needed(group), program.hints), in_place)
 
 
 def plan_combo(
-    program: LoopProgram, groups: list, group: ComboGroup, prefix: str, index: int,
-    in_place: dict[str, str],
+    program: LoopProgram, group: ComboGroup, prefix: str, index: int, in_place: dict[str, str],
+    needed: Callable[[FusedGroup], set[str]],
 ) -> combo.ComboPlan:
-    """A combo kernel's plan: each part planned as its own kernel (what it must store is
-    decided among the parts and the other groups, not the combo as a whole)."""
-    flat = [p for g in groups for p in (g.parts if isinstance(g, ComboGroup) else [g])]
+    """A combo kernel's plan: each part planned as its own kernel."""
     name = kernel_name(prefix.replace("_poi", "_combo"), FusedGroup(-1, group.buffers), index)
-    parts = tuple(plan_group(program, flat, part, f"{name}_part{k}", in_place)
+    parts = tuple(plan_group(program, part, f"{name}_part{k}", in_place, needed)
                   for k, part in enumerate(group.parts))
     return combo.ComboPlan(name, parts)
 
 
-def needed_outside(program: LoopProgram, groups: list[FusedGroup], group: FusedGroup) -> set[str]:
-    """The members of ``group`` that outlive its kernel: returned, or read by another group."""
-    needed = {o if isinstance(o, str) else o.input for o in program.outputs}
-    for other in groups:
-        if other is not group:
-            for buf in other.buffers:
-                needed |= buf.reads()
-    return {b.name for b in group.buffers} & needed
+def needed_outside(program: LoopProgram, groups: list) -> Callable[[FusedGroup], set[str]]:
+    """``needed(group)``: the members of ``group`` that outlive its kernel: returned, or
+    read by another group (each part of a combo kernel counts as a group of its own)."""
+    returned = {o if isinstance(o, str) else o.input for o in program.outputs}
+    read_by: dict[str, set[int]] = {}
+    for g in groups:
+        for part in g.parts if isinstance(g, ComboGroup) else [g]:
+            for buf in part.buffers:
+                for name in buf.reads():
+                    read_by.setdefault(name, set()).add(id(part))
+
+    def needed(group: FusedGroup) -> set[str]:
+        return {b.name for b in group.buffers
+                if b.name in returned or read_by.get(b.name, set()) - {id(group)}}
+
+    return needed
 
 
 def _layouts(buf: Buffer) -> tuple[Layout, ...]:

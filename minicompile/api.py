@@ -577,8 +577,11 @@ def compile(
         return OptimizedModule(fn, cfg)
     opt = optim.recognise(fn)
     if opt is not None:  # an optimizer's step: its update, with combo kernels
-        update_cfg = dataclasses.replace(cfg, horizontal_fusion=True, store_in_place=True)
-        return optim.CompiledStep(fn, opt, lambda f: CompiledFunction(f, update_cfg), _stats)
+        # Static sizes: a different set of parameters is another structure, not a size.
+        update_cfg = dataclasses.replace(cfg, dynamic=False, horizontal_fusion=True,
+                                         store_in_place=True)
+        return optim.CompiledStep(fn, opt, lambda f: CompiledFunction(f, update_cfg), _stats,
+                                  fullgraph)
     return CompiledFunction(fn, cfg)
 
 

@@ -41,6 +41,7 @@ import torch
 from torch.optim import SGD, Adam, AdamW, Optimizer
 
 from minicompile import trace
+from minicompile.errors import Unsupported
 
 log = logging.getLogger("minicompile")
 
@@ -243,23 +244,24 @@ class CompiledStep:
     """``minicompile.compile(opt.step)``: call it as ``opt.step`` is called."""
 
     def __init__(self, fn: Callable, opt: Optimizer, compile_update: Callable[[Callable], Any],
-                 stats: dict[str, int]) -> None:
+                 stats: dict[str, int], fullgraph: bool = False) -> None:
         self.fn = fn  # what eager runs: the bound step, or the scheduler's wrapper of it
         self.opt = opt
         self.stats = stats
+        self.fullgraph = fullgraph  # raise for what is not compiled (state-making steps run)
         self.compiled = compile_update(sgd_update if isinstance(opt, SGD) else adam_update)
         self.eager_reason: str | None = None  # why the last step ran eagerly
 
     def __call__(self, closure: Callable | None = None) -> Any:
         opt = self.opt
-        reason = unsupported(opt)
+        reason = self.unsupported()
         if reason is not None:
             return self.eager(reason, closure)
         loss = None
         if closure is not None:  # as eager: the closure first, then the update
             with torch.enable_grad():
                 loss = closure()
-            reason = unsupported(opt)  # the gradients it made
+            reason = self.unsupported()  # the gradients it made
         if reason is None and needs_state(opt):
             reason = "this step creates optimizer state (eager creates it)"
         if reason is not None:
@@ -272,6 +274,12 @@ class CompiledStep:
             if args[0]:  # some parameter has a gradient
                 self.compiled(*args)
         return loss
+
+    def unsupported(self) -> str | None:
+        reason = unsupported(self.opt)
+        if reason is not None and self.fullgraph:
+            raise Unsupported(f"{type(self.opt).__name__}.step: {reason}")
+        return reason
 
     def eager(self, reason: str, closure: Callable | None) -> Any:
         if reason != self.eager_reason:

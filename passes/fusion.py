@@ -11,6 +11,8 @@ prologues and epilogues (a softmax or a layer norm is one group).
 
 from __future__ import annotations
 
+import heapq
+
 import networkx as nx
 
 from minicompile.ir import ComputedBuffer, ExternKernel, Load, LoopProgram, walk
@@ -63,6 +65,14 @@ def can_fuse(a: FusedGroup, b: FusedGroup, dag: nx.DiGraph) -> tuple[bool, str]:
     )
 
 
+def _kind(g: FusedGroup) -> tuple:
+    """(device, library call?, reduction?, space as text): cheap to compare."""
+    if g.extern is not None:
+        return (str(g.device), True, False, "")
+    space = g.space
+    return (str(g.device), False, g.has_reduction, f"{space.kept} {space.reduced}")
+
+
 def _reaches_through_other(dag: nx.DiGraph, a: int, b: int) -> bool:
     """Whether a path a -> x -> ... -> b exists through some other vertex x (merging a and
     b would then put a cycle through x)."""
@@ -85,28 +95,56 @@ def score_fusion(a: FusedGroup, b: FusedGroup) -> int:
 
 
 def fuse(program: LoopProgram, log: list[str] | None = None) -> list[FusedGroup]:
-    """Group the program's buffers greedily, best-scoring legal pair first, until no pair
-    fuses.  Groups come back in an order that respects dependencies."""
+    """Group the program's buffers greedily, best-scoring legal pair first (ties: the
+    first pair in key order), until no pair fuses.  Groups come back in an order that
+    respects dependencies.
+
+    A pair's verdict is computed once per version of its two groups: what makes a pair
+    legal depends only on them, except the cycle check, and merging only adds paths to
+    the DAG, so a refused pair stays refused and a legal one is checked again when it is
+    chosen.  (Checking every pair after every merge made a graph of hundreds of
+    independent updates, an optimizer step, cubic.)"""
     groups = {k: FusedGroup(k, [b]) for k, b in enumerate(program.buffers)}
     dag = dependency_graph(list(groups.values()))
-    while True:
-        best: tuple[int, int, int] | None = None
-        keys = sorted(groups)
-        for i, a in enumerate(keys):
-            for b in keys[i + 1 :]:
-                ok, reason = can_fuse(groups[a], groups[b], dag)
-                if log is not None:
-                    verdict = "fuse" if ok else "keep apart"
-                    log.append(f"{verdict} {groups[a].name} {groups[b].name}: {reason}")
-                if ok:
-                    score = score_fusion(groups[a], groups[b])
-                    if best is None or score > best[0]:
-                        best = (score, a, b)
-        if best is None:
-            break
-        _, a, b = best
+    version = dict.fromkeys(groups, 0)
+    # Kind of each group, for the refusals that need no placement: (device, extern?,
+    # reduction?, space).
+    kinds = {k: _kind(g) for k, g in groups.items()}
+    names = {k: g.name for k, g in groups.items()}
+    heap: list[tuple[int, int, int, int, int]] = []  # (-score, a, b, version a, version b)
+
+    def consider(a: int, b: int) -> None:
+        ka, kb = kinds[a], kinds[b]
+        if ka[3] != kb[3] and ka[:3] == kb[:3] == (ka[0], False, False):
+            ok, reason = False, "different iteration spaces"  # what can_fuse would say
+        else:
+            ok, reason = can_fuse(groups[a], groups[b], dag)
+        if log is not None:
+            log.append(f"{'fuse' if ok else 'keep apart'} {names[a]} {names[b]}: {reason}")
+        if ok:
+            score = score_fusion(groups[a], groups[b])
+            heapq.heappush(heap, (-score, a, b, version[a], version[b]))
+
+    keys = sorted(groups)
+    for i, a in enumerate(keys):
+        for b in keys[i + 1 :]:
+            consider(a, b)
+    while heap:
+        _, a, b, va, vb = heapq.heappop(heap)
+        if a not in groups or b not in groups or (version[a], version[b]) != (va, vb):
+            continue  # a group of the pair has changed since
+        ok, reason = can_fuse(groups[a], groups[b], dag)
+        if not ok:  # merges since made a cycle through them
+            if log is not None:
+                log.append(f"keep apart {names[a]} {names[b]}: {reason}")
+            continue
         groups[a].buffers.extend(groups.pop(b).buffers)
         dag = nx.contracted_nodes(dag, a, b, self_loops=False)
+        version[a] += 1
+        kinds[a], names[a] = _kind(groups[a]), groups[a].name
+        for c in sorted(groups):
+            if c != a:
+                consider(min(a, c), max(a, c))
     # Library calls keep their program order (random number generators and the like see
     # them in eager's order); kernels go wherever their inputs allow.
     position = {b.name: k for k, b in enumerate(program.buffers)}

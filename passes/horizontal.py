@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import networkx as nx
 
-from minicompile.ir import ComputedBuffer, IndirectLoad, walk
+from minicompile.ir import ComputedBuffer, IndexExpr, IndirectLoad, Load, walk
+from minicompile.sym import size_symbols
 from minicompile.schedule import ComboGroup, FusedGroup
 
 from minicompile.passes.fusion import dependency_graph
@@ -30,8 +31,11 @@ def can_join(group: FusedGroup) -> tuple[bool, str]:
         return False, "a library call runs on its own"
     if group.has_reduction:
         return False, "a reduction keeps its own kernel"
-    if not all(s.is_Integer for b in group.buffers for s in b.layout.shape):  # type: ignore
-        return False, "symbolic sizes (a combo's grid is static)"
+    indices = [e.index for b in group.buffers for e in walk(b.body)  # type: ignore[union-attr]
+               if isinstance(e, (Load, IndexExpr))]
+    shapes = [s for b in group.buffers for s in b.layout.shape]  # type: ignore[union-attr]
+    if size_symbols(shapes + indices):
+        return False, "symbolic sizes (a combo kernel takes no size arguments)"
     if any(0 in tuple(b.layout.shape) for b in group.buffers):  # type: ignore[union-attr]
         return False, "an empty tensor launches nothing"
     for b in group.buffers:

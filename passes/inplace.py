@@ -14,12 +14,34 @@ overwritten, by the same program; the emitters compute every value before any st
 
 from __future__ import annotations
 
-from minicompile.ir import ComputedBuffer, ExternKernel, Load, LoopProgram, walk
+from minicompile.ir import Buffer, ComputedBuffer, ExternKernel, Load, LoopProgram, walk
 from minicompile.schedule import FusedGroup, canonical, store_index
 
 
-def why_not(program: LoopProgram, groups: list[FusedGroup], out: str, inp: str) -> str | None:
-    """Why output buffer ``out`` cannot be stored into input buffer ``inp`` (None: it can)."""
+Reads = dict[str, list[tuple[FusedGroup, Buffer, Load | None]]]
+
+
+def readers(groups: list[FusedGroup]) -> Reads:
+    """Buffer name -> every (group, member, load) that reads it (load None: a library
+    call's argument)."""
+    found: Reads = {}
+    for g in groups:
+        for member in g.buffers:
+            if isinstance(member, ExternKernel):
+                for name in member.reads():
+                    found.setdefault(name, []).append((g, member, None))
+                continue
+            assert isinstance(member, ComputedBuffer)
+            for e in walk(member.body):
+                if isinstance(e, Load):
+                    found.setdefault(e.buffer, []).append((g, member, e))
+    return found
+
+
+def why_not(program: LoopProgram, groups: list[FusedGroup], reads: Reads, out: str,
+            inp: str) -> str | None:
+    """Why output buffer ``out`` cannot be stored into input buffer ``inp`` (None: it can).
+    ``reads``: :func:`readers` of the groups."""
     names = [o if isinstance(o, str) else None for o in program.outputs]
     if names.count(out) != 1:
         return "the value is also returned"
@@ -35,20 +57,13 @@ def why_not(program: LoopProgram, groups: list[FusedGroup], out: str, inp: str) 
     if places is None:
         return "the group has no common iteration space"
     want = store_index(buf, places[out])  # type: ignore[arg-type]
-    for g in groups:
-        for member in g.buffers:
-            if isinstance(member, ExternKernel):
-                if inp in member.reads():
-                    return f"library call {member.name} reads the input"
-                continue
-            assert isinstance(member, ComputedBuffer)
-            for e in walk(member.body):
-                if not (isinstance(e, Load) and e.buffer == inp):
-                    continue
-                if g is not group:
-                    return f"{member.name} in another kernel reads the input"
-                if canonical(e.index, places[member.name]) != want:
-                    return f"{member.name} reads other elements of the input"
+    for g, member, load in reads.get(inp, []):
+        if load is None:
+            return f"library call {member.name} reads the input"
+        if g is not group:
+            return f"{member.name} in another kernel reads the input"
+        if canonical(load.index, places[member.name]) != want:
+            return f"{member.name} reads other elements of the input"
     return None
 
 
@@ -58,11 +73,12 @@ def stores_in_place(
 ) -> dict[str, str]:
     """Output buffer -> the input buffer it is stored into, for every legal write-back."""
     chosen: dict[str, str] = {}
+    reads = readers(groups)
     for k, j in writebacks:
         out, inp = program.outputs[k], program.inputs[j].name
         if not isinstance(out, str) or inp in chosen.values():
             continue
-        reason = why_not(program, groups, out, inp)
+        reason = why_not(program, groups, reads, out, inp)
         if log is not None:
             log.append(f"store {out} into {inp}" if reason is None
                        else f"copy {out} back into {inp}: {reason}")

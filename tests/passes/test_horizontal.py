@@ -109,3 +109,19 @@ def test_a_combo_runs_before_what_reads_its_parts() -> None:
     _, _, units = grouped(b)
     kinds = [type(unit).__name__ if unit.extern is None else "extern" for unit in units]
     assert kinds == ["ComboGroup", "extern", "FusedGroup"]
+
+
+def test_hundreds_of_independent_updates_schedule_quickly() -> None:
+    # 240 inputs of 12 shapes: vertical fusion merges the outputs of one shape (siblings),
+    # horizontal fusion combines the 12 groups of 40 pointers each two by two (MAX_ARGS).
+    # Fusion considers each pair once per version of its groups: about a second.
+    import time
+
+    b = GraphBuilder()
+    xs = [b.input(f"L_x{k}", (k % 12 + 2, 3)) for k in range(240)]
+    b.output(*[b("mul", b("sin", x), 2.0) for x in xs])
+    start = time.perf_counter()
+    _, groups, units = grouped(b)
+    assert len(groups) == 12
+    assert [len(u.parts) for u in units] == [2] * 6
+    assert time.perf_counter() - start < 20

@@ -191,6 +191,16 @@ def test_unsupported_options_run_eagerly(backend: str, device: torch.device) -> 
     assert minicompile.stats()["graphs"] == 1 and step.eager_reason is None
 
 
+def test_fullgraph_raises_for_what_is_not_compiled() -> None:
+    model = make_model(torch.device("cpu"))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    opt.register_step_pre_hook(lambda *args: None)
+    step = minicompile.compile(opt.step, backend="cpp", fullgraph=True)
+    backward(model, 0, torch.device("cpu"))
+    with pytest.raises(minicompile.Unsupported, match="hooks"):
+        step()
+
+
 def test_many_parameters_are_a_few_kernels() -> None:
     """20 parameters of different shapes: combo kernels of at most 8 parts, one launch each."""
     torch.manual_seed(0)
@@ -260,3 +270,24 @@ def test_in_place_stores_keep_eager_semantics(backend: str, device: torch.device
         torch.testing.assert_close(a, b)
     assert got[1] is not args[1]  # a tensor of its own, as eager's z
     assert minicompile.stats()["graphs"] == 1
+
+
+def test_the_update_is_stored_in_place(capsys: pytest.CaptureFixture) -> None:
+    """The generated code allocates nothing: every parameter and state tensor is written
+    by the combo kernel directly (6 parameters, each with exp_avg and exp_avg_sq)."""
+    from minicompile import config
+
+    model = make_model(torch.device("cpu"))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    step = minicompile.compile(opt.step, backend="cpp")
+    with config.patch(logs=frozenset({"output_code", "fusion"})):
+        for k in range(2):
+            backward(model, k, torch.device("cpu"))
+            step()
+    err = capsys.readouterr().err
+    call = err[err.index("def call(args):"):]
+    assert call.count("# stored in place") == 18
+    assert "empty_strided(" not in call.split("return")[0]
+    # The two biases of 16 share a kernel (vertical fusion); the rest combine with it.
+    assert "5 independent pointwise groups" in err
+    assert minicompile.stats()["kernels"] == 1

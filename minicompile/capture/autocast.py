@@ -136,7 +136,7 @@ def is_autocast_object(value: Any) -> bool:
     return isinstance(value, _AUTOCAST_CLASSES)
 
 
-def region_of(out: OutputGraph, obj: Any) -> AutocastVar:
+def region_of(obj: Any) -> AutocastVar:
     """The traced context for a real autocast object (a decorator's ``autocast_instance``)."""
     device = getattr(obj, "device", None)
     if type(device) is not str or not isinstance(getattr(obj, "fast_dtype", None), torch.dtype):
@@ -164,7 +164,7 @@ def _make_region(tx: InstructionTranslator, cls: Any, args: list, kwargs: dict) 
         obj = cls(*values, **kw)
     except Exception as e:
         raise Unsupported(f"torch.autocast(...) raised {type(e).__name__} (eager raises)") from e
-    return region_of(tx.output, obj)
+    return region_of(obj)
 
 
 def _query(tx: InstructionTranslator, fn: Any, args: list, kwargs: dict) -> Var:

@@ -136,7 +136,7 @@ class ControlMixin:
             self.push(self.call_function(self.load_attr(ctx, "__enter__"), [], {}))
             return
         if isinstance(ctx, ObjectVar) and autocast.is_autocast_object(ctx.value):
-            ctx = autocast.region_of(self.output, ctx.value)  # @torch.autocast(...) decorator
+            ctx = autocast.region_of(ctx.value)  # @torch.autocast(...) decorator
         if isinstance(ctx, autocast.AutocastVar):
             ctx.enter(self.output)
             self.push(WithExitVar(ctx))

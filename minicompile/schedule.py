@@ -131,7 +131,8 @@ class FusedGroup:
 
     @property
     def device(self):
-        return self.buffers[0].layout.device  # type: ignore[union-attr]
+        layout = self.buffers[0].layout  # a library call of several results: the first's
+        return (layout[0] if isinstance(layout, tuple) else layout).device  # type: ignore
 
     @property
     def has_reduction(self) -> bool:

@@ -433,7 +433,7 @@ def view_layout(base: Layout, node: Node, shapes: Any = None) -> Layout | None:
             out = run(fake.view, args[0])
         else:
             out = run(ops.run_eager, node.target, (fake, *args), node.kwargs)
-    except RuntimeError:
+    except (RuntimeError, ValueError):  # no view of the same storage (symbolic: ValueError)
         return None
     return Layout(
         tuple(number(n) for n in out.shape),

@@ -223,3 +223,22 @@ def test_the_backward_is_compiled_and_saves_recomputable_values() -> None:
     assert len(saved) == 2, str(joint.backward)
     assert joint.saved_bytes == 2 * 16 * 4
     assert all(n.target != "minicompile.runtime.autograd.vjp" for n in joint.backward.nodes)
+
+
+def test_dynamic_batch_compiles_a_symbolic_backward() -> None:
+    """A changing batch size recompiles once with a symbolic batch: forward and backward."""
+    torch.manual_seed(0)
+    config = GPTConfig(n_layer=1, n_embd=16, n_head=2, block_size=8, vocab_size=32)
+    model = GPT(config).train()
+    twin = copy.deepcopy(model)
+    compiled = minicompile.compile(twin)
+    for batch in (2, 3, 5):
+        x, y = torch.randint(0, 32, (batch, 8)), torch.randint(0, 32, (batch, 8))
+        F.cross_entropy(model(x).view(-1, 32), y.view(-1)).backward()
+        F.cross_entropy(compiled(x).view(-1, 32), y.view(-1)).backward()
+        for (name, p), q in zip(model.named_parameters(), twin.parameters()):
+            torch.testing.assert_close(q.grad, p.grad, rtol=1e-4, atol=1e-5, msg=name)
+        model.zero_grad()
+        twin.zero_grad()
+    stats = minicompile.stats()
+    assert stats["recompiles"] == 1 and stats["eager_fallbacks"] == 0, stats

@@ -111,6 +111,9 @@ def check_callable(fname: str, short: str) -> None:
         raise Unsupported(f"{fname}: random ops are not compiled yet")
     if short in DATA_DEPENDENT:
         raise Unsupported(f"{fname}() has a data-dependent output shape; not supported")
+    if short == "backward" or fname in ("torch.autograd.grad", "torch.autograd.backward"):
+        raise Unsupported(f"{fname}() runs autograd outside the graph (a graph break: the "
+                          "graph before it runs its compiled backward there)")
     if short in SIDE_EFFECTS or short.startswith(("set_", "_")) and not short.startswith("__"):
         raise Unsupported(f"{fname}() is not supported (effects outside the graph)")
 

@@ -85,7 +85,8 @@ def generate(
             else triton_reduction.emit_reduction_kernel(plan, _interpreted(program, plan))
             if plan.is_reduction
             else triton.emit_kernel(plan, _interpreted(program, plan))
-            for plan in plans
+            for plan in plans  # an empty tensor's kernel is never launched: not written
+            if isinstance(plan, combo.ComboPlan) or plan.numel != 0
         ]
         for text in triton.helpers_for(kernels) + kernels:
             w.line()

@@ -24,10 +24,6 @@ _EXTERN_META_STRIDES = (
 )
 
 KNOWN_FAILURES: dict[str, str] = {
-    **({"training/test_gradients.py::test_gradients_match_eager[triton-mean_empty_dim]": (
-        "the backward of a mean over an empty dim divides by a zero size in an index "
-        "expression the CUDA Triton printer cannot print (zoo); the interpreter path passes")}
-       if torch.cuda.is_available() else {}),
     "programs/test_programs.py::test_program_matches_eager[cpp-functools_partial]": _PARTIAL,
     "programs/test_programs.py::test_program_matches_eager[triton-functools_partial]": _PARTIAL,
     "programs/test_programs.py::test_program_matches_eager[cpp-aliased_view_inputs]": _ALIASED_VIEW,

@@ -242,3 +242,29 @@ def test_dynamic_batch_compiles_a_symbolic_backward() -> None:
         twin.zero_grad()
     stats = minicompile.stats()
     assert stats["recompiles"] == 1 and stats["eager_fallbacks"] == 0, stats
+
+
+def test_autocast_bfloat16_training_matches_eager() -> None:
+    """An autocast region in the compiled loss: bf16 matmuls, float32 loss, gradients of
+    the float32 parameters as eager's (CPU autocast)."""
+    torch.manual_seed(0)
+    config = GPTConfig(n_layer=1, n_embd=16, n_head=2, block_size=8, vocab_size=32)
+    model = GPT(config).train()
+    twin = copy.deepcopy(model)
+
+    def loss_of(m: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            logits = m(x)
+        return F.cross_entropy(logits.float().view(-1, 32), y.view(-1))
+
+    compiled = minicompile.compile(loss_of)
+    for _ in range(2):
+        x, y = torch.randint(0, 32, (2, 8)), torch.randint(0, 32, (2, 8))
+        loss_of(model, x, y).backward()
+        compiled(twin, x, y).backward()
+        for (name, p), q in zip(model.named_parameters(), twin.parameters()):
+            assert q.grad.dtype == torch.float32, name
+            torch.testing.assert_close(q.grad, p.grad, rtol=1.6e-2, atol=1e-3, msg=name)
+        model.zero_grad()
+        twin.zero_grad()
+    assert minicompile.stats()["eager_fallbacks"] == 0

@@ -3,6 +3,8 @@
     python examples/train_nanogpt.py          # 20 steps: minicompile's losses match eager's
     python examples/train_nanogpt.py --bench  # step time, kernel launches, peak and saved memory
                                               # (eager, minicompile, torch.compile on a GPU)
+    python examples/train_nanogpt.py --profile  # where a step's time goes: host time per step
+                                                # beside wall time, and the costliest kernels
 
 The user's code is the usual loop; minicompile compiles the forward and the loss as one
 graph (whose backward it derives and compiles: ``loss.backward()`` runs those kernels) and
@@ -82,11 +84,38 @@ def launches(trainer: Trainer, idx: torch.Tensor, targets: torch.Tensor) -> int:
     return sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
 
 
+def profile_step(trainer: Trainer, idx: torch.Tensor, targets: torch.Tensor, cuda: bool) -> None:
+    """Host time per step (work queued, not waited for) beside wall time: a step whose host
+    time reaches its wall time is bound by launching, not by the GPU."""
+    import time
+
+    from torch.profiler import ProfilerActivity, profile
+
+    for _ in range(3):
+        trainer.step(idx, targets)
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    sync()
+    start = time.perf_counter()
+    for _ in range(10):
+        trainer.step(idx, targets)
+    host = (time.perf_counter() - start) / 10
+    sync()
+    wall = (time.perf_counter() - start) / 10
+    print(f"{trainer.name}: host {host * 1e3:.2f} ms per step, wall {wall * 1e3:.2f} ms")
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with profile(activities=activities) as prof:
+        trainer.step(idx, targets)
+        sync()
+    key = "cuda_time_total" if cuda else "cpu_time_total"
+    print(prof.key_averages().table(sort_by=key, row_limit=15, max_name_column_width=60))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--bench", action="store_true")
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--batch", type=int, default=None, help="sequences per step")
+    parser.add_argument("--profile", action="store_true")
     args = parser.parse_args()
     cuda = torch.cuda.is_available()
     device = "cuda" if cuda else "cpu"
@@ -112,6 +141,9 @@ def main() -> None:
           f"(last {losses[0].item():.4f} eager, {losses[1].item():.4f} minicompile)")
     print(f"minicompile: graphs {s['graphs']}, kernels {s['kernels']}, graph breaks "
           f"{s['graph_breaks']}, eager fallbacks {s['eager_fallbacks']}")
+    if args.profile:
+        for t in trainers:
+            profile_step(t, *data[0], cuda)
     if not args.bench:
         return
     if cuda:

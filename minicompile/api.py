@@ -477,11 +477,8 @@ def compile_graph(
         call = build_graph(joint.forward, cfg, name, backend, interpret)
         backward_call = build_graph(backward, cfg, f"{name}_backward", backend, interpret)
         trace.emit("graph", f"{name} saved for backward", describe_saved(joint))
-        step = TrainingStep(
-            call, backward_call, joint.num_outputs, joint.backward_inputs, joint.input_grads,
-            tuple(any(m.requires_grad for m in (o.meta if isinstance(o.meta, tuple)
-                                                 else (o.meta,))) for o in graph.outputs),
-        )
+        step = TrainingStep(call, backward_call, joint.num_outputs, joint.backward_inputs,
+                            joint.input_grads, joint.differentiable)
         run = make_runner(step, get_inputs, rebuild)
         log.debug("minicompile: compiled %s (forward and backward) in %.3fs", name,
                   time.perf_counter() - start)

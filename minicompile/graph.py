@@ -136,6 +136,12 @@ class Node:
     users: list[Node] = dataclasses.field(default_factory=list, repr=False)
     index: int = -1  # position in the graph; set by Graph
 
+    @property
+    def requires_grad(self) -> bool:
+        """Whether the value (any result, for a tuple of them) takes a gradient."""
+        metas = self.meta if isinstance(self.meta, tuple) else (self.meta,)
+        return any(m is not None and m.requires_grad for m in metas)
+
     def inputs(self) -> Iterator[Node]:
         """The nodes this node reads, in argument order."""
         return iter(flatten_nodes((self.args, tuple(self.kwargs.values()))))

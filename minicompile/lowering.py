@@ -171,7 +171,7 @@ class Lowering:
         family = ops.OPS[node.target].family
         if family == "view":
             return self.lower_view(node)
-        if family == "extern" and node.target in CAT_OPS:
+        if family == "extern" and node.target in ops.CAT_OPS:
             value = self.lower_cat(node)
             if value is not None:
                 return value
@@ -342,7 +342,7 @@ class Lowering:
         """cat / stack as a piecewise expression over the output's index: each input's
         expression shifted to its place along the dim (a Cat), so consumers read the inputs
         directly.  None (the library call) for anything unusual: eager then decides."""
-        args = cat_arguments(node)
+        args = ops.cat_arguments(node)
         if args is None:
             return None
         tensors, dim = args
@@ -534,25 +534,7 @@ def reshape_mapping(in_shape: tuple, out_shape: tuple) -> dict:
 
 # cat and stack, by every name capture records them under; they lower to a Cat expression
 # of at most this many pieces (more: the library call, which copies each input once).
-CAT_OPS = frozenset({"torch.cat", "torch.concat", "torch.concatenate", "torch.stack"})
 MAX_CAT_PIECES = 8
-
-
-def cat_arguments(node: Node) -> tuple[list[Node], int] | None:
-    """The tensors and the non-negative dim of a cat / stack node, or None when its
-    arguments are not a plain list of graph tensors and an int dim (``out=``, say)."""
-    args, kwargs = list(node.args), dict(node.kwargs)
-    tensors = args.pop(0) if args else kwargs.pop("tensors", None)
-    dim_key = "axis" if node.target == "torch.concatenate" else "dim"
-    dim = args.pop(0) if args else kwargs.pop(dim_key, 0)
-    if args or kwargs or not isinstance(tensors, (list, tuple)) or not tensors:
-        return None
-    if not all(isinstance(t, Node) for t in tensors) or type(dim) is not int:
-        return None
-    ndim = node.meta.ndim if isinstance(node.meta, TensorMeta) else -1
-    if not -ndim <= dim < ndim:
-        return None
-    return list(tensors), dim % ndim
 
 
 def _fits(in_shape: tuple, out_shape: tuple, dim: int, stack: bool) -> bool:

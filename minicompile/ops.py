@@ -247,6 +247,27 @@ RANDOM_EXTERNS = frozenset(
     for name in names.split()
 )
 
+# Concatenation: a library call lowering reads piecewise and autograd slices back.
+CAT_OPS = frozenset({"torch.cat", "torch.concat", "torch.concatenate", "torch.stack"})
+
+
+def cat_arguments(node: Node) -> tuple[list[Node], int] | None:
+    """The tensors and the non-negative dim of a cat / stack node, or None when its
+    arguments are not a plain list of graph tensors and an int dim (``out=``, say)."""
+    args, kwargs = list(node.args), dict(node.kwargs)
+    tensors = args.pop(0) if args else kwargs.pop("tensors", None)
+    dim_key = "axis" if node.target == "torch.concatenate" else "dim"
+    dim = args.pop(0) if args else kwargs.pop(dim_key, 0)
+    if args or kwargs or not isinstance(tensors, (list, tuple)) or not tensors:
+        return None
+    if not all(isinstance(t, Node) for t in tensors) or type(dim) is not int:
+        return None
+    ndim = node.meta.ndim if isinstance(node.meta, TensorMeta) else -1
+    if not -ndim <= dim < ndim:
+        return None
+    return list(tensors), dim % ndim
+
+
 COMPARISONS = frozenset({"eq", "ne", "lt", "le", "gt", "ge"})
 LOGICAL = frozenset({"logical_and", "logical_or", "logical_xor", "logical_not"})
 

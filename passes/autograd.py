@@ -40,8 +40,6 @@ from minicompile.passes.derivatives import LIBRARY_RULES, RULES, cat_rule
 
 RECORD = "minicompile.runtime.autograd.record"
 VJP = "minicompile.runtime.autograd.vjp"
-CAT_OPS = {"torch.cat": False, "torch.concat": False, "torch.concatenate": False,
-           "torch.stack": True}
 RECOMPUTABLE = frozenset({"unary", "binary", "ternary", "cast", "copy", "view", "iota"})
 MAX_RECOMPUTE_READS = 2
 
@@ -63,18 +61,14 @@ class Joint:
     num_outputs: int
     backward_inputs: tuple[tuple[str, int], ...]
     input_grads: tuple[int | str | None, ...]
+    differentiable: tuple[bool, ...]  # per user output: does it take a gradient?
     saved_bytes: int  # of the saved values (inputs excluded), at the traced sizes
     saved_input_bytes: int
 
 
 def requires_grad(graph: Graph) -> bool:
     """Whether any output of ``graph`` takes a gradient (then it trains)."""
-    return any(n.meta is not None and _grad(n) for n in graph.outputs)
-
-
-def _grad(node: Node) -> bool:
-    metas = node.meta if isinstance(node.meta, tuple) else (node.meta,)
-    return any(m.requires_grad for m in metas)
+    return any(n.requires_grad for n in graph.outputs)
 
 
 def differentiate(graph: Graph) -> Joint:
@@ -91,7 +85,7 @@ def differentiate(graph: Graph) -> Joint:
         grads[node] = d("add", grads[node], g) if node in grads else g
 
     for i, out in enumerate(graph.outputs):
-        if _grad(out):
+        if out.requires_grad:
             accumulate(out, d.grad_output(i, out))
     for node in reversed(graph.nodes):
         if node.op != "call" or node not in grads and node not in d.item_grads:
@@ -103,7 +97,7 @@ def differentiate(graph: Graph) -> Joint:
             continue
         g = grads.pop(node, None)
         for arg, ga in d.rule(node, g):
-            if isinstance(arg, Node) and _grad(arg):
+            if isinstance(arg, Node) and arg.requires_grad:
                 accumulate(arg, ga)
     placeholders = graph.placeholders
     results: list[Node] = []
@@ -127,6 +121,7 @@ def differentiate(graph: Graph) -> Joint:
         num_outputs=len(graph.outputs),
         backward_inputs=tuple(d.sources),
         input_grads=tuple(input_grads),
+        differentiable=tuple(out.requires_grad for out in graph.outputs),
         saved_bytes=sum(_bytes(n.meta, graph) for n in d.saved),
         saved_input_bytes=sum(_bytes(n.meta, graph) for n in saved_inputs),
     )
@@ -146,6 +141,7 @@ class Differentiator:
         self.item_grads: dict[Node, dict[int, Node]] = {}  # tuple results' items' gradients
         self.recompute = plan_recompute(graph)
         self.index = {id(n): k for k, n in enumerate(graph.placeholders)}
+        self.record, self.vjp = (ops.extern_op(ops.resolve_path(f)) for f in (RECORD, VJP))
 
     # -- what rules call ----------------------------------------------------------------
 
@@ -158,7 +154,7 @@ class Differentiator:
         return self(ops.extern_op(fn), *args, **kwargs)
 
     def needs(self, x: Any) -> bool:
-        return isinstance(x, Node) and _grad(x)
+        return isinstance(x, Node) and x.requires_grad
 
     def fwd(self, x: Node) -> Node:
         """The forward value ``x`` in the backward graph: an input, a saved value, or
@@ -196,9 +192,11 @@ class Differentiator:
         family = ops.OPS[node.target].family
         if node.target in RULES:
             return list(zip(node.args, RULES[node.target](self, node, g)))
-        if node.target in CAT_OPS and _plain_cat(node):
-            tensors, dim = _cat_args(node)
-            return list(zip(tensors, cat_rule(self, node, g, tensors, dim, CAT_OPS[node.target])))
+        cat = ops.cat_arguments(node) if node.target in ops.CAT_OPS else None
+        stack = node.target == "torch.stack"
+        if cat is not None and all(t.meta.ndim == node.meta.ndim - stack for t in cat[0]):
+            # (legacy empty 1-d pieces have another rank: those go to PyTorch)
+            return list(zip(cat[0], cat_rule(self, node, g, cat[0], cat[1], stack)))
         if node.target in LIBRARY_RULES and not isinstance(node.meta, tuple):
             pairs = LIBRARY_RULES[node.target](self, node, g)
             if pairs is not None:
@@ -219,14 +217,13 @@ class Differentiator:
         else:
             result = self.fwd(node)
         tensors = flatten_nodes((node.args, node.kwargs))
-        diff = tuple(k for k, t in enumerate(tensors) if _grad(t))
+        diff = tuple(k for k, t in enumerate(tensors) if t.requires_grad)
         self.recorded[node] = diff
         metas = tuple(_no_grad(dataclasses.replace(
             tensors[k].meta, stride=_row_major(tensors[k].meta.shape),
             storage_offset=sympy.Integer(0))) for k in diff)
         assert self.origin is not None
-        call = self.b.call(VJP, (result, g), {}, metas, self.origin.stack)
-        ops.extern_op(ops.resolve_path(VJP))
+        call = self.b.call(self.vjp, (result, g), {}, metas, self.origin.stack)
         pairs: list[tuple[Any, Node | None]] = []
         for j, k in enumerate(diff):
             pairs.append((tensors[k], self.b.call("getitem", (call, j), {}, metas[j],
@@ -238,15 +235,13 @@ class Differentiator:
     def forward_graph(self) -> Graph:
         """The forward graph: library calls that need PyTorch's backward go through
         ``record``; the saved values are appended to the outputs."""
-        record = ops.extern_op(ops.resolve_path(RECORD))
-
         def rewrite(new: Graph, node: Node, remap: Any) -> Node | None:
             if node not in self.recorded:
                 return None
             meta = node.meta
             stride = () if isinstance(meta, tuple) else tuple(meta.stride)
             args = (node.target, self.recorded[node], stride, *remap(node.args))
-            return new.call(record, args, remap(node.kwargs), meta, node.stack)
+            return new.call(self.record, args, remap(node.kwargs), meta, node.stack)
 
         forward = copy_graph(self.graph, rewrite)
         env = dict(zip(self.graph.nodes, forward.nodes))
@@ -276,23 +271,6 @@ def plan_recompute(graph: Graph) -> dict[Node, bool]:
         plan[node] = len(reads) <= MAX_RECOMPUTE_READS
         large[node] = frozenset(reads)
     return plan
-
-
-def _plain_cat(node: Node) -> bool:
-    """A cat of same-rank graph tensors (not legacy empty 1-d ones) along an int dim."""
-    if node.kwargs.keys() - {"dim", "tensors"} or not node.args and "tensors" not in node.kwargs:
-        return False
-    tensors = node.args[0] if node.args else node.kwargs["tensors"]
-    dim = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim", 0)
-    return (isinstance(tensors, (list, tuple)) and isinstance(dim, int)
-            and all(isinstance(t, Node) and t.meta.ndim == node.meta.ndim - (
-                CAT_OPS[node.target]) for t in tensors))
-
-
-def _cat_args(node: Node) -> tuple[list[Node], int]:
-    tensors = node.args[0] if node.args else node.kwargs["tensors"]
-    dim = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim", 0)
-    return list(tensors), dim % max(tensors[0].meta.ndim + (CAT_OPS[node.target]), 1)
 
 
 def _row_major(shape: tuple) -> tuple:

@@ -34,17 +34,12 @@ def eliminate_common_subexpressions(graph: Graph) -> Graph:
         if node.target in RANDOM_EXTERNS:
             return new.call(node.target, args, kwargs, node.meta, node.stack)
         # A value computed under no_grad is not the same value as one autograd sees.
-        grad = any(m.requires_grad for m in _metas(node.meta))
-        key = (node.target, _key(args), _key(kwargs), grad)
+        key = (node.target, _key(args), _key(kwargs), node.requires_grad)
         if key not in seen:
             seen[key] = new.call(node.target, args, kwargs, node.meta, node.stack)
         return seen[key]
 
     return copy_graph(graph, rewrite)
-
-
-def _metas(meta: Any) -> tuple:
-    return meta if isinstance(meta, tuple) else (meta,)
 
 
 def eliminate_dead_code(graph: Graph) -> Graph:

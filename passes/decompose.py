@@ -36,17 +36,15 @@ class _Builder:
         device = (meta[0] if isinstance(meta, tuple) else meta).device  # type: ignore[union-attr]
         meta = infer_meta(op, args, kwargs, device, self.graph.shapes)
         if op != "detach" and self.requires_grad and not isinstance(meta, tuple) and (
-            meta.dtype.is_floating_point and any(
-                isinstance(a, Node) and a.meta.requires_grad for a in flatten_nodes((args, kwargs))
-            )
+            meta.dtype.is_floating_point
+            and any(a.requires_grad for a in flatten_nodes((args, kwargs)))
         ):  # differentiable where the op it replaces is (passes/autograd.py reads this)
             meta = dataclasses.replace(meta, requires_grad=True)
         return self.graph.call(op, args, kwargs, meta, self.origin.stack)
 
     @property
     def requires_grad(self) -> bool:
-        meta = self.origin.meta
-        return any(m.requires_grad for m in (meta if isinstance(meta, tuple) else (meta,)))
+        return self.origin.requires_grad
 
     def opmath(self, x: Node) -> Node:
         if x.meta.dtype in LOW_PRECISION:  # type: ignore[union-attr]

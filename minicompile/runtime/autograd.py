@@ -26,7 +26,8 @@ from minicompile.ops import resolve_path
 
 _functions: dict[str, Callable] = {}
 # The (result, leaves) of every record() call of the forward running now: the Function
-# saves the leaves too, and gives them back to the results the backward unpacks.
+# saves the leaves beside the results and attaches them to what the backward unpacks
+# (a saved tensor's Python attributes need not survive saving).
 _recorded = threading.local()
 
 
@@ -67,7 +68,7 @@ def record(name: str, diff: tuple[int, ...], stride: tuple, /, *args: Any, **kwa
     """``name(*args, **kwargs)`` with autograd recording it: the tensors at ``diff`` (in
     argument order) become leaves that require grad.  The result has the strides the
     compiled code reads it with (``stride``: a copy, recorded too, if the library chose
-    others) and keeps its leaves for :func:`vjp`."""
+    others); the running Function keeps its leaves for :func:`vjp`."""
     tensors: list = []
     _flatten((args, kwargs), tensors)
     leaves = {k: tensors[k].detach().requires_grad_() for k in diff}
@@ -79,11 +80,9 @@ def record(name: str, diff: tuple[int, ...], stride: tuple, /, *args: Any, **kwa
         ):
             out = torch.empty_strided(out.shape, stride, dtype=out.dtype,
                                       device=out.device).copy_(out)
-    calls = getattr(_recorded, "calls", None)
+    leaves_in_order = tuple(leaves[k] for k in diff)
     for t in (out,) if isinstance(out, torch.Tensor) else out:  # a tuple: every item
-        t._minicompile_leaves = tuple(leaves[k] for k in diff)
-        if calls is not None:
-            calls.append(t)
+        _recorded.calls.append((t, leaves_in_order))
     return out
 
 
@@ -114,7 +113,7 @@ class TrainingStep:
     num_outputs: int
     backward_inputs: tuple[tuple[str, int], ...]
     input_grads: tuple[int | str | None, ...]
-    differentiable: tuple[bool, ...]  # per user output: does it take a gradient?
+    differentiable: tuple[bool, ...]
 
 
 class CompiledGraphFunction(torch.autograd.Function):
@@ -128,14 +127,12 @@ class CompiledGraphFunction(torch.autograd.Function):
         n = step.num_outputs
         saved = [inputs[k] if kind == "input" else outs[n + k]
                  for kind, k in step.backward_inputs if kind != "grad"]
-        # A saved tensor's Python attributes need not survive saving: the leaves of
-        # library calls are saved beside their results and reattached in backward.
         ids = {id(t): k for k, t in enumerate(saved)}
         ctx.leaves = []
-        for out in calls:
+        for out, leaves in calls:
             if id(out) in ids:
-                ctx.leaves.append((ids[id(out)], len(out._minicompile_leaves)))
-                saved.extend(out._minicompile_leaves)
+                ctx.leaves.append((ids[id(out)], len(leaves)))
+                saved.extend(leaves)
         ctx.save_for_backward(*saved)
         ctx.step = step
         ctx.zeros = {k: (inputs[k].shape, inputs[k].dtype, inputs[k].device)

@@ -178,6 +178,13 @@ def test_inputs_with_and_without_requires_grad_are_guarded(backend: str) -> None
     got = torch.autograd.grad(cf(x, y), (x, y))
     for a, b in zip(got, torch.autograd.grad(f(x, y), (x, y))):
         close(a, b)
+    x2 = torch.randn(5, device=device, requires_grad=True)  # both entries, fresh values
+    y2 = torch.randn(5, device=device, requires_grad=True)
+    for a, b in zip(torch.autograd.grad(cf(x2, y2), (x2, y2)),
+                    torch.autograd.grad(f(x2, y2), (x2, y2))):
+        close(a, b)
+    y3 = torch.randn(5, device=device)
+    close(torch.autograd.grad(cf(x2, y3), x2)[0], torch.autograd.grad(f(x2, y3), x2)[0])
     with torch.no_grad():  # grad mode off: the inference entry, no graph
         out = cf(x, y)
     assert not out.requires_grad

@@ -68,7 +68,7 @@ class TritonPart(triton.TritonKernel):
 
     def __init__(self, combo: ComboPlan, part: KernelPlan, w: CodeWriter, wide: bool,
                  masked: bool, count: int) -> None:
-        super().__init__(part, wide_index=wide, masked=masked)
+        super().__init__(part, wide_index=wide, masked=masked, interpret=False)  # no index checks
         self.combo, self.w, self.count = combo, w, count
 
     def pointer(self, buffer: str) -> str:
@@ -117,12 +117,6 @@ def emit_triton(plan: ComboPlan, interpret: bool) -> str:
                 count = body.count  # tmp names stay unique across the parts
             start += n
     return w.text()
-
-
-def triton_launch(plan: ComboPlan, args: list[str], interpret: bool) -> str:
-    block = block_size(plan, interpret)
-    grid = sum(program_counts(plan, block))
-    return f"{plan.name}[({grid},)]({', '.join(args)}, XBLOCK={block})"
 
 
 # -- C++ ------------------------------------------------------------------------------------

@@ -141,8 +141,12 @@ class TritonKernel:
     it spans: {"x"} for XBLOCK values, {"x", "r"} for [XBLOCK, RBLOCK] blocks, {} for
     scalars."""
 
-    def __init__(self, plan: KernelPlan, wide_index: bool, masked: bool) -> None:
+    def __init__(self, plan: KernelPlan, wide_index: bool, masked: bool, interpret: bool) -> None:
         self.plan = plan
+        # An index out of range sets the error flag the wrapper reads (the interpreter), or
+        # stops the kernel on a device-side assert, as eager's CUDA kernels do: reading a
+        # flag would wait for the GPU after every such kernel.
+        self.flag_errors = interpret
         self.wide_index = wide_index  # int64 index arithmetic
         self.xmasked = masked  # the last block runs past xnumel
         self.rmasked = False
@@ -163,7 +167,8 @@ class TritonKernel:
     def emit(self) -> str:
         p, w = self.plan, self.w
         w.line("@triton.jit")
-        w.line(f"def {p.name}({', '.join(kernel_params(p))}, xnumel, XBLOCK: tl.constexpr):")
+        params = ", ".join(kernel_params(p, self.flag_errors))
+        w.line(f"def {p.name}({params}, xnumel, XBLOCK: tl.constexpr):")
         with w.indent():
             for row in p.header_comment():
                 w.line(f"# {row}")
@@ -280,6 +285,9 @@ class TritonKernel:
         if isinstance(e, Cat):
             return self.emit_cat(e)
         if isinstance(e, Cast):
+            if isinstance(e.x, IndexExpr) and not e.x.index.free_symbols:  # a constant
+                value = torch.tensor(int(e.x.index)).to(e.dtype).item()
+                return _literal(value, e.dtype)
             x = self.names[e.x]
             if e.dtype == torch.bool:
                 return self.fresh(f"{x} != 0", self.level(x))
@@ -321,7 +329,14 @@ class TritonKernel:
             ok = self.fresh(f"(0 <= {at}) & ({at} < {triton_index(e.size)})", self.level(at))
             bad = " & ".join(m for m in (f"~{ok}", self.mask(axes)) if m)
             spread = self.spread(axes | self.level(at))
-            self.w.line(f"tl.store(err_ptr + 0 * {at}{spread}, 1, {bad})  # index out of range")
+            if self.flag_errors:
+                self.w.line(f"tl.store(err_ptr + 0 * {at}{spread}, 1, {bad})  # index out of range")
+            else:
+                live = self.mask(axes)
+                holds = f"{ok} | ~({live})" if live else ok
+                size = triton_index(e.size).replace('"', "'")
+                self.w.line(f'tl.device_assert({holds}, "index out of range in '
+                            f'{self.plan.name}: 0 <= index < {size}")')
             index = index.xreplace({e.symbol: sympy.Symbol(at, integer=True)})
             mask = ok
         ptr = f"{self.pointer(e.buffer)} + ({triton_index(index)}){self.spread(axes)}"
@@ -370,10 +385,10 @@ class TritonKernel:
         return out
 
 
-def kernel_params(plan: KernelPlan) -> list[str]:
-    """Pointers, the error flag of index checks, then the size symbols (scalars)."""
+def kernel_params(plan: KernelPlan, flag_errors: bool) -> list[str]:
+    """Pointers, the error flag of index checks (``flag_errors``), then the size symbols."""
     sizes = [str(s) for s in plan.size_args]
-    return plan.params() + (["err_ptr"] if checks_indices(plan) else []) + sizes
+    return plan.params() + (["err_ptr"] if flag_errors and checks_indices(plan) else []) + sizes
 
 
 # A symbolic size is planned for as if it were this large: blocks sized for big tensors
@@ -406,7 +421,7 @@ def emit_kernel(plan: KernelPlan, interpret: bool) -> str:
     masked = not numel.is_Integer or (
         int(numel) % block_size(planning_size(numel, plan.hints), interpret) != 0
     )
-    return TritonKernel(plan, wide_index=wide, masked=masked).emit()
+    return TritonKernel(plan, wide_index=wide, masked=masked, interpret=interpret).emit()
 
 
 PREAMBLE = """\

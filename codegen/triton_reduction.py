@@ -86,7 +86,7 @@ class TritonReductionKernel(TritonKernel):
         wide = symbolic or xnumel * max(rnumel, 1) >= 2**31 - 2**20
         self.xblock, self.rblock, self.warps, self.persistent = plan_blocks(plan, interpret)
         xmasked = not plan.numel.is_Integer or xnumel % self.xblock != 0
-        super().__init__(plan, wide_index=wide, masked=xmasked)
+        super().__init__(plan, wide_index=wide, masked=xmasked, interpret=interpret)
         if not plan.rnumel.is_Integer:
             self.rmasked = True
         elif self.persistent:
@@ -98,7 +98,7 @@ class TritonReductionKernel(TritonKernel):
     def emit(self) -> str:
         p, w = self.plan, self.w
         w.line("@triton.jit")
-        params = ", ".join(kernel_params(p))
+        params = ", ".join(kernel_params(p, self.flag_errors))
         w.line(f"def {p.name}({params}, xnumel, rnumel, XBLOCK: tl.constexpr, "
                "RBLOCK: tl.constexpr):")
         with w.indent():

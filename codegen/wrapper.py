@@ -79,6 +79,10 @@ def generate(
     cpp_source = None
     if backend == "triton":
         w.lines_from(triton.PREAMBLE)
+        launched = [p for p in plans if not _interpreted(program, p)
+                    and (isinstance(p, combo.ComboPlan) or p.numel != 0)]
+        if launched:  # GPU kernels launch through runtime/launch.py, not triton.jit's path
+            w.line("from minicompile.runtime.launch import Launcher")
         kernels = [
             combo.emit_triton(plan, _interpreted(program, plan))
             if isinstance(plan, combo.ComboPlan)
@@ -92,6 +96,11 @@ def generate(
             w.line()
             w.line()
             w.lines_from(text)
+        if launched:
+            w.line()
+            w.line()
+        for plan in launched:
+            w.line(f"{plan.name}_launch = Launcher({plan.name}, {triton_launch(program, plan)[2]})")
     else:
         unit = CodeWriter()
         unit.lines_from(cpp.PREAMBLE.strip())
@@ -294,6 +303,33 @@ def _grid(numel: sympy.Expr, block: int) -> str:
     return f"({python_expr(numel)} + {block - 1}) // {block}"
 
 
+def triton_launch(
+    program: LoopProgram, plan: KernelPlan | combo.ComboPlan,
+) -> tuple[str, list[str], str]:
+    """A Triton kernel's launch: its grid (an expression of the sizes), the extents it takes
+    after its pointers and size symbols, and its keyword options (constexprs and such)."""
+    interpret = _interpreted(program, plan)
+    if isinstance(plan, combo.ComboPlan):
+        block = combo.block_size(plan, interpret)
+        return str(sum(combo.program_counts(plan, block))), [], f"XBLOCK={block}"
+    numel = plan.numel
+    # A CUDA kernel that checks indices stops on a device-side assert (Triton's debug
+    # option, without its overflow checks), so the host never waits to read a flag.
+    debug = ", debug=True, sanitize_overflow=False" if _device_asserts(program, plan) else ""
+    if plan.is_reduction:
+        xblock, rblock, warps = triton_reduction.launch_config(plan, interpret)
+        return (_grid(numel, xblock), [python_expr(numel), python_expr(plan.rnumel)],
+                f"XBLOCK={xblock}, RBLOCK={rblock}, num_warps={warps}{debug}")
+    block = triton.block_size(triton.planning_size(numel, plan.hints), interpret)
+    return _grid(numel, block), [python_expr(numel)], f"XBLOCK={block}{debug}"
+
+
+def _device_asserts(program: LoopProgram, plan: KernelPlan, backend: str = "triton") -> bool:
+    """Index checks on a GPU are device-side asserts; elsewhere an error flag the wrapper
+    reads after the kernel (C++, Triton's interpreter)."""
+    return backend == "triton" and not _interpreted(program, plan) and checks_indices(plan)
+
+
 def _interpreted(program: LoopProgram, plan: KernelPlan) -> bool:
     """Triton kernels over CPU tensors run under Triton's interpreter."""
     return program.buffer(plan.outputs[0]).layout.device.type == "cpu"
@@ -317,29 +353,29 @@ def emit_launch(
     if isinstance(plan, combo.ComboPlan):
         w.line(f"# combo kernel of {len(plan.parts)} parts: "
                + " | ".join(", ".join(part.outputs) for part in plan.parts))
-        if backend == "triton":
-            w.line(combo.triton_launch(plan, args, _interpreted(program, plan)))
+        if backend == "triton" and _interpreted(program, plan):
+            grid, _, options = triton_launch(program, plan)
+            w.line(f"{plan.name}[({grid},)]({', '.join(args)}, {options})")
+        elif backend == "triton":
+            grid, _, _ = triton_launch(program, plan)
+            w.line(f"{plan.name}_launch({grid}, {', '.join(args)})")
         else:
             w.line(f"{plan.name}({', '.join(a + '.data_ptr()' for a in args)})")
         return
     numel = plan.numel
-    errs = ["err"] if checks_indices(plan) else []
+    errs = ["err"] if checks_indices(plan) and not _device_asserts(program, plan, backend) else []
     sizes = [str(s) for s in plan.size_args]
     if numel == 0:
         w.line(f"# {plan.name}: nothing to compute for an empty tensor")
         return
     w.line(f"# {', '.join(plan.origins)}")
-    if backend == "triton" and plan.is_reduction:
-        interpret = _interpreted(program, plan)
-        xblock, rblock, warps = triton_reduction.launch_config(plan, interpret)
-        launch = (f"{plan.name}[({_grid(numel, xblock)},)]({', '.join(args + errs + sizes)}, "
-                  f"{python_expr(numel)}, {python_expr(plan.rnumel)}, XBLOCK={xblock}, "
-                  f"RBLOCK={rblock}, num_warps={warps})")
-    elif backend == "triton":
-        block = triton.block_size(triton.planning_size(numel, plan.hints),
-                                  _interpreted(program, plan))
-        launch = (f"{plan.name}[({_grid(numel, block)},)]({', '.join(args + errs + sizes)}, "
-                  f"{python_expr(numel)}, XBLOCK={block})")
+    if backend == "triton":
+        grid, extents, options = triton_launch(program, plan)
+        if _interpreted(program, plan):
+            launch = (f"{plan.name}[({grid},)]({', '.join(args + errs + sizes + extents)}, "
+                      f"{options})")
+        else:
+            launch = f"{plan.name}_launch({grid}, {', '.join(args + sizes + extents)})"
     else:
         pointers = [a + ".data_ptr()" for a in args + errs]
         launch = f"{plan.name}({', '.join(pointers + sizes)})"

@@ -143,12 +143,12 @@ class Lowering:
     def realize(self, node: Node) -> str | AliasOutput:
         """A tensor that exists in the wrapper for ``node``: an existing buffer, a view of
         one, or a new ComputedBuffer the kernels write."""
+        if node in self.realized:  # realized already (returned twice, say): one buffer
+            return self.realized[node]
         value = self.values[node]
         if value.view is not None:
             name, layout = value.view
             return AliasOutput(name, None if layout == self.layouts[name] else layout)
-        if node in self.realized:  # the same node returned twice: one buffer
-            return self.realized[node]
         layout = layout_of(node.meta)
         origins = tuple(dict.fromkeys(value.origins + (node,)))
         buf = ComputedBuffer(
@@ -162,7 +162,7 @@ class Lowering:
         self.realized[node] = buf.name
         # Later consumers load the buffer instead of computing the value again.
         self.layouts[buf.name] = layout
-        self.values[node] = dataclasses.replace(_input_value(buf.name, layout), view=None)
+        self.values[node] = _input_value(buf.name, layout)  # views of it are aliases
         return buf.name
 
     # -- calls ------------------------------------------------------------------------------
@@ -286,7 +286,7 @@ class Lowering:
         self.buffers.append(buf)
         self.realized[node] = buf.name
         self.layouts[buf.name] = layout
-        return dataclasses.replace(_input_value(buf.name, layout), view=None)
+        return _input_value(buf.name, layout)
 
     def lower_index(self, node: Node) -> Value:
         """embedding / index_select / gather: the source's index along one dim becomes a

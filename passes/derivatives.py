@@ -203,7 +203,8 @@ def _pad_along(d: Any, g: Node, dim: int, start: Any, size: Any) -> Node:
     after = size - start - g.meta.shape[dim]
     if start == 0 and after == 0:
         return g
-    zero = d.extern(torch.Tensor.new_zeros, g, ())
+    # A zero of g's dtype made of prims (not a library call): constant in the fused cat.
+    zero = d("reshape", d("to_dtype", d("iota", (1,), 0, g.meta.device), dtype=g.meta.dtype), ())
 
     def block(width: Any) -> Node:
         shape = tuple(width if k == dim else s for k, s in enumerate(g.meta.shape))

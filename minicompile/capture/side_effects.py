@@ -221,7 +221,8 @@ def generate_rebuild(out: OutputGraph, result: Var) -> tuple[list[Node], str]:
         if var.node is out.input_nodes[id(var)]:
             continue  # written, but with its own value
         assert var.source is not None
-        writebacks.append(f"{var.source.expr}.copy_({output(var.node)})")
+        writebacks.append(f"{g.ref(write_back, 'write_back')}({var.source.expr}, "
+                          f"{output(var.node)})")
         needs_no_grad = needs_no_grad or var.meta.requires_grad
     if needs_no_grad:
         lines.append(f"    with {g.ref(torch.no_grad, 'no_grad')}():")
@@ -263,3 +264,10 @@ def _literal_ok(value: Any) -> bool:
     if type(value) is float:
         return value == value and value not in (float("inf"), float("-inf"))
     return type(value) in (bool, int, str, bytes, type(None))
+
+
+def write_back(dst: torch.Tensor, src: torch.Tensor) -> None:
+    """An input mutated in the graph gets its new value, unless the kernels stored it there
+    already (passes/inplace.py: ``src`` is ``dst``)."""
+    if src is not dst:
+        dst.copy_(src)

@@ -5,7 +5,10 @@ raise in the compiled function as they do in eager."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import zlib
+from pathlib import Path
 
 import pytest
 import torch
@@ -59,6 +62,9 @@ def test_out_of_range_index_raises(name: str, fn, make, backend: str) -> None:  
     good = make(device, False)
     torch.testing.assert_close(compiled(*good), fn(*good))
     assert minicompile.stats()["eager_fallbacks"] == 0, minicompile.stats()
+    if device.type == "cuda":
+        _device_assert_stops(name)
+        return
     bad = make(device, True)
     if device.type == "cpu":
         # On CUDA eager's own kernels stop on a device-side assert, which leaves the CUDA
@@ -69,3 +75,25 @@ def test_out_of_range_index_raises(name: str, fn, make, backend: str) -> None:  
         result = compiled(*bad)
         pytest.fail(f"returned {result!r} for an out-of-range index")
     assert "index out of range" in str(compiled_error.value)
+
+
+def _device_assert_stops(name: str) -> None:
+    """On CUDA a compiled kernel stops on a device-side assert, as eager's kernels do (the
+    host never waits to read an error flag).  That leaves the CUDA context unusable, so
+    the bad call runs in a process of its own."""
+    script = f"""
+import sys, torch, minicompile
+sys.path.insert(0, {str(Path(__file__).parent)!r})
+from shape_cases import OUT_OF_RANGE
+fn, make = next((f, m) for n, f, m in OUT_OF_RANGE if n == {name!r})
+compiled = minicompile.compile(fn, backend="triton")
+compiled(*make(torch.device("cuda"), False))
+compiled(*make(torch.device("cuda"), True))
+torch.cuda.synchronize()
+print("returned")
+"""
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode != 0 and "returned" not in proc.stdout, proc.stdout
+    assert "device-side assert" in proc.stderr, proc.stderr[-2000:]
+    assert "index out of range in" in proc.stderr, proc.stderr[-2000:]

@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import math
 
+import sympy
+
 import torch
 
-from minicompile.ir import REDUCTION_IDENTITY, Reduce
+from minicompile.ir import REDUCTION_IDENTITY, IndirectLoad, Load, Reduce, walk
 
 from minicompile.codegen.common import KernelPlan, reduction_batches, row_invariant
 from minicompile.codegen.triton import (
@@ -54,12 +56,21 @@ def _pow2(n: int) -> int:
 
 
 def reduction_blocks(
-    xnumel: int, rnumel: int, interpret: bool, symbolic_rows: bool = False
+    xnumel: int, rnumel: int, interpret: bool, symbolic_rows: bool = False,
+    column: bool = False,
 ) -> tuple[int, int, int, bool]:
     """(XBLOCK, RBLOCK, num_warps, persistent) for a reduction over rows of ``rnumel``.
     ``symbolic_rows``: the row length is a size symbol (``rnumel`` its traced value), so the
-    kernel loops over the row whatever its length, in blocks sized for the traced one."""
+    kernel loops over the row whatever its length, in blocks sized for the traced one.
+    ``column``: neighbouring outputs read neighbouring elements (``x.sum(0)``), not the
+    elements of one row (:func:`reads_columns`)."""
     limit = INTERPRET_PERSISTENT if interpret else PERSISTENT_LIMIT
+    if column and not interpret and not symbolic_rows:
+        # Rows of the reduction are far apart in memory, its outputs side by side: a tile
+        # of 64 outputs by up to 64 rows, so that each load of a row is coalesced.
+        xblock = max(1, min(_pow2(max(xnumel, 1)), 64))
+        rblock = max(2, min(_pow2(rnumel), 4096 // xblock))
+        return xblock, rblock, 8 if xblock * rblock >= 2048 else 4, rblock >= rnumel
     if symbolic_rows:
         rblock = max(16, min(_pow2(rnumel), 4096 if interpret else 2048))
         budget = (1 << 16) if interpret else 4096
@@ -215,6 +226,23 @@ def plan_blocks(plan: KernelPlan, interpret: bool) -> tuple[int, int, int, bool]
     """reduction_blocks for ``plan``: symbolic sizes planned for their traced values."""
     return reduction_blocks(
         planning_size(plan.numel, plan.hints), planning_size(plan.rnumel, plan.hints),
-        interpret, symbolic_rows=not plan.rnumel.is_Integer,
+        interpret, symbolic_rows=not plan.rnumel.is_Integer, column=reads_columns(plan),
     )
+
+
+def reads_columns(plan: KernelPlan) -> bool:
+    """Whether the kernel's loads run along its outputs (stride 1 in the innermost kept
+    index) and across its rows (another stride in the innermost reduced index), as in a
+    sum over a tensor's outer dims, and none reads along a row."""
+    if not plan.loop_vars or not plan.rvars:
+        return False
+    x, r = plan.loop_vars[-1], plan.rvars[-1]
+    along_outputs = along_rows = False
+    for st in plan.stores:
+        for e in walk(st.value):
+            if isinstance(e, Load) and not isinstance(e, IndirectLoad):
+                dx, dr = (sympy.diff(e.index, v) for v in (x, r))
+                along_outputs |= dx == 1 and dr != 1
+                along_rows |= dr == 1 and dx != 0
+    return along_outputs and not along_rows
 

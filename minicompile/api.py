@@ -38,6 +38,7 @@ from minicompile.passes.fusion import fuse
 from minicompile.passes.horizontal import combine
 from minicompile.passes.inplace import stores_in_place
 from minicompile.passes.pipeline import run_graph_passes
+from minicompile.passes.split_reductions import split_reductions
 from minicompile.runtime import build
 from minicompile.runtime.autograd import TrainingStep, make_runner
 
@@ -507,7 +508,7 @@ def build_graph(graph: Any, cfg: Config, name: str, backend: str, interpret: boo
     """A graph after the graph passes -> its generated, built and loaded call(inputs).
     ``writebacks`` (output, input) pairs may be stored in place (never in training: the
     backward may have saved the input)."""
-    program = lower(graph)
+    program = lower(split_reductions(graph))
     fusion_log: list[str] = []
     groups = fuse(program, fusion_log)
     in_place = {}

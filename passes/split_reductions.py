@@ -1,0 +1,79 @@
+"""Split reductions that give a GPU too few outputs to work on.
+
+A reduction kernel runs one program per block of outputs.  ``grad_bias = g.sum(0)`` over a
+[4096, 512] gradient has 512 outputs: 8 programs of 64 columns on a GPU of 132
+multiprocessors, each walking 4096 rows.  Split, the reduction is two: the rows are cut into
+``S`` chunks, a first kernel reduces each chunk ([S, 512] partial results, S * 8 programs)
+and a second, small one reduces the partials.  The same holds for a few long rows (a loss
+summed over every element).
+
+    sum(x, dims)  ->  sum(sum(reshape(permute(x, dims + kept), (S, R / S, K)), 1), 0)
+
+The permute and reshape are index rewrites of ``x`` (fused into the first kernel, never
+copies), and the first kernel keeps every prologue fused into the original reduction.
+Only on CUDA, for static sizes: the C++ backend's loops and the interpreter gain nothing.
+The partial sums change the order of the additions, as Inductor's split reductions do.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+from minicompile.graph import Graph, Node, copy_graph
+
+from minicompile.passes.decompose import LOW_PRECISION, _Builder, _lay_out_as
+
+SPLITTABLE = frozenset({"sum", "prod", "amax", "amin", "any", "all"})
+MIN_NUMEL = 1 << 18  # smaller reductions are cheap however they run
+# Partial results to aim for: enough programs for every multiprocessor several times over
+# (a column reduction's program covers 64 outputs, a row reduction's one).
+COLUMN_PARTIALS = 1 << 15
+ROW_PARTIALS = 1 << 10
+MIN_CHUNK = {True: 64, False: 1024}  # rows (column reductions) or elements per chunk
+
+
+def split_factor(reduced: int, kept: int, column: bool) -> int:
+    """The number of chunks ``S`` (a power of two dividing ``reduced``), 1 for no split."""
+    if reduced * kept < MIN_NUMEL:
+        return 1
+    want = (COLUMN_PARTIALS if column else ROW_PARTIALS) // kept
+    split = 1
+    while (split * 2 <= want and reduced % (split * 2) == 0
+           and reduced // (split * 2) >= MIN_CHUNK[column]):
+        split *= 2
+    return split if split >= 4 else 1
+
+
+def split_reductions(graph: Graph) -> Graph:
+    """Return ``graph`` with its reductions over too few outputs split in two (CUDA)."""
+
+    def rewrite(new: Graph, node: Node, remap: Callable) -> Node | None:
+        if node.op != "call" or node.target not in SPLITTABLE:
+            return None
+        x, dims, keepdim = remap(node.args)
+        shape = x.meta.shape
+        if (x.meta.device.type != "cuda" or x.meta.dtype in LOW_PRECISION
+                or not all(isinstance(s, int) or s.is_Integer for s in shape)):
+            return None  # (float16/bfloat16 partials would be rounded: eager rounds once)
+        shape = tuple(int(s) for s in shape)
+        dims = tuple(sorted(d % len(shape) for d in dims))
+        kept = tuple(d for d in range(len(shape)) if d not in dims)
+        reduced = math.prod(shape[d] for d in dims)
+        kept_numel = math.prod(shape[d] for d in kept)
+        column = bool(kept) and kept[-1] == len(shape) - 1  # the outputs are side by side
+        split = split_factor(reduced, kept_numel, column)
+        if split == 1:
+            return None
+        b = _Builder(new, node)
+        start = len(new.nodes)
+        order = dims + kept
+        y = x if order == tuple(range(len(shape))) else b("permute", x, order)
+        y = b("reshape", y, (split, reduced // split, kept_numel))
+        partial = b(node.target, y, (1,), False)
+        out = b("reshape", b(node.target, partial, (0,), False),
+                tuple(int(s) for s in node.meta.shape))
+        _lay_out_as(out, node.meta, start)
+        return out
+
+    return copy_graph(graph, rewrite)

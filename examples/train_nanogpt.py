@@ -141,7 +141,7 @@ def main() -> None:
           f"(last {losses[0].item():.4f} eager, {losses[1].item():.4f} minicompile)")
     print(f"minicompile: graphs {s['graphs']} (forward + loss, with its backward; the AdamW "
           f"update), kernels {s['kernels']}, graph breaks {s['graph_breaks']}, eager fallbacks "
-          f"{s['eager_fallbacks']} (AdamW's first step creates its state eagerly, by design)")
+          f"{s['eager_fallbacks']}")
     if args.profile:
         for t in trainers:
             profile_step(t, *data[0], cuda)

@@ -22,9 +22,10 @@ gradients, their shapes, and per-parameter flags such as ``amsgrad`` or whether 
 is on).  ``opt.state`` keeps eager's tensors, so ``state_dict()`` and eager steps keep
 working.
 
-Runs eagerly (``opt.step`` itself, the reason logged under ``graph_breaks``): a step that
-must create state (the first, or a parameter seen with a gradient for the first time: eager
-creates it exactly), a call with step hooks registered, ``differentiable``, ``capturable``
+Adam's and AdamW's state is created here, as eager creates it, when a parameter first has a
+gradient; that step is compiled like any other.  Runs eagerly (``opt.step`` itself, the
+reason logged under ``graph_breaks``): an SGD step that creates momentum buffers (eager's
+first momentum step copies the gradient, another formula), a call with step hooks registered, ``differentiable``, ``capturable``
 or ``fused`` groups, tensor hyperparameters, complex or sparse gradients, parameters of
 several devices or dtypes, dtypes other than float32/float64, and a
 ``grad_scale``/``found_inf`` set by a gradient scaler.
@@ -176,6 +177,25 @@ def needs_state(opt: Optimizer) -> bool:
     return False
 
 
+def create_adam_state(opt: Adam) -> None:
+    """The state Adam's and AdamW's first step create for each parameter with a gradient,
+    made as ``Adam._init_group`` makes it (capturable and fused are off): a CPU step
+    counter at 0 and zeroed moments.  Their update from zero state is the ordinary one, so
+    the first step is compiled too.  (SGD's first momentum step copies the gradient, another
+    formula: that step runs eagerly.)"""
+    scalar = torch.float64 if torch.get_default_dtype() == torch.float64 else torch.float32
+    for group in opt.param_groups:
+        for p in group["params"]:
+            state = opt.state[p]
+            if p.grad is None or len(state) != 0:
+                continue
+            state["step"] = torch.tensor(0.0, dtype=scalar, device="cpu")
+            state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+            state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+            if group["amsgrad"]:
+                state["max_exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+
+
 def plan_sgd(opt: SGD) -> tuple:
     """sgd_update's arguments for this step."""
     params, grads, bufs, rows, flags = [], [], [], [], []
@@ -262,8 +282,11 @@ class CompiledStep:
             with torch.enable_grad():
                 loss = closure()
             reason = self.unsupported()  # the gradients it made
+        if reason is None and not isinstance(opt, SGD):
+            with torch.no_grad():
+                create_adam_state(opt)
         if reason is None and needs_state(opt):
-            reason = "this step creates optimizer state (eager creates it)"
+            reason = "this step creates momentum buffers (eager's first step copies the gradient)"
         if reason is not None:
             self.eager(reason, None)
             return loss

@@ -196,7 +196,7 @@ def create_adam_state(opt: Adam) -> None:
                 state["max_exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
 
 
-def plan_sgd(opt: SGD) -> tuple:
+def plan_sgd(opt: SGD, table: ScalarTable) -> tuple:
     """sgd_update's arguments for this step."""
     params, grads, bufs, rows, flags = [], [], [], [], []
     for group in opt.param_groups:
@@ -209,11 +209,11 @@ def plan_sgd(opt: SGD) -> tuple:
             bufs.append(opt.state[p]["momentum_buffer"] if momentum != 0 else None)
             rows.append([wd, momentum, 1 - damp, -group["lr"]])
             flags.append((group["maximize"], wd != 0, momentum != 0, group["nesterov"]))
-    scalars = _table(rows, params)
+    scalars = table(rows, params)
     return params, grads, bufs, scalars, tuple(flags)
 
 
-def plan_adam(opt: Adam) -> tuple:
+def plan_adam(opt: Adam, table: ScalarTable) -> tuple:
     """adam_update's arguments for this step (the step counters are incremented)."""
     params, grads, ms, vs, vmaxes, steps = [], [], [], [], [], []
     group_of = []
@@ -244,20 +244,44 @@ def plan_adam(opt: Adam) -> tuple:
         rows.append([1 - lr * wd if decay == "decoupled" else wd, 1 - beta1, beta2, 1 - beta2,
                      bias_correction2**0.5, eps, -step_size])
         flags.append((group["maximize"], decay, group["amsgrad"], abs(1 - beta1) < 0.5))
-    scalars = _table(rows, params)
+    scalars = table(rows, params)
     return params, grads, ms, vs, vmaxes, scalars, tuple(flags)
 
 
-def _table(rows: list[list[float]], params: list[torch.Tensor]) -> torch.Tensor:
-    """The per-parameter scalars in the parameters' dtype: eager rounds a Python scalar
-    to the tensor's dtype the same way when an op takes it."""
-    if not params:
-        return torch.zeros((0, 0))
-    table = torch.tensor(rows, dtype=params[0].dtype)
-    device = params[0].device
-    if device.type == "cuda":  # pinned, so the copy does not wait for the GPU
-        return table.pin_memory().to(device, non_blocking=True)
-    return table.to(device)
+class ScalarTable:
+    """The per-parameter scalars in the parameters' dtype (eager rounds a Python scalar to
+    the tensor's dtype the same way when an op takes it), on their device.
+
+    A CUDA table is copied from pinned memory without waiting for the GPU.  Two pinned
+    buffers take turns, and one is refilled only once the copy out of it (an event) is
+    done: pinning new memory each step would synchronize the device whenever the host runs
+    a step ahead of the GPU, as it should."""
+
+    def __init__(self) -> None:
+        self.pinned: list[torch.Tensor] = []
+        self.copied: list[Any] = [None, None]  # the event after each buffer's last copy
+        self.turn = 0
+
+    def __call__(self, rows: list[list[float]], params: list[torch.Tensor]) -> torch.Tensor:
+        if not params:
+            return torch.zeros((0, 0))
+        values = torch.tensor(rows, dtype=params[0].dtype)
+        device = params[0].device
+        if device.type != "cuda":
+            return values.to(device)
+        if not self.pinned or self.pinned[0].shape != values.shape or (
+                self.pinned[0].dtype != values.dtype):
+            self.pinned = [torch.empty_like(values).pin_memory() for _ in range(2)]
+            self.copied = [None, None]
+        k, self.turn = self.turn, 1 - self.turn
+        if self.copied[k] is not None:
+            self.copied[k].synchronize()  # the copy of two steps ago: long done
+        self.pinned[k].copy_(values)
+        table = torch.empty(values.shape, dtype=values.dtype, device=device)
+        table.copy_(self.pinned[k], non_blocking=True)
+        self.copied[k] = torch.cuda.Event()
+        self.copied[k].record()
+        return table
 
 
 class CompiledStep:
@@ -271,6 +295,7 @@ class CompiledStep:
         self.fullgraph = fullgraph  # raise for what is not compiled (state-making steps run)
         self.compiled = compile_update(sgd_update if isinstance(opt, SGD) else adam_update)
         self.eager_reason: str | None = None  # why the last step ran eagerly
+        self.table = ScalarTable()
 
     def __call__(self, closure: Callable | None = None) -> Any:
         opt = self.opt
@@ -293,7 +318,8 @@ class CompiledStep:
         self.eager_reason = None
         opt._opt_called = True  # what an LR scheduler's wrapper of opt.step records
         with torch.no_grad():
-            args = plan_sgd(opt) if isinstance(opt, SGD) else plan_adam(opt)
+            plan = plan_sgd if isinstance(opt, SGD) else plan_adam
+            args = plan(opt, self.table)  # type: ignore[arg-type]
             if args[0]:  # some parameter has a gradient
                 self.compiled(*args)
         return loss

@@ -220,7 +220,7 @@ class Differentiator:
         diff = tuple(k for k, t in enumerate(tensors) if t.requires_grad)
         self.recorded[node] = diff
         metas = tuple(_no_grad(dataclasses.replace(
-            tensors[k].meta, stride=_row_major(tensors[k].meta.shape),
+            tensors[k].meta, stride=_grad_stride(tensors[k].meta),
             storage_offset=sympy.Integer(0))) for k in diff)
         assert self.origin is not None
         call = self.b.call(self.vjp, (result, g), {}, metas, self.origin.stack)
@@ -271,6 +271,23 @@ def plan_recompute(graph: Graph) -> dict[Node, bool]:
         plan[node] = len(reads) <= MAX_RECOMPUTE_READS
         large[node] = frozenset(reads)
     return plan
+
+
+def _grad_stride(meta: Any) -> tuple:
+    """The strides a library call's gradient is read with: its input's, which PyTorch's
+    backward kernels usually give it (attention's q, k, v gradients are slices of one
+    buffer, as q, k, v are), or row-major where those overlap (an expanded input).  The
+    wrapper copies a gradient that comes in other strides (``with_layout``)."""
+    if not all(sympy.sympify(v).is_Integer for v in (*meta.shape, *meta.stride)):
+        return _row_major(meta.shape)  # symbolic
+    dims = sorted((d for d in range(meta.ndim) if meta.shape[d] != 1),
+                  key=lambda d: (int(meta.stride[d]), int(meta.shape[d])))
+    span = 1
+    for d in dims:
+        if int(meta.stride[d]) < span:
+            return _row_major(meta.shape)  # overlapping (an expanded input)
+        span = int(meta.stride[d]) * int(meta.shape[d])
+    return tuple(meta.stride)
 
 
 def _row_major(shape: tuple) -> tuple:

@@ -87,9 +87,10 @@ def record(name: str, diff: tuple[int, ...], stride: tuple, /, *args: Any, **kwa
 
 
 def vjp(out: Any, grad: Any) -> tuple[torch.Tensor, ...]:
-    """The gradients of :func:`record`'s leaves, from PyTorch's backward of that call,
-    row-major (as the backward graph reads them).  ``out`` and ``grad`` may be tuples
-    (the items of a tuple of results that take gradients)."""
+    """The gradients of :func:`record`'s leaves, from PyTorch's backward of that call, in
+    the strides that backward gives them (the wrapper copies those the backward graph reads
+    otherwise).  ``out`` and ``grad`` may be tuples (the items of a tuple of results that
+    take gradients)."""
     outs, grads_in = (out, grad) if isinstance(out, tuple) else ((out,), (grad,))
     leaves = outs[0]._minicompile_leaves
     pairs = [(o, g) for o, g in zip(outs, grads_in) if o.grad_fn is not None]
@@ -97,10 +98,8 @@ def vjp(out: Any, grad: Any) -> tuple[torch.Tensor, ...]:
         return tuple(torch.zeros_like(t, memory_format=torch.contiguous_format) for t in leaves)
     grads = torch.autograd.grad([o for o, _ in pairs], leaves, [g for _, g in pairs],
                                 retain_graph=True, allow_unused=True)
-    return tuple(
-        torch.zeros_like(t, memory_format=torch.contiguous_format) if g is None
-        else g.contiguous() for g, t in zip(grads, leaves)
-    )
+    return tuple(torch.zeros_like(t, memory_format=torch.contiguous_format) if g is None
+                 else g for g, t in zip(grads, leaves))
 
 
 @dataclasses.dataclass

@@ -156,22 +156,62 @@ def generate(
         last_use = last_reads(groups)
         keep = {o if isinstance(o, str) else o.input for o in program.outputs}
         keep |= {b.name for b in program.inputs}
+        reuse = reuse_memory(program, groups, plan_of, keep, in_place)
         for k, group in enumerate(groups):
             if group.extern is not None:
                 emit_extern(w, group.extern)
                 made = [group.extern.name]
             else:
                 plan = plan_of[group.key]
-                emit_launch(w, program, plan, backend, devices, in_place)
+                emit_launch(w, program, plan, backend, devices, in_place, reuse)
                 made = list(plan.outputs)
             live.update(made)
             dead = sorted(n for n in live if last_use.get(n, -1) <= k and n not in keep)
+            live.difference_update(dead)
+            dead = [n for n in dead if n not in reuse.values()]  # those stay for their reuse
             if dead:  # free memory as soon as no later kernel reads it (a long backward)
                 w.line(f"del {', '.join(dead)}")
-                live.difference_update(dead)
         outs = [o if isinstance(o, str) else _alias(o) for o in program.outputs]
         w.line(f"return ({', '.join(outs)}{',' if len(outs) == 1 else ''})")
     return GeneratedCode(backend, w.text(), cpp_source, tuple(p.name for p in plans))
+
+
+# Library calls whose result is a new tensor nothing else holds, and which keep no
+# reference to their arguments: their arguments' and results' memory may be reused.
+FRESH_RESULTS = frozenset({"torch.matmul", "torch.mm", "torch.bmm", "torch.addmm",
+                           "torch.nn.functional.linear"})
+
+
+def reuse_memory(
+    program: LoopProgram, groups: list, plan_of: dict, keep: set[str], in_place: dict[str, str],
+) -> dict[str, str]:
+    """Kernel output -> a dead buffer of the same layout whose tensor it takes over, as
+    Inductor's wrapper reuses buffers: no allocation on the host, and the memory is known
+    to be free (kernels run in order on one stream).  Only buffers this wrapper allocated
+    or matrix products made, and only kernels and matrix products read: another library
+    call may return a view of its argument or keep it (for its backward, say)."""
+    last_use = last_reads(groups)
+    seen_by_library = {n for g in groups if g.extern is not None
+                       and g.extern.op not in FRESH_RESULTS for n in g.extern.reads()}
+    free: dict[Layout, list[str]] = {}
+    owned: set[str] = set()
+    reuse: dict[str, str] = {}
+    for k, group in enumerate(groups):
+        if group.extern is not None and group.extern.op in FRESH_RESULTS:
+            owned.add(group.extern.name)
+        elif group.extern is None:
+            for name in plan_of[group.key].outputs:
+                if name in in_place:
+                    continue
+                pool = free.get(program.buffer(name).layout)
+                if pool:
+                    reuse[name] = pool.pop()
+                owned.add(name)
+        for name in sorted(n for n in owned if last_use.get(n, -1) <= k):
+            owned.discard(name)
+            if name not in keep and name not in seen_by_library:
+                free.setdefault(program.buffer(name).layout, []).append(name)  # type: ignore[arg-type]
+    return reuse
 
 
 def last_reads(groups: list[FusedGroup]) -> dict[str, int]:
@@ -338,10 +378,15 @@ def _interpreted(program: LoopProgram, plan: KernelPlan) -> bool:
 def emit_launch(
     w: CodeWriter, program: LoopProgram, plan: KernelPlan | combo.ComboPlan, backend: str,
     devices: list[str], in_place: dict[str, str] | None = None,
+    reuse: dict[str, str] | None = None,
 ) -> None:
     for name in plan.outputs:
         if in_place and name in in_place:
             w.line(f"{name} = {in_place[name]}  # stored in place (rebuild writes it back)")
+            continue
+        if reuse and name in reuse:
+            w.line(f"{name} = {reuse[name]}  # the memory of {reuse[name]}, no longer read")
+            w.line(f"del {reuse[name]}")
             continue
         lay = program.buffer(name).layout
         dev = f"device{devices.index(str(lay.device))}"

@@ -100,7 +100,9 @@ def generate(
             w.line()
             w.line()
         for plan in launched:
-            w.line(f"{plan.name}_launch = Launcher({plan.name}, {triton_launch(program, plan)[2]})")
+            pointers, sizes = _changing_args(program, plan, in_place)
+            w.line(f"{plan.name}_launch = Launcher({plan.name}, {pointers}, {sizes}, "
+                   f"{triton_launch(program, plan)[2]})")
     else:
         unit = CodeWriter()
         unit.lines_from(cpp.PREAMBLE.strip())
@@ -362,6 +364,21 @@ def triton_launch(
                 f"XBLOCK={xblock}, RBLOCK={rblock}, num_warps={warps}{debug}")
     block = triton.block_size(triton.planning_size(numel, plan.hints), interpret)
     return _grid(numel, block), [python_expr(numel)], f"XBLOCK={block}{debug}"
+
+
+def _changing_args(program: LoopProgram, plan: KernelPlan | combo.ComboPlan,
+                   in_place: dict[str, str]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The positions of a GPU launch's arguments that may change what Triton specializes
+    the kernel on: tensors the wrapper did not allocate (inputs, library results: their
+    alignment), and sizes that are not constants (dynamic shapes)."""
+    tensors = [b for b, _ in plan.inputs] + list(plan.outputs)
+    allocated = {b.name for b in program.buffers if not isinstance(b, ExternKernel)}
+    pointers = tuple(k for k, name in enumerate(tensors)
+                     if name not in allocated or name in in_place)
+    if isinstance(plan, combo.ComboPlan):
+        return pointers, ()
+    ints = [*plan.size_args, plan.numel] + ([plan.rnumel] if plan.is_reduction else [])
+    return pointers, tuple(len(tensors) + k for k, n in enumerate(ints) if not n.is_Integer)
 
 
 def _device_asserts(program: LoopProgram, plan: KernelPlan, backend: str = "triton") -> bool:

@@ -232,18 +232,24 @@ def plan_adam(opt: Adam, table: ScalarTable) -> tuple:
     if steps:
         torch._foreach_add_(steps, 1)  # step_t += 1 (CPU tensors: capturable is off)
     rows, flags = [], []
-    for group, step_t in zip(group_of, steps):
-        lr, wd, eps = group["lr"], group["weight_decay"], group["eps"]
-        beta1, beta2 = group["betas"]
-        step = step_t.item()  # _get_value(step_t)
-        bias_correction1 = 1 - beta1**step
-        bias_correction2 = 1 - beta2**step
-        step_size = lr / bias_correction1
-        decoupled = group.get("decoupled_weight_decay", isinstance(opt, AdamW))
-        decay = "none" if wd == 0 else ("decoupled" if decoupled else "coupled")
-        rows.append([1 - lr * wd if decay == "decoupled" else wd, 1 - beta1, beta2, 1 - beta2,
-                     bias_correction2**0.5, eps, -step_size])
-        flags.append((group["maximize"], decay, group["amsgrad"], abs(1 - beta1) < 0.5))
+    made: dict[tuple[int, float], tuple[list[float], tuple]] = {}  # one per group and step
+    values = torch.stack(steps).tolist() if steps else []  # _get_value(step_t), each
+    for group, step in zip(group_of, values):
+        if (id(group), step) not in made:
+            lr, wd, eps = group["lr"], group["weight_decay"], group["eps"]
+            beta1, beta2 = group["betas"]
+            bias_correction1 = 1 - beta1**step
+            bias_correction2 = 1 - beta2**step
+            step_size = lr / bias_correction1
+            decoupled = group.get("decoupled_weight_decay", isinstance(opt, AdamW))
+            decay = "none" if wd == 0 else ("decoupled" if decoupled else "coupled")
+            row = [1 - lr * wd if decay == "decoupled" else wd, 1 - beta1, beta2, 1 - beta2,
+                   bias_correction2**0.5, eps, -step_size]
+            made[id(group), step] = row, (group["maximize"], decay, group["amsgrad"],
+                                          abs(1 - beta1) < 0.5)
+        row, flag = made[id(group), step]
+        rows.append(row)
+        flags.append(flag)
     scalars = table(rows, params)
     return params, grads, ms, vs, vmaxes, scalars, tuple(flags)
 

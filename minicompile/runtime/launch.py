@@ -30,31 +30,33 @@ def _int_class(v: int) -> tuple[bool, bool, bool]:
 class Launcher:
     """``launcher(grid, *args)``: launch ``fn`` over ``grid`` programs (one axis) with the
     positional ``args`` (tensors and ints) and the fixed keyword ``options`` (constexprs
-    and compile options such as ``num_warps``)."""
+    and compile options such as ``num_warps``).
 
-    def __init__(self, fn: Any, **options: Any) -> None:
+    ``pointers``: the positions of the tensors whose alignment may change from call to call
+    (inputs, library results; the wrapper's own allocations are always aligned), and
+    ``sizes`` those of the integers that may (dynamic sizes; the others are constants of
+    the generated code).  Only those are part of the cache key."""
+
+    def __init__(self, fn: Any, pointers: tuple[int, ...], sizes: tuple[int, ...],
+                 **options: Any) -> None:
         self.fn = fn
         self.options = options
+        self.pointers, self.sizes = pointers, sizes
         self.compiled: dict[tuple, Any] = {}
-        self.tensors: tuple[int, ...] | None = None  # argument positions, from the first call
-        self.ints: tuple[int, ...] = ()
-        self.constexprs: tuple = ()  # the constexpr values, in the kernel's parameter order
+        self.constexprs: tuple | None = None  # in the kernel's parameter order, once known
         self.direct = _raw_stream is not None and _current_device is not None
 
     def key(self, args: tuple) -> tuple:
-        aligned = tuple(args[i].data_ptr() % 16 == 0 for i in self.tensors)  # type: ignore[union-attr]
-        return (_current_device(), aligned, *(_int_class(args[i]) for i in self.ints))
+        aligned = tuple([args[i].data_ptr() & 15 == 0 for i in self.pointers])
+        if self.sizes:
+            return (_current_device(), aligned, tuple([_int_class(args[i]) for i in self.sizes]))
+        return (_current_device(), aligned)
 
     def __call__(self, grid: int, *args: Any) -> None:
-        if self.tensors is None:
-            self.tensors = tuple(i for i, a in enumerate(args) if isinstance(a, torch.Tensor))
-            self.ints = tuple(i for i, a in enumerate(args)
-                              if isinstance(a, int) and not isinstance(a, bool))
-            names = list(getattr(self.fn, "arg_names", ()))
-            rest = names[len(args):]
+        if self.constexprs is None:
+            rest = list(getattr(self.fn, "arg_names", ()))[len(args):]
             self.direct = self.direct and all(n in self.options for n in rest)
-            if self.direct:
-                self.constexprs = tuple(self.options[n] for n in rest)
+            self.constexprs = tuple(self.options.get(n) for n in rest)
         key = self.key(args) if self.direct else None
         kernel = self.compiled.get(key) if key is not None else None
         if kernel is None:
@@ -62,5 +64,5 @@ class Launcher:
             if key is not None and hasattr(compiled, "packed_metadata"):
                 self.compiled[key] = compiled
             return
-        kernel.run(grid, 1, 1, _raw_stream(key[0]), kernel.function, kernel.packed_metadata,
-                   None, None, None, *args, *self.constexprs)
+        kernel.run(grid, 1, 1, _raw_stream(key[0]), kernel.function,
+                   kernel.packed_metadata, None, None, None, *args, *self.constexprs)

@@ -23,9 +23,11 @@ def test_gpu_kernels_launch_through_launchers_and_assert_on_the_device() -> None
     module = embedding_sum("cuda")
     compile(module, "generated", "exec")  # valid Python
     assert "from minicompile.runtime.launch import Launcher" in module
+    # Only the inputs' alignment can change between calls (the sizes are constants).
     assert ("triton_red_embedding_sin_sum_0_launch = Launcher(triton_red_embedding_sin_sum_0, "
-            "XBLOCK=4, RBLOCK=8, num_warps=4, debug=True, sanitize_overflow=False)") in module
-    assert "triton_poi_cos_1_launch = Launcher(triton_poi_cos_1, XBLOCK=128)" in module
+            "(0, 1), (), XBLOCK=4, RBLOCK=8, num_warps=4, debug=True, sanitize_overflow=False)"
+            ) in module
+    assert "triton_poi_cos_1_launch = Launcher(triton_poi_cos_1, (0,), (), XBLOCK=128)" in module
     assert "triton_red_embedding_sin_sum_0_launch(1, arg1, arg0, buf0, 4, 8)" in module
     assert 'tl.device_assert(tmp1, "index out of range in triton_red_embedding_sin_sum_0: ' \
         '0 <= index < 10")' in module
@@ -69,7 +71,7 @@ def test_launcher_goes_direct_only_for_a_specialization_it_has_compiled(monkeypa
     monkeypatch.setattr(launch, "_raw_stream", lambda device: 7)
     monkeypatch.setattr(launch, "_current_device", lambda: 0)
     fn = FakeJit()
-    launcher = launch.Launcher(fn, XBLOCK=128, num_warps=4)
+    launcher = launch.Launcher(fn, (0, 1), (2,), XBLOCK=128, num_warps=4)
     x, out = torch.zeros(64), torch.zeros(64)
     launcher(2, x, out, 64)
     launcher(2, x, out, 64)
@@ -93,8 +95,31 @@ def test_launcher_goes_direct_only_for_a_specialization_it_has_compiled(monkeypa
 def test_launcher_without_cuda_always_goes_through_triton_jit(monkeypatch) -> None:
     monkeypatch.setattr(launch, "_raw_stream", None)
     fn = FakeJit()
-    launcher = launch.Launcher(fn, XBLOCK=128)
+    launcher = launch.Launcher(fn, (0, 1), (2,), XBLOCK=128)
     x = torch.zeros(4)
     for _ in range(3):
         launcher(1, x, x, 4)
     assert [e[0] for e in fn.log] == ["jit", "jit", "jit"]
+
+
+def test_only_what_can_change_is_in_the_key() -> None:
+    """Inputs, library results and in-place outputs may be misaligned; buffers the wrapper
+    allocates never are.  Symbolic sizes and extents change; integer ones never do."""
+    from types import SimpleNamespace
+
+    import sympy
+
+    from minicompile.codegen.wrapper import _changing_args
+    from minicompile.ir import ExternKernel
+
+    s0 = sympy.Symbol("s0", integer=True, positive=True)
+    program = SimpleNamespace(buffers=[
+        SimpleNamespace(name="buf0"), SimpleNamespace(name="buf2"), SimpleNamespace(name="buf3"),
+        ExternKernel("buf1", "torch.mm", (), {}, None, (), ()),
+    ])
+    plan = SimpleNamespace(inputs=(("arg0", None), ("buf0", None), ("buf1", None)),
+                           outputs=("buf2", "buf3"), size_args=(s0,), numel=s0 * 8,
+                           rnumel=sympy.Integer(16), is_reduction=True)
+    # arg0 (input), buf1 (library result), buf3 (stored in place into an input); then the
+    # size s0 and the extent 8 * s0 (positions 5, 6), not the constant row length 16.
+    assert _changing_args(program, plan, {"buf3": "arg1"}) == ((0, 2, 4), (5, 6))

@@ -212,7 +212,8 @@ def reuse_memory(
         for name in sorted(n for n in owned if last_use.get(n, -1) <= k):
             owned.discard(name)
             if name not in keep and name not in seen_by_library:
-                free.setdefault(program.buffer(name).layout, []).append(name)  # type: ignore[arg-type]
+                layout = program.buffer(name).layout
+                free.setdefault(layout, []).append(name)  # type: ignore[arg-type]
     return reuse
 
 

@@ -25,10 +25,11 @@ working.
 Adam's and AdamW's state is created here, as eager creates it, when a parameter first has a
 gradient; that step is compiled like any other.  Runs eagerly (``opt.step`` itself, the
 reason logged under ``graph_breaks``): an SGD step that creates momentum buffers (eager's
-first momentum step copies the gradient, another formula), a call with step hooks registered, ``differentiable``, ``capturable``
-or ``fused`` groups, tensor hyperparameters, complex or sparse gradients, parameters of
-several devices or dtypes, dtypes other than float32/float64, and a
-``grad_scale``/``found_inf`` set by a gradient scaler.
+first momentum step copies the gradient, another formula), a call with step hooks
+registered, ``differentiable``, ``capturable`` or ``fused`` groups, tensor
+hyperparameters, complex or sparse gradients, parameters of several devices or dtypes,
+dtypes other than float32/float64, and a ``grad_scale``/``found_inf`` set by a gradient
+scaler.
 """
 
 from __future__ import annotations

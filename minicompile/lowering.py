@@ -76,6 +76,14 @@ def _input_value(name: str, layout: Layout) -> Value:
     return Value(layout.shape, layout.dtype, load, view=(name, layout))
 
 
+def _computed_value(name: str, layout: Layout) -> Value:
+    """A realized buffer read back.  Views of it are aliases of its storage where its sizes
+    are numbers (a transposed matrix product argument is then no copy); symbolic ones are
+    index rewrites, which add no guards on the sizes."""
+    value = _input_value(name, layout)
+    return dataclasses.replace(value, view=None) if is_symbolic(layout.shape) else value
+
+
 def broadcast_to(v: Value, shape: tuple[sympy.Expr, ...]) -> Expr:
     """``v``'s expression re-indexed for a consumer of ``shape`` (PyTorch broadcasting)."""
     lead = len(shape) - len(v.shape)
@@ -162,7 +170,7 @@ class Lowering:
         self.realized[node] = buf.name
         # Later consumers load the buffer instead of computing the value again.
         self.layouts[buf.name] = layout
-        self.values[node] = _input_value(buf.name, layout)  # views of it are aliases
+        self.values[node] = _computed_value(buf.name, layout)
         return buf.name
 
     # -- calls ------------------------------------------------------------------------------
@@ -286,7 +294,7 @@ class Lowering:
         self.buffers.append(buf)
         self.realized[node] = buf.name
         self.layouts[buf.name] = layout
-        return _input_value(buf.name, layout)
+        return _computed_value(buf.name, layout)
 
     def lower_index(self, node: Node) -> Value:
         """embedding / index_select / gather: the source's index along one dim becomes a

@@ -62,9 +62,11 @@ def _alias(out: AliasOutput) -> str:
 
 def generate(
     program: LoopProgram, groups: list[FusedGroup], backend: str, graph_name: str = "graph",
-    in_place: dict[str, str] | None = None,
+    in_place: dict[str, str] | None = None, takes_inputs: bool = False,
 ) -> GeneratedCode:
-    """``in_place``: output buffers stored into inputs (passes/inplace.py)."""
+    """``in_place``: output buffers stored into inputs (passes/inplace.py).
+    ``takes_inputs``: ``call`` empties the list it is given and frees each input after its
+    last use (a backward's saved tensors: the caller keeps no other reference)."""
     in_place = in_place or {}
     prefix = "triton_poi" if backend == "triton" else "cpp_poi"
     kernel_groups = [g for g in groups if g.extern is None]
@@ -154,10 +156,15 @@ def generate(
         names = [b.name for b in program.inputs] + [str(s) for s in program.scalar_sizes]
         if names:
             w.line(f"{', '.join(names)}, = args")
+        if takes_inputs:
+            w.line("args.clear()  # the inputs are ours: each is freed after its last use")
         emit_sizes(w, program)
         last_use = last_reads(groups)
         keep = {o if isinstance(o, str) else o.input for o in program.outputs}
-        keep |= {b.name for b in program.inputs}
+        if takes_inputs:
+            live.update(b.name for b in program.inputs)
+        else:
+            keep |= {b.name for b in program.inputs}
         reuse = reuse_memory(program, groups, plan_of, keep, in_place)
         for k, group in enumerate(groups):
             if group.extern is not None:

@@ -476,7 +476,8 @@ def compile_graph(
         joint = differentiate(graph)
         backward, _ = run_graph_passes(joint.backward)
         call = build_graph(joint.forward, cfg, name, backend, interpret)
-        backward_call = build_graph(backward, cfg, f"{name}_backward", backend, interpret)
+        backward_call = build_graph(backward, cfg, f"{name}_backward", backend, interpret,
+                                    takes_inputs=True)
         trace.emit("graph", f"{name} saved for backward", describe_saved(joint))
         step = TrainingStep(call, backward_call, joint.num_outputs, joint.backward_inputs,
                             joint.input_grads, joint.differentiable)
@@ -504,10 +505,11 @@ def compile_graph(
 
 
 def build_graph(graph: Any, cfg: Config, name: str, backend: str, interpret: bool,
-                writebacks: tuple = ()) -> Callable[[list], tuple]:
+                writebacks: tuple = (), takes_inputs: bool = False) -> Callable[[list], tuple]:
     """A graph after the graph passes -> its generated, built and loaded call(inputs).
     ``writebacks`` (output, input) pairs may be stored in place (never in training: the
-    backward may have saved the input)."""
+    backward may have saved the input).  ``takes_inputs``: call(inputs) empties the list
+    and frees each input after its last use (a backward's saved tensors)."""
     program = lower(split_reductions(graph))
     fusion_log: list[str] = []
     groups = fuse(program, fusion_log)
@@ -516,7 +518,8 @@ def build_graph(graph: Any, cfg: Config, name: str, backend: str, interpret: boo
         in_place = stores_in_place(program, groups, writebacks, fusion_log)
     if cfg.horizontal_fusion:
         groups = combine(groups, fusion_log)
-    code = generate(program, groups, backend, graph_name=name, in_place=in_place)
+    code = generate(program, groups, backend, graph_name=name, in_place=in_place,
+                    takes_inputs=takes_inputs)
     trace.emit("graph", f"{name} after passes", str(graph))
     trace.emit("fusion", name, "\n".join(
         [str(program), ""] + fusion_log + [f"group {g.name}" for g in groups]))

@@ -159,6 +159,7 @@ class CompiledGraphFunction(torch.autograd.Function):
             tensors[k]._minicompile_leaves = tensors[start:start + count]
             start += count
         saved = iter(tensors[:end])
+        del tensors
         values = []
         for kind, k in step.backward_inputs:
             if kind == "grad":
@@ -166,6 +167,12 @@ class CompiledGraphFunction(torch.autograd.Function):
                 values.append(g if g.is_contiguous() else g.contiguous())
             else:
                 values.append(next(saved))
+        del saved, grads
+        # Without retain_graph the saved tensors are ours now: the compiled backward frees
+        # each after its last use (it empties ``values``), not all at its end.
+        clear = getattr(ctx, "maybe_clear_saved_tensors", None)
+        if clear is not None:
+            clear()
         results = step.backward(values) if values or step.input_grads else ()
         out: list = [None]
         inputs = ctx.needs_input_grad[1:]

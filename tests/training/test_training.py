@@ -275,3 +275,31 @@ def test_autocast_bfloat16_training_matches_eager() -> None:
         model.zero_grad()
         twin.zero_grad()
     assert minicompile.stats()["eager_fallbacks"] == 0
+
+
+def test_backward_frees_saved_tensors_after_their_last_use(capsys) -> None:  # noqa: ANN001
+    """The compiled backward takes its saved tensors (the Function clears its own references
+    unless retain_graph) and frees each after its last reader, not all at its end."""
+    from minicompile import config
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 4),
+                                torch.nn.Tanh(), torch.nn.Linear(4, 2))
+    twin = copy.deepcopy(model)
+    compiled = minicompile.compile(twin, backend="cpp")
+    with config.patch(logs=frozenset({"output_code"})):
+        for seed in (1, 2):
+            torch.manual_seed(seed)
+            x = torch.randn(5, 8)
+            model(x).square().sum().backward()
+            compiled(x).square().sum().backward()
+    for p, q in zip(model.parameters(), twin.parameters()):
+        torch.testing.assert_close(q.grad, p.grad, rtol=1e-5, atol=1e-6)
+    err = capsys.readouterr().err
+    backward = err[err.index("_backward (cpp)"):]
+    call = backward[backward.index("def call(args):"):]
+    call = call[:call.index("\n    return (")]
+    assert "args.clear()" in call
+    freed = [name for line in call.splitlines() if line.strip().startswith("del ")
+             for name in line.strip()[4:].split(", ") if name.startswith("arg")]
+    assert freed, call  # saved tensors go before the backward's last kernel

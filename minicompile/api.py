@@ -39,7 +39,7 @@ from minicompile.passes.horizontal import combine
 from minicompile.passes.inplace import stores_in_place
 from minicompile.passes.pipeline import run_graph_passes
 from minicompile.passes.split_reductions import split_reductions
-from minicompile.runtime import build
+from minicompile.runtime import build, cudagraphs
 from minicompile.runtime.autograd import TrainingStep, make_runner
 
 log = logging.getLogger("minicompile")
@@ -479,13 +479,17 @@ def compile_graph(
         backward_call = build_graph(backward, cfg, f"{name}_backward", backend, interpret,
                                     takes_inputs=True)
         trace.emit("graph", f"{name} saved for backward", describe_saved(joint))
+        if cfg.mode == "reduce-overhead":
+            trace.emit("cudagraphs", name, "a training graph (forward and backward) runs "
+                       "without CUDA graphs")
         step = TrainingStep(call, backward_call, joint.num_outputs, joint.backward_inputs,
                             joint.input_grads, joint.differentiable)
         run = make_runner(step, get_inputs, rebuild)
         log.debug("minicompile: compiled %s (forward and backward) in %.3fs", name,
                   time.perf_counter() - start)
         return run, call
-    call = build_graph(graph, cfg, name, backend, interpret, capture.writebacks)
+    call = build_graph(graph, cfg, name, backend, interpret, capture.writebacks,
+                       static=cudagraphs.static_positions(capture.input_sources))
     if any(p.meta.requires_grad for p in capture.graph.placeholders):
         # Nothing here takes a gradient (grad mode is off): run without recording.
         no_grad = torch.no_grad
@@ -505,11 +509,14 @@ def compile_graph(
 
 
 def build_graph(graph: Any, cfg: Config, name: str, backend: str, interpret: bool,
-                writebacks: tuple = (), takes_inputs: bool = False) -> Callable[[list], tuple]:
+                writebacks: tuple = (), takes_inputs: bool = False,
+                static: frozenset[int] | None = None) -> Callable[[list], tuple]:
     """A graph after the graph passes -> its generated, built and loaded call(inputs).
     ``writebacks`` (output, input) pairs may be stored in place (never in training: the
     backward may have saved the input).  ``takes_inputs``: call(inputs) empties the list
-    and frees each input after its last use (a backward's saved tensors)."""
+    and frees each input after its last use (a backward's saved tensors).  ``static``: the
+    inputs whose memory stays put (parameters, buffers), for a graph that is recorded as a
+    CUDA graph under mode="reduce-overhead" (None: never recorded)."""
     program = lower(split_reductions(graph))
     fusion_log: list[str] = []
     groups = fuse(program, fusion_log)
@@ -530,7 +537,13 @@ def build_graph(graph: Any, cfg: Config, name: str, backend: str, interpret: boo
     _stats["kernels"] += len(code.kernels)
     if loaded.from_cache:
         _stats["cache_hits"] += 1
-    return loaded.call
+    if static is None or cfg.mode != "reduce-overhead" or backend != "triton" or interpret:
+        return loaded.call
+    if cfg.store_in_place:  # an optimizer step: its gradients are new tensors every step
+        trace.emit("cudagraphs", name, "optimizer steps run without CUDA graphs")
+        return loaded.call
+    mutated = frozenset(k for k, b in enumerate(program.inputs) if b.name in in_place.values())
+    return cudagraphs.GraphedCall(loaded.call, name, static, mutated)
 
 
 def describe_saved(joint: Any) -> str:
@@ -555,7 +568,9 @@ def compile(
 
     backend: "auto" (Triton for CUDA tensors, C++ for CPU tensors), "triton", "cpp".
     dynamic: None (automatic), True, False.  fullgraph: raise instead of running eagerly.
-    mode: accepted for torch.compile compatibility; every mode compiles the same way today.
+    mode: None / "default" / "max-autotune" compile the same way; "reduce-overhead" also
+    records each inference graph on CUDA tensors as a CUDA graph and replays it
+    (minicompile/runtime/cudagraphs.py).
     """
     if backend not in BACKENDS:
         raise ValueError(f"minicompile.compile: unknown backend {backend!r}; use one of {BACKENDS}")

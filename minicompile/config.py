@@ -16,6 +16,7 @@ from pathlib import Path
 
 LOG_PARTS = (
     "graph", "guards", "recompiles", "dynamic", "graph_breaks", "fusion", "output_code",
+    "cudagraphs",
 )
 
 

@@ -268,6 +268,32 @@ def cat_arguments(node: Node) -> tuple[list[Node], int] | None:
     return list(tensors), dim % ndim
 
 
+# Library calls whose result layout depends on the kernel the device picks.  On the meta
+# device scaled_dot_product_attention takes its math path ([B, H, T, D]-contiguous output);
+# on CUDA FlashAttention and the memory-efficient kernel write [B, T, H, D] memory, so the
+# transpose back to [B, T, H * D] that attention modules do is free.  Their rules run on
+# fake tensors of the real device, where PyTorch makes the choice the kernel will make.
+DEVICE_RULES = frozenset({"torch.nn.functional.scaled_dot_product_attention",
+                          "torch._C._nn.scaled_dot_product_attention"})
+_device_fake_mode: list = []
+
+
+def device_fake_mode() -> Any:
+    """The fake-tensor mode of :data:`DEVICE_RULES` (made on first use)."""
+    if not _device_fake_mode:
+        from torch._subclasses.fake_tensor import FakeTensorMode
+
+        _device_fake_mode.append(FakeTensorMode(allow_non_fake_inputs=True))
+    return _device_fake_mode[0]
+
+
+def _on_device(v: TensorMeta) -> torch.Tensor:
+    """A fake tensor with ``v``'s layout on its own device."""
+    with device_fake_mode():
+        return torch.empty_strided(v.concrete_shape(), v.concrete_stride(), dtype=v.dtype,
+                                   device=v.device)
+
+
 COMPARISONS = frozenset({"eq", "ne", "lt", "le", "gt", "ge"})
 LOGICAL = frozenset({"logical_and", "logical_or", "logical_xor", "logical_not"})
 
@@ -301,6 +327,8 @@ def infer_meta(
         if isinstance(v, TensorMeta):
             if shapes is not None:  # every tensor a fake tensor of the same context
                 return shapes.fake(v.shape, v.stride, v.dtype, device=v.device)
+            if by_device:
+                return _on_device(v)
             return v.fake()
         if isinstance(v, (tuple, list)):  # also an extern's tuple of metas
             return type(v)(fake(x) for x in v)
@@ -310,11 +338,15 @@ def infer_meta(
             return slice(fake(v.start), fake(v.stop), fake(v.step))
         return v
 
+    by_device = name in DEVICE_RULES and device.type == "cuda"
     moved = [v for v in (*args, *kwargs.values()) if isinstance(v, torch.device)]
     if moved:  # a copy to another device: computed on the meta device, placed after
         device = moved[0]
         args = tuple(torch.device("meta") if isinstance(v, torch.device) else v for v in args)
-    if shapes is None:
+    if shapes is None and by_device:
+        with device_fake_mode():
+            out = run_eager(name, fake(args), {k: fake(v) for k, v in kwargs.items()})
+    elif shapes is None:
         out = run_eager(name, fake(args), {k: fake(v) for k, v in kwargs.items()})
     else:
         out = shapes.run(run_eager, name, fake(args), {k: fake(v) for k, v in kwargs.items()})

@@ -1,0 +1,239 @@
+"""``mode="reduce-overhead"``: a compiled graph recorded as a CUDA graph and replayed.
+
+A CUDA graph replays a recorded sequence of kernel launches with one call, so a graph of a
+hundred small kernels costs the host a few microseconds instead of a launch each.  What it
+replays is fixed: the same kernels, on the same memory.  :class:`GraphedCall` wraps a
+generated ``call(inputs)`` and keeps that true:
+
+- **Inputs.**  Parameters and buffers (``static`` positions) are used where they are: their
+  addresses are part of the key, so a moved parameter records again.  Every other input is
+  read from the memory of the tensor the graph was recorded with, which the graph keeps a
+  reference to.  A later call passing that same memory (the same tensor, as a benchmark
+  or a loop over one buffer does) copies nothing; a call passing another tensor has it
+  copied in, if nothing but the graph still holds the recorded tensor (no Python or C++
+  reference, no view, no reference to its storage: the caller's last batch, dropped).
+  When the caller still holds it, the graph is recorded again on buffers of its own, into
+  which every later call is copied.  Sizes and strides are part of the key.
+- **One graph per set of sizes.**  An entry with symbolic sizes records a graph for each
+  set of sizes it is called with, up to ``LIMIT``; past that, the new sizes run the ordinary
+  path (logged under ``cudagraphs``).
+- **Warm-up.**  The first call with a new key runs the ordinary path (Triton compiles, the
+  allocator and cuBLAS make their state); the second records: one run on the graph's own
+  buffers, then the recording, then the replay.
+- **Outputs** live in the graph's private memory pool and stay valid until the same graph
+  is replayed again, as with PyTorch's CUDA-graph trees.  Each replay returns tensors over
+  fresh storage objects; at the next replay those still alive are invalidated, so reading
+  a stale output raises an error that says to ``clone()`` it, never a silently overwritten
+  value.  An output that is a view of an input is returned as that view of the caller's
+  own tensor.
+- **Mutation.**  Write-backs of in-place ops run after the call, from the outputs, on the
+  caller's tensors (capture's ``rebuild``); an input a kernel stores into directly
+  (``mutated``) is copied back to the caller's tensor after the replay.
+
+What cannot be recorded (a tensor on the CPU, a library call that synchronizes, a PyTorch
+without CUDA graphs) runs the ordinary path, with the reason logged once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from minicompile import trace
+
+LIMIT = 8  # recorded graphs per compiled graph (one per set of sizes)
+STALE = ("minicompile: this tensor is an output of a CUDA graph (mode='reduce-overhead') that a "
+         "later call of the same compiled function has overwritten; clone() an output to keep it "
+         "past the next call")
+
+_invalidate = getattr(torch._C, "_set_storage_data_ptr_access_error_msg", None)
+_storage_at = getattr(torch._C, "_construct_storage_from_data_pointer", None)
+_storage_use_count = getattr(torch._C, "_storage_Use_Count", None)
+
+
+def alone(t: torch.Tensor, ours: int = 1) -> bool:
+    """Whether nothing but ``ours`` Python references hold ``t``: no other Python reference
+    to it or to its storage, no C++ one (a view's base, a tensor autograd saved)."""
+    storage = t.untyped_storage()
+    return (sys.getrefcount(t) == ours + 2 and t._use_count() == 1  # + t and the argument
+            and sys.getrefcount(storage) == 3 and _storage_use_count is not None
+            and _storage_use_count(storage._cdata) <= 2)
+
+
+def static_positions(sources: list[str]) -> frozenset[int]:
+    """Inputs whose memory stays put between calls: a module's parameters and buffers."""
+    return frozenset(i for i, s in enumerate(sources)
+                     if "._parameters[" in s or "._buffers[" in s)
+
+
+def why_not(inputs: list) -> str | None:
+    """Why a call with these inputs cannot be recorded (None: it can)."""
+    if not torch.cuda.is_available():
+        return "CUDA is not available"
+    if _invalidate is None or _storage_at is None:
+        return f"PyTorch {torch.__version__} cannot hand out outputs of a CUDA graph safely"
+    for k, x in enumerate(inputs):
+        if isinstance(x, torch.Tensor) and x.device.type != "cuda":
+            return f"input {k} is a {x.device.type} tensor"
+    return None
+
+
+@dataclasses.dataclass
+class _Output:
+    """How a recorded output is handed out at each replay."""
+
+    tensor: torch.Tensor  # the graph's own (pool memory, or a view of an input buffer)
+    input: int | None  # the input whose memory it views, or None: pool memory
+    offset: int  # storage offset relative to that input's
+
+
+class Recorded:
+    """One CUDA graph: its input buffers, its outputs, and what the last replay handed out."""
+
+    def __init__(self, call: Callable[[list], tuple], inputs: list, static: frozenset[int],
+                 mutated: frozenset[int], owned: bool = False) -> None:
+        self.copied = [k for k, x in enumerate(inputs)
+                       if isinstance(x, torch.Tensor) and k not in static]
+        self.mutated = [k for k in self.copied if k in mutated]
+        self.owned = owned  # buffers of its own (else the recording call's tensors)
+        self.handed: list[Any] = []  # weak references to the storages handed out last
+        self.buffers = list(inputs)
+        for k in self.copied if owned else ():
+            x = inputs[k]
+            self.buffers[k] = torch.empty_strided(x.shape, x.stride(), dtype=x.dtype,
+                                                  device=x.device)
+            self.buffers[k].copy_(x)
+        self.pointers = [b.data_ptr() if isinstance(b, torch.Tensor) else 0
+                         for b in self.buffers]
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):  # the warm-up run on the graph's own buffers
+            call(list(self.buffers))
+        torch.cuda.current_stream().wait_stream(stream)
+        torch.cuda.synchronize()
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph, pool=torch.cuda.graph_pool_handle()):
+            outs = call(list(self.buffers))
+        self.outputs = [self._describe(o) for o in outs]
+
+    def __del__(self) -> None:  # the pool goes: no handed-out output may read it
+        try:
+            self._invalidate_handed()
+        except Exception:  # noqa: BLE001 - at interpreter exit torch may be half gone
+            pass
+
+    def _describe(self, out: Any) -> _Output | Any:
+        if not isinstance(out, torch.Tensor):
+            return out
+        ptr = out.untyped_storage().data_ptr()
+        for k, buf in enumerate(self.buffers):
+            if isinstance(buf, torch.Tensor) and buf.untyped_storage().data_ptr() == ptr:
+                return _Output(out, k, out.storage_offset() - buf.storage_offset())
+        return _Output(out, None, out.storage_offset())
+
+    def replay(self, inputs: list) -> tuple | None:
+        """Run the graph on ``inputs``; None when it cannot (the memory it reads is still
+        the caller's, or not where it was recorded): then record on buffers of its own."""
+        buffers = self.buffers
+        for k in self.copied:
+            x, buf = inputs[k], buffers[k]
+            if buf.data_ptr() != self.pointers[k]:  # set_() or resize_() moved it
+                return None
+            if x.data_ptr() != self.pointers[k]:
+                if not self.owned and not alone(buf, ours=2):  # the list, the local
+                    return None
+                buf.copy_(x)
+        self._invalidate_handed()
+        self.graph.replay()
+        for k in self.mutated:
+            if inputs[k].data_ptr() != self.pointers[k]:
+                inputs[k].copy_(buffers[k])
+        return tuple([self._hand_out(o, inputs) for o in self.outputs])
+
+    def _invalidate_handed(self) -> None:
+        for ref in self.handed:
+            if not ref.expired():
+                _invalidate(ref.cdata, STALE)
+        self.handed = []
+
+    def _hand_out(self, out: _Output | Any, inputs: list) -> Any:
+        if not isinstance(out, _Output):
+            return out
+        t = out.tensor
+        if out.input is not None:  # a view of an input: of the caller's tensor
+            x = inputs[out.input]
+            return x.as_strided(t.shape, t.stride(), x.storage_offset() + out.offset)
+        storage = t.untyped_storage()
+        fresh = _storage_at(storage.data_ptr(), t.device, storage.nbytes())
+        result = torch.empty((0,), dtype=t.dtype, device=t.device)
+        result.set_(fresh, out.offset, t.shape, t.stride())
+        self.handed.append(torch.multiprocessing.reductions.StorageWeakRef(fresh))
+        return result
+
+
+class GraphedCall:
+    """``call(inputs)`` recorded and replayed as CUDA graphs (see the module docstring)."""
+
+    def __init__(self, call: Callable[[list], tuple], name: str, static: frozenset[int],
+                 mutated: frozenset[int] = frozenset()) -> None:
+        self.call = call
+        self.name = name
+        self.static, self.mutated = static, mutated
+        self.recorded: dict[tuple, Recorded] = {}
+        self.warm: set[tuple] = set()
+        self.off: str | None = None  # why this graph runs the ordinary path from now on
+
+    def key(self, inputs: list) -> tuple:
+        return tuple([
+            (x.data_ptr() if k in self.static else (x.shape, x.stride()))
+            if isinstance(x, torch.Tensor) else x
+            for k, x in enumerate(inputs)
+        ])
+
+    def __call__(self, inputs: list) -> tuple:
+        if self.off is not None:
+            return self.call(inputs)
+        key = self.key(inputs)
+        graph = self.recorded.get(key)
+        if graph is not None:
+            outs = graph.replay(inputs)
+            if outs is not None:
+                return outs
+            return self.record(key, inputs, owned=True)
+        if key not in self.warm:
+            reason = why_not(inputs)
+            if reason is not None:
+                return self.turn_off(reason, inputs)
+            self.warm.add(key)
+            return self.call(inputs)
+        if len(self.recorded) >= LIMIT:
+            trace.emit("cudagraphs", self.name,
+                       f"{LIMIT} graphs recorded already: these sizes run without CUDA graphs")
+            return self.call(inputs)
+        return self.record(key, inputs, owned=False)
+
+    def record(self, key: tuple, inputs: list, owned: bool) -> tuple:
+        old = self.recorded.pop(key, None)
+        if old is not None:
+            old._invalidate_handed()
+        try:
+            graph = Recorded(self.call, inputs, self.static, self.mutated, owned)
+        except RuntimeError as e:  # e.g. a library call that synchronizes while recording
+            return self.turn_off(f"recording failed: {str(e).splitlines()[0]}", inputs)
+        self.recorded[key] = graph
+        where = "buffers of its own" if owned else "the recording call's tensors"
+        trace.emit("cudagraphs", self.name, f"recorded graph {len(self.recorded)}: "
+                   f"{len(graph.copied)} inputs read from {where}, "
+                   f"{len(inputs) - len(graph.copied)} (parameters, buffers) in place")
+        outs = graph.replay(inputs)
+        assert outs is not None  # just recorded on these inputs
+        return outs
+
+    def turn_off(self, reason: str, inputs: list) -> tuple:
+        self.off = reason
+        trace.emit("cudagraphs", self.name, f"runs without CUDA graphs: {reason}")
+        return self.call(inputs)

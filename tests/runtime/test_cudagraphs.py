@@ -1,0 +1,267 @@
+"""mode="reduce-overhead": compiled graphs recorded as CUDA graphs and replayed
+(minicompile/runtime/cudagraphs.py).  Every test compares with eager on fresh values, call
+after call: a replay that reads the first call's inputs is the bug these tests look for."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import minicompile
+from minicompile.runtime import cudagraphs
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+
+@pytest.fixture(autouse=True)
+def _reset():
+    minicompile.reset()
+    yield
+    minicompile.reset()
+
+
+def graphed(compiled):
+    """The GraphedCall of a compiled function's (only) entry."""
+    fn = compiled._compiled if isinstance(compiled, torch.nn.Module) else compiled
+    (entry,) = fn.entries
+    assert isinstance(entry.call, cudagraphs.GraphedCall), entry.call
+    return entry.call
+
+
+def test_parameters_and_buffers_are_static_inputs():
+    sources = ["L['x']", "L['self']._modules['l']._parameters['weight']",
+               "L['self']._buffers['mask']", "G['table']"]
+    assert cudagraphs.static_positions(sources) == frozenset({1, 2})
+
+
+def test_alone_sees_every_other_holder():
+    keep = [torch.randn(10)]
+
+    def alone() -> bool:  # outside assert: pytest's rewriting keeps references of its own
+        found = cudagraphs.alone(keep[0])
+        return found
+
+    seen = [alone()]
+    held = keep[0]
+    seen.append(alone())
+    del held
+    view = keep[0][1:]
+    seen.append(alone())
+    del view
+    storage = keep[0].untyped_storage()
+    seen.append(alone())
+    del storage
+    w = torch.randn(10, requires_grad=True)
+    loss = (w * keep[0]).sum()  # autograd saves keep[0]
+    seen.append(alone())
+    del loss
+    seen.append(alone())
+    assert seen == [True, False, False, False, False, True]
+
+
+def test_cpu_tensors_run_the_ordinary_path():
+    calls = []
+
+    def call(inputs):
+        calls.append(inputs)
+        return (inputs[0] + 1,)
+
+    g = cudagraphs.GraphedCall(call, "f", frozenset())
+    for _ in range(3):
+        x = torch.randn(4)
+        torch.testing.assert_close(g([x])[0], x + 1)
+    assert len(calls) == 3 and not g.recorded
+    assert g.off is not None
+
+
+def test_reduce_overhead_on_cpu_compiles_as_usual():
+    @minicompile.compile(mode="reduce-overhead")
+    def f(x, y):
+        return torch.sin(x) * y + 1
+
+    for _ in range(3):
+        x, y = torch.randn(5, 7), torch.randn(7)
+        torch.testing.assert_close(f(x, y), torch.sin(x) * y + 1)
+    assert minicompile.stats()["eager_fallbacks"] == 0
+
+
+@cuda
+def test_replays_see_new_values():
+    @minicompile.compile(mode="reduce-overhead")
+    def f(x, y):
+        return (torch.sin(x) * y).sum(-1), torch.relu(x) + y
+
+    for _ in range(5):
+        x, y = torch.randn(64, 128, device="cuda"), torch.randn(128, device="cuda")
+        out = f(x, y)
+        torch.testing.assert_close(out[0], (torch.sin(x) * y).sum(-1))
+        torch.testing.assert_close(out[1], torch.relu(x) + y)
+    assert len(graphed(f).recorded) == 1
+
+
+@cuda
+def test_inputs_in_the_recorded_memory_are_not_copied():
+    @minicompile.compile(mode="reduce-overhead")
+    def f(x):
+        return torch.sigmoid(x) * 3
+
+    x = torch.randn(256, device="cuda")
+    for _ in range(5):
+        x.copy_(torch.randn(256, device="cuda"))  # the same tensor, new values
+        torch.testing.assert_close(f(x), torch.sigmoid(x) * 3)
+    (graph,) = graphed(f).recorded.values()
+    assert not graph.owned and graph.buffers[0] is x
+
+
+@cuda
+def test_a_dropped_batch_is_overwritten_a_held_one_never():
+    @minicompile.compile(mode="reduce-overhead")
+    def f(x):
+        return x.exp() - 1
+
+    for _ in range(4):  # each batch dropped before the next call
+        x = torch.randn(64, device="cuda")
+        torch.testing.assert_close(f(x), x.exp() - 1)
+        del x
+    (graph,) = graphed(f).recorded.values()
+    assert not graph.owned  # later batches were copied into the recorded one
+
+    @minicompile.compile(mode="reduce-overhead")
+    def g(x):
+        return x.exp() - 1
+
+    held = [torch.randn(64, device="cuda") for _ in range(5)]  # the caller keeps them all
+    copies = [h.clone() for h in held]
+    for h in held:  # warm-up on held[0], recorded on held[1], then held[2]...
+        torch.testing.assert_close(g(h), h.exp() - 1)
+    for h, c in zip(held, copies):
+        torch.testing.assert_close(h, c)  # nothing was written into a held input
+    (graph,) = graphed(g).recorded.values()
+    assert graph.owned  # recorded again on a buffer of its own
+
+
+@cuda
+def test_module_parameters_are_read_in_place():
+    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.GELU(),
+                                torch.nn.LayerNorm(64)).cuda().eval()
+    compiled = minicompile.compile(model, mode="reduce-overhead")
+    with torch.no_grad():
+        for _ in range(4):
+            x = torch.randn(8, 32, device="cuda")
+            torch.testing.assert_close(compiled(x), model(x))
+            for p in model.parameters():  # an optimizer's in-place update
+                p.add_(torch.randn_like(p) * 0.1)
+    g = graphed(compiled)
+    (recorded,) = g.recorded.values()
+    assert len(recorded.copied) == 1  # x alone; parameters are used where they are
+
+
+@cuda
+def test_mutated_inputs_are_written_back():
+    @minicompile.compile(mode="reduce-overhead")
+    def f(x, acc):
+        acc.add_(x)
+        x.mul_(2)
+        return acc.sum()
+
+    for _ in range(4):
+        x, acc = torch.randn(16, device="cuda"), torch.randn(16, device="cuda")
+        x0, acc0 = x.clone(), acc.clone()
+        total = f(x, acc)
+        torch.testing.assert_close(acc, acc0 + x0)
+        torch.testing.assert_close(x, x0 * 2)
+        torch.testing.assert_close(total, (acc0 + x0).sum())
+
+
+@cuda
+def test_outputs_stay_valid_until_the_next_call():
+    @minicompile.compile(mode="reduce-overhead")
+    def f(x):
+        return x.cos() + 1
+
+    for _ in range(2):  # warm-up, then record
+        f(torch.randn(32, device="cuda"))
+    a, b = torch.randn(32, device="cuda"), torch.randn(32, device="cuda")
+    out_a = f(a)
+    kept = out_a.clone()
+    view = out_a[3:]
+    torch.testing.assert_close(out_a, a.cos() + 1)
+    out_b = f(b)
+    torch.testing.assert_close(out_b, b.cos() + 1)
+    torch.testing.assert_close(kept, a.cos() + 1)
+    with pytest.raises(RuntimeError, match="clone"):
+        out_a.sum()
+    with pytest.raises(RuntimeError, match="clone"):
+        view.sum()
+    torch.testing.assert_close(out_b, b.cos() + 1)  # the newest output is intact
+
+
+@cuda
+def test_an_output_that_views_an_input_views_the_callers_tensor():
+    @minicompile.compile(mode="reduce-overhead")
+    def f(x):
+        return x.t(), x * 3
+
+    for _ in range(3):
+        x = torch.randn(4, 6, device="cuda")
+        t, y = f(x)
+        assert t.data_ptr() == x.data_ptr() and t.shape == (6, 4)
+        torch.testing.assert_close(y, x * 3)
+
+
+@cuda
+def test_non_contiguous_inputs():
+    @minicompile.compile(mode="reduce-overhead")
+    def f(x):
+        return torch.softmax(x, -1)
+
+    for _ in range(4):
+        x = torch.randn(48, 40, device="cuda").t()
+        torch.testing.assert_close(f(x), torch.softmax(x, -1))
+
+
+@cuda
+def test_one_graph_per_size_then_the_ordinary_path():
+    @minicompile.compile(mode="reduce-overhead", dynamic=True)
+    def f(x):
+        return torch.tanh(x) * 2
+
+    sizes = list(range(2, 2 + cudagraphs.LIMIT + 2))
+    for _ in range(2):
+        for n in sizes:
+            for _ in range(2):
+                x = torch.randn(n, 8, device="cuda")
+                torch.testing.assert_close(f(x), torch.tanh(x) * 2)
+    g = graphed(f)
+    assert len(g.recorded) == cudagraphs.LIMIT
+    assert minicompile.stats()["recompiles"] == 0
+
+
+@cuda
+def test_graph_break_segments_are_each_recorded():
+    seen = []
+
+    @minicompile.compile(mode="reduce-overhead")
+    def f(x):
+        y = x.exp()
+        seen.append(float(y.sum()))  # a graph break
+        return y * 2 + 1
+
+    for _ in range(4):
+        x = torch.randn(8, device="cuda")
+        torch.testing.assert_close(f(x), x.exp() * 2 + 1)
+        assert seen[-1] == pytest.approx(float(x.exp().sum()), rel=1e-5)
+
+
+@cuda
+def test_training_graphs_run_without_cuda_graphs():
+    model = torch.nn.Linear(8, 4).cuda()
+    compiled = minicompile.compile(model, mode="reduce-overhead")
+    for _ in range(3):
+        x = torch.randn(5, 8, device="cuda")
+        compiled(x).square().sum().backward()
+        grad = model.weight.grad.clone()
+        model.weight.grad = None
+        model(x).square().sum().backward()
+        torch.testing.assert_close(grad, model.weight.grad)
+        model.weight.grad = None

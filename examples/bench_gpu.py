@@ -66,11 +66,14 @@ def module_rows() -> list[Row]:
     torch.manual_seed(0)
     attn = CausalSelfAttention(GPTConfig(n_embd=768, n_head=12)).cuda().half().eval()
     xa = torch.randn(32, 1024, 768, device="cuda", dtype=torch.half)
+    small = CausalSelfAttention(GPTConfig(n_embd=256, n_head=4)).cuda().half().eval()
+    xs = torch.randn(8, 128, 256, device="cuda", dtype=torch.half)
     gpt = GPT(GPTConfig(n_layer=4, n_embd=256, n_head=4, block_size=128)).cuda().eval()
     idx = torch.randint(0, gpt.config.vocab_size, (8, 128), device="cuda")
     rows = []
     for mode in (None, "reduce-overhead"):
         rows.append(("CausalSelfAttention B32 T1024 C768 fp16", attn, (xa,), None, mode))
+        rows.append(("CausalSelfAttention B8 T128 C256 fp16", small, (xs,), None, mode))
         rows.append(("nanoGPT forward, 4 x 256, 8 x 128 tokens", gpt, (idx,), None, mode))
     return rows
 

@@ -90,25 +90,6 @@ def _clamp(b: _Builder, x: Node, min: Any = None, max: Any = None) -> Node:
     return out
 
 
-def _linear(b: _Builder, input: Any, weight: Any, bias: Any = None) -> Node | None:
-    """F.linear with a bias on CUDA in float32: the product alone is the library call and
-    the bias is added by the kernel that reads the product (fused with what follows, a
-    GELU or a residual add).  For these shapes cuBLAS picks a faster algorithm for a plain
-    product than for one with a bias epilogue (Inductor splits addmm the same way).  Low
-    precision keeps the library's fused bias, and with it eager's single rounding."""
-    meta = b.origin.meta
-    if not (isinstance(bias, Node) and isinstance(input, Node) and isinstance(weight, Node)):
-        return None
-    if meta.device.type != "cuda" or meta.dtype != torch.float32 or input.meta.ndim < 2:
-        return None
-    return b("add", b("torch.nn.functional.linear", input, weight), bias)
-
-
-# Library calls split into a smaller library call and prims.
-LIBRARY_DECOMPOSITIONS: dict[str, Callable[..., Node | None]] = {
-    "torch.nn.functional.linear": _linear,
-}
-
 DECOMPOSITIONS: dict[str, Callable[..., Node]] = {
     "relu": _relu,
     "gelu": _gelu,
@@ -135,7 +116,6 @@ def decompose(graph: Graph) -> Graph:
             or REDUCTION_DECOMPOSITIONS.get(node.target)
             or LOSS_DECOMPOSITIONS.get(node.target)
             or VIEW_DECOMPOSITIONS.get(node.target)
-            or LIBRARY_DECOMPOSITIONS.get(node.target)
         )
         if rule is None:
             return None

@@ -44,14 +44,6 @@ KNOWN_FAILURES: dict[str, str] = {
         f"[{backend}-batch_norm_eval_transposed]": _EXTERN_META_STRIDES
         for backend in (("cpp",) if torch.cuda.is_available() else ("cpp", "triton"))
     },
-    **{
-        f"backends/test_reductions.py::test_shape_op_matches_eager[triton-{case}]":
-            _EXTERN_META_STRIDES
-        for case in (
-            ("sdpa_causal_False", "sdpa_causal_True", "sdpa_transposed_q")
-            if torch.cuda.is_available() else ()
-        )
-    },
 }
 
 

@@ -93,10 +93,10 @@ def model_rows() -> list[Row]:
     return [
         ("timm resnet50 bf16, 32 x 224^2", bf16(timm.create_model("resnet50")), (images,),
          None, None),
-        ("timm ViT-B/16 bf16, 32 x 224^2",
-         bf16(timm.create_model("vit_base_patch16_224")), (images,), None, None),
         ("transformers BERT-base bf16, 8 x 128", bf16(bert), (tokens,), None, None),
         ("transformers GPT-2 small bf16, 8 x 128", bf16(gpt2), (tokens,), None, None),
+        ("timm ViT-B/16 bf16, 32 x 224^2",
+         bf16(timm.create_model("vit_base_patch16_224")), (images,), None, None),
     ]
 
 

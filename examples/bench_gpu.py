@@ -109,8 +109,9 @@ def first_tensor(value: Any) -> torch.Tensor:
 
 
 def check(name: str, got: Any, want: Any) -> None:
-    got, want = first_tensor(got).float(), first_tensor(want).float()
-    low = want.dtype in (torch.half, torch.bfloat16) or first_tensor(got).dtype != torch.float32
+    got, want = first_tensor(got), first_tensor(want)
+    low = want.dtype in (torch.half, torch.bfloat16)
+    got, want = got.float(), want.float()
     err = ((got - want).norm() / want.norm().clamp_min(1e-12)).item()
     if err > (2e-2 if low else 1e-4) or not torch.isfinite(got).all():
         raise SystemExit(f"{name}: minicompile differs from eager (relative error {err:.2e})")

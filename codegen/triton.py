@@ -135,6 +135,19 @@ def _round(value: str, dtype: torch.dtype) -> str:
     return f"{value}.to(tl.float16).to(tl.float32)"
 
 
+def _small_power(e: Op, args: list[str]) -> str | None:
+    """``x ** 2`` of a float as PyTorch's pow kernels compute it, ``x * x`` (the correctly
+    rounded square), not through libdevice's general pow: an RMS norm's square is then one
+    multiply, not tens of instructions an element."""
+    if e.op != "pow" or not e.args[0].dtype.is_floating_point:
+        return None
+    exponent = e.args[1]
+    if not isinstance(exponent, Constant) or isinstance(exponent.value, bool):
+        return None
+    x = args[0]
+    return f"{x} * {x}" if exponent.value == 2 else None
+
+
 class TritonKernel:
     """Emits one ``@triton.jit`` function for a pointwise plan; the reduction emitter
     (codegen/triton_reduction.py) extends it.  Every variable has a *level*, the block axes
@@ -311,7 +324,8 @@ class TritonKernel:
             op = "truediv_f32"
         elif op == "reciprocal" and compute_dtype(operand_dtype) != torch.float32:
             op = "reciprocal_f64"
-        text = TRITON_OPS[op].format(*args, t=TRITON_DTYPES[compute_dtype(e.dtype)])
+        text = _small_power(e, args) or TRITON_OPS[op].format(
+            *args, t=TRITON_DTYPES[compute_dtype(e.dtype)])
         if e.dtype in LOW_PRECISION:
             text = f"{_round(f'({text})', e.dtype)}"
         return self.fresh(text, axes)

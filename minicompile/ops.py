@@ -245,7 +245,15 @@ RANDOM_EXTERNS = frozenset(
         ("torch", "dropout alpha_dropout feature_dropout feature_alpha_dropout"),
     )
     for name in names.split()
-)
+) | {"minicompile.ops.dropout_in_place_draws"}
+
+
+def dropout_in_place_draws(x: torch.Tensor, p: float, fname: str) -> torch.Tensor:
+    """``F.<fname>(x, p, True, inplace=True)`` run on a copy of ``x``: the in-place form's
+    draws without mutating a graph value.  On CUDA eager's in-place dropout takes the
+    bernoulli path and its out-of-place one the fused kernel, so the two draw different
+    masks from the same seed; a traced in-place dropout must draw the in-place ones."""
+    return getattr(F, fname)(x.clone(), p, True, True)
 
 # Concatenation: a library call lowering reads piecewise and autograd slices back.
 CAT_OPS = frozenset({"torch.cat", "torch.concat", "torch.concatenate", "torch.stack"})

@@ -353,7 +353,8 @@ class CallsMixin:
         pos, kw = self._values(args, kwargs)
         fname = externs.public_name(fn) or externs._describe(fn)
         target = kw.pop("out") if "out" in kw else None
-        inplace = kw.get("inplace") is True and fname.startswith("torch.nn.functional")
+        inplace = kw.get("inplace") is True and fname.startswith("torch.nn.functional") and (
+            fn not in training_ops.OWN_IN_PLACE)
         if inplace:
             kw["inplace"] = False
         if fn in torch_ops.FUNCTIONS:

@@ -32,6 +32,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from minicompile import ops
 from minicompile.capture import mutation
 from minicompile.capture.torch_ops import Emitter, parse, register, shape_of, tensor_arg
 from minicompile.capture.variables import TensorVar
@@ -207,11 +208,18 @@ def _dropout(em: Emitter, fname: str, args: tuple, kwargs: dict) -> Any:
         return x  # eager returns its input itself
     fn = getattr(F if functional else torch, fname.rpartition(".")[2])
     call_args = (x, float(p), True, False) if functional else (x, float(p), True)
-    result = em.extern(fn, call_args, {})
-    if inplace:  # positional inplace=True (the keyword form is done by the caller)
+    if inplace:  # the in-place kernel's draws (ops.dropout_in_place_draws)
+        draws = (x, float(p), fname.rpartition(".")[2])
+        result = em.op(ops.extern_op(ops.dropout_in_place_draws), draws, {}, track=False)
+    else:
+        result = em.extern(fn, call_args, {})
+    if inplace:
         return mutation.mutate(em, x, result, f"{fname}(inplace=True)")  # type: ignore[arg-type]
     return result
 
 
 for _name in _DROPOUTS:
     register(f"F.{_name}", f"torch.{_name}")(_dropout)
+
+# Functions that take inplace=True themselves (calls.py makes the others functional).
+OWN_IN_PLACE = frozenset(getattr(F, n) for n in _DROPOUTS if hasattr(F, n))

@@ -75,6 +75,7 @@ def reset() -> None:
         fn.eager_reason = None
     build.forget()
     _callee_wrappers.clear()
+    _compiled_steps.clear()
     for key in _stats:
         _stats[key] = 0
 
@@ -195,7 +196,15 @@ class CompiledFunction:
 
     def call_at_break(self, fn: Any, args: list, kwargs: dict) -> Any:
         """A call the frame broke at.  When it is a function of the user's (the break was
-        inside it), it runs compiled as a frame of its own, as PEP 523 would give it."""
+        inside it), it runs compiled as a frame of its own, as PEP 523 would give it; an
+        optimizer's ``step`` runs as ``minicompile.compile(opt.step)`` runs it."""
+        opt = optim.recognise(fn)
+        if opt is not None:
+            steps = _compiled_steps.setdefault(opt, {})
+            key = (getattr(fn, "__func__", fn), self.cfg)
+            if key not in steps:
+                steps[key] = compile_step(fn, opt, self.cfg)
+            return steps[key](*args, **kwargs)
         if _is_user_function(fn):
             wrappers = _callee_wrappers.setdefault(fn, {})
             wrapper = wrappers.get(self.cfg)
@@ -418,6 +427,8 @@ class CompiledFunction:
 
 
 _callee_wrappers: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+# Optimizer steps called inside compiled frames: optimizer -> {(step, cfg): CompiledStep}.
+_compiled_steps: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def _is_user_function(fn: Any) -> bool:
@@ -593,12 +604,17 @@ def compile(
         return OptimizedModule(fn, cfg)
     opt = optim.recognise(fn)
     if opt is not None:  # an optimizer's step: its update, with combo kernels
-        # Static sizes: a different set of parameters is another structure, not a size.
-        update_cfg = dataclasses.replace(cfg, dynamic=False, horizontal_fusion=True,
-                                         store_in_place=True)
-        return optim.CompiledStep(fn, opt, lambda f: CompiledFunction(f, update_cfg), _stats,
-                                  fullgraph)
+        return compile_step(fn, opt, cfg)
     return CompiledFunction(fn, cfg)
+
+
+def compile_step(fn: Callable, opt: Any, cfg: Config) -> optim.CompiledStep:
+    """``opt.step`` (``fn``) compiled: its update traced with combo kernels and in-place
+    stores.  Static sizes: another set of parameters is another structure, not a size."""
+    update_cfg = dataclasses.replace(cfg, dynamic=False, horizontal_fusion=True,
+                                     store_in_place=True)
+    return optim.CompiledStep(fn, opt, lambda f: CompiledFunction(f, update_cfg), _stats,
+                              cfg.fullgraph)
 
 
 class OptimizedModule(torch.nn.Module):

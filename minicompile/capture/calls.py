@@ -14,6 +14,7 @@ from __future__ import annotations
 import collections.abc
 import inspect
 import logging
+import re
 import types
 from typing import TYPE_CHECKING, Any
 
@@ -55,6 +56,8 @@ from minicompile.capture.variables import (
     WithExitVar,
 )
 from minicompile.errors import Unsupported
+
+_OPTIM = re.compile(r"torch\.optim(\.|$)")  # optimizers and LR schedulers
 
 if TYPE_CHECKING:
     from minicompile.capture.interpreter import InstructionTranslator
@@ -131,6 +134,10 @@ class CallsMixin:
                 if callable(attr):
                     return MethodVar(obj, name)
                 return self.fold(lambda v: getattr(v, name), obj, what=f".{name}")
+        if isinstance(obj, OpaqueVar) and _OPTIM.match(type(obj.value).__module__) and (
+            obj.source is not None and callable(getattr(obj.value, name, None))
+        ):  # opt.step(), sched.step(): called at a graph break (api.call_at_break)
+            return OpaqueVar(getattr(obj.value, name), obj.source.attr(name))
         raise Unsupported(f"attribute {name!r} of {obj.describe()} is not supported yet")
 
     def function_attr(self: InstructionTranslator, obj: UserFunctionVar, name: str) -> Var:
@@ -325,6 +332,11 @@ class CallsMixin:
                 raise Unsupported(f"creating {fn.value.__qualname__} objects is not supported")
             if isinstance(fn.value, type):
                 return pybuiltins.call_builtin(out, fn.value, args, kwargs)
+            owner = getattr(fn.value, "__self__", None)
+            if _OPTIM.match(type(owner).__module__):
+                raise Unsupported(
+                    f"{type(owner).__name__}.{fn.value.__name__}() runs at a graph break (a "
+                    "supported optimizer's step runs its compiled update there)")
             raise Unsupported(f"call to {externs._describe(fn.value)} is not supported")
         raise Unsupported(f"calling {fn.describe()} is not supported")
 

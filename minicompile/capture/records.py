@@ -76,12 +76,46 @@ def is_model_output(cls: type) -> bool:
     )
 
 
+def _renames_cache_kwargs(init: Any) -> bool:
+    """Whether ``init`` is the wrapper transformers (5.2x) puts around a ModelOutput's
+    dataclass ``__init__`` (``_BCCacheNameMeta``): it renames a ``past_key_values`` or
+    ``cache_params`` keyword to ``cache`` and calls the dataclass ``__init__``."""
+    code = getattr(init, "__code__", None)
+    return (code is not None and hasattr(init, "__wrapped__")
+            and code.co_filename.replace("\\", "/").endswith("transformers/utils/generic.py")
+            and "_rename_kwargs_for_bc" in code.co_names)
+
+
+def _dataclass_init(cls: type) -> Any:
+    """The dataclass-generated ``__init__`` of ``cls`` (behind transformers' renaming
+    wrapper, which :func:`construct` applies itself), or whatever ``__init__`` is."""
+    init = getattr(cls, "__init__", None)
+    if is_model_output(cls) and _renames_cache_kwargs(init):
+        return init.__wrapped__
+    return init
+
+
+def _rename_cache_kwargs(cls: type, kwargs: dict) -> dict:
+    """The keywords transformers' wrapper passes on (``past_key_values`` / ``cache_params``
+    become ``cache``; both given: the ValueError eager raises, as a graph break)."""
+    if not _renames_cache_kwargs(getattr(cls, "__init__", None)):
+        return kwargs
+    for old in ("past_key_values", "cache_params"):
+        if old in kwargs:
+            if "cache" in kwargs:
+                raise Unsupported(f"{cls.__name__}(): both cache and {old} (eager raises "
+                                  "ValueError)")
+            kwargs = {("cache" if k == old else k): v for k, v in kwargs.items()}
+            break
+    return kwargs
+
+
 def is_record_class(cls: type) -> bool:
     """A dataclass whose ``__init__`` is the generated one and whose ``__post_init__`` is
     none or ModelOutput's (both modelled here)."""
     if not dataclasses.is_dataclass(cls) or not isinstance(cls, type):
         return False
-    init = getattr(cls, "__init__", None)
+    init = _dataclass_init(cls)
     code = getattr(init, "__code__", None)
     if code is None or code.co_filename != "<string>":  # dataclasses exec()s its __init__
         return False
@@ -93,6 +127,7 @@ def is_record_class(cls: type) -> bool:
 def construct(tx: InstructionTranslator, cls: type, args: list, kwargs: dict) -> RecordVar:
     """``cls(*args, **kwargs)`` for a record class."""
     names = [f.name for f in dataclasses.fields(cls) if f.init]
+    kwargs = _rename_cache_kwargs(cls, kwargs)
     params = [inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD) for n in names]
     try:
         bound = inspect.Signature(params).bind_partial(*args, **kwargs)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
+import linecache
 import logging
 import time
 import types
@@ -23,12 +24,13 @@ from typing import Any
 
 import torch
 
-from minicompile import config, optim, trace
+from minicompile import config, optim, trace, user_errors
 from minicompile.capture import Break, Capture, ResumePoint, capture_segment, concrete
 from minicompile.capture import root_point, training_ops
 from minicompile.capture.dynamic import STATIC, DynamicPolicy
 from minicompile.config import Config
 from minicompile.errors import BackendCompilerFailed, Unsupported
+from minicompile.graph import SourceLine
 from minicompile.lowering import lower
 from minicompile.ops import run_graph
 
@@ -137,9 +139,11 @@ class CompiledFunction:
         )
         for entry in self.segments[self.root]:
             if entry.capture.guards.check(*frame):
-                if entry.stop is None:
-                    return entry.run(frame)
-                return self.resume(entry, entry.run(frame))
+                try:
+                    state = entry.run(frame)
+                except Exception as e:
+                    state = self.recover(entry, frame, e)
+                return state if entry.stop is None else self.resume(entry, state)
         return self.compile_and_run(frame, args, kwargs)
 
     @property
@@ -163,6 +167,10 @@ class CompiledFunction:
             f.call = self.call_at_break
             try:
                 concrete.step(f)  # the breaking instruction
+            except Exception as e:  # the user's: raised where eager raises it
+                if stop.reason.raises:  # the break was this error: trace again next time
+                    self.forget(entry)
+                raise user_errors.raise_at(e, [self.source_line(f.last)])
             finally:
                 _stats["concrete_instructions"] += f.steps
             if f.returned:
@@ -175,9 +183,18 @@ class CompiledFunction:
             if found is None:
                 return self.finish_concretely(f, point)
             entry = found
+            try:
+                state = entry.run(values)
+            except Exception as e:
+                state = self.recover(entry, values, e)
             if entry.stop is None:
-                return entry.run(values)
-            state = entry.run(values)
+                return state
+
+    def forget(self, entry: Entry) -> None:
+        """Drop a compiled segment (it broke at the user's error, not at a limit of ours)."""
+        for entries in self.segments.values():
+            if entry in entries:
+                entries.remove(entry)
 
     def finish_concretely(self, f: concrete.Frame, point: ResumePoint) -> Any:
         """The rest of the frame from ``point`` cannot be compiled.  This call has run
@@ -190,6 +207,8 @@ class CompiledFunction:
         f.steps = 0
         try:
             return concrete.run_to_end(f)
+        except Exception as e:  # the user's: raised where eager raises it
+            raise user_errors.raise_at(e, [self.source_line(f.last)])
         finally:
             _stats["concrete_instructions"] += f.steps
 
@@ -222,8 +241,9 @@ class CompiledFunction:
         _stats["frames"] += 1
         try:
             capture, stop = self.capture(point, values, entries, name)
-        except Unsupported as e:
-            trace.emit("graph_breaks", name, f"running the rest eagerly: {e.describe()}")
+        except Exception as e:
+            reason = self.why_not_captured(e, name)
+            trace.emit("graph_breaks", name, f"running the rest eagerly: {reason}")
             self.concrete_points.add(point)
             _stats["eager_fallbacks"] += 1
             return None
@@ -280,25 +300,75 @@ class CompiledFunction:
         _stats["frames"] += 1
         try:
             capture, stop = self.capture(self.root, frame, self.entries, name, not cfg.fullgraph)
-        except Unsupported as e:
-            if cfg.fullgraph:
+        except Exception as e:
+            if cfg.fullgraph and isinstance(e, Unsupported):
                 raise
-            self.breaks.append(e)
-            trace.emit("graph_breaks", name, f"running {name} eagerly: {e.describe()}")
-            log.info("minicompile: running %s eagerly: %s", name, e.describe())
-            return self.give_up(e.describe(), args, kwargs)
+            reason = self.why_not_captured(e, name)
+            if isinstance(e, Unsupported):
+                self.breaks.append(e)
+            trace.emit("graph_breaks", name, f"running {name} eagerly: {reason}")
+            log.info("minicompile: running %s eagerly: %s", name, reason)
+            if isinstance(e, Unsupported) and e.raises:
+                return self.run_eagerly_once(reason, args, kwargs)
+            return self.give_up(reason, args, kwargs)
         entry = self.new_entry(capture, stop, name, frame)
         self.entries.insert(0, entry)
         try:
             result = entry.run(frame)
-        except Exception as e:  # a kernel that failed to build at launch (Triton JIT)
-            if cfg.strict or not _is_build_failure(e):
-                raise
-            warnings.warn(f"minicompile: {name} runs eagerly: kernel failed to build: {e}",
-                          stacklevel=3)
-            self.run_graph_eagerly(entry, f"kernel failed to build: {e}")
-            result = entry.run(frame)
+        except Exception as e:
+            result = self.recover(entry, frame, e)
         return result if entry.stop is None else self.resume(entry, result)
+
+    # -- errors -----------------------------------------------------------------------------
+
+    def why_not_captured(self, e: Exception, name: str) -> str:
+        """The reason a capture failed, for the logs.  An exception other than Unsupported
+        is minicompile's own bug: one warning, and the code runs eagerly (strict mode
+        raises it)."""
+        if isinstance(e, Unsupported):
+            return e.describe()
+        if self.cfg.strict:
+            raise e
+        reason = f"internal error while capturing: {type(e).__name__}: {e}"
+        log.debug("minicompile: capturing %s failed", name, exc_info=True)
+        warnings.warn(f"minicompile: {name} runs eagerly: {reason}", stacklevel=5)
+        return reason
+
+    def run_eagerly_once(self, reason: str, args: tuple, kwargs: dict[str, Any]) -> Any:
+        """The frame raises in eager (the user's error, found while tracing): run it eagerly
+        so the user sees that exception.  Later calls are compiled as usual, unless this one
+        did not raise after all."""
+        _stats["eager_fallbacks"] += 1
+        result = self.fn(*args, **kwargs)
+        self.eager_reason = reason
+        return result
+
+    def recover(self, entry: Entry, frame: tuple, e: Exception) -> Any:
+        """A compiled segment raised ``e``.  If eager raises too, on the same inputs, the
+        error is the user's: it is raised as eager raises it (type, message, the user's line
+        in the traceback).  If eager does not, the compiled code is wrong (or failed to
+        build at launch: Triton's JIT): one warning, and the segment's graph runs eagerly
+        from now on (strict mode raises)."""
+        name = self.fn.__qualname__
+        capture = entry.capture
+        if entry.eager_reason is not None or (self.cfg.strict and _is_build_failure(e)):
+            raise e  # an eager graph raises at the user's line already
+        with torch.no_grad():  # raises the user's exception, if there is one
+            run_graph(capture.graph, capture.get_inputs(*frame), on_error=_raise_at_node)
+        if self.cfg.strict:
+            raise e
+        what = "kernel failed to build" if _is_build_failure(e) else (
+            f"compiled code raised {type(e).__name__} where eager does not")
+        warnings.warn(f"minicompile: {name} runs eagerly: {what}: {e}", stacklevel=4)
+        self.run_graph_eagerly(entry, f"{what}: {e}")
+        return entry.run(frame)
+
+    def source_line(self, inst: Any) -> SourceLine:
+        """The user's line of an instruction of this frame."""
+        code = self.fn.__code__
+        lineno = inst.lineno if inst is not None else code.co_firstlineno
+        return SourceLine(code.co_filename, lineno, code.co_name,
+                          linecache.getline(code.co_filename, lineno))
 
     # -- dynamic shapes ---------------------------------------------------------------------
 
@@ -376,7 +446,7 @@ class CompiledFunction:
         graph, get_inputs, rebuild = capture.graph, capture.get_inputs, capture.rebuild
 
         def run(frame: tuple) -> Any:
-            return rebuild(run_graph(graph, get_inputs(*frame)), *frame)
+            return rebuild(run_graph(graph, get_inputs(*frame), _raise_at_node), *frame)
 
         entry.run = run
 
@@ -394,11 +464,17 @@ class CompiledFunction:
                 run, call = capture.compiled
             else:
                 run, call = compile_graph(capture, cfg, name)
-        except (Unsupported, BackendCompilerFailed) as e:
+        except Exception as e:  # Unsupported, a build failure, or minicompile's own bug
             if cfg.strict:
                 raise
-            reason = e.describe() if isinstance(e, Unsupported) else str(e)
-            if isinstance(e, BackendCompilerFailed):
+            if isinstance(e, Unsupported):
+                reason = e.describe()
+            elif isinstance(e, BackendCompilerFailed):
+                reason = str(e)
+            else:
+                reason = f"internal error while compiling: {type(e).__name__}: {e}"
+                log.debug("minicompile: compiling %s failed", name, exc_info=True)
+            if not isinstance(e, Unsupported):
                 warnings.warn(f"minicompile: {name} runs eagerly: {reason}", stacklevel=4)
             trace.emit("graph_breaks", name, f"running {name}'s graph eagerly: {reason}")
             entry = Entry(capture, lambda frame: None)
@@ -427,6 +503,11 @@ def _is_user_function(fn: Any) -> bool:
         return False  # a 3.11 comprehension made at a break: its `.0` binds no signature
     module = getattr(fn, "__module__", "") or ""
     return not module.split(".")[0] in ("torch", "minicompile", "triton", "numpy", "builtins")
+
+
+def _raise_at_node(node: Any, e: Exception) -> None:
+    """An op of a graph run eagerly raised ``e``: raise it at the user's line of the op."""
+    raise user_errors.raise_at(e, node.stack)
 
 
 def _is_build_failure(e: Exception) -> bool:

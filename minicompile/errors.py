@@ -9,13 +9,17 @@ class Unsupported(Exception):
     """Something the compiler cannot handle: the frame (or, later, the segment) runs eagerly.
 
     ``reason`` is one line in the user's terms ("print() is not traceable"); ``stack`` is the
-    user's source, outermost frame first, where the construct was met.
+    user's source, outermost frame first, where the construct was met.  ``raises``: the
+    construct raises in eager (an op given tensors it rejects): the user's error, not a
+    limit of the compiler.
     """
 
-    def __init__(self, reason: str, stack: tuple[SourceLine, ...] = (), hint: str = "") -> None:
+    def __init__(self, reason: str, stack: tuple[SourceLine, ...] = (), hint: str = "",
+                 raises: bool = False) -> None:
         self.reason = reason
         self.stack = tuple(stack)
         self.hint = hint
+        self.raises = raises
         super().__init__(self.describe())
 
     def describe(self) -> str:

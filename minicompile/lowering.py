@@ -72,7 +72,12 @@ def _input_value(name: str, layout: Layout) -> Value:
     idx = dim_symbols(len(layout.shape))
     # Size-1 dims are always read at index 0, whatever their stride says.
     idx = tuple(ZERO if s == 1 else i for i, s in zip(idx, layout.shape))
-    load = Load(name, layout.index(idx), layout.dtype)
+    load: Expr = Load(name, layout.index(idx), layout.dtype)
+    if any(size == 0 for size in layout.shape):
+        # An empty tensor's storage may be empty too: no element of it is ever used (an
+        # empty output, or a masked-off reduction row), and a load hoisted out of the
+        # reduction loop must not read it.
+        load = Constant(False if layout.dtype == torch.bool else 0, layout.dtype)
     return Value(layout.shape, layout.dtype, load, view=(name, layout))
 
 
@@ -508,6 +513,8 @@ def reshape_mapping(in_shape: tuple, out_shape: tuple) -> dict:
     number (so [B, T, C] -> [B*T, C] touches only the first two dims)."""
     own = dim_symbols(len(in_shape))
     out = dim_symbols(len(out_shape))
+    if any(size == 0 for size in in_shape):  # nothing is read (and sizes would divide by 0)
+        return {d: ZERO for d in own}
     mapping: dict = {own[k]: ZERO for k in range(len(in_shape)) if in_shape[k] == 1}
     ins = [k for k in range(len(in_shape)) if in_shape[k] != 1]
     outs = [k for k in range(len(out_shape)) if out_shape[k] != 1]

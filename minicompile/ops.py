@@ -316,6 +316,8 @@ def infer_meta(
         args = tuple(torch.device("meta") if isinstance(v, torch.device) else v for v in args)
     if shapes is None:
         out = run_eager(name, fake(args), {k: fake(v) for k, v in kwargs.items()})
+        if OPS[name].family in _CHECKED_ON_VALUES:
+            _check_on_values(name, args, kwargs)
     else:
         out = shapes.run(run_eager, name, fake(args), {k: fake(v) for k, v in kwargs.items()})
 
@@ -334,6 +336,28 @@ def infer_meta(
     if isinstance(out, (tuple, list)):
         return tuple(meta_of(t) for t in out)
     return meta_of(out)
+
+
+# Pointwise ops whose meta kernels skip checks eager makes (``float - bool`` raises in
+# eager; its meta kernel returns a float).
+_CHECKED_ON_VALUES = frozenset({"unary", "binary", "ternary", "composite"})
+
+
+def _check_on_values(name: str, args: tuple, kwargs: dict[str, Any]) -> None:
+    """Run the eager op on one-element tensors of the arguments' dtypes, ranks and devices
+    (ones: no value-dependent error such as an integer division by zero), so that it raises
+    what eager raises for those dtypes."""
+
+    def small(v: Any) -> Any:
+        if isinstance(v, Node):
+            v = v.meta
+        if isinstance(v, TensorMeta):
+            return torch.ones((1,) * v.ndim, dtype=v.dtype, device=v.device)
+        if isinstance(v, (tuple, list)):
+            return type(v)(small(x) for x in v)
+        return v
+
+    run_eager(name, small(args), {k: small(v) for k, v in kwargs.items()})
 
 
 def symbolic_context(values: Any) -> Any:
@@ -364,9 +388,11 @@ def has_symbols(values: Any) -> bool:
     return False
 
 
-def run_graph(graph: Any, inputs: list) -> tuple:
+def run_graph(graph: Any, inputs: list, on_error: Callable[[Node, Exception], None] | None = None
+              ) -> tuple:
     """Evaluate ``graph`` eagerly with PyTorch on ``inputs`` (the placeholders' tensors):
-    the fallback when its kernels cannot be built, and a reference in tests."""
+    the fallback when its kernels cannot be built, and a reference in tests.  An op that
+    raises is handed with its exception to ``on_error`` (which raises), if given."""
     from minicompile.graph import map_nodes
 
     env: dict[Node, Any] = {}
@@ -377,7 +403,13 @@ def run_graph(graph: Any, inputs: list) -> tuple:
         elif node.op == "call":
             args = map_nodes(node.args, lambda n: env[n])
             kwargs = map_nodes(node.kwargs, lambda n: env[n])
-            env[node] = run_eager(node.target, args, kwargs)
+            try:
+                env[node] = run_eager(node.target, args, kwargs)
+            except Exception as e:
+                if on_error is None:
+                    raise
+                on_error(node, e)
+                raise
         else:
             return tuple(env[n] for n in node.args[0])
     return ()

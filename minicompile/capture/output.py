@@ -396,7 +396,8 @@ class OutputGraph:
             msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             if self.graph.shapes is not None:  # maybe only PyTorch's symbolic rules fail:
                 raise ShapeError(f"{name}: {type(e).__name__}: {msg}") from e  # retry static
-            raise Unsupported(f"{name}: eager PyTorch raises {type(e).__name__}: {msg}") from e
+            raise Unsupported(f"{name}: eager PyTorch raises {type(e).__name__}: {msg}",
+                              raises=True) from e
         meta = self._with_grad(name, meta, tensors)
         stack = self.user_stack()
         node = self.graph.call(name, node_args, node_kwargs, meta=meta, stack=stack)

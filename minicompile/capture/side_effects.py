@@ -110,7 +110,9 @@ def generate_rebuild(out: OutputGraph, result: Var) -> tuple[list[Node], str]:
             return out.graph.shapes.python_source(value)
         if type(value) in (tuple, list):
             inner = ", ".join(value_text(v) for v in value)
-            return f"({inner},)" if type(value) is tuple else f"[{inner}]"
+            if type(value) is list:
+                return f"[{inner}]"
+            return f"({inner},)" if value else "()"  # "(,)" is not Python
         return repr(value)
 
     def expr(v: Var) -> str:

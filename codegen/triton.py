@@ -135,6 +135,13 @@ def _round(value: str, dtype: torch.dtype) -> str:
     return f"{value}.to(tl.float16).to(tl.float32)"
 
 
+# Ops whose Triton text combines comparisons with `|` / `&` (see emit_expr).
+_BLOCK_OPERANDS = frozenset({
+    "maximum", "minimum", "logical_and", "logical_or", "logical_xor", "bitwise_and",
+    "bitwise_or", "bitwise_xor",
+})
+
+
 class TritonKernel:
     """Emits one ``@triton.jit`` function for a pointwise plan; the reduction emitter
     (codegen/triton_reduction.py) extends it.  Every variable has a *level*, the block axes
@@ -237,7 +244,7 @@ class TritonKernel:
     def emit_store(self, store: Store, axes: frozenset[str]) -> None:
         value = self.value(store.value)
         if self.levels.get(value, frozenset()) != axes:
-            value = f"tl.broadcast_to({value}, {self.block_shape(axes)})"
+            value = self.broadcast(value, store.value.dtype, self.block_shape(axes))
         if store.dtype == torch.bfloat16:  # exact once rounded
             value = f"{_round(value, store.dtype)}.to(tl.bfloat16)"
         elif compute_dtype(store.value.dtype) != store.dtype:
@@ -250,6 +257,13 @@ class TritonKernel:
         self.w.line(f"tl.store({self.pointer(store.buffer)} + ({index}), {value}{suffix})")
 
     # -- values -----------------------------------------------------------------------------
+
+    def broadcast(self, x: str, dtype: torch.dtype, shape: str) -> str:
+        """``x`` as a block of ``shape``.  A literal (a constant expression: a sum of an
+        empty input, say) is a Python number, which tl.broadcast_to cannot take."""
+        if x in self.levels:
+            return f"tl.broadcast_to({x}, {shape})"
+        return f"tl.full({shape}, {x}, {TRITON_DTYPES[compute_dtype(dtype)]})"
 
     def fresh(self, text: str, axes: frozenset[str]) -> str:
         name = f"tmp{self.count}"
@@ -311,6 +325,12 @@ class TritonKernel:
             op = "truediv_f32"
         elif op == "reciprocal" and compute_dtype(operand_dtype) != torch.float32:
             op = "reciprocal_f64"
+        if op in _BLOCK_OPERANDS and axes and len(args) > 1:
+            # Triton's interpreter cannot `|` a block with a scalar's comparison (numpy
+            # rejects the pair): give scalar operands the block's shape first.
+            shape = self.block_shape(axes)
+            args = [self.fresh(f"tl.broadcast_to({a}, {shape})", axes)
+                    if a in self.levels and not self.level(a) else a for a in args]
         text = TRITON_OPS[op].format(*args, t=TRITON_DTYPES[compute_dtype(e.dtype)])
         if e.dtype in LOW_PRECISION:
             text = f"{_round(f'({text})', e.dtype)}"

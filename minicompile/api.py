@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from minicompile import config, optim, trace, user_errors
+from minicompile import check, config, optim, trace, user_errors
 from minicompile.capture import Break, Capture, ResumePoint, capture_segment, concrete
 from minicompile.capture import root_point, training_ops
 from minicompile.capture.dynamic import STATIC, DynamicPolicy
@@ -41,7 +41,7 @@ from minicompile.passes.horizontal import combine
 from minicompile.passes.inplace import stores_in_place
 from minicompile.passes.pipeline import run_graph_passes
 from minicompile.passes.split_reductions import split_reductions
-from minicompile.runtime import build
+from minicompile.runtime import build, toolchain
 from minicompile.runtime.autograd import TrainingStep, make_runner
 
 log = logging.getLogger("minicompile")
@@ -474,7 +474,7 @@ class CompiledFunction:
             else:
                 reason = f"internal error while compiling: {type(e).__name__}: {e}"
                 log.debug("minicompile: compiling %s failed", name, exc_info=True)
-            if not isinstance(e, Unsupported):
+            if not (isinstance(e, Unsupported) or getattr(e, "warned", False)):
                 warnings.warn(f"minicompile: {name} runs eagerly: {reason}", stacklevel=4)
             trace.emit("graph_breaks", name, f"running {name}'s graph eagerly: {reason}")
             entry = Entry(capture, lambda frame: None)
@@ -527,6 +527,14 @@ def pick_backend(cfg: Config, capture: Capture) -> tuple[str, bool]:
     backend = cfg.backend
     if backend == "auto":
         backend = "triton" if device == "cuda" else "cpp"
+    problem = toolchain.triton_problem() if backend == "triton" else None
+    if problem is not None:
+        toolchain.warn_once("triton", (
+            f"minicompile: Triton is not available ({problem}); graphs on CPU tensors compile "
+            f"with the C++ backend instead, graphs on GPU tensors run eagerly."))
+        if device != "cpu":
+            raise BackendCompilerFailed(f"Triton is not available: {problem}", warned=True)
+        backend = "cpp"
     if backend == "cpp" and device != "cpu":
         raise Unsupported(f"backend='cpp' compiles CPU tensors; these are on {device}")
     return backend, backend == "triton" and device == "cpu"
@@ -567,6 +575,12 @@ def compile_graph(
                   time.perf_counter() - start)
         return run, call
     call = build_graph(graph, cfg, name, backend, interpret, capture.writebacks)
+    if cfg.check and not cfg.store_in_place and check.checkable(capture.graph):
+        def build_cut(cut: Any) -> Callable[[list], tuple]:
+            return build_graph(run_graph_passes(cut)[0], cfg, f"{name}_check", backend,
+                               interpret)
+
+        call = check.checked(call, capture.graph, name, build_cut)
     if any(p.meta.requires_grad for p in capture.graph.placeholders):
         # Nothing here takes a gradient (grad mode is off): run without recording.
         no_grad = torch.no_grad

@@ -35,4 +35,10 @@ class Unsupported(Exception):
 
 
 class BackendCompilerFailed(Exception):
-    """A kernel did not build; the frame falls back to eager unless strict mode is on."""
+    """A kernel did not build; the frame falls back to eager unless strict mode is on.
+    ``warned``: the cause (a tool that does not work) was warned about once already, so
+    this failure adds no warning of its own."""
+
+    def __init__(self, message: str, warned: bool = False) -> None:
+        super().__init__(message)
+        self.warned = warned

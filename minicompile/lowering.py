@@ -143,7 +143,9 @@ class Lowering:
                 self.values[node] = _input_value(buf.name, buf.layout)
             elif node.op == "call":
                 self.values[node] = self.lower_call(node)
-                if should_realize(node, self.values[node]):
+                if should_realize(node, self.values[node]) or (
+                    not node.users and ops.OPS[node.target].family == "index"
+                ):  # an index op nothing reads still checks its indices, as eager does
                     self.realize(node)
         outputs = [self.realize(n) for n in self.graph.outputs]
         shapes = self.graph.shapes

@@ -353,7 +353,7 @@ def _index_expr(draw: Any, a: Value, ins: list[Input], values: dict[str, Value])
         idx = Input(name, shape, torch.int64, "", bound=size)
         expr = f"torch.gather({a.name}, {d}, {name})"
     else:
-        if rank != 2 or not a.meta.dtype.is_floating_point:
+        if rank != 2 or not a.meta.dtype.is_floating_point or a.meta.shape[0] == 0:
             return None
         idx = Input(name, (n, 2), torch.int64, "", bound=a.meta.shape[0])
         expr = f"F.embedding({name}, {a.name})"

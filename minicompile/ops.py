@@ -344,20 +344,28 @@ _CHECKED_ON_VALUES = frozenset({"unary", "binary", "ternary", "composite"})
 
 
 def _check_on_values(name: str, args: tuple, kwargs: dict[str, Any]) -> None:
-    """Run the eager op on one-element tensors of the arguments' dtypes, ranks and devices
-    (ones: no value-dependent error such as an integer division by zero), so that it raises
-    what eager raises for those dtypes."""
+    """Run the eager op on one-element CPU tensors of the arguments' dtypes and ranks (ones:
+    no value-dependent error such as an integer division by zero), so that it raises what
+    eager raises for those dtypes.  (On CPU whatever the graph's device: the checks are the
+    same, and a device may not be there at all, as when tests build CUDA graphs on a
+    machine without one; what the CPU kernels lack, a half-precision op, is not an error.)"""
 
     def small(v: Any) -> Any:
         if isinstance(v, Node):
             v = v.meta
         if isinstance(v, TensorMeta):
-            return torch.ones((1,) * v.ndim, dtype=v.dtype, device=v.device)
+            return torch.ones((1,) * v.ndim, dtype=v.dtype)
         if isinstance(v, (tuple, list)):
             return type(v)(small(x) for x in v)
         return v
 
-    run_eager(name, small(args), {k: small(v) for k, v in kwargs.items()})
+    try:
+        run_eager(name, small(args), {k: small(v) for k, v in kwargs.items()})
+    except NotImplementedError:
+        pass
+    except RuntimeError as e:
+        if "not implemented for" not in str(e):
+            raise
 
 
 def symbolic_context(values: Any) -> Any:

@@ -523,6 +523,8 @@ def pick_backend(cfg: Config, capture: Capture) -> tuple[str, bool]:
     }  # placeholders and tensors made in the graph (torch.ones(3))
     if not devices:  # no tensor at all (a segment of Python before a break): no kernel
         return ("cpp" if cfg.backend == "auto" else cfg.backend), False
+    if devices - {"cpu", "cuda"}:  # meta tensors have no data for a kernel to read
+        raise Unsupported(f"tensors on {sorted(devices - {'cpu', 'cuda'})} are not compiled")
     device = "cuda" if "cuda" in devices else "cpu"
     backend = cfg.backend
     if backend == "auto":

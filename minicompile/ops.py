@@ -315,6 +315,7 @@ def infer_meta(
         device = moved[0]
         args = tuple(torch.device("meta") if isinstance(v, torch.device) else v for v in args)
     if shapes is None:
+        _check_devices(name, (*args, *kwargs.values()))
         out = run_eager(name, fake(args), {k: fake(v) for k, v in kwargs.items()})
         if OPS[name].family in _CHECKED_ON_VALUES:
             _check_on_values(name, args, kwargs)
@@ -343,6 +344,18 @@ def infer_meta(
 _CHECKED_ON_VALUES = frozenset({"unary", "binary", "ternary", "composite"})
 
 
+def _check_devices(name: str, values: tuple) -> None:
+    """Tensors on different devices raise, as in eager (meta tensors, which infer_meta runs
+    on, carry no device); a 0-dim CPU tensor goes with any device, as a scalar does."""
+    metas = [v.meta if isinstance(v, Node) else v for v in values]
+    metas = [m for m in metas if isinstance(m, TensorMeta)]
+    devices = {m.device for m in metas if not (m.ndim == 0 and m.device.type == "cpu")}
+    if len(devices) > 1:
+        found = ", ".join(sorted(str(d) for d in devices))
+        raise RuntimeError(f"{name}: expected all tensors to be on the same device, but "
+                           f"found at least two devices, {found}!")
+
+
 def _check_on_values(name: str, args: tuple, kwargs: dict[str, Any]) -> None:
     """Run the eager op on one-element CPU tensors of the arguments' dtypes and ranks (ones:
     no value-dependent error such as an integer division by zero), so that it raises what
@@ -361,10 +374,9 @@ def _check_on_values(name: str, args: tuple, kwargs: dict[str, Any]) -> None:
 
     try:
         run_eager(name, small(args), {k: small(v) for k, v in kwargs.items()})
-    except NotImplementedError:
-        pass
-    except RuntimeError as e:
-        if "not implemented for" not in str(e):
+    except (NotImplementedError, RuntimeError) as e:
+        devices = {v.meta.device.type for v in (*args, *kwargs.values()) if isinstance(v, Node)}
+        if devices == {"cpu"} or "not implemented for" not in str(e):
             raise
 
 

@@ -32,7 +32,9 @@ if TYPE_CHECKING:
 @dataclasses.dataclass(frozen=True)
 class ViewStep:
     """One view op from a tensor to its view.  ``kind`` is one of select, slice,
-    unsqueeze, squeeze, permute, reshape, diagonal, alias, expand, opaque."""
+    unsqueeze, squeeze, permute, reshape, diagonal, alias, as_strided, expand, opaque.
+    ``as_strided`` (size, stride, storage offset) relates an input to another input whose
+    storage it shares (``f(a, a[0])``); its base is contiguous from offset 0."""
 
     kind: str
     args: tuple = ()
@@ -56,6 +58,8 @@ class ViewStep:
             return out.extern(torch.diagonal, (x, *a), {}, track=False)
         if k == "alias":
             return TensorVar(x.node)
+        if k == "as_strided":
+            return out.extern(torch.as_strided, (x, *a), {}, track=False)
         if getattr(self.fn, "__name__", None) is None:  # externs._Unreplayable raises
             self.fn()
         return out.extern(self.fn, (x, *a), dict(self.kwargs), track=False)
@@ -82,6 +86,8 @@ class ViewStep:
             return out.extern(torch.diagonal_scatter, (base, src, *a), {}, track=False)
         if k == "alias":
             return src
+        if k == "as_strided":
+            return out.extern(torch.as_strided_scatter, (base, src, *a), {}, track=False)
         what = "an expanded (broadcast) view" if k == "expand" else f"a view made by {self.fn}"
         raise Unsupported(f"in-place op on {what} is not supported")
 

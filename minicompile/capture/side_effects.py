@@ -257,6 +257,8 @@ def view_expr(base: str, steps: tuple, fmt: Callable[[Any], str] = repr) -> str 
             text = f"{text}.{method}({fmt(tuple(a[0]))})"
         elif k == "diagonal":
             text = f"{text}.diagonal({fmt(a[0])}, {fmt(a[1])}, {fmt(a[2])})"
+        elif k == "as_strided":
+            text = f"{text}.as_strided({fmt(a[0])}, {fmt(a[1])}, {fmt(a[2])})"
         elif k != "alias":
             return None
     return text

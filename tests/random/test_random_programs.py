@@ -23,7 +23,7 @@ def test_random_programs_match_eager(backend: str) -> None:
     start = time.monotonic()
     ran = []
 
-    @settings(max_examples=PROGRAMS_PER_BACKEND, derandomize=True, deadline=None,
+    @settings(max_examples=PROGRAMS_PER_BACKEND + 20, derandomize=True, deadline=None,
               database=None, suppress_health_check=list(HealthCheck), print_blob=True)
     @given(programs())
     def run(program) -> None:  # type: ignore[no-untyped-def]
@@ -34,5 +34,5 @@ def test_random_programs_match_eager(backend: str) -> None:
         ran.append(1)
 
     run()
-    assert len(ran) >= PROGRAMS_PER_BACKEND * 0.9, (
+    assert len(ran) >= PROGRAMS_PER_BACKEND, (
         f"only {len(ran)} programs ran within {BUDGET_S:.0f}s")

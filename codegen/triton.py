@@ -135,13 +135,6 @@ def _round(value: str, dtype: torch.dtype) -> str:
     return f"{value}.to(tl.float16).to(tl.float32)"
 
 
-# Ops whose Triton text combines comparisons with `|` / `&` (see emit_expr).
-_BLOCK_OPERANDS = frozenset({
-    "maximum", "minimum", "logical_and", "logical_or", "logical_xor", "bitwise_and",
-    "bitwise_or", "bitwise_xor",
-})
-
-
 class TritonKernel:
     """Emits one ``@triton.jit`` function for a pointwise plan; the reduction emitter
     (codegen/triton_reduction.py) extends it.  Every variable has a *level*, the block axes
@@ -154,6 +147,7 @@ class TritonKernel:
         # stops the kernel on a device-side assert, as eager's CUDA kernels do: reading a
         # flag would wait for the GPU after every such kernel.
         self.flag_errors = interpret
+        self.interpret = interpret
         self.wide_index = wide_index  # int64 index arithmetic
         self.xmasked = masked  # the last block runs past xnumel
         self.rmasked = False
@@ -325,12 +319,6 @@ class TritonKernel:
             op = "truediv_f32"
         elif op == "reciprocal" and compute_dtype(operand_dtype) != torch.float32:
             op = "reciprocal_f64"
-        if op in _BLOCK_OPERANDS and axes and len(args) > 1:
-            # Triton's interpreter cannot `|` a block with a scalar's comparison (numpy
-            # rejects the pair): give scalar operands the block's shape first.
-            shape = self.block_shape(axes)
-            args = [self.fresh(f"tl.broadcast_to({a}, {shape})", axes)
-                    if a in self.levels and not self.level(a) else a for a in args]
         text = TRITON_OPS[op].format(*args, t=TRITON_DTYPES[compute_dtype(e.dtype)])
         if e.dtype in LOW_PRECISION:
             text = f"{_round(f'({text})', e.dtype)}"
@@ -368,6 +356,11 @@ class TritonKernel:
         text = f"tl.load({ptr}, {mask}{other})" if mask else f"tl.load({ptr})"
         if e.dtype in LOW_PRECISION:
             text += ".to(tl.float32)"
+        if self.interpret and not axes:
+            # Triton's interpreter computes a scalar's comparisons as numpy scalars, which
+            # `|` / `&` with a block reject: a value read once is a block there too.
+            axes = frozenset({"x"})
+            text = f"tl.broadcast_to({text}, {self.block_shape(axes)})"
         return self.fresh(text, axes)
 
     def spread(self, axes: frozenset[str]) -> str:

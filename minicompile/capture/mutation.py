@@ -172,8 +172,20 @@ def scatter_through(
     return new
 
 
+def _strides_that_matter(meta: Any) -> tuple:
+    return tuple(st for size, st in zip(meta.shape, meta.stride) if size != 1)
+
+
 def rebind(out: OutputGraph, root: TensorVar, new: TensorVar) -> None:
-    """``root`` now holds ``new``'s value; recompute the views of ``root``."""
+    """``root`` now holds ``new``'s value; recompute the views of ``root``.  An in-place op
+    keeps the tensor's strides (an input read every other row stays so): the new value is
+    given them, so later views of it are views exactly where eager's are."""
+    if not root.meta.is_symbolic and not new.meta.is_symbolic and (
+        _strides_that_matter(new.meta) != _strides_that_matter(root.meta)
+    ):
+        moved = out.op("contiguous", (new,), track=False)
+        moved.node.meta = dataclasses.replace(moved.node.meta, stride=root.meta.stride)
+        new = moved
     root.node = new.node
     out.note_mutation(root)
     for view in list(out.views.get(id(root), ())):

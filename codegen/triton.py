@@ -306,6 +306,11 @@ class TritonKernel:
             return self.fresh(text, self.level(x))
         assert isinstance(e, Op)
         args = [self.names[a] for a in e.args]
+        if args and not any(a in self.levels or a.startswith("tl.full(") for a in args):
+            # Only literals (a constant expression: what an empty input reads): one of them
+            # becomes a tensor, as libdevice calls and `0.0 / 0.0` need.
+            dtype = TRITON_DTYPES[compute_dtype(e.args[0].dtype)]
+            args[0] = self.fresh(f"tl.full([], {args[0]}, {dtype})", frozenset())
         axes = frozenset().union(*(self.level(a) for a in args))
         operand_dtype = e.args[-1].dtype
         op = e.op

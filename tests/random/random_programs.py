@@ -373,11 +373,12 @@ def _index_expr(draw: Any, a: Value, ins: list[Input], values: dict[str, Value])
 # silently): the programs are run and compared; a difference of this kind is counted here
 # (the search script prints the counts) instead of failing.
 DEAD_LIBRARY_CALL = (
-    "a library call whose result nothing reads is dropped (dead-code elimination), so a "
-    "dtype error eager raises there (matmul of bool tensors) is not raised; index ops keep "
-    "their checks, library calls do not (backward graphs hold unused ones that must not cost)"
+    "a library call whose result nothing reads is dropped (dead-code elimination), so an "
+    "error eager raises there (matmul of bool tensors, max along an empty dim: checks the "
+    "meta kernels skip) is not raised; index ops keep their checks, library calls do not "
+    "(backward graphs hold unused ones that must not cost)"
 )
-LIBRARY_TEMPLATES = ("@", "torch.flip", "torch.cumsum")
+LIBRARY_TEMPLATES = ("@", "torch.flip", "torch.cumsum", ".max(", ".min(")
 KNOWN_SEEN: dict[str, int] = {}
 
 

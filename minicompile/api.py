@@ -298,17 +298,20 @@ class CompiledFunction:
             trace.emit("recompiles", name, "\n".join(
                 f"entry {k}: {r}" for k, r in enumerate(reasons)))
         _stats["frames"] += 1
+        failed: Exception | None = None
         try:
             capture, stop = self.capture(self.root, frame, self.entries, name, not cfg.fullgraph)
         except Exception as e:
             if cfg.fullgraph and isinstance(e, Unsupported):
                 raise
-            reason = self.why_not_captured(e, name)
-            if isinstance(e, Unsupported):
-                self.breaks.append(e)
+            failed = e
+        if failed is not None:  # (out of the except block: the user's exceptions from the
+            reason = self.why_not_captured(failed, name)  # eager run get no context of ours)
+            if isinstance(failed, Unsupported):
+                self.breaks.append(failed)
             trace.emit("graph_breaks", name, f"running {name} eagerly: {reason}")
             log.info("minicompile: running %s eagerly: %s", name, reason)
-            if isinstance(e, Unsupported) and e.raises:
+            if isinstance(failed, Unsupported) and failed.raises:
                 return self.run_eagerly_once(reason, args, kwargs)
             return self.give_up(reason, args, kwargs)
         entry = self.new_entry(capture, stop, name, frame)
@@ -506,7 +509,10 @@ def _is_user_function(fn: Any) -> bool:
 
 
 def _raise_at_node(node: Any, e: Exception) -> None:
-    """An op of a graph run eagerly raised ``e``: raise it at the user's line of the op."""
+    """An op of a graph run eagerly raised ``e``: raise it at the user's line of the op.
+    Its context (the compiled attempt that failed first, when there was one) is not
+    shown: eager has none."""
+    e.__suppress_context__ = True
     raise user_errors.raise_at(e, node.stack)
 
 

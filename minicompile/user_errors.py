@@ -54,10 +54,7 @@ class _Marker(Exception):
 def raise_at(exc: BaseException, stack: Sequence[SourceLine]) -> BaseException:
     """``exc`` with a traceback that goes through ``stack`` (the user's lines, outermost
     first), then through the frames of its own traceback that are not minicompile's.  The
-    caller raises the result: ``raise raise_at(e, stack) from e.__cause__``.
-
-    Also hides minicompile's part of the exception's context (the compiled attempt that
-    failed first), which eager would never show."""
+    caller raises the result (``raise raise_at(e, stack)``)."""
     kept = []
     tb = exc.__traceback__
     while tb is not None:

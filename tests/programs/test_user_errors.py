@@ -55,6 +55,9 @@ def assert_same_outcome(fn, calls, line_text: str, backend: str = "cpp") -> None
         raised += 1
         assert type(error) is type(eager_error), f"{error!r} != {eager_error!r}"
         assert str(error) == str(eager_error)
+        shown = [x.__context__ is not None and not x.__suppress_context__
+                 for x in (error, eager_error)]
+        assert shown[0] == shown[1], "a context eager does not show (the compiled attempt)"
         frames = traceback.extract_tb(error.__traceback__)
         ours = [k for k, fs in enumerate(frames) if fs.filename == HERE]
         assert ours, "no frame of the user's file in the traceback"

@@ -13,7 +13,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
-import linecache
 import logging
 import time
 import types
@@ -30,7 +29,6 @@ from minicompile.capture import root_point, training_ops
 from minicompile.capture.dynamic import STATIC, DynamicPolicy
 from minicompile.config import Config
 from minicompile.errors import BackendCompilerFailed, Unsupported
-from minicompile.graph import SourceLine
 from minicompile.lowering import lower
 from minicompile.ops import run_graph
 
@@ -170,7 +168,7 @@ class CompiledFunction:
             except Exception as e:  # the user's: raised where eager raises it
                 if stop.reason.raises:  # the break was this error: trace again next time
                     self.forget(entry)
-                raise user_errors.raise_at(e, [self.source_line(f.last)])
+                raise user_errors.raise_at(e, [user_errors.line_of(self.fn, f.last)])
             finally:
                 _stats["concrete_instructions"] += f.steps
             if f.returned:
@@ -208,7 +206,7 @@ class CompiledFunction:
         try:
             return concrete.run_to_end(f)
         except Exception as e:  # the user's: raised where eager raises it
-            raise user_errors.raise_at(e, [self.source_line(f.last)])
+            raise user_errors.raise_at(e, [user_errors.line_of(self.fn, f.last)])
         finally:
             _stats["concrete_instructions"] += f.steps
 
@@ -356,8 +354,7 @@ class CompiledFunction:
         capture = entry.capture
         if entry.eager_reason is not None or (self.cfg.strict and _is_build_failure(e)):
             raise e  # an eager graph raises at the user's line already
-        with torch.no_grad():  # raises the user's exception, if there is one
-            run_graph(capture.graph, capture.get_inputs(*frame), on_error=_raise_at_node)
+        user_errors.raise_eager_error(capture.graph, capture.get_inputs(*frame))
         if self.cfg.strict:
             raise e
         what = "kernel failed to build" if _is_build_failure(e) else (
@@ -366,12 +363,6 @@ class CompiledFunction:
         self.run_graph_eagerly(entry, f"{what}: {e}")
         return entry.run(frame)
 
-    def source_line(self, inst: Any) -> SourceLine:
-        """The user's line of an instruction of this frame."""
-        code = self.fn.__code__
-        lineno = inst.lineno if inst is not None else code.co_firstlineno
-        return SourceLine(code.co_filename, lineno, code.co_name,
-                          linecache.getline(code.co_filename, lineno))
 
     # -- dynamic shapes ---------------------------------------------------------------------
 
@@ -449,7 +440,8 @@ class CompiledFunction:
         graph, get_inputs, rebuild = capture.graph, capture.get_inputs, capture.rebuild
 
         def run(frame: tuple) -> Any:
-            return rebuild(run_graph(graph, get_inputs(*frame), _raise_at_node), *frame)
+            inputs = get_inputs(*frame)
+            return rebuild(run_graph(graph, inputs, user_errors.raise_at_node), *frame)
 
         entry.run = run
 
@@ -506,14 +498,6 @@ def _is_user_function(fn: Any) -> bool:
         return False  # a 3.11 comprehension made at a break: its `.0` binds no signature
     module = getattr(fn, "__module__", "") or ""
     return not module.split(".")[0] in ("torch", "minicompile", "triton", "numpy", "builtins")
-
-
-def _raise_at_node(node: Any, e: Exception) -> None:
-    """An op of a graph run eagerly raised ``e``: raise it at the user's line of the op.
-    Its context (the compiled attempt that failed first, when there was one) is not
-    shown: eager has none."""
-    e.__suppress_context__ = True
-    raise user_errors.raise_at(e, node.stack)
 
 
 def _is_build_failure(e: Exception) -> bool:

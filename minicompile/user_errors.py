@@ -15,11 +15,16 @@ with the user's file name, line number and function name.
 
 from __future__ import annotations
 
+import linecache
 import os
 import types
 from collections.abc import Sequence
+from typing import Any
 
-from minicompile.graph import SourceLine
+import torch
+
+from minicompile.graph import Graph, Node, SourceLine
+from minicompile.ops import run_graph
 
 _PACKAGE = os.path.dirname(os.path.abspath(__file__))
 # Source folders of minicompile.passes and minicompile.codegen (setup.cfg's package_dir).
@@ -70,3 +75,26 @@ def raise_at(exc: BaseException, stack: Sequence[SourceLine]) -> BaseException:
         made = _frame_at(where)
         chain = types.TracebackType(chain, made.tb_frame, made.tb_lasti, made.tb_lineno)
     return exc.with_traceback(chain)
+
+
+def raise_at_node(node: Node, e: Exception) -> None:
+    """An op of a graph run eagerly raised ``e``: raise it at the user's line of the op.
+    Its context (the compiled attempt that failed first, when there was one) is not
+    shown: eager has none."""
+    e.__suppress_context__ = True
+    raise raise_at(e, node.stack)
+
+
+def raise_eager_error(graph: Graph, inputs: list) -> None:
+    """Run ``graph`` eagerly on ``inputs`` (a compiled run of it raised): if eager raises
+    too, that exception is the user's, raised at the line of the op that raised it."""
+    with torch.no_grad():
+        run_graph(graph, inputs, on_error=raise_at_node)
+
+
+def line_of(fn: Any, inst: Any) -> SourceLine:
+    """The user's line of an instruction (capture/bytecode.Inst) of ``fn``."""
+    code = fn.__code__
+    lineno = inst.lineno if inst is not None else code.co_firstlineno
+    return SourceLine(code.co_filename, lineno, code.co_name,
+                      linecache.getline(code.co_filename, lineno))

@@ -478,6 +478,8 @@ def check_program(program: Program, backend: str) -> str | None:
         if problem is not None:
             return f"values from seed {seed}: {problem}"
     counts = minicompile.stats()
-    if not raised and (counts["eager_fallbacks"] or counts["graph_breaks"] or counts["graphs"] != 1):
+    one_graph = not counts["eager_fallbacks"] and not counts["graph_breaks"] and (
+        counts["graphs"] == 1)
+    if not raised and not one_graph:
         return f"not compiled as one graph: {counts}"
     return None

@@ -230,5 +230,11 @@ def test_strict_mode_raises_internal_errors(monkeypatch) -> None:
     monkeypatch.setattr(api, "lower", _raising(KeyError("a bug in lowering")))
     with minicompile.config.patch(strict=True):
         compiled = minicompile.compile(_sin_cos)
-        with pytest.raises(KeyError):
-            compiled(torch.ones(3))
+        for x in (torch.ones(3), torch.zeros(2)):
+            with pytest.raises(KeyError):
+                compiled(x)
+    monkeypatch.undo()  # without the bug, the same function compiles and matches eager
+    with minicompile.config.patch(strict=True):
+        compiled = minicompile.compile(_sin_cos)
+        for x in (torch.ones(3), torch.zeros(2)):
+            torch.testing.assert_close(compiled(x), _sin_cos(x))

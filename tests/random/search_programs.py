@@ -28,7 +28,7 @@ from hypothesis import HealthCheck, given, settings  # noqa: E402
 from random_programs import KNOWN_SEEN, check_program, programs  # noqa: E402
 
 
-def search(backend: str, examples: int, seconds: float, seed: int) -> list[str]:
+def search(backend: str, examples: int, seconds: float, seed: int, ops: int = 5) -> list[str]:
     """Run up to ``examples`` programs (or for ``seconds``); the minimal repro of each
     failure found."""
     found: list[str] = []
@@ -40,7 +40,7 @@ def search(backend: str, examples: int, seconds: float, seed: int) -> list[str]:
 
         @settings(max_examples=examples - done, deadline=None, database=None,
                   suppress_health_check=list(HealthCheck), print_blob=False)
-        @given(programs())
+        @given(programs(max_ops=ops))
         def run(program):  # type: ignore[no-untyped-def]
             if time.monotonic() > deadline and not failing:
                 return
@@ -68,12 +68,13 @@ def main() -> int:
     parser.add_argument("--examples", type=int, default=2000, help="programs per backend")
     parser.add_argument("--seconds", type=float, default=1800, help="time per backend")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--ops", type=int, default=5, help="statements per program, at most")
     args = parser.parse_args()
     backends = ("cpp", "triton") if args.backend == "both" else (args.backend,)
     failures = 0
     for backend in backends:
         start = time.monotonic()
-        found = search(backend, args.examples, args.seconds, args.seed)
+        found = search(backend, args.examples, args.seconds, args.seed, args.ops)
         failures += len(found)
         print(f"{backend}: {len(found)} failure(s) in {time.monotonic() - start:.0f}s",
               flush=True)

@@ -310,8 +310,10 @@ class Lowering:
         symbol = index_symbol(f"ind{self.indirect}")
         self.indirect += 1
         source = node.args[0]  # embedding's weight; index_select's, gather's input
-        if any(isinstance(e, Cat) for e in walk(self.values[source].expr)):
-            # A Cat's position may not stand for data: read the concatenation from memory.
+        if any(isinstance(e, (Cat, IndirectLoad)) for e in walk(self.values[source].expr)):
+            # A Cat's position may not stand for data, and a load binds one index value
+            # (x.index_select(0, i).index_select(1, j) would need two): read the source
+            # from memory.
             self.realize(source)
         if node.target == "embedding":
             source, dim, index = node.args[0], 0, node.args[1]

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 import textwrap
 import warnings
 from typing import Any
@@ -374,7 +375,7 @@ def _index_expr(draw: Any, a: Value, ins: list[Input], values: dict[str, Value])
 # (the search script prints the counts) instead of failing.
 DEAD_LIBRARY_CALL = (
     "a library call whose result nothing reads is dropped (dead-code elimination), so an "
-    "error eager raises there (matmul of bool tensors, max along an empty dim: checks the "
+    "error eager raises there (matmul of bool tensors, max of an empty tensor: checks the "
     "meta kernels skip) is not raised; index ops keep their checks, library calls do not "
     "(backward graphs hold unused ones that must not cost)"
 )
@@ -395,13 +396,22 @@ def known_failure(program: Program, error: Exception) -> str | None:
     if line is None or not 2 <= line < len(program.body) + 2:
         return None
     statement = program.body[line - 2]
-    name = statement.split(" = ")[0]
-    later = program.body[line - 1:] + [", ".join(program.outputs)]
-    read = any(name in s.split(" = ", 1)[-1].replace("(", " ").replace(",", " ").replace(
-        ")", " ").replace(".", " ").split() for s in later)
-    if read or not any(t in statement for t in LIBRARY_TEMPLATES):
+    if statement.split(" = ")[0] in _live(program) or not any(
+            t in statement for t in LIBRARY_TEMPLATES):
         return None
     return DEAD_LIBRARY_CALL
+
+
+def _live(program: Program) -> set[str]:
+    """The names whose values reach the outputs or the inputs (in-place ops), read
+    backwards from the return."""
+    live = set(program.outputs) | {i.name for i in program.inputs}
+    for statement in reversed(program.body):
+        name, expr = statement.split(" = ", 1)
+        if name in live or "_(" in expr:  # an in-place op writes what it reads
+            live.add(name)
+            live |= set(re.findall(r"\b[vx]\d+\b", expr))
+    return live
 
 def _close(actual: torch.Tensor, expected: torch.Tensor, least: tuple[float, float]
            ) -> str | None:

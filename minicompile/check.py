@@ -30,6 +30,7 @@ import torch
 
 from minicompile.graph import Graph, Node, map_nodes
 from minicompile.ops import RANDOM_EXTERNS, run_graph
+from minicompile.user_errors import raise_at_node
 
 # Relative tolerance per floating dtype; the absolute tolerance scales with the values'
 # magnitude (reductions sum in a different order than eager's kernels).
@@ -142,7 +143,7 @@ def checked(call: Callable[[list], tuple], graph: Graph, name: str, build: Build
     ``build`` compiles a graph as ``call`` was compiled (to search for the wrong node)."""
 
     def run(inputs: list) -> tuple:
-        expected = run_graph(graph, list(inputs))
+        expected = run_graph(graph, list(inputs), on_error=raise_at_node)  # the user's error
         actual = call(inputs)
         for k, (a, e) in enumerate(zip(actual, expected)):
             problem = difference(a, e)

@@ -160,6 +160,7 @@ class TritonKernel:
         # stops the kernel on a device-side assert, as eager's CUDA kernels do: reading a
         # flag would wait for the GPU after every such kernel.
         self.flag_errors = interpret
+        self.interpret = interpret
         self.wide_index = wide_index  # int64 index arithmetic
         self.xmasked = masked  # the last block runs past xnumel
         self.rmasked = False
@@ -250,7 +251,7 @@ class TritonKernel:
     def emit_store(self, store: Store, axes: frozenset[str]) -> None:
         value = self.value(store.value)
         if self.levels.get(value, frozenset()) != axes:
-            value = f"tl.broadcast_to({value}, {self.block_shape(axes)})"
+            value = self.broadcast(value, store.value.dtype, self.block_shape(axes))
         if store.dtype == torch.bfloat16:  # exact once rounded
             value = f"{_round(value, store.dtype)}.to(tl.bfloat16)"
         elif compute_dtype(store.value.dtype) != store.dtype:
@@ -263,6 +264,13 @@ class TritonKernel:
         self.w.line(f"tl.store({self.pointer(store.buffer)} + ({index}), {value}{suffix})")
 
     # -- values -----------------------------------------------------------------------------
+
+    def broadcast(self, x: str, dtype: torch.dtype, shape: str) -> str:
+        """``x`` as a block of ``shape``.  A literal (a constant expression: a sum of an
+        empty input, say) is a Python number, which tl.broadcast_to cannot take."""
+        if x in self.levels:
+            return f"tl.broadcast_to({x}, {shape})"
+        return f"tl.full({shape}, {x}, {TRITON_DTYPES[compute_dtype(dtype)]})"
 
     def fresh(self, text: str, axes: frozenset[str]) -> str:
         name = f"tmp{self.count}"
@@ -311,6 +319,11 @@ class TritonKernel:
             return self.fresh(text, self.level(x))
         assert isinstance(e, Op)
         args = [self.names[a] for a in e.args]
+        if args and not any(a in self.levels or a.startswith("tl.full(") for a in args):
+            # Only literals (a constant expression: what an empty input reads): one of them
+            # becomes a tensor, as libdevice calls and `0.0 / 0.0` need.
+            dtype = TRITON_DTYPES[compute_dtype(e.args[0].dtype)]
+            args[0] = self.fresh(f"tl.full([], {args[0]}, {dtype})", frozenset())
         axes = frozenset().union(*(self.level(a) for a in args))
         operand_dtype = e.args[-1].dtype
         op = e.op
@@ -362,6 +375,11 @@ class TritonKernel:
         text = f"tl.load({ptr}, {mask}{other})" if mask else f"tl.load({ptr})"
         if e.dtype in LOW_PRECISION:
             text += ".to(tl.float32)"
+        if self.interpret and not axes:
+            # Triton's interpreter computes a scalar's comparisons as numpy scalars, which
+            # `|` / `&` with a block reject: a value read once is a block there too.
+            axes = frozenset({"x"})
+            text = f"tl.broadcast_to({text}, {self.block_shape(axes)})"
         return self.fresh(text, axes)
 
     def spread(self, axes: frozenset[str]) -> str:

@@ -183,7 +183,8 @@ class TritonReductionKernel(TritonKernel):
         """The operand as an [XBLOCK, RBLOCK] block with masked lanes set to the identity."""
         x = self.value(red.x)
         if self.level(x) != frozenset({"x", "r"}):
-            x = self.fresh(f"tl.broadcast_to({x}, [XBLOCK, RBLOCK])", frozenset({"x", "r"}))
+            x = self.fresh(self.broadcast(x, red.x.dtype, "[XBLOCK, RBLOCK]"),
+                           frozenset({"x", "r"}))
         mask = self.mask(frozenset({"x", "r"}))
         if mask is None:
             return x

@@ -270,8 +270,9 @@ def plan_combo(
 
 
 def needed_outside(program: LoopProgram, groups: list) -> Callable[[FusedGroup], set[str]]:
-    """``needed(group)``: the members of ``group`` that outlive its kernel: returned, or
-    read by another group (each part of a combo kernel counts as a group of its own)."""
+    """``needed(group)``: the members of ``group`` that outlive its kernel: returned, read by
+    another group (each part of a combo kernel counts as a group of its own), or read by
+    none (lowering realizes those only to check their indices)."""
     returned = {o if isinstance(o, str) else o.input for o in program.outputs}
     read_by: dict[str, set[int]] = {}
     for g in groups:
@@ -281,8 +282,9 @@ def needed_outside(program: LoopProgram, groups: list) -> Callable[[FusedGroup],
                     read_by.setdefault(name, set()).add(id(part))
 
     def needed(group: FusedGroup) -> set[str]:
-        return {b.name for b in group.buffers
-                if b.name in returned or read_by.get(b.name, set()) - {id(group)}}
+        # A buffer nothing reads is there for its index checks (an unused embedding).
+        return {b.name for b in group.buffers if b.name in returned or b.name not in read_by
+                or read_by[b.name] - {id(group)}}
 
     return needed
 

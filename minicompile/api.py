@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from minicompile import config, optim, trace
+from minicompile import check, config, optim, trace, user_errors
 from minicompile.capture import Break, Capture, ResumePoint, capture_segment, concrete
 from minicompile.capture import root_point, training_ops
 from minicompile.capture.dynamic import STATIC, DynamicPolicy
@@ -39,7 +39,7 @@ from minicompile.passes.horizontal import combine
 from minicompile.passes.inplace import stores_in_place
 from minicompile.passes.pipeline import run_graph_passes
 from minicompile.passes.split_reductions import split_reductions
-from minicompile.runtime import build, cudagraphs
+from minicompile.runtime import build, cudagraphs, toolchain
 from minicompile.runtime.autograd import TrainingStep, make_runner
 
 log = logging.getLogger("minicompile")
@@ -138,9 +138,11 @@ class CompiledFunction:
         )
         for entry in self.segments[self.root]:
             if entry.capture.guards.check(*frame):
-                if entry.stop is None:
-                    return entry.run(frame)
-                return self.resume(entry, entry.run(frame))
+                try:
+                    state = entry.run(frame)
+                except Exception as e:
+                    state = self.recover(entry, frame, e)
+                return state if entry.stop is None else self.resume(entry, state)
         return self.compile_and_run(frame, args, kwargs)
 
     @property
@@ -164,6 +166,10 @@ class CompiledFunction:
             f.call = self.call_at_break
             try:
                 concrete.step(f)  # the breaking instruction
+            except Exception as e:  # the user's: raised where eager raises it
+                if stop.reason.raises:  # the break was this error: trace again next time
+                    self.forget(entry)
+                raise user_errors.raise_at(e, [user_errors.line_of(self.fn, f.last)])
             finally:
                 _stats["concrete_instructions"] += f.steps
             if f.returned:
@@ -176,9 +182,18 @@ class CompiledFunction:
             if found is None:
                 return self.finish_concretely(f, point)
             entry = found
+            try:
+                state = entry.run(values)
+            except Exception as e:
+                state = self.recover(entry, values, e)
             if entry.stop is None:
-                return entry.run(values)
-            state = entry.run(values)
+                return state
+
+    def forget(self, entry: Entry) -> None:
+        """Drop a compiled segment (it broke at the user's error, not at a limit of ours)."""
+        for entries in self.segments.values():
+            if entry in entries:
+                entries.remove(entry)
 
     def finish_concretely(self, f: concrete.Frame, point: ResumePoint) -> Any:
         """The rest of the frame from ``point`` cannot be compiled.  This call has run
@@ -191,6 +206,8 @@ class CompiledFunction:
         f.steps = 0
         try:
             return concrete.run_to_end(f)
+        except Exception as e:  # the user's: raised where eager raises it
+            raise user_errors.raise_at(e, [user_errors.line_of(self.fn, f.last)])
         finally:
             _stats["concrete_instructions"] += f.steps
 
@@ -231,8 +248,9 @@ class CompiledFunction:
         _stats["frames"] += 1
         try:
             capture, stop = self.capture(point, values, entries, name)
-        except Unsupported as e:
-            trace.emit("graph_breaks", name, f"running the rest eagerly: {e.describe()}")
+        except Exception as e:
+            reason = self.why_not_captured(e, name)
+            trace.emit("graph_breaks", name, f"running the rest eagerly: {reason}")
             self.concrete_points.add(point)
             _stats["eager_fallbacks"] += 1
             return None
@@ -287,27 +305,73 @@ class CompiledFunction:
             trace.emit("recompiles", name, "\n".join(
                 f"entry {k}: {r}" for k, r in enumerate(reasons)))
         _stats["frames"] += 1
+        failed: Exception | None = None
         try:
             capture, stop = self.capture(self.root, frame, self.entries, name, not cfg.fullgraph)
-        except Unsupported as e:
-            if cfg.fullgraph:
+        except Exception as e:
+            if cfg.fullgraph and isinstance(e, Unsupported):
                 raise
-            self.breaks.append(e)
-            trace.emit("graph_breaks", name, f"running {name} eagerly: {e.describe()}")
-            log.info("minicompile: running %s eagerly: %s", name, e.describe())
-            return self.give_up(e.describe(), args, kwargs)
+            failed = e
+        if failed is not None:  # (out of the except block: the user's exceptions from the
+            reason = self.why_not_captured(failed, name)  # eager run get no context of ours)
+            if isinstance(failed, Unsupported):
+                self.breaks.append(failed)
+            trace.emit("graph_breaks", name, f"running {name} eagerly: {reason}")
+            log.info("minicompile: running %s eagerly: %s", name, reason)
+            if isinstance(failed, Unsupported) and failed.raises:
+                return self.run_eagerly_once(reason, args, kwargs)
+            return self.give_up(reason, args, kwargs)
         entry = self.new_entry(capture, stop, name, frame)
         self.entries.insert(0, entry)
         try:
             result = entry.run(frame)
-        except Exception as e:  # a kernel that failed to build at launch (Triton JIT)
-            if cfg.strict or not _is_build_failure(e):
-                raise
-            warnings.warn(f"minicompile: {name} runs eagerly: kernel failed to build: {e}",
-                          stacklevel=3)
-            self.run_graph_eagerly(entry, f"kernel failed to build: {e}")
-            result = entry.run(frame)
+        except Exception as e:
+            result = self.recover(entry, frame, e)
         return result if entry.stop is None else self.resume(entry, result)
+
+    # -- errors -----------------------------------------------------------------------------
+
+    def why_not_captured(self, e: Exception, name: str) -> str:
+        """The reason a capture failed, for the logs.  An exception other than Unsupported
+        is minicompile's own bug: one warning, and the code runs eagerly (strict mode
+        raises it)."""
+        if isinstance(e, Unsupported):
+            return e.describe()
+        if self.cfg.strict:
+            raise e
+        reason = f"internal error while capturing: {type(e).__name__}: {e}"
+        log.debug("minicompile: capturing %s failed", name, exc_info=True)
+        warnings.warn(f"minicompile: {name} runs eagerly: {reason}", stacklevel=5)
+        return reason
+
+    def run_eagerly_once(self, reason: str, args: tuple, kwargs: dict[str, Any]) -> Any:
+        """The frame raises in eager (the user's error, found while tracing): run it eagerly
+        so the user sees that exception.  Later calls are compiled as usual, unless this one
+        did not raise after all."""
+        _stats["eager_fallbacks"] += 1
+        result = self.fn(*args, **kwargs)
+        self.eager_reason = reason
+        return result
+
+    def recover(self, entry: Entry, frame: tuple, e: Exception) -> Any:
+        """A compiled segment raised ``e``.  If eager raises too, on the same inputs, the
+        error is the user's: it is raised as eager raises it (type, message, the user's line
+        in the traceback).  If eager does not, the compiled code is wrong (or failed to
+        build at launch: Triton's JIT): one warning, and the segment's graph runs eagerly
+        from now on (strict mode raises)."""
+        name = self.fn.__qualname__
+        capture = entry.capture
+        if entry.eager_reason is not None or (self.cfg.strict and _is_build_failure(e)):
+            raise e  # an eager graph raises at the user's line already
+        user_errors.raise_eager_error(capture.graph, capture.get_inputs(*frame))
+        if self.cfg.strict:
+            raise e
+        what = "kernel failed to build" if _is_build_failure(e) else (
+            f"compiled code raised {type(e).__name__} where eager does not")
+        warnings.warn(f"minicompile: {name} runs eagerly: {what}: {e}", stacklevel=4)
+        self.run_graph_eagerly(entry, f"{what}: {e}")
+        return entry.run(frame)
+
 
     # -- dynamic shapes ---------------------------------------------------------------------
 
@@ -385,7 +449,8 @@ class CompiledFunction:
         graph, get_inputs, rebuild = capture.graph, capture.get_inputs, capture.rebuild
 
         def run(frame: tuple) -> Any:
-            return rebuild(run_graph(graph, get_inputs(*frame)), *frame)
+            inputs = get_inputs(*frame)
+            return rebuild(run_graph(graph, inputs, user_errors.raise_at_node), *frame)
 
         entry.run = run
 
@@ -403,11 +468,17 @@ class CompiledFunction:
                 run, call = capture.compiled
             else:
                 run, call = compile_graph(capture, cfg, name)
-        except (Unsupported, BackendCompilerFailed) as e:
+        except Exception as e:  # Unsupported, a build failure, or minicompile's own bug
             if cfg.strict:
                 raise
-            reason = e.describe() if isinstance(e, Unsupported) else str(e)
-            if isinstance(e, BackendCompilerFailed):
+            if isinstance(e, Unsupported):
+                reason = e.describe()
+            elif isinstance(e, BackendCompilerFailed):
+                reason = str(e)
+            else:
+                reason = f"internal error while compiling: {type(e).__name__}: {e}"
+                log.debug("minicompile: compiling %s failed", name, exc_info=True)
+            if not (isinstance(e, Unsupported) or getattr(e, "warned", False)):
                 warnings.warn(f"minicompile: {name} runs eagerly: {reason}", stacklevel=4)
             trace.emit("graph_breaks", name, f"running {name}'s graph eagerly: {reason}")
             entry = Entry(capture, lambda frame: None)
@@ -453,10 +524,20 @@ def pick_backend(cfg: Config, capture: Capture) -> tuple[str, bool]:
     }  # placeholders and tensors made in the graph (torch.ones(3))
     if not devices:  # no tensor at all (a segment of Python before a break): no kernel
         return ("cpp" if cfg.backend == "auto" else cfg.backend), False
+    if devices - {"cpu", "cuda"}:  # meta tensors have no data for a kernel to read
+        raise Unsupported(f"tensors on {sorted(devices - {'cpu', 'cuda'})} are not compiled")
     device = "cuda" if "cuda" in devices else "cpu"
     backend = cfg.backend
     if backend == "auto":
         backend = "triton" if device == "cuda" else "cpp"
+    problem = toolchain.triton_problem() if backend == "triton" else None
+    if problem is not None:
+        toolchain.warn_once("triton", (
+            f"minicompile: Triton is not available ({problem}); graphs on CPU tensors compile "
+            f"with the C++ backend instead, graphs on GPU tensors run eagerly."))
+        if device != "cpu":
+            raise BackendCompilerFailed(f"Triton is not available: {problem}", warned=True)
+        backend = "cpp"
     if backend == "cpp" and device != "cpu":
         raise Unsupported(f"backend='cpp' compiles CPU tensors; these are on {device}")
     return backend, backend == "triton" and device == "cpu"
@@ -501,6 +582,12 @@ def compile_graph(
         return run, call
     call = build_graph(graph, cfg, name, backend, interpret, capture.writebacks,
                        static=cudagraphs.static_positions(capture.input_sources))
+    if cfg.check and not cfg.store_in_place and check.checkable(capture.graph):
+        def build_cut(cut: Any) -> Callable[[list], tuple]:
+            return build_graph(run_graph_passes(cut)[0], cfg, f"{name}_check", backend,
+                               interpret)
+
+        call = check.checked(call, capture.graph, name, build_cut)
     if any(p.meta.requires_grad for p in capture.graph.placeholders):
         # Nothing here takes a gradient (grad mode is off): run without recording.
         no_grad = torch.no_grad

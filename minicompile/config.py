@@ -56,6 +56,9 @@ class Config:
     # compiled optimizer steps (minicompile/optim.py).
     horizontal_fusion: bool = False
     store_in_place: bool = False
+    # MINICOMPILE_CHECK=1: run each compiled graph beside eager and name the first node
+    # whose value differs (minicompile/check.py).
+    check: bool = False
 
     def logging(self, part: str) -> bool:
         """Whether ``part`` (one of LOG_PARTS) should be printed."""
@@ -76,6 +79,7 @@ def from_env(env: dict[str, str] | os._Environ = os.environ) -> Config:
         logs=logs,
         strict=_flag(env.get("MINICOMPILE_STRICT")),
         triton_interpret=_flag(env.get("TRITON_INTERPRET")),
+        check=_flag(env.get("MINICOMPILE_CHECK")),
     )
     if "MINICOMPILE_CACHE_DIR" in env:
         cfg = dataclasses.replace(cfg, cache_dir=Path(env["MINICOMPILE_CACHE_DIR"]))

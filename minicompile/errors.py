@@ -9,13 +9,17 @@ class Unsupported(Exception):
     """Something the compiler cannot handle: the frame (or, later, the segment) runs eagerly.
 
     ``reason`` is one line in the user's terms ("print() is not traceable"); ``stack`` is the
-    user's source, outermost frame first, where the construct was met.
+    user's source, outermost frame first, where the construct was met.  ``raises``: the
+    construct raises in eager (an op given tensors it rejects): the user's error, not a
+    limit of the compiler.
     """
 
-    def __init__(self, reason: str, stack: tuple[SourceLine, ...] = (), hint: str = "") -> None:
+    def __init__(self, reason: str, stack: tuple[SourceLine, ...] = (), hint: str = "",
+                 raises: bool = False) -> None:
         self.reason = reason
         self.stack = tuple(stack)
         self.hint = hint
+        self.raises = raises
         super().__init__(self.describe())
 
     def describe(self) -> str:
@@ -31,4 +35,10 @@ class Unsupported(Exception):
 
 
 class BackendCompilerFailed(Exception):
-    """A kernel did not build; the frame falls back to eager unless strict mode is on."""
+    """A kernel did not build; the frame falls back to eager unless strict mode is on.
+    ``warned``: the cause (a tool that does not work) was warned about once already, so
+    this failure adds no warning of its own."""
+
+    def __init__(self, message: str, warned: bool = False) -> None:
+        super().__init__(message)
+        self.warned = warned

@@ -72,7 +72,12 @@ def _input_value(name: str, layout: Layout) -> Value:
     idx = dim_symbols(len(layout.shape))
     # Size-1 dims are always read at index 0, whatever their stride says.
     idx = tuple(ZERO if s == 1 else i for i, s in zip(idx, layout.shape))
-    load = Load(name, layout.index(idx), layout.dtype)
+    load: Expr = Load(name, layout.index(idx), layout.dtype)
+    if any(size == 0 for size in layout.shape):
+        # An empty tensor's storage may be empty too: no element of it is ever used (an
+        # empty output, or a masked-off reduction row), and a load hoisted out of the
+        # reduction loop must not read it.
+        load = Constant(False if layout.dtype == torch.bool else 0, layout.dtype)
     return Value(layout.shape, layout.dtype, load, view=(name, layout))
 
 
@@ -138,7 +143,9 @@ class Lowering:
                 self.values[node] = _input_value(buf.name, buf.layout)
             elif node.op == "call":
                 self.values[node] = self.lower_call(node)
-                if should_realize(node, self.values[node]):
+                if should_realize(node, self.values[node]) or (
+                    not node.users and ops.OPS[node.target].family == "index"
+                ):  # an index op nothing reads still checks its indices, as eager does
                     self.realize(node)
         outputs = [self.realize(n) for n in self.graph.outputs]
         shapes = self.graph.shapes
@@ -303,8 +310,10 @@ class Lowering:
         symbol = index_symbol(f"ind{self.indirect}")
         self.indirect += 1
         source = node.args[0]  # embedding's weight; index_select's, gather's input
-        if any(isinstance(e, Cat) for e in walk(self.values[source].expr)):
-            # A Cat's position may not stand for data: read the concatenation from memory.
+        if any(isinstance(e, (Cat, IndirectLoad)) for e in walk(self.values[source].expr)):
+            # A Cat's position may not stand for data, and a load binds one index value
+            # (x.index_select(0, i).index_select(1, j) would need two): read the source
+            # from memory.
             self.realize(source)
         if node.target == "embedding":
             source, dim, index = node.args[0], 0, node.args[1]
@@ -508,6 +517,8 @@ def reshape_mapping(in_shape: tuple, out_shape: tuple) -> dict:
     number (so [B, T, C] -> [B*T, C] touches only the first two dims)."""
     own = dim_symbols(len(in_shape))
     out = dim_symbols(len(out_shape))
+    if any(size == 0 for size in in_shape):  # nothing is read (and sizes would divide by 0)
+        return {d: ZERO for d in own}
     mapping: dict = {own[k]: ZERO for k in range(len(in_shape)) if in_shape[k] == 1}
     ins = [k for k in range(len(in_shape)) if in_shape[k] != 1]
     outs = [k for k in range(len(out_shape)) if out_shape[k] != 1]

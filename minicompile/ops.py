@@ -20,6 +20,7 @@ Families (in the style of tinygrad's ``GroupOp``):
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import operator
 import types
@@ -351,11 +352,12 @@ def infer_meta(
     if moved:  # a copy to another device: computed on the meta device, placed after
         device = moved[0]
         args = tuple(torch.device("meta") if isinstance(v, torch.device) else v for v in args)
-    if shapes is None and by_device:
-        with device_fake_mode():
+    if shapes is None:
+        _check_devices(name, (*args, *kwargs.values()))
+        with device_fake_mode() if by_device else contextlib.nullcontext():
             out = run_eager(name, fake(args), {k: fake(v) for k, v in kwargs.items()})
-    elif shapes is None:
-        out = run_eager(name, fake(args), {k: fake(v) for k, v in kwargs.items()})
+        if OPS[name].family in _CHECKED_ON_VALUES:
+            _check_on_values(name, args, kwargs)
     else:
         out = shapes.run(run_eager, name, fake(args), {k: fake(v) for k, v in kwargs.items()})
 
@@ -374,6 +376,47 @@ def infer_meta(
     if isinstance(out, (tuple, list)):
         return tuple(meta_of(t) for t in out)
     return meta_of(out)
+
+
+# Pointwise ops whose meta kernels skip checks eager makes (``float - bool`` raises in
+# eager; its meta kernel returns a float).
+_CHECKED_ON_VALUES = frozenset({"unary", "binary", "ternary", "composite"})
+
+
+def _check_devices(name: str, values: tuple) -> None:
+    """Tensors on different devices raise, as in eager (meta tensors, which infer_meta runs
+    on, carry no device); a 0-dim CPU tensor goes with any device, as a scalar does."""
+    metas = [v.meta if isinstance(v, Node) else v for v in values]
+    metas = [m for m in metas if isinstance(m, TensorMeta)]
+    devices = {m.device for m in metas if not (m.ndim == 0 and m.device.type == "cpu")}
+    if len(devices) > 1:
+        found = ", ".join(sorted(str(d) for d in devices))
+        raise RuntimeError(f"{name}: expected all tensors to be on the same device, but "
+                           f"found at least two devices, {found}!")
+
+
+def _check_on_values(name: str, args: tuple, kwargs: dict[str, Any]) -> None:
+    """Run the eager op on one-element CPU tensors of the arguments' dtypes and ranks (ones:
+    no value-dependent error such as an integer division by zero), so that it raises what
+    eager raises for those dtypes.  (On CPU whatever the graph's device: the checks are the
+    same, and a device may not be there at all, as when tests build CUDA graphs on a
+    machine without one; what the CPU kernels lack, a half-precision op, is not an error.)"""
+
+    def small(v: Any) -> Any:
+        if isinstance(v, Node):
+            v = v.meta
+        if isinstance(v, TensorMeta):
+            return torch.ones((1,) * v.ndim, dtype=v.dtype)
+        if isinstance(v, (tuple, list)):
+            return type(v)(small(x) for x in v)
+        return v
+
+    try:
+        run_eager(name, small(args), {k: small(v) for k, v in kwargs.items()})
+    except (NotImplementedError, RuntimeError) as e:
+        devices = {v.meta.device.type for v in (*args, *kwargs.values()) if isinstance(v, Node)}
+        if devices == {"cpu"} or "not implemented for" not in str(e):
+            raise
 
 
 def symbolic_context(values: Any) -> Any:
@@ -404,9 +447,11 @@ def has_symbols(values: Any) -> bool:
     return False
 
 
-def run_graph(graph: Any, inputs: list) -> tuple:
+def run_graph(graph: Any, inputs: list, on_error: Callable[[Node, Exception], None] | None = None
+              ) -> tuple:
     """Evaluate ``graph`` eagerly with PyTorch on ``inputs`` (the placeholders' tensors):
-    the fallback when its kernels cannot be built, and a reference in tests."""
+    the fallback when its kernels cannot be built, and a reference in tests.  An op that
+    raises is handed with its exception to ``on_error`` (which raises), if given."""
     from minicompile.graph import map_nodes
 
     env: dict[Node, Any] = {}
@@ -417,7 +462,13 @@ def run_graph(graph: Any, inputs: list) -> tuple:
         elif node.op == "call":
             args = map_nodes(node.args, lambda n: env[n])
             kwargs = map_nodes(node.kwargs, lambda n: env[n])
-            env[node] = run_eager(node.target, args, kwargs)
+            try:
+                env[node] = run_eager(node.target, args, kwargs)
+            except Exception as e:
+                if on_error is None:
+                    raise
+                on_error(node, e)
+                raise
         else:
             return tuple(env[n] for n in node.args[0])
     return ()

@@ -33,9 +33,11 @@ MIN_DYNAMIC_SIZE = 2  # sizes 0 and 1 stay specialised (their own compiled entri
 class ShapeError(Unsupported):
     """Something a dynamic capture cannot keep symbolic; the caller compiles static sizes."""
 
-    def __init__(self, reason: str, stack: tuple = (), hint: str = "") -> None:
+    def __init__(self, reason: str, stack: tuple = (), hint: str = "", raises: bool = False
+                 ) -> None:
         prefix = "dynamic shapes: "
-        super().__init__(reason if reason.startswith(prefix) else prefix + reason, stack, hint)
+        super().__init__(reason if reason.startswith(prefix) else prefix + reason, stack, hint,
+                         raises)
 
 
 @dataclasses.dataclass(frozen=True)

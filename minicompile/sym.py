@@ -44,6 +44,8 @@ class FloorDiv(sympy.Function):
     def eval(cls, base: sympy.Expr, divisor: sympy.Expr) -> sympy.Expr | None:
         if divisor == 1:
             return base
+        if divisor == 0:  # splits an index over an empty range: no element reaches it
+            return sympy.Integer(0)
         if base == 0:
             return sympy.Integer(0)
         if base.is_Integer and divisor.is_Integer:
@@ -65,7 +67,7 @@ class ModularIndexing(sympy.Function):
 
     @classmethod
     def eval(cls, base: sympy.Expr, divisor: sympy.Expr, modulus: sympy.Expr) -> sympy.Expr | None:
-        if modulus == 1 or base == 0:
+        if modulus == 1 or base == 0 or divisor == 0 or modulus == 0:  # (0: an empty range)
             return sympy.Integer(0)
         if base.is_Integer and divisor.is_Integer and modulus.is_Integer:
             return sympy.Integer((int(base) // int(divisor)) % int(modulus))

@@ -8,7 +8,7 @@ from typing import Any
 import torch
 
 from minicompile.graph import Graph, Node, copy_graph
-from minicompile.ops import RANDOM_EXTERNS
+from minicompile.ops import OPS, RANDOM_EXTERNS
 
 
 def _key(value: Any) -> Any:
@@ -42,14 +42,24 @@ def eliminate_common_subexpressions(graph: Graph) -> Graph:
     return copy_graph(graph, rewrite)
 
 
+def may_raise(node: Node) -> bool:
+    """Whether a call can raise on its values, not only on its metadata: index ops (an index
+    out of range).  Eager raises even when nothing reads the result, so such a call is
+    never dead code.  (Library calls that may raise, such as a Cholesky factorization, are
+    still dropped when unused: backward graphs hold unused ones that must not cost.)"""
+    op = OPS.get(node.target)
+    return node.op == "call" and op is not None and op.family == "index"
+
+
 def eliminate_dead_code(graph: Graph) -> Graph:
     """Drop calls whose results nothing reads (placeholders stay: they are the signature;
-    random calls stay: they advance the generator that later draws read)."""
+    random calls stay: they advance the generator that later draws read; calls that may
+    raise stay: eager raises)."""
     live: set[int] = set()
     for node in reversed(graph.nodes):
         if node.op in ("output", "placeholder") or id(node) in live or (
             node.target in RANDOM_EXTERNS
-        ):
+        ) or may_raise(node):
             live.update(id(i) for i in node.inputs())
             live.add(id(node))
     dead = [n for n in graph.calls() if id(n) not in live]

@@ -248,9 +248,12 @@ def _logsumexp(b: Builder, *args: Any, **kwargs: Any) -> Node | None:
         return NOT_HANDLED
     dims = _dims(a["dim"], x.meta.ndim)
     xf = b.opmath(x)
-    m = b("amax", b("detach", xf), dims, True)  # the shift cancels in the gradient
-    # An infinite maximum would give inf - inf: shift by 0 there, as torch does.
-    shift = b("where", b("eq", b("abs", m), float("inf")), 0.0, m)
+    if _numel(x, dims) == 0:  # empty rows have no maximum: log(0) = -inf, as eager gives
+        shift = 0.0
+    else:
+        m = b("amax", b("detach", xf), dims, True)  # the shift cancels in the gradient
+        # An infinite maximum would give inf - inf: shift by 0 there, as torch does.
+        shift = b("where", b("eq", b("abs", m), float("inf")), 0.0, m)
     total = b("sum", b("exp", b("sub", xf, shift)), dims, True)
     out = b("add", b("log", total), shift)
     if not a["keepdim"]:
@@ -304,7 +307,9 @@ def _softmax(log: bool) -> Callable[..., Node | None]:
         dims = (dim % x.meta.ndim,)
         xf = b.opmath(x)
         # The shift by the row maximum cancels in the gradient: it is not differentiated.
-        shifted = b("sub", xf, b("amax", b("detach", xf), dims, True))
+        # Empty rows have no maximum (and nothing to compute).
+        shifted = xf if _numel(x, dims) == 0 else b("sub", xf, b("amax", b("detach", xf), dims,
+                                                                True))
         if log:
             out = b("sub", shifted, b("log", b("sum", b("exp", shifted), dims, True)))
         else:

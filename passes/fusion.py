@@ -43,6 +43,8 @@ def can_fuse(a: FusedGroup, b: FusedGroup, dag: nx.DiGraph) -> tuple[bool, str]:
         return False, "a library call runs on its own"
     if a.device != b.device:
         return False, "different devices"
+    if any(buf.layout.numel() == 0 for buf in a.buffers + b.buffers):
+        return False, "an empty buffer (its kernel is never launched)"
     if a.has_reduction and b.has_reduction and a.space != b.space:
         return False, "different reduction spaces"
     space = a.space if a.has_reduction or not b.has_reduction else b.space

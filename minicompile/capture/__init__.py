@@ -98,6 +98,23 @@ def frame_args(fn: types.FunctionType, args: tuple, kwargs: dict[str, Any]) -> t
     return tuple(out)
 
 
+def _bases_first(output: OutputGraph, local_vars: dict[str, Any]) -> None:
+    """Tensor locals that share storage (``f(a, a[0])``) are traced now, the one that
+    starts at the storage's first element first: the others become views of it
+    (OutputGraph._aliased_input), whichever the code touches first."""
+    tensors = {n: v.value for n, v in local_vars.items()
+               if isinstance(v, LazyVar) and isinstance(v.value, torch.Tensor)
+               and v.value.layout == torch.strided}
+    storages: dict[int, list[str]] = {}
+    for name, t in tensors.items():
+        storages.setdefault(t.untyped_storage()._cdata, []).append(name)
+    for names in storages.values():
+        if len(names) > 1:
+            names.sort(key=lambda n: (tensors[n].storage_offset(), -tensors[n].numel()))
+            for name in names:
+                local_vars[name] = output.realize(local_vars[name])
+
+
 def capture_frame(fn: types.FunctionType, args: tuple) -> Capture:
     """Trace one call of ``fn`` with the frame values ``args`` (layout order) into a graph
     of the whole frame.
@@ -149,6 +166,7 @@ def capture_segment(
     tx = InstructionTranslator(
         output, code, fn.__globals__, builtins_of(fn.__globals__), local_vars, cells
     )
+    _bases_first(output, local_vars)
     if point.offset:
         tx.ip = tx.index_of[point.offset]
     # Stack values are consumed by the instructions that follow, which look at their kind

@@ -57,6 +57,7 @@ class Frame:
     # Calls go through this (the driver compiles the user's own functions on the way).
     call: Any = None
     steps: int = 0  # instructions executed, for stats()["concrete_instructions"]
+    last: Inst | None = None  # the instruction executed last (where an exception came from)
 
     @staticmethod
     def at(fn: types.FunctionType, offset: int, local_values: dict, stack: list) -> Frame:
@@ -86,7 +87,7 @@ def _pending_kw_names(code: types.CodeType, insts: list[Inst], index: int) -> tu
 
 def step(f: Frame) -> None:
     """Execute the instruction at ``f.index`` and advance."""
-    inst = f.insts[f.index]
+    inst = f.last = f.insts[f.index]
     f.index += 1
     f.steps += 1
     handler = HANDLERS.get(inst.opname)

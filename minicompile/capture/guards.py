@@ -293,6 +293,16 @@ class GuardBuilder:
             f"len({{{ids}}})", len(exprs),
         )
 
+    def alias_of(self, src: Source, base: Source, view: tuple) -> None:
+        """``src`` is ``base.as_strided(*view)``: the same storage, from a base that is
+        contiguous from offset 0."""
+        x, b = src.expr, base.expr
+        size, stride, offset = view
+        expr = (f"{x}.untyped_storage()._cdata == {b}.untyped_storage()._cdata and "
+                f"{x}.stride() == {tuple(stride)!r} and {x}.storage_offset() == {offset} and "
+                f"{b}.storage_offset() == 0 and {b}.is_contiguous()")
+        self.add(src.name, f"a view of {base.name}", expr, f"({expr})", True)
+
     def module_match(self, src: Source, mod: Any) -> None:
         """A module whose forward is inlined: no hooks, no forward set on the instance,
         the same ``training`` flag."""

@@ -128,7 +128,8 @@ class InstructionTranslator(CallsMixin, PythonCallsMixin, ControlMixin):
                 except Unsupported as e:
                     self.stack, self.ip = snapshot, self.ip - 1
                     if not e.stack:
-                        e = type(e)(e.reason, self.user_stack(), e.hint)  # ShapeError stays one
+                        # (a ShapeError stays one)
+                        e = type(e)(e.reason, self.user_stack(), e.hint, e.raises)
                     if getattr(e, "translator", None) is None:
                         e.translator = self  # type: ignore[attr-defined]
                     raise e

@@ -58,9 +58,13 @@ def _register(*fns: Any) -> Callable[[Handler], Handler]:
 
 
 def _maybe(owner: Any, *path: str) -> Any:
-    """``owner.a.b`` when this PyTorch has it, else None."""
+    """``owner.a.b`` when this PyTorch has it, else None (also when reading it fails:
+    ``torch._dynamo`` imports Triton, and a broken Triton install raises there)."""
     for name in path:
-        owner = getattr(owner, name, None)
+        try:
+            owner = getattr(owner, name, None)
+        except Exception:  # noqa: BLE001 - any failure to import means "not available"
+            return None
         if owner is None:
             return None
     return owner

@@ -32,7 +32,9 @@ if TYPE_CHECKING:
 @dataclasses.dataclass(frozen=True)
 class ViewStep:
     """One view op from a tensor to its view.  ``kind`` is one of select, slice,
-    unsqueeze, squeeze, permute, reshape, diagonal, alias, expand, opaque."""
+    unsqueeze, squeeze, permute, reshape, diagonal, alias, as_strided, expand, opaque.
+    ``as_strided`` (size, stride, storage offset) relates an input to another input whose
+    storage it shares (``f(a, a[0])``); its base is contiguous from offset 0."""
 
     kind: str
     args: tuple = ()
@@ -56,6 +58,8 @@ class ViewStep:
             return out.extern(torch.diagonal, (x, *a), {}, track=False)
         if k == "alias":
             return TensorVar(x.node)
+        if k == "as_strided":
+            return out.extern(torch.as_strided, (x, *a), {}, track=False)
         if getattr(self.fn, "__name__", None) is None:  # externs._Unreplayable raises
             self.fn()
         return out.extern(self.fn, (x, *a), dict(self.kwargs), track=False)
@@ -82,6 +86,8 @@ class ViewStep:
             return out.extern(torch.diagonal_scatter, (base, src, *a), {}, track=False)
         if k == "alias":
             return src
+        if k == "as_strided":
+            return out.extern(torch.as_strided_scatter, (base, src, *a), {}, track=False)
         what = "an expanded (broadcast) view" if k == "expand" else f"a view made by {self.fn}"
         raise Unsupported(f"in-place op on {what} is not supported")
 
@@ -166,8 +172,20 @@ def scatter_through(
     return new
 
 
+def _strides_that_matter(meta: Any) -> tuple:
+    return tuple(st for size, st in zip(meta.shape, meta.stride) if size != 1)
+
+
 def rebind(out: OutputGraph, root: TensorVar, new: TensorVar) -> None:
-    """``root`` now holds ``new``'s value; recompute the views of ``root``."""
+    """``root`` now holds ``new``'s value; recompute the views of ``root``.  An in-place op
+    keeps the tensor's strides (an input read every other row stays so): the new value is
+    given them, so later views of it are views exactly where eager's are."""
+    if not root.meta.is_symbolic and not new.meta.is_symbolic and (
+        _strides_that_matter(new.meta) != _strides_that_matter(root.meta)
+    ):
+        moved = out.op("contiguous", (new,), track=False)
+        moved.node.meta = dataclasses.replace(moved.node.meta, stride=root.meta.stride)
+        new = moved
     root.node = new.node
     out.note_mutation(root)
     for view in list(out.views.get(id(root), ())):

@@ -208,6 +208,16 @@ class OutputGraph:
         # guarded, so they are not part of the metadata either.
         meta = dataclasses.replace(TensorMeta.of(t), storage_offset=sympy.Integer(0))
         dims = self.dynamic.dims(source.name, t)
+        alias = None if dims else self._aliased_input(t)
+        if alias is not None:  # f(a, a[0]): a view of the input it shares storage with
+            base, base_var = alias
+            self.guards.tensor_match(source, t, meta)
+            step = mutation.ViewStep("as_strided", (tuple(t.shape), t.stride(),
+                                                   t.storage_offset()))
+            self.guards.alias_of(source, base_var.source, step.args)
+            var = step.apply(self, base_var)
+            mutation.register_view(self, var, base_var, (step,))
+            return var
         if dims:
             meta = self._symbolic_meta(t, source, dims, meta)
         self.guards.tensor_match(source, t, meta)
@@ -219,6 +229,24 @@ class OutputGraph:
         self.input_vars.append(var)
         self.input_nodes[id(var)] = node
         return var
+
+    def _aliased_input(self, t: torch.Tensor) -> tuple[torch.Tensor, TensorVar] | None:
+        """An input traced already whose storage ``t`` shares, when ``t`` can be traced as
+        a view of it: that input is contiguous from offset 0 with static sizes, and ``t``
+        lies within it (so ``as_strided`` of it, and ``as_strided_scatter`` into it, are
+        ``t``)."""
+        storage = t.untyped_storage()._cdata
+        for base, var in zip(self.input_values, self.input_vars):
+            if base.untyped_storage()._cdata != storage:
+                continue
+            if var.node.meta.is_symbolic or base.storage_offset() != 0 or (
+                not base.is_contiguous()
+            ):
+                return None
+            last = t.storage_offset() + sum((s - 1) * st for s, st in zip(t.shape, t.stride()))
+            inside = t.numel() == 0 or (min(t.stride(), default=0) >= 0 and last < base.numel())
+            return (base, var) if inside and t.numel() > 0 else None
+        return None
 
     def _shape_context(self) -> ShapeContext:
         """The capture's size symbols, made with its first one."""
@@ -396,7 +424,8 @@ class OutputGraph:
             msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             if self.graph.shapes is not None:  # maybe only PyTorch's symbolic rules fail:
                 raise ShapeError(f"{name}: {type(e).__name__}: {msg}") from e  # retry static
-            raise Unsupported(f"{name}: eager PyTorch raises {type(e).__name__}: {msg}") from e
+            raise Unsupported(f"{name}: eager PyTorch raises {type(e).__name__}: {msg}",
+                              raises=True) from e
         meta = self._with_grad(name, meta, tensors)
         stack = self.user_stack()
         node = self.graph.call(name, node_args, node_kwargs, meta=meta, stack=stack)

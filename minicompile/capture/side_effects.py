@@ -110,7 +110,9 @@ def generate_rebuild(out: OutputGraph, result: Var) -> tuple[list[Node], str]:
             return out.graph.shapes.python_source(value)
         if type(value) in (tuple, list):
             inner = ", ".join(value_text(v) for v in value)
-            return f"({inner},)" if type(value) is tuple else f"[{inner}]"
+            if type(value) is list:
+                return f"[{inner}]"
+            return f"({inner},)" if value else "()"  # "(,)" is not Python
         return repr(value)
 
     def expr(v: Var) -> str:
@@ -255,6 +257,8 @@ def view_expr(base: str, steps: tuple, fmt: Callable[[Any], str] = repr) -> str 
             text = f"{text}.{method}({fmt(tuple(a[0]))})"
         elif k == "diagonal":
             text = f"{text}.diagonal({fmt(a[0])}, {fmt(a[1])}, {fmt(a[2])})"
+        elif k == "as_strided":
+            text = f"{text}.as_strided({fmt(a[0])}, {fmt(a[1])}, {fmt(a[2])})"
         elif k != "alias":
             return None
     return text

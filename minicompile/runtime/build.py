@@ -18,6 +18,7 @@ from pathlib import Path
 
 from minicompile.config import Config
 from minicompile.errors import BackendCompilerFailed
+from minicompile.runtime import toolchain
 from minicompile.runtime.cache import cache_key, tool_versions, write_atomic
 
 from minicompile.codegen.wrapper import GeneratedCode
@@ -52,9 +53,27 @@ def vector_math_flags() -> tuple[str, ...]:
     return ("-DMC_LIBMVEC", "-lmvec")
 
 
+def _compiler_failed(cfg: Config, flags: list[str], failure: str) -> BackendCompilerFailed:
+    """The error for a failed build: when the compiler fails on a trivial program too, it
+    is broken (one warning for the process, and no later build is attempted)."""
+    problem = toolchain.cxx_problem(cfg.cxx, tuple(flags))
+    if problem is None:
+        return BackendCompilerFailed(failure)
+    toolchain.warn_once(f"cxx {cfg.cxx}", (
+        f"minicompile: the C++ compiler {cfg.cxx!r} does not work ({problem}); graphs on CPU "
+        f"tensors run eagerly. Install g++ or set CXX to a working compiler."))
+    return BackendCompilerFailed(f"the C++ compiler {cfg.cxx!r} does not work: {problem}",
+                                 warned=True)
+
+
 def build_cpp(source: str, cfg: Config) -> tuple[Path, bool]:
     """Compile ``source`` to a shared library; return its path and whether it was cached."""
     flags = [*cfg.cxx_flags, *vector_math_flags()]
+    if toolchain.cxx_problem.cache_info().currsize:  # probed after an earlier failure
+        problem = toolchain.cxx_problem(cfg.cxx, tuple(flags))
+        if problem is not None:
+            raise BackendCompilerFailed(f"the C++ compiler {cfg.cxx!r} does not work: "
+                                        f"{problem}", warned=True)
     key = cache_key(source, " ".join(flags), tool_versions(cfg.cxx))
     folder = cfg.cache_dir / "cpp" / key[:2]
     lib = folder / f"{key}.so"
@@ -72,11 +91,12 @@ def build_cpp(source: str, cfg: Config) -> tuple[Path, bool]:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     except (OSError, subprocess.SubprocessError) as e:
         Path(tmp).unlink(missing_ok=True)
-        raise BackendCompilerFailed(f"could not run the C++ compiler {cfg.cxx!r}: {e}") from e
+        raise _compiler_failed(cfg, flags, f"could not run the C++ compiler {cfg.cxx!r}: {e}"
+                               ) from e
     if proc.returncode != 0:
         Path(tmp).unlink(missing_ok=True)
-        raise BackendCompilerFailed(
-            f"C++ compilation failed ({' '.join(cmd)}):\n{proc.stderr.strip()[-4000:]}"
+        raise _compiler_failed(
+            cfg, flags, f"C++ compilation failed ({' '.join(cmd)}):\n{proc.stderr.strip()[-4000:]}"
         )
     os.replace(tmp, lib)
     return lib, False

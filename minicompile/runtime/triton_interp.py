@@ -47,12 +47,13 @@ libdevice = types.SimpleNamespace(
     log2=lambda x: tl.math.log2(x),
     sin=lambda x: tl.math.sin(x),
     cos=lambda x: tl.math.cos(x),
-    sqrt=lambda x: tl.math.sqrt_rn(x),
     rsqrt=lambda x: tl.math.rsqrt(x),
     erf=lambda x: tl.math.erf(x),
     floor=lambda x: tl.math.floor(x),
     ceil=lambda x: tl.math.ceil(x),
-    # The rest, with numpy.
+    # The rest, with numpy.  (sqrt: tl.math.sqrt_rn takes float32 only; numpy's is
+    # correctly rounded in float32 and float64 alike, as libdevice's is.)
+    sqrt=_numpy(np.sqrt),
     tan=_numpy(np.tan),
     tanh=_numpy(np.tanh),
     expm1=_numpy(np.expm1),

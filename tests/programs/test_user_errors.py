@@ -1,0 +1,240 @@
+"""The user's exceptions are the user's: whatever path runs the code (a compiled segment,
+the instruction at a graph break, the code after a break, an inlined call, a loop), an
+exception raised by user code or by a PyTorch op reaches the caller with eager's type and
+message, and its traceback ends at the user's line, with no frame of minicompile's after
+it.  Minicompile's own failures degrade to eager with one warning.
+
+Every function is called at least twice, with values that raise and values that do not,
+and compared with eager each time.
+"""
+
+from __future__ import annotations
+
+import inspect
+import traceback
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import minicompile
+from minicompile import api
+
+HERE = __file__
+
+
+def line_of(fn, text: str) -> int:
+    """The line number of the first line of ``fn`` containing ``text``."""
+    lines, start = inspect.getsourcelines(fn)
+    return start + next(k for k, line in enumerate(lines) if text in line)
+
+
+def outcome(fn, args):
+    """(result, None) or (None, exception) of a call."""
+    try:
+        return fn(*[a.clone() if isinstance(a, torch.Tensor) else a for a in args]), None
+    except Exception as e:  # noqa: BLE001 - the exception is what is compared
+        return None, e
+
+
+def assert_same_outcome(fn, calls, line_text: str, backend: str = "cpp") -> None:
+    """Compiled and eager agree on every call: equal results, or exceptions of the same
+    type and message whose traceback's last frame in this file is ``line_text``'s line and
+    which has no minicompile frame after it."""
+    compiled = minicompile.compile(fn, backend=backend)
+    raised = returned = 0
+    for args in calls:
+        expected, eager_error = outcome(fn, args)
+        actual, error = outcome(compiled, args)
+        if eager_error is None:
+            assert error is None, f"compiled raised {error!r}; eager returned"
+            torch.testing.assert_close(actual, expected)
+            returned += 1
+            continue
+        raised += 1
+        assert type(error) is type(eager_error), f"{error!r} != {eager_error!r}"
+        assert str(error) == str(eager_error)
+        shown = [x.__context__ is not None and not x.__suppress_context__
+                 for x in (error, eager_error)]
+        assert shown[0] == shown[1], "a context eager does not show (the compiled attempt)"
+        frames = traceback.extract_tb(error.__traceback__)
+        ours = [k for k, fs in enumerate(frames) if fs.filename == HERE]
+        assert ours, "no frame of the user's file in the traceback"
+        assert frames[ours[-1]].lineno == line_of(fn, line_text), frames.format()
+        after = [fs.filename for fs in frames[ours[-1] + 1:]]
+        assert not any("minicompile" in f or "/passes/" in f or "/codegen/" in f
+                       for f in after), after
+    assert raised and returned, "the calls should both raise and return"
+
+
+def test_raise_after_data_dependent_break(backend: str) -> None:
+    def h(x):
+        if x.sum() > 0:  # a graph break
+            raise ValueError("user error inside")
+        return x * 2
+
+    assert_same_outcome(h, [(torch.ones(3),), (-torch.ones(3),), (torch.full((3,), 2.0),)],
+                        "raise ValueError", backend)
+
+
+def test_torch_error_inside_a_compiled_graph(backend: str) -> None:
+    def emb(idx, w):
+        y = w * 2
+        return F.embedding(idx, y) + 1
+
+    w = torch.randn(4, 3)
+    assert_same_outcome(emb, [(torch.tensor([0, 3]), w), (torch.tensor([1, 7]), w),
+                              (torch.tensor([2, 2]), w + 1)], "F.embedding", backend)
+
+
+def test_torch_error_in_the_code_after_a_break(backend: str) -> None:
+    def g(x, i):
+        y = x.sin()
+        print("", end="")  # a graph break
+        return y[i] * 2
+
+    assert_same_outcome(g, [(torch.ones(6), 5), (torch.ones(3), 5), (torch.zeros(4), 1)],
+                        "return y[i]", backend)
+
+
+def _inner(x):
+    if x.sum() > 0:
+        raise KeyError("from the inlined helper")
+    return x + 1
+
+
+def test_raise_in_an_inlined_call_after_a_break(backend: str) -> None:
+    def outer(x):
+        y = x * 3
+        return _inner(y) * 2
+
+    compiled = minicompile.compile(outer, backend=backend)
+    torch.testing.assert_close(compiled(-torch.ones(2)), outer(-torch.ones(2)))
+    with pytest.raises(KeyError, match="from the inlined helper") as info:
+        compiled(torch.ones(2))
+    frames = traceback.extract_tb(info.value.__traceback__)
+    assert [fs.lineno for fs in frames if fs.filename == HERE][-2:] == [
+        line_of(outer, "_inner(y)"), line_of(_inner, "raise KeyError")]
+    torch.testing.assert_close(compiled(-torch.ones(2) * 4), outer(-torch.ones(2) * 4))
+
+
+def test_raise_in_a_loop_with_a_break(backend: str) -> None:
+    def loop(x):
+        for i in range(3):
+            if x.sum() > i:
+                raise IndexError(f"step {i}")
+            x = x + 1
+        return x
+
+    assert_same_outcome(loop, [(torch.zeros(2),), (-torch.ones(2) * 9,), (torch.ones(2),)],
+                        "raise IndexError", backend)
+
+
+def test_try_except_finally_and_with_see_eager_exceptions(backend: str) -> None:
+    log: list[str] = []
+
+    def handled(x):
+        try:
+            if x.sum() > 0:
+                raise ValueError("caught")
+            y = x * 2
+        except ValueError:
+            y = x - 1
+        finally:
+            log.append("finally")
+        with torch.no_grad():
+            z = torch.cat([y, x.new_ones(int(x.numel() > 2))])
+        return z
+
+    compiled = minicompile.compile(handled, backend=backend)
+    for x in (torch.ones(2), -torch.ones(2), torch.full((3,), 2.0)):
+        torch.testing.assert_close(compiled(x), handled(x))
+    assert log == ["finally"] * 6
+
+
+def test_wrong_argument_count_is_eager_type_error() -> None:
+    def f(x, y):
+        return x + y
+
+    compiled = minicompile.compile(f)
+    torch.testing.assert_close(compiled(torch.ones(2), torch.ones(2)), f(torch.ones(2),
+                                                                          torch.ones(2)))
+    with pytest.raises(TypeError):
+        compiled(torch.ones(2))
+    torch.testing.assert_close(compiled(torch.zeros(2), torch.ones(2)), f(torch.zeros(2),
+                                                                           torch.ones(2)))
+
+
+def test_a_user_error_found_while_tracing_does_not_disable_compiling() -> None:
+    def f(x, y):
+        return (x * 2) @ y
+
+    compiled = minicompile.compile(f, backend="cpp")
+    with pytest.raises(RuntimeError, match="cannot be multiplied"):
+        compiled(torch.ones(2, 3), torch.ones(2, 3))
+    for k in range(2):
+        x, y = torch.randn(2, 3), torch.randn(3, 4) + k
+        torch.testing.assert_close(compiled(x, y), f(x, y))
+    # The break at the failing matmul was forgotten: one entry, the whole frame, no break.
+    assert compiled.eager_reason is None
+    assert len(compiled.entries) == 1 and compiled.entries[0].stop is None
+
+
+def _sin_cos(x):
+    return torch.sin(x) * torch.cos(x)
+
+
+def _raising(error: Exception):
+    def broken(*args, **kwargs):
+        raise error
+
+    return broken
+
+
+@pytest.mark.parametrize("stage, error, message", [
+    ("capture_segment", AssertionError("a bug in capture"),
+     "internal error while capturing: AssertionError"),
+    ("lower", KeyError("a bug in lowering"), "internal error while compiling: KeyError"),
+])
+def test_internal_errors_warn_once_and_run_eagerly(monkeypatch, stage: str, error: Exception,
+                                                    message: str) -> None:
+    monkeypatch.setattr(api, stage, _raising(error))
+    compiled = minicompile.compile(_sin_cos)
+    with pytest.warns(UserWarning, match=message):
+        torch.testing.assert_close(compiled(torch.ones(3)), _sin_cos(torch.ones(3)))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # one warning only
+        torch.testing.assert_close(compiled(torch.zeros(3) + 2), _sin_cos(torch.zeros(3) + 2))
+    assert minicompile.stats()["eager_fallbacks"] == 1
+
+
+def test_compiled_code_that_raises_where_eager_does_not_falls_back(monkeypatch) -> None:
+    real = api.build_graph
+
+    def raising_call(*args, **kwargs):
+        real(*args, **kwargs)  # built as usual, then wrong when called
+        return _raising(RuntimeError("a bug in generated code"))
+
+    monkeypatch.setattr(api, "build_graph", raising_call)
+    compiled = minicompile.compile(_sin_cos)
+    with pytest.warns(UserWarning, match="compiled code raised RuntimeError where eager"):
+        torch.testing.assert_close(compiled(torch.ones(3)), _sin_cos(torch.ones(3)))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        torch.testing.assert_close(compiled(torch.zeros(3) - 1), _sin_cos(torch.zeros(3) - 1))
+    assert minicompile.stats()["eager_fallbacks"] == 1
+
+
+def test_strict_mode_raises_internal_errors(monkeypatch) -> None:
+    monkeypatch.setattr(api, "lower", _raising(KeyError("a bug in lowering")))
+    with minicompile.config.patch(strict=True):
+        compiled = minicompile.compile(_sin_cos)
+        for x in (torch.ones(3), torch.zeros(2)):
+            with pytest.raises(KeyError):
+                compiled(x)
+    monkeypatch.undo()  # without the bug, the same function compiles and matches eager
+    with minicompile.config.patch(strict=True):
+        compiled = minicompile.compile(_sin_cos)
+        for x in (torch.ones(3), torch.zeros(2)):
+            torch.testing.assert_close(compiled(x), _sin_cos(x))

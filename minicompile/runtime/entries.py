@@ -1,0 +1,560 @@
+"""Warm entries: whole compiled entries on disk, loaded by a new process without capture.
+
+When a frame compiles whole (no graph break, no backward graph), its entry is written under
+``<cache>/entries/<function key>/``: the guard checks (plain Python), ``get_inputs`` and
+``rebuild`` (plain Python), the objects their namespace refers to as *recipes* (how to find
+them again: a module by name, a function by module and qualified name, a device by its
+string...), and the wrapper module and C++ library with their sha256.  A later process that
+calls the same function looks there first: it rebuilds the namespace, re-evaluates the
+guards on the call, and on a pass imports the wrapper and runs, with no bytecode
+interpreted, no metadata inferred and nothing built.
+
+The function key covers the function's code (``marshal`` of the code object: bytecode,
+constants, names, file and line table), the configuration, the tool versions
+(:func:`~minicompile.runtime.cache.tool_versions`) and minicompile's own source.  Every
+other function the trace inlined must be found again by a recipe that checks its code
+(functions by their code and defaults, classes by the code of their methods), or live in
+PyTorch, Triton or the standard library (covered by the versions).  Anything else is not
+stored, with the reason under ``MINICOMPILE_LOGS=cache``: modules, parameters or other
+objects known only by identity, functions made at run time.  When unsure, miss.
+
+Nothing is unpickled: an entry is JSON, its code is the generated source minicompile
+wrote, and recipes only look objects up in modules already imported.  An entry that does
+not match its checksum (truncated, half-written, edited) gives one warning and is
+rebuilt, never loaded.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+import importlib.util
+import json
+import marshal
+import sys
+import sysconfig
+import types
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from minicompile import trace
+from minicompile.config import Config
+from minicompile.runtime import build, cache
+from minicompile.runtime.guards import GLOBAL_MODULE_HOOKS, GuardCheck, Guards
+
+FORMAT = "minicompile-entry-1"
+_SKIP = frozenset({"__builtins__", "check", "get_inputs", "rebuild"})
+
+
+class NotStorable(Exception):
+    """Why an entry cannot be written to disk (it still runs, compiled in memory)."""
+
+
+class _Miss(Exception):
+    """A recipe that finds nothing, or something else, in this process."""
+
+
+# -- keys ----------------------------------------------------------------------------------
+
+
+@functools.lru_cache(maxsize=None)
+def source_version() -> str:
+    """A hash of minicompile's own source files (the package, passes/ and codegen/)."""
+    import minicompile
+
+    folders = [Path(minicompile.__file__).parent]
+    for sub in ("minicompile.passes", "minicompile.codegen"):
+        spec = importlib.util.find_spec(sub)
+        folders += [Path(p) for p in (spec.submodule_search_locations or [])] if spec else []
+    h = hashlib.sha256()
+    for folder in folders:
+        for path in sorted(folder.rglob("*.py")):
+            h.update(str(path.relative_to(folder)).encode())
+            h.update(path.read_bytes())
+    return h.hexdigest()
+
+
+@functools.lru_cache(maxsize=None)
+def _versioned_folders() -> tuple[str, ...]:
+    """Folders whose code the tool versions stand for: PyTorch, Triton, the stdlib."""
+    found = [str(Path(torch.__file__).parent)]
+    spec = importlib.util.find_spec("triton")
+    if spec is not None and spec.origin:
+        found.append(str(Path(spec.origin).parent))
+    stdlib = sysconfig.get_paths()["stdlib"]
+    found.append(stdlib)
+    return tuple(f.rstrip("/") + "/" for f in found)
+
+
+def _versioned(filename: str) -> bool:
+    if "site-packages" in filename and not filename.startswith(_versioned_folders()[:2]):
+        return False  # a library beside the stdlib's folder is not the stdlib
+    return filename.startswith(_versioned_folders())
+
+
+def function_key(fn: types.FunctionType, cfg: Config) -> str:
+    """Where the entries of ``fn`` compiled under ``cfg`` are filed."""
+    options = (cfg.backend, cfg.dynamic, cfg.fullgraph, cfg.cxx, cfg.cxx_flags,
+               cfg.horizontal_fusion, cfg.store_in_place, cfg.triton_interpret)
+    return cache.cache_key(FORMAT, _code_digest(fn.__code__), fn.__module__ or "",
+                           repr(options), cache.tool_versions(cfg.cxx), source_version())
+
+
+def _code_digest(code: types.CodeType) -> str:
+    # marshal holds everything a code object is: bytecode, constants (nested code too),
+    # names, file name, first line and line table.  Its format is per Python version,
+    # which the key holds.
+    return hashlib.sha256(marshal.dumps(code)).hexdigest()
+
+
+def _value_digest(value: Any) -> str:
+    """A digest of a default value or class attribute: constants by value, functions and
+    classes by what they are; anything else refuses."""
+    try:
+        return "m" + hashlib.sha256(marshal.dumps(value)).hexdigest()
+    except ValueError:
+        pass
+    if isinstance(value, (types.FunctionType, type)):
+        return "o" + _object_digest(value)
+    if isinstance(value, (torch.dtype, torch.device)):
+        return f"t{value}"
+    raise NotStorable(f"a default or class attribute {type(value).__name__} cannot be keyed")
+
+
+def _function_digest(fn: types.FunctionType, method: bool = False) -> str:
+    """Code, defaults and closure of ``fn``.  A method's ``__class__`` cell (``super()``)
+    is the class being digested; its other cells are digested where they can be (a cell
+    the trace reads is guarded through a recipe of its own, which refuses)."""
+    parts = [_code_digest(fn.__code__)]
+    parts += [_value_digest(v) for v in fn.__defaults__ or ()]
+    parts += [f"{k}={_value_digest(v)}" for k, v in sorted((fn.__kwdefaults__ or {}).items())]
+    for name, cell in zip(fn.__code__.co_freevars, fn.__closure__ or ()):
+        if method and name == "__class__":
+            continue
+        try:
+            parts.append(f"{name}={_value_digest(cell.cell_contents)}")
+        except ValueError:  # an empty cell
+            parts.append(f"{name}=<empty>")
+        except NotStorable:
+            if not method:
+                raise NotStorable(f"{fn.__qualname__} closes over {name}, which cannot be "
+                                  f"keyed") from None
+            parts.append(f"{name}=<{type(cell.cell_contents).__qualname__}>")
+    return hashlib.sha256("\0".join(parts).encode()).hexdigest()
+
+
+def _class_functions(cls: type) -> list[types.FunctionType]:
+    """The Python functions defined by a class and its bases (methods, static and class
+    methods, property accessors)."""
+    found = []
+    for klass in cls.__mro__:
+        for value in vars(klass).values():
+            if isinstance(value, (staticmethod, classmethod)):
+                value = value.__func__
+            if isinstance(value, property):
+                found += [f for f in (value.fget, value.fset, value.fdel)
+                          if isinstance(f, types.FunctionType)]
+            elif isinstance(value, types.FunctionType):
+                found.append(value)
+    return found
+
+
+def _class_digest(cls: type) -> str:
+    h = hashlib.sha256()
+    for klass in cls.__mro__:
+        if klass.__module__ == "builtins" or _versioned(
+            getattr(sys.modules.get(klass.__module__), "__file__", None) or ""
+        ):
+            h.update(f"{klass.__module__}.{klass.__qualname__}".encode())
+            continue
+        for name, value in sorted(vars(klass).items(), key=lambda kv: kv[0]):
+            if isinstance(value, (staticmethod, classmethod)):
+                value = value.__func__
+            if isinstance(value, property):
+                value = tuple(f.__code__ if isinstance(f, types.FunctionType) else None
+                              for f in (value.fget, value.fset, value.fdel))
+                text = "".join(_code_digest(c) if c else "-" for c in value)
+            elif isinstance(value, types.FunctionType):
+                text = _function_digest(value, method=True)
+            else:
+                try:
+                    text = "m" + hashlib.sha256(marshal.dumps(value)).hexdigest()
+                except ValueError:  # read by the trace only under guards of their own
+                    text = type(value).__qualname__
+            h.update(f"{name}:{text}\0".encode())
+    return h.hexdigest()
+
+
+def _object_digest(obj: Any) -> str:
+    """What must not change about a function or class found again by its name."""
+    if isinstance(obj, types.FunctionType):
+        if _versioned(obj.__code__.co_filename):
+            return "versioned"
+        return _function_digest(obj)
+    if isinstance(obj, type):
+        return _class_digest(obj)
+    return "builtin"  # C functions and objects of the versioned libraries
+
+
+def _codes_of(obj: Any) -> list[types.CodeType]:
+    """The code objects reachable from a function or class (nested code included)."""
+    if isinstance(obj, types.FunctionType):
+        roots = [obj.__code__]
+    elif isinstance(obj, type):
+        roots = [f.__code__ for f in _class_functions(obj)]
+    else:
+        return []
+    found = []
+    while roots:
+        code = roots.pop()
+        found.append(code)
+        roots += [c for c in code.co_consts if isinstance(c, types.CodeType)]
+    return found
+
+
+# -- recipes: how to find a namespace object again -----------------------------------------
+
+
+def _lookup(module: str, qualname: str) -> Any:
+    """``module.qualname`` among the modules already imported (never imports)."""
+    obj = sys.modules.get(module)
+    if obj is None:
+        raise _Miss(f"module {module} is not imported")
+    for part in qualname.split("."):
+        if part == "<locals>":
+            raise _Miss(f"{qualname} is local to a function")
+        try:
+            obj = getattr(obj, part)
+        except AttributeError:
+            raise _Miss(f"{module}.{qualname} not found") from None
+    return obj
+
+
+def recipe(obj: Any, fn: types.FunctionType) -> list:
+    """How a new process finds ``obj`` again (raises NotStorable when it cannot)."""
+    if obj is fn.__globals__:
+        return ["fn_globals"]
+    for name, cell in zip(fn.__code__.co_freevars, fn.__closure__ or ()):
+        if obj is cell:
+            return ["cell", name]
+    if obj is GLOBAL_MODULE_HOOKS:
+        return ["global_hooks"]
+    if isinstance(obj, torch.device):
+        return ["device", str(obj)]
+    if isinstance(obj, float):
+        return ["float", repr(obj)]
+    if isinstance(obj, types.ModuleType):
+        if sys.modules.get(obj.__name__) is obj:
+            return ["module", obj.__name__]
+        raise NotStorable(f"module {obj.__name__} is not the one imported under its name")
+    if isinstance(obj, dict):
+        for name, module in list(sys.modules.items()):
+            if getattr(module, "__dict__", None) is obj:
+                return ["module_dict", name]
+        raise NotStorable("a dict known by identity (not a module's globals)")
+    if isinstance(obj, (torch.dtype, torch.layout, torch.memory_format)):
+        return ["torch", str(obj).removeprefix("torch.")]
+    module, qualname = getattr(obj, "__module__", None), getattr(obj, "__qualname__", None)
+    if isinstance(module, str) and isinstance(qualname, str):
+        try:
+            found = _lookup(module, qualname)
+        except _Miss as e:
+            raise NotStorable(f"{type(obj).__name__} {qualname}: {e}") from None
+        if found is obj:
+            return ["object", module, qualname, _object_digest(obj)]
+    raise NotStorable(f"a {type(obj).__name__} known only by identity ({_short(obj)})")
+
+
+def _short(obj: Any) -> str:
+    text = repr(obj)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def resolve(r: list, fn: types.FunctionType) -> Any:
+    """The object recipe ``r`` names in this process (raises _Miss)."""
+    kind = r[0]
+    if kind == "fn_globals":
+        return fn.__globals__
+    if kind == "cell":
+        cells = dict(zip(fn.__code__.co_freevars, fn.__closure__ or ()))
+        if r[1] not in cells:
+            raise _Miss(f"no closure cell {r[1]}")
+        return cells[r[1]]
+    if kind == "global_hooks":
+        return GLOBAL_MODULE_HOOKS
+    if kind == "device":
+        return torch.device(r[1])
+    if kind == "float":
+        return float(r[1])
+    if kind == "module":
+        if r[1] not in sys.modules:
+            raise _Miss(f"module {r[1]} is not imported")
+        return sys.modules[r[1]]
+    if kind == "module_dict":
+        if r[1] not in sys.modules:
+            raise _Miss(f"module {r[1]} is not imported")
+        return vars(sys.modules[r[1]])
+    if kind == "torch":
+        found = getattr(torch, r[1], None)
+        if not isinstance(found, (torch.dtype, torch.layout, torch.memory_format)):
+            raise _Miss(f"torch.{r[1]} is not a dtype, layout or memory format")
+        return found
+    if kind == "object":
+        found = _lookup(r[1], r[2])
+        try:
+            digest = _object_digest(found)
+        except NotStorable as e:
+            raise _Miss(str(e)) from None
+        if digest != r[3]:
+            raise _Miss(f"{r[1]}.{r[2]} changed since the entry was written")
+        return found
+    raise _Miss(f"unknown recipe {kind!r}")
+
+
+# -- writing -------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class Stored:
+    """What the API hands over about a compiled entry, to write it."""
+
+    fn: types.FunctionType
+    capture: Any  # minicompile.capture.Capture
+    loaded: build.Loaded
+    interpret: bool
+    no_grad: bool  # run the call under torch.no_grad() (inputs require grad, grad mode off)
+    kernels: int
+    sizes: list
+
+
+def save(stored: Stored, cfg: Config) -> Path | None:
+    """Write the entry; returns its path, or None (with the reason logged) when it cannot
+    be stored or the cache refuses it."""
+    name = stored.fn.__qualname__
+    try:
+        payload = _payload(stored, cfg)
+    except NotStorable as e:
+        trace.emit("cache", name, f"not stored on disk: {e}")
+        return None
+    text = json.dumps(payload, sort_keys=True)
+    checksum = cache.sha256_bytes(text.encode())
+    data = json.dumps({"format": FORMAT, "checksum": checksum, "payload": text})
+    parts = ("entries", function_key(stored.fn, cfg))
+    try:
+        path = cache.store(cfg.cache_dir, parts, f"{checksum[:32]}.json", data)
+    except OSError as e:
+        trace.emit("cache", name, f"not stored on disk: {e}")
+        return None
+    trace.emit("cache", name, f"stored as {path}")
+    return path
+
+
+def _payload(stored: Stored, cfg: Config) -> dict:
+    capture, fn = stored.capture, stored.fn
+    guards = capture.guards
+    namespace = {k: recipe(v, fn) for k, v in guards.namespace.items() if k not in _SKIP}
+    _check_codes_covered(capture.codes, fn, [v for k, v in guards.namespace.items()
+                                             if k not in _SKIP])
+    loaded = stored.loaded
+    return {
+        "name": fn.__qualname__,
+        "params": list(guards.params),
+        "checks": [[c.source, c.kind, c.expr, c.actual, _jsonable(c.expected)]
+                   for c in guards.checks],
+        "get_inputs": capture.get_inputs_source,
+        "rebuild": capture.rebuild_source,
+        "namespace": namespace,
+        "input_sources": list(capture.input_sources),
+        "sizes": [list(s) for s in stored.sizes],
+        "no_grad": stored.no_grad,
+        "interpret": stored.interpret,
+        "kernels": stored.kernels,
+        "module": _artefact(loaded.module_path, cfg),
+        "lib": _artefact(loaded.lib_path, cfg) if loaded.lib_path is not None else None,
+    }
+
+
+def _check_codes_covered(codes: frozenset, fn: types.FunctionType, objects: list) -> None:
+    """Every code object the trace interpreted is keyed: the function's own (nested code
+    included), code of functions and classes found again by recipes that check it, or code
+    of PyTorch, Triton and the standard library (keyed by their versions)."""
+    covered = {id(c) for obj in [fn, *objects] for c in _codes_of(obj)}
+    for code in codes:
+        if id(code) not in covered and not _versioned(code.co_filename):
+            raise NotStorable(
+                f"the trace inlined {code.co_qualname if hasattr(code, 'co_qualname') else code.co_name} "
+                f"({code.co_filename}:{code.co_firstlineno}), which no recipe checks"
+            )
+
+
+def _artefact(path: Path, cfg: Config) -> dict:
+    try:
+        rel = path.relative_to(cfg.cache_dir)
+    except ValueError:
+        raise NotStorable("its code was built outside the cache directory") from None
+    digest = cache.sha256_file(path)
+    if digest is None:
+        raise NotStorable(f"{path} cannot be read back")
+    return {"path": str(rel), "sha256": digest}
+
+
+def _jsonable(value: Any) -> Any:
+    if value is None or type(value) in (bool, int, str):
+        return value
+    if type(value) is float and value == value and abs(value) != float("inf"):
+        return value
+    if isinstance(value, (tuple, list, torch.Size)) and all(type(v) is int for v in value):
+        return list(value)
+    return ["shown", repr(value) if not isinstance(value, (torch.dtype, torch.device, type))
+            else _shown(value)]
+
+
+def _shown(value: Any) -> str:
+    if isinstance(value, type):
+        return f"{value.__module__}.{value.__qualname__}"
+    return str(value)
+
+
+class _Shown(str):
+    """A traced value kept as its text, for failure messages."""
+
+    def __repr__(self) -> str:
+        return str(self)
+
+
+def _expected(value: Any) -> Any:
+    if isinstance(value, list):
+        if len(value) == 2 and value[0] == "shown":
+            return _Shown(value[1])
+        return tuple(value)
+    return value
+
+
+# -- reading -------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class WarmCapture:
+    """What the API reads of an entry's capture, for an entry loaded from disk (there is no
+    graph: nothing was traced)."""
+
+    guards: Guards
+    get_inputs: Callable[..., list]
+    rebuild: Callable[..., Any]
+    input_sources: list[str]
+    get_inputs_source: str
+    rebuild_source: str
+    graph: Any = None
+    instructions: int = 0
+    compiled: Any = None
+    writebacks: tuple = ()
+    codes: frozenset = frozenset()
+
+
+@dataclasses.dataclass
+class Warm:
+    capture: WarmCapture
+    run: Callable[[tuple], Any]
+    call: Callable[[list], tuple]
+    sizes: list
+    kernels: int
+
+
+def load_all(fn: types.FunctionType, cfg: Config) -> list[Warm]:
+    """Every valid entry stored for ``fn`` under ``cfg``, newest first.  An entry that
+    fails its checksum is removed with a warning; one whose recipes find nothing (a module
+    not imported, a function changed) is skipped, with the reason logged."""
+    parts = ("entries", function_key(fn, cfg))
+    found = []
+    for base in (cfg.cache_dir, cache._fallback.get(cfg.cache_dir)):
+        try:
+            if base is not None:
+                found += list(base.joinpath(*parts).glob("*.json"))
+        except OSError:
+            continue
+    if not found:
+        return []
+    out = []
+    for path in sorted(found, key=_mtime, reverse=True):
+        try:
+            out.append(_load(path, fn, cfg))
+        except cache.CacheCorrupted as e:
+            cache.warn_once(f"cache entry {path} is corrupted ({e}): compiling again")
+            cache.discard(path)
+        except _Miss as e:
+            trace.emit("cache", fn.__qualname__, f"entry {path.name} not used: {e}")
+    return out
+
+
+def _mtime(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return 0.0
+
+
+def _load(path: Path, fn: types.FunctionType, cfg: Config) -> Warm:
+    try:
+        outer = json.loads(path.read_bytes())
+        text, checksum = outer["payload"], outer["checksum"]
+        ok = outer["format"] == FORMAT and cache.sha256_bytes(text.encode()) == checksum
+    except (OSError, ValueError, KeyError, TypeError, UnicodeDecodeError) as e:
+        raise cache.CacheCorrupted(f"unreadable: {type(e).__name__}") from e
+    if not ok:
+        raise cache.CacheCorrupted("checksum mismatch")
+    p = json.loads(text)
+    namespace: dict[str, Any] = {"torch": torch, "Tensor": torch.Tensor}
+    for name, r in p["namespace"].items():
+        namespace[name] = resolve(r, fn)
+    checks = [GuardCheck(s, k, e, a, _expected(x)) for s, k, e, a, x in p["checks"]]
+    guards = Guards(p["params"], checks, namespace)
+    exec(compile(p["rebuild"], "<minicompile rebuild>", "exec"), namespace)
+    exec(compile(p["get_inputs"], "<minicompile inputs>", "exec"), namespace)
+    module = _verified(cfg, p["module"])
+    lib = _verified(cfg, p["lib"]) if p["lib"] is not None else None
+    if p["interpret"] and not cfg.triton_interpret:
+        raise _Miss("the entry runs under Triton's interpreter, which is off")
+    key = module.stem.removeprefix("mc_")
+    loaded = build.load_module(key, module, lib, p["interpret"])
+    get_inputs, rebuild = namespace["get_inputs"], namespace["rebuild"]
+    capture = WarmCapture(guards, get_inputs, rebuild, p["input_sources"], p["get_inputs"],
+                          p["rebuild"])
+    run = inference_runner(loaded.call, get_inputs, rebuild, p["no_grad"])
+    return Warm(capture, run, loaded.call, [tuple(s) for s in p["sizes"]], p["kernels"])
+
+
+def _verified(cfg: Config, artefact: dict) -> Path:
+    rel = Path(artefact["path"])
+    if rel.is_absolute() or ".." in rel.parts:
+        raise cache.CacheCorrupted(f"artefact path {rel} leaves the cache directory")
+    path = cache.find(cfg.cache_dir, rel.parent.parts, rel.name)
+    if path is None:
+        raise _Miss(f"{rel} is not in the cache any more")
+    cache.read_verified(path, artefact["sha256"])
+    return path
+
+
+def inference_runner(
+    call: Callable[[list], tuple], get_inputs: Callable, rebuild: Callable, no_grad: bool
+) -> Callable[[tuple], Any]:
+    """The entry's run(frame) for a graph without a backward: inputs, the generated call,
+    then rebuild.  ``no_grad``: inputs require grad but grad mode is off in the trace, so
+    nothing is recorded."""
+    if no_grad:
+        off = torch.no_grad
+
+        def run(frame: tuple) -> Any:
+            with off():
+                outs = call(get_inputs(*frame))
+            return rebuild(outs, *frame)
+
+        return run
+
+    def run(frame: tuple) -> Any:
+        return rebuild(call(get_inputs(*frame)), *frame)
+
+    return run

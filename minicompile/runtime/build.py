@@ -69,8 +69,7 @@ def build_cpp(source: str, cfg: Config) -> tuple[Path, bool]:
     if lib is not None:
         if cache.sha256_file(lib) == _read_text(lib.with_suffix(".sum")):
             return lib, True
-        cache.warn_once(f"cached library {lib} does not match its checksum (truncated or "
-                        f"modified): rebuilding it")
+        cache.warn_corrupted(lib)
     src = cache.store(cfg.cache_dir, parts, f"{key}.cpp", source)
     tmp = cache.scratch(cfg.cache_dir, parts, key, ".so")
     # Libraries come after the source for the linker.
@@ -126,8 +125,7 @@ def load(code: GeneratedCode, cfg: Config, interpret: bool) -> Loaded:
     path = cache.find(cfg.cache_dir, ("py", key[:2]), name)
     from_cache = path is not None and _read_text(path) == code.module
     if path is not None and not from_cache:
-        cache.warn_once(f"cached module {path} differs from the code it should hold "
-                        f"(truncated or modified): rewriting it")
+        cache.warn_corrupted(path)
     if not from_cache:
         path = cache.store(cfg.cache_dir, ("py", key[:2]), name, code.module)
     assert path is not None

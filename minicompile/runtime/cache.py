@@ -31,6 +31,15 @@ _warned: set[str] = set()
 class CacheCorrupted(Exception):
     """A file read back from the cache does not match its checksum (truncated, edited)."""
 
+    def __init__(self, path: Path, detail: str) -> None:
+        self.path = path
+        super().__init__(f"{path}: {detail}")
+
+
+def warn_corrupted(path: Path) -> None:
+    """The one warning for a bad cache file (whoever meets it first)."""
+    warn_once(f"cache file {path} is corrupted (truncated or modified): compiling it again")
+
 
 def warn_once(message: str) -> None:
     """One warning per distinct cache problem, however often it is met."""
@@ -189,9 +198,9 @@ def read_verified(path: Path, sha256: str) -> bytes:
     try:
         data = path.read_bytes()
     except OSError as e:
-        raise CacheCorrupted(f"{path} cannot be read ({_reason(e)})") from e
+        raise CacheCorrupted(path, f"cannot be read ({_reason(e)})") from e
     if sha256_bytes(data) != sha256:
-        raise CacheCorrupted(f"{path} does not match its checksum (truncated or modified)")
+        raise CacheCorrupted(path, "does not match its checksum")
     return data
 
 

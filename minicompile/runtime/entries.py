@@ -482,8 +482,8 @@ def load_all(fn: types.FunctionType, cfg: Config) -> list[Warm]:
     for path in sorted(found, key=_mtime, reverse=True):
         try:
             out.append(_load(path, fn, cfg))
-        except cache.CacheCorrupted as e:
-            cache.warn_once(f"cache entry {path} is corrupted ({e}): compiling again")
+        except cache.CacheCorrupted as e:  # the entry, or a file it names
+            cache.warn_corrupted(e.path)
             cache.discard(path)
         except _Miss as e:
             trace.emit("cache", fn.__qualname__, f"entry {path.name} not used: {e}")
@@ -503,9 +503,9 @@ def _load(path: Path, fn: types.FunctionType, cfg: Config) -> Warm:
         text, checksum = outer["payload"], outer["checksum"]
         ok = outer["format"] == FORMAT and cache.sha256_bytes(text.encode()) == checksum
     except (OSError, ValueError, KeyError, TypeError, UnicodeDecodeError) as e:
-        raise cache.CacheCorrupted(f"unreadable: {type(e).__name__}") from e
+        raise cache.CacheCorrupted(path, f"unreadable: {type(e).__name__}") from e
     if not ok:
-        raise cache.CacheCorrupted("checksum mismatch")
+        raise cache.CacheCorrupted(path, "does not match its checksum")
     p = json.loads(text)
     namespace: dict[str, Any] = {"torch": torch, "Tensor": torch.Tensor}
     for name, r in p["namespace"].items():
@@ -530,7 +530,7 @@ def _load(path: Path, fn: types.FunctionType, cfg: Config) -> Warm:
 def _verified(cfg: Config, artefact: dict) -> Path:
     rel = Path(artefact["path"])
     if rel.is_absolute() or ".." in rel.parts:
-        raise cache.CacheCorrupted(f"artefact path {rel} leaves the cache directory")
+        raise cache.CacheCorrupted(rel, "names a file outside the cache directory")
     path = cache.find(cfg.cache_dir, rel.parent.parts, rel.name)
     if path is None:
         raise _Miss(f"{rel} is not in the cache any more")

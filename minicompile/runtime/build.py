@@ -3,6 +3,7 @@ modules from the cache directory.  A second process finds both on disk and build
 
 from __future__ import annotations
 
+import concurrent.futures
 import ctypes
 import ctypes.util
 import dataclasses
@@ -19,7 +20,7 @@ from typing import TYPE_CHECKING
 from minicompile import perf
 from minicompile.config import Config
 from minicompile.errors import BackendCompilerFailed
-from minicompile.runtime import cache
+from minicompile.runtime import cache, cpp_units
 from minicompile.runtime.cache import cache_key, tool_versions
 
 if TYPE_CHECKING:
@@ -31,7 +32,8 @@ class Loaded:
     call: types.FunctionType  # call(args) -> tuple of outputs
     module_path: Path
     from_cache: bool  # nothing was built: every artefact was already on disk
-    lib_path: Path | None = None  # the C++ kernels' shared library
+    lib_paths: tuple[Path, ...] = ()  # the C++ kernels' shared libraries
+    symbols: dict = dataclasses.field(default_factory=dict)  # kernel -> (library, symbol)
     kernels: int = 0  # how many kernels the module launches
 
 
@@ -57,7 +59,21 @@ def vector_math_flags() -> tuple[str, ...]:
     return ("-DMC_LIBMVEC", "-lmvec")
 
 
-def build_cpp(source: str, cfg: Config) -> tuple[Path, bool]:
+def build_cpp(source: str, cfg: Config) -> tuple[tuple[Path, ...], dict, bool]:
+    """Compile a graph's C++ unit: its distinct kernels, split into at most
+    ``cfg.compile_threads`` units (runtime/cpp_units.py) built by compiler processes at
+    once.  Returns the libraries, each kernel's (library index, symbol), and whether every
+    library was cached."""
+    units = cpp_units.split(source, cfg.compile_threads)
+    if len(units.sources) == 1:
+        built = [build_unit(units.sources[0], cfg)]
+    else:
+        with concurrent.futures.ThreadPoolExecutor(len(units.sources)) as pool:
+            built = list(pool.map(lambda s: build_unit(s, cfg), units.sources))
+    return tuple(p for p, _ in built), units.symbols, all(c for _, c in built)
+
+
+def build_unit(source: str, cfg: Config) -> tuple[Path, bool]:
     """Compile ``source`` to a shared library; return its path and whether it was cached.
     A library is used from the cache only when it matches the checksum written beside it
     (``<key>.sum``, written before the library is moved into place); a truncated or
@@ -129,27 +145,33 @@ def load(code: GeneratedCode, cfg: Config, interpret: bool) -> Loaded:
     if not from_cache:
         path = cache.store(cfg.cache_dir, ("py", key[:2]), name, code.module)
     assert path is not None
-    lib_path = None
+    lib_paths: tuple[Path, ...] = ()
+    symbols: dict = {}
     if code.cpp_source is not None:
         with perf.phase("build"):
-            lib_path, lib_cached = build_cpp(code.cpp_source, cfg)
+            lib_paths, symbols, lib_cached = build_cpp(code.cpp_source, cfg)
         from_cache = from_cache and lib_cached
     with perf.phase("load"):
-        loaded = load_module(key, path, lib_path, interpret)
+        loaded = load_module(key, path, lib_paths, symbols, interpret)
     return dataclasses.replace(loaded, from_cache=from_cache)
 
 
-def load_module(key: str, path: Path, lib_path: Path | None, interpret: bool) -> Loaded:
-    """Import the generated wrapper module at ``path`` (its C++ kernels from ``lib_path``),
-    once per process and key."""
+def load_module(key: str, path: Path, lib_paths: tuple[Path, ...], symbols: dict,
+                interpret: bool) -> Loaded:
+    """Import the generated wrapper module at ``path`` (its C++ kernels from ``lib_paths``:
+    kernel name -> (library index, symbol) in ``symbols``), once per process and key."""
     if key in _loaded:
         return dataclasses.replace(_loaded[key], from_cache=True)
     namespace_lib = None
-    if lib_path is not None:
+    if lib_paths:
         try:
-            namespace_lib = ctypes.CDLL(str(lib_path))
+            libs = [ctypes.CDLL(str(p)) for p in lib_paths]
         except OSError as e:
-            raise BackendCompilerFailed(f"built library {lib_path} failed to load: {e}") from e
+            raise BackendCompilerFailed(f"a built library failed to load: {e}") from e
+        # One function object per kernel name (CDLL's [] makes a new one each time): the
+        # wrapper sets argtypes on each, and two names may share a symbol.
+        namespace_lib = types.SimpleNamespace(
+            **{name: libs[i][symbol] for name, (i, symbol) in symbols.items()})
     name = f"minicompile_generated.mc_{key}"
     spec = importlib.util.spec_from_file_location(name, path)
     assert spec is not None and spec.loader is not None
@@ -170,7 +192,7 @@ def load_module(key: str, path: Path, lib_path: Path | None, interpret: bool) ->
                 f"the Triton backend on CPU tensors runs under Triton's interpreter, which "
                 f"needs numpy ({e}): pip install numpy"
             ) from e
-    loaded = Loaded(module.call, path, True, lib_path)  # type: ignore[attr-defined]
+    loaded = Loaded(module.call, path, True, tuple(lib_paths), dict(symbols))  # type: ignore[attr-defined]
     _loaded[key] = loaded
     return loaded
 

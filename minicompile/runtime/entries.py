@@ -374,7 +374,8 @@ def _payload(stored: Stored, cfg: Config) -> dict:
         "interpret": stored.interpret,
         "kernels": stored.kernels,
         "module": _artefact(loaded.module_path, cfg),
-        "lib": _artefact(loaded.lib_path, cfg) if loaded.lib_path is not None else None,
+        "libs": [_artefact(p, cfg) for p in loaded.lib_paths],
+        "symbols": loaded.symbols,
     }
 
 
@@ -515,11 +516,12 @@ def _load(path: Path, fn: types.FunctionType, cfg: Config) -> Warm:
     exec(compile(p["rebuild"], "<minicompile rebuild>", "exec"), namespace)
     exec(compile(p["get_inputs"], "<minicompile inputs>", "exec"), namespace)
     module = _verified(cfg, p["module"])
-    lib = _verified(cfg, p["lib"]) if p["lib"] is not None else None
+    libs = tuple(_verified(cfg, a) for a in p["libs"])
     if p["interpret"] and not cfg.triton_interpret:
         raise _Miss("the entry runs under Triton's interpreter, which is off")
     key = module.stem.removeprefix("mc_")
-    loaded = build.load_module(key, module, lib, p["interpret"])
+    symbols = {name: (i, symbol) for name, (i, symbol) in p["symbols"].items()}
+    loaded = build.load_module(key, module, libs, symbols, p["interpret"])
     get_inputs, rebuild = namespace["get_inputs"], namespace["rebuild"]
     capture = WarmCapture(guards, get_inputs, rebuild, p["input_sources"], p["get_inputs"],
                           p["rebuild"])

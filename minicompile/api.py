@@ -322,10 +322,10 @@ class CompiledFunction:
     # -- warm entries on disk ---------------------------------------------------------------
 
     def load_warm(self, frame: tuple) -> Entry | None:
-        """Load this function's entries from disk (runtime/entries.py); return the first
-        whose guards pass on ``frame``, or None."""
+        """Load this function's entries from disk (runtime/entries.py), the modules they
+        hold those of ``frame``; return the first whose guards pass on ``frame``, or None."""
         start = time.perf_counter()
-        warm = entries.load_all(self.fn, self.cfg)
+        warm = entries.load_all(self.fn, self.cfg, frame)
         perf.warm_entries(self.fn.__qualname__, len(warm), time.perf_counter() - start)
         for w in warm:
             _stats["graphs"] += 1

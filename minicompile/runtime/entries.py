@@ -27,13 +27,8 @@ rebuilt, never loaded.
 from __future__ import annotations
 
 import dataclasses
-import functools
-import hashlib
-import importlib.util
 import json
-import marshal
 import sys
-import sysconfig
 import types
 from collections.abc import Callable
 from pathlib import Path
@@ -43,195 +38,27 @@ import torch
 
 from minicompile import trace
 from minicompile.config import Config
-from minicompile.runtime import build, cache
+from minicompile.runtime import build, cache, fingerprints
+from minicompile.runtime.fingerprints import Miss, NotStorable, lookup
 from minicompile.runtime.guards import GLOBAL_MODULE_HOOKS, GuardCheck, Guards
 
 FORMAT = "minicompile-entry-1"
 _SKIP = frozenset({"__builtins__", "check", "get_inputs", "rebuild"})
 
 
-class NotStorable(Exception):
-    """Why an entry cannot be written to disk (it still runs, compiled in memory)."""
-
-
-class _Miss(Exception):
-    """A recipe that finds nothing, or something else, in this process."""
-
-
 # -- keys ----------------------------------------------------------------------------------
-
-
-@functools.lru_cache(maxsize=None)
-def source_version() -> str:
-    """A hash of minicompile's own source files (the package, passes/ and codegen/)."""
-    import minicompile
-
-    folders = [Path(minicompile.__file__).parent]
-    for sub in ("minicompile.passes", "minicompile.codegen"):
-        spec = importlib.util.find_spec(sub)
-        folders += [Path(p) for p in (spec.submodule_search_locations or [])] if spec else []
-    h = hashlib.sha256()
-    for folder in folders:
-        for path in sorted(folder.rglob("*.py")):
-            h.update(str(path.relative_to(folder)).encode())
-            h.update(path.read_bytes())
-    return h.hexdigest()
-
-
-@functools.lru_cache(maxsize=None)
-def _versioned_folders() -> tuple[str, ...]:
-    """Folders whose code the tool versions stand for: PyTorch, Triton, the stdlib."""
-    found = [str(Path(torch.__file__).parent)]
-    spec = importlib.util.find_spec("triton")
-    if spec is not None and spec.origin:
-        found.append(str(Path(spec.origin).parent))
-    stdlib = sysconfig.get_paths()["stdlib"]
-    found.append(stdlib)
-    return tuple(f.rstrip("/") + "/" for f in found)
-
-
-def _versioned(filename: str) -> bool:
-    if "site-packages" in filename and not filename.startswith(_versioned_folders()[:2]):
-        return False  # a library beside the stdlib's folder is not the stdlib
-    return filename.startswith(_versioned_folders())
 
 
 def function_key(fn: types.FunctionType, cfg: Config) -> str:
     """Where the entries of ``fn`` compiled under ``cfg`` are filed."""
     options = (cfg.backend, cfg.dynamic, cfg.fullgraph, cfg.cxx, cfg.cxx_flags,
                cfg.horizontal_fusion, cfg.store_in_place, cfg.triton_interpret)
-    return cache.cache_key(FORMAT, _code_digest(fn.__code__), fn.__module__ or "",
-                           repr(options), cache.tool_versions(cfg.cxx), source_version())
-
-
-def _code_digest(code: types.CodeType) -> str:
-    # marshal holds everything a code object is: bytecode, constants (nested code too),
-    # names, file name, first line and line table.  Its format is per Python version,
-    # which the key holds.
-    return hashlib.sha256(marshal.dumps(code)).hexdigest()
-
-
-def _value_digest(value: Any) -> str:
-    """A digest of a default value or class attribute: constants by value, functions and
-    classes by what they are; anything else refuses."""
-    try:
-        return "m" + hashlib.sha256(marshal.dumps(value)).hexdigest()
-    except ValueError:
-        pass
-    if isinstance(value, (types.FunctionType, type)):
-        return "o" + _object_digest(value)
-    if isinstance(value, (torch.dtype, torch.device)):
-        return f"t{value}"
-    raise NotStorable(f"a default or class attribute {type(value).__name__} cannot be keyed")
-
-
-def _function_digest(fn: types.FunctionType, method: bool = False) -> str:
-    """Code, defaults and closure of ``fn``.  A method's ``__class__`` cell (``super()``)
-    is the class being digested; its other cells are digested where they can be (a cell
-    the trace reads is guarded through a recipe of its own, which refuses)."""
-    parts = [_code_digest(fn.__code__)]
-    parts += [_value_digest(v) for v in fn.__defaults__ or ()]
-    parts += [f"{k}={_value_digest(v)}" for k, v in sorted((fn.__kwdefaults__ or {}).items())]
-    for name, cell in zip(fn.__code__.co_freevars, fn.__closure__ or ()):
-        if method and name == "__class__":
-            continue
-        try:
-            parts.append(f"{name}={_value_digest(cell.cell_contents)}")
-        except ValueError:  # an empty cell
-            parts.append(f"{name}=<empty>")
-        except NotStorable:
-            if not method:
-                raise NotStorable(f"{fn.__qualname__} closes over {name}, which cannot be "
-                                  f"keyed") from None
-            parts.append(f"{name}=<{type(cell.cell_contents).__qualname__}>")
-    return hashlib.sha256("\0".join(parts).encode()).hexdigest()
-
-
-def _class_functions(cls: type) -> list[types.FunctionType]:
-    """The Python functions defined by a class and its bases (methods, static and class
-    methods, property accessors)."""
-    found = []
-    for klass in cls.__mro__:
-        for value in vars(klass).values():
-            if isinstance(value, (staticmethod, classmethod)):
-                value = value.__func__
-            if isinstance(value, property):
-                found += [f for f in (value.fget, value.fset, value.fdel)
-                          if isinstance(f, types.FunctionType)]
-            elif isinstance(value, types.FunctionType):
-                found.append(value)
-    return found
-
-
-def _class_digest(cls: type) -> str:
-    h = hashlib.sha256()
-    for klass in cls.__mro__:
-        if klass.__module__ == "builtins" or _versioned(
-            getattr(sys.modules.get(klass.__module__), "__file__", None) or ""
-        ):
-            h.update(f"{klass.__module__}.{klass.__qualname__}".encode())
-            continue
-        for name, value in sorted(vars(klass).items(), key=lambda kv: kv[0]):
-            if isinstance(value, (staticmethod, classmethod)):
-                value = value.__func__
-            if isinstance(value, property):
-                value = tuple(f.__code__ if isinstance(f, types.FunctionType) else None
-                              for f in (value.fget, value.fset, value.fdel))
-                text = "".join(_code_digest(c) if c else "-" for c in value)
-            elif isinstance(value, types.FunctionType):
-                text = _function_digest(value, method=True)
-            else:
-                try:
-                    text = "m" + hashlib.sha256(marshal.dumps(value)).hexdigest()
-                except ValueError:  # read by the trace only under guards of their own
-                    text = type(value).__qualname__
-            h.update(f"{name}:{text}\0".encode())
-    return h.hexdigest()
-
-
-def _object_digest(obj: Any) -> str:
-    """What must not change about a function or class found again by its name."""
-    if isinstance(obj, types.FunctionType):
-        if _versioned(obj.__code__.co_filename):
-            return "versioned"
-        return _function_digest(obj)
-    if isinstance(obj, type):
-        return _class_digest(obj)
-    return "builtin"  # C functions and objects of the versioned libraries
-
-
-def _codes_of(obj: Any) -> list[types.CodeType]:
-    """The code objects reachable from a function or class (nested code included)."""
-    if isinstance(obj, types.FunctionType):
-        roots = [obj.__code__]
-    elif isinstance(obj, type):
-        roots = [f.__code__ for f in _class_functions(obj)]
-    else:
-        return []
-    found = []
-    while roots:
-        code = roots.pop()
-        found.append(code)
-        roots += [c for c in code.co_consts if isinstance(c, types.CodeType)]
-    return found
+    return cache.cache_key(FORMAT, fingerprints.code_digest(fn.__code__), fn.__module__ or "",
+                           repr(options), cache.tool_versions(cfg.cxx),
+                           fingerprints.source_version())
 
 
 # -- recipes: how to find a namespace object again -----------------------------------------
-
-
-def _lookup(module: str, qualname: str) -> Any:
-    """``module.qualname`` among the modules already imported (never imports)."""
-    obj = sys.modules.get(module)
-    if obj is None:
-        raise _Miss(f"module {module} is not imported")
-    for part in qualname.split("."):
-        if part == "<locals>":
-            raise _Miss(f"{qualname} is local to a function")
-        try:
-            obj = getattr(obj, part)
-        except AttributeError:
-            raise _Miss(f"{module}.{qualname} not found") from None
-    return obj
 
 
 def recipe(obj: Any, fn: types.FunctionType) -> list:
@@ -261,11 +88,11 @@ def recipe(obj: Any, fn: types.FunctionType) -> list:
     module, qualname = getattr(obj, "__module__", None), getattr(obj, "__qualname__", None)
     if isinstance(module, str) and isinstance(qualname, str):
         try:
-            found = _lookup(module, qualname)
-        except _Miss as e:
+            found = lookup(module, qualname)
+        except Miss as e:
             raise NotStorable(f"{type(obj).__name__} {qualname}: {e}") from None
         if found is obj:
-            return ["object", module, qualname, _object_digest(obj)]
+            return ["object", module, qualname, fingerprints.object_digest(obj)]
     raise NotStorable(f"a {type(obj).__name__} known only by identity ({_short(obj)})")
 
 
@@ -275,14 +102,14 @@ def _short(obj: Any) -> str:
 
 
 def resolve(r: list, fn: types.FunctionType) -> Any:
-    """The object recipe ``r`` names in this process (raises _Miss)."""
+    """The object recipe ``r`` names in this process (raises Miss)."""
     kind = r[0]
     if kind == "fn_globals":
         return fn.__globals__
     if kind == "cell":
         cells = dict(zip(fn.__code__.co_freevars, fn.__closure__ or ()))
         if r[1] not in cells:
-            raise _Miss(f"no closure cell {r[1]}")
+            raise Miss(f"no closure cell {r[1]}")
         return cells[r[1]]
     if kind == "global_hooks":
         return GLOBAL_MODULE_HOOKS
@@ -292,27 +119,27 @@ def resolve(r: list, fn: types.FunctionType) -> Any:
         return float(r[1])
     if kind == "module":
         if r[1] not in sys.modules:
-            raise _Miss(f"module {r[1]} is not imported")
+            raise Miss(f"module {r[1]} is not imported")
         return sys.modules[r[1]]
     if kind == "module_dict":
         if r[1] not in sys.modules:
-            raise _Miss(f"module {r[1]} is not imported")
+            raise Miss(f"module {r[1]} is not imported")
         return vars(sys.modules[r[1]])
     if kind == "torch":
         found = getattr(torch, r[1], None)
         if not isinstance(found, (torch.dtype, torch.layout, torch.memory_format)):
-            raise _Miss(f"torch.{r[1]} is not a dtype, layout or memory format")
+            raise Miss(f"torch.{r[1]} is not a dtype, layout or memory format")
         return found
     if kind == "object":
-        found = _lookup(r[1], r[2])
+        found = lookup(r[1], r[2])
         try:
-            digest = _object_digest(found)
+            digest = fingerprints.object_digest(found)
         except NotStorable as e:
-            raise _Miss(str(e)) from None
+            raise Miss(str(e)) from None
         if digest != r[3]:
-            raise _Miss(f"{r[1]}.{r[2]} changed since the entry was written")
+            raise Miss(f"{r[1]}.{r[2]} changed since the entry was written")
         return found
-    raise _Miss(f"unknown recipe {kind!r}")
+    raise Miss(f"unknown recipe {kind!r}")
 
 
 # -- writing -------------------------------------------------------------------------------
@@ -356,9 +183,17 @@ def save(stored: Stored, cfg: Config) -> Path | None:
 def _payload(stored: Stored, cfg: Config) -> dict:
     capture, fn = stored.capture, stored.fn
     guards = capture.guards
-    namespace = {k: recipe(v, fn) for k, v in guards.namespace.items() if k not in _SKIP}
-    _check_codes_covered(capture.codes, fn, [v for k, v in guards.namespace.items()
-                                             if k not in _SKIP])
+    namespace, keyed = {}, [fn]
+    for k, v in guards.namespace.items():
+        if k in _SKIP:
+            continue
+        if isinstance(v, torch.nn.Module):
+            namespace[k], walk = _module_recipe(k, v, guards)
+            keyed += walk.objects
+        else:
+            namespace[k] = recipe(v, fn)
+            keyed.append(v)
+    _check_codes_covered(capture.codes, keyed)
     loaded = stored.loaded
     return {
         "name": fn.__qualname__,
@@ -379,13 +214,27 @@ def _payload(stored: Stored, cfg: Config) -> dict:
     }
 
 
-def _check_codes_covered(codes: frozenset, fn: types.FunctionType, objects: list) -> None:
+def _module_recipe(name: str, module: torch.nn.Module, guards: Guards) -> tuple[list, Any]:
+    """A module the guards hold by identity (``L_self is MLP``): a new process finds the
+    module passed at the same place of the frame, and uses the entry only where its
+    fingerprint (fingerprints.ModuleWalk) is the one traced; the identity guard then holds
+    that module, as the in-memory entry holds this one."""
+    where = [c.actual for c in guards.checks
+             if c.kind == "identity" and c.expr == f"{c.actual} is {name}"]
+    if not where:
+        raise NotStorable(f"module {type(module).__qualname__} is not reached from the frame")
+    walk = fingerprints.ModuleWalk(module)
+    return ["frame_module", where[0], walk.digest], walk
+
+
+def _check_codes_covered(codes: frozenset, objects: list) -> None:
     """Every code object the trace interpreted is keyed: the function's own (nested code
-    included), code of functions and classes found again by recipes that check it, or code
-    of PyTorch, Triton and the standard library (keyed by their versions)."""
-    covered = {id(c) for obj in [fn, *objects] for c in _codes_of(obj)}
+    included), code of functions and classes found again by recipes that check it (or met
+    in a module's fingerprint), or code of PyTorch, Triton and the standard library (keyed
+    by their versions)."""
+    covered = {id(c) for obj in objects for c in fingerprints.codes_of(obj)}
     for code in codes:
-        if id(code) not in covered and not _versioned(code.co_filename):
+        if id(code) not in covered and not fingerprints.versioned(code.co_filename):
             raise NotStorable(
                 f"the trace inlined {code.co_qualname if hasattr(code, 'co_qualname') else code.co_name} "
                 f"({code.co_filename}:{code.co_firstlineno}), which no recipe checks"
@@ -465,10 +314,11 @@ class Warm:
     kernels: int
 
 
-def load_all(fn: types.FunctionType, cfg: Config) -> list[Warm]:
-    """Every valid entry stored for ``fn`` under ``cfg``, newest first.  An entry that
-    fails its checksum is removed with a warning; one whose recipes find nothing (a module
-    not imported, a function changed) is skipped, with the reason logged."""
+def load_all(fn: types.FunctionType, cfg: Config, frame: tuple) -> list[Warm]:
+    """Every valid entry stored for ``fn`` under ``cfg``, newest first, its modules those
+    of ``frame`` (the call that looks).  An entry that fails its checksum is removed with a
+    warning; one whose recipes find nothing (a module not imported, a function changed, a
+    module of another fingerprint) is skipped, with the reason logged."""
     parts = ("entries", function_key(fn, cfg))
     found = []
     for base in (cfg.cache_dir, cache._fallback.get(cfg.cache_dir)):
@@ -482,11 +332,11 @@ def load_all(fn: types.FunctionType, cfg: Config) -> list[Warm]:
     out = []
     for path in sorted(found, key=_mtime, reverse=True):
         try:
-            out.append(_load(path, fn, cfg))
+            out.append(_load(path, fn, cfg, frame))
         except cache.CacheCorrupted as e:  # the entry, or a file it names
             cache.warn_corrupted(e.path)
             cache.discard(path)
-        except _Miss as e:
+        except (Miss, NotStorable, RecursionError) as e:
             trace.emit("cache", fn.__qualname__, f"entry {path.name} not used: {e}")
     return out
 
@@ -498,7 +348,7 @@ def _mtime(path: Path) -> float:
         return 0.0
 
 
-def _load(path: Path, fn: types.FunctionType, cfg: Config) -> Warm:
+def _load(path: Path, fn: types.FunctionType, cfg: Config, frame: tuple) -> Warm:
     try:
         outer = json.loads(path.read_bytes())
         text, checksum = outer["payload"], outer["checksum"]
@@ -509,8 +359,12 @@ def _load(path: Path, fn: types.FunctionType, cfg: Config) -> Warm:
         raise cache.CacheCorrupted(path, "does not match its checksum")
     p = json.loads(text)
     namespace: dict[str, Any] = {"torch": torch, "Tensor": torch.Tensor}
+    modules = {k: r for k, r in p["namespace"].items() if r[0] == "frame_module"}
     for name, r in p["namespace"].items():
-        namespace[name] = resolve(r, fn)
+        if name not in modules:
+            namespace[name] = resolve(r, fn)
+    for name, (_, where, digest) in modules.items():
+        namespace[name] = _frame_module(p["params"], where, digest, namespace, frame)
     checks = [GuardCheck(s, k, e, a, _expected(x)) for s, k, e, a, x in p["checks"]]
     guards = Guards(p["params"], checks, namespace)
     exec(compile(p["rebuild"], "<minicompile rebuild>", "exec"), namespace)
@@ -518,7 +372,7 @@ def _load(path: Path, fn: types.FunctionType, cfg: Config) -> Warm:
     module = _verified(cfg, p["module"])
     libs = tuple(_verified(cfg, a) for a in p["libs"])
     if p["interpret"] and not cfg.triton_interpret:
-        raise _Miss("the entry runs under Triton's interpreter, which is off")
+        raise Miss("the entry runs under Triton's interpreter, which is off")
     key = module.stem.removeprefix("mc_")
     symbols = {name: (i, symbol) for name, (i, symbol) in p["symbols"].items()}
     loaded = build.load_module(key, module, libs, symbols, p["interpret"])
@@ -529,13 +383,28 @@ def _load(path: Path, fn: types.FunctionType, cfg: Config) -> Warm:
     return Warm(capture, run, loaded.call, [tuple(s) for s in p["sizes"]], p["kernels"])
 
 
+def _frame_module(params: list[str], where: str, digest: str, namespace: dict,
+                  frame: tuple) -> torch.nn.Module:
+    """The module at ``where`` (a guard's expression over the frame) in ``frame``, if its
+    fingerprint is ``digest``."""
+    try:
+        found = eval(f"lambda {', '.join(params)}: {where}", namespace)(*frame)
+    except Exception as e:  # another structure of arguments
+        raise Miss(f"{where}: {type(e).__name__}") from None
+    if not isinstance(found, torch.nn.Module):
+        raise Miss(f"{where} is not a module")
+    if fingerprints.module_digest(found) != digest:
+        raise Miss(f"{where} ({type(found).__qualname__}) differs from the module traced")
+    return found
+
+
 def _verified(cfg: Config, artefact: dict) -> Path:
     rel = Path(artefact["path"])
     if rel.is_absolute() or ".." in rel.parts:
         raise cache.CacheCorrupted(rel, "names a file outside the cache directory")
     path = cache.find(cfg.cache_dir, rel.parent.parts, rel.name)
     if path is None:
-        raise _Miss(f"{rel} is not in the cache any more")
+        raise Miss(f"{rel} is not in the cache any more")
     cache.read_verified(path, artefact["sha256"])
     return path
 

@@ -21,7 +21,7 @@ import torch
 
 import minicompile
 from minicompile import config
-from minicompile.runtime import cache, entries
+from minicompile.runtime import cache, fingerprints
 
 from devices import CUDA
 
@@ -114,7 +114,7 @@ def test_changed_version_misses(warm: Path, backend: str, device: torch.device,
         versions = cache.tool_versions
         monkeypatch.setattr(cache, "tool_versions", lambda cxx: versions(cxx) + "\ntorch=next")
     else:
-        monkeypatch.setattr(entries, "source_version", lambda: "another minicompile")
+        monkeypatch.setattr(fingerprints, "source_version", lambda: "another minicompile")
     stats = call_twice(m.f, m, backend, device)
     assert stats["frames"] == 1, stats
 
@@ -143,19 +143,6 @@ def test_corrupted_entry_is_rebuilt_with_a_warning(warm: Path, damage: str) -> N
     assert stats["frames"] == 1, stats
     stats = call_twice(m.f, m, "cpp", torch.device("cpu"))  # rewritten: warm again
     assert stats["frames"] == 0, stats
-
-
-def test_module_entries_are_not_stored(warm: Path, capsys: pytest.CaptureFixture) -> None:
-    # A module is guarded by identity: a new process cannot find it again.
-    mod = torch.nn.Linear(8, 8)
-    with config.patch(logs=frozenset({"cache"})):
-        compiled = minicompile.compile(mod)
-        with torch.no_grad():
-            for _ in range(2):
-                x = torch.randn(4, 8)
-                torch.testing.assert_close(compiled(x), mod(x))
-    assert "not stored on disk" in capsys.readouterr().err
-    assert not entry_files(warm)
 
 
 # -- real processes ----------------------------------------------------------------------------
@@ -233,3 +220,68 @@ def test_corrupted_library_is_rebuilt_with_a_warning(tmp_path: Path) -> None:
     assert stats["frames"] == 1, stats
     stats, err = run_script(script, env, tmp_path)  # rebuilt, and warm again
     assert stats["frames"] == 0 and "corrupted" not in err, (stats, err)
+
+
+MODULE_SOURCE = """
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+class Block(nn.Module):
+    def __init__(self, width, scale):
+        super().__init__()
+        self.norm = nn.LayerNorm(width)
+        self.fc = nn.Linear(width, width)
+        self.scale = scale
+
+    def forward(self, x):
+        return x + F.gelu(self.fc(self.norm(x))) * self.scale
+"""
+
+
+def call_module_twice(module: torch.nn.Module) -> dict:
+    """A fresh process's view of a compiled module: two calls with different values."""
+    minicompile.reset()
+    compiled = minicompile.compile(module)
+    with torch.no_grad():
+        for seed in (0, 1):
+            torch.manual_seed(seed)
+            x = torch.randn(4, 8)
+            torch.testing.assert_close(compiled(x), module(x), rtol=1e-5, atol=1e-5)
+    return minicompile.stats()
+
+
+def test_module_entry_needs_the_same_module(warm: Path) -> None:
+    m = load_source(MODULE_SOURCE)
+    torch.manual_seed(0)
+    call_module_twice(m.Block(8, 2.0).eval())
+    assert len(entry_files(warm)) == 1
+    torch.manual_seed(1)  # other weights: values are inputs, the entry holds
+    stats = call_module_twice(m.Block(8, 2.0).eval())
+    assert stats["frames"] == 0, stats
+    stats = call_module_twice(m.Block(8, 3.0).eval())  # another attribute read by forward
+    assert stats["frames"] == 1, stats
+    block = m.Block(8, 2.0).eval()
+    block.norm.eps = 1e-3  # a submodule's hyperparameter
+    stats = call_module_twice(block)
+    assert stats["frames"] == 1, stats
+    stats = call_module_twice(m.Block(8, 2.0).train())  # the training flag
+    assert stats["frames"] == 1, stats
+    changed = load_source(MODULE_SOURCE.replace("* self.scale", "* self.scale + 1"))
+    stats = call_module_twice(changed.Block(8, 2.0).eval())  # the class's code
+    assert stats["frames"] == 1, stats
+
+
+def test_module_with_an_unkeyable_attribute_is_not_stored(
+    warm: Path, capsys: pytest.CaptureFixture
+) -> None:
+    m = load_source(MODULE_SOURCE)
+    block = m.Block(8, 2.0).eval()
+    block.handle = open(os.devnull)  # an object a fingerprint cannot describe
+    try:
+        with config.patch(logs=frozenset({"cache"})):
+            call_module_twice(block)
+    finally:
+        block.handle.close()
+    assert "cannot be fingerprinted" in capsys.readouterr().err
+    assert not entry_files(warm)

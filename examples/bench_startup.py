@@ -16,9 +16,10 @@ process on the same caches.  Workloads:
 - ``nanogpt``: the GPT forward of examples/gpt.py (a module, under no_grad)
 - ``resnet``: timm ``resnet50``, random init (bf16 on CUDA; float32, 64x64 on CPU)
 
-The table gives medians over ``--repeat`` pairs of processes, and ``import minicompile``
-beyond ``import torch``.  Module workloads have no warm entry (a module is guarded by
-identity): their warm call captures again and finds its kernels in the cache.
+The table gives medians over ``--repeat`` pairs of processes; beside each warm first
+call, the time of the next call (the work itself, nothing left to load), and at the end
+``import minicompile`` beyond ``import torch``.  Modules have warm entries when their
+fingerprint allows (runtime/fingerprints.py); the notes say which loaded one.
 """
 
 from __future__ import annotations
@@ -111,9 +112,14 @@ def child(workload: str, compiler: str, device: str) -> dict:
         out = compiled(*args)
         sync()
         first = time.perf_counter() - start
-    torch.testing.assert_close(out.float(), expected.float(), rtol=tol, atol=tol)
+        start = time.perf_counter()
+        again = compiled(*args)
+        sync()
+        second = time.perf_counter() - start
+    for value in (out, again):
+        torch.testing.assert_close(value.float(), expected.float(), rtol=tol, atol=tol)
     result = {"import_torch": import_torch, "import_compiler": import_compiler,
-              "first_call": first}
+              "first_call": first, "second_call": second}
     if compiler == "minicompile":
         import minicompile
 
@@ -144,7 +150,7 @@ def run_child(workload: str, compiler: str, device: str, cache: Path, timeout: f
 
 def measure(workload: str, compiler: str, device: str, repeat: int, timeout: float) -> dict:
     """Medians of ``repeat`` (cold, warm) pairs, each pair on caches of its own."""
-    cold, warm, imports, kernels = [], [], [], None
+    cold, warm, steady, imports, kernels = [], [], [], [], None
     for _ in range(repeat):
         with tempfile.TemporaryDirectory(prefix="bench-startup-") as tmp:
             first = run_child(workload, compiler, device, Path(tmp), timeout)
@@ -155,19 +161,26 @@ def measure(workload: str, compiler: str, device: str, repeat: int, timeout: flo
                 return {"error": second["error"]}
         cold.append(first["first_call"])
         warm.append(second["first_call"])
+        steady.append(second["second_call"])
         imports += [first["import_compiler"], second["import_compiler"]]
         if "stats" in first:
             kernels = first["stats"]["kernels"]
             warm_hit = second["stats"]["frames"] == 0
     out = {"cold": statistics.median(cold), "warm": statistics.median(warm),
-           "import": statistics.median(imports)}
+           "steady": statistics.median(steady), "import": statistics.median(imports)}
     if kernels is not None:
         out["kernels"], out["warm_entry"] = kernels, warm_hit
     return out
 
 
 def seconds(r: dict, key: str) -> str:
-    return r["error"] if "error" in r else f"{r[key]:.2f} s"
+    if not r:
+        return "-"
+    if "error" in r:
+        return r["error"]
+    if key == "warm":  # and what the call itself takes, once everything is loaded
+        return f"{r[key]:.2f} s (call {r['steady'] * 1e3:.0f} ms)"
+    return f"{r[key]:.2f} s"
 
 
 def main() -> None:
@@ -201,9 +214,9 @@ def main() -> None:
         notes = ""
         if "kernels" in mc:
             notes = f"{mc['kernels']} kernels, " + (
-                "warm entry loaded" if mc["warm_entry"] else "no warm entry (a module)")
-        cells = [seconds(mc, "cold") if mc else "-", seconds(mc, "warm") if mc else "-",
-                 seconds(tc, "cold") if tc else "-", seconds(tc, "warm") if tc else "-"]
+                "warm entry loaded" if mc["warm_entry"] else "no warm entry: traced again")
+        cells = [seconds(mc, "cold"), seconds(mc, "warm"), seconds(tc, "cold"),
+                 seconds(tc, "warm")]
         print(f"| {workload} | {' | '.join(cells)} | {ratio} | {notes} |", flush=True)
     imports = [f["minicompile"]["import"] for _, f in rows if "import" in f.get("minicompile", {})]
     if imports:

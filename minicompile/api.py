@@ -294,6 +294,8 @@ class CompiledFunction:
                 f"entry {k}: {r}" for k, r in enumerate(reasons)))
         _stats["frames"] += 1
         with perf.graph(name):
+            with perf.phase("import"):
+                _import_compiler()
             try:
                 capture, stop = self.capture(self.root, frame, self.entries, name,
                                              not cfg.fullgraph)
@@ -481,6 +483,17 @@ class CompiledFunction:
 
 
 _callee_wrappers: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _import_compiler() -> None:
+    """Import capture and the compiler (sympy, networkx, PyTorch's fake tensors): on the
+    first miss, not at `import minicompile` (timed as its own phase under
+    MINICOMPILE_LOGS=perf)."""
+    import minicompile.capture  # noqa: F401
+    import minicompile.codegen.wrapper  # noqa: F401
+    import minicompile.lowering  # noqa: F401
+    import minicompile.passes.fusion  # noqa: F401
+    import minicompile.passes.pipeline  # noqa: F401
 
 
 def _is_user_function(fn: Any) -> bool:

@@ -7,6 +7,7 @@ created private to the user (0700).
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import shutil
@@ -15,6 +16,7 @@ import subprocess
 import sys
 import tempfile
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -56,21 +58,27 @@ def compile_and_check(f=fn, backend: str = "cpp") -> None:
     assert minicompile.stats()["eager_fallbacks"] == 0
 
 
-def cache_warnings(record: list[warnings.WarningMessage]) -> list[str]:
-    return [str(w.message) for w in record if "minicompile" in str(w.message)]
+@contextlib.contextmanager
+def warnings_with_cache(cache_dir: Path) -> Iterator[list[str]]:
+    """Warm entries on, ``cache_dir`` as the cache; yields the minicompile warnings given
+    inside (filled in when the block ends)."""
+    found: list[str] = []
+    with config.patch(cache_dir=cache_dir, warm_entries=True), warnings.catch_warnings(
+        record=True
+    ) as record:
+        warnings.simplefilter("always")
+        yield found
+    found += [str(w.message) for w in record if "minicompile" in str(w.message)]
 
 
 def test_cache_dir_that_is_a_file(tmp_path: Path) -> None:
     file = tmp_path / "not-a-dir"
     file.write_text("hello")
-    with config.patch(cache_dir=file, warm_entries=True), warnings.catch_warnings(
-        record=True
-    ) as record:
-        warnings.simplefilter("always")
+    with warnings_with_cache(file) as found:
         compile_and_check(fn)
         compile_and_check(other)
         compile_and_check(fn)  # again: the private directory's entry
-    (message,) = cache_warnings(record)
+    (message,) = found
     assert str(file) in message and "not a directory" in message
     assert file.read_text() == "hello"
 
@@ -94,13 +102,10 @@ def test_read_only_cache_dir(tmp_path: Path) -> None:
         read_only.mkdir()
         read_only.chmod(0o500)
     try:
-        with config.patch(cache_dir=read_only, warm_entries=True), warnings.catch_warnings(
-            record=True
-        ) as record:
-            warnings.simplefilter("always")
+        with warnings_with_cache(read_only) as found:
             compile_and_check(fn)
             compile_and_check(other)
-        (message,) = cache_warnings(record)
+        (message,) = found
         assert str(read_only) in message
     finally:
         if read_only != Path("/proc"):
@@ -125,29 +130,23 @@ def test_full_disk(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     finally:
         os.close(fd)
     assert e.value.errno == errno.ENOSPC
-    with config.patch(cache_dir=full, warm_entries=True), warnings.catch_warnings(
-        record=True
-    ) as record:
-        warnings.simplefilter("always")
+    with warnings_with_cache(full) as found:
         compile_and_check(fn)
         compile_and_check(other)
-    (message,) = cache_warnings(record)
+    (message,) = found
     assert "No space left" in message
 
 
 def test_cache_dir_deleted_while_running(tmp_path: Path) -> None:
     folder = tmp_path / "cache"
-    with config.patch(cache_dir=folder, warm_entries=True), warnings.catch_warnings(
-        record=True
-    ) as record:
-        warnings.simplefilter("always")
+    with warnings_with_cache(folder) as found:
         compile_and_check(fn)
         shutil.rmtree(folder)
         compile_and_check(other)  # the directory is made again
         compile_and_check(fn)  # its files are gone: built again
         shutil.rmtree(folder)
         compile_and_check(fn)
-    assert cache_warnings(record) == []
+    assert found == []
     assert any(folder.glob("cpp/*/*.so"))
 
 

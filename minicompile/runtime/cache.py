@@ -14,6 +14,7 @@ import atexit
 import functools
 import hashlib
 import importlib.metadata
+import importlib.util
 import os
 import platform
 import shutil
@@ -56,10 +57,7 @@ def tool_versions(cxx: str) -> str:
     new compiler is another key)."""
     parts = [f"python={sys.version}", f"torch={torch.__version__}:{torch.__file__}",
              f"machine={platform.machine()}"]
-    try:
-        parts.append(f"triton={importlib.metadata.version('triton')}")
-    except importlib.metadata.PackageNotFoundError:  # pragma: no cover - a Linux dependency
-        parts.append("triton=none")
+    parts.append(f"triton={_triton_version()}")
     found = shutil.which(cxx)
     try:
         st = os.stat(found) if found else None
@@ -67,6 +65,23 @@ def tool_versions(cxx: str) -> str:
     except OSError:
         parts.append(f"cxx={cxx}:missing")
     return "\n".join(parts)
+
+
+def _triton_version() -> str:
+    """Triton's version from its distribution (``triton``, or PyTorch's nightly
+    ``pytorch-triton``), else a hash of its ``__init__.py``; never by importing it."""
+    for dist in ("triton", "pytorch-triton", "pytorch-triton-rocm"):
+        try:
+            return importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    spec = importlib.util.find_spec("triton")
+    if spec is None or not spec.origin:
+        return "none"
+    try:
+        return "sha256:" + sha256_bytes(Path(spec.origin).read_bytes())
+    except OSError:
+        return "unreadable"
 
 
 def cache_key(*parts: str) -> str:
@@ -178,12 +193,16 @@ def scratch(cache_dir: Path, parts: tuple[str, ...], name: str, suffix: str) -> 
     return Path(tmp)
 
 
+def places(cache_dir: Path) -> list[Path]:
+    """Where files of ``cache_dir`` may be: there, and in this process's private directory
+    once the cache refused something."""
+    return [cache_dir] + ([_fallback[cache_dir]] if cache_dir in _fallback else [])
+
+
 def find(cache_dir: Path, parts: tuple[str, ...], name: str) -> Path | None:
     """``cache_dir/parts/name`` if it exists there (or in this process's private
     directory), else None.  Never creates anything."""
-    for base in (cache_dir, _fallback.get(cache_dir)):
-        if base is None:
-            continue
+    for base in places(cache_dir):
         path = base.joinpath(*parts, name)
         try:
             if path.is_file():

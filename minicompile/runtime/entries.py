@@ -167,10 +167,17 @@ def save(stored: Stored, cfg: Config) -> Path | None:
     except NotStorable as e:
         trace.emit("cache", name, f"not stored on disk: {e}")
         return None
+    except Exception as e:  # never the user's call's problem: it ran already
+        trace.emit("cache", name, f"not stored on disk: {type(e).__name__}: {e}")
+        return None
     text = json.dumps(payload, sort_keys=True)
     checksum = cache.sha256_bytes(text.encode())
     data = json.dumps({"format": FORMAT, "checksum": checksum, "payload": text})
     parts = ("entries", function_key(stored.fn, cfg))
+    if len(_entry_files(cfg, parts)) >= cfg.recompile_limit:
+        trace.emit("cache", name, f"not stored on disk: {cfg.recompile_limit} entries of this "
+                   f"function are there already (the recompile limit)")
+        return None
     try:
         path = cache.store(cfg.cache_dir, parts, f"{checksum[:32]}.json", data)
     except OSError as e:
@@ -319,14 +326,7 @@ def load_all(fn: types.FunctionType, cfg: Config, frame: tuple) -> list[Warm]:
     of ``frame`` (the call that looks).  An entry that fails its checksum is removed with a
     warning; one whose recipes find nothing (a module not imported, a function changed, a
     module of another fingerprint) is skipped, with the reason logged."""
-    parts = ("entries", function_key(fn, cfg))
-    found = []
-    for base in (cfg.cache_dir, cache._fallback.get(cfg.cache_dir)):
-        try:
-            if base is not None:
-                found += list(base.joinpath(*parts).glob("*.json"))
-        except OSError:
-            continue
+    found = _entry_files(cfg, ("entries", function_key(fn, cfg)))
     if not found:
         return []
     out = []
@@ -336,9 +336,24 @@ def load_all(fn: types.FunctionType, cfg: Config, frame: tuple) -> list[Warm]:
         except cache.CacheCorrupted as e:  # the entry, or a file it names
             cache.warn_corrupted(e.path)
             cache.discard(path)
-        except (Miss, NotStorable, RecursionError) as e:
+        except (Miss, NotStorable) as e:
             trace.emit("cache", fn.__qualname__, f"entry {path.name} not used: {e}")
+        except Exception as e:  # an entry this process cannot use is a miss, never an error
+            trace.emit("cache", fn.__qualname__,
+                       f"entry {path.name} not used: {type(e).__name__}: {e}")
     return out
+
+
+def _entry_files(cfg: Config, parts: tuple[str, ...]) -> list[Path]:
+    """The entry files under ``parts``, in the cache directory or this process's private
+    one."""
+    found = []
+    for base in cache.places(cfg.cache_dir):
+        try:
+            found += list(base.joinpath(*parts).glob("*.json"))
+        except OSError:
+            continue
+    return found
 
 
 def _mtime(path: Path) -> float:

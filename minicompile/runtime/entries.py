@@ -19,15 +19,18 @@ stored, with the reason under ``MINICOMPILE_LOGS=cache``: modules, parameters or
 objects known only by identity, functions made at run time.  When unsure, miss.
 
 Nothing is unpickled: an entry is JSON, its code is the generated source minicompile
-wrote, and recipes only look objects up in modules already imported.  An entry that does
+wrote (the guard function also compiled, as ``marshal`` data like Python's own ``.pyc``
+files), and recipes only look objects up in modules already imported.  An entry that does
 not match its checksum (truncated, half-written, edited) gives one warning and is
 rebuilt, never loaded.
 """
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import json
+import marshal
 import sys
 import types
 from collections.abc import Callable
@@ -40,7 +43,7 @@ from minicompile import trace
 from minicompile.config import Config
 from minicompile.runtime import build, cache, fingerprints
 from minicompile.runtime.fingerprints import Miss, NotStorable, lookup
-from minicompile.runtime.guards import GLOBAL_MODULE_HOOKS, GuardCheck, Guards
+from minicompile.runtime.guards import GLOBAL_MODULE_HOOKS, GUARDS_FILENAME, GuardCheck, Guards
 
 FORMAT = "minicompile-entry-1"
 _SKIP = frozenset({"__builtins__", "check", "get_inputs", "rebuild"})
@@ -170,9 +173,10 @@ def save(stored: Stored, cfg: Config) -> Path | None:
     except Exception as e:  # never the user's call's problem: it ran already
         trace.emit("cache", name, f"not stored on disk: {type(e).__name__}: {e}")
         return None
-    text = json.dumps(payload, sort_keys=True)
-    checksum = cache.sha256_bytes(text.encode())
-    data = json.dumps({"format": FORMAT, "checksum": checksum, "payload": text})
+    text = json.dumps(payload, sort_keys=True).encode()
+    checksum = cache.sha256_bytes(text)
+    # A header line, then the payload: read once, checked before it is parsed.
+    data = json.dumps({"format": FORMAT, "checksum": checksum}).encode() + b"\n" + text
     parts = ("entries", function_key(stored.fn, cfg))
     if len(_entry_files(cfg, parts)) >= cfg.recompile_limit:
         trace.emit("cache", name, f"not stored on disk: {cfg.recompile_limit} entries of this "
@@ -207,6 +211,8 @@ def _payload(stored: Stored, cfg: Config) -> dict:
         "params": list(guards.params),
         "checks": [[c.source, c.kind, c.expr, c.actual, _jsonable(c.expected)]
                    for c in guards.checks],
+        # The guard function compiled (its source is rendered from the checks again).
+        "guard_code": base64.b64encode(marshal.dumps(guards.code)).decode(),
         "get_inputs": capture.get_inputs_source,
         "rebuild": capture.rebuild_source,
         "namespace": namespace,
@@ -365,14 +371,14 @@ def _mtime(path: Path) -> float:
 
 def _load(path: Path, fn: types.FunctionType, cfg: Config, frame: tuple) -> Warm:
     try:
-        outer = json.loads(path.read_bytes())
-        text, checksum = outer["payload"], outer["checksum"]
-        ok = outer["format"] == FORMAT and cache.sha256_bytes(text.encode()) == checksum
+        header, _, text = path.read_bytes().partition(b"\n")
+        head = json.loads(header)
+        ok = head["format"] == FORMAT and cache.sha256_bytes(text) == head["checksum"]
+        p = json.loads(text) if ok else None
     except (OSError, ValueError, KeyError, TypeError, UnicodeDecodeError) as e:
         raise cache.CacheCorrupted(path, f"unreadable: {type(e).__name__}") from e
     if not ok:
         raise cache.CacheCorrupted(path, "does not match its checksum")
-    p = json.loads(text)
     namespace: dict[str, Any] = {"torch": torch, "Tensor": torch.Tensor}
     modules = {k: r for k, r in p["namespace"].items() if r[0] == "frame_module"}
     for name, r in p["namespace"].items():
@@ -384,7 +390,10 @@ def _load(path: Path, fn: types.FunctionType, cfg: Config, frame: tuple) -> Warm
         namespace[name] = found
         walked.update(id(m) for m in found.modules())
     checks = [GuardCheck(s, k, e, a, _expected(x)) for s, k, e, a, x in p["checks"]]
-    guards = Guards(p["params"], checks, namespace)
+    code = marshal.loads(base64.b64decode(p["guard_code"]))
+    if not isinstance(code, types.CodeType) or code.co_filename != GUARDS_FILENAME:
+        raise cache.CacheCorrupted(path, "holds no guard function")
+    guards = Guards(p["params"], checks, namespace, code)
     exec(compile(p["rebuild"], "<minicompile rebuild>", "exec"), namespace)
     exec(compile(p["get_inputs"], "<minicompile inputs>", "exec"), namespace)
     module = _verified(cfg, p["module"])

@@ -214,7 +214,7 @@ class ModuleWalk:
 
     def __init__(self, module: torch.nn.Module) -> None:
         self.objects: list[Any] = []
-        self._classes: dict[type, str] = {}
+        self._classes: dict[type, str] = {}  # class -> its line of the fingerprint
         self._seen: set[int] = set()
         self._h = hashlib.sha256()
         self._value(module, "self")
@@ -225,10 +225,12 @@ class ModuleWalk:
         self._h.update(b"\0")
 
     def _class(self, cls: type) -> None:
-        if cls not in self._classes:
-            self._classes[cls] = object_digest(cls)
+        text = self._classes.get(cls)
+        if text is None:
+            text = self._classes[cls] = (
+                f"class {cls.__module__}.{cls.__qualname__} {object_digest(cls)}")
             self.objects.append(cls)
-        self._put(f"class {cls.__module__}.{cls.__qualname__} {self._classes[cls]}")
+        self._put(text)
 
     def _value(self, value: Any, where: str) -> None:
         if type(value) in _SIMPLE:
@@ -248,13 +250,13 @@ class ModuleWalk:
         elif isinstance(value, (tuple, list)):
             self._class(type(value))
             self._put(str(len(value)))
-            for k, v in enumerate(value):
-                self._value(v, f"{where}[{k}]")
+            for v in value:
+                self._value(v, where)
         elif isinstance(value, dict):
             self._class(type(value))
             for k, v in value.items():  # in order: modules iterate their children so
-                self._value(k, f"{where} key")
-                self._value(v, f"{where}[{k!r}]")
+                self._value(k, where)
+                self._value(v, where)
         elif isinstance(value, (set, frozenset)):
             self._class(type(value))
             for text in sorted(repr(v) for v in value):
@@ -268,9 +270,9 @@ class ModuleWalk:
             self._put(f"builtin {getattr(value, '__module__', '')}.{value.__qualname__}")
         elif _python_object(value):
             self._class(type(value))  # modules, config objects, enums, plain objects
-            for k, v in sorted(vars(value).items(), key=lambda kv: str(kv[0])):
-                self._put(str(k))
-                self._value(v, f"{where}.{k}")
+            for k, v in sorted(vars(value).items()):
+                self._put(k)
+                self._value(v, f"{where}.{k}" if k != "_modules" else where)
         else:
             raise NotStorable(f"{where} is a {type(value).__qualname__}, which cannot be "
                               f"fingerprinted")
@@ -284,9 +286,14 @@ def _python_object(value: Any) -> bool:
     object such as a file, whose state a fingerprint cannot see)."""
     if not hasattr(value, "__dict__") or isinstance(value, types.ModuleType):
         return False
+    return _python_class(type(value))
+
+
+@functools.lru_cache(maxsize=None)
+def _python_class(cls: type) -> bool:
     return all(
         klass is object or (klass.__flags__ & _HEAPTYPE and "pybind11" not in klass.__module__)
-        for klass in type(value).__mro__
+        for klass in cls.__mro__
     )
 
 

@@ -7,6 +7,7 @@ process checks guards without loading capture.
 from __future__ import annotations
 
 import dataclasses
+import types
 from collections.abc import Callable
 from typing import Any
 
@@ -17,6 +18,9 @@ GLOBAL_MODULE_HOOKS = (
     torch.nn.modules.module._global_forward_hooks,
     torch.nn.modules.module._global_forward_pre_hooks,
 )
+
+
+GUARDS_FILENAME = "<minicompile guards>"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,12 +52,17 @@ class Guards:
     (checks are ordered so that type checks come first).
     """
 
-    def __init__(self, params: list[str], checks: list[GuardCheck], namespace: dict) -> None:
+    def __init__(self, params: list[str], checks: list[GuardCheck], namespace: dict,
+                 code: types.CodeType | None = None) -> None:
         self.params = params
         self.checks = checks
         self.namespace = namespace
-        self.source = _render(params, checks)
-        exec(compile(self.source, "<minicompile guards>", "exec"), namespace)
+        # ``code``: the source compiled already (a warm entry keeps it: compiling the
+        # guards of a large model takes a tenth of a second); the source is then rendered
+        # only when asked for.
+        self._source = None if code is not None else _render(params, checks)
+        self.code = code or compile(self.source, GUARDS_FILENAME, "exec")
+        exec(self.code, namespace)
         self.check: Callable[..., bool] = namespace["check"]
         self._slow: list[tuple[Callable, Callable]] | None = None
 
@@ -94,6 +103,13 @@ class Guards:
             if type(now) is int and now != c.expected:
                 out[c.source] = (c.expected, now)
         return out
+
+    @property
+    def source(self) -> str:
+        """The guard function, as Python source."""
+        if self._source is None:
+            self._source = _render(self.params, self.checks)
+        return self._source
 
     def __len__(self) -> int:
         return len(self.checks)

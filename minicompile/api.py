@@ -58,9 +58,11 @@ def stats() -> dict[str, int]:
 
 
 def reset() -> None:
-    """Forget all compiled code and zero the stats (the on-disk cache stays)."""
+    """Forget all compiled code and zero the stats (the on-disk cache stays: the next call
+    looks there, as a new process would)."""
     for fn in _compiled:
         fn.entries.clear()
+        fn.looked_on_disk = False
         fn.segments = {} if fn._root is None else {fn._root: fn.entries}
         fn.concrete_points.clear()
         fn.dynamic_dims.clear()

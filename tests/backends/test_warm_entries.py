@@ -287,3 +287,15 @@ def test_module_with_an_unkeyable_attribute_is_not_stored(
         block.handle.close()
     assert "cannot be fingerprinted" in capsys.readouterr().err
     assert not entry_files(warm)
+
+
+def test_reset_looks_on_disk_again(warm: Path) -> None:
+    m = load_source(SOURCE)
+    compiled = minicompile.compile(m.f, backend="cpp")
+    for expect_frames in (1, 0):  # traced, then (after reset) read back from disk
+        minicompile.reset()
+        for seed in (0, 1):
+            torch.manual_seed(seed)
+            x, y = torch.randn(4, 8), torch.randn(4, 8)
+            torch.testing.assert_close(compiled(x, y), m.f(x, y))
+        assert minicompile.stats()["frames"] == expect_frames

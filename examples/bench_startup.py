@@ -151,7 +151,7 @@ def run_child(workload: str, compiler: str, device: str, cache: Path, timeout: f
 
 def measure(workload: str, compiler: str, device: str, repeat: int, timeout: float) -> dict:
     """Medians of ``repeat`` (cold, warm) pairs, each pair on caches of its own."""
-    cold, warm, steady, imports, kernels, matches = [], [], [], [], None, True
+    cold, warm, steady, imports, kernels, matches, hits = [], [], [], [], None, True, []
     for _ in range(repeat):
         with tempfile.TemporaryDirectory(prefix="bench-startup-") as tmp:
             first = run_child(workload, compiler, device, Path(tmp), timeout)
@@ -167,12 +167,12 @@ def measure(workload: str, compiler: str, device: str, repeat: int, timeout: flo
         imports += [first["import_compiler"], second["import_compiler"]]
         if "stats" in first:
             kernels = first["stats"]["kernels"]
-            warm_hit = second["stats"]["frames"] == 0
+            hits.append(second["stats"]["frames"] == 0)
     out = {"cold": statistics.median(cold), "warm": statistics.median(warm),
            "steady": statistics.median(steady), "import": statistics.median(imports),
            "matches": matches}
     if kernels is not None:
-        out["kernels"], out["warm_entry"] = kernels, warm_hit
+        out["kernels"], out["warm_entry"] = kernels, all(hits)
     return out
 
 

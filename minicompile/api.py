@@ -351,6 +351,9 @@ class CompiledFunction:
         if entry.artefact is None:
             trace.emit("cache", name, "not stored on disk: it has a backward graph")
             return
+        if self.cfg.mode == "reduce-overhead":  # its call is recorded and replayed
+            trace.emit("cache", name, "not stored on disk: mode='reduce-overhead'")
+            return
         if len(self.entries) > self.cfg.recompile_limit:
             return
         loaded, interpret, no_grad = entry.artefact

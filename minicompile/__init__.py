@@ -27,9 +27,19 @@ from minicompile.runtime import toolchain as _toolchain  # noqa: E402
 _toolchain.triton_problem()
 
 from minicompile.api import compile, reset, stats  # noqa: E402
-from minicompile.capture.dynamic import mark_dynamic  # noqa: E402
 from minicompile.errors import Unsupported  # noqa: E402
 from minicompile.explain import explain  # noqa: E402
+
+
+# mark_dynamic lives beside capture, which imports sympy and PyTorch's fake tensors: it is
+# imported when first used, so `import minicompile` stays cheap.
+def mark_dynamic(t: object, dim: int | list[int] | tuple[int, ...]) -> None:
+    """Mark dimension(s) ``dim`` of tensor ``t`` dynamic ahead of the first call (see
+    minicompile.capture.dynamic.mark_dynamic)."""
+    from minicompile.capture.dynamic import mark_dynamic as mark
+
+    mark(t, dim)
+
 
 __all__ = ["compile", "explain", "mark_dynamic", "reset", "stats", "Unsupported"]
 __version__ = "0.1.0"

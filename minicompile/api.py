@@ -19,28 +19,21 @@ import types
 import warnings
 import weakref
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from minicompile import check, config, optim, trace, user_errors
-from minicompile.capture import Break, Capture, ResumePoint, capture_segment, concrete
-from minicompile.capture import root_point, training_ops
-from minicompile.capture.dynamic import STATIC, DynamicPolicy
+from minicompile import config, optim, perf, trace
 from minicompile.config import Config
 from minicompile.errors import BackendCompilerFailed, Unsupported
-from minicompile.lowering import lower
-from minicompile.ops import run_graph
+from minicompile.runtime import build, cudagraphs, entries, toolchain
 
-from minicompile.codegen.wrapper import generate
-from minicompile.passes.autograd import differentiate, requires_grad
-from minicompile.passes.fusion import fuse
-from minicompile.passes.horizontal import combine
-from minicompile.passes.inplace import stores_in_place
-from minicompile.passes.pipeline import run_graph_passes
-from minicompile.passes.split_reductions import split_reductions
-from minicompile.runtime import build, cudagraphs, toolchain
-from minicompile.runtime.autograd import TrainingStep, make_runner
+# Capture, the passes, lowering and codegen import sympy, networkx and PyTorch's fake tensors
+# (most of a second): they are imported on the first miss, not at `import minicompile`, so a
+# process whose calls all find warm entries on disk (runtime/entries.py) never loads them.
+if TYPE_CHECKING:
+    from minicompile.capture import Break, Capture, ResumePoint, concrete
+    from minicompile.capture.dynamic import DynamicPolicy
 
 log = logging.getLogger("minicompile")
 
@@ -65,9 +58,12 @@ def stats() -> dict[str, int]:
 
 
 def reset() -> None:
-    """Forget all compiled code and zero the stats (the on-disk cache stays)."""
+    """Forget all compiled code and zero the stats (the on-disk cache stays: the next call
+    looks there, as a new process would)."""
     for fn in _compiled:
-        fn.segments = {fn.root: []}
+        fn.entries.clear()
+        fn.looked_on_disk = False
+        fn.segments = {} if fn._root is None else {fn._root: fn.entries}
         fn.concrete_points.clear()
         fn.dynamic_dims.clear()
         fn.dynamic_ints.clear()
@@ -92,6 +88,9 @@ class Entry:
     # benchmarks; None for an eager entry.
     call: Callable[[list], tuple] | None = None
     sizes: list = dataclasses.field(default_factory=list)  # the traced inputs' sizes
+    # What a warm entry on disk needs of a graph without a backward: the loaded wrapper,
+    # whether it runs under Triton's interpreter, and under no_grad.
+    artefact: tuple[build.Loaded, bool, bool] | None = None
 
 
 class CompiledFunction:
@@ -106,9 +105,13 @@ class CompiledFunction:
             )
         self.original = fn
         self.cfg = cfg
-        self.root = root_point(self.fn.__code__)
-        # Compiled segments by where they start; the root's are the whole-frame entries.
-        self.segments: dict[ResumePoint, list[Entry]] = {self.root: []}
+        # The compiled versions of the frame's first segment, newest first.
+        self.entries: list[Entry] = []
+        # Compiled segments by where they start; the root's (self.entries) are the
+        # whole-frame entries, filed under it once capture has computed it (self.root).
+        self.segments: dict[ResumePoint, list[Entry]] = {}
+        self._root: ResumePoint | None = None
+        self.looked_on_disk = False  # for warm entries (runtime/entries.py), once
         self.concrete_points: set[ResumePoint] = set()  # the rest of the frame runs for real
         self.eager_reason: str | None = None
         self.breaks: list[Break | Unsupported] = []  # every break met, for explain()
@@ -136,7 +139,7 @@ class CompiledFunction:
         frame = args if (not kwargs and self.simple and len(args) == self.n_params) else (
             self.bind(args, kwargs)
         )
-        for entry in self.segments[self.root]:
+        for entry in self.entries:
             if entry.capture.guards.check(*frame):
                 try:
                     state = entry.run(frame)
@@ -146,9 +149,14 @@ class CompiledFunction:
         return self.compile_and_run(frame, args, kwargs)
 
     @property
-    def entries(self) -> list[Entry]:
-        """The compiled versions of the frame's first segment, newest first."""
-        return self.segments[self.root]
+    def root(self) -> ResumePoint:
+        """Where the frame's first segment starts (computed on the first capture)."""
+        if self._root is None:
+            from minicompile.capture import root_point
+
+            self._root = root_point(self.fn.__code__)
+            self.segments[self._root] = self.entries
+        return self._root
 
     # -- graph breaks -----------------------------------------------------------------------
 
@@ -156,6 +164,8 @@ class CompiledFunction:
         """Continue a frame after a segment that stopped at a graph break: run the breaking
         instruction for real, then the segment after it (compiled on a miss), until the
         frame returns."""
+        from minicompile.capture import ResumePoint, concrete
+
         while True:
             stop = entry.stop
             assert stop is not None
@@ -169,6 +179,8 @@ class CompiledFunction:
             except Exception as e:  # the user's: raised where eager raises it
                 if stop.reason.raises:  # the break was this error: trace again next time
                     self.forget(entry)
+                from minicompile import user_errors
+
                 raise user_errors.raise_at(e, [user_errors.line_of(self.fn, f.last)])
             finally:
                 _stats["concrete_instructions"] += f.steps
@@ -203,10 +215,14 @@ class CompiledFunction:
         ``eager_reason`` (no segment guards, no interpreted bytecode)."""
         reason = f"the rest of the frame from offset {point.offset} cannot be compiled"
         self.eager_reason = self.eager_reason or reason
+        from minicompile.capture import concrete
+
         f.steps = 0
         try:
             return concrete.run_to_end(f)
         except Exception as e:  # the user's: raised where eager raises it
+            from minicompile import user_errors
+
             raise user_errors.raise_at(e, [user_errors.line_of(self.fn, f.last)])
         finally:
             _stats["concrete_instructions"] += f.steps
@@ -292,6 +308,11 @@ class CompiledFunction:
     def compile_and_run(self, frame: tuple, args: tuple, kwargs: dict[str, Any]) -> Any:
         cfg = self.cfg
         name = self.fn.__qualname__
+        if cfg.warm_entries and not self.looked_on_disk:
+            self.looked_on_disk = True
+            entry = self.load_warm(frame)
+            if entry is not None:
+                return entry.run(frame)
         if self.entries:
             reasons = [e.capture.guards.explain_failure(*frame) for e in self.entries]
             if len(self.entries) >= cfg.recompile_limit:
@@ -306,12 +327,18 @@ class CompiledFunction:
                 f"entry {k}: {r}" for k, r in enumerate(reasons)))
         _stats["frames"] += 1
         failed: Exception | None = None
-        try:
-            capture, stop = self.capture(self.root, frame, self.entries, name, not cfg.fullgraph)
-        except Exception as e:
-            if cfg.fullgraph and isinstance(e, Unsupported):
-                raise
-            failed = e
+        with perf.graph(name):
+            with perf.phase("import"):
+                _import_compiler()
+            try:
+                capture, stop = self.capture(self.root, frame, self.entries, name,
+                                             not cfg.fullgraph)
+            except Exception as e:
+                if cfg.fullgraph and isinstance(e, Unsupported):
+                    raise
+                failed = e
+            if failed is None:
+                entry = self.new_entry(capture, stop, name, frame)
         if failed is not None:  # (out of the except block: the user's exceptions from the
             reason = self.why_not_captured(failed, name)  # eager run get no context of ours)
             if isinstance(failed, Unsupported):
@@ -321,12 +348,13 @@ class CompiledFunction:
             if isinstance(failed, Unsupported) and failed.raises:
                 return self.run_eagerly_once(reason, args, kwargs)
             return self.give_up(reason, args, kwargs)
-        entry = self.new_entry(capture, stop, name, frame)
         self.entries.insert(0, entry)
         try:
             result = entry.run(frame)
         except Exception as e:
             result = self.recover(entry, frame, e)
+        if cfg.warm_entries:  # after the first run: Triton builds a kernel at its launch
+            self.store_warm(entry)
         return result if entry.stop is None else self.resume(entry, result)
 
     # -- errors -----------------------------------------------------------------------------
@@ -363,6 +391,8 @@ class CompiledFunction:
         capture = entry.capture
         if entry.eager_reason is not None or (self.cfg.strict and _is_build_failure(e)):
             raise e  # an eager graph raises at the user's line already
+        from minicompile import user_errors
+
         user_errors.raise_eager_error(capture.graph, capture.get_inputs(*frame))
         if self.cfg.strict:
             raise e
@@ -372,12 +402,54 @@ class CompiledFunction:
         self.run_graph_eagerly(entry, f"{what}: {e}")
         return entry.run(frame)
 
+    # -- warm entries on disk ---------------------------------------------------------------
+
+    def load_warm(self, frame: tuple) -> Entry | None:
+        """Load this function's entries from disk (runtime/entries.py), the modules they
+        hold those of ``frame``; return the first whose guards pass on ``frame``, or None."""
+        start = time.perf_counter()
+        warm = entries.load_all(self.fn, self.cfg, frame)
+        perf.warm_entries(self.fn.__qualname__, len(warm), time.perf_counter() - start)
+        for w in warm:
+            _stats["graphs"] += 1
+            _stats["kernels"] += w.kernels
+            _stats["cache_hits"] += 1
+            self.entries.append(Entry(w.capture, w.run, call=w.call, sizes=w.sizes))  # type: ignore[arg-type]
+        for entry in self.entries:
+            if entry.capture.guards.check(*frame):
+                return entry
+        return None
+
+    def store_warm(self, entry: Entry) -> None:
+        """Write a whole-frame entry to disk for later processes, where it can be."""
+        name = self.fn.__qualname__
+        if entry.stop is not None or entry.eager_reason is not None:
+            why = "it breaks the graph" if entry.stop is not None else "it runs eagerly"
+            trace.emit("cache", name, f"not stored on disk: {why}")
+            return
+        if entry.artefact is None:
+            trace.emit("cache", name, "not stored on disk: it has a backward graph")
+            return
+        if self.cfg.mode == "reduce-overhead":  # its call is recorded and replayed
+            trace.emit("cache", name, "not stored on disk: mode='reduce-overhead'")
+            return
+        if self.cfg.check:  # its call runs beside eager (minicompile/check.py)
+            trace.emit("cache", name, "not stored on disk: MINICOMPILE_CHECK")
+            return
+        if len(self.entries) > self.cfg.recompile_limit:
+            return
+        loaded, interpret, no_grad = entry.artefact
+        stored = entries.Stored(self.fn, entry.capture, loaded, interpret, no_grad,
+                                loaded.kernels, entry.sizes)
+        entries.save(stored, self.cfg)
 
     # -- dynamic shapes ---------------------------------------------------------------------
 
     def policy(self, point: ResumePoint, values: tuple, entries: list[Entry]) -> DynamicPolicy:
         """Which dims to trace as symbols (capture/dynamic.py).  Automatic: a dim whose size
         differs from what an earlier entry was traced with is dynamic from now on."""
+        from minicompile.capture.dynamic import DynamicPolicy
+
         mode = self.cfg.dynamic
         if mode is not None:
             return DynamicPolicy(mode)
@@ -411,10 +483,14 @@ class CompiledFunction:
     ) -> tuple[Capture, Break | None]:
         """Trace a segment, with symbolic sizes where the policy asks for them; what
         cannot be traced (or compiled) with symbols is traced again with static sizes."""
+        from minicompile.capture import capture_segment
+        from minicompile.capture.dynamic import STATIC
+
         policy = self.policy(point, values, entries)
         if policy.mode is not False:  # dims may be symbolic (marked, or seen to change)
             try:
-                capture, stop = capture_segment(self.fn, point, values, allow_break, policy)
+                with perf.phase("capture"):
+                    capture, stop = capture_segment(self.fn, point, values, allow_break, policy)
                 if capture.graph.shapes is None:
                     return capture, stop
                 self.check_compiles(capture)
@@ -426,7 +502,8 @@ class CompiledFunction:
                 log.debug("minicompile: dynamic capture of %s failed", name, exc_info=True)
                 trace.emit("dynamic", name, f"compiled with static sizes: internal error "
                            f"with symbolic sizes: {type(e).__name__}: {e}")
-        return capture_segment(self.fn, point, values, allow_break, STATIC)
+        with perf.phase("capture"):
+            return capture_segment(self.fn, point, values, allow_break, STATIC)
 
     def check_compiles(self, capture: Capture) -> None:
         """Build the symbolic graph's kernels now, so a failure can fall back to static."""
@@ -443,6 +520,9 @@ class CompiledFunction:
     def run_graph_eagerly(self, entry: Entry, reason: str) -> None:
         """From now on ``entry`` evaluates its graph with PyTorch ops (its kernels could
         not be built); guards, write-backs and side effects stay as compiled."""
+        from minicompile import user_errors
+        from minicompile.ops import run_graph
+
         _stats["eager_fallbacks"] += 1
         entry.eager_reason = reason
         capture = entry.capture
@@ -465,9 +545,9 @@ class CompiledFunction:
         name = self.fn.__qualname__
         try:
             if capture.compiled is not None:  # built while choosing symbolic sizes
-                run, call = capture.compiled
+                run, call, artefact = capture.compiled
             else:
-                run, call = compile_graph(capture, cfg, name)
+                run, call, artefact = compile_graph(capture, cfg, name)
         except Exception as e:  # Unsupported, a build failure, or minicompile's own bug
             if cfg.strict:
                 raise
@@ -485,7 +565,7 @@ class CompiledFunction:
             self.run_graph_eagerly(entry, reason)
             return entry
         _stats["graphs"] += 1
-        return Entry(capture, run, call=call)
+        return Entry(capture, run, call=call, artefact=artefact)
 
     def __get__(self, obj: Any, objtype: Any = None) -> Any:
         """Decorating a method: bind like a function does."""
@@ -500,6 +580,17 @@ class CompiledFunction:
 _callee_wrappers: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 # Optimizer steps called inside compiled frames: optimizer -> {(step, cfg): CompiledStep}.
 _compiled_steps: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _import_compiler() -> None:
+    """Import capture and the compiler (sympy, networkx, PyTorch's fake tensors): on the
+    first miss, not at `import minicompile` (timed as its own phase under
+    MINICOMPILE_LOGS=perf)."""
+    import minicompile.capture  # noqa: F401
+    import minicompile.codegen.wrapper  # noqa: F401
+    import minicompile.lowering  # noqa: F401
+    import minicompile.passes.fusion  # noqa: F401
+    import minicompile.passes.pipeline  # noqa: F401
 
 
 def _is_user_function(fn: Any) -> bool:
@@ -555,21 +646,29 @@ def describe_symbols(capture: Capture) -> str:
 
 def compile_graph(
     capture: Capture, cfg: Config, name: str
-) -> tuple[Callable[[tuple], Any], Callable[[list], tuple]]:
-    """Compile a captured graph; return the runner for its entry (frame -> return value)
-    and the generated call(inputs).  A graph whose outputs take gradients (grad mode on,
-    inputs requiring grad) compiles its backward too and runs as an autograd.Function."""
+) -> tuple[Callable[[tuple], Any], Callable[[list], tuple], tuple | None]:
+    """Compile a captured graph; return the runner for its entry (frame -> return value),
+    the generated call(inputs), and for a graph without a backward what a warm entry
+    stores (the loaded wrapper, whether it is interpreted, whether it runs under no_grad).
+    A graph whose outputs take gradients (grad mode on, inputs requiring grad) compiles its
+    backward too and runs as an autograd.Function."""
+    from minicompile.passes.autograd import differentiate, requires_grad
+    from minicompile.passes.pipeline import run_graph_passes
+    from minicompile.runtime.autograd import TrainingStep, make_runner
+
     start = time.perf_counter()
-    graph, _timings = run_graph_passes(capture.graph)
+    with perf.phase("passes"):
+        graph, _timings = run_graph_passes(capture.graph)
     backend, interpret = pick_backend(cfg, capture)
     get_inputs = capture.get_inputs
     rebuild = capture.rebuild
     if requires_grad(graph):
-        joint = differentiate(graph)
-        backward, _ = run_graph_passes(joint.backward)
-        call = build_graph(joint.forward, cfg, name, backend, interpret)
+        with perf.phase("passes"):
+            joint = differentiate(graph)
+            backward, _ = run_graph_passes(joint.backward)
+        call = build_graph(joint.forward, cfg, name, backend, interpret).call
         backward_call = build_graph(backward, cfg, f"{name}_backward", backend, interpret,
-                                    takes_inputs=True)
+                                    takes_inputs=True).call
         trace.emit("graph", f"{name} saved for backward", describe_saved(joint))
         if cfg.mode == "reduce-overhead":
             trace.emit("cudagraphs", name, "a training graph (forward and backward) runs "
@@ -579,52 +678,54 @@ def compile_graph(
         run = make_runner(step, get_inputs, rebuild)
         log.debug("minicompile: compiled %s (forward and backward) in %.3fs", name,
                   time.perf_counter() - start)
-        return run, call
-    call = build_graph(graph, cfg, name, backend, interpret, capture.writebacks,
-                       static=cudagraphs.static_positions(capture.input_sources))
+        return run, call, None
+    loaded = build_graph(graph, cfg, name, backend, interpret, capture.writebacks,
+                         static=cudagraphs.static_positions(capture.input_sources))
+    call = loaded.call
+    from minicompile import check
+
     if cfg.check and not cfg.store_in_place and check.checkable(capture.graph):
         def build_cut(cut: Any) -> Callable[[list], tuple]:
             return build_graph(run_graph_passes(cut)[0], cfg, f"{name}_check", backend,
-                               interpret)
+                               interpret).call
 
         call = check.checked(call, capture.graph, name, build_cut)
-    if any(p.meta.requires_grad for p in capture.graph.placeholders):
-        # Nothing here takes a gradient (grad mode is off): run without recording.
-        no_grad = torch.no_grad
-
-        def run(frame: tuple) -> Any:
-            with no_grad():
-                outs = call(get_inputs(*frame))
-            return rebuild(outs, *frame)
-
-    else:
-
-        def run(frame: tuple) -> Any:
-            return rebuild(call(get_inputs(*frame)), *frame)
-
+    # Nothing here takes a gradient (grad mode is off): run without recording.
+    no_grad = any(p.meta.requires_grad for p in capture.graph.placeholders)
+    run = entries.inference_runner(call, get_inputs, rebuild, no_grad)
     log.debug("minicompile: compiled %s in %.3fs", name, time.perf_counter() - start)
-    return run, call
+    return run, call, (loaded, interpret, no_grad)
 
 
 def build_graph(graph: Any, cfg: Config, name: str, backend: str, interpret: bool,
                 writebacks: tuple = (), takes_inputs: bool = False,
-                static: frozenset[int] | None = None) -> Callable[[list], tuple]:
-    """A graph after the graph passes -> its generated, built and loaded call(inputs).
-    ``writebacks`` (output, input) pairs may be stored in place (never in training: the
-    backward may have saved the input).  ``takes_inputs``: call(inputs) empties the list
-    and frees each input after its last use (a backward's saved tensors).  ``static``: the
-    inputs whose memory stays put (parameters, buffers), for a graph that is recorded as a
-    CUDA graph under mode="reduce-overhead" (None: never recorded)."""
-    program = lower(split_reductions(graph))
+                static: frozenset[int] | None = None) -> build.Loaded:
+    """A graph after the graph passes -> its generated, built and loaded wrapper (``.call``
+    is call(inputs)).  ``writebacks`` (output, input) pairs may be stored in place (never in
+    training: the backward may have saved the input).  ``takes_inputs``: call(inputs)
+    empties the list and frees each input after its last use (a backward's saved
+    tensors).  ``static``: the inputs whose memory stays put (parameters, buffers), for a
+    graph recorded as a CUDA graph under mode="reduce-overhead" (None: never recorded)."""
+    from minicompile.codegen.wrapper import generate
+    from minicompile.lowering import lower
+    from minicompile.passes.fusion import fuse
+    from minicompile.passes.horizontal import combine
+    from minicompile.passes.inplace import stores_in_place
+    from minicompile.passes.split_reductions import split_reductions
+
+    with perf.phase("lowering"):
+        program = lower(split_reductions(graph))
     fusion_log: list[str] = []
-    groups = fuse(program, fusion_log)
-    in_place = {}
-    if cfg.store_in_place and writebacks:
-        in_place = stores_in_place(program, groups, writebacks, fusion_log)
-    if cfg.horizontal_fusion:
-        groups = combine(groups, fusion_log)
-    code = generate(program, groups, backend, graph_name=name, in_place=in_place,
-                    takes_inputs=takes_inputs)
+    with perf.phase("fusion"):
+        groups = fuse(program, fusion_log)
+        in_place = {}
+        if cfg.store_in_place and writebacks:
+            in_place = stores_in_place(program, groups, writebacks, fusion_log)
+        if cfg.horizontal_fusion:
+            groups = combine(groups, fusion_log)
+    with perf.phase("codegen"):
+        code = generate(program, groups, backend, graph_name=name, in_place=in_place,
+                        takes_inputs=takes_inputs)
     trace.emit("graph", f"{name} after passes", str(graph))
     trace.emit("fusion", name, "\n".join(
         [str(program), ""] + fusion_log + [f"group {g.name}" for g in groups]))
@@ -632,16 +733,18 @@ def build_graph(graph: Any, cfg: Config, name: str, backend: str, interpret: boo
     if code.cpp_source is not None:
         trace.emit("output_code", f"{name} kernels (C++)", code.cpp_source, f"{name}.cpp")
     loaded = build.load(code, cfg, interpret)
+    loaded.kernels = len(code.kernels)
     _stats["kernels"] += len(code.kernels)
     if loaded.from_cache:
         _stats["cache_hits"] += 1
     if static is None or cfg.mode != "reduce-overhead" or backend != "triton" or interpret:
-        return loaded.call
+        return loaded
     if cfg.store_in_place:  # an optimizer step: its gradients are new tensors every step
         trace.emit("cudagraphs", name, "optimizer steps run without CUDA graphs")
-        return loaded.call
+        return loaded
     mutated = frozenset(k for k, b in enumerate(program.inputs) if b.name in in_place.values())
-    return cudagraphs.GraphedCall(loaded.call, name, static, mutated)
+    return dataclasses.replace(loaded, call=cudagraphs.GraphedCall(loaded.call, name, static,
+                                                                   mutated))
 
 
 def describe_saved(joint: Any) -> str:
@@ -721,7 +824,11 @@ class OptimizedModule(torch.nn.Module):
         mod = self._orig_mod
         if mod._forward_hooks or mod._forward_pre_hooks or "forward" in mod.__dict__:
             return mod(*args, **kwargs)  # hooks and patched forwards run as in eager
-        traced = training_ops.module_forward(mod)  # the one capture traces in its place
+        traced = None
+        if isinstance(mod, torch.nn.modules.batchnorm._BatchNorm):  # capture's import is
+            from minicompile.capture import training_ops  # costly: only where it can apply
+
+            traced = training_ops.module_forward(mod)  # the one capture traces in its place
         if traced is not None:
             compiled = self.__dict__.setdefault("_compiled_as_traced", {})
             if traced not in compiled:

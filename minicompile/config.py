@@ -16,7 +16,7 @@ from pathlib import Path
 
 LOG_PARTS = (
     "graph", "guards", "recompiles", "dynamic", "graph_breaks", "fusion", "output_code",
-    "cudagraphs",
+    "cudagraphs", "perf", "cache",
 )
 
 
@@ -59,6 +59,13 @@ class Config:
     # MINICOMPILE_CHECK=1: run each compiled graph beside eager and name the first node
     # whose value differs (minicompile/check.py).
     check: bool = False
+    # Whole compiled entries on disk (runtime/entries.py): a new process that calls a
+    # function compiled before loads its guards, wrapper and kernels without capture.
+    # MINICOMPILE_WARM_ENTRIES=0 turns them off (kernels are still cached).
+    warm_entries: bool = True
+    # Processes that build kernels at once (C++ libraries of a graph, Triton kernels
+    # warmed before their first launch); MINICOMPILE_COMPILE_THREADS, default the CPUs.
+    compile_threads: int = max(1, os.cpu_count() or 1)
 
     def logging(self, part: str) -> bool:
         """Whether ``part`` (one of LOG_PARTS) should be printed."""
@@ -80,7 +87,12 @@ def from_env(env: dict[str, str] | os._Environ = os.environ) -> Config:
         strict=_flag(env.get("MINICOMPILE_STRICT")),
         triton_interpret=_flag(env.get("TRITON_INTERPRET")),
         check=_flag(env.get("MINICOMPILE_CHECK")),
+        warm_entries=env.get("MINICOMPILE_WARM_ENTRIES", "1").strip().lower()
+        not in ("0", "false", "no", "off"),
     )
+    if env.get("MINICOMPILE_COMPILE_THREADS", "").strip():
+        threads = int(env["MINICOMPILE_COMPILE_THREADS"])
+        cfg = dataclasses.replace(cfg, compile_threads=max(1, threads))
     if "MINICOMPILE_CACHE_DIR" in env:
         cfg = dataclasses.replace(cfg, cache_dir=Path(env["MINICOMPILE_CACHE_DIR"]))
     if "MINICOMPILE_TRACE_DIR" in env:

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from minicompile.graph import SourceLine
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the graph module imports sympy: not at `import minicompile`
+    from minicompile.graph import SourceLine
 
 
 class Unsupported(Exception):

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from minicompile.errors import Unsupported
-from minicompile.graph import Graph
+
+if TYPE_CHECKING:  # the graph module imports sympy
+    from minicompile.graph import Graph
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,7 +79,8 @@ def explain(fn: Callable | torch.nn.Module) -> Callable[..., ExplainOutput]:
 
     def run(*args: Any, **kwargs: Any) -> ExplainOutput:
         saved = api.stats()
-        wrapper = api.CompiledFunction(fn, config.get())
+        # Traced afresh: an entry loaded from disk has no graph to report.
+        wrapper = api.CompiledFunction(fn, dataclasses.replace(config.get(), warm_entries=False))
         try:
             wrapper(*args, **kwargs)
         finally:

@@ -312,6 +312,66 @@ def run_eager(name: str, args: tuple, kwargs: dict[str, Any]) -> Any:
     return OPS[name].eager(*args, **kwargs)
 
 
+# Pointwise ops whose result metadata follows from PyTorch's promotion, broadcasting and
+# stride rules alone when every tensor is floating point (none of them refuses a float).
+_FLOAT_POINTWISE = frozenset({
+    "neg", "abs", "exp", "exp2", "expm1", "log", "log2", "log1p", "sqrt", "rsqrt",
+    "reciprocal", "sin", "cos", "tan", "tanh", "sigmoid", "erf",
+    "add", "sub", "mul", "truediv", "maximum", "minimum",
+}) | COMPARISONS
+
+
+def _pointwise_meta(name: str, args: tuple, kwargs: dict[str, Any],
+                    device: torch.device) -> TensorMeta | None:
+    """The result metadata of a pointwise op on float tensors (static sizes) and Python
+    numbers, or None where this does not apply.  The rules are the ones PyTorch's meta
+    functions for these ops apply (``torch._prims_common``: elementwise_dtypes,
+    broadcasting, the output's dimension order), called directly: those meta functions
+    import torch._dynamo on their first call (a second of a cold start)."""
+    from torch._prims_common import (
+        ELEMENTWISE_TYPE_PROMOTION_KIND as KIND,
+        compute_elementwise_output_logical_to_physical_perm,
+        elementwise_dtypes,
+    )
+
+    if kwargs or not (name in _FLOAT_POINTWISE or name == "where"):
+        return None
+    values = []
+    for k, v in enumerate(args):
+        meta = v.meta if isinstance(v, Node) else v
+        if isinstance(meta, TensorMeta):
+            if meta.is_symbolic:
+                return None
+            bool_condition = name == "where" and k == 0 and meta.dtype == torch.bool
+            if not (meta.dtype.is_floating_point or bool_condition):
+                return None
+            values.append(meta.fake())
+        elif type(v) in (int, float) and name not in ("maximum", "minimum") and not (
+            name == "where" and k == 0
+        ):  # (torch.maximum takes no number)
+            values.append(v)
+        else:
+            return None
+    tensors = [v for v in values if isinstance(v, torch.Tensor)]
+    if not tensors or (name == "where" and not isinstance(values[0], torch.Tensor)):
+        return None
+    try:
+        shape = torch.broadcast_shapes(*(t.shape for t in tensors))
+    except RuntimeError:
+        return None  # eager's own error message, from the slow path
+    kind = KIND.ALWAYS_BOOL if name in COMPARISONS else KIND.DEFAULT
+    promoted = values[1:] if name == "where" else values
+    compute, dtype = elementwise_dtypes(*promoted, type_promotion_kind=kind)
+    if any(t.dtype != compute for t in promoted if isinstance(t, torch.Tensor)):
+        return None  # converted first (float16's float32 arithmetic): another stride rule
+    perm, _ = compute_elementwise_output_logical_to_physical_perm(
+        *(t.expand(shape) for t in tensors))
+    stride = torch.empty_permuted(shape, perm, dtype=dtype, device="meta").stride()
+    return TensorMeta(shape=tuple(sympy.Integer(s) for s in shape),
+                      stride=tuple(sympy.Integer(s) for s in stride), dtype=dtype,
+                      device=device)
+
+
 def infer_meta(
     name: str, args: tuple, kwargs: dict[str, Any], device: torch.device, shapes: Any = None
 ) -> TensorMeta | tuple[TensorMeta, ...]:
@@ -328,6 +388,10 @@ def infer_meta(
     shapes = symbolic_context((args, kwargs)) or (
         shapes if has_symbols((args, kwargs)) else None
     )
+    if shapes is None and not any(isinstance(v, torch.device) for v in args):
+        fast = _pointwise_meta(name, args, kwargs, device)
+        if fast is not None:
+            return fast
 
     def fake(v: Any) -> Any:
         if isinstance(v, Node):

@@ -29,6 +29,10 @@ os.environ["MINICOMPILE_CACHE_DIR"] = _CACHE_DIR
 # subprocess with their own environment.
 for _name in ("MINICOMPILE_TRACE", "MINICOMPILE_LOGS", "MINICOMPILE_BACKEND"):
     os.environ.pop(_name, None)
+# Tests count the frames each call captures: a function compiled by an earlier test would
+# otherwise come back as a warm entry from the session's cache.  The warm-entry tests
+# (tests/backends/test_warm_entries.py) turn them on, in fresh processes.
+os.environ["MINICOMPILE_WARM_ENTRIES"] = "0"
 
 import pytest  # noqa: E402
 

@@ -75,6 +75,9 @@ class Capture:
     compiled: Any = None  # (run, call) when the API built it already (dynamic shapes)
     # (graph output, placeholder) index pairs that rebuild copies back (mutated inputs).
     writebacks: tuple[tuple[int, int], ...] = ()
+    # Every code object the trace interpreted (the frame's and the functions it inlined):
+    # what a warm entry on disk is keyed by (minicompile/runtime/entries.py).
+    codes: frozenset[types.CodeType] = frozenset()
 
     def __str__(self) -> str:
         return "\n".join(
@@ -195,5 +198,6 @@ def capture_segment(
         rebuild_source=done.rebuild_source,
         instructions=output.instructions,
         writebacks=done.writebacks,
+        codes=frozenset(output.codes),
     )
     return capture, stop

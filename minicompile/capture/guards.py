@@ -21,7 +21,6 @@ to say which failed and how.
 from __future__ import annotations
 
 import builtins
-import dataclasses
 import keyword
 import math
 import re
@@ -31,127 +30,11 @@ from typing import Any
 import torch
 
 from minicompile.capture.variables import Source
+from minicompile.runtime.guards import GLOBAL_MODULE_HOOKS, GuardCheck, Guards
 from minicompile.shapes import MIN_DYNAMIC_SIZE, python_expr
-
-# nn.Module's global forward hooks (registered with register_module_forward_hook).
-_GLOBAL_HOOKS = (
-    torch.nn.modules.module._global_forward_hooks,
-    torch.nn.modules.module._global_forward_pre_hooks,
-)
 
 # Names the generated functions use themselves.
 _RESERVED = frozenset({"check", "get_inputs", "rebuild", "outs", *keyword.kwlist})
-
-
-@dataclasses.dataclass(frozen=True)
-class GuardCheck:
-    source: str  # readable source ("L['x']")
-    kind: str  # what is checked ("dtype")
-    expr: str  # Python expression that is True when the check passes
-    actual: str  # Python expression for the current value, for failure messages
-    expected: Any  # the traced value, for failure messages
-
-
-def format_value(value: Any) -> str:
-    """Values as a PyTorch user writes them: ``torch.float32``, ``(4, 8)``, ``cpu``."""
-    if isinstance(value, torch.Size):
-        return str(tuple(value))
-    if isinstance(value, (torch.dtype, torch.device)):
-        return str(value)
-    if isinstance(value, type):
-        module = value.__module__
-        return value.__qualname__ if module == "builtins" else f"{module}.{value.__qualname__}"
-    return repr(value)
-
-
-class Guards:
-    """The compiled guards of one capture.
-
-    ``check(*args)`` takes the frame's parameter values in layout order and returns True when
-    every check passes.  It does not raise on inputs of a different shape of Python object
-    (checks are ordered so that type checks come first).
-    """
-
-    def __init__(self, params: list[str], checks: list[GuardCheck], namespace: dict) -> None:
-        self.params = params
-        self.checks = checks
-        self.namespace = namespace
-        self.source = _render(params, checks)
-        exec(compile(self.source, "<minicompile guards>", "exec"), namespace)
-        self.check: Callable[..., bool] = namespace["check"]
-        self._slow: list[tuple[Callable, Callable]] | None = None
-
-    def explain_failure(self, *args: Any) -> str | None:
-        """The first failing check, as text with the traced and the current value, or None
-        if all pass.  Slow; call it only on a cache miss."""
-        if self._slow is None:
-            lam = f"lambda {', '.join(self.params)}: "
-            self._slow = [
-                (eval(lam + c.expr, self.namespace), eval(lam + c.actual, self.namespace))
-                for c in self.checks
-            ]
-        for check, (ok, actual) in zip(self.checks, self._slow):
-            try:
-                passed = bool(ok(*args))
-            except Exception as e:  # a check on something that is gone (a deleted global)
-                return f"{check.source} {check.kind}: check raised {type(e).__name__}: {e}"
-            if not passed:
-                try:
-                    value = actual(*args)
-                except Exception as e:
-                    return f"{check.source} {check.kind}: expected {check.expected!r}, got <{e}>"
-                return describe_mismatch(check, value)
-        return None
-
-    def changed_ints(self, *args: Any) -> dict[str, tuple[int, int]]:
-        """Python ints the checks compare by value whose value differs in ``args``:
-        source -> (traced, now).  For automatic dynamic shapes."""
-        out = {}
-        lam = f"lambda {', '.join(self.params)}: "
-        for c in self.checks:
-            if c.kind != "value" or type(c.expected) is not int:
-                continue
-            try:
-                now = eval(lam + c.actual, self.namespace)(*args)
-            except Exception:
-                continue
-            if type(now) is int and now != c.expected:
-                out[c.source] = (c.expected, now)
-        return out
-
-    def __len__(self) -> int:
-        return len(self.checks)
-
-    def __str__(self) -> str:
-        return self.source
-
-
-def describe_mismatch(check: GuardCheck, value: Any) -> str:
-    """``L['x'] size mismatch at index 0: expected 4, got 6`` (Dynamo's wording, in ours)."""
-    expected = check.expected
-    if check.kind in ("sizes", "strides") and isinstance(expected, tuple):
-        got = tuple(value)
-        what = "size" if check.kind == "sizes" else "stride"
-        if len(got) == len(expected):
-            for i, (e, a) in enumerate(zip(expected, got)):
-                if e != a:
-                    return f"{check.source} {what} mismatch at index {i}: expected {e}, got {a}"
-    return f"{check.source} {check.kind}: expected {format_value(expected)}, got " + (
-        format_value(value)
-    )
-
-
-def _render(params: list[str], checks: list[GuardCheck]) -> str:
-    lines = [f"def check({', '.join(params)}):"]
-    if not checks:
-        lines.append("    return True")
-        return "\n".join(lines) + "\n"
-    lines.append("    return (")
-    for i, c in enumerate(checks):
-        lead = "        " if i == 0 else "        and "
-        lines.append(f"{lead}{c.expr}  # {c.source} {c.kind}")
-    lines.append("    )")
-    return "\n".join(lines) + "\n"
 
 
 class GuardBuilder:
@@ -315,7 +198,7 @@ class GuardBuilder:
                  f"'forward' in {x}.__dict__", False)
         self.add(src.name + ".training", "value", f"{x}.training is {mod.training}",
                  f"{x}.training", mod.training)
-        ref = self.ref(_GLOBAL_HOOKS, "global_module_hooks")
+        ref = self.ref(GLOBAL_MODULE_HOOKS, "global_module_hooks")
         self.add("global", "module hooks", f"not ({ref}[0] or {ref}[1])",
                  f"len({ref}[0]) + len({ref}[1])", 0)
 

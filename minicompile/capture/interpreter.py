@@ -87,6 +87,7 @@ class InstructionTranslator(CallsMixin, PythonCallsMixin, ControlMixin):
                 raise Unsupported(f"generator/async function {code.co_name}() is not supported")
             self.generated = []
         self.output = output
+        output.codes.add(code)  # every code object traced: the keys of warm entries
         self.code = code
         self.f_globals = f_globals
         self.f_builtins = f_builtins

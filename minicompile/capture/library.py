@@ -80,9 +80,11 @@ def _constant(value: Any) -> Handler:
 _register(
     _maybe(torch, "compiler", "is_compiling"),
     _maybe(torch, "compiler", "is_dynamo_compiling"),
-    _maybe(torch, "_dynamo", "is_compiling"),
     _maybe(torch, "_utils", "is_compiling"),
 )(_constant(True))
+# torch._dynamo.is_compiling is its own function, but reading ``torch._dynamo`` imports the
+# Dynamo stack (half a second): it is recognised by name in handler_for instead.
+_DYNAMO_IS_COMPILING = ("torch._dynamo.external_utils", "is_compiling")
 _register(
     _maybe(torch, "jit", "is_scripting"),
     _maybe(torch, "jit", "is_tracing"),
@@ -192,6 +194,11 @@ def context_factory(fn: Any) -> Any:
 
 def handler_for(fn: Any) -> Handler | None:
     try:
-        return _HANDLERS.get(fn) or autocast.HANDLERS.get(fn)
+        found = _HANDLERS.get(fn) or autocast.HANDLERS.get(fn)
     except TypeError:  # unhashable
         return None
+    if found is None and isinstance(fn, types.FunctionType) and (
+        (fn.__module__, fn.__qualname__) == _DYNAMO_IS_COMPILING
+    ):
+        return _HANDLERS[torch.compiler.is_compiling]
+    return found

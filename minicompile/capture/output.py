@@ -107,6 +107,7 @@ class OutputGraph:
         self.dynamic = dynamic
         self.params = params
         self.guards = GuardBuilder(params)
+        self.codes: set[types.CodeType] = set()  # the code objects interpreted
         self.input_sources: list[str] = []
         self.input_exprs: list[str] = []
         self._wrapped: dict[str, Var] = {}

@@ -3,6 +3,7 @@ modules from the cache directory.  A second process finds both on disk and build
 
 from __future__ import annotations
 
+import concurrent.futures
 import ctypes
 import ctypes.util
 import dataclasses
@@ -12,16 +13,18 @@ import os
 import platform
 import subprocess
 import sys
-import tempfile
 import types
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+from minicompile import perf
 from minicompile.config import Config
 from minicompile.errors import BackendCompilerFailed
-from minicompile.runtime import toolchain
-from minicompile.runtime.cache import cache_key, tool_versions, write_atomic
+from minicompile.runtime import cache, cpp_units, toolchain
+from minicompile.runtime.cache import cache_key, tool_versions
 
-from minicompile.codegen.wrapper import GeneratedCode
+if TYPE_CHECKING:
+    from minicompile.codegen.wrapper import GeneratedCode
 
 
 @dataclasses.dataclass
@@ -29,6 +32,9 @@ class Loaded:
     call: types.FunctionType  # call(args) -> tuple of outputs
     module_path: Path
     from_cache: bool  # nothing was built: every artefact was already on disk
+    lib_paths: tuple[Path, ...] = ()  # the C++ kernels' shared libraries
+    symbols: dict = dataclasses.field(default_factory=dict)  # kernel -> (library, symbol)
+    kernels: int = 0  # how many kernels the module launches
 
 
 _loaded: dict[str, Loaded] = {}  # this process's modules, by key
@@ -66,8 +72,25 @@ def _compiler_failed(cfg: Config, flags: list[str], failure: str) -> BackendComp
                                  warned=True)
 
 
-def build_cpp(source: str, cfg: Config) -> tuple[Path, bool]:
-    """Compile ``source`` to a shared library; return its path and whether it was cached."""
+def build_cpp(source: str, cfg: Config) -> tuple[tuple[Path, ...], dict, bool]:
+    """Compile a graph's C++ unit: its distinct kernels, split into at most
+    ``cfg.compile_threads`` units (runtime/cpp_units.py) built by compiler processes at
+    once.  Returns the libraries, each kernel's (library index, symbol), and whether every
+    library was cached."""
+    units = cpp_units.split(source, cfg.compile_threads)
+    if len(units.sources) == 1:
+        built = [build_unit(units.sources[0], cfg)]
+    else:
+        with concurrent.futures.ThreadPoolExecutor(len(units.sources)) as pool:
+            built = list(pool.map(lambda s: build_unit(s, cfg), units.sources))
+    return tuple(p for p, _ in built), units.symbols, all(c for _, c in built)
+
+
+def build_unit(source: str, cfg: Config) -> tuple[Path, bool]:
+    """Compile ``source`` to a shared library; return its path and whether it was cached.
+    A library is used from the cache only when it matches the checksum written beside it
+    (``<key>.sum``, written before the library is moved into place); a truncated or
+    modified one is rebuilt, with a warning."""
     flags = [*cfg.cxx_flags, *vector_math_flags()]
     if toolchain.cxx_problem.cache_info().currsize:  # probed after an earlier failure
         problem = toolchain.cxx_problem(cfg.cxx, tuple(flags))
@@ -75,31 +98,44 @@ def build_cpp(source: str, cfg: Config) -> tuple[Path, bool]:
             raise BackendCompilerFailed(f"the C++ compiler {cfg.cxx!r} does not work: "
                                         f"{problem}", warned=True)
     key = cache_key(source, " ".join(flags), tool_versions(cfg.cxx))
-    folder = cfg.cache_dir / "cpp" / key[:2]
-    lib = folder / f"{key}.so"
-    if lib.exists():
-        return lib, True
-    folder.mkdir(parents=True, exist_ok=True)
-    src = folder / f"{key}.cpp"
-    write_atomic(src, source)
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{key}.", suffix=".so")
-    os.close(fd)
+    parts = ("cpp", key[:2])
+    lib = cache.find(cfg.cache_dir, parts, f"{key}.so")
+    if lib is not None:
+        if cache.sha256_file(lib) == _read_text(lib.with_suffix(".sum")):
+            return lib, True
+        cache.warn_corrupted(lib)
+    src = cache.store(cfg.cache_dir, parts, f"{key}.cpp", source)
+    tmp = cache.scratch(cfg.cache_dir, parts, key, ".so")
     # Libraries come after the source for the linker.
     libs = [f for f in flags if f.startswith("-l")]
-    cmd = [cfg.cxx, *[f for f in flags if not f.startswith("-l")], str(src), "-o", tmp, *libs]
+    cmd = [cfg.cxx, *[f for f in flags if not f.startswith("-l")], str(src), "-o", str(tmp),
+           *libs]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     except (OSError, subprocess.SubprocessError) as e:
-        Path(tmp).unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
         raise _compiler_failed(cfg, flags, f"could not run the C++ compiler {cfg.cxx!r}: {e}"
                                ) from e
     if proc.returncode != 0:
-        Path(tmp).unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
         raise _compiler_failed(
             cfg, flags, f"C++ compilation failed ({' '.join(cmd)}):\n{proc.stderr.strip()[-4000:]}"
         )
-    os.replace(tmp, lib)
+    lib = tmp.parent / f"{key}.so"
+    try:
+        cache.write_atomic(lib.with_suffix(".sum"), cache.sha256_file(tmp) or "")
+        os.replace(tmp, lib)
+    except OSError as e:  # the directory went away or filled up under the compiler
+        tmp.unlink(missing_ok=True)
+        raise BackendCompilerFailed(f"could not store the built library {lib}: {e}") from e
     return lib, False
+
+
+def _read_text(path: Path) -> str | None:
+    try:
+        return path.read_text()
+    except (OSError, UnicodeDecodeError):
+        return None
 
 
 def _interpret_triton(module: types.ModuleType) -> None:
@@ -120,16 +156,41 @@ def load(code: GeneratedCode, cfg: Config, interpret: bool) -> Loaded:
     key = cache_key(code.module, code.cpp_source or "", tool_versions(cfg.cxx), str(interpret))
     if key in _loaded:
         return dataclasses.replace(_loaded[key], from_cache=True)
-    folder = cfg.cache_dir / "py" / key[:2]
-    path = folder / f"mc_{key}.py"
-    from_cache = path.exists()
+    name = f"mc_{key}.py"
+    path = cache.find(cfg.cache_dir, ("py", key[:2]), name)
+    from_cache = path is not None and _read_text(path) == code.module
+    if path is not None and not from_cache:
+        cache.warn_corrupted(path)
     if not from_cache:
-        write_atomic(path, code.module)
-    namespace_lib = None
+        path = cache.store(cfg.cache_dir, ("py", key[:2]), name, code.module)
+    assert path is not None
+    lib_paths: tuple[Path, ...] = ()
+    symbols: dict = {}
     if code.cpp_source is not None:
-        lib_path, lib_cached = build_cpp(code.cpp_source, cfg)
+        with perf.phase("build"):
+            lib_paths, symbols, lib_cached = build_cpp(code.cpp_source, cfg)
         from_cache = from_cache and lib_cached
-        namespace_lib = ctypes.CDLL(str(lib_path))
+    with perf.phase("load"):
+        loaded = load_module(key, path, lib_paths, symbols, interpret)
+    return dataclasses.replace(loaded, from_cache=from_cache)
+
+
+def load_module(key: str, path: Path, lib_paths: tuple[Path, ...], symbols: dict,
+                interpret: bool) -> Loaded:
+    """Import the generated wrapper module at ``path`` (its C++ kernels from ``lib_paths``:
+    kernel name -> (library index, symbol) in ``symbols``), once per process and key."""
+    if key in _loaded:
+        return dataclasses.replace(_loaded[key], from_cache=True)
+    namespace_lib = None
+    if lib_paths:
+        try:
+            libs = [ctypes.CDLL(str(p)) for p in lib_paths]
+        except OSError as e:
+            raise BackendCompilerFailed(f"a built library failed to load: {e}") from e
+        # One function object per kernel name (CDLL's [] makes a new one each time): the
+        # wrapper sets argtypes on each, and two names may share a symbol.
+        namespace_lib = types.SimpleNamespace(
+            **{name: libs[i][symbol] for name, (i, symbol) in symbols.items()})
     name = f"minicompile_generated.mc_{key}"
     spec = importlib.util.spec_from_file_location(name, path)
     assert spec is not None and spec.loader is not None
@@ -150,7 +211,7 @@ def load(code: GeneratedCode, cfg: Config, interpret: bool) -> Loaded:
                 f"the Triton backend on CPU tensors runs under Triton's interpreter, which "
                 f"needs numpy ({e}): pip install numpy"
             ) from e
-    loaded = Loaded(module.call, path, from_cache)  # type: ignore[attr-defined]
+    loaded = Loaded(module.call, path, True, tuple(lib_paths), dict(symbols))  # type: ignore[attr-defined]
     _loaded[key] = loaded
     return loaded
 

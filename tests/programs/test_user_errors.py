@@ -10,6 +10,9 @@ and compared with eager each time.
 
 from __future__ import annotations
 
+import dataclasses
+import importlib
+
 import inspect
 import traceback
 import warnings
@@ -192,14 +195,15 @@ def _raising(error: Exception):
     return broken
 
 
-@pytest.mark.parametrize("stage, error, message", [
-    ("capture_segment", AssertionError("a bug in capture"),
+@pytest.mark.parametrize("module, stage, error, message", [
+    ("minicompile.capture", "capture_segment", AssertionError("a bug in capture"),
      "internal error while capturing: AssertionError"),
-    ("lower", KeyError("a bug in lowering"), "internal error while compiling: KeyError"),
+    ("minicompile.lowering", "lower", KeyError("a bug in lowering"),
+     "internal error while compiling: KeyError"),
 ])
-def test_internal_errors_warn_once_and_run_eagerly(monkeypatch, stage: str, error: Exception,
-                                                    message: str) -> None:
-    monkeypatch.setattr(api, stage, _raising(error))
+def test_internal_errors_warn_once_and_run_eagerly(monkeypatch, module: str, stage: str,
+                                                    error: Exception, message: str) -> None:
+    monkeypatch.setattr(importlib.import_module(module), stage, _raising(error))
     compiled = minicompile.compile(_sin_cos)
     with pytest.warns(UserWarning, match=message):
         torch.testing.assert_close(compiled(torch.ones(3)), _sin_cos(torch.ones(3)))
@@ -213,8 +217,8 @@ def test_compiled_code_that_raises_where_eager_does_not_falls_back(monkeypatch) 
     real = api.build_graph
 
     def raising_call(*args, **kwargs):
-        real(*args, **kwargs)  # built as usual, then wrong when called
-        return _raising(RuntimeError("a bug in generated code"))
+        loaded = real(*args, **kwargs)  # built as usual, then wrong when called
+        return dataclasses.replace(loaded, call=_raising(RuntimeError("a bug in generated code")))
 
     monkeypatch.setattr(api, "build_graph", raising_call)
     compiled = minicompile.compile(_sin_cos)
@@ -227,7 +231,8 @@ def test_compiled_code_that_raises_where_eager_does_not_falls_back(monkeypatch) 
 
 
 def test_strict_mode_raises_internal_errors(monkeypatch) -> None:
-    monkeypatch.setattr(api, "lower", _raising(KeyError("a bug in lowering")))
+    monkeypatch.setattr(importlib.import_module("minicompile.lowering"), "lower",
+                        _raising(KeyError("a bug in lowering")))
     with minicompile.config.patch(strict=True):
         compiled = minicompile.compile(_sin_cos)
         for x in (torch.ones(3), torch.zeros(2)):

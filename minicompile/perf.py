@@ -1,0 +1,99 @@
+"""``MINICOMPILE_LOGS=perf``: where compile time goes.
+
+Each phase of a graph's compilation (import: the compiler's own modules, on the first
+miss; capture, passes, lowering, fusion, codegen, build, load) is timed with :func:`phase`; :func:`graph` opens the record of one graph and, when it
+closes, prints one line with its phases.  At exit a summary adds the phases up over every
+graph (and the warm entries loaded from disk).  With the part off, a phase costs one
+config read.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import sys
+import time
+from collections.abc import Iterator
+
+from minicompile import config
+
+PHASES = ("import", "capture", "passes", "lowering", "fusion", "codegen", "build", "load")
+
+_totals: dict[str, float] = {}
+_counts = {"graphs": 0, "warm": 0}
+_open: list[dict[str, float]] = []  # the records of the graphs being compiled, innermost last
+_registered = False
+
+
+def enabled() -> bool:
+    return config.get().logging("perf")
+
+
+@contextlib.contextmanager
+def phase(name: str) -> Iterator[None]:
+    """Time ``name`` (one of PHASES) for the graph being compiled, and in the totals."""
+    if not enabled():
+        yield
+        return
+    start = time.perf_counter()
+    try:
+        yield
+    finally:
+        spent = time.perf_counter() - start
+        _totals[name] = _totals.get(name, 0.0) + spent
+        if _open:
+            _open[-1][name] = _open[-1].get(name, 0.0) + spent
+
+
+def warm_entries(name: str, count: int, seconds: float) -> None:
+    """``count`` warm entries of ``name`` were loaded from disk in ``seconds``."""
+    if not enabled() or not count:
+        return
+    _register()
+    _totals["load"] = _totals.get("load", 0.0) + seconds
+    _counts["warm"] += count
+    print(f"minicompile perf: {count} warm entry(ies) of {name} loaded in {_ms(seconds)}",
+          file=sys.stderr)
+
+
+@contextlib.contextmanager
+def graph(name: str) -> Iterator[None]:
+    """The record of one graph: its phases are printed on one line when it closes."""
+    if not enabled():
+        yield
+        return
+    _register()
+    record: dict[str, float] = {}
+    _open.append(record)
+    start = time.perf_counter()
+    try:
+        yield
+    finally:
+        _open.pop()
+        total = time.perf_counter() - start
+        _counts["graphs"] += 1
+        print(f"minicompile perf: graph {name}: {_format(record)}; total {_ms(total)}",
+              file=sys.stderr)
+
+
+def summary() -> str:
+    """The totals since the start of the process, one line."""
+    return (f"{_counts['graphs']} graph(s) compiled, {_counts['warm']} warm entry(ies) "
+            f"loaded: {_format(_totals) or 'nothing timed'}")
+
+
+def _format(record: dict[str, float]) -> str:
+    names = [p for p in PHASES if p in record] + sorted(set(record) - set(PHASES))
+    return ", ".join(f"{p} {_ms(record[p])}" for p in names)
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.1f} ms"
+
+
+def _register() -> None:
+    global _registered
+    if not _registered:
+        _registered = True
+        atexit.register(lambda: print(f"minicompile perf: summary: {summary()}",
+                                      file=sys.stderr))

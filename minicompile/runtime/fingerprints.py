@@ -1,0 +1,301 @@
+"""Fingerprints: what must not change about code and objects for a warm entry to be used.
+
+A warm entry on disk (runtime/entries.py) is used by a new process only where the code it
+was traced from is the same: the function's code object (``marshal`` holds all of it:
+bytecode, constants, names, file, line table), the functions it inlined (code, defaults,
+closure), the classes whose methods it inlined (the code of every method along the MRO),
+and the modules it read attributes of (:func:`module_digest`: their classes, every
+non-tensor attribute, the metadata of every parameter and buffer, recursively).  Code of
+PyTorch, Triton and the standard library is stood for by their versions, which are in the
+key.  Whatever cannot be fingerprinted raises :class:`NotStorable`.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import importlib.util
+import marshal
+import sys
+import sysconfig
+import types
+from pathlib import Path
+from typing import Any
+
+import torch
+
+
+class NotStorable(Exception):
+    """Why an entry cannot be written to disk (it still runs, compiled in memory)."""
+
+
+class Miss(Exception):
+    """A recipe that finds nothing, or something else, in this process."""
+
+
+# -- keys ----------------------------------------------------------------------------------
+
+
+@functools.lru_cache(maxsize=None)
+def source_version() -> str:
+    """A hash of minicompile's own source files (the package, passes/ and codegen/)."""
+    import minicompile
+
+    folders = [Path(minicompile.__file__).parent]
+    for sub in ("minicompile.passes", "minicompile.codegen"):
+        spec = importlib.util.find_spec(sub)
+        folders += [Path(p) for p in (spec.submodule_search_locations or [])] if spec else []
+    h = hashlib.sha256()
+    for folder in folders:
+        for path in sorted(folder.rglob("*.py")):
+            h.update(str(path.relative_to(folder)).encode())
+            h.update(path.read_bytes())
+    return h.hexdigest()
+
+
+@functools.lru_cache(maxsize=None)
+def versioned_folders() -> tuple[str, ...]:
+    """Folders whose code the tool versions stand for: PyTorch, Triton, the stdlib."""
+    found = [str(Path(torch.__file__).parent)]
+    spec = importlib.util.find_spec("triton")
+    if spec is not None and spec.origin:
+        found.append(str(Path(spec.origin).parent))
+    stdlib = sysconfig.get_paths()["stdlib"]
+    found.append(stdlib)
+    return tuple(f.rstrip("/") + "/" for f in found)
+
+
+def versioned(filename: str) -> bool:
+    if "site-packages" in filename and not filename.startswith(versioned_folders()[:2]):
+        return False  # a library beside the stdlib's folder is not the stdlib
+    return filename.startswith(versioned_folders())
+
+
+def code_digest(code: types.CodeType) -> str:
+    # marshal holds everything a code object is: bytecode, constants (nested code too),
+    # names, file name, first line and line table.  Its format is per Python version,
+    # which the key holds.
+    return hashlib.sha256(marshal.dumps(code)).hexdigest()
+
+
+def value_digest(value: Any) -> str:
+    """A digest of a default value or class attribute: constants by value, functions and
+    classes by what they are; anything else refuses."""
+    try:
+        return "m" + hashlib.sha256(marshal.dumps(value)).hexdigest()
+    except ValueError:
+        pass
+    if isinstance(value, (types.FunctionType, type)):
+        return "o" + object_digest(value)
+    if isinstance(value, (torch.dtype, torch.device)):
+        return f"t{value}"
+    raise NotStorable(f"a default or class attribute {type(value).__name__} cannot be keyed")
+
+
+def function_digest(fn: types.FunctionType, method: bool = False) -> str:
+    """Code, defaults and closure of ``fn``.  A method's ``__class__`` cell (``super()``)
+    is the class being digested; its other cells are digested where they can be (a cell
+    the trace reads is guarded through a recipe of its own, which refuses)."""
+    parts = [code_digest(fn.__code__)]
+    parts += [value_digest(v) for v in fn.__defaults__ or ()]
+    parts += [f"{k}={value_digest(v)}" for k, v in sorted((fn.__kwdefaults__ or {}).items())]
+    for name, cell in zip(fn.__code__.co_freevars, fn.__closure__ or ()):
+        if method and name == "__class__":
+            continue
+        try:
+            parts.append(f"{name}={value_digest(cell.cell_contents)}")
+        except ValueError:  # an empty cell
+            parts.append(f"{name}=<empty>")
+        except NotStorable:
+            if not method:
+                raise NotStorable(f"{fn.__qualname__} closes over {name}, which cannot be "
+                                  f"keyed") from None
+            parts.append(f"{name}=<{type(cell.cell_contents).__qualname__}>")
+    return hashlib.sha256("\0".join(parts).encode()).hexdigest()
+
+
+def class_functions(cls: type) -> list[types.FunctionType]:
+    """The Python functions defined by a class and its bases (methods, static and class
+    methods, property accessors)."""
+    found = []
+    for klass in cls.__mro__:
+        for value in vars(klass).values():
+            if isinstance(value, (staticmethod, classmethod)):
+                value = value.__func__
+            if isinstance(value, property):
+                found += [f for f in (value.fget, value.fset, value.fdel)
+                          if isinstance(f, types.FunctionType)]
+            elif isinstance(value, types.FunctionType):
+                found.append(value)
+    return found
+
+
+def class_digest(cls: type) -> str:
+    h = hashlib.sha256()
+    for klass in cls.__mro__:
+        if klass.__module__ == "builtins" or versioned(
+            getattr(sys.modules.get(klass.__module__), "__file__", None) or ""
+        ):
+            h.update(f"{klass.__module__}.{klass.__qualname__}".encode())
+            continue
+        for name, value in sorted(vars(klass).items(), key=lambda kv: kv[0]):
+            if isinstance(value, (staticmethod, classmethod)):
+                value = value.__func__
+            if isinstance(value, property):
+                value = tuple(f.__code__ if isinstance(f, types.FunctionType) else None
+                              for f in (value.fget, value.fset, value.fdel))
+                text = "".join(code_digest(c) if c else "-" for c in value)
+            elif isinstance(value, types.FunctionType):
+                text = function_digest(value, method=True)
+            else:
+                try:
+                    text = "m" + hashlib.sha256(marshal.dumps(value)).hexdigest()
+                except ValueError:  # read by the trace only under guards of their own
+                    text = type(value).__qualname__
+            h.update(f"{name}:{text}\0".encode())
+    return h.hexdigest()
+
+
+def object_digest(obj: Any) -> str:
+    """What must not change about a function or class found again by its name."""
+    if isinstance(obj, types.FunctionType):
+        if versioned(obj.__code__.co_filename):
+            return "versioned"
+        return function_digest(obj)
+    if isinstance(obj, type):
+        return class_digest(obj)
+    return "builtin"  # C functions and objects of the versioned libraries
+
+
+def codes_of(obj: Any) -> list[types.CodeType]:
+    """The code objects reachable from a function or class (nested code included)."""
+    if isinstance(obj, types.FunctionType):
+        roots = [obj.__code__]
+    elif isinstance(obj, type):
+        roots = [f.__code__ for f in class_functions(obj)]
+    else:
+        return []
+    found = []
+    while roots:
+        code = roots.pop()
+        found.append(code)
+        roots += [c for c in code.co_consts if isinstance(c, types.CodeType)]
+    return found
+
+
+def lookup(module: str, qualname: str) -> Any:
+    """``module.qualname`` among the modules already imported (never imports)."""
+    obj = sys.modules.get(module)
+    if obj is None:
+        raise Miss(f"module {module} is not imported")
+    for part in qualname.split("."):
+        if part == "<locals>":
+            raise Miss(f"{qualname} is local to a function")
+        try:
+            obj = getattr(obj, part)
+        except AttributeError:
+            raise Miss(f"{module}.{qualname} not found") from None
+    return obj
+
+
+# -- modules -------------------------------------------------------------------------------
+
+_SIMPLE = (type(None), bool, int, float, complex, str, bytes)
+_TORCH_VALUES = (torch.dtype, torch.device, torch.layout, torch.memory_format, torch.Size)
+
+
+class ModuleWalk:
+    """A module's fingerprint (:attr:`digest`): its class, every attribute in its
+    ``__dict__`` (hooks, flags, hyperparameters, config objects), the metadata of its
+    parameters, buffers and other tensors (their values are inputs, read at each call), and
+    its submodules, recursively.  Everything capture may have read of a module it guarded
+    by identity is in it, so a module of a new process with the same fingerprint traces to
+    the same graph.  ``objects``: the functions and classes met (their code is keyed)."""
+
+    def __init__(self, module: torch.nn.Module) -> None:
+        self.objects: list[Any] = []
+        self._classes: dict[type, str] = {}  # class -> its line of the fingerprint
+        self._seen: set[int] = set()
+        self._h = hashlib.sha256()
+        self._value(module, "self")
+        self.digest = self._h.hexdigest()
+
+    def _put(self, text: str) -> None:
+        self._h.update(text.encode())
+        self._h.update(b"\0")
+
+    def _class(self, cls: type) -> None:
+        text = self._classes.get(cls)
+        if text is None:
+            text = self._classes[cls] = (
+                f"class {cls.__module__}.{cls.__qualname__} {object_digest(cls)}")
+            self.objects.append(cls)
+        self._put(text)
+
+    def _value(self, value: Any, where: str) -> None:
+        if type(value) in _SIMPLE:
+            self._put(f"{type(value).__name__}:{value!r}")
+            return
+        if isinstance(value, _TORCH_VALUES):
+            self._put(f"{type(value).__name__}:{value}")
+            return
+        if id(value) in self._seen:  # shared or cyclic: its place in the walk is enough
+            self._put("seen")
+            return
+        self._seen.add(id(value))
+        if isinstance(value, torch.Tensor):
+            self._class(type(value))
+            self._put(f"tensor {tuple(value.shape)} {value.stride()} {value.storage_offset()} "
+                      f"{value.dtype} {value.device} {value.requires_grad}")
+        elif isinstance(value, (tuple, list)):
+            self._class(type(value))
+            self._put(str(len(value)))
+            for v in value:
+                self._value(v, where)
+        elif isinstance(value, dict):
+            self._class(type(value))
+            for k, v in value.items():  # in order: modules iterate their children so
+                self._value(k, where)
+                self._value(v, where)
+        elif isinstance(value, (set, frozenset)):
+            self._class(type(value))
+            for text in sorted(repr(v) for v in value):
+                self._put(text)
+        elif isinstance(value, (types.FunctionType, type)):
+            self.objects.append(value)
+            self._put(value_digest(value))
+        elif isinstance(value, functools.partial):
+            self._value((value.func, value.args, value.keywords), where)
+        elif isinstance(value, (types.BuiltinFunctionType, types.MethodWrapperType)):
+            self._put(f"builtin {getattr(value, '__module__', '')}.{value.__qualname__}")
+        elif _python_object(value):
+            self._class(type(value))  # modules, config objects, enums, plain objects
+            for k, v in sorted(vars(value).items()):
+                self._put(k)
+                self._value(v, f"{where}.{k}" if k != "_modules" else where)
+        else:
+            raise NotStorable(f"{where} is a {type(value).__qualname__}, which cannot be "
+                              f"fingerprinted")
+
+
+_HEAPTYPE = 1 << 9  # Py_TPFLAGS_HEAPTYPE: a class made by a class statement
+
+
+def _python_object(value: Any) -> bool:
+    """An instance of classes written in Python, whose state is its ``__dict__`` (not a C
+    object such as a file, whose state a fingerprint cannot see)."""
+    if not hasattr(value, "__dict__") or isinstance(value, types.ModuleType):
+        return False
+    return _python_class(type(value))
+
+
+@functools.lru_cache(maxsize=None)
+def _python_class(cls: type) -> bool:
+    return all(
+        klass is object or (klass.__flags__ & _HEAPTYPE and "pybind11" not in klass.__module__)
+        for klass in cls.__mro__
+    )
+
+
+def module_digest(module: torch.nn.Module) -> str:
+    return ModuleWalk(module).digest

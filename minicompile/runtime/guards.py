@@ -1,0 +1,146 @@
+"""Guard functions at run time: the compiled check of one entry, and the words for why it
+failed.  Built by capture (minicompile/capture/guards.py: GuardBuilder) or read back from a
+warm entry on disk (minicompile/runtime/entries.py); this module imports neither, so a warm
+process checks guards without loading capture.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+# nn.Module's global forward hooks (registered with register_module_forward_hook).
+GLOBAL_MODULE_HOOKS = (
+    torch.nn.modules.module._global_forward_hooks,
+    torch.nn.modules.module._global_forward_pre_hooks,
+)
+
+
+GUARDS_FILENAME = "<minicompile guards>"
+
+
+@dataclasses.dataclass(frozen=True)
+class GuardCheck:
+    source: str  # readable source ("L['x']")
+    kind: str  # what is checked ("dtype")
+    expr: str  # Python expression that is True when the check passes
+    actual: str  # Python expression for the current value, for failure messages
+    expected: Any  # the traced value, for failure messages
+
+
+def format_value(value: Any) -> str:
+    """Values as a PyTorch user writes them: ``torch.float32``, ``(4, 8)``, ``cpu``."""
+    if isinstance(value, torch.Size):
+        return str(tuple(value))
+    if isinstance(value, (torch.dtype, torch.device)):
+        return str(value)
+    if isinstance(value, type):
+        module = value.__module__
+        return value.__qualname__ if module == "builtins" else f"{module}.{value.__qualname__}"
+    return repr(value)
+
+
+class Guards:
+    """The compiled guards of one capture.
+
+    ``check(*args)`` takes the frame's parameter values in layout order and returns True when
+    every check passes.  It does not raise on inputs of a different shape of Python object
+    (checks are ordered so that type checks come first).
+    """
+
+    def __init__(self, params: list[str], checks: list[GuardCheck], namespace: dict,
+                 code: types.CodeType | None = None) -> None:
+        self.params = params
+        self.checks = checks
+        self.namespace = namespace
+        # ``code``: the source compiled already (a warm entry keeps it: compiling the
+        # guards of a large model takes a tenth of a second); the source is then rendered
+        # only when asked for.
+        self._source = None if code is not None else _render(params, checks)
+        self.code = code or compile(self.source, GUARDS_FILENAME, "exec")
+        exec(self.code, namespace)
+        self.check: Callable[..., bool] = namespace["check"]
+        self._slow: list[tuple[Callable, Callable]] | None = None
+
+    def explain_failure(self, *args: Any) -> str | None:
+        """The first failing check, as text with the traced and the current value, or None
+        if all pass.  Slow; call it only on a cache miss."""
+        if self._slow is None:
+            lam = f"lambda {', '.join(self.params)}: "
+            self._slow = [
+                (eval(lam + c.expr, self.namespace), eval(lam + c.actual, self.namespace))
+                for c in self.checks
+            ]
+        for check, (ok, actual) in zip(self.checks, self._slow):
+            try:
+                passed = bool(ok(*args))
+            except Exception as e:  # a check on something that is gone (a deleted global)
+                return f"{check.source} {check.kind}: check raised {type(e).__name__}: {e}"
+            if not passed:
+                try:
+                    value = actual(*args)
+                except Exception as e:
+                    return f"{check.source} {check.kind}: expected {check.expected!r}, got <{e}>"
+                return describe_mismatch(check, value)
+        return None
+
+    def changed_ints(self, *args: Any) -> dict[str, tuple[int, int]]:
+        """Python ints the checks compare by value whose value differs in ``args``:
+        source -> (traced, now).  For automatic dynamic shapes."""
+        out = {}
+        lam = f"lambda {', '.join(self.params)}: "
+        for c in self.checks:
+            if c.kind != "value" or type(c.expected) is not int:
+                continue
+            try:
+                now = eval(lam + c.actual, self.namespace)(*args)
+            except Exception:
+                continue
+            if type(now) is int and now != c.expected:
+                out[c.source] = (c.expected, now)
+        return out
+
+    @property
+    def source(self) -> str:
+        """The guard function, as Python source."""
+        if self._source is None:
+            self._source = _render(self.params, self.checks)
+        return self._source
+
+    def __len__(self) -> int:
+        return len(self.checks)
+
+    def __str__(self) -> str:
+        return self.source
+
+
+def describe_mismatch(check: GuardCheck, value: Any) -> str:
+    """``L['x'] size mismatch at index 0: expected 4, got 6`` (Dynamo's wording, in ours)."""
+    expected = check.expected
+    if check.kind in ("sizes", "strides") and isinstance(expected, tuple):
+        got = tuple(value)
+        what = "size" if check.kind == "sizes" else "stride"
+        if len(got) == len(expected):
+            for i, (e, a) in enumerate(zip(expected, got)):
+                if e != a:
+                    return f"{check.source} {what} mismatch at index {i}: expected {e}, got {a}"
+    return f"{check.source} {check.kind}: expected {format_value(expected)}, got " + (
+        format_value(value)
+    )
+
+
+def _render(params: list[str], checks: list[GuardCheck]) -> str:
+    lines = [f"def check({', '.join(params)}):"]
+    if not checks:
+        lines.append("    return True")
+        return "\n".join(lines) + "\n"
+    lines.append("    return (")
+    for i, c in enumerate(checks):
+        lead = "        " if i == 0 else "        and "
+        lines.append(f"{lead}{c.expr}  # {c.source} {c.kind}")
+    lines.append("    )")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,301 @@
+"""Warm entries (minicompile/runtime/entries.py): a compiled frame on disk, loaded by a new
+process without capture, and never a stale hit.
+
+A *new process* is simulated in-process by a fresh wrapper after ``minicompile.reset()``
+(which also forgets the loaded modules); two tests run real processes, to see what a
+warm process imports and does not.  Every compiled call is compared with eager.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import types
+from pathlib import Path
+
+import pytest
+import torch
+
+import minicompile
+from minicompile import config
+from minicompile.runtime import cache, fingerprints
+
+from devices import CUDA
+
+ROOT = Path(__file__).resolve().parents[2]
+
+SOURCE = """
+import torch
+K = 2
+
+def helper(x):
+    return torch.cos(x) * K
+
+def f(x, y):
+    return torch.sin(x) * 2 + helper(y)
+"""
+
+
+def load_source(text: str, name: str = "warm_module") -> types.ModuleType:
+    """Run ``text`` as a module registered under ``name`` (recipes find objects through
+    sys.modules), as a new process importing it would."""
+    module = types.ModuleType(name)
+    module.__file__ = f"/virtual/{name}.py"
+    sys.modules[name] = module
+    exec(compile(text, module.__file__, "exec"), module.__dict__)
+    return module
+
+
+@pytest.fixture
+def warm(tmp_path: Path):
+    """Warm entries on, in a cache of the test's own."""
+    with config.patch(warm_entries=True, cache_dir=tmp_path / "cache"):
+        yield tmp_path / "cache"
+    sys.modules.pop("warm_module", None)
+
+
+def call_twice(fn, module: types.ModuleType, backend: str, device: torch.device) -> dict:
+    """A fresh process's view: compile ``fn`` anew, call it with two sets of values, compare
+    with eager; return the stats."""
+    minicompile.reset()
+    compiled = minicompile.compile(fn, backend=backend)
+    for seed in (0, 1):
+        torch.manual_seed(seed)
+        x, y = torch.randn(4, 8, device=device), torch.randn(4, 8, device=device)
+        torch.testing.assert_close(compiled(x, y), fn(x, y))
+    return minicompile.stats()
+
+
+def entry_files(cache_dir: Path) -> list[Path]:
+    return sorted(cache_dir.glob("entries/*/*.json"))
+
+
+def test_second_process_loads_the_entry(warm: Path, backend: str, device: torch.device) -> None:
+    m = load_source(SOURCE)
+    cold = call_twice(m.f, m, backend, device)
+    assert cold["frames"] == 1 and cold["instructions"] > 0, cold
+    assert len(entry_files(warm)) == 1
+    hit = call_twice(m.f, m, backend, device)
+    assert hit["frames"] == 0 and hit["instructions"] == 0 and hit["graphs"] == 1, hit
+    assert hit["kernels"] == cold["kernels"]
+
+
+def test_changed_source_line_misses(warm: Path, backend: str, device: torch.device) -> None:
+    m = load_source(SOURCE)
+    call_twice(m.f, m, backend, device)
+    for changed in (SOURCE.replace("* 2 +", "* 3 +"),  # the function's own line
+                    SOURCE.replace("* K", "* K + 1"),  # a line of the function it inlined
+                    "\n" + SOURCE):  # only the line numbers
+        m = load_source(changed)
+        stats = call_twice(m.f, m, backend, device)
+        assert stats["frames"] == 1, (changed, stats)
+
+
+def test_changed_guarded_value_misses(warm: Path, backend: str, device: torch.device) -> None:
+    m = load_source(SOURCE)
+    call_twice(m.f, m, backend, device)
+    m.K = 5  # the global helper() reads
+    stats = call_twice(m.f, m, backend, device)
+    assert stats["frames"] == 1 and stats["recompiles"] == 1, stats
+    m.K = 2  # back to the first entry's value: that entry is a hit again
+    stats = call_twice(m.f, m, backend, device)
+    assert stats["frames"] == 0, stats
+
+
+@pytest.mark.parametrize("what", ["torch", "minicompile"])
+def test_changed_version_misses(warm: Path, backend: str, device: torch.device,
+                                monkeypatch: pytest.MonkeyPatch, what: str) -> None:
+    m = load_source(SOURCE)
+    call_twice(m.f, m, backend, device)
+    if what == "torch":
+        versions = cache.tool_versions
+        monkeypatch.setattr(cache, "tool_versions", lambda cxx: versions(cxx) + "\ntorch=next")
+    else:
+        monkeypatch.setattr(fingerprints, "source_version", lambda: "another minicompile")
+    stats = call_twice(m.f, m, backend, device)
+    assert stats["frames"] == 1, stats
+
+
+def test_changed_inlined_function_misses(warm: Path, backend: str, device: torch.device) -> None:
+    m = load_source(SOURCE)
+    call_twice(m.f, m, backend, device)
+    m.helper = load_source(SOURCE.replace("torch.cos(x)", "torch.tanh(x)"), "other").helper
+    sys.modules["warm_module"] = m
+    stats = call_twice(m.f, m, backend, device)
+    assert stats["frames"] == 1, stats
+
+
+@pytest.mark.parametrize("damage", ["truncated", "edited", "empty"])
+def test_corrupted_entry_is_rebuilt_with_a_warning(warm: Path, damage: str) -> None:
+    m = load_source(SOURCE)
+    call_twice(m.f, m, "cpp", torch.device("cpu"))
+    (path,) = entry_files(warm)
+    data = path.read_bytes()
+    path.write_bytes({"truncated": data[: len(data) // 2],
+                      "edited": data.replace(b"(4, 8)", b"(4, 9)"),
+                      "empty": b""}[damage])
+    cache._warned.clear()
+    with pytest.warns(RuntimeWarning, match="corrupted"):
+        stats = call_twice(m.f, m, "cpp", torch.device("cpu"))
+    assert stats["frames"] == 1, stats
+    stats = call_twice(m.f, m, "cpp", torch.device("cpu"))  # rewritten: warm again
+    assert stats["frames"] == 0, stats
+
+
+# -- real processes ----------------------------------------------------------------------------
+
+SCRIPT = """
+import json, sys, time
+import torch
+start = time.perf_counter()
+import minicompile
+import_s = time.perf_counter() - start
+
+def f(x, y):
+    return torch.sin(x) * 2 + torch.cos(y)
+
+g = minicompile.compile(f, backend={backend!r})
+imported = None
+for seed in (0, 1):
+    torch.manual_seed(seed)
+    x, y = torch.randn(4, 8, device={device!r}), torch.randn(4, 8, device={device!r})
+    out = g(x, y)
+    if imported is None:  # before assert_close, which imports sympy itself
+        imported = [m for m in ("sympy", "torch._dynamo", "networkx", "minicompile.capture")
+                    if m in sys.modules]
+    torch.testing.assert_close(out, f(x, y))
+stats = minicompile.stats()
+stats["imported"] = imported
+print(json.dumps(stats))
+"""
+
+
+def run_script(script: str, env_extra: dict[str, str], cwd: Path) -> tuple[dict, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MINICOMPILE_")}
+    env["PYTHONPATH"] = str(ROOT)  # this checkout, not whichever is installed
+    if not CUDA:
+        env.setdefault("TRITON_INTERPRET", "1")
+    env.update(env_extra)
+    proc = subprocess.run([sys.executable, "-c", script], env=env, cwd=cwd,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
+    return json.loads(proc.stdout.splitlines()[-1]), proc.stderr
+
+
+def test_warm_process_imports_no_compiler(backend: str, device: torch.device,
+                                          tmp_path: Path) -> None:
+    script = SCRIPT.format(backend=backend, device=str(device))
+    env = {"MINICOMPILE_CACHE_DIR": str(tmp_path / "cache")}
+    cold, _ = run_script(script, env, tmp_path)
+    assert cold["frames"] == 1 and "sympy" in cold["imported"], cold
+    # Float pointwise metadata without PyTorch's meta functions, which import Dynamo.
+    assert "torch._dynamo" not in cold["imported"], cold
+    hot, _ = run_script(script, env, tmp_path)
+    assert hot["frames"] == 0 and hot["instructions"] == 0 and hot["graphs"] == 1, hot
+    assert hot["imported"] == [], hot  # no capture, sympy, networkx or Dynamo
+
+
+def test_perf_log_prints_phases_and_a_summary(tmp_path: Path) -> None:
+    script = SCRIPT.format(backend="cpp", device="cpu")
+    env = {"MINICOMPILE_CACHE_DIR": str(tmp_path / "cache"), "MINICOMPILE_LOGS": "perf"}
+    _, err = run_script(script, env, tmp_path)
+    line = next(x for x in err.splitlines() if x.startswith("minicompile perf: graph f:"))
+    for phase in ("capture", "passes", "lowering", "fusion", "codegen", "build", "load"):
+        assert f"{phase} " in line, line
+    assert "minicompile perf: summary: 1 graph(s) compiled" in err
+    _, err = run_script(script, env, tmp_path)
+    assert "1 warm entry(ies) of f loaded" in err and "0 graph(s) compiled" in err, err
+
+
+def test_corrupted_library_is_rebuilt_with_a_warning(tmp_path: Path) -> None:
+    # In processes of their own: this one may not overwrite a library it has loaded.
+    script = SCRIPT.format(backend="cpp", device="cpu")
+    env = {"MINICOMPILE_CACHE_DIR": str(tmp_path / "cache")}
+    run_script(script, env, tmp_path)
+    (lib,) = (tmp_path / "cache").glob("cpp/*/*.so")
+    lib.write_bytes(lib.read_bytes()[:100])  # a half-written library
+    stats, err = run_script(script, env, tmp_path)
+    assert err.count("is corrupted") == 1, err
+    assert stats["frames"] == 1, stats
+    stats, err = run_script(script, env, tmp_path)  # rebuilt, and warm again
+    assert stats["frames"] == 0 and "corrupted" not in err, (stats, err)
+
+
+MODULE_SOURCE = """
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+class Block(nn.Module):
+    def __init__(self, width, scale):
+        super().__init__()
+        self.norm = nn.LayerNorm(width)
+        self.fc = nn.Linear(width, width)
+        self.scale = scale
+
+    def forward(self, x):
+        return x + F.gelu(self.fc(self.norm(x))) * self.scale
+"""
+
+
+def call_module_twice(module: torch.nn.Module) -> dict:
+    """A fresh process's view of a compiled module: two calls with different values."""
+    minicompile.reset()
+    compiled = minicompile.compile(module)
+    with torch.no_grad():
+        for seed in (0, 1):
+            torch.manual_seed(seed)
+            x = torch.randn(4, 8)
+            torch.testing.assert_close(compiled(x), module(x), rtol=1e-5, atol=1e-5)
+    return minicompile.stats()
+
+
+def test_module_entry_needs_the_same_module(warm: Path) -> None:
+    m = load_source(MODULE_SOURCE)
+    torch.manual_seed(0)
+    call_module_twice(m.Block(8, 2.0).eval())
+    assert len(entry_files(warm)) == 1
+    torch.manual_seed(1)  # other weights: values are inputs, the entry holds
+    stats = call_module_twice(m.Block(8, 2.0).eval())
+    assert stats["frames"] == 0, stats
+    stats = call_module_twice(m.Block(8, 3.0).eval())  # another attribute read by forward
+    assert stats["frames"] == 1, stats
+    block = m.Block(8, 2.0).eval()
+    block.norm.eps = 1e-3  # a submodule's hyperparameter
+    stats = call_module_twice(block)
+    assert stats["frames"] == 1, stats
+    stats = call_module_twice(m.Block(8, 2.0).train())  # the training flag
+    assert stats["frames"] == 1, stats
+    changed = load_source(MODULE_SOURCE.replace("* self.scale", "* self.scale + 1"))
+    stats = call_module_twice(changed.Block(8, 2.0).eval())  # the class's code
+    assert stats["frames"] == 1, stats
+
+
+def test_module_with_an_unkeyable_attribute_is_not_stored(
+    warm: Path, capsys: pytest.CaptureFixture
+) -> None:
+    m = load_source(MODULE_SOURCE)
+    block = m.Block(8, 2.0).eval()
+    block.handle = open(os.devnull)  # an object a fingerprint cannot describe
+    try:
+        with config.patch(logs=frozenset({"cache"})):
+            call_module_twice(block)
+    finally:
+        block.handle.close()
+    assert "cannot be fingerprinted" in capsys.readouterr().err
+    assert not entry_files(warm)
+
+
+def test_reset_looks_on_disk_again(warm: Path) -> None:
+    m = load_source(SOURCE)
+    compiled = minicompile.compile(m.f, backend="cpp")
+    for expect_frames in (1, 0):  # traced, then (after reset) read back from disk
+        minicompile.reset()
+        for seed in (0, 1):
+            torch.manual_seed(seed)
+            x, y = torch.randn(4, 8), torch.randn(4, 8)
+            torch.testing.assert_close(compiled(x, y), m.f(x, y))
+        assert minicompile.stats()["frames"] == expect_frames

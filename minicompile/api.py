@@ -1,4 +1,5 @@
-"""The public API, and the one place that wires the pipeline together:
+"""The public API, and with minicompile/driver.py the one place that wires the pipeline
+together:
 
     capture -> graph passes -> lowering -> fusion -> codegen -> runtime build/load
 
@@ -26,7 +27,9 @@ import torch
 from minicompile import config, optim, perf, trace
 from minicompile.config import Config
 from minicompile.errors import BackendCompilerFailed, Unsupported
-from minicompile.runtime import build, cudagraphs, entries, toolchain
+from minicompile.driver import compile_graph, describe_symbols
+from minicompile.driver import counters as _stats
+from minicompile.runtime import build, entries
 
 # Capture, the passes, lowering and codegen import sympy, networkx and PyTorch's fake tensors
 # (most of a second): they are imported on the first miss, not at `import minicompile`, so a
@@ -40,11 +43,6 @@ log = logging.getLogger("minicompile")
 BACKENDS = ("auto", "cpp", "triton")
 MODES = (None, "default", "reduce-overhead", "max-autotune")
 
-_STAT_KEYS = (
-    "frames", "graphs", "graph_breaks", "recompiles", "kernels", "cache_hits", "eager_fallbacks",
-    "instructions", "concrete_instructions",
-)
-_stats: dict[str, int] = dict.fromkeys(_STAT_KEYS, 0)
 _compiled: list[CompiledFunction] = []  # every wrapper, so reset() can clear them
 
 
@@ -203,9 +201,9 @@ class CompiledFunction:
 
     def forget(self, entry: Entry) -> None:
         """Drop a compiled segment (it broke at the user's error, not at a limit of ours)."""
-        for entries in self.segments.values():
-            if entry in entries:
-                entries.remove(entry)
+        for segment in self.segments.values():
+            if entry in segment:
+                segment.remove(entry)
 
     def finish_concretely(self, f: concrete.Frame, point: ResumePoint) -> Any:
         """The rest of the frame from ``point`` cannot be compiled.  This call has run
@@ -605,154 +603,6 @@ def _is_user_function(fn: Any) -> bool:
 def _is_build_failure(e: Exception) -> bool:
     module = type(e).__module__ or ""
     return module.startswith("triton") or isinstance(e, BackendCompilerFailed)
-
-
-def pick_backend(cfg: Config, capture: Capture) -> tuple[str, bool]:
-    """The backend for this graph, and whether Triton must run under its interpreter."""
-    devices = {
-        m.device.type for n in capture.graph.nodes
-        for m in (n.meta if isinstance(n.meta, tuple) else (n.meta,)) if m is not None
-    }  # placeholders and tensors made in the graph (torch.ones(3))
-    if not devices:  # no tensor at all (a segment of Python before a break): no kernel
-        return ("cpp" if cfg.backend == "auto" else cfg.backend), False
-    if devices - {"cpu", "cuda"}:  # meta tensors have no data for a kernel to read
-        raise Unsupported(f"tensors on {sorted(devices - {'cpu', 'cuda'})} are not compiled")
-    device = "cuda" if "cuda" in devices else "cpu"
-    backend = cfg.backend
-    if backend == "auto":
-        backend = "triton" if device == "cuda" else "cpp"
-    problem = toolchain.triton_problem() if backend == "triton" else None
-    if problem is not None:
-        toolchain.warn_once("triton", (
-            f"minicompile: Triton is not available ({problem}); graphs on CPU tensors compile "
-            f"with the C++ backend instead, graphs on GPU tensors run eagerly."))
-        if device != "cpu":
-            raise BackendCompilerFailed(f"Triton is not available: {problem}", warned=True)
-        backend = "cpp"
-    if backend == "cpp" and device != "cpu":
-        raise Unsupported(f"backend='cpp' compiles CPU tensors; these are on {device}")
-    return backend, backend == "triton" and device == "cpu"
-
-
-def describe_symbols(capture: Capture) -> str:
-    """The size symbols of a capture and the relations its guards keep, for the logs."""
-    shapes = capture.graph.shapes
-    lines = [f"{s} = {where.name} (traced with {shapes.hints[s]})"
-             for s, where in shapes.sources.items()]
-    relations = [g.kind for g in capture.guards.checks if g.source == "sizes"]
-    lines += [f"guard: {r}" for r in relations] or ["no relations between sizes"]
-    return "\n".join(lines)
-
-
-def compile_graph(
-    capture: Capture, cfg: Config, name: str
-) -> tuple[Callable[[tuple], Any], Callable[[list], tuple], tuple | None]:
-    """Compile a captured graph; return the runner for its entry (frame -> return value),
-    the generated call(inputs), and for a graph without a backward what a warm entry
-    stores (the loaded wrapper, whether it is interpreted, whether it runs under no_grad).
-    A graph whose outputs take gradients (grad mode on, inputs requiring grad) compiles its
-    backward too and runs as an autograd.Function."""
-    from minicompile.passes.autograd import differentiate, requires_grad
-    from minicompile.passes.pipeline import run_graph_passes
-    from minicompile.runtime.autograd import TrainingStep, make_runner
-
-    start = time.perf_counter()
-    with perf.phase("passes"):
-        graph, _timings = run_graph_passes(capture.graph)
-    backend, interpret = pick_backend(cfg, capture)
-    get_inputs = capture.get_inputs
-    rebuild = capture.rebuild
-    if requires_grad(graph):
-        with perf.phase("passes"):
-            joint = differentiate(graph)
-            backward, _ = run_graph_passes(joint.backward)
-        call = build_graph(joint.forward, cfg, name, backend, interpret).call
-        backward_call = build_graph(backward, cfg, f"{name}_backward", backend, interpret,
-                                    takes_inputs=True).call
-        trace.emit("graph", f"{name} saved for backward", describe_saved(joint))
-        if cfg.mode == "reduce-overhead":
-            trace.emit("cudagraphs", name, "a training graph (forward and backward) runs "
-                       "without CUDA graphs")
-        step = TrainingStep(call, backward_call, joint.num_outputs, joint.backward_inputs,
-                            joint.input_grads, joint.differentiable)
-        run = make_runner(step, get_inputs, rebuild)
-        log.debug("minicompile: compiled %s (forward and backward) in %.3fs", name,
-                  time.perf_counter() - start)
-        return run, call, None
-    loaded = build_graph(graph, cfg, name, backend, interpret, capture.writebacks,
-                         static=cudagraphs.static_positions(capture.input_sources))
-    call = loaded.call
-    from minicompile import check
-
-    if cfg.check and not cfg.store_in_place and check.checkable(capture.graph):
-        def build_cut(cut: Any) -> Callable[[list], tuple]:
-            return build_graph(run_graph_passes(cut)[0], cfg, f"{name}_check", backend,
-                               interpret).call
-
-        call = check.checked(call, capture.graph, name, build_cut)
-    # Nothing here takes a gradient (grad mode is off): run without recording.
-    no_grad = any(p.meta.requires_grad for p in capture.graph.placeholders)
-    run = entries.inference_runner(call, get_inputs, rebuild, no_grad)
-    log.debug("minicompile: compiled %s in %.3fs", name, time.perf_counter() - start)
-    return run, call, (loaded, interpret, no_grad)
-
-
-def build_graph(graph: Any, cfg: Config, name: str, backend: str, interpret: bool,
-                writebacks: tuple = (), takes_inputs: bool = False,
-                static: frozenset[int] | None = None) -> build.Loaded:
-    """A graph after the graph passes -> its generated, built and loaded wrapper (``.call``
-    is call(inputs)).  ``writebacks`` (output, input) pairs may be stored in place (never in
-    training: the backward may have saved the input).  ``takes_inputs``: call(inputs)
-    empties the list and frees each input after its last use (a backward's saved
-    tensors).  ``static``: the inputs whose memory stays put (parameters, buffers), for a
-    graph recorded as a CUDA graph under mode="reduce-overhead" (None: never recorded)."""
-    from minicompile.codegen.wrapper import generate
-    from minicompile.lowering import lower
-    from minicompile.passes.fusion import fuse
-    from minicompile.passes.horizontal import combine
-    from minicompile.passes.inplace import stores_in_place
-    from minicompile.passes.split_reductions import split_reductions
-
-    with perf.phase("lowering"):
-        program = lower(split_reductions(graph))
-    fusion_log: list[str] = []
-    with perf.phase("fusion"):
-        groups = fuse(program, fusion_log)
-        in_place = {}
-        if cfg.store_in_place and writebacks:
-            in_place = stores_in_place(program, groups, writebacks, fusion_log)
-        if cfg.horizontal_fusion:
-            groups = combine(groups, fusion_log)
-    with perf.phase("codegen"):
-        code = generate(program, groups, backend, graph_name=name, in_place=in_place,
-                        takes_inputs=takes_inputs)
-    trace.emit("graph", f"{name} after passes", str(graph))
-    trace.emit("fusion", name, "\n".join(
-        [str(program), ""] + fusion_log + [f"group {g.name}" for g in groups]))
-    trace.emit("output_code", f"{name} ({backend})", code.module, f"{name}.{backend}.py")
-    if code.cpp_source is not None:
-        trace.emit("output_code", f"{name} kernels (C++)", code.cpp_source, f"{name}.cpp")
-    loaded = build.load(code, cfg, interpret)
-    loaded.kernels = len(code.kernels)
-    _stats["kernels"] += len(code.kernels)
-    if loaded.from_cache:
-        _stats["cache_hits"] += 1
-    if static is None or cfg.mode != "reduce-overhead" or backend != "triton" or interpret:
-        return loaded
-    if cfg.store_in_place:  # an optimizer step: its gradients are new tensors every step
-        trace.emit("cudagraphs", name, "optimizer steps run without CUDA graphs")
-        return loaded
-    mutated = frozenset(k for k, b in enumerate(program.inputs) if b.name in in_place.values())
-    return dataclasses.replace(loaded, call=cudagraphs.GraphedCall(loaded.call, name, static,
-                                                                   mutated))
-
-
-def describe_saved(joint: Any) -> str:
-    """What the forward keeps for the backward, for the logs."""
-    saved = [k for kind, k in joint.backward_inputs if kind == "saved"]
-    inputs = [k for kind, k in joint.backward_inputs if kind == "input"]
-    return (f"{len(saved)} values ({joint.saved_bytes / 2**20:.2f} MiB) and {len(inputs)} "
-            f"inputs ({joint.saved_input_bytes / 2**20:.2f} MiB) saved for the backward")
 
 
 def compile(

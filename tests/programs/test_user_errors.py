@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 import minicompile
-from minicompile import api
+from minicompile import driver
 
 HERE = __file__
 
@@ -214,13 +214,13 @@ def test_internal_errors_warn_once_and_run_eagerly(monkeypatch, module: str, sta
 
 
 def test_compiled_code_that_raises_where_eager_does_not_falls_back(monkeypatch) -> None:
-    real = api.build_graph
+    real = driver.build_graph
 
     def raising_call(*args, **kwargs):
         loaded = real(*args, **kwargs)  # built as usual, then wrong when called
         return dataclasses.replace(loaded, call=_raising(RuntimeError("a bug in generated code")))
 
-    monkeypatch.setattr(api, "build_graph", raising_call)
+    monkeypatch.setattr(driver, "build_graph", raising_call)
     compiled = minicompile.compile(_sin_cos)
     with pytest.warns(UserWarning, match="compiled code raised RuntimeError where eager"):
         torch.testing.assert_close(compiled(torch.ones(3)), _sin_cos(torch.ones(3)))

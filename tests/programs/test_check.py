@@ -68,16 +68,17 @@ def test_check_is_quiet_when_compiled_code_is_right(backend: str, device: torch.
                 torch.testing.assert_close(a, e)
 
 
-def test_check_is_off_by_default_and_read_from_the_environment(backend: str,
-                                                               wrong_exp: None) -> None:
+def test_check_is_off_by_default_and_read_from_the_environment(
+        backend: str, device: torch.device, wrong_exp: None) -> None:
     assert config.from_env({"MINICOMPILE_CHECK": "1"}).check
     assert not config.from_env({}).check
     compiled = minicompile.compile(pipeline, backend=backend)
-    x = torch.zeros(2, 3)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", CheckFailed)
-        wrong = compiled(x, x)[0]  # unchecked: the broken table shows
-    assert not torch.allclose(wrong, pipeline(x, x)[0])
+    for value in (0.0, 0.5):
+        x = torch.full((2, 3), value, device=device)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", CheckFailed)
+            wrong = compiled(x, x)[0]  # unchecked: the broken table shows
+        assert not torch.allclose(wrong, pipeline(x, x)[0])
 
 
 def test_difference_uses_the_dtype_tolerance() -> None:

@@ -26,6 +26,7 @@ import torch
 
 _fallback: dict[Path, Path] = {}  # configured directory -> this process's private one
 _warned: set[str] = set()
+_made: set[Path] = set()  # cache directories this process has used
 
 
 class CacheCorrupted(Exception):
@@ -126,12 +127,17 @@ def _private_fallback(configured: Path, why: str) -> Path:
 
 def folder(cache_dir: Path, *parts: str) -> Path:
     """The directory ``cache_dir/parts``, created (0700); when that fails, the same place
-    under this process's private temporary directory (one warning)."""
+    under this process's private temporary directory (one warning).  A cache directory
+    deleted while the process runs is made again (one warning)."""
     base = _fallback.get(cache_dir, cache_dir)
     path = base.joinpath(*parts)
+    if base in _made and not base.is_dir():
+        warn_once(f"the cache directory {base} was deleted while running: made again (what "
+                  f"was built before is built again)")
     try:
         _make_private(base)
         _make_private(path)
+        _made.add(base)
         return path
     except OSError as e:
         if base != cache_dir:

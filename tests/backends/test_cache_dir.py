@@ -146,7 +146,7 @@ def test_cache_dir_deleted_while_running(tmp_path: Path) -> None:
         compile_and_check(fn)  # its files are gone: built again
         shutil.rmtree(folder)
         compile_and_check(fn)
-    assert found == []
+    assert len(found) == 1 and "deleted while running" in found[0], found
     assert any(folder.glob("cpp/*/*.so"))
 
 

@@ -35,13 +35,16 @@ STEPS = 3
 
 
 class MLP(nn.Module):
+    """Big enough (4 MiB in fc2) for several 1 MiB gradient buckets."""
+
     def __init__(self) -> None:
         super().__init__()
-        self.fc1 = nn.Linear(8, 32)
-        self.fc2 = nn.Linear(32, 4)
+        self.fc1 = nn.Linear(8, 1024)
+        self.fc2 = nn.Linear(1024, 1024)
+        self.fc3 = nn.Linear(1024, 4)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc2(F.gelu(self.fc1(x)))
+        return self.fc3(F.gelu(self.fc2(torch.tanh(self.fc1(x)))))
 
 
 def free_port() -> int:
@@ -55,15 +58,18 @@ def wrap(kind: str, model: nn.Module, backend: str) -> tuple[nn.Module, list]:
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
     from torch.nn.parallel import DistributedDataParallel as DDP
 
+    # 1 MiB buckets (DDP's first bucket's size): several all-reduces per step, and
+    # Dynamo's DDPOptimizer splits its graph at their boundaries (a minicompile graph each).
+    buckets = {"bucket_cap_mb": 1}
     if kind in ("compiled_inside", "gpt"):
-        ddp = DDP(minicompile.compile(model, backend=backend))
+        ddp = DDP(minicompile.compile(model, backend=backend), **buckets)
     elif kind == "mesh":
         from torch.distributed.device_mesh import init_device_mesh
 
         mesh = init_device_mesh("cpu", (2,))
-        ddp = DDP(minicompile.compile(model, backend=backend), device_mesh=mesh)
+        ddp = DDP(minicompile.compile(model, backend=backend), device_mesh=mesh, **buckets)
     else:
-        ddp = DDP(model)
+        ddp = DDP(model, **buckets)
     calls: list = []
 
     # DDP checks a hook's annotations as objects: set them after the definition, since
@@ -167,6 +173,9 @@ def test_ddp_matches_eager_ddp(backend: str, tmp_path: Path) -> None:
     results = run_ranks(backend, kinds, tmp_path)
     for kind in kinds[1:]:
         check_against(results, kind, "eager")
+    assert results[0]["eager"]["hook_calls"] > STEPS  # several buckets a step
+    # Dynamo's DDPOptimizer split its graph at bucket boundaries: one graph each here
+    assert results[0]["dynamo"]["stats"]["graphs"] > 1
 
 
 def test_ddp_nanogpt_adamw(tmp_path: Path) -> None:

@@ -121,6 +121,17 @@ def _check(tx: InstructionTranslator, fn: Any, args: list, kwargs: dict) -> Var:
     return ConstantVar(None)
 
 
+@_register(torch._C._set_grad_enabled)
+def _set_grad_enabled(tx: InstructionTranslator, fn: Any, args: list, kwargs: dict) -> Var:
+    """How the code of Dynamo's FX graphs spells ``with torch.no_grad():`` (a call before
+    the block, one after it).  Grad mode must be back as it was when the trace ends."""
+    values = [tx.output.to_value(tx.realize(a)) for a in args]
+    if kwargs or len(values) != 1 or type(values[0]) is not bool:
+        raise Unsupported("torch._C._set_grad_enabled() needs one Python bool")
+    tx.output.grad_enabled = values[0]
+    return ConstantVar(None)
+
+
 @_register(torch.finfo, torch.iinfo, torch.device)
 def _type_info(tx: InstructionTranslator, fn: Any, args: list, kwargs: dict) -> Var:
     """Immutable descriptions made from constants (``torch.finfo(x.dtype)``, and

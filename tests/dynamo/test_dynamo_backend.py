@@ -139,6 +139,34 @@ def test_backward_through_the_backend(backend: str) -> None:
     assert minicompile.stats()["eager_fallbacks"] == 0
 
 
+def test_grad_mode_and_autocast_regions_stay_in_the_graph(backend: str) -> None:
+    """Dynamo writes ``with torch.no_grad()`` and ``with torch.autocast(...)`` blocks as
+    calls (``torch._C._set_grad_enabled``, ``_enter_autocast`` / ``_exit_autocast``):
+    one graph, eager's values, dtypes and gradients."""
+
+    def fn(x: torch.Tensor) -> tuple:
+        with torch.no_grad():
+            y = x * 2
+        z = (y + x).sin()
+        with torch.autocast(x.device.type, dtype=torch.bfloat16):
+            w = z @ z.t()
+        return z, w
+
+    device = device_for(backend)
+    c = compiled(fn, backend)
+    for _ in range(2):
+        x = torch.randn(4, 4, device=device, requires_grad=True)
+        x2 = x.detach().clone().requires_grad_()
+        got, want = c(x), fn(x2)
+        close(got, want)
+        assert got[1].dtype == torch.bfloat16
+        (got[0].sum() + got[1].float().sum()).backward()
+        (want[0].sum() + want[1].float().sum()).backward()
+        close(x.grad, x2.grad)
+    stats = minicompile.stats()
+    assert (stats["graphs"], stats["graph_breaks"]) == (1, 0)
+
+
 def test_fx_graph_with_get_attr_and_in_place(backend: str) -> None:
     """A GraphModule handed over directly: get_attr nodes (a buffer, a parameter) and an
     in-place op on an input, which the caller sees as in eager."""

@@ -16,7 +16,7 @@ import minicompile
 from minicompile.dynamo_backend import minicompile_backend
 
 from devices import device_for
-from gpt import Block, GPTConfig
+from gpt import GPT, Block, GPTConfig
 
 torch._dynamo = pytest.importorskip("torch._dynamo")
 
@@ -112,6 +112,54 @@ def test_dynamic_sizes_compile_once(backend: str) -> None:
     assert counters["stats"]["unique_graphs"] == 1
     stats = minicompile.stats()
     assert (stats["graphs"], stats["recompiles"], stats["eager_fallbacks"]) == (1, 0, 0)
+
+
+def test_dynamic_gpt_reads_module_floats_as_constants(backend: str) -> None:
+    """dynamic=True: Dynamo passes LayerNorm's eps and Dropout's p as 0-d tensors read
+    with .item(); each set of their values is one compiled graph, without a graph break."""
+    from torch._dynamo.utils import counters
+
+    counters.clear()
+    device = device_for(backend)
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(block_size=16, vocab_size=64, n_layer=1, n_head=2, n_embd=32))
+    model = model.to(device).eval()
+    c = compiled(model, backend, dynamic=True)
+    with torch.no_grad():
+        for b, t in ((2, 8), (3, 12)):
+            idx = torch.randint(0, 64, (b, t), device=device)
+            close(c(idx), model(idx))
+    stats = minicompile.stats()
+    assert (stats["graphs"], stats["graph_breaks"], stats["recompiles"]) == (1, 0, 0)
+    assert counters["stats"]["unique_graphs"] == 1
+
+
+def test_new_scalar_values_compile_again(backend: str) -> None:
+    """The graph called with another value of a scalar input compiles with that value."""
+    calls: list = []
+
+    def recording(gm: torch.fx.GraphModule, example_inputs: list, **kwargs: object) -> object:
+        fn = minicompile_backend(gm, example_inputs, **kwargs)
+
+        def run(*args: object) -> object:
+            calls.append((gm, fn, args))
+            return fn(*args)
+
+        return run
+
+    device = device_for(backend)
+    ln = nn.LayerNorm(8).to(device)
+    c = torch.compile(ln, backend=recording, dynamic=True, options={"backend": backend})
+    with torch.no_grad():
+        x = torch.randn(4, 8, device=device)
+        close(c(x), ln(x))
+        gm, fn, args = calls[-1]
+        scalars = [k for k, a in enumerate(args) if isinstance(a, torch.Tensor) and a.dim() == 0]
+        assert scalars, "Dynamo passed no scalar input (eps)"
+        for eps in (0.5, 2.0):
+            new = [torch.full_like(a, eps) if k in scalars else a for k, a in enumerate(args)]
+            close(fn(*new), gm(*new))
+    assert minicompile.stats()["graphs"] == 3
 
 
 def test_backward_through_the_backend(backend: str) -> None:

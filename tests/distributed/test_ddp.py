@@ -7,7 +7,8 @@ all-reduce shows up as parameters that drift apart) in every arrangement:
 - ``DDP(minicompile.compile(model))``, also on a ``device_mesh`` mesh;
 - ``minicompile.compile(DDP(model))`` (DDP's forward eager, the wrapped module compiled);
 - ``torch.compile(DDP(model), backend="minicompile")`` (Dynamo's DDPOptimizer);
-- a nanoGPT (examples/gpt.py) with AdamW, ``DDP(minicompile.compile(model))``.
+- a nanoGPT (examples/gpt.py) with AdamW, ``DDP(minicompile.compile(model))``;
+- ``find_unused_parameters=True`` with a parameter that never gets a gradient.
 
 The parent compares each rank's losses and final parameters with eager DDP's, checks that
 the ranks agree, that DDP's communication hook all-reduced every step, and that the model's
@@ -37,8 +38,9 @@ STEPS = 3
 class MLP(nn.Module):
     """Big enough (4 MiB in fc2) for several 1 MiB gradient buckets."""
 
-    def __init__(self) -> None:
+    def __init__(self, unused: bool = False) -> None:
         super().__init__()
+        self.unused = nn.Linear(2, 2) if unused else None  # no gradient, ever
         self.fc1 = nn.Linear(8, 1024)
         self.fc2 = nn.Linear(1024, 1024)
         self.fc3 = nn.Linear(1024, 4)
@@ -63,6 +65,9 @@ def wrap(kind: str, model: nn.Module, backend: str) -> tuple[nn.Module, list]:
     buckets = {"bucket_cap_mb": 1}
     if kind in ("compiled_inside", "gpt"):
         ddp = DDP(minicompile.compile(model, backend=backend), **buckets)
+    elif kind in ("unused", "unused_eager"):
+        inner = model if kind == "unused_eager" else minicompile.compile(model, backend=backend)
+        ddp = DDP(inner, find_unused_parameters=True, **buckets)
     elif kind == "mesh":
         from torch.distributed.device_mesh import init_device_mesh
 
@@ -88,13 +93,25 @@ def wrap(kind: str, model: nn.Module, backend: str) -> tuple[nn.Module, list]:
     return ddp, calls
 
 
+def compiled_node(grad_fn: object) -> object:
+    """The autograd node of minicompile's compiled graph behind a model's output (DDP may
+    put its own _DDPSink in front); else the output's own node."""
+    todo = [grad_fn]
+    while todo:
+        node = todo.pop(0)
+        if type(node).__name__ == "CompiledGraphFunctionBackward":
+            return node
+        todo += [n for n, _ in getattr(node, "next_functions", ()) if n is not None]
+    return grad_fn
+
+
 def train(kind: str, rank: int, backend: str) -> dict:
     torch.manual_seed(0)
     gpt = kind in ("gpt", "gpt_eager")
     # bias=False: a key bias has a zero gradient in exact arithmetic (softmax ignores it),
     # and AdamW would turn the rounding noise of any two summation orders into full steps.
     config = GPTConfig(block_size=8, vocab_size=64, n_layer=1, n_head=2, n_embd=32, bias=False)
-    model = GPT(config) if gpt else MLP()
+    model = GPT(config) if gpt else MLP(unused=kind.startswith("unused"))
     params = list(model.parameters())
     wrapped, calls = wrap(kind, model, backend)
     opt = (torch.optim.AdamW(params, lr=1e-2) if gpt else torch.optim.SGD(params, lr=0.1))
@@ -108,11 +125,12 @@ def train(kind: str, rank: int, backend: str) -> dict:
         else:
             out = wrapped(torch.randn(6, 8, generator=g))
             loss = out.square().mean()
-        grad_fns.add(type(out.grad_fn).__name__)
-        out.grad_fn.register_hook(lambda *_: backward_ran.append(True))
+        node = compiled_node(out.grad_fn)
+        grad_fns.add(type(node).__name__)
+        node.register_hook(lambda *_: backward_ran.append(True))
         loss.backward()
         if not first_grads:  # after DDP's all-reduce
-            first_grads = [p.grad.clone() for p in params]
+            first_grads = [None if p.grad is None else p.grad.clone() for p in params]
         opt.step()
         opt.zero_grad()
         losses.append(loss.item())
@@ -147,7 +165,9 @@ def check_against(results: list[dict], kind: str, reference: str, adam: bool = F
         got, want = res[kind], res[reference]
         torch.testing.assert_close(got["losses"], want["losses"], rtol=1e-5, atol=1e-6)
         for g, h in zip(got["grads"], want["grads"]):  # the averaged gradients of step 1
-            torch.testing.assert_close(g, h, rtol=1e-4, atol=1e-6)
+            assert (g is None) == (h is None)
+            if g is not None:
+                torch.testing.assert_close(g, h, rtol=1e-4, atol=1e-6)
         # Adam divides each gradient by its own magnitude: for entries whose gradient is
         # near zero it turns rounding differences into visible steps, so its parameters
         # are compared to 1% of one step (lr), SGD's to float32 rounding.
@@ -178,6 +198,7 @@ def test_ddp_matches_eager_ddp(backend: str, tmp_path: Path) -> None:
     assert results[0]["dynamo"]["stats"]["graphs"] > 1
 
 
-def test_ddp_nanogpt_adamw(tmp_path: Path) -> None:
-    results = run_ranks("cpp", ("gpt_eager", "gpt"), tmp_path)
+def test_ddp_nanogpt_adamw_and_unused_parameters(tmp_path: Path) -> None:
+    results = run_ranks("cpp", ("gpt_eager", "gpt", "unused_eager", "unused"), tmp_path)
     check_against(results, "gpt", "gpt_eager", adam=True)
+    check_against(results, "unused", "unused_eager")

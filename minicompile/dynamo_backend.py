@@ -20,7 +20,9 @@ its compiled backward (``loss.backward()`` runs it).  Nothing here raises where 
 GraphModule would not: what cannot be compiled runs eagerly with the reason logged.
 
 Sizes Dynamo made symbolic (FakeTensor sizes that are SymInts, SymInt inputs) are symbols
-of minicompile's first compile, so Dynamo's dynamic graph compiles once here too.
+of minicompile's first compile, so Dynamo's dynamic graph compiles once here too.  The
+module floats Dynamo passes as 0-d tensors under ``dynamic=True`` are constants of one
+compiled graph per set of values (:class:`SpecializedScalars`).
 
 Importing this module is not needed by ``import minicompile`` (Dynamo imports it through
 the entry point, when ``backend="minicompile"`` is first looked up).

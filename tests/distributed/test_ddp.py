@@ -8,7 +8,8 @@ all-reduce shows up as parameters that drift apart) in every arrangement:
 - ``minicompile.compile(DDP(model))`` (DDP's forward eager, the wrapped module compiled);
 - ``torch.compile(DDP(model), backend="minicompile")`` (Dynamo's DDPOptimizer);
 - a nanoGPT (examples/gpt.py) with AdamW, ``DDP(minicompile.compile(model))``;
-- ``find_unused_parameters=True`` with a parameter that never gets a gradient.
+- ``find_unused_parameters=True`` with a parameter that never gets a gradient, and
+  ``static_graph=True``.
 
 The parent compares each rank's losses and final parameters with eager DDP's, checks that
 the ranks agree, that DDP's communication hook all-reduced every step, and that the model's
@@ -65,6 +66,9 @@ def wrap(kind: str, model: nn.Module, backend: str) -> tuple[nn.Module, list]:
     buckets = {"bucket_cap_mb": 1}
     if kind in ("compiled_inside", "gpt"):
         ddp = DDP(minicompile.compile(model, backend=backend), **buckets)
+    elif kind in ("static", "static_eager"):
+        inner = model if kind == "static_eager" else minicompile.compile(model, backend=backend)
+        ddp = DDP(inner, static_graph=True, **buckets)
     elif kind in ("unused", "unused_eager"):
         inner = model if kind == "unused_eager" else minicompile.compile(model, backend=backend)
         ddp = DDP(inner, find_unused_parameters=True, **buckets)
@@ -198,7 +202,9 @@ def test_ddp_matches_eager_ddp(backend: str, tmp_path: Path) -> None:
     assert results[0]["dynamo"]["stats"]["graphs"] > 1
 
 
-def test_ddp_nanogpt_adamw_and_unused_parameters(tmp_path: Path) -> None:
-    results = run_ranks("cpp", ("gpt_eager", "gpt", "unused_eager", "unused"), tmp_path)
+def test_ddp_nanogpt_adamw_unused_parameters_static_graph(tmp_path: Path) -> None:
+    kinds = ("gpt_eager", "gpt", "unused_eager", "unused", "static_eager", "static")
+    results = run_ranks("cpp", kinds, tmp_path)
     check_against(results, "gpt", "gpt_eager", adam=True)
     check_against(results, "unused", "unused_eager")
+    check_against(results, "static", "static_eager")

@@ -68,13 +68,7 @@ def generate(
     ``takes_inputs``: ``call`` empties the list it is given and frees each input after its
     last use (a backward's saved tensors: the caller keeps no other reference)."""
     in_place = in_place or {}
-    prefix = "triton_poi" if backend == "triton" else "cpp_poi"
-    kernel_groups = [g for g in groups if g.extern is None]
-    needed = needed_outside(program, groups)
-    plans = [plan_group(program, g, kernel_name(prefix, g, k), in_place, needed)
-             if isinstance(g, FusedGroup) else plan_combo(program, g, prefix, k, in_place, needed)
-             for k, g in enumerate(kernel_groups)]
-    plan_of = {g.key: p for g, p in zip(kernel_groups, plans)}
+    plans, plan_of = plan_kernels(program, groups, backend, in_place)
     externs = [g.extern for g in groups if g.extern is not None]
     w = CodeWriter()
     w.line(f"# minicompile: generated code for {graph_name} ({backend} backend)")
@@ -106,18 +100,7 @@ def generate(
             w.line(f"{plan.name}_launch = Launcher({plan.name}, {pointers}, {sizes}, "
                    f"{triton_launch(program, plan)[2]})")
     else:
-        unit = CodeWriter()
-        unit.lines_from(cpp.PREAMBLE.strip())
-        kernels = [
-            combo.emit_cpp(plan) if isinstance(plan, combo.ComboPlan)
-            else cpp_reduction.emit_reduction_kernel(plan) if plan.is_reduction
-            else cpp.emit_kernel(plan)
-            for plan in plans
-        ]
-        for text in cpp.helpers_for(kernels) + kernels:
-            unit.line()
-            unit.lines_from(text)
-        cpp_source = unit.text()
+        cpp_source = cpp_unit(plans)
         w.line("import ctypes")
         w.line()
         w.line("import torch")
@@ -183,6 +166,36 @@ def generate(
         outs = [o if isinstance(o, str) else _alias(o) for o in program.outputs]
         w.line(f"return ({', '.join(outs)}{',' if len(outs) == 1 else ''})")
     return GeneratedCode(backend, w.text(), cpp_source, tuple(p.name for p in plans))
+
+
+def plan_kernels(
+    program: LoopProgram, groups: list, backend: str, in_place: dict[str, str],
+) -> tuple[list, dict]:
+    """The plan of each kernel group (in order), and the plans by group key."""
+    prefix = "triton_poi" if backend == "triton" else "cpp_poi"
+    kernel_groups = [g for g in groups if g.extern is None]
+    needed = needed_outside(program, groups)
+    plans = [plan_group(program, g, kernel_name(prefix, g, k), in_place, needed)
+             if isinstance(g, FusedGroup) else plan_combo(program, g, prefix, k, in_place, needed)
+             for k, g in enumerate(kernel_groups)]
+    return plans, {g.key: p for g, p in zip(kernel_groups, plans)}
+
+
+def cpp_unit(plans: list) -> str:
+    """The C++ translation unit of a graph's kernels: the preamble, the helpers they call,
+    one ``extern "C"`` function per kernel."""
+    unit = CodeWriter()
+    unit.lines_from(cpp.PREAMBLE.strip())
+    kernels = [
+        combo.emit_cpp(plan) if isinstance(plan, combo.ComboPlan)
+        else cpp_reduction.emit_reduction_kernel(plan) if plan.is_reduction
+        else cpp.emit_kernel(plan)
+        for plan in plans
+    ]
+    for text in cpp.helpers_for(kernels) + kernels:
+        unit.line()
+        unit.lines_from(text)
+    return unit.text()
 
 
 # Library calls whose result is a new tensor nothing else holds, and which keep no

@@ -324,19 +324,21 @@ void mc_check_dynamic(int64_t size, const char* name, int64_t dim, int64_t least
 
 void mc_check_layout(const at::Tensor& t, const char* name, std::vector<int64_t> sizes,
                      std::vector<int64_t> strides) {
+    std::ostringstream why;
     for (size_t d = 0; d < sizes.size(); ++d) {
-        std::ostringstream why;
         if (t.size(d) != sizes[d]) {
             why << "input " << name << " has size " << t.size(d) << " at dim " << d
                 << ", expected " << sizes[d];
-        } else if (sizes[d] != 1 && t.stride(d) != strides[d]) {
+            throw std::invalid_argument(why.str());
+        }
+    }
+    for (size_t d = 0; d < sizes.size(); ++d) {
+        if (sizes[d] != 1 && t.stride(d) != strides[d]) {
             why << "input " << name << " has stride " << t.stride(d) << " at dim " << d
                 << ", expected " << strides[d] << " (pass the layout of the example input,"
                 << " e.g. .contiguous())";
-        } else {
-            continue;
+            throw std::invalid_argument(why.str());
         }
-        throw std::invalid_argument(why.str());
     }
 }
 

@@ -139,8 +139,8 @@ def _returns(capture: Any, frame: tuple, args: tuple) -> tuple[list[tuple[str, i
             returns.append(("input", next(j for j, a in enumerate(args) if item is a)))
         else:
             raise Unsupported(f"export: the function must return a tensor or a tuple or list "
-                              f"of tensors it computes; it returns {type(item).__name__} "
-                              f"{item!r:.60}")
+                              f"of tensors; it returns {type(ret).__name__}"
+                              + (f" holding {type(item).__name__}" if item is not ret else ""))
     if not returns:
         raise Unsupported("export: the function must return at least one tensor")
     return returns, structure
@@ -176,8 +176,9 @@ def export(fn_or_module: Callable | torch.nn.Module, example_args: tuple | torch
         except Unsupported as e:
             raise Unsupported(f"export: {e.reason}", e.stack, e.hint) from e
     if capture.writebacks:
-        raise Unsupported("export: the function mutates its inputs in place, which an exported "
-                          "library does not do")
+        raise Unsupported("export: the function mutates its inputs or buffers in place, which "
+                          "an exported library does not do", hint="a module in training mode "
+                          "updates its batch norm statistics: export model.eval()")
     returns, structure = _returns(capture, frame, args)
     graph, _ = run_graph_passes(capture.graph)
     if any(m.device.type != "cpu" for n in graph.nodes

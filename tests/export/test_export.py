@@ -46,6 +46,14 @@ def attention_like(x: torch.Tensor, y: torch.Tensor):
     return scores, x.sum(0), x
 
 
+WEIGHT_T = torch.randn(6, 5).t()  # a non-contiguous tensor, baked in its own layout
+
+
+def mixed(x: torch.Tensor, s: torch.Tensor, h: torch.Tensor):
+    y = (x @ WEIGHT_T).relu() * s
+    return [y.to(torch.bfloat16) + h, s * 2, y.sum()]
+
+
 def run_runner(exported: minicompile.export, inputs: object, tmp: Path) -> tuple:
     """The model run by the C++ runner in a fresh process, on inputs saved by Python."""
     torch.save(inputs, tmp / "inputs.pt")
@@ -79,6 +87,23 @@ def conv(folder: Path) -> tuple:
 def dynamic(folder: Path) -> minicompile.export:
     return minicompile.export(attention_like, (torch.randn(5, 7), torch.randn(7)),
                               folder / "dynamic.so", dynamic={"x": 0})
+
+
+@pytest.fixture(scope="module")
+def misc(folder: Path) -> minicompile.export:
+    example = (torch.randn(3, 5), torch.tensor(1.5), torch.randn(3, 6, dtype=torch.bfloat16))
+    return minicompile.export(mixed, example, folder / "mixed.so")
+
+
+def test_low_precision_zero_dim_and_strided_weight(misc: minicompile.export,
+                                                   tmp_path: Path) -> None:
+    lib = minicompile.load(misc.library)
+    for _ in range(2):
+        args = (torch.randn(3, 5), torch.randn(()), torch.randn(3, 6, dtype=torch.bfloat16))
+        out = lib(*args)
+        assert isinstance(out, list) and out[0].dtype == torch.bfloat16
+        torch.testing.assert_close(out, mixed(*args))
+        torch.testing.assert_close(list(run_runner(misc, args, tmp_path)), mixed(*args))
 
 
 def test_mlp_matches_eager(mlp: tuple, tmp_path: Path) -> None:

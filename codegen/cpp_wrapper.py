@@ -1,7 +1,7 @@
 """The C++ wrapper of an exported graph: check the inputs, allocate, call kernels and
 library calls in order, return the outputs; the C++ twin of codegen/wrapper.py's ``call``.
 
-``generate(program, groups, name, roles)`` returns an :class:`ExportedCode`: the kernels'
+``generate(program, groups, name, ...)`` returns an :class:`ExportedCode`: the kernels'
 translation unit (the same text the C++ backend builds, no PyTorch headers) and the
 wrapper's (ATen headers, library calls through ``at::``).  The wrapper's entry points are C
 functions, so a C++ program and Python's ctypes can both call them::
@@ -13,10 +13,11 @@ functions, so a C++ program and Python's ctypes can both call them::
 ``mc_run`` takes ownership of the inputs (it deletes them) and gives the caller ownership of
 the outputs.  It returns 0, or 1 with the reason in ``mc_last_error()`` (a wrong dtype,
 rank, size or stride, an index out of range, a failed library call): no exception crosses
-the C boundary.  Parameters and buffers (``roles`` "weight") are read once from the weights
-file beside the library (``weights_path``); the other inputs (``roles`` "input") are the
-caller's, checked against the sizes and strides the kernels were generated for, with sizes
-that are symbols (``s0``) read off the inputs as the Python wrapper reads them.
+the C boundary.  Parameters, buffers and other tensors the function read (the graph inputs
+that are not arguments) are read once from the weights file beside the library (``model.so``
+-> ``model.weights``); the arguments are checked against the dtypes, sizes and strides the
+kernels were generated for, with sizes that are symbols (``s0``) read off the inputs as the
+Python wrapper reads them, and the size relations the trace relied on.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from minicompile.ir import AliasOutput, BufferRef, ExternKernel, Layout, LoopPro
 from minicompile.shapes import MIN_DYNAMIC_SIZE
 
 from minicompile.codegen import combo
-from minicompile.codegen.common import CodeWriter, checks_indices
+from minicompile.codegen.common import CodeWriter, KernelPlan, checks_indices
 from minicompile.codegen.cpp import CPP_DTYPES
 from minicompile.codegen.cpp_externs import ATEN_DTYPES, extern_call
 from minicompile.codegen.printers import cpp_index
@@ -116,7 +117,8 @@ def generate(program: LoopProgram, groups: list, graph_name: str, arg_of: list[i
     table = ", ".join(f"{{{int(kind == 'input')}, {k}}}" for kind, k in returns)
     w.line(f"constexpr int64_t kReturns[][2] = {{{table}}};  // {{0: output / 1: argument, "
            f"index}}")
-    w.line(f"extern \"C\" const char* mc_signature() {{ return {json.dumps(json.dumps(signature))}; }}")
+    text = json.dumps(json.dumps(signature))  # JSON, as a C string literal
+    w.line(f'extern "C" const char* mc_signature() {{ return {text}; }}')
     w.lines_from(ENTRY_POINTS)
     return ExportedCode(kernels, w.text(), tuple(p.name for p in plans))
 
@@ -247,10 +249,10 @@ def _emit_extern(w: CodeWriter, ext: ExternKernel, calls: dict[str, str],
            f"{_shape(lay.stride)});")
 
 
-def _emit_kernel(w: CodeWriter, program: LoopProgram, plan: object,
+def _emit_kernel(w: CodeWriter, program: LoopProgram, plan: KernelPlan,
                  reuse: dict[str, str]) -> None:
     assert not isinstance(plan, combo.ComboPlan)
-    for name in plan.outputs:  # type: ignore[attr-defined]
+    for name in plan.outputs:
         if name in reuse:
             w.line(f"at::Tensor {name} = std::move({reuse[name]});  // its memory is no "
                    f"longer read")
@@ -258,23 +260,23 @@ def _emit_kernel(w: CodeWriter, program: LoopProgram, plan: object,
         lay = program.buffer(name).layout
         w.line(f"at::Tensor {name} = at::empty_strided({_shape(lay.shape)}, "
                f"{_shape(lay.stride)}, at::TensorOptions().dtype({ATEN_DTYPES[lay.dtype]}));")
-    if plan.numel == 0:  # type: ignore[attr-defined]
-        w.line(f"// {plan.name}: nothing to compute for an empty tensor")  # type: ignore[attr-defined]
+    if plan.numel == 0:
+        w.line(f"// {plan.name}: nothing to compute for an empty tensor")
         return
-    w.line(f"// {', '.join(plan.origins)}")  # type: ignore[attr-defined]
+    w.line(f"// {', '.join(plan.origins)}")
     args = [f"static_cast<const {CPP_DTYPES[dtype]}*>({name}.data_ptr())"
-            for name, dtype in plan.inputs]  # type: ignore[attr-defined]
+            for name, dtype in plan.inputs]
     args += [f"static_cast<{CPP_DTYPES[st.dtype]}*>({st.buffer}.data_ptr())"
-             for st in plan.stores]  # type: ignore[attr-defined]
-    errs = checks_indices(plan)  # type: ignore[arg-type]
+             for st in plan.stores]
+    errs = checks_indices(plan)
     if errs:
-        w.line("int32_t err = 0;  // index out of range?")
-        args.append("&err")
-    args += [str(s) for s in plan.size_args]  # type: ignore[attr-defined]
-    w.line(f"{plan.name}({', '.join(args)});")  # type: ignore[attr-defined]
+        w.line(f"int32_t {plan.name}_err = 0;  // index out of range?")
+        args.append(f"&{plan.name}_err")
+    args += [str(s) for s in plan.size_args]
+    w.line(f"{plan.name}({', '.join(args)});")
     if errs:
-        w.line(f'MC_CHECK(err == 0, "index out of range in {plan.name} '  # type: ignore[attr-defined]
-               f'({", ".join(plan.origins)})");')  # type: ignore[attr-defined]
+        w.line(f'MC_CHECK({plan.name}_err == 0, "index out of range in {plan.name} '
+               f'({", ".join(plan.origins)})");')
 
 
 PREAMBLE = r"""
@@ -365,14 +367,16 @@ std::vector<at::Tensor> mc_read_weights(const std::string& path,
     f.read(reinterpret_cast<char*>(&count), 8);
     if (!f || std::memcmp(magic, "MCWEIGHTS1", 10) != 0 ||
         count != static_cast<int64_t>(shapes.size())) {
-        throw std::runtime_error("the weights file " + path + " does not belong to this library");
+        throw std::runtime_error("the weights file " + path +
+                                 " does not belong to this library");
     }
     std::vector<at::Tensor> out;
     for (const at::Tensor& t : shapes) {
         int64_t nbytes = 0;
         f.read(reinterpret_cast<char*>(&nbytes), 8);
         if (!f || nbytes != static_cast<int64_t>(t.storage().nbytes())) {
-            throw std::runtime_error("the weights file " + path + " does not belong to this library");
+            throw std::runtime_error("the weights file " + path +
+                                     " does not belong to this library");
         }
         f.read(static_cast<char*>(t.data_ptr()), nbytes);
         if (!f) throw std::runtime_error("the weights file " + path + " is truncated");

@@ -87,7 +87,8 @@ int main(int argc, char** argv) {
         }
         for (const c10::IValue& item : items) inputs.push_back(new at::Tensor(item.toTensor()));
     } catch (const std::exception& e) {
-        std::cerr << argv[2] << " does not hold a tensor or a list of tensors: " << e.what() << "\n";
+        std::cerr << argv[2] << " does not hold a tensor or a list of tensors: " << e.what()
+                  << "\n";
         return 1;
     }
     std::vector<void*> outputs(num_outputs());
@@ -101,7 +102,8 @@ int main(int argc, char** argv) {
         results.emplace_back(*t);
         delete t;
     }
-    std::vector<char> bytes = torch::jit::pickle_save(c10::ivalue::Tuple::create(std::move(results)));
+    auto tuple = c10::ivalue::Tuple::create(std::move(results));
+    std::vector<char> bytes = torch::jit::pickle_save(tuple);
     std::ofstream out(argv[3], std::ios::binary);
     out.write(bytes.data(), bytes.size());
     return out ? 0 : 1;

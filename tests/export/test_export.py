@@ -47,10 +47,11 @@ def attention_like(x: torch.Tensor, y: torch.Tensor):
 
 
 WEIGHT_T = torch.randn(6, 5).t()  # a non-contiguous tensor, baked in its own layout
+TABLE = torch.randn(10, 6)
 
 
-def mixed(x: torch.Tensor, s: torch.Tensor, h: torch.Tensor):
-    y = (x @ WEIGHT_T).relu() * s
+def mixed(x: torch.Tensor, s: torch.Tensor, h: torch.Tensor, idx: torch.Tensor):
+    y = (x @ WEIGHT_T).relu() * s + F.embedding(idx, TABLE)
     return [y.to(torch.bfloat16) + h, s * 2, y.sum()]
 
 
@@ -91,19 +92,23 @@ def dynamic(folder: Path) -> minicompile.export:
 
 @pytest.fixture(scope="module")
 def misc(folder: Path) -> minicompile.export:
-    example = (torch.randn(3, 5), torch.tensor(1.5), torch.randn(3, 6, dtype=torch.bfloat16))
+    example = (torch.randn(3, 5), torch.tensor(1.5), torch.randn(3, 6, dtype=torch.bfloat16),
+               torch.randint(0, 10, (3,)))
     return minicompile.export(mixed, example, folder / "mixed.so")
 
 
-def test_low_precision_zero_dim_and_strided_weight(misc: minicompile.export,
+def test_low_precision_zero_dim_embedding_strided_weight(misc: minicompile.export,
                                                    tmp_path: Path) -> None:
     lib = minicompile.load(misc.library)
     for _ in range(2):
-        args = (torch.randn(3, 5), torch.randn(()), torch.randn(3, 6, dtype=torch.bfloat16))
+        args = (torch.randn(3, 5), torch.randn(()), torch.randn(3, 6, dtype=torch.bfloat16),
+                torch.randint(0, 10, (3,)))
         out = lib(*args)
         assert isinstance(out, list) and out[0].dtype == torch.bfloat16
         torch.testing.assert_close(out, mixed(*args))
         torch.testing.assert_close(list(run_runner(misc, args, tmp_path)), mixed(*args))
+    with pytest.raises(RuntimeError, match="index out of range"):
+        lib(*args[:3], torch.tensor([0, 10, 1]))
 
 
 def test_mlp_matches_eager(mlp: tuple, tmp_path: Path) -> None:

@@ -180,7 +180,35 @@ def _cpp_value(arg: torch.Argument, v: object, value: Callable[[object], str]) -
             raise _NoFit
         text = ATEN_DTYPES[v]
         return f"std::optional<at::ScalarType>({text})" if optional else text
-    raise _NoFit  # devices, layouts, memory formats, generators: not exported
+    if typ in _OPTION_TYPES:
+        text = _option(typ, v)
+        return f"std::optional<{_OPTION_TYPES[typ]}>({text})" if optional else text
+    raise _NoFit  # generators, complex numbers, dimension names: not exported
+
+
+_OPTION_TYPES = {"Device": "at::Device", "Layout": "at::Layout",
+                 "MemoryFormat": "at::MemoryFormat"}
+_LAYOUTS = {torch.strided: "at::kStrided"}
+_MEMORY_FORMATS = {
+    torch.contiguous_format: "at::MemoryFormat::Contiguous",
+    torch.channels_last: "at::MemoryFormat::ChannelsLast",
+    torch.channels_last_3d: "at::MemoryFormat::ChannelsLast3d",
+    torch.preserve_format: "at::MemoryFormat::Preserve",
+}
+
+
+def _option(typ: str, v: object) -> str:
+    """A tensor option: a CPU device (the library runs on CPU), a layout, a memory format."""
+    if typ == "Device":
+        if isinstance(v, str):
+            v = torch.device(v)
+        if not isinstance(v, torch.device) or v.type != "cpu":
+            raise _NoFit
+        return "at::Device(at::kCPU)"
+    table = _LAYOUTS if typ == "Layout" else _MEMORY_FORMATS
+    if v not in table:  # type: ignore[operator]
+        raise _NoFit
+    return table[v]  # type: ignore[index]
 
 
 def _int(v: object) -> str:

@@ -36,14 +36,18 @@ from minicompile.runtime.build import vector_math_flags
 from minicompile.runtime.cache import cache_key, tool_versions
 
 RUNNER_SOURCE = r"""// minicompile_runner: run an exported minicompile library without Python.
-//   minicompile_runner model.so inputs.pt outputs.pt
+//   minicompile_runner model.so inputs.pt outputs.pt [repeats]
 // inputs.pt: a tensor, or a list or tuple of tensors, saved with torch.save;
-// outputs.pt: the model's outputs as a tuple, for torch.load.
+// outputs.pt: the model's outputs as a tuple, for torch.load.  With repeats, the model
+// runs that many more times and the median time of a run is printed.
 #include <ATen/core/ivalue.h>
 #include <torch/csrc/jit/serialization/pickle.h>
 
 #include <dlfcn.h>
+#include <algorithm>
+#include <chrono>
 #include <cstdint>
+#include <cstdlib>
 #include <fstream>
 #include <iostream>
 #include <iterator>
@@ -52,8 +56,8 @@ RUNNER_SOURCE = r"""// minicompile_runner: run an exported minicompile library w
 using RunFn = int (*)(void**, int64_t, void**, int64_t);
 
 int main(int argc, char** argv) {
-    if (argc != 4) {
-        std::cerr << "usage: " << argv[0] << " model.so inputs.pt outputs.pt\n";
+    if (argc != 4 && argc != 5) {
+        std::cerr << "usage: " << argv[0] << " model.so inputs.pt outputs.pt [repeats]\n";
         return 2;
     }
     void* lib = dlopen(argv[1], RTLD_NOW | RTLD_LOCAL);
@@ -74,7 +78,7 @@ int main(int argc, char** argv) {
         return 1;
     }
     std::vector<char> data((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    std::vector<void*> inputs;
+    std::vector<at::Tensor> tensors;
     try {
         c10::IValue saved = torch::jit::pickle_load(data);
         std::vector<c10::IValue> items;
@@ -85,16 +89,38 @@ int main(int argc, char** argv) {
         } else {
             items = saved.toList().vec();
         }
-        for (const c10::IValue& item : items) inputs.push_back(new at::Tensor(item.toTensor()));
+        for (const c10::IValue& item : items) tensors.push_back(item.toTensor());
     } catch (const std::exception& e) {
         std::cerr << argv[2] << " does not hold a tensor or a list of tensors: " << e.what()
                   << "\n";
         return 1;
     }
     std::vector<void*> outputs(num_outputs());
-    if (run(inputs.data(), inputs.size(), outputs.data(), outputs.size()) != 0) {
+    auto run_once = [&]() {  // mc_run takes over (deletes) the input handles
+        std::vector<void*> inputs;
+        for (const at::Tensor& t : tensors) inputs.push_back(new at::Tensor(t));
+        return run(inputs.data(), inputs.size(), outputs.data(), outputs.size());
+    };
+    if (run_once() != 0) {
         std::cerr << "the model failed: " << last_error() << "\n";
         return 1;
+    }
+    int repeats = argc == 5 ? std::atoi(argv[4]) : 0;
+    std::vector<double> times;
+    for (int k = 0; k < repeats; ++k) {
+        for (void* handle : outputs) delete static_cast<at::Tensor*>(handle);
+        auto start = std::chrono::steady_clock::now();
+        if (run_once() != 0) {
+            std::cerr << "the model failed: " << last_error() << "\n";
+            return 1;
+        }
+        times.push_back(std::chrono::duration<double, std::milli>(
+            std::chrono::steady_clock::now() - start).count());
+    }
+    if (!times.empty()) {
+        std::sort(times.begin(), times.end());
+        std::cerr << "minicompile_runner: " << times[times.size() / 2] << " ms a run (median of "
+                  << times.size() << ")\n";
     }
     std::vector<c10::IValue> results;
     for (void* handle : outputs) {

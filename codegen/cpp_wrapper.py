@@ -8,6 +8,7 @@ functions, so a C++ program and Python's ctypes can both call them::
 
     extern "C" int mc_run(void** inputs, int64_t n_in, void** outputs, int64_t n_out);
     extern "C" const char* mc_last_error();
+    extern "C" int mc_init();  // reads the weights (else the first mc_run does)
 
 ``inputs`` and ``outputs`` hold ``at::Tensor*`` handles (PyTorch's AOTInductor convention):
 ``mc_run`` takes ownership of the inputs (it deletes them) and gives the caller ownership of
@@ -410,6 +411,17 @@ static const std::vector<at::Tensor>& mc_weights() {
 }
 
 extern "C" const char* mc_last_error() { return last_error.c_str(); }
+
+// Read the weights now (mc_run reads them on its first call otherwise): 0, or 1 and the reason.
+extern "C" int mc_init() {
+    try {
+        mc_weights();
+        return 0;
+    } catch (const std::exception& e) {
+        last_error = e.what();
+    }
+    return 1;
+}
 extern "C" int64_t mc_num_inputs() { return kNumInputs; }
 extern "C" int64_t mc_num_outputs() { return kNumOutputs; }
 

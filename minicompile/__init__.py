@@ -29,7 +29,7 @@ _toolchain.triton_problem()
 from minicompile.api import compile, reset, stats  # noqa: E402
 from minicompile.errors import Unsupported  # noqa: E402
 from minicompile.explain import explain  # noqa: E402
-from minicompile.export import export, load  # noqa: E402
+from minicompile.aot_export import export, load  # noqa: E402
 
 
 # mark_dynamic lives beside capture, which imports sympy and PyTorch's fake tensors: it is

@@ -1,7 +1,7 @@
 """Exported libraries: build them with PyTorch's C++ library, load them into Python, and the
 runner program that runs one without Python.
 
-An exported model is three files (minicompile/export.py writes them): ``model.so`` (the
+An exported model is three files (minicompile/aot_export.py writes them): ``model.so`` (the
 kernels and the C++ wrapper, codegen/cpp_wrapper.py), ``model.weights`` (its parameters and
 buffers, read by the library on its first call) and the runner, ``minicompile_runner``,
 which serves every exported library::
@@ -281,11 +281,27 @@ class ExportedModel:
         return f"<minicompile exported model {self.path}: {self.signature['inputs']}>"
 
 
+_stamps: dict[Path, tuple[int, int, int]] = {}  # libraries loaded, as they were then
+
+
 def load(path: str | os.PathLike) -> ExportedModel:
-    """Load a library written by minicompile.export into this process."""
+    """Load a library written by minicompile.export into this process, its weights read
+    now.  A library exported again to a path loaded before is loaded from a copy: the
+    dynamic loader would return the library it already holds under that name."""
     path = Path(path).resolve()
     try:
-        lib = ctypes.CDLL(str(path))
+        info = path.stat()
+    except OSError as e:
+        raise OSError(f"minicompile.load: cannot load {path}: {e}") from e
+    stamp = (info.st_ino, info.st_mtime_ns, info.st_size)
+    target = path
+    if _stamps.setdefault(path, stamp) != stamp:
+        target = Path(tempfile.mkdtemp(prefix="minicompile-load-")) / path.name
+        shutil.copyfile(path, target)
+        if weights_path(path).exists():
+            shutil.copyfile(weights_path(path), weights_path(target))
+    try:
+        lib = ctypes.CDLL(str(target))
     except OSError as e:
         raise OSError(f"minicompile.load: cannot load {path}: {e}") from e
     if not hasattr(lib, "mc_run") or not hasattr(lib, "mc_signature"):
@@ -295,4 +311,7 @@ def load(path: str | os.PathLike) -> ExportedModel:
     lib.mc_last_error.restype = ctypes.c_char_p
     lib.mc_num_outputs.restype = ctypes.c_int64
     lib.mc_signature.restype = ctypes.c_char_p
+    if lib.mc_init() != 0:
+        raise RuntimeError(f"minicompile.load: {path.name}: "
+                           f"{lib.mc_last_error().decode(errors='replace')}")
     return ExportedModel(path, lib, json.loads(lib.mc_signature().decode()))

@@ -1,4 +1,4 @@
-"""Ahead-of-time export (minicompile/export.py): a function or module -> a shared library.
+"""Ahead-of-time export (minicompile/aot_export.py): a function or module -> a shared library.
 
 Each exported library is built once per module (building against PyTorch's headers takes
 seconds) and run through ``minicompile.load`` and through the C++ runner in a subprocess,
@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 
 import minicompile
+from minicompile.aot_export import Exported
 
 
 class MLP(torch.nn.Module):
@@ -55,7 +56,7 @@ def mixed(x: torch.Tensor, s: torch.Tensor, h: torch.Tensor, idx: torch.Tensor):
     return [y.to(torch.bfloat16) + h, s * 2, y.sum()]
 
 
-def run_runner(exported: minicompile.export, inputs: object, tmp: Path) -> tuple:
+def run_runner(exported: Exported, inputs: object, tmp: Path) -> tuple:
     """The model run by the C++ runner in a fresh process, on inputs saved by Python."""
     torch.save(inputs, tmp / "inputs.pt")
     proc = subprocess.run([str(exported.runner), str(exported.library), str(tmp / "inputs.pt"),
@@ -73,7 +74,8 @@ def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def mlp(folder: Path) -> tuple:
     torch.manual_seed(0)
     model = MLP().eval()
-    return model, minicompile.export(model, (torch.randn(4, 16),), folder / "mlp.so")
+    compiled = minicompile.compile(model)  # exported as the model it wraps
+    return model, minicompile.export(compiled, (torch.randn(4, 16),), folder / "mlp.so")
 
 
 @pytest.fixture(scope="module")
@@ -85,19 +87,19 @@ def conv(folder: Path) -> tuple:
 
 
 @pytest.fixture(scope="module")
-def dynamic(folder: Path) -> minicompile.export:
+def dynamic(folder: Path) -> Exported:
     return minicompile.export(attention_like, (torch.randn(5, 7), torch.randn(7)),
                               folder / "dynamic.so", dynamic={"x": 0})
 
 
 @pytest.fixture(scope="module")
-def misc(folder: Path) -> minicompile.export:
+def misc(folder: Path) -> Exported:
     example = (torch.randn(3, 5), torch.tensor(1.5), torch.randn(3, 6, dtype=torch.bfloat16),
                torch.randint(0, 10, (3,)))
     return minicompile.export(mixed, example, folder / "mixed.so")
 
 
-def test_low_precision_zero_dim_embedding_strided_weight(misc: minicompile.export,
+def test_low_precision_zero_dim_embedding_strided_weight(misc: Exported,
                                                    tmp_path: Path) -> None:
     lib = minicompile.load(misc.library)
     for _ in range(2):
@@ -135,11 +137,32 @@ def test_mlp_wrapper_reads_its_weights_from_the_file(mlp: tuple, tmp_path: Path)
     expected = model(x)
     wrapper = exported.sources[0].read_text()
     assert "at::linear(" in wrapper and "mc_check_layout" in wrapper
+    with torch.no_grad():
+        model.fc1.weight.add_(1.0)
+        try:
+            torch.testing.assert_close(lib(x), expected)
+        finally:
+            model.fc1.weight.sub_(1.0)
     moved = tmp_path / "alone.so"
     moved.write_bytes(exported.library.read_bytes())
-    with pytest.raises(RuntimeError, match="weights file"):
-        minicompile.load(moved)(x)
-    torch.testing.assert_close(lib(x), expected)
+    with pytest.raises(RuntimeError, match="cannot open the weights file"):
+        minicompile.load(moved)
+
+
+def test_load_after_exporting_again_to_the_same_path(mlp: tuple, conv: tuple,
+                                                     tmp_path: Path) -> None:
+    # The dynamic loader returns the library it holds under a name: load copies a library
+    # that changed since, so the new one runs.
+    path = tmp_path / "model.so"
+    for (model, exported), shape in [(conv, (2, 3, 8, 8)), (mlp, (4, 16))]:
+        for source, target in [(exported.library, path), (exported.weights, path.with_suffix(
+                ".weights"))]:
+            (tmp_path / "new").write_bytes(source.read_bytes())
+            (tmp_path / "new").replace(target)
+        x = torch.randn(shape)
+        if len(shape) == 4:
+            x = x.to(memory_format=torch.channels_last)
+        torch.testing.assert_close(minicompile.load(path)(x), model(x))
 
 
 def test_conv_batchnorm_relu_matches_eager(conv: tuple, tmp_path: Path) -> None:
@@ -156,7 +179,7 @@ def test_conv_batchnorm_relu_matches_eager(conv: tuple, tmp_path: Path) -> None:
         lib(torch.randn(2, 3, 8, 8, dtype=torch.float64))
 
 
-def test_dynamic_batch_runs_at_two_sizes(dynamic: minicompile.export, tmp_path: Path) -> None:
+def test_dynamic_batch_runs_at_two_sizes(dynamic: Exported, tmp_path: Path) -> None:
     lib = minicompile.load(dynamic.library)
     for n in (3, 9):
         x, y = torch.randn(n, 7), torch.randn(7)
@@ -175,7 +198,7 @@ def test_dynamic_batch_runs_at_two_sizes(dynamic: minicompile.export, tmp_path: 
         lib(torch.randn(4, 7))
 
 
-def test_runner_reports_a_wrong_input(dynamic: minicompile.export, tmp_path: Path) -> None:
+def test_runner_reports_a_wrong_input(dynamic: Exported, tmp_path: Path) -> None:
     torch.save([torch.randn(4, 5), torch.randn(7)], tmp_path / "bad.pt")
     proc = subprocess.run([str(dynamic.runner), str(dynamic.library), str(tmp_path / "bad.pt"),
                            str(tmp_path / "out.pt")], capture_output=True, text=True, timeout=300)
@@ -197,6 +220,12 @@ def mutates(x: torch.Tensor) -> torch.Tensor:
     return x * 2
 
 
+def hooked() -> torch.nn.Module:
+    layer = torch.nn.Linear(3, 3)
+    layer.register_forward_hook(lambda mod, args, out: out * 2)
+    return layer
+
+
 def returns_dict(x: torch.Tensor) -> dict:
     return {"y": x + 1}
 
@@ -211,8 +240,9 @@ def interpolates(x: torch.Tensor) -> torch.Tensor:
     (mutates, (torch.randn(3),), "mutates its inputs"),
     (torch.nn.BatchNorm1d(4), (torch.randn(3, 4),), "mutates its inputs or buffers"),
     (returns_dict, (torch.randn(3),), "returns dict"),
+    (hooked(), (torch.randn(2, 3),), "forward hooks"),
     (interpolates, (torch.randn(1, 2, 3, 3),), "interpolate .* no ATen operator"),
-], ids=["graph break", "in-place input", "batch norm training", "dict", "library call"])
+], ids=["graph break", "in-place input", "batch norm training", "dict", "hook", "library call"])
 def test_not_exportable(fn: object, args: tuple, match: str, tmp_path: Path) -> None:
     with pytest.raises(minicompile.Unsupported, match=match):
         minicompile.export(fn, args, tmp_path / "model.so")

@@ -17,6 +17,7 @@ library, read by it on its first call.  runtime/aot.py builds and loads.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import os
 import shutil
 import types
@@ -47,19 +48,28 @@ def _function_and_frame(fn_or_module: Any, args: tuple) -> tuple[types.FunctionT
                                                                   list[str]]:
     """The Python function to capture, its frame values and the names of the tensor
     arguments."""
+    from minicompile.api import CompiledFunction, OptimizedModule
+
+    if isinstance(fn_or_module, OptimizedModule):  # minicompile.compile(model): the model
+        fn_or_module = fn_or_module._orig_mod
+    elif isinstance(fn_or_module, CompiledFunction):
+        fn_or_module = fn_or_module.original
     if isinstance(fn_or_module, torch.nn.Module):
-        fn, frame = type(fn_or_module).forward, (fn_or_module, *args)
-        skip = 1
-    elif isinstance(fn_or_module, types.MethodType):
-        fn, frame = fn_or_module.__func__, (fn_or_module.__self__, *args)
-        skip = 1
+        mod = fn_or_module
+        if mod._forward_hooks or mod._forward_pre_hooks:
+            raise Unsupported("export: the module has forward hooks, which an exported library "
+                              "would not run")
+        # A forward patched onto the instance is what mod(x) calls.
+        fn_or_module = mod.__dict__.get("forward") or types.MethodType(type(mod).forward, mod)
+    if isinstance(fn_or_module, types.MethodType):
+        fn, frame, skip = fn_or_module.__func__, (fn_or_module.__self__, *args), 1
     elif isinstance(fn_or_module, types.FunctionType):
         fn, frame, skip = fn_or_module, args, 0
     else:
         raise TypeError(f"minicompile.export expects a function or an nn.Module, got "
                         f"{type(fn_or_module).__name__}")
     code = fn.__code__
-    if code.co_flags & 0x0C or code.co_kwonlyargcount:  # *args, **kwargs, keyword-only
+    if code.co_flags & (inspect.CO_VARARGS | inspect.CO_VARKEYWORDS) or code.co_kwonlyargcount:
         raise TypeError("minicompile.export: the function must take its tensors as plain "
                         "positional parameters")
     names = list(code.co_varnames[skip:code.co_argcount])

@@ -33,7 +33,7 @@ from minicompile.errors import Unsupported
 from minicompile.ir import AliasOutput, BufferRef, ExternKernel, Layout, LoopProgram
 from minicompile.shapes import MIN_DYNAMIC_SIZE
 
-from minicompile.codegen import combo
+from minicompile.codegen import combo, wrapper
 from minicompile.codegen.common import CodeWriter, KernelPlan, checks_indices
 from minicompile.codegen.cpp import CPP_DTYPES
 from minicompile.codegen.cpp_externs import ATEN_DTYPES, extern_call
@@ -132,13 +132,7 @@ def _tensor_arg(v: object) -> str:
 
 
 def _alias(out: AliasOutput) -> str:
-    if out.layout is None:
-        return out.input
-    lay: Layout = out.layout
-    offset = f"{out.input}.storage_offset()"
-    if lay.offset != 0:
-        offset += f" + {cpp_index(lay.offset)}"
-    return f"{out.input}.as_strided({_shape(lay.shape)}, {_shape(lay.stride)}, {offset})"
+    return wrapper.alias_text(out, _shape, cpp_index)
 
 
 def _emit_run(w: CodeWriter, program: LoopProgram, groups: list, plan_of: dict,

@@ -50,14 +50,17 @@ def _device_literal(device: torch.device) -> str:
     )
 
 
-def _alias(out: AliasOutput) -> str:
+def alias_text(out: AliasOutput, shape: Callable[[tuple], str] = _shape,
+           expr: Callable[[sympy.Expr], str] = python_expr) -> str:
+    """A view of a buffer as ``as_strided`` (the same text in Python and in C++, given the
+    language's ``shape`` and ``expr`` printers)."""
     if out.layout is None:
         return out.input
     lay: Layout = out.layout
     offset = f"{out.input}.storage_offset()"
     if lay.offset != 0:
-        offset += f" + {python_expr(lay.offset)}"
-    return f"{out.input}.as_strided({_shape(lay.shape)}, {_shape(lay.stride)}, {offset})"
+        offset += f" + {expr(lay.offset)}"
+    return f"{out.input}.as_strided({shape(lay.shape)}, {shape(lay.stride)}, {offset})"
 
 
 def generate(
@@ -163,7 +166,7 @@ def generate(
             dead = [n for n in dead if n not in reuse.values()]  # those stay for their reuse
             if dead:  # free memory as soon as no later kernel reads it (a long backward)
                 w.line(f"del {', '.join(dead)}")
-        outs = [o if isinstance(o, str) else _alias(o) for o in program.outputs]
+        outs = [o if isinstance(o, str) else alias_text(o) for o in program.outputs]
         w.line(f"return ({', '.join(outs)}{',' if len(outs) == 1 else ''})")
     return GeneratedCode(backend, w.text(), cpp_source, tuple(p.name for p in plans))
 
@@ -321,7 +324,7 @@ def _extern_arg(value: object) -> str:
     if isinstance(value, BufferRef):
         return value.name
     if isinstance(value, AliasOutput):
-        return _alias(value)
+        return alias_text(value)
     if isinstance(value, tuple):
         inner = ", ".join(_extern_arg(v) for v in value)
         return f"({inner},)" if len(value) == 1 else f"({inner})"

@@ -32,6 +32,7 @@ import sympy
 from minicompile.errors import Unsupported
 from minicompile.ir import AliasOutput, BufferRef, ExternKernel, Layout, LoopProgram
 from minicompile.shapes import MIN_DYNAMIC_SIZE
+from minicompile.sym import FloorDiv, ModularIndexing
 
 from minicompile.codegen import combo, wrapper
 from minicompile.codegen.common import CodeWriter, KernelPlan, checks_indices
@@ -64,6 +65,9 @@ def _relation(rel: sympy.Basic) -> str:
     """A relation between sizes (``Eq(s0, 2*s1)``) as a C++ condition."""
     ops = {sympy.Eq: "==", sympy.Ne: "!=", sympy.Lt: "<", sympy.Le: "<=", sympy.Gt: ">",
            sympy.Ge: ">="}
+    # Sizes are positive: PyTorch's Mod and floor division are the index printer's.
+    rel = rel.replace(sympy.Mod, lambda a, b: ModularIndexing(a, 1, b))
+    rel = rel.replace(sympy.floor, lambda e: FloorDiv(*sympy.fraction(sympy.together(e))))
     for kind, text in ops.items():
         if isinstance(rel, kind):
             try:

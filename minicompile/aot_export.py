@@ -164,7 +164,7 @@ def export(fn_or_module: Callable | torch.nn.Module, example_args: tuple | torch
     the library (see :func:`_policy`); the others are fixed to the example's.  Raises
     :class:`Unsupported` for what cannot be exported (a graph break, naming it and its
     source line; a library call without a C++ form), before anything is built."""
-    from minicompile import api, perf
+    from minicompile import api, perf, trace
     from minicompile.codegen import cpp_wrapper
     from minicompile.runtime import aot
 
@@ -212,6 +212,8 @@ def export(fn_or_module: Callable | torch.nn.Module, example_args: tuple | torch
                  "dynamic": {n: d for n, d in dims.items() if d}}
     code = cpp_wrapper.generate(program, groups, fn.__qualname__, arg_of, names, returns,
                                 signature, relations)
+    trace.emit("output_code", f"{fn.__qualname__} exported wrapper (C++)", code.wrapper,
+               f"{fn.__name__}.export.cpp")
     library = Path(path).resolve()
     library.parent.mkdir(parents=True, exist_ok=True)
     stem = library.name[:-3] if library.name.endswith(".so") else library.name

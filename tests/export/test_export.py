@@ -198,6 +198,25 @@ def test_dynamic_batch_runs_at_two_sizes(dynamic: Exported, tmp_path: Path) -> N
         lib(torch.randn(4, 7))
 
 
+def rows_of_four(x: torch.Tensor, y: torch.Tensor):
+    return (x.view(-1, 4) * 2).sum(1), x + y
+
+
+def test_size_relations_are_checked(folder: Path) -> None:
+    # dynamic=True: both sizes are symbols; the trace relied on s0 == s1 (the add) and on
+    # s0 % 4 == 0 (the view): the library checks both on every call.
+    exported = minicompile.export(rows_of_four, (torch.randn(8), torch.randn(8)),
+                                  folder / "rows.so", dynamic=True)
+    lib = minicompile.load(exported.library)
+    for n in (12, 20):
+        x, y = torch.randn(n), torch.randn(n)
+        torch.testing.assert_close(lib(x, y), rows_of_four(x, y))
+    with pytest.raises(RuntimeError, match=r"break Eq\(Mod\(s0, 4\), 0\)"):
+        lib(torch.randn(10), torch.randn(10))
+    with pytest.raises(RuntimeError, match=r"break Eq\(s0, s1\)"):
+        lib(torch.randn(12), torch.randn(16))
+
+
 def test_runner_reports_a_wrong_input(dynamic: Exported, tmp_path: Path) -> None:
     torch.save([torch.randn(4, 5), torch.randn(7)], tmp_path / "bad.pt")
     proc = subprocess.run([str(dynamic.runner), str(dynamic.library), str(tmp_path / "bad.pt"),

@@ -241,9 +241,10 @@ def _lower(graph: Any) -> tuple[Any, list]:
     return program, fuse(program, [])
 
 
-def load(path: str | os.PathLike) -> Any:
-    """A library written by :func:`export`, loaded into this process: a callable taking the
-    exported function's tensor arguments and returning what it returned."""
+def load(path: str | os.PathLike | Exported) -> Any:
+    """A library written by :func:`export` (its path, or what export returned), loaded into
+    this process: a callable taking the exported function's tensor arguments and returning
+    what it returned."""
     from minicompile.runtime import aot
 
-    return aot.load(path)
+    return aot.load(path.library if isinstance(path, Exported) else path)

@@ -53,7 +53,8 @@ TABLE = torch.randn(10, 6)
 
 def mixed(x: torch.Tensor, s: torch.Tensor, h: torch.Tensor, idx: torch.Tensor):
     y = (x @ WEIGHT_T).relu() * s + F.embedding(idx, TABLE)
-    return [y.to(torch.bfloat16) + h, s * 2, y.sum()]
+    top, where = torch.topk(y, 2, dim=-1)  # a library call with a tuple result
+    return [y.to(torch.bfloat16) + h, s * 2, y.sum(), top * 2, where]
 
 
 def run_runner(exported: Exported, inputs: object, tmp: Path) -> tuple:
@@ -101,7 +102,7 @@ def misc(folder: Path) -> Exported:
 
 def test_low_precision_zero_dim_embedding_strided_weight(misc: Exported,
                                                    tmp_path: Path) -> None:
-    lib = minicompile.load(misc.library)
+    lib = minicompile.load(misc)  # what export returned, or its path
     for _ in range(2):
         args = (torch.randn(3, 5), torch.randn(()), torch.randn(3, 6, dtype=torch.bfloat16),
                 torch.randint(0, 10, (3,)))

@@ -209,6 +209,7 @@ def _emit_checks(w: CodeWriter, program: LoopProgram, arg_of: list[int | None],
     layouts = [b.layout for b in program.inputs]
     layouts += [lay for b in program.buffers for lay in _layouts(b)]
     used = {s for lay in layouts for e in (*lay.shape, *lay.stride) for s in e.free_symbols}
+    used |= {s for rel in relations for s in rel.free_symbols}
     missing = used - found
     if missing:
         raise Unsupported(f"export: sizes {sorted(map(str, missing))} are not a dimension of "

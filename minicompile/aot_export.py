@@ -227,6 +227,7 @@ def export(fn_or_module: Callable | torch.nn.Module, example_args: tuple | torch
         runner = library.with_name("minicompile_runner")
         shutil.copyfile(aot.runner(cfg), runner)
         runner.chmod(0o755)
+        runner.with_name("minicompile_runner.cpp").write_text(aot.RUNNER_SOURCE)
     return Exported(library, weights_file, runner, sources)
 
 

@@ -79,13 +79,14 @@ def _relation(rel: sympy.Basic) -> str:
 
 def generate(program: LoopProgram, groups: list, graph_name: str, arg_of: list[int | None],
              arg_names: list[str], returns: list[tuple[str, int]], signature: dict,
-             relations: tuple = ()) -> ExportedCode:
+             relations: tuple = (), equal: list | tuple = ()) -> ExportedCode:
     """``arg_of[k]``: the position among the caller's arguments of ``program.inputs[k]``,
     or None for a weight (read from the weights file); ``arg_names``: the caller's names
     of the arguments, for error messages; ``returns``: what the call returns, in order,
     each ("output", k) (the graph's output k) or ("input", j) (argument j, as given);
     ``signature``: a JSON-able description ``mc_signature()`` returns; ``relations``: the
-    size relations the trace relied on."""
+    size relations the trace relied on; ``equal``: (size, size, why) pairs of sizes the
+    caller declared equal (dims of one name)."""
     if any(isinstance(g, ComboGroup) for g in groups):
         raise Unsupported("export: combo kernels (optimizer steps) are not exported")
     if program.scalar_sizes:
@@ -115,7 +116,8 @@ def generate(program: LoopProgram, groups: list, graph_name: str, arg_of: list[i
         w.line(f"{proto};")
     w.line()
     with w.block("namespace"):
-        _emit_run(w, program, groups, plan_of, arg_of, arg_names, relations, calls, tuples)
+        _emit_run(w, program, groups, plan_of, arg_of, arg_names, relations, equal, calls,
+                  tuples)
     w.line()
     w.line(f"constexpr int64_t kNumInputs = {len(arg_names)};")
     w.line(f"constexpr int64_t kNumOutputs = {len(returns)};")
@@ -141,7 +143,7 @@ def _alias(out: AliasOutput) -> str:
 
 def _emit_run(w: CodeWriter, program: LoopProgram, groups: list, plan_of: dict,
               arg_of: list[int | None], arg_names: list[str], relations: tuple,
-              calls: dict[str, str], tuples: set[str]) -> None:
+              equal: list | tuple, calls: dict[str, str], tuples: set[str]) -> None:
     with w.block("std::vector<at::Tensor> weight_layouts()"):
         w.line("std::vector<at::Tensor> out;")
         for buf, arg in zip(program.inputs, arg_of):
@@ -167,6 +169,8 @@ def _emit_run(w: CodeWriter, program: LoopProgram, groups: list, plan_of: dict,
                 n_weight += 1
         w.line("inputs.clear();  // ours now: each is released after its last use")
         _emit_checks(w, program, arg_of, arg_names, relations)
+        for a, b, why in equal:
+            w.line(f"MC_CHECK({cpp_index(a)} == {cpp_index(b)}, {json.dumps(why)});")
         last_use = last_reads(groups)
         keep = {o if isinstance(o, str) else o.input for o in program.outputs}
         keep |= {b.name for b, arg in zip(program.inputs, arg_of) if arg is None}

@@ -30,7 +30,7 @@ import torch
 from minicompile import config
 from minicompile.errors import Unsupported
 
-_ARGUMENT_SPEC = "None, an int or a list of ints"
+_ARGUMENT_SPEC = "None, a dim, a list of dims or a dict of dims to names"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,20 +78,22 @@ def _function_and_frame(fn_or_module: Any, args: tuple) -> tuple[types.FunctionT
     return fn, frame_args(fn, frame, {}), names[:len(args)]
 
 
-def _policy(dynamic: Any, args: tuple, names: list[str]) -> Any:
-    """The capture's DynamicPolicy: ``dynamic`` False or None: static sizes (dims marked
-    with minicompile.mark_dynamic still dynamic under None); True: every dim of every
-    argument; a list with one entry per argument (None, a dim, or a list of dims) or a dict
-    from argument name to such an entry: those dims."""
+def _policy(dynamic: Any, args: tuple, names: list[str]) -> tuple[Any, dict]:
+    """The capture's DynamicPolicy, and the names given to dynamic dims ((argument, dim)
+    -> name).  ``dynamic`` False or None: static sizes (dims marked with
+    minicompile.mark_dynamic still dynamic under None); True: every dim of every argument;
+    a list with one entry per argument (None, a dim, a list of dims, or a dict from dims to
+    names: ``{0: "batch"}``) or a dict from argument name to such an entry: those dims.
+    Dims of one name must be equal in every call, as with torch.export's ``Dim``."""
     from minicompile.capture.dynamic import STATIC, DynamicPolicy
     from minicompile.shapes import MIN_DYNAMIC_SIZE
 
     if dynamic is False:
-        return STATIC
+        return STATIC, {}
     if dynamic is None:
-        return DynamicPolicy(None)
+        return DynamicPolicy(None), {}
     if dynamic is True:
-        return DynamicPolicy(True)
+        return DynamicPolicy(True), {}
     if isinstance(dynamic, dict):
         unknown = set(dynamic) - set(names)
         if unknown:
@@ -107,10 +109,14 @@ def _policy(dynamic: Any, args: tuple, names: list[str]) -> Any:
         raise ValueError("minicompile.export: dynamic must be None, True, False, a list with "
                          f"one entry per argument ({_ARGUMENT_SPEC}) or a dict of them by name")
     automatic: dict[str, frozenset[int]] = {}
-    for name, t, spec in zip(names, args, per_arg):
+    labels: dict[tuple[int, int], str] = {}
+    for j, (name, t, spec) in enumerate(zip(names, args, per_arg)):
         if spec is None:
             continue
         dims = (spec,) if isinstance(spec, int) else tuple(spec)
+        if isinstance(spec, dict):
+            labels.update(((j, d % max(t.dim(), 1)), str(label)) for d, label in spec.items()
+                          if isinstance(d, int))
         if not all(isinstance(d, int) and -t.dim() <= d < t.dim() for d in dims):
             raise ValueError(f"minicompile.export: dynamic dims {spec!r} of {name} (a "
                              f"{t.dim()}-d tensor): give {_ARGUMENT_SPEC}")
@@ -122,7 +128,27 @@ def _policy(dynamic: Any, args: tuple, names: list[str]) -> Any:
                 f"{small[0]}; sizes 0 and 1 are specialised: give an example of size >= "
                 f"{MIN_DYNAMIC_SIZE}")
         automatic[f"L['{name}']"] = frozenset(dims)
-    return DynamicPolicy(None, automatic)
+    return DynamicPolicy(None, automatic), labels
+
+
+def _same_names(program: Any, arg_of: list[int | None], labels: dict,
+                names: list[str]) -> list[tuple[Any, Any, str]]:
+    """(size, size, why) for dims given one name, which every call must keep equal."""
+    size_of = {(a, d): size for b, a in zip(program.inputs, arg_of) if a is not None
+               for d, size in enumerate(b.layout.shape)}
+    first: dict[str, tuple[int, int]] = {}
+    out = []
+    for (j, d), label in sorted(labels.items()):
+        if (j, d) not in size_of:
+            continue  # an argument the function does not read
+        if label not in first:
+            first[label] = (j, d)
+            continue
+        i, e = first[label]
+        if size_of[(i, e)] != size_of[(j, d)]:
+            why = f"dims named {label!r} differ: {names[i]} dim {e} and {names[j]} dim {d}"
+            out.append((size_of[(i, e)], size_of[(j, d)], why))
+    return out
 
 
 def _returns(capture: Any, frame: tuple, args: tuple) -> tuple[list[tuple[str, int]], str]:
@@ -174,7 +200,7 @@ def export(fn_or_module: Callable | torch.nn.Module, example_args: tuple | torch
     if any(a.device.type != "cpu" for a in args):
         raise Unsupported("export: the library runs on CPU tensors (CUDA is not exported yet)")
     fn, frame, names = _function_and_frame(fn_or_module, args)
-    policy = _policy(dynamic, args, names)
+    policy, labels = _policy(dynamic, args, names)
     cfg = config.get()
     api._import_compiler()
     from minicompile.capture import capture_segment, root_point
@@ -206,12 +232,14 @@ def export(fn_or_module: Callable | torch.nn.Module, example_args: tuple | torch
             weights.append(value)
     shapes = capture.graph.shapes
     relations = tuple(shapes.relations()) if shapes is not None else ()
-    dims = {names[a]: [d for d, s in enumerate(b.layout.shape) if not s.is_Integer]
+    dims = {names[a]: {d: labels.get((a, d), str(s)) for d, s in enumerate(b.layout.shape)
+                       if not s.is_Integer}
             for b, a in zip(program.inputs, arg_of) if a is not None}
     signature = {"inputs": names, "returns": structure,
                  "dynamic": {n: d for n, d in dims.items() if d}}
     code = cpp_wrapper.generate(program, groups, fn.__qualname__, arg_of, names, returns,
-                                signature, relations)
+                                signature, relations,
+                                _same_names(program, arg_of, labels, names))
     trace.emit("output_code", f"{fn.__qualname__} exported wrapper (C++)", code.wrapper,
                f"{fn.__name__}.export.cpp")
     library = Path(path).resolve()

@@ -199,23 +199,26 @@ def test_dynamic_batch_runs_at_two_sizes(dynamic: Exported, tmp_path: Path) -> N
         lib(torch.randn(4, 7))
 
 
-def rows_of_four(x: torch.Tensor, y: torch.Tensor):
-    return (x.view(-1, 4) * 2).sum(1), x + y
+def rows_of_four(x: torch.Tensor, y: torch.Tensor, z: torch.Tensor):
+    return (x.view(-1, 4) * 2).sum(1), x + y, z.sum()
 
 
 def test_size_relations_are_checked(folder: Path) -> None:
-    # dynamic=True: both sizes are symbols; the trace relied on s0 == s1 (the add) and on
-    # s0 % 4 == 0 (the view): the library checks both on every call.
-    exported = minicompile.export(rows_of_four, (torch.randn(8), torch.randn(8)),
-                                  folder / "rows.so", dynamic=True)
+    # Three symbols; the trace relied on s0 == s1 (the add) and on s0 % 4 == 0 (the view),
+    # and x and z share the name "n": the library checks all three on every call.
+    example = (torch.randn(8), torch.randn(8), torch.randn(8))
+    exported = minicompile.export(rows_of_four, example, folder / "rows.so",
+                                  dynamic=[{0: "n"}, 0, {0: "n"}])
     lib = minicompile.load(exported.library)
     for n in (12, 20):
-        x, y = torch.randn(n), torch.randn(n)
-        torch.testing.assert_close(lib(x, y), rows_of_four(x, y))
+        args = (torch.randn(n), torch.randn(n), torch.randn(n))
+        torch.testing.assert_close(lib(*args), rows_of_four(*args))
     with pytest.raises(RuntimeError, match=r"break Eq\(Mod\(s0, 4\), 0\)"):
-        lib(torch.randn(10), torch.randn(10))
+        lib(torch.randn(10), torch.randn(10), torch.randn(10))
     with pytest.raises(RuntimeError, match=r"break Eq\(s0, s1\)"):
-        lib(torch.randn(12), torch.randn(16))
+        lib(torch.randn(12), torch.randn(16), torch.randn(12))
+    with pytest.raises(RuntimeError, match="dims named 'n' differ: x dim 0 and z dim 0"):
+        lib(torch.randn(12), torch.randn(12), torch.randn(16))
 
 
 def test_runner_reports_a_wrong_input(dynamic: Exported, tmp_path: Path) -> None:

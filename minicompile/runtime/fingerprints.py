@@ -279,6 +279,9 @@ class ModuleWalk:
 
 
 _HEAPTYPE = 1 << 9  # Py_TPFLAGS_HEAPTYPE: a class made by a class statement
+# Py_TPFLAGS_IMMUTABLETYPE: C types that are heap types too since Python 3.12 (io's file
+# classes, say) are made immutable; a class statement never makes one.
+_IMMUTABLETYPE = 1 << 8
 
 
 def _python_object(value: Any) -> bool:
@@ -292,7 +295,8 @@ def _python_object(value: Any) -> bool:
 @functools.lru_cache(maxsize=None)
 def _python_class(cls: type) -> bool:
     return all(
-        klass is object or (klass.__flags__ & _HEAPTYPE and "pybind11" not in klass.__module__)
+        klass is object or (klass.__flags__ & _HEAPTYPE and not klass.__flags__ & _IMMUTABLETYPE
+                            and "pybind11" not in klass.__module__)
         for klass in cls.__mro__
     )
 

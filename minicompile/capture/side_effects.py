@@ -25,6 +25,7 @@ import torch
 
 from minicompile.capture import concrete, records
 from minicompile.capture.variables import (
+    ArrayVar,
     BoundMethodVar,
     CellVar,
     ConstantVar,
@@ -117,10 +118,14 @@ def generate_rebuild(out: OutputGraph, result: Var) -> tuple[list[Node], str]:
 
     def expr(v: Var) -> str:
         v = out.realize(v)
+        if isinstance(v, ArrayVar):
+            return array(v)
         if isinstance(v, TensorVar):
             if v.source is not None:
                 return v.source.expr
-            if v.base is not None and v.base.source is not None:
+            if v.base is not None and v.base.source is not None and (
+                id(v.base) not in out.array_inputs  # torch.from_numpy(a): a tensor, not `a`
+            ):
                 view = view_expr(v.base.source.expr, v.view, value_text)
                 if view is not None:  # a view of an input, as eager returns it
                     return view
@@ -192,6 +197,17 @@ def generate_rebuild(out: OutputGraph, result: Var) -> tuple[list[Node], str]:
                                       f"{g.ref(v.cls, v.cls.__name__)}, {{}})")
             attrs = ", ".join(f"{k!r}: {expr(i)}" for k, i in v.attrs.items())
             lines.append(f"    {name}.__dict__.update({{{attrs}}})")
+        return made[id(v)]
+
+    def array(v: ArrayVar) -> str:
+        """A NumPy array or scalar of the trace, made once (``a is b`` stays true)."""
+        if v.source is not None:
+            return v.source.expr
+        if id(v) not in made:
+            from minicompile.capture import numpy_arrays
+
+            convert = numpy_arrays.to_scalar if v.scalar else numpy_arrays.to_numpy
+            made[id(v)] = temp(f"{g.ref(convert, convert.__name__)}({output(v.tensor.node)})")
         return made[id(v)]
 
     lines.append(f"    ret = {expr(result)}")
@@ -270,8 +286,11 @@ def _literal_ok(value: Any) -> bool:
     return type(value) in (bool, int, str, bytes, type(None))
 
 
-def write_back(dst: torch.Tensor, src: torch.Tensor) -> None:
+def write_back(dst: Any, src: torch.Tensor) -> None:
     """An input mutated in the graph gets its new value, unless the kernels stored it there
-    already (passes/inplace.py: ``src`` is ``dst``)."""
+    already (passes/inplace.py: ``src`` is ``dst``).  ``dst`` may be a NumPy array (traced
+    through ``torch.from_numpy``, so the copy lands in its memory)."""
+    if not isinstance(dst, torch.Tensor):
+        dst = torch.from_numpy(dst)
     if src is not dst:
         dst.copy_(src)

@@ -355,13 +355,20 @@ def truth_value() -> Unsupported:
 # -- indexing --------------------------------------------------------------------------------
 
 
-def _index(out: OutputGraph, arr: ArrayVar, key: Any) -> tuple[tuple, bool]:
-    """The torch index for a NumPy ``key`` on ``arr``, and whether NumPy's result is a
-    scalar (an integer for every dimension)."""
+def _index(out: OutputGraph, arr: ArrayVar, key: Any) -> tuple[tuple, bool, int | None]:
+    """The torch index for a NumPy ``key`` on ``arr``, whether NumPy's result is a scalar
+    (an integer for every dimension), and where a 0-d integer array index (``a[i]`` with
+    ``i = np.argmax(...)``, read as an int by NumPy) put the length-1 dimension it is given
+    as here (torch would read it with ``.item()``): None when there is none."""
     keys = key if type(key) is tuple else (key,)
     converted: list[Any] = []
     integers = 0
+    squeeze, arrays, position = None, 0, 0
+    consumed = sum(k is not None and k is not Ellipsis for k in keys)
     for k in keys:
+        position += (k is None or isinstance(k, slice)) + (
+            arr.tensor.meta.ndim - consumed if k is Ellipsis else 0)
+        arrays += isinstance(k, (ArrayVar, list))
         if type(k) is bool or isinstance(k, np.bool_):
             raise Unsupported("indexing a NumPy array with True/False is not supported")
         if isinstance(k, (int, torch.SymInt, np.integer)):
@@ -380,21 +387,29 @@ def _index(out: OutputGraph, arr: ArrayVar, key: Any) -> tuple[tuple, bool]:
             if dtype.is_floating_point:
                 raise Unsupported("arrays used as indices must be of integer type (NumPy "
                                   "raises)", raises=True)
-            integers += k.tensor.meta.ndim == 0  # a 0-d integer array indexes like an int
-            converted.append(cast(out, k.tensor, torch.int64))
+            index = cast(out, k.tensor, torch.int64)
+            if k.tensor.meta.ndim == 0:
+                integers += 1
+                squeeze = position
+                index = out.extern(torch.reshape, (index, (1,)), {})
+            converted.append(index)
         elif isinstance(k, list) and all(type(i) is int for i in _flat(k)):
             converted.append(k)
         else:
             raise Unsupported(f"indexing a NumPy array with {type(k).__name__} is not supported")
-    return tuple(converted), integers == len(keys) == arr.tensor.meta.ndim
+    if squeeze is not None and arrays > 1:
+        raise Unsupported("a 0-d index array with other index arrays is not supported")
+    return tuple(converted), integers == len(keys) == arr.tensor.meta.ndim, squeeze
 
 
 def getitem(tx: InstructionTranslator, arr: ArrayVar, index: Var) -> ArrayVar:
     out = tx.output
-    key, scalar = _index(out, arr, out.to_value(index))
+    key, scalar, squeeze = _index(out, arr, out.to_value(index))
     if arr.scalar and key == ():
         return arr
     res = out.extern(torch.Tensor.__getitem__, (arr.tensor, key), {})
+    if squeeze is not None:
+        res = out.extern(torch.squeeze, (res, squeeze), {})
     if scalar:  # a NumPy scalar holds its value: not a view of the array
         res = copy(out, res)
     return ArrayVar(res, scalar)
@@ -406,7 +421,7 @@ def setitem(tx: InstructionTranslator, arr: ArrayVar, index: Var, value: Var) ->
     if arr.scalar:
         raise Unsupported("NumPy scalars do not support item assignment (NumPy raises)",
                           raises=True)
-    key, _ = _index(out, arr, out.to_value(index))
+    key, _, _ = _index(out, arr, out.to_value(index))
     v = operand(out, "item assignment", out.to_value(value))
     if isinstance(v, ArrayVar):
         v = v.tensor

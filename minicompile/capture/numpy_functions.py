@@ -341,7 +341,9 @@ def reduce(out: OutputGraph, fname: str, a: Any, axis: Any, keepdims: Any,
     if type(keepdims) is not bool:
         raise Unsupported(f"{fname}(keepdims=...) must be a Python bool here")
     given = {k: v for k, v in options.items() if v is not None}
-    s = sample(fname, getattr(np, name), _sample_of(a), axis=axis, keepdims=keepdims, **given)
+    if name not in ("cumsum", "cumprod"):
+        given["keepdims"] = keepdims
+    s = sample(fname, getattr(np, name), _sample_of(a), axis=axis, **given)
     dtype, scalar = np.asarray(s).dtype, not isinstance(s, np.ndarray)
     td = torch_dtype(dtype)
     if axis == () and ndim:

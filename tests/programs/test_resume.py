@@ -231,7 +231,9 @@ def test_numpy_array_is_not_baked_in(backend: str, device: torch.device) -> None
     torch.testing.assert_close(compiled(x), numpy_round_trip(x))
     y = torch.randn(4, 8, device=device)
     torch.testing.assert_close(compiled(y), numpy_round_trip(y))
-    assert minicompile.stats()["graph_breaks"] >= 3  # .numpy(), np.tanh, +, from_numpy
+    # .cpu() breaks; the NumPy code after it is traced (capture/numpy_arrays.py), with the
+    # array made at the break an input of its segment, read anew on every call.
+    assert minicompile.stats()["graph_breaks"] >= 1
 
 
 # -- a frame that cannot be compiled after its break runs eagerly, not interpreted ------------

@@ -6,7 +6,8 @@ keeps NumPy's semantics.
   writability, sizes and strides (:meth:`GuardBuilder.array_match`); sizes become symbols
   where the dynamic policy makes a tensor's sizes symbols.
 - **Values.** An :class:`ArrayVar` holds the tensor.  Operators, attributes, methods and
-  indexing are here; ``np.*`` functions are in :mod:`numpy_functions`.  Each becomes torch
+  indexing are here; ``np.*`` functions are in :mod:`numpy_functions` (and
+  :mod:`numpy_shapes`).  Each becomes torch
   graph ops, with NumPy's dtype rules applied at trace time.
 - **Outputs.** The generated rebuild turns each ArrayVar into an ``np.ndarray``
   (``Tensor.numpy()``) or, where NumPy gives one, a NumPy scalar (``np.sum(a)``).  Input
@@ -296,7 +297,7 @@ def assign(out: OutputGraph, target: ArrayVar, value: ArrayVar, what: str) -> Ar
 
 
 def attribute(tx: InstructionTranslator, arr: ArrayVar, name: str) -> Var:
-    from minicompile.capture import numpy_functions
+    from minicompile.capture import numpy_functions, numpy_shapes
 
     out, meta = tx.output, arr.tensor.meta
     if name == "shape":
@@ -312,7 +313,7 @@ def attribute(tx: InstructionTranslator, arr: ArrayVar, name: str) -> Var:
     if name == "nbytes":
         return ConstantVar(math.prod(meta.sizes()) * numpy_dtype(arr).itemsize)
     if name == "T":
-        return numpy_functions.transpose(out, "numpy.ndarray.T", arr, None)
+        return numpy_shapes.transpose(out, "numpy.ndarray.T", arr, None)
     if name in numpy_functions.METHODS:
         return MethodVar(arr, name)
     if name in ("item", "tolist", "tobytes", "__array__", "__float__", "__int__"):

@@ -87,22 +87,23 @@ _INTEGER_DIVISIONS = frozenset({"floor_divide", "remainder", "fmod"})
 _FOLDED = ("dtype", "issubdtype", "result_type", "promote_types", "can_cast", "finfo", "iinfo")
 
 
-def function(*names: str) -> Callable[[Handler], Handler]:
+def _register(table: dict[str, Handler], names: tuple[str, ...]) -> Callable[[Handler], Handler]:
     def deco(handler: Handler) -> Handler:
         for name in names:
-            FUNCTIONS[name] = handler
+            table[name] = handler
         return handler
 
     return deco
+
+
+def function(*names: str) -> Callable[[Handler], Handler]:
+    """Register a handler for ``np.<name>`` (each name)."""
+    return _register(FUNCTIONS, names)
 
 
 def method(*names: str) -> Callable[[Handler], Handler]:
-    def deco(handler: Handler) -> Handler:
-        for name in names:
-            METHODS[name] = handler
-        return handler
-
-    return deco
+    """Register a handler for ``ndarray.<name>`` (the array is its first argument)."""
+    return _register(METHODS, names)
 
 
 # -- dispatch --------------------------------------------------------------------------------

@@ -148,20 +148,21 @@ def _broadcast_to(out: OutputGraph, fname: str, args: tuple, kwargs: dict) -> Ar
     return ArrayVar(_torch(out, torch.broadcast_to, a.tensor, _sizes(fname, shape)))
 
 
-def _arrays(out: OutputGraph, fname: str, seq: Any) -> list[ArrayVar]:
+def _joined(out: OutputGraph, fname: str, args: tuple, kwargs: dict) -> tuple[list, Any]:
+    """The tensors ``np.concatenate`` / ``np.stack`` join (cast to the result's dtype), and
+    the axis."""
+    seq, axis, dtype = parse(fname, args, kwargs, ("arrays", "axis", "dtype"), axis=0,
+                             dtype=None)
     if not isinstance(seq, (tuple, list)) or not seq:
         raise Unsupported(f"{fname}() needs a non-empty sequence of arrays here")
-    return [as_array(out, fname, a) for a in seq]
+    arrays = [as_array(out, fname, a) for a in seq]
+    td = torch_dtype(np.dtype(dtype) if dtype is not None else _result_dtype(arrays))
+    return [cast(out, a.tensor, td) for a in arrays], axis
 
 
 @function("concatenate", "concat")
 def _concatenate(out: OutputGraph, fname: str, args: tuple, kwargs: dict) -> ArrayVar:
-    seq, axis, dtype = parse(fname, args, kwargs, ("arrays", "axis", "dtype"), axis=0,
-                             dtype=None)
-    arrays = _arrays(out, fname, seq)
-    dt = np.dtype(dtype) if dtype is not None else _result_dtype(arrays)
-    td = torch_dtype(dt)
-    tensors = [cast(out, a.tensor, td) for a in arrays]
+    tensors, axis = _joined(out, fname, args, kwargs)
     if axis is None:
         tensors, axis = [_torch(out, torch.reshape, t, (-1,)) for t in tensors], 0
     elif any(t.meta.ndim == 0 for t in tensors):
@@ -172,12 +173,8 @@ def _concatenate(out: OutputGraph, fname: str, args: tuple, kwargs: dict) -> Arr
 
 @function("stack")
 def _stack(out: OutputGraph, fname: str, args: tuple, kwargs: dict) -> ArrayVar:
-    seq, axis, dtype = parse(fname, args, kwargs, ("arrays", "axis", "dtype"), axis=0,
-                             dtype=None)
-    arrays = _arrays(out, fname, seq)
-    dt = np.dtype(dtype) if dtype is not None else _result_dtype(arrays)
-    td = torch_dtype(dt)
-    return ArrayVar(_torch(out, torch.stack, [cast(out, a.tensor, td) for a in arrays], axis))
+    tensors, axis = _joined(out, fname, args, kwargs)
+    return ArrayVar(_torch(out, torch.stack, tensors, axis))
 
 
 @function("shape", "ndim", "size")

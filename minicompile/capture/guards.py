@@ -106,8 +106,9 @@ class GuardBuilder:
         if scalar:
             return
         x = src.expr
-        dt = self.ref(a.dtype, f"dtype_{a.dtype}")
-        self.add(src.name, "dtype", f"{x}.dtype == {dt}", f"{x}.dtype", a.dtype)
+        # By its text ('<f8'), not by reference: a warm entry on disk can hold the check.
+        self.add(src.name, "dtype", f"{x}.dtype.str == {a.dtype.str!r}", f"{x}.dtype.str",
+                 a.dtype.str)
         writeable = bool(a.flags.writeable)
         self.add(src.name, "writeable", f"{x}.flags.writeable is {writeable}",
                  f"{x}.flags.writeable", writeable)

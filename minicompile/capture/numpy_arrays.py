@@ -33,6 +33,7 @@ import numpy as np
 import torch
 
 from minicompile.capture import mutation
+from minicompile.runtime.arrays import shares_no_memory, to_tensor
 from minicompile.capture.variables import (
     ArrayVar, ConstantVar, MethodVar, ObjectVar, Source, TensorVar, TupleVar, Var,
 )
@@ -131,30 +132,6 @@ def wrap_input(out: OutputGraph, value: Any, source: Source | None) -> ArrayVar:
     return ArrayVar(var, scalar, source)
 
 
-def to_tensor(a: Any, device: torch.device | None = None) -> torch.Tensor:
-    """An input array (or NumPy scalar) as a tensor: its own memory on the CPU, a copy on
-    ``device``.  (Called by the generated get_inputs.)"""
-    if type(a) is not np.ndarray:
-        a = np.asarray(a)
-    if a.flags.writeable:
-        t = torch.from_numpy(a)
-    else:  # torch warns that writes would be undefined; the guards see to it there are none
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            t = torch.from_numpy(a)
-    return t if device is None else t.to(device)
-
-
-def to_numpy(t: torch.Tensor) -> np.ndarray:
-    """A graph output as the array NumPy returns (its memory on the CPU; copied from a GPU)."""
-    return t.numpy(force=True)
-
-
-def to_scalar(t: torch.Tensor) -> np.generic:
-    """A 0-d graph output as the NumPy scalar NumPy returns (``np.sum(a)``)."""
-    return t.numpy(force=True)[()]
-
-
 def check_mutated_inputs(out: OutputGraph) -> None:
     """Input arrays mutated in place: read-only ones make NumPy raise; ones that may share
     memory with another input array are refused now and guarded for later calls (the graph
@@ -177,10 +154,6 @@ def check_mutated_inputs(out: OutputGraph) -> None:
         check = f"{out.guards.ref(shares_no_memory, 'shares_no_memory')}({v.source.expr}, " \
                 f"({exprs},))"
         out.guards.add(v.source.name, "shares no memory", check, check, True)
-
-
-def shares_no_memory(a: np.ndarray, others: tuple) -> bool:
-    return not any(np.may_share_memory(a, b) for b in others)
 
 
 # -- making values ---------------------------------------------------------------------------

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from minicompile.capture import concrete, records
+from minicompile.runtime import arrays
 from minicompile.capture.variables import (
     ArrayVar,
     BoundMethodVar,
@@ -204,9 +205,7 @@ def generate_rebuild(out: OutputGraph, result: Var) -> tuple[list[Node], str]:
         if v.source is not None:
             return v.source.expr
         if id(v) not in made:
-            from minicompile.capture import numpy_arrays
-
-            convert = numpy_arrays.to_scalar if v.scalar else numpy_arrays.to_numpy
+            convert = arrays.to_scalar if v.scalar else arrays.to_numpy
             made[id(v)] = temp(f"{g.ref(convert, convert.__name__)}({output(v.tensor.node)})")
         return made[id(v)]
 

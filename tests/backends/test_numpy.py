@@ -377,3 +377,37 @@ def test_numpy_not_imported_by_capture_modules() -> None:
         names += [n.module or "" for n in top if isinstance(n, ast.ImportFrom)]
         assert not any(n.split(".")[0] == "numpy" or n.rpartition(".")[2].startswith("numpy_")
                        for n in names), path
+
+
+WARM_SOURCE = """
+import numpy as np
+
+def f(a, n):
+    return np.exp(a).sum(axis=0) * n, a.T, np.float32(n) * a[0, 0]
+"""
+
+
+def test_warm_entry_on_disk(tmp_path, backend: str) -> None:
+    """A NumPy entry is stored, and a fresh process (simulated: reset()) runs it without
+    capture; its helpers live in minicompile/runtime/arrays.py for that."""
+    import sys
+    import types
+
+    from minicompile import config
+
+    module = types.ModuleType("numpy_warm_module")
+    module.__file__ = "/virtual/numpy_warm_module.py"
+    sys.modules[module.__name__] = module
+    exec(compile(WARM_SOURCE, module.__file__, "exec"), module.__dict__)
+    try:
+        with config.patch(warm_entries=True, cache_dir=tmp_path / "cache"):
+            for process in ("cold", "warm"):
+                minicompile.reset()
+                compiled = minicompile.compile(module.f, backend=backend)
+                for seed in range(2):
+                    a = rand(np.random.default_rng(seed), np.float64, 3, 4)
+                    assert_numpy_same(compiled(a, 2), module.f(a, 2))
+                stats = minicompile.stats()
+                assert stats["frames"] == (1 if process == "cold" else 0), (process, stats)
+    finally:
+        sys.modules.pop(module.__name__, None)

@@ -255,8 +255,9 @@ def matmul(out: OutputGraph, fname: str, a: Any, b: Any) -> ArrayVar:
     ):
         raise Unsupported(f"{fname}: an operand has no dimensions (NumPy raises)", raises=True)
     dtype = _result_dtype([a, b])
-    if dtype.kind == "b":
-        raise Unsupported(f"{fname} of bool arrays is not supported")
+    if dtype.kind == "b" or (dtype.kind in "iu" and a.tensor.meta.device.type != "cpu"):
+        raise Unsupported(f"{fname} of {dtype} arrays is not supported here (no such "
+                          "library kernel)")
     td = torch_dtype(dtype)
     res = _torch(out, torch.matmul, cast(out, a.tensor, td), cast(out, b.tensor, td))
     return result(out, res, dtype, scalar=True)

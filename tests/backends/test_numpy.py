@@ -411,3 +411,24 @@ def test_warm_entry_on_disk(tmp_path, backend: str) -> None:
                 assert stats["frames"] == (1 if process == "cold" else 0), (process, stats)
     finally:
         sys.modules.pop(module.__name__, None)
+
+
+def _mixed(a, t):
+    u = torch.from_numpy(a) * t  # a tensor sharing a's memory, times a tensor: traced
+    b = u.numpy()
+    b += 1  # writes through to u (and not to a)
+    return a.sum(), u, b.mean(), np.ndarray.sort(b)  # the last: a graph break, run for real
+
+
+def test_numpy_and_torch_together(backend: str) -> None:
+    compiled = minicompile.compile(_mixed, backend=backend)
+    for seed in range(2):
+        a = rand(np.random.default_rng(seed), np.float32, 5)
+        t = torch.from_numpy(rand(np.random.default_rng(seed + 7), np.float32, 5))
+        got, want = compiled(a.copy(), t), _mixed(a.copy(), t)
+        assert_numpy_same(got[0], want[0])
+        torch.testing.assert_close(got[1], want[1])
+        assert_numpy_same(got[2], want[2])
+        assert got[3] is None and want[3] is None
+    reasons = [b.reason for b in minicompile.explain(_mixed)(a, t).break_reasons]
+    assert reasons and all("numpy.ndarray.sort" in r or "sort" in r for r in reasons), reasons

@@ -351,8 +351,8 @@ def _index(out: OutputGraph, arr: ArrayVar, key: Any) -> tuple[tuple, bool, int 
         elif k is None or k is Ellipsis:
             converted.append(k)
         elif isinstance(k, slice):
-            if k.step is not None and k.step < 0:
-                raise Unsupported("slicing a NumPy array with a negative step is not supported")
+            if k.step is not None and k.step < 0:  # getitem flips first (_reversed)
+                raise Unsupported("assigning to a slice with a negative step is not supported")
             converted.append(k)
         elif isinstance(k, ArrayVar):
             dtype = k.tensor.meta.dtype
@@ -376,12 +376,44 @@ def _index(out: OutputGraph, arr: ArrayVar, key: Any) -> tuple[tuple, bool, int 
     return tuple(converted), integers == len(keys) == arr.tensor.meta.ndim, squeeze
 
 
+def _reversed(arr: ArrayVar, key: Any) -> tuple[Any, tuple[int, ...]]:
+    """``key`` with each slice of negative step (``a[::-1]``) turned into the slice of
+    positive step that picks the same elements of that dimension flipped, and the dims to
+    flip."""
+    keys = key if type(key) is tuple else (key,)
+    shape = arr.tensor.meta.shape
+    consumed = sum(k is not None and k is not Ellipsis for k in keys)
+    flips, out, dim = [], [], 0
+    for k in keys:
+        if isinstance(k, slice) and k.step is not None and k.step < 0:
+            if dim >= len(shape) or not shape[dim].is_Integer:
+                raise Unsupported("slicing a dynamic dimension with a negative step")
+            n = int(shape[dim])
+            start, stop, step = k.indices(n)
+            count = len(range(start, stop, step))
+            first = n - 1 - start
+            k = slice(first, first - count * step, -step) if count else slice(0, 0, 1)
+            flips.append(dim)
+        out.append(k)
+        dim += len(shape) - consumed if k is Ellipsis else k is not None
+    return (tuple(out) if type(key) is tuple else out[0]), tuple(flips)
+
+
 def getitem(tx: InstructionTranslator, arr: ArrayVar, index: Var) -> ArrayVar:
+    """``a[index]``: a view where NumPy's is one (a slice with a negative step is a flip
+    the graph computes; it is replayed when the array changes, and writing through it is
+    refused), a NumPy scalar for an integer per dimension."""
     out = tx.output
-    key, scalar, squeeze = _index(out, arr, out.to_value(index))
+    key, flips = _reversed(arr, out.to_value(index))
+    key, scalar, squeeze = _index(out, arr, key)
     if arr.scalar and key == ():
         return arr
-    res = out.extern(torch.Tensor.__getitem__, (arr.tensor, key), {})
+    x = arr.tensor
+    if flips:
+        x = out.extern(torch.flip, (arr.tensor, flips), {})
+        mutation.register_view(out, x, arr.tensor,
+                               (mutation.ViewStep("opaque", (flips,), torch.flip),))
+    res = out.extern(torch.Tensor.__getitem__, (x, key), {})
     if squeeze is not None:
         res = out.extern(torch.squeeze, (res, squeeze), {})
     if scalar:  # a NumPy scalar holds its value: not a view of the array

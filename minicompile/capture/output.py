@@ -127,6 +127,7 @@ class OutputGraph:
         self.mutated_inputs: dict[int, TensorVar] = {}  # roots to write back, in order
         self.views: dict[int, list[TensorVar]] = {}  # id(root) -> live views of it
         self.side_effects = SideEffects()
+        self.at_break = False  # finish() makes the values live at a graph break
         self.initial_grad = self.grad_enabled = torch.is_grad_enabled()
         self.autocast = AutocastState()  # the traced torch.autocast state (capture/autocast.py)
         self.instructions = 0

@@ -432,3 +432,37 @@ def test_numpy_and_torch_together(backend: str) -> None:
         assert got[3] is None and want[3] is None
     reasons = [b.reason for b in minicompile.explain(_mixed)(a, t).break_reasons]
     assert reasons and all("numpy.ndarray.sort" in r or "sort" in r for r in reasons), reasons
+
+
+def _reversed_slices(a):
+    b = a[::-1]
+    a += 1  # b is a view in NumPy: it sees the change
+    return b + 0, a[1:, ::-2], a[::-1, 1], a[-1:0:-1], a[5:1:-3], a[::-1][0, 0]
+
+
+def _view_mutated_after_break(a):
+    c = a * 2
+    rows = c[1:3]
+    col = a[:, 0]
+    print(end="")  # a graph break: rows must stay a view of c, col of a
+    rows += 1
+    col *= 10
+    return c, a.sum()
+
+
+def _reversed_view_written_after_break(a):
+    b = a[::-1]
+    print(end="")
+    b += 1  # a view the graph computes as a copy: that frame runs eagerly
+    return a
+
+
+@pytest.mark.parametrize("fn", [_reversed_slices, _view_mutated_after_break,
+                                _reversed_view_written_after_break], ids=lambda f: f.__name__)
+def test_views_of_arrays(fn, backend: str) -> None:
+    compiled = minicompile.compile(fn, backend=backend)
+    for seed in range(2):
+        a = rand(np.random.default_rng(seed), np.float64, 6, 4)
+        a_eager = a.copy()
+        assert_numpy_same(compiled(a), fn(a_eager))
+        assert_numpy_same(a, a_eager, "the input afterwards")

@@ -100,7 +100,16 @@ def print_then_call(x):
     return _inlined_outer(y.sin()) + x  # no break inside this one: it is inlined
 
 
+def view_of_intermediate_mutated_after_break(x):
+    c = x * 2
+    rows = c[1:3]  # a view of c
+    print("between")
+    rows += 1  # after the break: c must see it, as in eager
+    return c
+
+
 RESUME_PROGRAMS = [
+    view_of_intermediate_mutated_after_break,
     break_in_positional_call,
     break_in_method_call,
     break_in_keyword_call,

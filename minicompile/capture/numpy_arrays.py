@@ -33,7 +33,7 @@ import numpy as np
 import torch
 
 from minicompile.capture import mutation
-from minicompile.runtime.arrays import shares_no_memory, to_tensor
+from minicompile.runtime.values import shares_no_memory, to_tensor
 from minicompile.capture.variables import (
     ArrayVar, ConstantVar, MethodVar, ObjectVar, Source, TensorVar, TupleVar, Var,
 )

@@ -24,7 +24,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from minicompile.capture import concrete, records
-from minicompile.runtime import arrays
+from minicompile.runtime import values
+from minicompile.runtime.values import write_back
 from minicompile.capture.variables import (
     ArrayVar,
     BoundMethodVar,
@@ -207,7 +208,7 @@ def generate_rebuild(out: OutputGraph, result: Var) -> tuple[list[Node], str]:
         if id(root) in out.array_inputs:
             if root.meta.device.type != "cpu":  # a copy on the GPU: no shared memory
                 return None
-            base = f"{g.ref(arrays.to_tensor, 'to_tensor')}({root.source.expr})"
+            base = f"{g.ref(values.to_tensor, 'to_tensor')}({root.source.expr})"
         elif root.source is not None:
             base = root.source.expr
         elif all(step.kind == "alias" for step in v.view) and not alias_ok:
@@ -222,7 +223,7 @@ def generate_rebuild(out: OutputGraph, result: Var) -> tuple[list[Node], str]:
         if v.source is not None:
             return v.source.expr
         if id(v) not in made:
-            convert = arrays.to_scalar if v.scalar else arrays.to_numpy
+            convert = values.to_scalar if v.scalar else values.to_numpy
             tensor = view_of_root(v.tensor, alias_ok=True)
             if tensor is None and v.tensor.base is not None and out.at_break:
                 raise Unsupported("a view of a NumPy array that leaves the graph as a copy "
@@ -305,13 +306,3 @@ def _literal_ok(value: Any) -> bool:
     if type(value) is float:
         return value == value and value not in (float("inf"), float("-inf"))
     return type(value) in (bool, int, str, bytes, type(None))
-
-
-def write_back(dst: Any, src: torch.Tensor) -> None:
-    """An input mutated in the graph gets its new value, unless the kernels stored it there
-    already (passes/inplace.py: ``src`` is ``dst``).  ``dst`` may be a NumPy array (traced
-    through ``torch.from_numpy``, so the copy lands in its memory)."""
-    if not isinstance(dst, torch.Tensor):
-        dst = torch.from_numpy(dst)
-    if src is not dst:
-        dst.copy_(src)

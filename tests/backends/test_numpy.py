@@ -389,7 +389,7 @@ def f(a, n):
 
 def test_warm_entry_on_disk(tmp_path, backend: str) -> None:
     """A NumPy entry is stored, and a fresh process (simulated: reset()) runs it without
-    capture; its helpers live in minicompile/runtime/arrays.py for that."""
+    capture; its helpers live in minicompile/runtime/values.py for that."""
     import sys
     import types
 

@@ -1,10 +1,11 @@
-"""What the generated code of a capture with NumPy arrays calls on every call
-(capture/numpy_arrays.py writes the calls): arrays in through ``torch.from_numpy``, graph
-outputs back as arrays or NumPy scalars.
+"""What the generated get_inputs and rebuild of a capture call on every call: inputs
+mutated by the graph get their new contents (``write_back``), NumPy arrays come in through
+``torch.from_numpy`` and graph outputs go back as arrays or NumPy scalars
+(capture/numpy_arrays.py writes those calls).
 
-It lives with the runtime so that a warm entry on disk (runtime/entries.py) finds these
-functions in a process that never captured.  NumPy is not imported here: the arrays
-passed in come from it.
+They live with the runtime so that a warm entry on disk (runtime/entries.py) finds them
+in a process that never captured.  NumPy is not imported here: the arrays passed in come
+from it.
 """
 
 from __future__ import annotations
@@ -13,6 +14,16 @@ import warnings
 from typing import Any
 
 import torch
+
+
+def write_back(dst: Any, src: torch.Tensor) -> None:
+    """An input mutated in the graph gets its new value, unless the kernels stored it there
+    already (passes/inplace.py: ``src`` is ``dst``).  ``dst`` may be a NumPy array (traced
+    through ``torch.from_numpy``, so the copy lands in its memory)."""
+    if not isinstance(dst, torch.Tensor):
+        dst = torch.from_numpy(dst)
+    if src is not dst:
+        dst.copy_(src)
 
 
 def to_tensor(a: Any, device: torch.device | None = None) -> torch.Tensor:

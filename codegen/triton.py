@@ -261,8 +261,11 @@ class TritonKernel:
         elif compute_dtype(store.value.dtype) != store.dtype:
             value = f"{value}.to({TRITON_DTYPES[store.dtype]})"
         index = triton_index(store.index)
-        if not store.index.free_symbols:  # one element per row (a 0-dim result)
-            index = f"xindex * 0 + {index}"
+        if not store.index.free_symbols:  # one element per row (a 0-dim result), or a
+            # broadcast buffer (stride 0) stored from a block with an r axis: the same
+            # address in every lane, in the block's shape
+            index = f"xindex * 0 + rindex * 0 + {index}" if "r" in axes else (
+                f"xindex * 0 + {index}")
         mask = self.mask(axes)
         suffix = f", {mask}" if mask else ""
         self.w.line(f"tl.store({self.pointer(store.buffer)} + ({index}), {value}{suffix})")

@@ -186,6 +186,7 @@ def capture_segment(
                 raise
             result, local_names = frame_state(tx)
             stop = Break(tx.insts[tx.ip].offset, local_names, len(tx.stack), e)
+        output.at_break = stop is not None
         done = output.finish(result)
     capture = Capture(
         graph=done.graph,

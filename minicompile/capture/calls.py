@@ -24,6 +24,7 @@ from minicompile.capture import (
     autocast, externs, library, mutation, pybuiltins, records, torch_ops, training_ops,
 )
 from minicompile.capture.variables import (
+    ArrayVar,
     BoundMethodVar,
     BuiltinVar,
     CellVar,
@@ -82,12 +83,24 @@ _CONTAINER_MODULES = (torch.nn.ModuleList, torch.nn.Sequential)
 _GRAD_MODE_CLASSES = (torch.no_grad, torch.enable_grad, torch.set_grad_enabled)
 
 
+def is_numpy_callable(value: Any) -> bool:
+    """A function, ufunc or scalar type of NumPy (``np.sum``, ``np.exp``, ``np.float32``)."""
+    module = getattr(value, "__module__", None)
+    return callable(value) and isinstance(module, str) and (
+        module == "numpy" or module.startswith("numpy.")
+    )
+
+
 class CallsMixin:
     # -- attributes ------------------------------------------------------------------------
 
     def load_attr(self: InstructionTranslator, obj: Var, name: str) -> Var:
         obj = self.realize(obj)
         out = self.output
+        if isinstance(obj, ArrayVar):
+            from minicompile.capture import numpy_arrays
+
+            return numpy_arrays.attribute(self, obj, name)
         if isinstance(obj, TensorVar):
             if name in torch_ops.ATTRIBUTES:
                 return out.from_value(torch_ops.ATTRIBUTES[name](out, obj))
@@ -286,6 +299,10 @@ class CallsMixin:
     def call_function(self: InstructionTranslator, fn: Var, args: list, kwargs: dict) -> Var:
         fn = self.realize(fn)
         out = self.output
+        if isinstance(fn, ObjectVar) and is_numpy_callable(fn.value):
+            from minicompile.capture import numpy_functions
+
+            return numpy_functions.call(self, fn.value, args, kwargs)
         if isinstance(fn, ObjectVar):
             handler = library.handler_for(fn.value)
             if handler is not None:
@@ -363,6 +380,10 @@ class CallsMixin:
         if fn is torch.inference_mode:
             raise Unsupported(f"torch.{fn.__name__} is not supported yet")
         pos, kw = self._values(args, kwargs)
+        if any(isinstance(v, ArrayVar) for v in (*pos, *kw.values())):
+            from minicompile.capture import numpy_arrays
+
+            return numpy_arrays.torch_call(out, fn, pos, kw)
         fname = externs.public_name(fn) or externs._describe(fn)
         target = kw.pop("out") if "out" in kw else None
         inplace = kw.get("inplace") is True and fname.startswith("torch.nn.functional") and (
@@ -386,6 +407,14 @@ class CallsMixin:
 
     def call_method(self: InstructionTranslator, obj: Var, name: str, args: list, kwargs: dict):
         out = self.output
+        if isinstance(obj, ArrayVar):
+            from minicompile.capture import numpy_functions
+
+            return numpy_functions.call_method(self, obj, name, args, kwargs)
+        if isinstance(obj, TensorVar) and name == "numpy" and not args and not kwargs:
+            from minicompile.capture import numpy_arrays
+
+            return numpy_arrays.from_tensor(out, obj)
         if isinstance(obj, TensorVar):
             pos, kw = self._values(args, kwargs)
             handler = torch_ops.METHODS.get(name)

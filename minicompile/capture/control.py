@@ -29,6 +29,7 @@ from minicompile.capture import autocast, mutation, records
 from minicompile.capture.bytecode import PY, Inst
 from minicompile.capture.variables import (
     NULL,
+    ArrayVar,
     ConstantVar,
     DictVar,
     GradModeVar,
@@ -74,6 +75,10 @@ class ControlMixin:
             return [ConstantVar(k) for k in records.keys_of(var)]
         if isinstance(var, (NewObjectVar, UserObjectVar)):
             return self.object_items(var)
+        if isinstance(var, ArrayVar):
+            from minicompile.capture import numpy_arrays
+
+            return numpy_arrays.rows(self, var)
         if isinstance(var, TensorVar):
             if var.meta.ndim == 0:
                 raise Unsupported("iteration over a 0-d tensor (eager raises)")
@@ -214,7 +219,11 @@ class ControlMixin:
 
     def store_item(self: InstructionTranslator, container: Var, key: Var, value: Var) -> None:
         out = self.output
-        if isinstance(container, TensorVar):
+        if isinstance(container, ArrayVar):
+            from minicompile.capture import numpy_arrays
+
+            numpy_arrays.setitem(self, container, key, value)
+        elif isinstance(container, TensorVar):
             mutation.setitem(out, container, out.to_value(key), out.to_value(value))
         elif isinstance(container, ListVar):
             index = out.to_value(key)

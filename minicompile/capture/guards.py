@@ -97,9 +97,34 @@ class GuardBuilder:
         self.add(src.name, "sizes", f"{x}.shape == {shape!r}", f"{x}.shape", shape)
         self.add(src.name, "strides", f"{x}.stride() == {stride!r}", f"{x}.stride()", stride)
 
-    def _symbolic_sizes(self, src: Source, t: torch.Tensor, meta: Any) -> None:
+    def array_match(self, src: Source, a: Any, meta: Any, scalar: bool = False) -> None:
+        """A NumPy array read through ``torch.from_numpy`` (capture/numpy_arrays.py): type,
+        dtype, writability, sizes and strides (NumPy's, in bytes).  A NumPy scalar: its
+        type, which fixes its dtype."""
+        typ, cls = f"type({src.first_expr})", type(a)
+        self.add(src.name, "type", f"{typ} is {self._type(cls)}", typ, cls)
+        if scalar:
+            return
         x = src.expr
-        self.add(src.name, "dims", f"{x}.dim() == {t.dim()}", f"{x}.dim()", t.dim())
+        # By its text ('<f8'), not by reference: a warm entry on disk can hold the check.
+        self.add(src.name, "dtype", f"{x}.dtype.str == {a.dtype.str!r}", f"{x}.dtype.str",
+                 a.dtype.str)
+        writeable = bool(a.flags.writeable)
+        self.add(src.name, "writeable", f"{x}.flags.writeable is {writeable}",
+                 f"{x}.flags.writeable", writeable)
+        if meta.is_symbolic:
+            self._symbolic_sizes(src, a, meta, "ndim", "strides", a.itemsize)
+            return
+        shape, strides = tuple(a.shape), tuple(a.strides)
+        self.add(src.name, "sizes", f"{x}.shape == {shape!r}", f"{x}.shape", shape)
+        self.add(src.name, "strides", f"{x}.strides == {strides!r}", f"{x}.strides", strides)
+
+    def _symbolic_sizes(self, src: Source, t: Any, meta: Any, ndim: str = "dim()",
+                        strides: str = "stride()", unit: int = 1) -> None:
+        """Sizes and strides of ``t`` against symbolic ``meta``; ``ndim`` and ``strides``
+        read them off the value (``unit``: bytes per stride step, for NumPy arrays)."""
+        x = src.expr
+        self.add(src.name, "dims", f"{x}.{ndim} == {t.ndim}", f"{x}.{ndim}", t.ndim)
         names = {s: where.expr for s, where in meta.shapes.sources.items()}
         for d, size in enumerate(meta.shape):
             if size.is_Integer:
@@ -109,12 +134,13 @@ class GuardBuilder:
                 self.add(src.name, f"size {d} (dynamic, {size})",
                          f"{x}.shape[{d}] >= {MIN_DYNAMIC_SIZE}", f"{x}.shape[{d}]",
                          f">= {MIN_DYNAMIC_SIZE}")
-        checked = [d for d in range(t.dim()) if t.shape[d] != 1]
+        checked = [d for d in range(t.ndim) if t.shape[d] != 1]
         if checked:
-            want = ", ".join(python_expr(meta.stride[d], names) for d in checked)
+            scale = f"{unit} * " if unit != 1 else ""
+            want = ", ".join(f"{scale}({python_expr(meta.stride[d], names)})" for d in checked)
             got = ", ".join(f"stride[{d}]" for d in checked)
-            self.add(src.name, "strides", f"(lambda stride: ({got},) == ({want},))({x}.stride())",
-                     f"{x}.stride()", tuple(str(s) for s in meta.stride))
+            self.add(src.name, "strides", f"(lambda stride: ({got},) == ({want},))({x}.{strides})",
+                     f"{x}.{strides}", tuple(str(s) for s in meta.stride))
 
     def symbolic_int(self, src: Source, value: int, symbol: str) -> None:
         """A Python int traced as a size symbol: any int of at least 2 reuses the trace."""

@@ -38,6 +38,7 @@ from minicompile.capture.output import MAX_INSTRUCTIONS, OutputGraph
 from minicompile.capture.variables import (
     specialized,
     NULL,
+    ArrayVar,
     CellVar,
     ConstantVar,
     DictVar,
@@ -175,6 +176,10 @@ class InstructionTranslator(CallsMixin, PythonCallsMixin, ControlMixin):
                 "data-dependent branch: `if` on a tensor value is not supported",
                 hint="use torch.where",
             )
+        if isinstance(var, ArrayVar):
+            from minicompile.capture import numpy_arrays
+
+            raise numpy_arrays.truth_value()
         if isinstance(var, (TupleVar, ListVar, DictVar)):
             return len(var.items) > 0
         if isinstance(var, (ConstantVar, ObjectVar)):
@@ -341,6 +346,10 @@ class InstructionTranslator(CallsMixin, PythonCallsMixin, ControlMixin):
         self.push(self.binary(symbol, fn, a, b, inplace))
 
     def binary(self, symbol: str, fn: Callable, a: Var, b: Var, inplace: bool = False) -> Var:
+        if isinstance(self.realize(a), ArrayVar) or isinstance(self.realize(b), ArrayVar):
+            from minicompile.capture import numpy_arrays
+
+            return numpy_arrays.binary(self, symbol, a, b, inplace)
         if isinstance(a, TensorVar) or isinstance(b, TensorVar):
             av, bv = self.output.to_value(a), self.output.to_value(b)
             result = autocast.call(
@@ -403,7 +412,11 @@ class InstructionTranslator(CallsMixin, PythonCallsMixin, ControlMixin):
     def _unary(symbol: str, fn: Callable) -> Callable:  # noqa: N805 (a handler factory)
         def handler(self: InstructionTranslator, inst: Inst) -> None:
             x = self.pop()
-            if isinstance(x, TensorVar):
+            if isinstance(x, ArrayVar):
+                from minicompile.capture import numpy_arrays
+
+                self.push(numpy_arrays.unary(self, symbol, x))
+            elif isinstance(x, TensorVar):
                 result = autocast.call(self.output, fn, (x,), {}, lambda p, k: (
                     torch_ops.unary_operator(self.output, symbol, *p)))
                 self.push(self.output.from_value(result))
@@ -506,6 +519,10 @@ class InstructionTranslator(CallsMixin, PythonCallsMixin, ControlMixin):
 
     def subscript(self, container: Var, index: Var) -> Var:
         container = self.realize(container)
+        if isinstance(container, ArrayVar):
+            from minicompile.capture import numpy_arrays
+
+            return numpy_arrays.getitem(self, container, index)
         if isinstance(container, TensorVar):
             key = self.output.to_value(index)
             keys = key if isinstance(key, tuple) else (key,)

@@ -36,6 +36,7 @@ import torch
 from minicompile.capture import autocast, records
 from minicompile.capture.pybuiltins import contains_tensor
 from minicompile.capture.variables import (
+    ArrayVar,
     BoundMethodVar, ConstantVar, ObjectVar, TensorVar, Var, specialized,
 )
 from minicompile.errors import Unsupported
@@ -108,7 +109,7 @@ def _check(tx: InstructionTranslator, fn: Any, args: list, kwargs: dict) -> Var:
     position = 1 if fn is getattr(torch, "_check_with", None) else 0  # (error_type, cond)
     var = args[position] if len(args) > position else kwargs.get("cond", ConstantVar(True))
     cond = tx.output.to_value(tx.realize(var))  # the message (a lambda, often) stays unread
-    if isinstance(cond, TensorVar):
+    if isinstance(cond, (TensorVar, ArrayVar)):
         raise Unsupported("a check on a tensor's value (torch._assert / torch._check)")
     if isinstance(cond, (int, bool, torch.SymInt, torch.SymBool)):
         if isinstance(cond, torch.SymInt):  # _check_is_size(n): n >= 0

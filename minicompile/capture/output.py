@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import sys
 import types
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -25,6 +26,7 @@ from minicompile.capture.dynamic import STATIC, DynamicPolicy, symbolic_strides
 from minicompile.capture.guards import GuardBuilder, Guards
 from minicompile.capture.side_effects import SideEffects, generate_rebuild
 from minicompile.capture.variables import (
+    ArrayVar,
     BuiltinVar,
     ConstantVar,
     DictVar,
@@ -53,7 +55,7 @@ if TYPE_CHECKING:
     from minicompile.capture.interpreter import InstructionTranslator
 
 # Python modules whose attributes are read without guards (nobody patches them per call).
-_TRUSTED_MODULES = ("torch", "math", "operator", "builtins")
+_TRUSTED_MODULES = ("torch", "math", "operator", "builtins", "numpy")
 # Graph view ops and how a view made by one is described (see mutation.ViewStep).
 _VIEW_OPS = frozenset({"permute", "expand", "unsqueeze", "squeeze"})
 # Ops whose results never require grad, whatever their inputs (eager's autograd agrees).
@@ -120,9 +122,12 @@ class OutputGraph:
         self.input_values: list[torch.Tensor] = []  # the traced tensor per placeholder
         self.input_vars: list[TensorVar] = []
         self.input_nodes: dict[int, Node] = {}  # id(input tracker) -> its placeholder
+        # id(input tracker) -> the NumPy array it reads (capture/numpy_arrays.py)
+        self.array_inputs: dict[int, Any] = {}
         self.mutated_inputs: dict[int, TensorVar] = {}  # roots to write back, in order
         self.views: dict[int, list[TensorVar]] = {}  # id(root) -> live views of it
         self.side_effects = SideEffects()
+        self.at_break = False  # finish() makes the values live at a graph break
         self.initial_grad = self.grad_enabled = torch.is_grad_enabled()
         self.autocast = AutocastState()  # the traced torch.autocast state (capture/autocast.py)
         self.instructions = 0
@@ -160,6 +165,10 @@ class OutputGraph:
         g = self.guards
         if isinstance(value, torch.Tensor):
             return self._wrap_tensor(value, source)
+        if is_numpy_value(value):
+            from minicompile.capture import numpy_arrays
+
+            return numpy_arrays.wrap_input(self, value, source)
         if type(value) is int and source is not None and self.dynamic.wants_int(source.name, value):
             return self._symbolic_int(value, source)
         if is_constant_value(value):
@@ -205,10 +214,7 @@ class OutputGraph:
             raise Unsupported(f"tensor subclass {type(t).__name__} is not supported")
         if t.layout != torch.strided or t.dtype not in DTYPE_ABBR:
             raise Unsupported(f"{t.layout} tensors of dtype {t.dtype} are not supported")
-        # Placeholders describe the tensor from its data pointer: storage offsets are not
-        # guarded, so they are not part of the metadata either.
-        meta = dataclasses.replace(TensorMeta.of(t), storage_offset=sympy.Integer(0))
-        dims = self.dynamic.dims(source.name, t)
+        meta, dims = self.input_meta(t, source)
         alias = None if dims else self._aliased_input(t)
         if alias is not None:  # f(a, a[0]): a view of the input it shares storage with
             base, base_var = alias
@@ -219,12 +225,26 @@ class OutputGraph:
             var = step.apply(self, base_var)
             mutation.register_view(self, var, base_var, (step,))
             return var
+        self.guards.tensor_match(source, t, meta)
+        return self.add_input(t, source, meta, source.expr)
+
+    def input_meta(self, t: torch.Tensor, source: Source) -> tuple[TensorMeta, tuple[int, ...]]:
+        """The metadata of an input's placeholder (with a size symbol for each dim the
+        dynamic policy picks) and those dims."""
+        # Placeholders describe the tensor from its data pointer: storage offsets are not
+        # guarded, so they are not part of the metadata either.
+        meta = dataclasses.replace(TensorMeta.of(t), storage_offset=sympy.Integer(0))
+        dims = self.dynamic.dims(source.name, t)
         if dims:
             meta = self._symbolic_meta(t, source, dims, meta)
-        self.guards.tensor_match(source, t, meta)
+        return meta, dims
+
+    def add_input(self, t: torch.Tensor, source: Source, meta: TensorMeta, expr: str) -> TensorVar:
+        """A placeholder for the input ``t`` read at ``source``; ``expr`` gives it in the
+        generated get_inputs (guards are the caller's)."""
         node = self.graph.placeholder(self._ident(source.ident), meta)
         self.input_sources.append(source.name)
-        self.input_exprs.append(source.expr)
+        self.input_exprs.append(expr)
         var = TensorVar(node, type(t), source)
         self.input_values.append(t)
         self.input_vars.append(var)
@@ -331,7 +351,7 @@ class OutputGraph:
         """The plain value torch_ops and constant folding work on: TensorVars stay, constants
         and known objects become themselves, containers are rebuilt."""
         var = self.realize(var)
-        if isinstance(var, TensorVar):
+        if isinstance(var, (TensorVar, ArrayVar)):
             return var
         if isinstance(var, (ConstantVar, ObjectVar)):
             return var.value
@@ -532,6 +552,10 @@ class OutputGraph:
         outputs, rebuild_src = generate_rebuild(self, result)
         if self.mutated_inputs:
             self._check_no_shared_storage()
+            if self.array_inputs:
+                from minicompile.capture import numpy_arrays
+
+                numpy_arrays.check_mutated_inputs(self)
         self.graph.output(outputs)
         scalars = []  # Python ints that are size symbols: passed after the tensors
         if self.graph.shapes is not None:
@@ -572,10 +596,19 @@ class OutputGraph:
     def _check_no_shared_storage(self) -> None:
         """Mutated inputs must not share memory with other inputs (``f(x, x[0])``): the
         graph treats inputs as independent.  Refused now, guarded for later calls."""
-        storages = [t.untyped_storage()._cdata for t in self.input_values]
+        tensors = [(t, e) for t, e, v in zip(self.input_values, self.input_exprs, self.input_vars)
+                   if id(v) not in self.array_inputs]  # arrays: numpy_arrays checks them
+        storages = [t.untyped_storage()._cdata for t, _ in tensors]
         if len(set(storages)) != len(storages):
             raise Unsupported("an input mutated in place shares memory with another input")
-        self.guards.distinct_storages(self.input_exprs)
+        self.guards.distinct_storages([e for _, e in tensors])
+
+
+def is_numpy_value(value: Any) -> bool:
+    """A NumPy array or scalar (without importing NumPy: if it is not imported, no value is
+    one)."""
+    np = sys.modules.get("numpy")
+    return np is not None and isinstance(value, (np.ndarray, np.generic))
 
 
 def _size(value: Any) -> Any:

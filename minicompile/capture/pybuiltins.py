@@ -12,6 +12,7 @@ import collections.abc
 from typing import TYPE_CHECKING, Any
 
 from minicompile.capture.variables import (
+    ArrayVar,
     python_type_of,
     specialized,
     ConstantVar,
@@ -61,7 +62,8 @@ _TENSOR_TO_PYTHON = (bool, int, float, complex)
 
 
 def contains_tensor(value: Any) -> bool:
-    if isinstance(value, TensorVar):
+    """A tensor (or a NumPy array: traced as one) in a value or its items."""
+    if isinstance(value, (TensorVar, ArrayVar)):
         return True
     if isinstance(value, (tuple, list)):
         return any(contains_tensor(v) for v in value)
@@ -118,6 +120,10 @@ def _sequence(fn: Any, arg: Var) -> Var:
 
 def _with_tensors(out: OutputGraph, fn: Any, name: str, values: list, kw: dict) -> Var:
     x = values[0] if values else None
+    if isinstance(x, ArrayVar):
+        from minicompile.capture import numpy_arrays
+
+        return numpy_arrays.builtin(out, fn, values)
     if fn is abs and len(values) == 1 and isinstance(x, TensorVar):
         return out.op("abs", (x,))
     if fn is len and len(values) == 1 and isinstance(x, TensorVar):

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from minicompile.capture import pybuiltins, records
 from minicompile.capture.variables import (
+    ArrayVar,
     BoundMethodVar,
     ConstantVar,
     DictVar,
@@ -237,7 +238,7 @@ class PythonCallsMixin:
             return ConstantVar(issubclass(args[0].cls or tuple, self.output.to_value(args[1])))
         if fn is sum and 1 <= len(args) <= 2 and not kwargs:
             items = self.iter_items(args[0])
-            if any(isinstance(i, TensorVar) for i in items):
+            if any(isinstance(i, (TensorVar, ArrayVar)) for i in items):
                 total = args[1] if len(args) == 2 else ConstantVar(0)
                 for item in items:
                     total = self.binary("+", operator.add, total, item)

@@ -24,7 +24,10 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from minicompile.capture import concrete, records
+from minicompile.runtime import values
+from minicompile.runtime.values import write_back
 from minicompile.capture.variables import (
+    ArrayVar,
     BoundMethodVar,
     CellVar,
     ConstantVar,
@@ -117,14 +120,12 @@ def generate_rebuild(out: OutputGraph, result: Var) -> tuple[list[Node], str]:
 
     def expr(v: Var) -> str:
         v = out.realize(v)
+        if isinstance(v, ArrayVar):
+            return array(v)
         if isinstance(v, TensorVar):
             if v.source is not None:
                 return v.source.expr
-            if v.base is not None and v.base.source is not None:
-                view = view_expr(v.base.source.expr, v.view, value_text)
-                if view is not None:  # a view of an input, as eager returns it
-                    return view
-            return output(v.node)
+            return view_of_root(v) or output(v.node)
         if isinstance(v, ConstantVar) and isinstance(v.value, SYMBOLIC_TYPES):
             # A size of a dynamic capture: recomputed from the frame's tensors on each call.
             return out.graph.shapes.python_source(v.value)
@@ -192,6 +193,43 @@ def generate_rebuild(out: OutputGraph, result: Var) -> tuple[list[Node], str]:
                                       f"{g.ref(v.cls, v.cls.__name__)}, {{}})")
             attrs = ", ".join(f"{k!r}: {expr(i)}" for k, i in v.attrs.items())
             lines.append(f"    {name}.__dict__.update({{{attrs}}})")
+        return made[id(v)]
+
+    def view_of_root(v: TensorVar, alias_ok: bool = False) -> str | None:
+        """``v`` as a real view of its root's value here, as eager has it: a view of an
+        input is one of the caller's tensor (or of the caller's NumPy array, through
+        ``torch.from_numpy``), a view of a tensor the graph made is one of that output,
+        so an in-place op after a graph break reaches the root.  None when the steps
+        cannot be written down, or only alias when not ``alias_ok`` (``detach`` is another
+        tensor; an array of ``t.numpy()`` is not)."""
+        root = v.base
+        if root is None:
+            return None
+        if id(root) in out.array_inputs:
+            if root.meta.device.type != "cpu":  # a copy on the GPU: no shared memory
+                return None
+            base = f"{g.ref(values.to_tensor, 'to_tensor')}({root.source.expr})"
+        elif root.source is not None:
+            base = root.source.expr
+        elif all(step.kind == "alias" for step in v.view) and not alias_ok:
+            return None
+        else:
+            base = expr(root)
+        return view_expr(base, v.view, value_text)
+
+    def array(v: ArrayVar) -> str:
+        """A NumPy array or scalar of the trace, made once (``a is b`` stays true), over
+        the memory NumPy's would share (a view of an input array is a view of it)."""
+        if v.source is not None:
+            return v.source.expr
+        if id(v) not in made:
+            convert = values.to_scalar if v.scalar else values.to_numpy
+            tensor = view_of_root(v.tensor, alias_ok=True)
+            if tensor is None and v.tensor.base is not None and out.at_break:
+                raise Unsupported("a view of a NumPy array that leaves the graph as a copy "
+                                  "(a[::-1], or on a GPU) is live at a graph break")
+            tensor = tensor or output(v.tensor.node)
+            made[id(v)] = temp(f"{g.ref(convert, convert.__name__)}({tensor})")
         return made[id(v)]
 
     lines.append(f"    ret = {expr(result)}")
@@ -268,10 +306,3 @@ def _literal_ok(value: Any) -> bool:
     if type(value) is float:
         return value == value and value not in (float("inf"), float("-inf"))
     return type(value) in (bool, int, str, bytes, type(None))
-
-
-def write_back(dst: torch.Tensor, src: torch.Tensor) -> None:
-    """An input mutated in the graph gets its new value, unless the kernels stored it there
-    already (passes/inplace.py: ``src`` is ``dst``)."""
-    if src is not dst:
-        dst.copy_(src)

@@ -3,6 +3,8 @@
 Each tracker (a ``Var``) stands for one Python value of the user's frame:
 
 - :class:`TensorVar`: a tensor, i.e. a graph node with its metadata;
+- :class:`ArrayVar`: a NumPy array or scalar, traced as a tensor with NumPy's semantics
+  (:mod:`minicompile.capture.numpy_arrays`);
 - :class:`ConstantVar`: a Python value known while tracing (numbers, str, None, dtype,
   device, slices, code objects), constant-folded by the interpreter;
 - :class:`TupleVar` / :class:`ListVar` / :class:`SizeVar` / :class:`DictVar`: containers of
@@ -96,6 +98,22 @@ class TensorVar(Var):
 
     def describe(self) -> str:
         return "a tensor"
+
+
+@dataclasses.dataclass(eq=False)
+class ArrayVar(Var):
+    """A NumPy array (or, with ``scalar``, a NumPy scalar such as ``np.float64``) traced as
+    the tensor ``tensor``: its operations follow NumPy's rules (numpy_arrays.py,
+    numpy_functions.py) and it leaves the graph as an ``np.ndarray`` (or NumPy scalar).
+    ``tensor`` is shared with views and ``torch.from_numpy`` aliases, so an in-place op
+    that rebinds its node is seen by all of them."""
+
+    tensor: TensorVar
+    scalar: bool = False
+    source: Source | None = None
+
+    def describe(self) -> str:
+        return "a NumPy scalar" if self.scalar else "a NumPy array"
 
 
 @dataclasses.dataclass(eq=False)

@@ -41,7 +41,8 @@ import torch
 
 from minicompile import trace
 from minicompile.config import Config
-from minicompile.runtime import build, cache, fingerprints
+from minicompile.runtime import build, cache, fingerprints, values  # noqa: F401 (values:
+# what generated rebuilds call, found by recipes in a process that never captured)
 from minicompile.runtime.fingerprints import Miss, NotStorable, lookup
 from minicompile.runtime.guards import GLOBAL_MODULE_HOOKS, GUARDS_FILENAME, GuardCheck, Guards
 

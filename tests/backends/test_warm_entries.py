@@ -299,3 +299,36 @@ def test_reset_looks_on_disk_again(warm: Path) -> None:
             x, y = torch.randn(4, 8), torch.randn(4, 8)
             torch.testing.assert_close(compiled(x, y), m.f(x, y))
         assert minicompile.stats()["frames"] == expect_frames
+
+
+MUTATING_SOURCE = """
+import torch
+
+def f(x, y):
+    x.mul_(2)
+    return x + y
+"""
+
+
+def test_entry_that_mutates_an_input_loads(warm: Path, backend: str,
+                                           device: torch.device) -> None:
+    """Its rebuild calls write_back, which a warm process finds (minicompile/runtime/
+    values.py: capture's modules are not imported there), and the caller's tensor gets its
+    new contents."""
+    m = load_source(MUTATING_SOURCE)
+    for process in ("cold", "warm"):
+        minicompile.reset()
+        compiled = minicompile.compile(m.f, backend=backend)
+        for seed in (0, 1):
+            torch.manual_seed(seed)
+            x, y = torch.randn(4, 8, device=device), torch.randn(4, 8, device=device)
+            x_eager = x.clone()
+            torch.testing.assert_close(compiled(x, y), m.f(x_eager, y))
+            torch.testing.assert_close(x, x_eager)
+        stats = minicompile.stats()
+        assert stats["frames"] == (1 if process == "cold" else 0), (process, stats)
+    # A process that never captured has not imported capture's modules: the entry's
+    # recipes must not name them (they did: write_back lived in capture/side_effects.py).
+    (entry,) = entry_files(warm)
+    text = entry.read_text()
+    assert "minicompile.runtime.values" in text and "minicompile.capture" not in text

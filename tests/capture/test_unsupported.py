@@ -38,7 +38,7 @@ def test_print_names_reason_and_line() -> None:
     [
         (lambda x: x.sum().item(), "Tensor.item() reads tensor data into Python", None),
         (lambda x: x.tolist(), "Tensor.tolist() reads tensor data into Python", None),
-        (lambda x: x.numpy(), "Tensor.numpy() reads tensor data into Python", None),
+        (lambda x: x.numpy().item(), "numpy.ndarray.item() reads the array's data", None),
         (lambda x: bool(x.sum()), "bool() of a tensor reads its data into Python", None),
         (lambda x: os.getpid() + x, "call to posix.getpid is not supported", None),
         (lambda x: x.to("meta"), "moving a tensor from cpu to meta is not supported", None),

@@ -100,7 +100,16 @@ def print_then_call(x):
     return _inlined_outer(y.sin()) + x  # no break inside this one: it is inlined
 
 
+def view_of_intermediate_mutated_after_break(x):
+    c = x * 2
+    rows = c[1:3]  # a view of c
+    print("between")
+    rows += 1  # after the break: c must see it, as in eager
+    return c
+
+
 RESUME_PROGRAMS = [
+    view_of_intermediate_mutated_after_break,
     break_in_positional_call,
     break_in_method_call,
     break_in_keyword_call,
@@ -231,7 +240,9 @@ def test_numpy_array_is_not_baked_in(backend: str, device: torch.device) -> None
     torch.testing.assert_close(compiled(x), numpy_round_trip(x))
     y = torch.randn(4, 8, device=device)
     torch.testing.assert_close(compiled(y), numpy_round_trip(y))
-    assert minicompile.stats()["graph_breaks"] >= 3  # .numpy(), np.tanh, +, from_numpy
+    # .cpu() breaks; the NumPy code after it is traced (capture/numpy_arrays.py), with the
+    # array made at the break an input of its segment, read anew on every call.
+    assert minicompile.stats()["graph_breaks"] >= 1
 
 
 # -- a frame that cannot be compiled after its break runs eagerly, not interpreted ------------

@@ -1,0 +1,443 @@
+"""NumPy functions under compile: ``np.*`` calls and ndarray methods as torch graph ops.
+
+Each supported function maps to torch ops on the arrays' tensors (:mod:`numpy_arrays`), and
+NumPy itself says, at trace time, what its result is:
+
+- **ufuncs** (``np.add``, ``np.exp``, the operators): ``ufunc.resolve_dtypes`` gives the
+  loop's dtypes under NumPy 2's promotion (Python numbers weak, ``int / int`` a float64
+  loop); the operands are cast to them, the torch op runs, the result is cast to the
+  loop's output dtype, and a 0-d result is a NumPy scalar, as ufuncs return one.  The ufunc
+  also runs once on 0-d samples, so that what NumPy rejects (``uint8_array + 300``) is
+  rejected here too.
+- **reductions and the rest**: the function runs on a one-element sample with the
+  arguments' dtypes and ranks (``np.sum(np.ones((1, 1), np.int32), axis=0)``), which gives
+  the result's dtype and whether NumPy returns a scalar, and raises where NumPy raises
+  (an axis out of range).
+- Integer ``//`` and ``%`` by zero give 0, as in NumPy (the divisor is made 1 there, the
+  result 0).
+- Any other callable of NumPy is a graph break whose reason names it
+  ("numpy.linalg.svd is not supported"): it runs for real.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+from minicompile.capture import externs, torch_ops
+from minicompile.capture.numpy_arrays import (
+    as_array, cast, copy, full, numpy_dtype, operand, require_numpy_2,
+    result, torch_dtype,
+)
+from minicompile.capture.torch_ops import parse
+from minicompile.capture.variables import (
+    ArrayVar, ConstantVar, ObjectVar, TensorVar, Var, python_type_of, specialized,
+)
+from minicompile.errors import Unsupported
+
+if TYPE_CHECKING:
+    from minicompile.capture.interpreter import InstructionTranslator
+    from minicompile.capture.output import OutputGraph
+
+Handler = Callable[["OutputGraph", str, tuple, dict], Any]
+FUNCTIONS: dict[str, Handler] = {}  # name in the numpy namespace -> handler
+METHODS: dict[str, Handler] = {}  # ndarray method -> handler (the array first)
+
+UNARY_UFUNCS: dict[str, Any] = {
+    "negative": torch.neg, "positive": torch.clone, "absolute": torch.abs, "fabs": torch.abs,
+    "sign": torch.sign, "exp": torch.exp, "exp2": torch.exp2, "expm1": torch.expm1,
+    "log": torch.log, "log2": torch.log2, "log10": torch.log10, "log1p": torch.log1p,
+    "sqrt": torch.sqrt, "square": torch.square, "reciprocal": torch.reciprocal,
+    "sin": torch.sin, "cos": torch.cos, "tan": torch.tan, "arcsin": torch.asin,
+    "arccos": torch.acos, "arctan": torch.atan, "sinh": torch.sinh, "cosh": torch.cosh,
+    "tanh": torch.tanh, "arcsinh": torch.asinh, "arccosh": torch.acosh,
+    "arctanh": torch.atanh, "deg2rad": torch.deg2rad, "radians": torch.deg2rad,
+    "rad2deg": torch.rad2deg, "degrees": torch.rad2deg, "floor": torch.floor,
+    "ceil": torch.ceil, "trunc": torch.trunc, "rint": torch.round,
+    "logical_not": torch.logical_not, "invert": torch.bitwise_not, "isnan": torch.isnan,
+    "isinf": torch.isinf, "isfinite": torch.isfinite, "signbit": torch.signbit,
+}
+BINARY_UFUNCS: dict[str, Any] = {
+    "add": torch.add, "subtract": torch.sub, "multiply": torch.mul, "divide": torch.true_divide,
+    "floor_divide": torch.floor_divide, "remainder": torch.remainder, "fmod": torch.fmod,
+    "power": torch.pow, "float_power": torch.pow, "maximum": torch.maximum,
+    "minimum": torch.minimum, "fmax": torch.fmax, "fmin": torch.fmin,
+    "arctan2": torch.atan2, "hypot": torch.hypot, "copysign": torch.copysign,
+    "logaddexp": torch.logaddexp, "logaddexp2": torch.logaddexp2, "equal": torch.eq,
+    "not_equal": torch.ne, "less": torch.lt, "less_equal": torch.le, "greater": torch.gt,
+    "greater_equal": torch.ge, "logical_and": torch.logical_and,
+    "logical_or": torch.logical_or, "logical_xor": torch.logical_xor,
+    "bitwise_and": torch.bitwise_and, "bitwise_or": torch.bitwise_or,
+    "bitwise_xor": torch.bitwise_xor, "left_shift": torch.bitwise_left_shift,
+    "right_shift": torch.bitwise_right_shift,
+}
+# torch ops that take a Python number on either side; the others get 0-d tensors.
+_NUMBERS_OK = frozenset({
+    torch.add, torch.sub, torch.mul, torch.true_divide, torch.floor_divide, torch.remainder,
+    torch.pow, torch.eq, torch.ne, torch.lt, torch.le, torch.gt, torch.ge, torch.logical_and,
+    torch.logical_or, torch.logical_xor, torch.bitwise_and, torch.bitwise_or,
+    torch.bitwise_xor,
+})
+_INTEGER_DIVISIONS = frozenset({"floor_divide", "remainder", "fmod"})
+# Functions of Python values that answer questions about dtypes: folded while tracing.
+_FOLDED = ("dtype", "issubdtype", "result_type", "promote_types", "can_cast", "finfo", "iinfo")
+
+
+def _register(table: dict[str, Handler], names: tuple[str, ...]) -> Callable[[Handler], Handler]:
+    def deco(handler: Handler) -> Handler:
+        for name in names:
+            table[name] = handler
+        return handler
+
+    return deco
+
+
+def function(*names: str) -> Callable[[Handler], Handler]:
+    """Register a handler for ``np.<name>`` (each name)."""
+    return _register(FUNCTIONS, names)
+
+
+def method(*names: str) -> Callable[[Handler], Handler]:
+    """Register a handler for ``ndarray.<name>`` (the array is its first argument)."""
+    return _register(METHODS, names)
+
+
+# -- dispatch --------------------------------------------------------------------------------
+
+
+def public_name(fn: Any) -> str:
+    """``numpy.linalg.svd``: where the NumPy callable ``fn`` is found."""
+    name = getattr(fn, "__name__", None) or type(fn).__name__
+    for prefix, ns in (("numpy", np), ("numpy.linalg", np.linalg), ("numpy.fft", np.fft),
+                       ("numpy.random", np.random)):
+        if getattr(ns, name, None) is fn:
+            return f"{prefix}.{name}"
+    module = getattr(fn, "__module__", None) or "numpy"
+    return f"{module}.{getattr(fn, '__qualname__', name)}"
+
+
+def call(tx: InstructionTranslator, fn: Any, args: list, kwargs: dict) -> Var:
+    """``fn(*args, **kwargs)`` for a callable of NumPy (``np.sum``, ``np.exp``, ``np.float32``)."""
+    require_numpy_2()
+    out = tx.output
+    name = public_name(fn)
+    pos = tuple(out.to_value(a) for a in args)
+    kw = {k: out.to_value(v) for k, v in kwargs.items()}
+    short = name.removeprefix("numpy.")
+    if isinstance(fn, np.ufunc):
+        return ufunc(out, fn, pos, kw)
+    if isinstance(fn, type) and issubclass(fn, np.generic):
+        return numpy_shapes.scalar_type(out, name, fn, pos, kw)
+    if short in FUNCTIONS and getattr(np, short, None) is fn:
+        return out.from_value(FUNCTIONS[short](out, name, pos, kw))
+    if short in _FOLDED and getattr(np, short, None) is fn:
+        return _fold(fn, name, pos, kw)
+    raise Unsupported(f"{name} is not supported")
+
+
+def call_method(tx: InstructionTranslator, arr: ArrayVar, name: str, args: list,
+                kwargs: dict) -> Var:
+    out = tx.output
+    pos = tuple(out.to_value(a) for a in args)
+    kw = {k: out.to_value(v) for k, v in kwargs.items()}
+    return out.from_value(METHODS[name](out, f"numpy.ndarray.{name}", (arr, *pos), kw))
+
+
+def _fold(fn: Any, name: str, args: tuple, kwargs: dict) -> Var:
+    values = [numpy_dtype(a) if isinstance(a, ArrayVar) else a for a in args]
+    if any(isinstance(v, TensorVar) for v in (*values, *kwargs.values())):
+        raise Unsupported(f"{name}() of a torch tensor is not supported")
+    value = sample(name, fn, *specialized(values), **kwargs)
+    return ConstantVar(value) if type(value) in (bool, int, float, str) else ObjectVar(value)
+
+
+def sample(fname: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
+    """``fn(*args, **kwargs)`` run by NumPy now (on samples); what NumPy raises is
+    Unsupported, so the frame runs eagerly and NumPy raises it."""
+    try:
+        with np.errstate(all="ignore"), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return fn(*args, **kwargs)
+    except Exception as e:
+        raise Unsupported(f"{fname}: NumPy raises {type(e).__name__}: {e}", raises=True) from e
+
+
+def _sample_of(v: Any) -> Any:
+    """An argument's stand-in for :func:`sample`: arrays as ones of their dtype and rank."""
+    if isinstance(v, ArrayVar):
+        return np.ones((1,) * v.tensor.meta.ndim, numpy_dtype(v))
+    return python_type_of(v)
+
+
+def _torch(out: OutputGraph, fn: Any, *args: Any, **kwargs: Any) -> Any:
+    """``fn(*args, **kwargs)`` as torch graph ops (as capture does for torch code, without
+    autocast: NumPy's dtypes are not autocast's)."""
+    if fn in torch_ops.FUNCTIONS:
+        fname, handler = torch_ops.FUNCTIONS[fn]
+        return handler(out, fname, args, kwargs)
+    return externs.call_function(out, fn, args, kwargs)
+
+
+def _result_dtype(values: list) -> np.dtype:
+    """``np.result_type`` of arrays and Python numbers (weak, as in NumPy 2)."""
+    return np.result_type(*(numpy_dtype(v) if isinstance(v, ArrayVar) else python_type_of(v)
+                            for v in values))
+
+
+# -- ufuncs ----------------------------------------------------------------------------------
+
+
+def ufunc(out: OutputGraph, uf: Any, args: tuple, kwargs: dict | None = None) -> ArrayVar:
+    """``uf(*args)`` with NumPy's loop dtypes (see the module doc)."""
+    name = uf.__name__
+    fname = f"numpy.{name}"
+    if name == "matmul" and not kwargs and len(args) == 2:
+        return matmul(out, fname, *args)
+    fn = UNARY_UFUNCS.get(name) or BINARY_UFUNCS.get(name)
+    if fn is None:
+        raise Unsupported(f"{fname} is not supported")
+    if kwargs:
+        raise Unsupported(f"{fname}() with keyword arguments ({', '.join(kwargs)}) is not "
+                          "supported")
+    if len(args) != uf.nin:
+        raise Unsupported(f"{fname}() with {len(args)} arguments (out arguments) is not "
+                          "supported")
+    ops = [operand(out, fname, a) for a in args]
+    if not any(isinstance(v, ArrayVar) for v in ops):  # np.exp(1.0): a NumPy scalar
+        ops[0] = ArrayVar(full(out, ops[0], _result_dtype([ops[0]])), scalar=True)
+    types = tuple(numpy_dtype(v) if isinstance(v, ArrayVar) else
+                  (np.dtype(bool) if type(v) is bool else type(python_type_of(v))) for v in ops)
+    sample(fname, uf, *(np.ones((), t) if isinstance(v, ArrayVar) else python_type_of(v)
+                        for v, t in zip(ops, types)))  # NumPy's own checks (value ranges)
+    loop = sample(fname, uf.resolve_dtypes, types + (None,) * uf.nout)
+    ins, res_dtype = loop[: uf.nin], loop[uf.nin]
+    if any(isinstance(v, torch.SymInt) for v in ops) and res_dtype.kind in "iu" and (
+        res_dtype.itemsize < 8
+    ):
+        raise Unsupported(f"{fname}(): a dynamic size with a {res_dtype} array")
+    if ins[0].kind in "biu" and (name == "reciprocal" or (
+        name == "power" and isinstance(ops[1], ArrayVar)
+    )):
+        raise Unsupported(f"{fname}() of integers with an array exponent or reciprocal: NumPy "
+                          "raises for negative values")
+    targs = [cast(out, v.tensor, torch_dtype(t)) if isinstance(v, ArrayVar)
+             else v if fn in _NUMBERS_OK else full(out, v, t) for v, t in zip(ops, ins)]
+    if name in _INTEGER_DIVISIONS and ins[1].kind in "biu":
+        res = _integer_division(out, fn, *targs)
+    elif name == "sign" and ins[0].kind == "f":  # NaN keeps its sign (torch: 0)
+        res = _torch(out, torch.where, _torch(out, torch.isnan, targs[0]), targs[0],
+                     _torch(out, torch.sign, targs[0]))
+    else:
+        res = _torch(out, fn, *targs)
+    return result(out, res, res_dtype, scalar=True)
+
+
+def _integer_division(out: OutputGraph, fn: Any, a: Any, b: Any) -> TensorVar:
+    """Integer ``//``, ``%``, fmod: 0 where the divisor is 0, as NumPy gives (with a
+    warning), never the hardware's trap."""
+    if not isinstance(b, TensorVar):
+        if b == 0:
+            return _torch(out, torch.zeros_like, a)
+        return _torch(out, fn, a, b)
+    zero = _torch(out, torch.eq, b, 0)
+    safe = _torch(out, torch.where, zero, 1, b)
+    return _torch(out, torch.where, zero, 0, _torch(out, fn, a, safe))
+
+
+def matmul(out: OutputGraph, fname: str, a: Any, b: Any) -> ArrayVar:
+    a, b = operand(out, fname, a), operand(out, fname, b)
+    if not isinstance(a, ArrayVar) or not isinstance(b, ArrayVar) or (
+        a.tensor.meta.ndim == 0 or b.tensor.meta.ndim == 0
+    ):
+        raise Unsupported(f"{fname}: an operand has no dimensions (NumPy raises)", raises=True)
+    dtype = _result_dtype([a, b])
+    if dtype.kind == "b" or (dtype.kind in "iu" and a.tensor.meta.device.type != "cpu"):
+        raise Unsupported(f"{fname} of {dtype} arrays is not supported here (no such "
+                          "library kernel)")
+    td = torch_dtype(dtype)
+    res = _torch(out, torch.matmul, cast(out, a.tensor, td), cast(out, b.tensor, td))
+    return result(out, res, dtype, scalar=True)
+
+
+@function("dot")
+@method("dot")
+def _dot(out: OutputGraph, fname: str, args: tuple, kwargs: dict) -> ArrayVar:
+    a, b = parse(fname, args, kwargs, ("a", "b"))
+    a, b = as_array(out, fname, a), as_array(out, fname, b)
+    if a.tensor.meta.ndim == 0 or b.tensor.meta.ndim == 0:
+        return ufunc(out, np.multiply, (a, b))
+    if a.tensor.meta.ndim > 2 or b.tensor.meta.ndim > 2:
+        raise Unsupported(f"{fname} of arrays with more than 2 dimensions is not supported")
+    return matmul(out, fname, a, b)
+
+
+@function("matmul")
+def _matmul(out: OutputGraph, fname: str, args: tuple, kwargs: dict) -> ArrayVar:
+    a, b = parse(fname, args, kwargs, ("x1", "x2"))
+    return matmul(out, fname, a, b)
+
+
+@function("where")
+def _where(out: OutputGraph, fname: str, args: tuple, kwargs: dict) -> ArrayVar:
+    if len(args) + len(kwargs) == 1:
+        raise Unsupported(f"{fname}(condition) has a data-dependent shape; not supported")
+    cond, x, y = parse(fname, args, kwargs, ("condition", "x", "y"))
+    cond = as_array(out, fname, cond)
+    x, y = operand(out, fname, x), operand(out, fname, y)
+    dtype = _result_dtype([x, y])
+    td = torch_dtype(dtype)
+    branches = [cast(out, v.tensor, td) if isinstance(v, ArrayVar) else v for v in (x, y)]
+    if not any(isinstance(v, TensorVar) for v in branches):
+        branches[0] = full(out, branches[0], dtype)
+    res = _torch(out, torch.where, cast(out, cond.tensor, torch.bool), *branches)
+    return result(out, res, dtype, scalar=False)  # np.where always returns an ndarray
+
+
+@function("clip")
+@method("clip")
+def _clip(out: OutputGraph, fname: str, args: tuple, kwargs: dict) -> ArrayVar:
+    kwargs = {{"min": "a_min", "max": "a_max"}.get(k, k): v for k, v in kwargs.items()}
+    a, lo, hi = parse(fname, args, kwargs, ("a", "a_min", "a_max"), a_min=None, a_max=None)
+    a = as_array(out, fname, a)
+    lo, hi = (None if v is None else operand(out, fname, v) for v in (lo, hi))
+    s = sample(fname, np.clip, *(_sample_of(v) if v is not None else None for v in (a, lo, hi)))
+    td = torch_dtype(s.dtype)
+    lo, hi = (cast(out, v.tensor, td) if isinstance(v, ArrayVar) else v for v in (lo, hi))
+    res = torch_ops.clamp(out, fname, cast(out, a.tensor, td), lo, hi)
+    return result(out, res, s.dtype, scalar=not isinstance(s, np.ndarray))
+
+
+@function("round", "around")
+@method("round")
+def _round(out: OutputGraph, fname: str, args: tuple, kwargs: dict) -> ArrayVar:
+    a, decimals = parse(fname, args, kwargs, ("a", "decimals"), decimals=0)
+    a = as_array(out, fname, a)
+    if type(decimals) is not int:
+        raise Unsupported(f"{fname}(decimals=...) must be a Python int here")
+    s = sample(fname, np.round, _sample_of(a), decimals)
+    if numpy_dtype(a).kind != "f":
+        if decimals < 0:
+            raise Unsupported(f"{fname}() of integers with negative decimals is not supported")
+        res = copy(out, a.tensor)
+    elif decimals:
+        res = out.extern(torch.round, (a.tensor,), {"decimals": decimals})
+    else:
+        res = _torch(out, torch.round, a.tensor)
+    return result(out, res, s.dtype, scalar=not isinstance(s, np.ndarray))
+
+
+# -- reductions ------------------------------------------------------------------------------
+
+
+def reduce(out: OutputGraph, fname: str, a: Any, axis: Any, keepdims: Any,
+           **options: Any) -> ArrayVar:
+    """``np.<name>(a, axis, keepdims=..., **options)`` for the reductions below."""
+    name = fname.rpartition(".")[2]
+    a = as_array(out, fname, a)
+    x, ndim = a.tensor, a.tensor.meta.ndim
+    if type(keepdims) is not bool:
+        raise Unsupported(f"{fname}(keepdims=...) must be a Python bool here")
+    given = {k: v for k, v in options.items() if v is not None}
+    if name not in ("cumsum", "cumprod"):
+        given["keepdims"] = keepdims
+    s = sample(fname, getattr(np, name), _sample_of(a), axis=axis, **given)
+    dtype, scalar = np.asarray(s).dtype, not isinstance(s, np.ndarray)
+    td = torch_dtype(dtype)
+    if axis == () and ndim:
+        raise Unsupported(f"{fname}(axis=()) is not supported")
+    dims = tuple(range(ndim)) if axis is None else (
+        (axis,) if isinstance(axis, int) else tuple(axis))
+    shape = x.meta.shape
+    if name in ("max", "min", "amax", "amin", "argmax", "argmin") and any(
+        shape[d].is_Integer and int(shape[d]) == 0 for d in dims
+    ):
+        raise Unsupported(f"{fname}: zero-size array to a reduction without identity (NumPy "
+                          "raises)", raises=True)
+    if name in ("sum", "prod", "cumsum", "cumprod"):
+        x = cast(out, x, td)
+    if name == "sum":
+        res = _torch(out, torch.sum, x, dims, keepdims, dtype=td)
+    elif name == "prod":
+        res = x
+        for d in sorted((d % max(ndim, 1) for d in dims), reverse=True) if ndim else (None,):
+            res = (_torch(out, torch.prod, res, d, keepdims, dtype=td) if d is not None
+                   else _torch(out, torch.prod, res, dtype=td))
+    elif name == "mean":
+        res = _torch(out, torch.mean, cast(out, x, td), dims, keepdims)
+    elif name in ("std", "var"):
+        fn = torch.std if name == "std" else torch.var
+        ddof = options.get("ddof") or 0
+        res = _torch(out, fn, cast(out, x, td), dims, correction=ddof, keepdim=keepdims)
+    elif name in ("max", "amax", "min", "amin"):
+        fn = torch.amax if name in ("max", "amax") else torch.amin
+        res = _torch(out, fn, x, dims, keepdims)
+    elif name in ("argmax", "argmin"):
+        fn = torch.argmax if name == "argmax" else torch.argmin
+        if axis is None:
+            res = _torch(out, fn, x)
+            if keepdims:
+                res = _torch(out, torch.reshape, res, (1,) * ndim)
+        else:
+            res = _torch(out, fn, x, axis, keepdims)
+    elif name in ("any", "all"):
+        fn = torch.any if name == "any" else torch.all
+        res = _torch(out, fn, cast(out, x, torch.bool), dims, keepdims)
+    else:  # cumsum, cumprod
+        fn = torch.cumsum if name == "cumsum" else torch.cumprod
+        if axis is None:
+            x, axis = _torch(out, torch.reshape, x, (-1,)), 0
+        res = _torch(out, fn, x, axis, dtype=td)
+    return result(out, res, dtype, scalar)
+
+
+@function("sum", "prod", "mean")
+@method("sum", "prod", "mean")
+def _sum(out: OutputGraph, fname: str, args: tuple, kwargs: dict) -> ArrayVar:
+    a, axis, dtype, keepdims = parse(fname, args, kwargs, ("a", "axis", "dtype", "keepdims"),
+                                     axis=None, dtype=None, keepdims=False)
+    return reduce(out, fname, a, axis, keepdims, dtype=dtype)
+
+
+@function("std", "var")
+@method("std", "var")
+def _var(out: OutputGraph, fname: str, args: tuple, kwargs: dict) -> ArrayVar:
+    a, axis, dtype, ddof, keepdims = parse(
+        fname, args, kwargs, ("a", "axis", "dtype", "ddof", "keepdims"),
+        axis=None, dtype=None, ddof=0, keepdims=False)
+    if type(ddof) not in (int, float):
+        raise Unsupported(f"{fname}(ddof=...) must be a Python number here")
+    return reduce(out, fname, a, axis, keepdims, dtype=dtype, ddof=ddof)
+
+
+@function("max", "min", "amax", "amin", "argmax", "argmin", "any", "all")
+@method("max", "min", "argmax", "argmin", "any", "all")
+def _extreme(out: OutputGraph, fname: str, args: tuple, kwargs: dict) -> ArrayVar:
+    a, axis, keepdims = parse(fname, args, kwargs, ("a", "axis", "keepdims"), axis=None,
+                              keepdims=False)
+    return reduce(out, fname, a, axis, keepdims)
+
+
+@function("cumsum", "cumprod")
+@method("cumsum", "cumprod")
+def _cumsum(out: OutputGraph, fname: str, args: tuple, kwargs: dict) -> ArrayVar:
+    a, axis, dtype = parse(fname, args, kwargs, ("a", "axis", "dtype"), axis=None, dtype=None)
+    if axis is not None and type(axis) is not int:
+        raise Unsupported(f"{fname}(axis=...) must be an int")
+    return reduce(out, fname, a, axis, False, dtype=dtype)
+
+
+from minicompile.capture import numpy_shapes  # noqa: E402,F401  (registers its functions)
+
+
+def _check_tables() -> None:
+    """Every registered name exists in this NumPy (a typo would be a silent gap)."""
+    for name in FUNCTIONS:
+        if not hasattr(np, name):
+            raise AssertionError(f"numpy.{name} is not in NumPy {np.__version__}")
+
+
+_check_tables()

@@ -1,0 +1,59 @@
+"""What the generated get_inputs and rebuild of a capture call on every call: inputs
+mutated by the graph get their new contents (``write_back``), NumPy arrays come in through
+``torch.from_numpy`` and graph outputs go back as arrays or NumPy scalars
+(capture/numpy_arrays.py writes those calls).
+
+They live with the runtime so that a warm entry on disk (runtime/entries.py) finds them
+in a process that never captured.  NumPy is not imported here: the arrays passed in come
+from it.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import torch
+
+
+def write_back(dst: Any, src: torch.Tensor) -> None:
+    """An input mutated in the graph gets its new value, unless the kernels stored it there
+    already (passes/inplace.py: ``src`` is ``dst``).  ``dst`` may be a NumPy array (traced
+    through ``torch.from_numpy``, so the copy lands in its memory)."""
+    if not isinstance(dst, torch.Tensor):
+        dst = torch.from_numpy(dst)
+    if src is not dst:
+        dst.copy_(src)
+
+
+def to_tensor(a: Any, device: torch.device | None = None) -> torch.Tensor:
+    """An input array (or NumPy scalar) as a tensor: its own memory on the CPU, a copy on
+    ``device``."""
+    import numpy as np
+
+    if type(a) is not np.ndarray:
+        a = np.asarray(a)
+    if a.flags.writeable:
+        t = torch.from_numpy(a)
+    else:  # torch warns that writes would be undefined; the guards see to it there are none
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            t = torch.from_numpy(a)
+    return t if device is None else t.to(device)
+
+
+def to_numpy(t: torch.Tensor) -> Any:
+    """A graph output as the array NumPy returns (its memory on the CPU; copied from a GPU)."""
+    return t.numpy(force=True)
+
+
+def to_scalar(t: torch.Tensor) -> Any:
+    """A 0-d graph output as the NumPy scalar NumPy returns (``np.sum(a)``)."""
+    return t.numpy(force=True)[()]
+
+
+def shares_no_memory(a: Any, others: tuple) -> bool:
+    """Whether the array ``a`` shares no memory with any of ``others`` (a guard)."""
+    import numpy as np
+
+    return not any(np.may_share_memory(a, b) for b in others)

@@ -156,6 +156,55 @@ def test_try_except_finally_and_with_see_eager_exceptions(backend: str) -> None:
     assert log == ["finally"] * 6
 
 
+def _mm_unused(a, b):
+    unused = torch.mm(a, b)  # noqa: F841 - nothing reads it; eager raises for bool tensors
+    return a * 2
+
+
+def _max_unused(x):
+    unused = x.max()  # noqa: F841 - eager raises for an empty tensor
+    return x + 1
+
+
+def _cholesky_unused(x):
+    unused = torch.linalg.cholesky(x)  # noqa: F841 - raises when x is not positive definite
+    return x - 1
+
+
+def _one_hot_unused(labels):
+    unused = F.one_hot(labels, 3)  # noqa: F841 - raises for a class out of range
+    return labels * 2
+
+
+@pytest.mark.parametrize("fn, calls, line_text", [
+    (_mm_unused, [(torch.ones(2, 3), torch.ones(3, 2)),
+                  (torch.ones(2, 3, dtype=torch.bool), torch.ones(3, 2, dtype=torch.bool)),
+                  (torch.zeros(2, 3) + 2, torch.ones(3, 2) - 4)], "torch.mm"),
+    (_max_unused, [(torch.ones(3),), (torch.ones(0),), (torch.arange(4.0),)], "x.max()"),
+    (_cholesky_unused, [(torch.eye(3),), (-torch.eye(3),), (torch.eye(3) * 2,)],
+     "torch.linalg.cholesky"),
+    (_one_hot_unused, [(torch.tensor([0, 2]),), (torch.tensor([1, 3]),),
+                       (torch.tensor([2, 1]),)], "F.one_hot"),
+], ids=["bool_matmul", "max_of_empty", "cholesky", "one_hot"])
+def test_unused_library_calls_raise_as_in_eager(fn, calls, line_text: str,
+                                                backend: str) -> None:
+    # A library call nothing reads is dead code, but eager runs it, and raises there: so do
+    # we (passes/cleanup.py may_raise), at the user's line.
+    assert_same_outcome(fn, calls, line_text, backend)
+
+
+def test_unused_library_calls_that_cannot_raise_cost_nothing(backend: str) -> None:
+    def f(a, b):
+        unused = torch.mm(a, b) + torch.flip(a, [0]).sum()  # noqa: F841
+        return a * 2
+
+    compiled = minicompile.compile(f, backend=backend)
+    for k in range(2):
+        a, b = torch.randn(2, 3) + k, torch.randn(3, 4)
+        torch.testing.assert_close(compiled(a, b), f(a, b))
+    assert minicompile.stats()["kernels"] == 1  # a * 2, without the matmul or the flip
+
+
 def test_wrong_argument_count_is_eager_type_error() -> None:
     def f(x, y):
         return x + y

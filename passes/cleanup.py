@@ -52,6 +52,14 @@ _RAISE_ON_METADATA = frozenset(
     for prefix in ("torch", "torch.Tensor")
     for name in "matmul mm bmm flip cumsum".split()
 ) | CAT_OPS
+# Views reached as library calls: every error they raise is one of sizes and strides, which
+# their meta kernels check (decompose rewrites the pieces of a split into slices, leaving
+# the split itself unused: it must cost nothing).
+_VIEWS = frozenset(
+    f"{prefix}.{name}"
+    for prefix in ("torch", "torch.Tensor")
+    for name in "split chunk unbind narrow select view reshape flatten unflatten".split()
+)
 
 
 def may_raise(node: Node, derived: bool = False) -> bool:
@@ -72,10 +80,13 @@ def may_raise(node: Node, derived: bool = False) -> bool:
 
 def raises_on_metadata_only(node: Node) -> bool:
     """Whether a library call raises only where capture's checks raise, so that once
-    captured it cannot raise: one of :data:`_RAISE_ON_METADATA` (F.linear without a bias
-    too) whose run on one-element tensors of its dtypes passes, on its device (a CPU kernel
-    may take a dtype a CUDA kernel refuses: a device not here keeps the call)."""
+    captured it cannot raise: a view, or one of :data:`_RAISE_ON_METADATA` (F.linear
+    without a bias too) whose run on one-element tensors of its dtypes passes, on its
+    device (a CPU kernel may take a dtype a CUDA kernel refuses: a device not here keeps
+    the call)."""
     name = node.target
+    if name in _VIEWS:
+        return True
     if name == "torch.nn.functional.linear":
         plain = len(node.args) == 2 and node.kwargs.get("bias") is None
     else:

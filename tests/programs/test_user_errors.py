@@ -205,6 +205,32 @@ def test_unused_library_calls_that_cannot_raise_cost_nothing(backend: str) -> No
     assert minicompile.stats()["kernels"] == 1  # a * 2, without the matmul or the flip
 
 
+def _int_divisions(a, b):
+    q = a // b  # eager raises ZeroDivisionError for a divisor of zero (integers, on CPU)
+    return q * 2, (a % b).sum(), torch.cat([q, b % (a + 10)]) + 1
+
+
+def _divide_by_a_scalar_tensor(a, b):
+    return (a + 1) % b  # b: a 0-dim tensor
+
+
+@pytest.mark.parametrize("fn, calls, line_text", [
+    (_int_divisions, [(torch.tensor([5, -7, 9]), torch.tensor([2, 3, -4])),
+                      (torch.tensor([5, 7, 9]), torch.tensor([1, 0, 2])),
+                      (torch.tensor([[4], [-9]]), torch.tensor([3, -2, 5])),
+                      (torch.tensor([0, 7], dtype=torch.int32),
+                       torch.tensor([[3], [0]], dtype=torch.int32))], "q = a // b"),
+    (_divide_by_a_scalar_tensor, [(torch.arange(6).view(2, 3), torch.tensor(4)),
+                                  (torch.arange(6).view(2, 3).t(), torch.tensor(0)),
+                                  (torch.arange(4), torch.tensor(-3))], "(a + 1) % b"),
+], ids=["floordiv_remainder_cat", "scalar_divisor"])
+def test_integer_division_by_zero_raises_as_in_eager(fn, calls, line_text: str,
+                                                     backend: str) -> None:
+    # A C++ kernel dividing by zero used to kill the process (SIGFPE), and Triton's
+    # interpreter returned garbage: the kernels check the divisor (codegen: divides_by_values).
+    assert_same_outcome(fn, calls, line_text, backend)
+
+
 def test_wrong_argument_count_is_eager_type_error() -> None:
     def f(x, y):
         return x + y

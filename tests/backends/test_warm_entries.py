@@ -299,3 +299,42 @@ def test_reset_looks_on_disk_again(warm: Path) -> None:
             x, y = torch.randn(4, 8), torch.randn(4, 8)
             torch.testing.assert_close(compiled(x, y), m.f(x, y))
         assert minicompile.stats()["frames"] == expect_frames
+
+
+INDEXING = """
+import torch
+import torch.nn.functional as F
+
+def f(idx, w):
+    try:
+        return F.embedding(idx, w * 2) + 1
+    except IndexError:
+        return w[:1] - 1
+
+def g(idx, w):
+    return F.embedding(idx, w * 2) + 1
+"""
+
+
+@pytest.mark.parametrize("name", ["f", "g"])
+def test_user_error_in_a_loaded_entry_is_eagers(warm: Path, backend: str,
+                                               device: torch.device, name: str) -> None:
+    # An entry read from disk has no graph to run eagerly and tell whose error it is: the
+    # call runs eagerly, raising (g) or catching (f) the user's IndexError as eager does.
+    m = load_source(INDEXING)
+    fn = getattr(m, name)
+    w = torch.randn(4, 3, device=device)
+    for expect_frames in (1, 0):  # traced, then read back from disk
+        minicompile.reset()
+        compiled = minicompile.compile(fn, backend=backend)
+        for idx in ([0, 3], [1, 9], [2, 2]):
+            idx = torch.tensor(idx, device=device)
+            try:
+                expected = fn(idx, w)
+            except IndexError as e:
+                with pytest.raises(IndexError, match=str(e)):
+                    compiled(idx, w)
+                continue
+            torch.testing.assert_close(compiled(idx, w), expected)
+        stats = minicompile.stats()
+        assert stats["frames"] == expect_frames and stats["eager_fallbacks"] == 0, stats

@@ -231,6 +231,79 @@ def test_integer_division_by_zero_raises_as_in_eager(fn, calls, line_text: str,
     assert_same_outcome(fn, calls, line_text, backend)
 
 
+class _Recorder:
+    """A context manager that logs what its ``__exit__`` sees."""
+
+    def __init__(self, log: list) -> None:
+        self.log = log
+
+    def __enter__(self):
+        self.log.append("enter")
+        return self
+
+    def __exit__(self, kind, value, tb):
+        self.log.append(("exit", kind and kind.__name__, value and str(value)))
+        return False
+
+
+def _handled_inside(idx, w, log):
+    try:
+        with _Recorder(log):
+            y = F.embedding(idx, w * 2)  # raises in the compiled graph for an index >= 4
+    except IndexError as e:
+        log.append(("caught", str(e)))
+        y = w[:1] - 1
+    finally:
+        log.append("finally")
+    return y + 1
+
+
+def _helper_with_try(idx, w):
+    try:
+        return F.embedding(idx, w) * 3
+    except IndexError:
+        return w[:2] * 0
+
+
+def _handled_in_an_inlined_call_after_a_break(idx, w, log):
+    z = w.sin()
+    print("", end="")  # a graph break: the rest is a segment of its own
+    return _helper_with_try(idx, z) + 1
+
+
+def _in_an_unrolled_loop(idx, w, log):
+    y = w.sum(0)
+    for i in range(3):
+        y = y + F.embedding(idx[i:i + 1], w)[0]  # raises for an index >= 4
+    return y
+
+
+@pytest.mark.parametrize("fn", [_handled_inside, _handled_in_an_inlined_call_after_a_break,
+                                _in_an_unrolled_loop], ids=lambda f: f.__name__.strip("_"))
+def test_handlers_see_errors_of_compiled_code(fn, backend: str) -> None:
+    # The graph runs as one piece, outside the user's try / with blocks: an error it raises
+    # (one eager raises too) is met by running the code for real, where they see it.
+    compiled = minicompile.compile(fn, backend=backend)
+    w = torch.randn(4, 3)
+    raised = 0
+    for idx in (torch.tensor([0, 3, 1]), torch.tensor([1, 2, 9]), torch.tensor([3, 2, 1]),
+                torch.tensor([7, 0, 0])):
+        eager_log, compiled_log = [], []
+        expected, eager_error = outcome(fn, (idx, w, eager_log))
+        actual, error = outcome(compiled, (idx, w, compiled_log))
+        assert compiled_log == eager_log
+        if eager_error is not None:
+            raised += 1
+            assert type(error) is type(eager_error) and str(error) == str(eager_error)
+            frames = traceback.extract_tb(error.__traceback__)
+            assert [fs.lineno for fs in frames if fs.filename == HERE][-1] == line_of(
+                fn, "F.embedding")
+            continue
+        assert error is None, error
+        torch.testing.assert_close(actual, expected)
+    assert raised == (2 if fn is _in_an_unrolled_loop else 0)
+
+
 def test_wrong_argument_count_is_eager_type_error() -> None:
     def f(x, y):
         return x + y

@@ -210,13 +210,15 @@ def test_perf_log_prints_phases_and_a_summary(tmp_path: Path) -> None:
     assert "1 warm entry(ies) of f loaded" in err and "0 graph(s) compiled" in err, err
 
 
-def test_corrupted_library_is_rebuilt_with_a_warning(tmp_path: Path) -> None:
+@pytest.mark.parametrize("artefact", ["cpp/*/*.so", "py/*/mc_*.py"],
+                         ids=["library", "wrapper_module"])
+def test_corrupted_library_is_rebuilt_with_a_warning(tmp_path: Path, artefact: str) -> None:
     # In processes of their own: this one may not overwrite a library it has loaded.
     script = SCRIPT.format(backend="cpp", device="cpu")
     env = {"MINICOMPILE_CACHE_DIR": str(tmp_path / "cache")}
     run_script(script, env, tmp_path)
-    (lib,) = (tmp_path / "cache").glob("cpp/*/*.so")
-    lib.write_bytes(lib.read_bytes()[:100])  # a half-written library
+    (lib,) = (tmp_path / "cache").glob(artefact)
+    lib.write_bytes(lib.read_bytes()[:100])  # a half-written library or module
     stats, err = run_script(script, env, tmp_path)
     assert err.count("is corrupted") == 1, err
     assert stats["frames"] == 1, stats

@@ -67,8 +67,9 @@ class TritonPart(triton.TritonKernel):
     """A part's body inside a combo kernel: the combo's pointers and writer."""
 
     def __init__(self, combo: ComboPlan, part: KernelPlan, w: CodeWriter, wide: bool,
-                 masked: bool, count: int) -> None:
-        super().__init__(part, wide_index=wide, masked=masked, interpret=False)  # no index checks
+                 masked: bool, count: int, interpret: bool) -> None:
+        super().__init__(part, wide_index=wide, masked=masked, interpret=interpret)
+        self.flag_errors = False  # no index checks
         self.combo, self.w, self.count = combo, w, count
 
     def pointer(self, buffer: str) -> str:
@@ -108,7 +109,7 @@ def emit_triton(plan: ComboPlan, interpret: bool) -> str:
                 w.line("xindex = xoffset + tl.arange(0, XBLOCK)")
                 if masked:
                     w.line(f"xmask = xindex < {numel}")
-                body = TritonPart(plan, part, w, wide, masked, count)
+                body = TritonPart(plan, part, w, wide, masked, count, interpret)
                 body.emit_vars("xindex", part.loop_vars, part.ranges)
                 for store in part.stores:  # every value before any store (in place)
                     body.value(store.value)

@@ -2,7 +2,10 @@
 
 One program handles ``XBLOCK`` consecutive elements of the flattened iteration space;
 ``xindex`` is split into the plan's loop variables with ``//`` and ``%``.  float16 and
-bfloat16 values are computed in float32 and rounded back after each op, as eager does.
+bfloat16 values are computed in float32 and rounded where the program rounds: at explicit
+casts (a decomposition's cast back to the input dtype, the user's ``.to``) and at stores,
+not after every op (as Inductor computes; eager rounds after each op, and the difference
+stays within PyTorch's tolerances for these dtypes).
 Emitters only return text: the runtime builds and launches.
 """
 
@@ -128,12 +131,13 @@ def _literal(value: bool | int | float, dtype: torch.dtype) -> str:
     return str(int(value))
 
 
-def _round(value: str, dtype: torch.dtype) -> str:
-    """``value`` rounded to float16/bfloat16 as eager rounds, kept in float32.  bfloat16
-    rounds through integer ops (mc_round_bf16), exact under Triton's interpreter too."""
-    if dtype == torch.bfloat16:
+def _round(value: str, dtype: torch.dtype, interpret: bool) -> str:
+    """``value`` rounded to float16/bfloat16 (to nearest, ties to even), kept in float32.
+    On a GPU a conversion there and back rounds so; the interpreter's bfloat16 conversion
+    does not, so there bfloat16 rounds through integer ops (mc_round_bf16)."""
+    if dtype == torch.bfloat16 and interpret:
         return f"mc_round_bf16({value}.to(tl.float32))"
-    return f"{value}.to(tl.float16).to(tl.float32)"
+    return f"{value}.to({TRITON_DTYPES[dtype]}).to(tl.float32)"
 
 
 def _small_power(e: Op, args: list[str]) -> str | None:
@@ -253,8 +257,8 @@ class TritonKernel:
         value = self.value(store.value)
         if self.levels.get(value, frozenset()) != axes:
             value = self.broadcast(value, store.value.dtype, self.block_shape(axes))
-        if store.dtype == torch.bfloat16:  # exact once rounded
-            value = f"{_round(value, store.dtype)}.to(tl.bfloat16)"
+        if store.dtype == torch.bfloat16 and self.interpret:  # exact once rounded
+            value = f"{_round(value, store.dtype, True)}.to(tl.bfloat16)"
         elif compute_dtype(store.value.dtype) != store.dtype:
             value = f"{value}.to({TRITON_DTYPES[store.dtype]})"
         index = triton_index(store.index)
@@ -314,7 +318,7 @@ class TritonKernel:
             if e.dtype == torch.bool:
                 return self.fresh(f"{x} != 0", self.level(x))
             if e.dtype in LOW_PRECISION:  # round, then keep computing in float32
-                text = _round(x, e.dtype)
+                text = _round(x, e.dtype, self.interpret)
             else:
                 text = f"{x}.to({TRITON_DTYPES[e.dtype]})"
             return self.fresh(text, self.level(x))
@@ -342,8 +346,6 @@ class TritonKernel:
             op = "reciprocal_f64"
         text = _small_power(e, args) or TRITON_OPS[op].format(
             *args, t=TRITON_DTYPES[compute_dtype(e.dtype)])
-        if e.dtype in LOW_PRECISION:
-            text = f"{_round(f'({text})', e.dtype)}"
         return self.fresh(text, axes)
 
     def emit_load(self, e: Load) -> str:

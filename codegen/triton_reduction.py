@@ -23,7 +23,6 @@ from minicompile.codegen.triton import (
     TRITON_DTYPES,
     TritonKernel,
     _literal,
-    _round,
     compute_dtype,
     kernel_params,
     planning_size,
@@ -191,10 +190,7 @@ class TritonReductionKernel(TritonKernel):
         return self.fresh(f"tl.where({mask}, {x}, {_identity(red)})", frozenset({"x", "r"}))
 
     def finish(self, red: Reduce, block: str) -> str:
-        text = REDUCE_ROWS[red.op].format(block)
-        if red.dtype in (torch.float16, torch.bfloat16):
-            text = _round(f"({text})", red.dtype)
-        return self.fresh(text, frozenset({"x"}))
+        return self.fresh(REDUCE_ROWS[red.op].format(block), frozenset({"x"}))
 
     def emit_reduce(self, e: Reduce) -> str:
         assert self.persistent, "looped reductions are computed by emit_loop"

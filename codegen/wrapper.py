@@ -52,14 +52,17 @@ def _device_literal(device: torch.device) -> str:
     )
 
 
-def _alias(out: AliasOutput) -> str:
+def alias_text(out: AliasOutput, shape: Callable[[tuple], str] = _shape,
+           expr: Callable[[sympy.Expr], str] = python_expr) -> str:
+    """A view of a buffer as ``as_strided`` (the same text in Python and in C++, given the
+    language's ``shape`` and ``expr`` printers)."""
     if out.layout is None:
         return out.input
     lay: Layout = out.layout
     offset = f"{out.input}.storage_offset()"
     if lay.offset != 0:
-        offset += f" + {python_expr(lay.offset)}"
-    return f"{out.input}.as_strided({_shape(lay.shape)}, {_shape(lay.stride)}, {offset})"
+        offset += f" + {expr(lay.offset)}"
+    return f"{out.input}.as_strided({shape(lay.shape)}, {shape(lay.stride)}, {offset})"
 
 
 def generate(
@@ -70,13 +73,7 @@ def generate(
     ``takes_inputs``: ``call`` empties the list it is given and frees each input after its
     last use (a backward's saved tensors: the caller keeps no other reference)."""
     in_place = in_place or {}
-    prefix = "triton_poi" if backend == "triton" else "cpp_poi"
-    kernel_groups = [g for g in groups if g.extern is None]
-    needed = needed_outside(program, groups)
-    plans = [plan_group(program, g, kernel_name(prefix, g, k), in_place, needed)
-             if isinstance(g, FusedGroup) else plan_combo(program, g, prefix, k, in_place, needed)
-             for k, g in enumerate(kernel_groups)]
-    plan_of = {g.key: p for g, p in zip(kernel_groups, plans)}
+    plans, plan_of = plan_kernels(program, groups, backend, in_place)
     externs = [g.extern for g in groups if g.extern is not None]
     w = CodeWriter()
     w.line(f"# minicompile: generated code for {graph_name} ({backend} backend)")
@@ -108,18 +105,7 @@ def generate(
             w.line(f"{plan.name}_launch = Launcher({plan.name}, {pointers}, {sizes}, "
                    f"{triton_launch(program, plan)[2]})")
     else:
-        unit = CodeWriter()
-        unit.lines_from(cpp.PREAMBLE.strip())
-        kernels = [
-            combo.emit_cpp(plan) if isinstance(plan, combo.ComboPlan)
-            else cpp_reduction.emit_reduction_kernel(plan) if plan.is_reduction
-            else cpp.emit_kernel(plan)
-            for plan in plans
-        ]
-        for text in cpp.helpers_for(kernels) + kernels:
-            unit.line()
-            unit.lines_from(text)
-        cpp_source = unit.text()
+        cpp_source = cpp_unit(plans)
         w.line("import ctypes")
         w.line()
         w.line("import torch")
@@ -182,9 +168,39 @@ def generate(
             dead = [n for n in dead if n not in reuse.values()]  # those stay for their reuse
             if dead:  # free memory as soon as no later kernel reads it (a long backward)
                 w.line(f"del {', '.join(dead)}")
-        outs = [o if isinstance(o, str) else _alias(o) for o in program.outputs]
+        outs = [o if isinstance(o, str) else alias_text(o) for o in program.outputs]
         w.line(f"return ({', '.join(outs)}{',' if len(outs) == 1 else ''})")
     return GeneratedCode(backend, w.text(), cpp_source, tuple(p.name for p in plans))
+
+
+def plan_kernels(
+    program: LoopProgram, groups: list, backend: str, in_place: dict[str, str],
+) -> tuple[list, dict]:
+    """The plan of each kernel group (in order), and the plans by group key."""
+    prefix = "triton_poi" if backend == "triton" else "cpp_poi"
+    kernel_groups = [g for g in groups if g.extern is None]
+    needed = needed_outside(program, groups)
+    plans = [plan_group(program, g, kernel_name(prefix, g, k), in_place, needed)
+             if isinstance(g, FusedGroup) else plan_combo(program, g, prefix, k, in_place, needed)
+             for k, g in enumerate(kernel_groups)]
+    return plans, {g.key: p for g, p in zip(kernel_groups, plans)}
+
+
+def cpp_unit(plans: list) -> str:
+    """The C++ translation unit of a graph's kernels: the preamble, the helpers they call,
+    one ``extern "C"`` function per kernel."""
+    unit = CodeWriter()
+    unit.lines_from(cpp.PREAMBLE.strip())
+    kernels = [
+        combo.emit_cpp(plan) if isinstance(plan, combo.ComboPlan)
+        else cpp_reduction.emit_reduction_kernel(plan) if plan.is_reduction
+        else cpp.emit_kernel(plan)
+        for plan in plans
+    ]
+    for text in cpp.helpers_for(kernels) + kernels:
+        unit.line()
+        unit.lines_from(text)
+    return unit.text()
 
 
 # Library calls whose result is a new tensor nothing else holds, and which keep no
@@ -310,7 +326,7 @@ def _extern_arg(value: object) -> str:
     if isinstance(value, BufferRef):
         return value.name
     if isinstance(value, AliasOutput):
-        return _alias(value)
+        return alias_text(value)
     if isinstance(value, tuple):
         inner = ", ".join(_extern_arg(v) for v in value)
         return f"({inner},)" if len(value) == 1 else f"({inner})"

@@ -2,7 +2,16 @@
 
     python examples/nanogpt.py
     MINICOMPILE_TRACE=1 python examples/nanogpt.py   # matmuls are library calls, the rest fused
+    python examples/nanogpt.py --backends            # also torch.compile(backend="minicompile")
+                                                     # beside backend="inductor": time per
+                                                     # call and first call (compiling)
+
+For cold first calls, give both compilers empty caches:
+``MINICOMPILE_CACHE_DIR=$(mktemp -d) TORCHINDUCTOR_CACHE_DIR=$(mktemp -d) python ...``.
 """
+
+import argparse
+import time
 
 import torch
 
@@ -11,14 +20,50 @@ from gpt import GPT, GPTConfig
 from timing import median_seconds
 
 
+def first_call_seconds(fn: object, idx: torch.Tensor, cuda: bool) -> float:
+    start = time.perf_counter()
+    fn(idx)
+    if cuda:
+        torch.cuda.synchronize()
+    return time.perf_counter() - start
+
+
+def compare_backends(model: torch.nn.Module, idx: torch.Tensor, cuda: bool) -> None:
+    """eager, minicompile.compile, torch.compile with backend "minicompile" and
+    "inductor": ms per call and the first call's seconds."""
+    rows = [("eager", model)]
+    rows.append(("minicompile.compile(model)", minicompile.compile(model)))
+    rows.append(('torch.compile(backend="minicompile")',
+                 torch.compile(model, backend="minicompile")))
+    rows.append(('torch.compile(backend="inductor")', torch.compile(model)))
+    want = model(idx)
+    print("| | ms per call | first call s |")
+    print("|---|---|---|")
+    for name, fn in rows:
+        first = first_call_seconds(fn, idx, cuda)
+        torch.testing.assert_close(fn(idx), want, rtol=1e-4, atol=1e-4)
+        ms = median_seconds(lambda: fn(idx), cuda) * 1e3
+        print(f"| {name} | {ms:.3f} | {first:.2f} |")
+
+
 def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--backends", action="store_true",
+                        help='torch.compile(backend="minicompile") beside "inductor"')
+    args = parser.parse_args()
     cuda = torch.cuda.is_available()
     device = "cuda" if cuda else "cpu"
     torch.manual_seed(0)
     config = GPTConfig(n_layer=4 if cuda else 2, n_embd=256 if cuda else 128)
     model = GPT(config).to(device).eval()
-    compiled = minicompile.compile(model)
     idx = torch.randint(0, config.vocab_size, (8, config.block_size), device=device)
+    if args.backends:
+        print(f"GPT forward ({config.n_layer} layers, {config.n_embd} wide, 8 x "
+              f"{config.block_size} tokens) on {device}")
+        with torch.no_grad():
+            compare_backends(model, idx, cuda)
+        return
+    compiled = minicompile.compile(model)
     with torch.no_grad():
         torch.testing.assert_close(compiled(idx), model(idx), rtol=1e-4, atol=1e-4)
         eager_s = median_seconds(lambda: model(idx), cuda)

@@ -29,6 +29,7 @@ _toolchain.triton_problem()
 from minicompile.api import compile, reset, stats  # noqa: E402
 from minicompile.errors import Unsupported  # noqa: E402
 from minicompile.explain import explain  # noqa: E402
+from minicompile.aot_export import export, load  # noqa: E402
 
 
 # mark_dynamic lives beside capture, which imports sympy and PyTorch's fake tensors: it is
@@ -41,5 +42,7 @@ def mark_dynamic(t: object, dim: int | list[int] | tuple[int, ...]) -> None:
     mark(t, dim)
 
 
-__all__ = ["compile", "explain", "mark_dynamic", "reset", "stats", "Unsupported"]
+__all__ = [
+    "compile", "explain", "export", "load", "mark_dynamic", "reset", "stats", "Unsupported",
+]
 __version__ = "0.1.0"

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from minicompile import config, optim, perf, trace
+from minicompile import config, distributed, optim, perf, trace
 from minicompile.config import Config
 from minicompile.errors import BackendCompilerFailed, Unsupported
 from minicompile.driver import compile_graph, describe_symbols
@@ -710,17 +710,21 @@ class OptimizedModule(torch.nn.Module):
     """``minicompile.compile(module)``: a module whose ``forward`` is the original module's
     forward, compiled.  It shares the original's parameters, buffers and submodules (it
     holds it as ``_orig_mod``); attribute reads, ``state_dict`` and ``load_state_dict`` go to
-    the original, so checkpoints keep their keys."""
+    the original, so checkpoints keep their keys.  Of a ``DistributedDataParallel``, the
+    module it wraps is compiled and DDP's own forward runs around it (distributed.py)."""
 
     def __init__(self, mod: torch.nn.Module, cfg: Config) -> None:
         super().__init__()
         self._orig_mod = mod
-        forward = type(mod).forward
-        self.__dict__["_compiled"] = CompiledFunction(types.MethodType(forward, mod), cfg)
+        target = distributed.compiled_target(mod)
+        forward = type(target).forward
+        self.__dict__["_compiled"] = CompiledFunction(types.MethodType(forward, target), cfg)
         self.__dict__["_cfg"] = cfg
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         mod = self._orig_mod
+        if distributed.is_ddp(mod):
+            return distributed.ddp_forward(mod, self.__dict__["_compiled"], args, kwargs)
         if mod._forward_hooks or mod._forward_pre_hooks or "forward" in mod.__dict__:
             return mod(*args, **kwargs)  # hooks and patched forwards run as in eager
         traced = None

@@ -155,16 +155,17 @@ class Lowering:
 
     # -- outputs ----------------------------------------------------------------------------
 
-    def realize(self, node: Node) -> str | AliasOutput:
+    def realize(self, node: Node, layout: Layout | None = None) -> str | AliasOutput:
         """A tensor that exists in the wrapper for ``node``: an existing buffer, a view of
-        one, or a new ComputedBuffer the kernels write."""
+        one, or a new ComputedBuffer the kernels write (in ``layout``, by default the one
+        eager gives ``node``)."""
         if node in self.realized:  # realized already (returned twice, say): one buffer
             return self.realized[node]
         value = self.values[node]
         if value.view is not None:
             name, layout = value.view
             return AliasOutput(name, None if layout == self.layouts[name] else layout)
-        layout = layout_of(node.meta)
+        layout = layout or layout_of(node.meta)
         origins = tuple(dict.fromkeys(value.origins + (node,)))
         buf = ComputedBuffer(
             name=f"buf{len(self.buffers)}",
@@ -249,6 +250,8 @@ class Lowering:
             kwargs: dict = {}
         else:
             op = node.target
+            if op in ops.ATTENTION:
+                self.realize_attention_mask(node)
             args = map_nodes(node.args, self.tensor_arg)
             kwargs = map_nodes(node.kwargs, self.tensor_arg)
         name = f"buf{len(self.buffers)}"
@@ -264,6 +267,28 @@ class Lowering:
             return Value((), torch.float32, Constant(0, torch.float32), tuple_buffer=name)
         self.layouts[name] = layout
         return _input_value(name, layout)  # no origins: kernels only read the result
+
+    def realize_attention_mask(self, node: Node) -> None:
+        """An attention mask computed in the graph is written with its rows dense (last dim
+        stride 1; broadcast batch and head dims stay stride 0).  Its eager layout, an
+        ``expand`` of a few values (a mask made while compiling, where eager passes none),
+        can have stride 0 along the keys, and the fused attention kernels refuse that mask:
+        scaled_dot_product_attention would take its math path, many times slower."""
+        mask = node.kwargs.get("attn_mask", node.args[3] if len(node.args) > 3 else None)
+        if not isinstance(mask, Node) or mask in self.realized or len(mask.meta.shape) < 2:
+            return
+        if self.values[mask].view is not None:
+            return
+        layout = layout_of(mask.meta)
+        if layout.stride[-1] == 1:
+            return
+        stride, step = [], sympy.Integer(1)
+        for n, st in reversed(list(zip(layout.shape, layout.stride))):
+            keep_broadcast = st == 0 and len(stride) >= 2
+            stride.append(sympy.Integer(0) if keep_broadcast else step)
+            step = step if keep_broadcast else step * n
+        self.realize(mask, dataclasses.replace(layout, stride=tuple(reversed(stride)),
+                                               offset=sympy.Integer(0)))
 
     def lower_reduction(self, node: Node) -> Value:
         """A reduction is always realized: a buffer over the kept dims whose body reduces

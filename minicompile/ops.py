@@ -23,7 +23,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import operator
-import types
 from collections.abc import Callable
 from typing import Any
 
@@ -282,8 +281,9 @@ def cat_arguments(node: Node) -> tuple[list[Node], int] | None:
 # on CUDA FlashAttention and the memory-efficient kernel write [B, T, H, D] memory, so the
 # transpose back to [B, T, H * D] that attention modules do is free.  Their rules run on
 # fake tensors of the real device, where PyTorch makes the choice the kernel will make.
-DEVICE_RULES = frozenset({"torch.nn.functional.scaled_dot_product_attention",
-                          "torch._C._nn.scaled_dot_product_attention"})
+ATTENTION = frozenset({"torch.nn.functional.scaled_dot_product_attention",
+                       "torch._C._nn.scaled_dot_product_attention"})
+DEVICE_RULES = ATTENTION
 _device_fake_mode: list = []
 
 

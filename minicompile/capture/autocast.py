@@ -195,7 +195,29 @@ def _cache_query(tx: InstructionTranslator, fn: Any, args: list, kwargs: dict) -
     return ConstantVar(value)
 
 
+def _enter_region(tx: InstructionTranslator, fn: Any, args: list, kwargs: dict) -> Var:
+    """``_enter_autocast(device_type, dtype, enabled, cache_enabled)``: how the code of
+    Dynamo's FX graphs (``torch.compile(backend="minicompile")``) enters a region."""
+    region = _make_region(tx, _BASE, args, kwargs)
+    region.enter(tx.output)
+    return region
+
+
+def _exit_region(tx: InstructionTranslator, fn: Any, args: list, kwargs: dict) -> Var:
+    """``_exit_autocast(region)``: the end of a region ``_enter_autocast`` entered."""
+    region = tx.realize(args[0]) if len(args) == 1 and not kwargs else None
+    if not isinstance(region, AutocastVar):
+        raise Unsupported("_exit_autocast() of something other than a traced region")
+    region.exit(tx.output)
+    return ConstantVar(None)
+
+
 HANDLERS: dict[Any, Callable[..., Var]] = {cls: _make_region for cls in _AUTOCAST_CLASSES}
+_MODULE = getattr(getattr(torch, "amp", None), "autocast_mode", None)
+for _fn, _handler in ((getattr(_MODULE, "_enter_autocast", None), _enter_region),
+                      (getattr(_MODULE, "_exit_autocast", None), _exit_region)):
+    if _fn is not None:
+        HANDLERS[_fn] = _handler
 for _fn in (torch.is_autocast_enabled, getattr(torch, "is_autocast_cpu_enabled", None),
             getattr(torch, "get_autocast_dtype", None)):
     if _fn is not None:

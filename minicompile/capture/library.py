@@ -121,14 +121,29 @@ def _check(tx: InstructionTranslator, fn: Any, args: list, kwargs: dict) -> Var:
     return ConstantVar(None)
 
 
-@_register(torch.finfo, torch.iinfo)
+@_register(torch._C._set_grad_enabled)
+def _set_grad_enabled(tx: InstructionTranslator, fn: Any, args: list, kwargs: dict) -> Var:
+    """How the code of Dynamo's FX graphs spells ``with torch.no_grad():`` (a call before
+    the block, one after it).  Grad mode must be back as it was when the trace ends."""
+    values = [tx.output.to_value(tx.realize(a)) for a in args]
+    if kwargs or len(values) != 1 or type(values[0]) is not bool:
+        raise Unsupported("torch._C._set_grad_enabled() needs one Python bool")
+    tx.output.grad_enabled = values[0]
+    return ConstantVar(None)
+
+
+@_register(torch.finfo, torch.iinfo, torch.device)
 def _type_info(tx: InstructionTranslator, fn: Any, args: list, kwargs: dict) -> Var:
+    """Immutable descriptions made from constants (``torch.finfo(x.dtype)``, and
+    ``torch.device("cpu")``, which FX's generated code spells ``device(type='cpu')``)."""
     values = [tx.output.to_value(a) for a in args]
     kw = {k: tx.output.to_value(v) for k, v in kwargs.items()}
+    if any(isinstance(v, TensorVar) for v in (*values, *kw.values())):
+        raise Unsupported(f"{fn.__name__}() of a tensor is not supported")
     try:
         info = fn(*values, **kw)
     except Exception as e:
-        raise Unsupported(f"torch.finfo/iinfo raised {type(e).__name__}: {e}") from e
+        raise Unsupported(f"torch.{fn.__name__} raised {type(e).__name__}: {e}") from e
     return ConstantVar(info)
 
 

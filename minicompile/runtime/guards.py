@@ -6,6 +6,7 @@ process checks guards without loading capture.
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import types
 from collections.abc import Callable
@@ -134,13 +135,96 @@ def describe_mismatch(check: GuardCheck, value: Any) -> str:
 
 
 def _render(params: list[str], checks: list[GuardCheck]) -> str:
+    """The checks as one function: ``if not (<check>): return False`` in order.
+
+    Access paths that several checks share (``L_self._modules['h']._modules['3']``, a
+    parameter of a submodule) are read once into a local (``p0 = ...``), just before the
+    first check that reads them; later checks read the local.  A path is hoisted only
+    where that first check reads it unconditionally (not behind ``or`` / ``and`` / ``if``),
+    so the function reads the same attributes in the same order as the checks, once each.
+    A large model's guards walk their module tree once instead of once per check."""
     lines = [f"def check({', '.join(params)}):"]
-    if not checks:
-        lines.append("    return True")
-        return "\n".join(lines) + "\n"
-    lines.append("    return (")
-    for i, c in enumerate(checks):
-        lead = "        " if i == 0 else "        and "
-        lines.append(f"{lead}{c.expr}  # {c.source} {c.kind}")
-    lines.append("    )")
+    hoist = _PathHoister([c.expr for c in checks])
+    for c in checks:
+        expr, assignments = hoist.rewrite(c.expr)
+        lines += [f"    {name} = {value}" for name, value in assignments]
+        lines.append(f"    if not ({expr}):  # {c.source} {c.kind}")
+        lines.append("        return False")
+    lines.append("    return True")
     return "\n".join(lines) + "\n"
+
+
+def _path_key(node: ast.AST) -> str | None:
+    """``ast.unparse`` of an access path (a name followed by attributes and constant
+    subscripts), or None for anything else."""
+    inner = node
+    while isinstance(inner, (ast.Attribute, ast.Subscript)):
+        if isinstance(inner, ast.Subscript) and not isinstance(inner.slice, ast.Constant):
+            return None
+        inner = inner.value
+    if not isinstance(inner, ast.Name) or inner is node:
+        return None
+    return ast.unparse(node)
+
+
+class _PathHoister:
+    """Rewrites check expressions so that shared access paths are read once (see _render)."""
+
+    def __init__(self, exprs: list[str]) -> None:
+        uses: dict[str, int] = {}
+        for expr in exprs:
+            keys = {k for n in ast.walk(ast.parse(expr, mode="eval"))
+                    if (k := _path_key(n)) is not None}
+            for k in keys:
+                uses[k] = uses.get(k, 0) + 1
+        self.shared = {k for k, n in uses.items() if n > 1}
+        self.locals: dict[str, str] = {}
+
+    def rewrite(self, expr: str) -> tuple[str, list[tuple[str, str]]]:
+        if not self.shared:
+            return expr, []
+        tree = ast.parse(expr, mode="eval")
+        assignments: list[tuple[str, str]] = []
+        tree.body = self._visit(tree.body, False, assignments)
+        return ast.unparse(tree), assignments
+
+    def _visit(self, node: ast.AST, conditional: bool, out: list) -> ast.AST:
+        key = _path_key(node)
+        if key is not None and key in self.shared:
+            if key in self.locals:
+                return ast.Name(self.locals[key], ast.Load())
+            if not conditional:
+                value = self._children(node, conditional, out)
+                name = self.locals[key] = f"p{len(self.locals)}"
+                out.append((name, ast.unparse(value)))
+                return ast.Name(name, ast.Load())
+        return self._children(node, conditional, out)
+
+    def _children(self, node: ast.AST, conditional: bool, out: list) -> ast.AST:
+        """Rewrite the children of ``node``; operands evaluated only sometimes (after the
+        first of ``and``/``or`` and of a chained comparison, an ``if`` expression's
+        branches, lambda and comprehension bodies) are visited as conditional."""
+        for field, value in ast.iter_fields(node):
+            if isinstance(value, list):
+                for i, child in enumerate(value):
+                    if isinstance(child, ast.AST):
+                        later = conditional or _sometimes(node, field, i)
+                        value[i] = self._visit(child, later, out)
+            elif isinstance(node, ast.Call) and field == "func":
+                # A method read (``G.get``) stays where it is called.
+                self._children(value, conditional, out)
+            elif isinstance(value, ast.AST):
+                setattr(node, field, self._visit(value, conditional or _sometimes(node, field, 0),
+                                                 out))
+        return node
+
+
+def _sometimes(node: ast.AST, field: str, index: int) -> bool:
+    if isinstance(node, ast.BoolOp):
+        return index > 0
+    if isinstance(node, ast.Compare):
+        return field == "comparators" and index > 0
+    if isinstance(node, ast.IfExp):
+        return field != "test"
+    return isinstance(node, (ast.Lambda, ast.ListComp, ast.SetComp, ast.DictComp,
+                             ast.GeneratorExp))

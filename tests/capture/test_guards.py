@@ -9,6 +9,7 @@ import torch
 from capture_helpers import capture
 
 from minicompile.capture import frame_args
+from minicompile.runtime.guards import GuardCheck, Guards
 
 OFFSET = 1.0
 
@@ -33,18 +34,36 @@ def test_source_is_readable(cap) -> None:
     src = str(cap.guards)
     assert src.startswith("def check(L_x, L_n, L_flag, L_dtype):")
     for line in (
-        "type(L_x) is Tensor  # L['x'] type",
-        "L_x.dtype is torch.float32  # L['x'] dtype",
-        "L_x.shape == (4, 8)  # L['x'] sizes",
-        "L_x.stride() == (8, 1)  # L['x'] strides",
-        "L_x.requires_grad is False  # L['x'] requires_grad",
-        "type(L_n) is int  # L['n'] type",
-        "L_n == 2  # L['n'] value",
-        "L_flag is True  # L['flag'] value",
-        "G['OFFSET'] == 1.0  # G['OFFSET'] value",
-        "is_grad_enabled() is True  # global grad mode",
+        "if not (type(L_x) is Tensor):  # L['x'] type",
+        "if not (L_x.dtype is torch.float32):  # L['x'] dtype",
+        "if not (L_x.shape == (4, 8)):  # L['x'] sizes",
+        "if not (L_x.stride() == (8, 1)):  # L['x'] strides",
+        "if not (L_x.requires_grad is False):  # L['x'] requires_grad",
+        "if not (type(L_n) is int):  # L['n'] type",
+        "if not (L_n == 2):  # L['n'] value",
+        "if not (L_flag is True):  # L['flag'] value",
+        "if not (G['OFFSET'] == 1.0):  # G['OFFSET'] value",
+        "if not (is_grad_enabled() is True):  # global grad mode",
     ):
         assert line in src, line
+
+
+def test_shared_paths_are_read_once_where_always_read() -> None:
+    """A path several checks read becomes a local at its first unconditional read; one
+    read only behind ``or`` stays in place, so the check never reads what eager's
+    short-circuit would not."""
+    checks = [
+        GuardCheck("L['x']", "value", "L_x is None or L_x.inner.a == 1", "L_x", None),
+        GuardCheck("L['x']", "value", "L_x is None or L_x.inner.b == 2", "L_x", None),
+        GuardCheck("L['y']", "value", "L_y.inner.a == 1", "L_y", None),
+        GuardCheck("L['y']", "value", "L_y.inner.b == 2", "L_y", None),
+    ]
+    guards = Guards(["L_x", "L_y"], checks, {})
+    assert "p0 = L_y.inner" in guards.source and "L_x.inner.a" in guards.source
+    inner = types.SimpleNamespace(inner=types.SimpleNamespace(a=1, b=2))
+    wrong = types.SimpleNamespace(inner=types.SimpleNamespace(a=1, b=3))
+    assert guards.check(None, inner) and guards.check(inner, inner)
+    assert not guards.check(inner, wrong) and not guards.check(wrong, inner)
 
 
 def test_pass_on_same_metadata(cap) -> None:
@@ -120,7 +139,7 @@ def uses_torch(x):
 
 def test_global_module_identity(monkeypatch) -> None:
     cap, fr = capture(uses_torch, torch.randn(3))
-    assert "G.get('torch') is torch  # G['torch'] identity" in str(cap.guards)
+    assert "if not (G.get('torch') is torch):  # G['torch'] identity" in str(cap.guards)
     monkeypatch.setitem(globals(), "torch", types.SimpleNamespace())
     assert not cap.guards.check(*fr)
     assert cap.guards.explain_failure(*fr).startswith("G['torch'] identity: expected <module")

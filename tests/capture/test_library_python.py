@@ -181,6 +181,15 @@ def test_finfo_iinfo_and_enum_values() -> None:
     compiled_matches_eager(f, (6,))
 
 
+def test_device_objects_made_from_constants() -> None:
+    # FX's generated code (a Dynamo graph under backend="minicompile") spells devices so
+    def f(x):
+        cpu = torch.device(type="cpu")
+        return torch.arange(x.shape[0], device=cpu) * x, torch.device("cpu", 0).index
+
+    compiled_matches_eager(f, (5,))
+
+
 # -- configs: attributes, dict methods, copies, the environment -----------------------------
 
 

@@ -69,8 +69,8 @@ def test_model_capture_matches_eager_and_updates_state() -> None:
     assert "L['self']._modules['emb']._parameters['weight']" in sources
     assert "L['self']._buffers['steps']" in sources
     guards = str(cap.guards)
-    assert "L_self._modules.get('blocks') is ModuleList" in guards
-    assert "list(L_self._modules['blocks']._modules) == ['0', '1']" in guards
+    assert ".get('blocks') is ModuleList):  # L['self']._modules['blocks'] identity" in guards
+    assert ") == ['0', '1']):  # L['self']._modules['blocks'] keys" in guards
     assert "._forward_hooks" in guards and "training is False" in guards
     externs = {n.target for n in cap.graph.calls()}
     assert {"torch.nn.functional.linear", "torch.nn.functional.layer_norm"} <= externs

@@ -53,3 +53,23 @@ def test_extern_name_is_a_public_path() -> None:
     assert ops.extern_op(F.linear) == "torch.nn.functional.linear"
     assert ops.extern_op(torch.Tensor.reshape) == "torch.Tensor.reshape"
     assert ops.resolve_path("torch.nn.functional.linear") is F.linear
+
+
+def test_attention_mask_made_in_the_graph_has_dense_rows(backend: str) -> None:
+    """A mask built by expanding a few values (transformers makes one while compiling)
+    has stride 0 along the keys in eager's layout; the fused attention kernels refuse that,
+    so the wrapper writes its rows dense (broadcast dims stay stride 0) and values match."""
+    import minicompile
+
+    def attend(q, k, v, limit):
+        rows = torch.arange(q.shape[2], device=q.device)[:, None] < limit
+        mask = rows.expand(q.shape[0], 1, q.shape[2], k.shape[2])
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+    device = device_for(backend)
+    fn = minicompile.compile(attend, backend=backend)
+    for limit in (5, 3):  # the second call: another limit, the same compiled code
+        q, k, v = (torch.randn(2, 4, 8, 16, device=device) for _ in range(3))
+        torch.testing.assert_close(fn(q, k, v, limit), attend(q, k, v, limit))
+    for entry in fn.entries:
+        assert "(2, 1, 8, 8), (0, 64, 8, 1)" in entry.artefact[0].module_path.read_text()

@@ -1,0 +1,235 @@
+"""Library calls ("extern kernels") as calls of ATen's C++ API, for exported libraries.
+
+The Python wrapper calls the PyTorch function an extern names (``torch.nn.functional.conv2d``)
+with the arguments the trace recorded.  The C++ wrapper calls the ATen function of the same
+name (``at::conv2d``), its arguments bound to one of the operator's schemas
+(``aten::conv2d(Tensor input, Tensor weight, Tensor? bias=None, SymInt[2] stride=[1, 1],
+...)``) and written out in schema order, defaults included, as typed C++ values: a value that
+fits no schema of the operator is refused (:class:`Unsupported`, naming the call), never
+guessed.  The names of PyTorch's Python functions and their ATen operators agree for the
+library calls minicompile leaves (matrix products, convolutions, pooling, attention);
+``F.batch_norm`` and the like, whose Python argument order differs, are decomposed before
+they get here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from collections.abc import Callable
+
+import sympy
+import torch
+
+from minicompile.errors import Unsupported
+from minicompile.ir import AliasOutput, BufferRef, ExternKernel
+
+from minicompile.codegen.printers import cpp_index
+
+# ATen's C++ names of dtypes.
+ATEN_DTYPES: dict[torch.dtype, str] = {
+    torch.float64: "at::kDouble",
+    torch.float32: "at::kFloat",
+    torch.float16: "at::kHalf",
+    torch.bfloat16: "at::kBFloat16",
+    torch.int64: "at::kLong",
+    torch.int32: "at::kInt",
+    torch.int16: "at::kShort",
+    torch.int8: "at::kChar",
+    torch.uint8: "at::kByte",
+    torch.bool: "at::kBool",
+    torch.complex64: "at::kComplexFloat",
+    torch.complex128: "at::kComplexDouble",
+}
+
+# Where PyTorch's Python namespaces put their functions among ATen's operators.
+_PREFIXES = (
+    ("torch.nn.functional.", ""),
+    ("torch.Tensor.", ""),
+    ("torch.special.", "special_"),
+    ("torch.linalg.", "linalg_"),
+    ("torch.fft.", "fft_"),
+    ("torch.", ""),
+)
+
+
+class _NoFit(Exception):
+    """A value does not fit the schema argument at hand (try the next overload)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ExternCall:
+    expr: str  # the C++ expression computing the result
+    header: str  # the ATen header declaring the function
+    returns_tuple: bool  # std::tuple result: elements by std::get<k>
+
+
+def aten_name(op: str) -> str | None:
+    """The ATen operator behind a Python library function's dotted path, or None."""
+    for prefix, aten_prefix in _PREFIXES:
+        if op.startswith(prefix):
+            name = aten_prefix + op[len(prefix):]
+            return name if "." not in name else None
+    return None
+
+
+def extern_call(ext: ExternKernel, value: Callable[[object], str]) -> ExternCall:
+    """``ext`` as a call of ATen's C++ API.  ``value(arg)`` is the C++ text of a tensor
+    argument (a BufferRef, or an AliasOutput view)."""
+    name = aten_name(ext.op)
+    packet = getattr(torch.ops.aten, name, None) if name else None
+    if packet is None or not hasattr(packet, "overloads"):
+        raise Unsupported(f"export: the library call {ext.op} ({', '.join(ext.origins)}) has no "
+                          f"ATen operator to call from C++")
+    overloads = sorted(packet.overloads(), key=lambda o: o != "default")
+    for overload in overloads:
+        schema = getattr(packet, overload)._schema
+        if not _callable_from_cpp(overload, schema):
+            continue
+        try:
+            args = _bind(schema, ext.args, ext.kwargs, value)
+        except _NoFit:
+            continue
+        returns_tuple = len(schema.returns) > 1
+        return ExternCall(f"at::{name}({', '.join(args)})", f"ATen/ops/{name}.h", returns_tuple)
+    raise Unsupported(
+        f"export: the library call {ext.op} ({', '.join(ext.origins)}) with these arguments "
+        f"fits no schema of aten::{name} that C++ can call")
+
+
+def _callable_from_cpp(overload: str, schema: torch.FunctionSchema) -> bool:
+    """Functional overloads of at::: not TorchScript's prim_ ones, not out= or in-place."""
+    if overload.startswith("prim_") or "out" in overload.split("_"):
+        return False
+    if any(a.alias_info is not None and a.alias_info.is_write for a in schema.arguments):
+        return False
+    return all(str(r.type) == "Tensor" for r in schema.returns) and len(schema.returns) >= 1
+
+
+def _bind(schema: torch.FunctionSchema, args: tuple, kwargs: dict,
+          value: Callable[[object], str]) -> list[str]:
+    """The C++ arguments, in schema order (defaults written out), or _NoFit."""
+    params = schema.arguments
+    positional = [a for a in params if not a.kwarg_only]
+    if len(args) > len(positional):
+        raise _NoFit
+    given: dict[str, object] = {a.name: v for a, v in zip(positional, args)}
+    for key, v in kwargs.items():
+        key = "self" if key == "input" and all(a.name != "input" for a in params) else key
+        if key in given or all(a.name != key for a in params):
+            raise _NoFit
+        given[key] = v
+    out = []
+    for a in params:
+        if a.name in given:
+            out.append(_cpp_value(a, given[a.name], value))
+        elif a.has_default_value():
+            out.append(_cpp_value(a, a.default_value, value))
+        else:
+            raise _NoFit
+    return out
+
+
+def _cpp_value(arg: torch.Argument, v: object, value: Callable[[object], str]) -> str:
+    """``v`` as a C++ value of the schema argument's type, or _NoFit."""
+    typ = str(getattr(arg, "real_type", arg.type))
+    optional = typ.startswith("Optional[")
+    if optional:
+        typ = typ[len("Optional["):-1]
+        if v is None:
+            return "std::nullopt"
+    if typ == "Tensor":
+        if not isinstance(v, (BufferRef, AliasOutput)):
+            raise _NoFit
+        return value(v)
+    if typ == "List[Tensor]":
+        if not isinstance(v, (tuple, list)) or not all(
+                isinstance(x, (BufferRef, AliasOutput)) for x in v):
+            raise _NoFit
+        return f"std::vector<at::Tensor>{{{', '.join(value(x) for x in v)}}}"
+    if typ == "List[int]":
+        items = _int_list(v, arg.N)
+        text = f"std::vector<int64_t>{{{', '.join(items)}}}"
+        return f"at::OptionalIntArrayRef({text})" if optional else text
+    if typ == "int":
+        text = _int(v)
+        return f"std::optional<int64_t>({text})" if optional else text
+    if typ == "float":
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise _NoFit
+        text = _double(float(v))
+        return f"std::optional<double>({text})" if optional else text
+    if typ == "bool":
+        if not isinstance(v, bool):
+            raise _NoFit
+        text = "true" if v else "false"
+        return f"std::optional<bool>({text})" if optional else text
+    if typ == "number":
+        if isinstance(v, bool):
+            return f"at::Scalar({'true' if v else 'false'})"
+        if isinstance(v, float):
+            return f"at::Scalar({_double(v)})"
+        return f"at::Scalar({_int(v)})"
+    if typ == "str":
+        if not isinstance(v, str):
+            raise _NoFit
+        return f"c10::string_view({json.dumps(v)})"
+    if typ == "ScalarType":
+        if not isinstance(v, torch.dtype) or v not in ATEN_DTYPES:
+            raise _NoFit
+        text = ATEN_DTYPES[v]
+        return f"std::optional<at::ScalarType>({text})" if optional else text
+    if typ in _OPTION_TYPES:
+        text = _option(typ, v)
+        return f"std::optional<{_OPTION_TYPES[typ]}>({text})" if optional else text
+    raise _NoFit  # generators, complex numbers, dimension names: not exported
+
+
+_OPTION_TYPES = {"Device": "at::Device", "Layout": "at::Layout",
+                 "MemoryFormat": "at::MemoryFormat"}
+_LAYOUTS = {torch.strided: "at::kStrided"}
+_MEMORY_FORMATS = {
+    torch.contiguous_format: "at::MemoryFormat::Contiguous",
+    torch.channels_last: "at::MemoryFormat::ChannelsLast",
+    torch.channels_last_3d: "at::MemoryFormat::ChannelsLast3d",
+    torch.preserve_format: "at::MemoryFormat::Preserve",
+}
+
+
+def _option(typ: str, v: object) -> str:
+    """A tensor option: a CPU device (the library runs on CPU), a layout, a memory format."""
+    if typ == "Device":
+        if isinstance(v, str):
+            v = torch.device(v)
+        if not isinstance(v, torch.device) or v.type != "cpu":
+            raise _NoFit
+        return "at::Device(at::kCPU)"
+    table = _LAYOUTS if typ == "Layout" else _MEMORY_FORMATS
+    if v not in table:  # type: ignore[operator]
+        raise _NoFit
+    return table[v]  # type: ignore[index]
+
+
+def _int(v: object) -> str:
+    if isinstance(v, bool) or not isinstance(v, (int, sympy.Expr)):
+        raise _NoFit
+    if isinstance(v, sympy.Expr) and not v.is_integer:
+        raise _NoFit
+    return f"int64_t{{{cpp_index(sympy.Integer(v) if isinstance(v, int) else v)}}}"
+
+
+def _int_list(v: object, n: int | None) -> list[str]:
+    if isinstance(v, (int, sympy.Expr)) and not isinstance(v, bool):
+        return [_int(v)] * (n or 1)  # Python broadcasts one int to an int[N]
+    if not isinstance(v, (tuple, list)):
+        raise _NoFit
+    return [_int(x) for x in v]
+
+
+def _double(v: float) -> str:
+    if math.isnan(v):
+        return "std::numeric_limits<double>::quiet_NaN()"
+    if math.isinf(v):
+        return ("-" if v < 0 else "") + "std::numeric_limits<double>::infinity()"
+    return repr(v)

@@ -1,0 +1,460 @@
+"""The C++ wrapper of an exported graph: check the inputs, allocate, call kernels and
+library calls in order, return the outputs; the C++ twin of codegen/wrapper.py's ``call``.
+
+``generate(program, groups, name, ...)`` returns an :class:`ExportedCode`: the kernels'
+translation unit (the same text the C++ backend builds, no PyTorch headers) and the
+wrapper's (ATen headers, library calls through ``at::``).  The wrapper's entry points are C
+functions, so a C++ program and Python's ctypes can both call them::
+
+    extern "C" int mc_run(void** inputs, int64_t n_in, void** outputs, int64_t n_out);
+    extern "C" const char* mc_last_error();
+    extern "C" int mc_init();  // reads the weights (else the first mc_run does)
+
+``inputs`` and ``outputs`` hold ``at::Tensor*`` handles (PyTorch's AOTInductor convention):
+``mc_run`` takes ownership of the inputs (it deletes them) and gives the caller ownership of
+the outputs.  It returns 0, or 1 with the reason in ``mc_last_error()`` (a wrong dtype,
+rank, size or stride, an index out of range, a failed library call): no exception crosses
+the C boundary.  Parameters, buffers and other tensors the function read (the graph inputs
+that are not arguments) are read once from the weights file beside the library (``model.so``
+-> ``model.weights``); the arguments are checked against the dtypes, sizes and strides the
+kernels were generated for, with sizes that are symbols (``s0``) read off the inputs as the
+Python wrapper reads them, and the size relations the trace relied on.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+
+import sympy
+
+from minicompile.errors import Unsupported
+from minicompile.ir import AliasOutput, BufferRef, ExternKernel, Layout, LoopProgram
+from minicompile.shapes import MIN_DYNAMIC_SIZE
+from minicompile.sym import FloorDiv, ModularIndexing
+
+from minicompile.codegen import combo, wrapper
+from minicompile.codegen.common import CodeWriter, KernelPlan, checks_indices
+from minicompile.codegen.cpp import CPP_DTYPES
+from minicompile.codegen.cpp_externs import ATEN_DTYPES, extern_call
+from minicompile.codegen.printers import cpp_index
+from minicompile.codegen.wrapper import (
+    cpp_unit,
+    last_reads,
+    plan_kernels,
+    reuse_memory,
+)
+from minicompile.schedule import ComboGroup
+
+_SIGNATURE = re.compile(r'^extern "C" void \w+\([^)]*\)', re.MULTILINE)
+
+
+@dataclasses.dataclass(frozen=True)
+class ExportedCode:
+    kernels: str  # the kernels' translation unit (as the C++ backend builds it)
+    wrapper: str  # the wrapper's translation unit (ATen's C++ API)
+    kernel_names: tuple[str, ...]
+
+
+def _shape(values: tuple) -> str:
+    return "{" + ", ".join(cpp_index(v) for v in values) + "}"
+
+
+def _relation(rel: sympy.Basic) -> str:
+    """A relation between sizes (``Eq(s0, 2*s1)``) as a C++ condition."""
+    ops = {sympy.Eq: "==", sympy.Ne: "!=", sympy.Lt: "<", sympy.Le: "<=", sympy.Gt: ">",
+           sympy.Ge: ">="}
+    # Sizes are positive: PyTorch's Mod and floor division are the index printer's.
+    rel = rel.replace(sympy.Mod, lambda a, b: ModularIndexing(a, 1, b))
+    rel = rel.replace(sympy.floor, lambda e: FloorDiv(*sympy.fraction(sympy.together(e))))
+    for kind, text in ops.items():
+        if isinstance(rel, kind):
+            try:
+                return f"{cpp_index(rel.lhs)} {text} {cpp_index(rel.rhs)}"
+            except NotImplementedError as e:
+                raise Unsupported(f"export: the size relation {rel} has no C++ form") from e
+    raise Unsupported(f"export: the size relation {rel} has no C++ form")
+
+
+def generate(program: LoopProgram, groups: list, graph_name: str, arg_of: list[int | None],
+             arg_names: list[str], returns: list[tuple[str, int]], signature: dict,
+             relations: tuple = (), equal: list | tuple = ()) -> ExportedCode:
+    """``arg_of[k]``: the position among the caller's arguments of ``program.inputs[k]``,
+    or None for a weight (read from the weights file); ``arg_names``: the caller's names
+    of the arguments, for error messages; ``returns``: what the call returns, in order,
+    each ("output", k) (the graph's output k) or ("input", j) (argument j, as given);
+    ``signature``: a JSON-able description ``mc_signature()`` returns; ``relations``: the
+    size relations the trace relied on; ``equal``: (size, size, why) pairs of sizes the
+    caller declared equal (dims of one name)."""
+    if any(isinstance(g, ComboGroup) for g in groups):
+        raise Unsupported("export: combo kernels (optimizer steps) are not exported")
+    if program.scalar_sizes:
+        raise Unsupported("export: Python int arguments are not exported (pass tensors)")
+    plans, plan_of = plan_kernels(program, groups, "cpp", {})
+    kernels = cpp_unit(plans)
+    w = CodeWriter()
+    w.line(f"// minicompile: exported wrapper for {graph_name} (C++ kernels, ATen library calls)")
+    w.line("#define TORCH_ASSERT_ONLY_METHOD_OPERATORS")
+    headers = {"ATen/core/Tensor.h", "ATen/ops/empty_strided.h", "c10/core/GradMode.h"}
+    calls: dict[str, str] = {}
+    tuples: set[str] = set()
+    for g in groups:
+        ext = g.extern
+        if ext is None or ext.op == "operator.getitem":
+            continue
+        call = extern_call(ext, _tensor_arg)
+        headers.add(call.header)
+        calls[ext.name] = call.expr
+        if call.returns_tuple:
+            tuples.add(ext.name)
+    for h in sorted(headers):
+        w.line(f"#include <{h}>")
+    w.lines_from(PREAMBLE)
+    w.line()
+    for proto in _SIGNATURE.findall(kernels):
+        w.line(f"{proto};")
+    w.line()
+    with w.block("namespace"):
+        _emit_run(w, program, groups, plan_of, arg_of, arg_names, relations, equal, calls,
+                  tuples)
+    w.line()
+    w.line(f"constexpr int64_t kNumInputs = {len(arg_names)};")
+    w.line(f"constexpr int64_t kNumOutputs = {len(returns)};")
+    table = ", ".join(f"{{{int(kind == 'input')}, {k}}}" for kind, k in returns)
+    w.line(f"constexpr int64_t kReturns[][2] = {{{table}}};  // {{0: output / 1: argument, "
+           f"index}}")
+    text = json.dumps(json.dumps(signature))  # JSON, as a C string literal
+    w.line(f'extern "C" const char* mc_signature() {{ return {text}; }}')
+    w.lines_from(ENTRY_POINTS)
+    return ExportedCode(kernels, w.text(), tuple(p.name for p in plans))
+
+
+def _tensor_arg(v: object) -> str:
+    if isinstance(v, BufferRef):
+        return v.name
+    assert isinstance(v, AliasOutput)
+    return _alias(v)
+
+
+def _alias(out: AliasOutput) -> str:
+    return wrapper.alias_text(out, _shape, cpp_index)
+
+
+def _emit_run(w: CodeWriter, program: LoopProgram, groups: list, plan_of: dict,
+              arg_of: list[int | None], arg_names: list[str], relations: tuple,
+              equal: list | tuple, calls: dict[str, str], tuples: set[str]) -> None:
+    with w.block("std::vector<at::Tensor> weight_layouts()"):
+        w.line("std::vector<at::Tensor> out;")
+        for buf, arg in zip(program.inputs, arg_of):
+            if arg is None:
+                lay = buf.layout
+                if lay.shape and any(not e.is_Integer for e in (*lay.shape, *lay.stride)):
+                    raise Unsupported(f"export: weight {buf.name} has symbolic sizes")
+                w.line(f"out.push_back(at::empty_strided({_shape(lay.shape)}, "
+                       f"{_shape(lay.stride)}, at::TensorOptions().dtype("
+                       f"{ATEN_DTYPES[lay.dtype]})));  // {buf.name}")
+        w.line("return out;")
+    w.line()
+    with w.block("std::vector<at::Tensor> run(std::vector<at::Tensor>& inputs, "
+                 "const std::vector<at::Tensor>& weights)"):
+        n_weight = 0
+        for buf, arg in zip(program.inputs, arg_of):
+            if buf.layout.offset != 0:
+                raise Unsupported(f"export: input {buf.name} starts inside its storage")
+            if arg is not None:
+                w.line(f"at::Tensor {buf.name} = std::move(inputs[{arg}]);")
+            else:
+                w.line(f"const at::Tensor& {buf.name} = weights[{n_weight}];")
+                n_weight += 1
+        w.line("inputs.clear();  // ours now: each is released after its last use")
+        _emit_checks(w, program, arg_of, arg_names, relations)
+        for a, b, why in equal:
+            w.line(f"MC_CHECK({cpp_index(a)} == {cpp_index(b)}, {json.dumps(why)});")
+        last_use = last_reads(groups)
+        keep = {o if isinstance(o, str) else o.input for o in program.outputs}
+        keep |= {b.name for b, arg in zip(program.inputs, arg_of) if arg is None}
+        reuse = reuse_memory(program, groups, plan_of, keep, {})
+        live = {b.name for b, arg in zip(program.inputs, arg_of) if arg is not None}
+        for k, group in enumerate(groups):
+            if group.extern is not None:
+                _emit_extern(w, group.extern, calls, tuples)
+                made = [group.extern.name]
+            else:
+                plan = plan_of[group.key]
+                _emit_kernel(w, program, plan, reuse)
+                made = list(plan.outputs)
+            live.update(made)
+            dead = sorted(n for n in live if last_use.get(n, -1) <= k and n not in keep)
+            live.difference_update(dead)
+            for name in dead:
+                if name not in reuse.values() and name not in tuples:
+                    w.line(f"{name}.reset();  // no longer read")
+        outs = [o if isinstance(o, str) else _alias(o) for o in program.outputs]
+        w.line(f"return {{{', '.join(outs)}}};")
+
+
+def _emit_checks(w: CodeWriter, program: LoopProgram, arg_of: list[int | None],
+                 arg_names: list[str], relations: tuple) -> None:
+    """Read the size symbols off the inputs, then check every input's dtype, rank, sizes
+    and strides against the layouts the kernels index by, and the relations the trace
+    relied on: a call the code was not generated for is an error, never a wrong value."""
+    user = [(b, arg_names[arg]) for b, arg in zip(program.inputs, arg_of) if arg is not None]
+    found: set = set()
+    for buf, name in user:
+        lay = buf.layout
+        w.line(f'mc_check_tensor({buf.name}, "{name}", {ATEN_DTYPES[lay.dtype]}, '
+               f"{len(lay.shape)});")
+        for d, size in enumerate(lay.shape):
+            if size.is_Symbol and size not in found:
+                found.add(size)
+                w.line(f"const int64_t {size} = {buf.name}.size({d});  // a dynamic size")
+                w.line(f'mc_check_dynamic({size}, "{name}", {d}, {MIN_DYNAMIC_SIZE});')
+    layouts = [b.layout for b in program.inputs]
+    layouts += [lay for b in program.buffers for lay in _layouts(b)]
+    used = {s for lay in layouts for e in (*lay.shape, *lay.stride) for s in e.free_symbols}
+    used |= {s for rel in relations for s in rel.free_symbols}
+    missing = used - found
+    if missing:
+        raise Unsupported(f"export: sizes {sorted(map(str, missing))} are not a dimension of "
+                          f"any input")
+    for buf, name in user:
+        lay = buf.layout
+        w.line(f'mc_check_layout({buf.name}, "{name}", {_shape(lay.shape)}, '
+               f"{_shape(lay.stride)});")
+    for rel in relations:
+        w.line(f'MC_CHECK({_relation(rel)}, "the inputs\' sizes break {rel}, which the '
+               f'exported code relies on");')
+
+
+def _layouts(buf: object) -> tuple[Layout, ...]:
+    layout = buf.layout  # type: ignore[attr-defined]
+    return layout if isinstance(layout, tuple) else (layout,)
+
+
+def _emit_extern(w: CodeWriter, ext: ExternKernel, calls: dict[str, str],
+                 tuples: set[str]) -> None:
+    comment = ", ".join(ext.origins)
+    if ext.sources:
+        comment += f"  ({ext.sources[0]})"
+    w.line(f"// {comment}")
+    if ext.op == "operator.getitem":
+        source, index = ext.args
+        if not isinstance(source, BufferRef) or source.name not in tuples:
+            raise Unsupported(f"export: {ext.op} of {source} has no C++ form")
+        call = f"std::get<{int(index)}>({source.name})"
+    else:
+        call = calls[ext.name]
+    if isinstance(ext.layout, tuple):
+        w.line(f"auto {ext.name} = {call};")
+        return
+    lay = ext.layout
+    w.line(f"at::Tensor {ext.name} = mc_with_layout({call}, {_shape(lay.shape)}, "
+           f"{_shape(lay.stride)});")
+
+
+def _emit_kernel(w: CodeWriter, program: LoopProgram, plan: KernelPlan,
+                 reuse: dict[str, str]) -> None:
+    assert not isinstance(plan, combo.ComboPlan)
+    for name in plan.outputs:
+        if name in reuse:
+            w.line(f"at::Tensor {name} = std::move({reuse[name]});  // its memory is no "
+                   f"longer read")
+            continue
+        lay = program.buffer(name).layout
+        w.line(f"at::Tensor {name} = at::empty_strided({_shape(lay.shape)}, "
+               f"{_shape(lay.stride)}, at::TensorOptions().dtype({ATEN_DTYPES[lay.dtype]}));")
+    if plan.numel == 0:
+        w.line(f"// {plan.name}: nothing to compute for an empty tensor")
+        return
+    w.line(f"// {', '.join(plan.origins)}")
+    args = [f"static_cast<const {CPP_DTYPES[dtype]}*>({name}.data_ptr())"
+            for name, dtype in plan.inputs]
+    args += [f"static_cast<{CPP_DTYPES[st.dtype]}*>({st.buffer}.data_ptr())"
+             for st in plan.stores]
+    errs = checks_indices(plan)
+    if errs:
+        w.line(f"int32_t {plan.name}_err = 0;  // index out of range?")
+        args.append(f"&{plan.name}_err")
+    args += [str(s) for s in plan.size_args]
+    w.line(f"{plan.name}({', '.join(args)});")
+    if errs:
+        w.line(f'MC_CHECK({plan.name}_err == 0, "index out of range in {plan.name} '
+               f'({", ".join(plan.origins)})");')
+
+
+PREAMBLE = r"""
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <dlfcn.h>
+#include <fstream>
+#include <limits>
+#include <mutex>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#define MC_CHECK(cond, what) \
+    do { if (!(cond)) throw std::invalid_argument(what); } while (0)
+
+namespace {
+
+thread_local std::string last_error;
+
+void mc_check_tensor(const at::Tensor& t, const char* name, at::ScalarType dtype, int64_t dim) {
+    std::ostringstream why;
+    if (!t.defined()) {
+        why << "input " << name << " is an undefined tensor";
+    } else if (!t.device().is_cpu()) {
+        why << "input " << name << " is on " << t.device() << "; the library runs on CPU tensors";
+    } else if (t.scalar_type() != dtype) {
+        why << "input " << name << " has dtype " << t.scalar_type() << ", expected " << dtype;
+    } else if (t.dim() != dim) {
+        why << "input " << name << " has " << t.dim() << " dimensions, expected " << dim;
+    } else {
+        return;
+    }
+    throw std::invalid_argument(why.str());
+}
+
+void mc_check_dynamic(int64_t size, const char* name, int64_t dim, int64_t least) {
+    if (size >= least) return;
+    std::ostringstream why;
+    why << "input " << name << " has size " << size << " at dynamic dim " << dim
+        << "; dynamic sizes are at least " << least << " (sizes 0 and 1 are specialised:"
+        << " export with an example of that size)";
+    throw std::invalid_argument(why.str());
+}
+
+void mc_check_layout(const at::Tensor& t, const char* name, std::vector<int64_t> sizes,
+                     std::vector<int64_t> strides) {
+    std::ostringstream why;
+    for (size_t d = 0; d < sizes.size(); ++d) {
+        if (t.size(d) != sizes[d]) {
+            why << "input " << name << " has size " << t.size(d) << " at dim " << d
+                << ", expected " << sizes[d];
+            throw std::invalid_argument(why.str());
+        }
+    }
+    for (size_t d = 0; d < sizes.size(); ++d) {
+        if (sizes[d] != 1 && t.stride(d) != strides[d]) {
+            why << "input " << name << " has stride " << t.stride(d) << " at dim " << d
+                << ", expected " << strides[d] << " (pass the layout of the example input,"
+                << " e.g. .contiguous())";
+            throw std::invalid_argument(why.str());
+        }
+    }
+}
+
+// A library call may choose other strides than eager's; kernels index by eager's.
+at::Tensor mc_with_layout(const at::Tensor& t, std::vector<int64_t> size,
+                          std::vector<int64_t> stride) {
+    bool same = true;
+    for (size_t d = 0; d < size.size(); ++d) {
+        same = same && (size[d] <= 1 || t.stride(d) == stride[d]);
+    }
+    if (same) return t;
+    return at::empty_strided(size, stride, t.options()).copy_(t);
+}
+
+// The weights file: "MCWEIGHTS1", the count, then per tensor its byte count and bytes
+// (its storage in the layout the kernels were generated for).
+std::vector<at::Tensor> mc_read_weights(const std::string& path,
+                                        const std::vector<at::Tensor>& shapes) {
+    std::ifstream f(path, std::ios::binary);
+    if (!f) throw std::runtime_error("cannot open the weights file " + path);
+    char magic[10];
+    int64_t count = 0;
+    f.read(magic, 10);
+    f.read(reinterpret_cast<char*>(&count), 8);
+    if (!f || std::memcmp(magic, "MCWEIGHTS1", 10) != 0 ||
+        count != static_cast<int64_t>(shapes.size())) {
+        throw std::runtime_error("the weights file " + path +
+                                 " does not belong to this library");
+    }
+    std::vector<at::Tensor> out;
+    for (const at::Tensor& t : shapes) {
+        int64_t nbytes = 0;
+        f.read(reinterpret_cast<char*>(&nbytes), 8);
+        if (!f || nbytes != static_cast<int64_t>(t.storage().nbytes())) {
+            throw std::runtime_error("the weights file " + path +
+                                     " does not belong to this library");
+        }
+        f.read(static_cast<char*>(t.data_ptr()), nbytes);
+        if (!f) throw std::runtime_error("the weights file " + path + " is truncated");
+        out.push_back(t);
+    }
+    return out;
+}
+
+}  // namespace
+"""
+
+ENTRY_POINTS = r"""
+// The weights file beside this library: its path with ".so" replaced by ".weights".
+static std::string mc_weights_path() {
+    Dl_info info;
+    if (dladdr(reinterpret_cast<void*>(&mc_weights_path), &info) == 0 || !info.dli_fname) {
+        throw std::runtime_error("cannot find the path of this library");
+    }
+    std::string path = info.dli_fname;
+    if (path.size() > 3 && path.compare(path.size() - 3, 3, ".so") == 0) {
+        path.resize(path.size() - 3);
+    }
+    return path + ".weights";
+}
+
+static const std::vector<at::Tensor>& mc_weights() {
+    static std::once_flag once;
+    static std::vector<at::Tensor> weights;
+    std::call_once(once, [] { weights = mc_read_weights(mc_weights_path(), weight_layouts()); });
+    return weights;
+}
+
+extern "C" const char* mc_last_error() { return last_error.c_str(); }
+
+// Read the weights now (mc_run reads them on its first call otherwise): 0, or 1 and the reason.
+extern "C" int mc_init() {
+    try {
+        mc_weights();
+        return 0;
+    } catch (const std::exception& e) {
+        last_error = e.what();
+    }
+    return 1;
+}
+extern "C" int64_t mc_num_inputs() { return kNumInputs; }
+extern "C" int64_t mc_num_outputs() { return kNumOutputs; }
+
+extern "C" int mc_run(void** inputs, int64_t n_in, void** outputs, int64_t n_out) {
+    std::vector<at::Tensor> args;
+    for (int64_t k = 0; k < n_in; ++k) {  // ours: the handles are deleted here
+        at::Tensor* handle = static_cast<at::Tensor*>(inputs[k]);
+        args.push_back(std::move(*handle));
+        delete handle;
+    }
+    try {
+        if (n_in != kNumInputs || n_out != kNumOutputs) {
+            std::ostringstream why;
+            why << "called with " << n_in << " inputs and " << n_out << " outputs; the model takes "
+                << kNumInputs << " and returns " << kNumOutputs;
+            throw std::invalid_argument(why.str());
+        }
+        c10::AutoGradMode no_grad(false);
+        std::vector<at::Tensor> given = args;  // for arguments returned as they are
+        std::vector<at::Tensor> results = run(args, mc_weights());
+        for (int64_t k = 0; k < n_out; ++k) {
+            const int64_t* r = kReturns[k];
+            outputs[k] = new at::Tensor(r[0] == 0 ? results[r[1]] : given[r[1]]);
+        }
+        return 0;
+    } catch (const c10::Error& e) {
+        last_error = e.what_without_backtrace();
+    } catch (const std::exception& e) {
+        last_error = e.what();
+    }
+    return 1;
+}
+"""

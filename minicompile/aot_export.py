@@ -1,0 +1,279 @@
+"""Ahead-of-time export, like PyTorch 2.2's AOTInductor: a function or module -> a shared
+library that runs without Python.
+
+    exported = minicompile.export(model, (x,), "model.so", dynamic=[0])
+    model_lib = minicompile.load("model.so")      # in Python: a callable on tensors
+    # without Python: minicompile_runner model.so inputs.pt outputs.pt
+
+``export`` captures the function once with the example arguments (the whole function:
+a graph break is an error naming it and its source line, as with ``fullgraph=True``),
+takes the graph through the usual passes, lowering and fusion, and writes the C++ backend's
+kernels with a C++ wrapper (codegen/cpp_wrapper.py) in place of the Python one; library
+calls go through ATen's C++ API.  Parameters, buffers and any other tensor the function
+reads that is not an argument are baked in: written to ``model.weights`` beside the
+library, read by it on its first call.  runtime/aot.py builds and loads.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import os
+import shutil
+import types
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from minicompile import config
+from minicompile.errors import Unsupported
+
+_ARGUMENT_SPEC = "None, a dim, a list of dims or a dict of dims to names"
+
+
+@dataclasses.dataclass(frozen=True)
+class Exported:
+    """What ``export`` wrote: the library, its weights, the runner program and the
+    generated C++ sources (kept for reading)."""
+
+    library: Path
+    weights: Path
+    runner: Path
+    sources: tuple[Path, ...]
+
+
+def _function_and_frame(fn_or_module: Any, args: tuple) -> tuple[types.FunctionType, tuple,
+                                                                  list[str]]:
+    """The Python function to capture, its frame values and the names of the tensor
+    arguments."""
+    from minicompile.api import CompiledFunction, OptimizedModule
+
+    if isinstance(fn_or_module, OptimizedModule):  # minicompile.compile(model): the model
+        fn_or_module = fn_or_module._orig_mod
+    elif isinstance(fn_or_module, CompiledFunction):
+        fn_or_module = fn_or_module.original
+    if isinstance(fn_or_module, torch.nn.Module):
+        mod = fn_or_module
+        if mod._forward_hooks or mod._forward_pre_hooks:
+            raise Unsupported("export: the module has forward hooks, which an exported library "
+                              "would not run")
+        # A forward patched onto the instance is what mod(x) calls.
+        fn_or_module = mod.__dict__.get("forward") or types.MethodType(type(mod).forward, mod)
+    if isinstance(fn_or_module, types.MethodType):
+        fn, frame, skip = fn_or_module.__func__, (fn_or_module.__self__, *args), 1
+    elif isinstance(fn_or_module, types.FunctionType):
+        fn, frame, skip = fn_or_module, args, 0
+    else:
+        raise TypeError(f"minicompile.export expects a function or an nn.Module, got "
+                        f"{type(fn_or_module).__name__}")
+    code = fn.__code__
+    if code.co_flags & (inspect.CO_VARARGS | inspect.CO_VARKEYWORDS) or code.co_kwonlyargcount:
+        raise TypeError("minicompile.export: the function must take its tensors as plain "
+                        "positional parameters")
+    names = list(code.co_varnames[skip:code.co_argcount])
+    from minicompile.capture import frame_args
+
+    return fn, frame_args(fn, frame, {}), names[:len(args)]
+
+
+def _policy(dynamic: Any, args: tuple, names: list[str]) -> tuple[Any, dict]:
+    """The capture's DynamicPolicy, and the names given to dynamic dims ((argument, dim)
+    -> name).  ``dynamic`` False or None: static sizes (dims marked with
+    minicompile.mark_dynamic still dynamic under None); True: every dim of every argument;
+    a list with one entry per argument (None, a dim, a list of dims, or a dict from dims to
+    names: ``{0: "batch"}``) or a dict from argument name to such an entry: those dims.
+    Dims of one name must be equal in every call, as with torch.export's ``Dim``."""
+    from minicompile.capture.dynamic import STATIC, DynamicPolicy
+    from minicompile.shapes import MIN_DYNAMIC_SIZE
+
+    if dynamic is False:
+        return STATIC, {}
+    if dynamic is None:
+        return DynamicPolicy(None), {}
+    if dynamic is True:
+        return DynamicPolicy(True), {}
+    if isinstance(dynamic, dict):
+        unknown = set(dynamic) - set(names)
+        if unknown:
+            raise ValueError(f"minicompile.export: dynamic names {sorted(unknown)}, which are "
+                             f"not arguments ({', '.join(names)})")
+        per_arg = [dynamic.get(n) for n in names]
+    elif isinstance(dynamic, Sequence) and not isinstance(dynamic, str):
+        if len(dynamic) != len(args):
+            raise ValueError(f"minicompile.export: dynamic has {len(dynamic)} entries for "
+                             f"{len(args)} arguments")
+        per_arg = list(dynamic)
+    else:
+        raise ValueError("minicompile.export: dynamic must be None, True, False, a list with "
+                         f"one entry per argument ({_ARGUMENT_SPEC}) or a dict of them by name")
+    automatic: dict[str, frozenset[int]] = {}
+    labels: dict[tuple[int, int], str] = {}
+    for j, (name, t, spec) in enumerate(zip(names, args, per_arg)):
+        if spec is None:
+            continue
+        dims = (spec,) if isinstance(spec, int) else tuple(spec)
+        if isinstance(spec, dict):
+            labels.update(((j, d % max(t.dim(), 1)), str(label)) for d, label in spec.items()
+                          if isinstance(d, int))
+        if not all(isinstance(d, int) and -t.dim() <= d < t.dim() for d in dims):
+            raise ValueError(f"minicompile.export: dynamic dims {spec!r} of {name} (a "
+                             f"{t.dim()}-d tensor): give {_ARGUMENT_SPEC}")
+        dims = tuple(d % t.dim() for d in dims)
+        small = [d for d in dims if t.shape[d] < MIN_DYNAMIC_SIZE]
+        if small:
+            raise ValueError(
+                f"minicompile.export: {name} has size {t.shape[small[0]]} at dynamic dim "
+                f"{small[0]}; sizes 0 and 1 are specialised: give an example of size >= "
+                f"{MIN_DYNAMIC_SIZE}")
+        automatic[f"L['{name}']"] = frozenset(dims)
+    return DynamicPolicy(None, automatic), labels
+
+
+def _same_names(program: Any, arg_of: list[int | None], labels: dict,
+                names: list[str]) -> list[tuple[Any, Any, str]]:
+    """(size, size, why) for dims given one name, which every call must keep equal."""
+    size_of = {(a, d): size for b, a in zip(program.inputs, arg_of) if a is not None
+               for d, size in enumerate(b.layout.shape)}
+    first: dict[str, tuple[int, int]] = {}
+    out = []
+    for (j, d), label in sorted(labels.items()):
+        if (j, d) not in size_of:
+            continue  # an argument the function does not read
+        if label not in first:
+            first[label] = (j, d)
+            continue
+        i, e = first[label]
+        if size_of[(i, e)] != size_of[(j, d)]:
+            why = f"dims named {label!r} differ: {names[i]} dim {e} and {names[j]} dim {d}"
+            out.append((size_of[(i, e)], size_of[(j, d)], why))
+    return out
+
+
+def _returns(capture: Any, frame: tuple, args: tuple) -> tuple[list[tuple[str, int]], str]:
+    """What the function returns, from its output recipe: a tensor or a tuple/list of
+    tensors, each a graph output or an argument as given."""
+    lines = [ln.strip() for ln in capture.rebuild_source.strip().splitlines()[1:]]
+    if len(lines) != 2 or not lines[0].startswith("ret = ") or lines[1] != "return ret":
+        raise Unsupported("export: the function mutates its inputs or has side effects "
+                          "(attribute, global or container writes), which an exported library "
+                          "does not replay")
+
+    class Out:
+        def __init__(self, k: int) -> None:
+            self.k = k
+
+    ret = capture.rebuild([Out(k) for k in range(len(capture.graph.outputs))], *frame)
+    items, structure = ([ret], "tensor") if not isinstance(ret, (tuple, list)) else (
+        list(ret), "tuple" if isinstance(ret, tuple) else "list")
+    returns: list[tuple[str, int]] = []
+    for item in items:
+        if isinstance(item, Out):
+            returns.append(("output", item.k))
+        elif any(item is a for a in args):
+            returns.append(("input", next(j for j, a in enumerate(args) if item is a)))
+        else:
+            raise Unsupported(f"export: the function must return a tensor or a tuple or list "
+                              f"of tensors; it returns {type(ret).__name__}"
+                              + (f" holding {type(item).__name__}" if item is not ret else ""))
+    if not returns:
+        raise Unsupported("export: the function must return at least one tensor")
+    return returns, structure
+
+
+def export(fn_or_module: Callable | torch.nn.Module, example_args: tuple | torch.Tensor,
+           path: str | os.PathLike, dynamic: Any = None) -> Exported:
+    """Compile ``fn_or_module`` for ``example_args`` (tensors) into the shared library
+    ``path``, with its weights beside it (``.so`` -> ``.weights``) and the runner program
+    (``minicompile_runner`` in the same folder).  ``dynamic``: which sizes stay symbolic in
+    the library (see :func:`_policy`); the others are fixed to the example's.  Raises
+    :class:`Unsupported` for what cannot be exported (a graph break, naming it and its
+    source line; a library call without a C++ form), before anything is built."""
+    from minicompile import api, perf, trace
+    from minicompile.codegen import cpp_wrapper
+    from minicompile.runtime import aot
+
+    args = (example_args,) if isinstance(example_args, torch.Tensor) else tuple(example_args)
+    if not all(isinstance(a, torch.Tensor) for a in args):
+        raise TypeError("minicompile.export: example_args must be tensors")
+    if any(a.device.type != "cpu" for a in args):
+        raise Unsupported("export: the library runs on CPU tensors (CUDA is not exported yet)")
+    fn, frame, names = _function_and_frame(fn_or_module, args)
+    policy, labels = _policy(dynamic, args, names)
+    cfg = config.get()
+    api._import_compiler()
+    from minicompile.capture import capture_segment, root_point
+    from minicompile.passes.pipeline import run_graph_passes
+
+    with torch.no_grad():
+        try:
+            capture, _ = capture_segment(fn, root_point(fn.__code__), frame, False, policy)
+        except Unsupported as e:
+            raise Unsupported(f"export: {e.reason}", e.stack, e.hint) from e
+    if capture.writebacks:
+        raise Unsupported("export: the function mutates its inputs or buffers in place, which "
+                          "an exported library does not do", hint="a module in training mode "
+                          "updates its batch norm statistics: export model.eval()")
+    returns, structure = _returns(capture, frame, args)
+    graph, _ = run_graph_passes(capture.graph)
+    if any(m.device.type != "cpu" for n in graph.nodes
+           for m in (n.meta if isinstance(n.meta, tuple) else (n.meta,)) if m is not None):
+        raise Unsupported("export: the library runs on CPU tensors (CUDA is not exported yet)")
+    program, groups = _lower(graph)
+    values = capture.get_inputs(*frame)
+    arg_of: list[int | None] = []
+    weights: list[torch.Tensor] = []
+    for source, value in zip(capture.input_sources, values):
+        arg = next((j for j, a in enumerate(args) if value is a and source == f"L['{names[j]}']"),
+                   None)
+        arg_of.append(arg)
+        if arg is None:
+            weights.append(value)
+    shapes = capture.graph.shapes
+    relations = tuple(shapes.relations()) if shapes is not None else ()
+    dims = {names[a]: {d: labels.get((a, d), str(s)) for d, s in enumerate(b.layout.shape)
+                       if not s.is_Integer}
+            for b, a in zip(program.inputs, arg_of) if a is not None}
+    signature = {"inputs": names, "returns": structure,
+                 "dynamic": {n: d for n, d in dims.items() if d}}
+    code = cpp_wrapper.generate(program, groups, fn.__qualname__, arg_of, names, returns,
+                                signature, relations,
+                                _same_names(program, arg_of, labels, names))
+    trace.emit("output_code", f"{fn.__qualname__} exported wrapper (C++)", code.wrapper,
+               f"{fn.__name__}.export.cpp")
+    library = Path(path).resolve()
+    library.parent.mkdir(parents=True, exist_ok=True)
+    stem = library.name[:-3] if library.name.endswith(".so") else library.name
+    sources = (library.with_name(f"{stem}.wrapper.cpp"), library.with_name(f"{stem}.kernels.cpp"))
+    sources[0].write_text(code.wrapper)
+    sources[1].write_text(code.kernels)
+    with perf.phase("build"):
+        aot.build_library(code.kernels, code.wrapper, library, cfg)
+        weights_file = aot.weights_path(library)
+        aot.write_weights(weights_file, weights)
+        runner = library.with_name("minicompile_runner")
+        shutil.copyfile(aot.runner(cfg), runner)
+        runner.chmod(0o755)
+        runner.with_name("minicompile_runner.cpp").write_text(aot.RUNNER_SOURCE)
+    return Exported(library, weights_file, runner, sources)
+
+
+def _lower(graph: Any) -> tuple[Any, list]:
+    """Lowering and fusion as minicompile.driver.build_graph does them (no combo kernels,
+    no stores in place: those serve optimizer steps)."""
+    from minicompile.lowering import lower
+    from minicompile.passes.fusion import fuse
+    from minicompile.passes.split_reductions import split_reductions
+
+    program = lower(split_reductions(graph))
+    return program, fuse(program, [])
+
+
+def load(path: str | os.PathLike | Exported) -> Any:
+    """A library written by :func:`export` (its path, or what export returned), loaded into
+    this process: a callable taking the exported function's tensor arguments and returning
+    what it returned."""
+    from minicompile.runtime import aot
+
+    return aot.load(path.library if isinstance(path, Exported) else path)

@@ -26,6 +26,7 @@ from minicompile.ir import (
     Reduce,
     map_loads,
     reindex_expr,
+    divides_by_values,
     walk,
 )
 from minicompile.sym import index_symbol, product, size_symbols
@@ -173,8 +174,21 @@ def with_in_place(plan: KernelPlan, in_place: dict[str, str]) -> KernelPlan:
 
 def checks_indices(plan: KernelPlan) -> bool:
     """Whether the kernel reads through indices: it then takes ``err_ptr``, a flag it sets
-    for an index out of range (the wrapper raises IndexError)."""
+    for an index out of range (the wrapper raises IndexError), or on a GPU checks them with
+    device-side asserts."""
     return any(isinstance(e, IndirectLoad) for st in plan.stores for e in walk(st.value))
+
+
+def divides_integers(plan: KernelPlan) -> bool:
+    """Whether the kernel divides integers by values it reads (ir.divides_by_values): on
+    CPU it then takes ``err_ptr`` and sets it for a divisor of zero.  (On a GPU an integer
+    division by zero is no error, as in eager's CUDA kernels.)"""
+    return any(divides_by_values(e) for st in plan.stores for e in walk(st.value))
+
+
+def checks_values(plan: KernelPlan) -> bool:
+    """Whether a kernel on CPU takes ``err_ptr``."""
+    return checks_indices(plan) or divides_integers(plan)
 
 
 def pending(expr: Expr, done: dict) -> list[Expr]:

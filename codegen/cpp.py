@@ -24,10 +24,11 @@ from minicompile.ir import (
     Load,
     Op,
     Reduce,
+    divides_by_values,
     walk,
 )
 
-from minicompile.codegen.common import CodeWriter, KernelPlan, Store, checks_indices, pending
+from minicompile.codegen.common import CodeWriter, KernelPlan, Store, checks_values, pending
 from minicompile.codegen.printers import cpp_index
 
 CPP_DTYPES: dict[torch.dtype, str] = {
@@ -148,7 +149,7 @@ class CppKernel:
         params += [
             f"{CPP_DTYPES[st.dtype]}* __restrict__ out_ptr{k}" for k, st in enumerate(p.stores)
         ]
-        if checks_indices(p):
+        if checks_values(p):
             params.append("int32_t* __restrict__ err_ptr")
         params += [f"int64_t {s}" for s in p.size_args]
         return f'extern "C" void {p.name}({", ".join(params)})'
@@ -257,6 +258,10 @@ class CppKernel:
         args = [self.names[a] for a in e.args]
         operand_dtype = e.args[-1].dtype
         op = e.op
+        if divides_by_values(e):
+            # Never divide by zero (the process would die of SIGFPE): a zero divisor sets
+            # the error flag the wrapper raises on (eager raises), and divides by 1.
+            args[1] = self.fresh(f"{args[1]} != 0 ? {args[1]} : (*err_ptr = 1, 1)", ctype)
         if not operand_dtype.is_floating_point:
             if op in INT_IDENTITY:
                 return args[0]

@@ -28,11 +28,12 @@ from minicompile.ir import (
     Load,
     Op,
     Reduce,
+    divides_by_values,
     walk,
 )
 from minicompile.sym import FloorDiv, ModularIndexing
 
-from minicompile.codegen.common import CodeWriter, KernelPlan, Store, checks_indices, pending
+from minicompile.codegen.common import CodeWriter, KernelPlan, Store, checks_values, pending
 from minicompile.codegen.printers import triton_index
 
 TRITON_DTYPES: dict[torch.dtype, str] = {
@@ -334,6 +335,8 @@ class TritonKernel:
         axes = frozenset().union(*(self.level(a) for a in args))
         operand_dtype = e.args[-1].dtype
         op = e.op
+        if self.flag_errors and divides_by_values(e):
+            args[1] = self.checked_divisor(args[0], args[1], axes)
         if not operand_dtype.is_floating_point:
             if op in INT_IDENTITY:
                 return args[0]
@@ -387,6 +390,15 @@ class TritonKernel:
             text = f"tl.broadcast_to({text}, {self.block_shape(axes)})"
         return self.fresh(text, axes)
 
+    def checked_divisor(self, a: str, b: str, axes: frozenset[str]) -> str:
+        """The divisor ``b`` of an integer division on CPU tensors: a zero sets the error
+        flag the wrapper raises on (eager raises), and is replaced by 1."""
+        wide = self.fresh(f"{b} + 0 * {a}", axes)  # as wide as the mask
+        bad = " & ".join(m for m in (f"({wide} == 0)", self.mask(axes)) if m)
+        self.w.line(f"tl.store(err_ptr + 0 * {wide}{self.spread(axes)}, 1, {bad})"
+                    "  # integer division by zero")
+        return self.fresh(f"tl.where({wide} == 0, 1, {wide})", axes)
+
     def spread(self, axes: frozenset[str]) -> str:
         """Terms that widen a pointer of ``axes`` to the blocks of the Cat conditions that
         mask it (a mask may not be wider than its pointer): `` + 0 * tmp3``."""
@@ -425,7 +437,7 @@ class TritonKernel:
 def kernel_params(plan: KernelPlan, flag_errors: bool) -> list[str]:
     """Pointers, the error flag of index checks (``flag_errors``), then the size symbols."""
     sizes = [str(s) for s in plan.size_args]
-    return plan.params() + (["err_ptr"] if flag_errors and checks_indices(plan) else []) + sizes
+    return plan.params() + (["err_ptr"] if flag_errors and checks_values(plan) else []) + sizes
 
 
 # A symbolic size is planned for as if it were this large: blocks sized for big tensors

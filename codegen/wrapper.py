@@ -24,6 +24,8 @@ from minicompile.codegen.common import (
     CodeWriter,
     KernelPlan,
     checks_indices,
+    checks_values,
+    divides_integers,
     kernel_name,
     plan_kernel,
     with_in_place,
@@ -115,7 +117,7 @@ def generate(
                 w.line(f"{plan.name}.argtypes = [ctypes.c_void_p] * {len(plan.params())}")
                 w.line(f"{plan.name}.restype = None")
                 continue
-            n = len(plan.params()) + checks_indices(plan)
+            n = len(plan.params()) + checks_values(plan)
             sizes = len(plan.size_args)
             ints = f" + [ctypes.c_int64] * {sizes}" if sizes else ""
             w.line(f"{plan.name}.argtypes = [ctypes.c_void_p] * {n}{ints}")
@@ -451,7 +453,8 @@ def emit_launch(
             w.line(f"{plan.name}({', '.join(a + '.data_ptr()' for a in args)})")
         return
     numel = plan.numel
-    errs = ["err"] if checks_indices(plan) and not _device_asserts(program, plan, backend) else []
+    on_cpu = backend == "cpp" or _interpreted(program, plan)
+    errs = ["err"] if on_cpu and checks_values(plan) else []
     sizes = [str(s) for s in plan.size_args]
     if numel == 0:
         w.line(f"# {plan.name}: nothing to compute for an empty tensor")
@@ -469,10 +472,13 @@ def emit_launch(
         launch = f"{plan.name}({', '.join(pointers + sizes)})"
     if errs:
         dev = f"device{devices.index(str(program.buffer(plan.outputs[0]).layout.device))}"
-        w.line(f"err = torch.zeros((1,), dtype=torch.int32, device={dev})  # index out of range?")
+        # (The driver then runs the graph eagerly, which raises the user's own error.)
+        error, what = ("IndexError", "index out of range") if not divides_integers(plan) else (
+            "RuntimeError", "integer division by zero") if not checks_indices(plan) else (
+            "RuntimeError", "index out of range or integer division by zero")
+        w.line(f"err = torch.zeros((1,), dtype=torch.int32, device={dev})  # {what}?")
     w.line(launch)
     if errs:
         w.line("if err[0]:")
         with w.indent():
-            w.line(f'raise IndexError("index out of range in {plan.name} '
-                   f'({", ".join(plan.origins)})")')
+            w.line(f'raise {error}("{what} in {plan.name} ({", ".join(plan.origins)})")')

@@ -139,12 +139,55 @@ class CompiledFunction:
         )
         for entry in self.entries:
             if entry.capture.guards.check(*frame):
-                try:
-                    state = entry.run(frame)
-                except Exception as e:
-                    state = self.recover(entry, frame, e)
-                return state if entry.stop is None else self.resume(entry, state)
+                return self.run_root(entry, frame, args, kwargs)
         return self.compile_and_run(frame, args, kwargs)
+
+    def run_root(self, entry: Entry, frame: tuple, args: tuple, kwargs: dict[str, Any]) -> Any:
+        """Run a whole-frame (or first-segment) entry whose guards passed, then the rest of
+        the frame."""
+        failed: Exception | None = None
+        try:
+            state = entry.run(frame)
+        except Exception as e:
+            if self.met_for_real(entry, frame):
+                failed = e
+            else:
+                state = self.recover(entry, frame, e)
+        if failed is not None:  # (out of the except block: eager's exception has no context)
+            return self.rerun_eagerly(entry, failed, args, kwargs)
+        return state if entry.stop is None else self.resume(entry, state)
+
+    def met_for_real(self, entry: Entry, frame: tuple) -> bool:
+        """A compiled segment raised: whether its code must run for real to meet the error
+        as eager does.  An entry loaded from disk has no graph to tell whose error it is; a
+        try / except / finally / with of the user's may catch a user's error (one eager
+        raises running the graph), which the graph raised outside those blocks."""
+        from minicompile import user_errors
+
+        capture = entry.capture
+        if capture.graph is None:
+            return True
+        return capture.handlers and user_errors.eager_error(
+            capture.graph, capture.get_inputs(*frame)) is not None
+
+    def rerun_eagerly(self, entry: Entry, e: Exception, args: tuple,
+                      kwargs: dict[str, Any]) -> Any:
+        """Run this call eagerly, ``entry``'s compiled code having raised ``e`` before it did
+        anything (write-backs and side effects come after the graph): the user's exception
+        is raised, or caught by the user's handlers, as in eager.  If eager returns where an
+        entry loaded from disk raised, and no handler of the user's could have caught it,
+        that entry was wrong: one warning, and it is dropped (the next call compiles
+        afresh; strict mode raises)."""
+        result = self.fn(*args, **kwargs)
+        if entry.capture.graph is None and not entry.capture.handlers:
+            if self.cfg.strict:
+                raise e
+            warnings.warn(f"minicompile: {self.fn.__qualname__}: an entry loaded from disk "
+                          f"raised {type(e).__name__} where eager does not ({e}); it is "
+                          f"compiled again", stacklevel=4)
+            _stats["eager_fallbacks"] += 1
+            self.entries.remove(entry)
+        return result
 
     @property
     def root(self) -> ResumePoint:
@@ -192,10 +235,15 @@ class CompiledFunction:
             if found is None:
                 return self.finish_concretely(f, point)
             entry = found
+            rerun = False
             try:
                 state = entry.run(values)
             except Exception as e:
-                state = self.recover(entry, values, e)
+                rerun = self.met_for_real(entry, values)
+                if not rerun:
+                    state = self.recover(entry, values, e)
+            if rerun:  # the rest of this call runs for real, where the handlers see it
+                return self.run_concretely(f)
             if entry.stop is None:
                 return state
 
@@ -213,6 +261,10 @@ class CompiledFunction:
         ``eager_reason`` (no segment guards, no interpreted bytecode)."""
         reason = f"the rest of the frame from offset {point.offset} cannot be compiled"
         self.eager_reason = self.eager_reason or reason
+        return self.run_concretely(f)
+
+    def run_concretely(self, f: concrete.Frame) -> Any:
+        """Run the rest of the frame ``f`` for real (this call only)."""
         from minicompile.capture import concrete
 
         f.steps = 0
@@ -310,7 +362,7 @@ class CompiledFunction:
             self.looked_on_disk = True
             entry = self.load_warm(frame)
             if entry is not None:
-                return entry.run(frame)
+                return self.run_root(entry, frame, args, kwargs)
         if self.entries:
             reasons = [e.capture.guards.explain_failure(*frame) for e in self.entries]
             if len(self.entries) >= cfg.recompile_limit:
@@ -347,13 +399,10 @@ class CompiledFunction:
                 return self.run_eagerly_once(reason, args, kwargs)
             return self.give_up(reason, args, kwargs)
         self.entries.insert(0, entry)
-        try:
-            result = entry.run(frame)
-        except Exception as e:
-            result = self.recover(entry, frame, e)
+        result = self.run_root(entry, frame, args, kwargs)
         if cfg.warm_entries:  # after the first run: Triton builds a kernel at its launch
             self.store_warm(entry)
-        return result if entry.stop is None else self.resume(entry, result)
+        return result
 
     # -- errors -----------------------------------------------------------------------------
 

@@ -194,10 +194,14 @@ def format_arg(value: Any) -> str:
 
 
 class Graph:
-    def __init__(self, name: str = "graph", shapes: Any = None) -> None:
+    def __init__(self, name: str = "graph", shapes: Any = None, derived: bool = False) -> None:
         self.name = name
         self.nodes: list[Node] = []
         self.shapes = shapes  # the ShapeContext when sizes are symbolic (shapes.py), else None
+        # Made by the compiler (a backward graph), not captured from the user's program: an
+        # error eager would raise in one of its unused calls is no error the user's program
+        # raises, so passes may drop any call nothing reads (passes/cleanup.py).
+        self.derived = derived
 
     # -- building ---------------------------------------------------------------------------
 
@@ -290,7 +294,7 @@ def copy_graph(graph: Graph, rewrite: Callable[[Graph, Node, Callable], Node | N
     """Copy ``graph`` node by node; ``rewrite(new_graph, node, remap)`` may emit replacement
     nodes and return the node standing for ``node`` (or None to copy it as is).
     ``remap`` maps old argument values to the new graph.  The input graph is not changed."""
-    new = Graph(graph.name, graph.shapes)
+    new = Graph(graph.name, graph.shapes, graph.derived)
     env: dict[Node, Node] = {}
 
     def remap(value: Any) -> Any:

@@ -227,6 +227,24 @@ def walk(expr: Expr) -> Iterator[Expr]:
     return iter(order)
 
 
+INTEGER_DIVISIONS = frozenset({"floordiv", "remainder"})
+
+
+def divides_by_values(e: Expr) -> bool:
+    """Whether ``e`` is an integer floor division or remainder by a value the kernel reads
+    (not a constant, which capture has checked): on CPU, eager raises for a divisor of
+    zero, and a C++ division by zero kills the process, so the kernel checks it."""
+    return (isinstance(e, Op) and e.op in INTEGER_DIVISIONS and not e.dtype.is_floating_point
+            and e.dtype != torch.bool and not isinstance(e.args[1], Constant))
+
+
+def raises_on_values(e: Expr) -> bool:
+    """Whether evaluating ``e`` itself can fail on the values it reads, so that its kernel
+    sets an error flag: an indirect load (an index out of range), an integer division (by
+    zero: :func:`divides_by_values`)."""
+    return isinstance(e, IndirectLoad) or divides_by_values(e)
+
+
 def map_loads(
     expr: Expr,
     fn: Callable[[Load | IndexExpr], Expr],

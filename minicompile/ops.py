@@ -459,24 +459,30 @@ def _check_devices(name: str, values: tuple) -> None:
                            f"found at least two devices, {found}!")
 
 
-def _check_on_values(name: str, args: tuple, kwargs: dict[str, Any]) -> None:
-    """Run the eager op on one-element CPU tensors of the arguments' dtypes and ranks (ones:
+def run_on_ones(name: str, args: tuple, kwargs: dict[str, Any], device: str = "cpu") -> None:
+    """Run the eager op on one-element tensors of the arguments' dtypes and ranks (ones:
     no value-dependent error such as an integer division by zero), so that it raises what
-    eager raises for those dtypes.  (On CPU whatever the graph's device: the checks are the
-    same, and a device may not be there at all, as when tests build CUDA graphs on a
-    machine without one; what the CPU kernels lack, a half-precision op, is not an error.)"""
+    eager raises for those dtypes (``float - bool``, a matmul of bool tensors: checks the
+    meta kernels skip)."""
 
     def small(v: Any) -> Any:
         if isinstance(v, Node):
             v = v.meta
         if isinstance(v, TensorMeta):
-            return torch.ones((1,) * v.ndim, dtype=v.dtype)
+            return torch.ones((1,) * v.ndim, dtype=v.dtype, device=device)
         if isinstance(v, (tuple, list)):
             return type(v)(small(x) for x in v)
         return v
 
+    run_eager(name, small(args), {k: small(v) for k, v in kwargs.items()})
+
+
+def _check_on_values(name: str, args: tuple, kwargs: dict[str, Any]) -> None:
+    """:func:`run_on_ones`, on CPU whatever the graph's device: the checks are the same, and
+    a device may not be there at all, as when tests build CUDA graphs on a machine without
+    one; what the CPU kernels lack, a half-precision op, is not an error."""
     try:
-        run_eager(name, small(args), {k: small(v) for k, v in kwargs.items()})
+        run_on_ones(name, args, kwargs)
     except (NotImplementedError, RuntimeError) as e:
         devices = {v.meta.device.type for v in (*args, *kwargs.values()) if isinstance(v, Node)}
         if devices == {"cpu"} or "not implemented for" not in str(e):

@@ -92,6 +92,16 @@ def raise_eager_error(graph: Graph, inputs: list) -> None:
         run_graph(graph, inputs, on_error=raise_at_node)
 
 
+def eager_error(graph: Graph, inputs: list) -> Exception | None:
+    """The exception eager raises running ``graph`` on ``inputs``, or None."""
+    try:
+        with torch.no_grad():
+            run_graph(graph, inputs)
+    except Exception as e:
+        return e
+    return None
+
+
 def line_of(fn: Any, inst: Any) -> SourceLine:
     """The user's line of an instruction (capture/bytecode.Inst) of ``fn``."""
     code = fn.__code__

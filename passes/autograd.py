@@ -132,7 +132,7 @@ class Differentiator:
 
     def __init__(self, graph: Graph) -> None:
         self.graph = graph
-        self.b = Graph(f"{graph.name}_backward", graph.shapes)
+        self.b = Graph(f"{graph.name}_backward", graph.shapes, derived=True)
         self.origin: Node | None = None
         self.env: dict[Node, Node] = {}  # forward node -> its value in the backward
         self.sources: list[tuple[str, int]] = []

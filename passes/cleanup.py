@@ -7,8 +7,8 @@ from typing import Any
 
 import torch
 
-from minicompile.graph import Graph, Node, copy_graph
-from minicompile.ops import OPS, RANDOM_EXTERNS
+from minicompile.graph import Graph, Node, TensorMeta, copy_graph
+from minicompile.ops import CAT_OPS, OPS, RANDOM_EXTERNS, run_on_ones
 
 
 def _key(value: Any) -> Any:
@@ -42,13 +42,65 @@ def eliminate_common_subexpressions(graph: Graph) -> Graph:
     return copy_graph(graph, rewrite)
 
 
-def may_raise(node: Node) -> bool:
-    """Whether a call can raise on its values, not only on its metadata: index ops (an index
-    out of range).  Eager raises even when nothing reads the result, so such a call is
-    never dead code.  (Library calls that may raise, such as a Cholesky factorization, are
-    still dropped when unused: backward graphs hold unused ones that must not cost.)"""
+# Library calls that raise only on their arguments' metadata, and only where their meta
+# kernels (run during capture) raise too, or where a run on one-element tensors of the same
+# dtypes raises (a matmul of bool tensors).  Found by comparing eager, meta and that run
+# over random shapes (0 included) and dtypes: an addmm, a linear with a bias and the
+# convolutions fail in eager on sizes their meta kernels accept, so they are not here.
+_RAISE_ON_METADATA = frozenset(
+    f"{prefix}.{name}"
+    for prefix in ("torch", "torch.Tensor")
+    for name in "matmul mm bmm flip cumsum".split()
+) | CAT_OPS
+# Views reached as library calls: every error they raise is one of sizes and strides, which
+# their meta kernels check (decompose rewrites the pieces of a split into slices, leaving
+# the split itself unused: it must cost nothing).
+_VIEWS = frozenset(
+    f"{prefix}.{name}"
+    for prefix in ("torch", "torch.Tensor")
+    for name in "split chunk unbind narrow select view reshape flatten unflatten".split()
+)
+
+
+def may_raise(node: Node, derived: bool = False) -> bool:
+    """Whether a call can raise at run time although capture checked its metadata, so that
+    eager raises even when nothing reads the result: then it is never dead code.  Index ops
+    may (an index out of range); library calls may (a Cholesky factorization of a matrix
+    that is not positive definite, one_hot of a class out of range, max of an empty tensor)
+    unless :func:`raises_on_metadata_only`.  In a graph the compiler made (``derived``: a
+    backward) only index ops count, which check their indices cheaply: its unused library
+    calls raise nothing the user's program raises, and must not cost a kernel."""
     op = OPS.get(node.target)
-    return node.op == "call" and op is not None and op.family == "index"
+    if node.op != "call" or op is None:
+        return False
+    if op.family == "index":
+        return True
+    return op.family == "extern" and not derived and not raises_on_metadata_only(node)
+
+
+def raises_on_metadata_only(node: Node) -> bool:
+    """Whether a library call raises only where capture's checks raise, so that once
+    captured it cannot raise: a view, or one of :data:`_RAISE_ON_METADATA` (F.linear
+    without a bias too) whose run on one-element tensors of its dtypes passes, on its
+    device (a CPU kernel may take a dtype a CUDA kernel refuses: a device not here keeps
+    the call)."""
+    name = node.target
+    if name in _VIEWS:
+        return True
+    if name == "torch.nn.functional.linear":
+        plain = len(node.args) == 2 and node.kwargs.get("bias") is None
+    else:
+        plain = name in _RAISE_ON_METADATA
+    metas = [i.meta for i in node.inputs() if isinstance(i.meta, TensorMeta)]
+    devices = {m.device.type for m in metas}
+    if not plain or not devices <= {"cpu", "cuda"} or (
+            "cuda" in devices and not torch.cuda.is_available()):
+        return False
+    try:
+        run_on_ones(name, node.args, node.kwargs, "cuda" if "cuda" in devices else "cpu")
+    except Exception:
+        return False
+    return True
 
 
 def eliminate_dead_code(graph: Graph) -> Graph:
@@ -59,13 +111,13 @@ def eliminate_dead_code(graph: Graph) -> Graph:
     for node in reversed(graph.nodes):
         if node.op in ("output", "placeholder") or id(node) in live or (
             node.target in RANDOM_EXTERNS
-        ) or may_raise(node):
+        ) or may_raise(node, graph.derived):
             live.update(id(i) for i in node.inputs())
             live.add(id(node))
     dead = [n for n in graph.calls() if id(n) not in live]
     if not dead:
         return graph
-    new = Graph(graph.name, graph.shapes)
+    new = Graph(graph.name, graph.shapes, graph.derived)
     env: dict[Node, Node] = {}
     remap = lambda v: _remap(v, env)  # noqa: E731
     for node in graph.nodes:

@@ -4,7 +4,7 @@ Vertical fusion (passes/fusion.py) gives one kernel per iteration space, so an o
 step over N parameters of N shapes is N kernels, N launches.  This pass combines groups that
 do not depend on each other into :class:`ComboGroup` s, one launch each, as Inductor's
 foreach/combo kernels do.  Legality (:func:`can_join`) is per group (pointwise, static size,
-no index checks); independence comes from levels: a group's level is the longest path to it
+no checks of values); independence comes from levels: a group's level is the longest path to it
 in the dependency DAG, so groups of one level never reach each other, and a combo of one
 level keeps every edge pointing from a lower level to a higher one (the DAG stays acyclic).
 Profitability is simple: fewer launches is always better here; :data:`MAX_PARTS` and
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import networkx as nx
 
-from minicompile.ir import ComputedBuffer, IndexExpr, IndirectLoad, Load, walk
+from minicompile.ir import ComputedBuffer, IndexExpr, Load, raises_on_values, walk
 from minicompile.sym import size_symbols
 from minicompile.schedule import ComboGroup, FusedGroup
 
@@ -39,9 +39,8 @@ def can_join(group: FusedGroup) -> tuple[bool, str]:
     if any(0 in tuple(b.layout.shape) for b in group.buffers):  # type: ignore[union-attr]
         return False, "an empty tensor launches nothing"
     for b in group.buffers:
-        if isinstance(b, ComputedBuffer) and any(isinstance(e, IndirectLoad)
-                                                 for e in walk(b.body)):
-            return False, "indirect loads check their indices with an error flag"
+        if isinstance(b, ComputedBuffer) and any(raises_on_values(e) for e in walk(b.body)):
+            return False, "index checks and integer divisions set an error flag"
     return True, "independent pointwise group"
 
 

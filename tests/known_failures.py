@@ -19,10 +19,6 @@ _EXTERN_META_STRIDES = (
     "kernels' (minicompile/ops.py infer_meta); values are right, strides differ"
 )
 
-# Random programs (tests/random/random_programs.py) keep theirs beside the generator, since
-# they are kinds of program, not test ids: DEAD_LIBRARY_CALL (a library call nothing reads
-# is dropped, so an error eager raises there is not raised), counted and printed by
-# tests/random/search_programs.py.
 KNOWN_FAILURES: dict[str, str] = {
     "programs/test_programs.py::test_program_matches_eager[cpp-functools_partial]": _PARTIAL,
     "programs/test_programs.py::test_program_matches_eager[triton-functools_partial]": _PARTIAL,

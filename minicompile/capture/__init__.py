@@ -46,6 +46,7 @@ from minicompile.capture.segments import (
     Break,
     ResumePoint,
     frame_state,
+    has_catching_handlers,
     initial_values,
     root_point,
     why_not_resumable,
@@ -78,6 +79,10 @@ class Capture:
     # Every code object the trace interpreted (the frame's and the functions it inlined):
     # what a warm entry on disk is keyed by (minicompile/runtime/entries.py).
     codes: frozenset[types.CodeType] = frozenset()
+    # Whether a try / except / finally / with in those codes may catch an exception the
+    # graph raises (which it raises outside those blocks: the API then runs the code for
+    # real, where they see it).
+    handlers: bool = False
 
     def __str__(self) -> str:
         return "\n".join(
@@ -200,5 +205,6 @@ def capture_segment(
         instructions=output.instructions,
         writebacks=done.writebacks,
         codes=frozenset(output.codes),
+        handlers=any(has_catching_handlers(c) for c in output.codes),
     )
     return capture, stop

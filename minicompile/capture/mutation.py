@@ -88,6 +88,15 @@ class ViewStep:
             return src
         if k == "as_strided":
             return out.extern(torch.as_strided_scatter, (base, src, *a), {}, track=False)
+        if k == "expand":
+            # Eager refuses to write a view whose elements share memory; an empty one, or one
+            # expanded only to size 1 (as many elements as its base), it writes.
+            numel, base_numel = src.meta.numel(), base.meta.numel()
+            if numel.is_Integer and base_numel.is_Integer and int(numel) == 0:
+                return base  # nothing written
+            if numel.is_Integer and base_numel.is_Integer and numel == base_numel:
+                return out.extern(torch.reshape, (src, base.meta.concrete_shape()), {},
+                                  track=False)
         what = "an expanded (broadcast) view" if k == "expand" else f"a view made by {self.fn}"
         raise Unsupported(f"in-place op on {what} is not supported")
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import dis
+import functools
 import types
 from typing import Any
 
@@ -98,6 +99,11 @@ def catching_handlers(code: types.CodeType) -> list[tuple[int, int]]:
         if insts[k].opname == "PUSH_EXC_INFO":
             ranges.append((entry.start, entry.end))
     return ranges
+
+
+@functools.lru_cache(maxsize=1024)
+def has_catching_handlers(code: types.CodeType) -> bool:
+    return bool(catching_handlers(code))
 
 
 def why_not_concrete(code: types.CodeType, offset: int) -> str | None:

@@ -222,6 +222,7 @@ def _payload(stored: Stored, cfg: Config) -> dict:
         "no_grad": stored.no_grad,
         "interpret": stored.interpret,
         "kernels": stored.kernels,
+        "handlers": capture.handlers,
         "module": _artefact(loaded.module_path, cfg),
         "libs": [_artefact(p, cfg) for p in loaded.lib_paths],
         "symbols": loaded.symbols,
@@ -317,6 +318,7 @@ class WarmCapture:
     compiled: Any = None
     writebacks: tuple = ()
     codes: frozenset = frozenset()
+    handlers: bool = True  # (see Capture.handlers)
 
 
 @dataclasses.dataclass
@@ -406,7 +408,7 @@ def _load(path: Path, fn: types.FunctionType, cfg: Config, frame: tuple) -> Warm
     loaded = build.load_module(key, module, libs, symbols, p["interpret"])
     get_inputs, rebuild = namespace["get_inputs"], namespace["rebuild"]
     capture = WarmCapture(guards, get_inputs, rebuild, p["input_sources"], p["get_inputs"],
-                          p["rebuild"])
+                          p["rebuild"], handlers=p.get("handlers", True))
     run = inference_runner(loaded.call, get_inputs, rebuild, p["no_grad"])
     return Warm(capture, run, loaded.call, [tuple(s) for s in p["sizes"]], p["kernels"])
 

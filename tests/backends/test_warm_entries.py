@@ -210,13 +210,15 @@ def test_perf_log_prints_phases_and_a_summary(tmp_path: Path) -> None:
     assert "1 warm entry(ies) of f loaded" in err and "0 graph(s) compiled" in err, err
 
 
-def test_corrupted_library_is_rebuilt_with_a_warning(tmp_path: Path) -> None:
+@pytest.mark.parametrize("artefact", ["cpp/*/*.so", "py/*/mc_*.py"],
+                         ids=["library", "wrapper_module"])
+def test_corrupted_library_is_rebuilt_with_a_warning(tmp_path: Path, artefact: str) -> None:
     # In processes of their own: this one may not overwrite a library it has loaded.
     script = SCRIPT.format(backend="cpp", device="cpu")
     env = {"MINICOMPILE_CACHE_DIR": str(tmp_path / "cache")}
     run_script(script, env, tmp_path)
-    (lib,) = (tmp_path / "cache").glob("cpp/*/*.so")
-    lib.write_bytes(lib.read_bytes()[:100])  # a half-written library
+    (lib,) = (tmp_path / "cache").glob(artefact)
+    lib.write_bytes(lib.read_bytes()[:100])  # a half-written library or module
     stats, err = run_script(script, env, tmp_path)
     assert err.count("is corrupted") == 1, err
     assert stats["frames"] == 1, stats
@@ -332,3 +334,42 @@ def test_entry_that_mutates_an_input_loads(warm: Path, backend: str,
     (entry,) = entry_files(warm)
     text = entry.read_text()
     assert "minicompile.runtime.values" in text and "minicompile.capture" not in text
+
+
+INDEXING = """
+import torch
+import torch.nn.functional as F
+
+def f(idx, w):
+    try:
+        return F.embedding(idx, w * 2) + 1
+    except IndexError:
+        return w[:1] - 1
+
+def g(idx, w):
+    return F.embedding(idx, w * 2) + 1
+"""
+
+
+@pytest.mark.parametrize("name", ["f", "g"])
+def test_user_error_in_a_loaded_entry_is_eagers(warm: Path, backend: str,
+                                               device: torch.device, name: str) -> None:
+    # An entry read from disk has no graph to run eagerly and tell whose error it is: the
+    # call runs eagerly, raising (g) or catching (f) the user's IndexError as eager does.
+    m = load_source(INDEXING)
+    fn = getattr(m, name)
+    w = torch.randn(4, 3, device=device)
+    for expect_frames in (1, 0):  # traced, then read back from disk
+        minicompile.reset()
+        compiled = minicompile.compile(fn, backend=backend)
+        for idx in ([0, 3], [1, 9], [2, 2]):
+            idx = torch.tensor(idx, device=device)
+            try:
+                expected = fn(idx, w)
+            except IndexError as e:
+                with pytest.raises(IndexError, match=str(e)):
+                    compiled(idx, w)
+                continue
+            torch.testing.assert_close(compiled(idx, w), expected)
+        stats = minicompile.stats()
+        assert stats["frames"] == expect_frames and stats["eager_fallbacks"] == 0, stats

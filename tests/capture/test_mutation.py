@@ -86,6 +86,30 @@ def test_views_of_inputs_mutate_the_base() -> None:
     check_exact(f, rand(4, 5))
 
 
+def test_expanded_views_without_shared_elements_are_written() -> None:
+    # Eager writes an expanded view whose elements share no memory (empty, or expanded to
+    # size 1 only); found by tests/random/search_programs.py (it was a graph break).
+    def empty(x):
+        return x.unsqueeze(0).expand(2, *x.shape).mul_(2)
+
+    def to_size_one(x):
+        v = x.unsqueeze(0).expand(1, *x.shape)
+        v.add_(1)
+        return v * 2
+
+    check_exact(empty, rand(0, 3))
+    check_exact(to_size_one, rand(2, 3))
+    check_exact(to_size_one, rand(3, 2).t())
+
+
+def test_expanded_views_with_shared_elements_are_refused() -> None:
+    def shared(x):
+        return x.unsqueeze(0).expand(2, *x.shape).mul_(2)  # eager raises
+
+    with pytest.raises(Unsupported, match="expanded"):
+        capture(shared, rand(2, 3))
+
+
 def test_setitem_forms() -> None:
     def f(x, idx, v):
         x[0] = v

@@ -194,6 +194,38 @@ def test_random_calls_are_neither_merged_nor_dropped() -> None:
     assert [n.target for n in out.calls()] == [drop, drop, drop, "add"]
 
 
+def _dead_extern(fn, *inputs: tuple[tuple[int, ...], torch.dtype], derived: bool = False,
+                 **kwargs: object) -> list[str]:
+    """The calls left by DCE of a graph that calls ``fn`` on placeholders and returns
+    its first input plus one."""
+    b = GraphBuilder()
+    b.graph.derived = derived
+    xs = [b.input(f"L_x{k}", shape, dtype) for k, (shape, dtype) in enumerate(inputs)]
+    b(ops.extern_op(fn), *xs, **kwargs)  # unused
+    g = b.output(b("add", xs[0], 1))
+    return [n.target for n in run_pass(eliminate_dead_code, g).calls()]
+
+
+def test_dce_keeps_unused_library_calls_that_may_raise() -> None:
+    f32, b8 = torch.float32, torch.bool
+    # Raises only on sizes and dtypes that capture checks: dropped, no kernel.
+    assert _dead_extern(torch.mm, ((2, 3), f32), ((3, 4), f32)) == ["add"]
+    assert _dead_extern(torch.nn.functional.linear, ((2, 3), f32), ((4, 3), f32)) == ["add"]
+    assert _dead_extern(torch.flip, ((2, 3), f32), dims=[0]) == ["add"]
+    # A bool matmul raises in eager though its meta kernel accepts it: kept.
+    assert _dead_extern(torch.mm, ((2, 3), b8), ((3, 4), b8)) == ["torch.mm", "add"]
+    # Sizes the meta kernels accept but eager refuses (max of an empty tensor, a bias that
+    # does not broadcast), or values (a matrix that is not positive definite): kept.
+    assert _dead_extern(torch.max, ((0,), f32)) == ["torch.max", "add"]
+    linear = "torch.nn.functional.linear"
+    assert _dead_extern(torch.nn.functional.linear, ((2, 1), f32), ((1, 1), f32),
+                        ((3,), f32)) == [linear, "add"]
+    cholesky = ops.extern_op(torch.linalg.cholesky)
+    assert _dead_extern(torch.linalg.cholesky, ((3, 3), f32)) == [cholesky, "add"]
+    # In a graph the compiler made (a backward), an unused library call is dropped.
+    assert _dead_extern(torch.linalg.cholesky, ((3, 3), f32), derived=True) == ["add"]
+
+
 def test_dce_of_a_clean_graph_changes_nothing() -> None:
     g = one_op("sin")
     assert str(run_pass(eliminate_dead_code, g)) == str(g)

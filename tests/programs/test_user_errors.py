@@ -156,6 +156,154 @@ def test_try_except_finally_and_with_see_eager_exceptions(backend: str) -> None:
     assert log == ["finally"] * 6
 
 
+def _mm_unused(a, b):
+    unused = torch.mm(a, b)  # noqa: F841 - nothing reads it; eager raises for bool tensors
+    return a * 2
+
+
+def _max_unused(x):
+    unused = x.max()  # noqa: F841 - eager raises for an empty tensor
+    return x + 1
+
+
+def _cholesky_unused(x):
+    unused = torch.linalg.cholesky(x)  # noqa: F841 - raises when x is not positive definite
+    return x - 1
+
+
+def _one_hot_unused(labels):
+    unused = F.one_hot(labels, 3)  # noqa: F841 - raises for a class out of range
+    return labels * 2
+
+
+@pytest.mark.parametrize("fn, calls, line_text", [
+    (_mm_unused, [(torch.ones(2, 3), torch.ones(3, 2)),
+                  (torch.ones(2, 3, dtype=torch.bool), torch.ones(3, 2, dtype=torch.bool)),
+                  (torch.zeros(2, 3) + 2, torch.ones(3, 2) - 4)], "torch.mm"),
+    (_max_unused, [(torch.ones(3),), (torch.ones(0),), (torch.arange(4.0),)], "x.max()"),
+    (_cholesky_unused, [(torch.eye(3),), (-torch.eye(3),), (torch.eye(3) * 2,)],
+     "torch.linalg.cholesky"),
+    (_one_hot_unused, [(torch.tensor([0, 2]),), (torch.tensor([1, 3]),),
+                       (torch.tensor([2, 1]),)], "F.one_hot"),
+], ids=["bool_matmul", "max_of_empty", "cholesky", "one_hot"])
+def test_unused_library_calls_raise_as_in_eager(fn, calls, line_text: str,
+                                                backend: str) -> None:
+    # A library call nothing reads is dead code, but eager runs it, and raises there: so do
+    # we (passes/cleanup.py may_raise), at the user's line.
+    assert_same_outcome(fn, calls, line_text, backend)
+
+
+def test_unused_library_calls_that_cannot_raise_cost_nothing(backend: str) -> None:
+    def f(a, b):
+        unused = torch.mm(a, b) + torch.flip(a, [0]).sum()  # noqa: F841
+        return a * 2
+
+    compiled = minicompile.compile(f, backend=backend)
+    for k in range(2):
+        a, b = torch.randn(2, 3) + k, torch.randn(3, 4)
+        torch.testing.assert_close(compiled(a, b), f(a, b))
+    assert minicompile.stats()["kernels"] == 1  # a * 2, without the matmul or the flip
+
+
+def _int_divisions(a, b):
+    q = a // b  # eager raises ZeroDivisionError for a divisor of zero (integers, on CPU)
+    return q * 2, (a % b).sum(), torch.cat([q, b % (a + 10)]) + 1
+
+
+def _divide_by_a_scalar_tensor(a, b):
+    return (a + 1) % b  # b: a 0-dim tensor
+
+
+@pytest.mark.parametrize("fn, calls, line_text", [
+    (_int_divisions, [(torch.tensor([5, -7, 9]), torch.tensor([2, 3, -4])),
+                      (torch.tensor([5, 7, 9]), torch.tensor([1, 0, 2])),
+                      (torch.tensor([[4], [-9]]), torch.tensor([3, -2, 5])),
+                      (torch.tensor([0, 7], dtype=torch.int32),
+                       torch.tensor([[3], [0]], dtype=torch.int32))], "q = a // b"),
+    (_divide_by_a_scalar_tensor, [(torch.arange(6).view(2, 3), torch.tensor(4)),
+                                  (torch.arange(6).view(2, 3).t(), torch.tensor(0)),
+                                  (torch.arange(4), torch.tensor(-3))], "(a + 1) % b"),
+], ids=["floordiv_remainder_cat", "scalar_divisor"])
+def test_integer_division_by_zero_raises_as_in_eager(fn, calls, line_text: str,
+                                                     backend: str) -> None:
+    # A C++ kernel dividing by zero used to kill the process (SIGFPE), and Triton's
+    # interpreter returned garbage: the kernels check the divisor (codegen: divides_by_values).
+    assert_same_outcome(fn, calls, line_text, backend)
+
+
+class _Recorder:
+    """A context manager that logs what its ``__exit__`` sees."""
+
+    def __init__(self, log: list) -> None:
+        self.log = log
+
+    def __enter__(self):
+        self.log.append("enter")
+        return self
+
+    def __exit__(self, kind, value, tb):
+        self.log.append(("exit", kind and kind.__name__, value and str(value)))
+        return False
+
+
+def _handled_inside(idx, w, log):
+    try:
+        with _Recorder(log):
+            y = F.embedding(idx, w * 2)  # raises in the compiled graph for an index >= 4
+    except IndexError as e:
+        log.append(("caught", str(e)))
+        y = w[:1] - 1
+    finally:
+        log.append("finally")
+    return y + 1
+
+
+def _helper_with_try(idx, w):
+    try:
+        return F.embedding(idx, w) * 3
+    except IndexError:
+        return w[:2] * 0
+
+
+def _handled_in_an_inlined_call_after_a_break(idx, w, log):
+    z = w.sin()
+    print("", end="")  # a graph break: the rest is a segment of its own
+    return _helper_with_try(idx, z) + 1
+
+
+def _in_an_unrolled_loop(idx, w, log):
+    y = w.sum(0)
+    for i in range(3):
+        y = y + F.embedding(idx[i:i + 1], w)[0]  # raises for an index >= 4
+    return y
+
+
+@pytest.mark.parametrize("fn", [_handled_inside, _handled_in_an_inlined_call_after_a_break,
+                                _in_an_unrolled_loop], ids=lambda f: f.__name__.strip("_"))
+def test_handlers_see_errors_of_compiled_code(fn, backend: str) -> None:
+    # The graph runs as one piece, outside the user's try / with blocks: an error it raises
+    # (one eager raises too) is met by running the code for real, where they see it.
+    compiled = minicompile.compile(fn, backend=backend)
+    w = torch.randn(4, 3)
+    raised = 0
+    for idx in (torch.tensor([0, 3, 1]), torch.tensor([1, 2, 9]), torch.tensor([3, 2, 1]),
+                torch.tensor([7, 0, 0])):
+        eager_log, compiled_log = [], []
+        expected, eager_error = outcome(fn, (idx, w, eager_log))
+        actual, error = outcome(compiled, (idx, w, compiled_log))
+        assert compiled_log == eager_log
+        if eager_error is not None:
+            raised += 1
+            assert type(error) is type(eager_error) and str(error) == str(eager_error)
+            frames = traceback.extract_tb(error.__traceback__)
+            assert [fs.lineno for fs in frames if fs.filename == HERE][-1] == line_of(
+                fn, "F.embedding")
+            continue
+        assert error is None, error
+        torch.testing.assert_close(actual, expected)
+    assert raised == (2 if fn is _in_an_unrolled_loop else 0)
+
+
 def test_wrong_argument_count_is_eager_type_error() -> None:
     def f(x, y):
         return x + y

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import re
 import textwrap
 import warnings
 from typing import Any
@@ -370,49 +369,6 @@ def _index_expr(draw: Any, a: Value, ins: list[Input], values: dict[str, Value])
 
 # -- comparing with eager ------------------------------------------------------------------
 
-# Known failures (tests/known_failures.py's rule: listed with the reason, never skipped
-# silently): the programs are run and compared; a difference of this kind is counted here
-# (the search script prints the counts) instead of failing.
-DEAD_LIBRARY_CALL = (
-    "a library call whose result nothing reads is dropped (dead-code elimination), so an "
-    "error eager raises there (matmul of bool tensors, max of an empty tensor: checks the "
-    "meta kernels skip) is not raised; index ops keep their checks, library calls do not "
-    "(backward graphs hold unused ones that must not cost)"
-)
-LIBRARY_TEMPLATES = ("@", "torch.flip", "torch.cumsum", ".max(", ".min(")
-KNOWN_SEEN: dict[str, int] = {}
-
-
-def known_failure(program: Program, error: Exception) -> str | None:
-    """The known failure a program shows when eager raises ``error`` and the compiled
-    function returns, or None: the raising statement is a library call whose value is never
-    read afterwards."""
-    tb = error.__traceback__
-    line = None
-    while tb is not None:
-        if tb.tb_frame.f_code.co_filename == "<random program>":
-            line = tb.tb_lineno
-        tb = tb.tb_next
-    if line is None or not 2 <= line < len(program.body) + 2:
-        return None
-    statement = program.body[line - 2]
-    if statement.split(" = ")[0] in _live(program) or not any(
-            t in statement for t in LIBRARY_TEMPLATES):
-        return None
-    return DEAD_LIBRARY_CALL
-
-
-def _live(program: Program) -> set[str]:
-    """The names whose values reach the outputs or the inputs (in-place ops), read
-    backwards from the return."""
-    live = set(program.outputs) | {i.name for i in program.inputs}
-    for statement in reversed(program.body):
-        name, expr = statement.split(" = ", 1)
-        if name in live or "_(" in expr:  # an in-place op writes what it reads
-            live.add(name)
-            live |= set(re.findall(r"\b[vx]\d+\b", expr))
-    return live
-
 def _close(actual: torch.Tensor, expected: torch.Tensor, least: tuple[float, float]
            ) -> str | None:
     if actual.dtype != expected.dtype or actual.shape != expected.shape:
@@ -448,10 +404,6 @@ def compare(program: Program, compiled: Any, seed: int) -> tuple[str | None, boo
             return None, True
         except Exception as c:
             return f"eager raises {type(e).__name__}: {e}; compiled {type(c).__name__}: {c}", True
-        known = known_failure(program, e)
-        if known is not None:
-            KNOWN_SEEN[known] = KNOWN_SEEN.get(known, 0) + 1
-            return None, True
         return f"eager raises {type(e).__name__}: {e}; compiled returns", True
     try:
         with warnings.catch_warnings(record=True) as caught:

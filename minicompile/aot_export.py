@@ -194,6 +194,7 @@ def export(fn_or_module: Callable | torch.nn.Module, example_args: tuple | torch
     from minicompile.codegen import cpp_wrapper
     from minicompile.runtime import aot
 
+    _check_torch_version()
     args = (example_args,) if isinstance(example_args, torch.Tensor) else tuple(example_args)
     if not all(isinstance(a, torch.Tensor) for a in args):
         raise TypeError("minicompile.export: example_args must be tensors")
@@ -270,10 +271,26 @@ def _lower(graph: Any) -> tuple[Any, list]:
     return program, fuse(program, [])
 
 
+# The oldest PyTorch export has run on.  The library reaches libtorch's C++ API and its
+# tensor handles (torch._C._aoti) directly; with PyTorch 2.11 (the CUDA build on our GPU
+# machine) a library call crashed the process and a dynamic linear did not trace.
+OLDEST_TORCH = (2, 13)
+
+
+def _check_torch_version() -> None:
+    version = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2])
+    if version < OLDEST_TORCH:
+        raise Unsupported(
+            f"export: needs PyTorch {OLDEST_TORCH[0]}.{OLDEST_TORCH[1]} or newer (this is "
+            f"{torch.__version__}): the library calls libtorch's C++ API, which crashed with "
+            f"older releases; minicompile.compile works with this one")
+
+
 def load(path: str | os.PathLike | Exported) -> Any:
     """A library written by :func:`export` (its path, or what export returned), loaded into
     this process: a callable taking the exported function's tensor arguments and returning
     what it returned."""
     from minicompile.runtime import aot
 
+    _check_torch_version()
     return aot.load(path.library if isinstance(path, Exported) else path)

@@ -356,6 +356,9 @@ def test_user_error_in_a_loaded_entry_is_eagers(warm: Path, backend: str,
                                                device: torch.device, name: str) -> None:
     # An entry read from disk has no graph to run eagerly and tell whose error it is: the
     # call runs eagerly, raising (g) or catching (f) the user's IndexError as eager does.
+    if device.type == "cuda":
+        pytest.skip("an index out of range is a device-side assert on CUDA, in eager too: "
+                    "no IndexError to catch, and the process's CUDA context is lost")
     m = load_source(INDEXING)
     fn = getattr(m, name)
     w = torch.randn(4, 3, device=device)

@@ -17,7 +17,11 @@ import torch
 import torch.nn.functional as F
 
 import minicompile
-from minicompile.aot_export import Exported
+from minicompile.aot_export import OLDEST_TORCH, Exported
+
+if tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2]) < OLDEST_TORCH:
+    pytest.skip(f"export needs PyTorch {OLDEST_TORCH} or newer (minicompile/aot_export.py)",
+                allow_module_level=True)
 
 
 class MLP(torch.nn.Module):

@@ -21,6 +21,18 @@ import torch
 
 import minicompile
 
+from devices import CUDA
+
+
+@pytest.fixture(autouse=True)
+def _cpu_arrays_under_the_interpreter(request: pytest.FixtureRequest) -> None:
+    """NumPy arrays are CPU memory: the Triton backend runs their graphs under Triton's
+    interpreter, which a GPU machine's test run leaves off (conftest.py), so there they run
+    eagerly by design.  The GPU path is test_under_a_cuda_default_device."""
+    params = getattr(request.node, "callspec", None)
+    if CUDA and params is not None and params.params.get("backend") == "triton":
+        pytest.skip("Triton on CPU arrays needs TRITON_INTERPRET=1 (off with a GPU)")
+
 RTOL = {np.dtype(np.float16): 2e-3, np.dtype(np.float32): 1e-5, np.dtype(np.float64): 1e-9}
 
 
@@ -466,3 +478,25 @@ def test_views_of_arrays(fn, backend: str) -> None:
         a_eager = a.copy()
         assert_numpy_same(compiled(a), fn(a_eager))
         assert_numpy_same(a, a_eager, "the input afterwards")
+
+
+@pytest.mark.skipif(not CUDA, reason="needs CUDA")
+def test_under_a_cuda_default_device() -> None:
+    """Under ``torch.device("cuda")`` the arrays' work runs on the GPU and comes back as
+    NumPy arrays and scalars of NumPy's dtypes."""
+    def f(a, w):
+        return np.maximum(a - a.mean(0), 0) @ w, np.sum(a ** 2)
+
+    compiled = minicompile.compile(f)
+    rng = np.random.default_rng(0)
+    w = rng.random((64, 8))
+    with torch.device("cuda"):
+        for call in range(2):
+            a = rng.random((512, 64)) + call
+            (out, total), (want, want_total) = compiled(a, w), f(a, w)
+            assert type(out) is np.ndarray and out.dtype == np.float64
+            assert type(total) is np.float64
+            np.testing.assert_allclose(out, want, rtol=1e-10)
+            np.testing.assert_allclose(total, want_total, rtol=1e-10)
+    stats = minicompile.stats()
+    assert (stats["graphs"], stats["eager_fallbacks"]) == (1, 0) and stats["kernels"] > 0, stats

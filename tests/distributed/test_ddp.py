@@ -192,9 +192,9 @@ def check_against(results: list[dict], kind: str, reference: str, adam: bool = F
 
 
 @pytest.mark.parametrize("backend", ["cpp", pytest.param("triton", marks=pytest.mark.skipif(
-    torch.cuda.is_available(), reason="CPU tensors on gloo: with a GPU present the spawned "
-    "ranks ran the Triton backend's CPU graphs eagerly (seen on the H100 machine, cause not "
-    "found yet); the CPU-only run, where they run under Triton's interpreter, is the test"))])
+    torch.cuda.is_available(), reason="CPU tensors on gloo: the Triton backend runs CPU "
+    "graphs under Triton's interpreter, which a GPU machine's test run leaves off "
+    "(tests/conftest.py), so there they run eagerly by design"))])
 def test_ddp_matches_eager_ddp(backend: str, tmp_path: Path) -> None:
     kinds = ("eager", "compiled_inside", "mesh", "compiled_outside", "dynamo")
     results = run_ranks(backend, kinds, tmp_path)

@@ -24,6 +24,8 @@ import torch.nn.functional as F
 import minicompile
 from minicompile import driver
 
+from devices import device_for
+
 HERE = __file__
 
 
@@ -199,8 +201,9 @@ def test_unused_library_calls_that_cannot_raise_cost_nothing(backend: str) -> No
         return a * 2
 
     compiled = minicompile.compile(f, backend=backend)
+    device = device_for(backend)
     for k in range(2):
-        a, b = torch.randn(2, 3) + k, torch.randn(3, 4)
+        a, b = torch.randn(2, 3, device=device) + k, torch.randn(3, 4, device=device)
         torch.testing.assert_close(compiled(a, b), f(a, b))
     assert minicompile.stats()["kernels"] == 1  # a * 2, without the matmul or the flip
 

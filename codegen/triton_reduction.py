@@ -23,6 +23,7 @@ from minicompile.codegen.triton import (
     TRITON_DTYPES,
     TritonKernel,
     _literal,
+    _round,
     compute_dtype,
     kernel_params,
     planning_size,
@@ -190,7 +191,12 @@ class TritonReductionKernel(TritonKernel):
         return self.fresh(f"tl.where({mask}, {x}, {_identity(red)})", frozenset({"x", "r"}))
 
     def finish(self, red: Reduce, block: str) -> str:
-        return self.fresh(REDUCE_ROWS[red.op].format(block), frozenset({"x"}))
+        text = REDUCE_ROWS[red.op].format(block)
+        if red.dtype in (torch.float16, torch.bfloat16):
+            # A reduction's result rounds to its dtype, as eager's does: once per row, so it
+            # costs nothing (a float32 gradient summed from float16 ones is that sum rounded).
+            text = _round(f"({text})", red.dtype, self.interpret)
+        return self.fresh(text, frozenset({"x"}))
 
     def emit_reduce(self, e: Reduce) -> str:
         assert self.persistent, "looped reductions are computed by emit_loop"

@@ -18,7 +18,6 @@ import logging
 import time
 import types
 import warnings
-import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -29,13 +28,14 @@ from minicompile.config import Config
 from minicompile.errors import BackendCompilerFailed, Unsupported
 from minicompile.driver import compile_graph, describe_symbols
 from minicompile.driver import counters as _stats
+from minicompile.resume import Resuming, _callee_wrappers, _compiled_steps
 from minicompile.runtime import build, entries
 
 # Capture, the passes, lowering and codegen import sympy, networkx and PyTorch's fake tensors
 # (most of a second): they are imported on the first miss, not at `import minicompile`, so a
 # process whose calls all find warm entries on disk (runtime/entries.py) never loads them.
 if TYPE_CHECKING:
-    from minicompile.capture import Break, Capture, ResumePoint, concrete
+    from minicompile.capture import Break, Capture, ResumePoint
     from minicompile.capture.dynamic import DynamicPolicy
 
 log = logging.getLogger("minicompile")
@@ -91,7 +91,7 @@ class Entry:
     artefact: tuple[build.Loaded, bool, bool] | None = None
 
 
-class CompiledFunction:
+class CompiledFunction(Resuming):
     def __init__(self, fn: Callable, cfg: Config) -> None:
         if isinstance(fn, types.MethodType):
             self.fn, self.bound_self = fn.__func__, fn.__self__
@@ -198,145 +198,6 @@ class CompiledFunction:
             self._root = root_point(self.fn.__code__)
             self.segments[self._root] = self.entries
         return self._root
-
-    # -- graph breaks -----------------------------------------------------------------------
-
-    def resume(self, entry: Entry, state: tuple) -> Any:
-        """Continue a frame after a segment that stopped at a graph break: run the breaking
-        instruction for real, then the segment after it (compiled on a miss), until the
-        frame returns."""
-        from minicompile.capture import ResumePoint, concrete
-
-        while True:
-            stop = entry.stop
-            assert stop is not None
-            local_values, stack = state
-            f = concrete.Frame.at(
-                self.fn, stop.offset, dict(zip(stop.local_names, local_values)), list(stack)
-            )
-            f.call = self.call_at_break
-            try:
-                concrete.step(f)  # the breaking instruction
-            except Exception as e:  # the user's: raised where eager raises it
-                if stop.reason.raises:  # the break was this error: trace again next time
-                    self.forget(entry)
-                from minicompile import user_errors
-
-                raise user_errors.raise_at(e, [user_errors.line_of(self.fn, f.last)])
-            finally:
-                _stats["concrete_instructions"] += f.steps
-            if f.returned:
-                return f.result
-            code = self.fn.__code__
-            names = tuple(n for n in code.co_varnames if n in f.locals)
-            point = ResumePoint(f.offset, names, len(f.stack))
-            values = tuple(f.locals[n] for n in names) + tuple(f.stack)
-            found = self.segment(point, values)
-            if found is None:
-                return self.finish_concretely(f, point)
-            entry = found
-            rerun = False
-            try:
-                state = entry.run(values)
-            except Exception as e:
-                rerun = self.met_for_real(entry, values)
-                if not rerun:
-                    state = self.recover(entry, values, e)
-            if rerun:  # the rest of this call runs for real, where the handlers see it
-                return self.run_concretely(f)
-            if entry.stop is None:
-                return state
-
-    def forget(self, entry: Entry) -> None:
-        """Drop a compiled segment (it broke at the user's error, not at a limit of ours)."""
-        for segment in self.segments.values():
-            if entry in segment:
-                segment.remove(entry)
-
-    def finish_concretely(self, f: concrete.Frame, point: ResumePoint) -> Any:
-        """The rest of the frame from ``point`` cannot be compiled.  This call has run
-        segments and the breaking instruction already (side effects included), so it
-        finishes for real from where it is.  Later calls run the original function from
-        the start, as eager code costs no more than eager plus the check of
-        ``eager_reason`` (no segment guards, no interpreted bytecode)."""
-        reason = f"the rest of the frame from offset {point.offset} cannot be compiled"
-        self.eager_reason = self.eager_reason or reason
-        return self.run_concretely(f)
-
-    def run_concretely(self, f: concrete.Frame) -> Any:
-        """Run the rest of the frame ``f`` for real (this call only)."""
-        from minicompile.capture import concrete
-
-        f.steps = 0
-        try:
-            return concrete.run_to_end(f)
-        except Exception as e:  # the user's: raised where eager raises it
-            from minicompile import user_errors
-
-            raise user_errors.raise_at(e, [user_errors.line_of(self.fn, f.last)])
-        finally:
-            _stats["concrete_instructions"] += f.steps
-
-    def call_at_break(self, fn: Any, args: list, kwargs: dict) -> Any:
-        """A call the frame broke at.  When it is a function of the user's (the break was
-        inside it), it runs compiled as a frame of its own, as PEP 523 would give it; an
-        optimizer's ``step`` runs as ``minicompile.compile(opt.step)`` runs it."""
-        opt = optim.recognise(fn)
-        if opt is not None:
-            steps = _compiled_steps.setdefault(opt, {})
-            key = (getattr(fn, "__func__", fn), self.cfg)
-            if key not in steps:
-                steps[key] = compile_step(fn, opt, self.cfg)
-            return steps[key](*args, **kwargs)
-        if _is_user_function(fn):
-            wrappers = _callee_wrappers.setdefault(fn, {})
-            wrapper = wrappers.get(self.cfg)
-            if wrapper is None:
-                wrapper = wrappers[self.cfg] = CompiledFunction(fn, self.cfg)
-            return wrapper(*args, **kwargs)
-        return fn(*args, **kwargs)
-
-    def segment(self, point: ResumePoint, values: tuple) -> Entry | None:
-        """The compiled segment starting at ``point`` for these values (traced on a miss),
-        or None when that part of the frame runs for real."""
-        if point in self.concrete_points:
-            return None
-        entries = self.segments.setdefault(point, [])
-        for entry in entries:
-            if entry.capture.guards.check(*values):
-                return entry
-        name = f"{self.fn.__qualname__} (from offset {point.offset})"
-        if len(entries) >= self.cfg.recompile_limit:
-            self.concrete_points.add(point)
-            return None
-        if entries:
-            _stats["recompiles"] += 1
-        _stats["frames"] += 1
-        try:
-            capture, stop = self.capture(point, values, entries, name)
-        except Exception as e:
-            reason = self.why_not_captured(e, name)
-            trace.emit("graph_breaks", name, f"running the rest eagerly: {reason}")
-            self.concrete_points.add(point)
-            _stats["eager_fallbacks"] += 1
-            return None
-        entry = self.new_entry(capture, stop, name, values)
-        entries.insert(0, entry)
-        return entry
-
-    def new_entry(
-        self, capture: Capture, stop: Break | None, name: str, values: tuple
-    ) -> Entry:
-        _stats["instructions"] += capture.instructions
-        if stop is not None:
-            _stats["graph_breaks"] += 1
-            self.breaks.append(stop)
-            trace.emit("graph_breaks", name, f"graph break: {stop.reason.describe()}")
-        trace.emit("graph", name, str(capture.graph), f"{self.fn.__name__}.graph.txt")
-        trace.emit("guards", name, str(capture.guards))
-        entry = self.build_entry(capture, values)
-        entry.stop = stop
-        return entry
 
     def bind(self, args: tuple, kwargs: dict[str, Any]) -> tuple:
         """The frame's parameter values in co_varnames order (then *args, then **kwargs)."""
@@ -624,11 +485,6 @@ class CompiledFunction:
         return f"<minicompile.CompiledFunction {self.fn.__qualname__}>"
 
 
-_callee_wrappers: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-# Optimizer steps called inside compiled frames: optimizer -> {(step, cfg): CompiledStep}.
-_compiled_steps: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
 def _import_compiler() -> None:
     """Import capture and the compiler (sympy, networkx, PyTorch's fake tensors): on the
     first miss, not at `import minicompile` (timed as its own phase under
@@ -638,15 +494,6 @@ def _import_compiler() -> None:
     import minicompile.lowering  # noqa: F401
     import minicompile.passes.fusion  # noqa: F401
     import minicompile.passes.pipeline  # noqa: F401
-
-
-def _is_user_function(fn: Any) -> bool:
-    if not isinstance(fn, types.FunctionType):
-        return False
-    if fn.__code__.co_name in ("<listcomp>", "<dictcomp>", "<setcomp>", "<genexpr>"):
-        return False  # a 3.11 comprehension made at a break: its `.0` binds no signature
-    module = getattr(fn, "__module__", "") or ""
-    return not module.split(".")[0] in ("torch", "minicompile", "triton", "numpy", "builtins")
 
 
 def _is_build_failure(e: Exception) -> bool:

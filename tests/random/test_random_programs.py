@@ -16,7 +16,7 @@ from random_programs import check_program, programs
 PROGRAMS_PER_BACKEND = 500
 # Seconds per backend: the programs stop there (a slow machine runs fewer; the count run is
 # checked below, so a budget cut short fails rather than passing quietly).
-BUDGET_S = 150.0
+BUDGET_S = 400.0
 
 
 def test_random_programs_match_eager(backend: str) -> None:

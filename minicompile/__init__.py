@@ -20,12 +20,6 @@ if _os.path.isfile(_os.path.join(_root, "setup.cfg")) or (
 ):
     __path__.append(_root)
 
-# Before anything imports torch._dynamo (which imports Triton): a Triton whose import
-# raises is marked as not installed (runtime/toolchain.py).
-from minicompile.runtime import toolchain as _toolchain  # noqa: E402
-
-_toolchain.triton_problem()
-
 from minicompile.api import compile, reset, stats  # noqa: E402
 from minicompile.errors import Unsupported  # noqa: E402
 from minicompile.explain import explain  # noqa: E402

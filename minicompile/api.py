@@ -489,6 +489,11 @@ def _import_compiler() -> None:
     """Import capture and the compiler (sympy, networkx, PyTorch's fake tensors): on the
     first miss, not at `import minicompile` (timed as its own phase under
     MINICOMPILE_LOGS=perf)."""
+    from minicompile.runtime import toolchain
+
+    # Before anything imports torch._dynamo (PyTorch's meta functions may; it imports
+    # Triton): a Triton whose import raises is marked as not installed.
+    toolchain.triton_problem()
     import minicompile.capture  # noqa: F401
     import minicompile.codegen.wrapper  # noqa: F401
     import minicompile.lowering  # noqa: F401

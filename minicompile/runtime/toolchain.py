@@ -3,7 +3,8 @@ trivial shared library with our flags).  A tool that does not work gives one war
 process, and the code runs on another way: the Triton backend's CPU graphs compile with
 the C++ backend, the rest runs eagerly (minicompile/api.py decides).
 
-Triton is probed once, when minicompile is imported.  An install whose import raises
+Triton is probed once, on the first compile (not at ``import minicompile``: importing
+Triton takes a sixth of a second).  An install whose import raises
 something other than ImportError (a missing driver library, a version clash) is then
 marked as not installed (``sys.modules["triton"] = None``), so every later ``import
 triton`` raises ImportError: PyTorch's own checks (``torch._dynamo`` imports Triton and

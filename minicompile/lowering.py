@@ -19,8 +19,8 @@ import torch
 from minicompile import ops
 from minicompile.errors import Unsupported
 from minicompile.graph import Graph, Node, TensorMeta, map_nodes
-from minicompile.shapes import ShapeError, is_symbolic
-from minicompile.sym import FloorDiv, ModularIndexing, index_symbol, product
+from minicompile.shapes import is_symbolic
+from minicompile.sym import index_symbol, product
 from minicompile.ir import (
     AliasOutput,
     BufferRef,
@@ -45,6 +45,7 @@ from minicompile.ir import (
     substitute_index,
     walk,
 )
+from minicompile.view_rules import view_layout, view_mapping
 
 ONE = sympy.Integer(1)
 ZERO = sympy.Integer(0)
@@ -447,133 +448,6 @@ class Lowering:
         mapping = view_mapping(node, x.shape)
         expr = substitute_index(x.expr, {a: b for a, b in mapping.items() if a != b})
         return Value(node.meta.shape, node.meta.dtype, expr, origins=origins)
-
-
-def view_layout(base: Layout, node: Node, shapes: Any = None) -> Layout | None:
-    """The layout ``node`` (a view op) gives a tensor of layout ``base``, or None when the
-    view cannot be a layout of the same storage (a reshape that must copy).  PyTorch's own
-    view rules decide, on a meta tensor (a fake one of ``shapes`` when sizes are symbolic)."""
-    args = node.args[1:]
-    if shapes is not None and (is_symbolic(base.shape + base.stride) or is_symbolic(args)):
-        fake = shapes.fake(base.shape, base.stride, base.dtype, base.offset, base.device)
-        args = tuple(
-            tuple(shapes.to_symint(s) for s in a) if isinstance(a, tuple) else (
-                shapes.to_symint(a) if isinstance(a, sympy.Basic) else a)
-            for a in args
-        )
-        run, number = shapes.run, shapes.to_sympy
-    else:
-        shape, stride = base.concrete_shape(), base.concrete_stride()
-        offset = int(base.offset)
-        span = 1 + sum((n - 1) * abs(st) for n, st in zip(shape, stride)) if all(shape) else 1
-        fake = torch.empty(offset + span, dtype=base.dtype, device="meta").as_strided(
-            shape, stride, offset
-        )
-        run, number = _call, sympy.Integer
-    try:
-        if node.target == "reshape":
-            out = run(fake.view, args[0])
-        else:
-            out = run(ops.run_eager, node.target, (fake, *args), node.kwargs)
-    except (RuntimeError, ValueError):  # no view of the same storage (symbolic: ValueError)
-        return None
-    return Layout(
-        tuple(number(n) for n in out.shape),
-        tuple(number(st) for st in out.stride()),
-        base.dtype,
-        base.device,
-        number(out.storage_offset()),
-    )
-
-
-def _call(fn: Any, *args: Any) -> Any:
-    return fn(*args)
-
-
-def view_mapping(node: Node, in_shape: tuple) -> dict:
-    """Each input index symbol as an expression of the view's index symbols."""
-    out = dim_symbols(node.meta.ndim)
-    own = dim_symbols(len(in_shape))
-    n_in = len(in_shape)
-    target, args = node.target, node.args[1:]
-    if target == "permute":
-        return {own[d]: out[k] for k, d in enumerate(args[0])}
-    if target == "unsqueeze":
-        d = args[0]
-        return {own[k]: out[k if k < d else k + 1] for k in range(n_in)}
-    if target == "squeeze":
-        d = args[0]
-        if in_shape[d] != 1:  # squeezing a dim that is not 1 changes nothing
-            return {}
-        mapping = {own[k]: out[k - (k > d)] for k in range(n_in) if k != d}
-        mapping[own[d]] = ZERO
-        return mapping
-    if target == "expand":
-        lead = node.meta.ndim - n_in
-        return {own[k]: (ZERO if in_shape[k] == 1 and node.meta.shape[lead + k] != 1
-                         else out[lead + k]) for k in range(n_in)}
-    if target == "slice":
-        d, start, _end, step = args
-        mapping = {own[k]: out[k] for k in range(n_in)}
-        mapping[own[d]] = start + step * out[d]
-        return mapping
-    if target == "select":
-        d, index = args
-        mapping = {own[k]: out[k - (k > d)] for k in range(n_in) if k != d}
-        mapping[own[d]] = sympy.sympify(index)
-        return mapping
-    if target == "reshape":
-        return reshape_mapping(in_shape, node.meta.shape)
-    raise Unsupported(f"no lowering for view {target}", node.stack)
-
-
-def _less(a: sympy.Expr, b: sympy.Expr) -> bool:
-    """a < b for sizes; symbolic ones compare by their ratio (s0 < 4*s0)."""
-    if a.is_Integer and b.is_Integer:
-        return int(a) < int(b)
-    ratio = sympy.simplify(b / a)
-    if ratio.is_Number:
-        return bool(ratio > 1)
-    raise ShapeError(f"cannot order the sizes {a} and {b} of a reshape")
-
-
-def reshape_mapping(in_shape: tuple, out_shape: tuple) -> dict:
-    """Input indices of a reshape, dims grouped where their sizes multiply to the same
-    number (so [B, T, C] -> [B*T, C] touches only the first two dims)."""
-    own = dim_symbols(len(in_shape))
-    out = dim_symbols(len(out_shape))
-    if any(size == 0 for size in in_shape):  # nothing is read (and sizes would divide by 0)
-        return {d: ZERO for d in own}
-    mapping: dict = {own[k]: ZERO for k in range(len(in_shape)) if in_shape[k] == 1}
-    ins = [k for k in range(len(in_shape)) if in_shape[k] != 1]
-    outs = [k for k in range(len(out_shape)) if out_shape[k] != 1]
-    i = j = 0
-    while i < len(ins) or j < len(outs):
-        group_in, group_out = [ins[i]] if i < len(ins) else [], [outs[j]] if j < len(outs) else []
-        i, j = i + bool(group_in), j + bool(group_out)
-        p_in = product(in_shape[k] for k in group_in)
-        p_out = product(out_shape[k] for k in group_out)
-        while p_in != p_out:
-            if (_less(p_in, p_out) and i < len(ins)) or j >= len(outs):
-                group_in.append(ins[i])
-                p_in *= in_shape[ins[i]]
-                i += 1
-            else:
-                group_out.append(outs[j])
-                p_out *= out_shape[outs[j]]
-                j += 1
-        flat: sympy.Expr = ZERO
-        for k in group_out:
-            flat = flat * out_shape[k] + out[k]
-        inner = product(in_shape[k] for k in group_in)
-        for pos, k in enumerate(group_in):
-            inner = inner / in_shape[k]
-            if pos == 0:
-                mapping[own[k]] = FloorDiv(flat, inner)
-            else:
-                mapping[own[k]] = ModularIndexing(flat, inner, in_shape[k])
-    return mapping
-
 
 
 # cat and stack, by every name capture records them under; they lower to a Cat expression

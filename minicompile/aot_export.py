@@ -277,9 +277,13 @@ def _lower(graph: Any) -> tuple[Any, list]:
 OLDEST_TORCH = (2, 13)
 
 
+def torch_supported() -> bool:
+    """Whether this PyTorch is one export runs on (OLDEST_TORCH or newer)."""
+    return tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2]) >= OLDEST_TORCH
+
+
 def _check_torch_version() -> None:
-    version = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2])
-    if version < OLDEST_TORCH:
+    if not torch_supported():
         raise Unsupported(
             f"export: needs PyTorch {OLDEST_TORCH[0]}.{OLDEST_TORCH[1]} or newer (this is "
             f"{torch.__version__}): the library calls libtorch's C++ API, which crashed with "

@@ -145,8 +145,8 @@ def _render(params: list[str], checks: list[GuardCheck]) -> str:
     A large model's guards walk their module tree once instead of once per check."""
     lines = [f"def check({', '.join(params)}):"]
     hoist = _PathHoister([c.expr for c in checks])
-    for c in checks:
-        expr, assignments = hoist.rewrite(c.expr)
+    for k, c in enumerate(checks):
+        expr, assignments = hoist.rewrite(k, c.expr)
         lines += [f"    {name} = {value}" for name, value in assignments]
         lines.append(f"    if not ({expr}):  # {c.source} {c.kind}")
         lines.append("        return False")
@@ -155,48 +155,57 @@ def _render(params: list[str], checks: list[GuardCheck]) -> str:
 
 
 def _path_key(node: ast.AST) -> str | None:
-    """``ast.unparse`` of an access path (a name followed by attributes and constant
-    subscripts), or None for anything else."""
-    inner = node
-    while isinstance(inner, (ast.Attribute, ast.Subscript)):
-        if isinstance(inner, ast.Subscript) and not isinstance(inner.slice, ast.Constant):
-            return None
-        inner = inner.value
-    if not isinstance(inner, ast.Name) or inner is node:
+    """The source of an access path (a name followed by attributes and constant
+    subscripts: ``L_self._modules['h']``), or None for anything else (a bare name too)."""
+    parts = []
+    while True:
+        if isinstance(node, ast.Attribute):
+            parts.append(f".{node.attr}")
+        elif isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant):
+            parts.append(f"[{node.slice.value!r}]")
+        else:
+            break
+        node = node.value
+    if not parts or not isinstance(node, ast.Name):
         return None
-    return ast.unparse(node)
+    return node.id + "".join(reversed(parts))
 
 
 class _PathHoister:
-    """Rewrites check expressions so that shared access paths are read once (see _render)."""
+    """Rewrites check expressions so that shared access paths are read once (see _render).
+    Each expression is parsed once; one that reads no shared path keeps its text."""
 
     def __init__(self, exprs: list[str]) -> None:
+        self.trees = _parse_all(exprs)
         uses: dict[str, int] = {}
-        for expr in exprs:
-            keys = {k for n in ast.walk(ast.parse(expr, mode="eval"))
-                    if (k := _path_key(n)) is not None}
-            for k in keys:
-                uses[k] = uses.get(k, 0) + 1
+        for tree in self.trees:
+            for key in {k for n in ast.walk(tree) if (k := _path_key(n)) is not None}:
+                uses[key] = uses.get(key, 0) + 1
         self.shared = {k for k, n in uses.items() if n > 1}
         self.locals: dict[str, str] = {}
+        self.changed = False
 
-    def rewrite(self, expr: str) -> tuple[str, list[tuple[str, str]]]:
+    def rewrite(self, index: int, expr: str) -> tuple[str, list[tuple[str, str]]]:
+        """Check ``index`` (whose source is ``expr``) reading the shared paths' locals, and
+        the assignments of the locals it reads first."""
         if not self.shared:
             return expr, []
-        tree = ast.parse(expr, mode="eval")
-        assignments: list[tuple[str, str]] = []
-        tree.body = self._visit(tree.body, False, assignments)
-        return ast.unparse(tree), assignments
+        tree, assignments = self.trees[index], []
+        self.changed = False
+        tree.value = self._visit(tree.value, False, assignments)
+        return (ast.unparse(tree.value) if self.changed else expr), assignments
 
     def _visit(self, node: ast.AST, conditional: bool, out: list) -> ast.AST:
         key = _path_key(node)
         if key is not None and key in self.shared:
             if key in self.locals:
+                self.changed = True
                 return ast.Name(self.locals[key], ast.Load())
             if not conditional:
                 value = self._children(node, conditional, out)
                 name = self.locals[key] = f"p{len(self.locals)}"
                 out.append((name, ast.unparse(value)))
+                self.changed = True
                 return ast.Name(name, ast.Load())
         return self._children(node, conditional, out)
 
@@ -217,6 +226,15 @@ class _PathHoister:
                 setattr(node, field, self._visit(value, conditional or _sometimes(node, field, 0),
                                                  out))
         return node
+
+
+def _parse_all(exprs: list[str]) -> list[ast.Expr]:
+    """Each expression as an ``ast.Expr`` statement, parsed in one call (a call per check
+    was most of the time a large model's guards took to render)."""
+    body = ast.parse("\n".join(exprs)).body if exprs else []
+    if len(body) != len(exprs):  # an expression over several lines
+        body = [ast.parse(e).body[0] for e in exprs]
+    return body  # type: ignore[return-value]
 
 
 def _sometimes(node: ast.AST, field: str, index: int) -> bool:

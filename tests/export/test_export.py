@@ -17,9 +17,9 @@ import torch
 import torch.nn.functional as F
 
 import minicompile
-from minicompile.aot_export import OLDEST_TORCH, Exported
+from minicompile.aot_export import OLDEST_TORCH, Exported, torch_supported
 
-if tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2]) < OLDEST_TORCH:
+if not torch_supported():
     pytest.skip(f"export needs PyTorch {OLDEST_TORCH} or newer (minicompile/aot_export.py)",
                 allow_module_level=True)
 

@@ -480,6 +480,14 @@ import triton.language as tl
 from triton.language.extra import libdevice
 """
 
+# A module of GPU kernels only: stand-ins until a kernel must be built (runtime/lazy_triton).
+GPU_PREAMBLE = """\
+from __future__ import annotations
+
+import torch
+from minicompile.runtime.lazy_triton import libdevice, tl, triton
+"""
+
 # Helpers with PyTorch's exact semantics where Triton's operators differ; a module gets
 # the ones its kernels call.
 HELPERS: dict[str, str] = {

@@ -79,9 +79,13 @@ def generate(
     w.line(f"# minicompile: generated code for {graph_name} ({backend} backend)")
     cpp_source = None
     if backend == "triton":
-        w.lines_from(triton.PREAMBLE)
         launched = [p for p in plans if not _interpreted(program, p)
                     and (isinstance(p, combo.ComboPlan) or p.numel != 0)]
+        if launched and not any(_interpreted(program, p) for p in plans):
+            # GPU kernels only: Triton is imported when a kernel must be built, not here.
+            w.lines_from(triton.GPU_PREAMBLE)
+        else:
+            w.lines_from(triton.PREAMBLE)
         if launched:  # GPU kernels launch through runtime/launch.py, not triton.jit's path
             w.line("from minicompile.runtime.launch import Launcher")
         kernels = [
@@ -100,10 +104,13 @@ def generate(
         if launched:
             w.line()
             w.line()
+        if launched:
+            w.line("# Launcher(kernel, arguments whose alignment may vary, sizes that may vary, "
+                   "a call's dtypes and sizes, options)")
         for plan in launched:
             pointers, sizes = _changing_args(program, plan, in_place)
             w.line(f"{plan.name}_launch = Launcher({plan.name}, {pointers}, {sizes}, "
-                   f"{triton_launch(program, plan)[2]})")
+                   f"{_example(program, plan)}, {triton_launch(program, plan)[2]})")
     else:
         cpp_source = cpp_unit(plans)
         w.line("import ctypes")
@@ -407,6 +414,20 @@ def _changing_args(program: LoopProgram, plan: KernelPlan | combo.ComboPlan,
         return pointers, ()
     ints = [*plan.size_args, plan.numel] + ([plan.rnumel] if plan.is_reduction else [])
     return pointers, tuple(len(tensors) + k for k, n in enumerate(ints) if not n.is_Integer)
+
+
+def _example(program: LoopProgram, plan: KernelPlan | combo.ComboPlan) -> str:
+    """What a call of ``plan``'s launcher passes, for building the kernel ahead of it: each
+    tensor's dtype and each size's value (a dynamic size's traced hint; None if none)."""
+    dtypes = [d for _, d in plan.inputs] + [program.buffer(b).layout.dtype
+                                            for b in plan.outputs]
+    items = [str(d) for d in dtypes]
+    if not isinstance(plan, combo.ComboPlan):
+        ints = [*plan.size_args, plan.numel] + ([plan.rnumel] if plan.is_reduction else [])
+        for n in ints:
+            value = n.xreplace({s: sympy.Integer(v) for s, v in plan.hints.items()})
+            items.append(str(int(value)) if value.is_Integer else "None")
+    return f"({', '.join(items)}{',' if len(items) == 1 else ''})"
 
 
 def _device_asserts(program: LoopProgram, plan: KernelPlan, backend: str = "triton") -> bool:

@@ -107,6 +107,14 @@ def from_env(env: dict[str, str] | os._Environ = os.environ) -> Config:
 _config = from_env()
 
 
+def worker_environment(path: list[str]) -> dict[str, str]:
+    """The environment of a Triton build worker (runtime/triton_build.py): this process's,
+    finding modules on ``path``, and compiling for the GPU whatever this process runs."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join(path)
+    return env
+
+
 def get() -> Config:
     return _config
 

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 from minicompile import perf
 from minicompile.config import Config
 from minicompile.errors import BackendCompilerFailed
-from minicompile.runtime import cache, cpp_units, toolchain
+from minicompile.runtime import cache, cpp_units, toolchain, triton_build
 from minicompile.runtime.cache import cache_key, tool_versions
 
 if TYPE_CHECKING:
@@ -172,6 +172,12 @@ def load(code: GeneratedCode, cfg: Config, interpret: bool) -> Loaded:
         from_cache = from_cache and lib_cached
     with perf.phase("load"):
         loaded = load_module(key, path, lib_paths, symbols, interpret)
+    if not interpret and "Launcher(" in code.module:  # GPU kernels: built before the call
+        from minicompile.runtime.launch import Launcher
+
+        with perf.phase("build"):
+            triton_build.precompile([v for v in loaded.call.__globals__.values()
+                                     if isinstance(v, Launcher)])
     return dataclasses.replace(loaded, from_cache=from_cache)
 
 

@@ -3,14 +3,20 @@
 ``kernel[grid](*args)`` goes through ``triton.jit``'s per-call path: every argument is
 specialized (dtype, 16-byte alignment, integer value classes), the kernel is looked up in
 its cache, launch metadata is built, and only then is the compiled kernel launched.  On an
-H100 host that is about 20 µs a launch, of which the launch itself is 9.
+H100 host that is about 14 µs a launch; Triton's launcher alone, 7.
 
-A :class:`Launcher` takes that path once for each specialization, to compile and to get the
-compiled kernel, and afterwards launches the compiled kernel directly.  Its cache key is
-what Triton specializes a kernel on for our arguments: each pointer's alignment, and each
-integer's class (1, a multiple of 16, fits in 32 bits), on the current device.  A key it
-has not seen (a misaligned view, a new dynamic size) goes through ``triton.jit`` again, so
-no launch ever uses a kernel compiled for other arguments.
+A :class:`Launcher` keys its launches by what Triton specializes a kernel on for our
+arguments: each pointer's alignment, and each integer's class (1, a multiple of 16, fits in
+32 bits), on the current device.  For each key it launches, in order of preference:
+
+- the kernel's cubin from minicompile's cache (runtime/triton_build.py: built ahead of the
+  first call, or here on a miss) through PyTorch's static CUDA launcher, with no Triton
+  import and no Triton code on the way;
+- else (an old Triton or PyTorch, a kernel that needs Triton's launcher) the compiled
+  kernel through Triton's launcher, after one launch through ``triton.jit`` to compile it.
+
+A key it has not seen (a misaligned view, a new dynamic size) is looked up and built again,
+so no launch ever uses a kernel compiled for other arguments.
 """
 
 from __future__ import annotations
@@ -19,12 +25,22 @@ from typing import Any
 
 import torch
 
+from minicompile.runtime import triton_build
+from minicompile.runtime.triton_build import int_class
+
 _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 _current_device = getattr(torch._C, "_cuda_getDevice", None)
+_static_launcher = getattr(torch._C, "_StaticCudaLauncher", None)
 
 
-def _int_class(v: int) -> tuple[bool, bool, bool]:
-    return (v == 1, v % 16 == 0, -(2**31) <= v < 2**31)
+class Example:
+    """A tensor argument as codegen describes it: its dtype, 16-byte aligned."""
+
+    def __init__(self, dtype: torch.dtype) -> None:
+        self.dtype = dtype
+
+    def data_ptr(self) -> int:
+        return 0
 
 
 class Launcher:
@@ -35,34 +51,77 @@ class Launcher:
     ``pointers``: the positions of the tensors whose alignment may change from call to call
     (inputs, library results; the wrapper's own allocations are always aligned), and
     ``sizes`` those of the integers that may (dynamic sizes; the others are constants of
-    the generated code).  Only those are part of the cache key."""
+    the generated code).  Only those are part of the cache key.  ``example``: what the
+    calls pass, as far as codegen knows (a tensor's dtype, an integer's value or hint;
+    None where unknown), from which the kernel is built ahead of its first call."""
 
     def __init__(self, fn: Any, pointers: tuple[int, ...], sizes: tuple[int, ...],
-                 **options: Any) -> None:
+                 example: tuple | None = None, **options: Any) -> None:
         self.fn = fn
         self.options = options
         self.pointers, self.sizes = pointers, sizes
-        self.compiled: dict[tuple, Any] = {}
+        self.example = example
+        self.compiled: dict[tuple, Any] = {}  # key -> Triton's compiled kernel
+        self.static: dict[tuple, tuple] = {}  # key -> a static launch's fixed arguments
+        self.no_static: set[tuple] = set()  # keys whose kernel needs Triton's launcher
         self.constexprs: tuple | None = None  # in the kernel's parameter order, once known
         self.direct = _raw_stream is not None and _current_device is not None
 
     def key(self, args: tuple) -> tuple:
         aligned = tuple([args[i].data_ptr() & 15 == 0 for i in self.pointers])
         if self.sizes:
-            return (_current_device(), aligned, tuple([_int_class(args[i]) for i in self.sizes]))
+            return (_current_device(), aligned, tuple([int_class(args[i]) for i in self.sizes]))
         return (_current_device(), aligned)
 
+    def example_args(self) -> list | None:
+        """The arguments of a first call, for a build ahead of it (None: unknown)."""
+        if self.example is None or any(v is None for v in self.example):
+            return None
+        return [v if isinstance(v, int) else Example(v) for v in self.example]
+
     def __call__(self, grid: int, *args: Any) -> None:
+        key = self.key(args) if self.direct else None
+        launch = self.static.get(key)
+        if launch is None and key is not None and key not in self.no_static:
+            launch = self._static(key, args)
+        if launch is not None:
+            function, warps, shared, codes, tensors, keep, tail = launch
+            # Pointers as integers: the static launcher reads a tensor's data_ptr slower.
+            ptrs = tuple([a.data_ptr() for a in args[:tensors]])
+            ints = args[tensors:] if keep is None else tuple([args[i] for i in keep])
+            _static_launcher._launch_kernel(function, grid, 1, 1, warps, shared, codes,
+                                            ptrs + ints + tail, _raw_stream(key[0]))
+            return
         if self.constexprs is None:
             rest = list(getattr(self.fn, "arg_names", ()))[len(args):]
             self.direct = self.direct and all(n in self.options for n in rest)
             self.constexprs = tuple(self.options.get(n) for n in rest)
-        key = self.key(args) if self.direct else None
         kernel = self.compiled.get(key) if key is not None else None
         if kernel is None:
-            compiled = self.fn[(grid,)](*args, **self.options)
+            fn = self.fn.real() if hasattr(self.fn, "real") else self.fn
+            compiled = fn[(grid,)](*args, **self.options)
             if key is not None and hasattr(compiled, "packed_metadata"):
                 self.compiled[key] = compiled
             return
         kernel.run(grid, 1, 1, _raw_stream(key[0]), kernel.function,
                    kernel.packed_metadata, None, None, None, *args, *self.constexprs)
+
+    def _static(self, key: tuple, args: tuple) -> tuple | None:
+        """The static launch of ``key`` (its cubin found in the cache, or built now), or
+        None when it needs Triton's launcher."""
+        launch = None
+        if triton_build.available():
+            built = triton_build.find_or_build(self.fn, args, self.options, key[0])
+            if built is not None:
+                function = triton_build.load(built.cubin, built.name, built.shared, key[0])
+                tensors = sum(not isinstance(a, int) for a in args)  # they come first
+                # Integers equal to 1 are constants of the kernel: not passed.
+                keep = [i for i, a in enumerate(args[tensors:], tensors) if a != 1]
+                tail = (None,) * (len(built.arg_codes) - tensors - len(keep))
+                launch = (function, built.num_warps, built.shared, built.arg_codes, tensors,
+                          tuple(keep) if len(keep) < len(args) - tensors else None, tail)
+        if launch is None:
+            self.no_static.add(key)
+        else:
+            self.static[key] = launch
+        return launch

@@ -4,6 +4,8 @@ kernel; index checks on the GPU are device-side asserts, never a flag the host w
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from minicompile.runtime import launch
@@ -24,10 +26,15 @@ def test_gpu_kernels_launch_through_launchers_and_assert_on_the_device() -> None
     compile(module, "generated", "exec")  # valid Python
     assert "from minicompile.runtime.launch import Launcher" in module
     # Only the inputs' alignment can change between calls (the sizes are constants).
+    # ... and what a call passes (the dtypes and sizes a build ahead of the call needs).
     assert ("triton_red_embedding_sin_sum_0_launch = Launcher(triton_red_embedding_sin_sum_0, "
-            "(0, 1), (), XBLOCK=4, RBLOCK=8, num_warps=4, debug=True, sanitize_overflow=False)"
-            ) in module
-    assert "triton_poi_cos_1_launch = Launcher(triton_poi_cos_1, (0,), (), XBLOCK=128)" in module
+            "(0, 1), (), (torch.int64, torch.float32, torch.float32, 4, 8), XBLOCK=4, RBLOCK=8, "
+            "num_warps=4, debug=True, sanitize_overflow=False)") in module
+    assert ("triton_poi_cos_1_launch = Launcher(triton_poi_cos_1, (0,), (), "
+            "(torch.float32, torch.float32, 80), XBLOCK=128)") in module
+    # Triton itself is imported only when a kernel must be built.
+    assert "from minicompile.runtime.lazy_triton import libdevice, tl, triton" in module
+    assert "import triton\n" not in module
     assert "triton_red_embedding_sin_sum_0_launch(1, arg1, arg0, buf0, 4, 8)" in module
     assert 'tl.device_assert(tmp1, "index out of range in triton_red_embedding_sin_sum_0: ' \
         '0 <= index < 10")' in module
@@ -68,6 +75,10 @@ class FakeJit:
 
 
 def test_launcher_goes_direct_only_for_a_specialization_it_has_compiled(monkeypatch) -> None:
+    """Where launches cannot bypass Triton (an old Triton or PyTorch): Triton's launcher."""
+    from minicompile.runtime import triton_build
+
+    monkeypatch.setattr(triton_build, "available", lambda: False)
     monkeypatch.setattr(launch, "_raw_stream", lambda device: 7)
     monkeypatch.setattr(launch, "_current_device", lambda: 0)
     fn = FakeJit()
@@ -123,3 +134,137 @@ def test_only_what_can_change_is_in_the_key() -> None:
     # arg0 (input), buf1 (library result), buf3 (stored in place into an input); then the
     # size s0 and the extent 8 * s0 (positions 5, 6), not the constant row length 16.
     assert _changing_args(program, plan, {"buf3": "arg1"}) == ((0, 2, 4), (5, 6))
+
+
+# -- builds ahead of the first launch, and static launches (runtime/triton_build.py) -------
+
+
+def gpu_module(tmp_path, monkeypatch):  # noqa: ANN001, ANN201
+    """The embedding-sum graph's GPU module, imported from a file as build.load does."""
+    import importlib.util
+
+    path = tmp_path / "mc_generated_gpu.py"
+    path.write_text(embedding_sum("cuda"))
+    spec = importlib.util.spec_from_file_location("mc_generated_gpu", path)
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(__import__("sys").modules, "mc_generated_gpu", module)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_a_gpu_module_imports_without_triton(tmp_path) -> None:
+    import subprocess
+    import sys
+
+    path = tmp_path / "mc_generated_gpu.py"
+    path.write_text(embedding_sum("cuda"))
+    code = (f"import runpy, sys; runpy.run_path({str(path)!r}); "
+            "print('triton' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+def test_kernels_build_ahead_to_cubins_in_worker_processes(tmp_path, monkeypatch) -> None:
+    """Without a GPU, Triton still compiles for one: the build of each kernel of a module
+    (in two worker processes), its launch data, and one build for identical kernels."""
+    from minicompile import config
+    from minicompile.runtime import triton_build
+
+    monkeypatch.setattr(triton_build, "target", lambda device: ("cuda", 90, 32))
+    monkeypatch.setattr(config, "_config", dataclasses.replace(config.get(),
+                                                               cache_dir=tmp_path / "cache"))
+    module = gpu_module(tmp_path, monkeypatch)
+    red, cos = module.triton_red_embedding_sin_sum_0_launch, module.triton_poi_cos_1_launch
+    prepared = [triton_build.Prepared(l.fn, l.example_args(), l.options, 0) for l in (red, cos)]
+    assert [p.built() for p in prepared] == [None, None]
+    assert triton_build.build_all(prepared, threads=2) == [None, None]
+    built = [p.built() for p in prepared]
+    assert [b.name for b in built] == ["triton_red_embedding_sin_sum_0", "triton_poi_cos_1"]
+    assert built[0].cubin.read_bytes()[:4] == b"\x7fELF"
+    # Pointers, then the two int32 extents (4 and 8); Triton's scratch pointers last.
+    assert built[0].arg_codes.startswith("OOOii") and set(built[0].arg_codes[5:]) <= {"O"}
+    assert built[1].arg_codes.startswith("OOi")
+    # Another specialization (an extent of 1 is a constant of the kernel) is another build.
+    one = triton_build.Prepared(cos.fn, [*cos.example_args()[:2], 1], cos.options, 0)
+    assert one.key != prepared[1].key and one.built() is None
+    # The same kernel under another name is the same build.
+    twin = prepared[1].text.replace("triton_poi_cos_1", "triton_poi_cos_7")
+    assert triton_build.digest(twin, "triton_poi_cos_7", triton_build.describe(
+        cos.example_args()), cos.options, 0) == prepared[1].key
+    # A cubin that no longer matches its checksum is not loaded (and built again).
+    built[1].cubin.write_bytes(b"garbage")
+    import pytest
+
+    with pytest.warns(RuntimeWarning, match="is corrupted"):
+        assert prepared[1].built() is None
+
+
+class FakeStatic:
+    def __init__(self) -> None:
+        self.log: list = []
+
+    def _launch_kernel(self, *args: object) -> None:
+        self.log.append(args)
+
+
+def test_static_launches_drop_constant_ones_and_add_scratch(monkeypatch) -> None:
+    from minicompile.runtime import triton_build
+
+    static, builds = FakeStatic(), []
+    monkeypatch.setattr(launch, "_static_launcher", static)
+    monkeypatch.setattr(launch, "_raw_stream", lambda device: 7)
+    monkeypatch.setattr(launch, "_current_device", lambda: 0)
+    monkeypatch.setattr(triton_build, "available", lambda: True)
+    monkeypatch.setattr(triton_build, "load", lambda cubin, name, shared, device: f"fn-{name}")
+
+    def find_or_build(kernel, args, options, device):  # noqa: ANN001, ANN202
+        builds.append(args)
+        if args[2] == 17:  # a kernel that needs Triton's launcher
+            return None
+        codes = "OO" + "i" * (args[2] != 1) + "OO"
+        return triton_build.Built(None, f"k{len(builds)}", 4, 0, codes)
+
+    monkeypatch.setattr(triton_build, "find_or_build", find_or_build)
+    fn = FakeJit()
+    launcher = launch.Launcher(fn, (0,), (2,), (torch.float32, torch.float32, 64), XBLOCK=128)
+    x, out = torch.zeros(64), torch.zeros(64)
+    launcher(2, x, out, 64)
+    launcher(2, x, out, 64)
+    assert len(builds) == 1 and fn.log == []  # found once, launched twice, never via Triton
+    ptrs = (x.data_ptr(), out.data_ptr())
+    assert static.log[1] == ("fn-k1", 2, 1, 1, 4, 0, "OOiOO", (*ptrs, 64, None, None), 7)
+    launcher(1, x, out, 1)  # a size of 1: another build, and the 1 is not passed
+    assert static.log[2] == ("fn-k2", 1, 1, 1, 4, 0, "OOOO", (*ptrs, None, None), 7)
+    launcher(1, x[1:], out, 48)  # misaligned: another key
+    assert len(builds) == 3
+    launcher(1, x, out, 17)
+    launcher(1, x, out, 17)  # no static build: Triton's path, asked once
+    assert len(builds) == 4 and [e[0] for e in fn.log] == ["jit", "direct"]
+
+
+def test_lazy_kernels_become_triton_functions_on_demand(tmp_path, monkeypatch) -> None:
+    """A launch that must go through Triton imports it into the module: the kernel then
+    runs (here under the interpreter, on CPU tensors)."""
+    import os
+
+    import pytest
+
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("runs the kernel under Triton's interpreter")
+    from minicompile.runtime.lazy_triton import LazyKernel
+
+    module = gpu_module(tmp_path, monkeypatch)
+    lazy = module.triton_poi_cos_1_launch.fn
+    assert isinstance(lazy, LazyKernel) and lazy.arg_names[:3] == ["in_ptr0", "out_ptr0", "xnumel"]
+    real = lazy.real()
+    assert module.triton_poi_cos_1 is real and module.tl.__name__ == "triton.language"
+    from minicompile.runtime.triton_interp import libdevice
+
+    module.libdevice = libdevice  # the interpreter's (as build.load gives CPU kernels)
+    x = torch.randn(80)
+    out = torch.empty(80)
+    lazy[(1,)](x, out, 80, XBLOCK=128)
+    torch.testing.assert_close(out, torch.cos(x))
+    x = torch.randn(80)
+    lazy[(1,)](x, out, 80, XBLOCK=128)  # new values, the same kernel
+    torch.testing.assert_close(out, torch.cos(x))

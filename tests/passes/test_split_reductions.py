@@ -86,8 +86,8 @@ def test_column_reductions_tile_outputs_by_rows() -> None:
     into 64 chunks: 512 programs, then 8 for the partials."""
     module = compile_graph_text(split_reductions(reduction("sum", (4096, 512), (0,))),
                                 "triton").code.module
-    assert ("Launcher(triton_red_mul_reshape_sum_0, (0,), (), XBLOCK=64, RBLOCK=64, "
-            "num_warps=8)") in module
+    assert ("Launcher(triton_red_mul_reshape_sum_0, (0,), (), (torch.float32, torch.float32, "
+            "32768, 64), XBLOCK=64, RBLOCK=64, num_warps=8)") in module
     assert "triton_red_mul_reshape_sum_0_launch(512, arg0, buf0, 32768, 64)" in module
     assert "triton_red_sum_1_launch(8, buf0, buf1, 512, 64)" in module
     assert triton_reduction.reduction_blocks(512, 4096, False, column=True) == (64, 64, 8, False)

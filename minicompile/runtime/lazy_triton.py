@@ -1,0 +1,88 @@
+"""Stand-ins for ``triton``, ``tl`` and ``libdevice`` in generated modules of GPU kernels,
+so that importing such a module does not import Triton (a tenth of a second or more).
+
+A process that finds every kernel's cubin in the cache (runtime/triton_build.py) launches
+them without ever importing Triton.  ``@triton.jit`` here keeps the Python function as a
+:class:`LazyKernel`; when a kernel must go through Triton after all (a build, a launch
+whose arguments need another specialization), :func:`LazyKernel.real` imports Triton and
+puts the real ``triton``, ``tl``, ``libdevice`` and ``triton.jit`` functions into the
+module, which then reads exactly as if it had imported them.  Generated modules use
+``from __future__ import annotations``, so ``XBLOCK: tl.constexpr`` is not evaluated at
+import.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any, Callable
+
+
+class LazyKernel:
+    """A ``@triton.jit`` function of a generated module, before Triton is imported."""
+
+    def __init__(self, fn: Callable) -> None:
+        self.fn = fn
+        code = fn.__code__
+        self.arg_names = list(code.co_varnames[:code.co_argcount])
+        self._real: Any = None
+
+    @property
+    def __name__(self) -> str:  # noqa: A003
+        return self.fn.__name__
+
+    def real(self) -> Any:
+        """The ``triton.jit`` function (Triton imported, and its module made real)."""
+        if self._real is None:
+            materialize(self.fn.__globals__)
+        return self._real
+
+    def __getitem__(self, grid: Any) -> Any:
+        return self.real()[grid]
+
+
+def materialize(namespace: dict) -> None:
+    """Import Triton into the generated module ``namespace``: its stand-ins become the
+    real modules, and each LazyKernel's ``triton.jit`` function takes its place."""
+    import triton
+    import triton.language as tl
+    from triton.language.extra import libdevice
+
+    namespace.update(triton=triton, tl=tl, libdevice=libdevice)
+    for name, value in list(namespace.items()):
+        if isinstance(value, LazyKernel):
+            if value._real is None:
+                value._real = triton.jit(value.fn)
+            namespace[name] = value._real
+
+
+class _Unloaded:
+    """``tl`` or ``libdevice`` before Triton is imported: read only inside kernels."""
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+
+    def __getattr__(self, attr: str) -> Any:
+        raise AttributeError(f"minicompile: {self._name}.{attr} read before Triton was imported "
+                           "(a generated kernel module used outside its kernels)")
+
+
+class _Triton:
+    """``triton`` before it is imported: only ``triton.jit`` is used at module level."""
+
+    @staticmethod
+    def jit(fn: Callable | None = None, **options: Any) -> Any:
+        if options:  # not what codegen writes; Triton's own decorator then
+            import triton
+
+            return triton.jit(fn, **options) if fn is not None else triton.jit(**options)
+        assert fn is not None
+        return LazyKernel(fn)
+
+
+triton = _Triton()
+tl = _Unloaded("tl")
+libdevice = _Unloaded("libdevice")
+
+
+def imported() -> bool:
+    return "triton" in sys.modules

@@ -1,0 +1,329 @@
+"""Triton kernels built ahead of their first launch, in parallel, into cubins in
+minicompile's cache, and loaded for launches that bypass Triton.
+
+A kernel's build is keyed (:func:`digest`) by its source (the kernel and the helpers it
+calls), Triton's specialization of its arguments (pointer dtypes and 16-byte alignment,
+integers equal to 1 or multiples of 16 or wider than 32 bits), its options, the Triton
+version and the GPU architecture.  Identical kernels (the same text under another name:
+twelve identical transformer blocks) share one build.  The cache holds, per key:
+
+- ``<key>.py``: the kernel file the build compiled (real Triton imports, helpers, kernel);
+- ``<key>.cubin`` and ``<key>.json``: the compiled kernel and what a launch needs (its
+  function name, warps, shared memory, argument codes, the cubin's sha256).
+
+:func:`precompile` builds every kernel of a new module before its first call: the
+launchers know the dtypes and sizes their calls will pass (codegen writes them), and the
+builds run in worker processes (runtime/triton_worker.py, which imports Triton only), as
+many as ``compile_threads``.  :func:`find_or_build` is the launch-time path: a cubin found
+in the cache is loaded with ``torch._C._StaticCudaLauncher`` (no Triton import at all in a
+warm process); one not found is built in this process.  Anything this path cannot do (an
+old Triton or PyTorch, a kernel that needs Triton's launcher) answers None, and the kernel
+goes through ``triton.jit`` as before.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import inspect
+import json
+import os
+import queue
+import subprocess
+import sys
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from minicompile import config
+from minicompile.runtime import cache
+
+WORKER = Path(__file__).with_name("triton_worker.py")
+
+HEADER = """\
+# minicompile: a Triton kernel, built ahead of its first launch (runtime/triton_build.py)
+import triton
+import triton.language as tl
+from triton.language.extra import libdevice
+"""
+
+
+@dataclasses.dataclass(frozen=True)
+class Built:
+    """A compiled kernel in the cache, and what launching it takes."""
+
+    cubin: Path
+    name: str
+    num_warps: int
+    shared: int
+    arg_codes: str
+
+
+def _launcher() -> Any:
+    return getattr(torch._C, "_StaticCudaLauncher", None)
+
+
+@functools.lru_cache(maxsize=None)
+def available() -> bool:
+    """Whether launches can bypass Triton: PyTorch's static CUDA launcher, and a Triton
+    whose specialization this module reproduces (3.3 and later)."""
+    if _launcher() is None or not torch.cuda.is_available():
+        return False
+    version = cache._triton_version()
+    return version != "none" and _triton_at_least(3, 3)
+
+
+def _triton_at_least(major: int, minor: int) -> bool:
+    try:
+        from importlib.metadata import version
+
+        parts = version("triton").split(".")
+        return (int(parts[0]), int(parts[1])) >= (major, minor)
+    except Exception:  # noqa: BLE001 (unknown: Triton's own path, as before)
+        return False
+
+
+@functools.lru_cache(maxsize=None)
+def target(device: int) -> tuple[str, int, int]:
+    """Triton's GPUTarget of ``device``: backend, architecture, warp size."""
+    major, minor = torch.cuda.get_device_capability(device)
+    return ("cuda", major * 10 + minor, 32)
+
+
+def _jit_functions(namespace: dict) -> dict[str, Any]:
+    return {k: v for k, v in namespace.items()
+            if hasattr(v, "fn") and hasattr(v, "arg_names") and callable(getattr(v, "fn"))}
+
+
+def kernel_file(kernel: Any) -> str:
+    """The text of a file with ``kernel`` (a LazyKernel or a ``triton.jit`` function) and
+    the helpers it calls, with real Triton imports."""
+    namespace = kernel.fn.__globals__
+    jitted = _jit_functions(namespace)
+    order: list[str] = []
+    todo = [kernel.fn.__name__]
+    while todo:
+        name = todo.pop()
+        if name in order:
+            continue
+        order.append(name)
+        todo += [n for n in jitted[name].fn.__code__.co_names if n in jitted]
+    parts = [HEADER]
+    for name in reversed(order):  # the helpers first
+        parts.append(inspect.getsource(jitted[name].fn))
+    return "\n\n".join(parts)
+
+
+def int_class(v: int) -> tuple[bool, bool, bool]:
+    """What Triton specializes an integer argument on: 1, a multiple of 16, 32 bits."""
+    return (v == 1, v % 16 == 0, -(2**31) <= v < 2**31)
+
+
+def describe(args: Sequence[Any]) -> tuple:
+    """What Triton specializes a kernel on, for each argument."""
+    out = []
+    for a in args:
+        if isinstance(a, int):
+            out.append(int_class(a))
+        else:
+            out.append((str(a.dtype), a.data_ptr() % 16 == 0))
+    return tuple(out)
+
+
+def digest(text: str, name: str, described: tuple, options: dict, device: int) -> str:
+    """The cache key of a build (identical kernels under other names share it)."""
+    normalized = text.replace(f"def {name}(", "def KERNEL(")
+    return cache.cache_key(normalized, repr(described), repr(sorted(options.items())),
+                           cache._triton_version(), repr(target(device)))
+
+
+def job(kernel: Any, args: Sequence[Any], options: dict, device: int, text: str,
+        out: Path, kernel_path: Path) -> dict:
+    """The worker's job for a launch of ``kernel`` with ``args`` (tensors, or stand-ins
+    with a dtype and a data pointer, and ints) and ``options`` (constexprs and compile
+    options): Triton's own specialization of the arguments (imports Triton)."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler.compiler import make_backend
+    from triton.runtime.jit import native_specialize_impl
+
+    from triton.runtime.jit import MockTensor
+
+    backend = make_backend(GPUTarget(*target(device)))
+    names = kernel.arg_names
+    # A launcher's example stands for a tensor with its dtype (aligned): Triton's own.
+    args = [a if isinstance(a, (int, torch.Tensor)) else MockTensor(a.dtype) for a in args]
+    signature: dict[str, str] = {}
+    constexprs: list = []
+    attrs: list = []
+    for i, name in enumerate(names):
+        if i < len(args):
+            ty, spec = native_specialize_impl(type(backend), args[i], False, True, True)
+            signature[name] = ty
+            if ty == "constexpr":
+                constexprs.append([[i], spec])
+            else:
+                attrs.append([[i], backend.parse_attr(spec)])
+        else:  # a tl.constexpr parameter, given as an option
+            signature[name] = "constexpr"
+            constexprs.append([[i], options[name]])
+    compile_options = {k: v for k, v in options.items() if k not in names}
+    compile_options.setdefault("debug", False)
+    return {"kernel_file": str(kernel_path), "name": kernel.fn.__name__,
+            "signature": signature, "constexprs": constexprs, "attrs": attrs,
+            "options": compile_options, "target": list(target(device)), "out": str(out)}
+
+
+def cached(out: Path) -> Built | None:
+    """The build at ``out`` (a path without suffix), if complete and intact."""
+    try:
+        launch = json.loads(out.with_suffix(".json").read_text())
+        cubin = out.with_suffix(".cubin")
+        cache.read_verified(cubin, launch["cubin_sha256"])
+    except cache.CacheCorrupted as e:
+        cache.warn_corrupted(e.path)
+        cache.discard(out.with_suffix(".json"))
+        return None
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return Built(cubin, launch["name"], launch["num_warps"], launch["shared"],
+                 launch["arg_codes"])
+
+
+class Prepared:
+    """A launch's build, located: its key, where its files go, and the job to build it."""
+
+    def __init__(self, kernel: Any, args: Sequence[Any], options: dict, device: int) -> None:
+        self.kernel, self.args, self.options, self.device = kernel, args, options, device
+        self.text = kernel_file(kernel)
+        self.key = digest(self.text, kernel.fn.__name__, describe(args), options, device)
+        cfg = config.get()
+        self.cache_dir = cfg.cache_dir
+        self.parts = ("triton", self.key[:2])
+        found = cache.find(cfg.cache_dir, self.parts, f"{self.key}.json")
+        self.out = (found.parent if found else cache.folder(cfg.cache_dir, *self.parts)) / self.key
+
+    def built(self) -> Built | None:
+        return cached(self.out)
+
+    def job(self) -> dict:
+        path = cache.store(self.cache_dir, self.parts, f"{self.key}.py", self.text)
+        self.out = path.parent / self.key  # where the store went (the private fallback)
+        return job(self.kernel, self.args, self.options, self.device, self.text, self.out,
+                   path)
+
+
+def build_in_process(prepared: Prepared) -> str | None:
+    """Build one kernel here; None, or why it could not be built for a static launch."""
+    from minicompile.runtime.triton_worker import build
+
+    try:
+        result = build(prepared.job())
+    except Exception as e:  # noqa: BLE001 (Triton's launch path then says it again)
+        return f"{type(e).__name__}: {e}"
+    return None if result["ok"] else result["reason"]
+
+
+def build_all(prepared: list[Prepared], threads: int) -> list[str | None]:
+    """Build each (none cached) in parallel: in this process when there is one, else in
+    up to ``threads`` worker processes.  For each, None or why it was not built."""
+    if len(prepared) == 1 or threads <= 1:
+        return [build_in_process(p) for p in prepared]
+    jobs: queue.Queue = queue.Queue()
+    for i, p in enumerate(prepared):
+        jobs.put((i, p.job()))
+    results: list[str | None] = ["not built"] * len(prepared)
+
+    def work() -> None:
+        env = config.worker_environment(sys.path)
+        try:
+            proc = subprocess.Popen([sys.executable, str(WORKER)], stdin=subprocess.PIPE,
+                                    stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                    text=True, env=env)
+        except OSError as e:
+            results[:] = [f"no worker process: {e}" if r == "not built" else r for r in results]
+            return
+        assert proc.stdin is not None and proc.stdout is not None
+        try:
+            while True:
+                try:
+                    i, j = jobs.get_nowait()
+                except queue.Empty:
+                    break
+                proc.stdin.write(json.dumps(j) + "\n")
+                proc.stdin.flush()
+                line = proc.stdout.readline()
+                if not line:
+                    results[i] = "the worker process died"
+                    break
+                r = json.loads(line)
+                results[i] = None if r["ok"] else r["reason"]
+        finally:
+            proc.stdin.close()
+            proc.wait()
+
+    workers = [threading.Thread(target=work, daemon=True)
+               for _ in range(min(threads, len(prepared)))]
+    for t in workers:
+        t.start()
+    for t in workers:
+        t.join()
+    return results
+
+
+def find_or_build(kernel: Any, args: Sequence[Any], options: dict, device: int) -> Built | None:
+    """The build of a launch of ``kernel`` with ``args``: from the cache, or built in this
+    process; None when it cannot be launched without Triton's launcher (logged)."""
+    try:
+        prepared = Prepared(kernel, args, options, device)
+    except (OSError, TypeError) as e:  # the kernel's source is not readable
+        _log(f"{kernel.__name__} launches through Triton: {e}")
+        return None
+    built = prepared.built()
+    if built is None:
+        why = build_in_process(prepared)
+        built = prepared.built() if why is None else None
+        if built is None:
+            _log(f"{kernel.__name__} launches through Triton ({why or 'no build found'})")
+    return built
+
+
+@functools.lru_cache(maxsize=None)
+def load(cubin: Path, name: str, shared: int, device: int) -> int:
+    """The CUDA function of a cubin, loaded once per process and device."""
+    out = _launcher()._load_kernel(str(cubin), name, shared, device)
+    # (function, registers, spills), or (module, function, registers, spills) since 2.12
+    return out[1] if len(out) == 4 else out[0]
+
+
+def precompile(launchers: list[Any]) -> None:
+    """Build the kernels of ``launchers`` (runtime/launch.py) that their first calls will
+    need and the cache does not hold, in parallel (see the module's doc)."""
+    if not launchers or not available():
+        return
+    device = torch.cuda.current_device()
+    todo: dict[str, Prepared] = {}
+    for launcher in launchers:
+        args = launcher.example_args()
+        if args is None:
+            continue
+        try:
+            prepared = Prepared(launcher.fn, args, launcher.options, device)
+        except (OSError, TypeError) as e:  # the kernel's source is not readable
+            _log(f"{launcher.fn.__name__} not built ahead: {e}")
+            continue
+        if prepared.key not in todo and prepared.built() is None:
+            todo[prepared.key] = prepared
+    if not todo:
+        return
+    reasons = build_all(list(todo.values()), config.get().compile_threads)
+    for p, why in zip(todo.values(), reasons):
+        if why is not None:
+            _log(f"{p.kernel.fn.__name__} not built ahead ({why}); Triton builds it at its launch")
+
+
+def _log(message: str) -> None:
+    if config.get().logging("perf"):
+        print(f"minicompile perf: {message}", file=sys.stderr)

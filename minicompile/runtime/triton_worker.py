@@ -1,0 +1,101 @@
+"""Build one Triton kernel to a cubin: the job of runtime/triton_build.py's worker processes.
+
+Run as a script (``python triton_worker.py``), this file imports Triton and nothing of
+minicompile or PyTorch, so that a worker starts in the time Triton takes to import.  It
+reads one job per line on stdin (JSON) and answers one result per line on stdout.  The
+launching process imports :func:`build` and calls it in-process for a single kernel.
+
+A job names a kernel file (the kernel and the helpers it calls, with real Triton imports),
+the kernel, and Triton's specialization of its arguments (signature, constexprs, attrs:
+what ``triton.jit`` computes from the arguments of a launch), the compile options and the
+target.  The result is ``<out>.cubin`` and ``<out>.json`` (what a launch needs: the
+function's name, warps, shared memory, argument types), the JSON written last, so that a
+reader that finds it finds the cubin complete.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+import sys
+from typing import Any
+
+# Triton's signature types -> the argument codes of torch._C._StaticCudaLauncher.
+ARG_CODES = {"i1": "i", "i8": "b", "i16": "h", "i32": "i", "i64": "l", "u1": "I", "u8": "B",
+             "u16": "H", "u32": "I", "u64": "K", "fp16": "f", "bf16": "f", "fp32": "f",
+             "fp64": "d"}
+
+
+def _write_atomic(path: str, data: bytes) -> None:
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "wb") as f:
+        f.write(data)
+    os.replace(tmp, path)
+
+
+def _unsupported(meta: Any) -> str | None:
+    """Why a launch of this compiled kernel needs Triton's own launcher (None: it doesn't)."""
+    if getattr(meta, "num_ctas", 1) != 1:
+        return "it runs on thread-block clusters"
+    for name in ("global_scratch_size", "profile_scratch_size"):
+        if getattr(meta, name, 0):
+            return f"it needs {name.removesuffix('_size').replace('_', ' ')} memory"
+    for name in ("launch_cooperative_grid", "launch_pdl"):
+        if getattr(meta, name, False):
+            return f"it is launched with {name.removeprefix('launch_')}"
+    return None
+
+
+def build(job: dict) -> dict:
+    """Compile ``job`` (see the module's doc); write the cubin and its launch data; return
+    ``{"ok": True}`` or ``{"ok": False, "reason": ...}``."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    path = job["kernel_file"]
+    name = "mc_kernels_" + hashlib.sha256(path.encode()).hexdigest()[:16]
+    module = sys.modules.get(name)
+    if module is None:
+        spec = importlib.util.spec_from_file_location(name, path)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module  # Triton's JIT looks a kernel's module up
+        spec.loader.exec_module(module)
+    fn = getattr(module, job["name"])
+    signature = job["signature"]
+    src = ASTSource(fn, signature, {tuple(p): v for p, v in job["constexprs"]},
+                    {tuple(p): a for p, a in job["attrs"]})
+    kernel = triton.compile(src, target=GPUTarget(*job["target"]), options=job["options"])
+    meta = kernel.metadata
+    reason = _unsupported(meta)
+    if reason is not None:
+        return {"ok": False, "reason": f"{job['name']}: {reason}"}
+    types = [t for t in signature.values() if t != "constexpr"]
+    codes = "".join("O" if t.startswith("*") else ARG_CODES[t] for t in types)
+    # Triton's CUDA kernels take a scratch pointer for each of these fields it declares.
+    codes += "O" * sum(hasattr(meta, f) for f in ("global_scratch_size", "profile_scratch_size"))
+    out = job["out"]
+    _write_atomic(out + ".cubin", kernel.asm["cubin"])
+    launch = {"name": meta.name, "num_warps": meta.num_warps, "shared": meta.shared,
+              "arg_codes": codes, "cubin_sha256": hashlib.sha256(kernel.asm["cubin"]).hexdigest()}
+    _write_atomic(out + ".json", json.dumps(launch).encode())
+    return {"ok": True}
+
+
+def main() -> None:
+    results = sys.stdout
+    sys.stdout = sys.stderr  # whatever Triton prints stays out of the results
+    for line in sys.stdin:
+        try:
+            result = build(json.loads(line))
+        except BaseException as e:  # noqa: BLE001 (reported to the launching process)
+            result = {"ok": False, "reason": f"{type(e).__name__}: {e}"[-2000:]}
+        results.write(json.dumps(result) + "\n")
+        results.flush()
+
+
+if __name__ == "__main__":
+    main()

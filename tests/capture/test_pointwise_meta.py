@@ -73,3 +73,59 @@ def test_refuses_what_it_does_not_model() -> None:
     assert ops._pointwise_meta("add", (f32, f32), {"alpha": 2}, cpu) is None
     half = TensorMeta.of(torch.empty(4, 4, dtype=torch.float16))
     assert ops._pointwise_meta("sin", (half,), {}, cpu) is None  # computed in float32
+
+
+def random_library_args(name: str, rng: random.Random) -> tuple[tuple, dict]:
+    """Real CPU tensors for F.layer_norm / F.linear: mostly plain, sometimes not (another
+    dtype, a transposed input, a size mismatch, a 1-d input, keyword arguments)."""
+    dtype = rng.choice(DTYPES[1:])
+
+    def other() -> torch.dtype:
+        return rng.choice(DTYPES[1:]) if rng.random() < 0.15 else dtype
+
+    shape = [rng.choice([1, 2, 3, 5]) for _ in range(rng.randint(1, 4))]
+    x = torch.randn(shape, dtype=dtype)
+    if x.dim() >= 2 and rng.random() < 0.2:
+        x = x.transpose(0, -1)
+    last = x.shape[-1] + (1 if rng.random() < 0.1 else 0)
+    if name == "torch.nn.functional.layer_norm":
+        k = rng.randint(1, x.dim())
+        normalized = tuple(x.shape[x.dim() - k:])
+        normalized = normalized[:-1] + (last,)
+        w = torch.randn(normalized, dtype=other()) if rng.random() < 0.7 else None
+        b = torch.randn(normalized, dtype=other()) if rng.random() < 0.7 else None
+        if rng.random() < 0.3:
+            return (x, normalized), {"weight": w, "bias": b, "eps": 1e-6}
+        return (x, normalized, w, b), {}
+    rows = rng.choice([1, 4, 7])
+    w = torch.randn(rows, last, dtype=other())
+    b = torch.randn(rows, dtype=other()) if rng.random() < 0.7 else None
+    return ((x, w, b), {}) if rng.random() < 0.7 else ((x, w), {"bias": b})
+
+
+@pytest.mark.parametrize("name", ["torch.nn.functional.layer_norm", "torch.nn.functional.linear"])
+def test_library_rules_match_eager(name: str) -> None:
+    """Where the rule answers, eager's result has that shape, strides and dtype; where
+    eager raises, the rule does not answer (the slow path raises eager's error)."""
+    rng = random.Random(name)
+    answered = 0
+    for _ in range(400):
+        args, kwargs = random_library_args(name, rng)
+
+        def meta(v):  # noqa: ANN001, ANN202
+            return TensorMeta.of(v) if isinstance(v, torch.Tensor) else v
+
+        fast = ops._LIBRARY_META[name](tuple(map(meta, args)),
+                                       {k: meta(v) for k, v in kwargs.items()},
+                                       torch.device("cpu"))
+        try:
+            eager = getattr(torch.nn.functional, name.rpartition(".")[2])(*args, **kwargs)
+        except (RuntimeError, TypeError, ValueError):
+            assert fast is None, (args, kwargs)
+            continue
+        if fast is None:
+            continue
+        answered += 1
+        assert (tuple(map(int, fast.shape)), tuple(map(int, fast.stride)), fast.dtype) == (
+            tuple(eager.shape), eager.stride(), eager.dtype), (args, kwargs)
+    assert answered > 150

@@ -4,6 +4,7 @@ fresh process, side by side.
     python examples/bench_startup.py                      # every workload, CUDA if present
     python examples/bench_startup.py --workloads pointwise,layer_norm --repeat 3
     python examples/bench_startup.py --device cpu --workloads pointwise
+    python examples/bench_startup.py --bytecode-cache /tmp/pyc   # Python without .pyc files
 
 For each workload and compiler a child process imports torch, then the compiler, builds the
 inputs, runs the function eagerly once (the warm-up), and times the first compiled call
@@ -131,9 +132,15 @@ def child(workload: str, compiler: str, device: str) -> dict:
 # -- the parent: fresh processes, cold then warm ------------------------------------------
 
 
+BYTECODE: Path | None = None  # --bytecode-cache: Python's own .pyc files, kept there
+
+
 def run_child(workload: str, compiler: str, device: str, cache: Path, timeout: float) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MINICOMPILE_", "TORCHINDUCTOR_"))}
     env.pop("TRITON_INTERPRET", None)
+    if BYTECODE is not None:
+        env.pop("PYTHONDONTWRITEBYTECODE", None)
+        env["PYTHONPYCACHEPREFIX"] = str(BYTECODE)
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(EXAMPLES), env.get("PYTHONPATH", "")])
     env["MINICOMPILE_CACHE_DIR"] = str(cache / "minicompile")
     env["TORCHINDUCTOR_CACHE_DIR"] = str(cache / "inductor")
@@ -152,6 +159,9 @@ def run_child(workload: str, compiler: str, device: str, cache: Path, timeout: f
 def measure(workload: str, compiler: str, device: str, repeat: int, timeout: float) -> dict:
     """Medians of ``repeat`` (cold, warm) pairs, each pair on caches of its own."""
     cold, warm, steady, imports, kernels, matches, hits = [], [], [], [], None, True, []
+    if BYTECODE is not None:  # one untimed run writes the .pyc files of what the cell imports
+        with tempfile.TemporaryDirectory(prefix="bench-startup-") as tmp:
+            run_child(workload, compiler, device, Path(tmp), timeout)
     for _ in range(repeat):
         with tempfile.TemporaryDirectory(prefix="bench-startup-") as tmp:
             first = run_child(workload, compiler, device, Path(tmp), timeout)
@@ -193,17 +203,24 @@ def main() -> None:
     parser.add_argument("--device", default=None, help="cuda or cpu (default: cuda if present)")
     parser.add_argument("--repeat", type=int, default=1, help="pairs of processes per cell")
     parser.add_argument("--timeout", type=float, default=1200, help="seconds per process")
+    parser.add_argument("--bytecode-cache", metavar="DIR", default=None, help=(
+        "keep Python's .pyc files in DIR (PYTHONPYCACHEPREFIX), written by an untimed run "
+        "of each cell first: for machines whose Python writes none (PYTHONDONTWRITEBYTECODE)"
+        " and so compiles every imported module's source in every process"))
     parser.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         print(json.dumps(child(*args.child)))
         return
+    global BYTECODE
+    BYTECODE = Path(args.bytecode_cache).resolve() if args.bytecode_cache else None
     import torch
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     where = torch.cuda.get_device_name() if device == "cuda" else f"CPU ({os.cpu_count()} cores)"
     print(f"start-up on {where}: PyTorch {torch.__version__}, Python "
-          f"{sys.version.split()[0]}; medians of {args.repeat} pair(s) of fresh processes")
+          f"{sys.version.split()[0]}; medians of {args.repeat} pair(s) of fresh processes"
+          + (f"; Python bytecode cached in {BYTECODE}" if BYTECODE else ""))
     print("| workload | minicompile cold | minicompile warm | torch.compile cold | "
           "torch.compile warm | cold: torch.compile / minicompile | notes |")
     print("|---|---|---|---|---|---|---|")

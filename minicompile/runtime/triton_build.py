@@ -23,6 +23,7 @@ goes through ``triton.jit`` as before.
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import functools
 import inspect
@@ -226,6 +227,67 @@ def build_in_process(prepared: Prepared) -> str | None:
     return None if result["ok"] else result["reason"]
 
 
+class _Worker:
+    """A worker process (triton_worker.py), started ahead of its first job."""
+
+    def __init__(self) -> None:
+        self.proc = subprocess.Popen([sys.executable, str(WORKER)], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                     text=True, env=config.worker_environment(sys.path))
+
+    def run(self, job: dict) -> str | None:
+        """Build ``job``; None, or why not (the worker is dead after a crash)."""
+        proc = self.proc
+        assert proc.stdin is not None and proc.stdout is not None
+        try:
+            proc.stdin.write(json.dumps(job) + "\n")
+            proc.stdin.flush()
+            line = proc.stdout.readline()
+        except OSError as e:
+            return f"the worker process is gone ({e})"
+        if not line:
+            return "the worker process died"
+        r = json.loads(line)
+        return None if r["ok"] else r["reason"]
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def close(self) -> None:
+        if self.proc.stdin is not None:
+            self.proc.stdin.close()
+        self.proc.wait()
+
+
+_workers: list[_Worker] = []
+_workers_lock = threading.Lock()
+_registered = False  # stop_workers runs at exit
+
+
+def start_workers(count: int | None = None) -> None:
+    """Start worker processes now (they import Triton while the graph is captured and
+    lowered), up to ``count`` (``compile_threads`` by default, at most 8 ahead of need)."""
+    count = count if count is not None else min(config.get().compile_threads, 8)
+    with _workers_lock:
+        _workers[:] = [w for w in _workers if w.alive()]
+        try:
+            while len(_workers) < count:
+                _workers.append(_Worker())
+        except OSError as e:
+            _log(f"no Triton build worker could start: {e}")
+        global _registered
+        if _workers and not _registered:
+            _registered = True
+            atexit.register(stop_workers)
+
+
+def stop_workers() -> None:
+    with _workers_lock:
+        for w in _workers:
+            w.close()
+        _workers.clear()
+
+
 def build_all(prepared: list[Prepared], threads: int) -> list[str | None]:
     """Build each (none cached) in parallel: in this process when there is one, else in
     up to ``threads`` worker processes.  For each, None or why it was not built."""
@@ -234,41 +296,25 @@ def build_all(prepared: list[Prepared], threads: int) -> list[str | None]:
     jobs: queue.Queue = queue.Queue()
     for i, p in enumerate(prepared):
         jobs.put((i, p.job()))
+    start_workers(min(threads, len(prepared)))
+    with _workers_lock:
+        workers = list(_workers[:min(threads, len(prepared))])
+    if not workers:
+        return [build_in_process(p) for p in prepared]
     results: list[str | None] = ["not built"] * len(prepared)
 
-    def work() -> None:
-        env = config.worker_environment(sys.path)
-        try:
-            proc = subprocess.Popen([sys.executable, str(WORKER)], stdin=subprocess.PIPE,
-                                    stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                                    text=True, env=env)
-        except OSError as e:
-            results[:] = [f"no worker process: {e}" if r == "not built" else r for r in results]
-            return
-        assert proc.stdin is not None and proc.stdout is not None
-        try:
-            while True:
-                try:
-                    i, j = jobs.get_nowait()
-                except queue.Empty:
-                    break
-                proc.stdin.write(json.dumps(j) + "\n")
-                proc.stdin.flush()
-                line = proc.stdout.readline()
-                if not line:
-                    results[i] = "the worker process died"
-                    break
-                r = json.loads(line)
-                results[i] = None if r["ok"] else r["reason"]
-        finally:
-            proc.stdin.close()
-            proc.wait()
+    def work(worker: _Worker) -> None:
+        while worker.alive():
+            try:
+                i, job = jobs.get_nowait()
+            except queue.Empty:
+                return
+            results[i] = worker.run(job)
 
-    workers = [threading.Thread(target=work, daemon=True)
-               for _ in range(min(threads, len(prepared)))]
-    for t in workers:
+    threads_ = [threading.Thread(target=work, args=(w,), daemon=True) for w in workers]
+    for t in threads_:
         t.start()
-    for t in workers:
+    for t in threads_:
         t.join()
     return results
 

@@ -289,16 +289,19 @@ def stop_workers() -> None:
 
 
 def build_all(prepared: list[Prepared], threads: int) -> list[str | None]:
-    """Build each (none cached) in parallel: in this process when there is one, else in
-    up to ``threads`` worker processes.  For each, None or why it was not built."""
-    if len(prepared) == 1 or threads <= 1:
-        return [build_in_process(p) for p in prepared]
+    """Build each (none cached) in parallel, in up to ``threads`` worker processes (in this
+    process when there is one and no worker was started).  For each, None or why it was
+    not built."""
+    with _workers_lock:
+        started = any(w.alive() for w in _workers)
+    if (len(prepared) == 1 and not started) or threads <= 1:
+        return [build_in_process(p) for p in prepared]  # (no worker to start for one)
     jobs: queue.Queue = queue.Queue()
     for i, p in enumerate(prepared):
         jobs.put((i, p.job()))
     start_workers(min(threads, len(prepared)))
     with _workers_lock:
-        workers = list(_workers[:min(threads, len(prepared))])
+        workers = [w for w in _workers if w.alive()][:min(threads, len(prepared))]
     if not workers:
         return [build_in_process(p) for p in prepared]
     results: list[str | None] = ["not built"] * len(prepared)

@@ -14,7 +14,7 @@ passes can ask who reads a value.  ``str(graph)`` is the canonical, stable text 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from typing import Any
 
 import sympy
@@ -290,10 +290,12 @@ class Graph:
         return "\n".join(lines)
 
 
-def copy_graph(graph: Graph, rewrite: Callable[[Graph, Node, Callable], Node | None]) -> Graph:
+def copy_graph(graph: Graph, rewrite: Callable[[Graph, Node, Callable], Node | None],
+               drop: Collection[Node] = ()) -> Graph:
     """Copy ``graph`` node by node; ``rewrite(new_graph, node, remap)`` may emit replacement
     nodes and return the node standing for ``node`` (or None to copy it as is).
-    ``remap`` maps old argument values to the new graph.  The input graph is not changed."""
+    ``remap`` maps old argument values to the new graph.  Calls in ``drop`` are not copied
+    (nothing copied may read them).  The input graph is not changed."""
     new = Graph(graph.name, graph.shapes, graph.derived)
     env: dict[Node, Node] = {}
 
@@ -301,6 +303,8 @@ def copy_graph(graph: Graph, rewrite: Callable[[Graph, Node, Callable], Node | N
         return map_nodes(value, lambda n: env[n])
 
     for node in graph.nodes:
+        if node in drop:
+            continue
         if node.op == "placeholder":
             env[node] = new.placeholder(node.target, node.meta)
         elif node.op == "output":

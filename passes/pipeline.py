@@ -7,10 +7,12 @@ from collections.abc import Callable
 
 from minicompile.graph import Graph
 
+from minicompile.passes.attention_masks import fold_attention_masks
 from minicompile.passes.cleanup import eliminate_common_subexpressions, eliminate_dead_code
 from minicompile.passes.decompose import decompose
 
 GRAPH_PASSES: tuple[Callable[[Graph], Graph], ...] = (
+    fold_attention_masks,
     decompose,
     eliminate_common_subexpressions,
     eliminate_dead_code,

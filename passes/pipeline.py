@@ -8,6 +8,7 @@ from collections.abc import Callable
 from minicompile.graph import Graph
 
 from minicompile.passes.attention_masks import fold_attention_masks
+from minicompile.passes.bias_epilogue import split_bias_epilogues
 from minicompile.passes.cleanup import eliminate_common_subexpressions, eliminate_dead_code
 from minicompile.passes.decompose import decompose
 
@@ -16,6 +17,7 @@ GRAPH_PASSES: tuple[Callable[[Graph], Graph], ...] = (
     decompose,
     eliminate_common_subexpressions,
     eliminate_dead_code,
+    split_bias_epilogues,
 )
 
 

@@ -1,0 +1,78 @@
+"""Bias adds moved into the pointwise kernels after a linear layer (passes/bias_epilogue.py):
+where the pass applies, what it leaves alone, and values against eager on both backends
+(the pass is for CUDA; here it is let apply to CPU tensors too)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import minicompile
+from minicompile.passes import bias_epilogue, pipeline
+
+
+@pytest.fixture
+def on_every_device(monkeypatch):  # noqa: ANN001, ANN201
+    monkeypatch.setattr(bias_epilogue, "DEVICES", frozenset({"cuda", "cpu"}))
+    seen: list = []
+
+    def spy(graph):  # noqa: ANN001, ANN202
+        out = bias_epilogue.split_bias_epilogues(graph)
+        # The products left without their bias (a linear without one, an mm).
+        seen.append(sum(n.target == "torch.mm" or (n.target == bias_epilogue.LINEAR
+                                                   and n.args[2:] == (None,))
+                        for n in out.calls()))
+        return out
+
+    passes = tuple(spy if p is bias_epilogue.split_bias_epilogues else p
+                   for p in pipeline.GRAPH_PASSES)
+    monkeypatch.setattr(pipeline, "GRAPH_PASSES", passes)
+    return seen
+
+
+def mlp(x, w1, b1, w2, b2):  # noqa: ANN001, ANN201 (gelu reads the first: split)
+    return F.linear(F.gelu(F.linear(x, w1, b1)), w2, b2)  # (the second is the output: kept)
+
+
+def conv1d(x, w, b, r):  # noqa: ANN001, ANN201 (GPT-2's Conv1D: addmm, a view, a residual)
+    y = torch.addmm(b, x.view(-1, x.shape[-1]), w)
+    return y.view(*x.shape[:-1], -1) + r
+
+
+def into_softmax(x, w, b):  # noqa: ANN001, ANN201 (a reduction reads it: kept)
+    return torch.softmax(F.linear(x, w, b), -1)
+
+
+def test_bias_adds_join_pointwise_readers(backend: str, device, on_every_device) -> None:
+    f32 = dict(device=device)
+    cases = [
+        (mlp, lambda: (torch.randn(2, 5, 8, **f32), torch.randn(16, 8, **f32),
+                       torch.randn(16, **f32), torch.randn(4, 16, **f32), torch.randn(4, **f32)),
+         1),
+        (conv1d, lambda: (torch.randn(2, 5, 8, **f32), torch.randn(8, 6, **f32),
+                          torch.randn(6, **f32), torch.randn(2, 5, 6, **f32)), 1),
+        (into_softmax, lambda: (torch.randn(3, 8, **f32), torch.randn(5, 8, **f32),
+                                torch.randn(5, **f32)), 0),
+    ]
+    for fn, make, splits in cases:
+        on_every_device.clear()
+        compiled = minicompile.compile(fn, backend=backend)
+        for _ in range(2):
+            args = make()
+            torch.testing.assert_close(compiled(*args), fn(*args))
+        assert on_every_device == [splits], fn.__name__
+
+
+def test_layers_that_take_a_gradient_keep_their_bias(backend: str, device,
+                                                     on_every_device) -> None:
+    w = torch.randn(16, 8, device=device, requires_grad=True)
+    b = torch.randn(16, device=device, requires_grad=True)
+
+    def fn(x):  # noqa: ANN001, ANN202
+        return F.gelu(F.linear(x, w, b))
+
+    compiled = minicompile.compile(fn, backend=backend)
+    x = torch.randn(4, 8, device=device)
+    torch.testing.assert_close(compiled(x), fn(x))
+    assert on_every_device and set(on_every_device) == {0}  # (forward and backward graphs)

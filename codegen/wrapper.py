@@ -323,7 +323,8 @@ def _layouts(buf: Buffer) -> tuple[Layout, ...]:
 # others (another device's kernels, say): then the result is copied into that layout.
 LAYOUT_HELPER = """\
 def with_layout(t, size, stride):
-    if all(st == want for st, want, n in zip(t.stride(), stride, size) if n > 1):
+    have = t.stride()
+    if have == stride or all(st == want for st, want, n in zip(have, stride, size) if n > 1):
         return t
     return empty_strided(size, stride, dtype=t.dtype, device=t.device).copy_(t)
 """

@@ -65,13 +65,8 @@ class Launcher:
         self.static: dict[tuple, tuple] = {}  # key -> a static launch's fixed arguments
         self.no_static: set[tuple] = set()  # keys whose kernel needs Triton's launcher
         self.constexprs: tuple | None = None  # in the kernel's parameter order, once known
+        self.tensors: int | None = None  # how many arguments are tensors, once known
         self.direct = _raw_stream is not None and _current_device is not None
-
-    def key(self, args: tuple) -> tuple:
-        aligned = tuple([args[i].data_ptr() & 15 == 0 for i in self.pointers])
-        if self.sizes:
-            return (_current_device(), aligned, tuple([int_class(args[i]) for i in self.sizes]))
-        return (_current_device(), aligned)
 
     def example_args(self) -> list | None:
         """The arguments of a first call, for a build ahead of it (None: unknown)."""
@@ -80,18 +75,26 @@ class Launcher:
         return [v if isinstance(v, int) else Example(v) for v in self.example]
 
     def __call__(self, grid: int, *args: Any) -> None:
-        key = self.key(args) if self.direct else None
-        launch = self.static.get(key)
-        if launch is None and key is not None and key not in self.no_static:
-            launch = self._static(key, args)
-        if launch is not None:
-            function, warps, shared, codes, tensors, keep, tail = launch
-            # Pointers as integers: the static launcher reads a tensor's data_ptr slower.
+        key = None
+        if self.direct:  # the key: see the module's doc
+            tensors = self.tensors
+            if tensors is None:  # (the tensors come first)
+                tensors = self.tensors = sum(not isinstance(a, int) for a in args)
             ptrs = tuple([a.data_ptr() for a in args[:tensors]])
-            ints = args[tensors:] if keep is None else tuple([args[i] for i in keep])
-            _static_launcher._launch_kernel(function, grid, 1, 1, warps, shared, codes,
-                                            ptrs + ints + tail, _raw_stream(key[0]))
-            return
+            device = _current_device()
+            aligned = tuple([ptrs[i] & 15 == 0 for i in self.pointers])
+            key = ((device, aligned, tuple([int_class(args[i]) for i in self.sizes]))
+                   if self.sizes else (device, aligned))
+            launch = self.static.get(key)
+            if launch is None and key not in self.no_static:
+                launch = self._static(key, args)
+            if launch is not None:
+                function, warps, shared, codes, keep, tail = launch
+                # Pointers as integers: the static launcher reads a tensor's data_ptr slower.
+                ints = args[tensors:] if keep is None else tuple([args[i] for i in keep])
+                _static_launcher._launch_kernel(function, grid, 1, 1, warps, shared, codes,
+                                                ptrs + ints + tail, _raw_stream(device))
+                return
         if self.constexprs is None:
             rest = list(getattr(self.fn, "arg_names", ()))[len(args):]
             self.direct = self.direct and all(n in self.options for n in rest)
@@ -114,11 +117,11 @@ class Launcher:
             built = triton_build.find_or_build(self.fn, args, self.options, key[0])
             if built is not None:
                 function = triton_build.load(built.cubin, built.name, built.shared, key[0])
-                tensors = sum(not isinstance(a, int) for a in args)  # they come first
+                tensors = self.tensors
                 # Integers equal to 1 are constants of the kernel: not passed.
                 keep = [i for i, a in enumerate(args[tensors:], tensors) if a != 1]
                 tail = (None,) * (len(built.arg_codes) - tensors - len(keep))
-                launch = (function, built.num_warps, built.shared, built.arg_codes, tensors,
+                launch = (function, built.num_warps, built.shared, built.arg_codes,
                           tuple(keep) if len(keep) < len(args) - tensors else None, tail)
         if launch is None:
             self.no_static.add(key)

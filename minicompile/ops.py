@@ -321,129 +321,6 @@ _FLOAT_POINTWISE = frozenset({
 }) | COMPARISONS
 
 
-def _pointwise_meta(name: str, args: tuple, kwargs: dict[str, Any],
-                    device: torch.device) -> TensorMeta | None:
-    """The result metadata of a pointwise op on float tensors (static sizes) and Python
-    numbers, or None where this does not apply.  The rules are the ones PyTorch's meta
-    functions for these ops apply (``torch._prims_common``: elementwise_dtypes,
-    broadcasting, the output's dimension order), called directly: those meta functions
-    import torch._dynamo on their first call (a second of a cold start)."""
-    from torch._prims_common import (
-        ELEMENTWISE_TYPE_PROMOTION_KIND as KIND,
-        compute_elementwise_output_logical_to_physical_perm,
-        elementwise_dtypes,
-    )
-
-    if kwargs or not (name in _FLOAT_POINTWISE or name == "where"):
-        return None
-    values = []
-    for k, v in enumerate(args):
-        meta = v.meta if isinstance(v, Node) else v
-        if isinstance(meta, TensorMeta):
-            if meta.is_symbolic:
-                return None
-            bool_condition = name == "where" and k == 0 and meta.dtype == torch.bool
-            if not (meta.dtype.is_floating_point or bool_condition):
-                return None
-            values.append(meta.fake())
-        elif type(v) in (int, float) and name not in ("maximum", "minimum") and not (
-            name == "where" and k == 0
-        ):  # (torch.maximum takes no number)
-            values.append(v)
-        else:
-            return None
-    tensors = [v for v in values if isinstance(v, torch.Tensor)]
-    if not tensors or (name == "where" and not isinstance(values[0], torch.Tensor)):
-        return None
-    try:
-        shape = torch.broadcast_shapes(*(t.shape for t in tensors))
-    except RuntimeError:
-        return None  # eager's own error message, from the slow path
-    kind = KIND.ALWAYS_BOOL if name in COMPARISONS else KIND.DEFAULT
-    promoted = values[1:] if name == "where" else values
-    compute, dtype = elementwise_dtypes(*promoted, type_promotion_kind=kind)
-    if any(t.dtype != compute for t in promoted if isinstance(t, torch.Tensor)):
-        return None  # converted first (float16's float32 arithmetic): another stride rule
-    perm, _ = compute_elementwise_output_logical_to_physical_perm(
-        *(t.expand(shape) for t in tensors))
-    stride = torch.empty_permuted(shape, perm, dtype=dtype, device="meta").stride()
-    return TensorMeta(shape=tuple(sympy.Integer(s) for s in shape),
-                      stride=tuple(sympy.Integer(s) for s in stride), dtype=dtype,
-                      device=device)
-
-
-def _plain(v: Any, dtype: torch.dtype | None = None) -> TensorMeta | None:
-    """``v``'s metadata if it is a static float tensor (of ``dtype``, if given)."""
-    meta = v.meta if isinstance(v, Node) else v
-    if (isinstance(meta, TensorMeta) and not meta.is_symbolic and meta.dtype.is_floating_point
-            and (dtype is None or meta.dtype == dtype)):
-        return meta
-    return None
-
-
-def _contiguous(meta: TensorMeta, shape: tuple, device: torch.device) -> TensorMeta:
-    stride = torch.empty(tuple(int(n) for n in shape), device="meta").stride()
-    return TensorMeta(shape=tuple(sympy.Integer(int(n)) for n in shape),
-                      stride=tuple(sympy.Integer(s) for s in stride), dtype=meta.dtype,
-                      device=device)
-
-
-def _linear_meta(args: tuple, kwargs: dict[str, Any], device: torch.device) -> TensorMeta | None:
-    """``F.linear``'s result metadata where it is plain (a contiguous float input of two or
-    more dims, a weight and bias of its dtype and device, matching sizes): contiguous, the
-    input's leading sizes and the weight's rows.  (PyTorch's meta path imports Dynamo.)"""
-    names = ("input", "weight", "bias")
-    if len(args) > len(names) or any(k not in names[len(args):] for k in kwargs):
-        return None
-    bound = dict(zip(names, args)) | kwargs
-    x = _plain(bound.get("input"))
-    w = _plain(bound.get("weight"), x.dtype) if x is not None else None
-    if x is None or w is None or len(x.shape) < 2 or len(w.shape) != 2 or w.device != x.device:
-        return None
-    if x.stride != _contiguous(x, x.shape, device).stride or x.shape[-1] != w.shape[1]:
-        return None
-    b = bound.get("bias")
-    if b is not None:
-        b = _plain(b, x.dtype)
-        if b is None or b.device != x.device or tuple(b.shape) != (w.shape[0],):
-            return None
-    return _contiguous(x, (*x.shape[:-1], w.shape[0]), device)
-
-
-def _layer_norm_meta(args: tuple, kwargs: dict[str, Any],
-                     device: torch.device) -> TensorMeta | None:
-    """``F.layer_norm``'s result metadata where it is plain (static float input, weight and
-    bias of the input's dtype and the normalized shape, or None): the input's shape and
-    dtype, contiguous, as ATen's layer_norm allocates it.  (PyTorch's meta path imports
-    Dynamo.)"""
-    names = ("input", "normalized_shape", "weight", "bias", "eps")
-    if len(args) > len(names) or any(k not in names[len(args):] for k in kwargs):
-        return None
-    bound = dict(zip(names, args)) | kwargs
-    x = _plain(bound.get("input"))
-    normalized = bound.get("normalized_shape")
-    if not (x is not None and isinstance(normalized, (tuple, list, torch.Size))
-            and all(type(n) is int for n in normalized)
-            and 0 < len(normalized) <= len(x.shape)
-            and tuple(int(n) for n in x.shape[len(x.shape) - len(normalized):]) == tuple(normalized)
-            and type(bound.get("eps", 1e-5)) in (int, float)):
-        return None
-    for key in ("weight", "bias"):
-        v = bound.get(key)
-        if v is not None:
-            v = _plain(v, x.dtype)
-            if v is None or v.device != x.device or tuple(int(n) for n in v.shape) != tuple(normalized):
-                return None
-    return _contiguous(x, x.shape, device)
-
-
-# Library calls whose result metadata minicompile computes itself where the arguments are
-# plain: PyTorch's meta functions for them import torch._dynamo on their first call, a
-# second or more of a cold start.
-_LIBRARY_META = {"torch.nn.functional.layer_norm": _layer_norm_meta,
-                 "torch.nn.functional.linear": _linear_meta}
-
-
 def infer_meta(
     name: str, args: tuple, kwargs: dict[str, Any], device: torch.device, shapes: Any = None
 ) -> TensorMeta | tuple[TensorMeta, ...]:
@@ -461,9 +338,9 @@ def infer_meta(
         shapes if has_symbols((args, kwargs)) else None
     )
     if shapes is None and not any(isinstance(v, torch.device) for v in args):
-        rule = _LIBRARY_META.get(name)
-        fast = (rule(args, kwargs, device) if rule is not None
-                else _pointwise_meta(name, args, kwargs, device))
+        from minicompile import meta_rules
+
+        fast = meta_rules.result_meta(name, args, kwargs, device)
         if fast is not None:
             return fast
 

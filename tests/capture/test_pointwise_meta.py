@@ -1,4 +1,4 @@
-"""Result metadata of float pointwise ops (minicompile/ops.py: _pointwise_meta) is what
+"""Result metadata of float pointwise ops (minicompile/meta_rules.py) is what
 PyTorch's meta functions give, found without running them (they import torch._dynamo)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import random
 import pytest
 import torch
 
-from minicompile import ops
+from minicompile import meta_rules, ops
 from minicompile.graph import TensorMeta
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -48,7 +48,7 @@ def test_matches_the_meta_functions(seed: int) -> None:
         name = rng.choice(names)
         args = random_args(name, rng)
         metas = tuple(TensorMeta.of(a) if isinstance(a, torch.Tensor) else a for a in args)
-        fast = ops._pointwise_meta(name, metas, {}, torch.device("cpu"))
+        fast = meta_rules.pointwise_meta(name, metas, {}, torch.device("cpu"))
         try:
             eager = ops.run_eager(name, tuple(args), {})
         except (RuntimeError, TypeError):  # PyTorch refuses: the slow path raises its error
@@ -66,13 +66,13 @@ def test_refuses_what_it_does_not_model() -> None:
     f32 = TensorMeta.of(torch.empty(4, 4))
     i64 = TensorMeta.of(torch.empty(4, 4, dtype=torch.int64))
     cpu = torch.device("cpu")
-    assert ops._pointwise_meta("sin", (i64,), {}, cpu) is None  # int to float
-    assert ops._pointwise_meta("bitwise_and", (f32, f32), {}, cpu) is None  # not modelled
-    assert ops._pointwise_meta("maximum", (f32, 2.0), {}, cpu) is None  # eager refuses
-    assert ops._pointwise_meta("add", (f32, TensorMeta.of(torch.empty(3))), {}, cpu) is None
-    assert ops._pointwise_meta("add", (f32, f32), {"alpha": 2}, cpu) is None
+    assert meta_rules.pointwise_meta("sin", (i64,), {}, cpu) is None  # int to float
+    assert meta_rules.pointwise_meta("bitwise_and", (f32, f32), {}, cpu) is None  # not modelled
+    assert meta_rules.pointwise_meta("maximum", (f32, 2.0), {}, cpu) is None  # eager refuses
+    assert meta_rules.pointwise_meta("add", (f32, TensorMeta.of(torch.empty(3))), {}, cpu) is None
+    assert meta_rules.pointwise_meta("add", (f32, f32), {"alpha": 2}, cpu) is None
     half = TensorMeta.of(torch.empty(4, 4, dtype=torch.float16))
-    assert ops._pointwise_meta("sin", (half,), {}, cpu) is None  # computed in float32
+    assert meta_rules.pointwise_meta("sin", (half,), {}, cpu) is None  # computed in float32
 
 
 def random_library_args(name: str, rng: random.Random) -> tuple[tuple, dict]:
@@ -115,7 +115,7 @@ def test_library_rules_match_eager(name: str) -> None:
         def meta(v):  # noqa: ANN001, ANN202
             return TensorMeta.of(v) if isinstance(v, torch.Tensor) else v
 
-        fast = ops._LIBRARY_META[name](tuple(map(meta, args)),
+        fast = meta_rules.LIBRARY[name](tuple(map(meta, args)),
                                        {k: meta(v) for k, v in kwargs.items()},
                                        torch.device("cpu"))
         try:

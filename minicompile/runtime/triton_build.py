@@ -262,13 +262,18 @@ class _Worker:
 _workers: list[_Worker] = []
 _workers_lock = threading.Lock()
 _registered = False  # stop_workers runs at exit
+_workers_pid = os.getpid()  # the process the workers answer
 
 
 def start_workers(count: int | None = None) -> None:
     """Start worker processes now (they import Triton while the graph is captured and
     lowered), up to ``count`` (``compile_threads`` by default, at most 8 ahead of need)."""
+    global _workers_pid
     count = count if count is not None else min(config.get().compile_threads, 8)
     with _workers_lock:
+        if _workers_pid != os.getpid():  # a forked child: its parent's workers are not its own
+            _workers.clear()
+            _workers_pid = os.getpid()
         _workers[:] = [w for w in _workers if w.alive()]
         try:
             while len(_workers) < count:
@@ -283,8 +288,9 @@ def start_workers(count: int | None = None) -> None:
 
 def stop_workers() -> None:
     with _workers_lock:
-        for w in _workers:
-            w.close()
+        if _workers_pid == os.getpid():
+            for w in _workers:
+                w.close()
         _workers.clear()
 
 
@@ -293,7 +299,7 @@ def build_all(prepared: list[Prepared], threads: int) -> list[str | None]:
     process when there is one and no worker was started).  For each, None or why it was
     not built."""
     with _workers_lock:
-        started = any(w.alive() for w in _workers)
+        started = _workers_pid == os.getpid() and any(w.alive() for w in _workers)
     if (len(prepared) == 1 and not started) or threads <= 1:
         return [build_in_process(p) for p in prepared]  # (no worker to start for one)
     jobs: queue.Queue = queue.Queue()

@@ -268,3 +268,35 @@ def test_lazy_kernels_become_triton_functions_on_demand(tmp_path, monkeypatch) -
     x = torch.randn(80)
     lazy[(1,)](x, out, 80, XBLOCK=128)  # new values, the same kernel
     torch.testing.assert_close(out, torch.cos(x))
+
+
+def test_build_workers_belong_to_the_process_that_started_them(monkeypatch) -> None:
+    """A forked child never writes to its parent's workers' pipes: it starts its own."""
+    from minicompile.runtime import triton_build
+
+    closed: list = []
+
+    class FakeWorker:
+        def __init__(self) -> None:
+            self.closed = False
+
+        def alive(self) -> bool:
+            return not self.closed
+
+        def close(self) -> None:
+            self.closed = True
+            closed.append(self)
+
+    monkeypatch.setattr(triton_build, "_Worker", FakeWorker)
+    monkeypatch.setattr(triton_build, "_workers", [])
+    monkeypatch.setattr(triton_build, "_registered", True)
+    triton_build.start_workers(2)
+    parents = list(triton_build._workers)
+    assert len(parents) == 2
+    triton_build.start_workers(2)
+    assert triton_build._workers == parents  # alive: kept, none started
+    monkeypatch.setattr(triton_build, "_workers_pid", -1)  # as seen from a forked child
+    triton_build.start_workers(1)
+    assert len(triton_build._workers) == 1 and triton_build._workers[0] not in parents
+    triton_build.stop_workers()
+    assert len(closed) == 1 and triton_build._workers == []

@@ -157,6 +157,19 @@ OPS["contiguous"] = OpDef("contiguous", "copy", lambda x: x.contiguous())
 OPS["to_dtype"] = OpDef("to_dtype", "cast", _to_dtype)
 # detach(x): x's values, through which no gradient flows (the max that softmax subtracts).
 OPS["detach"] = OpDef("detach", "copy", torch.detach)
+
+
+def _relayout(x: torch.Tensor, order: tuple[int, ...]) -> torch.Tensor:
+    return torch.empty_permuted(x.shape, order, dtype=x.dtype, device=x.device).copy_(x)
+
+
+# Copies the layout pass inserts (passes/layout.py), never captured: x's values in new
+# memory that holds its dims in another order.  to_channels_last(x): the NHWC order
+# ``(0, 2, 3, 1)`` a convolution runs fastest in; to_eager_layout(x, order): the order
+# (outermost dim first) eager gives a graph output or a gradient.
+OPS["to_channels_last"] = OpDef("to_channels_last", "copy",
+                                lambda x: _relayout(x, (0, 2, 3, 1)))
+OPS["to_eager_layout"] = OpDef("to_eager_layout", "copy", _relayout)
 for _name, _fn in VIEW.items():
     OPS[_name] = OpDef(_name, "view", _fn)
 
@@ -283,7 +296,11 @@ def cat_arguments(node: Node) -> tuple[list[Node], int] | None:
 # fake tensors of the real device, where PyTorch makes the choice the kernel will make.
 ATTENTION = frozenset({"torch.nn.functional.scaled_dot_product_attention",
                        "torch._C._nn.scaled_dot_product_attention"})
-DEVICE_RULES = ATTENTION
+# Convolutions: on CPU and CUDA a channels-last input (CUDA: or weight) gives a
+# channels-last result; the meta device's rule always gives a contiguous one.
+CONVOLUTIONS = frozenset(f"{prefix}.conv{n}d" for prefix in ("torch.nn.functional", "torch")
+                         for n in (1, 2, 3))
+DEVICE_RULES = ATTENTION | CONVOLUTIONS
 _device_fake_mode: list = []
 
 
@@ -411,7 +428,8 @@ def infer_meta(
             return slice(fake(v.start), fake(v.stop), fake(v.step))
         return v
 
-    by_device = name in DEVICE_RULES and device.type == "cuda"
+    by_device = name in DEVICE_RULES and (
+        device.type == "cuda" or (name in CONVOLUTIONS and device.type == "cpu"))
     moved = [v for v in (*args, *kwargs.values()) if isinstance(v, torch.device)]
     if moved:  # a copy to another device: computed on the meta device, placed after
         device = moved[0]

@@ -91,7 +91,8 @@ def graph_requires_grad(graph: Graph) -> bool:
 
 
 def _number(value: sympy.Expr, hints: dict) -> int:
-    value = sympy.sympify(value).xreplace(hints)
+    """A size or stride as a number: its traced value where it is symbolic."""
+    value = sympy.sympify(sympy.sympify(value).xreplace(hints))
     return int(value) if value.is_Integer else 1
 
 

@@ -1,0 +1,331 @@
+"""Channels-last convolutions (passes/layout.py), forced on for CPU tensors.
+
+Every compiled call is compared with eager on values and strides (outputs, and the
+gradients of inputs and parameters), twice with fresh inputs; the loop program printed by
+the ``fusion`` log shows that convolutions read and write channels-last and that the
+pointwise kernels around them do too.  Strides are compared along the dims longer than 1
+(PyTorch's own layout contract for gradients: the others are never stepped along).
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import minicompile
+from minicompile import config, ops
+from minicompile.config import from_env
+from minicompile.passes.layout import decide, optimize_layout
+
+from graph_builder import GraphBuilder
+
+
+def forced() -> object:
+    """layout_opt forced on; the graphs and loop programs logged (read with capsys)."""
+    return config.patch(layout_opt="channels_last", logs=frozenset({"fusion", "graph"}))
+
+
+def strides(t: torch.Tensor) -> tuple[int, ...]:
+    return tuple(s for s, n in zip(t.stride(), t.shape) if n > 1)
+
+
+def assert_like_eager(actual: torch.Tensor, expected: torch.Tensor, **tol: float) -> None:
+    torch.testing.assert_close(actual, expected, **tol)
+    assert strides(actual) == strides(expected), (actual.stride(), expected.stride())
+
+
+def is_channels_last(shape: tuple[int, ...], stride: tuple[int, ...]) -> bool:
+    """(A 1x1 image, or a single channel, is both channels-last and contiguous.)"""
+    t = torch.empty_strided(shape, stride, device="meta")
+    return t.is_contiguous(memory_format=torch.channels_last)
+
+
+BUFFER = re.compile(r"^(\w+): \w+\[([^\]]*)\] stride \(([^)]*)\)(?: = (.*))?$")
+
+
+def programs(err: str) -> list[dict[str, tuple]]:
+    """Each loop program of the ``fusion`` log: buffer -> (shape, stride, body); the
+    returned names under ``"return"``."""
+    found = []
+    for block in err.split("======== minicompile fusion: ")[1:]:
+        buffers: dict[str, tuple] = {}
+        for line in block.splitlines()[1:]:
+            line = line.removeprefix("input ")
+            m = BUFFER.match(line)
+            if m:
+                shape = tuple(int(v) for v in m.group(2).split(", ") if v)
+                stride = tuple(int(v) for v in m.group(3).split(", ") if v)
+                buffers[m.group(1)] = (shape, stride, m.group(4) or "input")
+            elif line.startswith("return "):
+                buffers["return"] = tuple(n.strip() for n in line[7:].split(","))
+                break
+        found.append(buffers)
+    return found
+
+
+def check_channels_last(err: str, convolutions: int) -> None:
+    """The first (forward) program: every convolution reads a channels-last input and
+    weight (or a 1x1 one, which is both) and writes channels-last, and every 4-d kernel
+    buffer with an image larger than 1x1 is channels-last, except the graph's outputs."""
+    program = programs(err)[0]
+    returned = program.pop("return")
+    convs = {name: body for name, (_, _, body) in program.items()  # (training: record(...))
+             if re.match(r"extern (minicompile\.runtime\.autograd\.record\(')?"
+                         r"torch\.nn\.functional\.conv2d", body)}
+    assert len(convs) == convolutions, convs
+    for name, body in convs.items():
+        assert is_channels_last(*program[name][:2]), (name, program[name])
+        x, w = re.findall(r"\b(?:buf|arg)\d+\b", body)[:2]
+        assert is_channels_last(*program[x][:2]), (x, program[x])
+        shape, stride, _ = program[w]
+        assert is_channels_last(shape, stride) or shape[2:] == (1, 1), (w, program[w])
+    kernels = [n for n, (shape, _, body) in program.items()
+               if n.startswith("buf") and not body.startswith("extern") and len(shape) == 4
+               and shape[1] > 1 and shape[2] * shape[3] > 1 and n not in returned]
+    assert kernels
+    for name in kernels:
+        assert is_channels_last(*program[name][:2]), (name, program[name])
+
+
+class ConvBnRelu(nn.Module):
+    def __init__(self, cin: int = 4, cout: int = 8) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(cin, cout, 3, padding=1, bias=False)
+        self.bn = nn.BatchNorm2d(cout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(self.bn(self.conv(x)))
+
+
+class Residual(nn.Module):
+    """A ResNet basic block with a 1x1 projection shortcut."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = ConvBnRelu(4, 8)
+        self.conv = nn.Conv2d(8, 8, 3, padding=1, bias=False)
+        self.bn = nn.BatchNorm2d(8)
+        self.shortcut = nn.Conv2d(4, 8, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(self.bn(self.conv(self.a(x))) + self.shortcut(x))
+
+
+def _fresh(model: nn.Module, train: bool) -> tuple[nn.Module, nn.Module]:
+    torch.manual_seed(0)
+    model = model.train(train)
+    with torch.no_grad():  # batch norm statistics that are not the identity
+        for m in model.modules():
+            if isinstance(m, nn.BatchNorm2d):
+                m.running_mean.uniform_(-0.5, 0.5)
+                m.running_var.uniform_(0.5, 2.0)
+                m.weight.uniform_(0.5, 1.5)
+                m.bias.uniform_(-0.5, 0.5)
+    return model, copy.deepcopy(model)
+
+
+def run_inference(model: nn.Module, backend: str, inputs: list[torch.Tensor]) -> None:
+    eager, twin = _fresh(model, False)
+    compiled = minicompile.compile(twin, backend=backend, fullgraph=True)
+    with torch.no_grad():
+        for x in inputs:
+            assert_like_eager(compiled(x), eager(x), rtol=1e-4, atol=1e-4)
+
+
+def run_training(model: nn.Module, backend: str, inputs: list[torch.Tensor]) -> None:
+    eager, twin = _fresh(model, True)
+    compiled = minicompile.compile(twin, backend=backend, fullgraph=True)
+    for x in inputs:
+        x1, x2 = x.clone().requires_grad_(), x.clone().requires_grad_()
+        expected, actual = eager(x1), compiled(x2)
+        assert_like_eager(actual, expected, rtol=1e-4, atol=1e-4)
+        expected.square().mean().backward()
+        actual.square().mean().backward()
+        assert_like_eager(x2.grad, x1.grad, rtol=1e-3, atol=1e-5)
+        for (name, p), q in zip(eager.named_parameters(), twin.parameters()):
+            assert_like_eager(q.grad, p.grad, rtol=1e-3, atol=1e-5)
+        for (name, b), c in zip(eager.named_buffers(), twin.buffers()):
+            torch.testing.assert_close(c, b, rtol=1e-5, atol=1e-6, msg=name)
+        eager.zero_grad()
+        twin.zero_grad()
+
+
+def images(*shapes: tuple[int, ...], channels_last: bool = False) -> list[torch.Tensor]:
+    xs = [torch.randn(shape) for shape in shapes]
+    if channels_last:
+        xs = [x.contiguous(memory_format=torch.channels_last) for x in xs]
+    return xs
+
+
+# -- inference ------------------------------------------------------------------------------
+
+
+def test_conv_bn_relu_runs_channels_last(backend: str, capsys: pytest.CaptureFixture) -> None:
+    with forced():
+        run_inference(ConvBnRelu(), backend, images((2, 4, 8, 8), (2, 4, 8, 8)))
+    err = capsys.readouterr().err
+    assert "channels-last convolutions: layout_opt is 'channels_last'" in err
+    check_channels_last(err, convolutions=1)
+    program = programs(err)[0]
+    # batch norm and ReLU run in the kernel that writes the output in eager's (NCHW)
+    # strides: no separate copy back.
+    (out,) = program["return"]
+    assert program[out][1] == (512, 64, 8, 1)
+    assert "to_eager_layout" in err and minicompile.stats()["kernels"] == 3, program
+
+
+def test_residual_block_runs_channels_last(backend: str, capsys: pytest.CaptureFixture) -> None:
+    with forced():
+        run_inference(Residual(), backend, images((2, 4, 8, 8), (2, 4, 8, 8)))
+    check_channels_last(capsys.readouterr().err, convolutions=3)
+
+
+def test_channels_last_inputs_give_channels_last_outputs(backend: str) -> None:
+    """As eager: a channels-last image in, channels-last out (no copy of the input)."""
+    with forced():
+        run_inference(Residual(), backend, images((2, 4, 8, 8), (3, 4, 8, 8),
+                                                  channels_last=True))
+
+
+def test_a_convolution_returned_directly_is_copied_to_eager_layout(backend: str) -> None:
+    def f(x: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        y = F.conv2d(x, w, padding=1)
+        return y, y[:, :2]
+
+    with forced():
+        compiled = minicompile.compile(f, backend=backend)
+        for _ in range(2):
+            x, w = torch.randn(2, 3, 6, 6), torch.randn(4, 3, 3, 3)
+            for a, e in zip(compiled(x, w), f(x, w)):
+                assert_like_eager(a, e, rtol=1e-5, atol=1e-5)
+                assert a.stride() == e.stride()
+
+
+def test_convolution_of_a_channels_last_input_has_eager_strides(backend: str) -> None:
+    """Without the layout pass too: a convolution's result layout follows its device's
+    rules (CPU: channels-last in, channels-last out), not the meta device's."""
+    def f(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return F.conv2d(x, w, padding=1).relu()
+
+    with config.patch(layout_opt="off"):
+        compiled = minicompile.compile(f, backend=backend)
+        for x in images((2, 3, 8, 8), (2, 3, 8, 8), channels_last=True):
+            w = torch.randn(4, 3, 3, 3)
+            assert_like_eager(compiled(x, w), f(x, w))
+            assert compiled(x, w).stride() == f(x, w).stride()
+
+
+# -- training -------------------------------------------------------------------------------
+
+
+def test_residual_block_trains_channels_last(backend: str, capsys: pytest.CaptureFixture
+                                             ) -> None:
+    with forced():
+        run_training(Residual(), backend, images((2, 4, 8, 8), (2, 4, 8, 8)))
+    err = capsys.readouterr().err
+    check_channels_last(err, convolutions=3)
+    # The backward reads the forward's channels-last values and gives the 3x3 weights'
+    # gradients back in their (eager) layout.
+    backward = err[err.index("forward_backward after passes"):]
+    assert "to_eager_layout" in backward
+
+
+def test_dynamic_batch_compiles_twice(backend: str) -> None:
+    with forced():
+        run_training(ConvBnRelu(), backend, images((2, 4, 8, 8), (3, 4, 8, 8), (5, 4, 8, 8)))
+    assert minicompile.stats()["graphs"] == 2
+
+
+# -- a library model ------------------------------------------------------------------------
+
+
+def _resnet18() -> nn.Module:
+    from model_zoo import MODELS
+
+    return next(c for c in MODELS if c.name == "torchvision_resnet18").build()
+
+
+def test_resnet18_runs_channels_last(backend: str, capsys: pytest.CaptureFixture) -> None:
+    with forced():
+        run_inference(_resnet18(), backend, images((2, 3, 32, 32), (2, 3, 32, 32)))
+    check_channels_last(capsys.readouterr().err, convolutions=20)
+    assert minicompile.stats()["eager_fallbacks"] == 0
+
+
+def test_resnet18_trains_channels_last(capsys: pytest.CaptureFixture) -> None:
+    with forced():
+        run_training(_resnet18(), "cpp", images((2, 3, 32, 32), (2, 3, 32, 32)))
+    check_channels_last(capsys.readouterr().err, convolutions=20)
+    assert minicompile.stats()["graphs"] == 1
+
+
+# -- the decision ---------------------------------------------------------------------------
+
+
+def test_auto_leaves_cpu_graphs_unchanged(capsys: pytest.CaptureFixture) -> None:
+    with config.patch(layout_opt="auto", logs=frozenset({"fusion", "graph"})):
+        run_inference(Residual(), "cpp", images((2, 4, 8, 8), (2, 4, 8, 8)))
+    err = capsys.readouterr().err
+    assert "eager layout: convolutions on CPU keep eager's layout" in err
+    assert "to_channels_last" not in err and "to_eager_layout" not in err
+    program = programs(err)[0]
+    program.pop("return")
+    assert not any(len(shape) == 4 and shape[1] > 1 and shape[2] * shape[3] > 1
+                   and is_channels_last(shape, stride) for shape, stride, _ in program.values())
+
+
+CONV = ops.extern_op(F.conv2d)
+
+
+def conv_graph(device: str, cin: int, cout: int, groups: int = 1, grad: bool = False
+               ) -> object:
+    b = GraphBuilder(device)
+    x = b.input("L_x", (2, cin, 16, 16), torch.bfloat16)
+    w = b.input("L_w", (cout, cin // groups, 3, 3), torch.bfloat16)
+    y = b(CONV, x, w, None, (1, 1), (1, 1), (1, 1), groups)
+    graph = b.output(b("add", y, 1.0))
+    if grad:
+        for node in graph.nodes:
+            if node.meta is not None:
+                node.meta = type(node.meta)(**{**vars(node.meta), "requires_grad": True})
+    return graph
+
+
+@pytest.mark.parametrize(("graph", "mode", "expected"), [
+    (lambda: conv_graph("cuda", 64, 128), "auto", True),
+    (lambda: conv_graph("cpu", 64, 128), "auto", False),
+    (lambda: conv_graph("cpu", 64, 128), "channels_last", True),
+    (lambda: conv_graph("cuda", 64, 128), "off", False),
+    # training graphs: Inductor's refusals
+    (lambda: conv_graph("cuda", 128, 128, groups=2, grad=True), "auto", False),
+    (lambda: conv_graph("cuda", 128, 128, groups=128, grad=True), "auto", True),
+    (lambda: conv_graph("cuda", 256, 64, grad=True), "auto", False),
+    (lambda: conv_graph("cuda", 16, 32, grad=True), "auto", False),
+    # inference: grouped convolutions weighed by their FLOPs
+    (lambda: conv_graph("cuda", 128, 128, groups=2), "auto", False),
+], ids=["cuda", "cpu", "forced", "off", "grouped", "depthwise", "in_out", "small",
+        "grouped_inference"])
+def test_decision(graph: object, mode: str, expected: bool) -> None:
+    use, reason = decide(graph(), mode)  # type: ignore[operator]
+    assert use == expected, reason
+
+
+def test_the_pass_names_its_copies() -> None:
+    graph, reason = optimize_layout(conv_graph("cpu", 4, 8), "channels_last")
+    text = str(graph)
+    assert reason == "channels-last convolutions: layout_opt is 'channels_last'"
+    assert "to_channels_last(%0)" in text and "to_channels_last(%1)" in text
+    assert "to_eager_layout(" in text
+    graph.verify()
+
+
+def test_layout_opt_from_the_environment() -> None:
+    assert from_env({}).layout_opt == "auto"
+    assert from_env({"MINICOMPILE_LAYOUT_OPT": "channels_last"}).layout_opt == "channels_last"
+    with pytest.raises(ValueError, match="MINICOMPILE_LAYOUT_OPT"):
+        from_env({"MINICOMPILE_LAYOUT_OPT": "nhwc"})

@@ -138,6 +138,8 @@ def run_inference(model: nn.Module, backend: str, inputs: list[torch.Tensor]) ->
 
 
 def run_training(model: nn.Module, backend: str, inputs: list[torch.Tensor]) -> None:
+    """Gradients are compared at the scale of the largest one, as in
+    tests/models/test_training_models.py (batch norm on 2 images amplifies rounding)."""
     eager, twin = _fresh(model, True)
     compiled = minicompile.compile(twin, backend=backend, fullgraph=True)
     for x in inputs:
@@ -146,9 +148,11 @@ def run_training(model: nn.Module, backend: str, inputs: list[torch.Tensor]) -> 
         assert_like_eager(actual, expected, rtol=1e-4, atol=1e-4)
         expected.square().mean().backward()
         actual.square().mean().backward()
-        assert_like_eager(x2.grad, x1.grad, rtol=1e-3, atol=1e-5)
-        for (name, p), q in zip(eager.named_parameters(), twin.parameters()):
-            assert_like_eager(q.grad, p.grad, rtol=1e-3, atol=1e-5)
+        pairs = [(x2.grad, x1.grad)] + [(q.grad, p.grad) for p, q in
+                                        zip(eager.parameters(), twin.parameters())]
+        scale = max(e.abs().max().item() for _, e in pairs)
+        for a, e in pairs:
+            assert_like_eager(a, e, rtol=1e-3, atol=1e-4 * scale)
         for (name, b), c in zip(eager.named_buffers(), twin.buffers()):
             torch.testing.assert_close(c, b, rtol=1e-5, atol=1e-6, msg=name)
         eager.zero_grad()
@@ -257,9 +261,9 @@ def test_resnet18_runs_channels_last(backend: str, capsys: pytest.CaptureFixture
     assert minicompile.stats()["eager_fallbacks"] == 0
 
 
-def test_resnet18_trains_channels_last(capsys: pytest.CaptureFixture) -> None:
+def test_resnet18_trains_channels_last(backend: str, capsys: pytest.CaptureFixture) -> None:
     with forced():
-        run_training(_resnet18(), "cpp", images((2, 3, 32, 32), (2, 3, 32, 32)))
+        run_training(_resnet18(), backend, images((2, 3, 64, 64), (2, 3, 64, 64)))
     check_channels_last(capsys.readouterr().err, convolutions=20)
     assert minicompile.stats()["graphs"] == 1
 

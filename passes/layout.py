@@ -40,6 +40,11 @@ from minicompile.errors import Unsupported
 from minicompile.graph import Graph, Node, TensorMeta, flatten_nodes, map_nodes
 
 CONV2D = frozenset({"torch.nn.functional.conv2d", "torch.conv2d"})
+# Library calls whose values depend on their argument's strides, not only on its values:
+# given a channels-last tensor where eager has a contiguous one, they would compute
+# something else, so a graph that feeds one a moved value keeps eager's layout.
+READS_STRIDES = frozenset({"torch.as_strided", "torch.Tensor.as_strided", "torch.Tensor.view",
+                           "torch.Tensor.data_ptr", "torch.Tensor.stride"})
 CHANNELS_LAST = (0, 2, 3, 1)
 # Inductor's measured channels-last speedups (time ratio, < 1 faster) of convolution kinds
 # in inference, weighted by each kind's share of the graph's FLOPs.
@@ -182,7 +187,10 @@ class _Rewrite:
             args = (self.channels_last(args[0], node.stack),
                     self.channels_last(args[1], node.stack), *args[2:])
         meta = node.meta
-        if convolution or any(a in self.moved for a in flatten_nodes((args, kwargs))):
+        moved = any(a in self.moved for a in flatten_nodes((args, kwargs)))
+        if moved and node.target in READS_STRIDES:
+            raise Unsupported(f"{node.target} reads the strides of a value that moved")
+        if convolution or moved:
             device = _metas(meta)[0].device
             inferred = ops.infer_meta(node.target, args, kwargs, device, self.graph.shapes)
             meta = tuple(dataclasses.replace(m, requires_grad=old.requires_grad)

@@ -210,6 +210,21 @@ def test_a_convolution_returned_directly_is_copied_to_eager_layout(backend: str)
                 assert a.stride() == e.stride()
 
 
+def test_a_call_that_reads_strides_keeps_eager_layout(capsys: pytest.CaptureFixture) -> None:
+    """as_strided of a convolution's result reads its memory: the graph keeps eager's
+    layout (a channels-last result would give other values)."""
+    def f(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return torch.as_strided(F.conv2d(x, w, padding=1), (2, 8), (1, 2)) * 2
+
+    with forced():
+        compiled = minicompile.compile(f, backend="cpp")
+        for _ in range(2):
+            x, w = torch.randn(2, 3, 6, 6), torch.randn(4, 3, 3, 3)
+            assert_like_eager(compiled(x, w), f(x, w))
+    assert "eager layout: could not lay the graph out channels-last (torch.as_strided reads" in (
+        capsys.readouterr().err)
+
+
 def test_convolution_of_a_channels_last_input_has_eager_strides(backend: str) -> None:
     """Without the layout pass too: a convolution's result layout follows its device's
     rules (CPU: channels-last in, channels-last out), not the meta device's."""

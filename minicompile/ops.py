@@ -159,17 +159,21 @@ OPS["to_dtype"] = OpDef("to_dtype", "cast", _to_dtype)
 OPS["detach"] = OpDef("detach", "copy", torch.detach)
 
 
-def _relayout(x: torch.Tensor, order: tuple[int, ...]) -> torch.Tensor:
-    return torch.empty_permuted(x.shape, order, dtype=x.dtype, device=x.device).copy_(x)
+def _to_channels_last(x: torch.Tensor) -> torch.Tensor:
+    return torch.empty_permuted(x.shape, (0, 2, 3, 1), dtype=x.dtype,
+                                device=x.device).copy_(x)
+
+
+def _to_strides(x: torch.Tensor, stride: tuple) -> torch.Tensor:
+    return torch.empty_strided(x.shape, stride, dtype=x.dtype, device=x.device).copy_(x)
 
 
 # Copies the layout pass inserts (passes/layout.py), never captured: x's values in new
-# memory that holds its dims in another order.  to_channels_last(x): the NHWC order
-# ``(0, 2, 3, 1)`` a convolution runs fastest in; to_eager_layout(x, order): the order
-# (outermost dim first) eager gives a graph output or a gradient.
-OPS["to_channels_last"] = OpDef("to_channels_last", "copy",
-                                lambda x: _relayout(x, (0, 2, 3, 1)))
-OPS["to_eager_layout"] = OpDef("to_eager_layout", "copy", _relayout)
+# memory laid out otherwise.  to_channels_last(x): the NHWC order a convolution runs
+# fastest in; to_eager_layout(x, stride): the strides eager gives a graph output or a
+# gradient.
+OPS["to_channels_last"] = OpDef("to_channels_last", "copy", _to_channels_last)
+OPS["to_eager_layout"] = OpDef("to_eager_layout", "copy", _to_strides)
 for _name, _fn in VIEW.items():
     OPS[_name] = OpDef(_name, "view", _fn)
 

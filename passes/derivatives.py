@@ -24,7 +24,7 @@ import torch
 
 from minicompile.graph import Node
 
-from minicompile.passes.layout import same_layout, stride_order
+from minicompile.passes.layout import overlaps, plain, same_layout
 
 Rule = Callable[..., tuple]
 
@@ -186,10 +186,9 @@ def _copy_back(d: Any, node: Node, g: Node) -> tuple:
     """The gradient goes back in its input's layout (a weight's, as eager gives it)."""
     x = node.args[0]
     hints = d.graph.shapes.hints if d.graph.shapes is not None else {}
-    order = stride_order(x.meta, hints)
-    if order is None or same_layout(g.meta, x.meta):
+    if overlaps(x.meta, hints) or same_layout(g.meta, x.meta):
         return (g, None)
-    return (d("to_eager_layout", g, order), None)
+    return (d("to_eager_layout", g, plain(x.meta.stride)), None)
 
 
 # -- views ------------------------------------------------------------------------------------

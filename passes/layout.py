@@ -135,16 +135,22 @@ def dense_strides(shape: tuple, order: tuple[int, ...]) -> tuple:
     return tuple(stride)
 
 
-def stride_order(meta: TensorMeta, hints: dict) -> tuple[int, ...] | None:
-    """The dim order (outermost first) that gives ``meta`` its strides exactly, or None
-    when no dense layout does (an overlapping or sliced view)."""
-    keys = [(-_number(st, hints), -_number(n, hints), d)
-            for d, (n, st) in enumerate(zip(meta.shape, meta.stride))]
-    order = tuple(d for *_, d in sorted(keys))
-    strides = dense_strides(meta.shape, order)
-    if all(sympy.expand(a - b) == 0 for a, b in zip(strides, meta.stride)):
-        return order
-    return None
+def plain(stride: tuple) -> tuple:
+    """Strides as a call's argument: ints, sympy expressions where symbolic."""
+    return tuple(int(s) if sympy.sympify(s).is_Integer else s for s in stride)
+
+
+def overlaps(meta: TensorMeta, hints: dict) -> bool:
+    """Whether two elements of ``meta``'s layout share memory (an expanded view): no copy
+    can be written in those strides."""
+    dims = sorted((d for d, n in enumerate(meta.shape) if _number(n, hints) != 1),
+                  key=lambda d: (_number(meta.stride[d], hints), _number(meta.shape[d], hints)))
+    span = 1
+    for d in dims:
+        if _number(meta.stride[d], hints) < span:
+            return True
+        span = _number(meta.stride[d], hints) * _number(meta.shape[d], hints)
+    return False
 
 
 def same_layout(a: TensorMeta, b: TensorMeta) -> bool:
@@ -221,11 +227,10 @@ class _Rewrite:
         the kernel that computes it)."""
         if new not in self.moved:
             return new
-        order = stride_order(old.meta, self.hints)
-        if order is None:
-            raise Unsupported(f"output {old!r} has strides {tuple(old.meta.stride)} that "
-                              "no dense layout gives")
-        return self.copy("to_eager_layout", (new, order), old.stack)
+        if overlaps(old.meta, self.hints):
+            raise Unsupported(f"output {old!r} is an expanded view (strides "
+                              f"{tuple(old.meta.stride)}) of a value that moved")
+        return self.copy("to_eager_layout", (new, plain(old.meta.stride)), old.stack)
 
 
 def optimize_layout(graph: Graph, mode: str) -> tuple[Graph, str]:

@@ -196,10 +196,15 @@ def test_channels_last_inputs_give_channels_last_outputs(backend: str) -> None:
                                                   channels_last=True))
 
 
-def test_a_convolution_returned_directly_is_copied_to_eager_layout(backend: str) -> None:
-    def f(x: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def test_a_convolution_returned_directly_is_copied_to_eager_layout(
+    backend: str, capsys: pytest.CaptureFixture
+) -> None:
+    """The convolution's result, a slice of it (rebuilt as a view of the first output, as
+    eager's) and its ReLU come back in eager's strides: two copies back, the ReLU's in
+    the ReLU's kernel."""
+    def f(x: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, ...]:
         y = F.conv2d(x, w, padding=1)
-        return y, y[:, :2]
+        return y, y[:, :2], y.relu()
 
     with forced():
         compiled = minicompile.compile(f, backend=backend)
@@ -208,6 +213,9 @@ def test_a_convolution_returned_directly_is_copied_to_eager_layout(backend: str)
             for a, e in zip(compiled(x, w), f(x, w)):
                 assert_like_eager(a, e, rtol=1e-5, atol=1e-5)
                 assert a.stride() == e.stride()
+    err = capsys.readouterr().err
+    assert "channels-last convolutions" in err and "could not" not in err
+    assert err.count("= to_eager_layout(") == 2
 
 
 def test_a_call_that_reads_strides_keeps_eager_layout(capsys: pytest.CaptureFixture) -> None:

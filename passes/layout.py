@@ -13,7 +13,10 @@ kernel each way.  Like Inductor's ``layout_optimization``, this pass decides onc
   stride order, so batch norm, ReLU and residual adds read and write channels-last, and
   so do pooling calls;
 - each graph output whose layout changed is copied back to the strides eager gives it
-  (``to_eager_layout``), a copy lowering fuses into the kernel that computes the output.
+  (``to_eager_layout``), a copy lowering fuses into the kernel that computes the output;
+  so is the argument of a random call (dropout fills its mask in memory order: eager's
+  layout gives eager's draws for a seed).  A library call that reads its argument's
+  strides (``as_strided``) keeps the whole graph in eager's layout.
 
 The decision (``cfg.layout_opt``): ``"off"``; ``"channels_last"`` for any graph with a 2-d
 convolution (how the CPU tests force it); ``"auto"`` (default) only for convolutions on
@@ -169,7 +172,9 @@ class _Rewrite:
         self.new = Graph(graph.name, graph.shapes, graph.derived)
         self.hints = graph.shapes.hints if graph.shapes is not None else {}
         self.moved: set[Node] = set()  # new nodes whose layout differs from the original's
+        self.original: dict[Node, Node] = {}  # new node -> the node it stands for
         self.copies: dict[tuple, Node] = {}
+        self.convs = set(convolutions(graph))
 
     def copy(self, op: str, args: tuple, stack: tuple) -> Node:
         """``op`` (a layout copy) of ``args``, once per value and order."""
@@ -196,6 +201,10 @@ class _Rewrite:
         moved = any(a in self.moved for a in flatten_nodes((args, kwargs)))
         if moved and node.target in READS_STRIDES:
             raise Unsupported(f"{node.target} reads the strides of a value that moved")
+        if moved and node.target in ops.RANDOM_EXTERNS:
+            # The generator fills a result in memory order: eager's layout, eager's draws.
+            args, kwargs = map_nodes((args, kwargs), self.eager_layout)
+            moved = False
         if convolution or moved:
             device = _metas(meta)[0].device
             inferred = ops.infer_meta(node.target, args, kwargs, device, self.graph.shapes)
@@ -203,13 +212,13 @@ class _Rewrite:
                          for m, old in zip(_metas(inferred), _metas(node.meta)))
             meta = meta if isinstance(node.meta, tuple) else meta[0]
         new = self.new.call(node.target, args, kwargs, meta, node.stack)
+        self.original[new] = node
         if any(tuple(m.stride) != tuple(old.stride)
                for m, old in zip(_metas(meta), _metas(node.meta))):
             self.moved.add(new)
         return new
 
     def run(self) -> Graph:
-        self.convs = set(convolutions(self.graph))
         env: dict[Node, Node] = {}
         for node in self.graph.nodes:
             if node.op == "placeholder":
@@ -218,15 +227,15 @@ class _Rewrite:
                 remap = lambda v: map_nodes(v, lambda n: env[n])  # noqa: E731
                 env[node] = self.call(node, remap(node.args), remap(node.kwargs))
             else:
-                self.new.output(tuple(self.eager_layout(out, env[out])
-                                      for out in node.args[0]))
+                self.new.output(tuple(self.eager_layout(env[out]) for out in node.args[0]))
         return self.new
 
-    def eager_layout(self, old: Node, new: Node) -> Node:
-        """A graph output in the strides eager gives it: copied back where it moved (in
-        the kernel that computes it)."""
+    def eager_layout(self, new: Node) -> Node:
+        """A value in the strides eager gives it (a graph output, a random call's
+        argument): copied back where it moved (in the kernel that computes it)."""
         if new not in self.moved:
             return new
+        old = self.original[new]
         if overlaps(old.meta, self.hints):
             raise Unsupported(f"output {old!r} is an expanded view (strides "
                               f"{tuple(old.meta.stride)}) of a value that moved")

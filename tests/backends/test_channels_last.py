@@ -248,6 +248,28 @@ def test_convolution_of_a_channels_last_input_has_eager_strides(backend: str) ->
             assert compiled(x, w).stride() == f(x, w).stride()
 
 
+def conv_relu(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    return F.conv2d(x, w, padding=1).relu()
+
+
+def test_warm_entries_keep_their_layout(tmp_path: object, backend: str) -> None:
+    """A new process (a fresh wrapper after reset) loads the channels-last entry; one made
+    with another layout_opt compiles its own."""
+    stats = []
+    with config.patch(warm_entries=True, cache_dir=tmp_path, layout_opt="channels_last"):
+        for layout_opt in ("channels_last", "channels_last", "off"):
+            minicompile.reset()
+            with config.patch(layout_opt=layout_opt):
+                compiled = minicompile.compile(conv_relu, backend=backend)
+            for _ in range(2):
+                x, w = torch.randn(2, 3, 8, 8), torch.randn(4, 3, 3, 3)
+                assert_like_eager(compiled(x, w), conv_relu(x, w))
+                assert compiled(x, w).stride() == conv_relu(x, w).stride()
+            stats.append(minicompile.stats())
+    assert [s["frames"] for s in stats] == [1, 0, 1], stats
+    assert stats[1]["kernels"] == stats[0]["kernels"] > stats[2]["kernels"], stats
+
+
 # -- training -------------------------------------------------------------------------------
 
 

@@ -1,4 +1,5 @@
-"""Channels-last convolutions (passes/layout.py), forced on for CPU tensors.
+"""Channels-last convolutions (passes/layout.py), forced on: CPU tensors, and CUDA ones
+for the Triton backend on a machine with a GPU.
 
 Every compiled call is compared with eager on values and strides (outputs, and the
 gradients of inputs and parameters), twice with fresh inputs; the loop program printed by
@@ -22,7 +23,16 @@ from minicompile import config, ops
 from minicompile.config import from_env
 from minicompile.passes.layout import decide, optimize_layout
 
+from devices import device_for
 from graph_builder import GraphBuilder
+
+
+@pytest.fixture(autouse=True)
+def _no_tf32() -> object:
+    """cuDNN's float32 convolutions in float32 (no TF32) on the GPU: NCHW and NHWC kernels
+    then agree to float32 rounding, as on the CPU."""
+    with torch.backends.cudnn.flags(enabled=torch.backends.cudnn.enabled, allow_tf32=False):
+        yield
 
 
 def forced() -> object:
@@ -117,9 +127,9 @@ class Residual(nn.Module):
         return torch.relu(self.bn(self.conv(self.a(x))) + self.shortcut(x))
 
 
-def _fresh(model: nn.Module, train: bool) -> tuple[nn.Module, nn.Module]:
+def _fresh(model: nn.Module, train: bool, backend: str) -> tuple[nn.Module, nn.Module]:
     torch.manual_seed(0)
-    model = model.train(train)
+    model = model.train(train).to(device_for(backend))
     with torch.no_grad():  # batch norm statistics that are not the identity
         for m in model.modules():
             if isinstance(m, nn.BatchNorm2d):
@@ -131,7 +141,8 @@ def _fresh(model: nn.Module, train: bool) -> tuple[nn.Module, nn.Module]:
 
 
 def run_inference(model: nn.Module, backend: str, inputs: list[torch.Tensor]) -> None:
-    eager, twin = _fresh(model, False)
+    eager, twin = _fresh(model, False, backend)
+    inputs = [x.to(device_for(backend)) for x in inputs]
     compiled = minicompile.compile(twin, backend=backend, fullgraph=True)
     with torch.no_grad():
         for x in inputs:
@@ -141,7 +152,8 @@ def run_inference(model: nn.Module, backend: str, inputs: list[torch.Tensor]) ->
 def run_training(model: nn.Module, backend: str, inputs: list[torch.Tensor]) -> None:
     """Gradients are compared at the scale of the largest one, as in
     tests/models/test_training_models.py (batch norm on 2 images amplifies rounding)."""
-    eager, twin = _fresh(model, True)
+    eager, twin = _fresh(model, True, backend)
+    inputs = [x.to(device_for(backend)) for x in inputs]
     compiled = minicompile.compile(twin, backend=backend, fullgraph=True)
     for x in inputs:
         x1, x2 = x.clone().requires_grad_(), x.clone().requires_grad_()
@@ -210,7 +222,8 @@ def test_a_convolution_returned_directly_is_copied_to_eager_layout(
     with forced():
         compiled = minicompile.compile(f, backend=backend)
         for _ in range(2):
-            x, w = torch.randn(2, 3, 6, 6), torch.randn(4, 3, 3, 3)
+            x, w = (torch.randn(shape, device=device_for(backend))
+                    for shape in ((2, 3, 6, 6), (4, 3, 3, 3)))
             for a, e in zip(compiled(x, w), f(x, w)):
                 assert_like_eager(a, e, rtol=1e-5, atol=1e-5)
                 assert a.stride() == e.stride()
@@ -243,7 +256,7 @@ def test_convolution_of_a_channels_last_input_has_eager_strides(backend: str) ->
     with config.patch(layout_opt="off"):
         compiled = minicompile.compile(f, backend=backend)
         for x in images((2, 3, 8, 8), (2, 3, 8, 8), channels_last=True):
-            w = torch.randn(4, 3, 3, 3)
+            x, w = x.to(device_for(backend)), torch.randn(4, 3, 3, 3, device=device_for(backend))
             assert_like_eager(compiled(x, w), f(x, w))
             assert compiled(x, w).stride() == f(x, w).stride()
 
@@ -262,7 +275,8 @@ def test_warm_entries_keep_their_layout(tmp_path: object, backend: str) -> None:
             with config.patch(layout_opt=layout_opt):
                 compiled = minicompile.compile(conv_relu, backend=backend)
             for _ in range(2):
-                x, w = torch.randn(2, 3, 8, 8), torch.randn(4, 3, 3, 3)
+                x, w = (torch.randn(shape, device=device_for(backend))
+                        for shape in ((2, 3, 8, 8), (4, 3, 3, 3)))
                 assert_like_eager(compiled(x, w), conv_relu(x, w))
                 assert compiled(x, w).stride() == conv_relu(x, w).stride()
             stats.append(minicompile.stats())
@@ -297,11 +311,11 @@ def test_dropout_draws_eager_masks(backend: str, capsys: pytest.CaptureFixture) 
         def forward(self, x: torch.Tensor) -> torch.Tensor:
             return self.b(self.drop(self.a(x)))
 
-    eager, twin = _fresh(Net(), True)
+    eager, twin = _fresh(Net(), True, backend)
     with forced():
         compiled = minicompile.compile(twin, backend=backend, fullgraph=True)
         for seed in (1, 2):
-            x = torch.randn(2, 4, 8, 8)
+            x = torch.randn(2, 4, 8, 8, device=device_for(backend))
             torch.manual_seed(seed)
             expected = eager(x)
             torch.manual_seed(seed)
@@ -354,6 +368,19 @@ def test_auto_leaves_cpu_graphs_unchanged(capsys: pytest.CaptureFixture) -> None
     program.pop("return")
     assert not any(len(shape) == 4 and shape[1] > 1 and shape[2] * shape[3] > 1
                    and is_channels_last(shape, stride) for shape, stride, _ in program.values())
+
+
+def test_auto_follows_the_device(backend: str, capsys: pytest.CaptureFixture) -> None:
+    """"auto": channels-last for CUDA tensors (the Triton backend on a GPU), eager's layout
+    for CPU ones."""
+    with config.patch(layout_opt="auto", logs=frozenset({"fusion", "graph"})):
+        run_inference(Residual(), backend, images((2, 4, 8, 8), (2, 4, 8, 8)))
+    err = capsys.readouterr().err
+    if device_for(backend).type == "cuda":
+        assert "channels-last convolutions: convolutions on CUDA run faster" in err
+        check_channels_last(err, convolutions=3)
+    else:
+        assert "eager layout: convolutions on CPU keep eager's layout" in err
 
 
 CONV = ops.extern_op(F.conv2d)

@@ -300,11 +300,11 @@ def cat_arguments(node: Node) -> tuple[list[Node], int] | None:
 # fake tensors of the real device, where PyTorch makes the choice the kernel will make.
 ATTENTION = frozenset({"torch.nn.functional.scaled_dot_product_attention",
                        "torch._C._nn.scaled_dot_product_attention"})
-# Convolutions: on CPU and CUDA a channels-last input (CUDA: or weight) gives a
-# channels-last result; the meta device's rule always gives a contiguous one.
+DEVICE_RULES = ATTENTION
+# Convolutions: the meta device's rule always gives a contiguous result; the CPU and CUDA
+# kernels give a channels-last one when the input or the weight is (see _conv_layout).
 CONVOLUTIONS = frozenset(f"{prefix}.conv{n}d" for prefix in ("torch.nn.functional", "torch")
                          for n in (1, 2, 3))
-DEVICE_RULES = ATTENTION | CONVOLUTIONS
 _device_fake_mode: list = []
 
 
@@ -315,6 +315,24 @@ def device_fake_mode() -> Any:
 
         _device_fake_mode.append(FakeTensorMode(allow_non_fake_inputs=True))
     return _device_fake_mode[0]
+
+
+def _conv_layout(out: Any, args: tuple, kwargs: dict[str, Any]) -> Any:
+    """A convolution's result in the memory format PyTorch's CPU and CUDA kernels give it
+    (``_conv_determine_backend_memory_format``: cuDNN's, mkldnn's and the slow kernels'
+    rule): channels-last (3d) when the input or the weight suggests it.  On fake tensors of
+    the real device PyTorch asks the same question, but a fake-tensor mode imports
+    torch._dynamo (most of a second of a cold start)."""
+    from torch._prims_common import suggest_memory_format
+
+    tensors = [*args[:2], kwargs.get("input"), kwargs.get("weight")]
+    for fmt, ndim in ((torch.channels_last, 4), (torch.channels_last_3d, 5)):
+        if isinstance(out, torch.Tensor) and out.ndim == ndim and any(
+            isinstance(t, torch.Tensor) and t.ndim == ndim and suggest_memory_format(t) == fmt
+            for t in tensors
+        ):
+            return out.contiguous(memory_format=fmt)
+    return out
 
 
 def _on_device(v: TensorMeta) -> torch.Tensor:
@@ -432,8 +450,7 @@ def infer_meta(
             return slice(fake(v.start), fake(v.stop), fake(v.step))
         return v
 
-    by_device = name in DEVICE_RULES and (
-        device.type == "cuda" or (name in CONVOLUTIONS and device.type == "cpu"))
+    by_device = name in DEVICE_RULES and device.type == "cuda"
     moved = [v for v in (*args, *kwargs.values()) if isinstance(v, torch.device)]
     if moved:  # a copy to another device: computed on the meta device, placed after
         device = moved[0]
@@ -441,7 +458,10 @@ def infer_meta(
     if shapes is None:
         _check_devices(name, (*args, *kwargs.values()))
         with device_fake_mode() if by_device else contextlib.nullcontext():
-            out = run_eager(name, fake(args), {k: fake(v) for k, v in kwargs.items()})
+            fake_args, fake_kwargs = fake(args), {k: fake(v) for k, v in kwargs.items()}
+            out = run_eager(name, fake_args, fake_kwargs)
+        if name in CONVOLUTIONS:
+            out = _conv_layout(out, fake_args, fake_kwargs)
         if OPS[name].family in _CHECKED_ON_VALUES:
             _check_on_values(name, args, kwargs)
     else:

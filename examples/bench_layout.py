@@ -4,7 +4,10 @@
 
 Prints eager, torch.compile and minicompile with ``layout_opt`` "off" and "auto" (which
 runs the convolutions channels-last on CUDA, passes/layout.py), each checked against
-eager first; times are medians from ``triton.testing.do_bench``, in milliseconds.
+eager first; times are medians from ``triton.testing.do_bench``, in milliseconds, and
+beside them the copies (``aten::copy_``) one call makes: a library call whose result
+comes in other strides than minicompile's rules said is copied (``with_layout``), and
+there should be none.
 """
 
 from __future__ import annotations
@@ -36,7 +39,10 @@ def main() -> None:
             rows.append((f"minicompile layout_opt={mode} ({kernels} kernels)", compiled))
         for name, fn in rows:
             ms = median_seconds(lambda fn=fn: fn(images), True) * 1e3
-            print(f"{name:48} {ms:8.3f} ms")
+            with torch.profiler.profile() as prof:
+                fn(images)
+            copies = sum(e.name == "aten::copy_" for e in prof.events())
+            print(f"{name:48} {ms:8.3f} ms {copies:4d} copies")
 
 
 if __name__ == "__main__":

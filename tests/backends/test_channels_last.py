@@ -299,6 +299,13 @@ def test_residual_block_trains_channels_last(backend: str, capsys: pytest.Captur
     assert "to_eager_layout" in backward
 
 
+def test_channels_last_inputs_train(backend: str) -> None:
+    """Channels-last images in: output and input gradient channels-last, as eager's."""
+    with forced():
+        run_training(Residual(), backend, images((2, 4, 8, 8), (2, 4, 8, 8),
+                                                 channels_last=True))
+
+
 def test_dropout_draws_eager_masks(backend: str, capsys: pytest.CaptureFixture) -> None:
     """Dropout fills its mask in memory order: it gets its input in eager's layout, so a
     seed gives eager's masks; the convolutions around it stay channels-last."""

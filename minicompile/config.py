@@ -19,6 +19,8 @@ LOG_PARTS = (
     "cudagraphs", "perf", "cache",
 )
 
+LAYOUT_OPTS = ("auto", "channels_last", "off")
+
 
 def _flag(value: str | None) -> bool:
     return (value or "").strip().lower() in ("1", "true", "yes", "on")
@@ -66,6 +68,10 @@ class Config:
     # Processes that build kernels at once (C++ libraries of a graph, Triton kernels
     # warmed before their first launch); MINICOMPILE_COMPILE_THREADS, default the CPUs.
     compile_threads: int = max(1, os.cpu_count() or 1)
+    # Run 2-d convolutions and the pointwise work around them channels-last
+    # (passes/layout.py): "auto" on CUDA where Inductor's heuristics expect it to be faster,
+    # "channels_last" always, "off" never.  MINICOMPILE_LAYOUT_OPT.
+    layout_opt: str = "auto"
 
     def logging(self, part: str) -> bool:
         """Whether ``part`` (one of LOG_PARTS) should be printed."""
@@ -93,6 +99,12 @@ def from_env(env: dict[str, str] | os._Environ = os.environ) -> Config:
     if env.get("MINICOMPILE_COMPILE_THREADS", "").strip():
         threads = int(env["MINICOMPILE_COMPILE_THREADS"])
         cfg = dataclasses.replace(cfg, compile_threads=max(1, threads))
+    if env.get("MINICOMPILE_LAYOUT_OPT", "").strip():
+        layout_opt = env["MINICOMPILE_LAYOUT_OPT"].strip().lower()
+        if layout_opt not in LAYOUT_OPTS:
+            raise ValueError(f"MINICOMPILE_LAYOUT_OPT: {layout_opt!r} is not one of "
+                             f"{', '.join(LAYOUT_OPTS)}")
+        cfg = dataclasses.replace(cfg, layout_opt=layout_opt)
     if "MINICOMPILE_CACHE_DIR" in env:
         cfg = dataclasses.replace(cfg, cache_dir=Path(env["MINICOMPILE_CACHE_DIR"]))
     if "MINICOMPILE_TRACE_DIR" in env:

@@ -211,8 +211,8 @@ class Lowering:
         origins = tuple(dict.fromkeys(o for a in tensor_args for o in self.values[a].origins))
         origins += (node,)
 
-        if family == "copy":  # contiguous(): the same values, realized in row-major order
-            (x,) = node.args
+        if family == "copy":  # the same values, realized in the node's layout (contiguous():
+            x = node.args[0]  # row-major; the layout copies of passes/layout.py: theirs)
             return Value(shape, out_dtype, broadcast_to(self.values[x], shape), origins=origins)
 
         if family == "cast":

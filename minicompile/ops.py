@@ -157,6 +157,23 @@ OPS["contiguous"] = OpDef("contiguous", "copy", lambda x: x.contiguous())
 OPS["to_dtype"] = OpDef("to_dtype", "cast", _to_dtype)
 # detach(x): x's values, through which no gradient flows (the max that softmax subtracts).
 OPS["detach"] = OpDef("detach", "copy", torch.detach)
+
+
+def _to_channels_last(x: torch.Tensor) -> torch.Tensor:
+    return torch.empty_permuted(x.shape, (0, 2, 3, 1), dtype=x.dtype,
+                                device=x.device).copy_(x)
+
+
+def _to_strides(x: torch.Tensor, stride: tuple) -> torch.Tensor:
+    return torch.empty_strided(x.shape, stride, dtype=x.dtype, device=x.device).copy_(x)
+
+
+# Copies the layout pass inserts (passes/layout.py), never captured: x's values in new
+# memory laid out otherwise.  to_channels_last(x): the NHWC order a convolution runs
+# fastest in; to_eager_layout(x, stride): the strides eager gives a graph output or a
+# gradient.
+OPS["to_channels_last"] = OpDef("to_channels_last", "copy", _to_channels_last)
+OPS["to_eager_layout"] = OpDef("to_eager_layout", "copy", _to_strides)
 for _name, _fn in VIEW.items():
     OPS[_name] = OpDef(_name, "view", _fn)
 
@@ -284,6 +301,10 @@ def cat_arguments(node: Node) -> tuple[list[Node], int] | None:
 ATTENTION = frozenset({"torch.nn.functional.scaled_dot_product_attention",
                        "torch._C._nn.scaled_dot_product_attention"})
 DEVICE_RULES = ATTENTION
+# Convolutions: the meta device's rule always gives a contiguous result; the CPU and CUDA
+# kernels give a channels-last one when the input or the weight is (see _conv_layout).
+CONVOLUTIONS = frozenset(f"{prefix}.conv{n}d" for prefix in ("torch.nn.functional", "torch")
+                         for n in (1, 2, 3))
 _device_fake_mode: list = []
 
 
@@ -294,6 +315,24 @@ def device_fake_mode() -> Any:
 
         _device_fake_mode.append(FakeTensorMode(allow_non_fake_inputs=True))
     return _device_fake_mode[0]
+
+
+def _conv_layout(out: Any, args: tuple, kwargs: dict[str, Any]) -> Any:
+    """A convolution's result in the memory format PyTorch's CPU and CUDA kernels give it
+    (``_conv_determine_backend_memory_format``: cuDNN's, mkldnn's and the slow kernels'
+    rule): channels-last (3d) when the input or the weight suggests it.  On fake tensors of
+    the real device PyTorch asks the same question, but a fake-tensor mode imports
+    torch._dynamo (most of a second of a cold start)."""
+    from torch._prims_common import suggest_memory_format
+
+    tensors = [*args[:2], kwargs.get("input"), kwargs.get("weight")]
+    for fmt, ndim in ((torch.channels_last, 4), (torch.channels_last_3d, 5)):
+        if isinstance(out, torch.Tensor) and out.ndim == ndim and any(
+            isinstance(t, torch.Tensor) and t.ndim == ndim and suggest_memory_format(t) == fmt
+            for t in tensors
+        ):
+            return out.contiguous(memory_format=fmt)
+    return out
 
 
 def _on_device(v: TensorMeta) -> torch.Tensor:
@@ -370,7 +409,10 @@ def infer_meta(
     if shapes is None:
         _check_devices(name, (*args, *kwargs.values()))
         with device_fake_mode() if by_device else contextlib.nullcontext():
-            out = run_eager(name, fake(args), {k: fake(v) for k, v in kwargs.items()})
+            fake_args, fake_kwargs = fake(args), {k: fake(v) for k, v in kwargs.items()}
+            out = run_eager(name, fake_args, fake_kwargs)
+        if name in CONVOLUTIONS:
+            out = _conv_layout(out, fake_args, fake_kwargs)
         if OPS[name].family in _CHECKED_ON_VALUES:
             _check_on_values(name, args, kwargs)
     else:

@@ -24,6 +24,8 @@ import torch
 
 from minicompile.graph import Node
 
+from minicompile.passes.layout import overlaps, plain, same_layout
+
 Rule = Callable[..., tuple]
 
 
@@ -180,6 +182,15 @@ def _contiguous(d: Any, node: Node, g: Node) -> tuple:
     return (g,)
 
 
+def _copy_back(d: Any, node: Node, g: Node) -> tuple:
+    """The gradient goes back in its input's layout (a weight's, as eager gives it)."""
+    x = node.args[0]
+    hints = d.graph.shapes.hints if d.graph.shapes is not None else {}
+    if overlaps(x.meta, hints) or same_layout(g.meta, x.meta):
+        return (g, None)
+    return (d("to_eager_layout", g, plain(x.meta.stride)), None)
+
+
 # -- views ------------------------------------------------------------------------------------
 
 
@@ -302,6 +313,8 @@ RULES: dict[str, Rule] = {
     "where": _where,
     "to_dtype": _to_dtype,
     "contiguous": _contiguous,
+    "to_channels_last": _copy_back,
+    "to_eager_layout": _copy_back,
     "permute": _permute,
     "expand": _expand,
     "unsqueeze": _reshape_back,

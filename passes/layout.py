@@ -1,0 +1,255 @@
+"""Layout optimization: convolutions run channels-last where that is faster.
+
+cuDNN's fast convolutions (tensor cores) read and write channels-last (NHWC) memory; given
+eager's contiguous (NCHW) tensors it transposes every input and output itself, one extra
+kernel each way.  Like Inductor's ``layout_optimization``, this pass decides once per graph
+(:func:`decide`) and then rewrites the graph (:func:`optimize_layout`):
+
+- each 2-d convolution reads a channels-last input and weight: a ``to_channels_last`` node
+  copies them where they are not already (a weight every call, as Inductor without freezing; a
+  1x1 weight already is), so the convolution returns channels-last;
+- every node after it takes the layout PyTorch's own rules give it from its now
+  channels-last inputs (its meta is inferred again): pointwise ops keep their input's
+  stride order, so batch norm, ReLU and residual adds read and write channels-last, and
+  so do pooling calls;
+- each graph output whose layout changed is copied back to the strides eager gives it
+  (``to_eager_layout``), a copy lowering fuses into the kernel that computes the output;
+  so is the argument of a random call (dropout fills its mask in memory order: eager's
+  layout gives eager's draws for a seed).  A library call that reads its argument's
+  strides (``as_strided``) keeps the whole graph in eager's layout.
+
+The decision (``cfg.layout_opt``): ``"off"``; ``"channels_last"`` for any graph with a 2-d
+convolution (how the CPU tests force it); ``"auto"`` (default) only for convolutions on
+CUDA, with Inductor's heuristics against the cases where cuDNN's channels-last kernels are
+slower (grouped convolutions with several channels per group, more input than output
+channels, only small convolutions, few convolutions in a large graph).  On CPU "auto"
+keeps eager's layout (mkldnn's preferences differ).
+
+Runs on the prim graph before the backward is derived, so the backward graph sees
+channels-last saved values and PyTorch's convolution backward gets channels-last
+gradients; a copy's own gradient goes back to its input's layout.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import sympy
+
+from minicompile import ops
+from minicompile.config import LAYOUT_OPTS as MODES
+from minicompile.errors import Unsupported
+from minicompile.graph import Graph, Node, TensorMeta, flatten_nodes, map_nodes
+
+CONV2D = frozenset({"torch.nn.functional.conv2d", "torch.conv2d"})
+# Library calls whose values depend on their argument's strides, not only on its values:
+# given a channels-last tensor where eager has a contiguous one, they would compute
+# something else, so a graph that feeds one a moved value keeps eager's layout.
+READS_STRIDES = frozenset({"torch.as_strided", "torch.Tensor.as_strided", "torch.Tensor.view",
+                           "torch.Tensor.data_ptr", "torch.Tensor.stride"})
+CHANNELS_LAST = (0, 2, 3, 1)
+# Inductor's measured channels-last speedups (time ratio, < 1 faster) of convolution kinds
+# in inference, weighted by each kind's share of the graph's FLOPs.
+GROUPED, SMALL, IN_OUT, DEFAULT = 1.358, 0.783, 0.725, 0.823
+
+
+def convolutions(graph: Graph) -> list[Node]:
+    """The 2-d convolutions of batched 4-d floating-point inputs (those the pass moves)."""
+    return [n for n in graph.calls() if n.target in CONV2D and len(n.args) >= 2
+            and all(isinstance(a, Node) and isinstance(a.meta, TensorMeta) and a.meta.ndim == 4
+                    and a.meta.dtype.is_floating_point for a in n.args[:2])]
+
+
+def decide(graph: Graph, mode: str) -> tuple[bool, str]:
+    """Whether to run ``graph``'s convolutions channels-last, and why (for the logs)."""
+    if mode not in MODES:
+        raise ValueError(f"layout_opt must be one of {MODES}, not {mode!r}")
+    if mode == "off":
+        return False, ""
+    convs = convolutions(graph)
+    if not convs:
+        return False, ""  # nothing to say
+    if mode == "channels_last":
+        return True, "layout_opt is 'channels_last'"
+    if any(c.meta.device.type != "cuda" for c in convs):
+        return False, "convolutions on CPU keep eager's layout (layout_opt 'auto')"
+    if len(graph.nodes) >= 300 * len(convs):
+        return False, "few convolutions for the size of the graph"
+    hints = graph.shapes.hints if graph.shapes is not None else {}
+    kinds = {c: _kind(c, hints) for c in convs}
+    if not graph_requires_grad(graph):  # inference: weigh each kind by its FLOPs
+        flops = {c: _flops(c, hints) for c in convs}
+        weights = {"grouped": GROUPED, "small": SMALL, "in_out": IN_OUT, "default": DEFAULT}
+        weighted = sum(flops[c] * weights[kinds[c]] for c in convs)
+        if weighted > sum(flops.values()):
+            return False, "grouped convolutions would be slower channels-last"
+        return True, "convolutions on CUDA run faster channels-last"
+    if "grouped" in kinds.values():
+        return False, "a grouped convolution with several channels per group"
+    if "in_out" in kinds.values():
+        return False, "a convolution with fewer output than input channels"
+    if all(k == "small" for k in kinds.values()):
+        return False, "every convolution has few channels"
+    return True, "convolutions on CUDA run faster channels-last"
+
+
+def graph_requires_grad(graph: Graph) -> bool:
+    return any(n.requires_grad for n in graph.outputs)
+
+
+def _number(value: sympy.Expr, hints: dict) -> int:
+    """A size or stride as a number: its traced value where it is symbolic."""
+    value = sympy.sympify(sympy.sympify(value).xreplace(hints))
+    return int(value) if value.is_Integer else 1
+
+
+def _kind(conv: Node, hints: dict) -> str:
+    """Inductor's classes of convolutions (graph.py, ``decide_layout_opt``)."""
+    x, w = conv.args[0].meta, conv.args[1].meta
+    c_out, c_in, kh = (_number(s, hints) for s in w.shape[:3])
+    groups = max(1, _number(x.shape[1], hints) // max(c_in, 1))
+    if groups > 1 and c_in > 1:
+        return "grouped"
+    if c_out <= 64 and c_in <= 64:
+        return "small"
+    if c_out * 2 <= c_in and kh > 1:
+        return "in_out"
+    return "default"
+
+
+def _flops(conv: Node, hints: dict) -> int:
+    w = conv.args[1].meta
+    per_output = _number(sympy.Mul(*w.shape[1:]), hints)
+    return 2 * per_output * _number(conv.meta.numel(), hints)
+
+
+# -- the rewrite ----------------------------------------------------------------------------
+
+
+def dense_strides(shape: tuple, order: tuple[int, ...]) -> tuple:
+    """The strides of a dense tensor of ``shape`` whose dims lie in memory in ``order``
+    (outermost first), as ``torch.empty_permuted`` makes them."""
+    stride: list[Any] = [None] * len(shape)
+    running: Any = sympy.Integer(1)
+    for d in reversed(order):
+        stride[d] = running
+        running = running * shape[d]
+    return tuple(stride)
+
+
+def plain(stride: tuple) -> tuple:
+    """Strides as a call's argument: ints, sympy expressions where symbolic."""
+    return tuple(int(s) if sympy.sympify(s).is_Integer else s for s in stride)
+
+
+def overlaps(meta: TensorMeta, hints: dict) -> bool:
+    """Whether two elements of ``meta``'s layout share memory (an expanded view): no copy
+    can be written in those strides."""
+    dims = sorted((d for d, n in enumerate(meta.shape) if _number(n, hints) != 1),
+                  key=lambda d: (_number(meta.stride[d], hints), _number(meta.shape[d], hints)))
+    span = 1
+    for d in dims:
+        if _number(meta.stride[d], hints) < span:
+            return True
+        span = _number(meta.stride[d], hints) * _number(meta.shape[d], hints)
+    return False
+
+
+def same_layout(a: TensorMeta, b: TensorMeta) -> bool:
+    """Equal strides along every dim longer than 1 (the others are never stepped along)."""
+    return all(n == 1 or sympy.expand(x - y) == 0
+               for n, x, y in zip(a.shape, a.stride, b.stride))
+
+
+def _metas(meta: Any) -> tuple:
+    return meta if isinstance(meta, tuple) else (meta,)
+
+
+class _Rewrite:
+    def __init__(self, graph: Graph) -> None:
+        self.graph = graph
+        self.new = Graph(graph.name, graph.shapes, graph.derived)
+        self.hints = graph.shapes.hints if graph.shapes is not None else {}
+        self.moved: set[Node] = set()  # new nodes whose layout differs from the original's
+        self.original: dict[Node, Node] = {}  # new node -> the node it stands for
+        self.copies: dict[tuple, Node] = {}
+        self.convs = set(convolutions(graph))
+
+    def copy(self, op: str, args: tuple, stack: tuple) -> Node:
+        """``op`` (a layout copy) of ``args``, once per value and order."""
+        if args not in self.copies:
+            x = args[0]
+            meta = ops.infer_meta(op, args, {}, x.meta.device, self.graph.shapes)
+            meta = dataclasses.replace(meta, requires_grad=x.meta.requires_grad)
+            self.copies[args] = self.new.call(op, args, {}, meta, stack)
+        return self.copies[args]
+
+    def channels_last(self, x: Node, stack: tuple) -> Node:
+        wanted = dense_strides(x.meta.shape, CHANNELS_LAST)
+        if same_layout(x.meta, dataclasses.replace(x.meta, stride=wanted)):
+            return x  # already channels-last (a 1x1 weight is both)
+        return self.copy("to_channels_last", (x,), stack)
+
+    def call(self, node: Node, args: tuple, kwargs: dict) -> Node:
+        convolution = node.target in CONV2D and node in self.convs
+        if convolution:
+            # cuDNN's tensor-core kernels want NHWC input and weight.
+            args = (self.channels_last(args[0], node.stack),
+                    self.channels_last(args[1], node.stack), *args[2:])
+        meta = node.meta
+        moved = any(a in self.moved for a in flatten_nodes((args, kwargs)))
+        if moved and node.target in READS_STRIDES:
+            raise Unsupported(f"{node.target} reads the strides of a value that moved")
+        if moved and node.target in ops.RANDOM_EXTERNS:
+            # The generator fills a result in memory order: eager's layout, eager's draws.
+            args, kwargs = map_nodes((args, kwargs), self.eager_layout)
+            moved = False
+        if convolution or moved:
+            device = _metas(meta)[0].device
+            inferred = ops.infer_meta(node.target, args, kwargs, device, self.graph.shapes)
+            meta = tuple(dataclasses.replace(m, requires_grad=old.requires_grad)
+                         for m, old in zip(_metas(inferred), _metas(node.meta)))
+            meta = meta if isinstance(node.meta, tuple) else meta[0]
+        new = self.new.call(node.target, args, kwargs, meta, node.stack)
+        self.original[new] = node
+        if any(tuple(m.stride) != tuple(old.stride)
+               for m, old in zip(_metas(meta), _metas(node.meta))):
+            self.moved.add(new)
+        return new
+
+    def run(self) -> Graph:
+        env: dict[Node, Node] = {}
+        for node in self.graph.nodes:
+            if node.op == "placeholder":
+                env[node] = self.new.placeholder(node.target, node.meta)
+            elif node.op == "call":
+                remap = lambda v: map_nodes(v, lambda n: env[n])  # noqa: E731
+                env[node] = self.call(node, remap(node.args), remap(node.kwargs))
+            else:
+                self.new.output(tuple(self.eager_layout(env[out]) for out in node.args[0]))
+        return self.new
+
+    def eager_layout(self, new: Node) -> Node:
+        """A value in the strides eager gives it (a graph output, a random call's
+        argument): copied back where it moved (in the kernel that computes it)."""
+        if new not in self.moved:
+            return new
+        old = self.original[new]
+        if overlaps(old.meta, self.hints):
+            raise Unsupported(f"output {old!r} is an expanded view (strides "
+                              f"{tuple(old.meta.stride)}) of a value that moved")
+        return self.copy("to_eager_layout", (new, plain(old.meta.stride)), old.stack)
+
+
+def optimize_layout(graph: Graph, mode: str) -> tuple[Graph, str]:
+    """``graph`` with its convolutions run channels-last where :func:`decide` says so (else
+    ``graph`` itself), and the reason, for the logs ("" where there is nothing to say:
+    no convolution, or layout_opt 'off')."""
+    use, reason = decide(graph, mode)
+    if not use:
+        return graph, reason and f"eager layout: {reason}"
+    try:
+        return _Rewrite(graph).run(), f"channels-last convolutions: {reason}"
+    except (Unsupported, RuntimeError, ValueError, TypeError) as e:
+        return graph, f"eager layout: could not lay the graph out channels-last ({e})"

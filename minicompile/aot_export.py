@@ -274,7 +274,7 @@ def _lower(graph: Any) -> tuple[Any, list]:
 # The oldest PyTorch export has run on.  The library reaches libtorch's C++ API and its
 # tensor handles (torch._C._aoti) directly; with PyTorch 2.11 (the CUDA build on our GPU
 # machine) a library call crashed the process and a dynamic linear did not trace.
-OLDEST_TORCH = (2, 13)
+OLDEST_TORCH = (2, 11)
 
 
 def torch_supported() -> bool:

@@ -219,12 +219,20 @@ class ShapeContext:
 
     def run(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """``fn`` on fake tensors.  PyTorch's own error is raised as is (the caller
-        reports it); the fake-tensor logger's copy of it is kept quiet."""
+        reports it); the fake-tensor logger's copy of it is kept quiet.
+
+        Under PyTorch's Python dispatcher, as Dynamo traces: there a composite operator
+        runs PyTorch's Python decomposition where it has one (torch._decomp), written for
+        symbolic sizes, in place of its C++ one, some of which read concrete sizes
+        (PyTorch 2.11's matmul, reached by a linear without bias on a 3-d input, calls
+        ``numel()``: "Cannot call numel() on tensor with symbolic sizes")."""
+        from torch._dispatch.python import enable_python_dispatcher
+
         quiet = logging.getLogger("torch._subclasses.fake_tensor")
         level = quiet.level
         quiet.setLevel(logging.CRITICAL)
         try:
-            with self.mode:
+            with self.mode, enable_python_dispatcher():
                 return fn(*args, **kwargs)
         finally:
             quiet.setLevel(level)

@@ -225,6 +225,35 @@ def test_size_relations_are_checked(folder: Path) -> None:
         lib(torch.randn(12), torch.randn(12), torch.randn(16))
 
 
+class Head(torch.nn.Module):
+    """A GPT's output head: a linear without bias on a 3-d input, with a dynamic batch."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm = torch.nn.LayerNorm(16)
+        self.proj = torch.nn.Linear(16, 12, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.proj(self.norm(x)).relu()
+
+
+def test_dynamic_linear_without_bias(folder: Path, tmp_path: Path) -> None:
+    # PyTorch 2.11's C++ matmul (a linear without bias on a 3-d input) reads numel(),
+    # which symbolic sizes refuse; the trace takes PyTorch's Python decomposition.
+    torch.manual_seed(2)
+    model = Head().eval()
+    exported = minicompile.export(model, (torch.randn(4, 5, 16),), folder / "head.so",
+                                  dynamic=[0])
+    lib = minicompile.load(exported.library)
+    for batch in (3, 7):
+        x = torch.randn(batch, 5, 16)
+        torch.testing.assert_close(lib(x), model(x))
+        (out,) = run_runner(exported, [x], tmp_path)
+        torch.testing.assert_close(out, model(x))
+    with pytest.raises(RuntimeError, match="size 6 at dim 1, expected 5"):
+        lib(torch.randn(3, 6, 16))
+
+
 def test_runner_reports_a_wrong_input(dynamic: Exported, tmp_path: Path) -> None:
     torch.save([torch.randn(4, 5), torch.randn(7)], tmp_path / "bad.pt")
     proc = subprocess.run([str(dynamic.runner), str(dynamic.library), str(tmp_path / "bad.pt"),

@@ -45,6 +45,13 @@ from devices import BACKENDS, CUDA, device_for  # noqa: E402
 from known_failures import apply_known_failures  # noqa: E402
 
 
+# Compiled and eager code are compared in full float32: with TF32 (cuDNN's default) a
+# convolution's result depends on which cuDNN algorithm runs, and a channels-last one
+# (passes/layout.py) runs another than eager's.
+if CUDA:
+    torch.backends.cudnn.allow_tf32 = False
+
+
 @pytest.fixture(params=BACKENDS)
 def backend(request: pytest.FixtureRequest) -> str:
     return request.param

@@ -78,19 +78,16 @@ def decide(graph: Graph, mode: str) -> tuple[bool, str]:
         return False, "few convolutions for the size of the graph"
     hints = graph.shapes.hints if graph.shapes is not None else {}
     kinds = {c: _kind(c, hints) for c in convs}
-    if not graph_requires_grad(graph):  # inference: weigh each kind by its FLOPs
-        flops = {c: _flops(c, hints) for c in convs}
-        weights = {"grouped": GROUPED, "small": SMALL, "in_out": IN_OUT, "default": DEFAULT}
-        weighted = sum(flops[c] * weights[kinds[c]] for c in convs)
-        if weighted > sum(flops.values()):
-            return False, "grouped convolutions would be slower channels-last"
-        return True, "convolutions on CUDA run faster channels-last"
-    if "grouped" in kinds.values():
-        return False, "a grouped convolution with several channels per group"
-    if "in_out" in kinds.values():
-        return False, "a convolution with fewer output than input channels"
-    if all(k == "small" for k in kinds.values()):
-        return False, "every convolution has few channels"
+    if graph_requires_grad(graph):
+        # cuDNN's channels-last weight gradients differed from eager's NCHW ones by up to
+        # 0.6% of the largest gradient (resnet18, float32, TF32 off; not investigated):
+        # training keeps eager's layout unless asked ("channels_last").
+        return False, "graphs with a backward keep eager's layout under 'auto'"
+    flops = {c: _flops(c, hints) for c in convs}  # inference: weigh each kind by its FLOPs
+    weights = {"grouped": GROUPED, "small": SMALL, "in_out": IN_OUT, "default": DEFAULT}
+    weighted = sum(flops[c] * weights[kinds[c]] for c in convs)
+    if weighted > sum(flops.values()):
+        return False, "grouped convolutions would be slower channels-last"
     return True, "convolutions on CUDA run faster channels-last"
 
 

@@ -167,7 +167,10 @@ def run_training(model: nn.Module, backend: str, inputs: list[torch.Tensor]) -> 
                                         zip(eager.parameters(), twin.parameters())]
         scale = max(e.abs().max().item() for _, e in pairs)
         for a, e in pairs:
-            assert_like_eager(a, e, rtol=1e-3, atol=2e-3 * scale)
+            # cuDNN's channels-last weight gradients: up to 0.6% of the largest gradient
+            # away from the NCHW ones (why "auto" leaves training graphs alone on CUDA).
+            cudnn = 1e-2 if a.is_cuda else 2e-3
+            assert_like_eager(a, e, rtol=1e-3, atol=cudnn * scale)
         for (name, b), c in zip(eager.named_buffers(), twin.buffers()):
             torch.testing.assert_close(c, b, rtol=1e-5, atol=1e-6, msg=name)
         eager.zero_grad()
@@ -414,15 +417,14 @@ def conv_graph(device: str, cin: int, cout: int, groups: int = 1, grad: bool = F
     (lambda: conv_graph("cpu", 64, 128), "auto", False),
     (lambda: conv_graph("cpu", 64, 128), "channels_last", True),
     (lambda: conv_graph("cuda", 64, 128), "off", False),
-    # training graphs: Inductor's refusals
-    (lambda: conv_graph("cuda", 128, 128, groups=2, grad=True), "auto", False),
-    (lambda: conv_graph("cuda", 128, 128, groups=128, grad=True), "auto", True),
-    (lambda: conv_graph("cuda", 256, 64, grad=True), "auto", False),
-    (lambda: conv_graph("cuda", 16, 32, grad=True), "auto", False),
+    # training graphs keep eager's layout under "auto" (passes/layout.py says why)
+    (lambda: conv_graph("cuda", 64, 128, grad=True), "auto", False),
+    (lambda: conv_graph("cuda", 64, 128, grad=True), "channels_last", True),
     # inference: grouped convolutions weighed by their FLOPs
     (lambda: conv_graph("cuda", 128, 128, groups=2), "auto", False),
-], ids=["cuda", "cpu", "forced", "off", "grouped", "depthwise", "in_out", "small",
-        "grouped_inference"])
+    (lambda: conv_graph("cuda", 128, 128, groups=128), "auto", True),
+], ids=["cuda", "cpu", "forced", "off", "training", "training_forced", "grouped_inference",
+        "depthwise_inference"])
 def test_decision(graph: object, mode: str, expected: bool) -> None:
     use, reason = decide(graph(), mode)  # type: ignore[operator]
     assert use == expected, reason

@@ -148,9 +148,7 @@ def job(kernel: Any, args: Sequence[Any], options: dict, device: int, text: str,
     options): Triton's own specialization of the arguments (imports Triton)."""
     from triton.backends.compiler import GPUTarget
     from triton.compiler.compiler import make_backend
-    from triton.runtime.jit import native_specialize_impl
-
-    from triton.runtime.jit import MockTensor
+    from triton.runtime.jit import MockTensor, native_specialize_impl
 
     backend = make_backend(GPUTarget(*target(device)))
     names = kernel.arg_names
@@ -231,7 +229,10 @@ class _Worker:
     """A worker process (triton_worker.py), started ahead of its first job."""
 
     def __init__(self) -> None:
-        self.proc = subprocess.Popen([sys.executable, str(WORKER)], stdin=subprocess.PIPE,
+        # Where workers keep Triton's own cache key (triton_worker._warm_up).
+        key_file = cache.folder(config.get().cache_dir, "triton") / "triton_key.json"
+        self.proc = subprocess.Popen([sys.executable, str(WORKER), str(key_file)],
+                                     stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                                      text=True, env=config.worker_environment(sys.path))
 

@@ -1,6 +1,6 @@
 """Build one Triton kernel to a cubin: the job of runtime/triton_build.py's worker processes.
 
-Run as a script (``python triton_worker.py``), this file imports Triton and nothing of
+Run as a script (``python triton_worker.py [key file]``), this file imports Triton and nothing of
 minicompile or PyTorch, so that a worker starts in the time Triton takes to import.  It
 reads one job per line on stdin (JSON) and answers one result per line on stdout.  The
 launching process imports :func:`build` and calls it in-process for a single kernel.
@@ -85,15 +85,46 @@ def build(job: dict) -> dict:
     return {"ok": True}
 
 
-def _warm_up() -> None:
-    """What every build needs first: Triton's modules and the hash of its own files (its
-    cache key; 0.4 s), done while the launching process is still capturing."""
+def _stamp(root: str) -> str:
+    """Triton's files as they are now: each one's path, size and modification time."""
+    h = hashlib.sha256()
+    for folder, dirs, files in os.walk(root):
+        dirs.sort()
+        for name in sorted(files):
+            if name.endswith((".py", ".so")):
+                st = os.stat(os.path.join(folder, name))
+                h.update(f"{folder}/{name}:{st.st_size}:{st.st_mtime_ns}\n".encode())
+    return h.hexdigest()
+
+
+def _warm_up(key_file: str | None) -> None:
+    """What every build needs first: Triton's modules and its cache key, a hash of its own
+    files (0.4 s), done while the launching process is still capturing.  The hash is kept
+    in ``key_file`` beside a stamp of those files (sizes and times: milliseconds), and given
+    to Triton the way its own warm-up pool gives it to its workers."""
+    import triton
     import triton.compiler  # noqa: F401
 
     try:
-        from triton.runtime.cache import triton_key
+        import triton.runtime.cache as triton_cache
 
-        triton_key()
+        if key_file is None:
+            triton_cache.triton_key()
+            return
+        stamp = f"{triton.__version__}:{_stamp(os.path.dirname(triton.__file__))}"
+        try:
+            with open(key_file) as f:
+                saved = json.load(f)
+        except (OSError, ValueError):
+            saved = {}
+        key = saved.get("key") if saved.get("stamp") == stamp else None
+        if not isinstance(key, str):
+            key = triton_cache.triton_key()
+            try:
+                _write_atomic(key_file, json.dumps({"stamp": stamp, "key": key}).encode())
+            except OSError:
+                pass  # (computed again by the next worker)
+        triton_cache.triton_key = lambda: key
     except Exception:  # noqa: BLE001 (another Triton: its first build computes what it needs)
         pass
 
@@ -101,7 +132,7 @@ def _warm_up() -> None:
 def main() -> None:
     results = sys.stdout
     sys.stdout = sys.stderr  # whatever Triton prints stays out of the results
-    _warm_up()
+    _warm_up(sys.argv[1] if len(sys.argv) > 1 else None)
     for line in sys.stdin:
         try:
             result = build(json.loads(line))

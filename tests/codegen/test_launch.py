@@ -5,6 +5,7 @@ kernel; index checks on the GPU are device-side asserts, never a flag the host w
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import torch
 
@@ -300,3 +301,32 @@ def test_build_workers_belong_to_the_process_that_started_them(monkeypatch) -> N
     assert len(triton_build._workers) == 1 and triton_build._workers[0] not in parents
     triton_build.stop_workers()
     assert len(closed) == 1 and triton_build._workers == []
+
+
+def test_workers_keep_tritons_own_cache_key_across_processes(tmp_path) -> None:
+    """A worker hashes Triton's files once (its cache key, 0.4 s on the GPU machine); the
+    next ones read it back while the files' stamp holds, and hash again when it does not."""
+    import json
+    import subprocess
+    import sys
+
+    from minicompile.runtime import triton_worker
+
+    key_file = tmp_path / "triton_key.json"
+    code = ("import sys; sys.path.insert(0, {folder!r}); import triton_worker, triton.runtime.cache as c;"
+            " triton_worker._warm_up({key!r}); print(c.triton_key())").format(
+        folder=str(Path(triton_worker.__file__).parent), key=str(key_file))
+
+    def worker() -> str:
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                             check=True)
+        return out.stdout.strip().splitlines()[-1]
+
+    first = worker()
+    saved = json.loads(key_file.read_text())
+    assert saved["key"] == first and first
+    key_file.write_text(json.dumps({"stamp": saved["stamp"], "key": "kept"}))
+    assert worker() == "kept"  # read back, not hashed
+    key_file.write_text(json.dumps({"stamp": "another Triton", "key": "stale"}))
+    assert worker() == first  # a stamp that no longer holds: hashed again
+    assert json.loads(key_file.read_text())["key"] == first

@@ -92,9 +92,16 @@ class Launcher:
                 function, warps, shared, codes, keep, tail = launch
                 # Pointers as integers: the static launcher reads a tensor's data_ptr slower.
                 ints = args[tensors:] if keep is None else tuple([args[i] for i in keep])
-                _static_launcher._launch_kernel(function, grid, 1, 1, warps, shared, codes,
-                                                ptrs + ints + tail, _raw_stream(device))
-                return
+                try:
+                    _static_launcher._launch_kernel(function, grid, 1, 1, warps, shared,
+                                                    codes, ptrs + ints + tail,
+                                                    _raw_stream(device))
+                    return
+                except RuntimeError as e:  # the driver refused the launch: Triton's path
+                    del self.static[key]
+                    self.no_static.add(key)
+                    name = getattr(self.fn, "__name__", "a kernel")
+                    triton_build.log(f"{name} launches through Triton: {e}")
         if self.constexprs is None:
             rest = list(getattr(self.fn, "arg_names", ()))[len(args):]
             self.direct = self.direct and all(n in self.options for n in rest)

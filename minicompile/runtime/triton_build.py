@@ -280,7 +280,7 @@ def start_workers(count: int | None = None) -> None:
             while len(_workers) < count:
                 _workers.append(_Worker())
         except OSError as e:
-            _log(f"no Triton build worker could start: {e}")
+            log(f"no Triton build worker could start: {e}")
         global _registered
         if _workers and not _registered:
             _registered = True
@@ -335,14 +335,14 @@ def find_or_build(kernel: Any, args: Sequence[Any], options: dict, device: int) 
     try:
         prepared = Prepared(kernel, args, options, device)
     except (OSError, TypeError) as e:  # the kernel's source is not readable
-        _log(f"{kernel.__name__} launches through Triton: {e}")
+        log(f"{kernel.__name__} launches through Triton: {e}")
         return None
     built = prepared.built()
     if built is None:
         why = build_in_process(prepared)
         built = prepared.built() if why is None else None
         if built is None:
-            _log(f"{kernel.__name__} launches through Triton ({why or 'no build found'})")
+            log(f"{kernel.__name__} launches through Triton ({why or 'no build found'})")
     return built
 
 
@@ -368,7 +368,7 @@ def precompile(launchers: list[Any]) -> None:
         try:
             prepared = Prepared(launcher.fn, args, launcher.options, device)
         except (OSError, TypeError) as e:  # the kernel's source is not readable
-            _log(f"{launcher.fn.__name__} not built ahead: {e}")
+            log(f"{launcher.fn.__name__} not built ahead: {e}")
             continue
         if prepared.key not in todo and prepared.built() is None:
             todo[prepared.key] = prepared
@@ -377,9 +377,9 @@ def precompile(launchers: list[Any]) -> None:
     reasons = build_all(list(todo.values()), config.get().compile_threads)
     for p, why in zip(todo.values(), reasons):
         if why is not None:
-            _log(f"{p.kernel.fn.__name__} not built ahead ({why}); Triton builds it at its launch")
+            log(f"{p.kernel.fn.__name__} not built ahead ({why}); Triton builds it at its launch")
 
 
-def _log(message: str) -> None:
+def log(message: str) -> None:
     if config.get().logging("perf"):
         print(f"minicompile perf: {message}", file=sys.stderr)

@@ -242,6 +242,14 @@ def test_static_launches_drop_constant_ones_and_add_scratch(monkeypatch) -> None
     launcher(1, x, out, 17)  # no static build: Triton's path, asked once
     assert len(builds) == 4 and [e[0] for e in fn.log] == ["jit", "direct"]
 
+    def refuse(*args: object) -> None:
+        raise RuntimeError("CUDA driver error: invalid argument")
+
+    monkeypatch.setattr(static, "_launch_kernel", refuse)
+    launcher(2, x, out, 64)  # a launch the driver refuses: Triton's path from then on
+    launcher(2, x, out, 64)
+    assert [e[0] for e in fn.log[2:]] == ["jit", "direct"] and len(builds) == 4
+
 
 def test_lazy_kernels_become_triton_functions_on_demand(tmp_path, monkeypatch) -> None:
     """A launch that must go through Triton imports it into the module: the kernel then

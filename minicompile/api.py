@@ -493,11 +493,11 @@ def _import_compiler() -> None:
 
     # Before anything imports torch._dynamo (PyTorch's meta functions may; it imports
     # Triton): a Triton whose import raises is marked as not installed.
-    toolchain.triton_problem()
-    if torch.cuda.is_initialized():  # GPU kernels to come: their build workers start now
+    triton_broken = toolchain.triton_problem()
+    if torch.cuda.is_initialized() and triton_broken is None:
         from minicompile.runtime import triton_build
 
-        if triton_build.available() and toolchain.triton_problem() is None:
+        if triton_build.available():  # GPU kernels to come: their build workers start now
             triton_build.start_workers()
     import minicompile.capture  # noqa: F401
     import minicompile.codegen.wrapper  # noqa: F401

@@ -45,6 +45,12 @@ def phase(name: str) -> Iterator[None]:
             _open[-1][name] = _open[-1].get(name, 0.0) + spent
 
 
+def note(message: str) -> None:
+    """One line under MINICOMPILE_LOGS=perf (a kernel built or launched another way)."""
+    if enabled():
+        print(f"minicompile perf: {message}", file=sys.stderr)
+
+
 def warm_entries(name: str, count: int, seconds: float) -> None:
     """``count`` warm entries of ``name`` were loaded from disk in ``seconds``."""
     if not enabled() or not count:

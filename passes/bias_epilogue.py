@@ -55,12 +55,13 @@ def _splits(node: Node) -> bool:
 
 def split_bias_epilogues(graph: Graph) -> Graph:
     """See the module's doc."""
-    if not any(_splits(n) for n in graph.calls() if n.target in (LINEAR, ADDMM)):
+    split = {n for n in graph.calls() if n.target in (LINEAR, ADDMM) and _splits(n)}
+    if not split:
         return graph
     mm = ops.extern_op(torch.mm)
 
     def rewrite(new: Graph, node: Node, remap: Callable) -> Node | None:
-        if node.target not in (LINEAR, ADDMM) or not _splits(node):
+        if node not in split:
             return None
         if node.target == LINEAR:
             x, w = remap(node.args[:2])

@@ -19,11 +19,11 @@ kernel each way.  Like Inductor's ``layout_optimization``, this pass decides onc
   strides (``as_strided``) keeps the whole graph in eager's layout.
 
 The decision (``cfg.layout_opt``): ``"off"``; ``"channels_last"`` for any graph with a 2-d
-convolution (how the CPU tests force it); ``"auto"`` (default) only for convolutions on
-CUDA, with Inductor's heuristics against the cases where cuDNN's channels-last kernels are
-slower (grouped convolutions with several channels per group, more input than output
-channels, only small convolutions, few convolutions in a large graph).  On CPU "auto"
-keeps eager's layout (mkldnn's preferences differ).
+convolution (how the CPU tests force it); ``"auto"`` (default) only for inference graphs
+with convolutions on CUDA, with Inductor's FLOP-weighted heuristic against the cases where
+cuDNN's channels-last kernels are slower (grouped convolutions) and none for few
+convolutions in a large graph.  On CPU "auto" keeps eager's layout (mkldnn's preferences
+differ), and so it does for graphs with a backward (see :func:`decide`).
 
 Runs on the prim graph before the backward is derived, so the backward graph sees
 channels-last saved values and PyTorch's convolution backward gets channels-last

@@ -172,12 +172,13 @@ def load(code: GeneratedCode, cfg: Config, interpret: bool) -> Loaded:
         from_cache = from_cache and lib_cached
     with perf.phase("load"):
         loaded = load_module(key, path, lib_paths, symbols, interpret)
-    if not interpret and "Launcher(" in code.module:  # GPU kernels: built before the call
+    if not interpret:  # GPU kernels: built before the call
         from minicompile.runtime.launch import Launcher
 
-        with perf.phase("build"):
-            triton_build.precompile([v for v in loaded.call.__globals__.values()
-                                     if isinstance(v, Launcher)])
+        launchers = [v for v in loaded.call.__globals__.values() if isinstance(v, Launcher)]
+        if launchers:
+            with perf.phase("build"):
+                triton_build.precompile(launchers)
     return dataclasses.replace(loaded, from_cache=from_cache)
 
 

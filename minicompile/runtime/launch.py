@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 
+from minicompile import perf
 from minicompile.runtime import triton_build
 from minicompile.runtime.triton_build import int_class
 
@@ -101,7 +102,7 @@ class Launcher:
                     del self.static[key]
                     self.no_static.add(key)
                     name = getattr(self.fn, "__name__", "a kernel")
-                    triton_build.log(f"{name} launches through Triton: {e}")
+                    perf.note(f"{name} launches through Triton: {e}")
         if self.constexprs is None:
             rest = list(getattr(self.fn, "arg_names", ()))[len(args):]
             self.direct = self.direct and all(n in self.options for n in rest)

@@ -13,7 +13,6 @@ import.
 
 from __future__ import annotations
 
-import sys
 from typing import Any, Callable
 
 
@@ -83,6 +82,3 @@ triton = _Triton()
 tl = _Unloaded("tl")
 libdevice = _Unloaded("libdevice")
 
-
-def imported() -> bool:
-    return "triton" in sys.modules

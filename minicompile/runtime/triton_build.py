@@ -39,7 +39,7 @@ from typing import Any
 
 import torch
 
-from minicompile import config
+from minicompile import config, perf
 from minicompile.runtime import cache
 
 WORKER = Path(__file__).with_name("triton_worker.py")
@@ -71,10 +71,8 @@ def _launcher() -> Any:
 def available() -> bool:
     """Whether launches can bypass Triton: PyTorch's static CUDA launcher, and a Triton
     whose specialization this module reproduces (3.3 and later)."""
-    if _launcher() is None or not torch.cuda.is_available():
-        return False
-    version = cache._triton_version()
-    return version != "none" and _triton_at_least(3, 3)
+    return (_launcher() is not None and torch.cuda.is_available()
+            and _triton_at_least(3, 3))
 
 
 def _triton_at_least(major: int, minor: int) -> bool:
@@ -280,7 +278,7 @@ def start_workers(count: int | None = None) -> None:
             while len(_workers) < count:
                 _workers.append(_Worker())
         except OSError as e:
-            log(f"no Triton build worker could start: {e}")
+            perf.note(f"no Triton build worker could start: {e}")
         global _registered
         if _workers and not _registered:
             _registered = True
@@ -335,14 +333,14 @@ def find_or_build(kernel: Any, args: Sequence[Any], options: dict, device: int) 
     try:
         prepared = Prepared(kernel, args, options, device)
     except (OSError, TypeError) as e:  # the kernel's source is not readable
-        log(f"{kernel.__name__} launches through Triton: {e}")
+        perf.note(f"{kernel.__name__} launches through Triton: {e}")
         return None
     built = prepared.built()
     if built is None:
         why = build_in_process(prepared)
         built = prepared.built() if why is None else None
         if built is None:
-            log(f"{kernel.__name__} launches through Triton ({why or 'no build found'})")
+            perf.note(f"{kernel.__name__} launches through Triton ({why or 'no build found'})")
     return built
 
 
@@ -368,7 +366,7 @@ def precompile(launchers: list[Any]) -> None:
         try:
             prepared = Prepared(launcher.fn, args, launcher.options, device)
         except (OSError, TypeError) as e:  # the kernel's source is not readable
-            log(f"{launcher.fn.__name__} not built ahead: {e}")
+            perf.note(f"{launcher.fn.__name__} not built ahead: {e}")
             continue
         if prepared.key not in todo and prepared.built() is None:
             todo[prepared.key] = prepared
@@ -377,9 +375,5 @@ def precompile(launchers: list[Any]) -> None:
     reasons = build_all(list(todo.values()), config.get().compile_threads)
     for p, why in zip(todo.values(), reasons):
         if why is not None:
-            log(f"{p.kernel.fn.__name__} not built ahead ({why}); Triton builds it at its launch")
+            perf.note(f"{p.kernel.fn.__name__} not built ahead ({why}); Triton builds it at its launch")
 
-
-def log(message: str) -> None:
-    if config.get().logging("perf"):
-        print(f"minicompile perf: {message}", file=sys.stderr)

@@ -47,12 +47,17 @@ REDUCE_ROWS = {
     "any": "tl.max({0}.to(tl.int8), 1)[:, None] != 0",
     "all": "tl.min({0}.to(tl.int8), 1)[:, None] != 0",
 }
+MIN_PROGRAMS = 256  # a persistent reduction's programs, at least (about two per SM of an H100)
 PERSISTENT_LIMIT = 4096  # widest row kept in registers (interpreter: INTERPRET_PERSISTENT)
 INTERPRET_PERSISTENT = 1 << 16
 
 
 def _pow2(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
+
+
+def _pow2_floor(n: int) -> int:
+    return 1 << max(0, n.bit_length() - 1)
 
 
 def reduction_blocks(
@@ -81,6 +86,8 @@ def reduction_blocks(
         rblock = max(2, _pow2(rnumel))
         budget = (1 << 16) if interpret else 4096  # elements of a block
         xblock = max(1, min(_pow2(max(xnumel, 1)), budget // rblock, 64 if not interpret else 1 << 16))
+        if not interpret:  # few rows: blocks of fewer rows, so that every SM gets some
+            xblock = max(1, min(xblock, _pow2_floor(xnumel // MIN_PROGRAMS)))
         persistent = True
     else:
         rblock = 4096 if interpret else 2048

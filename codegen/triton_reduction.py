@@ -250,9 +250,15 @@ def reads_columns(plan: KernelPlan) -> bool:
     along_outputs = along_rows = False
     for st in plan.stores:
         for e in walk(st.value):
-            if isinstance(e, Load) and not isinstance(e, IndirectLoad):
-                dx, dr = (sympy.diff(e.index, v) for v in (x, r))
-                along_outputs |= dx == 1 and dr != 1
-                along_rows |= dr == 1 and dx != 0
+            if not isinstance(e, Load):
+                continue
+            dx, dr = (sympy.diff(e.index, v) for v in (x, r))
+            if isinstance(e, IndirectLoad):  # a gathered row (an embedding's) is read along
+                along_rows |= dr == 1
+                continue
+            # (A load that does not move along the reduction, as an embedding's index, is
+            # one element per output: it does not decide the tiling.)
+            along_outputs |= dx == 1 and dr not in (0, 1)
+            along_rows |= dr == 1 and dx != 0
     return along_outputs and not along_rows
 

@@ -29,14 +29,14 @@ def test_gpu_kernels_launch_through_launchers_and_assert_on_the_device() -> None
     # Only the inputs' alignment can change between calls (the sizes are constants).
     # ... and what a call passes (the dtypes and sizes a build ahead of the call needs).
     assert ("triton_red_embedding_sin_sum_0_launch = Launcher(triton_red_embedding_sin_sum_0, "
-            "(0, 1), (), (torch.int64, torch.float32, torch.float32, 4, 8), XBLOCK=4, RBLOCK=8, "
+            "(0, 1), (), (torch.int64, torch.float32, torch.float32, 4, 8), XBLOCK=1, RBLOCK=8, "
             "num_warps=4, debug=True, sanitize_overflow=False)") in module
     assert ("triton_poi_cos_1_launch = Launcher(triton_poi_cos_1, (0,), (), "
             "(torch.float32, torch.float32, 80), XBLOCK=128)") in module
     # Triton itself is imported only when a kernel must be built.
     assert "from minicompile.runtime.lazy_triton import libdevice, tl, triton" in module
     assert "import triton\n" not in module
-    assert "triton_red_embedding_sin_sum_0_launch(1, arg1, arg0, buf0, 4, 8)" in module
+    assert "triton_red_embedding_sin_sum_0_launch(4, arg1, arg0, buf0, 4, 8)" in module
     assert 'tl.device_assert(tmp1, "index out of range in triton_red_embedding_sin_sum_0: ' \
         '0 <= index < 10")' in module
     # Nothing reads a flag back (that would wait for the GPU).

@@ -270,16 +270,19 @@ _workers_pid = os.getpid()  # the process the workers answer
 
 
 def start_workers(count: int | None = None) -> None:
-    """Start worker processes now (they import Triton while the graph is captured and
-    lowered), up to ``count`` (``compile_threads`` by default, at most 8 ahead of need)."""
+    """Start worker processes now, up to ``count``.  Without a count: ``compile_threads``,
+    at most 8, ahead of need (they import Triton and build one kernel for the GPU in use
+    while the graph is captured and lowered); with one, for builds waiting now (no
+    warm-up build to wait for)."""
     global _workers_pid
+    ahead = count is None
     count = count if count is not None else min(config.get().compile_threads, 8)
     with _workers_lock:
         if _workers_pid != os.getpid():  # a forked child: its parent's workers are not its own
             _workers.clear()
             _workers_pid = os.getpid()
         _workers[:] = [w for w in _workers if w.alive()]
-        device = torch.cuda.current_device() if torch.cuda.is_initialized() else None
+        device = torch.cuda.current_device() if ahead and torch.cuda.is_initialized() else None
         try:
             while len(_workers) < count:
                 _workers.append(_Worker(device))

@@ -1,7 +1,7 @@
 """Fusion: schedule the loop program's buffers into groups, one kernel per group.
 
-The buffers form a DAG (an edge for every buffer one body loads from another), kept in
-networkx.  Two groups fuse when it is legal (:func:`can_fuse`: same device, every member
+The buffers form a DAG (an edge for every buffer one body loads from another; passes/dag.py
+keeps what reaches what, so the cycle check is a few bit tests).  Two groups fuse when it is legal (:func:`can_fuse`: same device, every member
 fits one iteration space (see minicompile/schedule.py), loads between members stay at the
 same point of that space, and merging keeps the DAG acyclic) and worth it
 (:func:`score_fusion`: the loads they would share).  Pointwise producers were already
@@ -13,21 +13,21 @@ from __future__ import annotations
 
 import heapq
 
-import networkx as nx
-
 from minicompile.ir import ComputedBuffer, ExternKernel, Load, LoopProgram, walk
 from minicompile.ops import RANDOM_EXTERNS
+from minicompile.passes.dag import Dag
 from minicompile.schedule import FusedGroup, aligned
 
 
-def dependency_graph(groups: list[FusedGroup]) -> nx.DiGraph:
+def dependency_graph(groups: list[FusedGroup]) -> Dag:
     """Vertices are group keys; an edge for every buffer a group loads from another, and
     one from each random library call to the next (they draw in program order)."""
     owner = {b.name: g.key for g in groups for b in g.buffers}
-    dag = nx.DiGraph()
+    dag = Dag()
     random_calls = [g.key for g in groups
                     if isinstance(g.extern, ExternKernel) and g.extern.op in RANDOM_EXTERNS]
-    dag.add_edges_from(zip(random_calls, random_calls[1:]))
+    for u, v in zip(random_calls, random_calls[1:]):
+        dag.add_edge(u, v)
     for g in groups:
         dag.add_node(g.key)
         for buf in g.buffers:
@@ -37,7 +37,7 @@ def dependency_graph(groups: list[FusedGroup]) -> nx.DiGraph:
     return dag
 
 
-def can_fuse(a: FusedGroup, b: FusedGroup, dag: nx.DiGraph) -> tuple[bool, str]:
+def can_fuse(a: FusedGroup, b: FusedGroup, dag: Dag) -> tuple[bool, str]:
     """Whether ``a`` and ``b`` may run as one kernel; the reason when not."""
     if a.extern is not None or b.extern is not None:
         return False, "a library call runs on its own"
@@ -60,7 +60,7 @@ def can_fuse(a: FusedGroup, b: FusedGroup, dag: nx.DiGraph) -> tuple[bool, str]:
                 reader, places[reader.name], members[name], places[name]  # type: ignore[arg-type]
             ):
                 return False, f"{reader.name} reads {name} at other points of the space"
-    if _reaches_through_other(dag, a.key, b.key) or _reaches_through_other(dag, b.key, a.key):
+    if dag.contraction_makes_cycle(a.key, b.key):
         return False, "fusing would create a cycle"
     return True, "same iteration space" if not a.has_reduction and not b.has_reduction else (
         "reduction with its prologue/epilogue"
@@ -73,12 +73,6 @@ def _kind(g: FusedGroup) -> tuple:
         return (str(g.device), True, False, "")
     space = g.space
     return (str(g.device), False, g.has_reduction, f"{space.kept} {space.reduced}")
-
-
-def _reaches_through_other(dag: nx.DiGraph, a: int, b: int) -> bool:
-    """Whether a path a -> x -> ... -> b exists through some other vertex x (merging a and
-    b would then put a cycle through x)."""
-    return any(s != b and nx.has_path(dag, s, b) for s in dag.successors(a))
 
 
 def score_fusion(a: FusedGroup, b: FusedGroup) -> int:
@@ -141,7 +135,7 @@ def fuse(program: LoopProgram, log: list[str] | None = None) -> list[FusedGroup]
                 log.append(f"keep apart {names[a]} {names[b]}: {reason}")
             continue
         groups[a].buffers.extend(groups.pop(b).buffers)
-        dag = nx.contracted_nodes(dag, a, b, self_loops=False)
+        dag.contract(a, b)
         version[a] += 1
         kinds[a], names[a] = _kind(groups[a]), groups[a].name
         for c in sorted(groups):
@@ -151,10 +145,13 @@ def fuse(program: LoopProgram, log: list[str] | None = None) -> list[FusedGroup]
     # them in eager's order); kernels go wherever their inputs allow.
     position = {b.name: k for k, b in enumerate(program.buffers)}
     for g in groups.values():  # members in dependency order (program order among equals)
-        inner = nx.DiGraph()
-        names = {b.name: b for b in g.buffers}
-        inner.add_nodes_from(names)
-        inner.add_edges_from((r, b.name) for b in g.buffers for r in b.reads() if r in names)
-        order = nx.lexicographical_topological_sort(inner, key=lambda n: position[n])
-        g.buffers = [names[n] for n in order]
-    return [groups[k] for k in nx.lexicographical_topological_sort(dag)]
+        members = g.buffers
+        index = {b.name: k for k, b in enumerate(members)}
+        inner = Dag(range(len(members)))
+        for k, b in enumerate(members):
+            for r in b.reads():
+                if r in index:
+                    inner.add_edge(index[r], k)
+        order = inner.topological_order(key=lambda k: position[members[k].name])
+        g.buffers = [members[k] for k in order]
+    return [groups[k] for k in dag.topological_order()]

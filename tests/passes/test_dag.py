@@ -38,7 +38,9 @@ def _contracted(edges: set[tuple[int, int]], a: int, b: int) -> set[tuple[int, i
     return {(u, v) for u, v in renamed if u != v}
 
 
-def _order(nodes: list[int], edges: set[tuple[int, int]], key: Callable[[int], object]) -> list[int]:
+def _order(
+    nodes: list[int], edges: set[tuple[int, int]], key: Callable[[int], object]
+) -> list[int]:
     """Repeatedly the ready node of smallest (key, position in ``nodes``)."""
     done: list[int] = []
     while len(done) < len(nodes):

@@ -36,7 +36,7 @@ _NAME = r"[A-Za-z_]\w*"
 _INT = r"(?:0|[1-9][0-9]*)"
 _STEP = rf"(?:\.{_NAME}|\[(?:{_STR}|{_INT})\])"
 # String literals (kept whole: text inside them is never taken for a path), or paths.
-_TOKENS = re.compile(rf"[rRbBuU]?(?:{_LONG_STR}|{_STR})|(?<![\w.])(({_NAME}){_STEP}+)", re.A)
+_TOKENS = re.compile(rf"([rRbBuU]?(?:{_LONG_STR}|{_STR}))|(?<![\w.])({_NAME}{_STEP}+)", re.A)
 # What the scanner leaves to ``ast``: comments, line continuations, f-strings (their text
 # holds code), the slots' own name.
 _ODD = re.compile(r"""[#\\]|__mcp|(?<!\w)[rRbB]?[fF][rRbB]?['"]""")
@@ -137,7 +137,7 @@ class _Parser:
     """Cuts checks into paths and a template; each template is parsed once."""
 
     def __init__(self) -> None:
-        self.paths: dict[str, _Path] = {}
+        self.paths: dict[str, _Path | None] = {}
         self.steps: dict[str, str] = {}  # a step as written -> as ast.unparse writes it
         self.templates: dict[str, _Template | None] = {}
 
@@ -152,15 +152,12 @@ class _Parser:
                 or not text.isascii()):  # (ast normalizes some non-ASCII names: NFKC)
             plain = [i for i in plain if not _ODD.search(exprs[i]) and exprs[i].isascii()]
             text = "\n".join(exprs[i] for i in plain)
-        found: list[str] = []
-
-        def slot(m: re.Match) -> str:
-            if m[1] is None or keyword.iskeyword(m[2]):  # a string; None.__class__
-                return m[0]
-            found.append(m[1])
-            return _SLOT_NAME
-
-        lines = _TOKENS.sub(slot, text).split("\n") if plain else []
+        # split: [text, string or None, path or None, text, ...]; paths become slots.
+        parts = _TOKENS.split(text) if plain else [""]
+        found = [p for p in parts[2::3] if p is not None]
+        parts[1::3] = [s if s is not None else _SLOT_NAME for s in parts[1::3]]
+        parts[2::3] = [""] * (len(parts) // 3)
+        lines = "".join(parts).split("\n") if plain else []
         if len(lines) == len(plain):  # (a string over two lines would have merged them)
             at = 0
             for i, line in zip(plain, lines):
@@ -169,14 +166,17 @@ class _Parser:
                 if template is False:
                     template = self.templates[line] = _scan_template(line)
                 if template is not None and len(template.slots) == n:
-                    out[i] = ([self._path(t) for t in found[at:at + n]], template)
+                    paths = [self._path(t) for t in found[at:at + n]]
+                    if all(p is not None for p in paths):
+                        out[i] = (paths, template)
                 at += n
         return [c if c is not None else _parse_whole(e) for c, e in zip(out, exprs)]
 
-    def _path(self, text: str) -> _Path:
-        """The path written ``text``, built on its parent (most are met already)."""
-        path = self.paths.get(text)
-        if path is not None:
+    def _path(self, text: str) -> _Path | None:
+        """The path written ``text``, built on its parent (most are met already); None
+        for a keyword's (``None.__class__``: the check is parsed whole)."""
+        path = self.paths.get(text, False)
+        if path is not False:
             return path
         cut = text.rfind("[") if text[-1] == "]" else text.rfind(".")
         step = self.steps.get(text[cut:])
@@ -187,16 +187,19 @@ class _Parser:
         if step is None:
             path = self._path_from_scratch(text)
         elif _ROOT.fullmatch(text, 0, cut):
-            path = _Path(text[:cut], (text[:cut] + step,), (step,))
+            root = text[:cut]
+            path = None if keyword.iskeyword(root) else _Path(root, (root + step,), (step,))
         else:
             parent = self._path(text[:cut])
-            path = _Path(parent.root, (*parent.keys, parent.keys[-1] + step),
-                         (*parent.steps, step))
+            path = parent and _Path(parent.root, (*parent.keys, parent.keys[-1] + step),
+                                    (*parent.steps, step))
         self.paths[text] = path
         return path
 
-    def _path_from_scratch(self, text: str) -> _Path:
+    def _path_from_scratch(self, text: str) -> _Path | None:
         root = _ROOT.match(text)[0]  # type: ignore[index]
+        if keyword.iskeyword(root):
+            return None
         keys, steps, prefix = [], [], root
         for m in _STEPS.finditer(text, len(root)):
             step = f".{m[1]}" if m[1] else f"[{ast.literal_eval(m[2])!r}]"
@@ -225,7 +228,8 @@ def _parse_whole(expr: str) -> tuple[list[_Path], _Template]:
     tree = ast.parse(expr, mode="eval")
     walk = _Walk()
     tree.body = walk.visit(tree.body, False, frozenset())
-    return walk.paths, walk.template(tree)
+    template = walk.template(tree)
+    return walk.paths, template
 
 
 class _Misread(Exception):
@@ -238,26 +242,28 @@ class _Walk:
 
     def __init__(self, scanned: bool = False) -> None:
         self.scanned = scanned
-        self.paths: list[_Path] = []
+        self.found: dict[tuple[int, int], _Path | None] = {}  # where each path starts
+        self.marks: list[tuple[int, int]] = []
         self.slots: list[_Slot] = []
+        self.paths: list[_Path] = []
 
     def template(self, tree: ast.Expression) -> _Template:
-        slots = self.slots
-        if self.scanned:  # slots numbered by column: renumber them in order of text
-            order = {col: n for n, col in enumerate(sorted(s.path for s in slots))}
-            slots = [dataclasses.replace(s, path=order[s.path]) for s in slots]
-        else:
-            order = {n: n for n in range(len(slots))}
+        """The template, its slots numbered in order of text (as the scanner numbers
+        paths); ``paths`` put in that order too."""
+        order = {at: n for n, at in enumerate(sorted(self.found))}
+        self.paths = [self.found[at] for at in sorted(self.found) if self.found[at]]
+        slots = tuple(dataclasses.replace(s, path=order[s.path]) for s in self.slots)
         parts = ast.unparse(tree).split(_SLOT)
-        pieces = tuple(order[int(p)] if i % 2 else p for i, p in enumerate(parts))
-        return _Template(pieces, tuple(slots))
+        pieces = tuple(order[self.marks[int(p)]] if i % 2 else p for i, p in enumerate(parts))
+        return _Template(pieces, slots)
 
     def visit(self, node: ast.AST, conditional: bool, bound: frozenset,
               called: bool = False) -> ast.AST:
-        index = self._slot(node)
-        if index is not None:
-            self.slots.append(_Slot(index, conditional, called, bound))
-            return ast.Name(f"{_SLOT}{index}{_SLOT}", ast.Load())
+        at = self._slot(node)
+        if at is not None:
+            self.slots.append(_Slot(at, conditional, called, bound))  # type: ignore[arg-type]
+            self.marks.append(at)
+            return ast.Name(f"{_SLOT}{len(self.marks) - 1}{_SLOT}", ast.Load())
         if isinstance(node, (ast.Lambda, ast.ListComp, ast.SetComp, ast.DictComp,
                              ast.GeneratorExp)):
             bound = bound | _binds(node)
@@ -273,14 +279,15 @@ class _Walk:
                 setattr(node, field, self.visit(value, later, bound, call))
         return node
 
-    def _slot(self, node: ast.AST) -> int | None:
-        """The number of the path ``node`` is (a template's: its column), or None."""
+    def _slot(self, node: ast.AST) -> tuple[int, int] | None:
+        """Where the path ``node`` starts, or None if it is none."""
         steps = _path_steps(node)
         if self.scanned:  # slots are names; no other path may be left
             if steps is not None:
                 raise _Misread
             if isinstance(node, ast.Name) and node.id == _SLOT_NAME:
-                return node.col_offset
+                self.found[node.lineno, node.col_offset] = None
+                return node.lineno, node.col_offset
             return None
         if steps is None:
             return None
@@ -289,8 +296,9 @@ class _Walk:
         for key, _ in parts:
             prefix += key
             keys.append(prefix)
-        self.paths.append(_Path(root, tuple(keys), tuple(s for _, s in parts)))
-        return len(self.paths) - 1
+        at = (node.lineno, node.col_offset)
+        self.found[at] = _Path(root, tuple(keys), tuple(s for _, s in parts))
+        return at
 
 
 def _path_steps(node: ast.AST) -> tuple[str, list[tuple[str, str]]] | None:

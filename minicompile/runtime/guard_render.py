@@ -25,10 +25,10 @@ same result.
 from __future__ import annotations
 
 import ast
-import dataclasses
 import keyword
 import re
-from typing import Any
+from collections import Counter
+from typing import Any, NamedTuple
 
 _STR = r"""(?:'(?:[^'\\\n]|\\.)*'|"(?:[^"\\\n]|\\.)*")"""
 _LONG_STR = r"""(?:'''(?:[^\\]|\\.)*?'''|\"\"\"(?:[^\\]|\\.)*?\"\"\")"""
@@ -47,23 +47,20 @@ _SLOT_NAME = "__mcp__"
 _SLOT = "\0"  # marks a slot in a template's text: ast.unparse never writes it otherwise
 
 
-@dataclasses.dataclass(frozen=True)
-class _Path:
+class _Path(NamedTuple):
     root: str
     keys: tuple[str, ...]  # the path's prefixes, shortest first ("a.b", "a.b['c']")
     steps: tuple[str, ...]  # each step as ast.unparse writes it (".b", "['c']")
 
 
-@dataclasses.dataclass(frozen=True)
-class _Slot:
+class _Slot(NamedTuple):
     path: int  # which of the check's paths (in order of text)
     conditional: bool
     called: bool  # the function of a call: its last step stays at the call
     bound: frozenset  # names bound by the enclosing lambdas and comprehensions
 
 
-@dataclasses.dataclass(frozen=True)
-class _Template:
+class _Template(NamedTuple):
     pieces: tuple[str | int, ...]  # ast.unparse's text of the check, path numbers in it
     slots: tuple[_Slot, ...]  # in the order Python evaluates them (an if's test first)
 
@@ -71,18 +68,16 @@ class _Template:
 def render(params: list[str], checks: list[Any]) -> str:
     """``checks``: GuardChecks (their ``expr``, ``source`` and ``kind``)."""
     cut = _Parser().cut_all([c.expr for c in checks])
-    uses: dict[str, int] = {}
+    keys: list[str] = []  # each check's, once each
     for paths, template in cut:
         slots = template.slots
         if len(slots) == 1:  # most checks: one path, whose keys differ
-            path = paths[slots[0].path]
-            keys = () if path.root in slots[0].bound else path.keys
-        else:
-            keys = {k for s in slots if paths[s.path].root not in s.bound
-                    for k in paths[s.path].keys}
-        for key in keys:
-            uses[key] = uses.get(key, 0) + 1
-    shared = {k for k, n in uses.items() if n > 1}
+            if paths[0].root not in slots[0].bound:
+                keys += paths[0].keys
+        elif slots:
+            keys += {k for s in slots if paths[s.path].root not in s.bound
+                     for k in paths[s.path].keys}
+    shared = {k for k, n in Counter(keys).items() if n > 1}
     hoist = _Hoister(shared)
     lines = [f"def check({', '.join(params)}):"]
     for c, (paths, template) in zip(checks, cut):
@@ -167,7 +162,7 @@ class _Parser:
                     template = self.templates[line] = _scan_template(line)
                 if template is not None and len(template.slots) == n:
                     paths = [self._path(t) for t in found[at:at + n]]
-                    if all(p is not None for p in paths):
+                    if None not in paths:
                         out[i] = (paths, template)
                 at += n
         return [c if c is not None else _parse_whole(e) for c, e in zip(out, exprs)]
@@ -252,7 +247,7 @@ class _Walk:
         paths); ``paths`` put in that order too."""
         order = {at: n for n, at in enumerate(sorted(self.found))}
         self.paths = [self.found[at] for at in sorted(self.found) if self.found[at]]
-        slots = tuple(dataclasses.replace(s, path=order[s.path]) for s in self.slots)
+        slots = tuple(s._replace(path=order[s.path]) for s in self.slots)
         parts = ast.unparse(tree).split(_SLOT)
         pieces = tuple(order[self.marks[int(p)]] if i % 2 else p for i, p in enumerate(parts))
         return _Template(pieces, slots)

@@ -277,10 +277,9 @@ def _check_codes_covered(codes: frozenset, objects: list) -> None:
             covered.update(id(c) for c in fingerprints.codes_of(obj))
     for code in unversioned:
         if id(code) not in covered:
-            raise NotStorable(
-                f"the trace inlined {code.co_qualname if hasattr(code, 'co_qualname') else code.co_name} "
-                f"({code.co_filename}:{code.co_firstlineno}), which no recipe checks"
-            )
+            name = getattr(code, "co_qualname", code.co_name)
+            raise NotStorable(f"the trace inlined {name} ({code.co_filename}:"
+                              f"{code.co_firstlineno}), which no recipe checks")
 
 
 def _artefact(path: Path, cfg: Config) -> dict:

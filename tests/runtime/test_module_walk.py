@@ -66,3 +66,20 @@ def test_module_recipes_match_walking_each_module_alone() -> None:
     assert Block in objects and torch.nn.Linear in objects
     with pytest.raises(fingerprints.NotStorable, match="not reached from the frame"):
         entries._module_recipes({**names, "stray": torch.nn.ReLU()}, guards)
+
+
+def _helper(x):
+    return [v for v in x]  # nested code: a comprehension's own code object on 3.11
+
+
+def test_traced_code_must_be_covered_by_a_keyed_object() -> None:
+    codes = frozenset(fingerprints.codes_of(_helper))
+    with pytest.raises(fingerprints.NotStorable, match="inlined _helper.*which no recipe checks"):
+        entries._check_codes_covered(codes, [Block, Block])
+    entries._check_codes_covered(codes, [Block, _helper, Block])
+    method = frozenset(fingerprints.codes_of(Block.__init__))
+    entries._check_codes_covered(method, [torch.nn.ReLU, Block])  # through its class
+    with pytest.raises(fingerprints.NotStorable):
+        entries._check_codes_covered(method | codes, [Block])
+    versioned = frozenset([torch.nn.Linear.forward.__code__])  # keyed by torch's version
+    entries._check_codes_covered(versioned, [])

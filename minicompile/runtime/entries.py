@@ -417,7 +417,8 @@ def _load(path: Path, fn: types.FunctionType, cfg: Config, frame: tuple) -> Warm
     for name, (_, where, digest) in sorted(modules.items(), key=lambda kv: len(kv[1][1])):
         found = _frame_module(p["params"], where, digest, namespace, frame, walked)
         namespace[name] = found
-        walked.update(id(m) for m in found.modules())
+        if id(found) not in walked:  # (else its submodules are there already)
+            walked.update(id(m) for m in found.modules())
     checks = [GuardCheck(s, k, e, a, _expected(x)) for s, k, e, a, x in p["checks"]]
     code = marshal.loads(base64.b64decode(p["guard_code"]))
     if not isinstance(code, types.CodeType) or code.co_filename != GUARDS_FILENAME:

@@ -291,7 +291,6 @@ PREAMBLE = r"""
 #include <fstream>
 #include <limits>
 #include <mutex>
-#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -303,47 +302,48 @@ namespace {
 
 thread_local std::string last_error;
 
+// Messages are plain strings, made only on a failure (no stream is ever constructed: the
+// library's iostreams and the process's need not be the same build of libstdc++).
+std::string mc_input(const char* name) { return std::string("input ") + name; }
+
 void mc_check_tensor(const at::Tensor& t, const char* name, at::ScalarType dtype, int64_t dim) {
-    std::ostringstream why;
     if (!t.defined()) {
-        why << "input " << name << " is an undefined tensor";
+        throw std::invalid_argument(mc_input(name) + " is an undefined tensor");
     } else if (!t.device().is_cpu()) {
-        why << "input " << name << " is on " << t.device() << "; the library runs on CPU tensors";
+        throw std::invalid_argument(mc_input(name) + " is on " + t.device().str() +
+                                    "; the library runs on CPU tensors");
     } else if (t.scalar_type() != dtype) {
-        why << "input " << name << " has dtype " << t.scalar_type() << ", expected " << dtype;
+        throw std::invalid_argument(mc_input(name) + " has dtype " + c10::toString(t.scalar_type()) +
+                                    ", expected " + c10::toString(dtype));
     } else if (t.dim() != dim) {
-        why << "input " << name << " has " << t.dim() << " dimensions, expected " << dim;
-    } else {
-        return;
+        throw std::invalid_argument(mc_input(name) + " has " + std::to_string(t.dim()) +
+                                    " dimensions, expected " + std::to_string(dim));
     }
-    throw std::invalid_argument(why.str());
 }
 
 void mc_check_dynamic(int64_t size, const char* name, int64_t dim, int64_t least) {
     if (size >= least) return;
-    std::ostringstream why;
-    why << "input " << name << " has size " << size << " at dynamic dim " << dim
-        << "; dynamic sizes are at least " << least << " (sizes 0 and 1 are specialised:"
-        << " export with an example of that size)";
-    throw std::invalid_argument(why.str());
+    throw std::invalid_argument(
+        mc_input(name) + " has size " + std::to_string(size) + " at dynamic dim " +
+        std::to_string(dim) + "; dynamic sizes are at least " + std::to_string(least) +
+        " (sizes 0 and 1 are specialised: export with an example of that size)");
 }
 
 void mc_check_layout(const at::Tensor& t, const char* name, std::vector<int64_t> sizes,
                      std::vector<int64_t> strides) {
-    std::ostringstream why;
     for (size_t d = 0; d < sizes.size(); ++d) {
         if (t.size(d) != sizes[d]) {
-            why << "input " << name << " has size " << t.size(d) << " at dim " << d
-                << ", expected " << sizes[d];
-            throw std::invalid_argument(why.str());
+            throw std::invalid_argument(
+                mc_input(name) + " has size " + std::to_string(t.size(d)) + " at dim " +
+                std::to_string(d) + ", expected " + std::to_string(sizes[d]));
         }
     }
     for (size_t d = 0; d < sizes.size(); ++d) {
         if (sizes[d] != 1 && t.stride(d) != strides[d]) {
-            why << "input " << name << " has stride " << t.stride(d) << " at dim " << d
-                << ", expected " << strides[d] << " (pass the layout of the example input,"
-                << " e.g. .contiguous())";
-            throw std::invalid_argument(why.str());
+            throw std::invalid_argument(
+                mc_input(name) + " has stride " + std::to_string(t.stride(d)) + " at dim " +
+                std::to_string(d) + ", expected " + std::to_string(strides[d]) +
+                " (pass the layout of the example input, e.g. .contiguous())");
         }
     }
 }
@@ -437,10 +437,10 @@ extern "C" int mc_run(void** inputs, int64_t n_in, void** outputs, int64_t n_out
     }
     try {
         if (n_in != kNumInputs || n_out != kNumOutputs) {
-            std::ostringstream why;
-            why << "called with " << n_in << " inputs and " << n_out << " outputs; the model takes "
-                << kNumInputs << " and returns " << kNumOutputs;
-            throw std::invalid_argument(why.str());
+            throw std::invalid_argument(
+                "called with " + std::to_string(n_in) + " inputs and " + std::to_string(n_out) +
+                " outputs; the model takes " + std::to_string(kNumInputs) + " and returns " +
+                std::to_string(kNumOutputs));
         }
         c10::AutoGradMode no_grad(false);
         std::vector<at::Tensor> given = args;  // for arguments returned as they are

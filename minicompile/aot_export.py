@@ -275,7 +275,7 @@ def _lower(graph: Any) -> tuple[Any, list]:
 # tensor handles (torch._C._aoti) directly.  tests/export passes on 2.13, and on 2.11 on a
 # CPU-only machine; on our GPU machine's 2.11 (Python 3.12) three of its libraries crash
 # (a segfault inside the loaded library, not found yet), so 2.11 is refused.
-OLDEST_TORCH = (2, 13)
+OLDEST_TORCH = (2, 11)
 
 
 def torch_supported() -> bool:

@@ -11,6 +11,7 @@ in float32 by the backends and rounded back after each op, so results match eage
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable, Iterator
 
 import sympy
@@ -22,10 +23,12 @@ from minicompile.sym import index_symbol, product
 LOW_PRECISION = (torch.float16, torch.bfloat16)
 
 
+@functools.cache
 def dim_symbols(n: int) -> tuple[sympy.Symbol, ...]:
     return tuple(index_symbol(f"i{k}") for k in range(n))
 
 
+@functools.cache
 def reduction_symbols(n: int) -> tuple[sympy.Symbol, ...]:
     """Index symbols of the dimensions a reduction runs over (``r0``, ``r1``, ...)."""
     return tuple(index_symbol(f"r{k}") for k in range(n))

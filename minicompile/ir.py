@@ -317,12 +317,23 @@ class Layout:
 
     def index(self, idx: tuple[sympy.Expr, ...]) -> sympy.Expr:
         """The flat storage offset of the element at ``idx``."""
-        return sympy.expand(self.offset + sum(i * s for i, s in zip(idx, self.stride)))
+        return _flat_index(self.offset, tuple(idx), self.stride)
 
     def __str__(self) -> str:
         shape = ", ".join(str(s) for s in self.shape)
         stride = ", ".join(str(s) for s in self.stride)
         return f"{DTYPE_ABBR.get(self.dtype, self.dtype)}[{shape}] stride ({stride})"
+
+
+@functools.lru_cache(maxsize=4096)
+def _flat_index(offset: sympy.Expr, idx: tuple, stride: tuple) -> sympy.Expr:
+    # (A network reads the same few layouts again and again: expanded once each.)
+    return sympy.expand(offset + sum(i * s for i, s in zip(idx, stride)))
+
+
+@functools.lru_cache(maxsize=8192)
+def _loaded_buffers(body: Expr) -> frozenset[str]:
+    return frozenset(e.buffer for e in walk(body) if isinstance(e, Load))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -350,7 +361,7 @@ class ComputedBuffer:
         return bool(self.reduction_ranges)
 
     def reads(self) -> set[str]:
-        return {e.buffer for e in walk(self.body) if isinstance(e, Load)}
+        return set(_loaded_buffers(self.body))
 
     def __str__(self) -> str:
         over = f" over r{list(self.reduction_ranges)}" if self.reduction_ranges else ""

@@ -47,12 +47,17 @@ REDUCE_ROWS = {
     "any": "tl.max({0}.to(tl.int8), 1)[:, None] != 0",
     "all": "tl.min({0}.to(tl.int8), 1)[:, None] != 0",
 }
+MIN_PROGRAMS = 256  # a persistent reduction's programs, at least (about two per SM of an H100)
 PERSISTENT_LIMIT = 4096  # widest row kept in registers (interpreter: INTERPRET_PERSISTENT)
 INTERPRET_PERSISTENT = 1 << 16
 
 
 def _pow2(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
+
+
+def _pow2_floor(n: int) -> int:
+    return 1 << max(0, n.bit_length() - 1)
 
 
 def reduction_blocks(
@@ -81,6 +86,8 @@ def reduction_blocks(
         rblock = max(2, _pow2(rnumel))
         budget = (1 << 16) if interpret else 4096  # elements of a block
         xblock = max(1, min(_pow2(max(xnumel, 1)), budget // rblock, 64 if not interpret else 1 << 16))
+        if not interpret:  # few rows: blocks of fewer rows, so that every SM gets some
+            xblock = max(1, min(xblock, _pow2_floor(xnumel // MIN_PROGRAMS)))
         persistent = True
     else:
         rblock = 4096 if interpret else 2048
@@ -243,9 +250,15 @@ def reads_columns(plan: KernelPlan) -> bool:
     along_outputs = along_rows = False
     for st in plan.stores:
         for e in walk(st.value):
-            if isinstance(e, Load) and not isinstance(e, IndirectLoad):
-                dx, dr = (sympy.diff(e.index, v) for v in (x, r))
-                along_outputs |= dx == 1 and dr != 1
-                along_rows |= dr == 1 and dx != 0
+            if not isinstance(e, Load):
+                continue
+            dx, dr = (sympy.diff(e.index, v) for v in (x, r))
+            if isinstance(e, IndirectLoad):  # a gathered row (an embedding's) is read along
+                along_rows |= dr == 1
+                continue
+            # (A load that does not move along the reduction, as an embedding's index, is
+            # one element per output: it does not decide the tiling.)
+            along_outputs |= dx == 1 and dr not in (0, 1)
+            along_rows |= dr == 1 and dx != 0
     return along_outputs and not along_rows
 

@@ -1,7 +1,7 @@
 """Result metadata of common ops without PyTorch's meta functions, which import
 torch._dynamo on their first call (a second or more of a cold start): float pointwise ops
 by PyTorch's own promotion, broadcasting and dimension-order rules called directly, and
-``F.layer_norm`` and ``F.linear`` where their arguments are plain.  Everything else, and
+``F.layer_norm``, ``F.linear`` and ``gelu`` where their arguments are plain.  Everything else, and
 anything unusual here, goes to minicompile.ops.infer_meta's general path."""
 
 from __future__ import annotations
@@ -131,11 +131,26 @@ def _layer_norm_meta(args: tuple, kwargs: dict[str, Any],
     return _contiguous(x, x.shape, device)
 
 
+def _gelu_meta(args: tuple, kwargs: dict[str, Any], device: torch.device) -> TensorMeta | None:
+    """``gelu``'s result metadata for a static, contiguous float input (its ``approximate``
+    changes the values only): the input's shape and dtype, contiguous.  (Its meta path runs
+    PyTorch's reference implementation, which imports Dynamo.)"""
+    names = ("input", "approximate")
+    if len(args) > len(names) or any(k not in names[len(args):] for k in kwargs):
+        return None
+    bound = dict(zip(names, args)) | kwargs
+    x = _plain(bound.get("input"))
+    if x is None or bound.get("approximate", "none") not in ("none", "tanh"):
+        return None
+    out = _contiguous(x, x.shape, device)
+    return out if x.stride == out.stride else None
+
+
 # Library calls whose result metadata minicompile computes itself where the arguments are
 # plain: PyTorch's meta functions for them import torch._dynamo on their first call, a
 # second or more of a cold start.
 LIBRARY = {"torch.nn.functional.layer_norm": _layer_norm_meta,
-           "torch.nn.functional.linear": _linear_meta}
+           "torch.nn.functional.linear": _linear_meta, "gelu": _gelu_meta}
 
 
 def result_meta(name: str, args: tuple, kwargs: dict[str, Any],

@@ -20,7 +20,6 @@ Families (in the style of tinygrad's ``GroupOp``):
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import operator
 from collections.abc import Callable
@@ -297,8 +296,9 @@ def cat_arguments(node: Node) -> tuple[list[Node], int] | None:
 # Library calls whose result layout depends on the kernel the device picks.  On the meta
 # device scaled_dot_product_attention takes its math path ([B, H, T, D]-contiguous output);
 # on CUDA FlashAttention and the memory-efficient kernel write [B, T, H, D] memory, so the
-# transpose back to [B, T, H * D] that attention modules do is free.  Their rules run on
-# fake tensors of the real device, where PyTorch makes the choice the kernel will make.
+# transpose back to [B, T, H * D] that attention modules do is free.  With static sizes
+# their rules run the call itself on the real device (_run_on_device), where PyTorch makes
+# the choice the kernel will make; with symbolic sizes, on fake tensors of that device.
 ATTENTION = frozenset({"torch.nn.functional.scaled_dot_product_attention",
                        "torch._C._nn.scaled_dot_product_attention"})
 DEVICE_RULES = ATTENTION
@@ -306,16 +306,6 @@ DEVICE_RULES = ATTENTION
 # kernels give a channels-last one when the input or the weight is (see _conv_layout).
 CONVOLUTIONS = frozenset(f"{prefix}.conv{n}d" for prefix in ("torch.nn.functional", "torch")
                          for n in (1, 2, 3))
-_device_fake_mode: list = []
-
-
-def device_fake_mode() -> Any:
-    """The fake-tensor mode of :data:`DEVICE_RULES` (made on first use)."""
-    if not _device_fake_mode:
-        from torch._subclasses.fake_tensor import FakeTensorMode
-
-        _device_fake_mode.append(FakeTensorMode(allow_non_fake_inputs=True))
-    return _device_fake_mode[0]
 
 
 def _conv_layout(out: Any, args: tuple, kwargs: dict[str, Any]) -> Any:
@@ -336,11 +326,26 @@ def _conv_layout(out: Any, args: tuple, kwargs: dict[str, Any]) -> Any:
     return out
 
 
-def _on_device(v: TensorMeta) -> torch.Tensor:
-    """A fake tensor with ``v``'s layout on its own device."""
-    with device_fake_mode():
-        return torch.empty_strided(v.concrete_shape(), v.concrete_stride(), dtype=v.dtype,
-                                   device=v.device)
+def _run_on_device(name: str, args: tuple, kwargs: dict[str, Any]) -> Any:
+    """``name`` run on uninitialised tensors of the arguments' layouts on their own device
+    (the result's values are never read), with the random state put back after it.  Fake
+    tensors of the device would do, but a fake-tensor mode and these ops' fake rules import
+    torch._dynamo: most of a second of a cold start."""
+
+    def real(v: Any) -> Any:
+        if isinstance(v, Node):
+            v = v.meta
+        if isinstance(v, TensorMeta):
+            return torch.empty_strided(v.concrete_shape(), v.concrete_stride(), dtype=v.dtype,
+                                       device=v.device, requires_grad=v.requires_grad)
+        if isinstance(v, (tuple, list)):
+            return type(v)(real(x) for x in v)
+        return v
+
+    devices = [m.device for m in (getattr(v, "meta", v) for v in (*args, *kwargs.values()))
+               if isinstance(m, TensorMeta) and m.device.type == "cuda"]
+    with torch.random.fork_rng(devices=devices[:1]):  # a dropout draws no number here
+        return run_eager(name, real(args), {k: real(v) for k, v in kwargs.items()})
 
 
 COMPARISONS = frozenset({"eq", "ne", "lt", "le", "gt", "ge"})
@@ -404,8 +409,6 @@ def _infer_meta(
         if isinstance(v, TensorMeta):
             if shapes is not None:  # every tensor a fake tensor of the same context
                 return shapes.fake(v.shape, v.stride, v.dtype, device=v.device)
-            if by_device:
-                return _on_device(v)
             return v.fake()
         if isinstance(v, (tuple, list)):  # also an extern's tuple of metas
             return type(v)(fake(x) for x in v)
@@ -422,7 +425,9 @@ def _infer_meta(
         args = tuple(torch.device("meta") if isinstance(v, torch.device) else v for v in args)
     if shapes is None:
         _check_devices(name, (*args, *kwargs.values()))
-        with device_fake_mode() if by_device else contextlib.nullcontext():
+        if by_device:
+            out = _run_on_device(name, args, kwargs)
+        else:
             fake_args, fake_kwargs = fake(args), {k: fake(v) for k, v in kwargs.items()}
             out = run_eager(name, fake_args, fake_kwargs)
         if name in CONVOLUTIONS:

@@ -204,6 +204,27 @@ def _gelu(em: Emitter, fname: str, args: tuple, kwargs: dict) -> Any:
     return em.op("gelu", (tensor_arg(fname, x),), kwargs)
 
 
+@register("torch.arange")
+def _arange(em: Emitter, fname: str, args: tuple, kwargs: dict) -> Any:
+    """``torch.arange`` of Python ints, int64, on a named device: the positions as values
+    (``iota``: an index expression in the kernels that read it, as Inductor folds it; an
+    embedding of ``arange(T)`` then reads its rows directly).  Anything else (floats, sizes
+    of a dynamic capture, another dtype, the default device) is PyTorch's own call."""
+    rest = {k: v for k, v in kwargs.items() if k not in ("dtype", "device")}
+    device = kwargs.get("device")
+    if (1 <= len(args) <= 3 and all(type(a) is int for a in args) and not rest
+            and kwargs.get("dtype") in (None, torch.int64)
+            and isinstance(device, (str, torch.device))):
+        start, end, step = (0, args[0], 1) if len(args) == 1 else (*args, 1)[:3]
+        count = len(range(start, end, step)) if step != 0 else 0
+        if count > 0:
+            out = em.op("iota", ((count,), 0), {"device": torch.device(device)})
+            if step != 1:
+                out = em.op("mul", (out, step))
+            return em.op("add", (out, start)) if start != 0 else out
+    return em.extern(torch.arange, args, kwargs)
+
+
 # -- binary ops ------------------------------------------------------------------------------
 
 

@@ -33,6 +33,7 @@ import queue
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -226,13 +227,16 @@ def build_in_process(prepared: Prepared) -> str | None:
 class _Worker:
     """A worker process (triton_worker.py), started ahead of its first job."""
 
-    def __init__(self) -> None:
+    def __init__(self, device: int | None) -> None:
         # Where workers keep Triton's own cache key (triton_worker._warm_up).
         key_file = cache.folder(config.get().cache_dir, "triton") / "triton_key.json"
-        self.proc = subprocess.Popen([sys.executable, str(WORKER), str(key_file)],
+        # With the GPU known, the worker builds one kernel for it ahead of the real ones.
+        ahead = [json.dumps(list(target(device)))] if device is not None else []
+        self.proc = subprocess.Popen([sys.executable, str(WORKER), str(key_file), *ahead],
                                      stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                                      text=True, env=config.worker_environment(sys.path))
+        self.seconds: list[float] = []  # how long each build took in the worker
 
     def run(self, job: dict) -> str | None:
         """Build ``job``; None, or why not (the worker is dead after a crash)."""
@@ -247,6 +251,7 @@ class _Worker:
         if not line:
             return "the worker process died"
         r = json.loads(line)
+        self.seconds.append(r.get("seconds", 0.0))
         return None if r["ok"] else r["reason"]
 
     def alive(self) -> bool:
@@ -265,18 +270,22 @@ _workers_pid = os.getpid()  # the process the workers answer
 
 
 def start_workers(count: int | None = None) -> None:
-    """Start worker processes now (they import Triton while the graph is captured and
-    lowered), up to ``count`` (``compile_threads`` by default, at most 8 ahead of need)."""
+    """Start worker processes now, up to ``count``.  Without a count: ``compile_threads``,
+    at most 8, ahead of need (they import Triton and build one kernel for the GPU in use
+    while the graph is captured and lowered); with one, for builds waiting now (no
+    warm-up build to wait for)."""
     global _workers_pid
+    ahead = count is None
     count = count if count is not None else min(config.get().compile_threads, 8)
     with _workers_lock:
         if _workers_pid != os.getpid():  # a forked child: its parent's workers are not its own
             _workers.clear()
             _workers_pid = os.getpid()
         _workers[:] = [w for w in _workers if w.alive()]
+        device = torch.cuda.current_device() if ahead and torch.cuda.is_initialized() else None
         try:
             while len(_workers) < count:
-                _workers.append(_Worker())
+                _workers.append(_Worker(device))
         except OSError as e:
             perf.note(f"no Triton build worker could start: {e}")
         global _registered
@@ -310,6 +319,9 @@ def build_all(prepared: list[Prepared], threads: int) -> list[str | None]:
     if not workers:
         return [build_in_process(p) for p in prepared]
     results: list[str | None] = ["not built"] * len(prepared)
+    start = time.perf_counter()
+    for w in workers:
+        w.seconds.clear()
 
     def work(worker: _Worker) -> None:
         while worker.alive():
@@ -324,6 +336,11 @@ def build_all(prepared: list[Prepared], threads: int) -> list[str | None]:
         t.start()
     for t in threads_:
         t.join()
+    took = [t for w in workers for t in w.seconds]
+    if took:
+        perf.note(f"built {len(took)} Triton kernel(s) in {time.perf_counter() - start:.2f} s "
+                  f"in {len(workers)} worker(s): {sum(took):.2f} s of builds, "
+                  f"the longest {max(took):.2f} s")
     return results
 
 

@@ -1,6 +1,6 @@
 """Build one Triton kernel to a cubin: the job of runtime/triton_build.py's worker processes.
 
-Run as a script (``python triton_worker.py [key file]``), this file imports Triton and nothing of
+Run as a script (``python triton_worker.py [key file [target]]``), this file imports Triton and nothing of
 minicompile or PyTorch, so that a worker starts in the time Triton takes to import.  It
 reads one job per line on stdin (JSON) and answers one result per line on stdout.  The
 launching process imports :func:`build` and calls it in-process for a single kernel.
@@ -20,6 +20,7 @@ import importlib.util
 import json
 import os
 import sys
+import time
 from typing import Any
 
 # Triton's signature types -> the argument codes of torch._C._StaticCudaLauncher.
@@ -129,15 +130,68 @@ def _warm_up(key_file: str | None) -> None:
         pass
 
 
+# The warm-up build: a kernel with a load, a reduction, a libdevice call and a store.
+WARM_UP_KERNEL = """\
+import triton
+import triton.language as tl
+from triton.language.extra import libdevice
+
+
+@triton.jit
+def warm_up(in_ptr, out_ptr, xnumel, XBLOCK: tl.constexpr, RBLOCK: tl.constexpr):
+    xindex = tl.program_id(0) * XBLOCK + tl.arange(0, XBLOCK)[:, None]
+    rindex = tl.arange(0, RBLOCK)[None, :]
+    mask = xindex < xnumel
+    x = tl.load(in_ptr + (rindex + RBLOCK * xindex), mask, other=0.0)
+    total = tl.sum(x, 1)[:, None]
+    tl.store(out_ptr + (rindex + RBLOCK * xindex), libdevice.rsqrt(x - total), mask)
+"""
+
+
+def _build_once(target: list) -> bool:
+    """Build WARM_UP_KERNEL for ``target``, in a cache folder of its own that is deleted
+    after: Triton's first build in a process also loads its compiler's libraries and
+    finds its tools, which the first real build then does not wait for.  Whether it built
+    (a failure is left for the real builds to report)."""
+    import shutil
+    import tempfile
+
+    folder = tempfile.mkdtemp(prefix="minicompile-warm-up-")
+    saved = os.environ.get("TRITON_CACHE_DIR")
+    os.environ["TRITON_CACHE_DIR"] = os.path.join(folder, "triton")
+    try:
+        path = os.path.join(folder, "warm_up.py")
+        with open(path, "w") as f:
+            f.write(WARM_UP_KERNEL)
+        build({"kernel_file": path, "name": "warm_up",
+               "signature": {"in_ptr": "*fp32", "out_ptr": "*fp32", "xnumel": "i32",
+                             "XBLOCK": "constexpr", "RBLOCK": "constexpr"},
+               "constexprs": [[[3], 8], [[4], 128]], "attrs": [], "options": {"num_warps": 4},
+               "target": target, "out": os.path.join(folder, "warm_up")})
+        return True
+    except Exception:  # noqa: BLE001 (the real builds report what is wrong)
+        return False
+    finally:
+        if saved is None:
+            os.environ.pop("TRITON_CACHE_DIR", None)
+        else:
+            os.environ["TRITON_CACHE_DIR"] = saved
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 def main() -> None:
     results = sys.stdout
     sys.stdout = sys.stderr  # whatever Triton prints stays out of the results
     _warm_up(sys.argv[1] if len(sys.argv) > 1 else None)
+    if len(sys.argv) > 2:  # the target the builds are for: one build ahead of them
+        _build_once(json.loads(sys.argv[2]))
     for line in sys.stdin:
+        start = time.perf_counter()
         try:
             result = build(json.loads(line))
         except BaseException as e:  # noqa: BLE001 (reported to the launching process)
             result = {"ok": False, "reason": f"{type(e).__name__}: {e}"[-2000:]}
+        result["seconds"] = time.perf_counter() - start
         results.write(json.dumps(result) + "\n")
         results.flush()
 

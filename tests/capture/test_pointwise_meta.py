@@ -76,7 +76,7 @@ def test_refuses_what_it_does_not_model() -> None:
 
 
 def random_library_args(name: str, rng: random.Random) -> tuple[tuple, dict]:
-    """Real CPU tensors for F.layer_norm / F.linear: mostly plain, sometimes not (another
+    """Real CPU tensors for F.layer_norm / F.linear / gelu: mostly plain, sometimes not (another
     dtype, a transposed input, a size mismatch, a 1-d input, keyword arguments)."""
     dtype = rng.choice(DTYPES[1:])
 
@@ -97,13 +97,19 @@ def random_library_args(name: str, rng: random.Random) -> tuple[tuple, dict]:
         if rng.random() < 0.3:
             return (x, normalized), {"weight": w, "bias": b, "eps": 1e-6}
         return (x, normalized, w, b), {}
+    if name == "gelu":
+        if x.dim() >= 1 and rng.random() < 0.3 and x.shape[-1] >= 2:
+            x = x[..., ::2]
+        mode = rng.choice(["none", "tanh", "tanh", "exact"])
+        return ((x, mode), {}) if rng.random() < 0.5 else ((x,), {"approximate": mode})
     rows = rng.choice([1, 4, 7])
     w = torch.randn(rows, last, dtype=other())
     b = torch.randn(rows, dtype=other()) if rng.random() < 0.7 else None
     return ((x, w, b), {}) if rng.random() < 0.7 else ((x, w), {"bias": b})
 
 
-@pytest.mark.parametrize("name", ["torch.nn.functional.layer_norm", "torch.nn.functional.linear"])
+@pytest.mark.parametrize("name", ["torch.nn.functional.layer_norm", "torch.nn.functional.linear",
+                                  "gelu"])
 def test_library_rules_match_eager(name: str) -> None:
     """Where the rule answers, eager's result has that shape, strides and dtype; where
     eager raises, the rule does not answer (the slow path raises eager's error)."""
@@ -119,7 +125,8 @@ def test_library_rules_match_eager(name: str) -> None:
                                        {k: meta(v) for k, v in kwargs.items()},
                                        torch.device("cpu"))
         try:
-            eager = getattr(torch.nn.functional, name.rpartition(".")[2])(*args, **kwargs)
+            eager = ops.run_eager(name, args, kwargs) if name == "gelu" else getattr(
+                torch.nn.functional, name.rpartition(".")[2])(*args, **kwargs)
         except (RuntimeError, TypeError, ValueError):
             assert fast is None, (args, kwargs)
             continue

@@ -29,14 +29,14 @@ def test_gpu_kernels_launch_through_launchers_and_assert_on_the_device() -> None
     # Only the inputs' alignment can change between calls (the sizes are constants).
     # ... and what a call passes (the dtypes and sizes a build ahead of the call needs).
     assert ("triton_red_embedding_sin_sum_0_launch = Launcher(triton_red_embedding_sin_sum_0, "
-            "(0, 1), (), (torch.int64, torch.float32, torch.float32, 4, 8), XBLOCK=4, RBLOCK=8, "
+            "(0, 1), (), (torch.int64, torch.float32, torch.float32, 4, 8), XBLOCK=1, RBLOCK=8, "
             "num_warps=4, debug=True, sanitize_overflow=False)") in module
     assert ("triton_poi_cos_1_launch = Launcher(triton_poi_cos_1, (0,), (), "
             "(torch.float32, torch.float32, 80), XBLOCK=128)") in module
     # Triton itself is imported only when a kernel must be built.
     assert "from minicompile.runtime.lazy_triton import libdevice, tl, triton" in module
     assert "import triton\n" not in module
-    assert "triton_red_embedding_sin_sum_0_launch(1, arg1, arg0, buf0, 4, 8)" in module
+    assert "triton_red_embedding_sin_sum_0_launch(4, arg1, arg0, buf0, 4, 8)" in module
     assert 'tl.device_assert(tmp1, "index out of range in triton_red_embedding_sin_sum_0: ' \
         '0 <= index < 10")' in module
     # Nothing reads a flag back (that would wait for the GPU).
@@ -286,7 +286,8 @@ def test_build_workers_belong_to_the_process_that_started_them(monkeypatch) -> N
     closed: list = []
 
     class FakeWorker:
-        def __init__(self) -> None:
+        def __init__(self, device: int | None) -> None:
+            assert device is None  # no GPU in use here: no build ahead
             self.closed = False
 
         def alive(self) -> bool:
@@ -338,3 +339,42 @@ def test_workers_keep_tritons_own_cache_key_across_processes(tmp_path) -> None:
     key_file.write_text(json.dumps({"stamp": "another Triton", "key": "stale"}))
     assert worker() == first  # a stamp that no longer holds: hashed again
     assert json.loads(key_file.read_text())["key"] == first
+
+
+def test_a_worker_told_its_gpu_builds_one_kernel_ahead_and_leaves_nothing(tmp_path) -> None:
+    """With a target on its command line, a worker builds a kernel for it before its first
+    job (in a cache folder of its own, deleted after), then answers jobs as before."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from minicompile.runtime import triton_worker
+
+    (tmp_path / "tmp").mkdir()
+    (tmp_path / "kernel.py").write_text(triton_worker.WARM_UP_KERNEL)
+    env = {**os.environ, "TMPDIR": str(tmp_path / "tmp"),
+           "TRITON_CACHE_DIR": str(tmp_path / "triton")}
+    env.pop("TRITON_INTERPRET", None)
+    job = {"kernel_file": str(tmp_path / "kernel.py"), "name": "warm_up",
+           "signature": {"in_ptr": "*fp32", "out_ptr": "*fp32", "xnumel": "i32",
+                         "XBLOCK": "constexpr", "RBLOCK": "constexpr"},
+           "constexprs": [[[3], 4], [[4], 64]], "attrs": [], "options": {"num_warps": 2},
+           "target": ["cuda", 90, 32], "out": str(tmp_path / "built")}
+    proc = subprocess.run(
+        [sys.executable, triton_worker.__file__, str(tmp_path / "key.json"),
+         json.dumps(["cuda", 90, 32])], input=json.dumps(job) + "\n", env=env,
+        capture_output=True, text=True, timeout=600, check=True)
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["ok"] and result["seconds"] > 0
+    assert (tmp_path / "built.cubin").read_bytes()[:4] == b"\x7fELF"
+    assert list((tmp_path / "tmp").iterdir()) == []  # the warm-up's folder is gone
+    # Only the real job's build went to Triton's cache (the warm-up's had a folder of its own).
+    assert len(list((tmp_path / "triton").rglob("*.cubin"))) == 1
+    # The warm-up itself builds (a failure would only be silent).
+    code = ("import sys; sys.path.insert(0, {folder!r}); import triton_worker; "
+            "print(triton_worker._build_once(['cuda', 90, 32]))").format(
+        folder=str(Path(triton_worker.__file__).parent))
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                         text=True, timeout=600, check=True)
+    assert out.stdout.strip().splitlines()[-1] == "True"

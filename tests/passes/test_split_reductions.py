@@ -92,3 +92,17 @@ def test_column_reductions_tile_outputs_by_rows() -> None:
     assert "triton_red_sum_1_launch(8, buf0, buf1, 512, 64)" in module
     assert triton_reduction.reduction_blocks(512, 4096, False, column=True) == (64, 64, 8, False)
     assert triton_reduction.reduction_blocks(512, 4096, False) == (1, 4096, 8, True)  # rows
+
+
+def test_rows_gathered_by_an_embedding_are_reduced_along_the_row() -> None:
+    """An embedding's index is one load per output (no move along the row), the gathered
+    row is read along it: a row-wise (persistent) kernel, not the column tiling (which
+    gave 16 programs for 1024 rows)."""
+    b = GraphBuilder("cuda")
+    idx = b.input("L_idx", (8, 128), torch.int64)
+    table = b.input("L_table", (512, 256))
+    rows = b("embedding", table, idx)
+    module = compile_graph_text(b.output(b("sum", b("mul", rows, rows), (2,), True)),
+                                "triton").code.module
+    assert "XBLOCK=4, RBLOCK=256, num_warps=4," in module
+    assert "triton_red_embedding_mul_sum_0_launch(256, arg0, arg1, buf0, 1024, 256)" in module

@@ -703,6 +703,20 @@ def factory_functions(x):
     return x + torch.ones_like(x) * 2 + torch.zeros(x.shape[-1], device=x.device) + positions
 
 
+@program(inputs(randn(2, 6, 4), randn(9, 4)))
+def arange_positions_and_steps(x, table):
+    """arange of ints: positions as values (an embedding of them, steps, a start, a
+    reversed range, an empty one) and arange of floats (PyTorch's own call)."""
+    t = x.shape[1]
+    pos = torch.arange(0, t, dtype=torch.long, device=x.device)
+    steps = torch.arange(3, 3 + 2 * t, 2, device=x.device)
+    down = torch.arange(t, 0, -2, device=x.device)
+    empty = torch.arange(4, 4, device=x.device)
+    halves = torch.arange(0.0, t / 2, 0.5, device=x.device)
+    return (F.embedding(pos, table) + x, steps * 2, down, empty + 1, halves + x[0, :, 0],
+            pos.float().mean())
+
+
 @program(inputs(randn(4, 8)))
 def dtype_casts(x):
     y = x.to(torch.float16)

@@ -31,7 +31,7 @@ from minicompile.driver import counters as _stats
 from minicompile.resume import Resuming, _callee_wrappers, _compiled_steps
 from minicompile.runtime import build, entries
 
-# Capture, the passes, lowering and codegen import sympy, networkx and PyTorch's fake tensors
+# Capture, the passes, lowering and codegen import sympy and PyTorch's fake tensors
 # (most of a second): they are imported on the first miss, not at `import minicompile`, so a
 # process whose calls all find warm entries on disk (runtime/entries.py) never loads them.
 if TYPE_CHECKING:
@@ -493,7 +493,7 @@ class CompiledFunction(Resuming):
 
 
 def _import_compiler() -> None:
-    """Import capture and the compiler (sympy, networkx, PyTorch's fake tensors): on the
+    """Import capture and the compiler (sympy, PyTorch's fake tensors): on the
     first miss, not at `import minicompile` (timed as its own phase under
     MINICOMPILE_LOGS=perf)."""
     from minicompile.runtime import toolchain

@@ -13,12 +13,11 @@ Profitability is simple: fewer launches is always better here; :data:`MAX_PARTS`
 
 from __future__ import annotations
 
-import networkx as nx
-
 from minicompile.ir import ComputedBuffer, IndexExpr, Load, raises_on_values, walk
 from minicompile.sym import size_symbols
 from minicompile.schedule import ComboGroup, FusedGroup
 
+from minicompile.passes.dag import Dag
 from minicompile.passes.fusion import dependency_graph
 
 MAX_PARTS = 8  # sub-kernels per combo kernel
@@ -56,8 +55,8 @@ def levels(groups: list[FusedGroup]) -> dict[int, int]:
     """Each group's level: the number of groups on the longest path to it."""
     dag = dependency_graph(groups)
     level: dict[int, int] = {}
-    for key in nx.topological_sort(dag):
-        level[key] = max((level[p] + 1 for p in dag.predecessors(key)), default=0)
+    for key in dag.topological_order():  # any order after the predecessors would do
+        level[key] = max((level[p] + 1 for p in dag.pred[key]), default=0)
     return level
 
 
@@ -90,11 +89,11 @@ def combine(
             for p in parts:
                 unit_of[p.key] = combo
     # The units in dependency order, earliest program position first among those ready.
-    units = {id(u): u for u in unit_of.values()}
-    dag = nx.DiGraph()
-    dag.add_nodes_from(units)
-    for a, b in dependency_graph(groups).edges:
+    units = list({id(u): u for u in unit_of.values()}.values())
+    index = {id(u): k for k, u in enumerate(units)}
+    dag = Dag(range(len(units)))
+    for a, b in dependency_graph(groups).edges():
         if unit_of[a] is not unit_of[b]:
-            dag.add_edge(id(unit_of[a]), id(unit_of[b]))
-    order = nx.lexicographical_topological_sort(dag, key=lambda u: units[u].key)
-    return [units[u] for u in order]
+            dag.add_edge(index[id(unit_of[a])], index[id(unit_of[b])])
+    order = dag.topological_order(key=lambda k: units[k].key)
+    return [units[k] for k in order]

@@ -92,7 +92,7 @@ def test_a_realized_producer_fuses_with_a_consumer_reading_the_same_element() ->
     a = FusedGroup(0, [_buffer("buf0", ["arg0"])])
     b = FusedGroup(1, [_buffer("buf1", ["buf0"])])
     dag = dependency_graph([a, b])
-    assert list(dag.edges) == [(0, 1)]
+    assert list(dag.edges()) == [(0, 1)]
     assert can_fuse(a, b, dag) == (True, "same iteration space")
 
 

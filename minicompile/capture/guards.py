@@ -3,18 +3,21 @@
 A :class:`GuardBuilder` collects one :class:`GuardCheck` per fact the trace relied on, with
 one method per kind of guard (tensor match, constant match, identity, sequence length, dict
 keys, grad mode).  :meth:`GuardBuilder.build` turns them into one generated Python function,
-compiled once, taking the frame's parameters in layout order::
+compiled once, taking the frame's parameters in layout order (rendered by
+minicompile/runtime/guard_render.py; a path several checks read is read once)::
 
-    def check(L_x, L_n):
-        return (
-            type(L_x) is Tensor  # L['x'] type
-            and L_x.dtype is torch.float32  # L['x'] dtype
-            ...
-        )
+    def check(L_self, L_x):
+        if not (type(L_x) is Tensor):  # L['x'] type
+            return False
+        p0 = L_self._modules
+        if not (p0.get('conv1') is Conv2d):  # L['self']._modules['conv1'] identity
+            return False
+        ...
+        return True
 
 Objects the checks compare against (devices, modules, functions, cells, the globals dict)
 are held by reference in the function's namespace, never by ``id()``.  The fast path is one
-boolean expression; :meth:`Guards.explain_failure` re-runs the checks one by one on a miss
+function call; :meth:`Guards.explain_failure` re-runs the checks one by one on a miss
 to say which failed and how.
 """
 

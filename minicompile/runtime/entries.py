@@ -196,17 +196,18 @@ def save(stored: Stored, cfg: Config) -> Path | None:
 def _payload(stored: Stored, cfg: Config) -> dict:
     capture, fn = stored.capture, stored.fn
     guards = capture.guards
-    namespace, keyed = {}, [fn]
+    namespace, keyed, modules = {}, [fn], {}
     for k, v in guards.namespace.items():
         if k in _SKIP:
             continue
         if isinstance(v, torch.nn.Module):
-            namespace[k], walk = _module_recipe(k, v, guards)
-            keyed += walk.objects
+            modules[k] = v
         else:
             namespace[k] = recipe(v, fn)
             keyed.append(v)
-    _check_codes_covered(capture.codes, keyed)
+    recipes, objects = _module_recipes(modules, guards)
+    namespace.update(recipes)
+    _check_codes_covered(capture.codes, keyed + objects)
     loaded = stored.loaded
     return {
         "name": fn.__qualname__,
@@ -230,17 +231,35 @@ def _payload(stored: Stored, cfg: Config) -> dict:
     }
 
 
-def _module_recipe(name: str, module: torch.nn.Module, guards: Guards) -> tuple[list, Any]:
-    """A module the guards hold by identity (``L_self is MLP``): a new process finds the
+def _module_recipes(modules: dict[str, torch.nn.Module],
+                    guards: Guards) -> tuple[dict[str, list], list]:
+    """Modules the guards hold by identity (``L_self is MLP``): a new process finds each
     module passed at the same place of the frame, and uses the entry only where its
     fingerprint (fingerprints.ModuleWalk) is the one traced; the identity guard then holds
-    that module, as the in-memory entry holds this one."""
-    where = [c.actual for c in guards.checks
-             if c.kind == "identity" and c.expr == f"{c.actual} is {name}"]
-    if not where:
-        raise NotStorable(f"module {type(module).__qualname__} is not reached from the frame")
-    walk = fingerprints.ModuleWalk(module)
-    return ["frame_module", where[0], walk.digest], walk
+    that module, as the in-memory entry holds this one.  Returns the recipes and the
+    functions and classes the fingerprints met.
+
+    Modules are walked outermost first: a walk fingerprints the modules inside it on the
+    way (resnet50's guards hold 217 modules; walking each alone walked the model five
+    times over)."""
+    where: dict[str, str] = {}  # namespace name -> the first place an identity guard reads
+    for c in guards.checks:
+        if c.kind == "identity" and c.expr.startswith(f"{c.actual} is "):
+            where.setdefault(c.expr[len(c.actual) + 4:], c.actual)
+    recipes, objects, digests = {}, [], {}
+    for name in sorted(modules, key=lambda n: len(where.get(n, ""))):
+        module = modules[name]
+        if name not in where:
+            raise NotStorable(f"module {type(module).__qualname__} is not reached from the "
+                              f"frame")
+        digest = digests.get(id(module))
+        if digest is None:  # (one met inside a module walked already: its objects too)
+            walk = fingerprints.ModuleWalk(module, inner=True)
+            digests.update(walk.digests)
+            objects += walk.objects
+            digest = walk.digest
+        recipes[name] = ["frame_module", where[name], digest]
+    return recipes, objects
 
 
 def _check_codes_covered(codes: frozenset, objects: list) -> None:
@@ -248,13 +267,19 @@ def _check_codes_covered(codes: frozenset, objects: list) -> None:
     included), code of functions and classes found again by recipes that check it (or met
     in a module's fingerprint), or code of PyTorch, Triton and the standard library (keyed
     by their versions)."""
-    covered = {id(c) for obj in objects for c in fingerprints.codes_of(obj)}
-    for code in codes:
-        if id(code) not in covered and not fingerprints.versioned(code.co_filename):
-            raise NotStorable(
-                f"the trace inlined {code.co_qualname if hasattr(code, 'co_qualname') else code.co_name} "
-                f"({code.co_filename}:{code.co_firstlineno}), which no recipe checks"
-            )
+    unversioned = [c for c in codes if not fingerprints.versioned(c.co_filename)]
+    if not unversioned:
+        return
+    covered, done = set(), set()
+    for obj in objects:  # (the same classes come again and again: once each)
+        if id(obj) not in done:
+            done.add(id(obj))
+            covered.update(id(c) for c in fingerprints.codes_of(obj))
+    for code in unversioned:
+        if id(code) not in covered:
+            name = getattr(code, "co_qualname", code.co_name)
+            raise NotStorable(f"the trace inlined {name} ({code.co_filename}:"
+                              f"{code.co_firstlineno}), which no recipe checks")
 
 
 def _artefact(path: Path, cfg: Config) -> dict:
@@ -392,7 +417,8 @@ def _load(path: Path, fn: types.FunctionType, cfg: Config, frame: tuple) -> Warm
     for name, (_, where, digest) in sorted(modules.items(), key=lambda kv: len(kv[1][1])):
         found = _frame_module(p["params"], where, digest, namespace, frame, walked)
         namespace[name] = found
-        walked.update(id(m) for m in found.modules())
+        if id(found) not in walked:  # (else its submodules are there already)
+            walked.update(id(m) for m in found.modules())
     checks = [GuardCheck(s, k, e, a, _expected(x)) for s, k, e, a, x in p["checks"]]
     code = marshal.loads(base64.b64decode(p["guard_code"]))
     if not isinstance(code, types.CodeType) or code.co_filename != GUARDS_FILENAME:

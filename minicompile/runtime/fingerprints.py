@@ -212,17 +212,26 @@ class ModuleWalk:
     by identity is in it, so a module of a new process with the same fingerprint traces to
     the same graph.  ``objects``: the functions and classes met (their code is keyed)."""
 
-    def __init__(self, module: torch.nn.Module) -> None:
+    def __init__(self, module: torch.nn.Module, inner: bool = False) -> None:
         self.objects: list[Any] = []
+        # ``inner``: digests holds id(module) -> fingerprint for the modules inside whose
+        # fingerprint is a stretch of this one's (what their own walk would hash: nothing
+        # in them was met before them).  A model's guards hold most of its modules by
+        # identity: one walk fingerprints them all.
+        self.digests: dict[int, str] = {}
+        self._inner = inner
         self._classes: dict[type, str] = {}  # class -> its line of the fingerprint
-        self._seen: set[int] = set()
-        self._h = hashlib.sha256()
+        self._seen: dict[int, int] = {}  # id -> the part at which it was first met
+        self._parts: list[str] = []  # the text hashed: each part followed by a NUL
+        self._open: list[list] = []  # modules being walked: [first part, clean]
         self._value(module, "self")
-        self.digest = self._h.hexdigest()
+        self.digest = self._hash(0)
+
+    def _hash(self, start: int) -> str:
+        return hashlib.sha256(("\0".join(self._parts[start:]) + "\0").encode()).hexdigest()
 
     def _put(self, text: str) -> None:
-        self._h.update(text.encode())
-        self._h.update(b"\0")
+        self._parts.append(text)
 
     def _class(self, cls: type) -> None:
         text = self._classes.get(cls)
@@ -239,10 +248,26 @@ class ModuleWalk:
         if isinstance(value, _TORCH_VALUES):
             self._put(f"{type(value).__name__}:{value}")
             return
-        if id(value) in self._seen:  # shared or cyclic: its place in the walk is enough
+        first = self._seen.get(id(value))
+        if first is not None:  # shared or cyclic: its place in the walk is enough
+            for stretch in reversed(self._open):  # a module walked alone would not say so
+                if stretch[0] <= first:
+                    break
+                stretch[1] = False
             self._put("seen")
             return
-        self._seen.add(id(value))
+        self._seen[id(value)] = len(self._parts)
+        if self._inner and isinstance(value, torch.nn.Module):
+            stretch = [len(self._parts), True]
+            self._open.append(stretch)
+            self._walk(value, where)
+            self._open.pop()
+            if stretch[1]:
+                self.digests[id(value)] = self._hash(stretch[0])
+            return
+        self._walk(value, where)
+
+    def _walk(self, value: Any, where: str) -> None:
         if isinstance(value, torch.Tensor):
             self._class(type(value))
             self._put(f"tensor {tuple(value.shape)} {value.stride()} {value.storage_offset()} "

@@ -152,30 +152,34 @@ def _build_once(target: list) -> bool:
     """Build WARM_UP_KERNEL for ``target``, in a cache folder of its own that is deleted
     after: Triton's first build in a process also loads its compiler's libraries and
     finds its tools, which the first real build then does not wait for.  Whether it built
-    (a failure is left for the real builds to report)."""
+    (a failure is left for the real builds to report; a Triton without ``knobs``, before
+    3.4, does not warm up)."""
     import shutil
     import tempfile
 
-    folder = tempfile.mkdtemp(prefix="minicompile-warm-up-")
-    saved = os.environ.get("TRITON_CACHE_DIR")
-    os.environ["TRITON_CACHE_DIR"] = os.path.join(folder, "triton")
     try:
-        path = os.path.join(folder, "warm_up.py")
-        with open(path, "w") as f:
-            f.write(WARM_UP_KERNEL)
-        build({"kernel_file": path, "name": "warm_up",
-               "signature": {"in_ptr": "*fp32", "out_ptr": "*fp32", "xnumel": "i32",
-                             "XBLOCK": "constexpr", "RBLOCK": "constexpr"},
-               "constexprs": [[[3], 8], [[4], 128]], "attrs": [], "options": {"num_warps": 4},
-               "target": target, "out": os.path.join(folder, "warm_up")})
+        from triton import knobs
+
+        scope = knobs.cache.scope
+    except (ImportError, AttributeError):
+        return False
+    folder = tempfile.mkdtemp(prefix="minicompile-warm-up-")
+    try:
+        with scope():
+            knobs.cache.dir = os.path.join(folder, "triton")
+            path = os.path.join(folder, "warm_up.py")
+            with open(path, "w") as f:
+                f.write(WARM_UP_KERNEL)
+            build({"kernel_file": path, "name": "warm_up",
+                   "signature": {"in_ptr": "*fp32", "out_ptr": "*fp32", "xnumel": "i32",
+                                 "XBLOCK": "constexpr", "RBLOCK": "constexpr"},
+                   "constexprs": [[[3], 8], [[4], 128]], "attrs": [],
+                   "options": {"num_warps": 4}, "target": target,
+                   "out": os.path.join(folder, "warm_up")})
         return True
     except Exception:  # noqa: BLE001 (the real builds report what is wrong)
         return False
     finally:
-        if saved is None:
-            os.environ.pop("TRITON_CACHE_DIR", None)
-        else:
-            os.environ["TRITON_CACHE_DIR"] = saved
         shutil.rmtree(folder, ignore_errors=True)
 
 

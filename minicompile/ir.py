@@ -44,7 +44,7 @@ class Expr:
         return ()
 
     def __post_init__(self) -> None:
-        fields = tuple(getattr(self, f.name) for f in dataclasses.fields(self))  # type: ignore[arg-type]
+        fields = tuple(getattr(self, name) for name in type(self)._field_names)  # type: ignore[attr-defined]
         object.__setattr__(self, "_hash", hash((type(self).__name__,) + fields))
 
     def __hash__(self) -> int:  # noqa: D105
@@ -54,6 +54,7 @@ class Expr:
 def _expr(cls: type) -> type:
     cls = dataclasses.dataclass(frozen=True, eq=True)(cls)
     cls.__hash__ = Expr.__hash__  # type: ignore[assignment]
+    cls._field_names = tuple(f.name for f in dataclasses.fields(cls))  # (read per node made)
     return cls
 
 

@@ -56,24 +56,24 @@ def test_someone_elses_freeze_and_a_disabled_collector_are_left_alone() -> None:
         gc.enable()
 
 
-def test_a_compile_leaves_the_heap_as_it_found_it() -> None:
+def test_a_compile_leaves_the_heap_as_it_found_it(backend: str, device: torch.device) -> None:
     def f(x: torch.Tensor) -> torch.Tensor:
         return torch.relu(x) * 2
 
-    compiled = minicompile.compile(f, backend="cpp")
-    for x in (torch.randn(4, 5), torch.randn(4, 5)):
+    compiled = minicompile.compile(f, backend=backend)
+    for x in (torch.randn(4, 5, device=device), torch.randn(4, 5, device=device).t()):
         torch.testing.assert_close(compiled(x), f(x))
     assert gc.get_freeze_count() == 0
     assert gc.isenabled()
 
 
-def test_a_compile_that_raises_unfreezes() -> None:
+def test_a_compile_that_raises_unfreezes(backend: str, device: torch.device) -> None:
     def f(x: torch.Tensor) -> torch.Tensor:
         raise ValueError("from the user's code")
 
-    compiled = minicompile.compile(f, backend="cpp")
+    compiled = minicompile.compile(f, backend=backend)
     try:
-        compiled(torch.randn(3))
+        compiled(torch.randn(3, device=device))
     except ValueError:
         pass
     else:

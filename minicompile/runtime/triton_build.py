@@ -237,9 +237,23 @@ class _Worker:
                                      stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                                      text=True, env=config.worker_environment(sys.path))
         self.seconds: list[float] = []  # how long each build took in the worker
+        self.lock = threading.Lock()  # held by the thread that talks to the worker
+        self.ready = False
+
+    def wait_ready(self) -> bool:
+        """Wait for the worker's first line (Triton imported, its warm-up build done);
+        False when the worker died first."""
+        if not self.ready:
+            assert self.proc.stdout is not None
+            try:
+                self.ready = bool(self.proc.stdout.readline())
+            except OSError:
+                return False
+        return self.ready
 
     def run(self, job: dict) -> str | None:
-        """Build ``job``; None, or why not (the worker is dead after a crash)."""
+        """Build ``job`` (the worker ready); None, or why not (the worker is dead after a
+        crash)."""
         proc = self.proc
         assert proc.stdin is not None and proc.stdout is not None
         try:
@@ -285,7 +299,9 @@ def start_workers(count: int | None = None) -> None:
         device = torch.cuda.current_device() if ahead and torch.cuda.is_initialized() else None
         try:
             while len(_workers) < count:
-                _workers.append(_Worker(device))
+                # The first worker makes no warm-up build: a small graph's first kernel
+                # need not wait for one.
+                _workers.append(_Worker(device if _workers else None))
         except OSError as e:
             perf.note(f"no Triton build worker could start: {e}")
         global _registered
@@ -315,27 +331,38 @@ def build_all(prepared: list[Prepared], threads: int) -> list[str | None]:
         jobs.put((i, p.job()))
     start_workers(min(threads, len(prepared)))
     with _workers_lock:
-        workers = [w for w in _workers if w.alive()][:min(threads, len(prepared))]
+        workers = [w for w in _workers if w.alive()]
     if not workers:
         return [build_in_process(p) for p in prepared]
     results: list[str | None] = ["not built"] * len(prepared)
     start = time.perf_counter()
     for w in workers:
         w.seconds.clear()
+    finished = threading.Semaphore(0)
 
     def work(worker: _Worker) -> None:
-        while worker.alive():
-            try:
-                i, job = jobs.get_nowait()
-            except queue.Empty:
+        # Each worker takes jobs once it is ready, so the first jobs go to the workers
+        # ready first; one still warming up when the jobs are gone takes none.
+        with worker.lock:
+            if not worker.wait_ready():
                 return
-            results[i] = worker.run(job)
+            while worker.alive():
+                try:
+                    i, job = jobs.get_nowait()
+                except queue.Empty:
+                    return
+                results[i] = worker.run(job)
+                finished.release()
 
     threads_ = [threading.Thread(target=work, args=(w,), daemon=True) for w in workers]
     for t in threads_:
         t.start()
-    for t in threads_:
-        t.join()
+    done = 0
+    while done < len(prepared):  # (a thread may still wait for its worker's warm-up)
+        if finished.acquire(timeout=0.05):
+            done += 1
+        elif not any(t.is_alive() for t in threads_):  # every worker died: the rest is not built
+            break
     took = [t for w in workers for t in w.seconds]
     if took:
         perf.note(f"built {len(took)} Triton kernel(s) in {time.perf_counter() - start:.2f} s "

@@ -2,7 +2,8 @@
 
 Run as a script (``python triton_worker.py [key file [target]]``), this file imports Triton and nothing of
 minicompile or PyTorch, so that a worker starts in the time Triton takes to import.  It
-reads one job per line on stdin (JSON) and answers one result per line on stdout.  The
+says it is ready in a first line on stdout, then reads one job per line on stdin (JSON)
+and answers one result per line on stdout.  The
 launching process imports :func:`build` and calls it in-process for a single kernel.
 
 A job names a kernel file (the kernel and the helpers it calls, with real Triton imports),
@@ -189,6 +190,8 @@ def main() -> None:
     _warm_up(sys.argv[1] if len(sys.argv) > 1 else None)
     if len(sys.argv) > 2:  # the target the builds are for: one build ahead of them
         _build_once(json.loads(sys.argv[2]))
+    results.write('{"ready": true}\n')  # the first line: jobs can come
+    results.flush()
     for line in sys.stdin:
         start = time.perf_counter()
         try:

@@ -378,3 +378,42 @@ def test_a_worker_told_its_gpu_builds_one_kernel_ahead_and_leaves_nothing(tmp_pa
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
                          text=True, timeout=600, check=True)
     assert out.stdout.strip().splitlines()[-1] == "True"
+
+
+def test_jobs_go_to_the_workers_ready_first(monkeypatch) -> None:
+    """A worker still making its warm-up build takes no job while another is ready, and
+    the build does not wait for it."""
+    import threading
+    import time
+
+    from minicompile.runtime import triton_build
+
+    class FakeWorker:
+        def __init__(self, warm_up: float) -> None:
+            self.warm_up, self.lock, self.seconds, self.jobs = warm_up, threading.Lock(), [], []
+
+        def wait_ready(self) -> bool:
+            time.sleep(self.warm_up)
+            return True
+
+        def alive(self) -> bool:
+            return True
+
+        def run(self, job: dict) -> None:
+            self.jobs.append(job)
+            self.seconds.append(0.01)
+
+    class FakePrepared:
+        def __init__(self, k: int) -> None:
+            self.k = k
+
+        def job(self) -> dict:
+            return {"k": self.k}
+
+    slow, quick = FakeWorker(3.0), FakeWorker(0.0)
+    monkeypatch.setattr(triton_build, "_workers", [slow, quick])
+    monkeypatch.setattr(triton_build, "_workers_pid", __import__("os").getpid())
+    start = time.perf_counter()
+    assert triton_build.build_all([FakePrepared(0), FakePrepared(1)], threads=2) == [None, None]
+    assert time.perf_counter() - start < 2.0
+    assert quick.jobs == [{"k": 0}, {"k": 1}] and slow.jobs == []

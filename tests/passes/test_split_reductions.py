@@ -104,5 +104,5 @@ def test_rows_gathered_by_an_embedding_are_reduced_along_the_row() -> None:
     rows = b("embedding", table, idx)
     module = compile_graph_text(b.output(b("sum", b("mul", rows, rows), (2,), True)),
                                 "triton").code.module
-    assert "XBLOCK=4, RBLOCK=256, num_warps=4," in module
-    assert "triton_red_embedding_mul_sum_0_launch(256, arg0, arg1, buf0, 1024, 256)" in module
+    assert "XBLOCK=2, RBLOCK=256, num_warps=1," in module
+    assert "triton_red_embedding_mul_sum_0_launch(512, arg0, arg1, buf0, 1024, 256)" in module

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 from collections.abc import Iterator
 
 import sympy
@@ -254,8 +255,10 @@ def row_invariant(exprs: list[Expr], done: dict, rvars: tuple) -> list[Expr]:
     return out
 
 
+@functools.lru_cache(maxsize=8192)
 def _coefficients(index: sympy.Expr, dims: tuple[sympy.Symbol, ...]) -> tuple | None:
-    """``index`` as (constant, coefficient per dim) when it is affine in ``dims``."""
+    """``index`` as (constant, coefficient per dim) when it is affine in ``dims``.  (Each
+    access is asked about once for its merge and again per load: remembered.)"""
     poly = sympy.expand(index)
     coeffs = tuple(poly.coeff(d) for d in dims)
     rest = sympy.expand(poly - sum(c * d for c, d in zip(coeffs, dims)))
@@ -318,7 +321,14 @@ def plan_kernel(
     singles = {p[run[0]]: x for run, x in zip(x_runs, loop_vars) if len(run) == 1}
     singles.update({q[run[0]]: r for run, r in zip(r_runs, rvars) if len(run) == 1})
 
+    reindexed: dict[sympy.Expr, sympy.Expr] = {}
+
     def reindex(index: sympy.Expr) -> sympy.Expr:
+        if index not in reindexed:
+            reindexed[index] = _reindex(index)
+        return reindexed[index]
+
+    def _reindex(index: sympy.Expr) -> sympy.Expr:
         tx, tr = _coefficients(index, p), _coefficients(index, q)
         if tx is None or tr is None:
             # Not affine (a reshape of a computed value): no dims were merged then, so

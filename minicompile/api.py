@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from minicompile import config, distributed, optim, perf, trace
+from minicompile import config, distributed, heap, optim, perf, trace
 from minicompile.config import Config
 from minicompile.errors import BackendCompilerFailed, Unsupported
 from minicompile.driver import compile_graph, describe_symbols
@@ -217,6 +217,12 @@ class CompiledFunction(Resuming):
     # -- the miss path ----------------------------------------------------------------------
 
     def compile_and_run(self, frame: tuple, args: tuple, kwargs: dict[str, Any]) -> Any:
+        # Full collections during a compile (and the first run, which builds the kernels)
+        # walk only the objects it makes, not the whole process (minicompile/heap.py).
+        with heap.frozen():
+            return self._compile_and_run(frame, args, kwargs)
+
+    def _compile_and_run(self, frame: tuple, args: tuple, kwargs: dict[str, Any]) -> Any:
         cfg = self.cfg
         name = self.fn.__qualname__
         if cfg.warm_entries and not self.looked_on_disk:
@@ -241,6 +247,7 @@ class CompiledFunction(Resuming):
         with perf.graph(name):
             with perf.phase("import"):
                 _import_compiler()
+            heap.refreeze()  # the compiler's modules are old objects too
             try:
                 capture, stop = self.capture(self.root, frame, self.entries, name,
                                              not cfg.fullgraph)

@@ -157,8 +157,8 @@ def build_graph(graph: Any, cfg: Config, name: str, backend: str, interpret: boo
     with perf.phase("codegen"):
         code = generate(program, groups, backend, graph_name=name, in_place=in_place,
                         takes_inputs=takes_inputs)
-    trace.emit("graph", f"{name} after passes", str(graph))
-    trace.emit("fusion", name, "\n".join(
+    trace.emit("graph", f"{name} after passes", lambda: str(graph))
+    trace.emit("fusion", name, lambda: "\n".join(
         [str(program), ""] + fusion_log + [f"group {g.name}" for g in groups]))
     trace.emit("output_code", f"{name} ({backend})", code.module, f"{name}.{backend}.py")
     if code.cpp_source is not None:

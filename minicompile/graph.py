@@ -144,27 +144,35 @@ class Node:
 
     def inputs(self) -> Iterator[Node]:
         """The nodes this node reads, in argument order."""
-        return iter(flatten_nodes((self.args, tuple(self.kwargs.values()))))
+        out: list[Node] = []
+        _collect(self.args, out)
+        if self.kwargs:
+            _collect(self.kwargs, out)
+        return iter(out)
 
     def __repr__(self) -> str:
         return f"%{self.index}"
 
 
 def flatten_nodes(value: Any) -> list[Node]:
+    """The Nodes in ``value`` (nested tuples/lists/dicts), in order."""
     out: list[Node] = []
-
-    def visit(v: Any) -> None:
-        if isinstance(v, Node):
-            out.append(v)
-        elif isinstance(v, (tuple, list)):
-            for item in v:
-                visit(item)
-        elif isinstance(v, dict):
-            for item in v.values():
-                visit(item)
-
-    visit(value)
+    _collect(value, out)
     return out
+
+
+def _collect(value: Any, out: list[Node]) -> None:
+    # (Runs for every node a pass builds: one call per container, not per item.)
+    if isinstance(value, Node):
+        out.append(value)
+    elif isinstance(value, (tuple, list)):
+        for item in value:
+            if isinstance(item, Node):
+                out.append(item)
+            elif isinstance(item, (tuple, list, dict)):
+                _collect(item, out)
+    elif isinstance(value, dict):
+        _collect(tuple(value.values()), out)
 
 
 def map_nodes(value: Any, fn: Callable[[Node], Any]) -> Any:
@@ -172,6 +180,9 @@ def map_nodes(value: Any, fn: Callable[[Node], Any]) -> Any:
     if isinstance(value, Node):
         return fn(value)
     if isinstance(value, tuple):
+        if type(value) is tuple and not any(isinstance(v, (Node, tuple, list, dict))
+                                            for v in value):
+            return value  # nothing to replace (immutable: the same tuple will do)
         return tuple(map_nodes(v, fn) for v in value)
     if isinstance(value, list):
         return [map_nodes(v, fn) for v in value]
@@ -300,7 +311,7 @@ def copy_graph(graph: Graph, rewrite: Callable[[Graph, Node, Callable], Node | N
     env: dict[Node, Node] = {}
 
     def remap(value: Any) -> Any:
-        return map_nodes(value, lambda n: env[n])
+        return map_nodes(value, env.__getitem__)
 
     for node in graph.nodes:
         if node in drop:

@@ -11,6 +11,7 @@ in float32 by the backends and rounded back after each op, so results match eage
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable, Iterator
 
 import sympy
@@ -22,10 +23,12 @@ from minicompile.sym import index_symbol, product
 LOW_PRECISION = (torch.float16, torch.bfloat16)
 
 
+@functools.cache
 def dim_symbols(n: int) -> tuple[sympy.Symbol, ...]:
     return tuple(index_symbol(f"i{k}") for k in range(n))
 
 
+@functools.cache
 def reduction_symbols(n: int) -> tuple[sympy.Symbol, ...]:
     """Index symbols of the dimensions a reduction runs over (``r0``, ``r1``, ...)."""
     return tuple(index_symbol(f"r{k}") for k in range(n))
@@ -41,7 +44,7 @@ class Expr:
         return ()
 
     def __post_init__(self) -> None:
-        fields = tuple(getattr(self, f.name) for f in dataclasses.fields(self))  # type: ignore[arg-type]
+        fields = tuple(getattr(self, name) for name in type(self)._field_names)  # type: ignore[attr-defined]
         object.__setattr__(self, "_hash", hash((type(self).__name__,) + fields))
 
     def __hash__(self) -> int:  # noqa: D105
@@ -51,6 +54,7 @@ class Expr:
 def _expr(cls: type) -> type:
     cls = dataclasses.dataclass(frozen=True, eq=True)(cls)
     cls.__hash__ = Expr.__hash__  # type: ignore[assignment]
+    cls._field_names = tuple(f.name for f in dataclasses.fields(cls))  # (read per node made)
     return cls
 
 
@@ -314,12 +318,23 @@ class Layout:
 
     def index(self, idx: tuple[sympy.Expr, ...]) -> sympy.Expr:
         """The flat storage offset of the element at ``idx``."""
-        return sympy.expand(self.offset + sum(i * s for i, s in zip(idx, self.stride)))
+        return _flat_index(self.offset, tuple(idx), self.stride)
 
     def __str__(self) -> str:
         shape = ", ".join(str(s) for s in self.shape)
         stride = ", ".join(str(s) for s in self.stride)
         return f"{DTYPE_ABBR.get(self.dtype, self.dtype)}[{shape}] stride ({stride})"
+
+
+@functools.lru_cache(maxsize=4096)
+def _flat_index(offset: sympy.Expr, idx: tuple, stride: tuple) -> sympy.Expr:
+    # (A network reads the same few layouts again and again: expanded once each.)
+    return sympy.expand(offset + sum(i * s for i, s in zip(idx, stride)))
+
+
+@functools.lru_cache(maxsize=8192)
+def _loaded_buffers(body: Expr) -> frozenset[str]:
+    return frozenset(e.buffer for e in walk(body) if isinstance(e, Load))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -347,7 +362,7 @@ class ComputedBuffer:
         return bool(self.reduction_ranges)
 
     def reads(self) -> set[str]:
-        return {e.buffer for e in walk(self.body) if isinstance(e, Load)}
+        return set(_loaded_buffers(self.body))
 
     def __str__(self) -> str:
         over = f" over r{list(self.reduction_ranges)}" if self.reduction_ranges else ""

@@ -160,3 +160,60 @@ def result_meta(name: str, args: tuple, kwargs: dict[str, Any],
     rule = LIBRARY.get(name)
     return rule(args, kwargs, device) if rule is not None else pointwise_meta(
         name, args, kwargs, device)
+
+
+def _pair(value: Any, low: int) -> tuple[int, int] | None:
+    """A convolution's stride, padding or dilation as two ints of at least ``low``."""
+    pair = (value, value) if type(value) is int else value
+    if not (isinstance(pair, (tuple, list)) and len(pair) == 2
+            and all(type(v) is int and v >= low for v in pair)):
+        return None
+    return pair[0], pair[1]
+
+
+def _conv2d_meta(args: tuple, kwargs: dict[str, Any],
+                 device: torch.device) -> TensorMeta | None:
+    """A 2-d convolution's result metadata where it is plain (a batched 4-d float input of at
+    least one element, a weight and bias of its dtype and device whose sizes fit, numeric
+    stride, padding and dilation, an output of at least one element), or None: the sizes
+    by the convolution's formula, laid out as the meta function's contiguous result after
+    ops._conv_layout (channels-last where the input or the weight suggests it).  (The meta
+    path goes through ATen's convolution dispatch and PyTorch's Python meta function, which
+    costs a millisecond or more per call on a GPU host.)"""
+    from minicompile.ops import _conv_layout
+
+    names = ("input", "weight", "bias", "stride", "padding", "dilation", "groups")
+    if len(args) > len(names) or any(k not in names[len(args):] for k in kwargs):
+        return None
+    bound = dict(zip(names, args)) | kwargs
+    x = _plain(bound.get("input"))
+    w = _plain(bound.get("weight"), x.dtype) if x is not None else None
+    groups = bound.get("groups", 1)
+    if x is None or w is None or len(x.shape) != 4 or len(w.shape) != 4 or (
+            w.device != x.device or type(groups) is not int or groups < 1):
+        return None
+    (n, c_in, h, wd), (c_out, c_per_group, kh, kw) = x.concrete_shape(), w.concrete_shape()
+    if min(n, c_in, c_out, kh, kw) < 1 or c_in != c_per_group * groups or c_out % groups:
+        return None
+    b = bound.get("bias")
+    if b is not None:
+        b = _plain(b, x.dtype)
+        if b is None or b.device != x.device or b.concrete_shape() != (c_out,):
+            return None
+    stride, padding = _pair(bound.get("stride", 1), 1), _pair(bound.get("padding", 0), 0)
+    dilation = _pair(bound.get("dilation", 1), 1)
+    if stride is None or padding is None or dilation is None:
+        return None  # ("same" / "valid" padding, or a bad value: PyTorch's path decides)
+    out_hw = [(size + 2 * p - d * (k - 1) - 1) // s + 1
+              for size, p, d, k, s in zip((h, wd), padding, dilation, (kh, kw), stride)]
+    if min(out_hw) < 1:
+        return None  # eager raises: the input is smaller than the kernel
+    out = torch.empty((n, c_out, *out_hw), dtype=x.dtype, device="meta")
+    out = _conv_layout(out, (x.fake(), w.fake()), {})
+    return TensorMeta(shape=tuple(sympy.Integer(s) for s in out.shape),
+                      stride=tuple(sympy.Integer(s) for s in out.stride()), dtype=x.dtype,
+                      device=device)
+
+
+LIBRARY["torch.nn.functional.conv2d"] = _conv2d_meta
+LIBRARY["torch.conv2d"] = _conv2d_meta

@@ -29,6 +29,7 @@ import sympy
 import torch
 import torch.nn.functional as F
 
+from minicompile import meta_cache
 from minicompile.graph import Node, TensorMeta
 
 
@@ -374,7 +375,20 @@ def infer_meta(
     Raises whatever PyTorch raises for bad arguments (shape mismatch, bad dtype), so the
     user sees PyTorch's message.  With symbolic sizes (in the tensors, or in size arguments:
     then ``shapes``, the capture's ShapeContext, is needed) it runs on fake tensors.
+    Results for static arguments are remembered (minicompile/meta_cache.py).
     """
+    key = None if name in DEVICE_RULES else meta_cache.key(name, args, kwargs, device)
+    if key is None:
+        return _infer_meta(name, args, kwargs, device, shapes)
+    found = meta_cache.get(key)
+    if found is None:
+        found = meta_cache.put(key, _infer_meta(name, args, kwargs, device, shapes))
+    return found
+
+
+def _infer_meta(
+    name: str, args: tuple, kwargs: dict[str, Any], device: torch.device, shapes: Any = None
+) -> TensorMeta | tuple[TensorMeta, ...]:
 
     # The context of a symbolic tensor argument; else ``shapes``, if a size argument is
     # symbolic; else none (plain meta tensors, the fast path).

@@ -170,8 +170,8 @@ class Resuming:
             _stats["graph_breaks"] += 1
             self.breaks.append(stop)
             trace.emit("graph_breaks", name, f"graph break: {stop.reason.describe()}")
-        trace.emit("graph", name, str(capture.graph), f"{self.fn.__name__}.graph.txt")
-        trace.emit("guards", name, str(capture.guards))
+        trace.emit("graph", name, lambda: str(capture.graph), f"{self.fn.__name__}.graph.txt")
+        trace.emit("guards", name, lambda: str(capture.guards))
         entry = self.build_entry(capture, values)
         entry.stop = stop
         return entry

@@ -8,11 +8,15 @@ arguments; only the per-backend printers (codegen/printers.py) turn them into te
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable
 
 import sympy
 
 
+# Symbols are made once per name: sympy's own constructor checks the assumptions on every
+# call, and codegen asks for the index symbols tens of thousands of times per graph.
+@functools.cache
 def size_symbol(i: int) -> sympy.Symbol:
     return sympy.Symbol(f"s{i}", integer=True, positive=True)
 
@@ -29,6 +33,7 @@ def size_symbols(exprs: Iterable[sympy.Expr]) -> tuple[sympy.Symbol, ...]:
     return tuple(sorted(found, key=lambda s: int(s.name[1:])))
 
 
+@functools.cache
 def index_symbol(name: str) -> sympy.Symbol:
     return sympy.Symbol(name, integer=True, nonnegative=True)
 

@@ -1,0 +1,76 @@
+"""Remembered result metadata of ops on static arguments (minicompile.ops.infer_meta).
+
+A network repeats itself: resnet50's 53 batch norms decompose into ~1,600 calls of
+``infer_meta`` but only ~290 distinct ones (op, argument layouts, scalars), and each runs
+PyTorch's meta functions (and, for pointwise ops, the op on one-element tensors), a
+fraction of a millisecond apiece.  The result is a function of what :func:`key` records
+(every tensor argument's shape, strides, offset, dtype and device; every other argument by
+type and ``repr``, so 1, 1.0, True and -0.0 stay apart; the result's device; PyTorch's
+default dtype, which types Python floats), so a remembered result is the answer itself.
+Symbolic sizes, device arguments and arguments of any other kind are never remembered:
+:func:`key` returns None.  Errors are never remembered: a call that raises raises again.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import sympy
+import torch
+
+from minicompile.graph import Node, TensorMeta
+
+_LIMIT = 16384  # results kept (a few MB at most); the oldest go first
+_results: dict[tuple, Any] = {}
+# Argument types recorded by type and repr (their repr is their value).
+_PLAIN = (int, float, bool, str, type(None), type(...), torch.dtype, torch.memory_format,
+          torch.layout)
+
+
+class _Uncacheable(Exception):
+    pass
+
+
+def _part(value: Any) -> Any:
+    if isinstance(value, Node):
+        value = value.meta
+    if isinstance(value, TensorMeta):
+        if value.is_symbolic:
+            raise _Uncacheable
+        return value  # frozen; its equality leaves out only the (absent) ShapeContext
+    if type(value) in _PLAIN:
+        return (type(value), repr(value))
+    if isinstance(value, (tuple, list)):  # (torch.Size too)
+        return (type(value), tuple(_part(v) for v in value))
+    if isinstance(value, dict):
+        return (dict, tuple((k, _part(v)) for k, v in value.items()))
+    if isinstance(value, slice):
+        return (slice, _part(value.start), _part(value.stop), _part(value.step))
+    if isinstance(value, (torch.SymInt, torch.SymFloat)):
+        raise _Uncacheable
+    if isinstance(value, sympy.Integer):  # a static size
+        return (sympy.Integer, int(value))
+    raise _Uncacheable  # a device (a copy to it), a symbolic size, anything else
+
+
+def key(name: str, args: tuple, kwargs: dict[str, Any], device: torch.device) -> tuple | None:
+    """What ``name``'s result metadata depends on, or None where it is not remembered."""
+    try:
+        return (name, _part(args), _part(kwargs), device, torch.get_default_dtype())
+    except _Uncacheable:
+        return None
+
+
+def get(k: tuple) -> Any:
+    return _results.get(k)
+
+
+def put(k: tuple, result: Any) -> Any:
+    if len(_results) >= _LIMIT:
+        del _results[next(iter(_results))]
+    _results[k] = result
+    return result
+
+
+def clear() -> None:
+    _results.clear()

@@ -1,0 +1,81 @@
+"""The cyclic collector skips the pre-existing heap during a compile (minicompile/heap.py)."""
+
+from __future__ import annotations
+
+import gc
+
+import torch
+
+import minicompile
+from minicompile import heap
+
+
+class _Cycle:
+    def __init__(self) -> None:
+        self.me = self
+
+
+def test_frozen_moves_old_objects_out_and_back() -> None:
+    gc.collect()
+    assert gc.get_freeze_count() == 0
+    with heap.frozen():
+        assert gc.get_freeze_count() > 0  # what lived at entry is frozen
+        before = gc.get_freeze_count()
+        with heap.frozen():  # nested: the outer one owns the freeze
+            assert gc.get_freeze_count() == before
+        assert gc.get_freeze_count() == before
+        young = _Cycle()
+        heap.refreeze()
+        assert gc.get_freeze_count() > before and gc.is_tracked(young)
+        del young
+    assert gc.get_freeze_count() == 0
+
+
+def test_cycles_made_inside_are_still_collected() -> None:
+    with heap.frozen():
+        dead = _Cycle()
+        del dead
+        assert gc.collect() > 0  # garbage made during the compile is freed there
+
+
+def test_someone_elses_freeze_and_a_disabled_collector_are_left_alone() -> None:
+    gc.freeze()
+    try:
+        frozen_by_user = gc.get_freeze_count()
+        with heap.frozen():
+            heap.refreeze()  # not ours: nothing more is frozen
+            assert gc.get_freeze_count() == frozen_by_user
+        assert gc.get_freeze_count() == frozen_by_user  # their freeze stays
+    finally:
+        gc.unfreeze()
+    gc.disable()
+    try:
+        with heap.frozen():
+            assert gc.get_freeze_count() == 0
+    finally:
+        gc.enable()
+
+
+def test_a_compile_leaves_the_heap_as_it_found_it(backend: str, device: torch.device) -> None:
+    def f(x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(x) * 2
+
+    compiled = minicompile.compile(f, backend=backend)
+    for x in (torch.randn(4, 5, device=device), torch.randn(4, 5, device=device).t()):
+        torch.testing.assert_close(compiled(x), f(x))
+    assert gc.get_freeze_count() == 0
+    assert gc.isenabled()
+
+
+def test_a_compile_that_raises_unfreezes(backend: str, device: torch.device) -> None:
+    def f(x: torch.Tensor) -> torch.Tensor:
+        raise ValueError("from the user's code")
+
+    compiled = minicompile.compile(f, backend=backend)
+    try:
+        compiled(torch.randn(3, device=device))
+    except ValueError:
+        pass
+    else:
+        raise AssertionError("the user's error was swallowed")
+    assert gc.get_freeze_count() == 0

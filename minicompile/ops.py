@@ -168,8 +168,8 @@ def _to_strides(x: torch.Tensor, stride: tuple) -> torch.Tensor:
     return torch.empty_strided(x.shape, stride, dtype=x.dtype, device=x.device).copy_(x)
 
 
-# Copies the layout pass inserts (passes/layout.py), never captured: x's values in new
-# memory laid out otherwise.  to_channels_last(x): the NHWC order a convolution runs
+# Copies the layout pass inserts (passes/layout.py), and capture for CUDA's batch norm in
+# training (to_eager_layout): x's values in new memory laid out otherwise.  to_channels_last(x): the NHWC order a convolution runs
 # fastest in; to_eager_layout(x, stride): the strides eager gives a graph output or a
 # gradient.
 OPS["to_channels_last"] = OpDef("to_channels_last", "copy", _to_channels_last)

@@ -103,13 +103,27 @@ def batch_norm(em: Emitter, fname: str, x: Any, mean: Any, var: Any, weight: Any
         out = em.op("add", (out, _per_channel(em, bias, len(shape))))
     if out.meta.dtype != x.meta.dtype:
         out = em.op("to_dtype", (out,), {"dtype": x.meta.dtype})
-    if not _keeps_layout(x) and not out.meta.fake().is_contiguous():
+    dense = _cuda_dense_layout(x)
+    if dense is not None and tuple(out.meta.stride) != tuple(x.meta.stride):
+        out = em.op("to_eager_layout", (out, dense))  # CUDA's kernels write x's layout
+    elif dense is None and not _keeps_layout(x) and not out.meta.fake().is_contiguous():
         out = em.op("contiguous", (out,))  # eager's kernels write it row-major
     if mean is not None:
         unbiased = em.op("truediv", (squares, n - 1))
         _update_running(em, fname, mean, batch_mean, momentum, channels)
         _update_running(em, fname, var, unbiased, momentum, channels)
     return out
+
+
+def _cuda_dense_layout(x: TensorVar) -> tuple[int, ...] | None:
+    """``x``'s strides where eager's CUDA batch norm gives its result that layout
+    (``empty_like``: a CUDA input without gaps or overlaps, static sizes), else None."""
+    from torch._prims_common import is_non_overlapping_and_dense_or_false
+
+    if x.meta.device.type != "cuda" or x.meta.is_symbolic:
+        return None
+    fake = x.meta.fake()
+    return tuple(fake.stride()) if is_non_overlapping_and_dense_or_false(fake) else None
 
 
 def _keeps_layout(x: TensorVar) -> bool:

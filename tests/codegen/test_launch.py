@@ -358,8 +358,8 @@ def test_a_worker_told_its_gpu_builds_one_kernel_ahead_and_leaves_nothing(tmp_pa
     env.pop("TRITON_INTERPRET", None)
     job = {"kernel_file": str(tmp_path / "kernel.py"), "name": "warm_up",
            "signature": {"in_ptr": "*fp32", "out_ptr": "*fp32", "xnumel": "i32",
-                         "XBLOCK": "constexpr", "RBLOCK": "constexpr"},
-           "constexprs": [[[3], 4], [[4], 64]], "attrs": [], "options": {"num_warps": 2},
+                         "XBLOCK": "constexpr"},
+           "constexprs": [[[3], 64]], "attrs": [], "options": {"num_warps": 2},
            "target": ["cuda", 90, 32], "out": str(tmp_path / "built")}
     proc = subprocess.run(
         [sys.executable, triton_worker.__file__, str(tmp_path / "key.json"),

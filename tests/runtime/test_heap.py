@@ -3,11 +3,27 @@
 from __future__ import annotations
 
 import gc
+from collections.abc import Iterator
 
+import pytest
 import torch
 
 import minicompile
 from minicompile import heap
+
+
+@pytest.fixture(autouse=True)
+def _nothing_frozen() -> Iterator[None]:
+    """Each test starts with nothing frozen and no collection callbacks (on the GPU
+    machine something in the environment freezes objects after collections: with a
+    freeze not its own, frozen() rightly does nothing, which is another test)."""
+    callbacks = list(gc.callbacks)
+    gc.callbacks.clear()
+    gc.unfreeze()
+    try:
+        yield
+    finally:
+        gc.callbacks[:] = callbacks
 
 
 class _Cycle:
@@ -23,7 +39,8 @@ class Cycle:
     def __init__(self):
         self.me = self
 
-gc.unfreeze()  # (the GPU machine's PyTorch leaves objects frozen at import: not ours)
+gc.callbacks.clear()  # (on the GPU machine something freezes objects after collections:
+gc.unfreeze()  # not ours; a clean start here)
 gc.collect()
 assert gc.get_freeze_count() == 0
 with heap.frozen():

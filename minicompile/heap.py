@@ -10,8 +10,9 @@ and puts them back when it ends (``gc.unfreeze``): collections during the compil
 what the compile made, and still free its cyclic garbage.  Nothing changes for objects
 freed by reference counting, which is almost all of them.
 
-A process that froze its own heap (a server after its imports) keeps it: with objects
-already frozen, or with the collector disabled, this does nothing.
+A process that froze its own heap (a server after its imports) keeps it: with more objects
+frozen than when minicompile was imported, or with the collector disabled, this does
+nothing.
 """
 
 from __future__ import annotations
@@ -22,12 +23,17 @@ import threading
 from collections.abc import Iterator
 
 _owner = threading.local()
+# Objects frozen before minicompile was imported: some builds of Python 3.12 start with
+# objects in the permanent generation that gc.unfreeze() leaves there (375 on the GPU
+# machine's).  More than these means someone froze the heap.
+BASELINE = gc.get_freeze_count()
 
 
 @contextlib.contextmanager
 def frozen() -> Iterator[None]:
     """Full collections inside skip the objects alive at entry (and at :func:`refreeze`)."""
-    if getattr(_owner, "active", False) or not gc.isenabled() or gc.get_freeze_count():
+    if (getattr(_owner, "active", False) or not gc.isenabled()
+            or gc.get_freeze_count() > BASELINE):
         yield  # nested, the collector is off, or someone else froze the heap: theirs
         return
     gc.freeze()

@@ -7,7 +7,8 @@ import random
 import torch
 
 from minicompile import meta_rules, ops
-from minicompile.graph import TensorMeta
+
+from meta_check import rule_and_eager
 
 CPU = torch.device("cpu")
 
@@ -68,17 +69,8 @@ def test_conv2d_rule_matches_eager() -> None:
     answered = 0
     for _ in range(300):
         args, kwargs = _args(rng)
-
-        def meta(v):  # noqa: ANN001, ANN202
-            return TensorMeta.of(v) if isinstance(v, torch.Tensor) else v
-
-        metas, meta_kwargs = tuple(map(meta, args)), {k: meta(v) for k, v in kwargs.items()}
-        fast = meta_rules.LIBRARY[name](metas, meta_kwargs, CPU)
-        try:
-            eager = conv(*args, **kwargs)
-        except (RuntimeError, TypeError, ValueError):
-            assert fast is None, (args, kwargs)
-            continue
+        fast, eager, metas, meta_kwargs = rule_and_eager(meta_rules.LIBRARY[name], args,
+                                                         kwargs, conv)
         if fast is None:
             continue
         answered += 1

@@ -11,6 +11,8 @@ import torch
 from minicompile import meta_rules, ops
 from minicompile.graph import TensorMeta
 
+from meta_check import rule_and_eager
+
 DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
@@ -117,19 +119,9 @@ def test_library_rules_match_eager(name: str) -> None:
     answered = 0
     for _ in range(400):
         args, kwargs = random_library_args(name, rng)
-
-        def meta(v):  # noqa: ANN001, ANN202
-            return TensorMeta.of(v) if isinstance(v, torch.Tensor) else v
-
-        fast = meta_rules.LIBRARY[name](tuple(map(meta, args)),
-                                       {k: meta(v) for k, v in kwargs.items()},
-                                       torch.device("cpu"))
-        try:
-            eager = ops.run_eager(name, args, kwargs) if name == "gelu" else getattr(
-                torch.nn.functional, name.rpartition(".")[2])(*args, **kwargs)
-        except (RuntimeError, TypeError, ValueError):
-            assert fast is None, (args, kwargs)
-            continue
+        run = (lambda *a, **k: ops.run_eager(name, a, k)) if name == "gelu" else getattr(
+            torch.nn.functional, name.rpartition(".")[2])
+        fast, eager, _, _ = rule_and_eager(meta_rules.LIBRARY[name], args, kwargs, run)
         if fast is None:
             continue
         answered += 1

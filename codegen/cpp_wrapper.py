@@ -313,8 +313,9 @@ void mc_check_tensor(const at::Tensor& t, const char* name, at::ScalarType dtype
         throw std::invalid_argument(mc_input(name) + " is on " + t.device().str() +
                                     "; the library runs on CPU tensors");
     } else if (t.scalar_type() != dtype) {
-        throw std::invalid_argument(mc_input(name) + " has dtype " + c10::toString(t.scalar_type()) +
-                                    ", expected " + c10::toString(dtype));
+        throw std::invalid_argument(mc_input(name) + " has dtype " +
+                                    c10::toString(t.scalar_type()) + ", expected " +
+                                    c10::toString(dtype));
     } else if (t.dim() != dim) {
         throw std::invalid_argument(mc_input(name) + " has " + std::to_string(t.dim()) +
                                     " dimensions, expected " + std::to_string(dim));

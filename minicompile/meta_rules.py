@@ -1,8 +1,9 @@
 """Result metadata of common ops without PyTorch's meta functions, which import
 torch._dynamo on their first call (a second or more of a cold start): float pointwise ops
 by PyTorch's own promotion, broadcasting and dimension-order rules called directly, and
-``F.layer_norm``, ``F.linear`` and ``gelu`` where their arguments are plain.  Everything else, and
-anything unusual here, goes to minicompile.ops.infer_meta's general path."""
+``F.layer_norm``, ``F.linear``, ``gelu`` and 2-d convolutions where their arguments are
+plain.  Everything else, and anything unusual here, goes to minicompile.ops.infer_meta's
+general path."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import sympy
 import torch
 
 from minicompile.graph import Node, TensorMeta
-from minicompile.ops import _FLOAT_POINTWISE, COMPARISONS
+from minicompile.ops import _FLOAT_POINTWISE, COMPARISONS, _conv_layout
 
 
 def pointwise_meta(name: str, args: tuple, kwargs: dict[str, Any],
@@ -146,22 +147,6 @@ def _gelu_meta(args: tuple, kwargs: dict[str, Any], device: torch.device) -> Ten
     return out if x.stride == out.stride else None
 
 
-# Library calls whose result metadata minicompile computes itself where the arguments are
-# plain: PyTorch's meta functions for them import torch._dynamo on their first call, a
-# second or more of a cold start.
-LIBRARY = {"torch.nn.functional.layer_norm": _layer_norm_meta,
-           "torch.nn.functional.linear": _linear_meta, "gelu": _gelu_meta}
-
-
-def result_meta(name: str, args: tuple, kwargs: dict[str, Any],
-                device: torch.device) -> TensorMeta | None:
-    """``name``'s result metadata by these rules (static sizes), or None where they do not
-    apply (then PyTorch's meta functions decide)."""
-    rule = LIBRARY.get(name)
-    return rule(args, kwargs, device) if rule is not None else pointwise_meta(
-        name, args, kwargs, device)
-
-
 def _pair(value: Any, low: int) -> tuple[int, int] | None:
     """A convolution's stride, padding or dilation as two ints of at least ``low``."""
     pair = (value, value) if type(value) is int else value
@@ -180,8 +165,6 @@ def _conv2d_meta(args: tuple, kwargs: dict[str, Any],
     ops._conv_layout (channels-last where the input or the weight suggests it).  (The meta
     path goes through ATen's convolution dispatch and PyTorch's Python meta function, which
     costs a millisecond or more per call on a GPU host.)"""
-    from minicompile.ops import _conv_layout
-
     names = ("input", "weight", "bias", "stride", "padding", "dilation", "groups")
     if len(args) > len(names) or any(k not in names[len(args):] for k in kwargs):
         return None
@@ -215,5 +198,18 @@ def _conv2d_meta(args: tuple, kwargs: dict[str, Any],
                       device=device)
 
 
-LIBRARY["torch.nn.functional.conv2d"] = _conv2d_meta
-LIBRARY["torch.conv2d"] = _conv2d_meta
+# Library calls whose result metadata minicompile computes itself where the arguments are
+# plain: PyTorch's meta functions for them import torch._dynamo on their first call, a
+# second or more of a cold start.
+LIBRARY = {"torch.nn.functional.layer_norm": _layer_norm_meta,
+           "torch.nn.functional.linear": _linear_meta, "gelu": _gelu_meta,
+           "torch.nn.functional.conv2d": _conv2d_meta, "torch.conv2d": _conv2d_meta}
+
+
+def result_meta(name: str, args: tuple, kwargs: dict[str, Any],
+                device: torch.device) -> TensorMeta | None:
+    """``name``'s result metadata by these rules (static sizes), or None where they do not
+    apply (then PyTorch's meta functions decide)."""
+    rule = LIBRARY.get(name)
+    return rule(args, kwargs, device) if rule is not None else pointwise_meta(
+        name, args, kwargs, device)

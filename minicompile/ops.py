@@ -169,9 +169,9 @@ def _to_strides(x: torch.Tensor, stride: tuple) -> torch.Tensor:
 
 
 # Copies the layout pass inserts (passes/layout.py), and capture for CUDA's batch norm in
-# training (to_eager_layout): x's values in new memory laid out otherwise.  to_channels_last(x): the NHWC order a convolution runs
-# fastest in; to_eager_layout(x, stride): the strides eager gives a graph output or a
-# gradient.
+# training (to_eager_layout): x's values in new memory laid out otherwise.
+# to_channels_last(x): the NHWC order a convolution runs fastest in; to_eager_layout(x,
+# stride): the strides eager gives a graph output, a gradient or a batch norm's result.
 OPS["to_channels_last"] = OpDef("to_channels_last", "copy", _to_channels_last)
 OPS["to_eager_layout"] = OpDef("to_eager_layout", "copy", _to_strides)
 for _name, _fn in VIEW.items():

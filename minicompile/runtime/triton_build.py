@@ -365,8 +365,9 @@ def build_all(prepared: list[Prepared], threads: int) -> list[str | None]:
             break
     took = [t for w in workers for t in w.seconds]
     if took:
+        used = sum(1 for w in workers if w.seconds)
         perf.note(f"built {len(took)} Triton kernel(s) in {time.perf_counter() - start:.2f} s "
-                  f"in {len(workers)} worker(s): {sum(took):.2f} s of builds, "
+                  f"in {used} worker(s): {sum(took):.2f} s of builds, "
                   f"the longest {max(took):.2f} s")
     return results
 

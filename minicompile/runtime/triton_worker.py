@@ -1,10 +1,10 @@
 """Build one Triton kernel to a cubin: the job of runtime/triton_build.py's worker processes.
 
-Run as a script (``python triton_worker.py [key file [target]]``), this file imports Triton and nothing of
-minicompile or PyTorch, so that a worker starts in the time Triton takes to import.  It
-says it is ready in a first line on stdout, then reads one job per line on stdin (JSON)
-and answers one result per line on stdout.  The
-launching process imports :func:`build` and calls it in-process for a single kernel.
+Run as a script (``python triton_worker.py [key file [target]]``), this file imports
+Triton and nothing of minicompile or PyTorch, so that a worker starts in the time Triton
+takes to import.  It says it is ready in a first line on stdout, then reads one job per
+line on stdin (JSON) and answers one result per line on stdout.  The launching process
+imports :func:`build` and calls it in-process for a single kernel.
 
 A job names a kernel file (the kernel and the helpers it calls, with real Triton imports),
 the kernel, and Triton's specialization of its arguments (signature, constexprs, attrs:

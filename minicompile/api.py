@@ -499,9 +499,9 @@ def _import_compiler() -> None:
     from minicompile.runtime import toolchain
 
     # Before anything imports torch._dynamo (PyTorch's meta functions may; it imports
-    # Triton): a Triton whose import raises is marked as not installed.
-    triton_broken = toolchain.triton_problem()
-    if torch.cuda.is_initialized() and triton_broken is None:
+    # Triton): a Triton whose import raises raises ImportError, as if not installed.
+    toolchain.guard_triton_import()
+    if torch.cuda.is_initialized():
         from minicompile.runtime import triton_build
 
         if triton_build.available():  # GPU kernels to come: their build workers start now

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from minicompile import perf, trace
 from minicompile.config import Config
 from minicompile.errors import BackendCompilerFailed, Unsupported
-from minicompile.runtime import build, cudagraphs, entries, toolchain
+from minicompile.runtime import build, cudagraphs, entries, toolchain, triton_build
 
 if TYPE_CHECKING:
     from minicompile.capture import Capture
@@ -47,7 +47,10 @@ def pick_backend(cfg: Config, capture: Capture) -> tuple[str, bool]:
     backend = cfg.backend
     if backend == "auto":
         backend = "triton" if device == "cuda" else "cpp"
-    problem = toolchain.triton_problem() if backend == "triton" else None
+    problem = None
+    if backend == "triton":  # (the build workers know whether it imports: they did)
+        problem = (triton_build.import_problem() if device == "cuda"
+                   else toolchain.triton_problem())
     if problem is not None:
         toolchain.warn_once("triton", (
             f"minicompile: Triton is not available ({problem}); graphs on CPU tensors compile "

@@ -3,12 +3,15 @@ trivial shared library with our flags).  A tool that does not work gives one war
 process, and the code runs on another way: the Triton backend's CPU graphs compile with
 the C++ backend, the rest runs eagerly (minicompile/api.py decides).
 
-Triton is probed once, on the first compile (not at ``import minicompile``: importing
-Triton takes a sixth of a second).  An install whose import raises
-something other than ImportError (a missing driver library, a version clash) is then
-marked as not installed (``sys.modules["triton"] = None``), so every later ``import
-triton`` raises ImportError: PyTorch's own checks (``torch._dynamo`` imports Triton and
-expects only ImportError) and ours then see "not installed" instead of crashing.
+Triton is not imported to probe it: importing it takes a tenth of a second, which a
+process that finds its kernels' cubins in the cache (or builds them in worker processes,
+runtime/triton_build.py, which report whether it imported there) never pays.  Instead,
+from the first compile on, an install whose import raises something other than
+ImportError (a missing driver library, a version clash) makes that import, whoever does
+it, raise ImportError (:func:`guard_triton_import`): PyTorch's own checks
+(``torch._dynamo`` imports Triton and expects only ImportError) and ours then see "not
+installed" instead of crashing.  :func:`triton_problem` imports it where this process
+needs it (the interpreter runs Triton kernels here).
 
 The C++ compiler is probed only after a build fails, to tell a broken compiler (every
 build would fail: one warning, and later builds are not attempted) from a kernel it
@@ -18,11 +21,14 @@ rejects (a bug of ours: that graph runs eagerly, with its own warning).
 from __future__ import annotations
 
 import functools
+import importlib.abc
+import importlib.util
 import subprocess
 import sys
 import tempfile
 import warnings
 from pathlib import Path
+from typing import Any
 
 _PROBE = 'extern "C" int mc_probe(int x) { return x + 1; }\n'
 _warned: set[str] = set()
@@ -35,17 +41,86 @@ def warn_once(key: str, message: str) -> None:
         warnings.warn(message, stacklevel=2)
 
 
+_triton_failure: str | None = None  # why Triton's import failed, once it has
+
+
+def triton_broken(reason: str) -> None:
+    """Mark Triton as failing to import (``reason``): a later ``import triton`` raises
+    ImportError at once, and ``importlib.util.find_spec`` finds no file of it.  Its
+    half-imported modules are dropped."""
+    global _triton_failure
+    _triton_failure = reason
+    for name in [m for m in sys.modules if m == "triton" or m.startswith("triton.")]:
+        del sys.modules[name]
+
+
+class _GuardedLoader:
+    """Triton's own loader, with a failure of its import turned into ImportError."""
+
+    def __init__(self, loader: Any) -> None:
+        self.loader = loader
+
+    def create_module(self, spec: Any) -> Any:
+        return self.loader.create_module(spec)
+
+    def exec_module(self, module: Any) -> None:
+        try:
+            self.loader.exec_module(module)
+        except ImportError:
+            raise
+        except Exception as e:  # noqa: BLE001 - any failure means Triton cannot be used
+            triton_broken(f"{type(e).__name__}: {e}")
+            raise ImportError(f"Triton failed to import ({_triton_failure})") from e
+        module.__loader__ = module.__spec__.loader = self.loader  # imported: as if unguarded
+
+
+class _FailedLoader:
+    """Triton's loader once its import has failed."""
+
+    def create_module(self, spec: Any) -> None:
+        return None
+
+    def exec_module(self, module: Any) -> None:
+        raise ImportError(f"Triton failed to import ({_triton_failure})")
+
+
+class _TritonImportGuard(importlib.abc.MetaPathFinder):
+    """Finds ``triton`` as the other finders do, with its loader guarded."""
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
+        if name != "triton":
+            return None
+        if _triton_failure is not None:
+            return importlib.util.spec_from_loader(name, _FailedLoader())
+        for finder in sys.meta_path:
+            find = getattr(finder, "find_spec", None)
+            if finder is self or find is None:
+                continue
+            spec = find(name, path, target)
+            if spec is not None:
+                if hasattr(spec.loader, "exec_module"):
+                    spec.loader = _GuardedLoader(spec.loader)
+                return spec
+        return None
+
+
+def guard_triton_import() -> None:
+    """From now on, a failing ``import triton`` raises ImportError (see the module's doc)."""
+    if not any(isinstance(f, _TritonImportGuard) for f in sys.meta_path):
+        sys.meta_path.insert(0, _TritonImportGuard())
+
+
 @functools.lru_cache(maxsize=None)
 def triton_problem() -> str | None:
-    """None when Triton imports; else why it does not (and it is marked as missing)."""
+    """None when Triton imports (it is imported); else why it does not."""
+    guard_triton_import()
     try:
         import triton  # noqa: F401
         import triton.language  # noqa: F401
     except Exception as e:  # noqa: BLE001 - any failure means Triton cannot be used
-        for name in [m for m in sys.modules if m == "triton" or m.startswith("triton.")]:
-            del sys.modules[name]
-        sys.modules["triton"] = None  # type: ignore[assignment]  # later imports: ImportError
-        return f"{type(e).__name__}: {e}"
+        if _triton_failure is None:  # (not installed: ModuleNotFoundError)
+            return f"{type(e).__name__}: {e}"
+        return _triton_failure
     return None
 
 

@@ -28,12 +28,14 @@ import dataclasses
 import functools
 import inspect
 import json
+import linecache
 import os
 import queue
 import subprocess
 import sys
 import threading
 import time
+import weakref
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -41,7 +43,7 @@ from typing import Any
 import torch
 
 from minicompile import config, perf
-from minicompile.runtime import cache
+from minicompile.runtime import cache, toolchain
 
 WORKER = Path(__file__).with_name("triton_worker.py")
 
@@ -98,9 +100,33 @@ def _jit_functions(namespace: dict) -> dict[str, Any]:
             if hasattr(v, "fn") and hasattr(v, "arg_names") and callable(getattr(v, "fn"))}
 
 
+def source(fn: Any) -> str:
+    """The source of function ``fn``, decorators included, up to its last statement: read
+    from its file's lines by the code object's positions (``inspect.getsource`` tokenizes
+    the file to find where the function ends, a millisecond or two per kernel, which a
+    warm process with fifty kernels would pay at their first launches)."""
+    code = fn.__code__
+    lines = linecache.getlines(code.co_filename)
+    if not lines:
+        return inspect.getsource(fn)
+    last = max((end for _, end, _, _ in code.co_positions() if end is not None),
+               default=code.co_firstlineno)
+    return "".join(lines[code.co_firstlineno - 1:last])
+
+
+_files: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # kernel function -> file
+
+
 def kernel_file(kernel: Any) -> str:
     """The text of a file with ``kernel`` (a LazyKernel or a ``triton.jit`` function) and
-    the helpers it calls, with real Triton imports."""
+    the helpers it calls, with real Triton imports (worked out once per kernel)."""
+    text = _files.get(kernel.fn)
+    if text is None:
+        text = _files[kernel.fn] = _kernel_file(kernel)
+    return text
+
+
+def _kernel_file(kernel: Any) -> str:
     namespace = kernel.fn.__globals__
     jitted = _jit_functions(namespace)
     order: list[str] = []
@@ -113,7 +139,7 @@ def kernel_file(kernel: Any) -> str:
         todo += [n for n in jitted[name].fn.__code__.co_names if n in jitted]
     parts = [HEADER]
     for name in reversed(order):  # the helpers first
-        parts.append(inspect.getsource(jitted[name].fn))
+        parts.append(source(jitted[name].fn))
     return "\n\n".join(parts)
 
 
@@ -140,30 +166,67 @@ def digest(text: str, name: str, described: tuple, options: dict, device: int) -
                            cache._triton_version(), repr(target(device)))
 
 
-def job(kernel: Any, args: Sequence[Any], options: dict, device: int, text: str,
-        out: Path, kernel_path: Path) -> dict:
-    """The worker's job for a launch of ``kernel`` with ``args`` (tensors, or stand-ins
-    with a dtype and a data pointer, and ints) and ``options`` (constexprs and compile
-    options): Triton's own specialization of the arguments (imports Triton)."""
+# PyTorch's dtypes as Triton names them in a pointer's type ("*fp16").
+TRITON_TYPES = {
+    "float16": "fp16", "bfloat16": "bf16", "float32": "fp32", "float64": "fp64",
+    "int8": "i8", "int16": "i16", "int32": "i32", "int64": "i64", "uint8": "u8",
+    "uint16": "u16", "uint32": "u32", "uint64": "u64", "bool": "u1",
+    "float8_e4m3fn": "fp8e4nv", "float8_e5m2": "fp8e5", "float8_e4m3fnuz": "fp8e4b8",
+    "float8_e5m2fnuz": "fp8e5b16",
+}
+
+
+def specialization(arg: Any) -> tuple[str, Any] | None:
+    """Triton's specialization of a launch argument, as ``triton.jit`` computes it: a
+    tensor's pointer type and whether it is 16-byte aligned ("D"), an integer's type, or
+    the constant 1, and whether it is a multiple of 16.  None for an argument this does
+    not know (another dtype): then Triton's own specializer is asked.  (Done here, not by
+    importing Triton: the launching process then never imports it; a test checks the two
+    agree.)"""
+    if type(arg) is int:
+        if arg == 1:
+            return ("constexpr", 1)
+        ty = ("i32" if -(2**31) <= arg < 2**31 else "u64" if 2**63 <= arg < 2**64 else "i64")
+        return (ty, "D" if arg % 16 == 0 else "")
+    name = TRITON_TYPES.get(str(getattr(arg, "dtype", "")).removeprefix("torch."))
+    if name is None:
+        return None
+    return ("*" + name, "D" if arg.data_ptr() % 16 == 0 else "")
+
+
+def _tritons_specialization(args: Sequence[Any], device: int) -> list[tuple[str, Any]]:
+    """Triton's own specialization of ``args`` (imports Triton)."""
     from triton.backends.compiler import GPUTarget
     from triton.compiler.compiler import make_backend
     from triton.runtime.jit import MockTensor, native_specialize_impl
 
-    backend = make_backend(GPUTarget(*target(device)))
-    names = kernel.arg_names
+    backend = type(make_backend(GPUTarget(*target(device))))
     # A launcher's example stands for a tensor with its dtype (aligned): Triton's own.
     args = [a if isinstance(a, (int, torch.Tensor)) else MockTensor(a.dtype) for a in args]
+    return [native_specialize_impl(backend, a, False, True, True) for a in args]
+
+
+def job(kernel: Any, args: Sequence[Any], options: dict, device: int, text: str,
+        out: Path, kernel_path: Path) -> dict:
+    """The worker's job for a launch of ``kernel`` with ``args`` (tensors, or stand-ins
+    with a dtype and a data pointer, and ints) and ``options`` (constexprs and compile
+    options): Triton's specialization of the arguments (the worker turns each attribute,
+    "D" or "", into its compiler's form)."""
+    specs = [specialization(a) for a in args]
+    if None in specs:
+        specs = _tritons_specialization(args, device)
+    names = kernel.arg_names
     signature: dict[str, str] = {}
     constexprs: list = []
     attrs: list = []
     for i, name in enumerate(names):
         if i < len(args):
-            ty, spec = native_specialize_impl(type(backend), args[i], False, True, True)
+            ty, spec = specs[i]
             signature[name] = ty
             if ty == "constexpr":
                 constexprs.append([[i], spec])
             else:
-                attrs.append([[i], backend.parse_attr(spec)])
+                attrs.append([[i], spec])
         else:  # a tl.constexpr parameter, given as an option
             signature[name] = "constexpr"
             constexprs.append([[i], options[name]])
@@ -239,16 +302,21 @@ class _Worker:
         self.seconds: list[float] = []  # how long each build took in the worker
         self.lock = threading.Lock()  # held by the thread that talks to the worker
         self.ready = False
+        self.answered = False  # its first line has come (or it died first)
+        self.problem: str | None = None  # why Triton did not import there
 
     def wait_ready(self) -> bool:
         """Wait for the worker's first line (Triton imported, its warm-up build done);
-        False when the worker died first."""
-        if not self.ready:
+        False when the worker died first or could not import Triton."""
+        if not self.answered:
             assert self.proc.stdout is not None
             try:
-                self.ready = bool(self.proc.stdout.readline())
-            except OSError:
-                return False
+                first = json.loads(self.proc.stdout.readline() or "{}")
+            except (OSError, ValueError):
+                first = {}
+            self.answered = True
+            self.ready = bool(first.get("ready"))
+            self.problem = first.get("problem")
         return self.ready
 
     def run(self, job: dict) -> str | None:
@@ -308,6 +376,24 @@ def start_workers(count: int | None = None) -> None:
         if _workers and not _registered:
             _registered = True
             atexit.register(stop_workers)
+
+
+def import_problem() -> str | None:
+    """Why Triton does not import (None: it does), as the first build worker found: this
+    process need not import it to know.  Without a worker that answers, this process
+    imports it (toolchain.triton_problem)."""
+    with _workers_lock:
+        first = _workers[0] if _workers and _workers_pid == os.getpid() else None
+    if first is not None:
+        if not first.answered:
+            with first.lock:
+                first.wait_ready()
+        if first.ready:
+            return None
+        if first.problem is not None:
+            toolchain.triton_broken(first.problem)
+            return first.problem
+    return toolchain.triton_problem()
 
 
 def stop_workers() -> None:

@@ -56,6 +56,7 @@ def build(job: dict) -> dict:
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
+    from triton.compiler.compiler import make_backend
 
     path = job["kernel_file"]
     name = "mc_kernels_" + hashlib.sha256(path.encode()).hexdigest()[:16]
@@ -68,9 +69,11 @@ def build(job: dict) -> dict:
         spec.loader.exec_module(module)
     fn = getattr(module, job["name"])
     signature = job["signature"]
+    target = GPUTarget(*job["target"])
+    backend = make_backend(target)
     src = ASTSource(fn, signature, {tuple(p): v for p, v in job["constexprs"]},
-                    {tuple(p): a for p, a in job["attrs"]})
-    kernel = triton.compile(src, target=GPUTarget(*job["target"]), options=job["options"])
+                    {tuple(p): backend.parse_attr(a) for p, a in job["attrs"]})
+    kernel = triton.compile(src, target=target, options=job["options"])
     meta = kernel.metadata
     reason = _unsupported(meta)
     if reason is not None:
@@ -184,7 +187,12 @@ def _build_once(target: list) -> bool:
 def main() -> None:
     results = sys.stdout
     sys.stdout = sys.stderr  # whatever Triton prints stays out of the results
-    _warm_up(sys.argv[1] if len(sys.argv) > 1 else None)
+    try:
+        _warm_up(sys.argv[1] if len(sys.argv) > 1 else None)
+    except Exception as e:  # noqa: BLE001 (Triton does not import: said, and no jobs)
+        results.write(json.dumps({"ready": False, "problem": f"{type(e).__name__}: {e}"}))
+        results.write("\n")
+        return
     if len(sys.argv) > 2:  # the target the builds are for: one build ahead of them
         _build_once(json.loads(sys.argv[2]))
     results.write('{"ready": true}\n')  # the first line: jobs can come

@@ -417,3 +417,29 @@ def test_jobs_go_to_the_workers_ready_first(monkeypatch) -> None:
     assert triton_build.build_all([FakePrepared(0), FakePrepared(1)], threads=2) == [None, None]
     assert time.perf_counter() - start < 2.0
     assert quick.jobs == [{"k": 0}, {"k": 1}] and slow.jobs == []
+
+
+def test_the_specialization_of_launch_arguments_is_tritons_own() -> None:
+    """The launching process specializes arguments without importing Triton: what it
+    computes is what ``triton.jit`` would, for every dtype it knows, aligned or not, and
+    integers of every class."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler.compiler import make_backend
+    from triton.runtime.jit import native_specialize_impl
+
+    from minicompile.runtime import triton_build
+
+    backend = type(make_backend(GPUTarget("cuda", 90, 32)))
+    args: list = [0, 1, 2, 15, 16, 17, -16, -17, 2**31 - 1, 2**31, 2**33, 2**63, -(2**40)]
+    for name in triton_build.TRITON_TYPES:
+        dtype = getattr(torch, name, None)
+        if dtype is None:  # (a float8 type this PyTorch lacks)
+            continue
+        base = torch.zeros(8, dtype=dtype)
+        args += [base, base[1:]]  # 16-byte aligned, and not
+    for arg in args:
+        want = native_specialize_impl(backend, arg, False, True, True)
+        got = triton_build.specialization(arg)
+        assert got == tuple(want), (arg if isinstance(arg, int) else arg.dtype, got, want)
+    # A dtype it does not know: None, and Triton's specializer is asked instead.
+    assert triton_build.specialization(torch.zeros(2, dtype=torch.complex64)) is None

@@ -86,3 +86,60 @@ def test_triton_failing_to_import_warns_once_and_compiles_with_cpp(tmp_path: Pat
     assert len(out["warnings"]) == 1, out["warnings"]
     assert "Triton is not available (RuntimeError: libcuda.so.1" in out["warnings"][0]
     assert out["stats"]["graphs"] == 4 and out["stats"]["eager_fallbacks"] == 0
+
+
+def _broken_triton(tmp_path: Path) -> str:
+    broken = tmp_path / "site" / "triton"
+    broken.mkdir(parents=True)
+    (broken / "__init__.py").write_text('raise RuntimeError("libcuda.so.1: cannot open")\n')
+    return str(tmp_path / "site")
+
+
+def _python(tmp_path: Path, code: str, site: str | None) -> list[str]:
+    environ = {**os.environ, "MINICOMPILE_CACHE_DIR": str(tmp_path / "cache")}
+    environ["PYTHONPATH"] = os.pathsep.join(p for p in (site, str(ROOT)) if p)
+    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=environ,
+                          capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stdout.strip().splitlines()
+
+
+def test_a_triton_failing_to_import_raises_import_error_for_everyone_after_a_compile(
+        tmp_path: Path) -> None:
+    """minicompile does not import Triton to probe it; after its first compile, whoever
+    imports a broken Triton (PyTorch's Dynamo expects only ImportError) gets ImportError."""
+    out = _python(tmp_path, """\
+        import importlib.util, sys, torch, minicompile
+        f = minicompile.compile(lambda x: x.sin() + 1, backend="cpp")
+        x = torch.randn(5)
+        torch.testing.assert_close(f(x), x.sin() + 1)
+        print("triton" in sys.modules)
+        for attempt in (1, 2):
+            try:
+                import triton
+            except ImportError as e:
+                print(type(e).__name__, e)
+        print(importlib.util.find_spec("triton").origin)
+        """, _broken_triton(tmp_path))
+    assert out[0] == "False"  # a C++ graph never imported it
+    assert out[1] == out[2] == ("ImportError Triton failed to import "
+                                "(RuntimeError: libcuda.so.1: cannot open)")
+    assert out[3] == "None"  # no file of it: cache keys say "no Triton"
+
+
+@pytest.mark.parametrize("broken", [False, True])
+def test_build_workers_say_whether_triton_imports(tmp_path: Path, broken: bool) -> None:
+    """The GPU path asks the first build worker whether Triton imports, so the launching
+    process does not import it; a broken one is reported with the worker's reason."""
+    out = _python(tmp_path, """\
+        import sys
+        from minicompile.runtime import triton_build
+        triton_build.start_workers(1)
+        print(triton_build.import_problem())
+        print("triton" in sys.modules)
+        triton_build.stop_workers()
+        """, _broken_triton(tmp_path) if broken else None)
+    if broken:
+        assert out == ["RuntimeError: libcuda.so.1: cannot open", "False"]
+    else:
+        assert out == ["None", "False"]

@@ -464,12 +464,13 @@ def block_size(numel: int, interpret: bool) -> int:
     return max(16, min(limit, 1 << max(0, (numel - 1).bit_length())))
 
 
-def emit_kernel(plan: KernelPlan, interpret: bool) -> str:
+def emit_kernel(plan: KernelPlan, interpret: bool, blocks: tuple[int, ...] = ()) -> str:
+    """``blocks``: the XBLOCKs the kernel may be launched with (max-autotune's candidates,
+    codegen/triton_tuning.py); the heuristic's alone when empty."""
     numel = plan.numel
     wide = not numel.is_Integer or int(numel) >= 2**31 - 2**20
-    masked = not numel.is_Integer or (
-        int(numel) % block_size(planning_size(numel, plan.hints), interpret) != 0
-    )
+    blocks = blocks or (block_size(planning_size(numel, plan.hints), interpret),)
+    masked = not numel.is_Integer or any(int(numel) % b != 0 for b in blocks)
     return TritonKernel(plan, wide_index=wide, masked=masked, interpret=interpret).emit()
 
 

@@ -103,19 +103,26 @@ def reduction_blocks(
 
 
 class TritonReductionKernel(TritonKernel):
-    def __init__(self, plan: KernelPlan, interpret: bool) -> None:
+    def __init__(self, plan: KernelPlan, interpret: bool, persistent: bool | None = None,
+                 blocks: tuple[tuple[int, int], ...] = ()) -> None:
+        """``persistent`` and ``blocks``, the (XBLOCK, RBLOCK) pairs the kernel may be
+        launched with: max-autotune's candidates (codegen/triton_tuning.py); without them,
+        the heuristic's."""
         symbolic = not (plan.numel.is_Integer and plan.rnumel.is_Integer)
         xnumel, rnumel = planning_size(plan.numel, plan.hints), planning_size(plan.rnumel, plan.hints)
         wide = symbolic or xnumel * max(rnumel, 1) >= 2**31 - 2**20
         self.xblock, self.rblock, self.warps, self.persistent = plan_blocks(plan, interpret)
-        xmasked = not plan.numel.is_Integer or xnumel % self.xblock != 0
+        if persistent is not None:
+            self.persistent = persistent
+        blocks = blocks or ((self.xblock, self.rblock),)
+        xmasked = not plan.numel.is_Integer or any(xnumel % x != 0 for x, _ in blocks)
         super().__init__(plan, wide_index=wide, masked=xmasked, interpret=interpret)
         if not plan.rnumel.is_Integer:
             self.rmasked = True
         elif self.persistent:
-            self.rmasked = rnumel != self.rblock
+            self.rmasked = any(rnumel != r for _, r in blocks)
         else:
-            self.rmasked = rnumel % self.rblock != 0
+            self.rmasked = any(rnumel % r != 0 for _, r in blocks)
         self.accumulators: dict[Reduce, str] = {}
 
     def emit(self) -> str:

@@ -19,7 +19,7 @@ from minicompile.ir import AliasOutput, Buffer, BufferRef, ExternKernel, Layout,
 from minicompile.shapes import python_expr
 from minicompile.sym import size_symbols
 
-from minicompile.codegen import combo, cpp, cpp_reduction, triton, triton_reduction
+from minicompile.codegen import combo, cpp, cpp_reduction, triton, triton_reduction, triton_tuning
 from minicompile.codegen.common import (
     CodeWriter,
     KernelPlan,
@@ -67,13 +67,18 @@ def alias_text(out: AliasOutput, shape: Callable[[tuple], str] = _shape,
 
 def generate(
     program: LoopProgram, groups: list[FusedGroup], backend: str, graph_name: str = "graph",
-    in_place: dict[str, str] | None = None, takes_inputs: bool = False,
+    in_place: dict[str, str] | None = None, takes_inputs: bool = False, autotune: bool = False,
 ) -> GeneratedCode:
     """``in_place``: output buffers stored into inputs (passes/inplace.py).
     ``takes_inputs``: ``call`` empties the list it is given and frees each input after its
-    last use (a backward's saved tensors: the caller keeps no other reference)."""
+    last use (a backward's saved tensors: the caller keeps no other reference).
+    ``autotune`` (mode="max-autotune"): Triton kernels launch with the configuration timed
+    fastest at their first run (codegen/triton_tuning.py, runtime/autotune.py)."""
     in_place = in_place or {}
     plans, plan_of = plan_kernels(program, groups, backend, in_place)
+    tuned = {p.name: triton_tuning.tune_plan(p, _interpreted(program, p)) for p in plans
+             if autotune and backend == "triton" and not isinstance(p, combo.ComboPlan)
+             and p.numel != 0}  # (combo kernels keep the heuristic's XBLOCK)
     externs = [g.extern for g in groups if g.extern is not None]
     w = CodeWriter()
     w.line(f"# minicompile: generated code for {graph_name} ({backend} backend)")
@@ -86,10 +91,14 @@ def generate(
             w.lines_from(triton.GPU_PREAMBLE)
         else:
             w.lines_from(triton.PREAMBLE)
-        if launched:  # GPU kernels launch through runtime/launch.py, not triton.jit's path
+        if any(p.name not in tuned for p in launched):
+            # GPU kernels launch through runtime/launch.py, not triton.jit's path
             w.line("from minicompile.runtime.launch import Launcher")
+        if tuned:
+            w.line("from minicompile.runtime.autotune import Autotuner, Choice")
         kernels = [
-            combo.emit_triton(plan, _interpreted(program, plan))
+            "\n\n".join(tuned[plan.name].texts.values()) if plan.name in tuned
+            else combo.emit_triton(plan, _interpreted(program, plan))
             if isinstance(plan, combo.ComboPlan)
             else triton_reduction.emit_reduction_kernel(plan, _interpreted(program, plan))
             if plan.is_reduction
@@ -101,16 +110,22 @@ def generate(
             w.line()
             w.line()
             w.lines_from(text)
-        if launched:
+        if launched or tuned:
             w.line()
             w.line()
-        if launched:
+        if any(p.name not in tuned for p in launched):
             w.line("# Launcher(kernel, arguments whose alignment may vary, sizes that may vary, "
                    "a call's dtypes and sizes, options)")
         for plan in launched:
+            if plan.name in tuned:
+                continue
             pointers, sizes = _changing_args(program, plan, in_place)
             w.line(f"{plan.name}_launch = Launcher({plan.name}, {pointers}, {sizes}, "
                    f"{_example(program, plan)}, {triton_launch(program, plan)[2]})")
+        for plan in plans:
+            if plan.name in tuned:
+                for line in autotuner_lines(program, plan, tuned[plan.name], in_place):
+                    w.line(line)
     else:
         cpp_source = cpp_unit(plans)
         w.line("import ctypes")
@@ -167,7 +182,7 @@ def generate(
                 made = [group.extern.name]
             else:
                 plan = plan_of[group.key]
-                emit_launch(w, program, plan, backend, devices, in_place, reuse)
+                emit_launch(w, program, plan, backend, devices, in_place, reuse, frozenset(tuned))
                 made = list(plan.outputs)
             live.update(made)
             dead = sorted(n for n in live if last_use.get(n, -1) <= k and n not in keep)
@@ -393,13 +408,32 @@ def triton_launch(
     numel = plan.numel
     # A CUDA kernel that checks indices stops on a device-side assert (Triton's debug
     # option, without its overflow checks), so the host never waits to read a flag.
-    debug = ", debug=True, sanitize_overflow=False" if _device_asserts(program, plan) else ""
+    debug = DEVICE_ASSERTS if _device_asserts(program, plan) else ""
     if plan.is_reduction:
         xblock, rblock, warps = triton_reduction.launch_config(plan, interpret)
         return (_grid(numel, xblock), [python_expr(numel), python_expr(plan.rnumel)],
                 f"XBLOCK={xblock}, RBLOCK={rblock}, num_warps={warps}{debug}")
     block = triton.block_size(triton.planning_size(numel, plan.hints), interpret)
     return _grid(numel, block), [python_expr(numel)], f"XBLOCK={block}{debug}"
+
+
+# Options of a GPU kernel that checks indices: it stops on a device-side assert.
+DEVICE_ASSERTS = ", debug=True, sanitize_overflow=False"
+
+
+def autotuner_lines(program: LoopProgram, plan: KernelPlan, tuned: triton_tuning.TunedKernel,
+                    in_place: dict[str, str]) -> list[str]:
+    """The definition of ``plan``'s Autotuner (mode="max-autotune")."""
+    tensors = len(plan.inputs) + len(plan.outputs)
+    written = tuple(range(len(plan.inputs), tensors))  # the outputs (and those in place)
+    if _interpreted(program, plan):
+        if checks_values(plan):
+            written += (tensors,)  # the error flag
+        return triton_tuning.autotuner_lines(tuned, written, None, "")
+    pointers, sizes = _changing_args(program, plan, in_place)
+    extra = DEVICE_ASSERTS if _device_asserts(program, plan) else ""
+    launcher = f"({pointers}, {sizes}, {_example(program, plan)})"
+    return triton_tuning.autotuner_lines(tuned, written, launcher, extra)
 
 
 def _changing_args(program: LoopProgram, plan: KernelPlan | combo.ComboPlan,
@@ -445,8 +479,9 @@ def _interpreted(program: LoopProgram, plan: KernelPlan) -> bool:
 def emit_launch(
     w: CodeWriter, program: LoopProgram, plan: KernelPlan | combo.ComboPlan, backend: str,
     devices: list[str], in_place: dict[str, str] | None = None,
-    reuse: dict[str, str] | None = None,
+    reuse: dict[str, str] | None = None, tuned: frozenset[str] = frozenset(),
 ) -> None:
+    """``tuned``: the kernels launched through their Autotuner (mode="max-autotune")."""
     for name in plan.outputs:
         if in_place and name in in_place:
             w.line(f"{name} = {in_place[name]}  # stored in place (rebuild writes it back)")
@@ -484,7 +519,10 @@ def emit_launch(
     w.line(f"# {', '.join(plan.origins)}")
     if backend == "triton":
         grid, extents, options = triton_launch(program, plan)
-        if _interpreted(program, plan):
+        if plan.name in tuned:  # the grid follows the chosen XBLOCK
+            numels = f"({', '.join(extents)}{',' if len(extents) == 1 else ''})"
+            launch = f"{plan.name}_tuned({numels}, {', '.join(args + errs + sizes + extents)})"
+        elif _interpreted(program, plan):
             launch = (f"{plan.name}[({grid},)]({', '.join(args + errs + sizes + extents)}, "
                       f"{options})")
         else:

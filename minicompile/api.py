@@ -532,8 +532,10 @@ def compile(
 
     backend: "auto" (Triton for CUDA tensors, C++ for CPU tensors), "triton", "cpp".
     dynamic: None (automatic), True, False.  fullgraph: raise instead of running eagerly.
-    mode: None / "default" / "max-autotune" compile the same way; "reduce-overhead" also
-    records each inference graph on CUDA tensors as a CUDA graph and replays it
+    mode: None / "default" launch Triton kernels with the heuristics' configurations;
+    "max-autotune" times a few at each kernel's first run per size class and keeps the
+    fastest (minicompile/runtime/autotune.py); "reduce-overhead" also records each
+    inference graph on CUDA tensors as a CUDA graph and replays it
     (minicompile/runtime/cudagraphs.py).
     """
     if backend not in BACKENDS:

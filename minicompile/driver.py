@@ -159,7 +159,7 @@ def build_graph(graph: Any, cfg: Config, name: str, backend: str, interpret: boo
             groups = combine(groups, fusion_log)
     with perf.phase("codegen"):
         code = generate(program, groups, backend, graph_name=name, in_place=in_place,
-                        takes_inputs=takes_inputs)
+                        takes_inputs=takes_inputs, autotune=cfg.mode == "max-autotune")
     trace.emit("graph", f"{name} after passes", lambda: str(graph))
     trace.emit("fusion", name, lambda: "\n".join(
         [str(program), ""] + fusion_log + [f"group {g.name}" for g in groups]))

@@ -175,7 +175,12 @@ def load(code: GeneratedCode, cfg: Config, interpret: bool) -> Loaded:
     if not interpret:  # GPU kernels: built before the call
         from minicompile.runtime.launch import Launcher
 
-        launchers = [v for v in loaded.call.__globals__.values() if isinstance(v, Launcher)]
+        values = loaded.call.__globals__.values()
+        launchers = [v for v in values if isinstance(v, Launcher)]
+        # Imported by max-autotune's wrappers only: the default mode never loads it.
+        tuning = sys.modules.get("minicompile.runtime.autotune")
+        if tuning is not None:
+            launchers += tuning.ahead(values)
         if launchers:
             with perf.phase("build"):
                 triton_build.precompile(launchers)
@@ -224,5 +229,8 @@ def load_module(key: str, path: Path, lib_paths: tuple[Path, ...], symbols: dict
 
 
 def forget() -> None:
-    """Drop this process's loaded modules (the disk cache stays)."""
+    """Drop this process's loaded modules and tuning choices (the disk cache stays)."""
     _loaded.clear()
+    tuning = sys.modules.get("minicompile.runtime.autotune")  # (imported by max-autotune)
+    if tuning is not None:
+        tuning.forget()

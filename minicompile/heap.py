@@ -23,9 +23,9 @@ import threading
 from collections.abc import Iterator
 
 _owner = threading.local()
-# Objects frozen before minicompile was imported: some builds of Python 3.12 start with
-# objects in the permanent generation that gc.unfreeze() leaves there (375 on the GPU
-# machine's).  More than these means someone froze the heap.
+# Objects frozen before minicompile was imported: Python 3.12 keeps a few hundred objects
+# in the permanent generation (375), put back there by each full collection after a
+# gc.unfreeze().  More than these means someone froze the heap.
 BASELINE = gc.get_freeze_count()
 
 

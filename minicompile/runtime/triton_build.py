@@ -291,11 +291,9 @@ class _Worker:
     """A worker process (triton_worker.py), started ahead of its first job."""
 
     def __init__(self, device: int | None) -> None:
-        # Where workers keep Triton's own cache key (triton_worker._warm_up).
-        key_file = cache.folder(config.get().cache_dir, "triton") / "triton_key.json"
         # With the GPU known, the worker builds one kernel for it ahead of the real ones.
         ahead = [json.dumps(list(target(device)))] if device is not None else []
-        self.proc = subprocess.Popen([sys.executable, str(WORKER), str(key_file), *ahead],
+        self.proc = subprocess.Popen([sys.executable, str(WORKER), *ahead],
                                      stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                                      text=True, env=config.worker_environment(sys.path))
@@ -366,10 +364,8 @@ def start_workers(count: int | None = None) -> None:
         _workers[:] = [w for w in _workers if w.alive()]
         device = torch.cuda.current_device() if ahead and torch.cuda.is_initialized() else None
         try:
-            while len(_workers) < count:
-                # The first worker makes no warm-up build: a small graph's first kernel
-                # need not wait for one.
-                _workers.append(_Worker(device if _workers else None))
+            while len(_workers) < count:  # (ready in about 0.3 s, warm-up included)
+                _workers.append(_Worker(device))
         except OSError as e:
             perf.note(f"no Triton build worker could start: {e}")
         global _registered

@@ -1,6 +1,6 @@
 """Build one Triton kernel to a cubin: the job of runtime/triton_build.py's worker processes.
 
-Run as a script (``python triton_worker.py [key file [target]]``), this file imports
+Run as a script (``python triton_worker.py [target]``), this file imports
 Triton and nothing of minicompile or PyTorch, so that a worker starts in the time Triton
 takes to import.  It says it is ready in a first line on stdout, then reads one job per
 line on stdin (JSON) and answers one result per line on stdout.  The launching process
@@ -102,36 +102,23 @@ def _stamp(root: str) -> str:
     return h.hexdigest()
 
 
-def _warm_up(key_file: str | None) -> None:
-    """What every build needs first: Triton's modules and its cache key, a hash of its own
-    files (0.4 s), done while the launching process is still capturing.  The hash is kept
-    in ``key_file`` beside a stamp of those files (sizes and times: milliseconds), and given
-    to Triton the way its own warm-up pool gives it to its workers."""
+def _warm_up() -> None:
+    """What every build needs first: Triton's modules, and the key of its own cache.
+    Triton keys that cache by a hash of the contents of its files (0.35 s on the GPU
+    machine, which every worker would pay before its first build); here the key is a
+    stamp of those files instead (paths, sizes and modification times: milliseconds),
+    which any reinstall or edit of Triton changes.  (minicompile's own cache of cubins is
+    keyed apart: runtime/triton_build.py.)"""
     import triton
     import triton.compiler  # noqa: F401
 
     try:
         import triton.runtime.cache as triton_cache
-
-        if key_file is None:
-            triton_cache.triton_key()
-            return
-        stamp = f"{triton.__version__}:{_stamp(os.path.dirname(triton.__file__))}"
-        try:
-            with open(key_file) as f:
-                saved = json.load(f)
-        except (OSError, ValueError):
-            saved = {}
-        key = saved.get("key") if saved.get("stamp") == stamp else None
-        if not isinstance(key, str):
-            key = triton_cache.triton_key()
-            try:
-                _write_atomic(key_file, json.dumps({"stamp": stamp, "key": key}).encode())
-            except OSError:
-                pass  # (computed again by the next worker)
-        triton_cache.triton_key = lambda: key
-    except Exception:  # noqa: BLE001 (another Triton: its first build computes what it needs)
-        pass
+    except ImportError:  # (another Triton: its first build computes what it needs)
+        return
+    stamp = _stamp(os.path.dirname(triton.__file__))
+    key = f"minicompile-{triton.__version__}-{stamp}"
+    triton_cache.triton_key = lambda: key
 
 
 # The warm-up build: the smallest kernel that goes through every stage of Triton's compiler
@@ -188,13 +175,13 @@ def main() -> None:
     results = sys.stdout
     sys.stdout = sys.stderr  # whatever Triton prints stays out of the results
     try:
-        _warm_up(sys.argv[1] if len(sys.argv) > 1 else None)
+        _warm_up()
     except Exception as e:  # noqa: BLE001 (Triton does not import: said, and no jobs)
         results.write(json.dumps({"ready": False, "problem": f"{type(e).__name__}: {e}"}))
         results.write("\n")
         return
-    if len(sys.argv) > 2:  # the target the builds are for: one build ahead of them
-        _build_once(json.loads(sys.argv[2]))
+    if len(sys.argv) > 1:  # the target the builds are for: one build ahead of them
+        _build_once(json.loads(sys.argv[1]))
     results.write('{"ready": true}\n')  # the first line: jobs can come
     results.flush()
     for line in sys.stdin:

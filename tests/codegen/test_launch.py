@@ -312,33 +312,37 @@ def test_build_workers_belong_to_the_process_that_started_them(monkeypatch) -> N
     assert len(closed) == 1 and triton_build._workers == []
 
 
-def test_workers_keep_tritons_own_cache_key_across_processes(tmp_path) -> None:
-    """A worker hashes Triton's files once (its cache key, 0.4 s on the GPU machine); the
-    next ones read it back while the files' stamp holds, and hash again when it does not."""
-    import json
+def test_workers_key_tritons_cache_by_a_stamp_of_its_files(tmp_path) -> None:
+    """A worker does not hash the contents of Triton's files for its cache key (0.35 s on
+    the GPU machine): the key is a stamp of their paths, sizes and times, which a changed
+    file changes."""
+    import os
     import subprocess
     import sys
 
     from minicompile.runtime import triton_worker
 
-    key_file = tmp_path / "triton_key.json"
-    code = ("import sys; sys.path.insert(0, {folder!r}); import triton_worker, triton.runtime.cache as c;"
-            " triton_worker._warm_up({key!r}); print(c.triton_key())").format(
-        folder=str(Path(triton_worker.__file__).parent), key=str(key_file))
-
-    def worker() -> str:
-        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                             check=True)
-        return out.stdout.strip().splitlines()[-1]
-
-    first = worker()
-    saved = json.loads(key_file.read_text())
-    assert saved["key"] == first and first
-    key_file.write_text(json.dumps({"stamp": saved["stamp"], "key": "kept"}))
-    assert worker() == "kept"  # read back, not hashed
-    key_file.write_text(json.dumps({"stamp": "another Triton", "key": "stale"}))
-    assert worker() == first  # a stamp that no longer holds: hashed again
-    assert json.loads(key_file.read_text())["key"] == first
+    root = tmp_path / "triton"
+    (root / "language").mkdir(parents=True)
+    source = root / "language" / "core.py"
+    source.write_text("x = 1\n")
+    (root / "notes.txt").write_text("not a file of code")
+    first = triton_worker._stamp(str(root))
+    assert triton_worker._stamp(str(root)) == first
+    (root / "notes.txt").write_text("changed, but not code")
+    assert triton_worker._stamp(str(root)) == first
+    source.write_text("x = 22\n")  # another size
+    second = triton_worker._stamp(str(root))
+    assert second != first
+    stat = source.stat()
+    os.utime(source, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1))  # same size, touched
+    assert triton_worker._stamp(str(root)) != second
+    code = ("import sys; sys.path.insert(0, {folder!r}); import triton_worker, triton, "
+            "triton.runtime.cache as c; triton_worker._warm_up(); print(c.triton_key()); "
+            "print(triton.__version__)").format(folder=str(Path(triton_worker.__file__).parent))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout.split()
+    assert out[0].startswith(f"minicompile-{out[1]}-")  # Triton's own cache keyed by it
 
 
 def test_a_worker_told_its_gpu_builds_one_kernel_ahead_and_leaves_nothing(tmp_path) -> None:
@@ -362,8 +366,7 @@ def test_a_worker_told_its_gpu_builds_one_kernel_ahead_and_leaves_nothing(tmp_pa
            "constexprs": [[[3], 64]], "attrs": [], "options": {"num_warps": 2},
            "target": ["cuda", 90, 32], "out": str(tmp_path / "built")}
     proc = subprocess.run(
-        [sys.executable, triton_worker.__file__, str(tmp_path / "key.json"),
-         json.dumps(["cuda", 90, 32])], input=json.dumps(job) + "\n", env=env,
+        [sys.executable, triton_worker.__file__, json.dumps(["cuda", 90, 32])], input=json.dumps(job) + "\n", env=env,
         capture_output=True, text=True, timeout=600, check=True)
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result["ok"] and result["seconds"] > 0

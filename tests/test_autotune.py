@@ -196,6 +196,24 @@ def test_the_forced_winner_is_the_one_launched(tuning_cache: Path) -> None:
     assert record["choice"] == len(seen) - 1
 
 
+@pytest.mark.parametrize("gain, heuristic_kept", [(0.01, True), (0.05, False)])
+def test_a_candidate_replaces_the_heuristic_only_when_clearly_faster(
+        tuning_cache: Path, gain: float, heuristic_kept: bool) -> None:
+    """Within the timings' noise (autotune.MARGIN) the heuristic's configuration stays."""
+    seen: list[autotune.Choice] = []
+
+    def timer(choice: autotune.Choice, run: Callable[[], None],
+              reset: Callable[[], None]) -> float:
+        seen.append(choice)
+        return 1.0 if len(seen) == 1 else 1.0 - gain  # every alternative that much faster
+
+    with autotune.use_timer(timer):
+        check_twice(softmax, lambda s: (randn(5, 200, seed=s),))
+    assert len(seen) >= 2
+    assert (seen[0].launches == 2) is heuristic_kept
+    assert (seen[1].launches == 2) is not heuristic_kept  # (the first of the fastest)
+
+
 @pytest.mark.parametrize("name", ["softmax", "column_sum", "pointwise_chain"])
 def test_every_candidate_matches_eager(name: str, tmp_path: Path) -> None:
     """Each candidate in turn made the winner (its own cache directory, this process's

@@ -85,6 +85,10 @@ def forget() -> None:
     _memory.clear()
 
 
+# A candidate replaces the heuristic's configuration only when it is faster by more than
+# this fraction: closer than that, the timings' noise could choose a slower one.
+MARGIN = 0.02
+
 class Choice:
     """One candidate: a kernel (the persistent or looped variant) and its launch options.
     ``launches`` counts the launches that used it for the program (not tuning runs)."""
@@ -207,6 +211,8 @@ class Autotuner:
                 times.append(math.inf)
                 notes.append(f"{c.describe(self.name)}: {type(e).__name__}: {e}")
         best = min(range(len(times)), key=lambda k: (times[k], k))
+        if times[best] > times[0] * (1 - MARGIN):  # within the timings' noise: the default
+            best = 0
         counters["tuned"] += 1
         lines = [f"{c.describe(self.name)}: {t:.4f} ms"
                  + (" (chosen)" if k == best else "") + (" (the heuristic)" if k == 0 else "")

@@ -299,22 +299,31 @@ class _Worker:
                                      text=True, env=config.worker_environment(sys.path))
         self.seconds: list[float] = []  # how long each build took in the worker
         self.lock = threading.Lock()  # held by the thread that talks to the worker
+        self.imported: bool | None = None  # whether Triton imported there (None: not known)
+        self.problem: str | None = None  # why it did not
         self.ready = False
-        self.answered = False  # its first line has come (or it died first)
-        self.problem: str | None = None  # why Triton did not import there
+
+    def _line(self) -> dict:
+        assert self.proc.stdout is not None
+        try:
+            return json.loads(self.proc.stdout.readline() or "{}")
+        except (OSError, ValueError):
+            return {}
+
+    def wait_imported(self) -> bool:
+        """Wait for the worker's first line: whether Triton imported there (False too when
+        the worker died first)."""
+        if self.imported is None:
+            first = self._line()
+            self.imported = bool(first.get("imported"))
+            self.problem = first.get("problem")
+        return self.imported
 
     def wait_ready(self) -> bool:
-        """Wait for the worker's first line (Triton imported, its warm-up build done);
-        False when the worker died first or could not import Triton."""
-        if not self.answered:
-            assert self.proc.stdout is not None
-            try:
-                first = json.loads(self.proc.stdout.readline() or "{}")
-            except (OSError, ValueError):
-                first = {}
-            self.answered = True
-            self.ready = bool(first.get("ready"))
-            self.problem = first.get("problem")
+        """Wait for the worker's second line (its warm-up build done); False when it died
+        first or could not import Triton."""
+        if not self.ready and self.wait_imported():
+            self.ready = bool(self._line().get("ready"))
         return self.ready
 
     def run(self, job: dict) -> str | None:
@@ -381,10 +390,10 @@ def import_problem() -> str | None:
     with _workers_lock:
         first = _workers[0] if _workers and _workers_pid == os.getpid() else None
     if first is not None:
-        if not first.answered:
+        if first.imported is None:
             with first.lock:
-                first.wait_ready()
-        if first.ready:
+                first.wait_imported()
+        if first.imported:
             return None
         if first.problem is not None:
             toolchain.triton_broken(first.problem)

@@ -2,8 +2,9 @@
 
 Run as a script (``python triton_worker.py [target]``), this file imports
 Triton and nothing of minicompile or PyTorch, so that a worker starts in the time Triton
-takes to import.  It says it is ready in a first line on stdout, then reads one job per
-line on stdin (JSON) and answers one result per line on stdout.  The launching process
+takes to import.  It says whether Triton imported in a first line on stdout and that it
+is ready (its warm-up build done) in a second, then reads one job per line on stdin
+(JSON) and answers one result per line on stdout.  The launching process
 imports :func:`build` and calls it in-process for a single kernel.
 
 A job names a kernel file (the kernel and the helpers it calls, with real Triton imports),
@@ -174,15 +175,17 @@ def _build_once(target: list) -> bool:
 def main() -> None:
     results = sys.stdout
     sys.stdout = sys.stderr  # whatever Triton prints stays out of the results
-    try:
+    try:  # the first line: whether Triton imports
         _warm_up()
     except Exception as e:  # noqa: BLE001 (Triton does not import: said, and no jobs)
-        results.write(json.dumps({"ready": False, "problem": f"{type(e).__name__}: {e}"}))
+        results.write(json.dumps({"imported": False, "problem": f"{type(e).__name__}: {e}"}))
         results.write("\n")
         return
+    results.write('{"imported": true}\n')
+    results.flush()
     if len(sys.argv) > 1:  # the target the builds are for: one build ahead of them
         _build_once(json.loads(sys.argv[1]))
-    results.write('{"ready": true}\n')  # the first line: jobs can come
+    results.write('{"ready": true}\n')  # the second line: jobs can come
     results.flush()
     for line in sys.stdin:
         start = time.perf_counter()

@@ -50,18 +50,24 @@ def pointwise_meta(name: str, args: tuple, kwargs: dict[str, Any],
     tensors = [v for v in values if isinstance(v, torch.Tensor)]
     if not tensors or (name == "where" and not isinstance(values[0], torch.Tensor)):
         return None
-    try:
-        shape = torch.broadcast_shapes(*(t.shape for t in tensors))
-    except RuntimeError:
-        return None  # eager's own error message, from the slow path
     kind = KIND.ALWAYS_BOOL if name in COMPARISONS else KIND.DEFAULT
     promoted = values[1:] if name == "where" else values
     compute, dtype = elementwise_dtypes(*promoted, type_promotion_kind=kind)
     if any(t.dtype != compute for t in promoted if isinstance(t, torch.Tensor)):
         return None  # converted first (float16's float32 arithmetic): another stride rule
-    perm, _ = compute_elementwise_output_logical_to_physical_perm(
-        *(t.expand(shape) for t in tensors))
-    stride = torch.empty_permuted(shape, perm, dtype=dtype, device="meta").stride()
+    shape = tensors[0].shape
+    stride = torch.empty(shape, dtype=dtype, device="meta").stride()
+    # Operands of one shape with its contiguous strides (even at sizes of 1) give that
+    # result; others, PyTorch's general rule (whose size checks import its symbolic-shapes
+    # module: 50 ms of a cold start).
+    if any(t.shape != shape or t.stride() != stride for t in tensors):
+        try:
+            shape = torch.broadcast_shapes(*(t.shape for t in tensors))
+        except RuntimeError:
+            return None  # eager's own error message, from the slow path
+        perm, _ = compute_elementwise_output_logical_to_physical_perm(
+            *(t.expand(shape) for t in tensors))
+        stride = torch.empty_permuted(shape, perm, dtype=dtype, device="meta").stride()
     return TensorMeta(shape=tuple(sympy.Integer(s) for s in shape),
                       stride=tuple(sympy.Integer(s) for s in stride), dtype=dtype,
                       device=device)

@@ -446,3 +446,21 @@ def test_the_specialization_of_launch_arguments_is_tritons_own() -> None:
         assert got == tuple(want), (arg if isinstance(arg, int) else arg.dtype, got, want)
     # A dtype it does not know: None, and Triton's specializer is asked instead.
     assert triton_build.specialization(torch.zeros(2, dtype=torch.complex64)) is None
+
+
+def test_kernel_files_read_by_code_positions_match_inspect(tmp_path, monkeypatch) -> None:
+    """A kernel's source is read from its file's lines by its code object's positions (not
+    ``inspect.getsource``, which tokenizes the file): the same text for generated kernels,
+    and worked out once per kernel."""
+    import inspect
+
+    from minicompile.runtime import triton_build
+
+    module = gpu_module(tmp_path, monkeypatch)
+    kernels = [v for v in vars(module).values() if hasattr(v, "arg_names") and hasattr(v, "fn")]
+    assert len(kernels) >= 2
+    for kernel in kernels:
+        assert triton_build.source(kernel.fn) == inspect.getsource(kernel.fn)
+        first = triton_build.kernel_file(kernel)
+        assert triton_build.kernel_file(kernel) is first  # remembered
+        assert first.startswith(triton_build.HEADER) and f"def {kernel.fn.__name__}(" in first

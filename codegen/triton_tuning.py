@@ -34,7 +34,6 @@ TRITON_MAX_NUMEL = 1 << 20  # elements of a block, at most (Triton's TRITON_MAX_
 GPU_BLOCK_LIMIT = 1 << 14
 INTERPRET_BLOCK_LIMIT = 1 << 17
 MAX_WARPS = 16
-TRITON_DEFAULT_WARPS, TRITON_DEFAULT_STAGES = 4, 3
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,10 +64,6 @@ class TunedKernel:
     candidates: tuple[Candidate, ...]
     texts: dict[str, str]  # kind -> kernel text
     names: dict[str, str]  # kind -> kernel name
-
-    @property
-    def heuristic(self) -> Candidate:
-        return self.candidates[0]
 
     def source_hash(self) -> str:
         """The kernel's identity for the tuning cache: its texts and the helpers they call,
@@ -168,17 +163,6 @@ def tune_plan(plan: KernelPlan, interpret: bool) -> TunedKernel:
     return TunedKernel(plan, tuple(found), texts, names)
 
 
-def describe(c: Candidate) -> str:
-    """A candidate as the wrapper's comments and the tuning log show it."""
-    parts = [f"XBLOCK={c.xblock}"] + ([f"RBLOCK={c.rblock}"] if c.rblock is not None else [])
-    parts.append(f"num_warps={c.warps if c.warps is not None else TRITON_DEFAULT_WARPS}")
-    if c.kind == "looped":
-        parts.append(f"num_stages={c.stages if c.stages is not None else TRITON_DEFAULT_STAGES}")
-    if c.kind != "pointwise":
-        parts.append(c.kind)
-    return ", ".join(parts)
-
-
 def autotuner_lines(tuned: TunedKernel, written: tuple[int, ...],
                     launcher: str | None, extra: str) -> list[str]:
     """The wrapper's definition of the kernel's Autotuner (runtime/autotune.py):
@@ -188,7 +172,7 @@ def autotuner_lines(tuned: TunedKernel, written: tuple[int, ...],
     name = tuned.plan.name
     lines = [
         "# max-autotune: the launch configuration is tuned at the first run of each size class",
-        f"# (runtime/autotune.py); the heuristic default: {describe(tuned.heuristic)}",
+        "# (runtime/autotune.py), among these candidates; the first is the heuristic's",
         f'{name}_tuned = Autotuner("{name}", "{tuned.source_hash()}", (',
     ]
     for k, c in enumerate(tuned.candidates):

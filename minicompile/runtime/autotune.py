@@ -89,6 +89,7 @@ def forget() -> None:
 # this fraction: closer than that, the timings' noise could choose a slower one.
 MARGIN = 0.02
 
+
 class Choice:
     """One candidate: a kernel (the persistent or looped variant) and its launch options.
     ``launches`` counts the launches that used it for the program (not tuning runs)."""
@@ -241,14 +242,10 @@ class Autotuner:
         key = self.key(size, torch.device("cuda", torch.cuda.current_device()))
         index = _memory.get(key)
         if index is None:
-            path = cache.find(config.get().cache_dir, ("autotune", key[:2]), f"{key}.json")
-            try:
-                index = json.loads(path.read_text())["choice"] if path else None
-            except (OSError, ValueError, KeyError, TypeError):
-                index = None  # (the launch warns about it)
-        if isinstance(index, int) and 0 <= index < len(launchers):
-            return [launchers[index]]
-        return launchers
+            index = self._read(key, size)
+            if index is not None:  # (kept: the first launch reads no file again)
+                _memory[key] = index
+        return [launchers[index]] if index is not None else launchers
 
 
 def ahead(values: Iterable[Any]) -> list[Any]:

@@ -196,6 +196,31 @@ def test_the_forced_winner_is_the_one_launched(tuning_cache: Path) -> None:
     assert record["choice"] == len(seen) - 1
 
 
+@torch.no_grad()
+def test_a_library_model_under_max_autotune_matches_eager(tuning_cache: Path) -> None:
+    """transformers' GPT-2 (tiny, random init) compiled whole under max-autotune: its
+    kernels are tuned at the first call, and both calls, with fresh tokens, match eager."""
+    from model_zoo import MODELS, tensors_of
+
+    case = next(c for c in MODELS if str(c) == "hf_gpt2")
+    torch.manual_seed(0)
+    model = case.build().eval().to(DEVICE)
+    compiled = minicompile.compile(model, backend="triton", mode="max-autotune",
+                                   fullgraph=True)
+    before = tuned()
+    for seed in (1, 2):
+        torch.manual_seed(seed)
+        args, kwargs = case.inputs(DEVICE)
+        got, want = tensors_of(compiled(*args, **kwargs)), tensors_of(model(*args, **kwargs))
+        assert len(got) == len(want)
+        for a, e in zip(got, want):
+            if isinstance(e, torch.Tensor):
+                torch.testing.assert_close(a, e, rtol=1e-3, atol=1e-4)
+            else:
+                assert a == e
+    assert tuned() > before
+
+
 @pytest.mark.parametrize("gain, heuristic_kept", [(0.01, True), (0.05, False)])
 def test_a_candidate_replaces_the_heuristic_only_when_clearly_faster(
         tuning_cache: Path, gain: float, heuristic_kept: bool) -> None:

@@ -16,6 +16,7 @@ import torch
 
 from minicompile.errors import Unsupported
 from minicompile.ir import AliasOutput, Buffer, BufferRef, ExternKernel, Layout, LoopProgram
+from minicompile.ops import CONVOLUTIONS
 from minicompile.shapes import python_expr
 from minicompile.sym import size_symbols
 
@@ -80,6 +81,8 @@ def generate(
              if autotune and backend == "triton" and not isinstance(p, combo.ComboPlan)
              and p.numel != 0}  # (combo kernels keep the heuristic's XBLOCK)
     externs = [g.extern for g in groups if g.extern is not None]
+    devices = sorted({str(layout.device) for b in program.buffers for layout in _layouts(b)})
+    plans_ahead = library_plans(program, externs, devices) if backend == "triton" else []
     w = CodeWriter()
     w.line(f"# minicompile: generated code for {graph_name} ({backend} backend)")
     cpp_source = None
@@ -96,6 +99,8 @@ def generate(
             w.line("from minicompile.runtime.launch import Launcher")
         if tuned:
             w.line("from minicompile.runtime.autotune import Autotuner, Choice")
+        if plans_ahead:
+            w.line("from minicompile.runtime.library_plans import LibraryPlans, Like")
         kernels = [
             "\n\n".join(tuned[plan.name].texts.values()) if plan.name in tuned
             else combo.emit_triton(plan, _interpreted(program, plan))
@@ -150,7 +155,6 @@ def generate(
                           if e.op.startswith("minicompile.")}):
         w.line(f"import {module}")  # runtime helpers the wrapper calls (training's record)
     w.line()
-    devices = sorted({str(layout.device) for b in program.buffers for layout in _layouts(b)})
     for k, dev in enumerate(devices):
         w.line(f"device{k} = {_device_literal(torch.device(dev))}")
     w.line("empty_strided = torch.empty_strided")
@@ -158,6 +162,11 @@ def generate(
         w.line()
         w.line()
         w.lines_from(LAYOUT_HELPER)
+    if plans_ahead:
+        w.line()
+        w.line()
+        for line in plans_ahead:
+            w.line(line)
     w.line()
     w.line()
     w.line("def call(args):")
@@ -178,6 +187,9 @@ def generate(
         reuse = reuse_memory(program, groups, plan_of, keep, in_place)
         for k, group in enumerate(groups):
             if group.extern is not None:
+                if plans_ahead and group.extern.op in CONVOLUTIONS:
+                    w.line("library_plans.wait()  # (the first convolution waits for them)")
+                    plans_ahead = []
                 emit_extern(w, group.extern)
                 made = [group.extern.name]
             else:
@@ -343,6 +355,49 @@ def with_layout(t, size, stride):
         return t
     return empty_strided(size, stride, dtype=t.dtype, device=t.device).copy_(t)
 """
+
+
+def library_plans(program: LoopProgram, externs: list[ExternKernel],
+                  devices: list[str]) -> list[str]:
+    """The lines that prepare cuDNN's plans of the module's convolutions while it loads
+    (runtime/library_plans.py): each distinct problem of static sizes on a GPU, its tensor
+    arguments described by their layouts.  No lines for a module without one."""
+    layouts = {b.name: b.layout for b in (*program.inputs, *program.buffers)}
+
+    def like(value: object) -> str | None:
+        if isinstance(value, BufferRef):
+            lay = layouts.get(value.name)
+            if (isinstance(lay, Layout) and lay.device.type == "cuda" and lay.offset == 0
+                    and str(lay.device) in devices
+                    and all(n.is_Integer for n in (*lay.shape, *lay.stride))):
+                return (f"Like({_shape(lay.shape)}, {_shape(lay.stride)}, {lay.dtype}, "
+                        f"device{devices.index(str(lay.device))})")
+            return None
+        items = value if isinstance(value, (tuple, list)) else (value,)
+        if any(isinstance(v, (BufferRef, AliasOutput)) or isinstance(v, sympy.Basic)
+               and not v.is_Integer for v in items):
+            return None  # (a tensor in a list, a view of an input, a dynamic size)
+        return _extern_arg(value)
+
+    problems: dict[str, str] = {}
+    for ext in externs:
+        if ext.op not in CONVOLUTIONS:
+            continue
+        args = [like(a) for a in ext.args]
+        kwargs = {k: like(v) for k, v in ext.kwargs.items()}
+        if None in args or None in kwargs.values() or not args or "Like(" not in args[0]:
+            continue  # (prepared by its first call)
+        text = (f"({ext.op}, ({', '.join(args)}{',' if len(args) == 1 else ''}), "
+                f"{{{', '.join(f'{k!r}: {v}' for k, v in kwargs.items())}}}),")
+        problems.setdefault(text, ext.origins[0] if ext.origins else ext.op)
+    if not problems:
+        return []
+    lines = ["# cuDNN prepares a plan at the first call of each convolution problem: these "
+             "are", "# prepared in threads while the module loads (runtime/library_plans.py).",
+             "library_plans = LibraryPlans(["]
+    for text, origin in problems.items():
+        lines += [f"    # {origin}", f"    {text}"]
+    return [*lines, "])"]
 
 
 def _extern_arg(value: object) -> str:

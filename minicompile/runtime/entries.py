@@ -408,14 +408,26 @@ def _load(path: Path, fn: types.FunctionType, cfg: Config, frame: tuple) -> Warm
         raise cache.CacheCorrupted(path, f"unreadable: {type(e).__name__}") from e
     if not ok:
         raise cache.CacheCorrupted(path, "does not match its checksum")
+    # The generated module first: what it starts at its import (library plans) runs while
+    # the rest of the entry loads.
+    module = _verified(cfg, p["module"])
+    libs = tuple(_verified(cfg, a) for a in p["libs"])
+    if p["interpret"] and not cfg.triton_interpret:
+        raise Miss("the entry runs under Triton's interpreter, which is off")
+    key = module.stem.removeprefix("mc_")
+    symbols = {name: (i, symbol) for name, (i, symbol) in p["symbols"].items()}
+    loaded = build.load_module(key, module, libs, symbols, p["interpret"])
     namespace: dict[str, Any] = {"torch": torch, "Tensor": torch.Tensor}
     modules = {k: r for k, r in p["namespace"].items() if r[0] == "frame_module"}
     for name, r in p["namespace"].items():
         if name not in modules:
             namespace[name] = resolve(r, fn)
     walked: set[int] = set()  # modules inside a module whose fingerprint matched
-    for name, (_, where, digest) in sorted(modules.items(), key=lambda kv: len(kv[1][1])):
-        found = _frame_module(p["params"], where, digest, namespace, frame, walked)
+    order = sorted(modules.items(), key=lambda kv: len(kv[1][1]))
+    values = _frame_values(p["params"], [where for _, (_, where, _) in order], namespace, frame)
+    for k, (name, (_, where, digest)) in enumerate(order):
+        found = _frame_module(p["params"], where, digest, namespace, frame, walked,
+                              values[k] if values is not None else _NOT_FOUND)
         namespace[name] = found
         if id(found) not in walked:  # (else its submodules are there already)
             walked.update(id(m) for m in found.modules())
@@ -426,13 +438,6 @@ def _load(path: Path, fn: types.FunctionType, cfg: Config, frame: tuple) -> Warm
     guards = Guards(p["params"], checks, namespace, code)
     exec(compile(p["rebuild"], "<minicompile rebuild>", "exec"), namespace)
     exec(compile(p["get_inputs"], "<minicompile inputs>", "exec"), namespace)
-    module = _verified(cfg, p["module"])
-    libs = tuple(_verified(cfg, a) for a in p["libs"])
-    if p["interpret"] and not cfg.triton_interpret:
-        raise Miss("the entry runs under Triton's interpreter, which is off")
-    key = module.stem.removeprefix("mc_")
-    symbols = {name: (i, symbol) for name, (i, symbol) in p["symbols"].items()}
-    loaded = build.load_module(key, module, libs, symbols, p["interpret"])
     get_inputs, rebuild = namespace["get_inputs"], namespace["rebuild"]
     capture = WarmCapture(guards, get_inputs, rebuild, p["input_sources"], p["get_inputs"],
                           p["rebuild"], handlers=p.get("handlers", True))
@@ -440,13 +445,27 @@ def _load(path: Path, fn: types.FunctionType, cfg: Config, frame: tuple) -> Warm
     return Warm(capture, run, loaded.call, [tuple(s) for s in p["sizes"]], p["kernels"])
 
 
-def _frame_module(params: list[str], where: str, digest: str, namespace: dict,
-                  frame: tuple, walked: set[int]) -> torch.nn.Module:
-    """The module at ``where`` (a guard's expression over the frame) in ``frame``, if its
-    fingerprint is ``digest`` (or it is part of a module in ``walked`` whose fingerprint,
-    which covers its submodules, matched)."""
+_NOT_FOUND = object()
+
+
+def _frame_values(params: list[str], wheres: list[str], namespace: dict,
+                  frame: tuple) -> tuple | None:
+    """The values of all of ``wheres`` in ``frame``, by one compiled expression (a model's
+    entry names hundreds of modules); None when one fails, each then found alone."""
     try:
-        found = eval(f"lambda {', '.join(params)}: {where}", namespace)(*frame)
+        return eval(f"lambda {', '.join(params)}: ({', '.join(wheres)},)", namespace)(*frame)
+    except Exception:  # noqa: BLE001 (the failing one is named by _frame_module)
+        return None
+
+
+def _frame_module(params: list[str], where: str, digest: str, namespace: dict,
+                  frame: tuple, walked: set[int], found: Any = _NOT_FOUND) -> torch.nn.Module:
+    """The module at ``where`` (a guard's expression over the frame) in ``frame`` (or
+    ``found``, its value already), if its fingerprint is ``digest`` (or it is part of a
+    module in ``walked`` whose fingerprint, which covers its submodules, matched)."""
+    try:
+        if found is _NOT_FOUND:
+            found = eval(f"lambda {', '.join(params)}: {where}", namespace)(*frame)
     except Exception as e:  # another structure of arguments
         raise Miss(f"{where}: {type(e).__name__}") from None
     if not isinstance(found, torch.nn.Module):

@@ -184,7 +184,20 @@ def load(code: GeneratedCode, cfg: Config, interpret: bool) -> Loaded:
         if launchers:
             with perf.phase("build"):
                 triton_build.precompile(launchers)
+        prepare_launches(loaded)
     return dataclasses.replace(loaded, from_cache=from_cache)
+
+
+def prepare_launches(loaded: Loaded) -> None:
+    """Each GPU kernel's launch for a call like codegen's example, its cubin found in the
+    cache and loaded, before the first call (which otherwise does it, one kernel at a
+    time between the others' launches)."""
+    from minicompile.runtime.launch import Launcher
+
+    with perf.phase("load"):
+        for value in loaded.call.__globals__.values():
+            if isinstance(value, Launcher):
+                value.prepare()
 
 
 def load_module(key: str, path: Path, lib_paths: tuple[Path, ...], symbols: dict,

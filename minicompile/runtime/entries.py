@@ -417,6 +417,8 @@ def _load(path: Path, fn: types.FunctionType, cfg: Config, frame: tuple) -> Warm
     key = module.stem.removeprefix("mc_")
     symbols = {name: (i, symbol) for name, (i, symbol) in p["symbols"].items()}
     loaded = build.load_module(key, module, libs, symbols, p["interpret"])
+    if not p["interpret"]:
+        build.prepare_launches(loaded)
     namespace: dict[str, Any] = {"torch": torch, "Tensor": torch.Tensor}
     modules = {k: r for k, r in p["namespace"].items() if r[0] == "frame_module"}
     for name, r in p["namespace"].items():

@@ -117,12 +117,29 @@ class Launcher:
         kernel.run(grid, 1, 1, _raw_stream(key[0]), kernel.function,
                    kernel.packed_metadata, None, None, None, *args, *self.constexprs)
 
-    def _static(self, key: tuple, args: tuple) -> tuple | None:
+    def prepare(self) -> None:
+        """Ahead of the first call (when the module loads): the static launch of a call
+        like the example, if its cubin is in the cache (nothing is built here)."""
+        args = self.example_args()
+        if not self.direct or args is None or not triton_build.available():
+            return
+        self.tensors = sum(not isinstance(a, int) for a in args)
+        key = (_current_device(), (True,) * len(self.pointers))  # (Example: aligned)
+        if self.sizes:
+            key += (tuple([int_class(args[i]) for i in self.sizes]),)
+        if key not in self.static:
+            self._static(key, tuple(args), build=False)
+
+    def _static(self, key: tuple, args: tuple, build: bool = True) -> tuple | None:
         """The static launch of ``key`` (its cubin found in the cache, or built now), or
-        None when it needs Triton's launcher."""
+        None when it needs Triton's launcher (``build=False``: None, and nothing noted,
+        when the cache does not hold it)."""
         launch = None
         if triton_build.available():
-            built = triton_build.find_or_build(self.fn, args, self.options, key[0])
+            built = (triton_build.find_or_build(self.fn, args, self.options, key[0]) if build
+                     else triton_build.find_cached(self.fn, args, self.options, key[0]))
+            if not build and built is None:
+                return None
             if built is not None:
                 function = triton_build.load(built.cubin, built.name, built.shared, key[0])
                 tensors = self.tensors

@@ -480,6 +480,14 @@ def find_or_build(kernel: Any, args: Sequence[Any], options: dict, device: int) 
     return built
 
 
+def find_cached(kernel: Any, args: Sequence[Any], options: dict, device: int) -> Built | None:
+    """The build of a launch of ``kernel`` with ``args`` if the cache holds it."""
+    try:
+        return Prepared(kernel, args, options, device).built()
+    except (OSError, TypeError):  # the kernel's source is not readable
+        return None
+
+
 @functools.lru_cache(maxsize=None)
 def load(cubin: Path, name: str, shared: int, device: int) -> int:
     """The CUDA function of a cubin, loaded once per process and device."""

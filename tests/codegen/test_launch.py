@@ -114,6 +114,43 @@ def test_launcher_without_cuda_always_goes_through_triton_jit(monkeypatch) -> No
     assert [e[0] for e in fn.log] == ["jit", "jit", "jit"]
 
 
+def test_prepare_loads_the_launch_of_the_example_from_the_cache_and_builds_nothing(
+        monkeypatch) -> None:
+    """At load, a launcher finds its example's cubin (a call with aligned tensors and the
+    example's sizes) and the first such call launches it; without one in the cache it
+    builds nothing, and the first call then does as before."""
+    from minicompile.runtime import triton_build
+
+    static, found = FakeStatic(), []
+    monkeypatch.setattr(launch, "_static_launcher", static)
+    monkeypatch.setattr(launch, "_raw_stream", lambda device: 7)
+    monkeypatch.setattr(launch, "_current_device", lambda: 0)
+    monkeypatch.setattr(triton_build, "available", lambda: True)
+    monkeypatch.setattr(triton_build, "load", lambda cubin, name, shared, device: f"fn-{name}")
+    monkeypatch.setattr(triton_build, "find_or_build", lambda *a: pytest.fail("a build"))
+    cached = {64: triton_build.Built(None, "k64", 4, 0, "OOiOO")}
+
+    def find_cached(kernel, args, options, device):  # noqa: ANN001, ANN202
+        found.append(args[2])
+        return cached.get(args[2])
+
+    monkeypatch.setattr(triton_build, "find_cached", find_cached)
+    fn = FakeJit()
+    launcher = launch.Launcher(fn, (0,), (2,), (torch.float32, torch.float32, 64), XBLOCK=128)
+    launcher.prepare()
+    launcher.prepare()  # (once is enough)
+    assert found == [64] and len(launcher.static) == 1 and static.log == []
+    x, out = torch.zeros(64), torch.zeros(64)
+    launcher(2, x, out, 64)
+    assert static.log[-1][0] == "fn-k64" and fn.log == [] and found == [64]
+    other = launch.Launcher(fn, (0,), (2,), (torch.float32, torch.float32, 48), XBLOCK=128)
+    other.prepare()  # not in the cache: nothing is kept, and no build
+    assert found == [64, 48] and other.static == {} and other.no_static == set()
+    unknown = launch.Launcher(fn, (0,), (2,), (torch.float32, torch.float32, None), XBLOCK=128)
+    unknown.prepare()  # (a dynamic size without a hint: no example)
+    assert found == [64, 48]
+
+
 def test_only_what_can_change_is_in_the_key() -> None:
     """Inputs, library results and in-place outputs may be misaligned; buffers the wrapper
     allocates never are.  Symbolic sizes and extents change; integer ones never do."""

@@ -174,7 +174,7 @@ def test_a_compiled_conv_net_prepares_its_problems_and_matches_eager(
     model = ConvNet().cuda().to(dtype).eval()
     tol = {"atol": 3e-2, "rtol": 3e-2} if dtype == torch.bfloat16 else {"atol": 1e-3,
                                                                          "rtol": 1e-3}
-    with config.patch(cache_dir=str(tmp_path)), torch.no_grad(), \
+    with config.patch(cache_dir=tmp_path), torch.no_grad(), \
             torch.backends.cudnn.flags(enabled=True, benchmark=False, allow_tf32=False):
         compiled = minicompile.compile(model)
         for _ in range(2):
@@ -191,7 +191,7 @@ def test_a_compiled_conv_net_prepares_its_problems_and_matches_eager(
 def test_with_cudnn_benchmark_nothing_is_prepared_and_values_hold(tmp_path: Path) -> None:
     torch.manual_seed(0)
     model = ConvNet().cuda().eval()
-    with config.patch(cache_dir=str(tmp_path)), torch.no_grad(), \
+    with config.patch(cache_dir=tmp_path), torch.no_grad(), \
             torch.backends.cudnn.flags(enabled=True, benchmark=True, allow_tf32=False):
         compiled = minicompile.compile(model)
         for _ in range(2):

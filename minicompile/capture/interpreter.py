@@ -7,9 +7,11 @@ An :class:`InstructionTranslator` walks the instructions of one code object (fro
 to user functions are inlined by a child translator sharing the output.  The trace ends at
 ``RETURN_VALUE`` / ``RETURN_CONST`` of the root frame.
 
-The opcodes of attributes and calls (:mod:`calls`, :mod:`python_calls`), control flow and
+Attribute reads and calls (:mod:`calls`, :mod:`python_calls`), loops, ``with`` blocks and
 stores (:mod:`control`), operators (:mod:`operators`) and containers (:mod:`containers`)
-are mixins; this module has the driver, locals and globals, stack shuffles and jumps.
+are mixins; this module keeps the driver, the value helpers and the opcodes of locals,
+globals and cells, method loads and ``CALL``, stack shuffles, jumps and returns, f-strings
+and ``MAKE_FUNCTION``.
 
 Anything it cannot model raises :class:`Unsupported` with the user's source stack; the
 interpreter never runs user code and never mutates user objects, so giving up is always

@@ -1,6 +1,6 @@
 """Operators for the interpreter (a mixin of InstructionTranslator): ``BINARY_OP``
-(arithmetic and its in-place forms), ``COMPARE_OP``, ``IS_OP``, ``CONTAINS_OP`` and the
-unary operators.
+(arithmetic and its in-place forms), ``COMPARE_OP``, ``IS_OP``, ``CONTAINS_OP``, the unary
+operators, and 3.12's ``CALL_INTRINSIC_1`` (``+x``, and a list made a tuple).
 
 On tensors an operator becomes a graph node (:mod:`torch_ops`, under the traced autocast
 state), and ``x += y`` an in-place op (:mod:`mutation`); NumPy arrays go to

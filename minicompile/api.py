@@ -6,7 +6,9 @@ together:
 ``compile(fn)`` returns a :class:`CompiledFunction`.  A call binds its arguments, runs the
 guards of each cache entry (newest first) and, on a hit, that entry's compiled code.  On a
 miss it captures the frame and compiles a new entry; whatever cannot be compiled runs
-eagerly, with the reason logged, never with a different result.
+eagerly, with the reason logged, never with a different result.  Two parts of it live
+beside it: graph breaks at run time (:mod:`minicompile.resume`) and automatic dynamic
+shapes (:mod:`minicompile.auto_dynamic`).
 """
 
 from __future__ import annotations
@@ -24,9 +26,10 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from minicompile import config, distributed, heap, optim, perf, trace
+from minicompile.auto_dynamic import AutoDynamic
 from minicompile.config import Config
 from minicompile.errors import BackendCompilerFailed, Unsupported
-from minicompile.driver import compile_graph, describe_symbols
+from minicompile.driver import compile_graph
 from minicompile.driver import counters as _stats
 from minicompile.resume import Resuming, _callee_wrappers, _compiled_steps
 from minicompile.runtime import build, entries
@@ -36,7 +39,6 @@ from minicompile.runtime import build, entries
 # process whose calls all find warm entries on disk (runtime/entries.py) never loads them.
 if TYPE_CHECKING:
     from minicompile.capture import Break, Capture, ResumePoint
-    from minicompile.capture.dynamic import DynamicPolicy
 
 log = logging.getLogger("minicompile")
 
@@ -91,7 +93,7 @@ class Entry:
     artefact: tuple[build.Loaded, bool, bool] | None = None
 
 
-class CompiledFunction(Resuming):
+class CompiledFunction(Resuming, AutoDynamic):
     def __init__(self, fn: Callable, cfg: Config) -> None:
         if isinstance(fn, types.MethodType):
             self.fn, self.bound_self = fn.__func__, fn.__self__
@@ -358,74 +360,7 @@ class CompiledFunction(Resuming):
                                 loaded.kernels, entry.sizes)
         entries.save(stored, self.cfg)
 
-    # -- dynamic shapes ---------------------------------------------------------------------
-
-    def policy(self, point: ResumePoint, values: tuple, entries: list[Entry]) -> DynamicPolicy:
-        """Which dims to trace as symbols (capture/dynamic.py).  Automatic: a dim whose size
-        differs from what an earlier entry was traced with is dynamic from now on."""
-        from minicompile.capture.dynamic import DynamicPolicy
-
-        mode = self.cfg.dynamic
-        if mode is not None:
-            return DynamicPolicy(mode)
-        seen = self.dynamic_dims.setdefault(point, {})
-        ints = self.dynamic_ints.setdefault(point, set())
-        for entry in entries:
-            for source, (before, after) in entry.capture.guards.changed_ints(*values).items():
-                if source not in ints:
-                    ints.add(source)
-                    trace.emit("dynamic", self.fn.__qualname__,
-                               f"{source} is dynamic: traced with {before}, called with {after}")
-            try:
-                now = [tuple(t.shape) for t in entry.capture.get_inputs(*values)]
-            except Exception:  # another structure of arguments: nothing to compare
-                continue
-            for source, before, after in zip(entry.capture.input_sources, entry.sizes, now):
-                if len(before) != len(after):
-                    continue
-                changed = {d for d, (a, b) in enumerate(zip(before, after)) if a != b}
-                new = changed - seen.get(source, frozenset())
-                if new:
-                    seen[source] = frozenset(seen.get(source, frozenset()) | new)
-                    trace.emit("dynamic", self.fn.__qualname__, "\n".join(
-                        f"{source} dim {d} is dynamic: traced with size {before[d]}, "
-                        f"called with {after[d]}" for d in sorted(new)))
-        return DynamicPolicy(None, dict(seen), frozenset(ints))
-
-    def capture(
-        self, point: ResumePoint, values: tuple, entries: list[Entry], name: str,
-        allow_break: bool = True,
-    ) -> tuple[Capture, Break | None]:
-        """Trace a segment, with symbolic sizes where the policy asks for them; what
-        cannot be traced (or compiled) with symbols is traced again with static sizes."""
-        from minicompile.capture import capture_segment
-        from minicompile.capture.dynamic import STATIC
-
-        policy = self.policy(point, values, entries)
-        if policy.mode is not False:  # dims may be symbolic (marked, or seen to change)
-            try:
-                with perf.phase("capture"):
-                    capture, stop = capture_segment(self.fn, point, values, allow_break, policy)
-                if capture.graph.shapes is None:
-                    return capture, stop
-                self.check_compiles(capture)
-                trace.emit("dynamic", name, describe_symbols(capture))
-                return capture, stop
-            except Unsupported as e:
-                trace.emit("dynamic", name, f"compiled with static sizes: {e.describe()}")
-            except Exception as e:  # a gap in symbolic support: static sizes are exact
-                log.debug("minicompile: dynamic capture of %s failed", name, exc_info=True)
-                trace.emit("dynamic", name, f"compiled with static sizes: internal error "
-                           f"with symbolic sizes: {type(e).__name__}: {e}")
-        with perf.phase("capture"):
-            return capture_segment(self.fn, point, values, allow_break, STATIC)
-
-    def check_compiles(self, capture: Capture) -> None:
-        """Build the symbolic graph's kernels now, so a failure can fall back to static."""
-        try:
-            capture.compiled = compile_graph(capture, self.cfg, self.fn.__qualname__)
-        except BackendCompilerFailed as e:
-            raise Unsupported(f"kernels with symbolic sizes failed to build: {e}") from e
+    # -- building entries, eager fallbacks --------------------------------------------------
 
     def give_up(self, reason: str, args: tuple, kwargs: dict[str, Any]) -> Any:
         self.eager_reason = reason

@@ -109,7 +109,7 @@ def frame_args(fn: types.FunctionType, args: tuple, kwargs: dict[str, Any]) -> t
 def _bases_first(output: OutputGraph, local_vars: dict[str, Any]) -> None:
     """Tensor locals that share storage (``f(a, a[0])``) are traced now, the one that
     starts at the storage's first element first: the others become views of it
-    (OutputGraph._aliased_input), whichever the code touches first."""
+    (OutputGraph._aliased_input, in frame_values.py), whichever the code touches first."""
     tensors = {n: v.value for n, v in local_vars.items()
                if isinstance(v, LazyVar) and isinstance(v.value, torch.Tensor)
                and v.value.layout == torch.strided}

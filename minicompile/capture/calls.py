@@ -134,7 +134,7 @@ class CallsMixin:
                 raise Unsupported(f"attribute error: {e}") from e
             source = None
             if obj.source is not None:
-                from minicompile.capture.output import is_trusted_namespace
+                from minicompile.capture.frame_values import is_trusted_namespace
 
                 source = obj.source.attr(name, trusted=is_trusted_namespace(obj.value))
             return out.wrap(value, source)

@@ -7,6 +7,12 @@ An :class:`InstructionTranslator` walks the instructions of one code object (fro
 to user functions are inlined by a child translator sharing the output.  The trace ends at
 ``RETURN_VALUE`` / ``RETURN_CONST`` of the root frame.
 
+Attribute reads and calls (:mod:`calls`, :mod:`python_calls`), loops, ``with`` blocks and
+stores (:mod:`control`), operators (:mod:`operators`) and containers (:mod:`containers`)
+are mixins; this module keeps the driver, the value helpers and the opcodes of locals,
+globals and cells, method loads and ``CALL``, stack shuffles, jumps and returns, f-strings
+and ``MAKE_FUNCTION``.
+
 Anything it cannot model raises :class:`Unsupported` with the user's source stack; the
 interpreter never runs user code and never mutates user objects, so giving up is always
 safe.
@@ -27,13 +33,13 @@ import types
 from collections.abc import Callable
 from typing import Any
 
-import torch
-
-from minicompile.capture import autocast, bytecode, mutation, pybuiltins, records, torch_ops
+from minicompile.capture import bytecode, pybuiltins
 from minicompile.capture.bytecode import NULL_AFTER_CALLABLE, PY, Inst
 from minicompile.capture.calls import CallsMixin
+from minicompile.capture.containers import ContainersMixin
 from minicompile.capture.python_calls import PythonCallsMixin
 from minicompile.capture.control import ControlMixin
+from minicompile.capture.operators import OperatorsMixin
 from minicompile.capture.output import MAX_INSTRUCTIONS, OutputGraph
 from minicompile.capture.variables import (
     specialized,
@@ -45,11 +51,8 @@ from minicompile.capture.variables import (
     ListVar,
     MethodVar,
     NestedFunctionVar,
-    NNModuleVar,
     NullVar,
     ObjectVar,
-    RecordVar,
-    SizeVar,
     Source,
     TensorVar,
     TupleVar,
@@ -58,7 +61,9 @@ from minicompile.capture.variables import (
 from minicompile.errors import Unsupported
 from minicompile.graph import SourceLine
 
-class InstructionTranslator(CallsMixin, PythonCallsMixin, ControlMixin):
+class InstructionTranslator(
+    CallsMixin, PythonCallsMixin, ControlMixin, OperatorsMixin, ContainersMixin
+):
     """Interprets one frame.  ``parent_stack`` is the user stack of the call site when this
     frame is inlined (outermost first); ``parent`` is the translator of the caller.
 
@@ -337,226 +342,6 @@ class InstructionTranslator(CallsMixin, PythonCallsMixin, ControlMixin):
             raise Unsupported(f"f(**{kwargs.describe()}) is not supported")
         kw = {k: self.realize(v) for k, v in kwargs.items.items()}
         self.push(self.call_function(fn, self.items_of(args), kw))
-
-    # -- operators -------------------------------------------------------------------------
-
-    def BINARY_OP(self, inst: Inst) -> None:
-        b, a = self.pop(), self.pop()
-        symbol, fn, inplace = bytecode.binary_op(inst)
-        self.push(self.binary(symbol, fn, a, b, inplace))
-
-    def binary(self, symbol: str, fn: Callable, a: Var, b: Var, inplace: bool = False) -> Var:
-        if isinstance(self.realize(a), ArrayVar) or isinstance(self.realize(b), ArrayVar):
-            from minicompile.capture import numpy_arrays
-
-            return numpy_arrays.binary(self, symbol, a, b, inplace)
-        if isinstance(a, TensorVar) or isinstance(b, TensorVar):
-            av, bv = self.output.to_value(a), self.output.to_value(b)
-            result = autocast.call(
-                self.output, fn, (av, bv), {},
-                lambda p, k: torch_ops.binary_operator(self.output, symbol, *p),
-                inplace=inplace,
-            )
-            if inplace and isinstance(a, TensorVar):  # x += y is x.__iadd__(y): in place
-                return mutation.mutate(self.output, a, result, f"operator {symbol}=")
-            return self.output.from_value(result)
-        if inplace and isinstance(a, ListVar) and symbol == "+":
-            self.list_method(a, "extend", [b], {})
-            return a
-        a, b = self.realize(a), self.realize(b)
-        if symbol == "+" and type(a) is type(b) and type(a) in (ListVar, TupleVar):
-            items = [*a.items, *b.items]  # may hold tensors: no folding
-            return ListVar(items) if isinstance(a, ListVar) else TupleVar(tuple(items))
-        if inplace and isinstance(a, (ListVar, DictVar)):
-            raise Unsupported(f"in-place operator {symbol}= on a list/dict (mutation)")
-        return self.fold(fn, a, b, what=f"operator {symbol}")
-
-    def COMPARE_OP(self, inst: Inst) -> None:
-        b, a = self.pop(), self.pop()
-        symbol = bytecode.compare_symbol(inst)
-        self.push(self.binary(symbol, bytecode.COMPARE_OPS[symbol], a, b))
-
-    def IS_OP(self, inst: Inst) -> None:
-        b, a = self.pop(), self.pop()
-        if isinstance(a, TensorVar) or isinstance(b, TensorVar):
-            same = a is b or (
-                isinstance(a, TensorVar) and isinstance(b, TensorVar) and a.node is b.node
-            )
-        elif isinstance(a, (ConstantVar, ObjectVar)) and isinstance(b, (ConstantVar, ObjectVar)):
-            same = a.value is b.value
-        else:
-            same = a is b
-        self.push(ConstantVar(same != bool(inst.arg)))
-
-    def CONTAINS_OP(self, inst: Inst) -> None:
-        container, item = self.realize(self.pop()), self.pop()
-        if isinstance(container, RecordVar):
-            found = self.output.to_value(item) in records.keys_of(container)
-            self.push(ConstantVar(found != bool(inst.arg)))
-            return
-        if self.has_python_method(container, "__contains__"):
-            self.push(ConstantVar(self.user_contains(container, item) != bool(inst.arg)))
-            return
-        if isinstance(container, DictVar) or (
-            isinstance(container, NNModuleVar) and isinstance(container.value, torch.nn.ModuleDict)
-        ):
-            keys = container.items if isinstance(container, DictVar) else [
-                k.value for k in self.iter_items(container)
-            ]
-            found = self.output.to_value(item) in keys
-            self.push(ConstantVar(found != bool(inst.arg)))
-            return
-        result = self.fold(lambda x, c: x in c, item, container, what="`in`")
-        self.push(ConstantVar(result.value != bool(inst.arg)))
-
-    def _unary(symbol: str, fn: Callable) -> Callable:  # noqa: N805 (a handler factory)
-        def handler(self: InstructionTranslator, inst: Inst) -> None:
-            x = self.pop()
-            if isinstance(x, ArrayVar):
-                from minicompile.capture import numpy_arrays
-
-                self.push(numpy_arrays.unary(self, symbol, x))
-            elif isinstance(x, TensorVar):
-                result = autocast.call(self.output, fn, (x,), {}, lambda p, k: (
-                    torch_ops.unary_operator(self.output, symbol, *p)))
-                self.push(self.output.from_value(result))
-            else:
-                self.push(self.fold(fn, x, what=f"unary {symbol}"))
-
-        return handler
-
-    UNARY_NEGATIVE = _unary("-", lambda v: -v)
-    UNARY_INVERT = _unary("~", lambda v: ~v)
-    UNARY_POSITIVE = _unary("+", lambda v: +v)  # 3.11; 3.12 uses CALL_INTRINSIC_1
-
-    def UNARY_NOT(self, inst: Inst) -> None:
-        self.push(ConstantVar(not self.truthy(self.pop())))
-
-    def TO_BOOL(self, inst: Inst) -> None:  # 3.13
-        self.push(ConstantVar(self.truthy(self.pop())))
-
-    def CALL_INTRINSIC_1(self, inst: Inst) -> None:  # 3.12
-        if inst.argval == "INTRINSIC_UNARY_POSITIVE" or inst.arg == 5:
-            self.UNARY_POSITIVE(inst)
-        elif inst.argval == "INTRINSIC_LIST_TO_TUPLE" or inst.arg == 6:
-            self.LIST_TO_TUPLE(inst)
-        else:
-            raise Unsupported(f"CALL_INTRINSIC_1 {inst.argval} is not supported")
-
-    # -- containers ------------------------------------------------------------------------
-
-    def items_of(self, var: Var) -> list[Var]:
-        return self.iter_items(var)
-
-    def BUILD_TUPLE(self, inst: Inst) -> None:
-        self.push(TupleVar(tuple(self.popn(inst.arg))))
-
-    def BUILD_LIST(self, inst: Inst) -> None:
-        self.push(ListVar(self.popn(inst.arg)))
-
-    def BUILD_MAP(self, inst: Inst) -> None:
-        flat = self.popn(2 * inst.arg)
-        keys = [self.output.to_value(k) for k in flat[0::2]]
-        self.push(DictVar(dict(zip(keys, flat[1::2]))))
-
-    def BUILD_CONST_KEY_MAP(self, inst: Inst) -> None:
-        keys = self.output.to_value(self.pop())
-        self.push(DictVar(dict(zip(keys, self.popn(inst.arg)))))
-
-    def BUILD_SLICE(self, inst: Inst) -> None:
-        parts = self.popn(inst.arg)
-        self.push(self.fold(slice, *parts, what="slice"))
-
-    def _mutable(self, var: Var, what: str) -> Var:
-        if not isinstance(var, (ListVar, DictVar)) or not var.mutable:
-            raise Unsupported(f"{what} on {var.describe()} from outside the trace (mutation)")
-        return var
-
-    def LIST_APPEND(self, inst: Inst) -> None:
-        item = self.pop()
-        self._mutable(self.stack[-inst.arg], "append").items.append(item)
-
-    def LIST_EXTEND(self, inst: Inst) -> None:
-        items = self.items_of(self.pop())
-        self._mutable(self.stack[-inst.arg], "extend").items.extend(items)
-
-    def MAP_ADD(self, inst: Inst) -> None:
-        value, key = self.pop(), self.pop()
-        target = self._mutable(self.stack[-inst.arg], "dict comprehension")
-        target.items[self.output.to_value(key)] = value
-
-    def LIST_TO_TUPLE(self, inst: Inst) -> None:  # 3.11
-        self.push(TupleVar(tuple(self.items_of(self.pop()))))
-
-    def DICT_MERGE(self, inst: Inst) -> None:
-        update = self.pop()
-        target = self._mutable(self.stack[-inst.arg], "dict merge")
-        if not isinstance(update, DictVar):
-            raise Unsupported(f"**{update.describe()} is not supported")
-        if inst.opname == "DICT_MERGE" and target.items.keys() & update.items.keys():
-            raise Unsupported("duplicate keyword argument (eager raises TypeError)")
-        target.items.update(update.items)
-
-    DICT_UPDATE = DICT_MERGE
-
-    def UNPACK_SEQUENCE(self, inst: Inst) -> None:
-        items = self.items_of(self.pop())
-        if len(items) != inst.arg:
-            raise Unsupported(f"unpacking {len(items)} values into {inst.arg} (eager raises)")
-        self.stack.extend(reversed(items))
-
-    def UNPACK_EX(self, inst: Inst) -> None:
-        items = self.items_of(self.pop())
-        before, after = inst.arg & 0xFF, inst.arg >> 8
-        if len(items) < before + after:
-            raise Unsupported("not enough values to unpack (eager raises)")
-        rest = ListVar(items[before : len(items) - after])
-        self.stack.extend(reversed([*items[:before], rest, *items[len(items) - after :]]))
-
-    def BINARY_SUBSCR(self, inst: Inst) -> None:
-        index, container = self.pop(), self.pop()
-        self.push(self.subscript(container, index))
-
-    def subscript(self, container: Var, index: Var) -> Var:
-        container = self.realize(container)
-        if isinstance(container, ArrayVar):
-            from minicompile.capture import numpy_arrays
-
-            return numpy_arrays.getitem(self, container, index)
-        if isinstance(container, TensorVar):
-            key = self.output.to_value(index)
-            keys = key if isinstance(key, tuple) else (key,)
-            if any(isinstance(k, TensorVar) and k.meta.dtype == torch.bool for k in keys):
-                raise Unsupported("indexing with a bool mask has a data-dependent shape")
-            return self.output.extern(torch.Tensor.__getitem__, (container, key), {})
-        if isinstance(container, NNModuleVar):
-            return self.module_subscript(container, self.output.to_value(index))
-        if isinstance(container, RecordVar):
-            return records.get_item(self, container, index)
-        if self.has_python_method(container, "__getitem__"):  # a user mapping or sequence
-            return self.call_function(self.load_attr(container, "__getitem__"), [index], {})
-        if isinstance(index, TensorVar):
-            raise Unsupported("indexing with a tensor is not supported")
-        if isinstance(container, (TupleVar, ListVar)):
-            i = self.output.to_value(index)
-            try:
-                picked = container.items[i]
-            except (IndexError, TypeError) as e:
-                raise Unsupported(f"indexing raised {type(e).__name__}: {e}") from e
-            if not isinstance(i, slice):
-                return self.realize(picked)
-            cls = SizeVar if isinstance(container, SizeVar) else type(container)
-            return ListVar(list(picked)) if cls is ListVar else cls(tuple(picked))
-        if isinstance(container, DictVar):
-            key = self.output.to_value(index)
-            if key not in container.items:
-                raise Unsupported(f"key {key!r} not found (eager raises KeyError)")
-            return self.realize(container.items[key])
-        return self.fold(lambda c, i: c[i], container, index, what="indexing")
-
-    def BINARY_SLICE(self, inst: Inst) -> None:  # 3.12
-        end, start, container = self.pop(), self.pop(), self.pop()
-        self.push(self.subscript(container, self.fold(slice, start, end, what="slice")))
 
     # -- stack shuffles, jumps, returns ----------------------------------------------------
 

@@ -2,16 +2,16 @@
 
 :class:`OutputGraph` owns the :class:`Graph`, the :class:`GuardBuilder` and the list of
 inputs.  It turns frame values into trackers (:meth:`wrap`, which installs guards and makes
-placeholders), makes call nodes (:meth:`op`, the :class:`~torch_ops.Emitter`), converts
-between trackers and the plain values torch_ops works on (:meth:`to_value` /
-:meth:`from_value`), and finally generates the per-call functions (:meth:`finish`).
+placeholders; in :mod:`frame_values`, a mixin of it), makes call nodes (:meth:`op`, the
+:class:`~torch_ops.Emitter`), converts between trackers and the plain values torch_ops works
+on (:meth:`to_value` / :meth:`from_value`), and finally generates the per-call functions
+(:meth:`finish`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import enum
-import sys
 import types
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -20,42 +20,33 @@ import sympy
 import torch
 
 from minicompile import ops
-from minicompile.capture import externs, mutation, torch_ops
+from minicompile.capture import externs, mutation
 from minicompile.capture.autocast import AutocastState
-from minicompile.capture.dynamic import STATIC, DynamicPolicy, symbolic_strides
+from minicompile.capture.dynamic import STATIC, DynamicPolicy
+from minicompile.capture.frame_values import FrameValuesMixin, python_size
 from minicompile.capture.guards import GuardBuilder, Guards
 from minicompile.capture.side_effects import SideEffects, generate_rebuild
 from minicompile.capture.variables import (
     ArrayVar,
-    BuiltinVar,
     ConstantVar,
     DictVar,
-    LazyVar,
     ListVar,
-    ModuleVar,
-    NNModuleVar,
     ObjectVar,
-    OpaqueVar,
     SizeVar,
-    Source,
     StructSeqVar,
     TensorVar,
-    TorchFunctionVar,
     TupleVar,
-    UserFunctionVar,
     UserObjectVar,
     Var,
     is_constant_value,
 )
 from minicompile.errors import Unsupported
-from minicompile.graph import DTYPE_ABBR, Graph, Node, SourceLine, TensorMeta
-from minicompile.shapes import ShapeContext, ShapeError, SymbolSource
+from minicompile.graph import Graph, Node, SourceLine, TensorMeta
+from minicompile.shapes import ShapeError
 
 if TYPE_CHECKING:
     from minicompile.capture.interpreter import InstructionTranslator
 
-# Python modules whose attributes are read without guards (nobody patches them per call).
-_TRUSTED_MODULES = ("torch", "math", "operator", "builtins", "numpy")
 # Graph view ops and how a view made by one is described (see mutation.ViewStep).
 _VIEW_OPS = frozenset({"permute", "expand", "unsqueeze", "squeeze"})
 # Ops whose results never require grad, whatever their inputs (eager's autograd agrees).
@@ -67,27 +58,6 @@ NON_DIFFERENTIABLE = frozenset({
     "torch.Tensor.new_full",
 })
 MAX_INSTRUCTIONS = 100_000
-
-
-def is_user_object(value: Any) -> bool:
-    """An instance of a user class whose attributes the trace may read (dataclasses,
-    config objects), as opposed to modules, functions, classes and library objects."""
-    if isinstance(value, (type, types.ModuleType, types.FunctionType, types.MethodType)):
-        return False
-    if isinstance(value, types.BuiltinFunctionType):
-        return False
-    module = type(value).__module__ or ""
-    return module.split(".")[0] not in ("builtins", "torch", "math", "functools", "typing")
-
-
-def is_trusted_namespace(obj: Any) -> bool:
-    if isinstance(obj, types.ModuleType):
-        name = obj.__name__
-    elif isinstance(obj, type):
-        name = obj.__module__
-    else:
-        return False
-    return name.split(".")[0] in _TRUSTED_MODULES
 
 
 @dataclasses.dataclass
@@ -103,7 +73,7 @@ class Finished:
     writebacks: tuple[tuple[int, int], ...] = ()
 
 
-class OutputGraph:
+class OutputGraph(FrameValuesMixin):
     def __init__(self, name: str, params: list[str], dynamic: DynamicPolicy = STATIC) -> None:
         self.graph = Graph(name)
         self.dynamic = dynamic
@@ -134,216 +104,6 @@ class OutputGraph:
 
     def user_stack(self) -> tuple[SourceLine, ...]:
         return self.tx.user_stack() if self.tx is not None else ()
-
-    # -- frame values to trackers ----------------------------------------------------------
-
-    def wrap(self, value: Any, source: Source | None) -> Var:
-        """The tracker for a value read from the frame at ``source`` (None for values derived
-        from guarded ones), guarding what the trace will rely on.  Each source is wrapped
-        once, so a global read twice is one placeholder and one set of guards."""
-        if source is None:
-            return self._wrap(value, None)
-        if source.name in self._wrapped:
-            return self._wrapped[source.name]
-        tracked = isinstance(value, (torch.Tensor, list, dict, torch.nn.Module)) or (
-            is_user_object(value)
-        )
-        prev = self._by_id.get(id(value)) if tracked else None
-        if prev is not None and prev.source is not None:
-            self.guards.alias_match(source, prev.source)
-            var = prev
-        else:
-            var = self._wrap(value, source)
-            if tracked:
-                self._by_id[id(value)] = var
-                self._values.append(value)
-        self._wrapped[source.name] = var
-        return var
-
-    def _wrap(self, value: Any, source: Source | None) -> Var:
-        guard = source is not None and not source.trusted
-        g = self.guards
-        if isinstance(value, torch.Tensor):
-            return self._wrap_tensor(value, source)
-        if is_numpy_value(value):
-            from minicompile.capture import numpy_arrays
-
-            return numpy_arrays.wrap_input(self, value, source)
-        if type(value) is int and source is not None and self.dynamic.wants_int(source.name, value):
-            return self._symbolic_int(value, source)
-        if is_constant_value(value):
-            if guard:
-                g.constant_match(source, value)
-            return ConstantVar(value, source)
-        if type(value) is torch.Size:
-            if guard:
-                g.constant_match(source, value)
-            return SizeVar(tuple(ConstantVar(_size(s)) for s in value), source)
-        if type(value) in (tuple, list):
-            if guard:
-                g.sequence_match(source, value)
-            items = [self._item(v, source, i) for i, v in enumerate(value)]
-            if type(value) is tuple:
-                return TupleVar(tuple(items), source)
-            return ListVar(items, mutable=False, source=source)
-        if type(value) is dict and all(type(k) in (str, int) for k in value):
-            if guard:
-                g.dict_keys_match(source, value)
-            items = {k: self._item(v, source, k) for k, v in value.items()}
-            return DictVar(items, mutable=False, source=source)
-        if guard:
-            if is_user_object(value) and not isinstance(value, torch.nn.Module):
-                g.type_match(source, value)
-            else:
-                g.identity_match(source, value)
-        return self.object_var(value, source)
-
-    def _item(self, value: Any, source: Source | None, key: int | str) -> Var:
-        """Items of containers read from the frame are wrapped when first used."""
-        return LazyVar(value, source.item(key)) if source else self._wrap(value, None)
-
-    def realize(self, var: Var) -> Var:
-        if isinstance(var, LazyVar):
-            return self.wrap(var.value, var.source)
-        return var
-
-    def _wrap_tensor(self, t: torch.Tensor, source: Source | None) -> TensorVar:
-        if source is None:
-            raise Unsupported("a tensor reached without a source (e.g. a default value)")
-        if type(t) not in (torch.Tensor, torch.nn.Parameter):
-            raise Unsupported(f"tensor subclass {type(t).__name__} is not supported")
-        if t.layout != torch.strided or t.dtype not in DTYPE_ABBR:
-            raise Unsupported(f"{t.layout} tensors of dtype {t.dtype} are not supported")
-        meta, dims = self.input_meta(t, source)
-        alias = None if dims else self._aliased_input(t)
-        if alias is not None:  # f(a, a[0]): a view of the input it shares storage with
-            base, base_var = alias
-            self.guards.tensor_match(source, t, meta)
-            step = mutation.ViewStep("as_strided", (tuple(t.shape), t.stride(),
-                                                   t.storage_offset()))
-            self.guards.alias_of(source, base_var.source, step.args)
-            var = step.apply(self, base_var)
-            mutation.register_view(self, var, base_var, (step,))
-            return var
-        self.guards.tensor_match(source, t, meta)
-        return self.add_input(t, source, meta, source.expr)
-
-    def input_meta(self, t: torch.Tensor, source: Source) -> tuple[TensorMeta, tuple[int, ...]]:
-        """The metadata of an input's placeholder (with a size symbol for each dim the
-        dynamic policy picks) and those dims."""
-        # Placeholders describe the tensor from its data pointer: storage offsets are not
-        # guarded, so they are not part of the metadata either.
-        meta = dataclasses.replace(TensorMeta.of(t), storage_offset=sympy.Integer(0))
-        dims = self.dynamic.dims(source.name, t)
-        if dims:
-            meta = self._symbolic_meta(t, source, dims, meta)
-        return meta, dims
-
-    def add_input(self, t: torch.Tensor, source: Source, meta: TensorMeta, expr: str) -> TensorVar:
-        """A placeholder for the input ``t`` read at ``source``; ``expr`` gives it in the
-        generated get_inputs (guards are the caller's)."""
-        node = self.graph.placeholder(self._ident(source.ident), meta)
-        self.input_sources.append(source.name)
-        self.input_exprs.append(expr)
-        var = TensorVar(node, type(t), source)
-        self.input_values.append(t)
-        self.input_vars.append(var)
-        self.input_nodes[id(var)] = node
-        return var
-
-    def _aliased_input(self, t: torch.Tensor) -> tuple[torch.Tensor, TensorVar] | None:
-        """An input traced already whose storage ``t`` shares, when ``t`` can be traced as
-        a view of it: that input is contiguous from offset 0 with static sizes, and ``t``
-        lies within it (so ``as_strided`` of it, and ``as_strided_scatter`` into it, are
-        ``t``)."""
-        storage = t.untyped_storage()._cdata
-        for base, var in zip(self.input_values, self.input_vars):
-            if base.untyped_storage()._cdata != storage:
-                continue
-            if var.node.meta.is_symbolic or base.storage_offset() != 0 or (
-                not base.is_contiguous()
-            ):
-                return None
-            last = t.storage_offset() + sum((s - 1) * st for s, st in zip(t.shape, t.stride()))
-            inside = t.numel() == 0 or (min(t.stride(), default=0) >= 0 and last < base.numel())
-            return (base, var) if inside and t.numel() > 0 else None
-        return None
-
-    def _shape_context(self) -> ShapeContext:
-        """The capture's size symbols, made with its first one."""
-        if self.graph.shapes is None:
-            self.graph.shapes = ShapeContext()
-        return self.graph.shapes
-
-    def _symbolic_meta(
-        self, t: torch.Tensor, source: Source, dims: tuple[int, ...], meta: TensorMeta
-    ) -> TensorMeta:
-        """``t``'s metadata with a size symbol for each of ``dims``."""
-        shapes = self._shape_context()
-        shape = list(meta.shape)
-        for d in dims:
-            where = SymbolSource(f"{source.name}.shape[{d}]", f"{source.expr}.shape[{d}]")
-            shape[d] = shapes.symbol(int(t.shape[d]), where)
-        stride = symbolic_strides(t, tuple(shape))
-        return dataclasses.replace(meta, shape=tuple(shape), stride=stride, shapes=shapes)
-
-    def _symbolic_int(self, value: int, source: Source) -> ConstantVar:
-        """A Python int argument the policy makes a size symbol (it changed between calls,
-        or dynamic=True): a SymInt, guarded to stay an int of at least 2."""
-        shapes = self._shape_context()
-        where = SymbolSource(source.name, source.expr, is_tensor_size=False)
-        symbol = shapes.symbol(value, where)
-        self.guards.symbolic_int(source, value, str(symbol))
-        return ConstantVar(shapes.to_symint(symbol), source)
-
-    def sizes_to_sympy(self, value: Any) -> Any:
-        """Node arguments hold sizes as sympy expressions over our symbols, not SymInts."""
-        if isinstance(value, torch.SymInt):
-            return self.graph.shapes.to_sympy(value)
-        if isinstance(value, (torch.SymBool, torch.SymFloat)):
-            raise Unsupported(f"a symbolic {type(value).__name__} as an operator argument")
-        if type(value) in (tuple, list):
-            return type(value)(self.sizes_to_sympy(v) for v in value)
-        if type(value) is torch.Size:
-            return tuple(self.sizes_to_sympy(v) for v in value)
-        if type(value) is slice:  # x[:, :n] with a symbolic n
-            return slice(*(self.sizes_to_sympy(v) for v in (value.start, value.stop, value.step)))
-        if isinstance(value, dict):
-            return {k: self.sizes_to_sympy(v) for k, v in value.items()}
-        return value
-
-    def _ident(self, base: str) -> str:
-        name, n = base, 0
-        while name in self._idents:
-            n += 1
-            name = f"{base}_{n}"
-        self._idents.add(name)
-        return name
-
-    def object_var(self, value: Any, source: Source | None) -> ObjectVar:
-        """The kind of tracker for a non-constant object (no guards: callers guard)."""
-        if isinstance(value, types.ModuleType):
-            return ModuleVar(value, source)
-        if isinstance(value, torch.nn.Module):
-            return NNModuleVar(value, source)
-        try:
-            in_torch_table = value in torch_ops.FUNCTIONS
-        except TypeError:  # unhashable
-            in_torch_table = False
-        if in_torch_table:
-            return TorchFunctionVar(value, source)
-        module = getattr(value, "__module__", None) or ""
-        if callable(value) and not isinstance(value, type) and module.split(".")[0] == "torch":
-            return TorchFunctionVar(value, source)  # unsupported torch callables
-        if isinstance(value, types.FunctionType):
-            return UserFunctionVar(value, source)
-        if isinstance(value, (types.BuiltinFunctionType, type)) and module in ("builtins", "math"):
-            return BuiltinVar(value, source)
-        if is_user_object(value):
-            return UserObjectVar(value, source)
-        if isinstance(value, type) or callable(value):
-            return ObjectVar(value, source)
-        return OpaqueVar(value, source)
 
     # -- trackers <-> plain values ---------------------------------------------------------
 
@@ -395,7 +155,7 @@ class OutputGraph:
         if isinstance(value, torch.Tensor):
             raise Unsupported("a real tensor appeared during tracing")
         if type(value) is torch.Size:
-            return SizeVar(tuple(ConstantVar(_size(s)) for s in value))
+            return SizeVar(tuple(ConstantVar(python_size(s)) for s in value))
         if type(value) is tuple:
             return TupleVar(tuple(self.from_value(v) for v in value))
         if type(value) is list:
@@ -602,17 +362,6 @@ class OutputGraph:
         if len(set(storages)) != len(storages):
             raise Unsupported("an input mutated in place shares memory with another input")
         self.guards.distinct_storages([e for _, e in tensors])
-
-
-def is_numpy_value(value: Any) -> bool:
-    """A NumPy array or scalar (without importing NumPy: if it is not imported, no value is
-    one)."""
-    np = sys.modules.get("numpy")
-    return np is not None and isinstance(value, (np.ndarray, np.generic))
-
-
-def _size(value: Any) -> Any:
-    return value if isinstance(value, torch.SymInt) else int(value)
 
 
 def _graph_constant(value: Any) -> bool:

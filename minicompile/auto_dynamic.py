@@ -1,0 +1,100 @@
+"""Automatic dynamic shapes for a compiled function: which dims of its inputs (and which
+int arguments) to trace as size symbols, and the capture that traces with them.
+
+Automatic: a dim whose size differs from what an earlier entry was traced with, or an int
+argument that changed, is symbolic from then on (``dynamic=True`` / ``False`` decide
+alone).  A segment is traced with symbols where the policy asks for them and its kernels
+are built at once; what cannot be traced or built with symbols is traced again with static
+sizes, which are exact.
+
+:class:`AutoDynamic` is the part of :class:`minicompile.api.CompiledFunction` that does this
+(the tables it keeps, ``dynamic_dims`` and ``dynamic_ints``, are made in api.py;
+minicompile/dynamo_backend.py fills them ahead of the first call).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+from minicompile import perf, trace
+from minicompile.driver import compile_graph, describe_symbols
+from minicompile.errors import BackendCompilerFailed, Unsupported
+
+if TYPE_CHECKING:
+    from minicompile.api import Entry
+    from minicompile.capture import Break, Capture, ResumePoint
+    from minicompile.capture.dynamic import DynamicPolicy
+
+log = logging.getLogger("minicompile")
+
+
+class AutoDynamic:
+    """Dynamic shapes of a CompiledFunction (see the module docstring)."""
+
+    def policy(self, point: ResumePoint, values: tuple, entries: list[Entry]) -> DynamicPolicy:
+        """Which dims to trace as symbols (capture/dynamic.py).  Automatic: a dim whose size
+        differs from what an earlier entry was traced with is dynamic from now on."""
+        from minicompile.capture.dynamic import DynamicPolicy
+
+        mode = self.cfg.dynamic
+        if mode is not None:
+            return DynamicPolicy(mode)
+        seen = self.dynamic_dims.setdefault(point, {})
+        ints = self.dynamic_ints.setdefault(point, set())
+        for entry in entries:
+            for source, (before, after) in entry.capture.guards.changed_ints(*values).items():
+                if source not in ints:
+                    ints.add(source)
+                    trace.emit("dynamic", self.fn.__qualname__,
+                               f"{source} is dynamic: traced with {before}, called with {after}")
+            try:
+                now = [tuple(t.shape) for t in entry.capture.get_inputs(*values)]
+            except Exception:  # another structure of arguments: nothing to compare
+                continue
+            for source, before, after in zip(entry.capture.input_sources, entry.sizes, now):
+                if len(before) != len(after):
+                    continue
+                changed = {d for d, (a, b) in enumerate(zip(before, after)) if a != b}
+                new = changed - seen.get(source, frozenset())
+                if new:
+                    seen[source] = frozenset(seen.get(source, frozenset()) | new)
+                    trace.emit("dynamic", self.fn.__qualname__, "\n".join(
+                        f"{source} dim {d} is dynamic: traced with size {before[d]}, "
+                        f"called with {after[d]}" for d in sorted(new)))
+        return DynamicPolicy(None, dict(seen), frozenset(ints))
+
+    def capture(
+        self, point: ResumePoint, values: tuple, entries: list[Entry], name: str,
+        allow_break: bool = True,
+    ) -> tuple[Capture, Break | None]:
+        """Trace a segment, with symbolic sizes where the policy asks for them; what
+        cannot be traced (or compiled) with symbols is traced again with static sizes."""
+        from minicompile.capture import capture_segment
+        from minicompile.capture.dynamic import STATIC
+
+        policy = self.policy(point, values, entries)
+        if policy.mode is not False:  # dims may be symbolic (marked, or seen to change)
+            try:
+                with perf.phase("capture"):
+                    capture, stop = capture_segment(self.fn, point, values, allow_break, policy)
+                if capture.graph.shapes is None:
+                    return capture, stop
+                self.check_compiles(capture)
+                trace.emit("dynamic", name, describe_symbols(capture))
+                return capture, stop
+            except Unsupported as e:
+                trace.emit("dynamic", name, f"compiled with static sizes: {e.describe()}")
+            except Exception as e:  # a gap in symbolic support: static sizes are exact
+                log.debug("minicompile: dynamic capture of %s failed", name, exc_info=True)
+                trace.emit("dynamic", name, f"compiled with static sizes: internal error "
+                           f"with symbolic sizes: {type(e).__name__}: {e}")
+        with perf.phase("capture"):
+            return capture_segment(self.fn, point, values, allow_break, STATIC)
+
+    def check_compiles(self, capture: Capture) -> None:
+        """Build the symbolic graph's kernels now, so a failure can fall back to static."""
+        try:
+            capture.compiled = compile_graph(capture, self.cfg, self.fn.__qualname__)
+        except BackendCompilerFailed as e:
+            raise Unsupported(f"kernels with symbolic sizes failed to build: {e}") from e

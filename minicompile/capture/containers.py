@@ -1,0 +1,150 @@
+"""Containers for the interpreter (a mixin of InstructionTranslator): building tuples,
+lists, dicts and slices, comprehensions appending to them, ``*``/``**`` unpacking into
+calls, ``a, *b = ...``, and subscripts (``x[i]``, ``x[i:j]``).
+
+Lists and dicts built in the trace are mutable trackers; appending to one read from the
+frame is refused (a mutation).  Stores and ``del`` (``x[i] = v``) are in :mod:`control`.
+A subscript of a tensor is an extern ``__getitem__`` node; of a module container, a record
+or a user mapping it follows their own rules; of Python values it is folded.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from minicompile.capture import records
+from minicompile.capture.bytecode import Inst
+from minicompile.capture.variables import (
+    ArrayVar,
+    DictVar,
+    ListVar,
+    NNModuleVar,
+    RecordVar,
+    SizeVar,
+    TensorVar,
+    TupleVar,
+    Var,
+)
+from minicompile.errors import Unsupported
+
+if TYPE_CHECKING:
+    from minicompile.capture.interpreter import InstructionTranslator
+
+
+class ContainersMixin:
+    # -- containers ------------------------------------------------------------------------
+
+    def items_of(self: InstructionTranslator, var: Var) -> list[Var]:
+        return self.iter_items(var)
+
+    def BUILD_TUPLE(self: InstructionTranslator, inst: Inst) -> None:
+        self.push(TupleVar(tuple(self.popn(inst.arg))))
+
+    def BUILD_LIST(self: InstructionTranslator, inst: Inst) -> None:
+        self.push(ListVar(self.popn(inst.arg)))
+
+    def BUILD_MAP(self: InstructionTranslator, inst: Inst) -> None:
+        flat = self.popn(2 * inst.arg)
+        keys = [self.output.to_value(k) for k in flat[0::2]]
+        self.push(DictVar(dict(zip(keys, flat[1::2]))))
+
+    def BUILD_CONST_KEY_MAP(self: InstructionTranslator, inst: Inst) -> None:
+        keys = self.output.to_value(self.pop())
+        self.push(DictVar(dict(zip(keys, self.popn(inst.arg)))))
+
+    def BUILD_SLICE(self: InstructionTranslator, inst: Inst) -> None:
+        parts = self.popn(inst.arg)
+        self.push(self.fold(slice, *parts, what="slice"))
+
+    def _mutable(self: InstructionTranslator, var: Var, what: str) -> Var:
+        if not isinstance(var, (ListVar, DictVar)) or not var.mutable:
+            raise Unsupported(f"{what} on {var.describe()} from outside the trace (mutation)")
+        return var
+
+    def LIST_APPEND(self: InstructionTranslator, inst: Inst) -> None:
+        item = self.pop()
+        self._mutable(self.stack[-inst.arg], "append").items.append(item)
+
+    def LIST_EXTEND(self: InstructionTranslator, inst: Inst) -> None:
+        items = self.items_of(self.pop())
+        self._mutable(self.stack[-inst.arg], "extend").items.extend(items)
+
+    def MAP_ADD(self: InstructionTranslator, inst: Inst) -> None:
+        value, key = self.pop(), self.pop()
+        target = self._mutable(self.stack[-inst.arg], "dict comprehension")
+        target.items[self.output.to_value(key)] = value
+
+    def LIST_TO_TUPLE(self: InstructionTranslator, inst: Inst) -> None:  # 3.11
+        self.push(TupleVar(tuple(self.items_of(self.pop()))))
+
+    def DICT_MERGE(self: InstructionTranslator, inst: Inst) -> None:
+        update = self.pop()
+        target = self._mutable(self.stack[-inst.arg], "dict merge")
+        if not isinstance(update, DictVar):
+            raise Unsupported(f"**{update.describe()} is not supported")
+        if inst.opname == "DICT_MERGE" and target.items.keys() & update.items.keys():
+            raise Unsupported("duplicate keyword argument (eager raises TypeError)")
+        target.items.update(update.items)
+
+    DICT_UPDATE = DICT_MERGE
+
+    def UNPACK_SEQUENCE(self: InstructionTranslator, inst: Inst) -> None:
+        items = self.items_of(self.pop())
+        if len(items) != inst.arg:
+            raise Unsupported(f"unpacking {len(items)} values into {inst.arg} (eager raises)")
+        self.stack.extend(reversed(items))
+
+    def UNPACK_EX(self: InstructionTranslator, inst: Inst) -> None:
+        items = self.items_of(self.pop())
+        before, after = inst.arg & 0xFF, inst.arg >> 8
+        if len(items) < before + after:
+            raise Unsupported("not enough values to unpack (eager raises)")
+        rest = ListVar(items[before : len(items) - after])
+        self.stack.extend(reversed([*items[:before], rest, *items[len(items) - after :]]))
+
+    def BINARY_SUBSCR(self: InstructionTranslator, inst: Inst) -> None:
+        index, container = self.pop(), self.pop()
+        self.push(self.subscript(container, index))
+
+    def subscript(self: InstructionTranslator, container: Var, index: Var) -> Var:
+        container = self.realize(container)
+        if isinstance(container, ArrayVar):
+            from minicompile.capture import numpy_arrays
+
+            return numpy_arrays.getitem(self, container, index)
+        if isinstance(container, TensorVar):
+            key = self.output.to_value(index)
+            keys = key if isinstance(key, tuple) else (key,)
+            if any(isinstance(k, TensorVar) and k.meta.dtype == torch.bool for k in keys):
+                raise Unsupported("indexing with a bool mask has a data-dependent shape")
+            return self.output.extern(torch.Tensor.__getitem__, (container, key), {})
+        if isinstance(container, NNModuleVar):
+            return self.module_subscript(container, self.output.to_value(index))
+        if isinstance(container, RecordVar):
+            return records.get_item(self, container, index)
+        if self.has_python_method(container, "__getitem__"):  # a user mapping or sequence
+            return self.call_function(self.load_attr(container, "__getitem__"), [index], {})
+        if isinstance(index, TensorVar):
+            raise Unsupported("indexing with a tensor is not supported")
+        if isinstance(container, (TupleVar, ListVar)):
+            i = self.output.to_value(index)
+            try:
+                picked = container.items[i]
+            except (IndexError, TypeError) as e:
+                raise Unsupported(f"indexing raised {type(e).__name__}: {e}") from e
+            if not isinstance(i, slice):
+                return self.realize(picked)
+            cls = SizeVar if isinstance(container, SizeVar) else type(container)
+            return ListVar(list(picked)) if cls is ListVar else cls(tuple(picked))
+        if isinstance(container, DictVar):
+            key = self.output.to_value(index)
+            if key not in container.items:
+                raise Unsupported(f"key {key!r} not found (eager raises KeyError)")
+            return self.realize(container.items[key])
+        return self.fold(lambda c, i: c[i], container, index, what="indexing")
+
+    def BINARY_SLICE(self: InstructionTranslator, inst: Inst) -> None:  # 3.12
+        end, start, container = self.pop(), self.pop(), self.pop()
+        self.push(self.subscript(container, self.fold(slice, start, end, what="slice")))

@@ -1,0 +1,145 @@
+"""Operators for the interpreter (a mixin of InstructionTranslator): ``BINARY_OP``
+(arithmetic and its in-place forms), ``COMPARE_OP``, ``IS_OP``, ``CONTAINS_OP``, the unary
+operators, and 3.12's ``CALL_INTRINSIC_1`` (``+x``, and a list made a tuple).
+
+On tensors an operator becomes a graph node (:mod:`torch_ops`, under the traced autocast
+state), and ``x += y`` an in-place op (:mod:`mutation`); NumPy arrays go to
+:mod:`numpy_arrays`; lists and tuples are concatenated as trackers (they may hold tensors);
+other Python values are folded while tracing (``fold``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import torch
+
+from minicompile.capture import autocast, bytecode, mutation, records, torch_ops
+from minicompile.capture.bytecode import Inst
+from minicompile.capture.variables import (
+    ArrayVar,
+    ConstantVar,
+    DictVar,
+    ListVar,
+    NNModuleVar,
+    ObjectVar,
+    RecordVar,
+    TensorVar,
+    TupleVar,
+    Var,
+)
+from minicompile.errors import Unsupported
+
+if TYPE_CHECKING:
+    from minicompile.capture.interpreter import InstructionTranslator
+
+
+class OperatorsMixin:
+    # -- operators -------------------------------------------------------------------------
+
+    def BINARY_OP(self: InstructionTranslator, inst: Inst) -> None:
+        b, a = self.pop(), self.pop()
+        symbol, fn, inplace = bytecode.binary_op(inst)
+        self.push(self.binary(symbol, fn, a, b, inplace))
+
+    def binary(
+        self: InstructionTranslator, symbol: str, fn: Callable, a: Var, b: Var,
+        inplace: bool = False,
+    ) -> Var:
+        if isinstance(self.realize(a), ArrayVar) or isinstance(self.realize(b), ArrayVar):
+            from minicompile.capture import numpy_arrays
+
+            return numpy_arrays.binary(self, symbol, a, b, inplace)
+        if isinstance(a, TensorVar) or isinstance(b, TensorVar):
+            av, bv = self.output.to_value(a), self.output.to_value(b)
+            result = autocast.call(
+                self.output, fn, (av, bv), {},
+                lambda p, k: torch_ops.binary_operator(self.output, symbol, *p),
+                inplace=inplace,
+            )
+            if inplace and isinstance(a, TensorVar):  # x += y is x.__iadd__(y): in place
+                return mutation.mutate(self.output, a, result, f"operator {symbol}=")
+            return self.output.from_value(result)
+        if inplace and isinstance(a, ListVar) and symbol == "+":
+            self.list_method(a, "extend", [b], {})
+            return a
+        a, b = self.realize(a), self.realize(b)
+        if symbol == "+" and type(a) is type(b) and type(a) in (ListVar, TupleVar):
+            items = [*a.items, *b.items]  # may hold tensors: no folding
+            return ListVar(items) if isinstance(a, ListVar) else TupleVar(tuple(items))
+        if inplace and isinstance(a, (ListVar, DictVar)):
+            raise Unsupported(f"in-place operator {symbol}= on a list/dict (mutation)")
+        return self.fold(fn, a, b, what=f"operator {symbol}")
+
+    def COMPARE_OP(self: InstructionTranslator, inst: Inst) -> None:
+        b, a = self.pop(), self.pop()
+        symbol = bytecode.compare_symbol(inst)
+        self.push(self.binary(symbol, bytecode.COMPARE_OPS[symbol], a, b))
+
+    def IS_OP(self: InstructionTranslator, inst: Inst) -> None:
+        b, a = self.pop(), self.pop()
+        if isinstance(a, TensorVar) or isinstance(b, TensorVar):
+            same = a is b or (
+                isinstance(a, TensorVar) and isinstance(b, TensorVar) and a.node is b.node
+            )
+        elif isinstance(a, (ConstantVar, ObjectVar)) and isinstance(b, (ConstantVar, ObjectVar)):
+            same = a.value is b.value
+        else:
+            same = a is b
+        self.push(ConstantVar(same != bool(inst.arg)))
+
+    def CONTAINS_OP(self: InstructionTranslator, inst: Inst) -> None:
+        container, item = self.realize(self.pop()), self.pop()
+        if isinstance(container, RecordVar):
+            found = self.output.to_value(item) in records.keys_of(container)
+            self.push(ConstantVar(found != bool(inst.arg)))
+            return
+        if self.has_python_method(container, "__contains__"):
+            self.push(ConstantVar(self.user_contains(container, item) != bool(inst.arg)))
+            return
+        if isinstance(container, DictVar) or (
+            isinstance(container, NNModuleVar) and isinstance(container.value, torch.nn.ModuleDict)
+        ):
+            keys = container.items if isinstance(container, DictVar) else [
+                k.value for k in self.iter_items(container)
+            ]
+            found = self.output.to_value(item) in keys
+            self.push(ConstantVar(found != bool(inst.arg)))
+            return
+        result = self.fold(lambda x, c: x in c, item, container, what="`in`")
+        self.push(ConstantVar(result.value != bool(inst.arg)))
+
+    def _unary(symbol: str, fn: Callable) -> Callable:  # noqa: N805 (a handler factory)
+        def handler(self: InstructionTranslator, inst: Inst) -> None:
+            x = self.pop()
+            if isinstance(x, ArrayVar):
+                from minicompile.capture import numpy_arrays
+
+                self.push(numpy_arrays.unary(self, symbol, x))
+            elif isinstance(x, TensorVar):
+                result = autocast.call(self.output, fn, (x,), {}, lambda p, k: (
+                    torch_ops.unary_operator(self.output, symbol, *p)))
+                self.push(self.output.from_value(result))
+            else:
+                self.push(self.fold(fn, x, what=f"unary {symbol}"))
+
+        return handler
+
+    UNARY_NEGATIVE = _unary("-", lambda v: -v)
+    UNARY_INVERT = _unary("~", lambda v: ~v)
+    UNARY_POSITIVE = _unary("+", lambda v: +v)  # 3.11; 3.12 uses CALL_INTRINSIC_1
+
+    def UNARY_NOT(self: InstructionTranslator, inst: Inst) -> None:
+        self.push(ConstantVar(not self.truthy(self.pop())))
+
+    def TO_BOOL(self: InstructionTranslator, inst: Inst) -> None:  # 3.13
+        self.push(ConstantVar(self.truthy(self.pop())))
+
+    def CALL_INTRINSIC_1(self: InstructionTranslator, inst: Inst) -> None:  # 3.12
+        if inst.argval == "INTRINSIC_UNARY_POSITIVE" or inst.arg == 5:
+            self.UNARY_POSITIVE(inst)
+        elif inst.argval == "INTRINSIC_LIST_TO_TUPLE" or inst.arg == 6:
+            self.LIST_TO_TUPLE(inst)
+        else:
+            raise Unsupported(f"CALL_INTRINSIC_1 {inst.argval} is not supported")

@@ -73,6 +73,12 @@ class Config:
     # "channels_last" always, "off" never.  MINICOMPILE_LAYOUT_OPT.
     layout_opt: str = "auto"
 
+    def __post_init__(self) -> None:
+        for name in ("cache_dir", "trace_dir"):  # a str given for a folder (patch, replace)
+            value = getattr(self, name)
+            if not isinstance(value, Path):
+                object.__setattr__(self, name, Path(value))
+
     def logging(self, part: str) -> bool:
         """Whether ``part`` (one of LOG_PARTS) should be printed."""
         return self.trace or part in self.logs

@@ -175,3 +175,14 @@ def test_two_processes_at_once(tmp_path: Path) -> None:
                             tmp_path)
     assert stats["frames"] == 0, (stats, err)  # a whole entry, read back
     assert not list((tmp_path / "cache").rglob("*.tmp"))  # no half-written file left
+
+
+def test_a_cache_dir_given_as_text_is_a_folder(tmp_path: Path) -> None:
+    """``config.patch(cache_dir="...")`` (and ``dataclasses.replace``) with a str: the same
+    folder as with a Path, warm entries included."""
+    with warnings_with_cache(str(tmp_path / "text")) as found:  # type: ignore[arg-type]
+        assert config.get().cache_dir == tmp_path / "text"
+        compile_and_check()
+    assert found == []
+    assert list((tmp_path / "text").glob("entries/*/*.json"))
+    assert list((tmp_path / "text").rglob("mc_*.py"))

@@ -24,10 +24,12 @@ what the real call does or costs:
 
 from __future__ import annotations
 
+import atexit
 import os
 import threading
-from contextlib import nullcontext
+import weakref
 from collections.abc import Sequence
+from contextlib import nullcontext
 from typing import Any
 
 import torch
@@ -78,17 +80,32 @@ class LibraryPlans:
             return
         todo = [c for c in calls if sum(t.nbytes() for t in _tensors(c)) <= MAX_BYTES]
         count = min(len(todo), MAX_THREADS, max(1, (os.cpu_count() or 2) // 2))
+        global _registered
+        if count and not _registered:
+            _registered = atexit.register(_wait_all) is not None
         for k in range(count):
             thread = threading.Thread(target=_prepare, args=(todo[k::count],), daemon=True,
                                       name=f"minicompile-plans-{k}")
             thread.start()
             self.threads.append(thread)
+            _running.add(thread)
 
     def wait(self) -> None:
         if self.threads:
             for thread in self.threads:
                 thread.join()
             self.threads = []
+
+
+_running: weakref.WeakSet = weakref.WeakSet()  # plan threads started in this process
+_registered = False  # _wait_all runs at exit
+
+
+def _wait_all() -> None:
+    """At exit, before the interpreter and PyTorch are torn down under a thread still in
+    cuDNN (a process that exits right after loading a module)."""
+    for thread in list(_running):
+        thread.join()
 
 
 def _skip_reason() -> str | None:

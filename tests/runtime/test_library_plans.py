@@ -197,3 +197,25 @@ def test_with_cudnn_benchmark_nothing_is_prepared_and_values_hold(tmp_path: Path
         for _ in range(2):
             x = torch.randn(2, 3, 24, 24, device="cuda")
             torch.testing.assert_close(compiled(x), model(x), atol=1e-3, rtol=1e-3)
+
+
+def test_a_process_that_exits_right_after_loading_waits_for_its_threads(tmp_path: Path) -> None:
+    """Threads still preparing plans when the program ends are waited for at exit (not cut
+    off by the interpreter's teardown while in the library)."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "exits.py"
+    script.write_text(
+        "import time, torch\n"
+        "from minicompile.runtime import library_plans\n"
+        "from minicompile.runtime.library_plans import LibraryPlans, Like\n"
+        "library_plans._skip_reason = lambda: None\n"
+        "def slow(x):\n"
+        "    time.sleep(0.3)\n"
+        "    print('prepared', tuple(x.shape), flush=True)\n"
+        "LibraryPlans([(slow, (Like((2, 3), (3, 1), torch.float32, torch.device('cpu')),), {})])\n")
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "prepared (2, 3)"

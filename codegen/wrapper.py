@@ -185,11 +185,12 @@ def generate(
         else:
             keep |= {b.name for b in program.inputs}
         reuse = reuse_memory(program, groups, plan_of, keep, in_place)
+        plans_pending = bool(plans_ahead)
         for k, group in enumerate(groups):
             if group.extern is not None:
-                if plans_ahead and group.extern.op in CONVOLUTIONS:
+                if plans_pending and group.extern.op in CONVOLUTIONS:
                     w.line("library_plans.wait()  # (the first convolution waits for them)")
-                    plans_ahead = []
+                    plans_pending = False
                 emit_extern(w, group.extern)
                 made = [group.extern.name]
             else:
@@ -385,7 +386,8 @@ def library_plans(program: LoopProgram, externs: list[ExternKernel],
             continue
         args = [like(a) for a in ext.args]
         kwargs = {k: like(v) for k, v in ext.kwargs.items()}
-        if None in args or None in kwargs.values() or not args or "Like(" not in args[0]:
+        if not ext.args or not isinstance(ext.args[0], BufferRef) or None in args \
+                or None in kwargs.values():
             continue  # (prepared by its first call)
         text = (f"({ext.op}, ({', '.join(args)}{',' if len(args) == 1 else ''}), "
                 f"{{{', '.join(f'{k!r}: {v}' for k, v in kwargs.items())}}}),")

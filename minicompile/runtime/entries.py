@@ -427,9 +427,8 @@ def _load(path: Path, fn: types.FunctionType, cfg: Config, frame: tuple) -> Warm
     walked: set[int] = set()  # modules inside a module whose fingerprint matched
     order = sorted(modules.items(), key=lambda kv: len(kv[1][1]))
     values = _frame_values(p["params"], [where for _, (_, where, _) in order], namespace, frame)
-    for k, (name, (_, where, digest)) in enumerate(order):
-        found = _frame_module(p["params"], where, digest, namespace, frame, walked,
-                              values[k] if values is not None else _NOT_FOUND)
+    for (name, (_, where, digest)), found in zip(order, values):
+        _check_module(where, digest, found, walked)
         namespace[name] = found
         if id(found) not in walked:  # (else its submodules are there already)
             walked.update(id(m) for m in found.modules())
@@ -447,34 +446,36 @@ def _load(path: Path, fn: types.FunctionType, cfg: Config, frame: tuple) -> Warm
     return Warm(capture, run, loaded.call, [tuple(s) for s in p["sizes"]], p["kernels"])
 
 
-_NOT_FOUND = object()
-
-
 def _frame_values(params: list[str], wheres: list[str], namespace: dict,
-                  frame: tuple) -> tuple | None:
-    """The values of all of ``wheres`` in ``frame``, by one compiled expression (a model's
-    entry names hundreds of modules); None when one fails, each then found alone."""
+                  frame: tuple) -> list:
+    """The values of ``wheres`` (guards' expressions over the frame) in ``frame``: all by
+    one compiled expression (a model's entry names hundreds of modules), or, when that
+    fails, one by one, to name the one not found."""
+
+    def finder(text: str) -> Callable:
+        return eval(f"lambda {', '.join(params)}: {text}", namespace)
+
     try:
-        return eval(f"lambda {', '.join(params)}: ({', '.join(wheres)},)", namespace)(*frame)
-    except Exception:  # noqa: BLE001 (the failing one is named by _frame_module)
-        return None
+        return list(finder(f"({', '.join(wheres)},)")(*frame)) if wheres else []
+    except Exception:  # noqa: BLE001, S110 (looked up one by one below)
+        pass
+    values = []
+    for where in wheres:
+        try:
+            values.append(finder(where)(*frame))
+        except Exception as e:  # another structure of arguments
+            raise Miss(f"{where}: {type(e).__name__}") from None
+    return values
 
 
-def _frame_module(params: list[str], where: str, digest: str, namespace: dict,
-                  frame: tuple, walked: set[int], found: Any = _NOT_FOUND) -> torch.nn.Module:
-    """The module at ``where`` (a guard's expression over the frame) in ``frame`` (or
-    ``found``, its value already), if its fingerprint is ``digest`` (or it is part of a
-    module in ``walked`` whose fingerprint, which covers its submodules, matched)."""
-    try:
-        if found is _NOT_FOUND:
-            found = eval(f"lambda {', '.join(params)}: {where}", namespace)(*frame)
-    except Exception as e:  # another structure of arguments
-        raise Miss(f"{where}: {type(e).__name__}") from None
+def _check_module(where: str, digest: str, found: Any, walked: set[int]) -> None:
+    """``found``, the value at ``where``, is a module whose fingerprint is ``digest`` (or
+    part of a module in ``walked`` whose fingerprint, which covers its submodules,
+    matched)."""
     if not isinstance(found, torch.nn.Module):
         raise Miss(f"{where} is not a module")
     if id(found) not in walked and fingerprints.module_digest(found) != digest:
         raise Miss(f"{where} ({type(found).__qualname__}) differs from the module traced")
-    return found
 
 
 def _verified(cfg: Config, artefact: dict) -> Path:

@@ -27,7 +27,6 @@ from __future__ import annotations
 import atexit
 import os
 import threading
-import weakref
 from collections.abc import Sequence
 from contextlib import nullcontext
 from typing import Any
@@ -38,6 +37,7 @@ from minicompile import perf
 
 MAX_BYTES = 64 << 20  # a problem's tensors, together, above which it is not prepared
 MAX_THREADS = 8
+THREAD_NAME = "minicompile-plans-"
 
 
 class Like:
@@ -80,15 +80,11 @@ class LibraryPlans:
             return
         todo = [c for c in calls if sum(t.nbytes() for t in _tensors(c)) <= MAX_BYTES]
         count = min(len(todo), MAX_THREADS, max(1, (os.cpu_count() or 2) // 2))
-        global _registered
-        if count and not _registered:
-            _registered = atexit.register(_wait_all) is not None
         for k in range(count):
             thread = threading.Thread(target=_prepare, args=(todo[k::count],), daemon=True,
-                                      name=f"minicompile-plans-{k}")
+                                      name=f"{THREAD_NAME}{k}")
             thread.start()
             self.threads.append(thread)
-            _running.add(thread)
 
     def wait(self) -> None:
         if self.threads:
@@ -97,15 +93,13 @@ class LibraryPlans:
             self.threads = []
 
 
-_running: weakref.WeakSet = weakref.WeakSet()  # plan threads started in this process
-_registered = False  # _wait_all runs at exit
-
-
+@atexit.register
 def _wait_all() -> None:
     """At exit, before the interpreter and PyTorch are torn down under a thread still in
     cuDNN (a process that exits right after loading a module)."""
-    for thread in list(_running):
-        thread.join()
+    for thread in threading.enumerate():
+        if thread.name.startswith(THREAD_NAME):
+            thread.join()
 
 
 def _skip_reason() -> str | None:

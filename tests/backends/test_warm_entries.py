@@ -382,3 +382,17 @@ def test_user_error_in_a_loaded_entry_is_eagers(warm: Path, backend: str,
             torch.testing.assert_close(compiled(idx, w), expected)
         stats = minicompile.stats()
         assert stats["frames"] == expect_frames and stats["eager_fallbacks"] == 0, stats
+
+
+def test_an_entrys_modules_are_found_together_and_a_missing_one_is_named() -> None:
+    """An entry's frame modules are read by one expression; when one is not there, the
+    miss names that one (another structure of arguments)."""
+    from minicompile.runtime import entries
+
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.ReLU())
+    wheres = ["self", "self[0]", "self[1]"]
+    found = entries._frame_values(["self"], wheres, {}, (model,))
+    assert found == [model, model[0], model[1]] and found[1] is model[0]
+    with pytest.raises(entries.Miss, match=r"^self\[2\]: IndexError$"):
+        entries._frame_values(["self"], [*wheres, "self[2]"], {}, (model,))
+    assert entries._frame_values(["self"], [], {}, (model,)) == []

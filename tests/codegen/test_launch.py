@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+import pytest
 import torch
 
 from minicompile.runtime import launch
@@ -115,18 +116,13 @@ def test_launcher_without_cuda_always_goes_through_triton_jit(monkeypatch) -> No
 
 
 def test_prepare_loads_the_launch_of_the_example_from_the_cache_and_builds_nothing(
-        monkeypatch) -> None:
+        monkeypatch, static_launches) -> None:
     """At load, a launcher finds its example's cubin (a call with aligned tensors and the
     example's sizes) and the first such call launches it; without one in the cache it
     builds nothing, and the first call then does as before."""
     from minicompile.runtime import triton_build
 
-    static, found = FakeStatic(), []
-    monkeypatch.setattr(launch, "_static_launcher", static)
-    monkeypatch.setattr(launch, "_raw_stream", lambda device: 7)
-    monkeypatch.setattr(launch, "_current_device", lambda: 0)
-    monkeypatch.setattr(triton_build, "available", lambda: True)
-    monkeypatch.setattr(triton_build, "load", lambda cubin, name, shared, device: f"fn-{name}")
+    static, found = static_launches, []
     monkeypatch.setattr(triton_build, "find_or_build", lambda *a: pytest.fail("a build"))
     cached = {64: triton_build.Built(None, "k64", 4, 0, "OOiOO")}
 
@@ -245,15 +241,26 @@ class FakeStatic:
         self.log.append(args)
 
 
-def test_static_launches_drop_constant_ones_and_add_scratch(monkeypatch) -> None:
+@pytest.fixture()
+def static_launches(monkeypatch: pytest.MonkeyPatch) -> FakeStatic:
+    """A machine where launches go through the static launcher (a recording stand-in),
+    device 0 and stream 7, with each cubin "loaded" as ``fn-<its name>``."""
     from minicompile.runtime import triton_build
 
-    static, builds = FakeStatic(), []
+    static = FakeStatic()
     monkeypatch.setattr(launch, "_static_launcher", static)
     monkeypatch.setattr(launch, "_raw_stream", lambda device: 7)
     monkeypatch.setattr(launch, "_current_device", lambda: 0)
     monkeypatch.setattr(triton_build, "available", lambda: True)
     monkeypatch.setattr(triton_build, "load", lambda cubin, name, shared, device: f"fn-{name}")
+    return static
+
+
+def test_static_launches_drop_constant_ones_and_add_scratch(monkeypatch,
+                                                           static_launches) -> None:
+    from minicompile.runtime import triton_build
+
+    static, builds = static_launches, []
 
     def find_or_build(kernel, args, options, device):  # noqa: ANN001, ANN202
         builds.append(args)

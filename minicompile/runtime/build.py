@@ -17,6 +17,8 @@ import types
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import torch
+
 from minicompile import perf
 from minicompile.config import Config
 from minicompile.errors import BackendCompilerFailed
@@ -173,31 +175,62 @@ def load(code: GeneratedCode, cfg: Config, interpret: bool) -> Loaded:
     with perf.phase("load"):
         loaded = load_module(key, path, lib_paths, symbols, interpret)
     if not interpret:  # GPU kernels: built before the call
-        from minicompile.runtime.launch import Launcher
-
-        values = loaded.call.__globals__.values()
-        launchers = [v for v in values if isinstance(v, Launcher)]
-        # Imported by max-autotune's wrappers only: the default mode never loads it.
-        tuning = sys.modules.get("minicompile.runtime.autotune")
-        if tuning is not None:
-            launchers += tuning.ahead(values)
-        if launchers:
-            with perf.phase("build"):
-                triton_build.precompile(launchers)
-        prepare_launches(loaded)
+        ready_launches(loaded)
     return dataclasses.replace(loaded, from_cache=from_cache)
 
 
-def prepare_launches(loaded: Loaded) -> None:
-    """Each GPU kernel's launch for a call like codegen's example, its cubin found in the
-    cache and loaded, before the first call (which otherwise does it, one kernel at a
-    time between the others' launches)."""
+def ready_launches(loaded: Loaded, builds: dict[str, list] | None = None) -> None:
+    """Before the first call: each GPU kernel's launch for a call like codegen's example,
+    its cubin loaded (else the first call does it, one kernel at a time between the others'
+    launches), and the module's convolution plans started (runtime/library_plans.py).
+
+    ``builds``: a warm entry's record of each launcher's build (:func:`launch_builds`).
+    Those found in the cache are loaded first, before the plans' threads start (cuDNN's
+    work in the driver slows the loads down fivefold); those it lost, and every launcher
+    of a new module (``builds`` None), go through :func:`triton_build.precompile`, which
+    builds what the cache lacks, in parallel, while the plans are prepared."""
+    from minicompile.runtime.launch import Launcher
+    from minicompile.runtime.library_plans import LibraryPlans
+
+    values = loaded.call.__globals__
+    launchers = {k: v for k, v in values.items() if isinstance(v, Launcher) and v.build is None}
+    if launchers and builds and triton_build.available():
+        device = torch.cuda.current_device()
+        target = list(triton_build.target(device))
+        with perf.phase("load"):
+            for name, (built_for, key) in builds.items():
+                launcher = launchers.get(name)
+                built = triton_build.recorded(key) if launcher and built_for == target else None
+                if built is not None:
+                    launcher.adopt(built, device)
+        launchers = {k: v for k, v in launchers.items() if v.build is None}
+    plans = values.get("library_plans")
+    if isinstance(plans, LibraryPlans):
+        plans.start()
+    if builds is None:  # a new module: every launcher
+        rest = list(launchers.values())
+    else:  # a warm entry's: those whose build the cache no longer holds (or for another GPU;
+        # a launcher without a record had no build ahead when it was compiled either)
+        rest = [launchers[name] for name in builds if name in launchers]
+    # Imported by max-autotune's wrappers only: the default mode never loads it.
+    tuning = sys.modules.get("minicompile.runtime.autotune")
+    if tuning is not None:
+        rest += [v for v in tuning.ahead(values.values()) if v.build is None]
+    if rest:
+        with perf.phase("build"):
+            triton_build.precompile(rest)
+
+
+def launch_builds(loaded: Loaded) -> dict[str, list]:
+    """Each launcher's build, as a warm entry records it: its target and cache key (the
+    name of its files), by the launcher's name in the module."""
     from minicompile.runtime.launch import Launcher
 
-    with perf.phase("load"):
-        for value in loaded.call.__globals__.values():
-            if isinstance(value, Launcher):
-                value.prepare()
+    found = {}
+    for name, v in loaded.call.__globals__.items():
+        if isinstance(v, Launcher) and v.build is not None:
+            found[name] = [list(triton_build.target(v.built_on)), v.build.cubin.stem]
+    return found
 
 
 def load_module(key: str, path: Path, lib_paths: tuple[Path, ...], symbols: dict,

@@ -4,7 +4,8 @@ When a frame compiles whole (no graph break, no backward graph), its entry is wr
 ``<cache>/entries/<function key>/``: the guard checks (plain Python), ``get_inputs`` and
 ``rebuild`` (plain Python), the objects their namespace refers to as *recipes* (how to find
 them again: a module by name, a function by module and qualified name, a device by its
-string...), and the wrapper module and C++ library with their sha256.  A later process that
+string...), the wrapper module and C++ library with their sha256, and the cache key of each
+GPU kernel's cubin (so that loading it hashes no kernel text).  A later process that
 calls the same function looks there first: it rebuilds the namespace, re-evaluates the
 guards on the call, and on a pass imports the wrapper and runs, with no bytecode
 interpreted, no metadata inferred and nothing built.
@@ -228,6 +229,7 @@ def _payload(stored: Stored, cfg: Config) -> dict:
         "module": _artefact(loaded.module_path, cfg),
         "libs": [_artefact(p, cfg) for p in loaded.lib_paths],
         "symbols": loaded.symbols,
+        "builds": {} if stored.interpret else build.launch_builds(loaded),
     }
 
 
@@ -408,8 +410,8 @@ def _load(path: Path, fn: types.FunctionType, cfg: Config, frame: tuple) -> Warm
         raise cache.CacheCorrupted(path, f"unreadable: {type(e).__name__}") from e
     if not ok:
         raise cache.CacheCorrupted(path, "does not match its checksum")
-    # The generated module first: what it starts at its import (library plans) runs while
-    # the rest of the entry loads.
+    # The generated module first: its kernels loaded, then what it prepares in threads
+    # (library plans) runs while the rest of the entry loads.
     module = _verified(cfg, p["module"])
     libs = tuple(_verified(cfg, a) for a in p["libs"])
     if p["interpret"] and not cfg.triton_interpret:
@@ -418,7 +420,7 @@ def _load(path: Path, fn: types.FunctionType, cfg: Config, frame: tuple) -> Warm
     symbols = {name: (i, symbol) for name, (i, symbol) in p["symbols"].items()}
     loaded = build.load_module(key, module, libs, symbols, p["interpret"])
     if not p["interpret"]:
-        build.prepare_launches(loaded)
+        build.ready_launches(loaded, p.get("builds"))
     namespace: dict[str, Any] = {"torch": torch, "Tensor": torch.Tensor}
     modules = {k: r for k, r in p["namespace"].items() if r[0] == "frame_module"}
     for name, r in p["namespace"].items():

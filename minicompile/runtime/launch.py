@@ -68,6 +68,8 @@ class Launcher:
         self.constexprs: tuple | None = None  # in the kernel's parameter order, once known
         self.tensors: int | None = None  # how many arguments are tensors, once known
         self.direct = _raw_stream is not None and _current_device is not None
+        self.build: triton_build.Built | None = None  # the example's, once adopted
+        self.built_on = 0  # ... for this device
 
     def example_args(self) -> list | None:
         """The arguments of a first call, for a build ahead of it (None: unknown)."""
@@ -117,37 +119,42 @@ class Launcher:
         kernel.run(grid, 1, 1, _raw_stream(key[0]), kernel.function,
                    kernel.packed_metadata, None, None, None, *args, *self.constexprs)
 
-    def prepare(self) -> None:
-        """Ahead of the first call (when the module loads): the static launch of a call
-        like the example, if its cubin is in the cache (nothing is built here)."""
+    def adopt(self, built: triton_build.Built, device: int) -> None:
+        """Ahead of the first call (runtime/build.py): the static launch of a call like the
+        example on ``device``, from its build (found in the cache or built ahead)."""
         args = self.example_args()
-        if not self.direct or args is None or not triton_build.available():
+        if not self.direct or args is None:
             return
         self.tensors = sum(not isinstance(a, int) for a in args)
-        key = (_current_device(), (True,) * len(self.pointers))  # (Example: aligned)
+        key = (device, (True,) * len(self.pointers))  # (the example: aligned)
         if self.sizes:
             key += (tuple([int_class(args[i]) for i in self.sizes]),)
         if key not in self.static:
-            self._static(key, tuple(args), build=False)
+            try:
+                self.static[key] = self._launch(built, tuple(args), device)
+            except RuntimeError:  # (the driver refuses the cubin: the first call says so)
+                return
+        self.build, self.built_on = built, device
 
-    def _static(self, key: tuple, args: tuple, build: bool = True) -> tuple | None:
+    def _launch(self, built: triton_build.Built, args: tuple, device: int) -> tuple:
+        """A static launch's fixed arguments: the loaded function, its warps and shared
+        memory, the argument codes, which integers are passed and the scratch tail."""
+        function = triton_build.load(built.cubin, built.name, built.shared, device)
+        tensors = self.tensors
+        # Integers equal to 1 are constants of the kernel: not passed.
+        keep = [i for i, a in enumerate(args[tensors:], tensors) if a != 1]
+        tail = (None,) * (len(built.arg_codes) - tensors - len(keep))
+        return (function, built.num_warps, built.shared, built.arg_codes,
+                tuple(keep) if len(keep) < len(args) - tensors else None, tail)
+
+    def _static(self, key: tuple, args: tuple) -> tuple | None:
         """The static launch of ``key`` (its cubin found in the cache, or built now), or
-        None when it needs Triton's launcher (``build=False``: None, and nothing noted,
-        when the cache does not hold it)."""
+        None when it needs Triton's launcher."""
         launch = None
         if triton_build.available():
-            built = (triton_build.find_or_build(self.fn, args, self.options, key[0]) if build
-                     else triton_build.find_cached(self.fn, args, self.options, key[0]))
-            if not build and built is None:
-                return None
+            built = triton_build.find_or_build(self.fn, args, self.options, key[0])
             if built is not None:
-                function = triton_build.load(built.cubin, built.name, built.shared, key[0])
-                tensors = self.tensors
-                # Integers equal to 1 are constants of the kernel: not passed.
-                keep = [i for i, a in enumerate(args[tensors:], tensors) if a != 1]
-                tail = (None,) * (len(built.arg_codes) - tensors - len(keep))
-                launch = (function, built.num_warps, built.shared, built.arg_codes,
-                          tuple(keep) if len(keep) < len(args) - tensors else None, tail)
+                launch = self._launch(built, args, key[0])
         if launch is None:
             self.no_static.add(key)
         else:

@@ -8,7 +8,8 @@ each, one problem after another.  On an H100 that is 0.12-0.14 s of resnet50's f
 does to load the model's compiled code.  The plans are kept for the process, keyed by the
 problem, so running each problem once on scratch tensors of the same layouts prepares the
 plan the real call then finds.  Eight threads do it in 0.05 s, and they do it while the
-process loads the rest of the entry (guards, kernels): see :class:`LibraryPlans`.
+process loads the rest of the entry (its guards) or builds the module's kernels: see
+:class:`LibraryPlans`.
 
 Nothing here changes a result: the scratch calls' outputs are dropped, a failure is
 ignored (the real call reports whatever is wrong), and the first call of the module waits
@@ -67,16 +68,22 @@ def _real(value: Any) -> Any:
 
 class LibraryPlans:
     """``LibraryPlans([(fn, args, kwargs), ...])``: call each ``fn(*args, **kwargs)`` once,
-    with its :class:`Like` stand-ins made real, in up to :data:`MAX_THREADS` threads started
-    now.  :meth:`wait` returns when they are done (the module's ``call`` waits before its
-    first convolution)."""
+    with its :class:`Like` stand-ins made real, in up to :data:`MAX_THREADS` threads.  The
+    module's loader calls :meth:`start` once its kernels are loaded (runtime/build.py);
+    :meth:`wait` returns when the threads are done (the module's ``call`` waits before its
+    first convolution).  Plans not started by then are left to the real calls."""
 
     def __init__(self, calls: Sequence[tuple[Any, tuple, dict]]) -> None:
+        self.calls: list | None = list(calls)  # None once started, or too late to start
         self.threads: list[threading.Thread] = []
+
+    def start(self) -> None:
+        calls, self.calls = self.calls, None
+        if not calls:
+            return
         why = _skip_reason()
         if why is not None:
-            if calls:
-                perf.note(f"{len(calls)} convolution plan(s) not prepared ahead: {why}")
+            perf.note(f"{len(calls)} convolution plan(s) not prepared ahead: {why}")
             return
         todo = [c for c in calls if sum(t.nbytes() for t in _tensors(c)) <= MAX_BYTES]
         count = min(len(todo), MAX_THREADS, max(1, (os.cpu_count() or 2) // 2))
@@ -87,6 +94,7 @@ class LibraryPlans:
             self.threads.append(thread)
 
     def wait(self) -> None:
+        self.calls = None
         if self.threads:
             for thread in self.threads:
                 thread.join()

@@ -480,12 +480,11 @@ def find_or_build(kernel: Any, args: Sequence[Any], options: dict, device: int) 
     return built
 
 
-def find_cached(kernel: Any, args: Sequence[Any], options: dict, device: int) -> Built | None:
-    """The build of a launch of ``kernel`` with ``args`` if the cache holds it."""
-    try:
-        return Prepared(kernel, args, options, device).built()
-    except (OSError, TypeError):  # the kernel's source is not readable
-        return None
+def recorded(key: str) -> Built | None:
+    """The build of key ``key`` (a warm entry's record of a launcher's build), if the cache
+    holds it intact."""
+    found = cache.find(config.get().cache_dir, ("triton", key[:2]), f"{key}.json")
+    return cached(found.with_suffix("")) if found is not None else None
 
 
 @functools.lru_cache(maxsize=None)
@@ -497,11 +496,13 @@ def load(cubin: Path, name: str, shared: int, device: int) -> int:
 
 
 def precompile(launchers: list[Any]) -> None:
-    """Build the kernels of ``launchers`` (runtime/launch.py) that their first calls will
-    need and the cache does not hold, in parallel (see the module's doc)."""
+    """Make ready the launches of ``launchers`` (runtime/launch.py) that their first calls
+    will make: build those the cache does not hold, in parallel (see the module's doc), and
+    hand each launcher its build (``launcher.adopt``)."""
     if not launchers or not available():
         return
     device = torch.cuda.current_device()
+    mine: list[tuple[Any, Prepared, Built | None]] = []
     todo: dict[str, Prepared] = {}
     for launcher in launchers:
         args = launcher.example_args()
@@ -512,12 +513,17 @@ def precompile(launchers: list[Any]) -> None:
         except (OSError, TypeError) as e:  # the kernel's source is not readable
             perf.note(f"{launcher.fn.__name__} not built ahead: {e}")
             continue
-        if prepared.key not in todo and prepared.built() is None:
-            todo[prepared.key] = prepared
-    if not todo:
-        return
-    reasons = build_all(list(todo.values()), config.get().compile_threads)
-    for p, why in zip(todo.values(), reasons):
-        if why is not None:
-            perf.note(f"{p.kernel.fn.__name__} not built ahead ({why}); Triton builds it at its launch")
-
+        built = prepared.built()
+        if built is None:
+            todo.setdefault(prepared.key, prepared)
+        mine.append((launcher, prepared, built))
+    if todo:
+        reasons = build_all(list(todo.values()), config.get().compile_threads)
+        for p, why in zip(todo.values(), reasons):
+            if why is not None:
+                perf.note(f"{p.kernel.fn.__name__} not built ahead ({why}); Triton builds it "
+                          f"at its launch")
+    for launcher, prepared, built in mine:
+        built = built or prepared.built()  # (built just now)
+        if built is not None:
+            launcher.adopt(built, device)

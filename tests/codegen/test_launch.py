@@ -115,36 +115,73 @@ def test_launcher_without_cuda_always_goes_through_triton_jit(monkeypatch) -> No
     assert [e[0] for e in fn.log] == ["jit", "jit", "jit"]
 
 
-def test_prepare_loads_the_launch_of_the_example_from_the_cache_and_builds_nothing(
+def test_an_adopted_build_is_the_launch_of_a_call_like_the_example(
         monkeypatch, static_launches) -> None:
-    """At load, a launcher finds its example's cubin (a call with aligned tensors and the
-    example's sizes) and the first such call launches it; without one in the cache it
-    builds nothing, and the first call then does as before."""
+    """A launcher handed its example's build (at load) launches it at the first call like
+    the example (aligned tensors, the example's sizes) with no lookup; another call looks
+    its own up as before."""
     from minicompile.runtime import triton_build
 
-    static, found = static_launches, []
-    monkeypatch.setattr(triton_build, "find_or_build", lambda *a: pytest.fail("a build"))
-    cached = {64: triton_build.Built(None, "k64", 4, 0, "OOiOO")}
-
-    def find_cached(kernel, args, options, device):  # noqa: ANN001, ANN202
-        found.append(args[2])
-        return cached.get(args[2])
-
-    monkeypatch.setattr(triton_build, "find_cached", find_cached)
+    static, builds = static_launches, []
+    monkeypatch.setattr(triton_build, "find_or_build", lambda *a: builds.append(a[1]))
     fn = FakeJit()
     launcher = launch.Launcher(fn, (0,), (2,), (torch.float32, torch.float32, 64), XBLOCK=128)
-    launcher.prepare()
-    launcher.prepare()  # (once is enough)
-    assert found == [64] and len(launcher.static) == 1 and static.log == []
+    built = triton_build.Built(Path("k64.cubin"), "k64", 4, 0, "OOiOO")
+    launcher.adopt(built, 0)
+    assert launcher.build is built and len(launcher.static) == 1 and static.log == []
     x, out = torch.zeros(64), torch.zeros(64)
     launcher(2, x, out, 64)
-    assert static.log[-1][0] == "fn-k64" and fn.log == [] and found == [64]
-    other = launch.Launcher(fn, (0,), (2,), (torch.float32, torch.float32, 48), XBLOCK=128)
-    other.prepare()  # not in the cache: nothing is kept, and no build
-    assert found == [64, 48] and other.static == {} and other.no_static == set()
+    assert static.log[-1][0] == "fn-k64" and fn.log == [] and builds == []
+    launcher(1, x, out, 17)  # another size class: looked up (here: needs Triton's launcher)
+    assert len(builds) == 1 and [e[0] for e in fn.log] == ["jit"]
     unknown = launch.Launcher(fn, (0,), (2,), (torch.float32, torch.float32, None), XBLOCK=128)
-    unknown.prepare()  # (a dynamic size without a hint: no example)
-    assert found == [64, 48]
+    unknown.adopt(built, 0)  # (a dynamic size without a hint: no example, nothing kept)
+    assert unknown.build is None and unknown.static == {}
+
+
+def test_a_warm_load_takes_its_recorded_builds_then_starts_the_plans_then_builds_the_rest(
+        monkeypatch, static_launches) -> None:
+    """A warm entry records each launcher's build; loading it, those the cache holds are
+    loaded before the convolution plans start, and those it lost (or built for another
+    GPU) go through precompile, which builds them ahead.  A launcher without a record had
+    no build ahead when it was compiled: its first call does as before."""
+    from minicompile.runtime import build, library_plans, triton_build
+
+    events: list = []
+    monkeypatch.setattr(library_plans, "_skip_reason", lambda: None)
+    monkeypatch.setattr(triton_build, "target", lambda device: ("cuda", 90, 32))
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    cache = {"ka": triton_build.Built(Path("/c/ka.cubin"), "ka", 4, 0, "OOiOO")}
+    monkeypatch.setattr(triton_build, "recorded",
+                        lambda key: events.append(("found", key)) or cache.get(key))
+    monkeypatch.setattr(triton_build, "precompile", lambda launchers: events.append(
+        ("precompile", sorted(l.name for l in launchers))))
+    plans = library_plans.LibraryPlans(
+        [(lambda x: events.append("plans"), (library_plans.Like((1,), (1,), torch.float32,
+                                                                 torch.device("cpu")),), {})])
+    start = plans.start
+    plans.start = lambda: events.append("plans start") or start()
+    namespace: dict = {"library_plans": plans}
+    for name in ("k_a", "k_b", "k_c", "k_d"):
+        namespace[name] = launch.Launcher(FakeJit(), (0,), (2,),
+                                          (torch.float32, torch.float32, 64), XBLOCK=128)
+        namespace[name].name = name
+    exec("def call(args):\n    return ()", namespace)
+    loaded = build.Loaded(namespace["call"], Path("mc_x.py"), True)
+    here, elsewhere = ["cuda", 90, 32], ["cuda", 80, 32]
+    build.ready_launches(loaded, {"k_a": [here, "ka"], "k_b": [here, "kb"],
+                                  "k_c": [elsewhere, "kc"]})
+    plans.wait()
+    assert events[:2] == [("found", "ka"), ("found", "kb")]  # (k_c's GPU is another)
+    assert events[2:4] == ["plans start", ("precompile", ["k_b", "k_c"])]
+    assert sorted(events[4:], key=str) == ["plans"]  # (in a thread)
+    assert namespace["k_a"].build is cache["ka"] and namespace["k_b"].build is None
+    assert build.launch_builds(loaded) == {"k_a": [here, "ka"]}
+    events.clear()
+    build.ready_launches(loaded, {"k_a": [here, "ka"]})  # (the same module again)
+    assert events == ["plans start"] and plans.threads == []  # (started once)
+    build.ready_launches(loaded)  # (as a new module: every launcher without its build)
+    assert events[1:] == ["plans start", ("precompile", ["k_b", "k_c", "k_d"])]
 
 
 def test_only_what_can_change_is_in_the_key() -> None:
@@ -231,6 +268,18 @@ def test_kernels_build_ahead_to_cubins_in_worker_processes(tmp_path, monkeypatch
 
     with pytest.warns(RuntimeWarning, match="is corrupted"):
         assert prepared[1].built() is None
+    # precompile hands each launcher its example's build: cos's, lost, is built again.
+    monkeypatch.setattr(triton_build, "available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(triton_build, "load", lambda cubin, name, shared, device: name)
+    for launcher in (red, cos):
+        launcher.direct = True
+    triton_build.precompile([red, cos])
+    assert red.build == built[0] and cos.build.cubin == built[1].cubin
+    assert cos.build.cubin.read_bytes()[:4] == b"\x7fELF"
+    for launcher, name in ((red, "triton_red_embedding_sin_sum_0"), (cos, "triton_poi_cos_1")):
+        (static,) = launcher.static.values()  # (the example's key: loaded, not looked up)
+        assert static[0] == name and static[3] == launcher.build.arg_codes
 
 
 class FakeStatic:

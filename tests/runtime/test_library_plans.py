@@ -44,7 +44,10 @@ def test_each_problem_is_called_once_on_tensors_of_its_layout(no_skip: None) -> 
                         Like((4, 1, 1, 1), (1, 1, 1, 1), torch.float32, CPU), None, (1, 1)),
               {"groups": 4})]
     plans = LibraryPlans(calls)
+    assert plans.threads == [] and seen == []  # (started by the module's loader)
+    plans.start()
     assert 1 <= len(plans.threads) <= len(calls)
+    plans.start()  # (once)
     plans.wait()
     assert plans.threads == []
     expected = [((2, 3, 8, 8), (192, 1, 24, 3), torch.bfloat16, (4, 3, 3, 3), (27, 1, 9, 3),
@@ -66,8 +69,17 @@ def test_a_failing_call_is_ignored_and_the_others_still_run(no_skip: None) -> No
              (lambda x: ran.append(x.shape), (Like((5,), (1,), torch.float32, CPU),), {}),
              (broken, (Like((7,), (1,), torch.float32, CPU),), {})]
     plans = LibraryPlans(calls)
+    plans.start()
     plans.wait()
     assert ran == [(5,)]
+
+
+def test_plans_not_started_before_the_first_convolution_are_left_to_it(no_skip: None) -> None:
+    ran = []
+    plans = LibraryPlans([(ran.append, (Like((3,), (1,), torch.float32, CPU),), {})])
+    plans.wait()
+    plans.start()  # (too late: the real call has prepared its plan)
+    assert ran == [] and plans.threads == []
 
 
 def test_problems_over_the_memory_limit_are_left_to_their_first_call(
@@ -78,6 +90,7 @@ def test_problems_over_the_memory_limit_are_left_to_their_first_call(
     big = Like((10, 20), (20, 1), torch.float32, CPU)  # 800: with small, over the limit
     plans = LibraryPlans([(lambda a, b: ran.append("small"), (small, small), {}),
                           (lambda a, b: ran.append("big"), (small, big), {})])
+    plans.start()
     plans.wait()
     assert ran == ["small"]
 
@@ -102,7 +115,9 @@ def test_what_skips_the_preparation(monkeypatch: pytest.MonkeyPatch, setting: di
     with torch.backends.cudnn.flags(**{"enabled": True, "benchmark": False, **setting}):
         assert why in (library_plans._skip_reason() or "")
         ran = []
-        LibraryPlans([(ran.append, (Like((1,), (1,), torch.float32, CPU),), {})]).wait()
+        plans = LibraryPlans([(ran.append, (Like((1,), (1,), torch.float32, CPU),), {})])
+        plans.start()
+        plans.wait()
         assert ran == []
     with torch.backends.cudnn.flags(enabled=True, benchmark=False):
         assert library_plans._skip_reason() is None
@@ -214,7 +229,8 @@ def test_a_process_that_exits_right_after_loading_waits_for_its_threads(tmp_path
         "def slow(x):\n"
         "    time.sleep(0.3)\n"
         "    print('prepared', tuple(x.shape), flush=True)\n"
-        "LibraryPlans([(slow, (Like((2, 3), (3, 1), torch.float32, torch.device('cpu')),), {})])\n")
+        "LibraryPlans([(slow, (Like((2, 3), (3, 1), torch.float32, torch.device('cpu')),), {})])"
+        ".start()\n")
     out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
                          timeout=120)
     assert out.returncode == 0, out.stderr

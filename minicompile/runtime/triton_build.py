@@ -14,7 +14,9 @@ twelve identical transformer blocks) share one build.  The cache holds, per key:
 :func:`precompile` builds every kernel of a new module before its first call: the
 launchers know the dtypes and sizes their calls will pass (codegen writes them), and the
 builds run in worker processes (runtime/triton_worker.py, which imports Triton only), as
-many as ``compile_threads``.  :func:`find_or_build` is the launch-time path: a cubin found
+many as ``compile_threads``; then each launcher is handed its build, loaded.  A warm entry
+records each launcher's key, and :func:`recorded` finds that build again without
+rendering or hashing the kernel's text.  :func:`find_or_build` is the launch-time path: a cubin found
 in the cache is loaded with ``torch._C._StaticCudaLauncher`` (no Triton import at all in a
 warm process); one not found is built in this process.  Anything this path cannot do (an
 old Triton or PyTorch, a kernel that needs Triton's launcher) answers None, and the kernel

@@ -173,8 +173,9 @@ def test_a_warm_load_takes_its_recorded_builds_then_starts_the_plans_then_builds
                                   "k_c": [elsewhere, "kc"]})
     plans.wait()
     assert events[:2] == [("found", "ka"), ("found", "kb")]  # (k_c's GPU is another)
-    assert events[2:4] == ["plans start", ("precompile", ["k_b", "k_c"])]
-    assert sorted(events[4:], key=str) == ["plans"]  # (in a thread)
+    assert [e for e in events[2:] if e != "plans"] == ["plans start", ("precompile",
+                                                                       ["k_b", "k_c"])]
+    assert events.count("plans") == 1  # (in a thread: any time after the start)
     assert namespace["k_a"].build is cache["ka"] and namespace["k_b"].build is None
     assert build.launch_builds(loaded) == {"k_a": [here, "ka"]}
     events.clear()

@@ -8,7 +8,10 @@ import ctypes
 import ctypes.util
 import dataclasses
 import functools
+import hashlib
+import importlib.machinery
 import importlib.util
+import marshal
 import os
 import platform
 import subprocess
@@ -250,7 +253,8 @@ def load_module(key: str, path: Path, lib_paths: tuple[Path, ...], symbols: dict
         namespace_lib = types.SimpleNamespace(
             **{name: libs[i][symbol] for name, (i, symbol) in symbols.items()})
     name = f"minicompile_generated.mc_{key}"
-    spec = importlib.util.spec_from_file_location(name, path)
+    spec = importlib.util.spec_from_file_location(name, path,
+                                                  loader=GeneratedLoader(name, str(path)))
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     if namespace_lib is not None:
@@ -272,6 +276,39 @@ def load_module(key: str, path: Path, lib_paths: tuple[Path, ...], symbols: dict
     loaded = Loaded(module.call, path, True, tuple(lib_paths), dict(symbols))  # type: ignore[attr-defined]
     _loaded[key] = loaded
     return loaded
+
+
+class GeneratedLoader(importlib.machinery.SourceFileLoader):
+    """A generated module's code, compiled once and kept beside its source in the cache, as
+    ``<module>.<python tag>.code``: the interpreter's magic number, the sha256 of the path,
+    optimization level (``-O``) and source, that of the code, then the code as ``marshal``
+    data.  Whether or not
+    Python writes ``.pyc`` files: under PYTHONDONTWRITEBYTECODE (usual in containers) every
+    process would compile the wrapper again, 0.04 s for resnet50's on the GPU machine.  A
+    code file that does not match is compiled again and rewritten (with the cache's one
+    warning when it was damaged, not merely stale)."""
+
+    def get_code(self, fullname: str) -> types.CodeType:
+        source = self.get_data(self.path)
+        where = Path(self.path).with_suffix(f".{sys.implementation.cache_tag}.code")
+        head = importlib.util.MAGIC_NUMBER + hashlib.sha256(
+            f"{self.path}\0{sys.flags.optimize}\0".encode() + source).digest()
+        try:
+            data = where.read_bytes()
+        except OSError:
+            data = b""
+        payload = data[len(head) + 32:]
+        if data[:len(head)] == head:
+            if data[len(head):len(head) + 32] == hashlib.sha256(payload).digest():
+                return marshal.loads(payload)
+            cache.warn_corrupted(where)
+        code = self.source_to_code(source, self.path)
+        payload = marshal.dumps(code)
+        try:
+            cache.write_atomic(where, head + hashlib.sha256(payload).digest() + payload)
+        except OSError:  # (a read-only cache: compiled again next time)
+            pass
+        return code
 
 
 def forget() -> None:

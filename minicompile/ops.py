@@ -326,26 +326,68 @@ def _conv_layout(out: Any, args: tuple, kwargs: dict[str, Any]) -> Any:
     return out
 
 
+def _uninitialised(v: Any) -> Any:
+    """``v`` with each tensor's metadata made an uninitialised tensor of its layout on its
+    own device (for a call whose result's values are never read)."""
+    if isinstance(v, Node):
+        v = v.meta
+    if isinstance(v, TensorMeta):
+        return torch.empty_strided(v.concrete_shape(), v.concrete_stride(), dtype=v.dtype,
+                                   device=v.device, requires_grad=v.requires_grad)
+    if isinstance(v, (tuple, list)):
+        return type(v)(_uninitialised(x) for x in v)
+    return v
+
+
 def _run_on_device(name: str, args: tuple, kwargs: dict[str, Any]) -> Any:
     """``name`` run on uninitialised tensors of the arguments' layouts on their own device
     (the result's values are never read), with the random state put back after it.  Fake
     tensors of the device would do, but a fake-tensor mode and these ops' fake rules import
     torch._dynamo: most of a second of a cold start."""
-
-    def real(v: Any) -> Any:
-        if isinstance(v, Node):
-            v = v.meta
-        if isinstance(v, TensorMeta):
-            return torch.empty_strided(v.concrete_shape(), v.concrete_stride(), dtype=v.dtype,
-                                       device=v.device, requires_grad=v.requires_grad)
-        if isinstance(v, (tuple, list)):
-            return type(v)(real(x) for x in v)
-        return v
-
     devices = [m.device for m in (getattr(v, "meta", v) for v in (*args, *kwargs.values()))
                if isinstance(m, TensorMeta) and m.device.type == "cuda"]
     with torch.random.fork_rng(devices=devices[:1]):  # a dropout draws no number here
-        return run_eager(name, real(args), {k: real(v) for k, v in kwargs.items()})
+        return run_eager(name, _uninitialised(args),
+                         {k: _uninitialised(v) for k, v in kwargs.items()})
+
+
+# Library calls whose CPU kernels lay their result out by a rule the meta device does not
+# follow (its rule is the CUDA kernels'): see _cpu_layout.
+BATCH_NORMS = frozenset({"torch.nn.functional.batch_norm", "torch.batch_norm"})
+_ATTENTION_ARGS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale",
+                   "enable_gqa")
+
+
+def _cpu_layout(name: str, out: Any, args: tuple, kwargs: dict[str, Any],
+                fake_args: tuple, fake_kwargs: dict[str, Any]) -> Any:
+    """``out`` (the meta kernel's result) in the layout PyTorch's CPU kernel gives it:
+
+    - batch_norm: the input's suggested memory format (``batch_norm_cpu`` allocates
+      ``empty_like(input, input.suggest_memory_format())``), where the meta kernel keeps
+      the input's strides;
+    - scaled_dot_product_attention: where PyTorch picks its CPU flash kernel
+      (``_fused_sdp_choice``, asked on uninitialised CPU tensors of the arguments'
+      layouts), that kernel's layout, which follows the query's ([B, T, H, D] memory for a
+      transposed one); the meta device takes the math path (contiguous)."""
+    if name in BATCH_NORMS:
+        from torch._prims_common import suggest_memory_format
+
+        first = fake_args[0] if fake_args else fake_kwargs.get("input")
+        if isinstance(first, torch.Tensor) and isinstance(out, torch.Tensor):
+            return out.contiguous(memory_format=suggest_memory_format(first))
+        return out
+    a = dict(zip(_ATTENTION_ARGS, fake_args), **fake_kwargs)
+    if a.get("enable_gqa") or not isinstance(out, torch.Tensor):
+        return out  # (grouped heads: the kernel's own handling, not reproduced here)
+    real = dict(zip(_ATTENTION_ARGS, args), **kwargs)
+    q, k, v, mask = (_uninitialised(real.get(n)) for n in _ATTENTION_ARGS[:4])
+    dropout, causal, scale = a.get("dropout_p", 0.0), a.get("is_causal", False), a.get("scale")
+    choice = torch._fused_sdp_choice(q, k, v, mask, dropout, causal, scale=scale)
+    if choice != int(torch.nn.attention.SDPBackend.FLASH_ATTENTION):
+        return out
+    flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+    return flash(a["query"], a["key"], a["value"], dropout, causal, attn_mask=a.get("attn_mask"),
+                 scale=scale)[0]
 
 
 COMPARISONS = frozenset({"eq", "ne", "lt", "le", "gt", "ge"})
@@ -432,10 +474,15 @@ def _infer_meta(
             out = run_eager(name, fake_args, fake_kwargs)
         if name in CONVOLUTIONS:
             out = _conv_layout(out, fake_args, fake_kwargs)
+        elif device.type == "cpu" and (name in BATCH_NORMS or name in ATTENTION):
+            out = _cpu_layout(name, out, args, kwargs, fake_args, fake_kwargs)
         if OPS[name].family in _CHECKED_ON_VALUES:
             _check_on_values(name, args, kwargs)
     else:
-        out = shapes.run(run_eager, name, fake(args), {k: fake(v) for k, v in kwargs.items()})
+        fake_args, fake_kwargs = fake(args), {k: fake(v) for k, v in kwargs.items()}
+        out = shapes.run(run_eager, name, fake_args, fake_kwargs)
+        if device.type == "cpu" and name in BATCH_NORMS:
+            out = shapes.run(_cpu_layout, name, out, args, kwargs, fake_args, fake_kwargs)
 
     def meta_of(t: Any) -> TensorMeta:
         if not isinstance(t, torch.Tensor):

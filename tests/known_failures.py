@@ -9,34 +9,12 @@ Nothing is ever skipped silently: a genuine limitation goes here, with its reaso
 from __future__ import annotations
 
 import pytest
-import torch
 
 _PARTIAL = "functools.partial objects cannot be created inside the trace yet (capture)"
-
-_EXTERN_META_STRIDES = (
-    "output strides come from PyTorch's meta kernels, which for scaled_dot_product_attention "
-    "of a transposed q, and for batch_norm of a channels-last-like input, differ from the CPU "
-    "kernels' (minicompile/ops.py infer_meta); values are right, strides differ"
-)
 
 KNOWN_FAILURES: dict[str, str] = {
     "programs/test_programs.py::test_program_matches_eager[cpp-functools_partial]": _PARTIAL,
     "programs/test_programs.py::test_program_matches_eager[triton-functools_partial]": _PARTIAL,
-    # The meta kernels agree with the CPU kernels here and with the CUDA kernels there:
-    # which cases differ depends on the device the backend runs on.
-    **{
-        f"backends/test_reductions.py::{test}[{backend}-{case}]": _EXTERN_META_STRIDES
-        for backend in (("cpp",) if torch.cuda.is_available() else ("cpp", "triton"))
-        for test, case in (
-            ("test_reduction_matches_eager", "batch_norm_eval_transposed"),
-            ("test_shape_op_matches_eager", "sdpa_transposed_q"),
-        )
-    },
-    **{
-        f"dynamic/test_symbolic_op_cases.py::test_matches_eager_with_symbolic_sizes"
-        f"[{backend}-batch_norm_eval_transposed]": _EXTERN_META_STRIDES
-        for backend in (("cpp",) if torch.cuda.is_available() else ("cpp", "triton"))
-    },
 }
 
 

@@ -16,7 +16,7 @@ import torch
 
 from minicompile.errors import Unsupported
 from minicompile.ir import AliasOutput, Buffer, BufferRef, ExternKernel, Layout, LoopProgram
-from minicompile.ops import CONVOLUTIONS
+from minicompile.library_layouts import CONVOLUTIONS
 from minicompile.shapes import python_expr
 from minicompile.sym import size_symbols
 

@@ -19,6 +19,7 @@ import torch
 from minicompile import ops
 from minicompile.errors import Unsupported
 from minicompile.graph import Graph, Node, TensorMeta, map_nodes
+from minicompile.library_layouts import ATTENTION
 from minicompile.shapes import is_symbolic
 from minicompile.sym import index_symbol, product
 from minicompile.ir import (
@@ -251,7 +252,7 @@ class Lowering:
             kwargs: dict = {}
         else:
             op = node.target
-            if op in ops.ATTENTION:
+            if op in ATTENTION:
                 self.realize_attention_mask(node)
             args = map_nodes(node.args, self.tensor_arg)
             kwargs = map_nodes(node.kwargs, self.tensor_arg)

@@ -13,7 +13,8 @@ import sympy
 import torch
 
 from minicompile.graph import Node, TensorMeta
-from minicompile.ops import _FLOAT_POINTWISE, COMPARISONS, _conv_layout
+from minicompile.library_layouts import conv_layout
+from minicompile.ops import _FLOAT_POINTWISE, COMPARISONS
 
 
 def pointwise_meta(name: str, args: tuple, kwargs: dict[str, Any],
@@ -168,9 +169,9 @@ def _conv2d_meta(args: tuple, kwargs: dict[str, Any],
     least one element, a weight and bias of its dtype and device whose sizes fit, numeric
     stride, padding and dilation, an output of at least one element), or None: the sizes
     by the convolution's formula, laid out as the meta function's contiguous result after
-    ops._conv_layout (channels-last where the input or the weight suggests it).  (The meta
-    path goes through ATen's convolution dispatch and PyTorch's Python meta function, which
-    costs a millisecond or more per call on a GPU host.)"""
+    library_layouts.conv_layout (channels-last where the input or the weight suggests it).
+    (The meta path goes through ATen's convolution dispatch and PyTorch's Python meta
+    function, which costs a millisecond or more per call on a GPU host.)"""
     names = ("input", "weight", "bias", "stride", "padding", "dilation", "groups")
     if len(args) > len(names) or any(k not in names[len(args):] for k in kwargs):
         return None
@@ -198,7 +199,7 @@ def _conv2d_meta(args: tuple, kwargs: dict[str, Any],
     if min(out_hw) < 1:
         return None  # eager raises: the input is smaller than the kernel
     out = torch.empty((n, c_out, *out_hw), dtype=x.dtype, device="meta")
-    out = _conv_layout(out, (x.fake(), w.fake()), {})
+    out = conv_layout(out, (x.fake(), w.fake()), {})
     return TensorMeta(shape=tuple(sympy.Integer(s) for s in out.shape),
                       stride=tuple(sympy.Integer(s) for s in out.stride()), dtype=x.dtype,
                       device=device)

@@ -20,8 +20,8 @@ PACKAGES = {
     ROOT / "codegen": "minicompile.codegen",
 }
 # shapes.py: size symbols (wrapping PyTorch's ShapeEnv); errors.py: the exceptions they raise.
-IR_MODULES = ("graph.py", "ir.py", "sym.py", "ops.py", "meta_rules.py", "meta_cache.py", "shapes.py",
-              "errors.py")
+IR_MODULES = ("graph.py", "ir.py", "sym.py", "ops.py", "library_layouts.py", "meta_rules.py",
+              "meta_cache.py", "shapes.py", "errors.py")
 IR_NAMES = {f"minicompile.{Path(f).stem}" for f in IR_MODULES}
 STDLIB = set(sys.stdlib_module_names)
 

@@ -282,11 +282,10 @@ class GeneratedLoader(importlib.machinery.SourceFileLoader):
     """A generated module's code, compiled once and kept beside its source in the cache, as
     ``<module>.<python tag>.code``: the interpreter's magic number, the sha256 of the path,
     optimization level (``-O``) and source, that of the code, then the code as ``marshal``
-    data.  Whether or not
-    Python writes ``.pyc`` files: under PYTHONDONTWRITEBYTECODE (usual in containers) every
-    process would compile the wrapper again, 0.04 s for resnet50's on the GPU machine.  A
-    code file that does not match is compiled again and rewritten (with the cache's one
-    warning when it was damaged, not merely stale)."""
+    data.  Whether or not Python writes ``.pyc`` files: under PYTHONDONTWRITEBYTECODE (usual
+    in containers) every process would compile the wrapper again, 0.03-0.05 s for
+    resnet50's on the GPU machine.  A code file that does not match is compiled again and
+    rewritten (with the cache's one warning when it was damaged, not merely stale)."""
 
     def get_code(self, fullname: str) -> types.CodeType:
         source = self.get_data(self.path)

@@ -1,5 +1,5 @@
 """Library calls whose CPU kernels lay their result out by a rule of their own, which the
-meta device does not follow (minicompile/ops.py ``_cpu_layout``): batch_norm gives the
+meta device does not follow (minicompile/library_layouts.py): batch_norm gives the
 input's suggested memory format, scaled_dot_product_attention the layout of the kernel
 PyTorch picks (its CPU flash kernel follows the query's layout; the math path is
 contiguous).  Compiled on CPU tensors by both backends, each call is compared with eager

@@ -60,8 +60,8 @@ def _args(rng: random.Random) -> tuple[tuple, dict]:
 
 def test_conv2d_rule_matches_eager() -> None:
     """Where the rule answers, infer_meta's general path (PyTorch's meta function, then
-    ops._conv_layout) gives the same metadata, and eager (CPU, real tensors) the same shape,
-    dtype and strides; where eager raises, the rule does not answer."""
+    library_layouts.conv_layout) gives the same metadata, and eager (CPU, real tensors) the
+    same shape, dtype and strides; where eager raises, the rule does not answer."""
     conv = torch.nn.functional.conv2d  # (torch.conv2d itself, reached by either name)
     name = ops.extern_op(conv)  # registered as capture registers it
     assert meta_rules.LIBRARY[name] is meta_rules.LIBRARY["torch.conv2d"]
@@ -81,7 +81,7 @@ def test_conv2d_rule_matches_eager() -> None:
         assert tuple(map(int, fast.shape)) == tuple(eager.shape), (args, kwargs)
         assert fast.dtype == eager.dtype and all(a == b for a, b in strides), (args, kwargs)
         rule = meta_rules.LIBRARY.pop(name)
-        try:  # the general path (PyTorch's meta function, then ops._conv_layout)
+        try:  # the general path (PyTorch's meta function, then library_layouts.conv_layout)
             slow = ops._infer_meta(name, metas, meta_kwargs, CPU)
         finally:
             meta_rules.LIBRARY[name] = rule

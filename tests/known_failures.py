@@ -10,12 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-_PARTIAL = "functools.partial objects cannot be created inside the trace yet (capture)"
-
-KNOWN_FAILURES: dict[str, str] = {
-    "programs/test_programs.py::test_program_matches_eager[cpp-functools_partial]": _PARTIAL,
-    "programs/test_programs.py::test_program_matches_eager[triton-functools_partial]": _PARTIAL,
-}
+KNOWN_FAILURES: dict[str, str] = {}
 
 
 def apply_known_failures(items: list[pytest.Item]) -> None:

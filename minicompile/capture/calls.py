@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import collections.abc
+import functools
 import inspect
 import logging
 import re
@@ -42,6 +43,7 @@ from minicompile.capture.variables import (
     ObjectSlotVar,
     NullVar,
     ObjectVar,
+    PartialVar,
     OpaqueVar,
     ReadMethodVar,
     RecordVar,
@@ -312,6 +314,8 @@ class CallsMixin:
             factory = library.context_factory(fn.value)
             if factory is not None:
                 return self.call_torch(factory, args, kwargs)
+        if isinstance(fn, PartialVar):
+            return self.call_function(fn.func, [*fn.args, *args], {**fn.kwargs, **kwargs})
         if isinstance(fn, (UserFunctionVar, NestedFunctionVar)):
             return self.inline_call(fn, args, kwargs)
         if isinstance(fn, BoundMethodVar):
@@ -345,6 +349,9 @@ class CallsMixin:
                 return records.construct(self, fn.value, args, kwargs)
             if isinstance(fn.value, type) and records.can_create(fn.value):
                 return records.create(self, fn.value, args, kwargs)
+            if fn.value is functools.partial and args and not (
+                    isinstance(args[0], ConstantVar) and not callable(args[0].value)):
+                return PartialVar(args[0], tuple(args[1:]), dict(kwargs))
             if isinstance(fn.value, type) and not issubclass(fn.value, BaseException):
                 raise Unsupported(f"creating {fn.value.__qualname__} objects is not supported")
             if isinstance(fn.value, type):

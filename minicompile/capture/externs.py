@@ -270,7 +270,9 @@ class _Unreplayable:
 
 
 def _describe(fn: Any) -> str:
-    name = getattr(fn, "__name__", None) or repr(fn)
+    name = getattr(fn, "__name__", None)
+    if name is None:  # a callable object: its repr names it (module included, as a rule)
+        return repr(fn)
     module = getattr(fn, "__module__", None)
     qualname = getattr(fn, "__qualname__", name)
     return f"{qualname}()" if module in (None, "builtins") else f"{module}.{qualname}"

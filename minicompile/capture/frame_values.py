@@ -16,6 +16,7 @@ symbols.  The state (``_wrapped``, ``_by_id``, the input lists) lives in
 from __future__ import annotations
 
 import dataclasses
+import functools
 import sys
 import types
 from typing import TYPE_CHECKING, Any
@@ -34,6 +35,7 @@ from minicompile.capture.variables import (
     ModuleVar,
     NNModuleVar,
     ObjectVar,
+    PartialVar,
     OpaqueVar,
     SizeVar,
     Source,
@@ -146,12 +148,28 @@ class FrameValuesMixin:
                 g.dict_keys_match(source, value)
             items = {k: self._item(v, source, k) for k, v in value.items()}
             return DictVar(items, mutable=False, source=source)
+        if type(value) is functools.partial:
+            return self._partial(value, source, guard)
         if guard:
             if is_user_object(value) and not isinstance(value, torch.nn.Module):
                 g.type_match(source, value)
             else:
                 g.identity_match(source, value)
         return self.object_var(value, source)
+
+    def _partial(self: OutputGraph, p: functools.partial, source: Source | None,
+                 guard: bool) -> PartialVar:
+        """A ``functools.partial`` as its function, arguments and keywords, each read
+        through its source and guarded as the trace uses it (the keywords are a mutable
+        dict); never by its identity, which changes on every call for one made again after
+        a graph break."""
+        if guard:
+            self.guards.type_match(source, p)
+        func, args, keywords = (
+            self.realize(self.wrap(v, source.attr(name) if source is not None else None))
+            for name, v in (("func", p.func), ("args", p.args), ("keywords", p.keywords)))
+        assert isinstance(args, TupleVar) and isinstance(keywords, DictVar)
+        return PartialVar(func, args.items, dict(keywords.items), source)
 
     def _item(self: OutputGraph, value: Any, source: Source | None, key: int | str) -> Var:
         """Items of containers read from the frame are wrapped when first used."""

@@ -53,6 +53,7 @@ from minicompile.capture.variables import (
     NestedFunctionVar,
     NullVar,
     ObjectVar,
+    PartialVar,
     Source,
     TensorVar,
     TupleVar,
@@ -192,7 +193,7 @@ class InstructionTranslator(
                 return bool(var.value)
             except Exception as e:
                 raise Unsupported(f"bool() of {var.describe()} raised {e}") from e
-        if isinstance(var, (NestedFunctionVar, MethodVar)):
+        if isinstance(var, (NestedFunctionVar, MethodVar, PartialVar)):
             return True
         raise Unsupported(f"truth value of {var.describe()} is not supported")
 

@@ -17,6 +17,7 @@ runs, the generated ``rebuild(outs, *frame)`` function:
 
 from __future__ import annotations
 
+import functools
 import types
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -38,6 +39,7 @@ from minicompile.capture.variables import (
     NullVar,
     NewObjectVar,
     ObjectVar,
+    PartialVar,
     RecordVar,
     SizeVar,
     StructSeqVar,
@@ -166,6 +168,13 @@ def generate_rebuild(out: OutputGraph, result: Var) -> tuple[list[Node], str]:
             return g.ref(concrete.NULL, "NULL")
         if isinstance(v, MethodVar):
             return f"getattr({expr(v.obj)}, {v.name!r})"
+        if isinstance(v, PartialVar):
+            if v.source is not None:
+                return v.source.expr
+            args = "".join(f", {expr(a)}" for a in v.args)
+            kwargs = ", ".join(f"{k!r}: {expr(i)}" for k, i in v.kwargs.items())
+            return (f"{g.ref(functools.partial, 'partial')}({expr(v.func)}{args}"
+                    f"{f', **{{{kwargs}}}' if kwargs else ''})")
         if isinstance(v, BoundMethodVar):
             return f"{g.ref(types.MethodType, 'MethodType')}({g.ref(v.func, 'fn')}, {expr(v.self_var)})"
         raise Unsupported(f"{v.describe()} cannot leave the compiled region (returned/stored)")

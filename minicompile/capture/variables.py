@@ -232,6 +232,21 @@ class NestedFunctionVar(Var):
 
 
 @dataclasses.dataclass(eq=False)
+class PartialVar(Var):
+    """``functools.partial(func, *args, **kwargs)``, made during the trace or read from the
+    frame (then its parts are read through their sources, and guarded): calls call ``func``
+    with ``args`` first and ``kwargs`` under the call's own keywords."""
+
+    func: Var
+    args: tuple[Var, ...] = ()
+    kwargs: dict[str, Var] = dataclasses.field(default_factory=dict)
+    source: Source | None = None
+
+    def describe(self) -> str:
+        return f"functools.partial of {self.func.describe()}"
+
+
+@dataclasses.dataclass(eq=False)
 class MethodVar(Var):
     """``obj.name`` loaded for a call (tensor methods, methods of constants)."""
 

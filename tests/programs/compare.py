@@ -11,6 +11,7 @@ attributes; everything else by ``==``.  ``assert_aliasing`` checks that an outpu
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from typing import Any
 
@@ -63,6 +64,11 @@ def assert_matches(actual: Any, expected: Any, where: str, tol: dict[str, float]
         assert math.isclose(actual, expected, rel_tol=1e-5, abs_tol=1e-6) or (
             math.isnan(actual) and math.isnan(expected)
         ), f"{where}: {actual!r} != {expected!r}"
+    elif type(expected) is functools.partial:
+        assert type(actual) is functools.partial, f"{where}: {type(actual)} != partial"
+        assert actual.func is expected.func, f"{where}: {actual.func} != {expected.func}"
+        assert_matches(actual.args, expected.args, f"{where}.args", tol)
+        assert_matches(actual.keywords, expected.keywords, f"{where}.keywords", tol)
     elif _is_plain_object(expected):
         assert type(actual) is type(expected), f"{where}: {type(actual)} != {type(expected)}"
         assert_matches(vars(actual), vars(expected), f"{where}.__dict__", tol)

@@ -8,6 +8,8 @@ the text printed, so each effect must happen exactly as in eager, exactly once.
 
 from __future__ import annotations
 
+import functools
+
 import os
 
 import torch
@@ -211,6 +213,14 @@ def print_in_the_middle(x):
     y = x * 2
     print("scaled", tuple(y.shape), y.dtype)
     return y + 1
+
+
+@breaking(inputs(randn(4, 8)), graphs=2, breaks=1)
+def functools_partial_across_a_break(x):
+    act = functools.partial(F.leaky_relu, negative_slope=0.2)
+    y = act(x)
+    print("after the first activation")
+    return act(y - 1)
 
 
 @breaking(inputs(randn(4, 8)), graphs=3, breaks=2)

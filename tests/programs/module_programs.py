@@ -8,6 +8,7 @@ eager run, and calls both under ``torch.no_grad()`` (inference: parameters requi
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -34,6 +35,32 @@ def module_case(sample, **options):
 @module_case(inputs(randn(3, 8)))
 def mlp_sequential():
     return nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+
+
+class PartialActivation(nn.Module):
+    """An activation chosen at construction as a functools.partial (timm's habit)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+        self.act = functools.partial(F.gelu, approximate="tanh")
+
+    def forward(self, x):
+        return self.act(self.fc(x)) + x
+
+
+def switch_partial_activation(m):
+    m.act.keywords["approximate"] = "none"  # (a guarded keyword: the next call recompiles)
+
+
+@module_case(inputs(randn(3, 8)))
+def partial_activation():
+    return PartialActivation()
+
+
+@module_case(inputs(randn(3, 8)), between=switch_partial_activation, max_recompiles=1)
+def partial_activation_changed_between_calls():
+    return PartialActivation()
 
 
 @module_case(inputs(randn(3, 8)))

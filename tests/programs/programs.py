@@ -284,6 +284,23 @@ def functools_partial(x):
     return act(x) + act(-x)
 
 
+def _scaled_sum(a, b, scale=1.0, *, bias=0.0):
+    return (a + b) * scale + bias
+
+
+@program(inputs(randn(4, 8), randn(4, 8)))
+def functools_partial_binds_a_tensor_and_keywords(x, y):
+    f = functools.partial(_scaled_sum, x, bias=0.5)
+    g = functools.partial(f, scale=2.0)  # (a partial of a partial)
+    return f(y), g(y, bias=-1.0), g(x) if g else None
+
+
+@program(inputs(randn(4, 8)))
+def functools_partial_returned(x):
+    act = functools.partial(torch.clamp, min=-0.5)
+    return act(x, max=0.5), act
+
+
 # -- tuples, lists, dicts, slicing ----------------------------------------------------------
 
 

@@ -329,15 +329,17 @@ def plan_kernel(
         return reindexed[index]
 
     def _reindex(index: sympy.Expr) -> sympy.Expr:
-        tx, tr = _coefficients(index, p), _coefficients(index, q)
-        if tx is None or tr is None:
-            # Not affine (a reshape of a computed value): no dims were merged then, so
-            # each canonical symbol is one loop variable.
-            return index.xreplace(singles)
-        const = sympy.expand(tx[0] - sum(c * v for c, v in zip(tr[1], q)))
-        out = const + sum(tx[1][run[-1]] * x for run, x in zip(x_runs, loop_vars))
-        out += sum(tr[1][run[-1]] * r for run, r in zip(r_runs, rvars))
-        return sympy.expand(out)
+        # The kept dims, then the reduced ones: each set affine in ``index`` becomes its
+        # runs' variables; one that is not (a reshape of a computed value, or of the
+        # reduced dims: Swin's patch merging reads a layer_norm's row through one) had no
+        # dims merged, so each of its canonical symbols is one loop variable.
+        for dims, runs, names in ((p, x_runs, loop_vars), (q, r_runs, rvars)):
+            t = _coefficients(index, dims)
+            if t is None:
+                index = index.xreplace({d: singles[d] for d in dims})
+            else:
+                index = t[0] + sum(t[1][run[-1]] * v for run, v in zip(runs, names))
+        return sympy.expand(index)
 
     # Members read by other members come from registers: substitute their values.
     values: dict[str, Expr] = {}

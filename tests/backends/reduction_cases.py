@@ -317,6 +317,20 @@ def _weight(n: Sequence[int] | int, dtype: torch.dtype = f32) -> Callable:
 
 
 case("layer_norm_last1", lambda x: F.layer_norm(x, (33,)), rand(MAT))
+
+
+def _patch_merge(x: torch.Tensor) -> torch.Tensor:
+    """Swin's patch merging: each 2x2 patch of [B, H, W, C] as one row of 4C."""
+    b, h, w, c = x.shape
+    return x.reshape(b, h // 2, 2, w // 2, 2, c).permute(0, 1, 3, 4, 2, 5).flatten(3)
+
+
+# The row is read through a reshape of the reduced dim (not affine in it) while the kept
+# dims merge: each loop variable stands for its dims in every index.
+case("layer_norm_patch_merging", lambda x, w, b: F.layer_norm(_patch_merge(x), (64,), w, b),
+     rand((2, 8, 8, 16)), rand((64,)), rand((64,)))
+case("sum_patch_merging", lambda x: _patch_merge(x).sum(-1, keepdim=True) * 2,
+     rand((3, 4, 6, 5)))
 case("layer_norm_last1_affine", lambda x, w, b: F.layer_norm(x, (33,), w, b),
      rand(MAT), _weight(33), _weight(33))
 case("layer_norm_last1_weight_only", lambda x, w: F.layer_norm(x, (17,), weight=w, eps=1e-3),

@@ -60,6 +60,8 @@ from minicompile.capture.variables import (
 )
 from minicompile.errors import Unsupported
 
+# nn.Module's generators of its direct submodules (modelled: module_children).
+_CHILDREN = (torch.nn.Module.children, torch.nn.Module.named_children)
 _OPTIM = re.compile(r"torch\.optim(\.|$)")  # optimizers and LR schedulers
 
 if TYPE_CHECKING:
@@ -281,6 +283,25 @@ class CallsMixin:
             return [ConstantVar(k) for k in keys]
         raise Unsupported(f"iterating {type(m).__name__} modules is not supported")
 
+    def module_children(self: InstructionTranslator, obj: NNModuleVar, named: bool) -> Var:
+        """``m.children()`` / ``m.named_children()`` as ``nn.Module`` yields them: the
+        entries of ``_modules`` in order, None skipped, each module once (by identity:
+        every child is guarded by it).  (Torch's own code keeps a ``set`` of those seen.)"""
+        m, src = obj.value, obj.source
+        if src is None:
+            raise Unsupported("the children of a module reached without a source")
+        keys = list(m._modules)
+        self.output.guards.keys_match(src, f"{src.expr}._modules", keys)
+        items: list[Var] = []
+        seen: set[int] = set()
+        for k in keys:
+            child = self.module_attr(obj, k)  # (a None entry is guarded as None too)
+            if m._modules[k] is None or id(m._modules[k]) in seen:
+                continue
+            seen.add(id(m._modules[k]))
+            items.append(TupleVar((ConstantVar(k), child)) if named else child)
+        return IteratorVar(items)
+
     def module_subscript(self: InstructionTranslator, obj: NNModuleVar, index: Any) -> Var:
         m = obj.value
         if isinstance(m, torch.nn.ModuleDict) and isinstance(index, str):
@@ -319,6 +340,9 @@ class CallsMixin:
         if isinstance(fn, (UserFunctionVar, NestedFunctionVar)):
             return self.inline_call(fn, args, kwargs)
         if isinstance(fn, BoundMethodVar):
+            if (fn.func in _CHILDREN and isinstance(fn.self_var, NNModuleVar) and not args
+                    and not kwargs):
+                return self.module_children(fn.self_var, fn.func is _CHILDREN[1])
             return self.inline_call(UserFunctionVar(fn.func), [fn.self_var, *args], kwargs)
         if isinstance(fn, NNModuleVar):
             return self.call_module(fn, args, kwargs)

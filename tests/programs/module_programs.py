@@ -37,6 +37,44 @@ def mlp_sequential():
     return nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
 
 
+class ChildrenInOrder(nn.Module):
+    """Runs its children in order (timm's RegNet stages), one of them registered twice and
+    one entry None: children() yields each module once and skips None."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(8, 8)
+        self.b = nn.Tanh()
+        self.again = self.a
+        self.gone = None
+        self.c = nn.Linear(8, 8)
+
+    def forward(self, x):
+        for block in self.children():
+            x = block(x)
+        names = [name for name, _ in self.named_children()]
+        return x, len(names), names[-1]
+
+
+def replace_a_child(m):
+    g = torch.Generator().manual_seed(7)  # (the same new child for eager and compiled)
+    lin = nn.Linear(8, 8)
+    with torch.no_grad():
+        lin.weight.copy_(torch.randn(8, 8, generator=g))
+        lin.bias.copy_(torch.randn(8, generator=g))
+    m.c = nn.Sequential(lin, nn.ReLU())  # (another child: the next call recompiles)
+
+
+@module_case(inputs(randn(3, 8)))
+def children_in_order():
+    return ChildrenInOrder()
+
+
+@module_case(inputs(randn(3, 8)), between=replace_a_child, max_recompiles=1)
+def children_replaced_between_calls():
+    return ChildrenInOrder()
+
+
 class PartialActivation(nn.Module):
     """An activation chosen at construction as a functools.partial (timm's habit)."""
 

@@ -22,7 +22,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from minicompile.capture import (
-    autocast, externs, library, mutation, pybuiltins, records, torch_ops, training_ops,
+    autocast, autograd_functions, externs, library, mutation, pybuiltins, records, torch_ops,
+    training_ops,
 )
 from minicompile.capture.variables import (
     ArrayVar,
@@ -346,6 +347,9 @@ class CallsMixin:
             return self.inline_call(UserFunctionVar(fn.func), [fn.self_var, *args], kwargs)
         if isinstance(fn, NNModuleVar):
             return self.call_module(fn, args, kwargs)
+        if isinstance(fn, ObjectVar) and autograd_functions.function_class(fn.value):
+            cls = autograd_functions.function_class(fn.value)
+            return autograd_functions.call(self, cls, args, kwargs)
         if isinstance(fn, TorchFunctionVar) or (
             isinstance(fn, ObjectVar) and fn.value in _GRAD_MODE_CLASSES
         ):

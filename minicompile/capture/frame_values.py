@@ -150,6 +150,12 @@ class FrameValuesMixin:
             return DictVar(items, mutable=False, source=source)
         if type(value) is functools.partial:
             return self._partial(value, source, guard)
+        if isinstance(value, types.MethodType) and guard:
+            # A method bound on each read (``SomeClass.a_classmethod``): its function and
+            # what it is bound to, not the bound method, a new object every time.
+            g.identity_match(source.attr("__func__"), value.__func__)
+            g.identity_match(source.attr("__self__"), value.__self__)
+            return self.object_var(value, source)
         if guard:
             if is_user_object(value) and not isinstance(value, torch.nn.Module):
                 g.type_match(source, value)

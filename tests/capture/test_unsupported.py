@@ -147,6 +147,21 @@ def test_in_place_op_on_a_leaf_that_requires_grad() -> None:
     assert "in-place op on an input that requires grad" in e.reason
 
 
+class Doubled(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad * 2
+
+
+def test_a_custom_autograd_function_on_tensors_that_require_grad_breaks() -> None:
+    reason = unsupported(lambda x: Doubled.apply(x), torch.ones(2, requires_grad=True)).reason
+    assert reason.startswith("Doubled.apply() on tensors that require grad")
+
+
 def test_unsupported_global_object_call() -> None:
     import operator
 

@@ -295,6 +295,47 @@ def functools_partial_binds_a_tensor_and_keywords(x, y):
     return f(y), g(y, bias=-1.0), g(x) if g else None
 
 
+class ScaledGelu(torch.autograd.Function):
+    """A custom autograd.Function with a context (the older style)."""
+
+    @staticmethod
+    def forward(ctx, x, scale):
+        ctx.save_for_backward(x)
+        ctx.scale = scale
+        return F.gelu(x) * scale
+
+    @staticmethod
+    def backward(ctx, grad):
+        (x,) = ctx.saved_tensors
+        return grad * ctx.scale * torch.ones_like(x), None
+
+
+class ClampFrom(torch.autograd.Function):
+    """The newer style: forward without a context, setup_context apart."""
+
+    @staticmethod
+    def forward(x, low):
+        return x.clamp(min=low)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.mark_non_differentiable(output)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad, None
+
+
+@program(inputs(randn(4, 8)), no_grad=True)
+def autograd_function_in_inference(x):
+    return ScaledGelu.apply(x, 2.0) + ClampFrom.apply(x * 3, -0.5)
+
+
+@program(inputs(randn(4, 8)))
+def autograd_function_on_tensors_without_grad(x):
+    return ScaledGelu.apply(x.sin(), 0.5)
+
+
 @program(inputs(randn(4, 8)))
 def functools_partial_returned(x):
     act = functools.partial(torch.clamp, min=-0.5)

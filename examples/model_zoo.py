@@ -69,6 +69,16 @@ def _torchvision_resnet18() -> torch.nn.Module:
     return torchvision.models.resnet18(num_classes=10)
 
 
+def _torchvision_vit() -> torch.nn.Module:
+    """torchvision's ViT: nn.MultiheadAttention in each encoder block."""
+    import_torchvision()
+    import torchvision
+
+    return torchvision.models.VisionTransformer(image_size=32, patch_size=8, num_layers=2,
+                                                num_heads=4, hidden_dim=32, mlp_dim=64,
+                                                num_classes=10)
+
+
 def _timm(name: str, **kwargs: Any) -> Callable[[], torch.nn.Module]:
     def build() -> torch.nn.Module:
         import_torchvision()  # timm and transformers import it
@@ -116,6 +126,7 @@ def _llama() -> torch.nn.Module:
 
 MODELS: tuple[ModelCase, ...] = (
     ModelCase("torchvision_resnet18", _torchvision_resnet18, _images()),
+    ModelCase("torchvision_vit", _torchvision_vit, _images(size=32)),
     ModelCase("timm_resnext26ts", _timm("resnext26ts", num_classes=2), _images()),
     ModelCase("timm_vit_tiny", _timm("vit_tiny_patch16_224", img_size=64, num_classes=10),
               _images()),

@@ -61,8 +61,9 @@ from minicompile.capture.variables import (
 )
 from minicompile.errors import Unsupported
 
-# nn.Module's generators of its direct submodules (modelled: module_children).
-_CHILDREN = (torch.nn.Module.children, torch.nn.Module.named_children)
+# nn.Module's generators of its submodules (modelled: submodules).
+_SUBMODULES = (torch.nn.Module.children, torch.nn.Module.named_children, torch.nn.Module.modules,
+               torch.nn.Module.named_modules)
 _OPTIM = re.compile(r"torch\.optim(\.|$)")  # optimizers and LR schedulers
 
 if TYPE_CHECKING:
@@ -284,23 +285,37 @@ class CallsMixin:
             return [ConstantVar(k) for k in keys]
         raise Unsupported(f"iterating {type(m).__name__} modules is not supported")
 
-    def module_children(self: InstructionTranslator, obj: NNModuleVar, named: bool) -> Var:
-        """``m.children()`` / ``m.named_children()`` as ``nn.Module`` yields them: the
-        entries of ``_modules`` in order, None skipped, each module once (by identity:
-        every child is guarded by it).  (Torch's own code keeps a ``set`` of those seen.)"""
-        m, src = obj.value, obj.source
-        if src is None:
-            raise Unsupported("the children of a module reached without a source")
-        keys = list(m._modules)
-        self.output.guards.keys_match(src, f"{src.expr}._modules", keys)
+    def submodules(self: InstructionTranslator, obj: NNModuleVar, method: Any) -> Var:
+        """``m.children()``, ``m.named_children()``, ``m.modules()``, ``m.named_modules()``
+        as ``nn.Module`` yields them: the entries of ``_modules`` in order (depth first,
+        the module itself first, for the last two), None skipped, each module once (by
+        identity: every one is guarded by it).  (Torch's own code keeps a ``set`` of
+        those seen.)"""
+        named = method in (torch.nn.Module.named_children, torch.nn.Module.named_modules)
+        deep = method in (torch.nn.Module.modules, torch.nn.Module.named_modules)
         items: list[Var] = []
         seen: set[int] = set()
-        for k in keys:
-            child = self.module_attr(obj, k)  # (a None entry is guarded as None too)
-            if m._modules[k] is None or id(m._modules[k]) in seen:
-                continue
-            seen.add(id(m._modules[k]))
-            items.append(TupleVar((ConstantVar(k), child)) if named else child)
+
+        def visit(var: NNModuleVar, prefix: str) -> None:
+            m, src = var.value, var.source
+            if src is None:
+                raise Unsupported("the submodules of a module reached without a source")
+            keys = list(m._modules)
+            self.output.guards.keys_match(src, f"{src.expr}._modules", keys)
+            for k in keys:
+                child = self.module_attr(var, k)  # (a None entry is guarded as None too)
+                if m._modules[k] is None or id(m._modules[k]) in seen:
+                    continue
+                seen.add(id(m._modules[k]))
+                name = f"{prefix}.{k}" if prefix else k
+                items.append(TupleVar((ConstantVar(name), child)) if named else child)
+                if deep:
+                    visit(child, name)
+
+        if deep:
+            seen.add(id(obj.value))
+            items.append(TupleVar((ConstantVar(""), obj)) if named else obj)
+        visit(obj, "")
         return IteratorVar(items)
 
     def module_subscript(self: InstructionTranslator, obj: NNModuleVar, index: Any) -> Var:
@@ -341,9 +356,9 @@ class CallsMixin:
         if isinstance(fn, (UserFunctionVar, NestedFunctionVar)):
             return self.inline_call(fn, args, kwargs)
         if isinstance(fn, BoundMethodVar):
-            if (fn.func in _CHILDREN and isinstance(fn.self_var, NNModuleVar) and not args
+            if (fn.func in _SUBMODULES and isinstance(fn.self_var, NNModuleVar) and not args
                     and not kwargs):
-                return self.module_children(fn.self_var, fn.func is _CHILDREN[1])
+                return self.submodules(fn.self_var, fn.func)
             return self.inline_call(UserFunctionVar(fn.func), [fn.self_var, *args], kwargs)
         if isinstance(fn, NNModuleVar):
             return self.call_module(fn, args, kwargs)

@@ -52,6 +52,9 @@ READS_DATA = frozenset(
     __array__ __len__ __iter__ __repr__ __str__ __format__ untyped_storage storage""".split()
 )
 # Names with effects outside the tensors passed in (or on autograd state).
+# Private kernels that library modules call and that only compute (nn.MultiheadAttention's
+# and nn.TransformerEncoderLayer's fused inference paths): library calls like the others.
+FUNCTIONAL_PRIVATE = frozenset({"_native_multi_head_attention", "_transformer_encoder_layer_fwd"})
 SIDE_EFFECTS = frozenset(
     """manual_seed seed initial_seed save load set_printoptions backward register_hook
     retain_grad record_stream share_memory_ pin_memory set_default_dtype
@@ -114,7 +117,8 @@ def check_callable(fname: str, short: str) -> None:
     if short == "backward" or fname in ("torch.autograd.grad", "torch.autograd.backward"):
         raise Unsupported(f"{fname}() runs autograd outside the graph (a graph break: the "
                           "graph before it runs its compiled backward there)")
-    if short in SIDE_EFFECTS or short.startswith(("set_", "_")) and not short.startswith("__"):
+    if short in SIDE_EFFECTS or short.startswith(("set_", "_")) and not (
+            short.startswith("__") or short in FUNCTIONAL_PRIVATE):
         raise Unsupported(f"{fname}() is not supported (effects outside the graph)")
 
 

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 import sympy
 import torch
 
-from minicompile.capture import mutation, torch_ops
+from minicompile.capture import library, mutation, torch_ops
 from minicompile.capture.dynamic import symbolic_strides
 from minicompile.capture.variables import (
     BuiltinVar,
@@ -316,6 +316,8 @@ class FrameValuesMixin:
         if in_torch_table:
             return TorchFunctionVar(value, source)
         module = getattr(value, "__module__", None) or ""
+        if isinstance(value, types.FunctionType) and value in library.INLINED_HELPERS:
+            return UserFunctionVar(value, source)
         if callable(value) and not isinstance(value, type) and module.split(".")[0] == "torch":
             return TorchFunctionVar(value, source)  # unsupported torch callables
         if isinstance(value, types.FunctionType):

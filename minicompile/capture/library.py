@@ -93,6 +93,50 @@ _register(
     _maybe(torch, "_jit_internal", "is_scripting"),
 )(_constant(False))
 _register(_maybe(torch, "_C", "_get_tracing_state"))(_constant(None))
+# nn.MultiheadAttention's question whether make_fx traces it: not under minicompile.
+_register(_maybe(torch.nn.modules.activation, "_is_make_fx_tracing"))(_constant(False))
+
+
+@_register(_maybe(torch, "backends", "mha", "get_fastpath_enabled"))
+def _global_query(tx: InstructionTranslator, fn: Any, args: list, kwargs: dict) -> Var:
+    """A switch of PyTorch's read by library code (``nn.MultiheadAttention`` asks whether
+    its fused fast path is on): answered now, guarded."""
+    if args or kwargs:
+        raise Unsupported(f"{fn.__name__}() with arguments is not supported")
+    value = fn()
+    tx.output.guards.global_call(fn, (), {}, value)
+    return ConstantVar(value)
+
+
+@_register(
+    _maybe(torch, "overrides", "has_torch_function"),
+    _maybe(torch, "overrides", "has_torch_function_unary"),
+    _maybe(torch, "overrides", "has_torch_function_variadic"),
+)
+def _has_torch_function(tx: InstructionTranslator, fn: Any, args: list, kwargs: dict) -> Var:
+    """False: the tensors a trace holds are plain tensors (a subclass is never traced)."""
+    return ConstantVar(False)
+
+
+# PyTorch's own Python helpers that library modules call on the way to their kernels
+# (nn.MultiheadAttention's mask checks and its Python path, the causal mask users make for
+# nn.TransformerEncoderLayer), inlined as user code: torch ops and metadata checks.
+# (Every other torch callable is a library call or unsupported.)
+INLINED_HELPERS = frozenset(f for f in (
+    _maybe(torch.nn.functional, "_none_or_dtype"),
+    _maybe(torch.nn.functional, "_canonical_mask"),
+    _maybe(torch.nn.modules.activation, "_check_arg_device"),
+    _maybe(torch.nn.modules.activation, "_arg_requires_grad"),
+    _maybe(torch.nn.functional, "multi_head_attention_forward"),
+    _maybe(torch.nn.functional, "_mha_shape_check"),
+    _maybe(torch.nn.functional, "_in_projection_packed"),
+    _maybe(torch.nn.functional, "_in_projection"),
+    _maybe(torch.nn.functional, "_check_key_padding_mask"),
+    _maybe(torch.nn, "Transformer", "generate_square_subsequent_mask"),
+    _maybe(torch.nn.modules.transformer, "_generate_square_subsequent_mask"),
+    _maybe(torch.nn.modules.transformer, "_detect_is_causal_mask"),
+    _maybe(torch.nn.modules.transformer, "_get_seq_len"),
+) if isinstance(f, types.FunctionType))
 
 
 @_register(

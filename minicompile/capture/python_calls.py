@@ -13,6 +13,7 @@ the interpreter (a mixin of InstructionTranslator).
 
 from __future__ import annotations
 
+import collections
 import inspect
 import operator
 from typing import TYPE_CHECKING, Any
@@ -29,6 +30,8 @@ from minicompile.capture.variables import (
     NestedFunctionVar,
     NewObjectVar,
     NNModuleVar,
+    ObjectVar,
+    PartialVar,
     ReadMethodVar,
     RecordVar,
     Source,
@@ -180,9 +183,16 @@ class PythonCallsMixin:
                 return args[2]
             return self.load_attr(args[0], name)
         if fn is callable and len(args) == 1 and isinstance(
-            args[0], (NestedFunctionVar, BoundMethodVar, MethodVar, ReadMethodVar)
+            args[0], (NestedFunctionVar, BoundMethodVar, MethodVar, ReadMethodVar, PartialVar)
         ):
             return ConstantVar(True)
+        if fn is len and len(args) == 1 and isinstance(args[0], ObjectVar) and (
+                type(args[0].value) is collections.OrderedDict and args[0].source is not None):
+            # (a module's hook dicts: nn.TransformerEncoderLayer counts them)
+            src, n = args[0].source, len(args[0].value)
+            self.output.guards.add(src.name, "length", f"len({src.expr}) == {n}",
+                                   f"len({src.expr})", n)
+            return ConstantVar(n)
         if fn is delattr and len(args) == 2 and isinstance(args[0], NewObjectVar):
             records.del_object_attr(self, args[0], self.output.to_value(args[1]))
             return ConstantVar(None)

@@ -340,6 +340,10 @@ ATTRIBUTES.update(
         "is_meta": lambda em, x: x.meta.device.type == "meta",
         "requires_grad": lambda em, x: x.meta.requires_grad,
         "layout": lambda em, x: torch.strided,
+        # (a traced tensor is a dense one: nested, sparse and quantized ones are not traced)
+        "is_nested": lambda em, x: False,
+        "is_sparse": lambda em, x: False,
+        "is_quantized": lambda em, x: False,
         "T": lambda em, x: em.op("permute", (x, tuple(reversed(range(x.meta.ndim))))),
         "mT": _mT,
     }

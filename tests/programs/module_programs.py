@@ -14,7 +14,7 @@ import math
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from programs import ModelConfig, Program, ints, inputs, program, randn
+from programs import ModelConfig, Program, const, ints, inputs, program, randn
 
 MODULE_CASES: list[Program] = []
 
@@ -35,6 +35,66 @@ def module_case(sample, **options):
 @module_case(inputs(randn(3, 8)))
 def mlp_sequential():
     return nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+
+
+# -- PyTorch's attention modules (their fused inference paths, and the Python one) ----------
+
+_PAD = [[False, False, False, True, True], [False] * 5]  # the last two keys of row 0 padded
+
+
+class PaddedSelfAttention(nn.Module):
+    def __init__(self, batch_first):
+        super().__init__()
+        self.batch_first = batch_first
+        self.mha = nn.MultiheadAttention(16, 4, batch_first=batch_first)
+
+    def forward(self, x, pad):
+        seq = x if self.batch_first else x.transpose(0, 1)
+        out, weights = self.mha(seq, seq, seq, key_padding_mask=pad)
+        return out, weights
+
+
+@module_case(inputs(randn(2, 5, 16), const(_PAD, torch.bool)))
+def multihead_attention_batch_first():
+    return PaddedSelfAttention(batch_first=True)
+
+
+@module_case(inputs(randn(2, 5, 16), const(_PAD, torch.bool)))
+def multihead_attention_sequence_first():
+    return PaddedSelfAttention(batch_first=False)
+
+
+class EncoderLayers(nn.Module):
+    def __init__(self, batch_first):
+        super().__init__()
+        self.first = nn.TransformerEncoderLayer(16, 4, 32, dropout=0.0, batch_first=batch_first)
+        self.second = nn.TransformerEncoderLayer(16, 4, 32, dropout=0.0, batch_first=batch_first,
+                                                 norm_first=True, activation="gelu")
+
+    def forward(self, x):
+        causal = nn.Transformer.generate_square_subsequent_mask(x.shape[1])
+        return self.second(self.first(x), src_mask=causal, is_causal=True)
+
+
+@module_case(inputs(randn(2, 5, 16)))
+def transformer_encoder_layers_batch_first():
+    return EncoderLayers(batch_first=True)
+
+
+# In eval mode, under no_grad, PyTorch takes the modules' fused kernels (library calls).
+@module_case(inputs(randn(2, 5, 16), const(_PAD, torch.bool)))
+def multihead_attention_fused_in_eval():
+    return PaddedSelfAttention(batch_first=True).eval()
+
+
+@module_case(inputs(randn(2, 5, 16)))
+def transformer_encoder_layers_fused_in_eval():
+    return EncoderLayers(batch_first=True).eval()
+
+
+@module_case(inputs(randn(5, 5, 16)))
+def transformer_encoder_layers_sequence_first():
+    return EncoderLayers(batch_first=False)
 
 
 class ChildrenInOrder(nn.Module):

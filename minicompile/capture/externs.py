@@ -129,6 +129,8 @@ def call_function(out: OutputGraph, fn: Any, args: tuple, kwargs: dict) -> Any:
         raise Unsupported(f"{_describe(fn)} is not supported")
     short = fname.rpartition(".")[2]
     check_callable(fname, short)
+    if fname.startswith("torch.nested."):
+        raise Unsupported(f"{fname}() makes a nested tensor, which is not supported")
     if short.endswith("_") and not short.endswith("__"):
         if not args or not isinstance(args[0], TensorVar):
             raise Unsupported(f"in-place {fname}() is not supported")

@@ -191,6 +191,8 @@ class FrameValuesMixin:
             raise Unsupported("a tensor reached without a source (e.g. a default value)")
         if type(t) not in (torch.Tensor, torch.nn.Parameter):
             raise Unsupported(f"tensor subclass {type(t).__name__} is not supported")
+        if t.is_nested:  # (a traced tensor is dense: Tensor.is_nested is False in the trace)
+            raise Unsupported("nested tensors are not supported")
         if t.layout != torch.strided or t.dtype not in DTYPE_ABBR:
             raise Unsupported(f"{t.layout} tensors of dtype {t.dtype} are not supported")
         meta, dims = self.input_meta(t, source)

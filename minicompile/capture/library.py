@@ -78,11 +78,23 @@ def _constant(value: Any) -> Handler:
     return handler
 
 
-_register(
+# nn.TransformerEncoder asks is_compiling() where eager, given a padding mask, goes on to
+# its nested-tensor path, which zeroes the padded positions of the result: the compiled
+# path would leave them computed.  There the encoder runs eagerly (a graph break).
+_ENCODER_CODE = getattr(getattr(torch.nn, "TransformerEncoder", None), "forward", None)
+
+
+@_register(
     _maybe(torch, "compiler", "is_compiling"),
     _maybe(torch, "compiler", "is_dynamo_compiling"),
     _maybe(torch, "_utils", "is_compiling"),
-)(_constant(True))
+)
+def _is_compiling(tx: InstructionTranslator, fn: Any, args: list, kwargs: dict) -> Var:
+    if _ENCODER_CODE is not None and tx.code is _ENCODER_CODE.__code__:
+        raise Unsupported("nn.TransformerEncoder with a padding mask: eager takes its "
+                          "nested-tensor path there (padded positions zeroed), so it runs "
+                          "eagerly")
+    return ConstantVar(True)
 # torch._dynamo.is_compiling is its own function, but reading ``torch._dynamo`` imports the
 # Dynamo stack (half a second): it is recognised by name in handler_for instead.
 _DYNAMO_IS_COMPILING = ("torch._dynamo.external_utils", "is_compiling")
@@ -260,5 +272,5 @@ def handler_for(fn: Any) -> Handler | None:
     if found is None and isinstance(fn, types.FunctionType) and (
         (fn.__module__, fn.__qualname__) == _DYNAMO_IS_COMPILING
     ):
-        return _HANDLERS[torch.compiler.is_compiling]
+        return _is_compiling
     return found

@@ -415,3 +415,36 @@ def test_list_concatenation_and_no_grad_decorated_helpers() -> None:
         return torch.cat(parts + [x.cos()], dim=0)
 
     compiled_matches_eager(f, (2, 3))
+
+
+def test_transformer_encoder_with_a_padding_mask_matches_eager_in_every_mode() -> None:
+    """nn.TransformerEncoder given a padding mask: in eval under no_grad eager takes its
+    nested-tensor path (padded positions of the result are zero), which the encoder then
+    runs eagerly (a graph break naming it), so the result is eager's to the bit; in
+    training it compiles whole, loss and gradients as eager's."""
+    torch.manual_seed(0)
+    layer = torch.nn.TransformerEncoderLayer(16, 4, 32, dropout=0.0, batch_first=True)
+    model = torch.nn.TransformerEncoder(layer, 2, enable_nested_tensor=True)
+    pad = torch.tensor([[False] * 4 + [True] * 2, [False] * 6])
+    compiled = minicompile.compile(model, backend="cpp")
+    model.eval()
+    with torch.no_grad():
+        for _ in range(2):
+            x = torch.randn(2, 6, 16)
+            got, want = compiled(x, src_key_padding_mask=pad), model(x, src_key_padding_mask=pad)
+            assert bool((want[0, 4:] == 0).all())  # (eager's nested path)
+            torch.testing.assert_close(got, want, rtol=0, atol=0)
+    minicompile.reset()
+    twin = copy.deepcopy(model).train()
+    model.train()
+    compiled = minicompile.compile(twin, backend="cpp", fullgraph=True)
+    for _ in range(2):
+        x = torch.randn(2, 6, 16)
+        got = compiled(x, src_key_padding_mask=pad).square().mean()
+        want = model(x, src_key_padding_mask=pad).square().mean()
+        got.backward()
+        want.backward()
+        torch.testing.assert_close(got, want)
+        for p, q in zip(model.parameters(), twin.parameters()):
+            torch.testing.assert_close(q.grad, p.grad, rtol=1e-4, atol=1e-6)
+    assert minicompile.stats()["graph_breaks"] == 0

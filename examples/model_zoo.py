@@ -115,6 +115,18 @@ def _t5() -> torch.nn.Module:
                                                decoder_start_token_id=0))
 
 
+def _bart() -> torch.nn.Module:
+    """BART: its decoder copies and edits the config in ``forward`` (huggingface_hub's
+    validated dataclasses run in the trace)."""
+    import_torchvision()
+    from transformers import BartConfig, BartModel
+
+    return BartModel(BartConfig(vocab_size=100, d_model=64, encoder_layers=2, decoder_layers=2,
+                                encoder_attention_heads=4, decoder_attention_heads=4,
+                                encoder_ffn_dim=128, decoder_ffn_dim=128,
+                                max_position_embeddings=64))
+
+
 def _llama() -> torch.nn.Module:
     import_torchvision()
     from transformers import LlamaConfig, LlamaForCausalLM
@@ -134,6 +146,7 @@ MODELS: tuple[ModelCase, ...] = (
     ModelCase("hf_bert", _bert, _bert_inputs, float_inputs=False),
     ModelCase("hf_gpt2", _gpt2, _causal_lm_inputs, float_inputs=False),
     ModelCase("hf_t5", _t5, _seq2seq_inputs, float_inputs=False),
+    ModelCase("hf_bart", _bart, _seq2seq_inputs, float_inputs=False),
     ModelCase("hf_llama", _llama, _causal_lm_inputs, float_inputs=False),
 )
 

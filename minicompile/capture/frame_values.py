@@ -58,6 +58,12 @@ if TYPE_CHECKING:
 _TRUSTED_MODULES = ("torch", "math", "operator", "builtins", "numpy")
 
 
+def _is_class(key: Any) -> bool:
+    """A dict key the guards name by reference: a class, or a typing form (``Union``), as
+    in huggingface_hub's table of type validators."""
+    return isinstance(key, type) or type(key).__module__ == "typing"
+
+
 def is_user_object(value: Any) -> bool:
     """An instance of a user class whose attributes the trace may read (dataclasses,
     config objects), as opposed to modules, functions, classes and library objects."""
@@ -143,7 +149,7 @@ class FrameValuesMixin:
             if type(value) is tuple:
                 return TupleVar(tuple(items), source)
             return ListVar(items, mutable=False, source=source)
-        if type(value) is dict and all(type(k) in (str, int) for k in value):
+        if type(value) is dict and all(type(k) in (str, int) or _is_class(k) for k in value):
             if guard:
                 g.dict_keys_match(source, value)
             items = {k: self._item(v, source, k) for k, v in value.items()}
@@ -179,7 +185,10 @@ class FrameValuesMixin:
 
     def _item(self: OutputGraph, value: Any, source: Source | None, key: int | str) -> Var:
         """Items of containers read from the frame are wrapped when first used."""
-        return LazyVar(value, source.item(key)) if source else self._wrap(value, None)
+        if source is None:
+            return self._wrap(value, None)
+        key_expr = "" if type(key) in (str, int) else self.guards.ref(key, "key")
+        return LazyVar(value, source.item(key, key_expr))
 
     def realize(self: OutputGraph, var: Var) -> Var:
         if isinstance(var, LazyVar):

@@ -244,7 +244,8 @@ class GuardBuilder:
     def dict_keys_match(self, src: Source, value: dict) -> None:
         typ, keys = f"type({src.first_expr})", list(value.keys())
         self.add(src.name, "type", f"{typ} is dict", typ, dict)
-        self.add(src.name, "keys", f"list({src.expr}) == {keys!r}", f"list({src.expr})", keys)
+        text = "[" + ", ".join(self._literal(k) for k in keys) + "]"  # (classes: by reference)
+        self.add(src.name, "keys", f"list({src.expr}) == {text}", f"list({src.expr})", keys)
 
     def global_call(self, fn: Callable, args: tuple, kwargs: dict, value: Any) -> None:
         """A query of global state (``torch.is_autocast_enabled("cuda")``) answers the same."""

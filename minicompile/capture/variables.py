@@ -62,10 +62,13 @@ class Source:
             safe_expr=f"getattr({self.expr}, {attr!r}, None)",
         )
 
-    def item(self, key: int | str) -> Source:
-        return Source(
-            f"{self.name}[{key!r}]", f"{self.expr}[{key!r}]", f"{self.ident}_{key}", self.trusted
-        )
+    def item(self, key: Any, key_expr: str = "") -> Source:
+        """``self[key]``; ``key_expr``: how the guards spell a key that is no literal (a
+        class, by its reference)."""
+        text = key_expr or repr(key)
+        ident = key_expr or str(key)
+        return Source(f"{self.name}[{text}]", f"{self.expr}[{text}]", f"{self.ident}_{ident}",
+                      self.trusted)
 
 
 class Var:

@@ -18,7 +18,7 @@ import dataclasses
 import functools
 import math
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Union
 
 import torch
 import torch.nn as nn
@@ -334,6 +334,16 @@ def autograd_function_in_inference(x):
 @program(inputs(randn(4, 8)))
 def autograd_function_on_tensors_without_grad(x):
     return ScaledGelu.apply(x.sin(), 0.5)
+
+
+_BY_TYPE = {int: lambda t, v: t + v, float: lambda t, v: t * v, Union: None}
+
+
+@program(inputs(randn(4, 8)))
+def dict_keyed_by_types(x):
+    """A table keyed by classes and typing forms (huggingface_hub's type validators)."""
+    add, scale = _BY_TYPE.get(int), _BY_TYPE[float]
+    return add(x, 3), scale(x, 2.0), _BY_TYPE.get(str) is None, Union in _BY_TYPE
 
 
 @program(inputs(randn(4, 8)))

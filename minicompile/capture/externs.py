@@ -104,7 +104,16 @@ def public_name(fn: Any) -> str | None:
     return None
 
 
-def check_callable(fname: str, short: str) -> None:
+def _static_repeats(short: str, args: tuple, kwargs: dict, method: bool) -> bool:
+    """``repeat_interleave`` with a Python int of repeats: its output size is the input's
+    times that int, not read from data (rotary embeddings of GPT-J and others)."""
+    if short != "repeat_interleave":
+        return False
+    repeats = _arg(args, kwargs, 0 if method else 1, "repeats")
+    return type(repeats) is int and (method or (args and isinstance(args[0], TensorVar)))
+
+
+def check_callable(fname: str, short: str, static_shape: bool = False) -> None:
     if short in READS_DATA:
         raise Unsupported(
             f"{fname}() reads tensor data into Python; not supported (graph break)",
@@ -112,7 +121,7 @@ def check_callable(fname: str, short: str) -> None:
         )
     if short in RANDOM or short.rstrip("_") in RANDOM:
         raise Unsupported(f"{fname}: random ops are not compiled yet")
-    if short in DATA_DEPENDENT:
+    if short in DATA_DEPENDENT and not static_shape:
         raise Unsupported(f"{fname}() has a data-dependent output shape; not supported")
     if short == "backward" or fname in ("torch.autograd.grad", "torch.autograd.backward"):
         raise Unsupported(f"{fname}() runs autograd outside the graph (a graph break: the "
@@ -128,7 +137,7 @@ def call_function(out: OutputGraph, fn: Any, args: tuple, kwargs: dict) -> Any:
     if fname is None:
         raise Unsupported(f"{_describe(fn)} is not supported")
     short = fname.rpartition(".")[2]
-    check_callable(fname, short)
+    check_callable(fname, short, _static_repeats(short, args, kwargs, method=False))
     if fname.startswith("torch.nested."):
         raise Unsupported(f"{fname}() makes a nested tensor, which is not supported")
     if short.endswith("_") and not short.endswith("__"):
@@ -143,7 +152,7 @@ def call_function(out: OutputGraph, fn: Any, args: tuple, kwargs: dict) -> Any:
 def call_method(out: OutputGraph, x: TensorVar, name: str, args: tuple, kwargs: dict) -> Any:
     """``x.name(*args, **kwargs)`` for a method :mod:`torch_ops` has no handler for."""
     fname = f"Tensor.{name}"
-    check_callable(fname, name)
+    check_callable(fname, name, _static_repeats(name, args, kwargs, method=True))
     if name.endswith("_") and not name.endswith("__"):
         return inplace_method(out, x, name, args, kwargs)
     if name == "cpu" or name == "cuda":

@@ -162,6 +162,12 @@ def test_a_custom_autograd_function_on_tensors_that_require_grad_breaks() -> Non
     assert reason.startswith("Doubled.apply() on tensors that require grad")
 
 
+def test_repeat_interleave_by_a_tensor_has_a_data_dependent_size() -> None:
+    reason = unsupported(lambda x, r: torch.repeat_interleave(x, r), torch.ones(3),
+                         torch.tensor([1, 2, 0])).reason
+    assert "data-dependent output shape" in reason
+
+
 def test_unsupported_global_object_call() -> None:
     import operator
 

@@ -336,6 +336,12 @@ def autograd_function_on_tensors_without_grad(x):
     return ScaledGelu.apply(x.sin(), 0.5)
 
 
+@program(inputs(randn(2, 3, 4)))
+def repeat_interleave_by_an_int(x):
+    """GPT-J's rotary embedding: repeats given as an int, so the size is known."""
+    return torch.repeat_interleave(x, 2, 2).sin(), x.repeat_interleave(3, dim=1) * 2
+
+
 _BY_TYPE = {int: lambda t, v: t + v, float: lambda t, v: t * v, Union: None}
 
 

@@ -51,12 +51,14 @@ from minicompile.capture.variables import (
     ListVar,
     MethodVar,
     NestedFunctionVar,
+    NewObjectVar,
     NullVar,
     ObjectVar,
     PartialVar,
     Source,
     TensorVar,
     TupleVar,
+    UserFunctionVar,
     Var,
 )
 from minicompile.errors import Unsupported
@@ -195,6 +197,19 @@ class InstructionTranslator(
                 raise Unsupported(f"bool() of {var.describe()} raised {e}") from e
         if isinstance(var, (NestedFunctionVar, MethodVar, PartialVar)):
             return True
+        if isinstance(var, NewObjectVar):  # (a DynamicCache made in forward: its __len__)
+            for name in ("__bool__", "__len__"):
+                method = getattr(var.cls, name, None)
+                if method is None:
+                    continue
+                if not isinstance(method, types.FunctionType):
+                    break
+                result = self.realize(self.inline_call(UserFunctionVar(method), [var], {}))
+                if not isinstance(result, ConstantVar) or type(result.value) not in (bool, int):
+                    raise Unsupported(f"{var.cls.__name__}.{name}() gave {result.describe()}")
+                return bool(result.value)
+            else:
+                return True  # (neither: every object is true)
         raise Unsupported(f"truth value of {var.describe()} is not supported")
 
     def fold(self, fn: Callable, *args: Var, what: str = "", text: bool = False) -> Var:

@@ -336,6 +336,37 @@ def autograd_function_on_tensors_without_grad(x):
     return ScaledGelu.apply(x.sin(), 0.5)
 
 
+class _Bag:
+    def __init__(self):
+        self.items = []
+
+    def __len__(self):
+        return len(self.items)
+
+
+class _Flag:
+    def __init__(self, on):
+        self.on = on
+
+    def __bool__(self):
+        return self.on
+
+
+class _Plain:
+    pass
+
+
+@program(inputs(randn(4)))
+def truth_of_objects_made_in_the_trace(x):
+    """``if cache:`` on an object made in forward (Whisper's DynamicCache): its own
+    __bool__ or __len__, else true."""
+    bag = _Bag()
+    y = x * 2 if bag else x - 1
+    bag.items.append(x)
+    y = y + 1 if bag else y
+    return (y if _Flag(True) else -y), (x if _Plain() else -x), (x if _Flag(False) else -x)
+
+
 @program(inputs(randn(2, 3, 4)))
 def repeat_interleave_by_an_int(x):
     """GPT-J's rotary embedding: repeats given as an int, so the size is known."""

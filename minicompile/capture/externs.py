@@ -285,6 +285,8 @@ class _Unreplayable:
 
 
 def _describe(fn: Any) -> str:
+    if isinstance(fn, (torch._ops.OpOverloadPacket, torch._ops.OpOverload)):
+        return f"torch.ops.{fn._qualified_op_name.replace('::', '.')}"  # (an operator)
     name = getattr(fn, "__name__", None)
     if name is None:  # a callable object: its repr names it (module included, as a rule)
         return repr(fn)

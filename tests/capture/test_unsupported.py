@@ -168,6 +168,16 @@ def test_repeat_interleave_by_a_tensor_has_a_data_dependent_size() -> None:
     assert "data-dependent output shape" in reason
 
 
+@torch.library.custom_op("minicompile_test::twice", mutates_args=())
+def _twice(x: torch.Tensor) -> torch.Tensor:
+    return x * 2
+
+
+def test_a_custom_operator_is_named_as_users_call_it() -> None:
+    reason = unsupported(lambda x: torch.ops.minicompile_test.twice(x), torch.ones(2)).reason
+    assert reason == "torch.ops.minicompile_test.twice is not supported"
+
+
 def test_unsupported_global_object_call() -> None:
     import operator
 

@@ -210,6 +210,9 @@ def main() -> None:
     device = torch.device("cuda" if opts.backend == "triton" and torch.cuda.is_available()
                           else "cpu")
     import_torchvision()
+    import transformers
+
+    transformers.logging.set_verbosity_error()  # (the tiny configs' token ids)
     print(f"backend {opts.backend} on {device}; PyTorch {torch.__version__}\n")
     print("| model | result | max abs diff | kernels | first call |")
     print("|---|---|---|---|---|")

@@ -136,6 +136,18 @@ def _llama() -> torch.nn.Module:
                                         num_key_value_heads=2, max_position_embeddings=64))
 
 
+def _mixtral() -> torch.nn.Module:
+    """Mixtral: under a compiler (and in float32) its experts run transformers' custom
+    operator ``torch.ops.transformers.grouped_mm_fallback``, a library call of the graph."""
+    import_torchvision()
+    from transformers import MixtralConfig, MixtralForCausalLM
+
+    return MixtralForCausalLM(MixtralConfig(
+        vocab_size=100, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+        num_local_experts=4, num_experts_per_tok=2))
+
+
 MODELS: tuple[ModelCase, ...] = (
     ModelCase("torchvision_resnet18", _torchvision_resnet18, _images()),
     ModelCase("torchvision_vit", _torchvision_vit, _images(size=32)),
@@ -148,6 +160,7 @@ MODELS: tuple[ModelCase, ...] = (
     ModelCase("hf_t5", _t5, _seq2seq_inputs, float_inputs=False),
     ModelCase("hf_bart", _bart, _seq2seq_inputs, float_inputs=False),
     ModelCase("hf_llama", _llama, _causal_lm_inputs, float_inputs=False),
+    ModelCase("hf_mixtral", _mixtral, _causal_lm_inputs, float_inputs=False),
 )
 
 

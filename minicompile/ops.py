@@ -216,6 +216,10 @@ def extern_op(fn: Callable[..., Any]) -> str:
 
 def extern_name(fn: Callable[..., Any]) -> str:
     """The public dotted path that reaches ``fn``; ValueError when there is none."""
+    if isinstance(fn, torch._ops.OpOverload):  # torch.ops.aten.add.Tensor
+        return f"{extern_name(fn.overloadpacket)}.{fn._overloadname}"
+    if isinstance(fn, torch._ops.OpOverloadPacket):  # torch.ops.transformers.grouped_mm_fallback
+        return f"torch.ops.{fn._qualified_op_name.replace('::', '.')}"
     name = getattr(fn, "__name__", "")
     candidates = [
         ("torch.nn.functional", torch.nn.functional),

@@ -1,8 +1,9 @@
 """PyTorch functions beyond the pointwise and view tables: extern graph ops.
 
 Any public ``torch.*``, ``torch.nn.functional.*``, ``torch.special.*``, ``torch.linalg.*``,
-``torch.fft.*`` function or ``Tensor`` method that :mod:`torch_ops` does not map onto a
-graph op becomes one ``extern`` node (:func:`minicompile.ops.extern_op`) whose metadata
+``torch.fft.*`` function, ``Tensor`` method that :mod:`torch_ops` does not map onto a
+graph op, or operator (``torch.ops.aten.*``, a library's ``torch.library.custom_op``, whose
+schema says it only computes tensors) becomes one ``extern`` node (:func:`minicompile.ops.extern_op`) whose metadata
 comes from running it on meta tensors; a tuple result becomes a node with a tuple of metas
 plus one ``getitem`` node per element.  Refused, with a reason:
 
@@ -86,9 +87,74 @@ _RESHAPES = frozenset(
 )
 
 
+OPERATORS = (torch._ops.OpOverloadPacket, torch._ops.OpOverload)
+# Namespaces of operators with effects their schemas do not show (collectives).
+EFFECTFUL_NAMESPACES = frozenset({"c10d", "_c10d_functional", "c10d_functional",
+                                  "_c10d_functional_autograd", "profiler"})
+
+
+def operator_path(op: Any) -> str:
+    """``torch.ops.transformers.grouped_mm_fallback`` (``.default`` for an overload)."""
+    if isinstance(op, torch._ops.OpOverload):
+        return f"{operator_path(op.overloadpacket)}.{op._overloadname}"
+    return f"torch.ops.{op._qualified_op_name.replace('::', '.')}"
+
+
+def _written_outs_only(overload: Any, kwargs: dict) -> bool:
+    """Whether ``overload`` writes only to keyword-only arguments (``out=``) that a call
+    with ``kwargs`` does not pass: such a call cannot go to it."""
+    written = [a for a in overload._schema.arguments
+               if a.alias_info is not None and a.alias_info.is_write]
+    return bool(written) and all(a.kwarg_only and a.name not in kwargs for a in written)
+
+
+def operator_problem(op: Any, kwargs: dict) -> str | None:
+    """Why a call of the operator ``op`` (``torch.ops.ns.name``, a packet or one overload:
+    ATen's, or a library's ``torch.library.custom_op``) with keyword arguments ``kwargs``
+    is not a library call of the graph, from the schemas and tags of the overloads it may
+    go to; None when it is one: it computes tensors from its arguments alone, and its fake
+    (meta) kernel gives their metadata."""
+    overloads = ([op] if isinstance(op, torch._ops.OpOverload)
+                 else [getattr(op, name) for name in op.overloads()])
+    if len(overloads) > 1:  # (a packet's out= overloads take a call only with out=)
+        overloads = [o for o in overloads if not _written_outs_only(o, kwargs)]
+    for overload in overloads:
+        schema, tags = overload._schema, set(overload.tags)
+        if overload.namespace in EFFECTFUL_NAMESPACES:
+            return "it has effects outside its results"
+        if schema.is_mutable:
+            return "it writes to its arguments"
+        if any(r.alias_info is not None for r in schema.returns):
+            return "it returns a view of an argument"
+        if not schema.returns or any(str(r.type) != "Tensor" for r in schema.returns):
+            return "it returns other values than tensors (or a list of them)"
+        if not _has_fake_kernel(overload):
+            return ("it has no fake kernel to give its results' shapes "
+                    "(torch.library.register_fake)")
+        if torch.Tag.nondeterministic_seeded in tags:
+            return "random ops are not compiled yet"
+        if tags & {torch.Tag.dynamic_output_shape, torch.Tag.data_dependent_output}:
+            return "its output shape depends on the data"
+    return None
+
+
+def _has_fake_kernel(overload: Any) -> bool:
+    """False for a ``torch.library.custom_op`` without a fake kernel (its meta kernel only
+    raises); operators of other kinds have theirs, or fail on meta tensors as eager would."""
+    try:
+        from torch._library.custom_ops import OPDEFS
+    except ImportError:
+        return True
+    opdef = OPDEFS.get(overload.name())
+    return opdef is None or getattr(opdef, "_abstract_fn", True) is not None
+
+
 def public_name(fn: Any) -> str | None:
     """``torch.nn.functional.linear`` for F.linear: the public path of a torch callable,
-    found by identity in the namespaces above (never a user function wrapped by torch)."""
+    found by identity in the namespaces above (never a user function wrapped by torch);
+    ``torch.ops.ns.name`` for an operator."""
+    if isinstance(fn, OPERATORS):
+        return operator_path(fn)
     name = getattr(fn, "__name__", None)
     if not name:
         return None
@@ -133,6 +199,11 @@ def check_callable(fname: str, short: str, static_shape: bool = False) -> None:
 
 def call_function(out: OutputGraph, fn: Any, args: tuple, kwargs: dict) -> Any:
     """A torch callable that :mod:`torch_ops` has no handler for."""
+    if isinstance(fn, OPERATORS):
+        problem = operator_problem(fn, kwargs)
+        if problem is not None:
+            raise Unsupported(f"{operator_path(fn)}: {problem}; not supported")
+        return out.extern(fn, args, kwargs)
     fname = public_name(fn)
     if fname is None:
         raise Unsupported(f"{_describe(fn)} is not supported")
@@ -285,8 +356,8 @@ class _Unreplayable:
 
 
 def _describe(fn: Any) -> str:
-    if isinstance(fn, (torch._ops.OpOverloadPacket, torch._ops.OpOverload)):
-        return f"torch.ops.{fn._qualified_op_name.replace('::', '.')}"  # (an operator)
+    if isinstance(fn, OPERATORS):
+        return operator_path(fn)
     name = getattr(fn, "__name__", None)
     if name is None:  # a callable object: its repr names it (module included, as a rule)
         return repr(fn)

@@ -247,12 +247,12 @@ class OutputGraph(FrameValuesMixin):
             raise Unsupported(f"{fname}(requires_grad=True): autograd is not supported yet")
         result = self.op(name, args, kwargs, track=False)
         short = fname.rpartition(".")[2]
-        if isinstance(result, TupleVar):
+        if isinstance(result, TupleVar) and not isinstance(fn, externs.OPERATORS):
             cls = getattr(torch.return_types, short, None)
             fields = getattr(cls, "__match_args__", None)
             if fields:
                 result = StructSeqVar(result.items, fields=tuple(fields), cls=cls)
-        if track and short in externs.MAYBE_VIEW:
+        if track and short in externs.MAYBE_VIEW and not isinstance(fn, externs.OPERATORS):
             self._track_views(fn, short, args, kwargs, result)
         return result
 

@@ -59,7 +59,11 @@ class _Builder:
 
 def _relu(b: _Builder, x: Node) -> Node:
     # where(x < 0, 0, x) keeps NaN (and -0.0) as torch.relu does.
-    return b("where", b("lt", x, 0), 0, x)
+    out = b("where", b("lt", x, 0), 0, x)
+    if b.requires_grad:  # eager's gradient is zero wherever x <= 0: at 0 too (after an
+        # earlier relu, many inputs are exactly 0), not one as the where above would give
+        out = b("where", b("le", x, 0), b("detach", out), x)
+    return out
 
 
 def _gelu(b: _Builder, x: Node, approximate: str = "none") -> Node:

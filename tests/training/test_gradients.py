@@ -111,3 +111,35 @@ def test_gradients_match_eager(case: Any, backend: str, request: pytest.FixtureR
     stats = minicompile.stats()
     assert stats["eager_fallbacks"] == 0, f"ran eagerly: {stats} ({repro})"
     assert stats["graphs"] == 1 and stats["recompiles"] == 0, f"{stats} ({repro})"
+
+
+# Values where a piecewise op's derivative is a convention: its kinks (0 for relu and abs,
+# the bounds for clamp and hardtanh), signed zeros, NaN, and ties of maximum.
+KINK_VALUES = [-1.0, -0.5, -0.0, 0.0, 0.5, 1.0, float("nan"), 0.0, 0.0, -0.5]
+KINKS = {
+    "relu": lambda x: torch.relu(x),
+    "relu_after_relu": lambda x: torch.relu(torch.relu(x) - 0.5) + torch.relu(x),
+    "clamp": lambda x: x.clamp(-0.5, 0.5),
+    "clamp_min": lambda x: x.clamp(min=0.0),
+    "abs": lambda x: torch.abs(x),
+    "maximum_ties": lambda x: torch.maximum(x, x.roll(1, 0)),
+    "hardtanh": lambda x: torch.nn.functional.hardtanh(x, -0.5, 0.5),
+    "leaky_relu": lambda x: torch.nn.functional.leaky_relu(x, 0.1),
+}
+
+
+@pytest.mark.parametrize("name", KINKS)
+def test_gradients_at_kinks_match_eager(name: str, backend: str) -> None:
+    """Eager's convention at a kink, not the one a decomposition would give (relu's
+    gradient at exactly 0 is 0: a ResNet block's zero-initialised last batch norm makes
+    many exact zeros, and a gradient of 1 there gave other batch-norm gradients)."""
+    fn = KINKS[name]
+    compiled = minicompile.compile(fn, backend=backend)
+    device = device_for(backend)
+    for _ in range(CALLS):
+        values = torch.tensor(KINK_VALUES)
+        x = torch.cat([values, torch.randn(6)]).to(device).requires_grad_()
+        (expected,), weights = gradients(fn, (x,), None)
+        (actual,), _ = gradients(compiled, (x,), weights)
+        torch.testing.assert_close(actual, expected, equal_nan=True, rtol=1e-6, atol=1e-7)
+    assert minicompile.stats()["eager_fallbacks"] == 0

@@ -436,6 +436,8 @@ class CallsMixin:
             return numpy_arrays.torch_call(out, fn, pos, kw)
         fname = externs.public_name(fn) or externs._describe(fn)
         target = kw.pop("out") if "out" in kw else None
+        if fname.startswith("torch.nn.functional"):
+            pos, kw = externs.inplace_by_keyword(fn, tuple(pos), kw)
         inplace = kw.get("inplace") is True and fname.startswith("torch.nn.functional") and (
             fn not in training_ops.OWN_IN_PLACE)
         if inplace:

@@ -17,6 +17,8 @@ plus one ``getitem`` node per element.  Refused, with a reason:
 
 from __future__ import annotations
 
+import functools
+import inspect
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -234,6 +236,25 @@ def call_method(out: OutputGraph, x: TensorVar, name: str, args: tuple, kwargs: 
     if fn is None or not callable(fn):
         raise Unsupported(f"{fname}() is not supported")
     return out.extern(fn, (x, *args), kwargs)
+
+
+@functools.lru_cache(maxsize=None)
+def _inplace_position(fn: Any) -> int | None:
+    try:
+        names = list(inspect.signature(fn).parameters)
+    except (TypeError, ValueError):
+        return None
+    return names.index("inplace") if "inplace" in names else None
+
+
+def inplace_by_keyword(fn: Any, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """``(args, kwargs)`` with an ``inplace`` flag passed by position as a keyword
+    (``F.hardtanh(x, 0.0, 6.0, True)``: nn.ReLU6 calls it so), and the arguments after it."""
+    at = _inplace_position(fn)
+    if at is None or len(args) <= at:
+        return args, kwargs
+    names = list(inspect.signature(fn).parameters)[at:]
+    return args[:at], {**kwargs, **dict(zip(names, args[at:]))}
 
 
 def _arg(args: tuple, kwargs: dict, i: int, name: str, default: Any = None) -> Any:

@@ -219,3 +219,36 @@ def test_mutation_under_autograd_is_refused() -> None:
         capture(lambda w: w.add_(1), w)
     with torch.no_grad():
         check_exact(lambda w: w.add_(1), w.detach().clone().requires_grad_())
+
+
+def test_an_inplace_flag_passed_by_position_mutates_as_eager() -> None:
+    # nn.ReLU6 calls F.hardtanh(input, min_val, max_val, self.inplace): the flag by position.
+    def f(x):
+        y = x * 2
+        before = y + 1  # read before the in-place call
+        a = F.hardtanh(y, -1.0, 1.0, True)
+        F.leaky_relu(before, 0.2, True)
+        F.elu(before, 1.0, True)
+        return a, y, before, a is y
+
+    cap, _, got = check_exact(f, rand(12))
+    assert got[3] is True
+    assert ", True)" not in body(cap) and "inplace=True" not in body(cap)
+
+
+def test_inplace_activation_modules_train_compiled(backend: str, device: torch.device) -> None:
+    import minicompile
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4),
+                                torch.nn.ReLU6(inplace=True), torch.nn.Conv2d(4, 4, 1),
+                                torch.nn.Hardswish(inplace=True)).to(device).train()
+    twin = copy.deepcopy(model)
+    compiled = minicompile.compile(twin, backend=backend)
+    for _ in range(2):
+        x = torch.randn(2, 3, 8, 8, device=device)
+        model(x).square().sum().backward()
+        compiled(x).square().sum().backward()
+        for p, q in zip(model.parameters(), twin.parameters()):
+            torch.testing.assert_close(q.grad, p.grad, rtol=1e-4, atol=1e-5)
+    assert minicompile.stats()["eager_fallbacks"] == 0

@@ -5,6 +5,7 @@ called twice on fresh inputs and compared with eager on every returned tensor.
     python examples/library_coverage.py                   # all, C++ backend on the CPU
     python examples/library_coverage.py --only hf_bart,timm_swin_tiny
     python examples/library_coverage.py --backend triton  # CUDA if present
+    python examples/library_coverage.py --train           # a training step each
 
 One row per model: "whole" (one graph, no break, no eager fallback; recompiles counted),
 else the break's reason or the fallback; the largest difference from eager over both calls,
@@ -15,6 +16,7 @@ flagged: a compiler must never give another answer than eager.
 from __future__ import annotations
 
 import argparse
+import copy
 import time
 import warnings
 from collections.abc import Callable
@@ -198,10 +200,91 @@ def check(name: str, backend: str, device: torch.device) -> tuple[str, str, str,
     return name, result, f"{worst:.1e}{flag}", str(stats["kernels"]), f"{first:.1f} s"
 
 
+def _no_dropout(model: torch.nn.Module) -> None:
+    """Dropout probabilities to 0 (modules and the rates models pass to F.dropout), so that
+    a training step is deterministic."""
+    for mod in model.modules():
+        for key, value in vars(mod).items():
+            if key in ("p", "drop_rate", "drop_prob", "dropout", "attention_dropout") and (
+                    type(value) is float):
+                setattr(mod, key, 0.0)
+
+
+def _gradients(model: torch.nn.Module, args: tuple, kwargs: dict) -> tuple[float, list]:
+    """A loss over every output that takes a gradient, and each parameter's gradient."""
+    model.zero_grad()
+    outs = [t for t in tensors_of(model(*args, **kwargs))
+            if isinstance(t, torch.Tensor) and t.requires_grad]
+    loss = sum(o.double().square().mean() for o in outs)
+    loss.backward()
+    return loss.item(), [p.grad for p in model.parameters()]
+
+
+def _exact_gradients(ref: torch.nn.Module, args: tuple, kwargs: dict) -> list | None:
+    """The gradients of the float64 copy ``ref``; None where a kernel has no float64 form
+    (transformers' grouped matmul)."""
+    args = tuple(a.double() if a.is_floating_point() else a for a in args)
+    kwargs = {k: v.double() if v.is_floating_point() else v for k, v in kwargs.items()}
+    try:
+        return [g if g is None else g.double() for g in _gradients(ref, args, kwargs)[1]]
+    except RuntimeError:
+        return None
+
+
+def check_training(name: str, backend: str, device: torch.device) -> tuple[str, ...]:
+    """One training step compiled (forward and backward) against eager: the loss and every
+    gradient, each measured against a float64 copy of the model, so that a model whose
+    float32 gradients are ill-conditioned (batch norm over a batch of 2) is not flagged
+    while eager is as far off.  The difference shown is the compiled gradients' largest
+    from eager's, relative to the largest gradient."""
+    build, inputs = MODELS[name]
+    torch.manual_seed(0)
+    model = build().train().to(device)
+    _no_dropout(model)
+    twin, ref = copy.deepcopy(model), copy.deepcopy(model).double()
+    minicompile.reset()
+    compiled = minicompile.compile(twin, backend=backend, fullgraph=True)
+    worst, first, flag = 0.0, 0.0, ""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            for seed in (1, 2):
+                torch.manual_seed(seed)
+                args, kwargs = inputs(device)
+                want_loss, want = _gradients(model, args, kwargs)
+                start = time.perf_counter()
+                got_loss, got = _gradients(compiled, args, kwargs)
+                first = first or time.perf_counter() - start
+                exact = _exact_gradients(ref, args, kwargs) or want  # (no float64: eager)
+                scale = max(g.abs().max().item() for g in exact if g is not None) or 1.0
+                for g, w, e in zip(got, want, exact):
+                    if (g is None) != (w is None):
+                        raise AssertionError("a parameter's gradient is missing")
+                    if g is None:
+                        continue
+                    worst = max(worst, (g - w).abs().max().item() / scale)
+                    ours = (g.double() - e).abs().max().item() / scale
+                    eager = (w.double() - e).abs().max().item() / scale
+                    if ours > 4 * eager + 1e-5:  # further from float64 than eager is
+                        flag = "  <-- differs from eager"
+                if abs(got_loss - want_loss) > 1e-4 * max(abs(want_loss), 1e-6):
+                    flag = "  <-- loss differs from eager"
+    except Exception as e:  # noqa: BLE001 (the row says why)
+        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        return name, f"break: {reason[:110]}", "", "", ""
+    stats = minicompile.stats()
+    result = "eager fallback" if stats["eager_fallbacks"] else "whole" + (
+        f", {stats['recompiles']} recompile(s)" if stats["recompiles"] else "")
+    return name, result, f"{worst:.1e}{flag}", str(stats["kernels"]), f"{first:.1f} s"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--only", default="", help="comma-separated model names")
     parser.add_argument("--backend", default="cpp", choices=("cpp", "triton"))
+    parser.add_argument("--train", action="store_true", help=(
+        "one training step each (train mode, dropout off): the forward and its backward "
+        "compiled, the loss and every gradient against eager and float64"))
     opts = parser.parse_args()
     names = [n for n in opts.only.split(",") if n] or list(MODELS)
     unknown = [n for n in names if n not in MODELS]
@@ -214,11 +297,14 @@ def main() -> None:
 
     transformers.logging.set_verbosity_error()  # (the tiny configs' token ids)
     print(f"backend {opts.backend} on {device}; PyTorch {torch.__version__}\n")
+    if opts.train:
+        print("training: forward and backward; gradient differences relative to the "
+              "largest gradient\n")
     print("| model | result | max abs diff | kernels | first call |")
     print("|---|---|---|---|---|")
     whole = 0
     for name in names:
-        row = check(name, opts.backend, device)
+        row = (check_training if opts.train else check)(name, opts.backend, device)
         whole += row[1].startswith("whole")
         print("| " + " | ".join(row) + " |", flush=True)
     print(f"\n{whole} of {len(names)} compile whole")

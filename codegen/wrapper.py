@@ -17,6 +17,7 @@ import torch
 from minicompile.errors import Unsupported
 from minicompile.ir import AliasOutput, Buffer, BufferRef, ExternKernel, Layout, LoopProgram
 from minicompile.library_layouts import CONVOLUTIONS
+from minicompile.ops import extern_module
 from minicompile.shapes import python_expr
 from minicompile.sym import size_symbols
 
@@ -151,9 +152,8 @@ def generate(
             w.line(f"{plan.name}.restype = None")
     if any(e.op.startswith("operator.") and e.op != "operator.getitem" for e in externs):
         w.line("import operator")
-    for module in sorted({e.op.rpartition(".")[0] for e in externs
-                          if e.op.startswith("minicompile.")}):
-        w.line(f"import {module}")  # runtime helpers the wrapper calls (training's record)
+    for module in sorted({m for e in externs if (m := extern_module(e.op)) is not None}):
+        w.line(f"import {module}")  # runtime helpers (training's record), autograd.Functions
     w.line()
     for k, dev in enumerate(devices):
         w.line(f"device{k} = {_device_literal(torch.device(dev))}")

@@ -209,9 +209,21 @@ def extern_op(fn: Callable[..., Any]) -> str:
     name = extern_name(fn)
     if name not in OPS:
         OPS[name] = OpDef(name, "extern", fn)
-    elif OPS[name].eager is not fn:
+    elif OPS[name].eager != fn:  # (==: a classmethod is bound anew on every read)
         raise ValueError(f"extern op {name} already names another function")
     return name
+
+
+def extern_module(name: str) -> str | None:
+    """The module a generated wrapper imports to call extern op ``name``: none for
+    PyTorch's (``torch`` is imported) and ``operator``'s, the module of a runtime helper
+    (``minicompile.runtime.autograd``) or of a custom autograd.Function's class."""
+    if name.startswith("minicompile."):
+        return name.rpartition(".")[0]
+    owner = getattr(OPS[name].eager, "__self__", None) if name in OPS else None
+    if isinstance(owner, type) and issubclass(owner, torch.autograd.Function):
+        return owner.__module__
+    return None
 
 
 def extern_name(fn: Callable[..., Any]) -> str:
@@ -220,6 +232,12 @@ def extern_name(fn: Callable[..., Any]) -> str:
         return f"{extern_name(fn.overloadpacket)}.{fn._overloadname}"
     if isinstance(fn, torch._ops.OpOverloadPacket):  # torch.ops.transformers.grouped_mm_fallback
         return f"torch.ops.{fn._qualified_op_name.replace('::', '.')}"
+    owner = getattr(fn, "__self__", None)  # MyFunction.apply, of a custom autograd.Function
+    if isinstance(owner, type) and issubclass(owner, torch.autograd.Function):
+        path = f"{owner.__module__}.{owner.__qualname__}"
+        if "<locals>" not in path and resolve_path(path) is owner:
+            return f"{path}.apply"
+        raise ValueError(f"{owner.__qualname__} cannot be found again by its module and name")
     name = getattr(fn, "__name__", "")
     candidates = [
         ("torch.nn.functional", torch.nn.functional),

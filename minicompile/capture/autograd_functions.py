@@ -4,8 +4,7 @@ runs in ``generate``).  There ``apply`` returns what ``forward`` returns, so the
 inlines ``forward``: with a context that records nothing (``save_for_backward`` and the
 ``mark_*`` calls do nothing, attributes may be set), or without one when the class defines
 ``setup_context`` (the newer style, whose ``forward`` takes no context).  Where a gradient
-could flow, the call stays a graph break, with that reason: the class's ``backward`` is
-the user's own code, which the compiled graph does not run.
+can flow, ``apply`` itself is a library call of the graph (:func:`library_call`).
 """
 
 from __future__ import annotations
@@ -14,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from minicompile import ops
 from minicompile.capture import records
 from minicompile.capture.variables import ConstantVar, TensorVar, UserFunctionVar, Var
 from minicompile.errors import Unsupported
@@ -62,8 +62,7 @@ def call(tx: InstructionTranslator, cls: type, args: list, kwargs: dict) -> Var:
     values = [tx.realize(v) for v in (*args, *kwargs.values())]
     if tx.output.grad_enabled and any(
             isinstance(v, TensorVar) and v.meta.requires_grad for v in values):
-        raise Unsupported(f"{cls.__qualname__}.apply() on tensors that require grad: a custom "
-                          "autograd.Function's backward is not traced (it runs at a graph break)")
+        return library_call(tx, cls, args, kwargs)
     forward = getattr(cls, "forward", None)
     if not isinstance(forward, type(call)):
         raise Unsupported(f"{cls.__qualname__}.forward is not a Python function")
@@ -71,3 +70,27 @@ def call(tx: InstructionTranslator, cls: type, args: list, kwargs: dict) -> Var:
         return tx.inline_call(UserFunctionVar(forward), list(args), kwargs)
     ctx = records.create(tx, InferenceContext, [ConstantVar(len(args))], {})
     return tx.inline_call(UserFunctionVar(forward), [ctx, *args], kwargs)
+
+
+def library_call(tx: InstructionTranslator, cls: type, args: list, kwargs: dict) -> Var:
+    """``cls.apply(...)`` where a gradient can flow: a library call of the graph, as in
+    eager.  The compiled forward calls ``apply``, which records the class's own ``backward``
+    (the user's code, not traced), and the compiled backward has autograd run it, as for
+    any library call (passes/autograd.py).  Its metadata comes from ``apply`` on meta
+    tensors.  A forward that modifies an input in place (``ctx.mark_dirty``) stays a break:
+    a library call of the graph only computes its results."""
+    what = f"{cls.__qualname__}.apply() on tensors that require grad"
+    codes = [f.__code__ for f in (getattr(cls, "forward", None), getattr(cls, "setup_context",
+                                                                          None))
+             if isinstance(f, type(call))]
+    if any("mark_dirty" in code.co_names for code in codes):
+        raise Unsupported(f"{what}: its forward modifies an input in place (mark_dirty)")
+    try:
+        ops.extern_name(cls.apply)  # the generated code calls it by the class's path
+    except ValueError as e:
+        raise Unsupported(f"{what}: {e}") from None
+    pos, kw = tx._values(args, kwargs)
+    try:
+        return tx.output.from_value(tx.output.extern(cls.apply, tuple(pos), kw))
+    except Unsupported as e:
+        raise Unsupported(f"{what}: {e.reason}") from e

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.nn.functional as F
 
+from minicompile import ops
 from minicompile.capture import mutation
 from minicompile.capture.variables import TensorVar
 from minicompile.errors import Unsupported
@@ -157,6 +158,12 @@ def public_name(fn: Any) -> str | None:
     ``torch.ops.ns.name`` for an operator."""
     if isinstance(fn, OPERATORS):
         return operator_path(fn)
+    owner = getattr(fn, "__self__", None)
+    if isinstance(owner, type) and issubclass(owner, torch.autograd.Function):
+        try:  # MyFunction.apply: by the class's module and name
+            return ops.extern_name(fn)
+        except ValueError:
+            return None
     name = getattr(fn, "__name__", None)
     if not name:
         return None

@@ -1,0 +1,123 @@
+"""Custom ``torch.autograd.Function``s where a gradient flows (BLOOM's ``GeLUFunction`` in
+training, straight-through estimators, gradient reversal): ``apply`` is a library call of
+the compiled forward, and the class's own ``backward`` runs in the compiled backward.  The
+backwards here are deliberately not the forwards' derivatives: the gradients must be the
+user's, as eager's are.  Every case is checked against eager twice, on fresh values."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import minicompile
+
+
+class ScaledSin(torch.autograd.Function):
+    """The older style: forward with a context."""
+
+    @staticmethod
+    def forward(ctx, x, scale):  # noqa: ANN001, ANN205
+        ctx.save_for_backward(x)
+        ctx.scale = scale
+        return x.sin() * scale
+
+    @staticmethod
+    def backward(ctx, grad):  # noqa: ANN001, ANN205
+        (x,) = ctx.saved_tensors
+        return grad * ctx.scale * (x.cos() + 1.0), None  # not sin's derivative
+
+
+class Reverse(torch.autograd.Function):
+    """The newer style: setup_context apart; two results."""
+
+    @staticmethod
+    def forward(x, y):  # noqa: ANN001, ANN205
+        return x.clone(), x * y
+
+    @staticmethod
+    def setup_context(ctx, inputs, output) -> None:  # noqa: ANN001
+        ctx.save_for_backward(inputs[1])
+
+    @staticmethod
+    def backward(ctx, ga, gb):  # noqa: ANN001, ANN205
+        (y,) = ctx.saved_tensors
+        return -ga + gb * y, None
+
+
+class AddOneInPlace(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):  # noqa: ANN001, ANN205
+        ctx.mark_dirty(x)
+        return x.add_(1)
+
+    @staticmethod
+    def backward(ctx, grad):  # noqa: ANN001, ANN205
+        return grad
+
+
+def model(x, w, y):  # noqa: ANN001, ANN201
+    h = ScaledSin.apply(x @ w, 2.0)
+    a, b = Reverse.apply(h.tanh(), y)
+    return (a * b).sum() + h.mean()
+
+
+def test_apply_is_a_library_call_and_the_users_backward_runs(backend: str,
+                                                             device: torch.device) -> None:
+    compiled = minicompile.compile(model, backend=backend)
+    for _ in range(2):
+        leaves = [torch.randn(3, 4, device=device), torch.randn(4, 5, device=device),
+                  torch.randn(3, 5, device=device)]
+        ours = [t.clone().requires_grad_() for t in leaves[:2]] + [leaves[2]]
+        theirs = [t.clone().requires_grad_() for t in leaves[:2]] + [leaves[2]]
+        got, want = compiled(*ours), model(*theirs)
+        torch.testing.assert_close(got, want)
+        got.backward()
+        want.backward()
+        for a, e in zip(ours[:2], theirs[:2]):
+            torch.testing.assert_close(a.grad, e.grad)
+    stats = minicompile.stats()
+    assert (stats["graphs"], stats["graph_breaks"], stats["eager_fallbacks"]) == (1, 0, 0)
+    report = minicompile.explain(model)(*[t.requires_grad_() for t in (
+        torch.randn(3, 4, device=device), torch.randn(4, 5, device=device))],
+        torch.randn(3, 5, device=device))
+    assert "ScaledSin.apply" in str(report) and "Reverse.apply" in str(report)
+
+
+def test_a_result_that_takes_no_gradient_calls_apply_in_the_wrapper(backend: str,
+                                                                    device: torch.device) -> None:
+    def f(x):  # noqa: ANN001, ANN202
+        return ScaledSin.apply(x * 2, 3.0).detach() + 1
+
+    compiled = minicompile.compile(f, backend=backend)
+    for _ in range(2):
+        x = torch.randn(6, device=device, requires_grad=True)
+        torch.testing.assert_close(compiled(x), f(x))
+    assert minicompile.stats()["graph_breaks"] == 0
+
+
+def test_an_in_place_forward_and_a_local_class_break_with_a_reason() -> None:
+    class Local(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):  # noqa: ANN001, ANN205
+            return x * 2
+
+        @staticmethod
+        def backward(ctx, grad):  # noqa: ANN001, ANN205
+            return grad * 2
+
+    def in_place(x):  # noqa: ANN001, ANN202
+        return AddOneInPlace.apply(x * 1) * 2
+
+    def local(x):  # noqa: ANN001, ANN202
+        return Local.apply(x) + 1
+
+    for fn, reason in ((in_place, "modifies an input in place"),
+                       (local, "cannot be found again by its module and name")):
+        with pytest.raises(minicompile.Unsupported, match=reason):
+            minicompile.compile(fn, fullgraph=True)(torch.randn(3, requires_grad=True))
+        for _ in range(2):  # (a graph break: eager's values and gradients)
+            x = torch.randn(3, requires_grad=True)
+            x2 = x.detach().clone().requires_grad_()
+            minicompile.compile(fn)(x).sum().backward()
+            fn(x2).sum().backward()
+            torch.testing.assert_close(x.grad, x2.grad)

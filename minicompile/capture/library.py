@@ -14,7 +14,9 @@ Dynamo does instead of breaking the graph:
 - warnings and log messages with constant text are emitted once, while tracing (Python
   shows a warning once per call site by default; later calls run compiled code);
 - ``torch.finfo`` / ``torch.iinfo`` and ``inspect.signature`` of known functions are
-  folded into constants;
+  folded into constants; so are questions fixed for the process (``torch.cuda.
+  get_device_capability``, transformers' version probes marked as Dynamo's
+  ``assume_constant_result``), guarded by asking again;
 - ``torch.autocast`` (regions, traced as casts) and the autocast state queries are
   :mod:`autocast`'s.
 
@@ -117,6 +119,38 @@ def _global_query(tx: InstructionTranslator, fn: Any, args: list, kwargs: dict) 
         raise Unsupported(f"{fn.__name__}() with arguments is not supported")
     value = fn()
     tx.output.guards.global_call(fn, (), {}, value)
+    return ConstantVar(value)
+
+
+_PROCESS_QUERIES = tuple(
+    _maybe(torch, "cuda", name)
+    for name in ("is_available", "device_count", "get_device_capability", "get_device_name"))
+_PLAIN = (bool, int, float, str, type(None))
+
+
+def _marked_constant(fn: Any) -> bool:
+    """A function its library marks to be called while tracing, its result taken as a
+    constant (``torch._dynamo.assume_constant_result``: transformers' install and version
+    probes carry its ``_dynamo_marked_constant``), under ``functools.lru_cache`` or not."""
+    target = getattr(fn, "__wrapped__", fn) if type(fn).__name__ == "_lru_cache_wrapper" else fn
+    return getattr(target, "_dynamo_marked_constant", False) is True
+
+
+@_register(*_PROCESS_QUERIES)
+def _constant_query(tx: InstructionTranslator, fn: Any, args: list, kwargs: dict) -> Var:
+    """A question whose answer is fixed for the process (``torch.cuda.get_device_capability
+    (device)``, a marked library probe such as transformers' ``is_torch_less_or_equal``),
+    asked of constants: answered now, and guarded by asking again."""
+    values = [tx.realize(v) for v in (*args, *kwargs.values())]
+    if not all(isinstance(v, ConstantVar) for v in values):
+        raise Unsupported(f"{fn.__qualname__}() of values not known while tracing")
+    pos = tuple(v.value for v in values[:len(args)])
+    kw = {k: v.value for k, v in zip(kwargs, values[len(args):])}
+    value = fn(*pos, **kw)
+    if not (isinstance(value, _PLAIN) or (
+            isinstance(value, tuple) and all(isinstance(v, _PLAIN) for v in value))):
+        raise Unsupported(f"{fn.__qualname__}() returns a {type(value).__name__}")
+    tx.output.guards.global_call(fn, pos, kw, value)
     return ConstantVar(value)
 
 
@@ -273,4 +307,6 @@ def handler_for(fn: Any) -> Handler | None:
         (fn.__module__, fn.__qualname__) == _DYNAMO_IS_COMPILING
     ):
         return _is_compiling
+    if found is None and _marked_constant(fn):
+        return _constant_query
     return found

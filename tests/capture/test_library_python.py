@@ -448,3 +448,46 @@ def test_transformer_encoder_with_a_padding_mask_matches_eager_in_every_mode() -
         for p, q in zip(model.parameters(), twin.parameters()):
             torch.testing.assert_close(q.grad, p.grad, rtol=1e-4, atol=1e-6)
     assert minicompile.stats()["graph_breaks"] == 0
+
+
+_PROBE_ANSWER = {"value": True}
+
+
+@functools.lru_cache
+def _cached_probe(version: str, accept_dev: bool = False) -> bool:
+    return version.startswith("2")
+
+
+def _probe() -> bool:
+    return _PROBE_ANSWER["value"]
+
+
+# transformers' install and version probes: torch._dynamo.assume_constant_result's marker
+# on the function, under lru_cache or not.
+_cached_probe.__wrapped__._dynamo_marked_constant = True
+_probe._dynamo_marked_constant = True
+
+
+def test_questions_fixed_for_the_process_are_answered_while_tracing() -> None:
+    def f(x):
+        y = x * 2 if _cached_probe("2.10.0", accept_dev=True) else x * 3
+        if torch.cuda.is_available() and torch.cuda.get_device_capability(x.device) < (7, 0):
+            y = y + 100
+        return y - 1 if _probe() else y + 1
+
+    compiled = compiled_matches_eager(f, (4, 5))
+    _PROBE_ANSWER["value"] = False  # (asked again by a guard: a changed answer recompiles)
+    try:
+        x = torch.randn(4, 5)
+        torch.testing.assert_close(compiled(x), f(x))
+        assert minicompile.stats()["recompiles"] == 1
+    finally:
+        _PROBE_ANSWER["value"] = True
+
+
+def test_a_process_question_about_a_tensor_breaks() -> None:
+    def f(x):
+        return x + 1 if _cached_probe(x) else x
+
+    with pytest.raises(minicompile.Unsupported, match="values not known while tracing"):
+        minicompile.compile(f, backend="cpp", fullgraph=True)(torch.randn(3))

@@ -274,6 +274,9 @@ def is_log_call(fn: Any) -> bool:
     return isinstance(getattr(fn, "__self__", None), logging.Logger)
 
 
+# PyTorch's usage log (nn.Module.__init__ calls it; Dynamo keeps it in the graphs it hands
+# to torch.compile backends): a logging call like the others.
+@_register(_maybe(torch, "_C", "_log_api_usage_once"))
 def log_call(tx: InstructionTranslator, fn: Any, args: list, kwargs: dict) -> Var:
     values, kw = _message_args(tx, args, kwargs, "a logging call")
     fn(*values, **kw)

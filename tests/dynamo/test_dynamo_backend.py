@@ -245,3 +245,32 @@ def test_fx_graph_with_get_attr_and_in_place(backend: str) -> None:
 def test_options_are_checked() -> None:
     with pytest.raises(ValueError, match="unknown option"):
         minicompile_backend(torch.fx.symbolic_trace(nn.ReLU()), [], options={"bogus": 1})
+
+
+@torch.library.custom_op("minicompile_dynamo_test::offset", mutates_args=())
+def _offset(x: torch.Tensor, by: float) -> torch.Tensor:
+    return x + by
+
+
+@_offset.register_fake
+def _(x: torch.Tensor, by: float) -> torch.Tensor:
+    return torch.empty_like(x)
+
+
+class MakesAModule(nn.Module):
+    """Builds a module in forward: Dynamo's graph then calls PyTorch's usage log."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        scale = nn.Identity()
+        return torch.ops.minicompile_dynamo_test.offset(scale(x).sin(), 0.5) * 2
+
+
+def test_custom_ops_and_the_usage_log_in_dynamos_graph(backend: str) -> None:
+    device = device_for(backend)
+    model = MakesAModule()
+    c = compiled(model, backend)
+    for _ in range(2):
+        x = torch.randn(5, 3, device=device)
+        close(c(x), model(x))
+    stats = minicompile.stats()
+    assert (stats["graphs"], stats["graph_breaks"], stats["eager_fallbacks"]) == (1, 0, 0)

@@ -96,13 +96,6 @@ EFFECTFUL_NAMESPACES = frozenset({"c10d", "_c10d_functional", "c10d_functional",
                                   "_c10d_functional_autograd", "profiler"})
 
 
-def operator_path(op: Any) -> str:
-    """``torch.ops.transformers.grouped_mm_fallback`` (``.default`` for an overload)."""
-    if isinstance(op, torch._ops.OpOverload):
-        return f"{operator_path(op.overloadpacket)}.{op._overloadname}"
-    return f"torch.ops.{op._qualified_op_name.replace('::', '.')}"
-
-
 def _written_outs_only(overload: Any, kwargs: dict) -> bool:
     """Whether ``overload`` writes only to keyword-only arguments (``out=``) that a call
     with ``kwargs`` does not pass: such a call cannot go to it."""
@@ -156,11 +149,10 @@ def public_name(fn: Any) -> str | None:
     """``torch.nn.functional.linear`` for F.linear: the public path of a torch callable,
     found by identity in the namespaces above (never a user function wrapped by torch);
     ``torch.ops.ns.name`` for an operator."""
-    if isinstance(fn, OPERATORS):
-        return operator_path(fn)
     owner = getattr(fn, "__self__", None)
-    if isinstance(owner, type) and issubclass(owner, torch.autograd.Function):
-        try:  # MyFunction.apply: by the class's module and name
+    if isinstance(fn, OPERATORS) or (
+            isinstance(owner, type) and issubclass(owner, torch.autograd.Function)):
+        try:  # (MyFunction.apply: by the class's module and name)
             return ops.extern_name(fn)
         except ValueError:
             return None
@@ -211,7 +203,7 @@ def call_function(out: OutputGraph, fn: Any, args: tuple, kwargs: dict) -> Any:
     if isinstance(fn, OPERATORS):
         problem = operator_problem(fn, kwargs)
         if problem is not None:
-            raise Unsupported(f"{operator_path(fn)}: {problem}; not supported")
+            raise Unsupported(f"{ops.extern_name(fn)}: {problem}; not supported")
         return out.extern(fn, args, kwargs)
     fname = public_name(fn)
     if fname is None:
@@ -246,22 +238,21 @@ def call_method(out: OutputGraph, x: TensorVar, name: str, args: tuple, kwargs: 
 
 
 @functools.lru_cache(maxsize=None)
-def _inplace_position(fn: Any) -> int | None:
+def _parameters(fn: Any) -> tuple[str, ...]:
     try:
-        names = list(inspect.signature(fn).parameters)
+        return tuple(inspect.signature(fn).parameters)
     except (TypeError, ValueError):
-        return None
-    return names.index("inplace") if "inplace" in names else None
+        return ()
 
 
 def inplace_by_keyword(fn: Any, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
     """``(args, kwargs)`` with an ``inplace`` flag passed by position as a keyword
     (``F.hardtanh(x, 0.0, 6.0, True)``: nn.ReLU6 calls it so), and the arguments after it."""
-    at = _inplace_position(fn)
-    if at is None or len(args) <= at:
+    names = _parameters(fn)
+    at = names.index("inplace") if "inplace" in names else len(args)
+    if len(args) <= at:
         return args, kwargs
-    names = list(inspect.signature(fn).parameters)[at:]
-    return args[:at], {**kwargs, **dict(zip(names, args[at:]))}
+    return args[:at], {**kwargs, **dict(zip(names[at:], args[at:]))}
 
 
 def _arg(args: tuple, kwargs: dict, i: int, name: str, default: Any = None) -> Any:
@@ -385,7 +376,7 @@ class _Unreplayable:
 
 def _describe(fn: Any) -> str:
     if isinstance(fn, OPERATORS):
-        return operator_path(fn)
+        return ops.extern_name(fn)
     name = getattr(fn, "__name__", None)
     if name is None:  # a callable object: its repr names it (module included, as a rule)
         return repr(fn)

@@ -26,6 +26,7 @@ Dynamo does instead of breaking the graph:
 from __future__ import annotations
 
 import copy
+import functools
 import inspect
 import logging
 import types
@@ -132,7 +133,7 @@ def _marked_constant(fn: Any) -> bool:
     """A function its library marks to be called while tracing, its result taken as a
     constant (``torch._dynamo.assume_constant_result``: transformers' install and version
     probes carry its ``_dynamo_marked_constant``), under ``functools.lru_cache`` or not."""
-    target = getattr(fn, "__wrapped__", fn) if type(fn).__name__ == "_lru_cache_wrapper" else fn
+    target = fn.__wrapped__ if isinstance(fn, functools._lru_cache_wrapper) else fn
     return getattr(target, "_dynamo_marked_constant", False) is True
 
 

@@ -247,12 +247,14 @@ class OutputGraph(FrameValuesMixin):
             raise Unsupported(f"{fname}(requires_grad=True): autograd is not supported yet")
         result = self.op(name, args, kwargs, track=False)
         short = fname.rpartition(".")[2]
-        if isinstance(result, TupleVar) and not isinstance(fn, externs.OPERATORS):
+        # (an operator's results are plain tuples, never views: its schema was checked)
+        operator = isinstance(fn, externs.OPERATORS)
+        if isinstance(result, TupleVar) and not operator:
             cls = getattr(torch.return_types, short, None)
             fields = getattr(cls, "__match_args__", None)
             if fields:
                 result = StructSeqVar(result.items, fields=tuple(fields), cls=cls)
-        if track and short in externs.MAYBE_VIEW and not isinstance(fn, externs.OPERATORS):
+        if track and short in externs.MAYBE_VIEW and not operator:
             self._track_views(fn, short, args, kwargs, result)
         return result
 

@@ -69,3 +69,20 @@ def test_changing_batch_and_length_compile_at_most_three_times(name: str, backen
     stats = minicompile.stats()
     assert stats["frames"] <= 3 and stats["graph_breaks"] == 0, stats
     assert stats["eager_fallbacks"] == 0, stats
+
+
+@torch.no_grad()
+def test_mixtral_in_bfloat16_asks_transformers_version_probes_while_tracing(backend: str) -> None:
+    """In bfloat16 Mixtral's experts ask transformers' is_torch_less_or_equal (a probe marked
+    as Dynamo's assume_constant_result) on the way to F.grouped_mm: answered and guarded."""
+    case = next(c for c in MODELS if c.name == "hf_mixtral")
+    device = device_for(backend)
+    torch.manual_seed(0)
+    model = case.build().eval().to(device=device, dtype=torch.bfloat16)
+    compiled = minicompile.compile(model, backend=backend, fullgraph=True)
+    for seed in (1, 2):
+        torch.manual_seed(seed)
+        args, kwargs = case.inputs(device)
+        assert_same(compiled(*args, **kwargs), model(*args, **kwargs), torch.bfloat16)
+    stats = minicompile.stats()
+    assert (stats["graphs"], stats["graph_breaks"], stats["eager_fallbacks"]) == (1, 0, 0)

@@ -35,7 +35,27 @@ def _loss(model: torch.nn.Module, args: tuple, kwargs: dict) -> torch.Tensor:
     return sum(o.float().square().mean() for o in outs)
 
 
-@pytest.mark.parametrize("case", MODELS, ids=str)
+def _coverage_case(name: str) -> ModelCase:
+    from library_coverage import MODELS as COVERAGE
+    from model_report import import_torchvision
+
+    build, inputs = COVERAGE[name]
+
+    def build_it() -> torch.nn.Module:
+        import_torchvision()  # (torchvision without its C++ operators, as the zoo's)
+        return build()
+
+    return ModelCase(name, build_it, inputs)
+
+
+# Models of examples/library_coverage.py whose training once went wrong: RegNet's relu at
+# exactly 0 (a zero-initialised last batch norm per block), MobileNetV3's nn.Hardswish(inplace)
+# (its flag passed by position), BLOOM's custom autograd.Function with a gradient.
+REGRESSIONS = [_coverage_case(n) for n in (
+    "timm_regnetx_002", "timm_mobilenetv3_small_050", "hf_bloom")]
+
+
+@pytest.mark.parametrize("case", MODELS + tuple(REGRESSIONS), ids=str)
 def test_model_trains_whole_and_matches_eager(case: ModelCase) -> None:
     torch.manual_seed(0)
     model = case.build().train()

@@ -105,12 +105,13 @@ def _valid(c: Candidate, xnumel: int | None, rnumel: int | None, interpret: bool
 
 def pointwise_candidates(plan: KernelPlan, interpret: bool) -> list[Candidate]:
     b = triton.block_size(triton.planning_size(plan.numel, plan.hints), interpret)
-    found = [Candidate("pointwise", b), Candidate("pointwise", b // 2),
-             Candidate("pointwise", b * 2)]
-    if not interpret:
-        found += [Candidate("pointwise", b, warps=8), Candidate("pointwise", b, warps=2),
-                  Candidate("pointwise", b * 2, warps=8)]
-    return found
+    if interpret:  # (the interpreter ignores warps)
+        return [Candidate("pointwise", b), Candidate("pointwise", b // 2),
+                Candidate("pointwise", b * 2)]
+    w = triton.pointwise_warps(b, [d for _, d in plan.inputs] + [s.dtype for s in plan.stores])
+    return [Candidate("pointwise", b, warps=w), Candidate("pointwise", b // 2, warps=w),
+            Candidate("pointwise", b * 2, warps=w), Candidate("pointwise", b, warps=w * 2),
+            Candidate("pointwise", b, warps=w // 2), Candidate("pointwise", b * 2, warps=w * 2)]
 
 
 def reduction_candidates(plan: KernelPlan, interpret: bool) -> list[Candidate]:

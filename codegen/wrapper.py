@@ -471,7 +471,9 @@ def triton_launch(
         return (_grid(numel, xblock), [python_expr(numel), python_expr(plan.rnumel)],
                 f"XBLOCK={xblock}, RBLOCK={rblock}, num_warps={warps}{debug}")
     block = triton.block_size(triton.planning_size(numel, plan.hints), interpret)
-    return _grid(numel, block), [python_expr(numel)], f"XBLOCK={block}{debug}"
+    dtypes = [d for _, d in plan.inputs] + [s.dtype for s in plan.stores]
+    warps = "" if interpret else f", num_warps={triton.pointwise_warps(block, dtypes)}"
+    return _grid(numel, block), [python_expr(numel)], f"XBLOCK={block}{warps}{debug}"
 
 
 # Options of a GPU kernel that checks indices: it stops on a device-side assert.

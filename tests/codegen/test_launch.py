@@ -33,7 +33,7 @@ def test_gpu_kernels_launch_through_launchers_and_assert_on_the_device() -> None
             "(0, 1), (), (torch.int64, torch.float32, torch.float32, 4, 8), XBLOCK=1, RBLOCK=8, "
             "num_warps=4, debug=True, sanitize_overflow=False)") in module
     assert ("triton_poi_cos_1_launch = Launcher(triton_poi_cos_1, (0,), (), "
-            "(torch.float32, torch.float32, 80), XBLOCK=128)") in module
+            "(torch.float32, torch.float32, 80), XBLOCK=128, num_warps=4)") in module
     # Triton itself is imported only when a kernel must be built.
     assert "from minicompile.runtime.lazy_triton import libdevice, tl, triton" in module
     assert "import triton\n" not in module
@@ -42,6 +42,23 @@ def test_gpu_kernels_launch_through_launchers_and_assert_on_the_device() -> None
         '0 <= index < 10")' in module
     # Nothing reads a flag back (that would wait for the GPU).
     assert "err" not in module and "[(" not in module
+
+
+def test_large_float32_pointwise_kernels_launch_with_four_elements_a_thread() -> None:
+    # Triton unrolls a thread's elements: eight a thread (its default of four warps over a
+    # block of 1024) doubles the code, and the build time, of every libdevice call.
+    b = GraphBuilder("cuda")
+    x = b.input("L_x", (1 << 20,))
+    h = b.input("L_h", (1 << 19,), torch.bfloat16)
+    b.output(b("add", b("sin", x), b("sin", x)), b("cos", h), b("cos", b.input("L_s", (48,))))
+    module = compile_graph_text(b.graph, "triton").code.module
+    assert "(torch.float32, torch.float32, 1048576), XBLOCK=1024, num_warps=8)" in module
+    # bfloat16: eight elements are one 16-byte load; a small block keeps Triton's default.
+    assert "(torch.bfloat16, torch.bfloat16, 524288), XBLOCK=1024, num_warps=4)" in module
+    assert "(torch.float32, torch.float32, 48), XBLOCK=64, num_warps=4)" in module
+    b = GraphBuilder("cpu")  # the interpreter ignores warps: none are written
+    b.output(b("sin", b.input("L_x", (1 << 12,))))
+    assert "num_warps" not in compile_graph_text(b.graph, "triton").code.module
 
 
 def test_interpreted_kernels_keep_the_error_flag_and_triton_jit_launches() -> None:

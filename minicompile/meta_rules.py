@@ -213,6 +213,22 @@ LIBRARY = {"torch.nn.functional.layer_norm": _layer_norm_meta,
            "torch.nn.functional.conv2d": _conv2d_meta, "torch.conv2d": _conv2d_meta}
 
 
+def _encoder_layer_meta(args: tuple, kwargs: dict[str, Any],
+                        device: torch.device) -> TensorMeta | None:
+    """``torch._transformer_encoder_layer_fwd`` (nn.TransformerEncoderLayer's fused path in
+    eval): a new contiguous tensor the shape and dtype of ``src``.  PyTorch 2.11 has no
+    meta kernel for it (2.13 has)."""
+    src = args[0].meta if args and isinstance(args[0], Node) else None
+    if not isinstance(src, TensorMeta) or src.is_symbolic:
+        return None
+    return _contiguous(src, src.shape, device)
+
+
+# Library calls whose PyTorch has no meta kernel (NotImplementedError on meta tensors):
+# their result metadata by these rules (static sizes).
+WITHOUT_META_KERNEL = {"torch._transformer_encoder_layer_fwd": _encoder_layer_meta}
+
+
 def result_meta(name: str, args: tuple, kwargs: dict[str, Any],
                 device: torch.device) -> TensorMeta | None:
     """``name``'s result metadata by these rules (static sizes), or None where they do not

@@ -398,7 +398,16 @@ def _infer_meta(
             out = run_on_device(OPS[name].eager, args, kwargs)
         else:
             fake_args, fake_kwargs = fake(args), {k: fake(v) for k, v in kwargs.items()}
-            out = run_eager(name, fake_args, fake_kwargs)
+            try:
+                out = run_eager(name, fake_args, fake_kwargs)
+            except NotImplementedError:  # no meta kernel in this PyTorch: ours, if known
+                from minicompile import meta_rules
+
+                rule = meta_rules.WITHOUT_META_KERNEL.get(name)
+                found = rule(args, kwargs, device) if rule is not None else None
+                if found is None:
+                    raise
+                return found
         if name in CONVOLUTIONS:
             out = conv_layout(out, fake_args, fake_kwargs)
         elif device.type == "cpu" and (name in BATCH_NORMS or name in ATTENTION):

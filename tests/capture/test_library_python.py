@@ -471,7 +471,7 @@ _probe._dynamo_marked_constant = True
 def test_questions_fixed_for_the_process_are_answered_while_tracing() -> None:
     def f(x):
         y = x * 2 if _cached_probe("2.10.0", accept_dev=True) else x * 3
-        if torch.cuda.is_available() and torch.cuda.get_device_capability(x.device) < (7, 0):
+        if torch.cuda.is_available() and torch.cuda.get_device_capability() < (7, 0):
             y = y + 100
         return y - 1 if _probe() else y + 1
 

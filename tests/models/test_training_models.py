@@ -55,8 +55,29 @@ REGRESSIONS = [_coverage_case(n) for n in (
     "timm_regnetx_002", "timm_mobilenetv3_small_050", "hf_bloom")]
 
 
+def _layerdrop_drawn_always(case: ModelCase) -> bool:
+    """Whether this transformers draws ``torch.rand([])`` for BART's LayerDrop in every
+    training step and branches on its value (``if dropout_probability < self.layerdrop``),
+    LayerDrop off or not: a branch on a tensor's value, where Dynamo breaks too.  Later
+    versions draw only when LayerDrop is on (``self.layerdrop > 0.0``)."""
+    if case.name != "hf_bart":
+        return False
+    import inspect
+
+    from model_report import import_torchvision
+
+    import_torchvision()  # (transformers imports it: without its C++ operators here)
+    from transformers.models.bart.modeling_bart import BartEncoder
+
+    source = inspect.getsource(BartEncoder.forward)
+    return "torch.rand(" in source and "self.layerdrop > 0" not in source
+
+
 @pytest.mark.parametrize("case", MODELS + tuple(REGRESSIONS), ids=str)
 def test_model_trains_whole_and_matches_eager(case: ModelCase) -> None:
+    if _layerdrop_drawn_always(case):
+        pytest.skip("this transformers branches on a random draw for LayerDrop in training "
+                    "(a graph break under Dynamo too)")
     torch.manual_seed(0)
     model = case.build().train()
     _no_dropout(model)

@@ -72,7 +72,7 @@ class EncoderLayers(nn.Module):
                                                  norm_first=True, activation="gelu")
 
     def forward(self, x):
-        causal = nn.Transformer.generate_square_subsequent_mask(x.shape[1])
+        causal = nn.Transformer.generate_square_subsequent_mask(x.shape[1], device=x.device)
         return self.second(self.first(x), src_mask=causal, is_causal=True)
 
 
@@ -118,7 +118,7 @@ class ChildrenInOrder(nn.Module):
 
 def replace_a_child(m):
     g = torch.Generator().manual_seed(7)  # (the same new child for eager and compiled)
-    lin = nn.Linear(8, 8)
+    lin = nn.Linear(8, 8, device=m.a.weight.device)
     with torch.no_grad():
         lin.weight.copy_(torch.randn(8, 8, generator=g))
         lin.bias.copy_(torch.randn(8, generator=g))

@@ -283,10 +283,21 @@ RANDOM_EXTERNS = frozenset(
     for prefix, names in (
         ("torch.nn.functional", "dropout dropout1d dropout2d dropout3d alpha_dropout "
                                 "feature_alpha_dropout"),
-        ("torch", "dropout alpha_dropout feature_dropout feature_alpha_dropout"),
+        ("torch", "dropout alpha_dropout feature_dropout feature_alpha_dropout rand rand_like "
+                  "randn randn_like randint randint_like randperm normal bernoulli "
+                  "multinomial poisson"),
+        ("torch.Tensor", "bernoulli multinomial"),
     )
     for name in names.split()
-) | {"minicompile.ops.dropout_in_place_draws"}
+) | {"minicompile.ops.dropout_in_place_draws", "minicompile.ops.random_in_place_draws"}
+
+
+def random_in_place_draws(x: torch.Tensor, method: str, *args: Any, **kwargs: Any
+                          ) -> torch.Tensor:
+    """``x.<method>(*args, **kwargs)`` (``uniform_``, ``bernoulli_``...) run on a copy of
+    ``x`` of its layout: the in-place draws, in the order eager makes them, without
+    mutating a graph value (capture writes the result back into ``x``)."""
+    return getattr(x.clone(), method)(*args, **kwargs)
 
 
 def dropout_in_place_draws(x: torch.Tensor, p: float, fname: str) -> torch.Tensor:

@@ -109,12 +109,18 @@ class Recorded:
             self.buffers[k].copy_(x)
         self.pointers = [b.data_ptr() if isinstance(b, torch.Tensor) else 0
                          for b in self.buffers]
+        # The warm-up run's random draws (dropout, torch.rand) are not the call's: the
+        # generator is set back, so the replay below draws what eager draws from it.
+        device = next((b.device for b in self.buffers if isinstance(b, torch.Tensor)
+                       and b.is_cuda), torch.device("cuda", torch.cuda.current_device()))
+        rng = torch.cuda.get_rng_state(device)
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):  # the warm-up run on the graph's own buffers
             call(list(self.buffers))
         torch.cuda.current_stream().wait_stream(stream)
         torch.cuda.synchronize()
+        torch.cuda.set_rng_state(rng, device)
         self.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.graph, pool=torch.cuda.graph_pool_handle()):
             outs = call(list(self.buffers))

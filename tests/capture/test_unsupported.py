@@ -33,6 +33,9 @@ def test_print_names_reason_and_line() -> None:
     assert f"{__file__}:{where.lineno} in f" in str(e)
 
 
+_GENERATOR = torch.Generator()  # (draws from a generator of their own are not compiled)
+
+
 @pytest.mark.parametrize(
     "fn,reason,text",
     [
@@ -43,9 +46,10 @@ def test_print_names_reason_and_line() -> None:
         (lambda x: os.getpid() + x, "call to posix.getpid is not supported", None),
         (lambda x: x.to("meta"), "moving a tensor from cpu to meta is not supported", None),
         (lambda x: float(x), "float() of a tensor reads its data into Python", None),
-        (lambda x: torch.rand(3) + x, "random ops are not compiled yet", None),
-        (lambda x: torch.bernoulli(x), "random ops are not compiled yet", None),
-        (lambda x: x.uniform_(), "random ops are not compiled yet", None),
+        (lambda x: torch.nn.functional.rrelu(x, training=True), "random ops are not compiled",
+         None),
+        (lambda x: torch.rand(2, generator=_GENERATOR) + x, "of type Generator", None),
+        (lambda x: x.uniform_(generator=_GENERATOR), "of type Generator", None),
         (lambda x: torch.nonzero(x), "data-dependent output shape", None),
         (lambda x: x[x > 0], "bool mask has a data-dependent shape", None),
         (lambda x: x.t_(), "changes tensor metadata", None),

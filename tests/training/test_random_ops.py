@@ -143,3 +143,23 @@ def test_stochastic_depth_trains_whole_with_eager_gradients(backend: str,
         for p, q in zip(model.parameters(), twin.parameters()):
             torch.testing.assert_close(q.grad, p.grad, rtol=1e-5, atol=1e-6)
     assert minicompile.stats()["graph_breaks"] == 0
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need CUDA")
+def test_cuda_graphs_draw_eagers_values_on_every_call() -> None:
+    """mode="reduce-overhead": the ordinary first call, the recording call (its warm-up
+    run's draws are set back) and the replays (PyTorch's graph-safe generator) each draw
+    what eager draws from the same seed."""
+
+    def f(x):
+        return x * torch.rand_like(x) + x.new_empty(x.shape[:1] + (1,)).bernoulli_(0.8)
+
+    compiled = minicompile.compile(f, mode="reduce-overhead")
+    x = torch.randn(256, 64, device="cuda")
+    outs = []
+    for seed in range(5):
+        torch.manual_seed(seed)
+        outs.append(compiled(x).clone())
+        torch.manual_seed(seed)
+        torch.testing.assert_close(outs[-1], f(x), rtol=1e-6, atol=1e-6)
+    assert not any(torch.equal(a, b) for k, a in enumerate(outs) for b in outs[:k])

@@ -163,3 +163,37 @@ def test_cuda_graphs_draw_eagers_values_on_every_call() -> None:
         torch.manual_seed(seed)
         torch.testing.assert_close(outs[-1], f(x), rtol=1e-6, atol=1e-6)
     assert not any(torch.equal(a, b) for k, a in enumerate(outs) for b in outs[:k])
+
+
+@pytest.mark.parametrize("name", ["vit_tiny_patch16_224", "convnext_atto"])
+def test_timm_models_with_stochastic_depth_train_whole(name: str) -> None:
+    """timm's DropPath draws ``x.new_empty(shape).bernoulli_(keep)`` in every block: the
+    loss and every gradient match eager's from the same seed, in one graph."""
+    import copy
+
+    from model_report import import_torchvision
+
+    import_torchvision()  # (torchvision without its C++ operators, as the zoo's)
+    import timm
+
+    torch.manual_seed(0)
+    small = {"img_size": 32, "patch_size": 8, "depth": 2} if name.startswith("vit") else {}
+    model = timm.create_model(name, pretrained=False, num_classes=10, drop_path_rate=0.3,
+                              **small).train()
+    twin = copy.deepcopy(model)
+    compiled = minicompile.compile(twin, backend="cpp", fullgraph=True)
+    for seed in (1, 2):
+        x = torch.randn(2, 3, 32, 32)
+        torch.manual_seed(seed)
+        want = model(x).square().mean()
+        torch.manual_seed(seed)
+        got = compiled(x).square().mean()
+        want.backward()
+        got.backward()
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+        scale = max(p.grad.abs().max().item() for p in model.parameters())
+        for p, q in zip(model.parameters(), twin.parameters()):
+            torch.testing.assert_close(q.grad, p.grad, rtol=1e-3, atol=1e-4 * scale)
+        model.zero_grad()
+        twin.zero_grad()
+    assert minicompile.stats()["graph_breaks"] == 0

@@ -147,7 +147,11 @@ def _constant_query(tx: InstructionTranslator, fn: Any, args: list, kwargs: dict
         raise Unsupported(f"{fn.__qualname__}() of values not known while tracing")
     pos = tuple(v.value for v in values[:len(args)])
     kw = {k: v.value for k, v in zip(kwargs, values[len(args):])}
-    value = fn(*pos, **kw)
+    try:
+        value = fn(*pos, **kw)
+    except Exception as e:  # the user's error: eager raises it, and runs to say so
+        raise Unsupported(f"{fn.__qualname__}() raises {type(e).__name__}: {e}",
+                          raises=True) from e
     if not (isinstance(value, _PLAIN) or (
             isinstance(value, tuple) and all(isinstance(v, _PLAIN) for v in value))):
         raise Unsupported(f"{fn.__qualname__}() returns a {type(value).__name__}")

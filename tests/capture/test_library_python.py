@@ -485,6 +485,25 @@ def test_questions_fixed_for_the_process_are_answered_while_tracing() -> None:
         _PROBE_ANSWER["value"] = True
 
 
+def _raising_probe(version: str) -> bool:
+    raise ValueError(f"not a version: {version!r}")
+
+
+_raising_probe._dynamo_marked_constant = True
+
+
+def test_a_process_question_that_raises_raises_as_in_eager() -> None:
+    def f(x):
+        return x + 1 if _raising_probe("2.x") else x
+
+    with pytest.raises(minicompile.Unsupported, match=r"_raising_probe\(\) raises ValueError"):
+        minicompile.compile(f, backend="cpp", fullgraph=True)(torch.randn(3))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # (the user's error: no warning of an internal one)
+        with pytest.raises(ValueError, match="not a version"):
+            minicompile.compile(f, backend="cpp")(torch.randn(3))
+
+
 def test_a_process_question_about_a_tensor_breaks() -> None:
     def f(x):
         return x + 1 if _cached_probe(x) else x

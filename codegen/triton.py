@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterable
 
 import sympy
 import torch
@@ -465,13 +464,14 @@ def block_size(numel: int, interpret: bool) -> int:
     return max(16, min(limit, 1 << max(0, (numel - 1).bit_length())))
 
 
-def pointwise_warps(block: int, dtypes: Iterable[torch.dtype]) -> int:
-    """Warps of a pointwise program of ``block`` elements over tensors of ``dtypes``: eight
-    where that still gives each thread one 16-byte load of the narrowest tensor, else
-    Triton's default of four.  Triton unrolls a thread's elements: at four warps a block
-    of 1024 float32 is eight copies of every op's code in each thread (two 16-byte loads),
-    and a kernel of libdevice calls (sin, erf, tanh) takes twice as long to build."""
-    per_thread = 16 // min((d.itemsize for d in dtypes), default=4)
+def pointwise_warps(plan: KernelPlan, block: int) -> int:
+    """Warps of a pointwise program of ``block`` elements of ``plan``: eight where that
+    still gives each thread one 16-byte load of its narrowest tensor, else Triton's default
+    of four.  Triton unrolls a thread's elements: at four warps a block of 1024 float32 is
+    eight copies of every op's code in each thread (two 16-byte loads), and a kernel of
+    libdevice calls (sin, erf, tanh) takes twice as long to build."""
+    sizes = [d.itemsize for _, d in plan.inputs] + [s.dtype.itemsize for s in plan.stores]
+    per_thread = 16 // min(sizes, default=4)
     return 8 if block >= 8 * 32 * max(per_thread, 4) else 4
 
 

@@ -278,14 +278,20 @@ def resolve_path(path: str) -> Any:
 # Extern ops that draw from PyTorch's random number generator.  They are not pure: the
 # graph passes never merge (CSE) or drop (DCE) them, and they run in program order, so the
 # generator sees eager's sequence of draws.
+# Random draws that capture makes library calls of (``torch.rand``...; capture/externs.py),
+# and the in-place ones it runs through random_in_place_draws (``x.uniform_()``...).
+RANDOM_FUNCTIONS = frozenset(
+    "rand rand_like randn randn_like randint randint_like randperm normal bernoulli "
+    "multinomial poisson".split())
+RANDOM_IN_PLACE = frozenset(
+    "uniform_ normal_ random_ exponential_ geometric_ cauchy_ log_normal_ bernoulli_".split())
 RANDOM_EXTERNS = frozenset(
     f"{prefix}.{name}"
     for prefix, names in (
         ("torch.nn.functional", "dropout dropout1d dropout2d dropout3d alpha_dropout "
                                 "feature_alpha_dropout"),
-        ("torch", "dropout alpha_dropout feature_dropout feature_alpha_dropout rand rand_like "
-                  "randn randn_like randint randint_like randperm normal bernoulli "
-                  "multinomial poisson"),
+        ("torch", "dropout alpha_dropout feature_dropout feature_alpha_dropout"),
+        ("torch", " ".join(RANDOM_FUNCTIONS)),
         ("torch.Tensor", "bernoulli multinomial"),
     )
     for name in names.split()

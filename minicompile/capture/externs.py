@@ -9,8 +9,8 @@ plus one ``getitem`` node per element.  Refused, with a reason:
 
 - in-place ops and ``out=`` are functionalized here (:func:`inplace_method`,
   :func:`with_out`) rather than called;
-- random ops other than the library calls of ``RANDOM_CALLS`` (``torch.rand``,
-  ``torch.bernoulli``...), the in-place draws of ``RANDOM_IN_PLACE`` (``x.uniform_()``,
+- random ops other than the library calls of ``ops.RANDOM_FUNCTIONS`` (``torch.rand``,
+  ``torch.bernoulli``...), the in-place draws of ``ops.RANDOM_IN_PLACE`` (``x.uniform_()``,
   functionalized) and dropout (:mod:`training_ops`): "random ops are not compiled yet";
   ops with data-dependent output shapes,
   ops that read tensor data into Python (``.item()``, ``.tolist()``: future graph breaks)
@@ -42,21 +42,14 @@ NAMESPACES: tuple[tuple[str, Any], ...] = (
     ("torch.fft", torch.fft),
 )
 
+# Random functions refused; the others are library calls (ops.RANDOM_FUNCTIONS: drawn from
+# PyTorch's generator in program order, as eager draws), in-place ones functionalized onto
+# ops.random_in_place_draws (ops.RANDOM_IN_PLACE), dropout in training_ops.
 RANDOM = frozenset(
-    """rand rand_like randn randn_like randint randint_like randperm normal bernoulli
-    multinomial poisson dropout alpha_dropout feature_alpha_dropout dropout1d dropout2d
-    dropout3d feature_dropout rrelu gumbel_softmax uniform_ normal_ random_ exponential_
-    geometric_ cauchy_ log_normal_ bernoulli_ fractional_max_pool2d fractional_max_pool3d
+    """dropout alpha_dropout feature_alpha_dropout dropout1d dropout2d dropout3d
+    feature_dropout rrelu gumbel_softmax fractional_max_pool2d fractional_max_pool3d
     native_dropout""".split()
 )
-# Random functions that are library calls (ops.RANDOM_EXTERNS: drawn from PyTorch's
-# generator in program order, as eager draws), and the in-place ones functionalized onto
-# them (ops.random_in_place_draws); the rest of RANDOM is refused.
-RANDOM_CALLS = frozenset(
-    "rand rand_like randn randn_like randint randint_like randperm normal bernoulli "
-    "multinomial poisson".split())
-RANDOM_IN_PLACE = frozenset(
-    "uniform_ normal_ random_ exponential_ geometric_ cauchy_ log_normal_ bernoulli_".split())
 DATA_DEPENDENT = frozenset(
     """nonzero nonzero_static argwhere masked_select unique unique_consecutive bincount
     repeat_interleave histogram histogramdd""".split()
@@ -196,8 +189,7 @@ def check_callable(fname: str, short: str, static_shape: bool = False) -> None:
             f"{fname}() reads tensor data into Python; not supported (graph break)",
             hint="keep the value a tensor",
         )
-    if (short in RANDOM or short.rstrip("_") in RANDOM) and not (
-            short in RANDOM_CALLS or short in RANDOM_IN_PLACE):
+    if short in RANDOM or short.rstrip("_") in RANDOM:
         raise Unsupported(f"{fname}: random ops are not compiled yet")
     if short in DATA_DEPENDENT and not static_shape:
         raise Unsupported(f"{fname}() has a data-dependent output shape; not supported")
@@ -279,7 +271,7 @@ def inplace_method(out: OutputGraph, x: TensorVar, name: str, args: tuple, kwarg
     fname = f"Tensor.{name}"
     if name in METADATA_INPLACE:
         raise Unsupported(f"in-place {fname}() changes tensor metadata; not supported")
-    if name in RANDOM_IN_PLACE:  # drawn into a copy of x (the same draws), then written
+    if name in ops.RANDOM_IN_PLACE:  # drawn into a copy of x (the same draws), then written
         if x.meta.requires_grad:
             raise Unsupported(f"{fname}() on a tensor that requires grad is not supported")
         draws = out.op(ops.extern_op(ops.random_in_place_draws), (x, name, *args), kwargs,

@@ -1,4 +1,4 @@
-"""Random draws compiled (capture/externs.py's RANDOM_CALLS and RANDOM_IN_PLACE): library
+"""Random draws compiled (ops.RANDOM_FUNCTIONS and RANDOM_IN_PLACE): library
 calls that draw from PyTorch's generator in program order, so a compiled function draws
 exactly what eager draws from the same seed, and fresh values on every call.  timm's
 stochastic depth (``x.new_empty(shape).bernoulli_(keep)``) trains whole."""
@@ -12,15 +12,19 @@ from torch import nn
 import minicompile
 
 
-def _draws_like_eager(fn, *args) -> None:  # noqa: ANN001
+def _draws_like_eager(fn, make) -> None:  # noqa: ANN001
+    """``fn`` compiled against eager on fresh inputs ``make()`` under two seeds, then two
+    calls on one input: their draws differ (the generator moved on)."""
     compiled = minicompile.compile(fn)
     for seed in (0, 1):
+        args = make()
         torch.manual_seed(seed)
         got = compiled(*args)
         torch.manual_seed(seed)
         want = fn(*args)
         torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
-    first, second = compiled(*args), compiled(*args)  # (the generator moved on)
+    args = make()
+    first, second = compiled(*args), compiled(*args)
     first, second = (first, second) if isinstance(first, tuple) else ((first,), (second,))
     assert not any(torch.equal(a, b) for a, b in zip(first, second))
     stats = minicompile.stats()
@@ -60,7 +64,7 @@ def drop_path(x):  # timm's stochastic depth
 def test_random_draws_match_eager_and_change_per_call(backend: str, device: torch.device,
                                                       fn) -> None:  # noqa: ANN001
     with minicompile.config.patch(backend=backend):
-        _draws_like_eager(fn, torch.randn(64, 16, device=device))
+        _draws_like_eager(fn, lambda: (torch.randn(64, 16, device=device),))
 
 
 def test_an_input_drawn_into_in_place_holds_eager_draws(device: torch.device) -> None:
@@ -114,6 +118,28 @@ def test_draws_of_dynamic_sizes(device: torch.device) -> None:
     assert minicompile.stats()["recompiles"] == 0
 
 
+def _trains_like_eager(model: nn.Module, twin: nn.Module, compiled, make,  # noqa: ANN001
+                       loss_tol: dict, grad_rtol: float, grad_atol: float) -> None:
+    """Two steps on fresh inputs ``make()``, each seeded alike for eager ``model`` and the
+    compiled ``twin``: the losses and every gradient (``grad_atol`` relative to the largest
+    gradient) match, in one graph."""
+    for seed in (1, 2):
+        x = make()
+        torch.manual_seed(seed)
+        want = model(x).square().mean()
+        torch.manual_seed(seed)
+        got = compiled(x).square().mean()
+        want.backward()
+        got.backward()
+        torch.testing.assert_close(got, want, **loss_tol)
+        scale = max(p.grad.abs().max().item() for p in model.parameters())
+        for p, q in zip(model.parameters(), twin.parameters()):
+            torch.testing.assert_close(q.grad, p.grad, rtol=grad_rtol, atol=grad_atol * scale)
+        model.zero_grad()
+        twin.zero_grad()
+    assert minicompile.stats()["graph_breaks"] == 0
+
+
 class DropPathBlock(nn.Module):
     def __init__(self) -> None:
         super().__init__()
@@ -131,18 +157,8 @@ def test_stochastic_depth_trains_whole_with_eager_gradients(backend: str,
     twin = nn.Sequential(DropPathBlock(), DropPathBlock()).to(device).train()
     twin.load_state_dict(model.state_dict())
     compiled = minicompile.compile(twin, backend=backend, fullgraph=True)
-    for seed in (1, 2):
-        x = torch.randn(8, 4, 16, device=device)
-        torch.manual_seed(seed)
-        want = model(x).square().mean()
-        torch.manual_seed(seed)
-        got = compiled(x).square().mean()
-        want.backward()
-        got.backward()
-        torch.testing.assert_close(got, want)
-        for p, q in zip(model.parameters(), twin.parameters()):
-            torch.testing.assert_close(q.grad, p.grad, rtol=1e-5, atol=1e-6)
-    assert minicompile.stats()["graph_breaks"] == 0
+    _trains_like_eager(model, twin, compiled, lambda: torch.randn(8, 4, 16, device=device),
+                       {}, 1e-5, 1e-6)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need CUDA")
@@ -182,18 +198,5 @@ def test_timm_models_with_stochastic_depth_train_whole(name: str) -> None:
                               **small).train()
     twin = copy.deepcopy(model)
     compiled = minicompile.compile(twin, backend="cpp", fullgraph=True)
-    for seed in (1, 2):
-        x = torch.randn(2, 3, 32, 32)
-        torch.manual_seed(seed)
-        want = model(x).square().mean()
-        torch.manual_seed(seed)
-        got = compiled(x).square().mean()
-        want.backward()
-        got.backward()
-        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
-        scale = max(p.grad.abs().max().item() for p in model.parameters())
-        for p, q in zip(model.parameters(), twin.parameters()):
-            torch.testing.assert_close(q.grad, p.grad, rtol=1e-3, atol=1e-4 * scale)
-        model.zero_grad()
-        twin.zero_grad()
-    assert minicompile.stats()["graph_breaks"] == 0
+    _trains_like_eager(model, twin, compiled, lambda: torch.randn(2, 3, 32, 32),
+                       {"rtol": 1e-4, "atol": 1e-5}, 1e-3, 1e-4)

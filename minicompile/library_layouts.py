@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from minicompile import compat
 from minicompile.graph import Node, TensorMeta
 
 # Library calls whose result layout depends on the kernel the device picks.  On the meta
@@ -38,8 +39,7 @@ def conv_layout(out: Any, args: tuple, kwargs: dict[str, Any]) -> Any:
     rule): channels-last (3d) when the input or the weight suggests it.  On fake tensors of
     the real device PyTorch asks the same question, but a fake-tensor mode imports
     torch._dynamo (most of a second of a cold start)."""
-    from torch._prims_common import suggest_memory_format
-
+    suggest_memory_format = compat.prims_common().suggest_memory_format
     tensors = [*args[:2], kwargs.get("input"), kwargs.get("weight")]
     for fmt, ndim in ((torch.channels_last, 4), (torch.channels_last_3d, 5)):
         if isinstance(out, torch.Tensor) and out.ndim == ndim and any(
@@ -93,8 +93,7 @@ def cpu_layout(name: str, out: Any, args: tuple, kwargs: dict[str, Any],
       layouts), that kernel's layout, which follows the query's ([B, T, H, D] memory for a
       transposed one); the meta device takes the math path (contiguous)."""
     if name in BATCH_NORMS:
-        from torch._prims_common import suggest_memory_format
-
+        suggest_memory_format = compat.prims_common().suggest_memory_format
         first = fake_args[0] if fake_args else fake_kwargs.get("input")
         if isinstance(first, torch.Tensor) and isinstance(out, torch.Tensor):
             return out.contiguous(memory_format=suggest_memory_format(first))

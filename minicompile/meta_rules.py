@@ -12,6 +12,7 @@ from typing import Any
 import sympy
 import torch
 
+from minicompile import compat
 from minicompile.graph import Node, TensorMeta
 from minicompile.library_layouts import conv_layout
 from minicompile.ops import _FLOAT_POINTWISE, COMPARISONS
@@ -24,12 +25,7 @@ def pointwise_meta(name: str, args: tuple, kwargs: dict[str, Any],
     functions for these ops apply (``torch._prims_common``: elementwise_dtypes,
     broadcasting, the output's dimension order), called directly: those meta functions
     import torch._dynamo on their first call (a second of a cold start)."""
-    from torch._prims_common import (
-        ELEMENTWISE_TYPE_PROMOTION_KIND as KIND,
-        compute_elementwise_output_logical_to_physical_perm,
-        elementwise_dtypes,
-    )
-
+    pc = compat.prims_common()
     if kwargs or not (name in _FLOAT_POINTWISE or name == "where"):
         return None
     values = []
@@ -51,9 +47,10 @@ def pointwise_meta(name: str, args: tuple, kwargs: dict[str, Any],
     tensors = [v for v in values if isinstance(v, torch.Tensor)]
     if not tensors or (name == "where" and not isinstance(values[0], torch.Tensor)):
         return None
-    kind = KIND.ALWAYS_BOOL if name in COMPARISONS else KIND.DEFAULT
+    kinds = pc.ELEMENTWISE_TYPE_PROMOTION_KIND
+    kind = kinds.ALWAYS_BOOL if name in COMPARISONS else kinds.DEFAULT
     promoted = values[1:] if name == "where" else values
-    compute, dtype = elementwise_dtypes(*promoted, type_promotion_kind=kind)
+    compute, dtype = pc.elementwise_dtypes(*promoted, type_promotion_kind=kind)
     if any(t.dtype != compute for t in promoted if isinstance(t, torch.Tensor)):
         return None  # converted first (float16's float32 arithmetic): another stride rule
     shape = tensors[0].shape
@@ -66,7 +63,7 @@ def pointwise_meta(name: str, args: tuple, kwargs: dict[str, Any],
             shape = torch.broadcast_shapes(*(t.shape for t in tensors))
         except RuntimeError:
             return None  # eager's own error message, from the slow path
-        perm, _ = compute_elementwise_output_logical_to_physical_perm(
+        perm, _ = pc.compute_elementwise_output_logical_to_physical_perm(
             *(t.expand(shape) for t in tensors))
         stride = torch.empty_permuted(shape, perm, dtype=dtype, device="meta").stride()
     return TensorMeta(shape=tuple(sympy.Integer(s) for s in shape),

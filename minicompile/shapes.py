@@ -24,6 +24,7 @@ from typing import Any
 import sympy
 import torch
 
+from minicompile import compat
 from minicompile.errors import Unsupported
 from minicompile.sym import FloorDiv, ModularIndexing, size_symbol
 
@@ -49,52 +50,15 @@ class SymbolSource:
     is_tensor_size: bool = True  # False: a Python int argument ("L['n']")
 
 
-class _Name(str):
-    """A source name that also works called (older ShapeEnvs call ``source.name()``)."""
-
-    def __call__(self) -> str:
-        return str(self)
-
-
-@functools.cache
-def _torch_source_class() -> type:
-    from torch._guards import GuardSource, Source
-
-    @dataclasses.dataclass(frozen=True)
-    class _Source(Source):  # type: ignore[misc]
-        text: str
-
-        @property
-        def name(self) -> str:  # type: ignore[override]
-            return _Name(self.text)
-
-        def guard_source(self) -> Any:
-            return GuardSource.LOCAL
-
-        def reconstruct(self, codegen: Any) -> None:
-            raise NotImplementedError
-
-    return _Source
-
-
-def _torch_functions() -> Any:
-    import torch.utils._sympy.functions as fns
-
-    return fns
-
-
 class ShapeContext:
     """The size symbols of one capture, their hints and sources, and the relations the
     trace recorded on them."""
 
     def __init__(self) -> None:
-        from torch._subclasses.fake_tensor import FakeTensorMode
-        from torch.fx.experimental.symbolic_shapes import ShapeEnv
-
         # No duck sizing: two dims that happen to be equal get two symbols, and a
         # relation only where the program relies on one (a broadcast, a matmul).
-        self.env = ShapeEnv(duck_shape=False)
-        self.mode = FakeTensorMode(shape_env=self.env, allow_non_fake_inputs=True)
+        self.env = compat.shape_env(duck_shape=False)
+        self.mode = compat.fake_tensor_mode(shape_env=self.env, allow_non_fake_inputs=True)
         self.hints: dict[sympy.Symbol, int] = {}
         self.sources: dict[sympy.Symbol, SymbolSource] = {}
         self._ours: dict[sympy.Symbol, sympy.Symbol] = {}  # PyTorch's symbol -> ours
@@ -106,11 +70,9 @@ class ShapeContext:
 
     def symbol(self, hint: int, source: SymbolSource) -> sympy.Symbol:
         """A new size symbol for a dimension of traced size ``hint`` (at least 2)."""
-        from torch.fx.experimental.symbolic_shapes import DimDynamic
-
         assert hint >= MIN_DYNAMIC_SIZE, hint
-        src = _torch_source_class()(source.name)
-        theirs = self.env.create_symbol(hint, src, dynamic_dim=DimDynamic.DYNAMIC)
+        src = compat.source_class()(source.name)
+        theirs = self.env.create_symbol(hint, src, dynamic_dim=compat.dynamic_dim())
         ours = size_symbol(len(self.hints))
         self._ours[theirs] = ours
         self._theirs[ours] = theirs
@@ -226,13 +188,11 @@ class ShapeContext:
         symbolic sizes, in place of its C++ one, some of which read concrete sizes
         (PyTorch 2.11's matmul, reached by a linear without bias on a 3-d input, calls
         ``numel()``: "Cannot call numel() on tensor with symbolic sizes")."""
-        from torch._dispatch.python import enable_python_dispatcher
-
         quiet = logging.getLogger("torch._subclasses.fake_tensor")
         level = quiet.level
         quiet.setLevel(logging.CRITICAL)
         try:
-            with self.mode, enable_python_dispatcher():
+            with self.mode, compat.python_dispatcher():
                 return fn(*args, **kwargs)
         finally:
             quiet.setLevel(level)
@@ -280,7 +240,7 @@ _FROM_TORCH: dict[str, Callable[..., sympy.Expr]] = {
 
 @functools.cache
 def _to_torch_table() -> dict[str, Callable[..., sympy.Expr]]:
-    fns = _torch_functions()
+    fns = compat.sympy_functions()
     return {"FloorDiv": fns.FloorDiv, "ModularIndexing": fns.ModularIndexing,
             "Max": fns.Max, "Min": fns.Min}
 

@@ -20,8 +20,9 @@ PACKAGES = {
     ROOT / "codegen": "minicompile.codegen",
 }
 # shapes.py: size symbols (wrapping PyTorch's ShapeEnv); errors.py: the exceptions they raise.
+# compat.py: PyTorch's internals, read in one place (below).
 IR_MODULES = ("graph.py", "ir.py", "sym.py", "ops.py", "library_layouts.py", "meta_rules.py",
-              "meta_cache.py", "shapes.py", "errors.py")
+              "meta_cache.py", "shapes.py", "errors.py", "compat.py")
 IR_NAMES = {f"minicompile.{Path(f).stem}" for f in IR_MODULES}
 STDLIB = set(sys.stdlib_module_names)
 
@@ -135,6 +136,37 @@ def test_networkx_is_not_imported() -> None:
         if _top(name) == "networkx"
     ]
     assert not bad, "\n".join(bad)
+
+
+def _is_private_torch(name: str) -> bool:
+    """``torch._prims_common``, ``torch.utils._sympy``, ``torch._C._aoti``,
+    ``torch.fx.experimental``: PyTorch's internals, which change between releases."""
+    parts = name.split(".")
+    return parts[0] == "torch" and (any(p.startswith("_") for p in parts[1:])
+                                    or _is_under(name, "torch.fx.experimental"))
+
+
+def test_pytorch_internals_are_imported_only_in_compat() -> None:
+    """Private PyTorch modules are read through minicompile/compat.py alone, which says
+    which versions differ and how (CI runs tests/test_compat.py on each)."""
+    compat = ROOT / "minicompile" / "compat.py"
+    assert any(_is_private_torch(n) for n, _ in imports_of(compat))
+    bad = [
+        f"{_rel(p)}:{line} imports {name}"
+        for p in ALL_SOURCES
+        if p != compat
+        for name, line in imports_of(p)
+        if _is_private_torch(name)
+    ]
+    assert not bad, "\n".join(bad)
+
+
+def test_private_torch_names_are_recognised() -> None:
+    assert _is_private_torch("torch._prims_common")
+    assert _is_private_torch("torch.utils._python_dispatch.TorchDispatchMode")
+    assert _is_private_torch("torch.fx.experimental.symbolic_shapes")
+    assert not _is_private_torch("torch.nn.functional")
+    assert not _is_private_torch("torch.utils.cpp_extension")
 
 
 def _environment_reads(path: Path) -> list[int]:

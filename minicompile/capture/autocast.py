@@ -31,8 +31,8 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
+from minicompile import compat
 from minicompile.capture.variables import ConstantVar, ListVar, TensorVar, TupleVar, Var
 from minicompile.errors import Unsupported
 
@@ -287,10 +287,8 @@ def _ask(out: OutputGraph, fn: Any, device_type: str, dtype: torch.dtype, args: 
          kwargs: dict) -> tuple[tuple, tuple]:
     """(the dtype each tensor input is cast to, or None; the result dtypes) of ``fn`` under
     autocast on ``device_type`` to ``dtype``, found on fake tensors (see the module doc)."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
     what = _name(fn)
-    fake_mode = FakeTensorMode()
+    fake_mode = compat.fake_tensor_mode()
     with fake_mode:
         fakes = _map_leaves((args, kwargs), lambda v: _fake(v) if isinstance(v, TensorVar)
                             else _hint(out, v))
@@ -340,7 +338,7 @@ def _reproduces(fake_mode: Any, fn: Any, fakes: Any, inputs: list, plan: tuple,
     return [(f, o) for f, _, o in got] == [(f, o) for f, _, o in ops]
 
 
-class _Recorder(TorchDispatchMode):
+class _Recorder(compat.TorchDispatchMode):
     """Records each ATen call below autocast: (name, its first argument, its arguments with
     tensors as their dtypes, its result dtypes)."""
 

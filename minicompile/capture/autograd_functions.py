@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from minicompile import ops
+from minicompile import compat, ops
 from minicompile.capture import records
 from minicompile.capture.variables import ConstantVar, TensorVar, UserFunctionVar, Var
 from minicompile.errors import Unsupported
@@ -21,7 +21,6 @@ from minicompile.errors import Unsupported
 if TYPE_CHECKING:
     from minicompile.capture.interpreter import InstructionTranslator
 
-_APPLY = torch.autograd.Function.apply.__func__
 _NO_SETUP = torch.autograd.Function.setup_context
 
 
@@ -50,11 +49,7 @@ class InferenceContext:
 
 def function_class(value: Any) -> type | None:
     """The ``autograd.Function`` subclass whose ``apply`` ``value`` is, else None."""
-    owner = getattr(value, "__self__", None)
-    if (isinstance(owner, type) and issubclass(owner, torch.autograd.Function)
-            and getattr(value, "__func__", None) is _APPLY):
-        return owner
-    return None
+    return compat.autograd_function_of(value)
 
 
 def call(tx: InstructionTranslator, cls: type, args: list, kwargs: dict) -> Var:

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.nn.functional as F
 
-from minicompile import ops
+from minicompile import compat, ops
 from minicompile.capture import mutation
 from minicompile.capture.variables import TensorVar
 from minicompile.errors import Unsupported
@@ -127,7 +127,7 @@ def operator_problem(op: Any, kwargs: dict) -> str | None:
             return "it returns a view of an argument"
         if not schema.returns or any(str(r.type) != "Tensor" for r in schema.returns):
             return "it returns other values than tensors (or a list of them)"
-        if not _has_fake_kernel(overload):
+        if not compat.custom_op_has_fake_kernel(overload):
             return ("it has no fake kernel to give its results' shapes "
                     "(torch.library.register_fake)")
         if torch.Tag.nondeterministic_seeded in tags:
@@ -135,17 +135,6 @@ def operator_problem(op: Any, kwargs: dict) -> str | None:
         if tags & {torch.Tag.dynamic_output_shape, torch.Tag.data_dependent_output}:
             return "its output shape depends on the data"
     return None
-
-
-def _has_fake_kernel(overload: Any) -> bool:
-    """False for a ``torch.library.custom_op`` without a fake kernel (its meta kernel only
-    raises); operators of other kinds have theirs, or fail on meta tensors as eager would."""
-    try:
-        from torch._library.custom_ops import OPDEFS
-    except ImportError:
-        return True
-    opdef = OPDEFS.get(overload.name())
-    return opdef is None or getattr(opdef, "_abstract_fn", True) is not None
 
 
 def public_name(fn: Any) -> str | None:

@@ -162,6 +162,14 @@ class FrameValuesMixin:
             g.identity_match(source.attr("__func__"), value.__func__)
             g.identity_match(source.attr("__self__"), value.__self__)
             return self.object_var(value, source)
+        if (isinstance(value, types.BuiltinMethodType) and isinstance(value.__self__, type)
+                and guard):
+            # A C method of a class, also bound on each read (``dict.fromkeys``; a custom
+            # ``autograd.Function``'s ``apply`` from PyTorch 2.14: minicompile/compat.py):
+            # what it is bound to and its name.
+            g.identity_match(source.attr("__self__"), value.__self__)
+            g.constant_match(source.attr("__name__"), value.__name__)
+            return self.object_var(value, source)
         if guard:
             if is_user_object(value) and not isinstance(value, torch.nn.Module):
                 g.type_match(source, value)

@@ -32,7 +32,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from minicompile import ops
+from minicompile import compat, ops
 from minicompile.capture import mutation
 from minicompile.capture.torch_ops import Emitter, parse, register, shape_of, tensor_arg
 from minicompile.capture.variables import TensorVar
@@ -118,8 +118,7 @@ def batch_norm(em: Emitter, fname: str, x: Any, mean: Any, var: Any, weight: Any
 def _cuda_dense_layout(x: TensorVar) -> tuple[int, ...] | None:
     """``x``'s strides where eager's CUDA batch norm gives its result that layout
     (``empty_like``: a CUDA input without gaps or overlaps, static sizes), else None."""
-    from torch._prims_common import is_non_overlapping_and_dense_or_false
-
+    is_non_overlapping_and_dense_or_false = compat.prims_common().is_non_overlapping_and_dense_or_false
     if x.meta.device.type != "cuda" or x.meta.is_symbolic:
         return None
     fake = x.meta.fake()

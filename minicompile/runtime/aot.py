@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 
+from minicompile import compat
 from minicompile.config import Config
 from minicompile.errors import BackendCompilerFailed
 from minicompile.runtime import cache
@@ -141,7 +142,7 @@ def torch_flags() -> tuple[list[str], list[str]]:
     """Compiler flags for PyTorch's C++ headers, and linker flags for its libraries."""
     from torch.utils import cpp_extension
 
-    abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
+    abi = compat.cxx11_abi()
     compile_flags = ["-std=c++20", f"-D_GLIBCXX_USE_CXX11_ABI={abi}"]
     compile_flags += [f"-I{p}" for p in cpp_extension.include_paths()]
     lib_dirs = cpp_extension.library_paths()
@@ -256,8 +257,7 @@ class ExportedModel:
     signature: dict
 
     def __call__(self, *args: torch.Tensor) -> Any:
-        from torch._C import _aoti
-
+        _aoti = compat.aoti()
         if not all(isinstance(a, torch.Tensor) for a in args):
             raise TypeError("an exported model takes tensors")
         # New at::Tensor handles (in PyCapsules), which mc_run takes over and deletes.

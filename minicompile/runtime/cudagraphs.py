@@ -43,16 +43,14 @@ from typing import Any
 
 import torch
 
-from minicompile import trace
+from minicompile import compat, trace
 
 LIMIT = 8  # recorded graphs per compiled graph (one per set of sizes)
 STALE = ("minicompile: this tensor is an output of a CUDA graph (mode='reduce-overhead') that a "
          "later call of the same compiled function has overwritten; clone() an output to keep it "
          "past the next call")
 
-_invalidate = getattr(torch._C, "_set_storage_data_ptr_access_error_msg", None)
-_storage_at = getattr(torch._C, "_construct_storage_from_data_pointer", None)
-_storage_use_count = getattr(torch._C, "_storage_Use_Count", None)
+_invalidate, _storage_at, _storage_use_count = compat.storage_functions()
 
 
 def alone(t: torch.Tensor, ours: int = 1) -> bool:

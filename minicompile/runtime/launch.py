@@ -25,13 +25,12 @@ from typing import Any
 
 import torch
 
-from minicompile import perf
+from minicompile import compat, perf
 from minicompile.runtime import triton_build
 from minicompile.runtime.triton_build import int_class
 
-_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-_current_device = getattr(torch._C, "_cuda_getDevice", None)
-_static_launcher = getattr(torch._C, "_StaticCudaLauncher", None)
+_raw_stream, _current_device = compat.cuda_stream_functions()
+_static_launcher = compat.STATIC_CUDA_LAUNCHER
 
 
 class Example:

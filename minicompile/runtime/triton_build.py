@@ -44,7 +44,7 @@ from typing import Any
 
 import torch
 
-from minicompile import config, perf
+from minicompile import compat, config, perf
 from minicompile.runtime import cache, toolchain
 
 WORKER = Path(__file__).with_name("triton_worker.py")
@@ -69,7 +69,7 @@ class Built:
 
 
 def _launcher() -> Any:
-    return getattr(torch._C, "_StaticCudaLauncher", None)
+    return compat.STATIC_CUDA_LAUNCHER
 
 
 @functools.lru_cache(maxsize=None)

@@ -1,0 +1,159 @@
+"""minicompile/compat.py on the PyTorch this suite runs on: every entry answers, and answers
+what the rest of the compiler relies on.  CI runs the suite on each supported release (the
+newest a fresh install picks, and the pinned CPU build), so each is checked on each."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import minicompile
+from minicompile import compat
+
+
+class Double(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):  # noqa: ANN001, ANN205
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, grad):  # noqa: ANN001, ANN205
+        return grad * 2
+
+
+class DoubleAgain(Double):
+    pass
+
+
+class OwnApply(torch.autograd.Function):
+    """A class that defines ``apply`` itself: not autograd's ``apply``."""
+
+    @classmethod
+    def apply(cls, x):  # noqa: ANN001, ANN206
+        return x
+
+
+class NotAFunction:
+    @classmethod
+    def apply(cls, x):  # noqa: ANN001, ANN206
+        return x
+
+
+def test_the_running_release_is_one_the_readme_names() -> None:
+    assert compat.TORCH_VERSION in compat.TESTED, (
+        f"PyTorch {torch.__version__} is not among the tested releases {compat.TESTED}: "
+        "run the suite on it, then name it in compat.TESTED and the README")
+
+
+def test_autograd_function_apply_is_recognised() -> None:
+    assert compat.autograd_function_of(Double.apply) is Double
+    assert compat.autograd_function_of(DoubleAgain.apply) is DoubleAgain
+    for other in (OwnApply.apply, NotAFunction.apply, Double.forward, torch.sin, len, None,
+                  Double, torch.ones(1).add):
+        assert compat.autograd_function_of(other) is None, other
+
+
+def test_prims_common_has_what_the_metadata_rules_use() -> None:
+    pc = compat.prims_common()
+    x = torch.empty(2, 3, 4, 5).to(memory_format=torch.channels_last)
+    assert pc.suggest_memory_format(x) == torch.channels_last
+    assert pc.is_non_overlapping_and_dense_or_false(x)
+    kind = pc.ELEMENTWISE_TYPE_PROMOTION_KIND.DEFAULT
+    assert pc.elementwise_dtypes(torch.ones(1, dtype=torch.int32), 1.5,
+                                 type_promotion_kind=kind) == (torch.float32, torch.float32)
+    perm, _ = pc.compute_elementwise_output_logical_to_physical_perm(x)
+    assert list(perm) == [0, 2, 3, 1]
+
+
+def test_fake_tensors_and_symbols() -> None:
+    env = compat.shape_env(duck_shape=False)
+    mode = compat.fake_tensor_mode(shape_env=env, allow_non_fake_inputs=True)
+    source = compat.source_class()("x.size()[0]")
+    assert source.name == "x.size()[0]" and source.name() == "x.size()[0]"
+    sym = env.create_symbol(5, source, dynamic_dim=compat.dynamic_dim())
+    size = env.create_symintnode(sym, hint=5, source=source)
+    with mode, compat.python_dispatcher():
+        fake = torch.empty(size, 3)
+        out = torch.nn.functional.linear(fake, torch.empty(4, 3))
+    assert out.shape[1] == 4 and str(out.shape[0]) == str(sym)
+    assert compat.sympy_functions().FloorDiv is not None
+
+
+def test_dispatch_mode_base_sees_operators() -> None:
+    seen = []
+
+    class Recorder(compat.TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
+            seen.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    with Recorder():
+        torch.ones(2).sin()
+    assert any("sin" in name for name in seen)
+
+
+def test_custom_op_fake_kernel_is_seen() -> None:
+    @torch.library.custom_op("mc_compat_test::plain", mutates_args=())
+    def plain(x: torch.Tensor) -> torch.Tensor:
+        return x * 2
+
+    @torch.library.custom_op("mc_compat_test::faked", mutates_args=())
+    def faked(x: torch.Tensor) -> torch.Tensor:
+        return x * 2
+
+    @faked.register_fake
+    def _(x: torch.Tensor) -> torch.Tensor:
+        return torch.empty_like(x)
+
+    ops = torch.ops.mc_compat_test
+    assert not compat.custom_op_has_fake_kernel(ops.plain.default)
+    assert compat.custom_op_has_fake_kernel(ops.faked.default)
+    assert compat.custom_op_has_fake_kernel(torch.ops.aten.sin.default)
+
+
+def test_cuda_entry_points_follow_the_build() -> None:
+    # CUDA builds have the launcher and the stream calls (also on a machine without a
+    # GPU); the CPU build has none of them.
+    stream, device = compat.cuda_stream_functions()
+    cuda_only = [compat.STATIC_CUDA_LAUNCHER, stream, device]
+    if torch.version.cuda is None:
+        assert cuda_only == [None] * 3
+    else:
+        assert all(callable(e) for e in cuda_only)
+    if torch.cuda.is_available():
+        assert all(callable(e) for e in compat.storage_functions())
+
+
+def test_abi_and_export_handles() -> None:
+    assert compat.cxx11_abi() in (0, 1)
+    aoti = compat.aoti()
+    handles = aoti.unsafe_alloc_void_ptrs_from_tensors([torch.arange(3.0)])
+    (back,) = aoti.alloc_tensors_by_stealing_from_void_ptrs(handles)
+    assert back.tolist() == [0.0, 1.0, 2.0]
+
+
+@pytest.fixture
+def fresh() -> None:
+    minicompile.reset()
+
+
+def test_class_bound_c_methods_are_guarded_without_recompiles(fresh: None) -> None:
+    """``Double.apply`` is a new object at every read (a builtin bound method from
+    PyTorch 2.14, a bound classmethod before): guarded by what it is bound to, it compiles
+    once, with no grad (inlined) and with grad (a library call)."""
+
+    @minicompile.compile(backend="cpp")
+    def fn(x):  # noqa: ANN001, ANN202
+        return DoubleAgain.apply(Double.apply(x)) * 0.5
+
+    for requires_grad in (False, True):
+        minicompile.reset()
+        for _ in range(3):
+            x = torch.randn(4, requires_grad=requires_grad)
+            out = fn(x)
+            torch.testing.assert_close(out, x * 2)
+            if requires_grad:
+                out.sum().backward()
+                torch.testing.assert_close(x.grad, torch.full((4,), 2.0))
+        stats = minicompile.stats()
+        assert (stats["graphs"], stats["recompiles"], stats["graph_breaks"]) == (1, 0, 0)

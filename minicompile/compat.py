@@ -17,6 +17,12 @@ on).  What differs between them, and how each entry handles it:
   them, the CUDA build of 2.14 has them even on a machine without a GPU.  Each is None where
   missing (:data:`STATIC_CUDA_LAUNCHER`, :func:`cuda_stream_functions`,
   :func:`storage_functions`), and callers also ask ``torch.cuda.is_available()``.
+- The gradient of ``clamp`` at its bounds: with number bounds, 1 up to 2.13 (``min <= x <=
+  max`` passes it) and 0 from 2.14 (``min < x < max``); with tensor bounds, 2.14 also gives
+  0.5 at a tie and passes it to a NaN input.  :func:`clamp_gradient_at_bounds` asks the
+  running PyTorch (passes/decompose.py follows it for number bounds); a clamp by tensor
+  bounds that takes a gradient is a library call (capture/torch_ops.py), eager's own
+  backward on every release.
 - ``torch._guards.Source.name``: a method in older releases, a cached property in 2.11 to
   2.14; :func:`source_class` makes a source whose name works either way.
 
@@ -68,6 +74,15 @@ def autograd_function_of(value: Any) -> type | None:
     except AttributeError:
         return None
     return owner if found is _FUNCTION_APPLY else None
+
+
+@functools.cache
+def clamp_gradient_at_bounds() -> bool:
+    """Whether ``x.clamp(min, max)`` with number bounds passes the gradient where ``x``
+    equals a bound (up to 2.13) or not (2.14), asked of this PyTorch once."""
+    x = torch.zeros(1, requires_grad=True)
+    (grad,) = torch.autograd.grad(x.clamp(min=0.0).sum(), x)
+    return bool(grad[0] == 1.0)
 
 
 # -- CUDA runtime entry points (CUDA builds only) ---------------------------------------------

@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from minicompile import compat
 from minicompile.graph import Graph, Node, TensorMeta, flatten_nodes
 from minicompile.ops import infer_meta
 
@@ -91,6 +92,9 @@ def _clamp(b: _Builder, x: Node, min: Any = None, max: Any = None) -> Node:
         out = b("where", b("gt", out, max), max, out)
     if b.requires_grad and x.meta.dtype.is_floating_point:  # eager: no gradient to a NaN
         out = b("where", b("ne", x, x), b("detach", x), out)
+        if not compat.clamp_gradient_at_bounds():  # PyTorch 2.14: none at a bound either
+            for bound in (v for v in (min, max) if v is not None):
+                out = b("where", b("eq", x, bound), b("detach", out), out)
     return out
 
 

@@ -157,3 +157,11 @@ def test_class_bound_c_methods_are_guarded_without_recompiles(fresh: None) -> No
                 torch.testing.assert_close(x.grad, torch.full((4,), 2.0))
         stats = minicompile.stats()
         assert (stats["graphs"], stats["recompiles"], stats["graph_breaks"]) == (1, 0, 0)
+
+
+def test_clamp_gradient_at_bounds_is_eagers() -> None:
+    x = torch.tensor([0.0, 1.0, 0.5], requires_grad=True)
+    (grad,) = torch.autograd.grad(x.clamp(0.0, 1.0).sum(), x)
+    expected = 1.0 if compat.clamp_gradient_at_bounds() else 0.0
+    assert grad.tolist() == [expected, expected, 1.0]
+    assert compat.clamp_gradient_at_bounds() == (compat.TORCH_VERSION < (2, 14))

@@ -391,15 +391,20 @@ def _where_method(em: Emitter, fname: str, args: tuple, kwargs: dict) -> Any:
 
 def clamp(em: Emitter, fname: str, x: Any, lo: Any, hi: Any) -> Any:
     """Number bounds give one ``clamp`` node; tensor bounds give maximum/minimum nodes
-    (``min(max(x, lo), hi)``, eager's definition)."""
+    (``min(max(x, lo), hi)``, eager's values).  Where a gradient flows through tensor
+    bounds, eager's convention at ties and NaN is neither maximum's nor minimum's and
+    differs between releases (minicompile/compat.py): ``torch.clamp`` is a library call."""
     x = tensor_arg(fname, x)
     if lo is None and hi is None:
         raise Unsupported(f"{fname}(): at least one of min and max is needed (eager raises)")
     for bound in (lo, hi):
         if bound is not None:
             scalar_or_tensor(fname, bound)
-    if not isinstance(lo, TensorVar) and not isinstance(hi, TensorVar):
+    tensors = [v for v in (x, lo, hi) if isinstance(v, TensorVar)]
+    if len(tensors) == 1:
         return em.op("clamp", (x,), {"min": lo, "max": hi})
+    if em.grad_enabled and any(v.meta.requires_grad for v in tensors):
+        return em.extern(torch.clamp, (x, lo, hi), {})
     out = x
     if lo is not None:
         out = (

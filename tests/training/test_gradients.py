@@ -121,6 +121,9 @@ KINKS = {
     "relu_after_relu": lambda x: torch.relu(torch.relu(x) - 0.5) + torch.relu(x),
     "clamp": lambda x: x.clamp(-0.5, 0.5),
     "clamp_min": lambda x: x.clamp(min=0.0),
+    # Tensor bounds: ties get 1 up to PyTorch 2.13, 0.5 from 2.14 (minicompile/compat.py).
+    "clamp_tensor_bounds": lambda x: x.clamp(torch.full_like(x, -0.5), torch.full_like(x, 0.5)),
+    "clamp_min_tensor": lambda x: torch.clamp(x, min=torch.zeros_like(x)),
     "abs": lambda x: torch.abs(x),
     "maximum_ties": lambda x: torch.maximum(x, x.roll(1, 0)),
     "hardtanh": lambda x: torch.nn.functional.hardtanh(x, -0.5, 0.5),

@@ -111,18 +111,13 @@ def from_env(env: dict[str, str] | os._Environ = os.environ) -> Config:
     if env.get("MINICOMPILE_COMPILE_THREADS", "").strip():
         threads = int(env["MINICOMPILE_COMPILE_THREADS"])
         cfg = dataclasses.replace(cfg, compile_threads=max(1, threads))
-    if env.get("MINICOMPILE_LAYOUT_OPT", "").strip():
-        layout_opt = env["MINICOMPILE_LAYOUT_OPT"].strip().lower()
-        if layout_opt not in LAYOUT_OPTS:
-            raise ValueError(f"MINICOMPILE_LAYOUT_OPT: {layout_opt!r} is not one of "
-                             f"{', '.join(LAYOUT_OPTS)}")
-        cfg = dataclasses.replace(cfg, layout_opt=layout_opt)
-    if env.get("MINICOMPILE_GEMM_PADDING", "").strip():
-        padding = env["MINICOMPILE_GEMM_PADDING"].strip().lower()
-        if padding not in GEMM_PADDINGS:
-            raise ValueError(f"MINICOMPILE_GEMM_PADDING: {padding!r} is not one of "
-                             f"{', '.join(GEMM_PADDINGS)}")
-        cfg = dataclasses.replace(cfg, gemm_padding=padding)
+    for field, choices in (("layout_opt", LAYOUT_OPTS), ("gemm_padding", GEMM_PADDINGS)):
+        variable = f"MINICOMPILE_{field.upper()}"
+        if env.get(variable, "").strip():
+            value = env[variable].strip().lower()
+            if value not in choices:
+                raise ValueError(f"{variable}: {value!r} is not one of {', '.join(choices)}")
+            cfg = dataclasses.replace(cfg, **{field: value})
     if "MINICOMPILE_CACHE_DIR" in env:
         cfg = dataclasses.replace(cfg, cache_dir=Path(env["MINICOMPILE_CACHE_DIR"]))
     if "MINICOMPILE_TRACE_DIR" in env:

@@ -2,10 +2,11 @@
 
 cuBLAS picks its fast kernels only where the leading dimension of every matrix it reads
 and writes is a multiple of 16 bytes.  Eager's result of ``F.linear`` (``torch.mm``,
-``torch.addmm``) is contiguous, so its leading dimension is the number of output features:
-GPT-2's LM head writes rows of 50257 bf16 logits, on which cuBLAS runs an ``align1``
-kernel, 6.7 ms on an H200 for 16 x 512 tokens against 0.88 ms into aligned rows.  Its
-operands are fine (the weight is read as a clean transpose, leading dimension 768).
+``torch.addmm``, ``torch.matmul`` by a matrix) is contiguous, so its leading dimension is
+the number of output features: GPT-2's LM head writes rows of 50257 bf16 logits, on which
+cuBLAS runs an ``align1`` kernel, 6.7 ms on an H200 for 16 x 512 tokens against 0.88 ms into
+aligned rows.  Its operands are fine (the weight is read as a clean transpose, leading
+dimension 768).
 
 Here such a product becomes the same library call written into rows padded to 16 bytes
 (``minicompile/runtime/gemm.py``), as Inductor's ``pad_mm`` does by padding the operands:
@@ -39,8 +40,9 @@ from minicompile.graph import Graph, Node, TensorMeta, copy_graph
 from minicompile.passes.layout import dense_strides, same_layout
 from minicompile.runtime import gemm
 
-LINEAR, ADDMM, MM = "torch.nn.functional.linear", "torch.addmm", "torch.mm"
-PADDED = {LINEAR: gemm.linear, ADDMM: gemm.addmm, MM: gemm.mm}
+LINEAR, ADDMM, MM, MATMUL = ("torch.nn.functional.linear", "torch.addmm", "torch.mm",
+                              "torch.matmul")
+PADDED = {LINEAR: gemm.linear, ADDMM: gemm.addmm, MM: gemm.mm, MATMUL: gemm.matmul}
 AUTO_DTYPES = frozenset({torch.float16, torch.bfloat16})
 # Readers that read the product inside a fused kernel, by whatever strides it has.
 FUSED_READERS = frozenset({"unary", "binary", "ternary", "cast", "reduction", "copy"})
@@ -58,17 +60,21 @@ def _contiguous(meta: TensorMeta) -> bool:
 
 
 def _plain_call(node: Node) -> tuple[Node, ...] | None:
-    """The product's tensor arguments (input, weight[, bias]; [bias,] mat1, mat2) where the
-    call is plain: no alpha/beta, a contiguous static input of two or more dims."""
+    """The product's tensor arguments (input, weight[, bias]; [bias,] mat1, mat2; input,
+    other) where the call is plain: no alpha/beta, a contiguous static input of two or more
+    dims (and for matmul a matrix ``other``: one product of the input's rows)."""
     args = node.args + tuple(node.kwargs.values())
     if node.target == LINEAR:
         if set(node.kwargs) - {"bias"} or len(args) > 3:
             return None
         tensors = tuple(a for a in args if a is not None)
-    elif node.target in (ADDMM, MM):
+    elif node.target in (ADDMM, MM, MATMUL):
         if node.kwargs:
             return None
         tensors = args
+        if node.target == MATMUL and (len(args) != 2 or not isinstance(args[1], Node)
+                                      or args[1].meta.ndim != 2):
+            return None  # (a batched product: bmm)
     else:
         return None
     if not all(isinstance(a, Node) and isinstance(a.meta, TensorMeta) and _static(a.meta)

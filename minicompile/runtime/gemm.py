@@ -6,7 +6,8 @@ cuBLAS runs its fast kernels (on an H100 or H200, the sm90 ones) only where ever
 leading dimension is a multiple of 16 bytes; a result of rows of 50257 bf16 values gets an
 ``align1`` kernel, 7x slower on the LM head of GPT-2 small (6.7 ms against 0.88).  Each
 function here computes what its PyTorch namesake does, with the same library call
-(``torch.mm``/``torch.addmm``, as ATen's ``linear`` makes it for a contiguous input), into a
+(``torch.mm``/``torch.addmm``, as ATen's ``linear`` and ``matmul`` make it for a contiguous
+input), into a
 result whose last dim is contiguous and whose rows start every :func:`padded_row` elements.
 """
 
@@ -49,6 +50,14 @@ def linear(input: torch.Tensor, weight: torch.Tensor,
         torch.mm(rows, weight.t(), out=flat)
     else:
         torch.addmm(bias, rows, weight.t(), out=flat)
+    return out
+
+
+def matmul(input: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
+    """``torch.matmul(input, other)`` for a contiguous input of two or more dims and a
+    matrix ``other``: one product of the input's rows, as ATen folds it."""
+    out = _padded_out((*input.shape[:-1], other.shape[1]), input)
+    torch.mm(input.reshape(-1, input.shape[-1]), other, out=out.view(-1, out.shape[-1]))
     return out
 
 

@@ -37,7 +37,8 @@ PRODUCTS = {"mm", "addmm", "bmm", "baddbmm"}
 
 
 class WideProducts(TorchDispatchMode):
-    """Records the operands (shape:strides) of the matrix products with a VOCAB-wide result."""
+    """Records the operands (shape:strides) of the matrix products with a result of VOCAB
+    columns or more (padded: more)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -46,7 +47,7 @@ class WideProducts(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
         kwargs = kwargs or {}
         result = func(*args, **kwargs)
-        if func.overloadpacket.__name__ in PRODUCTS and result.shape[-1] == VOCAB:
+        if func.overloadpacket.__name__ in PRODUCTS and result.shape[-1] >= VOCAB:
             named = [(f"arg{i}", a) for i, a in enumerate(args)] + [*kwargs.items(),
                                                                     ("result", result)]
             self.calls.append(f"{func}(" + ", ".join(

@@ -2,18 +2,23 @@
 passes/gemm_padding.py puts in a graph where eager's result would have rows of an odd
 length (GPT-2's LM head: 50257 logits a token).
 
-cuBLAS runs its fast kernels (on an H100 or H200, the sm90 ones) only where every matrix's
-leading dimension is a multiple of 16 bytes; a result of rows of 50257 bf16 values gets an
-``align1`` kernel, 7x slower on the LM head of GPT-2 small (6.7 ms against 0.88).  Each
-function here computes what its PyTorch namesake does, with the same library call
-(``torch.mm``/``torch.addmm``, as ATen's ``linear`` and ``matmul`` make it for a contiguous
-input), into a
-result whose last dim is contiguous and whose rows start every :func:`padded_row` elements.
+cuBLAS runs its fast kernels (on an H100 or H200, the sm90 ones) only where the matrices'
+dimensions and leading dimensions are multiples of 16 bytes; a result of rows of 50257 bf16
+values gets an ``align1`` kernel, 6.6 ms for GPT-2 small's LM head over 16 x 512 tokens on
+an H200.  Padded rows alone are not enough (measured: the same ``align1`` kernel with the
+rows written 50264 apart): the product's own column count must be aligned, as Inductor's
+``pad_mm`` makes it.  Each function here computes what its PyTorch namesake does, with the
+same library call (``torch.mm``/``torch.addmm``, as ATen's ``linear`` and ``matmul`` make it
+for a contiguous input), on the right operand with its columns (a linear's weight rows)
+zero-padded to a multiple of 16 bytes (a copy each call: GPT-2's 50257 x 768 weight is
+77 MB, about 0.04 ms), and returns the result's first columns: rows :func:`padded_row`
+elements apart.
 """
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 ALIGN_BYTES = 16
 
@@ -34,39 +39,45 @@ def padded_strides(shape: tuple[int, ...], itemsize: int) -> tuple[int, ...]:
     return tuple(strides)
 
 
-def _padded_out(shape: tuple[int, ...], like: torch.Tensor) -> torch.Tensor:
-    return torch.empty_strided(shape, padded_strides(shape, like.element_size()),
-                               dtype=like.dtype, device=like.device)
+def _pad_last(t: torch.Tensor, n: int) -> torch.Tensor:
+    """``t`` with its last dim, of size ``n``, zero-padded to :func:`padded_row`."""
+    return F.pad(t, (0, padded_row(n, t.element_size()) - n))
+
+
+def _pad_bias(bias: torch.Tensor, n: int) -> torch.Tensor:
+    """A bias broadcast over the product's columns: padded where it has them all."""
+    return _pad_last(bias, n) if bias.ndim and bias.shape[-1] == n else bias
 
 
 def linear(input: torch.Tensor, weight: torch.Tensor,
            bias: torch.Tensor | None = None) -> torch.Tensor:
     """``F.linear(input, weight, bias)`` for a contiguous input of two or more dims: the
-    product of its rows and ``weight.t()`` (a clean transpose), as ATen's linear does."""
-    out = _padded_out((*input.shape[:-1], weight.shape[0]), input)
+    product of its rows and the weight's rows padded with zeros (a copy of the weight),
+    its first ``weight.shape[0]`` columns."""
+    n = weight.shape[0]
+    padded = F.pad(weight, (0, 0, 0, padded_row(n, weight.element_size()) - n))
     rows = input.reshape(-1, input.shape[-1])  # a view: the input is contiguous
-    flat = out.view(-1, out.shape[-1])  # stride (padded row, 1): written in place
     if bias is None:
-        torch.mm(rows, weight.t(), out=flat)
+        full = torch.mm(rows, padded.t())
     else:
-        torch.addmm(bias, rows, weight.t(), out=flat)
-    return out
+        full = torch.addmm(_pad_bias(bias, n), rows, padded.t())
+    return full.view(*input.shape[:-1], full.shape[-1])[..., :n]
 
 
 def matmul(input: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
     """``torch.matmul(input, other)`` for a contiguous input of two or more dims and a
     matrix ``other``: one product of the input's rows, as ATen folds it."""
-    out = _padded_out((*input.shape[:-1], other.shape[1]), input)
-    torch.mm(input.reshape(-1, input.shape[-1]), other, out=out.view(-1, out.shape[-1]))
-    return out
+    n = other.shape[1]
+    full = torch.mm(input.reshape(-1, input.shape[-1]), _pad_last(other, n))
+    return full.view(*input.shape[:-1], full.shape[-1])[..., :n]
 
 
 def mm(input: torch.Tensor, mat2: torch.Tensor) -> torch.Tensor:
     """``torch.mm(input, mat2)``."""
-    return torch.mm(input, mat2, out=_padded_out((input.shape[0], mat2.shape[1]), input))
+    return torch.mm(input, _pad_last(mat2, mat2.shape[1]))[:, :mat2.shape[1]]
 
 
 def addmm(input: torch.Tensor, mat1: torch.Tensor, mat2: torch.Tensor) -> torch.Tensor:
     """``torch.addmm(input, mat1, mat2)`` (beta and alpha 1)."""
-    out = _padded_out((mat1.shape[0], mat2.shape[1]), mat1)
-    return torch.addmm(input, mat1, mat2, out=out)
+    n = mat2.shape[1]
+    return torch.addmm(_pad_bias(input, n), mat1, _pad_last(mat2, n))[:, :n]

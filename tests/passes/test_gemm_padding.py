@@ -41,14 +41,18 @@ def test_fused_readers_read_padded_rows_and_outputs_are_copied_only_where_it_pay
 
 
 def test_padded_products_match_eager_with_eager_strides() -> None:
-    def f(x, w, b, w2):
-        return F.linear(x, w), F.gelu(F.linear(x, w, b)), torch.relu(x @ w2).sum(-1)
+    def f(x, w, b, w2, m, bias2d):
+        return (F.linear(x, w), F.gelu(F.linear(x, w, b)), torch.relu(x @ w2).sum(-1),
+                torch.mm(m, w2).cos(), torch.addmm(b, m, w.t()).exp(),
+                torch.addmm(bias2d, m, w2).tanh())
 
-    x, w, b = torch.randn(8, 160, 128), torch.randn(1001, 128), torch.randn(1001)
-    w2 = torch.randn(128, 1003)
-    with config.patch(gemm_padding="on", logs=frozenset({"graph"})):
-        compiled = minicompile.compile(f, backend="cpp")
-        got = compiled(x, w, b, w2)
-    for a, e in zip(got, f(x, w, b, w2)):
-        torch.testing.assert_close(a, e, rtol=1e-4, atol=1e-4)
-        assert a.stride() == e.stride()
+    compiled = minicompile.compile(f, backend="cpp")
+    for _ in range(2):  # fresh values each call: nothing of the first call is baked in
+        x, w, b = torch.randn(8, 160, 128), torch.randn(1001, 128), torch.randn(1001)
+        w2, m, bias2d = torch.randn(128, 1003), torch.randn(33, 128), torch.randn(33, 1003)
+        with config.patch(gemm_padding="on", logs=frozenset({"graph"})):
+            got = compiled(x, w, b, w2, m, bias2d)
+        want = f(x, w, b, w2, m, bias2d)
+        for a, e in zip(got, want, strict=True):
+            torch.testing.assert_close(a, e, rtol=1e-4, atol=1e-4)
+            assert a.stride() == e.stride()

@@ -20,6 +20,7 @@ LOG_PARTS = (
 )
 
 LAYOUT_OPTS = ("auto", "channels_last", "off")
+GEMM_PADDINGS = ("auto", "on", "off")
 
 
 def _flag(value: str | None) -> bool:
@@ -72,6 +73,11 @@ class Config:
     # (passes/layout.py): "auto" on CUDA where Inductor's heuristics expect it to be faster,
     # "channels_last" always, "off" never.  MINICOMPILE_LAYOUT_OPT.
     layout_opt: str = "auto"
+    # Matrix products whose result rows are not a multiple of 16 bytes write them padded,
+    # where cuBLAS is faster on them (passes/gemm_padding.py): "auto" (16-bit floats on
+    # CUDA), "on" (any float, any device: how CPU tests see it), "off".
+    # MINICOMPILE_GEMM_PADDING.
+    gemm_padding: str = "auto"
 
     def __post_init__(self) -> None:
         for name in ("cache_dir", "trace_dir"):  # a str given for a folder (patch, replace)
@@ -105,12 +111,13 @@ def from_env(env: dict[str, str] | os._Environ = os.environ) -> Config:
     if env.get("MINICOMPILE_COMPILE_THREADS", "").strip():
         threads = int(env["MINICOMPILE_COMPILE_THREADS"])
         cfg = dataclasses.replace(cfg, compile_threads=max(1, threads))
-    if env.get("MINICOMPILE_LAYOUT_OPT", "").strip():
-        layout_opt = env["MINICOMPILE_LAYOUT_OPT"].strip().lower()
-        if layout_opt not in LAYOUT_OPTS:
-            raise ValueError(f"MINICOMPILE_LAYOUT_OPT: {layout_opt!r} is not one of "
-                             f"{', '.join(LAYOUT_OPTS)}")
-        cfg = dataclasses.replace(cfg, layout_opt=layout_opt)
+    for field, choices in (("layout_opt", LAYOUT_OPTS), ("gemm_padding", GEMM_PADDINGS)):
+        variable = f"MINICOMPILE_{field.upper()}"
+        if env.get(variable, "").strip():
+            value = env[variable].strip().lower()
+            if value not in choices:
+                raise ValueError(f"{variable}: {value!r} is not one of {', '.join(choices)}")
+            cfg = dataclasses.replace(cfg, **{field: value})
     if "MINICOMPILE_CACHE_DIR" in env:
         cfg = dataclasses.replace(cfg, cache_dir=Path(env["MINICOMPILE_CACHE_DIR"]))
     if "MINICOMPILE_TRACE_DIR" in env:

@@ -82,6 +82,7 @@ def compile_graph(
     A graph whose outputs take gradients (grad mode on, inputs requiring grad) compiles its
     backward too and runs as an autograd.Function."""
     from minicompile.passes.autograd import differentiate, requires_grad
+    from minicompile.passes.gemm_padding import pad_gemm_results
     from minicompile.passes.layout import optimize_layout
     from minicompile.passes.pipeline import run_graph_passes
     from minicompile.runtime.autograd import TrainingStep, make_runner
@@ -91,8 +92,10 @@ def compile_graph(
         graph, _timings = run_graph_passes(capture.graph)
         # Before the backward is derived: it then sees the layouts the forward chose.
         graph, layout = optimize_layout(graph, cfg.layout_opt)
-    if layout:
-        trace.emit("graph", f"{name} layout", layout)
+        graph, padding = pad_gemm_results(graph, cfg.gemm_padding)
+    for text in (layout, padding):
+        if text:
+            trace.emit("graph", f"{name} layout", text)
     backend, interpret = pick_backend(cfg, capture)
     get_inputs = capture.get_inputs
     rebuild = capture.rebuild

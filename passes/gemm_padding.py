@@ -1,0 +1,140 @@
+"""Matrix products whose result rows have an odd length write them padded to 16 bytes.
+
+cuBLAS picks its fast kernels only where the leading dimension of every matrix it reads
+and writes is a multiple of 16 bytes.  Eager's result of ``F.linear`` (``torch.mm``,
+``torch.addmm``, ``torch.matmul`` by a matrix) is contiguous, so its leading dimension is
+the number of output features: GPT-2's LM head writes rows of 50257 bf16 logits, on which
+cuBLAS runs an ``align1`` kernel, 6.7 ms on an H200 for 16 x 512 tokens against 0.88 ms into
+aligned rows.  Its operands are fine (the weight is read as a clean transpose, leading
+dimension 768).
+
+Here such a product becomes the same library call written into rows padded to 16 bytes
+(``minicompile/runtime/gemm.py``), as Inductor's ``pad_mm`` does by padding the operands:
+
+- its pointwise and reduction readers read the padded rows in their fused kernels, at no
+  cost (their own results keep eager's layout: the dims lie in the same order);
+- a graph output is copied to eager's strides (``to_eager_layout``, a fused copy kernel):
+  two passes over the result, worth it where the product does many multiply-adds per
+  result element (:data:`MIN_K`) and the result is not so small that a kernel launch
+  outweighs it (:data:`MIN_COPIED`).  On the issue's numbers the aligned product plus the
+  copy costs 1.3 ms where eager's product takes 6.7 ms; at K = 64 they would break even.
+- any other reader (a view, a library call) keeps eager's layout: the product is left as is.
+
+Only for inference (a product that takes a gradient stays one library call); only static
+sizes.  ``cfg.gemm_padding``: "auto" pads 16-bit floating-point products on CUDA (tensor-core
+kernels); "on" any floating-point product on any device (how the CPU tests see what a GPU
+gets); "off" never.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+import sympy
+import torch
+
+from minicompile import ops
+from minicompile.config import GEMM_PADDINGS as MODES
+from minicompile.graph import Graph, Node, TensorMeta, copy_graph
+from minicompile.passes.layout import dense_strides, same_layout
+from minicompile.runtime import gemm
+
+LINEAR, ADDMM, MM, MATMUL = ("torch.nn.functional.linear", "torch.addmm", "torch.mm",
+                              "torch.matmul")
+PADDED = {LINEAR: gemm.linear, ADDMM: gemm.addmm, MM: gemm.mm, MATMUL: gemm.matmul}
+AUTO_DTYPES = frozenset({torch.float16, torch.bfloat16})
+# Readers that read the product inside a fused kernel, by whatever strides it has.
+FUSED_READERS = frozenset({"unary", "binary", "ternary", "cast", "reduction", "copy"})
+MIN_K = 128  # multiply-adds per result element, where the result must be copied back
+MIN_COPIED = 1 << 20  # result elements, where it must be copied back
+
+
+def _static(meta: TensorMeta) -> bool:
+    return all(sympy.sympify(v).is_Integer for v in (*meta.shape, *meta.stride))
+
+
+def _contiguous(meta: TensorMeta) -> bool:
+    row_major = dense_strides(meta.shape, tuple(range(meta.ndim)))
+    return same_layout(meta, dataclasses.replace(meta, stride=row_major))
+
+
+def _plain_call(node: Node) -> tuple[Node, ...] | None:
+    """The product's tensor arguments (input, weight[, bias]; [bias,] mat1, mat2; input,
+    other) where the call is plain: no alpha/beta, a contiguous static input of two or more
+    dims (and for matmul a matrix ``other``: one product of the input's rows)."""
+    args = node.args + tuple(node.kwargs.values())
+    if node.target == LINEAR:
+        if set(node.kwargs) - {"bias"} or len(args) > 3:
+            return None
+        tensors = tuple(a for a in args if a is not None)
+    elif node.target in (ADDMM, MM, MATMUL):
+        if node.kwargs:
+            return None
+        tensors = args
+        if node.target == MATMUL and (len(args) != 2 or not isinstance(args[1], Node)
+                                      or args[1].meta.ndim != 2):
+            return None  # (a batched product: bmm)
+    else:
+        return None
+    if not all(isinstance(a, Node) and isinstance(a.meta, TensorMeta) and _static(a.meta)
+               for a in tensors):
+        return None
+    x = tensors[1] if node.target == ADDMM else tensors[0]
+    if x.meta.ndim < 2 or not _contiguous(x.meta):
+        return None
+    return tensors
+
+
+def _pads(node: Node, mode: str) -> bool:
+    """Whether ``node``'s result is written into padded rows (see the module's doc)."""
+    meta = node.meta
+    if (not isinstance(meta, TensorMeta) or node.requires_grad or meta.ndim < 2
+            or not meta.dtype.is_floating_point or not _static(meta)):
+        return False
+    if mode == "auto" and (meta.device.type != "cuda" or meta.dtype not in AUTO_DTYPES):
+        return False  # (CPU BLAS and cuBLAS's float32 kernels: not measured)
+    tensors = _plain_call(node)
+    if tensors is None or not _contiguous(meta):
+        return False
+    n, itemsize = int(meta.shape[-1]), meta.dtype.itemsize
+    if gemm.padded_row(n, itemsize) == n or int(meta.numel()) == 0:
+        return False  # rows already aligned
+    readers = [u.op if u.op == "output" else ops.OPS[u.target].family for u in node.users]
+    if not readers or any(r != "output" and r not in FUSED_READERS for r in readers):
+        return False  # a view or a library call reads eager's strides
+    if "output" in readers:
+        k = int(tensors[1].meta.shape[1] if node.target == LINEAR
+                else tensors[-2].meta.shape[-1])
+        return k >= MIN_K and int(meta.numel()) >= MIN_COPIED
+    return True
+
+
+def pad_gemm_results(graph: Graph, mode: str) -> tuple[Graph, str]:
+    """``graph`` with its products of odd rows written padded (or ``graph`` itself), and
+    what was done, for the logs ("" where nothing)."""
+    if mode not in MODES:
+        raise ValueError(f"gemm_padding must be one of {MODES}, not {mode!r}")
+    if mode == "off":
+        return graph, ""
+    padded = {n for n in graph.calls() if n.target in PADDED and _pads(n, mode)}
+    if not padded:
+        return graph, ""
+    outputs = set(graph.outputs)
+
+    def rewrite(new: Graph, node: Node, remap: Callable) -> Node | None:
+        if node not in padded:
+            return None
+        meta = node.meta
+        stride = gemm.padded_strides(tuple(int(n) for n in meta.shape), meta.dtype.itemsize)
+        op = ops.extern_op(PADDED[node.target])
+        product = new.call(op, remap(node.args), remap(node.kwargs),
+                           dataclasses.replace(meta, stride=tuple(map(sympy.Integer, stride))),
+                           node.stack)
+        if node not in outputs:
+            return product
+        eager = tuple(int(s) for s in meta.stride)
+        return new.call("to_eager_layout", (product, eager), {}, meta, node.stack)
+
+    names = ", ".join(f"{n.target} {tuple(int(s) for s in n.meta.shape)}" for n in padded)
+    return copy_graph(graph, rewrite), f"rows padded to 16 bytes: {names}"

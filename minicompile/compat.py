@@ -11,7 +11,9 @@ on).  What differs between them, and how each entry handles it:
   (``Fn.apply.__func__`` is one function for every class); from 2.14 a C method of
   ``torch._C._FunctionBase`` (a ``classmethod_descriptor``: ``Fn.apply`` is a new builtin
   bound method at each access, without ``__func__``).  :func:`autograd_function_of` finds
-  ``apply`` statically on the class, which is right for both.
+  ``apply`` statically on the class, which is right for both; a guard on a C method bound
+  to a class checks what it is bound to and its name, not its identity
+  (capture/frame_values.py), or every call on 2.14 recompiled.
 - The CUDA runtime's private entry points (``_StaticCudaLauncher``, the raw stream, the
   storage calls CUDA graphs use) exist only in CUDA builds: the CPU build of 2.13 lacks
   them, the CUDA build of 2.14 has them even on a machine without a GPU.  Each is None where

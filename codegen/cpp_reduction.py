@@ -111,9 +111,7 @@ class CppReductionKernel(CppKernel):
         accs = []
         clauses = []
         for red in batch:
-            acc = f"acc{self.accs}"
-            self.accs += 1
-            ctype = accumulator_type(red)
+            acc, ctype = self.accumulator(red)
             self.w.line(f"{ctype} {acc} = {_identity(red, ctype)};")
             nan = None
             if red.op in ("amax", "amin") and red.dtype.is_floating_point:
@@ -134,6 +132,11 @@ class CppReductionKernel(CppKernel):
         self.element_loops(0, body, " ".join(clauses), simd=True)
         for red, acc, _, nan in accs:
             self.names[red] = self.fresh(_final_text(red, acc, nan), compute_type(red.dtype))
+
+    def accumulator(self, red: Reduce) -> tuple[str, str]:
+        """A new accumulator's name and C type for ``red``."""
+        self.accs += 1
+        return f"acc{self.accs - 1}", accumulator_type(red)
 
     def element_loops(self, depth: int, body, clause: str | None, simd: bool) -> None:
         p = self.plan
@@ -248,9 +251,7 @@ class CppColumnReductionKernel(CppReductionKernel):
         its array of per-column accumulators."""
         accs = []
         for red in batch:
-            acc = f"acc{self.accs}"
-            self.accs += 1
-            ctype = accumulator_type(red)
+            acc, ctype = self.accumulator(red)
             self.w.line(f"{ctype} {acc}[{COLUMN_BLOCK}];")
             accs.append((red, acc, ctype))
 

@@ -1,6 +1,12 @@
 """C++ kernels for groups with reductions: OpenMP over the kept points (rows), a pass over
 the reduced elements per batch of independent reductions, then a pass for the outputs that
-are per element.  Float sums accumulate in double."""
+are per element.  Float sums accumulate in double.
+
+A reduction whose inputs are contiguous along the innermost kept dim instead (``x.sum(0)``
+of a row-major matrix, a bias gradient) reduces blocks of columns: the reduced loops
+outside, an ``omp simd`` loop over the block's columns inside, one accumulator per column
+(:class:`CppColumnReductionKernel`).  Either way the innermost loop is unit-stride and the
+compiler vectorises it."""
 
 from __future__ import annotations
 
@@ -9,7 +15,7 @@ import math
 import sympy
 import torch
 
-from minicompile.ir import LOW_PRECISION, REDUCTION_IDENTITY, Reduce
+from minicompile.ir import LOW_PRECISION, REDUCTION_IDENTITY, Load, Reduce, walk
 
 from minicompile.codegen.common import KernelPlan, Store, reduction_batches, row_invariant
 from minicompile.codegen.cpp import CppKernel, compute_type, parallel_pragma
@@ -24,7 +30,16 @@ COMBINE = {
     "any": "{acc} || {v}",
     "all": "{acc} && {v}",
 }
+# A column reduction has no OpenMP reduction clause: max/min propagate NaN themselves.
+COLUMN_COMBINE = {
+    **COMBINE,
+    "amax": "({v} > {acc} || {v} != {v}) ? static_cast<{t}>({v}) : {acc}",
+    "amin": "({v} < {acc} || {v} != {v}) ? static_cast<{t}>({v}) : {acc}",
+}
 OMP_REDUCTION = {"sum": "+", "prod": "*", "any": "||", "all": "&&", "amax": "max", "amin": "min"}
+# Columns one thread reduces at once in a column reduction: 64 double sums are 512 bytes of
+# accumulators, in L1 beside the rows' cache lines.
+COLUMN_BLOCK = 64
 
 
 def accumulator_type(red: Reduce) -> str:
@@ -96,9 +111,7 @@ class CppReductionKernel(CppKernel):
         accs = []
         clauses = []
         for red in batch:
-            acc = f"acc{self.accs}"
-            self.accs += 1
-            ctype = accumulator_type(red)
+            acc, ctype = self.accumulator(red)
             self.w.line(f"{ctype} {acc} = {_identity(red, ctype)};")
             nan = None
             if red.op in ("amax", "amin") and red.dtype.is_floating_point:
@@ -118,14 +131,12 @@ class CppReductionKernel(CppKernel):
 
         self.element_loops(0, body, " ".join(clauses), simd=True)
         for red, acc, _, nan in accs:
-            ctype = compute_type(red.dtype)
-            text = f"static_cast<{ctype}>({acc})"
-            if nan is not None:
-                text = f"{nan} ? std::numeric_limits<{ctype}>::quiet_NaN() : {text}"
-            if red.dtype in LOW_PRECISION:
-                kind = "half" if red.dtype == torch.float16 else "bf16"
-                text = f"mc_round_{kind}({text})"
-            self.names[red] = self.fresh(text, ctype)
+            self.names[red] = self.fresh(_final_text(red, acc, nan), compute_type(red.dtype))
+
+    def accumulator(self, red: Reduce) -> tuple[str, str]:
+        """A new accumulator's name and C type for ``red``."""
+        self.accs += 1
+        return f"acc{self.accs - 1}", accumulator_type(red)
 
     def element_loops(self, depth: int, body, clause: str | None, simd: bool) -> None:
         p = self.plan
@@ -149,5 +160,128 @@ class CppReductionKernel(CppKernel):
         self.emit_body_store(store)
 
 
+def _final_text(red: Reduce, acc: str, nan: str | None) -> str:
+    """The reduction's value from its accumulator (and NaN flag), in its dtype's precision."""
+    ctype = compute_type(red.dtype)
+    text = f"static_cast<{ctype}>({acc})"
+    if nan is not None:
+        text = f"{nan} ? std::numeric_limits<{ctype}>::quiet_NaN() : {text}"
+    if red.dtype in LOW_PRECISION:
+        kind = "half" if red.dtype == torch.float16 else "bf16"
+        text = f"mc_round_{kind}({text})"
+    return text
+
+
+def reads_columns(plan: KernelPlan) -> bool:
+    """Whether the reductions read along the innermost kept dim: some load they reduce is
+    unit-stride in the innermost kept loop variable and none in the innermost reduced one
+    (``x.sum(0)`` of a row-major matrix), over at least 16 columns."""
+    if not plan.rvars or not plan.ranges:
+        return False
+    columns = plan.ranges[-1]
+    if columns.is_Integer and int(columns) < 16:
+        return False
+    x, r = plan.loop_vars[-1], plan.rvars[-1]
+    loads = [e for st in plan.stores for red in walk(st.value) if isinstance(red, Reduce)
+             for e in walk(red.x) if isinstance(e, Load)]
+    strides = [(sympy.expand(ld.index).coeff(x), sympy.expand(ld.index).coeff(r))
+               for ld in loads]
+    return any(sx == 1 for sx, _ in strides) and not any(sr == 1 for _, sr in strides)
+
+
+class CppColumnReductionKernel(CppReductionKernel):
+    """Reductions along outer dims (see the module): the innermost kept loop runs over
+    blocks of :data:`COLUMN_BLOCK` columns; in each, the reduced loops run outside and an
+    ``omp simd`` loop over the block's columns (``lane``) inside.  A reduction's
+    accumulators and its values are arrays over the lanes."""
+
+    def row_loops(self, depth: int, ranges: list[str]) -> None:
+        if depth < len(ranges) - 1:
+            super().row_loops(depth, ranges)
+            return
+        x = self.plan.loop_vars[depth]
+        self.w.line(f"// blocks of {COLUMN_BLOCK} columns {x}: reduced loops outside, columns "
+                    f"inside (contiguous)")
+        if depth == 0 and self.parallel:
+            self.w.line(f"#pragma omp {self.parallel}")
+        size = ranges[depth]
+        with self.w.block(f"for (int64_t {x}_base = 0; {x}_base < {size}; "
+                          f"{x}_base += {COLUMN_BLOCK})"):
+            self.w.line(f"const int64_t {x}_width = std::min<int64_t>({COLUMN_BLOCK}, "
+                        f"{size} - {x}_base);")
+            self.row_body()
+
+    def row_body(self) -> None:
+        self.names = {}
+        for batch in reduction_batches(self.plan):
+            self.reduce_batch(batch)
+        elem = [s for s in self.plan.stores if s.level == "xr"]
+        if elem:
+            self.element_loops(0, lambda: [self.store(s) for s in elem], None, simd=True)
+        rest = [s for s in self.plan.stores if s.level == "x"]
+        if rest:
+            self.lanes(lambda: [self.store(s) for s in rest])
+
+    def lanes(self, body, indexed: bool = True) -> None:
+        """The simd loop over the block's columns, ``body`` inside it (``indexed``: with
+        the column's loop variable)."""
+        x = self.plan.loop_vars[-1]
+        self.w.line("#pragma omp simd")
+        with self.w.block(f"for (int64_t lane = 0; lane < {x}_width; ++lane)"):
+            if indexed:
+                self.w.line(f"const int64_t {x} = {x}_base + lane;")
+            saved = dict(self.names)
+            body()
+            self.names = saved  # per-column values end with the loop
+
+    def element_loops(self, depth: int, body, clause: str | None, simd: bool) -> None:
+        p = self.plan
+        if depth == len(p.rvars):
+            self.lanes(body)
+            return
+        r = p.rvars[depth]
+        with self.w.block(f"for (int64_t {r} = 0; {r} < {cpp_index(p.rranges[depth])}; ++{r})"):
+            self.element_loops(depth + 1, body, clause, simd)
+
+    def hoist(self, exprs: list) -> None:
+        """Nothing is computed once a block: values vary along its columns."""
+
+    def reduce_batch(self, batch: list[Reduce]) -> None:
+        """One pass over the reduced dims accumulating every reduction of ``batch`` into
+        its array of per-column accumulators."""
+        accs = []
+        for red in batch:
+            acc, ctype = self.accumulator(red)
+            self.w.line(f"{ctype} {acc}[{COLUMN_BLOCK}];")
+            accs.append((red, acc, ctype))
+
+        def start() -> None:
+            for red, acc, ctype in accs:
+                self.w.line(f"{acc}[lane] = {_identity(red, ctype)};")
+
+        def body() -> None:
+            for red, acc, ctype in accs:
+                v = self.value(red.x)
+                combined = COLUMN_COMBINE[red.op].format(acc=f"{acc}[lane]", v=v, t=ctype)
+                self.w.line(f"{acc}[lane] = {combined};")
+
+        def finish() -> None:
+            for (red, acc, _), out in zip(accs, outs):
+                self.w.line(f"{out}[lane] = {_final_text(red, f'{acc}[lane]', None)};")
+
+        self.lanes(start, indexed=False)
+        self.element_loops(0, body, None, simd=True)
+        outs = []
+        for red, *_ in accs:
+            outs.append(f"tmp{self.count}")
+            self.count += 1
+            self.w.line(f"{compute_type(red.dtype)} {outs[-1]}[{COLUMN_BLOCK}];")
+        self.lanes(finish, indexed=False)
+        for (red, *_), out in zip(accs, outs):
+            self.names[red] = f"{out}[lane]"
+
+
 def emit_reduction_kernel(plan: KernelPlan) -> str:
+    if reads_columns(plan):
+        return CppColumnReductionKernel(plan).emit()
     return CppReductionKernel(plan).emit()

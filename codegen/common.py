@@ -16,7 +16,7 @@ from collections.abc import Iterator
 import sympy
 import torch
 
-from minicompile.graph import SourceLine
+from minicompile.errors import SourceLine
 from minicompile.ir import (
     Cat,
     ComputedBuffer,

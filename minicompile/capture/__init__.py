@@ -52,9 +52,8 @@ from minicompile.capture.segments import (
     why_not_resumable,
 )
 from minicompile.capture.variables import CellVar, LazyVar, Source
-from minicompile.errors import Unsupported
-from minicompile.shapes import ShapeError
-from minicompile.graph import Graph, SourceLine
+from minicompile.errors import ShapeError, SourceLine, Unsupported
+from minicompile.graph import Graph
 
 __all__ = [
     "Break", "Capture", "Guards", "ResumePoint", "capture_frame", "capture_segment",

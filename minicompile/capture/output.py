@@ -40,9 +40,8 @@ from minicompile.capture.variables import (
     Var,
     is_constant_value,
 )
-from minicompile.errors import Unsupported
-from minicompile.graph import Graph, Node, SourceLine, TensorMeta
-from minicompile.shapes import ShapeError
+from minicompile.errors import ShapeError, SourceLine, Unsupported
+from minicompile.graph import Graph, Node, TensorMeta
 
 if TYPE_CHECKING:
     from minicompile.capture.interpreter import InstructionTranslator

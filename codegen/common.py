@@ -32,7 +32,7 @@ from minicompile.ir import (
 )
 from minicompile.sym import index_symbol, product, size_symbols
 
-from minicompile.schedule import FusedGroup, kept_symbols, reduced_symbols, store_index
+from minicompile.spaces import FusedGroup, kept_symbols, reduced_symbols, store_index
 
 
 class CodeWriter:

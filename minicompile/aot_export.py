@@ -8,7 +8,7 @@ library that runs without Python.
 ``export`` captures the function once with the example arguments (the whole function:
 a graph break is an error naming it and its source line, as with ``fullgraph=True``),
 takes the graph through the usual passes, lowering and fusion, and writes the C++ backend's
-kernels with a C++ wrapper (codegen/cpp_wrapper.py) in place of the Python one; library
+kernels with a C++ wrapper (codegen/export_wrapper.py) in place of the Python one; library
 calls go through ATen's C++ API.  Parameters, buffers and any other tensor the function
 reads that is not an argument are baked in: written to ``model.weights`` beside the
 library, read by it on its first call.  runtime/aot.py builds and loads.
@@ -191,7 +191,7 @@ def export(fn_or_module: Callable | torch.nn.Module, example_args: tuple | torch
     :class:`Unsupported` for what cannot be exported (a graph break, naming it and its
     source line; a library call without a C++ form), before anything is built."""
     from minicompile import api, perf, trace
-    from minicompile.codegen import cpp_wrapper
+    from minicompile.codegen import export_wrapper
     from minicompile.runtime import aot
 
     _check_torch_version()
@@ -242,7 +242,7 @@ def export(fn_or_module: Callable | torch.nn.Module, example_args: tuple | torch
             for b, a in zip(program.inputs, arg_of) if a is not None}
     signature = {"inputs": names, "returns": structure,
                  "dynamic": {n: d for n, d in dims.items() if d}}
-    code = cpp_wrapper.generate(program, groups, fn.__qualname__, arg_of, names, returns,
+    code = export_wrapper.generate(program, groups, fn.__qualname__, arg_of, names, returns,
                                 signature, relations,
                                 _same_names(program, arg_of, labels, names))
     trace.emit("output_code", f"{fn.__qualname__} exported wrapper (C++)", code.wrapper,

@@ -1,4 +1,5 @@
-"""Guards: the checks that decide whether a captured graph may be reused for a new call.
+"""Building guards while tracing: the checks that decide whether a captured graph may be
+reused for a new call (minicompile/runtime/guards.py runs them and says why one failed).
 
 A :class:`GuardBuilder` collects one :class:`GuardCheck` per fact the trace relied on, with
 one method per kind of guard (tensor match, constant match, identity, sequence length, dict

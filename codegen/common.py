@@ -16,7 +16,7 @@ from collections.abc import Iterator
 import sympy
 import torch
 
-from minicompile.graph import SourceLine
+from minicompile.errors import SourceLine
 from minicompile.ir import (
     Cat,
     ComputedBuffer,
@@ -32,7 +32,7 @@ from minicompile.ir import (
 )
 from minicompile.sym import index_symbol, product, size_symbols
 
-from minicompile.schedule import FusedGroup, kept_symbols, reduced_symbols, store_index
+from minicompile.spaces import FusedGroup, kept_symbols, reduced_symbols, store_index
 
 
 class CodeWriter:

@@ -32,7 +32,7 @@ from minicompile.codegen.common import (
     plan_kernel,
     with_in_place,
 )
-from minicompile.schedule import ComboGroup, FusedGroup
+from minicompile.spaces import ComboGroup, FusedGroup
 
 
 @dataclasses.dataclass(frozen=True)

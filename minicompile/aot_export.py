@@ -8,7 +8,7 @@ library that runs without Python.
 ``export`` captures the function once with the example arguments (the whole function:
 a graph break is an error naming it and its source line, as with ``fullgraph=True``),
 takes the graph through the usual passes, lowering and fusion, and writes the C++ backend's
-kernels with a C++ wrapper (codegen/cpp_wrapper.py) in place of the Python one; library
+kernels with a C++ wrapper (codegen/export_wrapper.py) in place of the Python one; library
 calls go through ATen's C++ API.  Parameters, buffers and any other tensor the function
 reads that is not an argument are baked in: written to ``model.weights`` beside the
 library, read by it on its first call.  runtime/aot.py builds and loads.
@@ -191,7 +191,7 @@ def export(fn_or_module: Callable | torch.nn.Module, example_args: tuple | torch
     :class:`Unsupported` for what cannot be exported (a graph break, naming it and its
     source line; a library call without a C++ form), before anything is built."""
     from minicompile import api, perf, trace
-    from minicompile.codegen import cpp_wrapper
+    from minicompile.codegen import export_wrapper
     from minicompile.runtime import aot
 
     _check_torch_version()
@@ -204,8 +204,8 @@ def export(fn_or_module: Callable | torch.nn.Module, example_args: tuple | torch
     policy, labels = _policy(dynamic, args, names)
     cfg = config.get()
     api._import_compiler()
+    from minicompile import pipeline
     from minicompile.capture import capture_segment, root_point
-    from minicompile.passes.pipeline import run_graph_passes
 
     with torch.no_grad():
         try:
@@ -217,11 +217,15 @@ def export(fn_or_module: Callable | torch.nn.Module, example_args: tuple | torch
                           "an exported library does not do", hint="a module in training mode "
                           "updates its batch norm statistics: export model.eval()")
     returns, structure = _returns(capture, frame, args)
-    graph, _ = run_graph_passes(capture.graph)
-    if any(m.device.type != "cpu" for n in graph.nodes
+    work = pipeline.Work(fn.__qualname__, capture.graph, cfg, "cpp", False, role="export")
+    (work,) = pipeline.walk(work, pipeline.span("graph passes", "autograd"))
+    if any(m.device.type != "cpu" for n in work.graph.nodes
            for m in (n.meta if isinstance(n.meta, tuple) else (n.meta,)) if m is not None):
         raise Unsupported("export: the library runs on CPU tensors (CUDA is not exported yet)")
-    program, groups = _lower(graph)
+    # Lowering and fusion; no stores in place or combo kernels (those serve optimizer
+    # steps), and this module's own code generation and build.
+    (work,) = pipeline.walk(work, pipeline.span("split reductions", "fusion"))
+    program, groups = work.program, work.groups
     values = capture.get_inputs(*frame)
     arg_of: list[int | None] = []
     weights: list[torch.Tensor] = []
@@ -238,7 +242,7 @@ def export(fn_or_module: Callable | torch.nn.Module, example_args: tuple | torch
             for b, a in zip(program.inputs, arg_of) if a is not None}
     signature = {"inputs": names, "returns": structure,
                  "dynamic": {n: d for n, d in dims.items() if d}}
-    code = cpp_wrapper.generate(program, groups, fn.__qualname__, arg_of, names, returns,
+    code = export_wrapper.generate(program, groups, fn.__qualname__, arg_of, names, returns,
                                 signature, relations,
                                 _same_names(program, arg_of, labels, names))
     trace.emit("output_code", f"{fn.__qualname__} exported wrapper (C++)", code.wrapper,
@@ -258,17 +262,6 @@ def export(fn_or_module: Callable | torch.nn.Module, example_args: tuple | torch
         runner.chmod(0o755)
         runner.with_name("minicompile_runner.cpp").write_text(aot.RUNNER_SOURCE)
     return Exported(library, weights_file, runner, sources)
-
-
-def _lower(graph: Any) -> tuple[Any, list]:
-    """Lowering and fusion as minicompile.driver.build_graph does them (no combo kernels,
-    no stores in place: those serve optimizer steps)."""
-    from minicompile.lowering import lower
-    from minicompile.passes.fusion import fuse
-    from minicompile.passes.split_reductions import split_reductions
-
-    program = lower(split_reductions(graph))
-    return program, fuse(program, [])
 
 
 # The oldest PyTorch export runs on.  The library reaches libtorch's C++ API and its

@@ -1,11 +1,13 @@
 """The compiler driver: a captured graph -> the code that runs it.
 
-``compile_graph`` takes a capture through the graph passes (and, for a graph whose outputs
-take gradients, the backward pass), then ``build_graph`` takes each graph through lowering,
-fusion, codegen and the runtime's build and load, and wraps it for CUDA graphs under
-``mode="reduce-overhead"``.  With minicompile/api.py (guards, entries, graph breaks) it is
-the one place that wires the pipeline together.  The compiler's modules are imported inside
-the functions: a process whose calls find warm entries on disk never loads them.
+``compile_graph`` picks the backend, walks the capture through the compiler's stages
+(minicompile/pipeline.py: graph passes to build and load; a graph whose outputs take
+gradients comes out as a forward and a backward) and wraps what comes out: a training
+step (runtime/autograd.py), CUDA graphs under ``mode="reduce-overhead"``, and the eager
+comparison of ``MINICOMPILE_CHECK`` (minicompile/check.py).  With minicompile/api.py
+(guards, entries, graph breaks) it is the one place that wires the pipeline together.  The
+compiler's modules are imported inside the functions: a process whose calls find warm
+entries on disk never loads them.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from minicompile import perf, trace
+from minicompile import pipeline, trace
 from minicompile.config import Config
 from minicompile.errors import BackendCompilerFailed, Unsupported
 from minicompile.runtime import build, cudagraphs, entries, toolchain, triton_build
@@ -81,52 +83,26 @@ def compile_graph(
     stores (the loaded wrapper, whether it is interpreted, whether it runs under no_grad).
     A graph whose outputs take gradients (grad mode on, inputs requiring grad) compiles its
     backward too and runs as an autograd.Function."""
-    from minicompile.passes.autograd import differentiate, requires_grad
-    from minicompile.passes.gemm_padding import pad_gemm_results
-    from minicompile.passes.layout import optimize_layout
-    from minicompile.passes.pipeline import run_graph_passes
-    from minicompile.runtime.autograd import TrainingStep, make_runner
-
     start = time.perf_counter()
-    with perf.phase("passes"):
-        graph, _timings = run_graph_passes(capture.graph)
-        # Before the backward is derived: it then sees the layouts the forward chose.
-        graph, layout = optimize_layout(graph, cfg.layout_opt)
-        graph, padding = pad_gemm_results(graph, cfg.gemm_padding)
-    for text in (layout, padding):
-        if text:
-            trace.emit("graph", f"{name} layout", text)
     backend, interpret = pick_backend(cfg, capture)
-    get_inputs = capture.get_inputs
-    rebuild = capture.rebuild
-    if requires_grad(graph):
-        with perf.phase("passes"):
-            joint = differentiate(graph)
-            backward, _ = run_graph_passes(joint.backward)
-        call = build_graph(joint.forward, cfg, name, backend, interpret).call
-        backward_call = build_graph(backward, cfg, f"{name}_backward", backend, interpret,
-                                    takes_inputs=True).call
-        trace.emit("graph", f"{name} saved for backward", describe_saved(joint))
-        if cfg.mode == "reduce-overhead":
-            trace.emit("cudagraphs", name, "a training graph (forward and backward) runs "
-                       "without CUDA graphs")
-        step = TrainingStep(call, backward_call, joint.num_outputs, joint.backward_inputs,
-                            joint.input_grads, joint.differentiable)
+    work = pipeline.Work(name, capture.graph, cfg, backend, interpret,
+                         writebacks=capture.writebacks)
+    done = [count(w) for w in pipeline.walk(work)]
+    get_inputs, rebuild = capture.get_inputs, capture.rebuild
+    if done[0].joint is not None:  # a forward and its backward
+        from minicompile.runtime.autograd import TrainingStep, make_runner
+
+        (forward, backward), joint = done, done[0].joint
+        call = forward.loaded.call
+        step = TrainingStep(call, backward.loaded.call, joint.num_outputs,
+                            joint.backward_inputs, joint.input_grads, joint.differentiable)
         run = make_runner(step, get_inputs, rebuild)
         log.debug("minicompile: compiled %s (forward and backward) in %.3fs", name,
                   time.perf_counter() - start)
         return run, call, None
-    loaded = build_graph(graph, cfg, name, backend, interpret, capture.writebacks,
-                         static=cudagraphs.static_positions(capture.input_sources))
-    call = loaded.call
-    from minicompile import check
-
-    if cfg.check and not cfg.store_in_place and check.checkable(capture.graph):
-        def build_cut(cut: Any) -> Callable[[list], tuple]:
-            return build_graph(run_graph_passes(cut)[0], cfg, f"{name}_check", backend,
-                               interpret).call
-
-        call = check.checked(call, capture.graph, name, build_cut)
+    (graph,) = done
+    loaded = graphed(graph, cudagraphs.static_positions(capture.input_sources))
+    call = checked(loaded.call, capture, cfg, name, backend, interpret)
     # Nothing here takes a gradient (grad mode is off): run without recording.
     no_grad = any(p.meta.requires_grad for p in capture.graph.placeholders)
     run = entries.inference_runner(call, get_inputs, rebuild, no_grad)
@@ -134,59 +110,43 @@ def compile_graph(
     return run, call, (loaded, interpret, no_grad)
 
 
-def build_graph(graph: Any, cfg: Config, name: str, backend: str, interpret: bool,
-                writebacks: tuple = (), takes_inputs: bool = False,
-                static: frozenset[int] | None = None) -> build.Loaded:
-    """A graph after the graph passes -> its generated, built and loaded wrapper (``.call``
-    is call(inputs)).  ``writebacks`` (output, input) pairs may be stored in place (never in
-    training: the backward may have saved the input).  ``takes_inputs``: call(inputs)
-    empties the list and frees each input after its last use (a backward's saved
-    tensors).  ``static``: the inputs whose memory stays put (parameters, buffers), for a
-    graph recorded as a CUDA graph under mode="reduce-overhead" (None: never recorded)."""
-    from minicompile.codegen.wrapper import generate
-    from minicompile.lowering import lower
-    from minicompile.passes.fusion import fuse
-    from minicompile.passes.horizontal import combine
-    from minicompile.passes.inplace import stores_in_place
-    from minicompile.passes.split_reductions import split_reductions
-
-    with perf.phase("lowering"):
-        program = lower(split_reductions(graph))
-    fusion_log: list[str] = []
-    with perf.phase("fusion"):
-        groups = fuse(program, fusion_log)
-        in_place = {}
-        if cfg.store_in_place and writebacks:
-            in_place = stores_in_place(program, groups, writebacks, fusion_log)
-        if cfg.horizontal_fusion:
-            groups = combine(groups, fusion_log)
-    with perf.phase("codegen"):
-        code = generate(program, groups, backend, graph_name=name, in_place=in_place,
-                        takes_inputs=takes_inputs, autotune=cfg.mode == "max-autotune")
-    trace.emit("graph", f"{name} after passes", lambda: str(graph))
-    trace.emit("fusion", name, lambda: "\n".join(
-        [str(program), ""] + fusion_log + [f"group {g.name}" for g in groups]))
-    trace.emit("output_code", f"{name} ({backend})", code.module, f"{name}.{backend}.py")
-    if code.cpp_source is not None:
-        trace.emit("output_code", f"{name} kernels (C++)", code.cpp_source, f"{name}.cpp")
-    loaded = build.load(code, cfg, interpret)
-    loaded.kernels = len(code.kernels)
-    counters["kernels"] += len(code.kernels)
-    if loaded.from_cache:
+def count(work: pipeline.Work) -> pipeline.Work:
+    """A graph built and loaded: its kernels (and a module found in the cache) counted for
+    minicompile.stats()."""
+    counters["kernels"] += work.loaded.kernels
+    if work.loaded.from_cache:
         counters["cache_hits"] += 1
-    if static is None or cfg.mode != "reduce-overhead" or backend != "triton" or interpret:
+    return work
+
+
+def graphed(work: pipeline.Work, static: frozenset[int]) -> build.Loaded:
+    """The loaded wrapper, recorded as a CUDA graph and replayed under
+    mode="reduce-overhead" (Triton on a GPU).  ``static``: the inputs whose memory stays
+    put (parameters, buffers)."""
+    loaded, cfg = work.loaded, work.cfg
+    if cfg.mode != "reduce-overhead" or work.backend != "triton" or work.interpret:
         return loaded
     if cfg.store_in_place:  # an optimizer step: its gradients are new tensors every step
-        trace.emit("cudagraphs", name, "optimizer steps run without CUDA graphs")
+        trace.emit("cudagraphs", work.name, "optimizer steps run without CUDA graphs")
         return loaded
-    mutated = frozenset(k for k, b in enumerate(program.inputs) if b.name in in_place.values())
-    return dataclasses.replace(loaded, call=cudagraphs.GraphedCall(loaded.call, name, static,
-                                                                   mutated))
+    mutated = frozenset(k for k, b in enumerate(work.program.inputs)
+                        if b.name in work.in_place.values())
+    return dataclasses.replace(loaded, call=cudagraphs.GraphedCall(loaded.call, work.name,
+                                                                   static, mutated))
 
 
-def describe_saved(joint: Any) -> str:
-    """What the forward keeps for the backward, for the logs."""
-    saved = [k for kind, k in joint.backward_inputs if kind == "saved"]
-    inputs = [k for kind, k in joint.backward_inputs if kind == "input"]
-    return (f"{len(saved)} values ({joint.saved_bytes / 2**20:.2f} MiB) and {len(inputs)} "
-            f"inputs ({joint.saved_input_bytes / 2**20:.2f} MiB) saved for the backward")
+def checked(call: Callable[[list], tuple], capture: Capture, cfg: Config, name: str,
+            backend: str, interpret: bool) -> Callable[[list], tuple]:
+    """Under MINICOMPILE_CHECK, ``call`` compared with eager on every call (each cut of the
+    graph compiled through the same stages where they differ); else ``call`` itself."""
+    from minicompile import check
+
+    if not cfg.check or cfg.store_in_place or not check.checkable(capture.graph):
+        return call
+
+    def build_cut(cut: Any) -> Callable[[list], tuple]:
+        work = pipeline.Work(f"{name}_check", cut, cfg, backend, interpret, role="cut")
+        (done,) = [count(w) for w in pipeline.walk(work)]
+        return done.loaded.call
+
+    return check.checked(call, capture.graph, name, build_cut)

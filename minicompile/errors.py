@@ -1,11 +1,24 @@
-"""Exceptions that carry a reason a user can act on."""
+"""Exceptions that carry a reason a user can act on, and the user's source lines they
+point at (:class:`SourceLine`, which graph nodes carry too)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import dataclasses
+import os.path
 
-if TYPE_CHECKING:  # the graph module imports sympy: not at `import minicompile`
-    from minicompile.graph import SourceLine
+
+@dataclasses.dataclass(frozen=True)
+class SourceLine:
+    """One frame of the user's source that produced a node (outermost first in a stack)."""
+
+    filename: str
+    lineno: int
+    function: str
+    text: str = ""
+
+    def __str__(self) -> str:
+        where = f"{os.path.basename(self.filename)}:{self.lineno}"
+        return f"{where}  {self.text.strip()}" if self.text else where
 
 
 class Unsupported(Exception):
@@ -35,6 +48,16 @@ class Unsupported(Exception):
         if self.hint:
             text += f"\n  hint: {self.hint}"
         return text
+
+
+class ShapeError(Unsupported):
+    """Something a dynamic capture cannot keep symbolic; the caller compiles static sizes."""
+
+    def __init__(self, reason: str, stack: tuple = (), hint: str = "", raises: bool = False
+                 ) -> None:
+        prefix = "dynamic shapes: "
+        super().__init__(reason if reason.startswith(prefix) else prefix + reason, stack, hint,
+                         raises)
 
 
 class BackendCompilerFailed(Exception):

@@ -20,6 +20,9 @@ from typing import Any
 import sympy
 import torch
 
+from minicompile.errors import ShapeError, SourceLine
+from minicompile.shapes import ShapeContext
+
 DTYPE_ABBR: dict[torch.dtype, str] = {
     torch.float64: "f64",
     torch.float32: "f32",
@@ -46,7 +49,7 @@ class TensorMeta:
     storage_offset: sympy.Expr = sympy.Integer(0)
     # The ShapeContext of the capture when sizes are symbolic (minicompile/shapes.py):
     # what turns them into PyTorch's SymInts.  Not part of the value.
-    shapes: Any = dataclasses.field(default=None, compare=False, repr=False)
+    shapes: ShapeContext | None = dataclasses.field(default=None, compare=False, repr=False)
 
     @staticmethod
     def of(t: torch.Tensor) -> TensorMeta:
@@ -103,26 +106,8 @@ class TensorMeta:
 
 def _concrete(value: sympy.Expr, what: str) -> int:
     if not value.is_Integer:
-        from minicompile.shapes import ShapeError
-
         raise ShapeError(f"a {what} is symbolic ({value}) where a number is needed")
     return int(value)
-
-
-@dataclasses.dataclass(frozen=True)
-class SourceLine:
-    """One frame of the user's source that produced a node (outermost first in a stack)."""
-
-    filename: str
-    lineno: int
-    function: str
-    text: str = ""
-
-    def __str__(self) -> str:
-        import os.path
-
-        where = f"{os.path.basename(self.filename)}:{self.lineno}"
-        return f"{where}  {self.text.strip()}" if self.text else where
 
 
 @dataclasses.dataclass(eq=False)  # identity hash: nodes are graph vertices
@@ -205,7 +190,8 @@ def format_arg(value: Any) -> str:
 
 
 class Graph:
-    def __init__(self, name: str = "graph", shapes: Any = None, derived: bool = False) -> None:
+    def __init__(self, name: str = "graph", shapes: ShapeContext | None = None,
+                 derived: bool = False) -> None:
         self.name = name
         self.nodes: list[Node] = []
         self.shapes = shapes  # the ShapeContext when sizes are symbolic (shapes.py), else None

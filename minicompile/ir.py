@@ -17,7 +17,8 @@ from collections.abc import Callable, Iterator
 import sympy
 import torch
 
-from minicompile.graph import DTYPE_ABBR, SourceLine
+from minicompile.errors import SourceLine
+from minicompile.graph import DTYPE_ABBR
 from minicompile.sym import index_symbol, product
 
 LOW_PRECISION = (torch.float16, torch.bfloat16)

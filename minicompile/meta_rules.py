@@ -15,7 +15,15 @@ import torch
 from minicompile import compat
 from minicompile.graph import Node, TensorMeta
 from minicompile.library_layouts import conv_layout
-from minicompile.ops import _FLOAT_POINTWISE, COMPARISONS
+from minicompile.ops import COMPARISONS
+
+# Pointwise ops whose result metadata follows from PyTorch's promotion, broadcasting and
+# stride rules alone when every tensor is floating point (none of them refuses a float).
+FLOAT_POINTWISE = frozenset({
+    "neg", "abs", "exp", "exp2", "expm1", "log", "log2", "log1p", "sqrt", "rsqrt",
+    "reciprocal", "sin", "cos", "tan", "tanh", "sigmoid", "erf",
+    "add", "sub", "mul", "truediv", "maximum", "minimum",
+}) | COMPARISONS
 
 
 def pointwise_meta(name: str, args: tuple, kwargs: dict[str, Any],
@@ -26,7 +34,7 @@ def pointwise_meta(name: str, args: tuple, kwargs: dict[str, Any],
     broadcasting, the output's dimension order), called directly: those meta functions
     import torch._dynamo on their first call (a second of a cold start)."""
     pc = compat.prims_common()
-    if kwargs or not (name in _FLOAT_POINTWISE or name == "where"):
+    if kwargs or not (name in FLOAT_POINTWISE or name == "where"):
         return None
     values = []
     for k, v in enumerate(args):

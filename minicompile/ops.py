@@ -31,6 +31,7 @@ import torch.nn.functional as F
 
 from minicompile import meta_cache
 from minicompile.graph import Node, TensorMeta
+from minicompile.shapes import ShapeContext
 from minicompile.library_layouts import (ATTENTION, BATCH_NORMS, CONVOLUTIONS, DEVICE_RULES,
                                          conv_layout, cpu_layout, run_on_device)
 
@@ -338,22 +339,13 @@ COMPARISONS = frozenset({"eq", "ne", "lt", "le", "gt", "ge"})
 LOGICAL = frozenset({"logical_and", "logical_or", "logical_xor", "logical_not"})
 
 
-
 def run_eager(name: str, args: tuple, kwargs: dict[str, Any]) -> Any:
     return OPS[name].eager(*args, **kwargs)
 
 
-# Pointwise ops whose result metadata follows from PyTorch's promotion, broadcasting and
-# stride rules alone when every tensor is floating point (none of them refuses a float).
-_FLOAT_POINTWISE = frozenset({
-    "neg", "abs", "exp", "exp2", "expm1", "log", "log2", "log1p", "sqrt", "rsqrt",
-    "reciprocal", "sin", "cos", "tan", "tanh", "sigmoid", "erf",
-    "add", "sub", "mul", "truediv", "maximum", "minimum",
-}) | COMPARISONS
-
-
 def infer_meta(
-    name: str, args: tuple, kwargs: dict[str, Any], device: torch.device, shapes: Any = None
+    name: str, args: tuple, kwargs: dict[str, Any], device: torch.device,
+    shapes: ShapeContext | None = None
 ) -> TensorMeta | tuple[TensorMeta, ...]:
     """Result metadata of ``name`` applied to ``args``: PyTorch's own broadcasting, type
     promotion and stride rules, found by running the eager op on meta tensors.
@@ -373,7 +365,8 @@ def infer_meta(
 
 
 def _infer_meta(
-    name: str, args: tuple, kwargs: dict[str, Any], device: torch.device, shapes: Any = None
+    name: str, args: tuple, kwargs: dict[str, Any], device: torch.device,
+    shapes: ShapeContext | None = None
 ) -> TensorMeta | tuple[TensorMeta, ...]:
 
     # The context of a symbolic tensor argument; else ``shapes``, if a size argument is

@@ -25,20 +25,10 @@ import sympy
 import torch
 
 from minicompile import compat
-from minicompile.errors import Unsupported
+from minicompile.errors import ShapeError
 from minicompile.sym import FloorDiv, ModularIndexing, size_symbol
 
 MIN_DYNAMIC_SIZE = 2  # sizes 0 and 1 stay specialised (their own compiled entries)
-
-
-class ShapeError(Unsupported):
-    """Something a dynamic capture cannot keep symbolic; the caller compiles static sizes."""
-
-    def __init__(self, reason: str, stack: tuple = (), hint: str = "", raises: bool = False
-                 ) -> None:
-        prefix = "dynamic shapes: "
-        super().__init__(reason if reason.startswith(prefix) else prefix + reason, stack, hint,
-                         raises)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -23,7 +23,8 @@ from typing import Any
 
 import torch
 
-from minicompile.graph import Graph, Node, SourceLine
+from minicompile.errors import SourceLine
+from minicompile.graph import Graph, Node
 from minicompile.ops import run_graph
 
 _PACKAGE = os.path.dirname(os.path.abspath(__file__))

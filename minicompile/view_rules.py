@@ -11,16 +11,17 @@ import sympy
 import torch
 
 from minicompile import ops
-from minicompile.errors import Unsupported
+from minicompile.errors import ShapeError, Unsupported
 from minicompile.graph import Node
 from minicompile.ir import Layout, dim_symbols
-from minicompile.shapes import ShapeError, is_symbolic
+from minicompile.shapes import ShapeContext, is_symbolic
 from minicompile.sym import FloorDiv, ModularIndexing, product
 
 ZERO = sympy.Integer(0)
 
 
-def view_layout(base: Layout, node: Node, shapes: Any = None) -> Layout | None:
+def view_layout(base: Layout, node: Node, shapes: ShapeContext | None = None
+                ) -> Layout | None:
     """The layout ``node`` (a view op) gives a tensor of layout ``base``, or None when the
     view cannot be a layout of the same storage (a reshape that must copy).  PyTorch's own
     view rules decide, on a meta tensor (a fake one of ``shapes`` when sizes are symbolic)."""

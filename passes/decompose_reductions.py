@@ -16,8 +16,9 @@ from typing import Any
 
 import torch
 
+from minicompile.errors import ShapeError
 from minicompile.graph import Node
-from minicompile.shapes import MIN_DYNAMIC_SIZE, ShapeError
+from minicompile.shapes import MIN_DYNAMIC_SIZE
 from minicompile.sym import product
 
 Builder = Any  # passes.decompose._Builder (kept loose to avoid an import cycle)

@@ -3,7 +3,7 @@
 The buffers form a DAG (an edge for every buffer one body loads from another; passes/dag.py
 keeps what reaches what, so the cycle check is a few bit tests).  Two groups fuse when it is
 legal (:func:`can_fuse`: same device, every member fits one iteration space (see
-minicompile/schedule.py), loads between members stay at the same point of that space, and
+minicompile/spaces.py), loads between members stay at the same point of that space, and
 merging keeps the DAG acyclic) and worth it (:func:`score_fusion`: the loads they would
 share).  Pointwise producers were already
 inlined by lowering, so what fuses here are sibling outputs, and reductions with their
@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from minicompile.ir import Buffer, ComputedBuffer, ExternKernel, Load, LoopProgram, walk
 from minicompile.ops import RANDOM_EXTERNS
 from minicompile.passes.dag import Dag
-from minicompile.schedule import FusedGroup, Placement, Space, aligned, place
+from minicompile.spaces import FusedGroup, Placement, Space, aligned, place
 
 
 def dependency_graph(groups: list[FusedGroup]) -> Dag:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from minicompile.ir import ComputedBuffer, IndexExpr, Load, raises_on_values, walk
 from minicompile.sym import size_symbols
-from minicompile.schedule import ComboGroup, FusedGroup
+from minicompile.spaces import ComboGroup, FusedGroup
 
 from minicompile.passes.dag import Dag
 from minicompile.passes.fusion import dependency_graph

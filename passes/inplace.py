@@ -15,7 +15,7 @@ overwritten, by the same program; the emitters compute every value before any st
 from __future__ import annotations
 
 from minicompile.ir import Buffer, ComputedBuffer, ExternKernel, Load, LoopProgram, walk
-from minicompile.schedule import FusedGroup, canonical, store_index
+from minicompile.spaces import FusedGroup, canonical, store_index
 
 
 Reads = dict[str, list[tuple[FusedGroup, Buffer, Load | None]]]

@@ -1,4 +1,5 @@
-"""The graph passes, in the order they run: listed once, here."""
+"""The graph passes, in the order they run: the first stage of the compiler's stages
+(minicompile/pipeline.py, which lists every stage in order), listed here."""
 
 from __future__ import annotations
 

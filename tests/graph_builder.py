@@ -13,7 +13,8 @@ from typing import Any
 
 import torch
 
-from minicompile.graph import Graph, Node, SourceLine, TensorMeta
+from minicompile.errors import SourceLine
+from minicompile.graph import Graph, Node, TensorMeta
 from minicompile.ir import LoopProgram
 from minicompile.ops import infer_meta
 

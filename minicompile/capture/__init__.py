@@ -39,7 +39,6 @@ import torch
 
 from minicompile.capture import autocast, bytecode
 from minicompile.capture.dynamic import STATIC, DynamicPolicy
-from minicompile.capture.guards import Guards
 from minicompile.capture.interpreter import InstructionTranslator, builtins_of
 from minicompile.capture.output import OutputGraph
 from minicompile.capture.segments import (
@@ -52,9 +51,9 @@ from minicompile.capture.segments import (
     why_not_resumable,
 )
 from minicompile.capture.variables import CellVar, LazyVar, Source
-from minicompile.errors import Unsupported
-from minicompile.shapes import ShapeError
-from minicompile.graph import Graph, SourceLine
+from minicompile.errors import ShapeError, SourceLine, Unsupported
+from minicompile.graph import Graph
+from minicompile.runtime.guards import Guards
 
 __all__ = [
     "Break", "Capture", "Guards", "ResumePoint", "capture_frame", "capture_segment",

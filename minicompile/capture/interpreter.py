@@ -61,8 +61,7 @@ from minicompile.capture.variables import (
     UserFunctionVar,
     Var,
 )
-from minicompile.errors import Unsupported
-from minicompile.graph import SourceLine
+from minicompile.errors import SourceLine, Unsupported
 
 class InstructionTranslator(
     CallsMixin, PythonCallsMixin, ControlMixin, OperatorsMixin, ContainersMixin

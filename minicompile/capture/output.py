@@ -24,7 +24,7 @@ from minicompile.capture import externs, mutation
 from minicompile.capture.autocast import AutocastState
 from minicompile.capture.dynamic import STATIC, DynamicPolicy
 from minicompile.capture.frame_values import FrameValuesMixin, python_size
-from minicompile.capture.guards import GuardBuilder, Guards
+from minicompile.capture.guard_builder import GuardBuilder
 from minicompile.capture.side_effects import SideEffects, generate_rebuild
 from minicompile.capture.variables import (
     ArrayVar,
@@ -40,9 +40,9 @@ from minicompile.capture.variables import (
     Var,
     is_constant_value,
 )
-from minicompile.errors import Unsupported
-from minicompile.graph import Graph, Node, SourceLine, TensorMeta
-from minicompile.shapes import ShapeError
+from minicompile.errors import ShapeError, SourceLine, Unsupported
+from minicompile.graph import Graph, Node, TensorMeta
+from minicompile.runtime.guards import Guards
 
 if TYPE_CHECKING:
     from minicompile.capture.interpreter import InstructionTranslator

@@ -2,7 +2,7 @@
 runner program that runs one without Python.
 
 An exported model is three files (minicompile/aot_export.py writes them): ``model.so`` (the
-kernels and the C++ wrapper, codegen/cpp_wrapper.py), ``model.weights`` (its parameters and
+kernels and the C++ wrapper, codegen/export_wrapper.py), ``model.weights`` (its parameters and
 buffers, read by the library on its first call) and the runner, ``minicompile_runner``,
 which serves every exported library::
 
@@ -226,7 +226,7 @@ def weights_path(library: Path) -> Path:
 
 
 def write_weights(path: Path, weights: list[torch.Tensor]) -> None:
-    """The weights file the library reads (cpp_wrapper.PREAMBLE's mc_read_weights): each
+    """The weights file the library reads (export_wrapper.PREAMBLE's mc_read_weights): each
     tensor's storage in its own layout (what the kernels were generated for)."""
     with open(path, "wb") as f:
         f.write(b"MCWEIGHTS1")

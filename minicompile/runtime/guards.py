@@ -1,5 +1,5 @@
 """Guard functions at run time: the compiled check of one entry, and the words for why it
-failed.  Built by capture (minicompile/capture/guards.py: GuardBuilder) or read back from a
+failed.  Built by capture (minicompile/capture/guard_builder.py: GuardBuilder) or read back from a
 warm entry on disk (minicompile/runtime/entries.py); this module imports neither, so a warm
 process checks guards without loading capture.
 """

@@ -14,7 +14,7 @@ from minicompile import ops
 from minicompile.codegen import cpp, triton
 from minicompile.codegen.common import CodeWriter
 from minicompile.codegen.printers import cpp_index, triton_index
-from minicompile.graph import SourceLine
+from minicompile.errors import SourceLine
 from minicompile.sym import FloorDiv, ModularIndexing, index_symbol
 
 from graph_builder import Compiled, GraphBuilder, compile_graph_text

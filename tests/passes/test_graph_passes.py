@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from minicompile import ops
-from minicompile.graph import Graph, SourceLine
+from minicompile.errors import SourceLine
+from minicompile.graph import Graph
 from minicompile.passes.cleanup import eliminate_common_subexpressions, eliminate_dead_code
 from minicompile.passes.decompose import DECOMPOSITIONS, decompose
 from minicompile.passes.pipeline import GRAPH_PASSES, run_graph_passes

@@ -14,7 +14,7 @@ from minicompile.lowering import lower
 from minicompile.passes import horizontal
 from minicompile.passes.fusion import fuse
 from minicompile.passes.pipeline import run_graph_passes
-from minicompile.schedule import ComboGroup
+from minicompile.spaces import ComboGroup
 
 from graph_builder import GraphBuilder
 

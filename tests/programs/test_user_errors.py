@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 import minicompile
-from minicompile import driver
+from minicompile.runtime import build
 
 from devices import device_for
 
@@ -365,13 +365,13 @@ def test_internal_errors_warn_once_and_run_eagerly(monkeypatch, module: str, sta
 
 
 def test_compiled_code_that_raises_where_eager_does_not_falls_back(monkeypatch) -> None:
-    real = driver.build_graph
+    real = build.load
 
     def raising_call(*args, **kwargs):
         loaded = real(*args, **kwargs)  # built as usual, then wrong when called
         return dataclasses.replace(loaded, call=_raising(RuntimeError("a bug in generated code")))
 
-    monkeypatch.setattr(driver, "build_graph", raising_call)
+    monkeypatch.setattr(build, "load", raising_call)
     compiled = minicompile.compile(_sin_cos)
     with pytest.warns(UserWarning, match="compiled code raised RuntimeError where eager"):
         torch.testing.assert_close(compiled(torch.ones(3)), _sin_cos(torch.ones(3)))

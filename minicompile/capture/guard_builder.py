@@ -1,4 +1,5 @@
-"""Guards: the checks that decide whether a captured graph may be reused for a new call.
+"""Building guards while tracing: the checks that decide whether a captured graph may be
+reused for a new call (minicompile/runtime/guards.py runs them and says why one failed).
 
 A :class:`GuardBuilder` collects one :class:`GuardCheck` per fact the trace relied on, with
 one method per kind of guard (tensor match, constant match, identity, sequence length, dict
@@ -34,7 +35,7 @@ import torch
 
 from minicompile.capture.variables import Source
 from minicompile.runtime.guards import GLOBAL_MODULE_HOOKS, GuardCheck, Guards
-from minicompile.shapes import MIN_DYNAMIC_SIZE, python_expr
+from minicompile.shapes import MIN_DYNAMIC_SIZE, ShapeContext, python_expr
 
 # Names the generated functions use themselves.
 _RESERVED = frozenset({"check", "get_inputs", "rebuild", "outs", *keyword.kwlist})
@@ -152,7 +153,7 @@ class GuardBuilder:
         self.add(src.name, f"value (dynamic, {symbol})", f"{src.expr} >= {MIN_DYNAMIC_SIZE}",
                  x, f">= {MIN_DYNAMIC_SIZE}")
 
-    def shape_relations(self, shapes: Any) -> None:
+    def shape_relations(self, shapes: ShapeContext) -> None:
         """The relations between sizes the trace relied on (``Eq(s0, s1)`` for a broadcast,
         divisibility for a ``view``), as plain Python over the tensors' shapes."""
         names = {s: where.expr for s, where in shapes.sources.items()}

@@ -45,7 +45,7 @@ from minicompile.codegen.wrapper import (
     plan_kernels,
     reuse_memory,
 )
-from minicompile.schedule import ComboGroup
+from minicompile.spaces import ComboGroup
 
 _SIGNATURE = re.compile(r'^extern "C" void \w+\([^)]*\)', re.MULTILINE)
 

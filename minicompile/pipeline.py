@@ -1,0 +1,239 @@
+"""The compiler's stages, in the order they run: listed once, here (:data:`STAGES`).
+
+A graph after capture becomes loaded code through: the graph passes (passes/pipeline.py),
+channels-last layouts, GEMM padding, autograd (a graph that trains becomes a forward and a
+backward, each walking on), split reductions, lowering, fusion, stores in place, horizontal
+fusion, code generation and the runtime's build and load.  :func:`walk` takes a
+:class:`Work` through them, and every stage through the same hooks: it is timed under its
+``MINICOMPILE_LOGS=perf`` phase, and what it has to say goes to ``trace.emit``.
+
+The list lives here, not in passes/: its last stages lower (minicompile/lowering.py),
+generate code (codegen/) and build (runtime/), and passes/ may import none of codegen,
+capture or the API (tests/test_imports.py).  minicompile/driver.py walks a capture through
+the list and wraps what comes out (a training step, CUDA graphs, MINICOMPILE_CHECK).  Each
+stage imports its pass when it runs: a process whose calls find warm entries on disk never
+loads the compiler.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
+
+from minicompile import perf, trace
+from minicompile.config import Config
+
+if TYPE_CHECKING:  # the graph module imports sympy: not at `import minicompile`
+    from minicompile.graph import Graph
+
+# (part, title, text or a function making it, file name under MINICOMPILE_TRACE or None)
+Log = tuple[str, str, Any, "str | None"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Work:
+    """One graph on its way through the stages, and what each stage has made of it.
+
+    ``role``: "graph" (a capture's graph), "backward" (derived by the autograd stage),
+    "cut" (a prefix of a graph, compiled by MINICOMPILE_CHECK), "export" (a graph that
+    minicompile.export writes as a library); layouts, GEMM padding and autograd apply to a
+    capture's graph alone.  ``writebacks``: (output, input) pairs that
+    may be stored in place; ``takes_inputs``: the generated call empties its input list and
+    frees each input after its last use (a backward's saved tensors)."""
+
+    name: str
+    graph: Graph  # after the graph stages: what the logs show as "after passes"
+    cfg: Config
+    backend: str
+    interpret: bool
+    role: str = "graph"
+    writebacks: tuple = ()
+    takes_inputs: bool = False
+    joint: Any = None  # the forward of a training graph: passes.autograd.Joint
+    split: Graph | None = None  # the graph that lowering takes (reductions split)
+    program: Any = None  # ir.LoopProgram
+    groups: list | None = None  # passes.fusion.FusedGroup (and combo groups)
+    in_place: dict[str, str] = dataclasses.field(default_factory=dict)
+    fusion_log: tuple[str, ...] = ()
+    code: Any = None  # codegen.wrapper.GeneratedCode
+    loaded: Any = None  # runtime.build.Loaded
+
+
+@dataclasses.dataclass(frozen=True)
+class Stage:
+    """``run(work, logs)`` returns the work done (or, where a graph splits, one work for
+    each part, each walking the rest of the stages in turn) and appends what it has to say
+    to ``logs``.  ``phase``: the perf phase it is timed under (None: it times its own).
+    ``applies``: whether it runs for this work (else the work passes by unchanged)."""
+
+    name: str
+    phase: str | None
+    run: Callable[[Work, list[Log]], Work | tuple[Work, ...]]
+    applies: Callable[[Work], bool] = lambda work: True
+
+
+def graph_passes(work: Work, logs: list[Log]) -> Work:
+    from minicompile.passes.pipeline import run_graph_passes
+
+    return dataclasses.replace(work, graph=run_graph_passes(work.graph)[0])
+
+
+def layout(work: Work, logs: list[Log]) -> Work:
+    """Before the backward is derived: it then sees the layouts the forward chose."""
+    from minicompile.passes.layout import optimize_layout
+
+    graph, text = optimize_layout(work.graph, work.cfg.layout_opt)
+    if text:
+        logs.append(("graph", f"{work.name} layout", text, None))
+    return dataclasses.replace(work, graph=graph)
+
+
+def gemm_padding(work: Work, logs: list[Log]) -> Work:
+    from minicompile.passes.gemm_padding import pad_gemm_results
+
+    graph, text = pad_gemm_results(work.graph, work.cfg.gemm_padding)
+    if text:
+        logs.append(("graph", f"{work.name} layout", text, None))
+    return dataclasses.replace(work, graph=graph)
+
+
+def trains(work: Work) -> bool:
+    from minicompile.passes.autograd import requires_grad
+
+    return work.role == "graph" and requires_grad(work.graph)
+
+
+def autograd(work: Work, logs: list[Log]) -> tuple[Work, Work]:
+    """The forward and the backward; the backward, a new graph, takes the graph passes here
+    (never the layouts: it reads the forward's)."""
+    from minicompile.passes.autograd import differentiate
+
+    joint = differentiate(work.graph)
+    backward = graph_passes(dataclasses.replace(
+        work, name=f"{work.name}_backward", graph=joint.backward, role="backward",
+        writebacks=(), takes_inputs=True), logs)
+    logs.append(("graph", f"{work.name} saved for backward", describe_saved(joint), None))
+    if work.cfg.mode == "reduce-overhead":
+        logs.append(("cudagraphs", work.name, "a training graph (forward and backward) runs "
+                     "without CUDA graphs", None))
+    # The backward may have saved an input: nothing is stored in place in training.
+    return dataclasses.replace(work, graph=joint.forward, joint=joint, writebacks=()), backward
+
+
+def describe_saved(joint: Any) -> str:
+    """What the forward keeps for the backward, for the logs."""
+    saved = [k for kind, k in joint.backward_inputs if kind == "saved"]
+    inputs = [k for kind, k in joint.backward_inputs if kind == "input"]
+    return (f"{len(saved)} values ({joint.saved_bytes / 2**20:.2f} MiB) and {len(inputs)} "
+            f"inputs ({joint.saved_input_bytes / 2**20:.2f} MiB) saved for the backward")
+
+
+def split_reductions(work: Work, logs: list[Log]) -> Work:
+    from minicompile.passes.split_reductions import split_reductions as split
+
+    return dataclasses.replace(work, split=split(work.graph))
+
+
+def lowering(work: Work, logs: list[Log]) -> Work:
+    from minicompile.lowering import lower
+
+    return dataclasses.replace(work, program=lower(work.split))
+
+
+def fusion(work: Work, logs: list[Log]) -> Work:
+    from minicompile.passes.fusion import fuse
+
+    fusion_log: list[str] = []
+    groups = fuse(work.program, fusion_log)
+    return dataclasses.replace(work, groups=groups, fusion_log=tuple(fusion_log))
+
+
+def stores_in_place(work: Work, logs: list[Log]) -> Work:
+    from minicompile.passes.inplace import stores_in_place as in_place
+
+    fusion_log = list(work.fusion_log)
+    chosen = in_place(work.program, work.groups, work.writebacks, fusion_log)
+    return dataclasses.replace(work, in_place=chosen, fusion_log=tuple(fusion_log))
+
+
+def horizontal_fusion(work: Work, logs: list[Log]) -> Work:
+    from minicompile.passes.horizontal import combine
+
+    fusion_log = list(work.fusion_log)
+    groups = combine(work.groups, fusion_log)
+    return dataclasses.replace(work, groups=groups, fusion_log=tuple(fusion_log))
+
+
+def code_generation(work: Work, logs: list[Log]) -> Work:
+    """The generated module; the logs show what went into it: the graph after the graph
+    stages, the loop program and its groups, then the code."""
+    from minicompile.codegen.wrapper import generate
+
+    name, program, groups = work.name, work.program, work.groups
+    code = generate(program, groups, work.backend, graph_name=name, in_place=work.in_place,
+                    takes_inputs=work.takes_inputs, autotune=work.cfg.mode == "max-autotune")
+    graph = work.graph
+    logs.append(("graph", f"{name} after passes", lambda: str(graph), None))
+    logs.append(("fusion", name, lambda: "\n".join(
+        [str(program), "", *work.fusion_log] + [f"group {g.name}" for g in groups]), None))
+    logs.append(("output_code", f"{name} ({work.backend})", code.module,
+                 f"{name}.{work.backend}.py"))
+    if code.cpp_source is not None:
+        logs.append(("output_code", f"{name} kernels (C++)", code.cpp_source, f"{name}.cpp"))
+    return dataclasses.replace(work, code=code)
+
+
+def build_and_load(work: Work, logs: list[Log]) -> Work:
+    """Built (g++, Triton) or found in the on-disk cache, and loaded; runtime/build.py
+    times the build and the load as phases of their own."""
+    from minicompile.runtime import build
+
+    loaded = build.load(work.code, work.cfg, work.interpret)
+    loaded.kernels = len(work.code.kernels)
+    return dataclasses.replace(work, loaded=loaded)
+
+
+STAGES: tuple[Stage, ...] = (
+    Stage("graph passes", "passes", graph_passes),
+    Stage("layout", "passes", layout, lambda w: w.role == "graph"),
+    Stage("gemm padding", "passes", gemm_padding, lambda w: w.role == "graph"),
+    Stage("autograd", "passes", autograd, trains),
+    Stage("split reductions", "lowering", split_reductions),
+    Stage("lowering", "lowering", lowering),
+    Stage("fusion", "fusion", fusion),
+    Stage("stores in place", "fusion", stores_in_place,
+          lambda w: w.cfg.store_in_place and bool(w.writebacks)),
+    Stage("horizontal fusion", "fusion", horizontal_fusion, lambda w: w.cfg.horizontal_fusion),
+    Stage("code generation", "codegen", code_generation),
+    Stage("build and load", None, build_and_load),
+)
+
+
+def span(first: str, last: str) -> tuple[Stage, ...]:
+    """The stages from ``first`` to ``last`` (by name), in order: a part of the road, for
+    a door that needs only that part (minicompile.export: its own wrapper and build)."""
+    names = [stage.name for stage in STAGES]
+    return STAGES[names.index(first):names.index(last) + 1]
+
+
+def walk(work: Work, stages: tuple[Stage, ...] = STAGES) -> Iterator[Work]:
+    """Take ``work`` through ``stages`` in order; yield each finished work (a training
+    graph: its forward, once built, then its backward)."""
+    for k, stage in enumerate(stages):
+        if not stage.applies(work):
+            continue
+        logs: list[Log] = []
+        if stage.phase is None:
+            done = stage.run(work, logs)
+        else:
+            with perf.phase(stage.phase):
+                done = stage.run(work, logs)
+        for part, title, text, filename in logs:
+            trace.emit(part, title, text, filename)
+        if isinstance(done, tuple):
+            for part_work in done:
+                yield from walk(part_work, stages[k + 1:])
+            return
+        work = done
+    yield work

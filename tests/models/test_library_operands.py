@@ -15,7 +15,8 @@ slow kernel cannot hide behind:
   against 0.88 on an H200);
 - a convolution's input, weight and result are dense (contiguous or channels-last);
 - attention's query, key and value have a contiguous last dim and their other strides a
-  multiple of 16 bytes; a mask has a contiguous last dim.
+  multiple of 16 bytes; a mask has a contiguous last dim, unless eager's own call gets the
+  same mask (T5 under transformers 5.17 builds its position bias transposed, in eager too).
 
 The C++ backend on CPU, with ``gemm_padding="on"``: the layouts the generated code gives a
 GPU (passes/gemm_padding.py pads 16-bit products there).  The zoo's models, and GPT-2 and
@@ -46,6 +47,7 @@ ATTENTION = frozenset({aten._scaled_dot_product_flash_attention_for_cpu,
                        aten._scaled_dot_product_efficient_attention,
                        aten._scaled_dot_product_cudnn_attention})
 WIDE = 1024  # rows at least this long must be aligned
+MASK = "the mask's last dim"
 ALIGN_BYTES = 16
 
 
@@ -137,7 +139,7 @@ def problems(call: Call) -> list[str]:
                                         for s, n in zip(o.stride[:-1], o.shape) if n > 1):
                 found.append(f"{o.role} has strides {list(o.stride)}")
         elif o.role == "attn_mask" and o.shape[-1] > 1 and o.stride[-1] != 1:
-            found.append(f"the mask's last dim has stride {o.stride[-1]}")
+            found.append(f"{MASK} has stride {o.stride[-1]}")
     return found
 
 
@@ -191,5 +193,8 @@ def test_library_calls_get_operands_they_are_fast_on(case: ModelCase) -> None:
         compiled(*args, **kwargs)  # compiles: the recorded call runs the generated code
         calls = record(compiled, model, args, kwargs)
     assert calls, "no library call recorded"
-    bad = [f"{call}: {'; '.join(p)}" for call in calls if (p := problems(call))]
+    eagers = {p for call in record(model, model, args, kwargs) for p in problems(call)
+              if p.startswith(MASK)}
+    bad = [f"{call}: {'; '.join(p)}" for call in calls
+           if (p := [q for q in problems(call) if q not in eagers])]
     assert not bad, "\n".join(bad)

@@ -3,9 +3,9 @@ Dynamo's fake tensors and symbolic shapes, ``torch._prims_common``, the custom-o
 and the shape of ``torch.autograd.Function``.  The rest of the compiler asks this module and
 never imports a private PyTorch module or tests a version itself.
 
-Supported and tested: PyTorch 2.11 (the GPU machine's), 2.13 (CPU build) and 2.14 (CI runs
-the suite on both; ``tests/test_compat.py`` checks every entry here on the version it runs
-on).  What differs between them, and how each entry handles it:
+Supported and tested: PyTorch 2.11 (the GPU machine's), 2.12 (by hand), 2.13 (CPU build)
+and 2.14 (CI runs the suite on both; ``tests/test_compat.py`` checks every entry here on the
+version it runs on).  What differs between them, and how each entry handles it:
 
 - ``torch.autograd.Function.apply``: up to 2.13 a Python ``classmethod`` of ``Function``
   (``Fn.apply.__func__`` is one function for every class); from 2.14 a C method of
@@ -53,8 +53,9 @@ __all__ = ["TorchDispatchMode"]
 
 TORCH_VERSION: tuple[int, int] = tuple(  # type: ignore[assignment]
     int(part) for part in torch.__version__.split("+")[0].split(".")[:2])
-# The releases something here tests (README: "Supported").
-TESTED = ((2, 11), (2, 13), (2, 14))
+# The releases something here tests (README: "Supported"): 2.11 on the GPU machine, 2.13
+# and 2.14 in CI, 2.12 by hand (capture, training, model and Dynamo tests, 2026-11-27).
+TESTED = ((2, 11), (2, 12), (2, 13), (2, 14))
 
 # -- autograd.Function ---------------------------------------------------------------------
 

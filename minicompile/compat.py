@@ -3,9 +3,11 @@ Dynamo's fake tensors and symbolic shapes, ``torch._prims_common``, the custom-o
 and the shape of ``torch.autograd.Function``.  The rest of the compiler asks this module and
 never imports a private PyTorch module or tests a version itself.
 
-Supported and tested: PyTorch 2.11 (the GPU machine's), 2.12 (by hand), 2.13 (CPU build)
-and 2.14 (CI runs the suite on both; ``tests/test_compat.py`` checks every entry here on the
-version it runs on).  What differs between them, and how each entry handles it:
+Supported and tested: PyTorch 2.11 (the GPU machine's), 2.12 and 2.15 (by hand), 2.13 (CPU
+build) and 2.14 (CI runs the suite on both; ``tests/test_compat.py`` checks every entry here
+on the version it runs on).  What differs between them, and how each entry handles it
+(2.15 reads as 2.14 does; its meta kernel of ``F.linear`` also refuses a bias that does not
+broadcast, as eager does, so such a call raises while capturing, eager's error):
 
 - ``torch.autograd.Function.apply``: up to 2.13 a Python ``classmethod`` of ``Function``
   (``Fn.apply.__func__`` is one function for every class); from 2.14 a C method of
@@ -54,8 +56,9 @@ __all__ = ["TorchDispatchMode"]
 TORCH_VERSION: tuple[int, int] = tuple(  # type: ignore[assignment]
     int(part) for part in torch.__version__.split("+")[0].split(".")[:2])
 # The releases something here tests (README: "Supported"): 2.11 on the GPU machine, 2.13
-# and 2.14 in CI, 2.12 by hand (capture, training, model and Dynamo tests, 2026-11-27).
-TESTED = ((2, 11), (2, 12), (2, 13), (2, 14))
+# and 2.14 in CI; by hand on 2026-11-27, 2.12 (capture, training, model and Dynamo tests)
+# and 2.15 (the whole suite; what pip picks where no cap holds it at 2.14.1).
+TESTED = ((2, 11), (2, 12), (2, 13), (2, 14), (2, 15))
 
 # -- autograd.Function ---------------------------------------------------------------------
 

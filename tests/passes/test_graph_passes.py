@@ -219,8 +219,13 @@ def test_dce_keeps_unused_library_calls_that_may_raise() -> None:
     # does not broadcast), or values (a matrix that is not positive definite): kept.
     assert _dead_extern(torch.max, ((0,), f32)) == ["torch.max", "add"]
     linear = "torch.nn.functional.linear"
-    assert _dead_extern(torch.nn.functional.linear, ((2, 1), f32), ((1, 1), f32),
-                        ((3,), f32)) == [linear, "add"]
+    try:
+        kept = _dead_extern(torch.nn.functional.linear, ((2, 1), f32), ((1, 1), f32),
+                            ((3,), f32))
+    except RuntimeError as e:  # PyTorch 2.15's meta kernel refuses that bias, as eager does
+        assert "expanded size" in str(e)
+    else:  # up to 2.14 the meta kernel accepts it
+        assert kept == [linear, "add"]
     cholesky = ops.extern_op(torch.linalg.cholesky)
     assert _dead_extern(torch.linalg.cholesky, ((3, 3), f32)) == [cholesky, "add"]
     # In a graph the compiler made (a backward), an unused library call is dropped.

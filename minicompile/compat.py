@@ -20,7 +20,9 @@ broadcast, as eager does, so such a call raises while capturing, eager's error):
   storage calls CUDA graphs use) exist only in CUDA builds: the CPU build of 2.13 lacks
   them, the CUDA build of 2.14 has them even on a machine without a GPU.  Each is None where
   missing (:data:`STATIC_CUDA_LAUNCHER`, :func:`cuda_stream_functions`,
-  :func:`storage_functions`), and callers also ask ``torch.cuda.is_available()``.
+  :func:`storage_functions`), and callers also ask ``torch.cuda.is_available()``.  The
+  launcher's ``_load_kernel`` returns one more value (the module, first) from 2.12:
+  :func:`load_cubin_function`.
 - The gradient of ``clamp`` at its bounds: with number bounds, 1 up to 2.13 (``min <= x <=
   max`` passes it) and 0 from 2.14 (``min < x < max``); with tensor bounds, 2.14 also gives
   0.5 at a tie and passes it to a NaN input.  :func:`clamp_gradient_at_bounds` asks the
@@ -94,6 +96,14 @@ def clamp_gradient_at_bounds() -> bool:
 # -- CUDA runtime entry points (CUDA builds only) ---------------------------------------------
 
 STATIC_CUDA_LAUNCHER: Any = getattr(torch._C, "_StaticCudaLauncher", None)
+
+
+def load_cubin_function(cubin: Any, name: str, shared: int, device: int) -> int:
+    """The CUDA function ``name`` of a cubin file, loaded by the static launcher:
+    ``_load_kernel`` returns (function, registers, spills) in 2.11, and (module, function,
+    registers, spills) from 2.12."""
+    out = STATIC_CUDA_LAUNCHER._load_kernel(str(cubin), name, shared, device)
+    return out[1] if len(out) == 4 else out[0]
 
 
 def cuda_stream_functions() -> tuple[Callable | None, Callable | None]:

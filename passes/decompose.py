@@ -90,11 +90,12 @@ def _clamp(b: _Builder, x: Node, min: Any = None, max: Any = None) -> Node:
         out = b("where", b("lt", out, min), min, out)
     if max is not None:
         out = b("where", b("gt", out, max), max, out)
-    if b.requires_grad and x.meta.dtype.is_floating_point:  # eager: no gradient to a NaN
-        out = b("where", b("ne", x, x), b("detach", x), out)
+    if b.requires_grad and x.meta.dtype.is_floating_point:
+        stop = b("ne", x, x)  # eager: no gradient to a NaN
         if not compat.clamp_gradient_at_bounds():  # PyTorch 2.14: none at a bound either
             for bound in (v for v in (min, max) if v is not None):
-                out = b("where", b("eq", x, bound), b("detach", out), out)
+                stop = b("logical_or", stop, b("eq", x, bound))
+        out = b("where", stop, b("detach", out), out)
     return out
 
 

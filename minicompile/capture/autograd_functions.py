@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from minicompile import compat, ops
+from minicompile import ops
 from minicompile.capture import records
 from minicompile.capture.variables import ConstantVar, TensorVar, UserFunctionVar, Var
 from minicompile.errors import Unsupported
@@ -45,11 +45,6 @@ class InferenceContext:
 
     def set_materialize_grads(self, value: bool) -> None:
         self.materialize_grads = value
-
-
-def function_class(value: Any) -> type | None:
-    """The ``autograd.Function`` subclass whose ``apply`` ``value`` is, else None."""
-    return compat.autograd_function_of(value)
 
 
 def call(tx: InstructionTranslator, cls: type, args: list, kwargs: dict) -> Var:

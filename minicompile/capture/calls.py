@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from minicompile import compat
 from minicompile.capture import (
     autocast, autograd_functions, externs, library, mutation, pybuiltins, records, torch_ops,
     training_ops,
@@ -362,8 +363,7 @@ class CallsMixin:
             return self.inline_call(UserFunctionVar(fn.func), [fn.self_var, *args], kwargs)
         if isinstance(fn, NNModuleVar):
             return self.call_module(fn, args, kwargs)
-        if isinstance(fn, ObjectVar) and autograd_functions.function_class(fn.value):
-            cls = autograd_functions.function_class(fn.value)
+        if isinstance(fn, ObjectVar) and (cls := compat.autograd_function_of(fn.value)):
             return autograd_functions.call(self, cls, args, kwargs)
         if isinstance(fn, TorchFunctionVar) or (
             isinstance(fn, ObjectVar) and fn.value in _GRAD_MODE_CLASSES

@@ -156,19 +156,17 @@ class FrameValuesMixin:
             return DictVar(items, mutable=False, source=source)
         if type(value) is functools.partial:
             return self._partial(value, source, guard)
-        if isinstance(value, types.MethodType) and guard:
-            # A method bound on each read (``SomeClass.a_classmethod``): its function and
-            # what it is bound to, not the bound method, a new object every time.
-            g.identity_match(source.attr("__func__"), value.__func__)
+        if guard and (isinstance(value, types.MethodType) or (
+                isinstance(value, types.BuiltinMethodType) and isinstance(value.__self__, type))):
+            # A method bound on each read, a new object every time (``SomeClass.a_classmethod``;
+            # a C method of a class, ``dict.fromkeys``, and from PyTorch 2.14 a custom
+            # ``autograd.Function``'s ``apply``: minicompile/compat.py): what it is bound to
+            # and its function (a C method: its name), not the bound method.
             g.identity_match(source.attr("__self__"), value.__self__)
-            return self.object_var(value, source)
-        if (isinstance(value, types.BuiltinMethodType) and isinstance(value.__self__, type)
-                and guard):
-            # A C method of a class, also bound on each read (``dict.fromkeys``; a custom
-            # ``autograd.Function``'s ``apply`` from PyTorch 2.14: minicompile/compat.py):
-            # what it is bound to and its name.
-            g.identity_match(source.attr("__self__"), value.__self__)
-            g.constant_match(source.attr("__name__"), value.__name__)
+            if isinstance(value, types.MethodType):
+                g.identity_match(source.attr("__func__"), value.__func__)
+            else:
+                g.constant_match(source.attr("__name__"), value.__name__)
             return self.object_var(value, source)
         if guard:
             if is_user_object(value) and not isinstance(value, torch.nn.Module):

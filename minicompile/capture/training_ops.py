@@ -118,11 +118,11 @@ def batch_norm(em: Emitter, fname: str, x: Any, mean: Any, var: Any, weight: Any
 def _cuda_dense_layout(x: TensorVar) -> tuple[int, ...] | None:
     """``x``'s strides where eager's CUDA batch norm gives its result that layout
     (``empty_like``: a CUDA input without gaps or overlaps, static sizes), else None."""
-    is_non_overlapping_and_dense_or_false = compat.prims_common().is_non_overlapping_and_dense_or_false
     if x.meta.device.type != "cuda" or x.meta.is_symbolic:
         return None
     fake = x.meta.fake()
-    return tuple(fake.stride()) if is_non_overlapping_and_dense_or_false(fake) else None
+    dense = compat.prims_common().is_non_overlapping_and_dense_or_false(fake)
+    return tuple(fake.stride()) if dense else None
 
 
 def _keeps_layout(x: TensorVar) -> bool:

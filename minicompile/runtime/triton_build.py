@@ -68,15 +68,11 @@ class Built:
     arg_codes: str
 
 
-def _launcher() -> Any:
-    return compat.STATIC_CUDA_LAUNCHER
-
-
 @functools.lru_cache(maxsize=None)
 def available() -> bool:
     """Whether launches can bypass Triton: PyTorch's static CUDA launcher, and a Triton
     whose specialization this module reproduces (3.3 and later)."""
-    return (_launcher() is not None and torch.cuda.is_available()
+    return (compat.STATIC_CUDA_LAUNCHER is not None and torch.cuda.is_available()
             and _triton_at_least(3, 3))
 
 
@@ -492,9 +488,7 @@ def recorded(key: str) -> Built | None:
 @functools.lru_cache(maxsize=None)
 def load(cubin: Path, name: str, shared: int, device: int) -> int:
     """The CUDA function of a cubin, loaded once per process and device."""
-    out = _launcher()._load_kernel(str(cubin), name, shared, device)
-    # (function, registers, spills), or (module, function, registers, spills) since 2.12
-    return out[1] if len(out) == 4 else out[0]
+    return compat.load_cubin_function(cubin, name, shared, device)
 
 
 def precompile(launchers: list[Any]) -> None:

@@ -27,6 +27,10 @@ def _flag(value: str | None) -> bool:
     return (value or "").strip().lower() in ("1", "true", "yes", "on")
 
 
+def _on_unless_off(value: str | None) -> bool:
+    return (value or "1").strip().lower() not in ("0", "false", "no", "off")
+
+
 @dataclasses.dataclass(frozen=True)
 class Config:
     backend: str = "auto"  # "auto" | "cpp" | "triton"
@@ -78,6 +82,10 @@ class Config:
     # CUDA), "on" (any float, any device: how CPU tests see it), "off".
     # MINICOMPILE_GEMM_PADDING.
     gemm_padding: str = "auto"
+    # In inference graphs, fold an eval-mode batch norm into the convolution before it
+    # (passes/fold_batch_norm.py; the folded weight is computed once, passes/hoist_params.py).
+    # MINICOMPILE_FOLD_BN=0 turns it off.
+    fold_batch_norm: bool = True
 
     def __post_init__(self) -> None:
         for name in ("cache_dir", "trace_dir"):  # a str given for a folder (patch, replace)
@@ -105,8 +113,8 @@ def from_env(env: dict[str, str] | os._Environ = os.environ) -> Config:
         strict=_flag(env.get("MINICOMPILE_STRICT")),
         triton_interpret=_flag(env.get("TRITON_INTERPRET")),
         check=_flag(env.get("MINICOMPILE_CHECK")),
-        warm_entries=env.get("MINICOMPILE_WARM_ENTRIES", "1").strip().lower()
-        not in ("0", "false", "no", "off"),
+        warm_entries=_on_unless_off(env.get("MINICOMPILE_WARM_ENTRIES")),
+        fold_batch_norm=_on_unless_off(env.get("MINICOMPILE_FOLD_BN")),
     )
     if env.get("MINICOMPILE_COMPILE_THREADS", "").strip():
         threads = int(env["MINICOMPILE_COMPILE_THREADS"])

@@ -85,8 +85,10 @@ def compile_graph(
     backward too and runs as an autograd.Function."""
     start = time.perf_counter()
     backend, interpret = pick_backend(cfg, capture)
+    static = cudagraphs.static_positions(capture.input_sources)
+    written = {placeholder for _, placeholder in capture.writebacks}
     work = pipeline.Work(name, capture.graph, cfg, backend, interpret,
-                         writebacks=capture.writebacks)
+                         writebacks=capture.writebacks, state=static - written)
     done = [count(w) for w in pipeline.walk(work)]
     get_inputs, rebuild = capture.get_inputs, capture.rebuild
     if done[0].joint is not None:  # a forward and its backward
@@ -101,13 +103,22 @@ def compile_graph(
                   time.perf_counter() - start)
         return run, call, None
     (graph,) = done
-    loaded = graphed(graph, cudagraphs.static_positions(capture.input_sources))
-    call = checked(loaded.call, capture, cfg, name, backend, interpret)
+    hoisted = graph.hoisted
+    if hoisted is not None:  # the values computed once are static inputs too
+        static |= set(range(len(capture.graph.placeholders), len(graph.graph.placeholders)))
+    loaded = graphed(graph, frozenset(static))
+    call = loaded.call
+    if hoisted is not None:
+        from minicompile.runtime.derived import WithDerived
+
+        call = WithDerived(call, hoisted.derived, hoisted.positions)
+    call = checked(call, capture, cfg, name, backend, interpret)
     # Nothing here takes a gradient (grad mode is off): run without recording.
     no_grad = any(p.meta.requires_grad for p in capture.graph.placeholders)
     run = entries.inference_runner(call, get_inputs, rebuild, no_grad)
     log.debug("minicompile: compiled %s in %.3fs", name, time.perf_counter() - start)
-    return run, call, (loaded, interpret, no_grad)
+    # (A warm entry stores the generated call alone: not one with parameter values.)
+    return run, call, (loaded, interpret, no_grad) if hoisted is None else None
 
 
 def count(work: pipeline.Work) -> pipeline.Work:

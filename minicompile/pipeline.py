@@ -1,9 +1,10 @@
 """The compiler's stages, in the order they run: listed once, here (:data:`STAGES`).
 
-A graph after capture becomes loaded code through: the graph passes (passes/pipeline.py),
-channels-last layouts, GEMM padding, autograd (a graph that trains becomes a forward and a
-backward, each walking on), split reductions, lowering, fusion, stores in place, horizontal
-fusion, code generation and the runtime's build and load.  :func:`walk` takes a
+A graph after capture becomes loaded code through: batch norms folded into convolutions,
+the graph passes (passes/pipeline.py), channels-last layouts, GEMM padding, parameter
+values hoisted out to be computed once (inference), autograd (a graph that trains becomes
+a forward and a backward, each walking on), split reductions, lowering, fusion, stores in
+place, horizontal fusion, code generation and the runtime's build and load.  :func:`walk` takes a
 :class:`Work` through them, and every stage through the same hooks: it is timed under its
 ``MINICOMPILE_LOGS=perf`` phase, and what it has to say goes to ``trace.emit``.
 
@@ -50,6 +51,10 @@ class Work:
     role: str = "graph"
     writebacks: tuple = ()
     takes_inputs: bool = False
+    # The placeholders (by position) that are the module's parameters and buffers, read
+    # and not written: what fold_batch_norm and hoist_params may compute once.
+    state: frozenset[int] = frozenset()
+    hoisted: Any = None  # passes.hoist_params.Hoisted: the graph's parameter-derived values
     joint: Any = None  # the forward of a training graph: passes.autograd.Joint
     split: Graph | None = None  # the graph that lowering takes (reductions split)
     program: Any = None  # ir.LoopProgram
@@ -71,6 +76,15 @@ class Stage:
     phase: str | None
     run: Callable[[Work, list[Log]], Work | tuple[Work, ...]]
     applies: Callable[[Work], bool] = lambda work: True
+
+
+def fold_batch_norm(work: Work, logs: list[Log]) -> Work:
+    from minicompile.passes.fold_batch_norm import fold_batch_norms
+
+    graph, text = fold_batch_norms(work.graph, work.state)
+    if text:
+        logs.append(("graph", f"{work.name} batch norms", text, None))
+    return dataclasses.replace(work, graph=graph)
 
 
 def graph_passes(work: Work, logs: list[Log]) -> Work:
@@ -96,6 +110,22 @@ def gemm_padding(work: Work, logs: list[Log]) -> Work:
     if text:
         logs.append(("graph", f"{work.name} layout", text, None))
     return dataclasses.replace(work, graph=graph)
+
+
+def hoist_params(work: Work, logs: list[Log]) -> Work:
+    """After the layouts and the padding: their weight copies are computed once too."""
+    from minicompile.passes.hoist_params import hoist_parameter_values
+
+    hoisted, text = hoist_parameter_values(work.graph, work.state)
+    if hoisted is None:
+        return work
+    logs.append(("graph", f"{work.name} parameter values", text, None))
+    return dataclasses.replace(work, graph=hoisted.main, hoisted=hoisted)
+
+
+def inference(work: Work) -> bool:
+    """A capture's graph that takes no gradient, with parameters or buffers to read."""
+    return work.role == "graph" and bool(work.state) and not trains(work)
 
 
 def trains(work: Work) -> bool:
@@ -195,9 +225,12 @@ def build_and_load(work: Work, logs: list[Log]) -> Work:
 
 
 STAGES: tuple[Stage, ...] = (
+    Stage("fold batch norm", "passes", fold_batch_norm,
+          lambda w: w.cfg.fold_batch_norm and inference(w)),
     Stage("graph passes", "passes", graph_passes),
     Stage("layout", "passes", layout, lambda w: w.role == "graph"),
     Stage("gemm padding", "passes", gemm_padding, lambda w: w.role == "graph"),
+    Stage("hoist parameter values", "passes", hoist_params, inference),
     Stage("autograd", "passes", autograd, trains),
     Stage("split reductions", "lowering", split_reductions),
     Stage("lowering", "lowering", lowering),

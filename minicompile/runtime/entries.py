@@ -58,7 +58,7 @@ def function_key(fn: types.FunctionType, cfg: Config) -> str:
     """Where the entries of ``fn`` compiled under ``cfg`` are filed."""
     options = (cfg.backend, cfg.dynamic, cfg.fullgraph, cfg.mode, cfg.cxx, cfg.cxx_flags,
                cfg.horizontal_fusion, cfg.store_in_place, cfg.triton_interpret, cfg.check,
-               cfg.layout_opt, cfg.gemm_padding)
+               cfg.layout_opt, cfg.gemm_padding, cfg.fold_batch_norm)
     return cache.cache_key(FORMAT, fingerprints.code_digest(fn.__code__), fn.__module__ or "",
                            repr(options), cache.tool_versions(cfg.cxx),
                            fingerprints.source_version())

@@ -1,0 +1,64 @@
+"""Values computed from a module's parameters and buffers once, and reused while those stay.
+
+passes/hoist_params.py takes out of an inference graph the work that reads only the
+module's parameters and buffers (a batch norm folded into its convolution's weight, a
+weight copied channels-last or padded for cuBLAS) into a graph of its own; the compiled
+graph takes its results as extra inputs after the capture's own.  :class:`WithDerived`
+computes them with PyTorch (``ops.run_graph``: a few library calls, once) and keeps them
+while every parameter they came from is the same tensor, at the same version
+(``t._version``: every in-place write through autograd's view of the tensor bumps it:
+``load_state_dict``, ``p.mul_(2)`` under ``no_grad``, an optimizer step) and on the same
+memory (``p.data = other``).  Any change recomputes them all before the call, so no value
+is ever stale.  A write through ``p.data`` (a tensor with a version counter of its own)
+is the one change PyTorch does not count; Inductor's freezing assumes no change at all.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from minicompile.graph import Graph
+from minicompile.ops import run_graph
+
+
+class WithDerived:
+    """``call(inputs + derived values)`` for a compiled graph whose last inputs are values
+    ``graph`` computes from ``inputs[k] for k in positions`` (parameters and buffers)."""
+
+    def __init__(self, call: Callable[[list], tuple], graph: Graph,
+                 positions: tuple[int, ...]) -> None:
+        self.call = call
+        self.graph = graph
+        self.positions = positions
+        self.metas = [n.meta for n in graph.outputs]
+        self.sources: list[torch.Tensor] = []  # the tensors the values were computed from
+        self.versions: list[tuple[int, int]] = []
+        self.values: list[torch.Tensor] = []
+
+    def __call__(self, inputs: list) -> tuple:
+        sources = [inputs[k] for k in self.positions]
+        versions = [(t._version, t.data_ptr()) for t in sources]
+        if versions != self.versions or any(a is not b for a, b in zip(sources, self.sources)):
+            self.values = []  # (the old values go before the new ones are made)
+            self.values = self.compute(sources)
+            self.sources, self.versions = sources, versions
+        return self.call([*inputs, *self.values])
+
+    def compute(self, sources: list[torch.Tensor]) -> list[torch.Tensor]:
+        """The values, each in the layout the compiled graph was built for."""
+        with torch.no_grad():
+            values = run_graph(self.graph, sources)
+        return [_laid_out(v, m) for v, m in zip(values, self.metas)]
+
+
+def _laid_out(value: torch.Tensor, meta: Any) -> torch.Tensor:
+    """``value`` where it has the strides the graph's metadata says, else a copy that has."""
+    shape, stride = meta.concrete_shape(), meta.concrete_stride()
+    if (value.dtype == meta.dtype and tuple(value.shape) == shape
+            and all(n == 1 or s == t for n, s, t in zip(shape, value.stride(), stride))):
+        return value
+    out = torch.empty_strided(shape, stride, dtype=meta.dtype, device=value.device)
+    return out.copy_(value)

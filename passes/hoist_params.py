@@ -1,0 +1,178 @@
+"""Work that reads only the module's parameters and buffers is taken out of an inference
+graph, to be done once (Inductor's freezing, without freezing anything).
+
+Inference graphs recompute every call what depends only on the module's state: a batch
+norm folded into its convolution's weight (passes/fold_batch_norm.py), a weight copied
+channels-last (passes/layout.py) or zero-padded for cuBLAS (passes/gemm_padding.py), a
+weight cast under autocast.  :func:`hoist_parameter_values` cuts the graph in two:
+
+- the *derived* graph: placeholders are the parameters and buffers it reads, outputs the
+  values the rest of the graph reads (the cut): the largest subgraph whose every input is
+  a parameter or a buffer;
+- the *main* graph: the original graph, its placeholders unchanged and in order, plus one
+  placeholder after them for each value of the cut, which its readers now read.
+
+The runtime computes the derived graph once and again only when a parameter it read
+changed (minicompile/runtime/derived.py).  What stays in the main graph:
+
+- views alone (a weight transposed for a matrix product): free in the kernels, and a
+  cached view would be a copy that costs memory;
+- any value a graph output may share memory with (an output, and what a view or library
+  call of an output reads): eager returns new tensors each call, never the cache;
+- random draws, library calls of user code (``torch.ops``, autograd Functions) and
+  anything with symbolic sizes.
+
+``state``: the positions of the placeholders that are parameters or buffers
+(``._parameters[...]``/``._buffers[...]`` sources) that the graph does not write back
+into; a graph that takes gradients (training) never comes here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from minicompile import ops
+from minicompile.graph import Graph, Node, TensorMeta, map_nodes
+from minicompile.library_layouts import CONVOLUTIONS
+
+# Op families whose compiled result is always a new tensor, never memory of an input.
+FRESH = frozenset({"unary", "binary", "ternary", "composite", "reduction", "cast", "index",
+                   "iota"})
+ALIASES = frozenset({"view", "tuple"})  # a view of an input, an element of a tuple result
+OWN_HELPERS = ("minicompile.runtime.gemm.",)  # pure library calls of minicompile's own
+# Library calls whose result is new memory, whatever their arguments (others, such as
+# ``torch.Tensor.to``, may return their argument itself).
+FRESH_EXTERNS = CONVOLUTIONS | frozenset(
+    {"torch.nn.functional.linear", "torch.mm", "torch.addmm", "torch.bmm", "torch.matmul",
+     "torch.nn.functional.scaled_dot_product_attention"})
+
+
+@dataclasses.dataclass(frozen=True)
+class Hoisted:
+    """A graph cut in two: ``main`` takes the original inputs and then ``derived``'s
+    outputs; ``derived`` takes the original inputs at ``positions``."""
+
+    main: Graph
+    derived: Graph
+    positions: tuple[int, ...]
+
+
+def _pure(node: Node) -> bool:
+    """Whether ``node`` computes the same value from the same inputs every call, with no
+    effect beyond its result, and static sizes."""
+    if node.target in ops.RANDOM_EXTERNS or not isinstance(node.meta, (TensorMeta, tuple)):
+        return False
+    metas = node.meta if isinstance(node.meta, tuple) else (node.meta,)
+    if any(not isinstance(m, TensorMeta) or m.is_symbolic for m in metas):
+        return False
+    if ops.has_symbols((node.args, node.kwargs)):
+        return False
+    if ops.OPS[node.target].family == "extern":
+        return (node.target.startswith(OWN_HELPERS) or node.target.startswith("torch.")
+                and not node.target.startswith("torch.ops.")
+                and ops.extern_module(node.target) is None)
+    return True
+
+
+def _escaping(graph: Graph) -> set[Node]:
+    """The values a graph output may share memory with: the outputs, and through every op
+    that may return its input's memory (a view, a library call), what it reads."""
+    escaping: set[Node] = set()
+    todo = list(graph.outputs)
+    while todo:
+        node = todo.pop()
+        if node in escaping:
+            continue
+        escaping.add(node)
+        if (node.op == "call" and ops.OPS[node.target].family not in FRESH
+                and node.target not in FRESH_EXTERNS and not node.target.startswith(OWN_HELPERS)):
+            todo += list(node.inputs())
+    return escaping
+
+
+def _cut(graph: Graph, state: frozenset[int]) -> tuple[set[Node], list[Node]]:
+    """The nodes computed from the state alone, and of those the ones to hoist whose
+    value the rest of the graph reads (the cut), in graph order."""
+    placeholders = graph.placeholders
+    const = {placeholders[k] for k in state}
+    computes: set[Node] = set()  # const nodes that do work beyond views of the state
+    for node in graph.calls():
+        inputs = list(node.inputs())
+        if inputs and all(i in const for i in inputs) and _pure(node):
+            const.add(node)
+            if (ops.OPS[node.target].family not in ALIASES
+                    or any(i in computes for i in inputs)):
+                computes.add(node)
+    escaping = _escaping(graph)
+    hoisted = {n for n in computes if n not in escaping and isinstance(n.meta, TensorMeta)}
+    cut = [n for n in graph.calls() if n in hoisted and any(u not in hoisted for u in n.users)]
+    return const, cut
+
+
+def _derived_graph(graph: Graph, needed: set[Node], cut: list[Node]
+                   ) -> tuple[Graph, tuple[int, ...]]:
+    """The graph of ``needed`` nodes computing ``cut``, and its inputs' positions."""
+    derived = Graph(f"{graph.name}_parameters")
+    env: dict[Node, Node] = {}
+    positions = []
+    for k, node in enumerate(graph.placeholders):
+        if node in needed:
+            env[node] = derived.placeholder(node.target, node.meta)
+            positions.append(k)
+    for node in graph.calls():
+        if node in needed:
+            remap = lambda v: map_nodes(v, env.__getitem__)  # noqa: E731
+            env[node] = derived.call(node.target, remap(node.args), remap(node.kwargs),
+                                     node.meta, node.stack)
+    derived.output(tuple(env[n] for n in cut))
+    return derived, tuple(positions)
+
+
+def _ancestors(cut: list[Node]) -> set[Node]:
+    needed: set[Node] = set()
+    todo = list(cut)
+    while todo:
+        node = todo.pop()
+        if node not in needed:
+            needed.add(node)
+            todo += list(node.inputs())
+    return needed
+
+
+def _main_graph(graph: Graph, cut: list[Node], computed: set[Node]) -> Graph:
+    """``graph`` reading the cut's values from new placeholders after its own; the calls
+    of ``computed`` (the derived graph's) that nothing else reads are dropped."""
+    main = Graph(graph.name, graph.shapes, graph.derived)
+    env: dict[Node, Node] = {}
+    for node in graph.placeholders:
+        env[node] = main.placeholder(node.target, node.meta)
+    for k, node in enumerate(cut):
+        env[node] = main.placeholder(f"derived_{k}", node.meta)
+    kept: set[Node] = set(graph.outputs)
+    for node in reversed(graph.nodes):  # what the main graph still reads
+        if node.op == "call" and node not in env and (node not in computed or node in kept):
+            kept.update(node.inputs())
+    for node in graph.calls():
+        if node in env or (node in computed and node not in kept):
+            continue
+        remap = lambda v: map_nodes(v, env.__getitem__)  # noqa: E731
+        env[node] = main.call(node.target, remap(node.args), remap(node.kwargs), node.meta,
+                              node.stack)
+    main.output(map_nodes(graph.outputs, env.__getitem__))
+    return main
+
+
+def hoist_parameter_values(graph: Graph, state: frozenset[int]) -> tuple[Hoisted | None, str]:
+    """The graph cut in two (None where nothing is worth hoisting), and what was hoisted,
+    for the logs ("" where nothing)."""
+    if not state:
+        return None, ""
+    const, cut = _cut(graph, state)
+    if not cut:
+        return None, ""
+    needed = _ancestors(cut)
+    derived, positions = _derived_graph(graph, needed, cut)
+    main = _main_graph(graph, cut, needed & const)
+    text = (f"{len(cut)} values computed once from {len(positions)} parameters and buffers:\n"
+            f"{derived}")
+    return Hoisted(main, derived, positions), text

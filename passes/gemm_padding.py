@@ -42,7 +42,7 @@ from minicompile.runtime import gemm
 
 LINEAR, ADDMM, MM, MATMUL = ("torch.nn.functional.linear", "torch.addmm", "torch.mm",
                               "torch.matmul")
-PADDED = {LINEAR: gemm.linear, ADDMM: gemm.addmm, MM: gemm.mm, MATMUL: gemm.matmul}
+PADDED = frozenset({LINEAR, ADDMM, MM, MATMUL})
 AUTO_DTYPES = frozenset({torch.float16, torch.bfloat16})
 # Readers that read the product inside a fused kernel, by whatever strides it has.
 FUSED_READERS = frozenset({"unary", "binary", "ternary", "cast", "reduction", "copy"})
@@ -126,15 +126,31 @@ def pad_gemm_results(graph: Graph, mode: str) -> tuple[Graph, str]:
         if node not in padded:
             return None
         meta = node.meta
-        stride = gemm.padded_strides(tuple(int(n) for n in meta.shape), meta.dtype.itemsize)
-        op = ops.extern_op(PADDED[node.target])
-        product = new.call(op, remap(node.args), remap(node.kwargs),
-                           dataclasses.replace(meta, stride=tuple(map(sympy.Integer, stride))),
-                           node.stack)
+        n = int(meta.shape[-1])
+
+        def pad(fn: Callable, t: Node) -> Node:  # a node of its own: hoisted for a weight
+            op = ops.extern_op(fn)
+            return new.call(op, (t,), {}, ops.infer_meta(op, (t,), {}, meta.device),
+                            node.stack)
+
+        tensors = remap(_plain_call(node))
+        if node.target == LINEAR:
+            (x, w, *bias), product = tensors, gemm.linear
+            other = pad(gemm.pad_rows, w)
+        else:
+            *bias, x, other = tensors
+            other, product = pad(gemm.pad_columns, other), gemm.matmul
+        bias = bias[0] if bias else None
+        if bias is not None and bias.meta.ndim and int(bias.meta.shape[-1]) == n:
+            bias = pad(gemm.pad_columns, bias)  # (else it broadcasts over the columns)
+        stride = gemm.padded_strides(tuple(int(d) for d in meta.shape), meta.dtype.itemsize)
+        result = new.call(ops.extern_op(product), (x, other, bias, n), {},
+                          dataclasses.replace(meta, stride=tuple(map(sympy.Integer, stride))),
+                          node.stack)
         if node not in outputs:
-            return product
+            return result
         eager = tuple(int(s) for s in meta.stride)
-        return new.call("to_eager_layout", (product, eager), {}, meta, node.stack)
+        return new.call("to_eager_layout", (result, eager), {}, meta, node.stack)
 
     names = ", ".join(f"{n.target} {tuple(int(s) for s in n.meta.shape)}" for n in padded)
     return copy_graph(graph, rewrite), f"rows padded to 16 bytes: {names}"

@@ -10,9 +10,10 @@ rows written 50264 apart): the product's own column count must be aligned, as In
 ``pad_mm`` makes it.  Each function here computes what its PyTorch namesake does, with the
 same library call (``torch.mm``/``torch.addmm``, as ATen's ``linear`` and ``matmul`` make it
 for a contiguous input), on the right operand with its columns (a linear's weight rows)
-zero-padded to a multiple of 16 bytes (a copy each call: GPT-2's 50257 x 768 weight is
-77 MB, about 0.04 ms), and returns the result's first columns: rows :func:`padded_row`
-elements apart.
+zero-padded to a multiple of 16 bytes by :func:`pad_rows` / :func:`pad_columns`, and returns
+the result's first columns: rows :func:`padded_row` elements apart.  The padding is a node
+of its own in the graph: where the operand is a parameter (GPT-2's 50257 x 768 weight,
+77 MB) it is padded once (passes/hoist_params.py), not every call.
 """
 
 from __future__ import annotations
@@ -39,45 +40,33 @@ def padded_strides(shape: tuple[int, ...], itemsize: int) -> tuple[int, ...]:
     return tuple(strides)
 
 
-def _pad_last(t: torch.Tensor, n: int) -> torch.Tensor:
-    """``t`` with its last dim, of size ``n``, zero-padded to :func:`padded_row`."""
+def pad_columns(t: torch.Tensor) -> torch.Tensor:
+    """``t`` with its last dim zero-padded to :func:`padded_row` elements (a copy)."""
+    n = t.shape[-1]
     return F.pad(t, (0, padded_row(n, t.element_size()) - n))
 
 
-def _pad_bias(bias: torch.Tensor, n: int) -> torch.Tensor:
-    """A bias broadcast over the product's columns: padded where it has them all."""
-    return _pad_last(bias, n) if bias.ndim and bias.shape[-1] == n else bias
-
-
-def linear(input: torch.Tensor, weight: torch.Tensor,
-           bias: torch.Tensor | None = None) -> torch.Tensor:
-    """``F.linear(input, weight, bias)`` for a contiguous input of two or more dims: the
-    product of its rows and the weight's rows padded with zeros (a copy of the weight),
-    its first ``weight.shape[0]`` columns."""
+def pad_rows(weight: torch.Tensor) -> torch.Tensor:
+    """A linear's ``weight`` [n, k] with its rows zero-padded to :func:`padded_row` (a copy)."""
     n = weight.shape[0]
-    padded = F.pad(weight, (0, 0, 0, padded_row(n, weight.element_size()) - n))
+    return F.pad(weight, (0, 0, 0, padded_row(n, weight.element_size()) - n))
+
+
+def linear(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+           n: int) -> torch.Tensor:
+    """``F.linear(input, w, b)`` for a contiguous input of two or more dims, given
+    ``weight = pad_rows(w)`` and ``bias`` as :func:`matmul`'s: the product of its rows and
+    the padded weight's, its first ``n`` columns."""
+    return matmul(input, weight.t(), bias, n)
+
+
+def matmul(input: torch.Tensor, other: torch.Tensor, bias: torch.Tensor | None,
+           n: int) -> torch.Tensor:
+    """``torch.matmul(input, o)`` (``torch.mm``; with ``bias``, ``torch.addmm(b, input, o)``)
+    for a contiguous input of two or more dims and a matrix ``o``, given ``other =
+    pad_columns(o)`` and ``bias = pad_columns(b)`` (or ``b`` where it broadcasts over the
+    columns, or None): one product of the input's rows, as ATen folds it, its first ``n``
+    columns."""
     rows = input.reshape(-1, input.shape[-1])  # a view: the input is contiguous
-    if bias is None:
-        full = torch.mm(rows, padded.t())
-    else:
-        full = torch.addmm(_pad_bias(bias, n), rows, padded.t())
+    full = torch.mm(rows, other) if bias is None else torch.addmm(bias, rows, other)
     return full.view(*input.shape[:-1], full.shape[-1])[..., :n]
-
-
-def matmul(input: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
-    """``torch.matmul(input, other)`` for a contiguous input of two or more dims and a
-    matrix ``other``: one product of the input's rows, as ATen folds it."""
-    n = other.shape[1]
-    full = torch.mm(input.reshape(-1, input.shape[-1]), _pad_last(other, n))
-    return full.view(*input.shape[:-1], full.shape[-1])[..., :n]
-
-
-def mm(input: torch.Tensor, mat2: torch.Tensor) -> torch.Tensor:
-    """``torch.mm(input, mat2)``."""
-    return torch.mm(input, _pad_last(mat2, mat2.shape[1]))[:, :mat2.shape[1]]
-
-
-def addmm(input: torch.Tensor, mat1: torch.Tensor, mat2: torch.Tensor) -> torch.Tensor:
-    """``torch.addmm(input, mat1, mat2)`` (beta and alpha 1)."""
-    n = mat2.shape[1]
-    return torch.addmm(_pad_bias(input, n), mat1, _pad_last(mat2, n))[:, :n]

@@ -6,8 +6,9 @@ kernel each way.  Like Inductor's ``layout_optimization``, this pass decides onc
 (:func:`decide`) and then rewrites the graph (:func:`optimize_layout`):
 
 - each 2-d convolution reads a channels-last input and weight: a ``to_channels_last`` node
-  copies them where they are not already (a weight every call, as Inductor without freezing; a
-  1x1 weight already is), so the convolution returns channels-last;
+  copies them where they are not already (a 1x1 weight already is; a weight that is a
+  parameter is copied once, passes/hoist_params.py), so the convolution returns
+  channels-last;
 - every node after it takes the layout PyTorch's own rules give it from its now
   channels-last inputs (its meta is inferred again): pointwise ops keep their input's
   stride order, so batch norm, ReLU and residual adds read and write channels-last, and

@@ -1,0 +1,79 @@
+"""passes/hoist_params.py and runtime/derived.py: work on parameters and buffers alone is
+computed once, and again after they change; views, outputs and random draws stay."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import minicompile
+from minicompile import ops
+from minicompile.passes.hoist_params import hoist_parameter_values
+
+from devices import device_for
+from graph_builder import GraphBuilder
+
+
+def test_what_is_hoisted_and_what_stays() -> None:
+    b = GraphBuilder()
+    x = b.input("L_x", (4, 8))
+    w, bias, r = b.input("L_w", (3, 8)), b.input("L_b", (8,)), b.input("L_r", (8,))
+    product = b(ops.extern_op(torch.mm), x, b("permute", w, (1, 0)))  # a view alone: stays
+    shifted = b("add", x, b("mul", bias, 2.0))  # computed from a parameter: hoisted
+    returned = b("exp", bias)  # an output: a new tensor every call, as eager's
+    viewed = b("reshape", b("sigmoid", r), (2, 4))  # returned as a view: stays too
+    noise = b("add", x, b(ops.extern_op(torch.rand_like), bias))  # a random draw: stays
+    graph = b.output(product, shifted, returned, viewed, noise)
+    assert hoist_parameter_values(graph, frozenset()) == (None, "")
+    hoisted, text = hoist_parameter_values(graph, frozenset({1, 2, 3}))
+    assert hoisted.positions == (2,) and "1 values computed once" in text
+    (value,) = hoisted.derived.outputs
+    assert value.target == "mul" and value.args[0].target == "L_b"
+    main = str(hoisted.main)
+    assert "placeholder derived_0 : f32[8]" in main and "mul(" not in main
+    for stays in ("permute(", "exp(", "sigmoid(", "torch.rand_like("):
+        assert stays in main, stays
+    inputs = [torch.randn(4, 8), torch.randn(3, 8), torch.randn(8), torch.randn(8)]
+    derived = ops.run_graph(hoisted.derived, [inputs[k] for k in hoisted.positions])
+    got, want = ops.run_graph(hoisted.main, [*inputs, *derived]), ops.run_graph(graph, inputs)
+    for a, e in zip(got[:4], want[:4], strict=True):
+        torch.testing.assert_close(a, e)
+
+
+class Scaled(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(8, 8))
+        self.register_buffer("scale", torch.rand(8) + 0.5)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        weight = self.w * self.scale.rsqrt()[:, None]  # computed once
+        return x @ weight.t(), weight * 3  # (an output: computed every call)
+
+
+def test_values_follow_training_steps_and_outputs_are_never_the_cache(
+        backend: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    from minicompile.runtime import derived
+
+    computed = []
+    real = derived.run_graph
+    monkeypatch.setattr(derived, "run_graph", lambda *a: computed.append(1) or real(*a))
+    device = device_for(backend)
+    torch.manual_seed(0)
+    model = Scaled().to(device)
+    compiled = minicompile.compile(model, backend=backend, fullgraph=True)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(3):
+        x = torch.randn(4, 8, device=device)
+        with torch.no_grad():
+            got, want = compiled(x), model(x)
+            for a, e in zip(got, want, strict=True):
+                torch.testing.assert_close(a, e)
+            got[1].zero_()  # the caller's to change: the next call's values stay eager's
+            model.scale.mul_(1.5)
+        model(x)[0].square().sum().backward()  # an optimizer step changes the weight
+        optimizer.step()
+        optimizer.zero_grad()
+    assert minicompile.stats()["eager_fallbacks"] == 0
+    assert len(computed) == 3  # once a call: every call follows a change

@@ -18,12 +18,15 @@ import torch
 
 def write_back(dst: Any, src: torch.Tensor) -> None:
     """An input mutated in the graph gets its new value, unless the kernels stored it there
-    already (passes/inplace.py: ``src`` is ``dst``).  ``dst`` may be a NumPy array (traced
-    through ``torch.from_numpy``, so the copy lands in its memory)."""
+    already (passes/inplace.py: ``src`` is ``dst``; then its version counter moves on, as
+    an in-place op's would: autograd and runtime/derived.py read it).  ``dst`` may be a
+    NumPy array (traced through ``torch.from_numpy``, so the copy lands in its memory)."""
     if not isinstance(dst, torch.Tensor):
         dst = torch.from_numpy(dst)
     if src is not dst:
         dst.copy_(src)
+    else:
+        torch.autograd.graph.increment_version(dst)
 
 
 def to_tensor(a: Any, device: torch.device | None = None) -> torch.Tensor:

@@ -3,6 +3,7 @@ back to eager's strides, and left alone where that would not pay or is not allow
 
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.nn.functional as F
 
@@ -10,6 +11,7 @@ import minicompile
 from minicompile import config
 from minicompile.passes.gemm_padding import pad_gemm_results
 
+from devices import device_for
 from graph_builder import GraphBuilder
 
 
@@ -56,3 +58,21 @@ def test_padded_products_match_eager_with_eager_strides() -> None:
         for a, e in zip(got, want, strict=True):
             torch.testing.assert_close(a, e, rtol=1e-4, atol=1e-4)
             assert a.stride() == e.stride()
+
+
+def test_a_parameter_is_padded_once(backend: str, capsys: pytest.CaptureFixture) -> None:
+    """A linear's weight and bias that are parameters are padded by passes/hoist_params.py's
+    values, computed once: the graph that runs every call pads nothing."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 1001), torch.nn.GELU())
+    model = model.to(device_for(backend))
+    with config.patch(gemm_padding="on", logs=frozenset({"graph"})), torch.no_grad():
+        compiled = minicompile.compile(model, backend=backend)
+        for _ in range(2):
+            x = torch.randn(4, 16, device=device_for(backend))
+            torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-4)
+            model[0].weight.mul_(0.5)
+    err = capsys.readouterr().err
+    main = err.split("after passes ========")[1]
+    assert "minicompile.runtime.gemm.linear" in main and "pad_" not in main, main
+    assert "minicompile.runtime.gemm.pad_rows" in err

@@ -27,6 +27,8 @@ def test_what_is_hoisted_and_what_stays() -> None:
     graph = b.output(product, shifted, returned, viewed, noise)
     assert hoist_parameter_values(graph, frozenset()) == (None, "")
     hoisted, text = hoist_parameter_values(graph, frozenset({1, 2, 3}))
+    hoisted.main.verify()
+    hoisted.derived.verify()
     assert hoisted.positions == (2,) and "1 values computed once" in text
     (value,) = hoisted.derived.outputs
     assert value.target == "mul" and value.args[0].target == "L_b"

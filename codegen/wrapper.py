@@ -471,7 +471,7 @@ def triton_launch(
         return (_grid(numel, xblock), [python_expr(numel), python_expr(plan.rnumel)],
                 f"XBLOCK={xblock}, RBLOCK={rblock}, num_warps={warps}{debug}")
     block = triton.block_size(triton.planning_size(numel, plan.hints), interpret)
-    warps = "" if interpret else f", num_warps={triton.pointwise_warps(plan, block)}"
+    warps = "" if interpret else f", num_warps={triton.POINTWISE_WARPS}"
     return _grid(numel, block), [python_expr(numel)], f"XBLOCK={block}{warps}{debug}"
 
 

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from minicompile import pipeline, trace
 from minicompile.config import Config
 from minicompile.errors import BackendCompilerFailed, Unsupported
-from minicompile.runtime import build, cudagraphs, entries, toolchain, triton_build
+from minicompile.runtime import build, cudagraphs, entries, profile, toolchain, triton_build
 
 if TYPE_CHECKING:
     from minicompile.capture import Capture
@@ -94,7 +94,10 @@ def compile_graph(
 
         (forward, backward), joint = done, done[0].joint
         call = forward.loaded.call
-        step = TrainingStep(call, backward.loaded.call, joint.num_outputs,
+        backward_call = backward.loaded.call
+        step = TrainingStep(profile.profiled(call, call, name, name, cfg),
+                            profile.profiled(backward_call, backward_call, f"{name}_backward",
+                                             name, cfg), joint.num_outputs,
                             joint.backward_inputs, joint.input_grads, joint.differentiable)
         run = make_runner(step, get_inputs, rebuild)
         log.debug("minicompile: compiled %s (forward and backward) in %.3fs", name,
@@ -102,7 +105,8 @@ def compile_graph(
         return run, call, None
     (graph,) = done
     loaded = graphed(graph, cudagraphs.static_positions(capture.input_sources))
-    call = checked(loaded.call, capture, cfg, name, backend, interpret)
+    call = profile.profiled(loaded.call, graph.loaded.call, name, name, cfg)
+    call = checked(call, capture, cfg, name, backend, interpret)
     # Nothing here takes a gradient (grad mode is off): run without recording.
     no_grad = any(p.meta.requires_grad for p in capture.graph.placeholders)
     run = entries.inference_runner(call, get_inputs, rebuild, no_grad)

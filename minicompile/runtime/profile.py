@@ -387,7 +387,7 @@ def report_text(p: GraphProfile) -> str:
     sampled = max(len(p.host), len(p.device), *(len(s.times) for s in p.steps))
     where = "cuda" if p.cuda else "cpu, Triton's interpreter" if p.backend == "triton" else "cpu"
     lines = [f"minicompile profile: {p.name} ({p.backend} backend, {where}): {p.calls} calls "
-             f"(the first {2 if p.whole else 1} warming up)"]
+             f"(the first {'two' if p.whole else 'one'} warming up)"]
     if not sampled:
         return (f"minicompile profile: {p.name}: {p.calls} call(s), too few to profile (the "
                 f"first warms up)")

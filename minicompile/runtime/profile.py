@@ -162,6 +162,10 @@ def profiled(call: Callable[[list], tuple], generated: types.FunctionType, name:
     return Profiled(call, generated, profile, warmup=1 if whole is None else 2)
 
 
+def _on_cuda(values: list | tuple) -> bool:
+    return any(isinstance(v, torch.Tensor) and v.is_cuda for v in values)
+
+
 def _first_line(path: str) -> str:
     try:
         with open(path) as f:
@@ -184,9 +188,12 @@ class Profiled:
         p = self.profile
         p.calls += 1
         if p.calls <= self.warmup or p.reported:
-            if p.calls == 1:
-                p.cuda = any(isinstance(a, torch.Tensor) and a.is_cuda for a in args)
-            return self.call(args)
+            if p.calls > 1:
+                return self.call(args)
+            cuda = _on_cuda(args)  # (before the call: a backward's empties its list)
+            out = self.call(args)
+            p.cuda = cuda or _on_cuda(out)
+            return out
         if not self.variants:
             self.variants = self._variants()
         variant = self.variants[(p.calls - self.warmup - 1) % len(self.variants)]
@@ -205,6 +212,7 @@ class Profiled:
                 p.steps = steps
                 self.recorder = namespace["_mc_profile"] = Recorder(steps, p.cuda)
                 self.stepped = fn
+                roofline.moved_bytes()  # (its imports now, not inside a timed call)
         return ("host", "device")[:1 + p.cuda] + (("steps",) if self.stepped else ())
 
     def host(self, args: list) -> tuple:

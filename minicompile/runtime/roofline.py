@@ -32,29 +32,25 @@ def library_op(op: str, args: tuple) -> tuple[str, tuple]:
     return op, args
 
 
-def tensors_of(value: Any, out: dict[int, torch.Tensor]) -> dict[int, torch.Tensor]:
+def tensors_of(value: Any) -> list[torch.Tensor]:
     """The tensors in ``value`` (nested tuples, lists and dicts), each once."""
-    if isinstance(value, torch.Tensor):
-        out[id(value)] = value
-    elif isinstance(value, (tuple, list)):
-        for v in value:
-            tensors_of(v, out)
-    elif isinstance(value, dict):
-        for v in value.values():
-            tensors_of(v, out)
-    return out
+    from minicompile.runtime.autograd import flatten  # (sympy: not at `import minicompile`)
+
+    found: list[torch.Tensor] = []
+    flatten(value, found)
+    return list({id(t): t for t in found}.values())
 
 
 def moved_bytes(*values: Any) -> int:
     """Bytes read and written by a step handed and making the tensors in ``values``."""
-    return sum(t.numel() * t.element_size() for t in tensors_of(values, {}).values())
+    return sum(t.numel() * t.element_size() for t in tensors_of(values))
 
 
 def flops(op: str, result: Any, args: tuple, kwargs: dict) -> tuple[int, torch.dtype] | None:
     """The FLOPs of a library call of a matrix product, a convolution or attention, and
     the dtype it computes in; None for any other call (or operands it cannot read)."""
     base = op.rsplit(".", 1)[-1]
-    out = next(iter(tensors_of(result, {}).values()), None)
+    out = next(iter(tensors_of(result)), None)
     operands = [a for a in args if isinstance(a, torch.Tensor)]
     operands += [v for v in kwargs.values() if isinstance(v, torch.Tensor)]
     if out is None or len(operands) < 2:

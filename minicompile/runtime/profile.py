@@ -121,17 +121,22 @@ class GraphProfile:
         return max(self.host_s, self.device_s)
 
     @property
+    def busy_s(self) -> float:
+        """The device's work: its kernels and library calls (the whole graph's span when
+        they are not timed one by one)."""
+        return self.kernels_s + self.library_s if self.steps else self.device_s
+
+    @property
     def python_s(self) -> float:
         """The rest: the wrapper's Python, and on CUDA the device idle waiting for it."""
-        busy = self.kernels_s + self.library_s if self.steps else self.device_s
-        return max(self.total_s - busy, 0.0)
+        return max(self.total_s - self.busy_s, 0.0)
 
     @property
     def bound(self) -> str:
-        """"host" or "device": which one a call waits for."""
-        busy = self.kernels_s + self.library_s if self.steps else self.device_s
-        host = self.host_s if self.cuda else self.host_s - busy
-        return "host" if host > busy else "device"
+        """"host" or "device": which one a call waits for (on the CPU, whether the
+        wrapper's Python takes longer than its kernels and library calls)."""
+        host = self.host_s if self.cuda else self.host_s - self.busy_s
+        return "host" if host > self.busy_s else "device"
 
     def __str__(self) -> str:
         return report_text(self)

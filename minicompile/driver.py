@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from minicompile import pipeline, trace
 from minicompile.config import Config
 from minicompile.errors import BackendCompilerFailed, Unsupported
-from minicompile.runtime import build, cudagraphs, entries, profile, toolchain, triton_build
+from minicompile.runtime import build, cudagraphs, entries, toolchain, triton_build
 
 if TYPE_CHECKING:
     from minicompile.capture import Capture
@@ -83,6 +83,8 @@ def compile_graph(
     stores (the loaded wrapper, whether it is interpreted, whether it runs under no_grad).
     A graph whose outputs take gradients (grad mode on, inputs requiring grad) compiles its
     backward too and runs as an autograd.Function."""
+    from minicompile.runtime import profile
+
     start = time.perf_counter()
     backend, interpret = pick_backend(cfg, capture)
     work = pipeline.Work(name, capture.graph, cfg, backend, interpret,

@@ -396,17 +396,14 @@ def _comment(lines: list[str], lineno: int, reach: int) -> tuple[str, tuple[str,
 
 def report_text(p: GraphProfile) -> str:
     """The profile of one graph, as printed."""
-    ms = lambda s: f"{s * 1e3:.3f} ms"  # noqa: E731
-    sampled = max(len(p.host), len(p.device), *(len(s.times) for s in p.steps))
+    if not max(len(p.host), len(p.device), *(len(s.times) for s in p.steps)):
+        return f"minicompile profile: {p.name}: {p.calls} call(s), too few to profile"
     where = "cuda" if p.cuda else "cpu, Triton's interpreter" if p.backend == "triton" else "cpu"
-    lines = [f"minicompile profile: {p.name} ({p.backend} backend, {where}): {p.calls} calls "
-             f"(the first {'two' if p.whole else 'one'} warming up)"]
-    if not sampled:
-        return (f"minicompile profile: {p.name}: {p.calls} call(s), too few to profile (the "
-                f"first warms up)")
     device = "its span on the GPU" if p.device else "its kernels and library calls"
-    lines.append(f"  host {ms(p.host_s)} per call (the wrapper's wall time); device "
-                 f"{ms(p.device_s)} ({device})")
+    lines = [(f"minicompile profile: {p.name} ({p.backend} backend, {where}): {p.calls} calls "
+              f"(the first {'two' if p.whole else 'one'} warming up)"),
+             (f"  host {_ms(p.host_s)} per call (the wrapper's wall time); device "
+              f"{_ms(p.device_s)} ({device})")]
     if p.whole is not None:
         lines.append(f"  {p.whole}")
     dev = torch.device("cuda", torch.cuda.current_device()) if p.cuda else torch.device("cpu")
@@ -415,22 +412,27 @@ def report_text(p: GraphProfile) -> str:
     total = p.total_s or 1.0
     if p.steps:
         lines.append(f"  {'ms/call':>9} {'share':>6}  {'roofline':34} kernel or library call: "
-                     "graph nodes (source lines)")
+                     f"graph nodes (source lines)")
     for s in p.steps:
+        source = f" ({', '.join(s.where)})" if s.where else ""
         lines.append(f"  {s.seconds * 1e3:9.4f} {s.seconds / total:6.1%}  "
-                     f"{_roofline(s, bandwidth, dev, peaks):34} {s.name}: {s.nodes}"
-                     + (f" ({', '.join(s.where)})" if s.where else ""))
+                     f"{_roofline(s, bandwidth, dev, peaks):34} {s.name}: {s.nodes}{source}")
     split = (f"generated kernels {p.kernels_s / total:.0%}, library calls "
              f"{p.library_s / total:.0%}, Python {p.python_s / total:.0%}" if p.steps
-             else f"device {p.device_s / total:.0%}, host alone {p.python_s / total:.0%}")
-    lines.append(f"  summary: bound by the {p.bound}: {split} of {ms(total)} per call")
+             else f"the device {p.device_s / total:.0%}, the host beyond it "
+             f"{p.python_s / total:.0%}")
+    lines.append(f"  summary: bound by the {p.bound}: {split} of {_ms(total)} per call")
     if p.steps:
-        limits = [f"copy bandwidth {bandwidth / 1e9:.1f} GB/s (a copy of "
-                  f"{roofline.COPY_BYTES[dev.type] >> 20} MiB)"]
+        limits = [(f"copy bandwidth {bandwidth / 1e9:.1f} GB/s (a copy of "
+                   f"{roofline.COPY_BYTES[dev.type] >> 20} MiB)")]
         limits += [f"{str(d).removeprefix('torch.')} matmul {f / 1e12:.3g} TFLOP/s (n = "
                    f"{roofline.matmul_size(dev, d)})" for d, f in peaks.items() if f]
         lines.append(f"  measured in this process: {'; '.join(limits)}")
     return "\n".join(lines)
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.3f} ms"
 
 
 def _roofline(s: Step, bandwidth: float, device: torch.device,

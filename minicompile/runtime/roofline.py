@@ -34,7 +34,8 @@ def library_op(op: str, args: tuple) -> tuple[str, tuple]:
 
 def tensors_of(value: Any) -> list[torch.Tensor]:
     """The tensors in ``value`` (nested tuples, lists and dicts), each once."""
-    from minicompile.runtime.autograd import flatten  # (sympy: not at `import minicompile`)
+    # (imported here: it imports sympy, which `import minicompile` does not)
+    from minicompile.runtime.autograd import flatten
 
     found: list[torch.Tensor] = []
     flatten(value, found)
@@ -93,7 +94,7 @@ def _seconds(fn: Callable[[], Any], device: torch.device, reps: int) -> float:
     return best
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def copy_bandwidth(device: torch.device) -> float:
     """Bytes per second (read + written) of a large copy on ``device``, measured once."""
     n = COPY_BYTES.get(device.type, COPY_BYTES["cpu"])
@@ -102,7 +103,7 @@ def copy_bandwidth(device: torch.device) -> float:
     return 2 * n / _seconds(lambda: dst.copy_(src), device, 4)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def peak_flops(device: torch.device, dtype: torch.dtype) -> float | None:
     """FLOP/s of a large square matmul in ``dtype`` on ``device``, measured once (None for
     a dtype matmul does not take)."""

@@ -42,7 +42,7 @@ LINES = {name: inspect.getsourcelines(pointwise_reduction_matmul)[1] + k
          for k, name in ((1, "sin"), (2, "sum"), (3, "matmul"), (4, "relu"))}
 
 
-def run(compiled, device: torch.device, calls: int) -> None:  # noqa: ANN001
+def run(compiled, device: torch.device, calls: int) -> None:
     for _ in range(calls):  # fresh values every call
         x, w = torch.randn(32, 64, device=device), torch.randn(64, 16, device=device)
         torch.testing.assert_close(compiled(x, w), pointwise_reduction_matmul(x, w),

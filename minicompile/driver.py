@@ -97,9 +97,9 @@ def compile_graph(
         (forward, backward), joint = done, done[0].joint
         call = forward.loaded.call
         backward_call = backward.loaded.call
-        step = TrainingStep(profile.profiled(call, call, name, name, cfg),
-                            profile.profiled(backward_call, backward_call, f"{name}_backward",
-                                             name, cfg), joint.num_outputs,
+        step = TrainingStep(profile.profiled(call, call, name, cfg),
+                            profile.profiled(backward_call, backward_call, name, cfg,
+                                             "_backward"), joint.num_outputs,
                             joint.backward_inputs, joint.input_grads, joint.differentiable)
         run = make_runner(step, get_inputs, rebuild)
         log.debug("minicompile: compiled %s (forward and backward) in %.3fs", name,
@@ -107,7 +107,7 @@ def compile_graph(
         return run, call, None
     (graph,) = done
     loaded = graphed(graph, cudagraphs.static_positions(capture.input_sources))
-    call = profile.profiled(loaded.call, graph.loaded.call, name, name, cfg)
+    call = profile.profiled(loaded.call, graph.loaded.call, name, cfg)
     call = checked(call, capture, cfg, name, backend, interpret)
     # Nothing here takes a gradient (grad mode is off): run without recording.
     no_grad = any(p.meta.requires_grad for p in capture.graph.placeholders)

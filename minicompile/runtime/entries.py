@@ -444,8 +444,7 @@ def _load(path: Path, fn: types.FunctionType, cfg: Config, frame: tuple) -> Warm
     get_inputs, rebuild = namespace["get_inputs"], namespace["rebuild"]
     capture = WarmCapture(guards, get_inputs, rebuild, p["input_sources"], p["get_inputs"],
                           p["rebuild"], handlers=p.get("handlers", True))
-    name = fn.__qualname__
-    call = profile.profiled(loaded.call, loaded.call, name, name, cfg)
+    call = profile.profiled(loaded.call, loaded.call, fn.__qualname__, cfg)
     run = inference_runner(call, get_inputs, rebuild, p["no_grad"])
     return Warm(capture, run, loaded.call, [tuple(s) for s in p["sizes"]], p["kernels"])
 

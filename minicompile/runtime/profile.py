@@ -146,10 +146,11 @@ _profiles: list[GraphProfile] = []
 _registered = False
 
 
-def profiled(call: Callable[[list], tuple], generated: types.FunctionType, name: str,
-             function: str, cfg: Config) -> Callable[[list], tuple]:
-    """``call`` (the generated ``call`` of graph ``name``, or what wraps it: a CUDA graph's
-    replay) profiled under MINICOMPILE_LOGS=profile; else ``call`` itself."""
+def profiled(call: Callable[[list], tuple], generated: types.FunctionType, function: str,
+             cfg: Config, suffix: str = "") -> Callable[[list], tuple]:
+    """``call`` (a generated ``call`` of ``function``, or what wraps it: a CUDA graph's
+    replay) profiled under MINICOMPILE_LOGS=profile; else ``call`` itself.  ``suffix``
+    names a graph of the function's beside its first (``_backward``)."""
     if not enabled(cfg):
         return call
     global _registered
@@ -160,6 +161,7 @@ def profiled(call: Callable[[list], tuple], generated: types.FunctionType, name:
     found = re.search(r"\((\w+) backend\)", _first_line(header))
     whole = None if call is generated else (
         "CUDA graphs: a replay has no per-kernel times; the whole graph's are shown")
+    name = function + suffix
     same = sum(p.name == name or p.name.startswith(f"{name} #") for p in _profiles)
     label = f"{name} #{same + 1}" if same else name
     profile = GraphProfile(function, label, found.group(1) if found else "?", whole)

@@ -58,14 +58,14 @@ def test_report_names_each_kernel_and_times_it(backend: str, device: torch.devic
     assert p.reported and p.calls == profile.REPORT_AT and p.backend == backend
     kernels = [s for s in p.steps if not s.library]
     (mm,) = [s for s in p.steps if s.library]
-    assert len(kernels) == 2 and all(s.name.startswith(backend) for s in kernels)
+    assert len(kernels) >= 2 and all(s.name.startswith(backend) for s in kernels)
     assert mm.name == "torch.matmul" and mm.flops == (2 * 32 * 64 * 16, torch.float32)
     here = f"test_profile.py:{LINES['matmul']}"
     assert "torch.matmul" in mm.nodes and mm.where == (here,)
-    assert "sin" in kernels[0].nodes and "sum" in kernels[0].nodes
-    assert f"test_profile.py:{LINES['sin']}" in kernels[0].where
-    assert f"test_profile.py:{LINES['relu']}" in kernels[1].where
-    assert kernels[0].bytes >= (32 * 64 + 32 * 64) * 4  # x read, a - b written
+    (first,) = [s for s in kernels if " sin" in s.nodes]
+    assert " sum" in first.nodes and f"test_profile.py:{LINES['sin']}" in first.where
+    assert first.bytes >= (32 * 64 + 32 * 64) * 4  # x read, a - b written
+    assert f"test_profile.py:{LINES['relu']}" in kernels[-1].where
     assert all(s.seconds > 0 and len(s.times) == len(mm.times) > 0 for s in p.steps)
     assert p.host_s > 0 and p.device_s > 0 and p.bound in ("host", "device")
     # On the CPU a call is its kernels, library calls and Python; on a GPU the longer of

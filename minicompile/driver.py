@@ -83,6 +83,8 @@ def compile_graph(
     stores (the loaded wrapper, whether it is interpreted, whether it runs under no_grad).
     A graph whose outputs take gradients (grad mode on, inputs requiring grad) compiles its
     backward too and runs as an autograd.Function."""
+    from minicompile.runtime import profile
+
     start = time.perf_counter()
     backend, interpret = pick_backend(cfg, capture)
     static = cudagraphs.static_positions(capture.input_sources)
@@ -96,7 +98,10 @@ def compile_graph(
 
         (forward, backward), joint = done, done[0].joint
         call = forward.loaded.call
-        step = TrainingStep(call, backward.loaded.call, joint.num_outputs,
+        backward_call = backward.loaded.call
+        step = TrainingStep(profile.profiled(call, call, name, cfg),
+                            profile.profiled(backward_call, backward_call, name, cfg,
+                                             "_backward"), joint.num_outputs,
                             joint.backward_inputs, joint.input_grads, joint.differentiable)
         run = make_runner(step, get_inputs, rebuild)
         log.debug("minicompile: compiled %s (forward and backward) in %.3fs", name,
@@ -107,7 +112,7 @@ def compile_graph(
     if hoisted is not None:  # the values computed once are static inputs too
         static |= set(range(len(capture.graph.placeholders), len(graph.graph.placeholders)))
     loaded = graphed(graph, frozenset(static))
-    call = loaded.call
+    call = profile.profiled(loaded.call, graph.loaded.call, name, cfg)
     if hoisted is not None:
         from minicompile.runtime.derived import WithDerived
 

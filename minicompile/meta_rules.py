@@ -22,7 +22,7 @@ from minicompile.ops import COMPARISONS
 FLOAT_POINTWISE = frozenset({
     "neg", "abs", "exp", "exp2", "expm1", "log", "log2", "log1p", "sqrt", "rsqrt",
     "reciprocal", "sin", "cos", "tan", "tanh", "sigmoid", "erf",
-    "add", "sub", "mul", "truediv", "maximum", "minimum",
+    "add", "sub", "mul", "truediv", "maximum", "minimum", "relu", "silu", "gelu",
 }) | COMPARISONS
 
 

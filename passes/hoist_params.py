@@ -8,7 +8,7 @@ weight cast under autocast.  :func:`hoist_parameter_values` cuts the graph in tw
 
 - the *derived* graph: placeholders are the parameters and buffers it reads, outputs the
   values the rest of the graph reads (the cut): the largest subgraph whose every input is
-  a parameter or a buffer;
+  a parameter, a buffer or a constant (GPT-2's position embeddings of ``arange(T)``);
 - the *main* graph: the original graph, its placeholders unchanged and in order, plus one
   placeholder after them for each value of the cut, which its readers now read.
 
@@ -94,15 +94,18 @@ def _cut(graph: Graph, state: frozenset[int]) -> tuple[set[Node], list[Node]]:
     """The nodes computed from the state alone, and of those the ones to hoist whose
     value the rest of the graph reads (the cut), in graph order."""
     placeholders = graph.placeholders
-    const = {placeholders[k] for k in state}
-    computes: set[Node] = set()  # const nodes that do work beyond views of the state
+    const = {placeholders[k] for k in state}  # computed from the state and constants alone
+    stateful = set(const)  # of those, the ones that read the state
+    computes: set[Node] = set()  # of those, the ones that do work beyond views of the state
     for node in graph.calls():
         inputs = list(node.inputs())
-        if inputs and all(i in const for i in inputs) and _pure(node):
-            const.add(node)
-            if (ops.OPS[node.target].family not in ALIASES
-                    or any(i in computes for i in inputs)):
-                computes.add(node)
+        if all(i in const for i in inputs) and _pure(node):
+            const.add(node)  # (a node of no inputs, torch.arange(12) say, is a constant)
+            if any(i in stateful for i in inputs):
+                stateful.add(node)
+                if (ops.OPS[node.target].family not in ALIASES
+                        or any(i in computes for i in inputs)):
+                    computes.add(node)
     escaping = _escaping(graph)
     hoisted = {n for n in computes if n not in escaping and isinstance(n.meta, TensorMeta)}
     cut = [n for n in graph.calls() if n in hoisted and any(u not in hoisted for u in n.users)]

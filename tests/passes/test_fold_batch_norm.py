@@ -101,8 +101,8 @@ def test_bfloat16_folds_in_float32_and_rounds_once() -> None:
 
 def test_mutated_parameters_and_buffers_are_folded_again(
         backend: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Nothing stale: an in-place change, load_state_dict and a new Parameter each give
-    eager's new answer; calls with nothing changed reuse the folded weights."""
+    """Nothing stale: an in-place change, load_state_dict, a new Parameter and new data
+    each give eager's new answer; calls with nothing changed reuse the folded weights."""
     from minicompile.runtime import derived
 
     computed = []
@@ -121,13 +121,14 @@ def test_mutated_parameters_and_buffers_are_folded_again(
         lambda: model[0].weight.add_(0.5),
         lambda: model.load_state_dict(other.state_dict()),
         lambda: setattr(model[1], "weight", nn.Parameter(torch.randn(6, device=device))),
+        lambda: setattr(model[0].bias, "data", torch.randn(6, device=device)),
     ]
     for change in changes:
         with torch.no_grad():
             change()
             x = torch.randn(2, 3, 6, 6, device=device)
             torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-4)
-    assert len(computed) == 5  # once, then once per change: none for the second call
+    assert len(computed) == 6  # once, then once per change: none for the second call
     assert minicompile.stats()["eager_fallbacks"] == 0
 
 

@@ -39,9 +39,17 @@ def first_call(fn, cuda: bool):  # noqa: ANN001, ANN201
     return time.perf_counter() - start, out
 
 
-def check(actual, expected, dtype: torch.dtype) -> None:  # noqa: ANN001
+def check(actual, expected, dtype: torch.dtype, train: bool = False) -> None:  # noqa: ANN001
+    """Outputs within TOL of eager's.  A train step's gradients are compared by relative
+    norm (a weight's gradient sums over the batch: cuDNN's algorithms, TF32 included, differ
+    in its low bits from eager's run to run)."""
     for a, e in zip(tensors_of(actual), tensors_of(expected), strict=True):
-        if isinstance(e, torch.Tensor):
+        if not isinstance(e, torch.Tensor):
+            continue
+        if train:
+            err = (a.float() - e.float()).norm() / e.float().norm().clamp_min(1e-12)
+            assert err < (1e-2 if dtype == torch.float32 else 5e-2), f"gradient off by {err:.2e}"
+        else:
             torch.testing.assert_close(a, e, **TOL[dtype])
 
 
@@ -94,7 +102,7 @@ def bench(case, dtype: torch.dtype, device: torch.device, train: bool) -> str:  
     minicompile.reset()
     compiled = minicompile.compile(model)
     cold, out = first_call(step(compiled, args, kwargs, train), cuda)
-    check(out, expected, dtype)
+    check(out, expected, dtype, train)
     stats = minicompile.stats()
     eager_ms = median_seconds(step(model, args, kwargs, train), cuda) * 1e3
     mc = timed(step(compiled, args, kwargs, train), cuda)
@@ -102,7 +110,7 @@ def bench(case, dtype: torch.dtype, device: torch.device, train: bool) -> str:  
         torch._dynamo.reset()
         inductor = torch.compile(model)
         tc_cold, tc_out = first_call(step(inductor, args, kwargs, train), cuda)
-        check(tc_out, expected, dtype)
+        check(tc_out, expected, dtype, train)
         tc_ms = median_seconds(step(inductor, args, kwargs, train), cuda) * 1e3
         tc = f"{tc_ms:9.3f} {tc_cold:8.1f} {float(mc.split()[0]) / tc_ms:6.2f}"
     except Exception as e:  # no toolchain for Inductor here, say
@@ -117,7 +125,8 @@ def main() -> None:
     cuda = torch.cuda.is_available()
     device = torch.device("cuda" if cuda else "cpu")
     dtypes = (torch.float32, torch.bfloat16) if cuda else (torch.float32,)
-    modes = [m for m in ("eval", "train") if f"--{m}-only" not in sys.argv]
+    only = [m for m in ("eval", "train") if f"--{m}-only" in sys.argv]
+    modes = only or ["eval", "train"]
     wanted = {a for a in sys.argv[1:] if not a.startswith("--")}
     where = torch.cuda.get_device_name() if cuda else "CPU"
     print(f"{where}, torch {torch.__version__}; ms are medians of one call (eval: forward "

@@ -41,19 +41,22 @@ def python_guards(guards) -> Callable:  # noqa: ANN001
 
 
 def time_rows(rows: dict[str, Callable], calls: int, rounds: int, cuda: bool) -> dict:
-    """Median over ``rounds`` of the mean time per call in microseconds, rounds interleaved."""
+    """Median over ``rounds`` of the mean time per call in microseconds, rounds interleaved:
+    wall time on CUDA, else the CPU time of this thread (steady on a busy machine, and
+    what the host spends: the kernels run in this thread too, ``--threads 1``)."""
     sync = torch.cuda.synchronize if cuda else (lambda: None)
+    clock = time.perf_counter if cuda else time.thread_time
     samples: dict[str, list[float]] = {name: [] for name in rows}
     for f in rows.values():
         f()
     for _ in range(rounds):
         for name, f in rows.items():
             sync()
-            start = time.perf_counter()
+            start = clock()
             for _ in range(calls):
                 f()
             sync()
-            samples[name].append((time.perf_counter() - start) / calls * 1e6)
+            samples[name].append((clock() - start) / calls * 1e6)
     return {name: statistics.median(s) for name, s in samples.items()}
 
 
@@ -86,7 +89,7 @@ def bench(name: str, device: torch.device, calls: int, rounds: int, profile: boo
         if profile:
             prof = cProfile.Profile()
             prof.runcall(lambda: [compiled(*args, **kwargs) for _ in range(calls)])
-    where = torch.cuda.get_device_name() if device.type == "cuda" else "CPU"
+    where = torch.cuda.get_device_name() if device.type == "cuda" else "CPU, thread time"
     print(f"\n{name} ({where}; {len(guards)} guard checks, {len(inputs)} graph inputs)")
     for label, t in us.items():
         print(f"  {label:<26}{t:>10.1f} us")
@@ -100,7 +103,9 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=50)
     parser.add_argument("--rounds", type=int, default=11)
     parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--threads", type=int, default=1, help="CPU threads of PyTorch")
     a = parser.parse_args()
+    torch.set_num_threads(a.threads)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     for name in a.models:
         bench(name, device, a.calls, a.rounds, a.profile)

@@ -37,32 +37,33 @@ def _inference_tensor() -> torch.Tensor:
         return torch.zeros(8)
 
 
-# (what changes, where, the new value or None to pass the value at another path, the failure).
+# (what changes, module, parameter or buffer, its new value (or the module whose weight
+# it becomes), the failure or None).
 CHANGES: list[tuple[str, str, str, Callable[[], object] | str, str | None]] = [
     ("another object", "a", "weight", lambda: _param(torch.randn(8, 8)), None),
     ("dtype", "a", "weight", lambda: _param(torch.randn(8, 8, dtype=torch.float64)),
-     "L['self']._modules['a']._parameters['weight'] dtype: expected torch.float32, got "
-     "torch.float64"),
+     ("L['self']._modules['a']._parameters['weight'] dtype: expected torch.float32, got "
+      "torch.float64")),
     ("size", "b", "bias", lambda: _param(torch.randn(9)),
      "L['self']._modules['b']._parameters['bias'] size mismatch at index 0: expected 8, got 9"),
     ("rank", "b", "bias", lambda: _param(torch.randn(8, 1)),
      "L['self']._modules['b']._parameters['bias'] sizes: expected (8,), got (8, 1)"),
     ("stride", "b", "weight", lambda: _param(torch.randn(8, 8).t()),
-     "L['self']._modules['b']._parameters['weight'] stride mismatch at index 0: expected 8, "
-     "got 1"),
+     ("L['self']._modules['b']._parameters['weight'] stride mismatch at index 0: expected 8, "
+      "got 1")),
     ("device", "a", "bias", lambda: _param(torch.randn(8, device="meta")),
      "L['self']._modules['a']._parameters['bias'] device: expected cpu, got meta"),
     ("requires_grad", "a", "weight", lambda: _param(torch.randn(8, 8), grad=False),
      "L['self']._modules['a']._parameters['weight'] requires_grad: expected True, got False"),
     ("type", "a", "weight", lambda: torch.randn(8, 8, requires_grad=True),
-     "L['self']._modules['a']._parameters['weight'] type: expected torch.nn.parameter."
-     "Parameter, got torch.Tensor"),
+     ("L['self']._modules['a']._parameters['weight'] type: expected torch.nn.parameter."
+      "Parameter, got torch.Tensor")),
     ("buffer dtype", "norm", "running_var", lambda: torch.ones(8, dtype=torch.float16),
-     "L['self']._modules['norm']._buffers['running_var'] dtype: expected torch.float32, got "
-     "torch.float16"),
+     ("L['self']._modules['norm']._buffers['running_var'] dtype: expected torch.float32, got "
+      "torch.float16")),
     ("buffer missing", "norm", "running_mean", lambda: None,
-     "L['self']._modules['norm']._buffers['running_mean'] type: expected torch.Tensor, got "
-     "NoneType"),
+     ("L['self']._modules['norm']._buffers['running_mean'] type: expected torch.Tensor, got "
+      "NoneType")),
     # Stricter in C++ (a tensor twice; other dispatch keys): the Python checks decide.
     ("tied weights", "b", "weight", "a", None),
     ("inference tensor", "norm", "running_mean", _inference_tensor, None),

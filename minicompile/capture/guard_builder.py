@@ -35,11 +35,11 @@ import torch
 
 from minicompile.capture.variables import Source
 from minicompile.runtime.guards import GLOBAL_MODULE_HOOKS, GuardCheck, Guards
-from minicompile.runtime.tensor_checks import TENSOR_CHECKS
+from minicompile.runtime.tensor_checks import PYTHON_CHECKS, TENSOR_CHECKS
 from minicompile.shapes import MIN_DYNAMIC_SIZE, ShapeContext, python_expr
 
 # Names the generated functions use themselves.
-_RESERVED = frozenset({"check", "get_inputs", "rebuild", "outs", TENSOR_CHECKS,
+_RESERVED = frozenset({"check", "get_inputs", "rebuild", "outs", TENSOR_CHECKS, PYTHON_CHECKS,
                        *keyword.kwlist})
 
 

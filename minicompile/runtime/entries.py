@@ -46,10 +46,11 @@ from minicompile.runtime import build, cache, fingerprints, values  # noqa: F401
 # what generated rebuilds call, found by recipes in a process that never captured)
 from minicompile.runtime.fingerprints import Miss, NotStorable, lookup
 from minicompile.runtime.guards import GLOBAL_MODULE_HOOKS, GUARDS_FILENAME, GuardCheck, Guards
-from minicompile.runtime.tensor_checks import TENSOR_CHECKS
+from minicompile.runtime.tensor_checks import PYTHON_CHECKS, TENSOR_CHECKS
 
 FORMAT = "minicompile-entry-1"
-_SKIP = frozenset({"__builtins__", "check", "get_inputs", "rebuild", TENSOR_CHECKS})
+_SKIP = frozenset({"__builtins__", "check", "get_inputs", "rebuild", TENSOR_CHECKS,
+                   PYTHON_CHECKS})
 
 
 # -- keys ----------------------------------------------------------------------------------

@@ -57,8 +57,8 @@ class Guards:
     every check passes.  It does not raise on inputs of a different shape of Python object
     (checks are ordered so that type checks come first).  The metadata checks of tensors
     reached through attributes and items (parameters, buffers) run last, together, in one
-    C++ call where it can (minicompile/runtime/tensor_checks.py); ``source`` shows both
-    functions.
+    C++ call where it can (minicompile/runtime/tensor_checks.py), their Python checks a
+    second function of the same code.
     """
 
     def __init__(self, params: list[str], checks: list[GuardCheck], namespace: dict,
@@ -69,12 +69,14 @@ class Guards:
         # ``code``: the source compiled already (a warm entry keeps it: compiling the
         # guards of a large model takes a tenth of a second); the source is then rendered
         # only when asked for.
-        kept, call = tensor_checks.batch(checks, namespace)
-        self.run_checks = kept if call is None else [
-            *kept, GuardCheck("tensors", "metadata", call, call, True)]
-        self._source = None if code is not None else render(params, self.run_checks)
+        kept, self.tensors = tensor_checks.split(checks)
+        self.run_checks = kept if self.tensors is None else [
+            *kept, GuardCheck("tensors", "metadata", self.tensors.call, self.tensors.call, True)]
+        self._source = None if code is not None else self._render()
         self.code = code or compile(self._source, GUARDS_FILENAME, "exec")
         exec(self.code, namespace)
+        if self.tensors is not None:
+            self.tensors.adopt(namespace)
         self.check: Callable[..., bool] = namespace["check"]
         self._slow: list[tuple[Callable, Callable]] | None = None
 
@@ -120,9 +122,12 @@ class Guards:
     def source(self) -> str:
         """The guard function, as Python source."""
         if self._source is None:
-            self._source = render(self.params, self.run_checks)
-        tensors = self.namespace.get(tensor_checks.TENSOR_CHECKS)
-        return self._source if tensors is None else f"{self._source}\n{tensors.source}"
+            self._source = self._render()
+        return self._source
+
+    def _render(self) -> str:
+        text = render(self.params, self.run_checks)
+        return text if self.tensors is None else f"{text}\n{self.tensors.source}"
 
     def __len__(self) -> int:
         return len(self.checks)

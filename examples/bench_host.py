@@ -10,9 +10,10 @@ checks all in Python (as they ran before: one comparison each); ``get_inputs`` (
 parameters off the modules); the generated ``call()`` (allocations, library calls, kernel
 launches; on the CPU also the kernels' work); the whole compiled call; eager.  Each is the
 median over rounds of the mean of a loop of calls, the rounds interleaved so that a busy
-machine slows every row alike.  On CUDA each loop ends with a synchronisation: where the
-whole call takes little more than its guards, ``get_inputs`` and ``call()``'s host work,
-the model is host-bound.
+machine slows every row alike.  On the CPU the time is this thread's CPU time (PyTorch on
+one thread, ``--threads``), steady on a machine that other work shares; on CUDA it is wall
+time, each loop ending with a synchronisation (``examples/bench_models.py`` says whether
+the host or the GPU bounds each model).
 """
 
 from __future__ import annotations

@@ -32,7 +32,9 @@ broadcast, as eager does, so such a call raises while capturing, eager's error):
 - ``torch._guards.Source.name``: a method in older releases, a cached property in 2.11 to
   2.14; :func:`source_class` makes a source whose name works either way.
 
-Stable across 2.11-2.14, read here so that a change is made once: ``torch._prims_common``
+Stable across 2.11-2.15, read here so that a change is made once: Dynamo's C++ tensor
+check ``torch._C._dynamo.guards.TensorGuards`` (:func:`tensor_guards`; a C extension of
+``torch._C``, no Dynamo Python is imported), ``torch._prims_common``
 (:func:`prims_common`), ``FakeTensorMode``, ``ShapeEnv`` and ``DimDynamic``
 (:func:`fake_tensor_mode`, :func:`shape_env`, :func:`dynamic_dim`), the Python dispatcher
 (:func:`python_dispatcher`), ``torch.utils._sympy.functions`` (:func:`sympy_functions`),
@@ -46,7 +48,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from types import ModuleType
 from typing import Any
 
@@ -128,6 +130,22 @@ def storage_functions() -> tuple[Callable | None, Callable | None, Callable | No
 def cxx11_abi() -> int:
     """The ``_GLIBCXX_USE_CXX11_ABI`` PyTorch's C++ library was built with."""
     return int(torch._C._GLIBCXX_USE_CXX11_ABI)
+
+
+# -- guards -------------------------------------------------------------------------------
+
+_TENSOR_GUARDS: Any = getattr(getattr(torch._C, "_dynamo", None), "guards", None)
+_TENSOR_GUARDS = getattr(_TENSOR_GUARDS, "TensorGuards", None)
+
+
+def tensor_guards(tensors: Sequence[torch.Tensor]) -> Any:
+    """A check in one C++ call that tensors are like ``tensors`` (``.check(*others)``): each
+    of the same Python type, dispatch keys (so device type and layout), dtype, device
+    index, requires_grad, sizes and strides, and no object twice.  None where this PyTorch
+    has no ``TensorGuards``."""
+    if _TENSOR_GUARDS is None:
+        return None
+    return _TENSOR_GUARDS(*tensors, dynamic_dims_sizes=None, dynamic_dims_strides=None)
 
 
 # -- metadata rules, fake tensors, symbolic shapes ------------------------------------------

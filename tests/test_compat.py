@@ -166,3 +166,18 @@ def test_clamp_gradient_at_bounds_is_eagers() -> None:
     expected = 1.0 if compat.clamp_gradient_at_bounds() else 0.0
     assert grad.tolist() == [expected, expected, 1.0]
     assert compat.clamp_gradient_at_bounds() == (compat.TORCH_VERSION < (2, 14))
+
+
+def test_tensor_guards_check_what_tensor_guards_check() -> None:
+    """The C++ check passes tensors with the metadata of those it was built from (other
+    objects and values), and fails each change the Python guards see, and a tensor twice."""
+    w, b = torch.nn.Parameter(torch.randn(3, 4)), torch.zeros(4)
+    guards = compat.tensor_guards([w, b])
+    assert guards is not None, "TensorGuards is gone: guards still work, only slower"
+    assert guards.check(w, b) and guards.check(torch.nn.Parameter(torch.ones(3, 4)), b + 1)
+    for other in (torch.nn.Parameter(torch.randn(3, 4, dtype=torch.float64)),
+                  torch.nn.Parameter(torch.randn(3, 5)), torch.nn.Parameter(torch.randn(4, 3).t()),
+                  torch.nn.Parameter(torch.randn(3, 4), requires_grad=False),
+                  torch.nn.Parameter(torch.randn(3, 4, device="meta")), torch.randn(3, 4)):
+        assert not guards.check(other, b), other
+    assert not compat.tensor_guards([w, w]).check(w, w)

@@ -35,10 +35,12 @@ import torch
 
 from minicompile.capture.variables import Source
 from minicompile.runtime.guards import GLOBAL_MODULE_HOOKS, GuardCheck, Guards
+from minicompile.runtime.tensor_checks import PYTHON_CHECKS, TENSOR_CHECKS
 from minicompile.shapes import MIN_DYNAMIC_SIZE, ShapeContext, python_expr
 
 # Names the generated functions use themselves.
-_RESERVED = frozenset({"check", "get_inputs", "rebuild", "outs", *keyword.kwlist})
+_RESERVED = frozenset({"check", "get_inputs", "rebuild", "outs", TENSOR_CHECKS, PYTHON_CHECKS,
+                       *keyword.kwlist})
 
 
 class GuardBuilder:
@@ -71,11 +73,12 @@ class GuardBuilder:
         self._refs[key] = name
         return name
 
-    def add(self, source: str, kind: str, expr: str, actual: str, expected: Any) -> None:
+    def add(self, source: str, kind: str, expr: str, actual: str, expected: Any,
+            tensor: str = "") -> None:
         if expr in self._seen:
             return
         self._seen.add(expr)
-        self.checks.append(GuardCheck(source, kind, expr, actual, expected))
+        self.checks.append(GuardCheck(source, kind, expr, actual, expected, tensor))
 
     # -- one method per kind of guard ------------------------------------------------------
 
@@ -86,20 +89,23 @@ class GuardBuilder:
         x, cls = src.expr, type(t)
         typ = f"type({src.first_expr})"
         self.add(src.name, "type", f"{typ} is {self._type(cls)}", typ, cls)
-        self.add(src.name, "dtype", f"{x}.dtype is {t.dtype}", f"{x}.dtype", t.dtype)
+        symbolic = meta is not None and meta.is_symbolic
+        # Checks of static metadata only (each starting with ``x``) may run in C++.
+        tensor = "" if symbolic else x
+        self.add(src.name, "dtype", f"{x}.dtype is {t.dtype}", f"{x}.dtype", t.dtype, tensor)
         index = "" if t.device.index is None else t.device.index
         dev = self.ref(t.device, f"dev_{t.device.type}{index}")
-        self.add(src.name, "device", f"{x}.device == {dev}", f"{x}.device", t.device)
+        self.add(src.name, "device", f"{x}.device == {dev}", f"{x}.device", t.device, tensor)
         grad = t.requires_grad
-        self.add(
-            src.name, "requires_grad", f"{x}.requires_grad is {grad}", f"{x}.requires_grad", grad
-        )
-        if meta is not None and meta.is_symbolic:
+        self.add(src.name, "requires_grad", f"{x}.requires_grad is {grad}",
+                 f"{x}.requires_grad", grad, tensor)
+        if symbolic:
             self._symbolic_sizes(src, t, meta)
             return
         shape, stride = tuple(t.shape), tuple(t.stride())
-        self.add(src.name, "sizes", f"{x}.shape == {shape!r}", f"{x}.shape", shape)
-        self.add(src.name, "strides", f"{x}.stride() == {stride!r}", f"{x}.stride()", stride)
+        self.add(src.name, "sizes", f"{x}.shape == {shape!r}", f"{x}.shape", shape, tensor)
+        self.add(src.name, "strides", f"{x}.stride() == {stride!r}", f"{x}.stride()", stride,
+                 tensor)
 
     def array_match(self, src: Source, a: Any, meta: Any, scalar: bool = False) -> None:
         """A NumPy array read through ``torch.from_numpy`` (capture/numpy_arrays.py): type,

@@ -46,9 +46,11 @@ from minicompile.runtime import build, cache, fingerprints, profile, values  # n
 # what generated rebuilds call, found by recipes in a process that never captured)
 from minicompile.runtime.fingerprints import Miss, NotStorable, lookup
 from minicompile.runtime.guards import GLOBAL_MODULE_HOOKS, GUARDS_FILENAME, GuardCheck, Guards
+from minicompile.runtime.tensor_checks import PYTHON_CHECKS, TENSOR_CHECKS
 
 FORMAT = "minicompile-entry-1"
-_SKIP = frozenset({"__builtins__", "check", "get_inputs", "rebuild"})
+_SKIP = frozenset({"__builtins__", "check", "get_inputs", "rebuild", TENSOR_CHECKS,
+                   PYTHON_CHECKS})
 
 
 # -- keys ----------------------------------------------------------------------------------
@@ -213,7 +215,7 @@ def _payload(stored: Stored, cfg: Config) -> dict:
     return {
         "name": fn.__qualname__,
         "params": list(guards.params),
-        "checks": [[c.source, c.kind, c.expr, c.actual, _jsonable(c.expected)]
+        "checks": [[c.source, c.kind, c.expr, c.actual, _jsonable(c.expected), c.tensor]
                    for c in guards.checks],
         # The guard function compiled (its source is rendered from the checks again).
         "guard_code": base64.b64encode(marshal.dumps(guards.code)).decode(),
@@ -434,7 +436,7 @@ def _load(path: Path, fn: types.FunctionType, cfg: Config, frame: tuple) -> Warm
         namespace[name] = found
         if id(found) not in walked:  # (else its submodules are there already)
             walked.update(id(m) for m in found.modules())
-    checks = [GuardCheck(s, k, e, a, _expected(x)) for s, k, e, a, x in p["checks"]]
+    checks = [GuardCheck(s, k, e, a, _expected(x), t) for s, k, e, a, x, t in p["checks"]]
     code = marshal.loads(base64.b64decode(p["guard_code"]))
     if not isinstance(code, types.CodeType) or code.co_filename != GUARDS_FILENAME:
         raise cache.CacheCorrupted(path, "holds no guard function")

@@ -65,8 +65,9 @@ class _Template(NamedTuple):
     slots: tuple[_Slot, ...]  # in the order Python evaluates them (an if's test first)
 
 
-def render(params: list[str], checks: list[Any]) -> str:
-    """``checks``: GuardChecks (their ``expr``, ``source`` and ``kind``)."""
+def render(params: list[str], checks: list[Any], name: str = "check") -> str:
+    """``def <name>(*params)``; ``checks``: GuardChecks (their ``expr``, ``source`` and
+    ``kind``)."""
     cut = _Parser().cut_all([c.expr for c in checks])
     keys: list[str] = []  # each check's, once each
     for paths, template in cut:
@@ -79,7 +80,7 @@ def render(params: list[str], checks: list[Any]) -> str:
                      for k in paths[s.path].keys}
     shared = {k for k, n in Counter(keys).items() if n > 1}
     hoist = _Hoister(shared)
-    lines = [f"def check({', '.join(params)}):"]
+    lines = [f"def {name}({', '.join(params)}):"]
     for c, (paths, template) in zip(checks, cut):
         expr, assignments = hoist.rewrite(c.expr, paths, template) if shared else (c.expr, [])
         for name, value in assignments:

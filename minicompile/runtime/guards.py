@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from minicompile.runtime import tensor_checks
 from minicompile.runtime.guard_render import render
 
 # nn.Module's global forward hooks (registered with register_module_forward_hook).
@@ -32,6 +33,9 @@ class GuardCheck:
     expr: str  # Python expression that is True when the check passes
     actual: str  # Python expression for the current value, for failure messages
     expected: Any  # the traced value, for failure messages
+    # The tensor whose static metadata this check reads (``tensor_match``), or "": such
+    # checks may run together in C++ (minicompile/runtime/tensor_checks.py).
+    tensor: str = ""
 
 
 def format_value(value: Any) -> str:
@@ -51,7 +55,10 @@ class Guards:
 
     ``check(*args)`` takes the frame's parameter values in layout order and returns True when
     every check passes.  It does not raise on inputs of a different shape of Python object
-    (checks are ordered so that type checks come first).
+    (checks are ordered so that type checks come first).  The metadata checks of tensors
+    reached through attributes and items (parameters, buffers) run last, together, in one
+    C++ call where it can (minicompile/runtime/tensor_checks.py), their Python checks a
+    second function of the same code.
     """
 
     def __init__(self, params: list[str], checks: list[GuardCheck], namespace: dict,
@@ -62,9 +69,14 @@ class Guards:
         # ``code``: the source compiled already (a warm entry keeps it: compiling the
         # guards of a large model takes a tenth of a second); the source is then rendered
         # only when asked for.
-        self._source = None if code is not None else render(params, checks)
-        self.code = code or compile(self.source, GUARDS_FILENAME, "exec")
+        kept, self.tensors = tensor_checks.split(checks)
+        self.run_checks = kept if self.tensors is None else [
+            *kept, GuardCheck("tensors", "metadata", self.tensors.call, self.tensors.call, True)]
+        self._source = None if code is not None else self._render()
+        self.code = code or compile(self._source, GUARDS_FILENAME, "exec")
         exec(self.code, namespace)
+        if self.tensors is not None:
+            self.tensors.adopt(namespace)
         self.check: Callable[..., bool] = namespace["check"]
         self._slow: list[tuple[Callable, Callable]] | None = None
 
@@ -110,8 +122,12 @@ class Guards:
     def source(self) -> str:
         """The guard function, as Python source."""
         if self._source is None:
-            self._source = render(self.params, self.checks)
+            self._source = self._render()
         return self._source
+
+    def _render(self) -> str:
+        text = render(self.params, self.run_checks)
+        return text if self.tensors is None else f"{text}\n{self.tensors.source}"
 
     def __len__(self) -> int:
         return len(self.checks)

@@ -1,0 +1,116 @@
+"""Host time per call of whole zoo models (examples/model_zoo.py), split into its parts.
+
+    python examples/bench_host.py                          # hf_bert, resnet18, vit_tiny
+    python examples/bench_host.py hf_bert hf_gpt2          # some models
+    python examples/bench_host.py --profile hf_bert        # and cProfile's top entries
+
+For each model, compiled whole (eval, no_grad), the time per call of: the guard check (its
+tensor metadata checks in one C++ call, minicompile/runtime/tensor_checks.py) and the same
+checks all in Python (as they ran before: one comparison each); ``get_inputs`` (reading
+parameters off the modules); the generated ``call()`` (allocations, library calls, kernel
+launches; on the CPU also the kernels' work); the whole compiled call; eager.  Each is the
+median over rounds of the mean of a loop of calls, the rounds interleaved so that a busy
+machine slows every row alike.  On the CPU the time is this thread's CPU time (PyTorch on
+one thread, ``--threads``), steady on a machine that other work shares; on CUDA it is wall
+time, each loop ending with a synchronisation (``examples/bench_models.py`` says whether
+the host or the GPU bounds each model).
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import pstats
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+
+import minicompile
+from minicompile.runtime.guard_render import render
+from model_zoo import MODELS
+
+DEFAULT = ("hf_bert", "torchvision_resnet18", "timm_vit_tiny")
+
+
+def python_guards(guards) -> Callable:  # noqa: ANN001
+    """The guard function with every check in Python, one comparison each."""
+    scope = dict(guards.namespace)
+    exec(compile(render(guards.params, guards.checks), "<all-python guards>", "exec"), scope)
+    return scope["check"]
+
+
+def time_rows(rows: dict[str, Callable], calls: int, rounds: int, cuda: bool) -> dict:
+    """Median over ``rounds`` of the mean time per call in microseconds, rounds interleaved:
+    wall time on CUDA, else the CPU time of this thread (steady on a busy machine, and
+    what the host spends: the kernels run in this thread too, ``--threads 1``)."""
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    clock = time.perf_counter if cuda else time.thread_time
+    samples: dict[str, list[float]] = {name: [] for name in rows}
+    for f in rows.values():
+        f()
+    for _ in range(rounds):
+        for name, f in rows.items():
+            sync()
+            start = clock()
+            for _ in range(calls):
+                f()
+            sync()
+            samples[name].append((clock() - start) / calls * 1e6)
+    return {name: statistics.median(s) for name, s in samples.items()}
+
+
+def bench(name: str, device: torch.device, calls: int, rounds: int, profile: bool) -> None:
+    case = {m.name: m for m in MODELS}[name]
+    torch.manual_seed(0)
+    model = case.build().eval().to(device)
+    args, kwargs = case.inputs(device)
+    minicompile.reset()
+    compiled = minicompile.compile(model)
+    with torch.no_grad():
+        compiled(*args, **kwargs)
+        compiled(*args, **kwargs)
+        function = compiled.__dict__["_compiled"]
+        (entry,) = function.entries
+        frame = function.bind((model, *args), kwargs)
+        capture, guards = entry.capture, entry.capture.guards
+        inputs = capture.get_inputs(*frame)
+        slow = python_guards(guards)
+        assert guards.check(*frame) and slow(*frame)
+        rows = {
+            "guards (tensors in C++)": lambda: guards.check(*frame),
+            "guards (all Python)": lambda: slow(*frame),
+            "get_inputs": lambda: capture.get_inputs(*frame),
+            "generated call()": lambda: entry.call(list(inputs)),
+            "whole call": lambda: compiled(*args, **kwargs),
+            "eager": lambda: model(*args, **kwargs),
+        }
+        us = time_rows(rows, calls, rounds, device.type == "cuda")
+        if profile:
+            prof = cProfile.Profile()
+            prof.runcall(lambda: [compiled(*args, **kwargs) for _ in range(calls)])
+    where = torch.cuda.get_device_name() if device.type == "cuda" else "CPU, thread time"
+    print(f"\n{name} ({where}; {len(guards)} guard checks, {len(inputs)} graph inputs)")
+    for label, t in us.items():
+        print(f"  {label:<26}{t:>10.1f} us")
+    if profile:
+        pstats.Stats(prof).sort_stats("tottime").print_stats(15)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("models", nargs="*", default=DEFAULT)
+    parser.add_argument("--calls", type=int, default=50)
+    parser.add_argument("--rounds", type=int, default=11)
+    parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--threads", type=int, default=1, help="CPU threads of PyTorch")
+    a = parser.parse_args()
+    torch.set_num_threads(a.threads)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    for name in a.models:
+        bench(name, device, a.calls, a.rounds, a.profile)
+
+
+if __name__ == "__main__":
+    main()

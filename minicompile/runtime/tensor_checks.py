@@ -1,0 +1,74 @@
+"""The metadata checks of a model's tensors in one C++ call.
+
+A module's parameters and buffers each carry five checks (dtype, device, requires_grad,
+sizes, strides: capture/guard_builder.py's ``tensor_match``), one Python comparison each: a
+third to a half of the guard function's time on the zoo models.  :func:`split` takes those
+of every tensor that is not a bare parameter of the frame (those are the inputs that change
+between calls: their checks stay where they are, failing early) out of the guard function,
+which calls a :class:`TensorChecks` for them at its end: ``tensor_checks(p4, p3['bias'],
+...)``.  Its fast path is PyTorch's ``TensorGuards`` (minicompile/compat.py), built from
+tensors that passed the checks: a tensor it passes has the type, dtype, device,
+requires_grad, sizes and strides of one that passed, so passes them too.  Where it fails
+(the first call; a tensor that changed; one it is stricter on: a tensor passed twice, other
+dispatch keys, as in inference mode), the checks run in Python (``check_tensors``, compiled
+with the guard function into one code object, which a warm entry keeps), and if they pass,
+the fast path is built again from these tensors.  So the answer is always that of the
+Python checks; :meth:`Guards.explain_failure` still runs the checks one by one and names
+the one that failed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from minicompile import compat
+from minicompile.runtime.guard_render import render
+
+TENSOR_CHECKS = "tensor_checks"  # the TensorChecks, in the guard function's namespace
+PYTHON_CHECKS = "check_tensors"  # its checks in Python, a function beside the guard function
+
+
+def split(checks: list[Any]) -> tuple[list[Any], TensorChecks | None]:
+    """The checks (GuardChecks) the guard function runs itself, and the
+    :class:`TensorChecks` of the others (None if there are none)."""
+    kept = [c for c in checks if not c.tensor or c.tensor.isidentifier()]
+    if len(kept) == len(checks):
+        return checks, None
+    return kept, TensorChecks([c for c in checks if c.tensor and not c.tensor.isidentifier()])
+
+
+class TensorChecks:
+    """``tensor_checks(*tensors)``: True when each tensor (in the order of ``paths``, each
+    past its type check) passes its checks.  ``call`` is the guard function's check that
+    calls it; ``source`` its checks in Python (``check_tensors(t0, t1, ...)``), compiled
+    with the guard function, which hands it over (:meth:`adopt`)."""
+
+    def __init__(self, checks: list[Any]) -> None:
+        self.paths = list(dict.fromkeys(c.tensor for c in checks))
+        self.call = f"{TENSOR_CHECKS}({', '.join(self.paths)})"
+        index = {path: f"t{i}" for i, path in enumerate(self.paths)}
+        # The checks over parameters t0, t1, ... (each check's text starts with its path).
+        self.checks = [dataclasses.replace(c, expr=index[c.tensor] + c.expr[len(c.tensor):])
+                       for c in checks]
+        self.params = list(index.values())
+        self.slow: Any = None
+        self.fast: Any = None
+
+    @property
+    def source(self) -> str:
+        return render(self.params, self.checks, name=PYTHON_CHECKS)
+
+    def adopt(self, namespace: dict) -> None:
+        """Take the Python checks from the namespace the guard code ran in; go in it."""
+        self.slow = namespace[PYTHON_CHECKS]
+        namespace[TENSOR_CHECKS] = self
+
+    def __call__(self, *tensors: Any) -> bool:
+        fast = self.fast
+        if fast is not None and fast.check(*tensors):
+            return True
+        if not self.slow(*tensors):
+            return False
+        self.fast = compat.tensor_guards(tensors)
+        return True

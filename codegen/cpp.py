@@ -27,6 +27,7 @@ from minicompile.ir import (
     divides_by_values,
     walk,
 )
+from minicompile.op_table import ROWS
 
 from minicompile.codegen.common import CodeWriter, KernelPlan, Store, checks_values, pending
 from minicompile.codegen.printers import cpp_index
@@ -46,58 +47,7 @@ CPP_DTYPES: dict[torch.dtype, str] = {
 
 # Pointwise ops: format strings over the operands' variable names; "{t}" is the C type the
 # op computes in.  The mc_* helpers are in PREAMBLE.
-CPP_OPS: dict[str, str] = {
-    "add": "{0} + {1}",
-    "sub": "{0} - {1}",
-    "mul": "{0} * {1}",
-    "truediv": "{0} / {1}",
-    "floordiv": "mc_floordiv({0}, {1})",
-    "floordiv_int": "mc_floordiv_int({0}, {1})",
-    "remainder": "mc_remainder({0}, {1})",
-    "remainder_int": "mc_remainder_int({0}, {1})",
-    "pow": "std::pow({0}, {1})",
-    "pow_int": "mc_pow_int({0}, {1})",
-    "maximum": "mc_maximum({0}, {1})",
-    "minimum": "mc_minimum({0}, {1})",
-    "eq": "{0} == {1}",
-    "ne": "{0} != {1}",
-    "lt": "{0} < {1}",
-    "le": "{0} <= {1}",
-    "gt": "{0} > {1}",
-    "ge": "{0} >= {1}",
-    "logical_and": "{0} && {1}",
-    "logical_or": "{0} || {1}",
-    "logical_xor": "{0} != {1}",
-    "logical_not": "!{0}",
-    "bitwise_and": "static_cast<{t}>({0} & {1})",
-    "bitwise_or": "static_cast<{t}>({0} | {1})",
-    "bitwise_xor": "static_cast<{t}>({0} ^ {1})",
-    "bitwise_not": "static_cast<{t}>(~{0})",
-    "bitwise_not_bool": "!{0}",
-    "neg": "static_cast<{t}>(-{0})",
-    "abs": "static_cast<{t}>(std::abs({0}))",
-    "exp": "std::exp({0})",
-    "exp2": "std::exp2({0})",
-    "expm1": "std::expm1({0})",
-    "log": "std::log({0})",
-    "log2": "std::log2({0})",
-    "log1p": "std::log1p({0})",
-    "sqrt": "std::sqrt({0})",
-    "rsqrt": "static_cast<{t}>(1) / std::sqrt({0})",
-    "reciprocal": "static_cast<{t}>(1) / {0}",
-    "sin": "std::sin({0})",
-    "cos": "std::cos({0})",
-    "tan": "std::tan({0})",
-    "tanh": "std::tanh({0})",
-    "sigmoid": "static_cast<{t}>(1) / (static_cast<{t}>(1) + std::exp(-{0}))",
-    "erf": "std::erf({0})",
-    "floor": "std::floor({0})",
-    "ceil": "std::ceil({0})",
-    "trunc": "std::trunc({0})",
-    "round": "std::nearbyint({0})",
-    "sign": "static_cast<{t}>(({0} > 0) - ({0} < 0))",
-    "where": "{0} ? {1} : {2}",
-}
+CPP_OPS: dict[str, str] = {row.name: row.cpp for row in ROWS}
 
 INT_VARIANTS = {"floordiv": "floordiv_int", "remainder": "remainder_int", "pow": "pow_int"}
 INT_IDENTITY = {"floor", "ceil", "trunc", "round"}
@@ -310,7 +260,7 @@ def emit_kernel(plan: KernelPlan) -> str:
 
 # Not pow: GCC 12 crashes (internal compiler error) vectorising powf with a constant
 # exponent.
-_VECTOR_MATH = ("sin cos tan exp exp2 expm1 log log2 log1p tanh erf").split()
+_VECTOR_MATH = [row.name for row in ROWS if row.simd]
 _SIMD_DECLS = "\n".join(
     f"MC_SIMD float {f}f(float); MC_SIMD double {f}(double);" for f in _VECTOR_MATH
 )

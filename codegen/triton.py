@@ -31,6 +31,7 @@ from minicompile.ir import (
     divides_by_values,
     walk,
 )
+from minicompile.op_table import ROWS
 from minicompile.sym import FloorDiv, ModularIndexing
 
 from minicompile.codegen.common import CodeWriter, KernelPlan, Store, checks_values, pending
@@ -51,60 +52,7 @@ TRITON_DTYPES: dict[torch.dtype, str] = {
 
 # Pointwise ops: format strings over the operands' variable names.  "{t}" is the result's
 # compute dtype.  The mc_* helpers are in PREAMBLE.
-TRITON_OPS: dict[str, str] = {
-    "add": "{0} + {1}",
-    "sub": "{0} - {1}",
-    "mul": "{0} * {1}",
-    "truediv": "{0} / {1}",
-    "truediv_f32": "tl.math.div_rn({0}, {1})",  # IEEE division; "/" is approximate in fp32
-    "floordiv": "mc_floordiv({0}, {1})",
-    "floordiv_int": "mc_floordiv_int({0}, {1})",
-    "remainder": "mc_remainder({0}, {1})",
-    "remainder_int": "mc_remainder_int({0}, {1})",
-    "pow": "libdevice.pow({0}, {1})",
-    "pow_int": "mc_pow_int({0}, {1})",
-    "maximum": "mc_maximum({0}, {1})",
-    "minimum": "mc_minimum({0}, {1})",
-    "eq": "{0} == {1}",
-    "ne": "{0} != {1}",
-    "lt": "{0} < {1}",
-    "le": "{0} <= {1}",
-    "gt": "{0} > {1}",
-    "ge": "{0} >= {1}",
-    "logical_and": "{0} & {1}",
-    "logical_or": "{0} | {1}",
-    "logical_xor": "{0} ^ {1}",
-    "logical_not": "{0} == 0",
-    "bitwise_and": "{0} & {1}",
-    "bitwise_or": "{0} | {1}",
-    "bitwise_xor": "{0} ^ {1}",
-    "bitwise_not": "~{0}",
-    "bitwise_not_bool": "{0} == 0",
-    "neg": "-{0}",
-    "abs": "tl.abs({0})",
-    "exp": "libdevice.exp({0})",
-    "exp2": "libdevice.exp2({0})",
-    "expm1": "libdevice.expm1({0})",
-    "log": "libdevice.log({0})",
-    "log2": "libdevice.log2({0})",
-    "log1p": "libdevice.log1p({0})",
-    "sqrt": "libdevice.sqrt({0})",
-    "rsqrt": "libdevice.rsqrt({0})",
-    "reciprocal": "tl.math.div_rn(1.0, {0})",
-    "reciprocal_f64": "1.0 / {0}",
-    "sin": "libdevice.sin({0})",
-    "cos": "libdevice.cos({0})",
-    "tan": "libdevice.tan({0})",
-    "tanh": "libdevice.tanh({0})",
-    "sigmoid": "1.0 / (1.0 + libdevice.exp(-{0}))",
-    "erf": "libdevice.erf({0})",
-    "floor": "libdevice.floor({0})",
-    "ceil": "libdevice.ceil({0})",
-    "trunc": "libdevice.trunc({0})",
-    "round": "libdevice.nearbyint({0})",
-    "sign": "({0} > 0).to({t}) - ({0} < 0).to({t})",
-    "where": "tl.where({0}, {1}, {2})",
-}
+TRITON_OPS: dict[str, str] = {row.name: row.triton for row in ROWS}
 
 # Ops whose integer forms differ, and those that are the identity on integers.  Triton's
 # int1 arithmetic wraps, where torch's bool add/mul are logical or/and.

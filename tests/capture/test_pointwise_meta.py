@@ -34,7 +34,7 @@ def random_args(name: str, rng: random.Random) -> list:
     if name == "where":
         cond = torch.empty(rng.choice([[], [1], [4], [3, 4]]), dtype=torch.bool, device="meta")
         return [cond, random_tensor(rng), random_tensor(rng)]
-    count = 1 if name in ops.UNARY else 2
+    count = 1 if ops.OPS[name].family == "unary" else 2
     args = [random_tensor(rng)]
     for _ in range(count - 1):
         args.append(rng.choice([2, 0.5, -1, 3.0]) if rng.random() < 0.3 else random_tensor(rng))

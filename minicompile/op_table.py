@@ -11,8 +11,14 @@ operand dtypes (``codegen/emitter.py``).
 
 Layering: this module imports only the standard library and torch, like the IR modules;
 each layer above reads its own column, so ops.py never imports codegen or passes and the
-backends never import each other.  Adding a pointwise op that both backends can spell
-(``torch.erf``) is one row here plus a test.
+backends never import each other.
+
+Adding a pointwise op that both backends can spell (``torch.atan`` is the worked example)
+is one row here plus a test: the row's templates (a libdevice call needs ``interp``, its
+stand-in under Triton's interpreter), its spellings, and for an op with float results its
+``grad``; then a case in tests/backends/op_cases.py, which the forward and gradient sweeps
+run on both backends.  tests/codegen/test_kernel_text.py's test_op_tables_are_complete
+checks that every layer has the row's column.
 
 Templates are format strings over the operands' variable names; ``{t}`` is the type the
 result is computed in, spelled by the backend.  ``mc_*`` are the backends' helpers.
@@ -50,6 +56,7 @@ class Row:
     grad: Callable[..., Any] | str | None = None  # unary: the derivative (above)
     interp: str | None = None  # "tl" (tl.math has it) or numpy's function, for libdevice
     simd: bool = False  # glibc's libmvec has a vector version of std::<name>
+    symbol: str | None = None  # the Python operator (BINARY_OP, COMPARE_OP) that spells it
     # The op an operand dtype uses instead: "int" (also bool's, unless "bool" says),
     # "bool", "f32" (computed in float32), "f64".
     variants: dict[str, str] = dataclasses.field(default_factory=dict)
@@ -80,6 +87,13 @@ ROWS: tuple[Row, ...] = (
     Row("abs", "unary", torch.abs, "tl.abs({0})", "static_cast<{t}>(std::abs({0}))",
         _t("abs", "torch.absolute", "Tensor.absolute"), True,
         lambda d, x, y, g: d("mul", g, d("sign", x()))),
+    Row("sin", "unary", torch.sin, "libdevice.sin({0})", "std::sin({0})", _t("sin"), True,
+        lambda d, x, y, g: d("mul", g, d("cos", x())), interp="tl", simd=True),
+    Row("cos", "unary", torch.cos, "libdevice.cos({0})", "std::cos({0})", _t("cos"), True,
+        lambda d, x, y, g: d("mul", g, d("neg", d("sin", x()))), interp="tl", simd=True),
+    Row("tan", "unary", torch.tan, "libdevice.tan({0})", "std::tan({0})", _t("tan"), True,
+        lambda d, x, y, g: d("mul", g, d("add", d("mul", y(), y()), 1.0)), interp="tan",
+        simd=True),
     Row("exp", "unary", torch.exp, "libdevice.exp({0})", "std::exp({0})",
         _t("exp", "torch.special.exp"), True, lambda d, x, y, g: d("mul", g, y()),
         interp="tl", simd=True),
@@ -108,13 +122,6 @@ ROWS: tuple[Row, ...] = (
         "static_cast<{t}>(1) / {0}", _t("reciprocal"), True,
         lambda d, x, y, g: d("mul", g, d("neg", d("mul", y(), y()))),
         variants={"f64": "reciprocal_f64"}),
-    Row("sin", "unary", torch.sin, "libdevice.sin({0})", "std::sin({0})", _t("sin"), True,
-        lambda d, x, y, g: d("mul", g, d("cos", x())), interp="tl", simd=True),
-    Row("cos", "unary", torch.cos, "libdevice.cos({0})", "std::cos({0})", _t("cos"), True,
-        lambda d, x, y, g: d("mul", g, d("neg", d("sin", x()))), interp="tl", simd=True),
-    Row("tan", "unary", torch.tan, "libdevice.tan({0})", "std::tan({0})", _t("tan"), True,
-        lambda d, x, y, g: d("mul", g, d("add", d("mul", y(), y()), 1.0)), interp="tan",
-        simd=True),
     Row("tanh", "unary", torch.tanh, "libdevice.tanh({0})", "std::tanh({0})",
         _t("tanh", "F.tanh"), True,
         lambda d, x, y, g: d("mul", g, d("sub", 1.0, d("mul", y(), y()))), interp="tanh",
@@ -127,6 +134,10 @@ ROWS: tuple[Row, ...] = (
         _t("erf", "torch.special.erf"), True,
         lambda d, x, y, g: d("mul", g, d("mul", d("exp", d("neg", d("mul", x(), x()))),
                                          _ERF_SCALE)), interp="tl", simd=True),
+    # (the worked example of adding an op: this row, and tests/backends/test_structure.py)
+    Row("atan", "unary", torch.atan, "libdevice.atan({0})", "std::atan({0})",
+        _t("atan", "torch.arctan", "Tensor.arctan"), True,
+        lambda d, x, y, g: d("truediv", g, d("add", d("mul", x(), x()), 1.0)), interp="arctan"),
     Row("floor", "unary", torch.floor, "libdevice.floor({0})", "std::floor({0})", _t("floor"),
         grad=ZERO, interp="tl", variants={"int": IDENTITY}),
     Row("ceil", "unary", torch.ceil, "libdevice.ceil({0})", "std::ceil({0})", _t("ceil"),
@@ -143,46 +154,49 @@ ROWS: tuple[Row, ...] = (
     Row("bitwise_not", "unary", torch.bitwise_not, "~{0}", "static_cast<{t}>(~{0})",
         _t("bitwise_not"), variants={"bool": "bitwise_not_bool"}),
     # -- binary (Python operators give PyTorch's rules for a scalar on either side) ----------
+    # torch's bool + and * are logical or and and (Triton's int1 arithmetic wraps); torch.add
+    # and torch.sub are spelled by capture's own handlers (alpha=)
     Row("add", "binary", operator.add, "{0} + {1}", "{0} + {1}", (), True,
-        variants={"bool": "logical_or"}),  # (torch.add: capture's handler, for alpha=)
-    Row("sub", "binary", operator.sub, "{0} - {1}", "{0} - {1}", (), True),
+        variants={"bool": "logical_or"}, symbol="+"),
+    Row("sub", "binary", operator.sub, "{0} - {1}", "{0} - {1}", (), True, symbol="-"),
     Row("mul", "binary", operator.mul, "{0} * {1}", "{0} * {1}",
-        _t("mul", "torch.multiply", "Tensor.multiply"), True, variants={"bool": "logical_and"}),
+        _t("mul", "torch.multiply", "Tensor.multiply"), True, variants={"bool": "logical_and"},
+        symbol="*"),
     Row("truediv", "binary", operator.truediv, "{0} / {1}", "{0} / {1}", _t("true_divide"), True,
-        variants={"f32": "truediv_f32"}),
+        variants={"f32": "truediv_f32"}, symbol="/"),
     Row("floordiv", "binary", _div_floor, "mc_floordiv({0}, {1})", "mc_floordiv({0}, {1})",
-        _t("floor_divide"), variants={"int": "floordiv_int"}),
+        _t("floor_divide"), variants={"int": "floordiv_int"}, symbol="//"),
     Row("remainder", "binary", operator.mod, "mc_remainder({0}, {1})",
-        "mc_remainder({0}, {1})", _t("remainder"), variants={"int": "remainder_int"}),
+        "mc_remainder({0}, {1})", _t("remainder"), variants={"int": "remainder_int"}, symbol="%"),
     # (torch.pow: capture's handler, whose second argument is ``exponent``)
     Row("pow", "binary", operator.pow, "libdevice.pow({0}, {1})", "std::pow({0}, {1})",
-        interp="power", variants={"int": "pow_int"}),
+        interp="power", variants={"int": "pow_int"}, symbol="**"),
     Row("maximum", "binary", torch.maximum, "mc_maximum({0}, {1})", "mc_maximum({0}, {1})",
         _t("maximum"), True),
     Row("minimum", "binary", torch.minimum, "mc_minimum({0}, {1})", "mc_minimum({0}, {1})",
         _t("minimum"), True),
-    Row("eq", "binary", operator.eq, "{0} == {1}", "{0} == {1}", _t("eq"), True),
+    Row("eq", "binary", operator.eq, "{0} == {1}", "{0} == {1}", _t("eq"), True, symbol="=="),
     Row("ne", "binary", operator.ne, "{0} != {1}", "{0} != {1}",
-        _t("ne", "torch.not_equal", "Tensor.not_equal"), True),
+        _t("ne", "torch.not_equal", "Tensor.not_equal"), True, symbol="!="),
     Row("lt", "binary", operator.lt, "{0} < {1}", "{0} < {1}",
-        _t("lt", "torch.less", "Tensor.less"), True),
+        _t("lt", "torch.less", "Tensor.less"), True, symbol="<"),
     Row("le", "binary", operator.le, "{0} <= {1}", "{0} <= {1}",
-        _t("le", "torch.less_equal", "Tensor.less_equal"), True),
+        _t("le", "torch.less_equal", "Tensor.less_equal"), True, symbol="<="),
     Row("gt", "binary", operator.gt, "{0} > {1}", "{0} > {1}",
-        _t("gt", "torch.greater", "Tensor.greater"), True),
+        _t("gt", "torch.greater", "Tensor.greater"), True, symbol=">"),
     Row("ge", "binary", operator.ge, "{0} >= {1}", "{0} >= {1}",
-        _t("ge", "torch.greater_equal", "Tensor.greater_equal"), True),
+        _t("ge", "torch.greater_equal", "Tensor.greater_equal"), True, symbol=">="),
     Row("logical_and", "binary", torch.logical_and, "{0} & {1}", "{0} && {1}",
         _t("logical_and")),
     Row("logical_or", "binary", torch.logical_or, "{0} | {1}", "{0} || {1}", _t("logical_or")),
     Row("logical_xor", "binary", torch.logical_xor, "{0} ^ {1}", "{0} != {1}",
         _t("logical_xor")),
     Row("bitwise_and", "binary", operator.and_, "{0} & {1}", "static_cast<{t}>({0} & {1})",
-        _t("bitwise_and")),
+        _t("bitwise_and"), symbol="&"),
     Row("bitwise_or", "binary", operator.or_, "{0} | {1}", "static_cast<{t}>({0} | {1})",
-        _t("bitwise_or")),
+        _t("bitwise_or"), symbol="|"),
     Row("bitwise_xor", "binary", operator.xor, "{0} ^ {1}", "static_cast<{t}>({0} ^ {1})",
-        _t("bitwise_xor")),
+        _t("bitwise_xor"), symbol="^"),
     Row("where", "ternary", torch.where, "tl.where({0}, {1}, {2})", "{0} ? {1} : {2}"),
     # -- variants: what the emitter spells an op as for some operand dtypes -----------------
     # IEEE division: Triton's "/" is approximate in float32.

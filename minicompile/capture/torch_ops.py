@@ -281,24 +281,7 @@ def _div(em: Emitter, fname: str, args: tuple, kwargs: dict) -> Any:
 
 
 # Python operators (BINARY_OP, COMPARE_OP) onto graph ops.
-OPERATORS: dict[str, str] = {
-    "+": "add",
-    "-": "sub",
-    "*": "mul",
-    "/": "truediv",
-    "//": "floordiv",
-    "%": "remainder",
-    "**": "pow",
-    "&": "bitwise_and",
-    "|": "bitwise_or",
-    "^": "bitwise_xor",
-    "==": "eq",
-    "!=": "ne",
-    "<": "lt",
-    "<=": "le",
-    ">": "gt",
-    ">=": "ge",
-}
+OPERATORS: dict[str, str] = {row.symbol: row.name for row in ROWS if row.symbol}
 
 
 def binary_operator(em: Emitter, symbol: str, a: Any, b: Any) -> Any:

@@ -7,7 +7,8 @@ to infer result metadata).  Capture maps the many spellings of an op (``x + y``,
 ``family``.
 
 Families (in the style of tinygrad's ``GroupOp``):
-- ``unary`` / ``binary`` / ``ternary``: pointwise ops the backends implement directly;
+- ``unary`` / ``binary`` / ``ternary``: pointwise ops the backends implement directly, one
+  row each in ``op_table.py`` (spellings, derivative, templates);
 - ``composite``: pointwise ops that ``passes/decompose.py`` rewrites into the above;
 - ``cast``: dtype conversion; ``copy``: ``contiguous``;
 - ``view``: layout-only ops, lowered to index rewrites;

@@ -108,7 +108,7 @@ def pointwise_candidates(plan: KernelPlan, interpret: bool) -> list[Candidate]:
     if interpret:  # (the interpreter ignores warps)
         return [Candidate("pointwise", b), Candidate("pointwise", b // 2),
                 Candidate("pointwise", b * 2)]
-    w = triton.pointwise_warps(plan, b)
+    w = triton.POINTWISE_WARPS
     return [Candidate("pointwise", b, warps=w), Candidate("pointwise", b // 2, warps=w),
             Candidate("pointwise", b * 2, warps=w), Candidate("pointwise", b, warps=w * 2),
             Candidate("pointwise", b, warps=w // 2), Candidate("pointwise", b * 2, warps=w * 2)]

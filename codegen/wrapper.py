@@ -413,18 +413,12 @@ def _extern_arg(value: object) -> str:
     if isinstance(value, list):
         return "[" + ", ".join(_extern_arg(v) for v in value) + "]"
     if isinstance(value, (torch.dtype, torch.device)):
-        return _literal(value)
+        return str(value) if isinstance(value, torch.dtype) else _device_literal(value)
     if isinstance(value, sympy.Basic):
         return python_expr(value)
     if isinstance(value, float) and not math.isfinite(value):
         return f'float("{value}")'  # repr gives inf, -inf, nan: no such names in Python
     return repr(value)
-
-
-def _literal(value: torch.dtype | torch.device) -> str:
-    if isinstance(value, torch.dtype):
-        return str(value)
-    return _device_literal(value)
 
 
 def emit_extern(w: CodeWriter, ext: ExternKernel) -> None:
@@ -471,7 +465,7 @@ def triton_launch(
         return (_grid(numel, xblock), [python_expr(numel), python_expr(plan.rnumel)],
                 f"XBLOCK={xblock}, RBLOCK={rblock}, num_warps={warps}{debug}")
     block = triton.block_size(triton.planning_size(numel, plan.hints), interpret)
-    warps = "" if interpret else f", num_warps={triton.pointwise_warps(plan, block)}"
+    warps = "" if interpret else f", num_warps={triton.POINTWISE_WARPS}"
     return _grid(numel, block), [python_expr(numel)], f"XBLOCK={block}{warps}{debug}"
 
 
@@ -574,7 +568,8 @@ def emit_launch(
     if numel == 0:
         w.line(f"# {plan.name}: nothing to compute for an empty tensor")
         return
-    w.line(f"# {', '.join(plan.origins)}")
+    where = ", ".join(dict.fromkeys(str(s).split("  ")[0] for s in plan.sources))  # file:line
+    w.line(f"# {', '.join(plan.origins)}" + (f"  ({where})" if where else ""))
     if backend == "triton":
         grid, extents, options = triton_launch(program, plan)
         if plan.name in tuned:  # the grid follows the chosen XBLOCK

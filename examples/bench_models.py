@@ -4,9 +4,15 @@ torch.compile: graphs, graph breaks, kernels, the cold first call and the median
 
     python examples/bench_models.py            # every model; float32 (and bfloat16 on CUDA)
     python examples/bench_models.py hf_bert    # some of them
+    python examples/bench_models.py --eval-only   # (or --train-only)
+
+On CUDA each minicompile figure comes with its host time (until the call returns) and its
+GPU's busy time per call, and which of the two bounds it.
 
 "Cold" is the first call of a fresh process-wide cache directory: capture, passes, code
-generation and every kernel built.  Models are in eval mode, under no_grad.
+generation and every kernel built.  Eval rows run the model under no_grad; train rows run
+the forward, a loss and the backward (dropout off, so that the step is compared with
+eager's).
 """
 
 import os
@@ -20,7 +26,7 @@ import torch  # noqa: E402
 
 import minicompile  # noqa: E402
 from model_zoo import MODELS, tensors_of  # noqa: E402
-from timing import median_seconds  # noqa: E402
+from timing import host_and_device_ms, median_seconds  # noqa: E402
 
 TOL = {torch.float32: dict(rtol=1e-3, atol=1e-4), torch.bfloat16: dict(rtol=3e-2, atol=3e-2)}
 
@@ -39,50 +45,94 @@ def check(actual, expected, dtype: torch.dtype) -> None:  # noqa: ANN001
             torch.testing.assert_close(a, e, **TOL[dtype])
 
 
-def bench(case, dtype: torch.dtype, device: torch.device) -> str:  # noqa: ANN001
+def without_dropout(model: torch.nn.Module) -> torch.nn.Module:
+    """Dropout off in train mode (nn.Dropout and the float ``dropout`` attributes that
+    transformers' attention reads), so that a train step is compared with eager's."""
+    for m in model.modules():
+        if isinstance(m, torch.nn.Dropout):
+            m.p = 0.0
+        for attr in ("dropout", "attention_dropout"):
+            if isinstance(getattr(m, attr, None), float):
+                setattr(m, attr, 0.0)
+    return model
+
+
+def step(model, args, kwargs, train: bool):  # noqa: ANN001, ANN201
+    """One call: the forward (eval), or forward, a loss over every float output and the
+    backward (train); returns the outputs, or the loss and the parameters' gradients."""
+    if not train:
+        return lambda: model(*args, **kwargs)
+    params = [p for p in model.parameters() if p.requires_grad]
+
+    def run():  # noqa: ANN202
+        outs = [t for t in tensors_of(model(*args, **kwargs))
+                if isinstance(t, torch.Tensor) and t.is_floating_point()]
+        loss = sum(t.float().square().mean() for t in outs)
+        grads = torch.autograd.grad(loss, params, allow_unused=True)
+        return [loss] + [g for g in grads if g is not None]
+    return run
+
+
+def timed(fn, cuda: bool) -> str:  # noqa: ANN001
+    """Median ms of a call; on CUDA also its host and device ms and which bounds it."""
+    ms = median_seconds(fn, cuda) * 1e3
+    if not cuda:
+        return f"{ms:9.3f}"
+    host, device = host_and_device_ms(fn)
+    return f"{ms:9.3f} {host:7.3f} {device:7.3f} {'host' if host > device else 'gpu':>5s}"
+
+
+def bench(case, dtype: torch.dtype, device: torch.device, train: bool) -> str:  # noqa: ANN001
     cuda = device.type == "cuda"
     torch.manual_seed(0)
-    model = case.build().eval().to(device=device, dtype=dtype)
+    model = case.build().to(device=device, dtype=dtype)
+    model = without_dropout(model.train()) if train else model.eval()
     args, kwargs = case.inputs(device)
     if case.float_inputs:
         args = tuple(a.to(dtype) for a in args)
-    call = lambda m: (lambda: m(*args, **kwargs))  # noqa: E731
-    expected = model(*args, **kwargs)
+    expected = step(model, args, kwargs, train)()
     minicompile.reset()
     compiled = minicompile.compile(model)
-    cold, out = first_call(call(compiled), cuda)
+    cold, out = first_call(step(compiled, args, kwargs, train), cuda)
     check(out, expected, dtype)
     stats = minicompile.stats()
-    eager_ms = median_seconds(call(model), cuda) * 1e3
-    mc_ms = median_seconds(call(compiled), cuda) * 1e3
+    eager_ms = median_seconds(step(model, args, kwargs, train), cuda) * 1e3
+    mc = timed(step(compiled, args, kwargs, train), cuda)
     try:
         torch._dynamo.reset()
         inductor = torch.compile(model)
-        tc_cold, tc_out = first_call(call(inductor), cuda)
+        tc_cold, tc_out = first_call(step(inductor, args, kwargs, train), cuda)
         check(tc_out, expected, dtype)
-        tc = f"{median_seconds(call(inductor), cuda) * 1e3:9.3f} {tc_cold:8.1f}"
+        tc_ms = median_seconds(step(inductor, args, kwargs, train), cuda) * 1e3
+        tc = f"{tc_ms:9.3f} {tc_cold:8.1f} {float(mc.split()[0]) / tc_ms:6.2f}"
     except Exception as e:  # no toolchain for Inductor here, say
         tc = f"  skipped ({type(e).__name__})"
-    name = f"{case.name} {str(dtype).removeprefix('torch.')}"
-    return (f"{name:30s} {stats['graphs']:6d} {stats['graph_breaks']:6d} {stats['kernels']:7d} "
-            f"{stats['eager_fallbacks']:9d} {cold:8.2f} {eager_ms:9.3f} {mc_ms:9.3f} {tc}")
+    mode = "train" if train else "eval"
+    name = f"{case.name} {mode} {str(dtype).removeprefix('torch.')}"
+    return (f"{name:36s} {stats['graphs']:6d} {stats['graph_breaks']:6d} {stats['kernels']:7d} "
+            f"{stats['eager_fallbacks']:9d} {cold:8.2f} {eager_ms:9.3f} {tc} {mc}")
 
 
 def main() -> None:
     cuda = torch.cuda.is_available()
     device = torch.device("cuda" if cuda else "cpu")
     dtypes = (torch.float32, torch.bfloat16) if cuda else (torch.float32,)
-    wanted = set(sys.argv[1:])
+    modes = [m for m in ("eval", "train") if f"--{m}-only" not in sys.argv]
+    wanted = {a for a in sys.argv[1:] if not a.startswith("--")}
     where = torch.cuda.get_device_name() if cuda else "CPU"
-    print(f"{where}, torch {torch.__version__}; ms are medians of one call")
-    print(f"{'model':30s} {'graphs':>6s} {'breaks':>6s} {'kernels':>7s} {'fallbacks':>9s} "
-          f"{'cold s':>8s} {'eager ms':>9s} {'mc ms':>9s} {'tc ms':>9s} {'tc cold':>8s}")
-    with torch.no_grad():
+    print(f"{where}, torch {torch.__version__}; ms are medians of one call (eval: forward "
+          "under no_grad; train: forward, loss and backward)")
+    host = f" {'host ms':>7s} {'gpu ms':>7s} {'bound':>5s}" if cuda else ""
+    print(f"{'model':36s} {'graphs':>6s} {'breaks':>6s} {'kernels':>7s} {'fallbacks':>9s} "
+          f"{'cold s':>8s} {'eager ms':>9s} {'tc ms':>9s} {'tc cold':>8s} {'mc/tc':>6s} "
+          f"{'mc ms':>9s}{host}")
+    for mode in modes:
         for case in MODELS:
             if wanted and case.name not in wanted:
                 continue
             for dtype in dtypes:
-                print(bench(case, dtype, device), flush=True)
+                with torch.set_grad_enabled(mode == "train"):
+                    print(bench(case, dtype, device, mode == "train"), flush=True)
 
 
 if __name__ == "__main__":

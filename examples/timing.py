@@ -22,3 +22,30 @@ def median_seconds(fn: Callable[[], object], cuda: bool, reps: int = 20) -> floa
         fn()
         times.append(time.perf_counter() - start)
     return statistics.median(times)
+
+
+def host_and_device_ms(fn: Callable[[], object], reps: int = 20) -> tuple[float, float]:
+    """(host, device) milliseconds of one call on the GPU.  Host: the median wall time until
+    ``fn`` returns, started on an idle GPU (the Python, guards and launches; the GPU's work
+    is asynchronous).  Device: the GPU's busy time per call, the kernels and copies that
+    PyTorch's profiler sees.  A model whose host time exceeds its device time is bound by
+    the host: its GPU waits for launches."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    for _ in range(3):
+        fn()
+    host = []
+    for _ in range(reps):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        fn()
+        host.append(time.perf_counter() - start)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            fn()
+        torch.cuda.synchronize()
+    busy_us = sum(e.time_range.elapsed_us() for e in prof.events()
+                  if e.device_type == torch.autograd.DeviceType.CUDA)
+    return statistics.median(host) * 1e3, busy_us / reps / 1e3

@@ -32,7 +32,7 @@ from minicompile.errors import BackendCompilerFailed, Unsupported
 from minicompile.driver import compile_graph
 from minicompile.driver import counters as _stats
 from minicompile.resume import Resuming, _callee_wrappers, _compiled_steps
-from minicompile.runtime import build, entries
+from minicompile.runtime import build, entries, profile
 
 # Capture, the passes, lowering and codegen import sympy and PyTorch's fake tensors
 # (most of a second): they are imported on the first miss, not at `import minicompile`, so a
@@ -70,6 +70,7 @@ def reset() -> None:
         fn.breaks.clear()
         fn.eager_reason = None
     build.forget()
+    profile.forget()
     _callee_wrappers.clear()
     _compiled_steps.clear()
     for key in _stats:

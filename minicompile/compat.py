@@ -98,6 +98,11 @@ def clamp_gradient_at_bounds() -> bool:
 STATIC_CUDA_LAUNCHER: Any = getattr(torch._C, "_StaticCudaLauncher", None)
 
 
+# Spin the current stream for a number of cycles (every build has it; it runs on a GPU):
+# the profile (runtime/profile.py) keeps the GPU busy while the host queues a call.
+GPU_SLEEP: Any = getattr(torch.cuda, "_sleep", None)
+
+
 def load_cubin_function(cubin: Any, name: str, shared: int, device: int) -> int:
     """The CUDA function ``name`` of a cubin file, loaded by the static launcher:
     ``_load_kernel`` returns (function, registers, spills) in 2.11, and (module, function,

@@ -16,7 +16,7 @@ from pathlib import Path
 
 LOG_PARTS = (
     "graph", "guards", "recompiles", "dynamic", "graph_breaks", "fusion", "output_code",
-    "cudagraphs", "perf", "cache", "autotune",
+    "cudagraphs", "perf", "cache", "autotune", "profile",
 )
 
 LAYOUT_OPTS = ("auto", "channels_last", "off")

@@ -83,6 +83,8 @@ def compile_graph(
     stores (the loaded wrapper, whether it is interpreted, whether it runs under no_grad).
     A graph whose outputs take gradients (grad mode on, inputs requiring grad) compiles its
     backward too and runs as an autograd.Function."""
+    from minicompile.runtime import profile
+
     start = time.perf_counter()
     backend, interpret = pick_backend(cfg, capture)
     work = pipeline.Work(name, capture.graph, cfg, backend, interpret,
@@ -94,7 +96,10 @@ def compile_graph(
 
         (forward, backward), joint = done, done[0].joint
         call = forward.loaded.call
-        step = TrainingStep(call, backward.loaded.call, joint.num_outputs,
+        backward_call = backward.loaded.call
+        step = TrainingStep(profile.profiled(call, call, name, cfg),
+                            profile.profiled(backward_call, backward_call, name, cfg,
+                                             "_backward"), joint.num_outputs,
                             joint.backward_inputs, joint.input_grads, joint.differentiable)
         run = make_runner(step, get_inputs, rebuild)
         log.debug("minicompile: compiled %s (forward and backward) in %.3fs", name,
@@ -102,7 +107,8 @@ def compile_graph(
         return run, call, None
     (graph,) = done
     loaded = graphed(graph, cudagraphs.static_positions(capture.input_sources))
-    call = checked(loaded.call, capture, cfg, name, backend, interpret)
+    call = profile.profiled(loaded.call, graph.loaded.call, name, cfg)
+    call = checked(call, capture, cfg, name, backend, interpret)
     # Nothing here takes a gradient (grad mode is off): run without recording.
     no_grad = any(p.meta.requires_grad for p in capture.graph.placeholders)
     run = entries.inference_runner(call, get_inputs, rebuild, no_grad)

@@ -20,7 +20,8 @@ from minicompile.ops import COMPARISONS
 
 # Pointwise ops whose result metadata follows from PyTorch's promotion, broadcasting and
 # stride rules alone when every tensor is floating point (none of them refuses a float).
-FLOAT_POINTWISE = frozenset(row.name for row in ROWS if row.float_meta)
+FLOAT_POINTWISE = frozenset(row.name for row in ROWS if row.float_meta) | {
+    "relu", "silu", "gelu"}  # (composites, decomposed later)
 
 
 def pointwise_meta(name: str, args: tuple, kwargs: dict[str, Any],

@@ -122,6 +122,7 @@ def test_cuda_entry_points_follow_the_build() -> None:
         assert all(callable(e) for e in cuda_only)
     if torch.cuda.is_available():
         assert all(callable(e) for e in compat.storage_functions())
+    assert callable(compat.GPU_SLEEP)  # (in every build; it runs on a GPU)
 
 
 def test_abi_and_export_handles() -> None:

@@ -38,19 +38,19 @@ def _function(name: str) -> Callable:
     return fn
 
 
-def _flatten(value: Any, out: list) -> None:
+def flatten(value: Any, out: list) -> None:
     if isinstance(value, torch.Tensor):
         out.append(value)
     elif isinstance(value, (tuple, list)):
         for v in value:
-            _flatten(v, out)
+            flatten(v, out)
     elif isinstance(value, dict):
         for v in value.values():
-            _flatten(v, out)
+            flatten(v, out)
 
 
 def _replace(value: Any, table: dict[int, torch.Tensor], counter: list) -> Any:
-    """``value`` with its k-th tensor (in _flatten's order) replaced by ``table[k]``."""
+    """``value`` with its k-th tensor (in flatten's order) replaced by ``table[k]``."""
     if isinstance(value, torch.Tensor):
         k = counter[0]
         counter[0] += 1
@@ -70,7 +70,7 @@ def record(name: str, diff: tuple[int, ...], stride: tuple, /, *args: Any, **kwa
     compiled code reads it with (``stride``: a copy, recorded too, if the library chose
     others); the running Function keeps its leaves for :func:`vjp`."""
     tensors: list = []
-    _flatten((args, kwargs), tensors)
+    flatten((args, kwargs), tensors)
     leaves = {k: tensors[k].detach().requires_grad_() for k in diff}
     args, kwargs = _replace((args, kwargs), leaves, [0])
     with torch.enable_grad():

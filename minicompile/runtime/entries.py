@@ -42,7 +42,7 @@ import torch
 
 from minicompile import trace
 from minicompile.config import Config
-from minicompile.runtime import build, cache, fingerprints, values  # noqa: F401 (values:
+from minicompile.runtime import build, cache, fingerprints, profile, values  # noqa: F401 (values:
 # what generated rebuilds call, found by recipes in a process that never captured)
 from minicompile.runtime.fingerprints import Miss, NotStorable, lookup
 from minicompile.runtime.guards import GLOBAL_MODULE_HOOKS, GUARDS_FILENAME, GuardCheck, Guards
@@ -444,7 +444,8 @@ def _load(path: Path, fn: types.FunctionType, cfg: Config, frame: tuple) -> Warm
     get_inputs, rebuild = namespace["get_inputs"], namespace["rebuild"]
     capture = WarmCapture(guards, get_inputs, rebuild, p["input_sources"], p["get_inputs"],
                           p["rebuild"], handlers=p.get("handlers", True))
-    run = inference_runner(loaded.call, get_inputs, rebuild, p["no_grad"])
+    call = profile.profiled(loaded.call, loaded.call, fn.__qualname__, cfg)
+    run = inference_runner(call, get_inputs, rebuild, p["no_grad"])
     return Warm(capture, run, loaded.call, [tuple(s) for s in p["sizes"]], p["kernels"])
 
 

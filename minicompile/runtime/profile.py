@@ -1,0 +1,482 @@
+"""``MINICOMPILE_LOGS=profile``: where the time of each compiled graph goes.
+
+With the part on, the driver hands each graph's generated ``call`` to :func:`profiled`,
+which wraps it in a :class:`Profiled`; with it off :func:`profiled` returns ``call`` itself,
+so profiling costs nothing per call.  A profiled graph's first call warms up (its second
+too under CUDA graphs, which record then); each later call runs one of three variants in
+turn, all computing the same values in the same order:
+
+- ``host``: the plain call, timed by the wall clock: the wrapper's host time (on CUDA the
+  launches, the device synchronized before so that no launch waits for a full queue);
+- ``device`` (CUDA only): the plain call between two CUDA events, behind a short GPU sleep
+  long enough for the host to queue the whole call: the device's time for the call;
+- ``steps``: the generated ``call`` rewritten (its source parsed with ``ast``) with a timer
+  around each kernel launch and each library call (CUDA events on a GPU, behind the same
+  sleep, so no launch gap counts; the wall clock on the CPU), each named by the comment
+  codegen writes above it: graph nodes and user source lines.  Inside a CUDA graph replay
+  there are no steps to time: the whole graph's times are reported, and the report says so.
+
+After the graph's 10th call (:data:`REPORT_AT`) its report is printed to stderr, and later
+calls run the plain call; graphs called fewer times are reported at exit.  Each kernel's
+time is set against the device's copy bandwidth (bytes its tensors hold, read and written,
+per second) and each matrix product's, convolution's or attention's against the peak
+FLOP/s of a matmul in its dtype, both measured once per process (runtime/roofline.py).
+:func:`profile_report` gives the same numbers to a program (examples/bench_models.py).
+"""
+
+from __future__ import annotations
+
+import ast
+import atexit
+import copy
+import dataclasses
+import re
+import statistics
+import sys
+import time
+import types
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from minicompile import compat
+from minicompile.config import Config
+from minicompile.runtime import roofline
+
+REPORT_AT = 10  # the call after which a graph's report is printed
+GPU_CLOCK = 2e9  # cycles a second, at least the GPU's clock: sleeps last at least as asked
+WHERE = re.compile(r"[^\s(),;]+:\d+")  # a source location ("model.py:12") in a comment
+
+
+def enabled(cfg: Config) -> bool:
+    """Named explicitly (or by ``all``): MINICOMPILE_TRACE=1 does not turn timing on."""
+    return "profile" in cfg.logs
+
+
+@dataclasses.dataclass
+class Step:
+    """A kernel launch or a library call of a generated ``call``, and its samples."""
+
+    name: str  # the kernel, or the library function
+    library: bool
+    nodes: str  # the graph nodes it computes
+    where: tuple[str, ...]  # the user's source lines ("model.py:12")
+    times: list[float] = dataclasses.field(default_factory=list)  # seconds, one per sample
+    bytes: int = 0  # read and written, at the last sample
+    flops: tuple[int, torch.dtype] | None = None  # a library call's, at the last sample
+    written: str = ""  # the function the wrapper calls (training's record runs another)
+
+    def __post_init__(self) -> None:
+        self.written = self.written or self.name
+
+    @property
+    def seconds(self) -> float:
+        return statistics.median(self.times) if self.times else 0.0
+
+
+@dataclasses.dataclass
+class GraphProfile:
+    """One compiled graph's profile: seconds per call (medians of its samples)."""
+
+    function: str  # the compiled function's qualified name
+    name: str  # the graph's ("f", "f_backward", "f #2" for its second graph)
+    backend: str
+    whole: str | None  # why only the whole graph is timed (CUDA graphs), or None
+    calls: int = 0
+    cuda: bool = False
+    host: list[float] = dataclasses.field(default_factory=list)
+    device: list[float] = dataclasses.field(default_factory=list)
+    steps: list[Step] = dataclasses.field(default_factory=list)
+    reported: bool = False
+
+    @property
+    def host_s(self) -> float:
+        """The wrapper's wall time per call."""
+        return statistics.median(self.host) if self.host else 0.0
+
+    def _sum(self, library: bool) -> float:
+        return sum(s.seconds for s in self.steps if s.library == library)
+
+    @property
+    def kernels_s(self) -> float:
+        return self._sum(False)
+
+    @property
+    def library_s(self) -> float:
+        return self._sum(True)
+
+    @property
+    def device_s(self) -> float:
+        """On CUDA, the call's span on the device; on the CPU, its kernels and library
+        calls (the time not spent in Python)."""
+        if self.device:
+            return statistics.median(self.device)
+        return self.kernels_s + self.library_s
+
+    @property
+    def total_s(self) -> float:
+        """A call's time: the host's or the device's, whichever is longer."""
+        return max(self.host_s, self.device_s)
+
+    @property
+    def busy_s(self) -> float:
+        """The device's work: its kernels and library calls (the whole graph's span when
+        they are not timed one by one)."""
+        return self.kernels_s + self.library_s if self.steps else self.device_s
+
+    @property
+    def python_s(self) -> float:
+        """The rest: the wrapper's Python, and on CUDA the device idle waiting for it."""
+        return max(self.total_s - self.busy_s, 0.0)
+
+    @property
+    def bound(self) -> str:
+        """"host" or "device": which one a call waits for (on the CPU, whether the
+        wrapper's Python takes longer than its kernels and library calls)."""
+        host = self.host_s if self.cuda else self.host_s - self.busy_s
+        return "host" if host > self.busy_s else "device"
+
+    def __str__(self) -> str:
+        return report_text(self)
+
+
+_profiles: list[GraphProfile] = []
+_registered = False
+
+
+def profiled(call: Callable[[list], tuple], generated: types.FunctionType, function: str,
+             cfg: Config, suffix: str = "") -> Callable[[list], tuple]:
+    """``call`` (a generated ``call`` of ``function``, or what wraps it: a CUDA graph's
+    replay) profiled under MINICOMPILE_LOGS=profile; else ``call`` itself.  ``suffix``
+    names a graph of the function's beside its first (``_backward``)."""
+    if not enabled(cfg):
+        return call
+    global _registered
+    if not _registered:
+        _registered = True
+        atexit.register(report_rest)
+    header = generated.__code__.co_filename
+    found = re.search(r"\((\w+) backend\)", _first_line(header))
+    whole = None if call is generated else (
+        "CUDA graphs: a replay has no per-kernel times; the whole graph's are shown")
+    name = function + suffix
+    same = sum(p.name == name or p.name.startswith(f"{name} #") for p in _profiles)
+    label = f"{name} #{same + 1}" if same else name
+    profile = GraphProfile(function, label, found.group(1) if found else "?", whole)
+    _profiles.append(profile)
+    return Profiled(call, generated, profile, warmup=1 if whole is None else 2)
+
+
+def _on_cuda(values: list | tuple) -> bool:
+    return any(isinstance(v, torch.Tensor) and v.is_cuda for v in values)
+
+
+def _first_line(path: str) -> str:
+    try:
+        with open(path) as f:
+            return f.readline()
+    except OSError:
+        return ""
+
+
+class Profiled:
+    """A generated call that times its calls in turn (see the module's doc)."""
+
+    def __init__(self, call: Callable[[list], tuple], generated: types.FunctionType,
+                 profile: GraphProfile, warmup: int) -> None:
+        self.call, self.generated, self.profile, self.warmup = call, generated, profile, warmup
+        self.recorder: Recorder | None = None
+        self.stepped: Callable[[list], tuple] | None = None
+        self.variants: tuple[str, ...] = ()
+
+    def __call__(self, args: list) -> tuple:
+        p = self.profile
+        p.calls += 1
+        if p.calls <= self.warmup or p.reported:
+            if p.calls > 1:
+                return self.call(args)
+            cuda = _on_cuda(args)  # (before the call: a backward's empties its list)
+            out = self.call(args)
+            p.cuda = cuda or _on_cuda(out)
+            return out
+        if not self.variants:
+            self.variants = self._variants()
+        variant = self.variants[(p.calls - self.warmup - 1) % len(self.variants)]
+        out = getattr(self, variant)(args)
+        if p.calls >= REPORT_AT:
+            p.reported = True
+            print(report_text(p), file=sys.stderr)
+        return out
+
+    def _variants(self) -> tuple[str, ...]:
+        p = self.profile
+        if p.whole is None:
+            made = instrument(self.generated)
+            if made is not None:
+                fn, steps, namespace = made
+                p.steps = steps
+                self.recorder = namespace["_mc_profile"] = Recorder(steps, p.cuda)
+                self.stepped = fn
+                roofline.moved_bytes()  # (its imports now, not inside a timed call)
+        return ("host", "device")[:1 + p.cuda] + (("steps",) if self.stepped else ())
+
+    def host(self, args: list) -> tuple:
+        if self.profile.cuda:
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        out = self.call(args)
+        self.profile.host.append(time.perf_counter() - start)
+        return out
+
+    def device(self, args: list) -> tuple:
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        self._sleep()
+        start.record()
+        out = self.call(args)
+        end.record()
+        torch.cuda.synchronize()
+        self.profile.device.append(start.elapsed_time(end) / 1e3)
+        return out
+
+    def steps(self, args: list) -> tuple:
+        assert self.stepped is not None and self.recorder is not None
+        if self.profile.cuda:
+            self._sleep()
+        out = self.stepped(args)
+        for step, seconds in zip(self.profile.steps, self.recorder.collect()):
+            step.times.append(seconds)
+        return out
+
+    def _sleep(self) -> None:
+        """Keep the GPU busy while the host queues the call (4x its host time, or more):
+        the events then time the device's work alone, not the gaps between launches."""
+        torch.cuda.synchronize()
+        host = self.profile.host_s or 1e-3
+        if compat.GPU_SLEEP is not None:
+            compat.GPU_SLEEP(int(min(max(4 * host, 5e-5), 0.5) * GPU_CLOCK))
+
+
+class Recorder:
+    """What the rewritten ``call`` reports to: ``start(k)`` and ``stop(k, ...)`` around its
+    k-th step."""
+
+    def __init__(self, steps: list[Step], cuda: bool) -> None:
+        self.steps, self.cuda = steps, cuda
+        self.times = [0.0] * len(steps)
+        self.started = 0.0
+        self.events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+                       for _ in steps] if cuda else []
+
+    def start(self, k: int) -> None:
+        if self.cuda:
+            self.events[k][0].record()
+        else:
+            self.started = time.perf_counter()
+
+    def stop(self, k: int, result: Any, args: tuple, kwargs: dict) -> None:
+        """After step ``k``: its time, and what it moved and computed (``result``: a
+        library call's; ``args`` and ``kwargs``: the tensors and values it was handed)."""
+        if self.cuda:
+            self.events[k][1].record()
+        else:
+            self.times[k] = time.perf_counter() - self.started
+        step = self.steps[k]
+        step.bytes = roofline.moved_bytes(result, args, kwargs)
+        if step.library:
+            op, args = roofline.library_op(step.written, args)
+            step.name = op
+            step.flops = roofline.flops(op, result, args, kwargs)
+
+    def collect(self) -> list[float]:
+        """The steps' seconds in the call just made."""
+        if not self.cuda:
+            return list(self.times)
+        torch.cuda.synchronize()
+        return [start.elapsed_time(end) / 1e3 for start, end in self.events]
+
+
+# -- the rewritten call ----------------------------------------------------------------------
+
+
+def instrument(generated: types.FunctionType) -> tuple[Callable, list[Step], dict] | None:
+    """``generated`` (a wrapper's ``call``) compiled again from its module's source with
+    ``_mc_profile.start(k)`` / ``stop(k, ...)`` around each kernel launch and library call;
+    its steps; and its namespace (a copy of the module's).  None if the source is gone."""
+    path = generated.__code__.co_filename
+    try:
+        text = Path(path).read_text()
+    except OSError:
+        return None
+    lines = text.splitlines()
+    tree = ast.parse(text, filename=path)
+    found = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "call"]
+    if not found:
+        return None
+    steps: list[Step] = []
+    body: list[ast.stmt] = []
+    for stmt in found[0].body:
+        made = step_of(stmt, lines)
+        if made is None:
+            body.append(stmt)
+            continue
+        step, result, args, kwargs = made
+        k = len(steps)
+        steps.append(step)
+        body += [_report(stmt, "start", [ast.Constant(k)]), stmt,
+                 _report(stmt, "stop", [ast.Constant(k), result, args, kwargs])]
+    found[0].body = body
+    module = ast.fix_missing_locations(ast.Module(body=[found[0]], type_ignores=[]))
+    namespace = dict(generated.__globals__)
+    exec(compile(module, path, "exec"), namespace)  # noqa: S102 (our own generated code)
+    return namespace["call"], steps, namespace
+
+
+def _report(at: ast.stmt, method: str, args: list[ast.expr]) -> ast.stmt:
+    call = ast.Call(ast.Attribute(ast.Name("_mc_profile", ast.Load()), method, ast.Load()),
+                    args, [])
+    return ast.copy_location(ast.Expr(call), at)
+
+
+def step_of(stmt: ast.stmt, lines: list[str]) -> tuple[Step, ast.expr, ast.expr, ast.expr] | None:
+    """The step ``stmt`` is, and the expressions of its result, its arguments and its
+    keyword arguments (what ``stop`` reads); None for any other statement.  A kernel launch
+    is a call statement (``kernel(...)``, ``kernel_launch(grid, ...)``,
+    ``kernel[grid](...)``); a library call is an assignment right under a comment
+    (codegen/wrapper.py's emit_extern)."""
+    none = ast.Constant(None)
+    if isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call):
+        func = stmt.value.func
+        func = func.value if isinstance(func, ast.Subscript) else func
+        if not isinstance(func, ast.Name):
+            return None  # (library_plans.wait(), args.clear())
+        name = func.id.removesuffix("_launch").removesuffix("_tuned")
+        tensors = [a.func.value if isinstance(a, ast.Call) and isinstance(a.func, ast.Attribute)
+                   and a.func.attr == "data_ptr" else a for a in stmt.value.args]
+        args = ast.Tuple([copy.deepcopy(a) for a in tensors if isinstance(a, ast.Name)],
+                         ast.Load())
+        return Step(name, False, *_comment(lines, stmt.lineno, 3)), none, args, ast.Dict([], [])
+    if not (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1
+            and isinstance(stmt.targets[0], ast.Name) and stmt.targets[0].id != "err"
+            and lines[stmt.lineno - 2].lstrip().startswith("#")):
+        return None
+    value = stmt.value
+    if isinstance(value, ast.Call) and isinstance(value.func, ast.Name) \
+            and value.func.id == "with_layout":
+        value = value.args[0]
+    if isinstance(value, ast.Call) and isinstance(value.func, ast.Name) \
+            and value.func.id == "empty_strided":
+        return None  # (an allocation under the comment of an empty tensor's kernel)
+    if not isinstance(value, (ast.Call, ast.Subscript)):
+        return None  # (a buffer's memory reused under an empty tensor's comment)
+    result = ast.Name(stmt.targets[0].id, ast.Load())
+    if isinstance(value, ast.Subscript):  # (operator.getitem)
+        step = Step(ast.unparse(value), True, *_comment(lines, stmt.lineno, 1))
+        return step, result, ast.Tuple([], ast.Load()), ast.Dict([], [])
+    args = ast.Tuple([copy.deepcopy(a) for a in value.args], ast.Load())
+    keywords = [k for k in value.keywords if k.arg is not None]
+    kwargs = ast.Dict([ast.Constant(k.arg) for k in keywords],
+                      [copy.deepcopy(k.value) for k in keywords])
+    step = Step(ast.unparse(value.func), True, *_comment(lines, stmt.lineno, 1))
+    return step, result, args, kwargs
+
+
+def _comment(lines: list[str], lineno: int, reach: int) -> tuple[str, tuple[str, ...]]:
+    """The graph nodes and source lines of the comment at most ``reach`` lines above line
+    ``lineno`` (1-based): ``# %1 sin, %2 mul  (model.py:3, model.py:4)``."""
+    for k in range(lineno - 2, max(lineno - 2 - reach, -1), -1):
+        text = lines[k].strip()
+        if text.startswith("#"):
+            nodes, _, where = text.lstrip("# ").partition("  (")
+            return nodes, tuple(dict.fromkeys(WHERE.findall(where)))
+    return "", ()
+
+
+# -- reports ---------------------------------------------------------------------------------
+
+
+def report_text(p: GraphProfile) -> str:
+    """The profile of one graph, as printed."""
+    if not max(len(p.host), len(p.device), *(len(s.times) for s in p.steps)):
+        return f"minicompile profile: {p.name}: {p.calls} call(s), too few to profile"
+    where = "cuda" if p.cuda else "cpu, Triton's interpreter" if p.backend == "triton" else "cpu"
+    device = "its span on the GPU" if p.device else "its kernels and library calls"
+    lines = [(f"minicompile profile: {p.name} ({p.backend} backend, {where}): {p.calls} calls "
+              f"(the first {'two' if p.whole else 'one'} warming up)"),
+             (f"  host {_ms(p.host_s)} per call (the wrapper's wall time); device "
+              f"{_ms(p.device_s)} ({device})")]
+    if p.whole is not None:
+        lines.append(f"  {p.whole}")
+    dev = torch.device("cuda", torch.cuda.current_device()) if p.cuda else torch.device("cpu")
+    bandwidth = roofline.copy_bandwidth(dev) if p.steps else 0.0
+    peaks: dict[torch.dtype, float | None] = {}
+    total = p.total_s or 1.0
+    if p.steps:
+        lines.append(f"  {'ms/call':>9} {'share':>6}  {'roofline':34} kernel or library call: "
+                     f"graph nodes (source lines)")
+    for s in p.steps:
+        source = f" ({', '.join(s.where)})" if s.where else ""
+        lines.append(f"  {s.seconds * 1e3:9.4f} {s.seconds / total:6.1%}  "
+                     f"{_roofline(s, bandwidth, dev, peaks):34} {s.name}: {s.nodes}{source}")
+    split = (f"generated kernels {p.kernels_s / total:.0%}, library calls "
+             f"{p.library_s / total:.0%}, Python {p.python_s / total:.0%}" if p.steps
+             else f"the device {p.device_s / total:.0%}, the host beyond it "
+             f"{p.python_s / total:.0%}")
+    lines.append(f"  summary: bound by the {p.bound}: {split} of {_ms(total)} per call")
+    if p.steps:
+        limits = [(f"copy bandwidth {bandwidth / 1e9:.1f} GB/s (a copy of "
+                   f"{roofline.COPY_BYTES[dev.type] >> 20} MiB)")]
+        limits += [f"{str(d).removeprefix('torch.')} matmul {f / 1e12:.3g} TFLOP/s (n = "
+                   f"{roofline.matmul_size(dev, d)})" for d, f in peaks.items() if f]
+        lines.append(f"  measured in this process: {'; '.join(limits)}")
+    return "\n".join(lines)
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.3f} ms"
+
+
+def _roofline(s: Step, bandwidth: float, device: torch.device,
+              peaks: dict[torch.dtype, float | None]) -> str:
+    """A step's share of the device's copy bandwidth, or a library GEMM's of peak FLOP/s."""
+    if not s.seconds:
+        return "n/a"
+    if s.flops is not None:
+        work, dtype = s.flops
+        if dtype not in peaks:
+            peaks[dtype] = roofline.peak_flops(device, dtype)
+        peak = peaks[dtype]
+        if peak:
+            rate = work / s.seconds
+            return f"{rate / peak:6.1%} of peak ({rate / 1e9:.3g} GFLOP/s)"
+    rate = s.bytes / s.seconds
+    return f"{rate / bandwidth:6.1%} of copy bw ({rate / 1e9:.3g} GB/s)"
+
+
+def report_rest() -> None:
+    """At exit: the graphs not reported yet."""
+    for p in _profiles:
+        if not p.reported and p.calls:
+            p.reported = True
+            print(report_text(p), file=sys.stderr)
+
+
+def profile_report(fn: Any = None) -> list[GraphProfile]:
+    """The profiles of the graphs compiled under MINICOMPILE_LOGS=profile (or
+    ``config.patch(logs=frozenset({"profile"}))``): of ``fn`` (a compiled function or
+    module, or what was compiled), or all.  Each prints as the log does and has the split
+    per call: ``host_s``, ``device_s``, ``kernels_s``, ``library_s``, ``python_s`` and
+    ``bound``."""
+    if fn is None:
+        return list(_profiles)
+    fn = getattr(fn, "_orig_mod", fn)
+    if isinstance(fn, torch.nn.Module):
+        fn = type(fn).forward
+    name = getattr(fn, "__qualname__", None)
+    return [p for p in _profiles if p.function == name]
+
+
+def forget() -> None:
+    """Drop the profiles (minicompile.reset())."""
+    _profiles.clear()

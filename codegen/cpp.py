@@ -13,22 +13,12 @@ import math
 import sympy
 import torch
 
-from minicompile.ir import (
-    LOW_PRECISION,
-    Cast,
-    Cat,
-    Constant,
-    Expr,
-    IndexExpr,
-    IndirectLoad,
-    Load,
-    Op,
-    Reduce,
-    divides_by_values,
-    walk,
-)
+from minicompile.ir import (LOW_PRECISION, Cat, Expr, IndexExpr, IndirectLoad, Load, Op, Reduce,
+                            divides_by_values, walk)
+from minicompile.op_table import ROWS
 
-from minicompile.codegen.common import CodeWriter, KernelPlan, Store, checks_values, pending
+from minicompile.codegen.common import CodeWriter, KernelPlan, Store, checks_values
+from minicompile.codegen.emitter import Dialect, ExprEmitter
 from minicompile.codegen.printers import cpp_index
 
 CPP_DTYPES: dict[torch.dtype, str] = {
@@ -44,69 +34,9 @@ CPP_DTYPES: dict[torch.dtype, str] = {
     torch.bool: "bool",
 }
 
-# Pointwise ops: format strings over the operands' variable names; "{t}" is the C type the
-# op computes in.  The mc_* helpers are in PREAMBLE.
-CPP_OPS: dict[str, str] = {
-    "add": "{0} + {1}",
-    "sub": "{0} - {1}",
-    "mul": "{0} * {1}",
-    "truediv": "{0} / {1}",
-    "floordiv": "mc_floordiv({0}, {1})",
-    "floordiv_int": "mc_floordiv_int({0}, {1})",
-    "remainder": "mc_remainder({0}, {1})",
-    "remainder_int": "mc_remainder_int({0}, {1})",
-    "pow": "std::pow({0}, {1})",
-    "pow_int": "mc_pow_int({0}, {1})",
-    "maximum": "mc_maximum({0}, {1})",
-    "minimum": "mc_minimum({0}, {1})",
-    "eq": "{0} == {1}",
-    "ne": "{0} != {1}",
-    "lt": "{0} < {1}",
-    "le": "{0} <= {1}",
-    "gt": "{0} > {1}",
-    "ge": "{0} >= {1}",
-    "logical_and": "{0} && {1}",
-    "logical_or": "{0} || {1}",
-    "logical_xor": "{0} != {1}",
-    "logical_not": "!{0}",
-    "bitwise_and": "static_cast<{t}>({0} & {1})",
-    "bitwise_or": "static_cast<{t}>({0} | {1})",
-    "bitwise_xor": "static_cast<{t}>({0} ^ {1})",
-    "bitwise_not": "static_cast<{t}>(~{0})",
-    "bitwise_not_bool": "!{0}",
-    "neg": "static_cast<{t}>(-{0})",
-    "abs": "static_cast<{t}>(std::abs({0}))",
-    "exp": "std::exp({0})",
-    "exp2": "std::exp2({0})",
-    "expm1": "std::expm1({0})",
-    "log": "std::log({0})",
-    "log2": "std::log2({0})",
-    "log1p": "std::log1p({0})",
-    "sqrt": "std::sqrt({0})",
-    "rsqrt": "static_cast<{t}>(1) / std::sqrt({0})",
-    "reciprocal": "static_cast<{t}>(1) / {0}",
-    "sin": "std::sin({0})",
-    "cos": "std::cos({0})",
-    "tan": "std::tan({0})",
-    "tanh": "std::tanh({0})",
-    "sigmoid": "static_cast<{t}>(1) / (static_cast<{t}>(1) + std::exp(-{0}))",
-    "erf": "std::erf({0})",
-    "floor": "std::floor({0})",
-    "ceil": "std::ceil({0})",
-    "trunc": "std::trunc({0})",
-    "round": "std::nearbyint({0})",
-    "sign": "static_cast<{t}>(({0} > 0) - ({0} < 0))",
-    "where": "{0} ? {1} : {2}",
-}
-
-INT_VARIANTS = {"floordiv": "floordiv_int", "remainder": "remainder_int", "pow": "pow_int"}
-INT_IDENTITY = {"floor", "ceil", "trunc", "round"}
+CPP_OPS: dict[str, str] = {row.name: row.cpp for row in ROWS}
 # Small kernels run on one thread: starting the OpenMP team costs more than the work.
 PARALLEL_THRESHOLD = 32768
-
-
-def compute_type(dtype: torch.dtype) -> str:
-    return "float" if dtype in LOW_PRECISION else CPP_DTYPES[dtype]
 
 
 def _to_float(dtype: torch.dtype) -> str:
@@ -117,22 +47,43 @@ def _from_float(dtype: torch.dtype) -> str:
     return "mc_float_to_half" if dtype == torch.float16 else "mc_float_to_bf16"
 
 
-def _literal(value: bool | int | float, dtype: torch.dtype) -> str:
-    if dtype == torch.bool:
-        return "true" if value else "false"
-    if dtype.is_floating_point:
-        v = float(value)
-        if math.isnan(v):
-            text = "std::numeric_limits<double>::quiet_NaN()"
-        elif math.isinf(v):
-            text = ("-" if v < 0 else "") + "std::numeric_limits<double>::infinity()"
-        else:
-            text = repr(v)
-        return f"static_cast<{compute_type(dtype)}>({text})"
-    return f"static_cast<{CPP_DTYPES[dtype]}>({int(value)}LL)"
+class CppDialect(Dialect):
+    """C++'s spelling: every literal cast to its type; float16/bfloat16 rounded after each
+    op, as eager rounds."""
+
+    dtypes = CPP_DTYPES
+    ops = CPP_OPS  # "{t}": the C type the op computes in; the mc_* helpers are in HELPERS
+    rounds_each_op = True
+
+    def special(self, value: float) -> str:
+        if math.isnan(value):
+            return "std::numeric_limits<double>::quiet_NaN()"
+        return ("-" if value < 0 else "") + "std::numeric_limits<double>::infinity()"
+
+    def float_literal(self, text: str, dtype: torch.dtype) -> str:
+        return f"static_cast<{self.compute(dtype)}>({text})"
+
+    def int_literal(self, value: int, dtype: torch.dtype) -> str:
+        return f"static_cast<{CPP_DTYPES[dtype]}>({value}LL)"
+
+    def cast(self, x: str, dtype: torch.dtype) -> str:
+        text = f"static_cast<{self.compute(dtype)}>({x})"
+        return self.round(text, dtype) if dtype in LOW_PRECISION else text
+
+    def round(self, x: str, dtype: torch.dtype) -> str:
+        return f"mc_round_{'half' if dtype == torch.float16 else 'bf16'}({x})"
 
 
-class CppKernel:
+CPP = CppDialect()
+
+
+def compute_type(dtype: torch.dtype) -> str:
+    return CPP.compute(dtype)
+
+
+class CppKernel(ExprEmitter):
+    dialect = CPP
+
     def __init__(self, plan: KernelPlan) -> None:
         self.plan = plan
         self.w = CodeWriter()
@@ -216,62 +167,36 @@ class CppKernel:
         self.w.line(f"{ctype} {name} = {text};")
         return name
 
-    def value(self, expr: Expr) -> str:
-        """The variable holding ``expr``, emitting what is not computed yet (children
-        first; a reduction emits its own operand)."""
-        for e in pending(expr, self.names):
-            self.names[e] = self.emit_expr(e)
-        return self.names[expr]
+    def define(self, text: str, dtype: torch.dtype, operands: list[str]) -> str:
+        return self.fresh(text, compute_type(dtype))
 
-    def emit_expr(self, e: Expr) -> str:
-        ctype = compute_type(e.dtype)
-        if isinstance(e, Load):
-            index = e.index
-            if isinstance(e, IndirectLoad):
-                # Never read out of range: an index outside [0, size) sets the error flag
-                # the wrapper raises on, and reads element 0 instead.
-                at = self.names[e.at]
-                safe = self.fresh(
-                    f"({at} >= 0 && {at} < {cpp_index(e.size)}) ? {at} : (*err_ptr = 1, 0)",
-                    "int64_t",
-                )
-                index = index.xreplace({e.symbol: sympy.Symbol(safe, integer=True)})
-            text = f"{self.pointer(e.buffer)}[{cpp_index(index)}]"
-            if e.dtype in LOW_PRECISION:
-                text = f"{_to_float(e.dtype)}({text})"
-            return self.fresh(text, ctype)
-        if isinstance(e, Constant):
-            return _literal(e.value, e.dtype)
-        if isinstance(e, IndexExpr):  # the index itself (loop variables are int64_t)
-            return self.fresh(cpp_index(e.index), "int64_t")
-        if isinstance(e, Cat):
-            return self.emit_cat(e)
-        if isinstance(e, Cast):
-            x = self.names[e.x]
-            if e.dtype == torch.bool:
-                return self.fresh(f"{x} != 0", ctype)
-            text = f"static_cast<{ctype}>({x})"
-            if e.dtype in LOW_PRECISION:
-                text = f"mc_round_{'half' if e.dtype == torch.float16 else 'bf16'}({text})"
-            return self.fresh(text, ctype)
-        assert isinstance(e, Op)
+    def emit_load(self, e: Load) -> str:
+        index = e.index
+        if isinstance(e, IndirectLoad):
+            # Never read out of range: an index outside [0, size) sets the error flag
+            # the wrapper raises on, and reads element 0 instead.
+            at = self.names[e.at]
+            safe = self.fresh(
+                f"({at} >= 0 && {at} < {cpp_index(e.size)}) ? {at} : (*err_ptr = 1, 0)",
+                "int64_t",
+            )
+            index = index.xreplace({e.symbol: sympy.Symbol(safe, integer=True)})
+        text = f"{self.pointer(e.buffer)}[{cpp_index(index)}]"
+        if e.dtype in LOW_PRECISION:
+            text = f"{_to_float(e.dtype)}({text})"
+        return self.fresh(text, compute_type(e.dtype))
+
+    def emit_index(self, e: IndexExpr) -> str:  # (loop variables are int64_t)
+        return self.fresh(cpp_index(e.index), "int64_t")
+
+    def operands(self, e: Op) -> list[str]:
         args = [self.names[a] for a in e.args]
-        operand_dtype = e.args[-1].dtype
-        op = e.op
         if divides_by_values(e):
             # Never divide by zero (the process would die of SIGFPE): a zero divisor sets
             # the error flag the wrapper raises on (eager raises), and divides by 1.
-            args[1] = self.fresh(f"{args[1]} != 0 ? {args[1]} : (*err_ptr = 1, 1)", ctype)
-        if not operand_dtype.is_floating_point:
-            if op in INT_IDENTITY:
-                return args[0]
-            op = INT_VARIANTS.get(op, op)
-            if op == "bitwise_not" and operand_dtype == torch.bool:
-                op = "bitwise_not_bool"
-        text = CPP_OPS[op].format(*args, t=ctype)
-        if e.dtype in LOW_PRECISION:
-            text = f"mc_round_{'half' if e.dtype == torch.float16 else 'bf16'}({text})"
-        return self.fresh(text, ctype)
+            args[1] = self.fresh(f"{args[1]} != 0 ? {args[1]} : (*err_ptr = 1, 1)",
+                                 compute_type(e.dtype))
+        return args
 
     def emit_cat(self, e: Cat) -> str:
         """An if / else-if chain on the position: only the taken piece is evaluated, so no
@@ -310,7 +235,7 @@ def emit_kernel(plan: KernelPlan) -> str:
 
 # Not pow: GCC 12 crashes (internal compiler error) vectorising powf with a constant
 # exponent.
-_VECTOR_MATH = ("sin cos tan exp exp2 expm1 log log2 log1p tanh erf").split()
+_VECTOR_MATH = [row.name for row in ROWS if row.simd]
 _SIMD_DECLS = "\n".join(
     f"MC_SIMD float {f}f(float); MC_SIMD double {f}(double);" for f in _VECTOR_MATH
 )

@@ -10,15 +10,14 @@ compiler vectorises it."""
 
 from __future__ import annotations
 
-import math
-
 import sympy
 import torch
 
-from minicompile.ir import LOW_PRECISION, REDUCTION_IDENTITY, Load, Reduce, walk
+from minicompile.ir import LOW_PRECISION, Load, Reduce, walk
 
-from minicompile.codegen.common import KernelPlan, Store, reduction_batches, row_invariant
-from minicompile.codegen.cpp import CppKernel, compute_type, parallel_pragma
+from minicompile.codegen.common import KernelPlan, Store, reduction_batches
+from minicompile.codegen.cpp import CPP, CppKernel, compute_type, parallel_pragma
+from minicompile.codegen.emitter import reduction_identity
 from minicompile.codegen.printers import cpp_index
 
 COMBINE = {
@@ -50,16 +49,7 @@ def accumulator_type(red: Reduce) -> str:
 
 def _identity(red: Reduce, ctype: str) -> str:
     """The reduction's starting value, as a literal of the accumulator type."""
-    value = REDUCTION_IDENTITY[red.op]
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, float) and math.isinf(value):
-        if not red.dtype.is_floating_point:
-            info = torch.iinfo(red.dtype)
-            return f"static_cast<{ctype}>({info.min if value < 0 else info.max}LL)"
-        sign = "-" if value < 0 else ""
-        return f"{sign}std::numeric_limits<{ctype}>::infinity()"
-    return f"static_cast<{ctype}>({value})"
+    return CPP.literal(reduction_identity(red), torch.float64 if ctype == "double" else red.dtype)
 
 
 class CppReductionKernel(CppKernel):
@@ -151,11 +141,6 @@ class CppReductionKernel(CppKernel):
         with self.w.block(f"for (int64_t {r} = 0; {r} < {cpp_index(p.rranges[depth])}; ++{r})"):
             self.element_loops(depth + 1, body, clause, simd)
 
-    def hoist(self, exprs: list) -> None:
-        """Compute the row-invariant parts of ``exprs`` once, outside the element loop."""
-        for e in row_invariant(exprs, self.names, self.plan.rvars):
-            self.names[e] = self.emit_expr(e)
-
     def store(self, store: Store) -> None:
         self.emit_body_store(store)
 
@@ -167,8 +152,7 @@ def _final_text(red: Reduce, acc: str, nan: str | None) -> str:
     if nan is not None:
         text = f"{nan} ? std::numeric_limits<{ctype}>::quiet_NaN() : {text}"
     if red.dtype in LOW_PRECISION:
-        kind = "half" if red.dtype == torch.float16 else "bf16"
-        text = f"mc_round_{kind}({text})"
+        text = CPP.round(text, red.dtype)
     return text
 
 

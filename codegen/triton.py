@@ -11,29 +11,18 @@ Emitters only return text: the runtime builds and launches.
 
 from __future__ import annotations
 
-import math
 import re
 
 import sympy
 import torch
 
-from minicompile.ir import (
-    LOW_PRECISION,
-    Cast,
-    Cat,
-    Constant,
-    Expr,
-    IndexExpr,
-    IndirectLoad,
-    Load,
-    Op,
-    Reduce,
-    divides_by_values,
-    walk,
-)
+from minicompile.ir import (LOW_PRECISION, Cat, Expr, IndexExpr, IndirectLoad, Load, Op, Reduce,
+                            divides_by_values, walk)
+from minicompile.op_table import ROWS
 from minicompile.sym import FloorDiv, ModularIndexing
 
-from minicompile.codegen.common import CodeWriter, KernelPlan, Store, checks_values, pending
+from minicompile.codegen.common import CodeWriter, KernelPlan, Store, checks_values
+from minicompile.codegen.emitter import Dialect, ExprEmitter, compute_dtype
 from minicompile.codegen.printers import triton_index
 
 TRITON_DTYPES: dict[torch.dtype, str] = {
@@ -48,112 +37,49 @@ TRITON_DTYPES: dict[torch.dtype, str] = {
     torch.uint8: "tl.uint8",
     torch.bool: "tl.int1",
 }
+TRITON_OPS: dict[str, str] = {row.name: row.triton for row in ROWS}
 
-# Pointwise ops: format strings over the operands' variable names.  "{t}" is the result's
-# compute dtype.  The mc_* helpers are in PREAMBLE.
-TRITON_OPS: dict[str, str] = {
-    "add": "{0} + {1}",
-    "sub": "{0} - {1}",
-    "mul": "{0} * {1}",
-    "truediv": "{0} / {1}",
-    "truediv_f32": "tl.math.div_rn({0}, {1})",  # IEEE division; "/" is approximate in fp32
-    "floordiv": "mc_floordiv({0}, {1})",
-    "floordiv_int": "mc_floordiv_int({0}, {1})",
-    "remainder": "mc_remainder({0}, {1})",
-    "remainder_int": "mc_remainder_int({0}, {1})",
-    "pow": "libdevice.pow({0}, {1})",
-    "pow_int": "mc_pow_int({0}, {1})",
-    "maximum": "mc_maximum({0}, {1})",
-    "minimum": "mc_minimum({0}, {1})",
-    "eq": "{0} == {1}",
-    "ne": "{0} != {1}",
-    "lt": "{0} < {1}",
-    "le": "{0} <= {1}",
-    "gt": "{0} > {1}",
-    "ge": "{0} >= {1}",
-    "logical_and": "{0} & {1}",
-    "logical_or": "{0} | {1}",
-    "logical_xor": "{0} ^ {1}",
-    "logical_not": "{0} == 0",
-    "bitwise_and": "{0} & {1}",
-    "bitwise_or": "{0} | {1}",
-    "bitwise_xor": "{0} ^ {1}",
-    "bitwise_not": "~{0}",
-    "bitwise_not_bool": "{0} == 0",
-    "neg": "-{0}",
-    "abs": "tl.abs({0})",
-    "exp": "libdevice.exp({0})",
-    "exp2": "libdevice.exp2({0})",
-    "expm1": "libdevice.expm1({0})",
-    "log": "libdevice.log({0})",
-    "log2": "libdevice.log2({0})",
-    "log1p": "libdevice.log1p({0})",
-    "sqrt": "libdevice.sqrt({0})",
-    "rsqrt": "libdevice.rsqrt({0})",
-    "reciprocal": "tl.math.div_rn(1.0, {0})",
-    "reciprocal_f64": "1.0 / {0}",
-    "sin": "libdevice.sin({0})",
-    "cos": "libdevice.cos({0})",
-    "tan": "libdevice.tan({0})",
-    "tanh": "libdevice.tanh({0})",
-    "sigmoid": "1.0 / (1.0 + libdevice.exp(-{0}))",
-    "erf": "libdevice.erf({0})",
-    "floor": "libdevice.floor({0})",
-    "ceil": "libdevice.ceil({0})",
-    "trunc": "libdevice.trunc({0})",
-    "round": "libdevice.nearbyint({0})",
-    "sign": "({0} > 0).to({t}) - ({0} < 0).to({t})",
-    "where": "tl.where({0}, {1}, {2})",
-}
+class TritonDialect(Dialect):
+    """Triton's spelling.  Literals are Python numbers where Triton types them as the
+    kernel needs (float32, int32), and typed blocks where not."""
 
-# Ops whose integer forms differ, and those that are the identity on integers.  Triton's
-# int1 arithmetic wraps, where torch's bool add/mul are logical or/and.
-INT_VARIANTS = {"floordiv": "floordiv_int", "remainder": "remainder_int", "pow": "pow_int"}
-BOOL_VARIANTS = {"add": "logical_or", "mul": "logical_and", "bitwise_not": "bitwise_not_bool"}
-INT_IDENTITY = {"floor", "ceil", "trunc", "round"}
+    dtypes = TRITON_DTYPES
+    ops = TRITON_OPS  # "{t}": the result's compute dtype; the mc_* helpers are in HELPERS
+    true, false = "1", "0"
+
+    def __init__(self, interpret: bool) -> None:
+        self.interpret = interpret
+
+    def special(self, value: float) -> str:
+        return f'float("{value}")'
+
+    def float_literal(self, text: str, dtype: torch.dtype) -> str:
+        return f"tl.full([], {text}, tl.float64)" if dtype == torch.float64 else text
+
+    def int_literal(self, value: int, dtype: torch.dtype) -> str:
+        if dtype == torch.int64 and not -(2**31) <= value < 2**31:
+            return f"tl.full([], {value}, tl.int64)"
+        return str(value)
+
+    def cast(self, x: str, dtype: torch.dtype) -> str:
+        if dtype in LOW_PRECISION:  # round, then keep computing in float32
+            return self.round(x, dtype)
+        return f"{x}.to({TRITON_DTYPES[dtype]})"
+
+    def round(self, x: str, dtype: torch.dtype) -> str:
+        """Rounded to nearest, ties to even.  On a GPU a conversion there and back rounds
+        so; the interpreter's bfloat16 conversion does not, so there bfloat16 rounds
+        through integer ops (mc_round_bf16)."""
+        if dtype == torch.bfloat16 and self.interpret:
+            return f"mc_round_bf16({x}.to(tl.float32))"
+        return f"{x}.to({TRITON_DTYPES[dtype]}).to(tl.float32)"
 
 
-def compute_dtype(dtype: torch.dtype) -> torch.dtype:
-    return torch.float32 if dtype in LOW_PRECISION else dtype
+TRITON = TritonDialect(interpret=False)
+TRITON_INTERPRETED = TritonDialect(interpret=True)
 
 
-def _literal(value: bool | int | float, dtype: torch.dtype) -> str:
-    if dtype == torch.bool:
-        return "1" if value else "0"
-    if dtype.is_floating_point:
-        v = float(value)
-        text = repr(v) if math.isfinite(v) else f'float("{v}")'
-        if dtype == torch.float64:
-            return f"tl.full([], {text}, tl.float64)"
-        return text
-    if dtype == torch.int64 and not -(2**31) <= int(value) < 2**31:
-        return f"tl.full([], {int(value)}, tl.int64)"
-    return str(int(value))
-
-
-def _round(value: str, dtype: torch.dtype, interpret: bool) -> str:
-    """``value`` rounded to float16/bfloat16 (to nearest, ties to even), kept in float32.
-    On a GPU a conversion there and back rounds so; the interpreter's bfloat16 conversion
-    does not, so there bfloat16 rounds through integer ops (mc_round_bf16)."""
-    if dtype == torch.bfloat16 and interpret:
-        return f"mc_round_bf16({value}.to(tl.float32))"
-    return f"{value}.to({TRITON_DTYPES[dtype]}).to(tl.float32)"
-
-
-def _small_power(e: Op, args: list[str]) -> str | None:
-    """``x ** 2`` of a float as PyTorch's pow kernels compute it, ``x * x`` (the correctly
-    rounded square), not through libdevice's general pow: an RMS norm's square is then one
-    multiply, not tens of instructions an element."""
-    if e.op != "pow" or not e.args[0].dtype.is_floating_point:
-        return None
-    exponent = e.args[1]
-    if not isinstance(exponent, Constant) or isinstance(exponent.value, bool):
-        return None
-    x = args[0]
-    return f"{x} * {x}" if exponent.value == 2 else None
-
-
-class TritonKernel:
+class TritonKernel(ExprEmitter):
     """Emits one ``@triton.jit`` function for a pointwise plan; the reduction emitter
     (codegen/triton_reduction.py) extends it.  Every variable has a *level*, the block axes
     it spans: {"x"} for XBLOCK values, {"x", "r"} for [XBLOCK, RBLOCK] blocks, {} for
@@ -166,6 +92,7 @@ class TritonKernel:
         # flag would wait for the GPU after every such kernel.
         self.flag_errors = interpret
         self.interpret = interpret
+        self.dialect = TRITON_INTERPRETED if interpret else TRITON
         self.wide_index = wide_index  # int64 index arithmetic
         self.xmasked = masked  # the last block runs past xnumel
         self.rmasked = False
@@ -258,7 +185,7 @@ class TritonKernel:
         if self.levels.get(value, frozenset()) != axes:
             value = self.broadcast(value, store.value.dtype, self.block_shape(axes))
         if store.dtype == torch.bfloat16 and self.interpret:  # exact once rounded
-            value = f"{_round(value, store.dtype, True)}.to(tl.bfloat16)"
+            value = f"{TRITON_INTERPRETED.round(value, store.dtype)}.to(tl.bfloat16)"
         elif compute_dtype(store.value.dtype) != store.dtype:
             value = f"{value}.to({TRITON_DTYPES[store.dtype]})"
         index = triton_index(store.index)
@@ -278,7 +205,7 @@ class TritonKernel:
         empty input, say) is a Python number, which tl.broadcast_to cannot take."""
         if x in self.levels:
             return f"tl.broadcast_to({x}, {shape})"
-        return f"tl.full({shape}, {x}, {TRITON_DTYPES[compute_dtype(dtype)]})"
+        return f"tl.full({shape}, {x}, {self.dialect.compute(dtype)})"
 
     def fresh(self, text: str, axes: frozenset[str]) -> str:
         name = f"tmp{self.count}"
@@ -290,66 +217,23 @@ class TritonKernel:
     def level(self, name: str) -> frozenset[str]:
         return self.levels.get(name, frozenset())
 
-    def value(self, expr: Expr) -> str:
-        """The variable holding ``expr``, emitting what is not computed yet (children
-        first; a reduction emits its own operand)."""
-        for e in pending(expr, self.names):
-            self.names[e] = self.emit_expr(e)
-        return self.names[expr]
+    def define(self, text: str, dtype: torch.dtype, operands: list[str]) -> str:
+        return self.fresh(text, frozenset().union(*(self.level(a) for a in operands)))
 
-    def emit_reduce(self, e: Reduce) -> str:
-        raise AssertionError("a pointwise kernel has no reductions")
+    def emit_index(self, e: IndexExpr) -> str:
+        return self.fresh(f"({triton_index(e.index)}).to(tl.int64)", self.axes_of(e.index))
 
-    def emit_expr(self, e: Expr) -> str:
-        if isinstance(e, Load):
-            return self.emit_load(e)
-        if isinstance(e, Constant):
-            return _literal(e.value, e.dtype)
-        if isinstance(e, IndexExpr):  # the index itself, as an int64 block
-            if not e.index.free_symbols:
-                return _literal(int(e.index), torch.int64)
-            return self.fresh(f"({triton_index(e.index)}).to(tl.int64)", self.axes_of(e.index))
-        if isinstance(e, Reduce):
-            return self.emit_reduce(e)
-        if isinstance(e, Cat):
-            return self.emit_cat(e)
-        if isinstance(e, Cast):
-            if isinstance(e.x, IndexExpr) and not e.x.index.free_symbols:  # a constant
-                value = torch.tensor(int(e.x.index)).to(e.dtype).item()
-                return _literal(value, e.dtype)
-            x = self.names[e.x]
-            if e.dtype == torch.bool:
-                return self.fresh(f"{x} != 0", self.level(x))
-            if e.dtype in LOW_PRECISION:  # round, then keep computing in float32
-                text = _round(x, e.dtype, self.interpret)
-            else:
-                text = f"{x}.to({TRITON_DTYPES[e.dtype]})"
-            return self.fresh(text, self.level(x))
-        assert isinstance(e, Op)
+    def operands(self, e: Op) -> list[str]:
         args = [self.names[a] for a in e.args]
         if args and not any(a in self.levels or a.startswith("tl.full(") for a in args):
             # Only literals (a constant expression: what an empty input reads): one of them
             # becomes a tensor, as libdevice calls and `0.0 / 0.0` need.
-            dtype = TRITON_DTYPES[compute_dtype(e.args[0].dtype)]
+            dtype = self.dialect.compute(e.args[0].dtype)
             args[0] = self.fresh(f"tl.full([], {args[0]}, {dtype})", frozenset())
-        axes = frozenset().union(*(self.level(a) for a in args))
-        operand_dtype = e.args[-1].dtype
-        op = e.op
         if self.flag_errors and divides_by_values(e):
+            axes = frozenset().union(*(self.level(a) for a in args))
             args[1] = self.checked_divisor(args[0], args[1], axes)
-        if not operand_dtype.is_floating_point:
-            if op in INT_IDENTITY:
-                return args[0]
-            op = INT_VARIANTS.get(op, op)
-            if operand_dtype == torch.bool:
-                op = BOOL_VARIANTS.get(op, op)
-        elif op == "truediv" and compute_dtype(operand_dtype) == torch.float32:
-            op = "truediv_f32"
-        elif op == "reciprocal" and compute_dtype(operand_dtype) != torch.float32:
-            op = "reciprocal_f64"
-        text = _small_power(e, args) or TRITON_OPS[op].format(
-            *args, t=TRITON_DTYPES[compute_dtype(e.dtype)])
-        return self.fresh(text, axes)
+        return args
 
     def emit_load(self, e: Load) -> str:
         index, axes, mask = e.index, self.axes_of(e.index), None

@@ -10,24 +10,16 @@ output).  Masked lanes enter each reduction as its identity.
 
 from __future__ import annotations
 
-import math
 
 import sympy
 
 import torch
 
-from minicompile.ir import REDUCTION_IDENTITY, IndirectLoad, Load, Reduce, walk
+from minicompile.ir import IndirectLoad, Load, Reduce, walk
 
-from minicompile.codegen.common import KernelPlan, reduction_batches, row_invariant
-from minicompile.codegen.triton import (
-    TRITON_DTYPES,
-    TritonKernel,
-    _literal,
-    _round,
-    compute_dtype,
-    kernel_params,
-    planning_size,
-)
+from minicompile.codegen.common import KernelPlan, reduction_batches
+from minicompile.codegen.emitter import compute_dtype, reduction_identity
+from minicompile.codegen.triton import TRITON, TritonKernel, kernel_params, planning_size
 
 # Combining two partial results elementwise (loop accumulators), and reducing a block
 # along its rows; the mc_* helpers are in codegen/triton.py's HELPERS.
@@ -163,11 +155,6 @@ class TritonReductionKernel(TritonKernel):
             self.w.line("rmask = rindex < rnumel")
         self.emit_vars("rindex", self.plan.rvars, self.plan.rranges)
 
-    def hoist(self, exprs: list) -> None:
-        """Compute the row-invariant parts of ``exprs`` once, before the loop over the row."""
-        for e in row_invariant(exprs, self.names, self.plan.rvars):
-            self.names[e] = self.emit_expr(e)
-
     def open_loop(self) -> None:
         self.w.line("for roffset in range(0, rnumel, RBLOCK):")
         with self.w.indent():
@@ -181,7 +168,7 @@ class TritonReductionKernel(TritonKernel):
         for red in batch:
             acc = f"acc{len(self.accumulators)}"
             self.accumulators[red] = acc
-            dtype = TRITON_DTYPES[compute_dtype(red.dtype)]
+            dtype = self.dialect.compute(red.dtype)
             identity = _identity(red)
             w.line(f"{acc} = tl.full([XBLOCK, RBLOCK], {identity}, {dtype})")
         self.hoist([red.x for red in batch])
@@ -214,7 +201,7 @@ class TritonReductionKernel(TritonKernel):
         if red.dtype in (torch.float16, torch.bfloat16):
             # A reduction's result rounds to its dtype, as eager's does: once per row, so it
             # costs nothing (a float32 gradient summed from float16 ones is that sum rounded).
-            text = _round(f"({text})", red.dtype, self.interpret)
+            text = self.dialect.round(f"({text})", red.dtype)
         return self.fresh(text, frozenset({"x"}))
 
     def emit_reduce(self, e: Reduce) -> str:
@@ -226,12 +213,10 @@ class TritonReductionKernel(TritonKernel):
 
 
 def _identity(red: Reduce) -> str:
-    value = REDUCTION_IDENTITY[red.op]
     dtype = compute_dtype(red.dtype)
-    if isinstance(value, float) and math.isinf(value) and not dtype.is_floating_point:
-        info = torch.iinfo(dtype) if dtype != torch.bool else None
-        value = (info.min if value < 0 else info.max) if info else value > 0
-    return _literal(value, dtype if dtype != torch.float64 else torch.float32)
+    if dtype == torch.float64:  # a Python float, not a float64 block
+        dtype = torch.float32
+    return TRITON.literal(reduction_identity(red), dtype)
 
 
 def emit_reduction_kernel(plan: KernelPlan, interpret: bool) -> str:

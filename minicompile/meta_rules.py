@@ -15,15 +15,13 @@ import torch
 from minicompile import compat
 from minicompile.graph import Node, TensorMeta
 from minicompile.library_layouts import conv_layout
+from minicompile.op_table import ROWS
 from minicompile.ops import COMPARISONS
 
 # Pointwise ops whose result metadata follows from PyTorch's promotion, broadcasting and
 # stride rules alone when every tensor is floating point (none of them refuses a float).
-FLOAT_POINTWISE = frozenset({
-    "neg", "abs", "exp", "exp2", "expm1", "log", "log2", "log1p", "sqrt", "rsqrt",
-    "reciprocal", "sin", "cos", "tan", "tanh", "sigmoid", "erf",
-    "add", "sub", "mul", "truediv", "maximum", "minimum", "relu", "silu", "gelu",
-}) | COMPARISONS
+FLOAT_POINTWISE = frozenset(row.name for row in ROWS if row.float_meta) | {
+    "relu", "silu", "gelu"}  # (composites, decomposed later)
 
 
 def pointwise_meta(name: str, args: tuple, kwargs: dict[str, Any],

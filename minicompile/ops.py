@@ -7,7 +7,8 @@ to infer result metadata).  Capture maps the many spellings of an op (``x + y``,
 ``family``.
 
 Families (in the style of tinygrad's ``GroupOp``):
-- ``unary`` / ``binary`` / ``ternary``: pointwise ops the backends implement directly;
+- ``unary`` / ``binary`` / ``ternary``: pointwise ops the backends implement directly, one
+  row each in ``op_table.py`` (spellings, derivative, templates);
 - ``composite``: pointwise ops that ``passes/decompose.py`` rewrites into the above;
 - ``cast``: dtype conversion; ``copy``: ``contiguous``;
 - ``view``: layout-only ops, lowered to index rewrites;
@@ -31,6 +32,7 @@ import torch.nn.functional as F
 
 from minicompile import meta_cache
 from minicompile.graph import Node, TensorMeta
+from minicompile.op_table import ROWS
 from minicompile.shapes import ShapeContext
 from minicompile.library_layouts import (ATTENTION, BATCH_NORMS, CONVOLUTIONS, DEVICE_RULES,
                                          conv_layout, cpu_layout, run_on_device)
@@ -41,10 +43,6 @@ class OpDef:
     name: str
     family: str
     eager: Callable[..., Any]
-
-
-def _div_floor(a: Any, b: Any) -> Any:
-    return operator.floordiv(a, b)
 
 
 def _clamp(x: torch.Tensor, min: Any = None, max: Any = None) -> torch.Tensor:
@@ -58,58 +56,6 @@ def _gelu(x: torch.Tensor, approximate: str = "none") -> torch.Tensor:
 def _to_dtype(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return x.to(dtype)
 
-
-UNARY: dict[str, Callable] = {
-    "neg": torch.neg,
-    "abs": torch.abs,
-    "exp": torch.exp,
-    "exp2": torch.exp2,
-    "expm1": torch.expm1,
-    "log": torch.log,
-    "log2": torch.log2,
-    "log1p": torch.log1p,
-    "sqrt": torch.sqrt,
-    "rsqrt": torch.rsqrt,
-    "reciprocal": torch.reciprocal,
-    "sin": torch.sin,
-    "cos": torch.cos,
-    "tan": torch.tan,
-    "tanh": torch.tanh,
-    "sigmoid": torch.sigmoid,
-    "erf": torch.erf,
-    "floor": torch.floor,
-    "ceil": torch.ceil,
-    "trunc": torch.trunc,
-    "round": torch.round,
-    "sign": torch.sign,
-    "logical_not": torch.logical_not,
-    "bitwise_not": torch.bitwise_not,
-}
-
-BINARY: dict[str, Callable] = {
-    # Python operators give PyTorch's rules for a scalar on either side.
-    "add": operator.add,
-    "sub": operator.sub,
-    "mul": operator.mul,
-    "truediv": operator.truediv,
-    "floordiv": _div_floor,
-    "remainder": operator.mod,
-    "pow": operator.pow,
-    "maximum": torch.maximum,
-    "minimum": torch.minimum,
-    "eq": operator.eq,
-    "ne": operator.ne,
-    "lt": operator.lt,
-    "le": operator.le,
-    "gt": operator.gt,
-    "ge": operator.ge,
-    "logical_and": torch.logical_and,
-    "logical_or": torch.logical_or,
-    "logical_xor": torch.logical_xor,
-    "bitwise_and": operator.and_,
-    "bitwise_or": operator.or_,
-    "bitwise_xor": operator.xor,
-}
 
 COMPOSITE: dict[str, Callable] = {
     "relu": torch.relu,
@@ -148,13 +94,13 @@ def _prod(x: torch.Tensor, dims: tuple[int, ...], keepdim: bool) -> torch.Tensor
     return x
 
 
-OPS: dict[str, OpDef] = {}
-for _family, _table in (
-    ("unary", UNARY), ("binary", BINARY), ("composite", COMPOSITE), ("reduction", REDUCTION)
-):
+# The pointwise ops the backends implement directly: one row each in op_table.py.
+OPS: dict[str, OpDef] = {
+    row.name: OpDef(row.name, row.family, row.eager) for row in ROWS if row.eager is not None
+}
+for _family, _table in (("composite", COMPOSITE), ("reduction", REDUCTION)):
     for _name, _fn in _table.items():
         OPS[_name] = OpDef(_name, _family, _fn)
-OPS["where"] = OpDef("where", "ternary", torch.where)
 # x.contiguous(): x itself when it already is, else a copy in row-major order.
 OPS["contiguous"] = OpDef("contiguous", "copy", lambda x: x.contiguous())
 OPS["to_dtype"] = OpDef("to_dtype", "cast", _to_dtype)

@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from minicompile.graph import Node
+from minicompile.op_table import ROWS, ZERO
 
 from minicompile.passes.layout import overlaps, plain, same_layout
 
@@ -59,28 +60,10 @@ def _zero(d: Any, node: Node, g: Node) -> tuple:
     return (None,) * len(node.args)
 
 
+# Unary ops' derivatives are their rows' (minicompile/op_table.py).
 UNARY_RULES: dict[str, Rule] = {
-    "neg": _unary(lambda d, x, y, g: d("neg", g)),
-    "abs": _unary(lambda d, x, y, g: d("mul", g, d("sign", x()))),
-    "exp": _unary(lambda d, x, y, g: d("mul", g, y())),
-    "exp2": _unary(lambda d, x, y, g: d("mul", g, d("mul", y(), math.log(2.0)))),
-    "expm1": _unary(lambda d, x, y, g: d("mul", g, d("add", y(), 1.0))),
-    "log": _unary(lambda d, x, y, g: d("truediv", g, x())),
-    "log2": _unary(lambda d, x, y, g: d("truediv", g, d("mul", x(), math.log(2.0)))),
-    "log1p": _unary(lambda d, x, y, g: d("truediv", g, d("add", x(), 1.0))),
-    "sqrt": _unary(lambda d, x, y, g: d("truediv", g, d("mul", y(), 2.0))),
-    # d/dx x^-1/2 = -1/2 x^-3/2 = -1/2 y^3, as PyTorch's rsqrt_backward.
-    "rsqrt": _unary(lambda d, x, y, g: d("mul", g, d("mul", d("mul", d("mul", y(), y()), y()),
-                                                     -0.5))),
-    "reciprocal": _unary(lambda d, x, y, g: d("mul", g, d("neg", d("mul", y(), y())))),
-    "sin": _unary(lambda d, x, y, g: d("mul", g, d("cos", x()))),
-    "cos": _unary(lambda d, x, y, g: d("mul", g, d("neg", d("sin", x())))),
-    "tan": _unary(lambda d, x, y, g: d("mul", g, d("add", d("mul", y(), y()), 1.0))),
-    "tanh": _unary(lambda d, x, y, g: d("mul", g, d("sub", 1.0, d("mul", y(), y())))),
-    "sigmoid": _unary(lambda d, x, y, g: d("mul", g, d("mul", y(), d("sub", 1.0, y())))),
-    "erf": _unary(lambda d, x, y, g: d("mul", g, d("mul", d("exp", d("neg", d("mul", x(), x()))),
-                                                   2.0 / math.sqrt(math.pi)))),
-    "floor": _zero, "ceil": _zero, "trunc": _zero, "round": _zero, "sign": _zero,
+    row.name: _zero if row.grad == ZERO else _unary(row.grad)
+    for row in ROWS if row.family == "unary" and row.grad is not None
 }
 
 

@@ -28,6 +28,7 @@ import torch.nn.functional as F
 
 from minicompile.capture.variables import TensorVar
 from minicompile.errors import Unsupported
+from minicompile.op_table import ROWS
 
 
 class Emitter(Protocol):
@@ -131,33 +132,6 @@ def dims_arg(fname: str, args: tuple) -> tuple:
 
 # -- unary and composite ops ---------------------------------------------------------------
 
-_UNARY_SPELLINGS: dict[str, tuple[str, ...]] = {
-    "neg": ("torch.neg", "torch.negative", "Tensor.neg", "Tensor.negative"),
-    "abs": ("torch.abs", "torch.absolute", "Tensor.abs", "Tensor.absolute"),
-    "exp": ("torch.exp", "Tensor.exp", "torch.special.exp"),
-    "exp2": ("torch.exp2", "Tensor.exp2", "torch.special.exp2"),
-    "expm1": ("torch.expm1", "Tensor.expm1", "torch.special.expm1"),
-    "log": ("torch.log", "Tensor.log"),
-    "log2": ("torch.log2", "Tensor.log2"),
-    "log1p": ("torch.log1p", "Tensor.log1p", "torch.special.log1p"),
-    "sqrt": ("torch.sqrt", "Tensor.sqrt"),
-    "rsqrt": ("torch.rsqrt", "Tensor.rsqrt"),
-    "reciprocal": ("torch.reciprocal", "Tensor.reciprocal"),
-    "sin": ("torch.sin", "Tensor.sin"),
-    "cos": ("torch.cos", "Tensor.cos"),
-    "tan": ("torch.tan", "Tensor.tan"),
-    "tanh": ("torch.tanh", "Tensor.tanh", "F.tanh"),
-    "sigmoid": ("torch.sigmoid", "Tensor.sigmoid", "F.sigmoid", "torch.special.expit"),
-    "erf": ("torch.erf", "Tensor.erf", "torch.special.erf"),
-    "floor": ("torch.floor", "Tensor.floor"),
-    "ceil": ("torch.ceil", "Tensor.ceil"),
-    "trunc": ("torch.trunc", "torch.fix", "Tensor.trunc", "Tensor.fix"),
-    "sign": ("torch.sign", "Tensor.sign"),
-    "logical_not": ("torch.logical_not", "Tensor.logical_not"),
-    "bitwise_not": ("torch.bitwise_not", "Tensor.bitwise_not"),
-}
-
-
 def _unary(op: str) -> Handler:
     def handler(em: Emitter, fname: str, args: tuple, kwargs: dict) -> Any:
         (x,) = parse(fname, args, kwargs, ("input",))
@@ -166,8 +140,9 @@ def _unary(op: str) -> Handler:
     return handler
 
 
-for _op, _spellings in _UNARY_SPELLINGS.items():
-    register(*_spellings)(_unary(_op))
+for _row in ROWS:  # the spellings of minicompile/op_table.py's rows
+    if _row.family == "unary" and _row.spellings:
+        register(*_row.spellings)(_unary(_row.name))
 
 
 @register("torch.round", "Tensor.round", "torch.special.round")
@@ -264,28 +239,9 @@ def _binary(op: str, second: str = "other") -> Handler:
     return handler
 
 
-_BINARY_SPELLINGS: dict[str, tuple[str, ...]] = {
-    "mul": ("torch.mul", "torch.multiply", "Tensor.mul", "Tensor.multiply"),
-    "truediv": ("torch.true_divide", "Tensor.true_divide"),
-    "floordiv": ("torch.floor_divide", "Tensor.floor_divide"),
-    "remainder": ("torch.remainder", "Tensor.remainder"),
-    "maximum": ("torch.maximum", "Tensor.maximum"),
-    "minimum": ("torch.minimum", "Tensor.minimum"),
-    "eq": ("torch.eq", "Tensor.eq"),
-    "ne": ("torch.ne", "torch.not_equal", "Tensor.ne", "Tensor.not_equal"),
-    "lt": ("torch.lt", "torch.less", "Tensor.lt", "Tensor.less"),
-    "le": ("torch.le", "torch.less_equal", "Tensor.le", "Tensor.less_equal"),
-    "gt": ("torch.gt", "torch.greater", "Tensor.gt", "Tensor.greater"),
-    "ge": ("torch.ge", "torch.greater_equal", "Tensor.ge", "Tensor.greater_equal"),
-    "logical_and": ("torch.logical_and", "Tensor.logical_and"),
-    "logical_or": ("torch.logical_or", "Tensor.logical_or"),
-    "logical_xor": ("torch.logical_xor", "Tensor.logical_xor"),
-    "bitwise_and": ("torch.bitwise_and", "Tensor.bitwise_and"),
-    "bitwise_or": ("torch.bitwise_or", "Tensor.bitwise_or"),
-    "bitwise_xor": ("torch.bitwise_xor", "Tensor.bitwise_xor"),
-}
-for _op, _spellings in _BINARY_SPELLINGS.items():
-    register(*_spellings)(_binary(_op))
+for _row in ROWS:
+    if _row.family == "binary" and _row.spellings:
+        register(*_row.spellings)(_binary(_row.name))
 register("torch.pow", "Tensor.pow")(_binary("pow", "exponent"))
 
 
@@ -325,24 +281,7 @@ def _div(em: Emitter, fname: str, args: tuple, kwargs: dict) -> Any:
 
 
 # Python operators (BINARY_OP, COMPARE_OP) onto graph ops.
-OPERATORS: dict[str, str] = {
-    "+": "add",
-    "-": "sub",
-    "*": "mul",
-    "/": "truediv",
-    "//": "floordiv",
-    "%": "remainder",
-    "**": "pow",
-    "&": "bitwise_and",
-    "|": "bitwise_or",
-    "^": "bitwise_xor",
-    "==": "eq",
-    "!=": "ne",
-    "<": "lt",
-    "<=": "le",
-    ">": "gt",
-    ">=": "ge",
-}
+OPERATORS: dict[str, str] = {row.symbol: row.name for row in ROWS if row.symbol}
 
 
 def binary_operator(em: Emitter, symbol: str, a: Any, b: Any) -> Any:

@@ -15,6 +15,8 @@ import numpy as np
 import triton.language as tl
 from triton.runtime.interpreter import TensorHandle
 
+from minicompile.op_table import ROWS
+
 
 def _result_type(args: tuple) -> tl.core.base_type:
     blocks = [a.type for a in args if isinstance(a, tl.tensor) and a.type.is_block()]
@@ -35,31 +37,15 @@ def _numpy(fn: Callable[..., np.ndarray]) -> Callable[..., tl.tensor]:
     return apply
 
 
-def _nearbyint(x: np.ndarray) -> np.ndarray:
-    return np.rint(x)
+def _stand_in(function: str, how: str) -> Callable[..., tl.tensor]:
+    if how == "tl":  # the interpreter has it: looked up when called (it patches tl.math)
+        return lambda *args: getattr(tl.math, function)(*args)
+    return _numpy(getattr(np, how))
 
 
-libdevice = types.SimpleNamespace(
-    # Functions the interpreter already has, looked up when called (it patches tl.math).
-    exp=lambda x: tl.math.exp(x),
-    exp2=lambda x: tl.math.exp2(x),
-    log=lambda x: tl.math.log(x),
-    log2=lambda x: tl.math.log2(x),
-    sin=lambda x: tl.math.sin(x),
-    cos=lambda x: tl.math.cos(x),
-    rsqrt=lambda x: tl.math.rsqrt(x),
-    erf=lambda x: tl.math.erf(x),
-    floor=lambda x: tl.math.floor(x),
-    ceil=lambda x: tl.math.ceil(x),
-    # The rest, with numpy.  (sqrt: tl.math.sqrt_rn takes float32 only; numpy's is
-    # correctly rounded in float32 and float64 alike, as libdevice's is.)
-    sqrt=_numpy(np.sqrt),
-    tan=_numpy(np.tan),
-    tanh=_numpy(np.tanh),
-    expm1=_numpy(np.expm1),
-    log1p=_numpy(np.log1p),
-    trunc=_numpy(np.trunc),
-    nearbyint=_numpy(_nearbyint),
-    pow=_numpy(np.power),
-    fmod=_numpy(np.fmod),
-)
+# The stand-ins op_table's rows name for the libdevice function of their Triton template
+# (sqrt with numpy: tl.math.sqrt_rn takes float32 only; numpy's is correctly rounded in
+# float32 and float64 alike, as libdevice's is), and fmod, which the mc_* helpers call.
+libdevice = types.SimpleNamespace(fmod=_numpy(np.fmod), **{
+    row.libdevice: _stand_in(row.libdevice, row.interp) for row in ROWS if row.interp
+})

@@ -137,6 +137,7 @@ UNARY: list[tuple[str, Callable, str]] = [
     ("gelu_tanh", lambda x: F.gelu(x, approximate="tanh"), "any"),
     ("silu", lambda x: F.silu(x), "any"),
     ("erf", lambda x: torch.erf(x), "any"),
+    ("atan", lambda x: torch.atan(x), "any"),
 ]
 for _name, _fn, _kind in UNARY:
     for _dt in FLOATS:

@@ -113,6 +113,30 @@ def test_cat_of_pointwise_is_one_kernel_and_no_library_call(
     assert not _calls(code, "torch.cat"), code
 
 
+def atan_sin(x: torch.Tensor) -> torch.Tensor:
+    return torch.atan(x).sin() + x.arctan() * 2
+
+
+def test_an_op_table_row_is_captured_fused_and_differentiated(
+    backend: str, device: torch.device
+) -> None:
+    """atan, added as one row of minicompile/op_table.py: both spellings are captured as
+    the pointwise op (not a library call), fused into one kernel on each backend, and its
+    gradient comes from the row's rule; values and gradients match eager."""
+    assert minicompile.explain(atan_sin)(torch.randn(2)).ops_per_graph == [
+        ["atan", "sin", "atan", "mul", "add"]]
+    f = minicompile.compile(atan_sin, backend=backend)
+    for _ in range(2):
+        x = torch.randn(4, 8, device=device, requires_grad=True)
+        out, expected = f(x), atan_sin(x)
+        torch.testing.assert_close(out, expected)
+        w = torch.randn_like(out)
+        grad, = torch.autograd.grad((out * w).sum(), x)
+        torch.testing.assert_close(grad, torch.autograd.grad((expected * w).sum(), x)[0])
+    assert minicompile.stats()["graphs"] == 1 and minicompile.stats()["eager_fallbacks"] == 0
+    assert minicompile.stats()["kernels"] == 2  # the forward's and the backward's
+
+
 def test_stack_into_a_reduction_is_one_kernel(
     backend: str, device: torch.device, capsys: pytest.CaptureFixture
 ) -> None:

@@ -207,15 +207,40 @@ def test_every_pointwise_op_generates_valid_text(backend: str, name: str) -> Non
 
 
 def test_op_tables_are_complete() -> None:
-    """Every pointwise op of minicompile.ops has an entry in each backend's table."""
+    """Every pointwise op of minicompile.ops is a row of op_table, and every layer reads its
+    column: capture its spellings, passes/derivatives its rule, both backends a template for
+    it and for each variant, the Triton interpreter each libdevice function the templates
+    and helpers call."""
+    from minicompile.capture import torch_ops
+    from minicompile.op_table import BY_NAME, IDENTITY, ROWS
+    from minicompile.passes import derivatives
+    from minicompile.runtime import triton_interp
+
     pointwise = {n for n, d in ops.OPS.items() if d.family in POINTWISE_FAMILIES}
-    assert pointwise, "no pointwise ops found"
-    assert not pointwise - set(triton.TRITON_OPS), sorted(pointwise - set(triton.TRITON_OPS))
-    assert not pointwise - set(cpp.CPP_OPS), sorted(pointwise - set(cpp.CPP_OPS))
-    # The integer variants the emitters switch to exist in both tables as well.
+    assert pointwise and pointwise <= set(BY_NAME), sorted(pointwise - set(BY_NAME))
     for table in (triton.TRITON_OPS, cpp.CPP_OPS):
-        for variant in list(triton.INT_VARIANTS.values()) + ["bitwise_not_bool"]:
-            assert variant in table
+        assert set(BY_NAME) <= set(table), sorted(set(BY_NAME) - set(table))
+    for row in ROWS:
+        for variant in row.variants.values():
+            assert variant == IDENTITY or variant in BY_NAME, (row.name, variant)
+        for spelling in row.spellings:  # a function of this PyTorch that capture maps
+            namespace, _, attr = spelling.rpartition(".")
+            fn = getattr(torch_ops._NAMESPACES[namespace], attr, None)
+            assert fn is None or fn in torch_ops.FUNCTIONS, spelling
+        if row.family == "unary":  # by its spellings or a handler of its own (round)
+            assert row.eager in torch_ops.FUNCTIONS, row.name
+        elif row.family == "binary":
+            assert row.spellings or row.name in torch_ops.OPERATORS.values(), row.name
+        # A derivative exactly where float operands give a float result.
+        floating = row.family != "variant" and row.name not in ops.COMPARISONS | ops.LOGICAL
+        floating = floating and not row.name.startswith("bitwise")
+        assert (row.name in derivatives.RULES) == floating, row.name
+        if row.simd:
+            assert row.cpp == f"std::{row.name}({{0}})", row.name
+    called = re.findall(r"libdevice\.(\w+)\(", "".join(triton.TRITON_OPS.values())
+                        + "".join(triton.HELPERS.values()))
+    missing = {f for f in called if not hasattr(triton_interp.libdevice, f)}
+    assert called and not missing, sorted(missing)
 
 
 def test_dtype_tables_cover_the_graph_dtypes() -> None:

@@ -129,9 +129,9 @@ class FrameValuesMixin:
         if isinstance(value, torch.Tensor):
             return self._wrap_tensor(value, source)
         if is_numpy_value(value):
-            from minicompile.capture import numpy_arrays
+            from minicompile.capture import numpy_kind  # NumPy's rules load with its first value
 
-            return numpy_arrays.wrap_input(self, value, source)
+            return numpy_kind.numpy_arrays.wrap_input(self, value, source)
         if type(value) is int and source is not None and self.dynamic.wants_int(source.name, value):
             return self._symbolic_int(value, source)
         if is_constant_value(value):

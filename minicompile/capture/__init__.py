@@ -46,12 +46,7 @@ from minicompile.capture.bytecode import builtins_of
 from minicompile.capture.interpreter import InstructionTranslator
 from minicompile.capture.output import OutputGraph
 from minicompile.capture.segments import (
-    Break,
-    ResumePoint,
-    frame_state,
-    has_catching_handlers,
-    initial_values,
-    root_point,
+    Break, ResumePoint, frame_state, has_catching_handlers, initial_values, root_point,
     why_not_resumable,
 )
 from minicompile.capture.variables import CellVar, LazyVar, Source

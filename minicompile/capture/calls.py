@@ -23,42 +23,16 @@ import torch
 
 from minicompile import compat
 from minicompile.capture import (
-    autocast, autograd_functions, externs, kinds, library, mutation, pybuiltins, records,
-    torch_ops, training_ops,
+    autocast, autograd_functions, externs, kinds, library, mutation, pybuiltins, records, torch_ops,
+    training_ops,
 )
 from minicompile.capture.bytecode import builtins_of
 from minicompile.capture.frame_values import is_trusted_namespace
 from minicompile.capture.variables import (
-    NULL,
-    ArrayVar,
-    BoundMethodVar,
-    BuiltinVar,
-    CellVar,
-    ConstantVar,
-    DictVar,
-    GradModeVar,
-    IteratorVar,
-    LazyVar,
-    ListVar,
-    MethodVar,
-    NestedFunctionVar,
-    NewObjectVar,
-    NNModuleVar,
-    ObjectSlotVar,
-    ObjectVar,
-    PartialVar,
-    OpaqueVar,
-    ReadMethodVar,
-    Source,
-    StructSeqVar,
-    SuperVar,
-    TensorVar,
-    TorchFunctionVar,
-    TupleVar,
-    UserFunctionVar,
-    UserObjectVar,
-    Var,
-    WithExitVar,
+    NULL, ArrayVar, BoundMethodVar, BuiltinVar, CellVar, ConstantVar, DictVar, GradModeVar,
+    IteratorVar, LazyVar, ListVar, MethodVar, NestedFunctionVar, NewObjectVar, NNModuleVar,
+    ObjectSlotVar, ObjectVar, PartialVar, OpaqueVar, ReadMethodVar, Source, StructSeqVar, SuperVar,
+    TensorVar, TorchFunctionVar, TupleVar, UserFunctionVar, UserObjectVar, Var, WithExitVar,
 )
 from minicompile.errors import Unsupported
 

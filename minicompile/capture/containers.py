@@ -16,14 +16,7 @@ import torch
 
 from minicompile.capture import kinds
 from minicompile.capture.bytecode import Inst
-from minicompile.capture.variables import (
-    DictVar,
-    ListVar,
-    NNModuleVar,
-    TensorVar,
-    TupleVar,
-    Var,
-)
+from minicompile.capture.variables import DictVar, ListVar, NNModuleVar, TensorVar, TupleVar, Var
 from minicompile.errors import Unsupported
 
 if TYPE_CHECKING:

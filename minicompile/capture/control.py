@@ -28,22 +28,8 @@ from typing import TYPE_CHECKING, Any
 from minicompile.capture import autocast, kinds, mutation, records
 from minicompile.capture.bytecode import PY, Inst
 from minicompile.capture.variables import (
-    NULL,
-    ConstantVar,
-    DictVar,
-    GradModeVar,
-    IteratorVar,
-    ModuleVar,
-    ListVar,
-    NNModuleVar,
-    NewObjectVar,
-    ObjectVar,
-    RecordVar,
-    SuperVar,
-    TensorVar,
-    TupleVar,
-    UserObjectVar,
-    Var,
+    NULL, ConstantVar, DictVar, GradModeVar, IteratorVar, ModuleVar, ListVar, NNModuleVar,
+    NewObjectVar, ObjectVar, RecordVar, SuperVar, TensorVar, TupleVar, UserObjectVar, Var,
     WithExitVar,
 )
 from minicompile.errors import Unsupported

@@ -27,25 +27,9 @@ import torch
 from minicompile.capture import library, mutation, torch_ops
 from minicompile.capture.dynamic import symbolic_strides
 from minicompile.capture.variables import (
-    BuiltinVar,
-    ConstantVar,
-    DictVar,
-    LazyVar,
-    ListVar,
-    ModuleVar,
-    NNModuleVar,
-    ObjectVar,
-    PartialVar,
-    OpaqueVar,
-    SizeVar,
-    Source,
-    TensorVar,
-    TorchFunctionVar,
-    TupleVar,
-    UserFunctionVar,
-    UserObjectVar,
-    Var,
-    is_constant_value,
+    BuiltinVar, ConstantVar, DictVar, LazyVar, ListVar, ModuleVar, NNModuleVar, ObjectVar,
+    PartialVar, OpaqueVar, SizeVar, Source, TensorVar, TorchFunctionVar, TupleVar, UserFunctionVar,
+    UserObjectVar, Var, is_constant_value,
 )
 from minicompile.errors import Unsupported
 from minicompile.graph import DTYPE_ABBR, TensorMeta

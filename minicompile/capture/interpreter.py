@@ -41,22 +41,8 @@ from minicompile.capture.control import ControlMixin
 from minicompile.capture.operators import OperatorsMixin
 from minicompile.capture.output import MAX_INSTRUCTIONS, OutputGraph
 from minicompile.capture.variables import (
-    specialized,
-    NULL,
-    CellVar,
-    ConstantVar,
-    DictVar,
-    ListVar,
-    MethodVar,
-    NestedFunctionVar,
-    NewObjectVar,
-    ObjectVar,
-    PartialVar,
-    Source,
-    TensorVar,
-    TupleVar,
-    UserFunctionVar,
-    Var,
+    specialized, NULL, CellVar, ConstantVar, DictVar, ListVar, MethodVar, NestedFunctionVar,
+    NewObjectVar, ObjectVar, PartialVar, Source, TensorVar, TupleVar, UserFunctionVar, Var,
 )
 from minicompile.errors import SourceLine, Unsupported
 

@@ -33,9 +33,7 @@ import torch
 
 from minicompile.capture import mutation
 from minicompile.runtime.values import shares_no_memory, to_tensor
-from minicompile.capture.variables import (
-    ArrayVar, ConstantVar, Source, TensorVar, Var,
-)
+from minicompile.capture.variables import ArrayVar, ConstantVar, Source, TensorVar, Var
 from minicompile.errors import Unsupported
 
 if TYPE_CHECKING:

@@ -18,15 +18,7 @@ import torch
 from minicompile.capture import autocast, bytecode, kinds, mutation, records, torch_ops
 from minicompile.capture.bytecode import Inst
 from minicompile.capture.variables import (
-    ArrayVar,
-    ConstantVar,
-    DictVar,
-    ListVar,
-    NNModuleVar,
-    RecordVar,
-    TensorVar,
-    TupleVar,
-    Var,
+    ArrayVar, ConstantVar, DictVar, ListVar, NNModuleVar, RecordVar, TensorVar, TupleVar, Var,
 )
 from minicompile.errors import Unsupported
 

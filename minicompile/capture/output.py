@@ -27,17 +27,8 @@ from minicompile.capture.frame_values import FrameValuesMixin, python_size
 from minicompile.capture.guard_builder import GuardBuilder
 from minicompile.capture.side_effects import SideEffects, generate_rebuild
 from minicompile.capture.variables import (
-    ConstantVar,
-    DictVar,
-    ListVar,
-    ObjectVar,
-    SizeVar,
-    StructSeqVar,
-    TensorVar,
-    TupleVar,
-    UserObjectVar,
-    Var,
-    is_constant_value,
+    ConstantVar, DictVar, ListVar, ObjectVar, SizeVar, StructSeqVar, TensorVar, TupleVar,
+    UserObjectVar, Var, is_constant_value,
 )
 from minicompile.errors import ShapeError, SourceLine, Unsupported
 from minicompile.graph import Graph, Node, TensorMeta
@@ -392,7 +383,8 @@ kinds.to_value.register(ObjectVar, lambda out, var: var.value)
 kinds.to_value.register(SizeVar, lambda out, var: torch.Size([out.to_value(v) for v in var.items]))
 kinds.to_value.register(TupleVar, lambda out, var: tuple(out.to_value(v) for v in var.items))
 kinds.to_value.register(ListVar, lambda out, var: [out.to_value(v) for v in var.items])
-kinds.to_value.register(DictVar, lambda out, var: {k: out.to_value(v) for k, v in var.items.items()})
+kinds.to_value.register(DictVar, lambda out, var: {
+    k: out.to_value(v) for k, v in var.items.items()})
 kinds.require_pinned.register(Var, lambda out, var, what: None)  # (pinned: guarded or made)
 for _kind in (TupleVar, ListVar):
     kinds.require_pinned.register(_kind, lambda out, var, what: out.require_pinned(var.items, what))

@@ -12,16 +12,8 @@ import collections.abc
 from typing import TYPE_CHECKING, Any
 
 from minicompile.capture.variables import (
-    ArrayVar,
-    python_type_of,
-    specialized,
-    ConstantVar,
-    DictVar,
-    ListVar,
-    ObjectVar,
-    TensorVar,
-    TupleVar,
-    Var,
+    ArrayVar, python_type_of, specialized, ConstantVar, DictVar, ListVar, ObjectVar, TensorVar,
+    TupleVar, Var,
 )
 from minicompile.errors import Unsupported
 

@@ -20,27 +20,9 @@ from typing import TYPE_CHECKING, Any
 
 from minicompile.capture import kinds, pybuiltins, records
 from minicompile.capture.variables import (
-    ArrayVar,
-    BoundMethodVar,
-    ConstantVar,
-    DictVar,
-    IteratorVar,
-    ListVar,
-    MethodVar,
-    NestedFunctionVar,
-    NewObjectVar,
-    NNModuleVar,
-    ObjectVar,
-    PartialVar,
-    ReadMethodVar,
-    RecordVar,
-    Source,
-    StructSeqVar,
-    SuperVar,
-    TensorVar,
-    TupleVar,
-    UserObjectVar,
-    Var,
+    ArrayVar, BoundMethodVar, ConstantVar, DictVar, IteratorVar, ListVar, MethodVar,
+    NestedFunctionVar, NewObjectVar, NNModuleVar, ObjectVar, PartialVar, ReadMethodVar, RecordVar,
+    Source, StructSeqVar, SuperVar, TensorVar, TupleVar, UserObjectVar, Var,
 )
 from minicompile.errors import Unsupported
 

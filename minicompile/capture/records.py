@@ -40,22 +40,8 @@ from typing import TYPE_CHECKING, Any
 
 from minicompile.capture import kinds
 from minicompile.capture.variables import (
-    ConstantVar,
-    DictVar,
-    ListVar,
-    LazyVar,
-    MethodVar,
-    ModuleVar,
-    NewObjectVar,
-    ObjectSlotVar,
-    ObjectVar,
-    RecordVar,
-    Source,
-    TensorVar,
-    TupleVar,
-    UserFunctionVar,
-    UserObjectVar,
-    Var,
+    ConstantVar, DictVar, ListVar, LazyVar, MethodVar, ModuleVar, NewObjectVar, ObjectSlotVar,
+    ObjectVar, RecordVar, Source, TensorVar, TupleVar, UserFunctionVar, UserObjectVar, Var,
     is_constant_value,
 )
 from minicompile.errors import Unsupported

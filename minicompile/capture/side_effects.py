@@ -28,23 +28,8 @@ from minicompile.capture import concrete, kinds, records
 from minicompile.runtime import values
 from minicompile.runtime.values import write_back
 from minicompile.capture.variables import (
-    BoundMethodVar,
-    CellVar,
-    ConstantVar,
-    DictVar,
-    ListVar,
-    MethodVar,
-    SYMBOLIC_TYPES,
-    NullVar,
-    NewObjectVar,
-    ObjectVar,
-    PartialVar,
-    RecordVar,
-    SizeVar,
-    StructSeqVar,
-    TensorVar,
-    TupleVar,
-    Var,
+    BoundMethodVar, CellVar, ConstantVar, DictVar, ListVar, MethodVar, SYMBOLIC_TYPES, NullVar,
+    NewObjectVar, ObjectVar, PartialVar, RecordVar, SizeVar, StructSeqVar, TensorVar, TupleVar, Var,
 )
 from minicompile.errors import Unsupported
 from minicompile.graph import Node

@@ -79,7 +79,8 @@ def binary(tx: InstructionTranslator, symbol: str, a: Var, b: Var, inplace: bool
     return res
 
 
-def unary(tx: InstructionTranslator, symbol: str, x: ArrayVar) -> ArrayVar:
+@kinds.unary.register(ArrayVar)
+def unary(tx: InstructionTranslator, x: ArrayVar, symbol: str, fn: Any) -> ArrayVar:
     if symbol not in _UNARY:
         raise Unsupported(f"unary operator {symbol} on a NumPy array is not supported")
     return numpy_functions.ufunc(tx.output, getattr(np, _UNARY[symbol]), (x,))

@@ -76,6 +76,12 @@ class OperatorsMixin:
         container, item = self.realize(self.pop()), self.pop()
         self.push(ConstantVar(kinds.contains(self, container, item) != bool(inst.arg)))
 
+    @kinds.unary.register(TensorVar)
+    def tensor_unary(self: InstructionTranslator, x: TensorVar, symbol: str, fn: Callable):
+        result = autocast.call(self.output, fn, (x,), {}, lambda p, k: (
+            torch_ops.unary_operator(self.output, symbol, *p)))
+        return self.output.from_value(result)
+
     @kinds.contains.register(Var)
     def value_contains(self: InstructionTranslator, container: Var, item: Var) -> bool:
         if self.has_python_method(container, "__contains__"):
@@ -90,17 +96,7 @@ class OperatorsMixin:
 
     def _unary(symbol: str, fn: Callable) -> Callable:  # noqa: N805 (a handler factory)
         def handler(self: InstructionTranslator, inst: Inst) -> None:
-            x = self.pop()
-            if isinstance(x, ArrayVar):
-                from minicompile.capture import numpy_kind
-
-                self.push(numpy_kind.unary(self, symbol, x))
-            elif isinstance(x, TensorVar):
-                result = autocast.call(self.output, fn, (x,), {}, lambda p, k: (
-                    torch_ops.unary_operator(self.output, symbol, *p)))
-                self.push(self.output.from_value(result))
-            else:
-                self.push(self.fold(fn, x, what=f"unary {symbol}"))
+            self.push(kinds.unary(self, self.pop(), symbol, fn))
 
         return handler
 
@@ -126,3 +122,4 @@ class OperatorsMixin:
 kinds.contains.register(RecordVar, lambda tx, record, item: (
     tx.output.to_value(item) in records.keys_of(record)))
 kinds.contains.register(DictVar, lambda tx, d, item: tx.output.to_value(item) in d.items)
+kinds.unary.register(Var, lambda tx, x, symbol, fn: tx.fold(fn, x, what=f"unary {symbol}"))

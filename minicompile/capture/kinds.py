@@ -5,8 +5,10 @@ class in the tracker's MRO.
 
 A kind registers its handlers where it is modelled (``@kinds.load_attr.register(ArrayVar)``
 in numpy_kind.py, records in records.py, tensors and Python objects in calls.py...), so a
-new kind is one module and nothing else tests for it by ``isinstance``.  The package
-(``capture/__init__``) imports every provider once, before any trace.
+new kind is one module and nothing else tests for it by ``isinstance``.  The modules that
+register are imported before any trace (by the interpreter, or by ``capture/__init__``);
+NumPy's (numpy_kind.py) load with the first NumPy value a trace meets, before any
+ArrayVar exists.
 """
 
 from __future__ import annotations

@@ -180,7 +180,7 @@ class InstructionTranslator(
 
     @kinds.truthy.register(NewObjectVar)
     def object_truthy(self, var: NewObjectVar) -> bool:
-        """(a DynamicCache made in forward: its ``__len__``)"""
+        """Its class's ``__bool__`` or ``__len__``, inlined (a DynamicCache made in forward)."""
         for name in ("__bool__", "__len__"):
             method = getattr(var.cls, name, None)
             if method is None:

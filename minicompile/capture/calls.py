@@ -575,6 +575,7 @@ kinds.call.register(PartialVar, lambda tx, fn, args, kwargs: tx.call_function(
 kinds.call.register(TorchFunctionVar, lambda tx, fn, *a: tx.call_torch(fn.value, *a))
 kinds.call.register(BuiltinVar, lambda tx, fn, *a: tx.call_builtin(fn.value, *a))
 kinds.call.register(MethodVar, lambda tx, fn, *a: tx.call_method(fn.obj, fn.name, *a))
+# (__exit__ restores the grad mode or autocast state and returns None)
 kinds.call.register(WithExitVar, lambda tx, fn, *a: ConstantVar(fn.ctx.exit(tx.output)))
 kinds.has_attr.register(TensorVar, lambda tx, t, name: (
     name in torch_ops.ATTRIBUTES or hasattr(torch.Tensor, name)))

@@ -221,3 +221,34 @@ def test_import_parser_resolves_relative_imports(tmp_path: Path) -> None:
     assert "minicompile.codegen.common" in tree_names
     assert "minicompile.ir.Load" in tree_names
     assert "networkx" in tree_names
+
+
+def _capture_imports(path: Path) -> set[str]:
+    """The capture modules ``path`` imports when it runs: every import, in functions too,
+    except those under ``if TYPE_CHECKING:`` (annotations only)."""
+    tree = ast.parse(path.read_text())
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            node.body = []
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and _is_under(node.module or "", "minicompile.capture"):
+            names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+            found |= {n.rpartition(".")[2] for n in names if n.count(".") == 2}
+    return found
+
+
+def test_capture_modules_import_one_way() -> None:
+    """No capture module imports one that imports it back (at run time): each kind
+    registers its rules in capture/kinds.py and the package imports the providers, so
+    nothing registers by importing at the bottom."""
+    folder = ROOT / "minicompile" / "capture"
+    graph = {p.stem: _capture_imports(p) for p in _sources(folder) if p.stem != "__init__"}
+
+    def reaches(start: str, goal: str, seen: set[str]) -> bool:
+        return any(n == goal or (n not in seen and not seen.add(n) and reaches(n, goal, seen))
+                   for n in graph.get(start, ()))
+
+    assert {"kinds", "interpreter", "torch_ops"} <= graph.keys()
+    circles = sorted(m for m in graph if reaches(m, m, set()))
+    assert not circles, f"capture modules in an import circle: {circles}"

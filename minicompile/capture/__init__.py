@@ -38,16 +38,15 @@ from typing import Any
 import torch
 
 from minicompile.capture import autocast, bytecode
+# Providers: importing them fills torch_ops' tables and their kinds rules.  NumPy's modules
+# load with the first NumPy value of a trace (numpy_kind, imported where one enters).
+from minicompile.capture import torch_views, training_ops  # noqa: F401
 from minicompile.capture.dynamic import STATIC, DynamicPolicy
-from minicompile.capture.interpreter import InstructionTranslator, builtins_of
+from minicompile.capture.bytecode import builtins_of
+from minicompile.capture.interpreter import InstructionTranslator
 from minicompile.capture.output import OutputGraph
 from minicompile.capture.segments import (
-    Break,
-    ResumePoint,
-    frame_state,
-    has_catching_handlers,
-    initial_values,
-    root_point,
+    Break, ResumePoint, frame_state, has_catching_handlers, initial_values, root_point,
     why_not_resumable,
 )
 from minicompile.capture.variables import CellVar, LazyVar, Source

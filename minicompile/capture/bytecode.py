@@ -9,6 +9,7 @@ are absolute offsets, names are resolved, ``COMPARE_OP`` gives the operator) and
 
 from __future__ import annotations
 
+import builtins
 import dataclasses
 import dis
 import inspect
@@ -135,3 +136,9 @@ def compare_symbol(inst: Inst) -> str:
 
 def is_backward_jump(inst: Inst) -> bool:
     return isinstance(inst.argval, int) and inst.argval <= inst.offset
+
+
+def builtins_of(f_globals: dict[str, Any]) -> dict[str, Any]:
+    """The builtins a function with these globals sees."""
+    b = f_globals.get("__builtins__", builtins)
+    return b if isinstance(b, dict) else vars(b)

@@ -23,42 +23,16 @@ import torch
 
 from minicompile import compat
 from minicompile.capture import (
-    autocast, autograd_functions, externs, library, mutation, pybuiltins, records, torch_ops,
+    autocast, autograd_functions, externs, kinds, library, mutation, pybuiltins, records, torch_ops,
     training_ops,
 )
+from minicompile.capture.bytecode import builtins_of
+from minicompile.capture.frame_values import is_trusted_namespace
 from minicompile.capture.variables import (
-    ArrayVar,
-    BoundMethodVar,
-    BuiltinVar,
-    CellVar,
-    ConstantVar,
-    DictVar,
-    GradModeVar,
-    IteratorVar,
-    LazyVar,
-    ListVar,
-    MethodVar,
-    ModuleVar,
-    NestedFunctionVar,
-    NewObjectVar,
-    NNModuleVar,
-    ObjectSlotVar,
-    NullVar,
-    ObjectVar,
-    PartialVar,
-    OpaqueVar,
-    ReadMethodVar,
-    RecordVar,
-    Source,
-    StructSeqVar,
-    SuperVar,
-    TensorVar,
-    TorchFunctionVar,
-    TupleVar,
-    UserFunctionVar,
-    UserObjectVar,
-    Var,
-    WithExitVar,
+    NULL, ArrayVar, BoundMethodVar, BuiltinVar, CellVar, ConstantVar, DictVar, GradModeVar,
+    IteratorVar, LazyVar, ListVar, MethodVar, NestedFunctionVar, NewObjectVar, NNModuleVar,
+    ObjectSlotVar, ObjectVar, PartialVar, OpaqueVar, ReadMethodVar, Source, StructSeqVar, SuperVar,
+    TensorVar, TorchFunctionVar, TupleVar, UserFunctionVar, UserObjectVar, Var, WithExitVar,
 )
 from minicompile.errors import Unsupported
 
@@ -103,63 +77,66 @@ class CallsMixin:
 
     def load_attr(self: InstructionTranslator, obj: Var, name: str) -> Var:
         obj = self.realize(obj)
-        out = self.output
-        if isinstance(obj, ArrayVar):
-            from minicompile.capture import numpy_arrays
-
-            return numpy_arrays.attribute(self, obj, name)
-        if isinstance(obj, TensorVar):
-            if name in torch_ops.ATTRIBUTES:
-                return out.from_value(torch_ops.ATTRIBUTES[name](out, obj))
-            if callable(getattr(torch.Tensor, name, None)):
-                return MethodVar(obj, name)
-            raise Unsupported(f"Tensor.{name} is not supported yet")
-        if isinstance(obj, RecordVar):
-            return records.attr(self, obj, name)
-        if isinstance(obj, NewObjectVar):
-            return records.object_attr(self, obj, name)
         if name == "__class__" and isinstance(obj, ObjectVar):  # its type is guarded
-            return out.wrap(type(obj.value), None)
-        if isinstance(obj, SuperVar):
-            cls = records.python_class(obj.obj) or type(obj.obj.value)
-            return self.class_attr(obj.obj, cls, name, after=obj.cls)
-        if isinstance(obj, NNModuleVar):
-            return self.module_attr(obj, name)
-        if isinstance(obj, UserObjectVar):
-            return self.object_attr(obj, name)
-        if isinstance(obj, StructSeqVar) and name in obj.fields:
-            return self.realize(obj.items[obj.fields.index(name)])
-        if isinstance(obj, (ListVar, DictVar)):
-            if callable(getattr(list if isinstance(obj, ListVar) else dict, name, None)):
-                return MethodVar(obj, name)
-        if isinstance(obj, (ModuleVar, ObjectVar)) and not isinstance(
-            obj, (OpaqueVar, UserFunctionVar)
-        ):
-            try:
-                value = getattr(obj.value, name)
-            except AttributeError as e:
-                raise Unsupported(f"attribute error: {e}") from e
-            source = None
-            if obj.source is not None:
-                from minicompile.capture.frame_values import is_trusted_namespace
+            return self.output.wrap(type(obj.value), None)
+        return kinds.load_attr(self, obj, name)
 
-                source = obj.source.attr(name, trusted=is_trusted_namespace(obj.value))
-            return out.wrap(value, source)
-        if isinstance(obj, UserFunctionVar):
-            return self.function_attr(obj, name)
-        if isinstance(obj, (ConstantVar, TupleVar)):
-            value = out.to_value(obj)
-            if isinstance(value, _IMMUTABLE_METHOD_OWNERS) or value is None:
-                attr = getattr(type(value), name, None)
-                if callable(attr):
-                    return MethodVar(obj, name)
-                return self.fold(lambda v: getattr(v, name), obj, what=f".{name}")
-        if isinstance(obj, OpaqueVar) and _OPTIM.match(type(obj.value).__module__) and (
+    @kinds.load_attr.register(TensorVar)
+    def tensor_attr(self: InstructionTranslator, obj: TensorVar, name: str) -> Var:
+        if name in torch_ops.ATTRIBUTES:
+            return self.output.from_value(torch_ops.ATTRIBUTES[name](self.output, obj))
+        if callable(getattr(torch.Tensor, name, None)):
+            return MethodVar(obj, name)
+        raise Unsupported(f"Tensor.{name} is not supported yet")
+
+    @kinds.load_attr.register(SuperVar)
+    def super_attr(self: InstructionTranslator, obj: SuperVar, name: str) -> Var:
+        cls = records.python_class(obj.obj) or type(obj.obj.value)
+        return self.class_attr(obj.obj, cls, name, after=obj.cls)
+
+    def container_attr(self: InstructionTranslator, obj: Var, name: str, cls: type) -> Var:
+        if callable(getattr(cls, name, None)):
+            return MethodVar(obj, name)
+        raise Unsupported(f"attribute {name!r} of {obj.describe()} is not supported yet")
+
+    @kinds.load_attr.register(ObjectVar)
+    def value_attr(self: InstructionTranslator, obj: ObjectVar, name: str) -> Var:
+        """``obj.name`` read from the object (a Python module, a class, a torch callable)."""
+        try:
+            value = getattr(obj.value, name)
+        except AttributeError as e:
+            raise Unsupported(f"attribute error: {e}") from e
+        source = None
+        if obj.source is not None:
+            source = obj.source.attr(name, trusted=is_trusted_namespace(obj.value))
+        return self.output.wrap(value, source)
+
+    @kinds.load_attr.register(StructSeqVar)
+    def struct_seq_attr(self: InstructionTranslator, obj: StructSeqVar, name: str) -> Var:
+        if name in obj.fields:
+            return self.realize(obj.items[obj.fields.index(name)])
+        return self.immutable_attr(obj, name)
+
+    @kinds.load_attr.register(ConstantVar)
+    @kinds.load_attr.register(TupleVar)
+    def immutable_attr(self: InstructionTranslator, obj: ConstantVar | TupleVar, name: str) -> Var:
+        value = self.output.to_value(obj)
+        if isinstance(value, _IMMUTABLE_METHOD_OWNERS) or value is None:
+            attr = getattr(type(value), name, None)
+            if callable(attr):
+                return MethodVar(obj, name)
+            return self.fold(lambda v: getattr(v, name), obj, what=f".{name}")
+        raise Unsupported(f"attribute {name!r} of {obj.describe()} is not supported yet")
+
+    @kinds.load_attr.register(OpaqueVar)
+    def opaque_attr(self: InstructionTranslator, obj: OpaqueVar, name: str) -> Var:
+        if _OPTIM.match(type(obj.value).__module__) and (
             obj.source is not None and callable(getattr(obj.value, name, None))
         ):  # opt.step(), sched.step(): called at a graph break (api.call_at_break)
             return OpaqueVar(getattr(obj.value, name), obj.source.attr(name))
         raise Unsupported(f"attribute {name!r} of {obj.describe()} is not supported yet")
 
+    @kinds.load_attr.register(UserFunctionVar)
     def function_attr(self: InstructionTranslator, obj: UserFunctionVar, name: str) -> Var:
         """``func.name`` for a Python function: its code, names, defaults and whatever a
         decorator stored in its ``__dict__`` (``__wrapped__``), read as guarded values."""
@@ -173,18 +150,18 @@ class CallsMixin:
         return self.output.wrap(value, obj.source.attr(name) if obj.source else None)
 
     def has_attr(self: InstructionTranslator, obj: Var, name: str) -> bool:
-        obj = self.realize(obj)
-        if isinstance(obj, TensorVar):
-            return name in torch_ops.ATTRIBUTES or hasattr(torch.Tensor, name)
+        return kinds.has_attr(self, self.realize(obj), name)
+
+    @kinds.has_attr.register(Var)
+    def value_has_attr(self: InstructionTranslator, obj: Var, name: str) -> bool:
         if isinstance(obj, ObjectVar) and self.output.side_effects.load_attr(obj, name):
             return True
-        if isinstance(obj, (RecordVar, NewObjectVar)):
-            return records.has_attr(obj, name)
         try:
             return hasattr(self.output.to_value(obj), name)
         except Unsupported:
             raise Unsupported(f"hasattr() on {obj.describe()} is not supported") from None
 
+    @kinds.load_attr.register(NNModuleVar)
     def module_attr(self: InstructionTranslator, obj: NNModuleVar, name: str) -> Var:
         """``m.name`` in nn.Module's own lookup order."""
         pending = self.output.side_effects.load_attr(obj, name)
@@ -208,6 +185,7 @@ class CallsMixin:
             return self.output.wrap(d[name], src.attr(name) if src else None)
         return self.class_attr(obj, type(m), name)
 
+    @kinds.load_attr.register(UserObjectVar)
     def object_attr(self: InstructionTranslator, obj: UserObjectVar, name: str) -> Var:
         pending = self.output.side_effects.load_attr(obj, name)
         if pending is not None:
@@ -286,6 +264,13 @@ class CallsMixin:
             return [ConstantVar(k) for k in keys]
         raise Unsupported(f"iterating {type(m).__name__} modules is not supported")
 
+    @kinds.call.register(BoundMethodVar)
+    def call_bound(self: InstructionTranslator, fn: BoundMethodVar, args: list, kwargs: dict):
+        if (fn.func in _SUBMODULES and isinstance(fn.self_var, NNModuleVar) and not args
+                and not kwargs):
+            return self.submodules(fn.self_var, fn.func)
+        return self.inline_call(UserFunctionVar(fn.func), [fn.self_var, *args], kwargs)
+
     def submodules(self: InstructionTranslator, obj: NNModuleVar, method: Any) -> Var:
         """``m.children()``, ``m.named_children()``, ``m.modules()``, ``m.named_modules()``
         as ``nn.Module`` yields them: the entries of ``_modules`` in order (depth first,
@@ -338,74 +323,61 @@ class CallsMixin:
 
     def call_function(self: InstructionTranslator, fn: Var, args: list, kwargs: dict) -> Var:
         fn = self.realize(fn)
-        out = self.output
-        if isinstance(fn, ObjectVar) and is_numpy_callable(fn.value):
-            from minicompile.capture import numpy_functions
+        if isinstance(fn, ObjectVar):
+            special = self.library_call(fn, args, kwargs)
+            if special is not None:
+                return special
+        return kinds.call(self, fn, args, kwargs)
 
-            return numpy_functions.call(self, fn.value, args, kwargs)
-        if isinstance(fn, ObjectVar):
-            handler = library.handler_for(fn.value)
-            if handler is not None:
-                return handler(self, fn.value, args, kwargs)
-            if library.is_log_call(fn.value):
-                return library.log_call(self, fn.value, args, kwargs)
-            factory = library.context_factory(fn.value)
-            if factory is not None:
-                return self.call_torch(factory, args, kwargs)
-        if isinstance(fn, PartialVar):
-            return self.call_function(fn.func, [*fn.args, *args], {**fn.kwargs, **kwargs})
-        if isinstance(fn, (UserFunctionVar, NestedFunctionVar)):
-            return self.inline_call(fn, args, kwargs)
-        if isinstance(fn, BoundMethodVar):
-            if (fn.func in _SUBMODULES and isinstance(fn.self_var, NNModuleVar) and not args
-                    and not kwargs):
-                return self.submodules(fn.self_var, fn.func)
-            return self.inline_call(UserFunctionVar(fn.func), [fn.self_var, *args], kwargs)
-        if isinstance(fn, NNModuleVar):
-            return self.call_module(fn, args, kwargs)
-        if isinstance(fn, ObjectVar) and (cls := compat.autograd_function_of(fn.value)):
+    def library_call(self: InstructionTranslator, fn: ObjectVar, args: list, kwargs: dict):
+        """A call that any object may be: a NumPy function, a library's modelled function,
+        a logging call, a context factory, ``Function.apply``; None when it is none."""
+        if is_numpy_callable(fn.value):
+            from minicompile.capture import numpy_kind  # NumPy's rules load with its first value
+
+            return numpy_kind.call(self, fn.value, args, kwargs)
+        handler = library.handler_for(fn.value)
+        if handler is not None:
+            return handler(self, fn.value, args, kwargs)
+        if library.is_log_call(fn.value):
+            return library.log_call(self, fn.value, args, kwargs)
+        factory = library.context_factory(fn.value)
+        if factory is not None:
+            return self.call_torch(factory, args, kwargs)
+        if cls := compat.autograd_function_of(fn.value):
             return autograd_functions.call(self, cls, args, kwargs)
-        if isinstance(fn, TorchFunctionVar) or (
-            isinstance(fn, ObjectVar) and fn.value in _GRAD_MODE_CLASSES
-        ):
+        if fn.value in _GRAD_MODE_CLASSES:
             return self.call_torch(fn.value, args, kwargs)
-        if isinstance(fn, MethodVar):
-            return self.call_method(fn.obj, fn.name, args, kwargs)
-        if isinstance(fn, BuiltinVar):
-            return self.call_builtin(fn.value, args, kwargs)
-        if isinstance(fn, ReadMethodVar):
-            return self.call_read_method(fn, args, kwargs)
-        if isinstance(fn, ObjectSlotVar):
-            return records.call_slot(self, fn, args, kwargs)
-        if isinstance(fn, WithExitVar):
-            if isinstance(fn.ctx, autocast.AutocastVar):
-                fn.ctx.exit(out)
-            else:
-                out.grad_enabled = bool(fn.ctx.prev)
-            return ConstantVar(None)
-        if isinstance(fn, UserObjectVar):
-            call = getattr(type(fn.value), "__call__", None)
-            if isinstance(call, types.FunctionType):
-                return self.inline_call(UserFunctionVar(call), [fn, *args], kwargs)
-        if isinstance(fn, ObjectVar):
-            if isinstance(fn.value, type) and records.is_record_class(fn.value):
-                return records.construct(self, fn.value, args, kwargs)
-            if isinstance(fn.value, type) and records.can_create(fn.value):
-                return records.create(self, fn.value, args, kwargs)
-            if fn.value is functools.partial and args and not (
-                    isinstance(args[0], ConstantVar) and not callable(args[0].value)):
-                return PartialVar(args[0], tuple(args[1:]), dict(kwargs))
-            if isinstance(fn.value, type) and not issubclass(fn.value, BaseException):
-                raise Unsupported(f"creating {fn.value.__qualname__} objects is not supported")
-            if isinstance(fn.value, type):
-                return pybuiltins.call_builtin(out, fn.value, args, kwargs)
-            owner = getattr(fn.value, "__self__", None)
-            if _OPTIM.match(type(owner).__module__):
-                raise Unsupported(
-                    f"{type(owner).__name__}.{fn.value.__name__}() runs at a graph break (a "
-                    "supported optimizer's step runs its compiled update there)")
-            raise Unsupported(f"call to {externs._describe(fn.value)} is not supported")
-        raise Unsupported(f"calling {fn.describe()} is not supported")
+        return None
+
+    @kinds.call.register(UserObjectVar)
+    def call_object(self: InstructionTranslator, fn: UserObjectVar, args: list, kwargs: dict):
+        call = getattr(type(fn.value), "__call__", None)
+        if isinstance(call, types.FunctionType):
+            return self.inline_call(UserFunctionVar(call), [fn, *args], kwargs)
+        return self.call_value(fn, args, kwargs)
+
+    @kinds.call.register(ObjectVar)
+    def call_value(self: InstructionTranslator, fn: ObjectVar, args: list, kwargs: dict) -> Var:
+        """A call of a class (a record, a plain user class, an exception) or of another
+        object known by identity."""
+        if isinstance(fn.value, type) and records.is_record_class(fn.value):
+            return records.construct(self, fn.value, args, kwargs)
+        if isinstance(fn.value, type) and records.can_create(fn.value):
+            return records.create(self, fn.value, args, kwargs)
+        if fn.value is functools.partial and args and not (
+                isinstance(args[0], ConstantVar) and not callable(args[0].value)):
+            return PartialVar(args[0], tuple(args[1:]), dict(kwargs))
+        if isinstance(fn.value, type) and not issubclass(fn.value, BaseException):
+            raise Unsupported(f"creating {fn.value.__qualname__} objects is not supported")
+        if isinstance(fn.value, type):
+            return pybuiltins.call_builtin(self.output, fn.value, args, kwargs)
+        owner = getattr(fn.value, "__self__", None)
+        if _OPTIM.match(type(owner).__module__):
+            raise Unsupported(
+                f"{type(owner).__name__}.{fn.value.__name__}() runs at a graph break (a "
+                "supported optimizer's step runs its compiled update there)")
+        raise Unsupported(f"call to {externs._describe(fn.value)} is not supported")
 
     def _values(self: InstructionTranslator, args: list, kwargs: dict) -> tuple[tuple, dict]:
         return (
@@ -458,34 +430,32 @@ class CallsMixin:
         return out.from_value(result)
 
     def call_method(self: InstructionTranslator, obj: Var, name: str, args: list, kwargs: dict):
+        return kinds.call_method(self, obj, name, args, kwargs)
+
+    @kinds.call_method.register(TensorVar)
+    def tensor_method(self: InstructionTranslator, obj: TensorVar, name: str, args: list,
+                      kwargs: dict) -> Var:
         out = self.output
-        if isinstance(obj, ArrayVar):
-            from minicompile.capture import numpy_functions
+        if name == "numpy" and not args and not kwargs:
+            from minicompile.capture import numpy_kind  # NumPy's rules load with its first value
 
-            return numpy_functions.call_method(self, obj, name, args, kwargs)
-        if isinstance(obj, TensorVar) and name == "numpy" and not args and not kwargs:
-            from minicompile.capture import numpy_arrays
+            return numpy_kind.numpy_arrays.from_tensor(out, obj)
+        pos, kw = self._values(args, kwargs)
+        handler = torch_ops.METHODS.get(name)
+        if handler is not None and not name.endswith("_"):
+            method = lambda p, k: handler(out, f"Tensor.{name}", p, k)  # noqa: E731
+        else:
+            method = lambda p, k: externs.call_method(out, p[0], name, p[1:], k)  # noqa: E731
+        fn = getattr(torch.Tensor, name, None)
+        if fn is None:
+            return out.from_value(method((obj, *pos), kw))
+        inplace = name.endswith("_") and not name.endswith("__")
+        return out.from_value(autocast.call(out, fn, (obj, *pos), kw, method, inplace))
 
-            return numpy_arrays.from_tensor(out, obj)
-        if isinstance(obj, TensorVar):
-            pos, kw = self._values(args, kwargs)
-            handler = torch_ops.METHODS.get(name)
-            if handler is not None and not name.endswith("_"):
-                method = lambda p, k: handler(out, f"Tensor.{name}", p, k)  # noqa: E731
-            else:
-                method = lambda p, k: externs.call_method(out, p[0], name, p[1:], k)  # noqa: E731
-            fn = getattr(torch.Tensor, name, None)
-            if fn is None:
-                return out.from_value(method((obj, *pos), kw))
-            inplace = name.endswith("_") and not name.endswith("__")
-            return out.from_value(autocast.call(out, fn, (obj, *pos), kw, method, inplace))
-        if isinstance(obj, ListVar):
-            return self.list_method(obj, name, args, kwargs)
-        if isinstance(obj, DictVar):
-            return self.dict_method(obj, name, args, kwargs)
-        if isinstance(obj, RecordVar):
-            return records.call_method(self, obj, name, args, kwargs)
-        # Methods of immutable Python values (str.format, tuple.index, dtype.to_complex...)
+    @kinds.call_method.register(Var)
+    def value_method(self: InstructionTranslator, obj: Var, name: str, args: list, kwargs: dict):
+        """Methods of immutable Python values (str.format, tuple.index, dtype.to_complex...)."""
+        out = self.output
         method = getattr(out.to_value(obj), name)
         out.require_pinned([*args, *kwargs.values()], f"{name}()")  # "{}".format(array)
         values, kw = self._values(args, kwargs)
@@ -496,6 +466,7 @@ class CallsMixin:
         except Exception as e:
             raise Unsupported(f"{name}() raised {type(e).__name__}: {e}") from e
 
+    @kinds.call.register(NNModuleVar)
     def call_module(self: InstructionTranslator, mod: NNModuleVar, args: list, kwargs: dict):
         """``m(*args)``: inline ``type(m).forward``; hooks and ``training`` are guarded."""
         m = mod.value
@@ -514,10 +485,10 @@ class CallsMixin:
             raise Unsupported(f"{type(m).__name__}.forward is not a Python function")
         return self.inline_call(UserFunctionVar(forward), [mod, *args], kwargs)
 
+    @kinds.call.register(UserFunctionVar)
+    @kinds.call.register(NestedFunctionVar)
     def inline_call(self: InstructionTranslator, fn: Var, args: list, kwargs: dict) -> Var:
         """Run a user function's bytecode in a child translator sharing this output."""
-        from minicompile.capture.interpreter import InstructionTranslator, builtins_of
-
         if self.depth >= MAX_INLINE_DEPTH:
             raise Unsupported(f"inlining deeper than {MAX_INLINE_DEPTH} calls (recursion?)")
         if isinstance(fn, NestedFunctionVar):
@@ -568,7 +539,7 @@ class CallsMixin:
                     local_vars[pname] = self.output.from_value(value)  # defaults: plain values
         if globals_name is None:
             globals_name = self.output.guards.ref(f_globals, f"G_{f_globals.get('__name__')}")
-        child = InstructionTranslator(
+        child = type(self)(
             self.output,
             code,
             f_globals,
@@ -592,9 +563,21 @@ class CallsMixin:
         return Source(f"{ref}.cell_contents", f"{ref}.cell_contents", ref)
 
     def _call(self: InstructionTranslator, fn: Var, self_arg: Var, args: list, names: tuple):
-        if not isinstance(self_arg, NullVar):
+        if self_arg is not NULL:
             args = [self_arg, *args]
         split = len(args) - len(names)
         kwargs = dict(zip(names, args[split:]))
         self.push(self.call_function(fn, args[:split], kwargs))
 
+
+kinds.call.register(PartialVar, lambda tx, fn, args, kwargs: tx.call_function(
+    fn.func, [*fn.args, *args], {**fn.kwargs, **kwargs}))
+kinds.call.register(TorchFunctionVar, lambda tx, fn, *a: tx.call_torch(fn.value, *a))
+kinds.call.register(BuiltinVar, lambda tx, fn, *a: tx.call_builtin(fn.value, *a))
+kinds.call.register(MethodVar, lambda tx, fn, *a: tx.call_method(fn.obj, fn.name, *a))
+# (__exit__ restores the grad mode or autocast state and returns None)
+kinds.call.register(WithExitVar, lambda tx, fn, *a: ConstantVar(fn.ctx.exit(tx.output)))
+kinds.has_attr.register(TensorVar, lambda tx, t, name: (
+    name in torch_ops.ATTRIBUTES or hasattr(torch.Tensor, name)))
+kinds.load_attr.register(ListVar, lambda tx, obj, name: tx.container_attr(obj, name, list))
+kinds.load_attr.register(DictVar, lambda tx, obj, name: tx.container_attr(obj, name, dict))

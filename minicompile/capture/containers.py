@@ -14,19 +14,9 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from minicompile.capture import records
+from minicompile.capture import kinds
 from minicompile.capture.bytecode import Inst
-from minicompile.capture.variables import (
-    ArrayVar,
-    DictVar,
-    ListVar,
-    NNModuleVar,
-    RecordVar,
-    SizeVar,
-    TensorVar,
-    TupleVar,
-    Var,
-)
+from minicompile.capture.variables import DictVar, ListVar, NNModuleVar, TensorVar, TupleVar, Var
 from minicompile.errors import Unsupported
 
 if TYPE_CHECKING:
@@ -109,21 +99,18 @@ class ContainersMixin:
         self.push(self.subscript(container, index))
 
     def subscript(self: InstructionTranslator, container: Var, index: Var) -> Var:
-        container = self.realize(container)
-        if isinstance(container, ArrayVar):
-            from minicompile.capture import numpy_arrays
+        return kinds.subscript(self, self.realize(container), index)
 
-            return numpy_arrays.getitem(self, container, index)
-        if isinstance(container, TensorVar):
-            key = self.output.to_value(index)
-            keys = key if isinstance(key, tuple) else (key,)
-            if any(isinstance(k, TensorVar) and k.meta.dtype == torch.bool for k in keys):
-                raise Unsupported("indexing with a bool mask has a data-dependent shape")
-            return self.output.extern(torch.Tensor.__getitem__, (container, key), {})
-        if isinstance(container, NNModuleVar):
-            return self.module_subscript(container, self.output.to_value(index))
-        if isinstance(container, RecordVar):
-            return records.get_item(self, container, index)
+    @kinds.subscript.register(TensorVar)
+    def tensor_subscript(self: InstructionTranslator, container: TensorVar, index: Var) -> Var:
+        key = self.output.to_value(index)
+        keys = key if isinstance(key, tuple) else (key,)
+        if any(isinstance(k, TensorVar) and k.meta.dtype == torch.bool for k in keys):
+            raise Unsupported("indexing with a bool mask has a data-dependent shape")
+        return self.output.extern(torch.Tensor.__getitem__, (container, key), {})
+
+    @kinds.subscript.register(Var)
+    def value_subscript(self: InstructionTranslator, container: Var, index: Var) -> Var:
         if self.has_python_method(container, "__getitem__"):  # a user mapping or sequence
             return self.call_function(self.load_attr(container, "__getitem__"), [index], {})
         if isinstance(index, TensorVar):
@@ -136,7 +123,7 @@ class ContainersMixin:
                 raise Unsupported(f"indexing raised {type(e).__name__}: {e}") from e
             if not isinstance(i, slice):
                 return self.realize(picked)
-            cls = SizeVar if isinstance(container, SizeVar) else type(container)
+            cls = type(container)  # (a slice of a torch.Size is one)
             return ListVar(list(picked)) if cls is ListVar else cls(tuple(picked))
         if isinstance(container, DictVar):
             key = self.output.to_value(index)
@@ -148,3 +135,7 @@ class ContainersMixin:
     def BINARY_SLICE(self: InstructionTranslator, inst: Inst) -> None:  # 3.12
         end, start, container = self.pop(), self.pop(), self.pop()
         self.push(self.subscript(container, self.fold(slice, start, end, what="slice")))
+
+
+kinds.subscript.register(NNModuleVar, lambda tx, m, index: tx.module_subscript(
+    m, tx.output.to_value(index)))

@@ -25,27 +25,11 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 
-from minicompile.capture import autocast, mutation, records
+from minicompile.capture import autocast, kinds, mutation, records
 from minicompile.capture.bytecode import PY, Inst
 from minicompile.capture.variables import (
-    NULL,
-    ArrayVar,
-    ConstantVar,
-    DictVar,
-    GradModeVar,
-    IteratorVar,
-    ModuleVar,
-    ListVar,
-    NNModuleVar,
-    NullVar,
-    NewObjectVar,
-    ObjectVar,
-    RecordVar,
-    SuperVar,
-    TensorVar,
-    TupleVar,
-    UserObjectVar,
-    Var,
+    NULL, ConstantVar, DictVar, GradModeVar, IteratorVar, ModuleVar, ListVar, NNModuleVar,
+    NewObjectVar, ObjectVar, RecordVar, SuperVar, TensorVar, TupleVar, UserObjectVar, Var,
     WithExitVar,
 )
 from minicompile.errors import Unsupported
@@ -59,37 +43,32 @@ class ControlMixin:
 
     def iter_items(self: InstructionTranslator, var: Var) -> list[Var]:
         """The items a ``for`` loop over ``var`` sees (a live list for trace lists)."""
-        var = self.realize(var)
-        out = self.output
-        if isinstance(var, IteratorVar):
-            rest = var.items[var.pos :]
-            var.pos = len(var.items)
-            return [self.realize(v) for v in rest]
-        if isinstance(var, (TupleVar, ListVar)):
-            return [self.realize(v) for v in var.items]
-        if isinstance(var, DictVar):
-            return [ConstantVar(k) for k in var.items]
-        if isinstance(var, NNModuleVar):
-            return self.module_items(var)
-        if isinstance(var, RecordVar):
-            return [ConstantVar(k) for k in records.keys_of(var)]
-        if isinstance(var, (NewObjectVar, UserObjectVar)):
-            return self.object_items(var)
-        if isinstance(var, ArrayVar):
-            from minicompile.capture import numpy_arrays
+        return kinds.iter_items(self, self.realize(var))
 
-            return numpy_arrays.rows(self, var)
-        if isinstance(var, TensorVar):
-            if var.meta.ndim == 0:
-                raise Unsupported("iteration over a 0-d tensor (eager raises)")
-            n = var.meta.concrete_shape()[0]
-            return [self.subscript(var, ConstantVar(i)) for i in range(n)]
+    @kinds.iter_items.register(IteratorVar)
+    def iterator_items(self: InstructionTranslator, var: IteratorVar) -> list[Var]:
+        rest = var.items[var.pos :]
+        var.pos = len(var.items)
+        return [self.realize(v) for v in rest]
+
+    @kinds.iter_items.register(TensorVar)
+    def tensor_items(self: InstructionTranslator, var: TensorVar) -> list[Var]:
+        if var.meta.ndim == 0:
+            raise Unsupported("iteration over a 0-d tensor (eager raises)")
+        n = var.meta.concrete_shape()[0]
+        return [self.subscript(var, ConstantVar(i)) for i in range(n)]
+
+    @kinds.iter_items.register(Var)
+    def value_items(self: InstructionTranslator, var: Var) -> list[Var]:
+        out = self.output
         value = out.to_value(var)
         if isinstance(value, (range, str, bytes, tuple, list, dict, set, frozenset,
                               collections.abc.KeysView)):
             return [out.from_value(v) for v in value]
         raise Unsupported(f"iterating over {var.describe()} is not supported")
 
+    @kinds.iter_items.register(NewObjectVar)
+    @kinds.iter_items.register(UserObjectVar)
     def object_items(self: InstructionTranslator, var: Var) -> list[Var]:
         """Iterating an instance of a user class: its ``__iter__`` (a generator is run to
         its end), or, for a ``collections.abc.Sequence`` that keeps the default one, items
@@ -105,13 +84,7 @@ class ControlMixin:
         raise Unsupported(f"iterating over {var.describe()} is not supported")
 
     def GET_ITER(self: InstructionTranslator, inst: Inst) -> None:
-        var = self.realize(self.pop())
-        if isinstance(var, IteratorVar):
-            self.push(var)
-        elif isinstance(var, ListVar):
-            self.push(IteratorVar(var.items))  # live: appends during the loop are seen
-        else:
-            self.push(IteratorVar(self.iter_items(var)))
+        self.push(kinds.iterate(self, self.realize(self.pop())))
 
     def FOR_ITER(self: InstructionTranslator, inst: Inst) -> None:
         it = self.stack[-1]
@@ -142,19 +115,9 @@ class ControlMixin:
             return
         if isinstance(ctx, ObjectVar) and autocast.is_autocast_object(ctx.value):
             ctx = autocast.region_of(ctx.value)  # @torch.autocast(...) decorator
-        if isinstance(ctx, autocast.AutocastVar):
-            ctx.enter(self.output)
-            self.push(WithExitVar(ctx))
-            self.push(ConstantVar(None))
-            return
-        if not isinstance(ctx, GradModeVar):
+        if not isinstance(ctx, (autocast.AutocastVar, GradModeVar)):
             raise Unsupported(f"`with` on {ctx.describe()} is not supported yet")
-        if ctx.entered:
-            raise Unsupported("re-entering a grad mode context is not supported")
-        ctx.entered = True
-        if ctx.prev is None:
-            ctx.prev = self.output.grad_enabled
-            self.output.grad_enabled = ctx.enabled
+        ctx.enter(self.output)
         self.push(WithExitVar(ctx))
         self.push(ConstantVar(None))
 
@@ -172,22 +135,21 @@ class ControlMixin:
     # -- stores ----------------------------------------------------------------------------
 
     def store_attr(self: InstructionTranslator, obj: Var, name: str, value: Var) -> None:
-        obj = self.realize(obj)
-        if isinstance(obj, RecordVar):
-            return records.set_attr(self, obj, name, value)
-        if isinstance(obj, NewObjectVar):
-            return records.set_object_attr(self, obj, name, value)
-        if isinstance(obj, NNModuleVar):
-            m = obj.value
-            if name in m._parameters or name in m._modules:
-                raise Unsupported(f"assigning parameter/submodule {name!r} is not supported")
-            if isinstance(value, TensorVar) and name not in m._buffers:
-                raise Unsupported(f"assigning a tensor to module attribute {name!r}")
-        elif not isinstance(obj, UserObjectVar):
-            raise Unsupported(f"attribute write on {obj.describe()} is not supported")
-        if type(obj.value).__setattr__ is not object.__setattr__ and not isinstance(
-            obj, NNModuleVar
-        ):
+        kinds.store_attr(self, self.realize(obj), name, value)
+
+    @kinds.store_attr.register(NNModuleVar)
+    def module_store(self: InstructionTranslator, obj: NNModuleVar, name: str, value: Var):
+        m = obj.value
+        if name in m._parameters or name in m._modules:
+            raise Unsupported(f"assigning parameter/submodule {name!r} is not supported")
+        if isinstance(value, TensorVar) and name not in m._buffers:
+            raise Unsupported(f"assigning a tensor to module attribute {name!r}")
+        self.object_store(obj, name, value, own_setattr_ok=True)
+
+    @kinds.store_attr.register(UserObjectVar)
+    def object_store(self: InstructionTranslator, obj: ObjectVar, name: str, value: Var,
+                     own_setattr_ok: bool = False) -> None:
+        if type(obj.value).__setattr__ is not object.__setattr__ and not own_setattr_ok:
             raise Unsupported(f"{type(obj.value).__name__} has a custom __setattr__")
         if getattr(type(obj.value), "__dataclass_params__", None) is not None and (
             type(obj.value).__dataclass_params__.frozen
@@ -218,30 +180,29 @@ class ControlMixin:
         self.store_item(container, key, value)
 
     def store_item(self: InstructionTranslator, container: Var, key: Var, value: Var) -> None:
-        out = self.output
-        if isinstance(container, ArrayVar):
-            from minicompile.capture import numpy_arrays
+        kinds.store_item(self, container, key, value)
 
-            numpy_arrays.setitem(self, container, key, value)
-        elif isinstance(container, TensorVar):
-            mutation.setitem(out, container, out.to_value(key), out.to_value(value))
-        elif isinstance(container, ListVar):
-            index = out.to_value(key)
-            out.side_effects.mutate_container(container, "item assignment")
-            try:
-                if isinstance(index, slice):
-                    container.items[index] = self.iter_items(value)
-                else:
-                    container.items[index] = value
-            except (IndexError, TypeError, ValueError) as e:
-                raise Unsupported(f"list assignment raised {type(e).__name__}: {e}") from e
-        elif isinstance(container, RecordVar):
-            records.set_item(self, container, key, value)
-        elif isinstance(container, DictVar):
-            out.side_effects.mutate_container(container, "item assignment")
-            container.items[_hashable(out.to_value(key))] = value
-        else:
-            raise Unsupported(f"item assignment on {container.describe()} is not supported")
+    @kinds.store_item.register(TensorVar)
+    def tensor_store(self: InstructionTranslator, container: TensorVar, key: Var, value: Var):
+        mutation.setitem(self.output, container, self.output.to_value(key),
+                         self.output.to_value(value))
+
+    @kinds.store_item.register(ListVar)
+    def list_store(self: InstructionTranslator, container: ListVar, key: Var, value: Var):
+        index = self.output.to_value(key)
+        self.output.side_effects.mutate_container(container, "item assignment")
+        try:
+            if isinstance(index, slice):
+                container.items[index] = self.iter_items(value)
+            else:
+                container.items[index] = value
+        except (IndexError, TypeError, ValueError) as e:
+            raise Unsupported(f"list assignment raised {type(e).__name__}: {e}") from e
+
+    @kinds.store_item.register(DictVar)
+    def dict_store(self: InstructionTranslator, container: DictVar, key: Var, value: Var):
+        self.output.side_effects.mutate_container(container, "item assignment")
+        container.items[_hashable(self.output.to_value(key))] = value
 
     def STORE_SLICE(self: InstructionTranslator, inst: Inst) -> None:  # 3.12
         end, start = self.pop(), self.pop()
@@ -261,7 +222,7 @@ class ControlMixin:
 
     def STORE_FAST(self: InstructionTranslator, inst: Inst) -> None:
         value = self.pop()
-        if isinstance(value, NullVar):  # 3.12 comprehensions restore an unset local
+        if value is NULL:  # 3.12 comprehensions restore an unset local
             self.locals.pop(inst.argval, None)
         else:
             self.locals[inst.argval] = value
@@ -306,3 +267,14 @@ def _hashable(key: Any) -> Any:
     if isinstance(key, (TensorVar, ObjectVar)):
         raise Unsupported("dict keys must be Python constants here")
     return key
+
+
+for _kind in (TupleVar, ListVar):
+    kinds.iter_items.register(_kind, lambda tx, var: [tx.realize(v) for v in var.items])
+kinds.iter_items.register(DictVar, lambda tx, var: [ConstantVar(k) for k in var.items])
+kinds.iter_items.register(RecordVar, lambda tx, var: [ConstantVar(k) for k in records.keys_of(var)])
+kinds.iter_items.register(NNModuleVar, lambda tx, var: tx.module_items(var))
+kinds.iterate.register(Var, lambda tx, var: IteratorVar(tx.iter_items(var)))
+kinds.iterate.register(IteratorVar, lambda tx, it: it)
+# (live: appends during the loop are seen)
+kinds.iterate.register(ListVar, lambda tx, var: IteratorVar(var.items))

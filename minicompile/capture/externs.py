@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from minicompile import compat, ops
-from minicompile.capture import mutation
+from minicompile.capture import mutation, torch_ops
 from minicompile.capture.variables import TensorVar
 from minicompile.errors import Unsupported
 
@@ -255,8 +255,6 @@ def _arg(args: tuple, kwargs: dict, i: int, name: str, default: Any = None) -> A
 
 def inplace_method(out: OutputGraph, x: TensorVar, name: str, args: tuple, kwargs: dict) -> Any:
     """``x.name_(...)``: the out-of-place op, then ``x`` is rebound to its result."""
-    from minicompile.capture import torch_ops
-
     fname = f"Tensor.{name}"
     if name in METADATA_INPLACE:
         raise Unsupported(f"in-place {fname}() changes tensor metadata; not supported")

@@ -27,25 +27,9 @@ import torch
 from minicompile.capture import library, mutation, torch_ops
 from minicompile.capture.dynamic import symbolic_strides
 from minicompile.capture.variables import (
-    BuiltinVar,
-    ConstantVar,
-    DictVar,
-    LazyVar,
-    ListVar,
-    ModuleVar,
-    NNModuleVar,
-    ObjectVar,
-    PartialVar,
-    OpaqueVar,
-    SizeVar,
-    Source,
-    TensorVar,
-    TorchFunctionVar,
-    TupleVar,
-    UserFunctionVar,
-    UserObjectVar,
-    Var,
-    is_constant_value,
+    BuiltinVar, ConstantVar, DictVar, LazyVar, ListVar, ModuleVar, NNModuleVar, ObjectVar,
+    PartialVar, OpaqueVar, SizeVar, Source, TensorVar, TorchFunctionVar, TupleVar, UserFunctionVar,
+    UserObjectVar, Var, is_constant_value,
 )
 from minicompile.errors import Unsupported
 from minicompile.graph import DTYPE_ABBR, TensorMeta
@@ -129,9 +113,9 @@ class FrameValuesMixin:
         if isinstance(value, torch.Tensor):
             return self._wrap_tensor(value, source)
         if is_numpy_value(value):
-            from minicompile.capture import numpy_arrays
+            from minicompile.capture import numpy_kind  # NumPy's rules load with its first value
 
-            return numpy_arrays.wrap_input(self, value, source)
+            return numpy_kind.numpy_arrays.wrap_input(self, value, source)
         if type(value) is int and source is not None and self.dynamic.wants_int(source.name, value):
             return self._symbolic_int(value, source)
         if is_constant_value(value):

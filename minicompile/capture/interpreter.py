@@ -26,14 +26,13 @@ treats like any other callable.  3.13 puts the NULL after the callable; see
 
 from __future__ import annotations
 
-import builtins
 import inspect
 import linecache
 import types
 from collections.abc import Callable
 from typing import Any
 
-from minicompile.capture import bytecode, pybuiltins
+from minicompile.capture import bytecode, kinds, pybuiltins
 from minicompile.capture.bytecode import NULL_AFTER_CALLABLE, PY, Inst
 from minicompile.capture.calls import CallsMixin
 from minicompile.capture.containers import ContainersMixin
@@ -42,24 +41,8 @@ from minicompile.capture.control import ControlMixin
 from minicompile.capture.operators import OperatorsMixin
 from minicompile.capture.output import MAX_INSTRUCTIONS, OutputGraph
 from minicompile.capture.variables import (
-    specialized,
-    NULL,
-    ArrayVar,
-    CellVar,
-    ConstantVar,
-    DictVar,
-    ListVar,
-    MethodVar,
-    NestedFunctionVar,
-    NewObjectVar,
-    NullVar,
-    ObjectVar,
-    PartialVar,
-    Source,
-    TensorVar,
-    TupleVar,
-    UserFunctionVar,
-    Var,
+    specialized, NULL, CellVar, ConstantVar, DictVar, ListVar, MethodVar, NestedFunctionVar,
+    NewObjectVar, ObjectVar, PartialVar, Source, TensorVar, TupleVar, UserFunctionVar, Var,
 )
 from minicompile.errors import SourceLine, Unsupported
 
@@ -178,37 +161,38 @@ class InstructionTranslator(
     def truthy(self, var: Var) -> bool:
         """``bool(var)`` for a branch: Python values decide now (they are guarded, or derived
         from guarded tensor metadata); tensors would need their data."""
-        if isinstance(var, TensorVar):
-            raise Unsupported(
-                "data-dependent branch: `if` on a tensor value is not supported",
-                hint="use torch.where",
-            )
-        if isinstance(var, ArrayVar):
-            from minicompile.capture import numpy_arrays
+        return kinds.truthy(self, var)
 
-            raise numpy_arrays.truth_value()
-        if isinstance(var, (TupleVar, ListVar, DictVar)):
-            return len(var.items) > 0
-        if isinstance(var, (ConstantVar, ObjectVar)):
-            try:
-                return bool(var.value)
-            except Exception as e:
-                raise Unsupported(f"bool() of {var.describe()} raised {e}") from e
-        if isinstance(var, (NestedFunctionVar, MethodVar, PartialVar)):
-            return True
-        if isinstance(var, NewObjectVar):  # (a DynamicCache made in forward: its __len__)
-            for name in ("__bool__", "__len__"):
-                method = getattr(var.cls, name, None)
-                if method is None:
-                    continue
-                if not isinstance(method, types.FunctionType):
-                    break
-                result = self.realize(self.inline_call(UserFunctionVar(method), [var], {}))
-                if not isinstance(result, ConstantVar) or type(result.value) not in (bool, int):
-                    raise Unsupported(f"{var.cls.__name__}.{name}() gave {result.describe()}")
-                return bool(result.value)
-            else:
-                return True  # (neither: every object is true)
+    @kinds.truthy.register(TensorVar)
+    def tensor_truthy(self, var: TensorVar) -> bool:
+        raise Unsupported(
+            "data-dependent branch: `if` on a tensor value is not supported",
+            hint="use torch.where",
+        )
+
+    @kinds.truthy.register(ConstantVar)
+    @kinds.truthy.register(ObjectVar)
+    def value_truthy(self, var: ConstantVar | ObjectVar) -> bool:
+        try:
+            return bool(var.value)
+        except Exception as e:
+            raise Unsupported(f"bool() of {var.describe()} raised {e}") from e
+
+    @kinds.truthy.register(NewObjectVar)
+    def object_truthy(self, var: NewObjectVar) -> bool:
+        """Its class's ``__bool__`` or ``__len__``, inlined (a DynamicCache made in forward)."""
+        for name in ("__bool__", "__len__"):
+            method = getattr(var.cls, name, None)
+            if method is None:
+                continue
+            if not isinstance(method, types.FunctionType):
+                break
+            result = self.realize(self.inline_call(UserFunctionVar(method), [var], {}))
+            if not isinstance(result, ConstantVar) or type(result.value) not in (bool, int):
+                raise Unsupported(f"{var.cls.__name__}.{name}() gave {result.describe()}")
+            return bool(result.value)
+        else:
+            return True  # (neither: every object is true)
         raise Unsupported(f"truth value of {var.describe()} is not supported")
 
     def fold(self, fn: Callable, *args: Var, what: str = "", text: bool = False) -> Var:
@@ -335,7 +319,7 @@ class InstructionTranslator(
         a, b = self.popn(2)
         if NULL_AFTER_CALLABLE:
             self._call(a, b, args, names)
-        elif isinstance(a, NullVar):
+        elif a is NULL:
             self._call(b, NULL, args, names)
         else:
             self._call(a, b, args, names)
@@ -383,10 +367,8 @@ class InstructionTranslator(
 
     POP_JUMP_IF_TRUE = _pop_jump(lambda self, v: self.truthy(v))
     POP_JUMP_IF_FALSE = _pop_jump(lambda self, v: not self.truthy(v))
-    POP_JUMP_IF_NONE = _pop_jump(lambda self, v: isinstance(v, ConstantVar) and v.value is None)
-    POP_JUMP_IF_NOT_NONE = _pop_jump(
-        lambda self, v: not (isinstance(v, ConstantVar) and v.value is None)
-    )
+    POP_JUMP_IF_NONE = _pop_jump(lambda self, v: v.identity() is None)  # (only a constant)
+    POP_JUMP_IF_NOT_NONE = _pop_jump(lambda self, v: v.identity() is not None)
     # 3.11 spells the direction out; backward jumps are loops and refused by jump().
     POP_JUMP_FORWARD_IF_TRUE = POP_JUMP_BACKWARD_IF_TRUE = POP_JUMP_IF_TRUE
     POP_JUMP_FORWARD_IF_FALSE = POP_JUMP_BACKWARD_IF_FALSE = POP_JUMP_IF_FALSE
@@ -485,10 +467,11 @@ class InstructionTranslator(
         return fn  # 0x04 annotations: ignored
 
 
-def builtins_of(f_globals: dict[str, Any]) -> dict[str, Any]:
-    b = f_globals.get("__builtins__", builtins)
-    return b if isinstance(b, dict) else vars(b)
-
-
 if PY < (3, 11):  # pragma: no cover
     raise ImportError("minicompile.capture needs CPython 3.11 or newer")
+
+
+for _kind in (TupleVar, ListVar, DictVar):
+    kinds.truthy.register(_kind, lambda tx, var: len(var.items) > 0)
+for _kind in (NestedFunctionVar, MethodVar, PartialVar):
+    kinds.truthy.register(_kind, lambda tx, var: True)

@@ -39,8 +39,7 @@ import torch
 from minicompile.capture import autocast, records
 from minicompile.capture.pybuiltins import contains_tensor
 from minicompile.capture.variables import (
-    ArrayVar,
-    BoundMethodVar, ConstantVar, ObjectVar, TensorVar, Var, specialized,
+    ArrayVar, BoundMethodVar, ConstantVar, ObjectVar, TensorVar, Var, specialized,
 )
 from minicompile.errors import Unsupported
 

@@ -25,7 +25,6 @@ Unsupported: the frame or the operation runs for real.
 from __future__ import annotations
 
 import dataclasses
-import math
 import warnings
 from typing import TYPE_CHECKING, Any
 
@@ -34,9 +33,7 @@ import torch
 
 from minicompile.capture import mutation
 from minicompile.runtime.values import shares_no_memory, to_tensor
-from minicompile.capture.variables import (
-    ArrayVar, ConstantVar, MethodVar, ObjectVar, Source, TensorVar, TupleVar, Var,
-)
+from minicompile.capture.variables import ArrayVar, ConstantVar, Source, TensorVar, Var
 from minicompile.errors import Unsupported
 
 if TYPE_CHECKING:
@@ -56,14 +53,6 @@ _DTYPES: dict[np.dtype, torch.dtype] = {
 }
 _NUMPY_DTYPES = {t: d for d, t in _DTYPES.items()}
 _NUMPY_2 = np.lib.NumpyVersion(np.__version__) >= "2.0.0"
-# Python operators as the ufuncs NumPy's ndarray implements them with.
-BINARY_UFUNCS = {
-    "+": "add", "-": "subtract", "*": "multiply", "/": "divide", "//": "floor_divide",
-    "%": "remainder", "**": "power", "&": "bitwise_and", "|": "bitwise_or",
-    "^": "bitwise_xor", "<<": "left_shift", ">>": "right_shift", "==": "equal",
-    "!=": "not_equal", "<": "less", "<=": "less_equal", ">": "greater", ">=": "greater_equal",
-}
-UNARY_UFUNCS = {"-": "negative", "+": "positive", "~": "invert"}
 
 
 # -- dtypes ----------------------------------------------------------------------------------
@@ -227,37 +216,6 @@ def _flat(value: Any) -> list:
     return [value]
 
 
-# -- what the interpreter asks of an ArrayVar ------------------------------------------------
-
-
-def binary(tx: InstructionTranslator, symbol: str, a: Var, b: Var, inplace: bool) -> Var:
-    """``a <symbol> b`` (``a <symbol>= b`` when ``inplace``) with a NumPy array on one side."""
-    from minicompile.capture import numpy_functions
-
-    out = tx.output
-    av, bv = out.to_value(a), out.to_value(b)
-    if isinstance(av, TensorVar) or isinstance(bv, TensorVar):
-        raise Unsupported(f"operator {symbol} between a NumPy array and a torch tensor is not "
-                          "supported (graph break)")
-    if symbol == "@":
-        res = numpy_functions.matmul(out, "operator @", av, bv)
-    elif symbol in BINARY_UFUNCS:
-        res = numpy_functions.ufunc(out, getattr(np, BINARY_UFUNCS[symbol]), (av, bv))
-    else:
-        raise Unsupported(f"operator {symbol} on a NumPy array is not supported")
-    if inplace and isinstance(av, ArrayVar) and not av.scalar:  # NumPy scalars are immutable
-        return assign(out, av, res, f"operator {symbol}=")
-    return res
-
-
-def unary(tx: InstructionTranslator, symbol: str, x: ArrayVar) -> ArrayVar:
-    from minicompile.capture import numpy_functions
-
-    if symbol not in UNARY_UFUNCS:
-        raise Unsupported(f"unary operator {symbol} on a NumPy array is not supported")
-    return numpy_functions.ufunc(tx.output, getattr(np, UNARY_UFUNCS[symbol]), (x,))
-
-
 def assign(out: OutputGraph, target: ArrayVar, value: ArrayVar, what: str) -> ArrayVar:
     """``target`` takes ``value``'s contents in place (``a += b``), cast as NumPy's in-place
     ufuncs cast (the 'same_kind' rule)."""
@@ -267,63 +225,6 @@ def assign(out: OutputGraph, target: ArrayVar, value: ArrayVar, what: str) -> Ar
                           "(NumPy raises)", raises=True)
     mutation.mutate(out, target.tensor, cast(out, value.tensor, target.tensor.meta.dtype), what)
     return target
-
-
-def attribute(tx: InstructionTranslator, arr: ArrayVar, name: str) -> Var:
-    from minicompile.capture import numpy_functions, numpy_shapes
-
-    out, meta = tx.output, arr.tensor.meta
-    if name == "shape":
-        return TupleVar(tuple(ConstantVar(s) for s in meta.sizes()))
-    if name == "ndim":
-        return ConstantVar(meta.ndim)
-    if name == "size":
-        return ConstantVar(math.prod(meta.sizes()))
-    if name == "dtype":
-        return ObjectVar(numpy_dtype(arr))
-    if name == "itemsize":
-        return ConstantVar(numpy_dtype(arr).itemsize)
-    if name == "nbytes":
-        return ConstantVar(math.prod(meta.sizes()) * numpy_dtype(arr).itemsize)
-    if name == "T":
-        return numpy_shapes.transpose(out, "numpy.ndarray.T", arr, None)
-    if name in numpy_functions.METHODS:
-        return MethodVar(arr, name)
-    if name in ("item", "tolist", "tobytes", "__array__", "__float__", "__int__"):
-        raise Unsupported(f"numpy.ndarray.{name}() reads the array's data into Python (graph "
-                          "break)")
-    raise Unsupported(f"numpy.ndarray.{name} is not supported")
-
-
-def python_type(arr: ArrayVar) -> type:
-    """What ``type(a)`` gives when the frame runs for real."""
-    return numpy_dtype(arr).type if arr.scalar else np.ndarray
-
-
-def builtin(out: OutputGraph, fn: Any, values: list) -> Var:
-    """A builtin called with a NumPy array first (``len(a)``, ``abs(a)``, ``isinstance``)."""
-    from minicompile.capture import numpy_functions
-
-    x = values[0]
-    if fn is len and len(values) == 1:
-        if x.tensor.meta.ndim == 0:
-            raise Unsupported("len() of a 0-d array (NumPy raises)", raises=True)
-        return ConstantVar(x.tensor.meta.sizes()[0])
-    if fn is abs and len(values) == 1:
-        return numpy_functions.ufunc(out, np.absolute, (x,))
-    if fn is isinstance and len(values) == 2:
-        return ConstantVar(issubclass(python_type(x), values[1]))
-    if fn is type and len(values) == 1:
-        return ObjectVar(python_type(x))
-    name = getattr(fn, "__name__", repr(fn))
-    if fn in (bool, int, float, complex):
-        raise Unsupported(f"{name}() of a NumPy array reads its data into Python (graph break)")
-    raise Unsupported(f"builtin {name}() on a NumPy array is not supported")
-
-
-def truth_value() -> Unsupported:
-    return Unsupported("data-dependent branch: `if` on a NumPy array's value is not supported",
-                       hint="use np.where")
 
 
 # -- indexing --------------------------------------------------------------------------------

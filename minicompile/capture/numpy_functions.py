@@ -30,8 +30,7 @@ import torch
 
 from minicompile.capture import externs, torch_ops
 from minicompile.capture.numpy_arrays import (
-    as_array, cast, copy, full, numpy_dtype, operand, require_numpy_2,
-    result, torch_dtype,
+    as_array, cast, copy, full, numpy_dtype, operand, result, torch_dtype,
 )
 from minicompile.capture.torch_ops import parse
 from minicompile.capture.variables import (
@@ -40,7 +39,6 @@ from minicompile.capture.variables import (
 from minicompile.errors import Unsupported
 
 if TYPE_CHECKING:
-    from minicompile.capture.interpreter import InstructionTranslator
     from minicompile.capture.output import OutputGraph
 
 Handler = Callable[["OutputGraph", str, tuple, dict], Any]
@@ -84,7 +82,7 @@ _NUMBERS_OK = frozenset({
 })
 _INTEGER_DIVISIONS = frozenset({"floor_divide", "remainder", "fmod"})
 # Functions of Python values that answer questions about dtypes: folded while tracing.
-_FOLDED = ("dtype", "issubdtype", "result_type", "promote_types", "can_cast", "finfo", "iinfo")
+FOLDED = ("dtype", "issubdtype", "result_type", "promote_types", "can_cast", "finfo", "iinfo")
 
 
 def _register(table: dict[str, Handler], names: tuple[str, ...]) -> Callable[[Handler], Handler]:
@@ -120,34 +118,7 @@ def public_name(fn: Any) -> str:
     return f"{module}.{getattr(fn, '__qualname__', name)}"
 
 
-def call(tx: InstructionTranslator, fn: Any, args: list, kwargs: dict) -> Var:
-    """``fn(*args, **kwargs)`` for a callable of NumPy (``np.sum``, ``np.exp``, ``np.float32``)."""
-    require_numpy_2()
-    out = tx.output
-    name = public_name(fn)
-    pos = tuple(out.to_value(a) for a in args)
-    kw = {k: out.to_value(v) for k, v in kwargs.items()}
-    short = name.removeprefix("numpy.")
-    if isinstance(fn, np.ufunc):
-        return ufunc(out, fn, pos, kw)
-    if isinstance(fn, type) and issubclass(fn, np.generic):
-        return numpy_shapes.scalar_type(out, name, fn, pos, kw)
-    if short in FUNCTIONS and getattr(np, short, None) is fn:
-        return out.from_value(FUNCTIONS[short](out, name, pos, kw))
-    if short in _FOLDED and getattr(np, short, None) is fn:
-        return _fold(fn, name, pos, kw)
-    raise Unsupported(f"{name} is not supported")
-
-
-def call_method(tx: InstructionTranslator, arr: ArrayVar, name: str, args: list,
-                kwargs: dict) -> Var:
-    out = tx.output
-    pos = tuple(out.to_value(a) for a in args)
-    kw = {k: out.to_value(v) for k, v in kwargs.items()}
-    return out.from_value(METHODS[name](out, f"numpy.ndarray.{name}", (arr, *pos), kw))
-
-
-def _fold(fn: Any, name: str, args: tuple, kwargs: dict) -> Var:
+def fold(fn: Any, name: str, args: tuple, kwargs: dict) -> Var:
     values = [numpy_dtype(a) if isinstance(a, ArrayVar) else a for a in args]
     if any(isinstance(v, TensorVar) for v in (*values, *kwargs.values())):
         raise Unsupported(f"{name}() of a torch tensor is not supported")
@@ -430,14 +401,9 @@ def _cumsum(out: OutputGraph, fname: str, args: tuple, kwargs: dict) -> ArrayVar
     return reduce(out, fname, a, axis, False, dtype=dtype)
 
 
-from minicompile.capture import numpy_shapes  # noqa: E402,F401  (registers its functions)
-
-
-def _check_tables() -> None:
-    """Every registered name exists in this NumPy (a typo would be a silent gap)."""
+def check_tables() -> None:
+    """Every registered name exists in this NumPy (a typo would be a silent gap); run once
+    every provider has registered (numpy_kind.py)."""
     for name in FUNCTIONS:
         if not hasattr(np, name):
             raise AssertionError(f"numpy.{name} is not in NumPy {np.__version__}")
-
-
-_check_tables()

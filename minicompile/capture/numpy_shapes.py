@@ -16,9 +16,7 @@ import torch
 from minicompile.capture.numpy_arrays import (
     array_device, as_array, cast, copy, full, numpy_dtype, result, torch_dtype,
 )
-from minicompile.capture.numpy_functions import (
-    _result_dtype, _torch, function, method, sample,
-)
+from minicompile.capture.numpy_functions import _result_dtype, _torch, function, method, sample
 from minicompile.capture.torch_ops import parse
 from minicompile.capture.variables import ArrayVar, ConstantVar, TupleVar, python_type_of
 from minicompile.errors import Unsupported

@@ -15,19 +15,10 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from minicompile.capture import autocast, bytecode, mutation, records, torch_ops
+from minicompile.capture import autocast, bytecode, kinds, mutation, records, torch_ops
 from minicompile.capture.bytecode import Inst
 from minicompile.capture.variables import (
-    ArrayVar,
-    ConstantVar,
-    DictVar,
-    ListVar,
-    NNModuleVar,
-    ObjectVar,
-    RecordVar,
-    TensorVar,
-    TupleVar,
-    Var,
+    ArrayVar, ConstantVar, DictVar, ListVar, NNModuleVar, RecordVar, TensorVar, TupleVar, Var,
 )
 from minicompile.errors import Unsupported
 
@@ -48,9 +39,9 @@ class OperatorsMixin:
         inplace: bool = False,
     ) -> Var:
         if isinstance(self.realize(a), ArrayVar) or isinstance(self.realize(b), ArrayVar):
-            from minicompile.capture import numpy_arrays
+            from minicompile.capture import numpy_kind
 
-            return numpy_arrays.binary(self, symbol, a, b, inplace)
+            return numpy_kind.binary(self, symbol, a, b, inplace)
         if isinstance(a, TensorVar) or isinstance(b, TensorVar):
             av, bv = self.output.to_value(a), self.output.to_value(b)
             result = autocast.call(
@@ -79,50 +70,33 @@ class OperatorsMixin:
 
     def IS_OP(self: InstructionTranslator, inst: Inst) -> None:
         b, a = self.pop(), self.pop()
-        if isinstance(a, TensorVar) or isinstance(b, TensorVar):
-            same = a is b or (
-                isinstance(a, TensorVar) and isinstance(b, TensorVar) and a.node is b.node
-            )
-        elif isinstance(a, (ConstantVar, ObjectVar)) and isinstance(b, (ConstantVar, ObjectVar)):
-            same = a.value is b.value
-        else:
-            same = a is b
-        self.push(ConstantVar(same != bool(inst.arg)))
+        self.push(ConstantVar((a.identity() is b.identity()) != bool(inst.arg)))
 
     def CONTAINS_OP(self: InstructionTranslator, inst: Inst) -> None:
         container, item = self.realize(self.pop()), self.pop()
-        if isinstance(container, RecordVar):
-            found = self.output.to_value(item) in records.keys_of(container)
-            self.push(ConstantVar(found != bool(inst.arg)))
-            return
+        self.push(ConstantVar(kinds.contains(self, container, item) != bool(inst.arg)))
+
+    @kinds.unary.register(TensorVar)
+    def tensor_unary(self: InstructionTranslator, x: TensorVar, symbol: str, fn: Callable):
+        result = autocast.call(self.output, fn, (x,), {}, lambda p, k: (
+            torch_ops.unary_operator(self.output, symbol, *p)))
+        return self.output.from_value(result)
+
+    @kinds.contains.register(Var)
+    def value_contains(self: InstructionTranslator, container: Var, item: Var) -> bool:
         if self.has_python_method(container, "__contains__"):
-            self.push(ConstantVar(self.user_contains(container, item) != bool(inst.arg)))
-            return
-        if isinstance(container, DictVar) or (
-            isinstance(container, NNModuleVar) and isinstance(container.value, torch.nn.ModuleDict)
-        ):
-            keys = container.items if isinstance(container, DictVar) else [
-                k.value for k in self.iter_items(container)
-            ]
-            found = self.output.to_value(item) in keys
-            self.push(ConstantVar(found != bool(inst.arg)))
-            return
-        result = self.fold(lambda x, c: x in c, item, container, what="`in`")
-        self.push(ConstantVar(result.value != bool(inst.arg)))
+            return self.user_contains(container, item)
+        return self.fold(lambda x, c: x in c, item, container, what="`in`").value
+
+    @kinds.contains.register(NNModuleVar)
+    def module_contains(self: InstructionTranslator, container: NNModuleVar, item: Var) -> bool:
+        if not isinstance(container.value, torch.nn.ModuleDict):
+            return self.value_contains(container, item)
+        return self.output.to_value(item) in [k.value for k in self.iter_items(container)]
 
     def _unary(symbol: str, fn: Callable) -> Callable:  # noqa: N805 (a handler factory)
         def handler(self: InstructionTranslator, inst: Inst) -> None:
-            x = self.pop()
-            if isinstance(x, ArrayVar):
-                from minicompile.capture import numpy_arrays
-
-                self.push(numpy_arrays.unary(self, symbol, x))
-            elif isinstance(x, TensorVar):
-                result = autocast.call(self.output, fn, (x,), {}, lambda p, k: (
-                    torch_ops.unary_operator(self.output, symbol, *p)))
-                self.push(self.output.from_value(result))
-            else:
-                self.push(self.fold(fn, x, what=f"unary {symbol}"))
+            self.push(kinds.unary(self, self.pop(), symbol, fn))
 
         return handler
 
@@ -143,3 +117,9 @@ class OperatorsMixin:
             self.LIST_TO_TUPLE(inst)
         else:
             raise Unsupported(f"CALL_INTRINSIC_1 {inst.argval} is not supported")
+
+
+kinds.contains.register(RecordVar, lambda tx, record, item: (
+    tx.output.to_value(item) in records.keys_of(record)))
+kinds.contains.register(DictVar, lambda tx, d, item: tx.output.to_value(item) in d.items)
+kinds.unary.register(Var, lambda tx, x, symbol, fn: tx.fold(fn, x, what=f"unary {symbol}"))

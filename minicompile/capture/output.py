@@ -20,25 +20,15 @@ import sympy
 import torch
 
 from minicompile import ops
-from minicompile.capture import externs, mutation
+from minicompile.capture import externs, kinds, mutation
 from minicompile.capture.autocast import AutocastState
 from minicompile.capture.dynamic import STATIC, DynamicPolicy
 from minicompile.capture.frame_values import FrameValuesMixin, python_size
 from minicompile.capture.guard_builder import GuardBuilder
 from minicompile.capture.side_effects import SideEffects, generate_rebuild
 from minicompile.capture.variables import (
-    ArrayVar,
-    ConstantVar,
-    DictVar,
-    ListVar,
-    ObjectVar,
-    SizeVar,
-    StructSeqVar,
-    TensorVar,
-    TupleVar,
-    UserObjectVar,
-    Var,
-    is_constant_value,
+    ConstantVar, DictVar, ListVar, ObjectVar, SizeVar, StructSeqVar, TensorVar, TupleVar,
+    UserObjectVar, Var, is_constant_value,
 )
 from minicompile.errors import ShapeError, SourceLine, Unsupported
 from minicompile.graph import Graph, Node, TensorMeta
@@ -110,20 +100,7 @@ class OutputGraph(FrameValuesMixin):
     def to_value(self, var: Var) -> Any:
         """The plain value torch_ops and constant folding work on: TensorVars stay, constants
         and known objects become themselves, containers are rebuilt."""
-        var = self.realize(var)
-        if isinstance(var, (TensorVar, ArrayVar)):
-            return var
-        if isinstance(var, (ConstantVar, ObjectVar)):
-            return var.value
-        if isinstance(var, SizeVar):
-            return torch.Size([self.to_value(v) for v in var.items])
-        if isinstance(var, TupleVar):
-            return tuple(self.to_value(v) for v in var.items)
-        if isinstance(var, ListVar):
-            return [self.to_value(v) for v in var.items]
-        if isinstance(var, DictVar):
-            return {k: self.to_value(v) for k, v in var.items.items()}
-        raise Unsupported(f"{var.describe()} cannot be used as a value here")
+        return kinds.to_value(self, self.realize(var))
 
     def require_pinned(self, operands: Any, what: str) -> None:
         """Raise Unsupported when an operand (or an item of one) is an object the guards
@@ -133,20 +110,18 @@ class OutputGraph(FrameValuesMixin):
         passes ``type(v) is C``, would reuse them.  The operation must run for real
         instead (a graph break).  Enum members are immutable: an identity guard pins them."""
         for var in operands:
-            var = self.realize(var)
-            if isinstance(var, (TupleVar, ListVar)):
-                self.require_pinned(var.items, what)
-            elif isinstance(var, DictVar):
-                self.require_pinned(var.items.values(), what)
-            elif isinstance(var, UserObjectVar):
-                if not isinstance(var.value, enum.Enum):
-                    raise Unsupported(
-                        f"{what} on {type(var.value).__module__}.{type(var.value).__name__}: "
-                        "its contents are not guarded, so the trace cannot compute with them",
-                        hint="the operation runs for real (graph break)",
-                    )
-                if var.source is not None and not var.source.trusted:
-                    self.guards.identity_match(var.source, var.value)
+            kinds.require_pinned(self, self.realize(var), what)
+
+    @kinds.require_pinned.register(UserObjectVar)
+    def _pin_object(self, var: UserObjectVar, what: str) -> None:
+        if not isinstance(var.value, enum.Enum):
+            raise Unsupported(
+                f"{what} on {type(var.value).__module__}.{type(var.value).__name__}: "
+                "its contents are not guarded, so the trace cannot compute with them",
+                hint="the operation runs for real (graph break)",
+            )
+        if var.source is not None and not var.source.trusted:
+            self.guards.identity_match(var.source, var.value)
 
     def from_value(self, value: Any) -> Var:
         """The inverse of :meth:`to_value`, for results of folding and torch_ops."""
@@ -400,3 +375,18 @@ def _to_nodes(value: Any) -> Any:
     if isinstance(value, dict):
         return {k: _to_nodes(v) for k, v in value.items()}
     return value
+
+
+kinds.to_value.register(TensorVar, lambda out, var: var)
+kinds.to_value.register(ConstantVar, lambda out, var: var.value)
+kinds.to_value.register(ObjectVar, lambda out, var: var.value)
+kinds.to_value.register(SizeVar, lambda out, var: torch.Size([out.to_value(v) for v in var.items]))
+kinds.to_value.register(TupleVar, lambda out, var: tuple(out.to_value(v) for v in var.items))
+kinds.to_value.register(ListVar, lambda out, var: [out.to_value(v) for v in var.items])
+kinds.to_value.register(DictVar, lambda out, var: {
+    k: out.to_value(v) for k, v in var.items.items()})
+kinds.require_pinned.register(Var, lambda out, var, what: None)  # (pinned: guarded or made)
+for _kind in (TupleVar, ListVar):
+    kinds.require_pinned.register(_kind, lambda out, var, what: out.require_pinned(var.items, what))
+kinds.require_pinned.register(DictVar, lambda out, var, what: out.require_pinned(
+    var.items.values(), what))

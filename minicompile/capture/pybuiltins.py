@@ -12,16 +12,8 @@ import collections.abc
 from typing import TYPE_CHECKING, Any
 
 from minicompile.capture.variables import (
-    ArrayVar,
-    python_type_of,
-    specialized,
-    ConstantVar,
-    DictVar,
-    ListVar,
-    ObjectVar,
-    TensorVar,
-    TupleVar,
-    Var,
+    ArrayVar, python_type_of, specialized, ConstantVar, DictVar, ListVar, ObjectVar, TensorVar,
+    TupleVar, Var,
 )
 from minicompile.errors import Unsupported
 
@@ -121,18 +113,19 @@ def _sequence(fn: Any, arg: Var) -> Var:
 def _with_tensors(out: OutputGraph, fn: Any, name: str, values: list, kw: dict) -> Var:
     x = values[0] if values else None
     if isinstance(x, ArrayVar):
-        from minicompile.capture import numpy_arrays
+        from minicompile.capture import numpy_kind
 
-        return numpy_arrays.builtin(out, fn, values)
-    if fn is abs and len(values) == 1 and isinstance(x, TensorVar):
-        return out.op("abs", (x,))
-    if fn is len and len(values) == 1 and isinstance(x, TensorVar):
-        if x.meta.ndim == 0:
+        return numpy_kind.builtin(out, fn, values)
+    if isinstance(x, TensorVar) and len(values) == 1 + (fn is isinstance) and (
+            fn in (abs, len, isinstance, type)):
+        if fn is abs:
+            return out.op("abs", (x,))
+        if fn is len and x.meta.ndim == 0:
             raise Unsupported("len() of a 0-d tensor (eager raises)")
-        return ConstantVar(x.meta.sizes()[0])
-    if fn is isinstance and len(values) == 2 and isinstance(x, TensorVar):
-        return ConstantVar(issubclass(x.python_type, values[1]))
-    if fn is type and len(values) == 1 and isinstance(x, TensorVar):
+        if fn is len:
+            return ConstantVar(x.meta.sizes()[0])
+        if fn is isinstance:
+            return ConstantVar(issubclass(x.python_type, values[1]))
         return ObjectVar(x.python_type)
     if fn is len and isinstance(x, (tuple, list, dict)):
         return ConstantVar(len(x))

@@ -18,29 +18,11 @@ import inspect
 import operator
 from typing import TYPE_CHECKING, Any
 
-from minicompile.capture import pybuiltins, records
+from minicompile.capture import kinds, pybuiltins, records
 from minicompile.capture.variables import (
-    ArrayVar,
-    BoundMethodVar,
-    ConstantVar,
-    DictVar,
-    IteratorVar,
-    ListVar,
-    MethodVar,
-    NestedFunctionVar,
-    NewObjectVar,
-    NNModuleVar,
-    ObjectVar,
-    PartialVar,
-    ReadMethodVar,
-    RecordVar,
-    Source,
-    StructSeqVar,
-    SuperVar,
-    TensorVar,
-    TupleVar,
-    UserObjectVar,
-    Var,
+    ArrayVar, BoundMethodVar, ConstantVar, DictVar, IteratorVar, ListVar, MethodVar,
+    NestedFunctionVar, NewObjectVar, NNModuleVar, ObjectVar, PartialVar, ReadMethodVar, RecordVar,
+    Source, StructSeqVar, SuperVar, TensorVar, TupleVar, UserObjectVar, Var,
 )
 from minicompile.errors import Unsupported
 
@@ -74,6 +56,7 @@ class PythonCallsMixin:
         return self.truthy(self.call_function(self.load_attr(container, "__contains__"),
                                               [item], {}))
 
+    @kinds.call.register(ReadMethodVar)
     def call_read_method(self: InstructionTranslator, fn: ReadMethodVar, args: list, kw: dict):
         """``dict.get(obj, key)`` and friends on a user subclass read from the frame: the
         value is read now and guarded through the same call in the guard function."""
@@ -99,6 +82,7 @@ class PythonCallsMixin:
             raise Unsupported(f"{source.name} raised {type(e).__name__} (eager raises)") from e
         return self.output.wrap(value, source)
 
+    @kinds.call_method.register(ListVar)
     def list_method(self: InstructionTranslator, lst: ListVar, name: str, args: list, kw: dict):
         if name in _LIST_MUTATORS:
             self.output.side_effects.mutate_container(lst, f"list.{name}")
@@ -128,6 +112,7 @@ class PythonCallsMixin:
             raise Unsupported(f"list.{name}() is not supported yet")
         return ConstantVar(None)
 
+    @kinds.call_method.register(DictVar)
     def dict_method(self: InstructionTranslator, d: DictVar, name: str, args: list, kw: dict):
         if name in _DICT_MUTATORS:
             self.output.side_effects.mutate_container(d, f"dict.{name}")
@@ -186,13 +171,10 @@ class PythonCallsMixin:
             args[0], (NestedFunctionVar, BoundMethodVar, MethodVar, ReadMethodVar, PartialVar)
         ):
             return ConstantVar(True)
-        if fn is len and len(args) == 1 and isinstance(args[0], ObjectVar) and (
-                type(args[0].value) is collections.OrderedDict and args[0].source is not None):
-            # (a module's hook dicts: nn.TransformerEncoderLayer counts them)
-            src, n = args[0].source, len(args[0].value)
-            self.output.guards.add(src.name, "length", f"len({src.expr}) == {n}",
-                                   f"len({src.expr})", n)
-            return ConstantVar(n)
+        if fn is len and len(args) == 1 and not kwargs:
+            n = kinds.length(self, args[0])
+            if n is not None:
+                return n
         if fn is delattr and len(args) == 2 and isinstance(args[0], NewObjectVar):
             records.del_object_attr(self, args[0], self.output.to_value(args[1]))
             return ConstantVar(None)
@@ -235,15 +217,7 @@ class PythonCallsMixin:
                 return ConstantVar(issubclass(cls, self.output.to_value(args[1])))
             if fn is type and len(args) == 1:
                 return self.output.wrap(cls, None)
-            if fn is len and len(args) == 1 and isinstance(args[0], RecordVar):
-                return ConstantVar(len(records.keys_of(args[0])))
 
-        if fn is len and len(args) == 1 and isinstance(args[0], (TupleVar, ListVar, DictVar)):
-            return ConstantVar(len(args[0].items))  # items may be objects of the trace
-        if fn is len and len(args) == 1 and self.has_python_method(args[0], "__len__"):
-            return self.call_function(self.load_attr(args[0], "__len__"), [], {})
-        if fn is len and len(args) == 1 and isinstance(args[0], NNModuleVar):
-            return ConstantVar(len(self.module_items(args[0])))
         if fn is isinstance and len(args) == 2 and isinstance(args[0], (StructSeqVar,)):
             return ConstantVar(issubclass(args[0].cls or tuple, self.output.to_value(args[1])))
         if fn is sum and 1 <= len(args) <= 2 and not kwargs:
@@ -259,6 +233,21 @@ class PythonCallsMixin:
             isinstance(a, UserObjectVar) and hasattr(type(a.value), "__iter__")) else a
             for a in args]
         return pybuiltins.call_builtin(self.output, fn, args, kwargs)
+
+    @kinds.length.register(ObjectVar)
+    @kinds.length.register(NewObjectVar)
+    def object_len(self: InstructionTranslator, obj: ObjectVar | NewObjectVar) -> Var | None:
+        """A module's hook dict (nn.TransformerEncoderLayer counts them), or an object whose
+        class defines ``__len__`` in Python."""
+        value = getattr(obj, "value", None)
+        if type(value) is collections.OrderedDict and obj.source is not None:
+            src, n = obj.source, len(value)
+            self.output.guards.add(src.name, "length", f"len({src.expr}) == {n}",
+                                   f"len({src.expr})", n)
+            return ConstantVar(n)
+        if self.has_python_method(obj, "__len__"):
+            return self.call_function(self.load_attr(obj, "__len__"), [], {})
+        return None
 
     def make_super(self: InstructionTranslator, args: list) -> Var:
         if len(args) == 2:
@@ -276,3 +265,11 @@ class PythonCallsMixin:
         if obj is None:
             raise Unsupported("super(): the first argument is unbound")
         return SuperVar(cls, self.realize(obj))
+
+
+# ``len(x)`` of the kinds that know it (None: the builtin decides, on the value).
+kinds.length.register(Var, lambda tx, var: None)
+for _kind in (TupleVar, ListVar, DictVar):  # (items may be objects of the trace)
+    kinds.length.register(_kind, lambda tx, var: ConstantVar(len(var.items)))
+kinds.length.register(RecordVar, lambda tx, var: ConstantVar(len(records.keys_of(var))))
+kinds.length.register(NNModuleVar, lambda tx, var: ConstantVar(len(tx.module_items(var))))

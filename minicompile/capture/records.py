@@ -38,23 +38,10 @@ import dataclasses
 import inspect
 from typing import TYPE_CHECKING, Any
 
+from minicompile.capture import kinds
 from minicompile.capture.variables import (
-    ConstantVar,
-    DictVar,
-    ListVar,
-    LazyVar,
-    MethodVar,
-    ModuleVar,
-    NewObjectVar,
-    ObjectSlotVar,
-    ObjectVar,
-    RecordVar,
-    Source,
-    TensorVar,
-    TupleVar,
-    UserFunctionVar,
-    UserObjectVar,
-    Var,
+    ConstantVar, DictVar, ListVar, LazyVar, MethodVar, ModuleVar, NewObjectVar, ObjectSlotVar,
+    ObjectVar, RecordVar, Source, TensorVar, TupleVar, UserFunctionVar, UserObjectVar, Var,
     is_constant_value,
 )
 from minicompile.errors import Unsupported
@@ -163,13 +150,14 @@ def _model_output_keys(cls: type, fields: dict[str, Var]) -> list[str]:
 
 
 def _is_none(var: Var) -> bool:
-    return isinstance(var, ConstantVar) and var.value is None
+    return var.identity() is None  # (only a constant stands for None)
 
 
 def _key_error(record: RecordVar, key: Any) -> Unsupported:
     return Unsupported(f"{record.cls.__name__} has no key {key!r} (eager raises KeyError)")
 
 
+@kinds.load_attr.register(RecordVar)
 def attr(tx: InstructionTranslator, record: RecordVar, name: str) -> Var:
     """``record.name``: a field or a written attribute, a mapping method, or whatever the
     class defines (methods and properties are inlined with the record as ``self``)."""
@@ -182,12 +170,15 @@ def attr(tx: InstructionTranslator, record: RecordVar, name: str) -> Var:
     return tx.class_attr(record, record.cls, name)
 
 
-def has_attr(obj: RecordVar | NewObjectVar, name: str) -> bool:
+@kinds.has_attr.register(RecordVar)
+@kinds.has_attr.register(NewObjectVar)
+def has_attr(tx: InstructionTranslator, obj: RecordVar | NewObjectVar, name: str) -> bool:
     """``hasattr`` of an object the trace made: its own attributes, then its class."""
     own = obj.fields if isinstance(obj, RecordVar) else obj.attrs
     return name in own or hasattr(obj.cls, name)
 
 
+@kinds.store_attr.register(RecordVar)
 def set_attr(tx: InstructionTranslator, record: RecordVar, name: str, value: Var) -> None:
     params = getattr(record.cls, "__dataclass_params__", None)
     if params is not None and params.frozen:
@@ -198,6 +189,7 @@ def set_attr(tx: InstructionTranslator, record: RecordVar, name: str, value: Var
     record.writes.append(("attr", name, value))
 
 
+@kinds.store_item.register(RecordVar)
 def set_item(tx: InstructionTranslator, record: RecordVar, key: Var, value: Var) -> None:
     k = tx.output.to_value(key)
     if record.keys is None or not isinstance(k, str):
@@ -207,6 +199,7 @@ def set_item(tx: InstructionTranslator, record: RecordVar, key: Var, value: Var)
     record.writes.append(("item", k, value))
 
 
+@kinds.subscript.register(RecordVar)
 def get_item(tx: InstructionTranslator, record: RecordVar, key: Var) -> Var:
     if record.keys is None:
         raise Unsupported(f"{record.describe()} is not subscriptable (eager raises)")
@@ -228,6 +221,7 @@ def to_tuple(tx: InstructionTranslator, record: RecordVar) -> TupleVar:
     return TupleVar(tuple(tx.realize(record.fields[k]) for k in record.keys))
 
 
+@kinds.call_method.register(RecordVar)
 def call_method(tx: InstructionTranslator, record: RecordVar, name: str, args: list,
                 kwargs: dict) -> Var:
     """The mapping methods of a ModelOutput."""
@@ -311,6 +305,7 @@ def create(tx: InstructionTranslator, cls: type, args: list, kwargs: dict) -> Ne
     return obj
 
 
+@kinds.load_attr.register(NewObjectVar)
 def object_attr(tx: InstructionTranslator, obj: NewObjectVar, name: str) -> Var:
     """``obj.name``, through the class's own ``__getattribute__`` when it has one."""
     if obj.cls.__getattribute__ is not object.__getattribute__:
@@ -333,6 +328,7 @@ def plain_attr(tx: InstructionTranslator, obj: NewObjectVar, name: str) -> Var:
     return tx.class_attr(obj, obj.cls, name)
 
 
+@kinds.store_attr.register(NewObjectVar)
 def set_object_attr(tx: InstructionTranslator, obj: NewObjectVar, name: str, value: Var) -> None:
     if obj.cls.__setattr__ is not object.__setattr__:
         tx.call_function(UserFunctionVar(obj.cls.__setattr__), [obj, ConstantVar(name), value],
@@ -348,6 +344,7 @@ def del_object_attr(tx: InstructionTranslator, obj: NewObjectVar, name: str) -> 
         raise Unsupported(f"{obj.cls.__name__!r} object has no attribute {name!r} (eager raises)")
 
 
+@kinds.call.register(ObjectSlotVar)
 def call_slot(tx: InstructionTranslator, slot: ObjectSlotVar, args: list, kwargs: dict) -> Var:
     """``object.__getattribute__(obj, name)`` and friends on an object of the trace."""
     obj, values = slot.obj, [tx.output.to_value(a) for a in args[:1]]
@@ -367,17 +364,7 @@ def call_slot(tx: InstructionTranslator, slot: ObjectSlotVar, args: list, kwargs
 def copy_value(tx: InstructionTranslator, var: Var, deep: bool) -> Var:
     """``copy.deepcopy(var)`` (``deep``) or ``copy.copy(var)``."""
     var = tx.realize(var)
-    if deep:
-        return _deep(tx, var, {})
-    if isinstance(var, ListVar):
-        return ListVar(list(var.items))
-    if isinstance(var, DictVar):
-        return DictVar(dict(var.items))
-    if isinstance(var, UserObjectVar):
-        return _copy_object(tx, var, lambda v: v)  # the attributes themselves are shared
-    if isinstance(var, (ConstantVar, TupleVar)):
-        return var
-    raise Unsupported(f"copy.copy() of {var.describe()} is not supported")
+    return _deep(tx, var, {}) if deep else kinds.copy(tx, var)
 
 
 def _deep(tx: InstructionTranslator, var: Var, memo: dict[int, Var]) -> Var:
@@ -385,23 +372,16 @@ def _deep(tx: InstructionTranslator, var: Var, memo: dict[int, Var]) -> Var:
         if is_constant_value(var.value):
             return var  # immutable: shared, read (and guarded) when used
         var = tx.realize(var)
-    if id(var) in memo:
-        return memo[id(var)]
-    if isinstance(var, ConstantVar) or type(var) in (ObjectVar, ModuleVar, UserFunctionVar):
-        return var  # deepcopy keeps numbers, classes, functions and modules
-    if isinstance(var, (ListVar, TupleVar)):
-        items = [_deep(tx, i, memo) for i in var.items]
-        copy = ListVar(items) if isinstance(var, ListVar) else type(var)(tuple(items))
-    elif isinstance(var, DictVar):
-        copy = DictVar({k: _deep(tx, v, memo) for k, v in var.items.items()})
-    elif isinstance(var, NewObjectVar):
-        copy = NewObjectVar(var.cls, {k: _deep(tx, v, memo) for k, v in var.attrs.items()})
-    elif isinstance(var, UserObjectVar):
-        copy = _copy_object(tx, var, lambda v: _deep(tx, v, memo))
-    else:
-        raise Unsupported(f"copy.deepcopy() of {var.describe()} is not supported")
-    memo[id(var)] = copy
-    return copy
+    if id(var) not in memo:
+        memo[id(var)] = kinds.deepcopy(tx, var, memo)
+    return memo[id(var)]
+
+
+@kinds.deepcopy.register(ObjectVar)
+def _deep_object(tx: InstructionTranslator, var: ObjectVar, memo: dict[int, Var]) -> Var:
+    if type(var) in (ObjectVar, ModuleVar, UserFunctionVar):
+        return var  # deepcopy keeps classes, functions and modules
+    raise Unsupported(f"copy.deepcopy() of {var.describe()} is not supported")
 
 
 def _copy_object(tx: InstructionTranslator, var: UserObjectVar, copy: Any) -> NewObjectVar:
@@ -430,3 +410,22 @@ def new_object(cls: type, attrs: dict[str, Any]) -> Any:
 def python_class(var: Var) -> type | None:
     """The class of an object the trace made (None for other trackers)."""
     return var.cls if isinstance(var, (NewObjectVar, RecordVar)) else None
+
+
+kinds.copy.register(ListVar, lambda tx, var: ListVar(list(var.items)))
+kinds.copy.register(DictVar, lambda tx, var: DictVar(dict(var.items)))
+# (an object's attributes themselves are shared)
+kinds.copy.register(UserObjectVar, lambda tx, var: _copy_object(tx, var, lambda v: v))
+kinds.copy.register(ConstantVar, lambda tx, var: var)
+kinds.copy.register(TupleVar, lambda tx, var: var)
+kinds.deepcopy.register(ConstantVar, lambda tx, var, memo: var)  # (numbers: kept)
+kinds.deepcopy.register(ListVar, lambda tx, var, memo: ListVar(
+    [_deep(tx, i, memo) for i in var.items]))
+kinds.deepcopy.register(TupleVar, lambda tx, var, memo: type(var)(
+    tuple(_deep(tx, i, memo) for i in var.items)))
+kinds.deepcopy.register(DictVar, lambda tx, var, memo: DictVar(
+    {k: _deep(tx, v, memo) for k, v in var.items.items()}))
+kinds.deepcopy.register(NewObjectVar, lambda tx, var, memo: NewObjectVar(
+    var.cls, {k: _deep(tx, v, memo) for k, v in var.attrs.items()}))
+kinds.deepcopy.register(UserObjectVar, lambda tx, var, memo: _copy_object(
+    tx, var, lambda v: _deep(tx, v, memo)))

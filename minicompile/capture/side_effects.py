@@ -24,28 +24,12 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from minicompile.capture import concrete, records
+from minicompile.capture import concrete, kinds, records
 from minicompile.runtime import values
 from minicompile.runtime.values import write_back
 from minicompile.capture.variables import (
-    ArrayVar,
-    BoundMethodVar,
-    CellVar,
-    ConstantVar,
-    DictVar,
-    ListVar,
-    MethodVar,
-    SYMBOLIC_TYPES,
-    NullVar,
-    NewObjectVar,
-    ObjectVar,
-    PartialVar,
-    RecordVar,
-    SizeVar,
-    StructSeqVar,
-    TensorVar,
-    TupleVar,
-    Var,
+    BoundMethodVar, CellVar, ConstantVar, DictVar, ListVar, MethodVar, SYMBOLIC_TYPES, NullVar,
+    NewObjectVar, ObjectVar, PartialVar, RecordVar, SizeVar, StructSeqVar, TensorVar, TupleVar, Var,
 )
 from minicompile.errors import Unsupported
 from minicompile.graph import Node
@@ -96,115 +80,53 @@ class SideEffects:
             self.cells[id(cell)] = cell
 
 
-def generate_rebuild(out: OutputGraph, result: Var) -> tuple[list[Node], str]:
-    """The graph outputs and the source of ``rebuild(outs, *frame)`` (see the module doc)."""
-    g = out.guards
-    outputs: list[Node] = []
-    index: dict[Node, int] = {}
+class Rebuild:
+    """The writer of ``rebuild``: ``expr(v)`` spells a tracker as source (each kind by its
+    ``kinds.rebuild`` rule), reading graph outputs (``outs[i]``) and making each object of
+    the trace once, in statements before the return value (``lines``)."""
 
-    def output(node: Node) -> str:
-        if node not in index:
-            index[node] = len(outputs)
-            outputs.append(node)
-        return f"outs[{index[node]}]"
+    def __init__(self, out: OutputGraph) -> None:
+        self.out, self.g = out, out.guards
+        self.outputs: list[Node] = []
+        self._index: dict[Node, int] = {}
+        self.lines: list[str] = []
+        self.made: dict[int, str] = {}  # objects of the trace, made once each (they may share)
+        self._temps = 0
 
-    def value_text(value: Any) -> str:
+    def expr(self, v: Var) -> str:
+        return kinds.rebuild(self, self.out.realize(v))
+
+    def output(self, node: Node) -> str:
+        if node not in self._index:
+            self._index[node] = len(self.outputs)
+            self.outputs.append(node)
+        return f"outs[{self._index[node]}]"
+
+    def temp(self, value_expr: str) -> str:
+        name = f"_v{self._temps}"
+        self._temps += 1
+        self.lines.append(f"    {name} = {value_expr}")
+        return name
+
+    def key(self, k: Any) -> str:
+        return repr(k) if _literal_ok(k) else self.g.ref(k, "key")
+
+    def items(self, items: Any) -> str:
+        return ", ".join(self.expr(i) for i in items)
+
+    def value_text(self, value: Any) -> str:
         """A Python value of the trace as source: symbolic sizes as expressions of the
         frame's tensors' shapes, sequences item by item."""
         if isinstance(value, SYMBOLIC_TYPES):
-            return out.graph.shapes.python_source(value)
+            return self.out.graph.shapes.python_source(value)
         if type(value) in (tuple, list):
-            inner = ", ".join(value_text(v) for v in value)
+            inner = ", ".join(self.value_text(v) for v in value)
             if type(value) is list:
                 return f"[{inner}]"
             return f"({inner},)" if value else "()"  # "(,)" is not Python
         return repr(value)
 
-    def expr(v: Var) -> str:
-        v = out.realize(v)
-        if isinstance(v, ArrayVar):
-            return array(v)
-        if isinstance(v, TensorVar):
-            if v.source is not None:
-                return v.source.expr
-            return view_of_root(v) or output(v.node)
-        if isinstance(v, ConstantVar) and isinstance(v.value, SYMBOLIC_TYPES):
-            # A size of a dynamic capture: recomputed from the frame's tensors on each call.
-            return out.graph.shapes.python_source(v.value)
-        if isinstance(v, SizeVar) and any(isinstance(i, ConstantVar) and isinstance(
-                i.value, SYMBOLIC_TYPES) for i in v.items):
-            inner = ", ".join(expr(i) for i in v.items)
-            return f"{g.ref(torch.Size, 'Size')}(({inner},))"
-        if isinstance(v, SizeVar) or (isinstance(v, ConstantVar) and not _literal_ok(v.value)):
-            return g.ref(out.to_value(v), "const")
-        if isinstance(v, ConstantVar):
-            return repr(v.value)
-        if isinstance(v, StructSeqVar) and v.cls is not None:
-            inner = ", ".join(expr(i) for i in v.items)
-            return f"{g.ref(v.cls, v.cls.__name__)}(({inner},))"
-        if isinstance(v, TupleVar):
-            inner = ", ".join(expr(i) for i in v.items)
-            return f"({inner},)" if len(v.items) == 1 else f"({inner})"
-        if isinstance(v, NewObjectVar):
-            return new_object(v)
-        if isinstance(v, RecordVar):
-            init = ", ".join(f"{k!r}: {expr(i)}" for k, i in v.init.items())
-            writes = "".join(f"({kind!r}, {name!r}, {expr(i)}), " for kind, name, i in v.writes)
-            build = g.ref(records.build_record, "build_record")
-            return f"{build}({g.ref(v.cls, v.cls.__name__)}, {{{init}}}, ({writes}))"
-        if isinstance(v, (ListVar, DictVar)) and not v.mutable and v.source is not None:
-            return v.source.expr  # the caller's own object (mutations are replayed on it)
-        if isinstance(v, ListVar):
-            return "[" + ", ".join(expr(i) for i in v.items) + "]"
-        if isinstance(v, DictVar):
-            items = ", ".join(f"{key(k)}: {expr(i)}" for k, i in v.items.items())
-            return "{" + items + "}"
-        if isinstance(v, ObjectVar):
-            if v.source is not None:
-                return v.source.expr
-            return g.ref(v.value, getattr(v.value, "__name__", "obj"))
-        # What a value stack holds at a graph break (see segments.py).
-        if isinstance(v, NullVar):
-            return g.ref(concrete.NULL, "NULL")
-        if isinstance(v, MethodVar):
-            return f"getattr({expr(v.obj)}, {v.name!r})"
-        if isinstance(v, PartialVar):
-            if v.source is not None:
-                return v.source.expr
-            args = "".join(f", {expr(a)}" for a in v.args)
-            kwargs = ", ".join(f"{k!r}: {expr(i)}" for k, i in v.kwargs.items())
-            return (f"{g.ref(functools.partial, 'partial')}({expr(v.func)}{args}"
-                    f"{f', **{{{kwargs}}}' if kwargs else ''})")
-        if isinstance(v, BoundMethodVar):
-            return f"{g.ref(types.MethodType, 'MethodType')}({g.ref(v.func, 'fn')}, {expr(v.self_var)})"
-        raise Unsupported(f"{v.describe()} cannot leave the compiled region (returned/stored)")
-
-    def key(k: Any) -> str:
-        return repr(k) if _literal_ok(k) else g.ref(k, "key")
-
-    lines: list[str] = []
-    replays: list[str] = []
-    fx = out.side_effects
-    n = 0
-
-    def temp(value_expr: str) -> str:
-        nonlocal n
-        name = f"_v{n}"
-        n += 1
-        lines.append(f"    {name} = {value_expr}")
-        return name
-
-    made: dict[int, str] = {}  # objects of the trace, made once each (they may share)
-
-    def new_object(v: NewObjectVar) -> str:
-        if id(v) not in made:
-            made[id(v)] = name = temp(f"{g.ref(records.new_object, 'new_object')}("
-                                      f"{g.ref(v.cls, v.cls.__name__)}, {{}})")
-            attrs = ", ".join(f"{k!r}: {expr(i)}" for k, i in v.attrs.items())
-            lines.append(f"    {name}.__dict__.update({{{attrs}}})")
-        return made[id(v)]
-
-    def view_of_root(v: TensorVar, alias_ok: bool = False) -> str | None:
+    def view_of_root(self, v: TensorVar, alias_ok: bool = False) -> str | None:
         """``v`` as a real view of its root's value here, as eager has it: a view of an
         input is one of the caller's tensor (or of the caller's NumPy array, through
         ``torch.from_numpy``), a view of a tensor the graph made is one of that output,
@@ -214,74 +136,161 @@ def generate_rebuild(out: OutputGraph, result: Var) -> tuple[list[Node], str]:
         root = v.base
         if root is None:
             return None
-        if id(root) in out.array_inputs:
+        if id(root) in self.out.array_inputs:
             if root.meta.device.type != "cpu":  # a copy on the GPU: no shared memory
                 return None
-            base = f"{g.ref(values.to_tensor, 'to_tensor')}({root.source.expr})"
+            base = f"{self.g.ref(values.to_tensor, 'to_tensor')}({root.source.expr})"
         elif root.source is not None:
             base = root.source.expr
         elif all(step.kind == "alias" for step in v.view) and not alias_ok:
             return None
         else:
-            base = expr(root)
-        return view_expr(base, v.view, value_text)
+            base = self.expr(root)
+        return view_expr(base, v.view, self.value_text)
 
-    def array(v: ArrayVar) -> str:
-        """A NumPy array or scalar of the trace, made once (``a is b`` stays true), over
-        the memory NumPy's would share (a view of an input array is a view of it)."""
-        if v.source is not None:
-            return v.source.expr
-        if id(v) not in made:
-            convert = values.to_scalar if v.scalar else values.to_numpy
-            tensor = view_of_root(v.tensor, alias_ok=True)
-            if tensor is None and v.tensor.base is not None and out.at_break:
-                raise Unsupported("a view of a NumPy array that leaves the graph as a copy "
-                                  "(a[::-1], or on a GPU) is live at a graph break")
-            tensor = tensor or output(v.tensor.node)
-            made[id(v)] = temp(f"{g.ref(convert, convert.__name__)}({tensor})")
-        return made[id(v)]
 
-    lines.append(f"    ret = {expr(result)}")
-
-    for var in fx.containers.values():
-        assert var.source is not None
-        if isinstance(var, ListVar):
-            items = temp("[" + ", ".join(expr(i) for i in var.items) + "]")
-            replays.append(f"    {var.source.expr}[:] = {items}")
-        else:
-            assert isinstance(var, DictVar)
-            body = ", ".join(f"{key(k)}: {expr(i)}" for k, i in var.items.items())
-            items = temp("{" + body + "}")
-            replays.append(f"    {var.source.expr}.clear()")
-            replays.append(f"    {var.source.expr}.update({items})")
-    for obj, writes in fx.attrs.values():
-        assert obj.source is not None
-        for name, value in writes.items():
-            replays.append(f"    {obj.source.expr}.{name} = {temp(expr(value))}")
-    for (_, name), (dict_expr, value) in fx.globals.items():
-        replays.append(f"    {dict_expr}[{name!r}] = {temp(expr(value))}")
-    for cell in fx.cells.values():
-        assert cell.source is not None and cell.contents is not None
-        replays.append(f"    {cell.source.expr} = {temp(expr(cell.contents))}")
-
+def generate_rebuild(out: OutputGraph, result: Var) -> tuple[list[Node], str]:
+    """The graph outputs and the source of ``rebuild(outs, *frame)`` (see the module doc)."""
+    r = Rebuild(out)
+    r.lines.append(f"    ret = {r.expr(result)}")
+    replays = _replays(r, out.side_effects)
     writebacks: list[str] = []
     needs_no_grad = False
     for var in out.mutated_inputs.values():
         if var.node is out.input_nodes[id(var)]:
             continue  # written, but with its own value
         assert var.source is not None
-        writebacks.append(f"{g.ref(write_back, 'write_back')}({var.source.expr}, "
-                          f"{output(var.node)})")
+        writebacks.append(f"{r.g.ref(write_back, 'write_back')}({var.source.expr}, "
+                          f"{r.output(var.node)})")
         needs_no_grad = needs_no_grad or var.meta.requires_grad
     if needs_no_grad:
-        lines.append(f"    with {g.ref(torch.no_grad, 'no_grad')}():")
-        lines.extend(f"        {w}" for w in writebacks)
+        r.lines.append(f"    with {r.g.ref(torch.no_grad, 'no_grad')}():")
+        r.lines.extend(f"        {w}" for w in writebacks)
     else:
-        lines.extend(f"    {w}" for w in writebacks)
-    lines.extend(replays)
-    lines.append("    return ret")
+        r.lines.extend(f"    {w}" for w in writebacks)
+    r.lines.extend(replays)
+    r.lines.append("    return ret")
     params = ", ".join(["outs", *out.params])
-    return outputs, f"def rebuild({params}):\n" + "\n".join(lines) + "\n"
+    return r.outputs, f"def rebuild({params}):\n" + "\n".join(r.lines) + "\n"
+
+
+def _replays(r: Rebuild, fx: SideEffects) -> list[str]:
+    """The logged writes, their values computed first (into temporaries)."""
+    replays: list[str] = []
+    for var in fx.containers.values():
+        assert var.source is not None
+        if isinstance(var, ListVar):
+            items = r.temp(f"[{r.items(var.items)}]")
+            replays.append(f"    {var.source.expr}[:] = {items}")
+        else:
+            assert isinstance(var, DictVar)
+            body = ", ".join(f"{r.key(k)}: {r.expr(i)}" for k, i in var.items.items())
+            items = r.temp("{" + body + "}")
+            replays.append(f"    {var.source.expr}.clear()")
+            replays.append(f"    {var.source.expr}.update({items})")
+    for obj, writes in fx.attrs.values():
+        assert obj.source is not None
+        for name, value in writes.items():
+            replays.append(f"    {obj.source.expr}.{name} = {r.temp(r.expr(value))}")
+    for (_, name), (dict_expr, value) in fx.globals.items():
+        replays.append(f"    {dict_expr}[{name!r}] = {r.temp(r.expr(value))}")
+    for cell in fx.cells.values():
+        assert cell.source is not None and cell.contents is not None
+        replays.append(f"    {cell.source.expr} = {r.temp(r.expr(cell.contents))}")
+    return replays
+
+
+# -- each kind's spelling in rebuild ---------------------------------------------------------
+
+
+@kinds.rebuild.register(TensorVar)
+def _tensor(r: Rebuild, v: TensorVar) -> str:
+    if v.source is not None:
+        return v.source.expr
+    return r.view_of_root(v) or r.output(v.node)
+
+
+@kinds.rebuild.register(ConstantVar)
+def _constant(r: Rebuild, v: ConstantVar) -> str:
+    if isinstance(v.value, SYMBOLIC_TYPES):
+        # A size of a dynamic capture: recomputed from the frame's tensors on each call.
+        return r.out.graph.shapes.python_source(v.value)
+    return repr(v.value) if _literal_ok(v.value) else r.g.ref(v.value, "const")
+
+
+@kinds.rebuild.register(SizeVar)
+def _size(r: Rebuild, v: SizeVar) -> str:
+    if any(isinstance(i, ConstantVar) and isinstance(i.value, SYMBOLIC_TYPES) for i in v.items):
+        return f"{r.g.ref(torch.Size, 'Size')}(({r.items(v.items)},))"
+    return r.g.ref(r.out.to_value(v), "const")
+
+
+@kinds.rebuild.register(StructSeqVar)
+def _struct_seq(r: Rebuild, v: StructSeqVar) -> str:
+    if v.cls is None:
+        return _tuple(r, v)
+    return f"{r.g.ref(v.cls, v.cls.__name__)}(({r.items(v.items)},))"
+
+
+@kinds.rebuild.register(TupleVar)
+def _tuple(r: Rebuild, v: TupleVar) -> str:
+    return f"({r.items(v.items)},)" if len(v.items) == 1 else f"({r.items(v.items)})"
+
+
+@kinds.rebuild.register(NewObjectVar)
+def _new_object(r: Rebuild, v: NewObjectVar) -> str:
+    if id(v) not in r.made:
+        r.made[id(v)] = name = r.temp(f"{r.g.ref(records.new_object, 'new_object')}("
+                                      f"{r.g.ref(v.cls, v.cls.__name__)}, {{}})")
+        attrs = ", ".join(f"{k!r}: {r.expr(i)}" for k, i in v.attrs.items())
+        r.lines.append(f"    {name}.__dict__.update({{{attrs}}})")
+    return r.made[id(v)]
+
+
+@kinds.rebuild.register(RecordVar)
+def _record(r: Rebuild, v: RecordVar) -> str:
+    init = ", ".join(f"{k!r}: {r.expr(i)}" for k, i in v.init.items())
+    writes = "".join(f"({kind!r}, {name!r}, {r.expr(i)}), " for kind, name, i in v.writes)
+    build = r.g.ref(records.build_record, "build_record")
+    return f"{build}({r.g.ref(v.cls, v.cls.__name__)}, {{{init}}}, ({writes}))"
+
+
+@kinds.rebuild.register(ListVar)
+@kinds.rebuild.register(DictVar)
+def _container(r: Rebuild, v: ListVar | DictVar) -> str:
+    if not v.mutable and v.source is not None:
+        return v.source.expr  # the caller's own object (mutations are replayed on it)
+    if isinstance(v, ListVar):
+        return f"[{r.items(v.items)}]"
+    return "{" + ", ".join(f"{r.key(k)}: {r.expr(i)}" for k, i in v.items.items()) + "}"
+
+
+@kinds.rebuild.register(ObjectVar)
+def _object(r: Rebuild, v: ObjectVar) -> str:
+    if v.source is not None:
+        return v.source.expr
+    return r.g.ref(v.value, getattr(v.value, "__name__", "obj"))
+
+
+# What a value stack holds at a graph break (see segments.py).
+kinds.rebuild.register(NullVar, lambda r, v: r.g.ref(concrete.NULL, "NULL"))
+kinds.rebuild.register(MethodVar, lambda r, v: f"getattr({r.expr(v.obj)}, {v.name!r})")
+
+
+@kinds.rebuild.register(PartialVar)
+def _partial(r: Rebuild, v: PartialVar) -> str:
+    if v.source is not None:
+        return v.source.expr
+    args = "".join(f", {r.expr(a)}" for a in v.args)
+    kwargs = ", ".join(f"{k!r}: {r.expr(i)}" for k, i in v.kwargs.items())
+    return (f"{r.g.ref(functools.partial, 'partial')}({r.expr(v.func)}{args}"
+            f"{f', **{{{kwargs}}}' if kwargs else ''})")
+
+
+@kinds.rebuild.register(BoundMethodVar)
+def _bound_method(r: Rebuild, v: BoundMethodVar) -> str:
+    method = r.g.ref(types.MethodType, "MethodType")
+    return f"{method}({r.g.ref(v.func, 'fn')}, {r.expr(v.self_var)})"
 
 
 def view_expr(base: str, steps: tuple, fmt: Callable[[Any], str] = repr) -> str | None:

@@ -376,7 +376,3 @@ def _clamp_min(em: Emitter, fname: str, args: tuple, kwargs: dict) -> Any:
 def _clamp_max(em: Emitter, fname: str, args: tuple, kwargs: dict) -> Any:
     x, hi = parse(fname, args, kwargs, ("input", "max"))
     return clamp(em, fname, x, None, hi)
-
-
-from minicompile.capture import torch_views  # noqa: E402,F401  (registers casts and views)
-from minicompile.capture import training_ops  # noqa: E402,F401  (batch norm, dropout)

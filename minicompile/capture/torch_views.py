@@ -16,14 +16,7 @@ from typing import Any
 import torch
 
 from minicompile.capture.torch_ops import (
-    ATTRIBUTES,
-    Emitter,
-    dims_arg,
-    normalize_dim,
-    parse,
-    register,
-    shape_of,
-    tensor_arg,
+    ATTRIBUTES, Emitter, dims_arg, normalize_dim, parse, register, shape_of, tensor_arg,
 )
 from minicompile.capture.variables import TensorVar
 from minicompile.errors import Unsupported

@@ -33,6 +33,7 @@ from typing import Any
 
 import torch
 
+from minicompile.errors import Unsupported
 from minicompile.graph import Node, TensorMeta
 
 
@@ -80,6 +81,10 @@ class Var:
         """A short phrase for error messages ("a tensor", "an int")."""
         return type(self).__name__
 
+    def identity(self) -> Any:
+        """What ``is`` compares: the value a tracker stands for where it is known."""
+        return self
+
 
 @dataclasses.dataclass(eq=False)
 class TensorVar(Var):
@@ -101,6 +106,9 @@ class TensorVar(Var):
 
     def describe(self) -> str:
         return "a tensor"
+
+    def identity(self) -> Any:
+        return self.node
 
 
 @dataclasses.dataclass(eq=False)
@@ -126,6 +134,9 @@ class ConstantVar(Var):
 
     def describe(self) -> str:
         return f"a {type(self.value).__name__} ({self.value!r})"
+
+    def identity(self) -> Any:
+        return self.value
 
 
 @dataclasses.dataclass(eq=False)
@@ -185,6 +196,9 @@ class ObjectVar(Var):
 
     def describe(self) -> str:
         return f"{type(self.value).__name__} {getattr(self.value, '__name__', '')}".strip()
+
+    def identity(self) -> Any:
+        return self.value
 
 
 class ModuleVar(ObjectVar):
@@ -368,6 +382,17 @@ class GradModeVar(Var):
 
     def describe(self) -> str:
         return f"grad mode context ({self.enabled})"
+
+    def enter(self, out: Any) -> None:
+        if self.entered:
+            raise Unsupported("re-entering a grad mode context is not supported")
+        self.entered = True
+        if self.prev is None:
+            self.prev = out.grad_enabled
+            out.grad_enabled = self.enabled
+
+    def exit(self, out: Any) -> None:
+        out.grad_enabled = bool(self.prev)
 
 
 @dataclasses.dataclass(eq=False)

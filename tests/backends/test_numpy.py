@@ -381,7 +381,7 @@ def test_numpy_not_imported_by_capture_modules() -> None:
 
     root = Path(minicompile.__file__).parent / "capture"
     for path in root.glob("*.py"):
-        if path.stem in ("numpy_arrays", "numpy_functions", "numpy_shapes"):
+        if path.stem.startswith("numpy_"):  # the NumPy modules themselves
             continue
         tree = ast.parse(path.read_text())
         top = [n for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom))]

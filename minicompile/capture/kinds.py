@@ -1,0 +1,62 @@
+"""What each kind of traced value does: one rule per question the interpreter asks of a
+value (its attributes, a call, a method call, its truth, its plain value, its iteration,
+its spelling in the generated rebuild), answered by the handler registered for the nearest
+class in the tracker's MRO.
+
+A kind registers its handlers where it is modelled (``@kinds.load_attr.register(ArrayVar)``
+in numpy_kind.py, records in records.py, tensors and Python objects in calls.py...), so a
+new kind is one module and nothing else tests for it by ``isinstance``.  The modules that
+register are imported before any trace (by the interpreter, or by ``capture/__init__``);
+NumPy's (numpy_kind.py) load with the first NumPy value a trace meets, before any
+ArrayVar exists.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+from minicompile.capture.variables import Var
+from minicompile.errors import Unsupported
+
+
+class Rule:
+    """A table from tracker class to handler; ``rule(ctx, var, *args)`` calls
+    ``handler(ctx, var, *args)`` (``ctx``: the translator, the output graph or the rebuild
+    writer).  Classes that register nothing raise Unsupported with ``why(var, *args)``."""
+
+    def __init__(self, why: Callable[..., str]) -> None:
+        def unsupported(ctx: Any, var: Var, *args: Any) -> Any:
+            raise Unsupported(why(var.describe(), *args))
+
+        self._table = functools.singledispatch(unsupported)
+
+    def register(self, cls: type, fn: Callable[..., Any] | None = None) -> Any:
+        """``register(cls, fn)``, or ``@register(cls)`` on a function (returned unchanged)."""
+        return self._table.register(cls, fn)
+
+    def __call__(self, ctx: Any, var: Var, *args: Any) -> Any:
+        return self._table.dispatch(type(var))(ctx, var, *args)
+
+
+# The questions, with what each handler takes after (ctx, var) and gives back.
+load_attr = Rule(lambda v, name: f"attribute {name!r} of {v} is not supported yet")  # (name)
+call = Rule(lambda v, *_: f"calling {v} is not supported")  # (args, kwargs) -> Var
+call_method = Rule(lambda v, *_: f"calling {v} is not supported")  # (name, args, kwargs) -> Var
+truthy = Rule(lambda v: f"truth value of {v} is not supported")  # () -> bool, for a branch
+to_value = Rule(lambda v: f"{v} cannot be used as a value here")  # (): what folding works on
+subscript = Rule(lambda v, _: f"indexing {v} is not supported")  # (index) -> Var
+store_item = Rule(lambda v, *_: f"item assignment on {v} is not supported")  # (key, value)
+unary = Rule(lambda v, symbol, _: f"unary {symbol} on {v} is not supported")  # (symbol, fn)
+contains = Rule(lambda v, _: f"`in` on {v} is not supported")  # (item) -> bool (Var: fold)
+store_attr = Rule(lambda v, *_: f"attribute write on {v} is not supported")  # (name, value)
+has_attr = Rule(lambda v, _: f"hasattr() on {v} is not supported")  # (name) -> bool
+require_pinned = Rule(lambda v, _: f"{v} is not pinned")  # (what): see OutputGraph's
+length = Rule(lambda v: f"len() of {v} is not supported")  # () -> Var | None (the builtin)
+copy = Rule(lambda v: f"copy.copy() of {v} is not supported")  # () -> Var
+deepcopy = Rule(lambda v, _: f"copy.deepcopy() of {v} is not supported")  # (memo) -> Var
+iterate = Rule(lambda v: f"iter() of {v} is not supported")  # () -> IteratorVar (GET_ITER)
+iter_items = Rule(lambda v: f"iterating over {v} is not supported")  # () -> list[Var]
+# (r) -> str: the tracker as source in the generated ``rebuild`` (side_effects.Rebuild)
+rebuild = Rule(lambda v: f"{v} cannot leave the compiled region (returned/stored)")

@@ -314,3 +314,86 @@ def copy_graph(graph: Graph, rewrite: Callable[[Graph, Node, Callable], Node | N
                 )
             env[node] = replaced
     return new
+
+
+# -- JSON: a graph stored in a warm entry (runtime/entries.py) --------------------------------
+
+
+def graph_to_json(graph: Graph) -> dict:
+    """``graph`` as JSON data: nodes, their arguments (a node by its index), metadata.
+    Source lines are left out.  Raises ValueError for what it cannot encode (a symbolic
+    size, an argument of another type)."""
+    nodes = [[n.op, n.target, _encode(n.args), _encode(n.kwargs), _encode_meta(n.meta)]
+             for n in graph.nodes]
+    return {"name": graph.name, "derived": graph.derived, "nodes": nodes}
+
+
+def graph_from_json(data: dict) -> Graph:
+    """The graph :func:`graph_to_json` encoded."""
+    graph = Graph(data["name"], derived=data["derived"])
+    for op, target, args, kwargs, meta in data["nodes"]:
+        decoded = (_decode(args, graph.nodes), _decode(kwargs, graph.nodes))
+        graph._append(Node(op, target, *decoded, _decode_meta(meta)))
+    return graph
+
+
+def _encode(value: Any) -> Any:
+    if isinstance(value, Node):
+        return {"node": value.index}
+    if value is None or type(value) in (bool, int, str):
+        return value
+    if isinstance(value, sympy.Integer):
+        return int(value)
+    if type(value) is float:
+        return value if abs(value) != float("inf") and value == value else {"float": repr(value)}
+    if type(value) in (tuple, list):
+        items = [_encode(v) for v in value]
+        return {"tuple": items} if type(value) is tuple else items
+    if type(value) is dict and all(type(k) is str for k in value):
+        return {"dict": {k: _encode(v) for k, v in value.items()}}
+    if isinstance(value, (torch.dtype, torch.layout, torch.memory_format)):
+        return {"torch": str(value).removeprefix("torch.")}
+    if isinstance(value, torch.device):
+        return {"device": str(value)}
+    raise ValueError(f"a {type(value).__name__} argument ({value!r:.60}) has no JSON form")
+
+
+def _decode(value: Any, nodes: list[Node]) -> Any:
+    if isinstance(value, list):
+        return [_decode(v, nodes) for v in value]
+    if not isinstance(value, dict):
+        return value
+    ((kind, item),) = value.items()
+    if kind == "node":
+        return nodes[item]
+    if kind == "tuple":
+        return tuple(_decode(v, nodes) for v in item)
+    if kind == "dict":
+        return {k: _decode(v, nodes) for k, v in item.items()}
+    if kind == "float":
+        return float(item)
+    if kind == "device":
+        return torch.device(item)
+    found = getattr(torch, item, None)
+    if not isinstance(found, (torch.dtype, torch.layout, torch.memory_format)):
+        raise ValueError(f"torch.{item} is not a dtype, layout or memory format")
+    return found
+
+
+def _encode_meta(meta: TensorMeta | tuple | None) -> Any:
+    if meta is None or isinstance(meta, tuple):
+        return None if meta is None else [_encode_meta(m) for m in meta]
+    if meta.is_symbolic or not meta.storage_offset.is_Integer:
+        raise ValueError(f"a tensor of symbolic size ({meta}) has no JSON form")
+    return {"shape": list(meta.concrete_shape()), "stride": list(meta.concrete_stride()),
+            "dtype": _encode(meta.dtype), "device": str(meta.device),
+            "requires_grad": meta.requires_grad, "offset": int(meta.storage_offset)}
+
+
+def _decode_meta(data: Any) -> TensorMeta | tuple | None:
+    if data is None or isinstance(data, list):
+        return None if data is None else tuple(_decode_meta(m) for m in data)
+    return TensorMeta(tuple(map(sympy.Integer, data["shape"])),
+                      tuple(map(sympy.Integer, data["stride"])), _decode(data["dtype"], []),
+                      torch.device(data["device"]), data["requires_grad"],
+                      sympy.Integer(data["offset"]))

@@ -316,24 +316,23 @@ def copy_graph(graph: Graph, rewrite: Callable[[Graph, Node, Callable], Node | N
     return new
 
 
+
 # -- JSON: a graph stored in a warm entry (runtime/entries.py) --------------------------------
 
 
 def graph_to_json(graph: Graph) -> dict:
-    """``graph`` as JSON data: nodes, their arguments (a node by its index), metadata.
-    Source lines are left out.  Raises ValueError for what it cannot encode (a symbolic
-    size, an argument of another type)."""
-    nodes = [[n.op, n.target, _encode(n.args), _encode(n.kwargs), _encode_meta(n.meta)]
-             for n in graph.nodes]
+    """``graph`` as JSON data: nodes, their arguments (a node by its index, sympy integers
+    as ints) and metadata; source lines are left out.  Raises ValueError for what it cannot
+    encode (a symbolic size, an argument of another type)."""
+    nodes = [[n.op, n.target, *map(_encode, (n.args, n.kwargs, n.meta))] for n in graph.nodes]
     return {"name": graph.name, "derived": graph.derived, "nodes": nodes}
 
 
 def graph_from_json(data: dict) -> Graph:
     """The graph :func:`graph_to_json` encoded."""
     graph = Graph(data["name"], derived=data["derived"])
-    for op, target, args, kwargs, meta in data["nodes"]:
-        decoded = (_decode(args, graph.nodes), _decode(kwargs, graph.nodes))
-        graph._append(Node(op, target, *decoded, _decode_meta(meta)))
+    for op, target, *rest in data["nodes"]:
+        graph._append(Node(op, target, *(_decode(v, graph.nodes) for v in rest)))
     return graph
 
 
@@ -355,7 +354,11 @@ def _encode(value: Any) -> Any:
         return {"torch": str(value).removeprefix("torch.")}
     if isinstance(value, torch.device):
         return {"device": str(value)}
-    raise ValueError(f"a {type(value).__name__} argument ({value!r:.60}) has no JSON form")
+    if isinstance(value, TensorMeta) and not value.is_symbolic and value.storage_offset.is_Integer:
+        return {"meta": [list(value.concrete_shape()), list(value.concrete_stride()),
+                         _encode(value.dtype), str(value.device), value.requires_grad,
+                         int(value.storage_offset)]}
+    raise ValueError(f"a {type(value).__name__} ({value}) has no JSON form")
 
 
 def _decode(value: Any, nodes: list[Node]) -> Any:
@@ -366,34 +369,20 @@ def _decode(value: Any, nodes: list[Node]) -> Any:
     ((kind, item),) = value.items()
     if kind == "node":
         return nodes[item]
-    if kind == "tuple":
-        return tuple(_decode(v, nodes) for v in item)
-    if kind == "dict":
-        return {k: _decode(v, nodes) for k, v in item.items()}
     if kind == "float":
         return float(item)
     if kind == "device":
         return torch.device(item)
+    if kind == "tuple":
+        return tuple(_decode(v, nodes) for v in item)
+    if kind == "dict":
+        return {k: _decode(v, nodes) for k, v in item.items()}
+    if kind == "meta":
+        shape, stride, dtype, device, requires_grad, offset = item
+        return TensorMeta(tuple(map(sympy.Integer, shape)), tuple(map(sympy.Integer, stride)),
+                          _decode(dtype, nodes), torch.device(device), requires_grad,
+                          sympy.Integer(offset))
     found = getattr(torch, item, None)
     if not isinstance(found, (torch.dtype, torch.layout, torch.memory_format)):
         raise ValueError(f"torch.{item} is not a dtype, layout or memory format")
     return found
-
-
-def _encode_meta(meta: TensorMeta | tuple | None) -> Any:
-    if meta is None or isinstance(meta, tuple):
-        return None if meta is None else [_encode_meta(m) for m in meta]
-    if meta.is_symbolic or not meta.storage_offset.is_Integer:
-        raise ValueError(f"a tensor of symbolic size ({meta}) has no JSON form")
-    return {"shape": list(meta.concrete_shape()), "stride": list(meta.concrete_stride()),
-            "dtype": _encode(meta.dtype), "device": str(meta.device),
-            "requires_grad": meta.requires_grad, "offset": int(meta.storage_offset)}
-
-
-def _decode_meta(data: Any) -> TensorMeta | tuple | None:
-    if data is None or isinstance(data, list):
-        return None if data is None else tuple(_decode_meta(m) for m in data)
-    return TensorMeta(tuple(map(sympy.Integer, data["shape"])),
-                      tuple(map(sympy.Integer, data["stride"])), _decode(data["dtype"], []),
-                      torch.device(data["device"]), data["requires_grad"],
-                      sympy.Integer(data["offset"]))

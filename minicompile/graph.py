@@ -14,6 +14,7 @@ passes can ask who reads a value.  ``str(graph)`` is the canonical, stable text 
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from typing import Any
 
@@ -344,7 +345,7 @@ def _encode(value: Any) -> Any:
     if isinstance(value, sympy.Integer):
         return int(value)
     if type(value) is float:
-        return value if abs(value) != float("inf") and value == value else {"float": repr(value)}
+        return value if math.isfinite(value) else {"float": repr(value)}  # (JSON has no inf)
     if type(value) in (tuple, list):
         items = [_encode(v) for v in value]
         return {"tuple": items} if type(value) is tuple else items
@@ -384,5 +385,5 @@ def _decode(value: Any, nodes: list[Node]) -> Any:
                           sympy.Integer(offset))
     found = getattr(torch, item, None)
     if not isinstance(found, (torch.dtype, torch.layout, torch.memory_format)):
-        raise ValueError(f"torch.{item} is not a dtype, layout or memory format")
+        raise TypeError(f"torch.{item} is not a dtype, layout or memory format")
     return found

@@ -90,8 +90,8 @@ class Entry:
     call: Callable[[list], tuple] | None = None
     sizes: list = dataclasses.field(default_factory=list)  # the traced inputs' sizes
     # What a warm entry on disk needs of a graph without a backward: the loaded wrapper,
-    # whether it runs under Triton's interpreter, and under no_grad.
-    artefact: tuple[build.Loaded, bool, bool] | None = None
+    # whether it runs under Triton's interpreter, and under no_grad, its WithDerived or None.
+    artefact: tuple[build.Loaded, bool, bool, Any] | None = None
 
 
 class CompiledFunction(Resuming, AutoDynamic):
@@ -356,9 +356,9 @@ class CompiledFunction(Resuming, AutoDynamic):
             return
         if len(self.entries) > self.cfg.recompile_limit:
             return
-        loaded, interpret, no_grad = entry.artefact
+        loaded, interpret, no_grad, derived = entry.artefact
         stored = entries.Stored(self.fn, entry.capture, loaded, interpret, no_grad,
-                                loaded.kernels, entry.sizes)
+                                loaded.kernels, entry.sizes, derived)
         entries.save(stored, self.cfg)
 
     # -- building entries, eager fallbacks --------------------------------------------------

@@ -80,7 +80,8 @@ def compile_graph(
 ) -> tuple[Callable[[tuple], Any], Callable[[list], tuple], tuple | None]:
     """Compile a captured graph; return the runner for its entry (frame -> return value),
     the generated call(inputs), and for a graph without a backward what a warm entry
-    stores (the loaded wrapper, whether it is interpreted, whether it runs under no_grad).
+    stores (the loaded wrapper, whether it is interpreted, whether it runs under no_grad,
+    the WithDerived that computes its values from parameters, or None).
     A graph whose outputs take gradients (grad mode on, inputs requiring grad) compiles its
     backward too and runs as an autograd.Function."""
     from minicompile.runtime import profile
@@ -113,17 +114,17 @@ def compile_graph(
         static |= set(range(len(capture.graph.placeholders), len(graph.graph.placeholders)))
     loaded = graphed(graph, frozenset(static))
     call = profile.profiled(loaded.call, graph.loaded.call, name, cfg)
+    derived = None
     if hoisted is not None:
         from minicompile.runtime.derived import WithDerived
 
-        call = WithDerived(call, hoisted.derived, hoisted.positions)
+        call = derived = WithDerived(call, hoisted.derived, hoisted.positions)
     call = checked(call, capture, cfg, name, backend, interpret)
     # Nothing here takes a gradient (grad mode is off): run without recording.
     no_grad = any(p.meta.requires_grad for p in capture.graph.placeholders)
     run = entries.inference_runner(call, get_inputs, rebuild, no_grad)
     log.debug("minicompile: compiled %s in %.3fs", name, time.perf_counter() - start)
-    # (A warm entry stores the generated call alone: not one with parameter values.)
-    return run, call, (loaded, interpret, no_grad) if hoisted is None else None
+    return run, call, (loaded, interpret, no_grad, derived)
 
 
 def count(work: pipeline.Work) -> pipeline.Work:

@@ -14,6 +14,7 @@ passes can ask who reads a value.  ``str(graph)`` is the canonical, stable text 
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from typing import Any
 
@@ -314,3 +315,75 @@ def copy_graph(graph: Graph, rewrite: Callable[[Graph, Node, Callable], Node | N
                 )
             env[node] = replaced
     return new
+
+
+
+# -- JSON: a graph stored in a warm entry (runtime/entries.py) --------------------------------
+
+
+def graph_to_json(graph: Graph) -> dict:
+    """``graph`` as JSON data: nodes, their arguments (a node by its index, sympy integers
+    as ints) and metadata; source lines are left out.  Raises ValueError for what it cannot
+    encode (a symbolic size, an argument of another type)."""
+    nodes = [[n.op, n.target, *map(_encode, (n.args, n.kwargs, n.meta))] for n in graph.nodes]
+    return {"name": graph.name, "derived": graph.derived, "nodes": nodes}
+
+
+def graph_from_json(data: dict) -> Graph:
+    """The graph :func:`graph_to_json` encoded."""
+    graph = Graph(data["name"], derived=data["derived"])
+    for op, target, *rest in data["nodes"]:
+        graph._append(Node(op, target, *(_decode(v, graph.nodes) for v in rest)))
+    return graph
+
+
+def _encode(value: Any) -> Any:
+    if isinstance(value, Node):
+        return {"node": value.index}
+    if value is None or type(value) in (bool, int, str):
+        return value
+    if isinstance(value, sympy.Integer):
+        return int(value)
+    if type(value) is float:
+        return value if math.isfinite(value) else {"float": repr(value)}  # (JSON has no inf)
+    if type(value) in (tuple, list):
+        items = [_encode(v) for v in value]
+        return {"tuple": items} if type(value) is tuple else items
+    if type(value) is dict and all(type(k) is str for k in value):
+        return {"dict": {k: _encode(v) for k, v in value.items()}}
+    if isinstance(value, (torch.dtype, torch.layout, torch.memory_format)):
+        return {"torch": str(value).removeprefix("torch.")}
+    if isinstance(value, torch.device):
+        return {"device": str(value)}
+    if isinstance(value, TensorMeta) and not value.is_symbolic and value.storage_offset.is_Integer:
+        return {"meta": [list(value.concrete_shape()), list(value.concrete_stride()),
+                         _encode(value.dtype), str(value.device), value.requires_grad,
+                         int(value.storage_offset)]}
+    raise ValueError(f"a {type(value).__name__} ({value}) has no JSON form")
+
+
+def _decode(value: Any, nodes: list[Node]) -> Any:
+    if isinstance(value, list):
+        return [_decode(v, nodes) for v in value]
+    if not isinstance(value, dict):
+        return value
+    ((kind, item),) = value.items()
+    if kind == "node":
+        return nodes[item]
+    if kind == "float":
+        return float(item)
+    if kind == "device":
+        return torch.device(item)
+    if kind == "tuple":
+        return tuple(_decode(v, nodes) for v in item)
+    if kind == "dict":
+        return {k: _decode(v, nodes) for k, v in item.items()}
+    if kind == "meta":
+        shape, stride, dtype, device, requires_grad, offset = item
+        return TensorMeta(tuple(map(sympy.Integer, shape)), tuple(map(sympy.Integer, stride)),
+                          _decode(dtype, nodes), torch.device(device), requires_grad,
+                          sympy.Integer(offset))
+    found = getattr(torch, item, None)
+    if not isinstance(found, (torch.dtype, torch.layout, torch.memory_format)):
+        raise TypeError(f"torch.{item} is not a dtype, layout or memory format")
+    return found

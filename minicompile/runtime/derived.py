@@ -12,7 +12,9 @@ memory (``p.data = other``).  Any change recomputes them all before the call, so
 is ever stale.  Kernels that store into an input in place (a compiled optimizer step)
 move its version on too (runtime/values.py).  A write through ``p.data`` (a tensor with a
 version counter of its own) is the one change PyTorch does not count; Inductor's freezing
-assumes no change at all.  Checking costs about 0.2 µs a parameter a call.
+assumes no change at all.  Checking costs about 0.2 µs a parameter a call.  A warm entry
+(runtime/entries.py) stores ``graph`` as JSON and ``positions``, and wraps its loaded call
+in a new WithDerived, which computes the values from that process's parameters.
 """
 
 from __future__ import annotations

@@ -164,6 +164,7 @@ class Stored:
     no_grad: bool  # run the call under torch.no_grad() (inputs require grad, grad mode off)
     kernels: int
     sizes: list
+    derived: Any = None  # the runtime.derived.WithDerived of a graph with hoisted values
 
 
 def save(stored: Stored, cfg: Config) -> Path | None:
@@ -232,7 +233,22 @@ def _payload(stored: Stored, cfg: Config) -> dict:
         "libs": [_artefact(p, cfg) for p in loaded.lib_paths],
         "symbols": loaded.symbols,
         "builds": {} if stored.interpret else build.launch_builds(loaded),
+        "derived": _derived_payload(stored.derived),
     }
+
+
+def _derived_payload(derived: Any) -> dict | None:
+    """The graph of values computed from parameters (runtime/derived.py), and where its
+    inputs are among the entry's, as JSON."""
+    if derived is None:
+        return None
+    from minicompile.graph import graph_to_json
+
+    try:
+        graph = graph_to_json(derived.graph)
+    except ValueError as e:
+        raise NotStorable(f"its values computed from parameters: {e}") from None
+    return {"graph": graph, "positions": list(derived.positions)}
 
 
 def _module_recipes(modules: dict[str, torch.nn.Module],
@@ -447,8 +463,14 @@ def _load(path: Path, fn: types.FunctionType, cfg: Config, frame: tuple) -> Warm
     capture = WarmCapture(guards, get_inputs, rebuild, p["input_sources"], p["get_inputs"],
                           p["rebuild"], handlers=p.get("handlers", True))
     call = profile.profiled(loaded.call, loaded.call, fn.__qualname__, cfg)
+    if p.get("derived"):  # (graph and ops, which import sympy, only for such entries)
+        from minicompile.graph import graph_from_json
+        from minicompile.runtime.derived import WithDerived
+
+        d = p["derived"]
+        call = WithDerived(call, graph_from_json(d["graph"]), tuple(d["positions"]))
     run = inference_runner(call, get_inputs, rebuild, p["no_grad"])
-    return Warm(capture, run, loaded.call, [tuple(s) for s in p["sizes"]], p["kernels"])
+    return Warm(capture, run, call, [tuple(s) for s in p["sizes"]], p["kernels"])
 
 
 def _frame_values(params: list[str], wheres: list[str], namespace: dict,

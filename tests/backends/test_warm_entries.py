@@ -396,3 +396,66 @@ def test_an_entrys_modules_are_found_together_and_a_missing_one_is_named() -> No
     with pytest.raises(entries.Miss, match=r"^self\[2\]: IndexError$"):
         entries._frame_values(["self"], [*wheres, "self[2]"], {}, (model,))
     assert entries._frame_values(["self"], [], {}, (model,)) == []
+
+
+HOISTING_MODELS = """
+import torch
+import torch.nn as nn
+
+class ConvBN(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv, self.bn = nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8)
+
+    def forward(self, x):
+        return torch.relu(self.bn(self.conv(x)))
+
+class TinyGPT(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.wte, self.wpe = nn.Embedding(32, 16), nn.Embedding(8, 16)
+        self.head = nn.Linear(16, 32)
+
+    def forward(self, idx):
+        pos = torch.arange(0, idx.shape[1], dtype=torch.long, device=idx.device)
+        return self.head(torch.tanh(self.wte(idx) + self.wpe(pos)))
+"""
+
+HOISTING_SCRIPT = """
+import json, torch, minicompile
+from hoisting_models import ConvBN, TinyGPT
+
+device, frames = torch.device({device!r}), {{}}
+cases = {{"conv_bn": (ConvBN, lambda: torch.randn(2, 3, 8, 8, device=device),
+                     lambda m: m.bn.running_var.mul_(2)),
+         "gpt": (TinyGPT, lambda: torch.randint(0, 32, (2, 8), device=device),
+                 lambda m: m.wpe.weight.mul_(2))}}
+for name, (cls, make_input, mutate) in cases.items():
+    minicompile.reset()
+    model = cls().to(device).eval()
+    compiled = minicompile.compile(model, backend={backend!r})
+    with torch.no_grad():
+        for step in range(3):
+            if step == 2:  # a parameter changed between calls: its values computed anew
+                mutate(model)
+            x = make_input()
+            torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-4)
+    frames[name] = minicompile.stats()["frames"]
+print(json.dumps(frames))
+"""
+
+
+def test_entry_with_values_computed_from_parameters_loads(backend: str, device: torch.device,
+                                                          tmp_path: Path) -> None:
+    """A batch norm folded into its convolution and GPT's position embeddings are computed
+    from parameters once (runtime/derived.py); the entry stores that graph as JSON, and a
+    second process loads it, computing anew when a parameter changes."""
+    (tmp_path / "hoisting_models.py").write_text(HOISTING_MODELS)
+    script = HOISTING_SCRIPT.format(backend=backend, device=str(device))
+    env = {"MINICOMPILE_CACHE_DIR": str(tmp_path / "cache")}
+    cold, _ = run_script(script, env, tmp_path)
+    assert cold == {"conv_bn": 1, "gpt": 1}, cold
+    stored = [p.read_text() for p in entry_files(tmp_path / "cache")]
+    assert len(stored) == 2 and all('"positions": [' in text for text in stored), stored
+    warm, _ = run_script(script, env, tmp_path)
+    assert warm == {"conv_bn": 0, "gpt": 0}, warm

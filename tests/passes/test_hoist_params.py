@@ -3,12 +3,16 @@ computed once, and again after they change; views, outputs and random draws stay
 
 from __future__ import annotations
 
+import json
+
 import pytest
+import sympy
 import torch
 from torch import nn
 
 import minicompile
 from minicompile import ops
+from minicompile.graph import Graph, TensorMeta, graph_from_json, graph_to_json
 from minicompile.passes.hoist_params import hoist_parameter_values
 
 from devices import device_for
@@ -44,6 +48,22 @@ def test_what_is_hoisted_and_what_stays() -> None:
     got, want = ops.run_graph(hoisted.main, [*inputs, *derived]), ops.run_graph(graph, inputs)
     for a, e in zip(got[:4] + got[5:], want[:4] + want[5:], strict=True):
         torch.testing.assert_close(a, e)
+    # As a warm entry stores it (runtime/entries.py): the same graph, the same values.
+    loaded = graph_from_json(json.loads(json.dumps(graph_to_json(hoisted.derived))))
+    loaded.verify()
+    assert str(loaded) == str(hoisted.derived)
+    sources = [inputs[k] for k in hoisted.positions]
+    for a, e in zip(ops.run_graph(loaded, sources), derived, strict=True):
+        torch.testing.assert_close(a, e)
+
+
+def test_what_json_cannot_hold_is_refused() -> None:
+    g = Graph()
+    x = g.placeholder("x", TensorMeta((sympy.Symbol("s0"),), (sympy.Integer(1),),
+                                      torch.float32, torch.device("cpu")))
+    g.output((x,))
+    with pytest.raises(ValueError, match="TensorMeta .* has no JSON form"):
+        graph_to_json(g)
 
 
 class Scaled(nn.Module):

@@ -4,7 +4,7 @@ torch.compile: graphs, graph breaks, kernels, the cold first call and the median
 
     python examples/bench_models.py            # every model; float32 (and bfloat16 on CUDA)
     python examples/bench_models.py hf_bert    # some of them
-    python examples/bench_models.py --eval-only   # (or --train-only)
+    python examples/bench_models.py --eval-only   # (or --train-only; --float32: no bfloat16)
 
 On CUDA each minicompile figure comes with its host time (until the call returns) and its
 GPU's busy time per call, and which of the two bounds it.
@@ -124,7 +124,8 @@ def bench(case, dtype: torch.dtype, device: torch.device, train: bool) -> str:  
 def main() -> None:
     cuda = torch.cuda.is_available()
     device = torch.device("cuda" if cuda else "cpu")
-    dtypes = (torch.float32, torch.bfloat16) if cuda else (torch.float32,)
+    dtypes = (torch.float32, torch.bfloat16) if cuda and "--float32" not in sys.argv else (
+        torch.float32,)
     only = [m for m in ("eval", "train") if f"--{m}-only" in sys.argv]
     modes = only or ["eval", "train"]
     wanted = {a for a in sys.argv[1:] if not a.startswith("--")}

@@ -80,7 +80,7 @@ def generate(
     plans, plan_of = plan_kernels(program, groups, backend, in_place)
     tuned = {p.name: triton_tuning.tune_plan(p, _interpreted(program, p)) for p in plans
              if autotune and backend == "triton" and not isinstance(p, combo.ComboPlan)
-             and p.numel != 0}  # (combo kernels keep the heuristic's XBLOCK)
+             and p.numel != 0 and not p.column_sums}  # (combo kernels, column sums: as planned)
     externs = [g.extern for g in groups if g.extern is not None]
     devices = sorted({str(layout.device) for b in program.buffers for layout in _layouts(b)})
     plans_ahead = library_plans(program, externs, devices) if backend == "triton" else []
@@ -262,9 +262,10 @@ def reuse_memory(
         if group.extern is not None and group.extern.op in FRESH_RESULTS:
             owned.add(group.extern.name)
         elif group.extern is None:
-            for name in plan_of[group.key].outputs:
-                if name in in_place:
-                    continue
+            plan = plan_of[group.key]
+            for name in plan.outputs:
+                if name in in_place or any(name == s.buffer for s in getattr(plan, "column_sums", ())):
+                    continue  # (a Triton kernel's column sums are made by a sum)
                 pool = free.get(program.buffer(name).layout)
                 if pool:
                     reuse[name] = pool.pop()
@@ -462,8 +463,12 @@ def triton_launch(
     debug = DEVICE_ASSERTS if _device_asserts(program, plan) else ""
     if plan.is_reduction:
         xblock, rblock, warps = triton_reduction.launch_config(plan, interpret)
-        return (_grid(numel, xblock), [python_expr(numel), python_expr(plan.rnumel)],
-                f"XBLOCK={xblock}, RBLOCK={rblock}, num_warps={warps}{debug}")
+        grid, split = _grid(numel, xblock), ""
+        if plan.column_sums:  # a program a chunk of rows
+            grid = str(triton_reduction.column_partials(plan, interpret))
+            split = f", RSPLIT={triton_reduction.chunk_rows(plan, interpret)}"
+        return (grid, [python_expr(numel), python_expr(plan.rnumel)],
+                f"XBLOCK={xblock}, RBLOCK={rblock}{split}, num_warps={warps}{debug}")
     block = triton.block_size(triton.planning_size(numel, plan.hints), interpret)
     warps = "" if interpret else f", num_warps={triton.POINTWISE_WARPS}"
     return _grid(numel, block), [python_expr(numel)], f"XBLOCK={block}{warps}{debug}"
@@ -534,7 +539,18 @@ def emit_launch(
     reuse: dict[str, str] | None = None, tuned: frozenset[str] = frozenset(),
 ) -> None:
     """``tuned``: the kernels launched through their Autotuner (mode="max-autotune")."""
+    before, renamed, after = [], {}, []  # a Triton kernel's column sums: their partials
+    if backend == "triton" and getattr(plan, "column_sums", ()):
+        dev = f"device{devices.index(str(program.buffer(plan.outputs[0]).layout.device))}"
+        shapes = {s.buffer: _shape(program.buffer(s.buffer).layout.shape)
+                  for s in plan.column_sums}
+        before, renamed, after = triton_reduction.column_sum_lines(
+            plan, _interpreted(program, plan), dev, shapes)
+    for line in before:
+        w.line(line)
     for name in plan.outputs:
+        if name in renamed:
+            continue
         if in_place and name in in_place:
             w.line(f"{name} = {in_place[name]}  # stored in place (rebuild writes it back)")
             continue
@@ -548,7 +564,7 @@ def emit_launch(
             f"{name} = empty_strided({_shape(lay.shape)}, {_shape(lay.stride)}, "
             f"dtype={lay.dtype}, device={dev})"
         )
-    args = [b for b, _ in plan.inputs] + list(plan.outputs)
+    args = [b for b, _ in plan.inputs] + [renamed.get(b, b) for b in plan.outputs]
     if isinstance(plan, combo.ComboPlan):
         w.line(f"# combo kernel of {len(plan.parts)} parts: "
                + " | ".join(", ".join(part.outputs) for part in plan.parts))
@@ -591,6 +607,8 @@ def emit_launch(
             "RuntimeError", "index out of range or integer division by zero")
         w.line(f"err = torch.zeros((1,), dtype=torch.int32, device={dev})  # {what}?")
     w.line(launch)
+    for line in after:
+        w.line(line)
     if errs:
         w.line("if err[0]:")
         with w.indent():

@@ -82,37 +82,55 @@ def can_mix(row: FusedGroup, col: FusedGroup, dag, memo: Memo) -> tuple[bool, st
     return True, "column sums of the group's rows"
 
 
-def worth_mixing(row: FusedGroup, col: FusedGroup) -> bool:
-    """At least as many rows as columns: each chunk of rows then adds into few partials."""
+def worth_mixing(row: FusedGroup, col: FusedGroup) -> int:
+    """What mixing saves: the buffers ``col`` reads that ``row`` reads or makes (read
+    once, or kept in registers), or 0 (do not mix) when the rows are fewer
+    than the columns or the row kernel would accumulate more than MAX_PARTS sums."""
     space = row.space
+    if len(space.reduced) != 1 or not _static(space.kept + space.reduced):
+        return 0
     rows = 1
     for s in space.kept:
         rows *= int(s)
     columns = [b for b in row.buffers + col.buffers
                if getattr(place(b, space), "kind", None) == "column"]  # type: ignore[arg-type]
-    return rows >= int(space.reduced[0]) and len(columns) <= MAX_PARTS
+    if rows < int(space.reduced[0]) or len(columns) > MAX_PARTS:
+        return 0
+    reads = {name for b in row.buffers for name in b.reads()} | {b.name for b in row.buffers}
+    return sum(len(b.reads() & reads) for b in col.buffers)
 
 
 def mix(groups: list[FusedGroup], log: list[str] | None = None) -> list[FusedGroup]:
-    """Move every column-sum group into the first row group it may join (groups in
-    dependency order in, and out)."""
-    by_key = {g.key: g for g in groups}
-    dag = dependency_graph(groups)
+    """Move each column sum into the row group it saves most with, if any may take it
+    (groups in dependency order in, and out).  Column sums come one at a time: fusion
+    may have put the sums of several layers into one group (one iteration space), and
+    each belongs with its own layer's row kernel.  Taking a member out of a group never
+    makes a cycle (its members do not read each other)."""
     memo = Memo()
-    rows = [g for g in groups if g.extern is None and g.has_reduction]
+    next_key = max((g.key for g in groups), default=-1) + 1
     for col in [g for g in groups if g.extern is None and g.has_reduction]:
-        if col.key not in by_key:
-            continue
-        for row in rows:
-            if row is col or row.key not in by_key or col.key not in by_key:
+        for buf in list(col.buffers):
+            single = FusedGroup(next_key, [buf])
+            rows = [g for g in groups if g is not col and g.buffers and g.extern is None
+                    and g.has_reduction
+                    and getattr(place(buf, g.space), "kind", None) == "column"]  # type: ignore[arg-type]
+            scored = sorted(((worth_mixing(r, single), -k, r) for k, r in enumerate(rows)),
+                            key=lambda t: t[:2], reverse=True)
+            scored = [(score, r) for score, _, r in scored if score > 0]
+            if not scored:
                 continue
-            ok, reason = can_mix(row, col, dag, memo)
-            if ok and not worth_mixing(row, col):
-                ok, reason = False, "too few rows or too many column sums"
-            if log is not None and (ok or "reduce the group's rows" not in reason):
-                log.append(f"{'mix' if ok else 'keep apart'} {row.name} {col.name}: {reason}")
-            if ok:
-                row.buffers.extend(by_key.pop(col.key).buffers)
-                dag.contract(row.key, col.key)
-                break
+            rest = [b for b in col.buffers if b is not buf]
+            split = [g if g is not col else FusedGroup(col.key, rest) for g in groups]
+            dag = dependency_graph([g for g in split if g.buffers] + [single])
+            for _, row in scored:
+                ok, reason = can_mix(row, single, dag, memo)
+                if log is not None:
+                    log.append(f"{'mix' if ok else 'keep apart'} {row.name} {buf.name}: {reason}")
+                if ok:
+                    row.buffers.append(buf)
+                    col.buffers.remove(buf)
+                    break
+    groups = [g for g in groups if g.buffers]
+    dag = dependency_graph(groups)
+    by_key = {g.key: g for g in groups}
     return [by_key[k] for k in dag.topological_order()]

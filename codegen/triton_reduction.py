@@ -287,24 +287,6 @@ def column_partials(plan: KernelPlan, interpret: bool) -> int:
     return -(-int(plan.numel) // chunk_rows(plan, interpret))
 
 
-def column_sum_lines(plan: KernelPlan, interpret: bool, device: str,
-                     shapes: dict[str, str]) -> tuple[list[str], dict[str, str], list[str]]:
-    """The wrapper's lines around a launch of a kernel with column sums: before it, one
-    float32 workspace of every column sum's partials (each 256-byte aligned); the argument
-    passed for each column sum; after it, the partials summed (one call for all) and each
-    column sum a view of its row of the result (``shapes``: each one's shape, as text)."""
-    sums = [st.buffer for st in plan.column_sums]
-    programs, columns = column_partials(plan, interpret), int(plan.rnumel)
-    span = -(-programs * columns // 64) * 64
-    part = f"{plan.name}_part"
-    before = [f"{part} = empty_strided(({len(sums)}, {programs}, {columns}), ({span}, "
-              f"{columns}, 1), dtype=torch.float32, device={device})  # column partials"]
-    after = [f"{plan.name}_sums = {part}.sum(1)"]
-    after += [f"{name} = {plan.name}_sums[{k}].view({shapes[name]})"
-              for k, name in enumerate(sums)]
-    return before, {name: f"{part}[{k}]" for k, name in enumerate(sums)}, after
-
-
 def plan_blocks(plan: KernelPlan, interpret: bool) -> tuple[int, int, int, bool]:
     """reduction_blocks for ``plan``: symbolic sizes planned for their traced values."""
     return reduction_blocks(

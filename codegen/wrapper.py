@@ -22,6 +22,7 @@ from minicompile.shapes import python_expr
 from minicompile.sym import size_symbols
 
 from minicompile.codegen import combo, cpp, cpp_reduction, triton, triton_reduction, triton_tuning
+from minicompile.codegen.column_sums import ColumnPartials
 from minicompile.codegen.common import (
     CodeWriter,
     KernelPlan,
@@ -186,7 +187,17 @@ def generate(
             keep |= {b.name for b in program.inputs}
         reuse = reuse_memory(program, groups, plan_of, keep, in_place)
         plans_pending = bool(plans_ahead)
+        columns = ColumnPartials(
+            plans if backend == "triton" else [], lambda p: _interpreted(program, p),
+            lambda p: f"device{devices.index(str(program.buffer(p.outputs[0]).layout.device))}",
+            lambda name: _shape(program.buffer(name).layout.shape))
+        for line in columns.allocations():
+            w.line(line)
         for k, group in enumerate(groups):
+            lines, summed = columns.sums({n for b in group.buffers for n in b.reads()})
+            for line in lines:
+                w.line(line)
+            live.update(summed)
             if group.extern is not None:
                 if plans_pending and group.extern.op in CONVOLUTIONS:
                     w.line("library_plans.wait()  # (the first convolution waits for them)")
@@ -195,14 +206,17 @@ def generate(
                 made = [group.extern.name]
             else:
                 plan = plan_of[group.key]
-                emit_launch(w, program, plan, backend, devices, in_place, reuse, frozenset(tuned))
-                made = list(plan.outputs)
+                emit_launch(w, program, plan, backend, devices, in_place, reuse, frozenset(tuned),
+                            columns)
+                made = [name for name in plan.outputs if name not in columns.slot]
             live.update(made)
             dead = sorted(n for n in live if last_use.get(n, -1) <= k and n not in keep)
             live.difference_update(dead)
             dead = [n for n in dead if n not in reuse.values()]  # those stay for their reuse
             if dead:  # free memory as soon as no later kernel reads it (a long backward)
                 w.line(f"del {', '.join(dead)}")
+        for line in columns.sums(None)[0]:
+            w.line(line)
         outs = [o if isinstance(o, str) else alias_text(o) for o in program.outputs]
         w.line(f"return ({', '.join(outs)}{',' if len(outs) == 1 else ''})")
     return GeneratedCode(backend, w.text(), cpp_source, tuple(p.name for p in plans))
@@ -537,19 +551,12 @@ def emit_launch(
     w: CodeWriter, program: LoopProgram, plan: KernelPlan | combo.ComboPlan, backend: str,
     devices: list[str], in_place: dict[str, str] | None = None,
     reuse: dict[str, str] | None = None, tuned: frozenset[str] = frozenset(),
+    columns: ColumnPartials | None = None,
 ) -> None:
-    """``tuned``: the kernels launched through their Autotuner (mode="max-autotune")."""
-    before, renamed, after = [], {}, []  # a Triton kernel's column sums: their partials
-    if backend == "triton" and getattr(plan, "column_sums", ()):
-        dev = f"device{devices.index(str(program.buffer(plan.outputs[0]).layout.device))}"
-        shapes = {s.buffer: _shape(program.buffer(s.buffer).layout.shape)
-                  for s in plan.column_sums}
-        before, renamed, after = triton_reduction.column_sum_lines(
-            plan, _interpreted(program, plan), dev, shapes)
-    for line in before:
-        w.line(line)
+    """``tuned``: the kernels launched through their Autotuner (mode="max-autotune").
+    ``columns``: where a Triton kernel's column sums go (their slots of partials)."""
     for name in plan.outputs:
-        if name in renamed:
+        if columns is not None and name in columns.slot:
             continue
         if in_place and name in in_place:
             w.line(f"{name} = {in_place[name]}  # stored in place (rebuild writes it back)")
@@ -564,7 +571,8 @@ def emit_launch(
             f"{name} = empty_strided({_shape(lay.shape)}, {_shape(lay.stride)}, "
             f"dtype={lay.dtype}, device={dev})"
         )
-    args = [b for b, _ in plan.inputs] + [renamed.get(b, b) for b in plan.outputs]
+    args = [b for b, _ in plan.inputs] + [
+        columns.argument(b) if columns is not None else b for b in plan.outputs]
     if isinstance(plan, combo.ComboPlan):
         w.line(f"# combo kernel of {len(plan.parts)} parts: "
                + " | ".join(", ".join(part.outputs) for part in plan.parts))
@@ -607,8 +615,6 @@ def emit_launch(
             "RuntimeError", "index out of range or integer division by zero")
         w.line(f"err = torch.zeros((1,), dtype=torch.int32, device={dev})  # {what}?")
     w.line(launch)
-    for line in after:
-        w.line(line)
     if errs:
         w.line("if err[0]:")
         with w.indent():

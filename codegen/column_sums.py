@@ -11,44 +11,44 @@ layer-norm and bias gradients with one call instead of one per layer.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from minicompile.ir import LoopProgram
 
-from minicompile.codegen.common import KernelPlan
+from minicompile.codegen.common import CodeWriter, KernelPlan
 from minicompile.codegen.triton_reduction import column_partials
 
 ALIGN = 64  # floats between slots: each slot starts 256-byte aligned
 
 
 class ColumnPartials:
-    """``plans``: the graph's kernel plans in launch order; ``interpreted(plan)``: whether
-    it runs under Triton's interpreter; ``device(plan)``: the wrapper's name for its
-    device; ``shape(buffer)``: a column sum's shape as text."""
+    """The slots of the column sums of ``plans`` (a graph's kernel plans, in launch order;
+    only Triton's use slots); ``devices``: the wrapper's devices (``device0``, ...)."""
 
-    def __init__(self, plans: list, interpreted: Callable[[KernelPlan], bool],
-                 device: Callable[[KernelPlan], str], shape: Callable[[str], str]) -> None:
-        self.shape = shape
+    def __init__(self, program: LoopProgram, plans: list, backend: str,
+                 devices: list[str]) -> None:
+        self.shapes: dict[str, tuple[int, ...]] = {}
         self.spaces: dict[tuple[int, int, str], list[str]] = {}
         self.slot: dict[str, tuple[int, int]] = {}  # buffer -> (workspace, slot)
-        for plan in plans:
+        for plan in plans if backend == "triton" else []:
             if not isinstance(plan, KernelPlan) or not plan.column_sums:
                 continue
-            key = (column_partials(plan, interpreted(plan)), int(plan.rnumel), device(plan))
+            device = program.buffer(plan.outputs[0]).layout.device
+            key = (column_partials(plan, device.type == "cpu"), int(plan.rnumel),
+                   f"device{devices.index(str(device))}")
             names = self.spaces.setdefault(key, [])
             for st in plan.column_sums:
                 self.slot[st.buffer] = (list(self.spaces).index(key), len(names))
+                self.shapes[st.buffer] = program.buffer(st.buffer).layout.concrete_shape()
                 names.append(st.buffer)
         self.summed = [0] * len(self.spaces)  # slots summed so far, per workspace
         self.written = [0] * len(self.spaces)
 
-    def allocations(self) -> list[str]:
+    def allocate(self, w: CodeWriter) -> None:
         """The workspaces, allocated when the call starts."""
-        lines = []
         for j, ((programs, columns, device), names) in enumerate(self.spaces.items()):
             span = -(-programs * columns // ALIGN) * ALIGN
-            lines.append(f"colpart{j} = empty_strided(({len(names)}, {programs}, {columns}), "
-                         f"({span}, {columns}, 1), dtype=torch.float32, device={device})"
-                         f"  # partial column sums: {', '.join(names)}")
-        return lines
+            w.line(f"colpart{j} = empty_strided(({len(names)}, {programs}, {columns}), "
+                   f"({span}, {columns}, 1), dtype=torch.float32, device={device})"
+                   f"  # partial column sums: {', '.join(names)}")
 
     def argument(self, buffer: str) -> str:
         """What a launch passes for ``buffer``: its slot (the buffer itself if not a
@@ -59,18 +59,18 @@ class ColumnPartials:
         self.written[j] = max(self.written[j], k + 1)
         return f"colpart{j}[{k}]"
 
-    def sums(self, wanted: set[str] | None) -> tuple[list[str], list[str]]:
-        """The lines that sum every written slot not summed yet of each workspace holding a
-        buffer of ``wanted`` (None: all), and the buffers they make."""
-        lines, made = [], []
+    def sum(self, w: CodeWriter, wanted: set[str] | None) -> list[str]:
+        """Sum every written slot not summed yet of each workspace holding a buffer of
+        ``wanted`` (None: all); return the buffers made."""
+        made = []
         for j, names in enumerate(self.spaces.values()):
             lo, hi = self.summed[j], self.written[j]
             if lo == hi or (wanted is not None and not wanted & set(names[lo:hi])):
                 continue
             total = f"colsum{j}_{lo}"
-            lines.append(f"{total} = colpart{j}[{lo}:{hi}].sum(1)")
+            w.line(f"{total} = colpart{j}[{lo}:{hi}].sum(1)")
             for k in range(lo, hi):
-                lines.append(f"{names[k]} = {total}[{k - lo}].view({self.shape(names[k])})")
+                w.line(f"{names[k]} = {total}[{k - lo}].view({self.shapes[names[k]]})")
                 made.append(names[k])
             self.summed[j] = hi
-        return lines, made
+        return made

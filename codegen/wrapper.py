@@ -187,17 +187,10 @@ def generate(
             keep |= {b.name for b in program.inputs}
         reuse = reuse_memory(program, groups, plan_of, keep, in_place)
         plans_pending = bool(plans_ahead)
-        columns = ColumnPartials(
-            plans if backend == "triton" else [], lambda p: _interpreted(program, p),
-            lambda p: f"device{devices.index(str(program.buffer(p.outputs[0]).layout.device))}",
-            lambda name: _shape(program.buffer(name).layout.shape))
-        for line in columns.allocations():
-            w.line(line)
+        columns = ColumnPartials(program, plans, backend, devices)
+        columns.allocate(w)
         for k, group in enumerate(groups):
-            lines, summed = columns.sums({n for b in group.buffers for n in b.reads()})
-            for line in lines:
-                w.line(line)
-            live.update(summed)
+            live.update(columns.sum(w, {n for b in group.buffers for n in b.reads()}))
             if group.extern is not None:
                 if plans_pending and group.extern.op in CONVOLUTIONS:
                     w.line("library_plans.wait()  # (the first convolution waits for them)")
@@ -215,8 +208,7 @@ def generate(
             dead = [n for n in dead if n not in reuse.values()]  # those stay for their reuse
             if dead:  # free memory as soon as no later kernel reads it (a long backward)
                 w.line(f"del {', '.join(dead)}")
-        for line in columns.sums(None)[0]:
-            w.line(line)
+        columns.sum(w, None)
         outs = [o if isinstance(o, str) else alias_text(o) for o in program.outputs]
         w.line(f"return ({', '.join(outs)}{',' if len(outs) == 1 else ''})")
     return GeneratedCode(backend, w.text(), cpp_source, tuple(p.name for p in plans))
@@ -277,9 +269,10 @@ def reuse_memory(
             owned.add(group.extern.name)
         elif group.extern is None:
             plan = plan_of[group.key]
+            sums = {s.buffer for s in getattr(plan, "column_sums", ())}  # made by a sum
             for name in plan.outputs:
-                if name in in_place or any(name == s.buffer for s in getattr(plan, "column_sums", ())):
-                    continue  # (a Triton kernel's column sums are made by a sum)
+                if name in in_place or name in sums:
+                    continue
                 pool = free.get(program.buffer(name).layout)
                 if pool:
                     reuse[name] = pool.pop()

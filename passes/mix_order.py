@@ -18,10 +18,11 @@ groups come back in dependency order.
 
 from __future__ import annotations
 
+import sympy
 import torch
 
-from minicompile.ir import ComputedBuffer, Reduce, walk
-from minicompile.spaces import FusedGroup, place
+from minicompile.ir import ComputedBuffer, Load, Reduce, walk
+from minicompile.spaces import FusedGroup, canonical, place, reduced_symbols
 
 from minicompile.passes.fusion import Memo, dependency_graph
 
@@ -43,6 +44,20 @@ def _dense(buf: ComputedBuffer) -> bool:
     return buf.layout.offset == 0
 
 
+def reads_along_rows(row: FusedGroup) -> bool:
+    """Whether some reduction of the group reads its rows' elements side by side (unit
+    stride along the reduced dim): a row kernel, not a sum over columns."""
+    q = reduced_symbols(1)[0]
+    for b in row.buffers:
+        placed = place(b, row.space)  # type: ignore[arg-type]
+        if placed is None or placed.kind != "reduction":
+            continue
+        for e in walk(b.body):  # type: ignore[union-attr]
+            if isinstance(e, Load) and sympy.expand(canonical(e.index, placed)).coeff(q) == 1:
+                return True
+    return False
+
+
 def can_mix(row: FusedGroup, col: FusedGroup, dag, memo: Memo) -> tuple[bool, str]:
     """Whether the column sums of ``col`` may run inside ``row``'s kernel; why not."""
     if row.extern is not None or col.extern is not None:
@@ -56,6 +71,8 @@ def can_mix(row: FusedGroup, col: FusedGroup, dag, memo: Memo) -> tuple[bool, st
         return False, "rows too long to keep in registers"
     if any(memo.is_empty(b) for b in row.buffers + col.buffers):
         return False, "an empty buffer"
+    if not reads_along_rows(row):
+        return False, "the group does not read along its rows"
     for b in col.buffers:
         if not (isinstance(b, ComputedBuffer) and isinstance(b.body, Reduce)
                 and b.body.op == "sum" and b.body.dtype == torch.float32
@@ -104,8 +121,9 @@ def mix(groups: list[FusedGroup], log: list[str] | None = None) -> list[FusedGro
     """Move each column sum into the row group it saves most with, if any may take it
     (groups in dependency order in, and out).  Column sums come one at a time: fusion
     may have put the sums of several layers into one group (one iteration space), and
-    each belongs with its own layer's row kernel.  Taking a member out of a group never
-    makes a cycle (its members do not read each other)."""
+    each belongs with its own layer's row kernel.  Taking a member out of a group makes
+    no cycle when it neither reads nor feeds another member: a cycle through outside
+    groups would have been one through the whole group."""
     memo = Memo()
     next_key = max((g.key for g in groups), default=-1) + 1
     for col in [g for g in groups if g.extern is None and g.has_reduction]:
@@ -120,6 +138,9 @@ def mix(groups: list[FusedGroup], log: list[str] | None = None) -> list[FusedGro
             if not scored:
                 continue
             rest = [b for b in col.buffers if b is not buf]
+            names = {b.name for b in rest}
+            if memo.reads_of(buf) & names or any(buf.name in memo.reads_of(b) for b in rest):
+                continue  # (taken out, it would read or feed its group: a cycle, maybe)
             split = [g if g is not col else FusedGroup(col.key, rest) for g in groups]
             dag = dependency_graph([g for g in split if g.buffers] + [single])
             for _, row in scored:

@@ -76,7 +76,8 @@ class Store:
     index: sympy.Expr  # over the plan's loop variables
     value: Expr  # loads indexed over the plan's loop variables; may contain Reduce nodes
     dtype: torch.dtype
-    level: str  # "x": one value per kept point (reductions, "x" members); "xr": per element
+    level: str  # "x": one value per kept point (reductions, "x" members); "xr": per element;
+    # "c": per element, summed over the kept points (a column sum: passes/mix_order.py)
 
 
 def pointer_params(inputs: tuple, outputs: tuple) -> list[str]:
@@ -128,6 +129,11 @@ class KernelPlan:
     @property
     def rnumel(self) -> sympy.Expr:
         return product(self.rranges)
+
+    @property
+    def column_sums(self) -> tuple[Store, ...]:
+        """The stores summed over the rows (mix-order reductions): stored once, at the end."""
+        return tuple(s for s in self.stores if s.level == "c")
 
     @property
     def outputs(self) -> tuple[str, ...]:
@@ -351,12 +357,15 @@ def plan_kernel(
 
         values[b.name] = map_loads(bodies[b.name], resolve, index=reindex)
 
-    stores = tuple(
-        Store(b.name, reindex(store_at[b.name]), values[b.name], b.layout.dtype,
-              "xr" if places[b.name].kind == "xr" else "x")
-        for b in members
-        if needed is None or b.name in needed
-    )
+    def store(b: ComputedBuffer) -> Store:
+        kind = places[b.name].kind
+        if kind == "column":  # its operand, added up over the rows (passes/mix_order.py)
+            return Store(b.name, reindex(store_at[b.name]), values[b.name].x,  # type: ignore[attr-defined]
+                         b.layout.dtype, "c")
+        return Store(b.name, reindex(store_at[b.name]), values[b.name], b.layout.dtype,
+                     "xr" if kind == "xr" else "x")
+
+    stores = tuple(store(b) for b in members if needed is None or b.name in needed)
     inputs: dict[str, torch.dtype] = {}
     for st in stores:
         for e in walk(st.value):

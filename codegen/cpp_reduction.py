@@ -39,6 +39,8 @@ OMP_REDUCTION = {"sum": "+", "prod": "*", "any": "||", "all": "&&", "amax": "max
 # Columns one thread reduces at once in a column reduction: 64 double sums are 512 bytes of
 # accumulators, in L1 beside the rows' cache lines.
 COLUMN_BLOCK = 64
+# Chunks of rows a kernel with column sums (mix-order reductions) splits its rows into.
+MIX_CHUNKS = 64
 
 
 def accumulator_type(red: Reduce) -> str:
@@ -64,11 +66,46 @@ class CppReductionKernel(CppKernel):
         with w.block(self.signature()):
             ranges = [cpp_index(r) for r in p.ranges]
             self.parallel = parallel_pragma(p.numel * sympy.Max(p.rnumel, 1), p.numel)
-            if ranges:
+            if p.column_sums:
+                self.chunked_rows()
+            elif ranges:
                 self.row_loops(0, ranges)
             else:
                 self.row_body()
         return w.text()
+
+    def chunked_rows(self) -> None:
+        """Rows in :data:`MIX_CHUNKS` chunks, each adding its rows' column values into
+        partial sums of its own (double), then the partials summed in chunk order: the
+        same result for any number of threads (passes/mix_order.py)."""
+        p, w = self.plan, self.w
+        rows, columns = int(p.numel), int(p.rnumel)
+        chunks = min(rows, MIX_CHUNKS)
+        size = -(-rows // chunks)
+        chunks = -(-rows // size)
+        sums = p.column_sums
+        w.line(f"double* part = new double[{len(sums) * chunks * columns}]();")
+        if self.parallel:
+            w.line("#pragma omp parallel for")
+        with w.block(f"for (int64_t chunk = 0; chunk < {chunks}; ++chunk)"):
+            for k in range(len(sums)):
+                w.line(f"double* col{k} = part + ({k * chunks} + chunk) * {columns};")
+            stop = f"std::min<int64_t>({rows}, chunk * {size} + {size})"
+            with w.block(f"for (int64_t xflat = chunk * {size}; xflat < {stop}; ++xflat)"):
+                inner = 1
+                for x, n in reversed(list(zip(p.loop_vars, p.ranges))):
+                    w.line(f"const int64_t {x} = (xflat / {inner}) % {cpp_index(n)};")
+                    inner *= int(n)
+                self.row_body()
+        r = p.rvars[0]
+        with w.block(f"for (int64_t {r} = 0; {r} < {columns}; ++{r})"):
+            for k, st in enumerate(sums):
+                w.line(f"double sum{k} = 0;")
+                with w.block(f"for (int64_t chunk = 0; chunk < {chunks}; ++chunk)"):
+                    w.line(f"sum{k} += part[({k * chunks} + chunk) * {columns} + {r}];")
+                w.line(f"{self.pointer(st.buffer)}[{cpp_index(st.index)}] = "
+                       f"static_cast<float>(sum{k});")
+        w.line("delete[] part;")
 
     def row_loops(self, depth: int, ranges: list[str]) -> None:
         x = self.plan.loop_vars[depth]
@@ -86,9 +123,17 @@ class CppReductionKernel(CppKernel):
         for batch in reduction_batches(self.plan):
             self.reduce_batch(batch)
         elem = [s for s in p.stores if s.level == "xr"]
-        self.hoist([s.value for s in elem])
-        if elem:
-            self.element_loops(0, lambda: [self.store(s) for s in elem], None, simd=True)
+        sums = p.column_sums
+        self.hoist([s.value for s in elem + list(sums)])
+
+        def body() -> None:
+            for s in elem:
+                self.store(s)
+            for k, s in enumerate(sums):  # (dense: its index is the column's)
+                self.w.line(f"col{k}[{cpp_index(s.index)}] += {self.value(s.value)};")
+
+        if elem or sums:
+            self.element_loops(0, body, None, simd=True)
         for store in p.stores:
             if store.level == "x":
                 self.store(store)
@@ -266,6 +311,6 @@ class CppColumnReductionKernel(CppReductionKernel):
 
 
 def emit_reduction_kernel(plan: KernelPlan) -> str:
-    if reads_columns(plan):
+    if reads_columns(plan) and not plan.column_sums:
         return CppColumnReductionKernel(plan).emit()
     return CppReductionKernel(plan).emit()

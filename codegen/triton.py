@@ -125,11 +125,12 @@ class TritonKernel(ExprEmitter):
                 self.emit_store(store, frozenset({"x"}))
         return w.text()
 
-    def emit_xindex(self, shape: str) -> None:
-        """``shape``: "" for a 1-D block, "[:, None]" for the rows of a 2-D one."""
+    def emit_xindex(self, shape: str, block: str = "XBLOCK", start: str = "") -> None:
+        """``shape``: "" for a 1-D block, "[:, None]" for the rows of a 2-D one.  Program k
+        starts at row ``k * block`` (plus ``start``: a block of a chunk of rows)."""
         w = self.w
         pid = "tl.program_id(0).to(tl.int64)" if self.wide_index else "tl.program_id(0)"
-        w.line(f"xoffset = {pid} * XBLOCK")
+        w.line(f"xoffset = {pid} * {block}{start}")
         w.line(f"xindex = xoffset + tl.arange(0, XBLOCK){shape}")
         if self.xmasked:
             w.line("xmask = xindex < xnumel")

@@ -19,6 +19,7 @@ from minicompile.ir import IndirectLoad, Load, Reduce, walk
 
 from minicompile.codegen.common import KernelPlan, reduction_batches
 from minicompile.codegen.emitter import compute_dtype, reduction_identity
+from minicompile.codegen.printers import triton_index
 from minicompile.codegen.triton import TRITON, TritonKernel, kernel_params, planning_size
 
 # Combining two partial results elementwise (loop accumulators), and reducing a block
@@ -113,6 +114,8 @@ class TritonReductionKernel(TritonKernel):
             self.persistent = persistent
         blocks = blocks or ((self.xblock, self.rblock),)
         xmasked = not plan.numel.is_Integer or any(xnumel % x != 0 for x, _ in blocks)
+        if plan.column_sums:  # a chunk of rows a program (static sizes: passes/mix_order.py)
+            xmasked = xnumel % chunk_rows(plan, interpret) != 0
         super().__init__(plan, wide_index=wide, masked=xmasked, interpret=interpret)
         if not plan.rnumel.is_Integer:
             self.rmasked = True
@@ -126,11 +129,15 @@ class TritonReductionKernel(TritonKernel):
         p, w = self.plan, self.w
         w.line("@triton.jit")
         params = ", ".join(kernel_params(p, self.flag_errors))
+        split = ", RSPLIT: tl.constexpr" if p.column_sums else ""
         w.line(f"def {p.name}({params}, xnumel, rnumel, XBLOCK: tl.constexpr, "
-               "RBLOCK: tl.constexpr):")
+               f"RBLOCK: tl.constexpr{split}):")
         with w.indent():
             for row in p.header_comment():
                 w.line(f"# {row}")
+            if p.column_sums:
+                self.emit_chunk()
+                return w.text()
             self.emit_xindex("[:, None]")
             row_stores = [s for s in p.stores if s.level == "x"]
             elem_stores = [s for s in p.stores if s.level == "xr"]
@@ -153,6 +160,36 @@ class TritonReductionKernel(TritonKernel):
             for store in row_stores:
                 self.emit_store(store, frozenset({"x"}))
         return w.text()
+
+    def emit_chunk(self) -> None:
+        """A program per chunk of RSPLIT rows (mix-order reductions, passes/mix_order.py):
+        XBLOCK rows at a time, each block's row work as a persistent kernel's, its column
+        values added into [XBLOCK, RBLOCK] accumulators; at the end each column sum's
+        partial for the chunk goes to row ``program_id`` of its [programs, rnumel] output
+        (the wrapper sums those)."""
+        p, w = self.plan, self.w
+        self.emit_rindex("tl.arange(0, RBLOCK)[None, :]")
+        accs = []
+        for k, _ in enumerate(p.column_sums):
+            accs.append(f"colacc{k}")
+            w.line(f"{accs[-1]} = tl.zeros([XBLOCK, RBLOCK], tl.float32)")
+        w.line("for xstart in range(0, RSPLIT, XBLOCK):")
+        with w.indent():
+            self.emit_xindex("[:, None]", "RSPLIT", " + xstart")
+            for store in p.stores:
+                if store.level != "c":
+                    self.emit_store(store, frozenset({"x", "r"} if store.level == "xr"
+                                                     else {"x"}))
+            for acc, store in zip(accs, p.column_sums):
+                operand = self.masked_operand(Reduce("sum", store.value, torch.float32))
+                w.line(f"{acc} = {acc} + {operand}")
+        self.names = {}  # values inside the loop are per block: not visible after it
+        pid = "tl.program_id(0).to(tl.int64)" if self.wide_index else "tl.program_id(0)"
+        mask = ", rmask" if self.rmasked else ""
+        for acc, store in zip(accs, p.column_sums):
+            index = triton_index(store.index)
+            w.line(f"tl.store({self.pointer(store.buffer)} + {pid} * rnumel + {index}, "
+                   f"tl.sum({acc}, 0)[None, :]{mask})")
 
     def emit_rindex(self, start: str) -> None:
         self.w.line(f"rindex = {start}")
@@ -234,11 +271,28 @@ def launch_config(plan: KernelPlan, interpret: bool) -> tuple[int, int, int]:
     return xblock, rblock, warps
 
 
+def chunk_rows(plan: KernelPlan, interpret: bool) -> int:
+    """RSPLIT, the rows a program of a kernel with column sums walks (a multiple of its
+    XBLOCK): on a GPU 16 to 128, about eight programs a multiprocessor, as Inductor's
+    mix-order reductions; the interpreter, one block."""
+    xblock = plan_blocks(plan, interpret)[0]
+    rows = int(plan.numel)
+    if interpret:
+        return xblock
+    return max(xblock, min(128, max(16, _pow2_floor(max(rows // 1024, 1)))))
+
+
+def column_partials(plan: KernelPlan, interpret: bool) -> int:
+    """The programs of a kernel with column sums: partial sums each column sum has."""
+    return -(-int(plan.numel) // chunk_rows(plan, interpret))
+
+
 def plan_blocks(plan: KernelPlan, interpret: bool) -> tuple[int, int, int, bool]:
     """reduction_blocks for ``plan``: symbolic sizes planned for their traced values."""
     return reduction_blocks(
         planning_size(plan.numel, plan.hints), planning_size(plan.rnumel, plan.hints),
-        interpret, symbolic_rows=not plan.rnumel.is_Integer, column=reads_columns(plan),
+        interpret, symbolic_rows=not plan.rnumel.is_Integer,
+        column=reads_columns(plan) and not plan.column_sums,
     )
 
 

@@ -22,6 +22,7 @@ from minicompile.shapes import python_expr
 from minicompile.sym import size_symbols
 
 from minicompile.codegen import combo, cpp, cpp_reduction, triton, triton_reduction, triton_tuning
+from minicompile.codegen.column_sums import ColumnPartials
 from minicompile.codegen.common import (
     CodeWriter,
     KernelPlan,
@@ -80,7 +81,7 @@ def generate(
     plans, plan_of = plan_kernels(program, groups, backend, in_place)
     tuned = {p.name: triton_tuning.tune_plan(p, _interpreted(program, p)) for p in plans
              if autotune and backend == "triton" and not isinstance(p, combo.ComboPlan)
-             and p.numel != 0}  # (combo kernels keep the heuristic's XBLOCK)
+             and p.numel != 0 and not p.column_sums}  # (combo kernels, column sums: as planned)
     externs = [g.extern for g in groups if g.extern is not None]
     devices = sorted({str(layout.device) for b in program.buffers for layout in _layouts(b)})
     plans_ahead = library_plans(program, externs, devices) if backend == "triton" else []
@@ -186,7 +187,10 @@ def generate(
             keep |= {b.name for b in program.inputs}
         reuse = reuse_memory(program, groups, plan_of, keep, in_place)
         plans_pending = bool(plans_ahead)
+        columns = ColumnPartials(program, plans, backend, devices)
+        columns.allocate(w)
         for k, group in enumerate(groups):
+            live.update(columns.sum(w, {n for b in group.buffers for n in b.reads()}))
             if group.extern is not None:
                 if plans_pending and group.extern.op in CONVOLUTIONS:
                     w.line("library_plans.wait()  # (the first convolution waits for them)")
@@ -195,14 +199,16 @@ def generate(
                 made = [group.extern.name]
             else:
                 plan = plan_of[group.key]
-                emit_launch(w, program, plan, backend, devices, in_place, reuse, frozenset(tuned))
-                made = list(plan.outputs)
+                emit_launch(w, program, plan, backend, devices, in_place, reuse, frozenset(tuned),
+                            columns)
+                made = [name for name in plan.outputs if name not in columns.slot]
             live.update(made)
             dead = sorted(n for n in live if last_use.get(n, -1) <= k and n not in keep)
             live.difference_update(dead)
             dead = [n for n in dead if n not in reuse.values()]  # those stay for their reuse
             if dead:  # free memory as soon as no later kernel reads it (a long backward)
                 w.line(f"del {', '.join(dead)}")
+        columns.sum(w, None)
         outs = [o if isinstance(o, str) else alias_text(o) for o in program.outputs]
         w.line(f"return ({', '.join(outs)}{',' if len(outs) == 1 else ''})")
     return GeneratedCode(backend, w.text(), cpp_source, tuple(p.name for p in plans))
@@ -262,8 +268,10 @@ def reuse_memory(
         if group.extern is not None and group.extern.op in FRESH_RESULTS:
             owned.add(group.extern.name)
         elif group.extern is None:
-            for name in plan_of[group.key].outputs:
-                if name in in_place:
+            plan = plan_of[group.key]
+            sums = {s.buffer for s in getattr(plan, "column_sums", ())}  # made by a sum
+            for name in plan.outputs:
+                if name in in_place or name in sums:
                     continue
                 pool = free.get(program.buffer(name).layout)
                 if pool:
@@ -462,8 +470,12 @@ def triton_launch(
     debug = DEVICE_ASSERTS if _device_asserts(program, plan) else ""
     if plan.is_reduction:
         xblock, rblock, warps = triton_reduction.launch_config(plan, interpret)
-        return (_grid(numel, xblock), [python_expr(numel), python_expr(plan.rnumel)],
-                f"XBLOCK={xblock}, RBLOCK={rblock}, num_warps={warps}{debug}")
+        grid, split = _grid(numel, xblock), ""
+        if plan.column_sums:  # a program a chunk of rows
+            grid = str(triton_reduction.column_partials(plan, interpret))
+            split = f", RSPLIT={triton_reduction.chunk_rows(plan, interpret)}"
+        return (grid, [python_expr(numel), python_expr(plan.rnumel)],
+                f"XBLOCK={xblock}, RBLOCK={rblock}{split}, num_warps={warps}{debug}")
     block = triton.block_size(triton.planning_size(numel, plan.hints), interpret)
     warps = "" if interpret else f", num_warps={triton.POINTWISE_WARPS}"
     return _grid(numel, block), [python_expr(numel)], f"XBLOCK={block}{warps}{debug}"
@@ -532,9 +544,13 @@ def emit_launch(
     w: CodeWriter, program: LoopProgram, plan: KernelPlan | combo.ComboPlan, backend: str,
     devices: list[str], in_place: dict[str, str] | None = None,
     reuse: dict[str, str] | None = None, tuned: frozenset[str] = frozenset(),
+    columns: ColumnPartials | None = None,
 ) -> None:
-    """``tuned``: the kernels launched through their Autotuner (mode="max-autotune")."""
+    """``tuned``: the kernels launched through their Autotuner (mode="max-autotune").
+    ``columns``: where a Triton kernel's column sums go (their slots of partials)."""
     for name in plan.outputs:
+        if columns is not None and name in columns.slot:
+            continue
         if in_place and name in in_place:
             w.line(f"{name} = {in_place[name]}  # stored in place (rebuild writes it back)")
             continue
@@ -548,7 +564,8 @@ def emit_launch(
             f"{name} = empty_strided({_shape(lay.shape)}, {_shape(lay.stride)}, "
             f"dtype={lay.dtype}, device={dev})"
         )
-    args = [b for b, _ in plan.inputs] + list(plan.outputs)
+    args = [b for b, _ in plan.inputs] + [
+        columns.argument(b) if columns is not None else b for b in plan.outputs]
     if isinstance(plan, combo.ComboPlan):
         w.line(f"# combo kernel of {len(plan.parts)} parts: "
                + " | ".join(", ".join(part.outputs) for part in plan.parts))

@@ -1,5 +1,5 @@
 """Reductions over outer dims and over everything: bias gradients, layer-norm weight
-gradients, column sums, a full sum.  Eager, torch.compile (on a GPU) and minicompile, with
+gradients, column sums, a layer norm's whole backward, a full sum.  Eager, torch.compile (on a GPU) and minicompile, with
 the bandwidth minicompile reaches (the inputs read once).
 
     python examples/bench_reductions.py      # CUDA when available, else CPU at smaller sizes
@@ -21,6 +21,14 @@ def norm_weight_grad(g: torch.Tensor, xhat: torch.Tensor) -> torch.Tensor:
     return (g * xhat).sum((0, 1))
 
 
+def norm_backward(g: torch.Tensor, xhat: torch.Tensor, w: torch.Tensor) -> tuple:
+    """A layer norm's backward (rstd folded away): the input gradient, row by row, and the
+    weight and bias gradients, sums over the rows (one kernel: passes/mix_order.py)."""
+    gw = g * w
+    dx = gw - gw.mean(-1, keepdim=True) - xhat * (gw * xhat).mean(-1, keepdim=True)
+    return dx, (g * xhat).sum(0), g.sum(0)
+
+
 def total(x: torch.Tensor) -> torch.Tensor:
     return x.sum()
 
@@ -39,6 +47,8 @@ def main() -> None:
         ("x.sum(0), [4096, 2048]", column_sum, (randn(4096, 2048),)),
         ("(g * xhat).sum((0, 1)), [16, 256, 512]", norm_weight_grad,
          (randn(16, 256, 512), randn(16, 256, 512))),
+        ("layer-norm backward, [4096, 512]", norm_backward,
+         (randn(4096, 512), randn(4096, 512), torch.randn(512, device=device))),
         ("x.sum(), 2^26", total, (randn(1 << 26),)),
     ]
     print(f"{'':42} {'eager us':>9} {'t.compile':>9} {'minicompile':>11} {'GB/s':>6}")

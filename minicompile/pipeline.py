@@ -3,8 +3,9 @@
 A graph after capture becomes loaded code through: batch norms folded into convolutions,
 the graph passes (passes/pipeline.py), channels-last layouts, GEMM padding, parameter
 values hoisted out to be computed once (inference), autograd (a graph that trains becomes
-a forward and a backward, each walking on), split reductions, lowering, fusion, stores in
-place, horizontal fusion, code generation and the runtime's build and load.  :func:`walk` takes a
+a forward and a backward, each walking on), split reductions, lowering, fusion, mix-order
+reductions, stores in place, horizontal fusion, code generation and the runtime's build
+and load.  :func:`walk` takes a
 :class:`Work` through them, and every stage through the same hooks: it is timed under its
 ``MINICOMPILE_LOGS=perf`` phase, and what it has to say goes to ``trace.emit``.
 
@@ -179,6 +180,14 @@ def fusion(work: Work, logs: list[Log]) -> Work:
     return dataclasses.replace(work, groups=groups, fusion_log=tuple(fusion_log))
 
 
+def mix_order_reductions(work: Work, logs: list[Log]) -> Work:
+    from minicompile.passes.mix_order import mix
+
+    fusion_log = list(work.fusion_log)
+    groups = mix(work.groups, fusion_log)
+    return dataclasses.replace(work, groups=groups, fusion_log=tuple(fusion_log))
+
+
 def stores_in_place(work: Work, logs: list[Log]) -> Work:
     from minicompile.passes.inplace import stores_in_place as in_place
 
@@ -235,6 +244,7 @@ STAGES: tuple[Stage, ...] = (
     Stage("split reductions", "lowering", split_reductions),
     Stage("lowering", "lowering", lowering),
     Stage("fusion", "fusion", fusion),
+    Stage("mix-order reductions", "fusion", mix_order_reductions),
     Stage("stores in place", "fusion", stores_in_place,
           lambda w: w.cfg.store_in_place and bool(w.writebacks)),
     Stage("horizontal fusion", "fusion", horizontal_fusion, lambda w: w.cfg.horizontal_fusion),

@@ -7,7 +7,10 @@ dropped) and reduced dims ``q0, q1, ...``; every member is *placed* in that spac
 
 - a reduction: its output dims on the p's, its reduced dims on the q's;
 - an "x" member (pointwise over the kept dims only: ``mean``, ``rstd``);
-- an "xr" member (pointwise over kept then reduced dims: softmax's output).
+- an "xr" member (pointwise over kept then reduced dims: softmax's output);
+- a "column" member: a sum over the kept dims of values over kept then reduced dims
+  (a layer norm's weight gradient beside its row-wise backward: passes/mix_order.py), its
+  output dims on the q's, its reduced dims on the p's.
 
 :func:`place` gives the substitution from a member's own index symbols to the canonical
 ones, or None when the member does not fit.  Loads between members of a group must read
@@ -52,7 +55,7 @@ class Space:
 
 @dataclasses.dataclass(frozen=True)
 class Placement:
-    kind: str  # "reduction" | "x" | "xr"
+    kind: str  # "reduction" | "x" | "xr" | "column"
     mapping: dict  # own symbol -> canonical expression (p's, q's or 0)
 
 
@@ -86,10 +89,15 @@ def place(buf: ComputedBuffer, space: Space) -> Placement | None:
     shape = buf.layout.shape
     own = dim_symbols(len(shape))
     if buf.is_reduction:
+        rsyms = reduction_symbols(len(buf.reduction_ranges))
+        if space_of(buf) != space and space_of(buf) == Space(space.reduced, space.kept):
+            kept, reduced = _onto(shape, own, q), _onto(buf.reduction_ranges, rsyms, p)
+            return (Placement("column", {**kept, **reduced})
+                    if kept is not None and reduced is not None else None)
         if space_of(buf) != space:
             return None
         kept = _onto(shape, own, p)
-        reduced = _onto(buf.reduction_ranges, reduction_symbols(len(buf.reduction_ranges)), q)
+        reduced = _onto(buf.reduction_ranges, rsyms, q)
         return Placement("reduction", {**kept, **reduced}) if kept is not None else None
     non_one = tuple(s for s in shape if s != 1)
     if non_one == space.kept + space.reduced and space.reduced:

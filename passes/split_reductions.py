@@ -20,9 +20,12 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
+import torch
+
 from minicompile.graph import Graph, Node, copy_graph
 
 from minicompile.passes.decompose import LOW_PRECISION, _Builder, _lay_out_as
+from minicompile.passes.mix_order import MAX_COLUMNS
 
 SPLITTABLE = frozenset({"sum", "prod", "amax", "amin", "any", "all"})
 MIN_NUMEL = 1 << 18  # smaller reductions are cheap however they run
@@ -45,8 +48,25 @@ def split_factor(reduced: int, kept: int, column: bool) -> int:
     return split if split >= 4 else 1
 
 
+def row_sums(graph: Graph) -> set[tuple[int, int]]:
+    """(rows, columns) of the static float32 sums along the last dim of rows at most
+    passes/mix_order.py's MAX_COLUMNS long: a sum over such rows' columns (a layer norm's
+    weight gradient) is left whole, for its row kernel to compute (mix-order reductions)."""
+    out = set()
+    for node in graph.nodes:
+        if node.op != "call" or node.target != "sum" or node.args[0].meta.dtype != torch.float32:
+            continue
+        shape = node.args[0].meta.shape
+        if shape and all(getattr(s, "is_Integer", False) for s in shape) and tuple(
+                d % len(shape) for d in node.args[1]) == (len(shape) - 1,):
+            if int(shape[-1]) <= MAX_COLUMNS:
+                out.add((math.prod(int(s) for s in shape[:-1]), int(shape[-1])))
+    return out
+
+
 def split_reductions(graph: Graph) -> Graph:
     """Return ``graph`` with its reductions over too few outputs split in two (CUDA)."""
+    rows = row_sums(graph)
 
     def rewrite(new: Graph, node: Node, remap: Callable) -> Node | None:
         if node.op != "call" or node.target not in SPLITTABLE:
@@ -63,7 +83,8 @@ def split_reductions(graph: Graph) -> Graph:
         kept_numel = math.prod(shape[d] for d in kept)
         column = bool(kept) and kept[-1] == len(shape) - 1  # the outputs are side by side
         split = split_factor(reduced, kept_numel, column)
-        if split == 1:
+        if split == 1 or (column and node.target == "sum" and (reduced, kept_numel) in rows
+                          and x.meta.dtype == torch.float32 and dims == tuple(range(len(dims)))):
             return None
         b = _Builder(new, node)
         start = len(new.nodes)

@@ -1,0 +1,157 @@
+"""Mix-order reductions: sums over a group's rows join the kernel that walks those rows.
+
+A layer norm's backward reduces each row (its input gradient) and, over the same
+[rows, columns] values, each column: the weight and bias gradients, and a linear layer's
+bias gradient (the sum over rows of the input gradient the row kernel has just made).
+Vertical fusion (passes/fusion.py) keeps them apart, their iteration spaces being each
+other's transpose, so the column sums run as a kernel of their own that reads the rows
+again, or a split reduction of two kernels on a GPU.  Here a column-sum group joins the
+row group it reads alongside (Inductor's mix-order reductions): the row kernel walks its
+rows in chunks, adds each row's values into per-chunk column partial sums, and the
+partials are summed at the end (in the same C++ function; on a GPU by one small sum over
+the partials, codegen/triton_reduction.py).  The column members are placed "column" in
+the row group's space (minicompile/spaces.py).
+
+Legality (:func:`can_mix`) and profitability (:func:`worth_mixing`) are separate; the
+groups come back in dependency order.
+"""
+
+from __future__ import annotations
+
+import sympy
+import torch
+
+from minicompile.ir import ComputedBuffer, Load, Reduce, walk
+from minicompile.spaces import FusedGroup, canonical, place, reduced_symbols
+
+from minicompile.passes.fusion import Memo, dependency_graph
+
+MAX_COLUMNS = 4096  # the row kernel keeps a whole row in registers (a persistent kernel)
+MAX_PARTS = 8  # column sums one row kernel accumulates
+
+
+def _static(sizes: tuple) -> bool:
+    return all(getattr(s, "is_Integer", False) for s in sizes)
+
+
+def _dense(buf: ComputedBuffer) -> bool:
+    """Row-major without gaps (size-1 dims aside): its columns are its elements in order."""
+    expected = 1
+    for size, stride in reversed(list(zip(buf.layout.shape, buf.layout.stride))):
+        if size != 1 and stride != expected:
+            return False
+        expected *= size
+    return buf.layout.offset == 0
+
+
+def reads_along_rows(row: FusedGroup) -> bool:
+    """Whether some reduction of the group reads its rows' elements side by side (unit
+    stride along the reduced dim): a row kernel, not a sum over columns."""
+    q = reduced_symbols(1)[0]
+    for b in row.buffers:
+        placed = place(b, row.space)  # type: ignore[arg-type]
+        if placed is None or placed.kind != "reduction":
+            continue
+        for e in walk(b.body):  # type: ignore[union-attr]
+            if isinstance(e, Load) and sympy.expand(canonical(e.index, placed)).coeff(q) == 1:
+                return True
+    return False
+
+
+def can_mix(row: FusedGroup, col: FusedGroup, dag, memo: Memo) -> tuple[bool, str]:
+    """Whether the column sums of ``col`` may run inside ``row``'s kernel; why not."""
+    if row.extern is not None or col.extern is not None:
+        return False, "a library call runs on its own"
+    if row.device != col.device or not row.has_reduction:
+        return False, "not a row reduction of the same device"
+    space = row.space
+    if not (_static(space.kept + space.reduced) and space.kept and space.reduced):
+        return False, "symbolic sizes"
+    if len(space.reduced) != 1 or int(space.reduced[0]) > MAX_COLUMNS:
+        return False, "rows too long to keep in registers"
+    if any(memo.is_empty(b) for b in row.buffers + col.buffers):
+        return False, "an empty buffer"
+    if not reads_along_rows(row):
+        return False, "the group does not read along its rows"
+    for b in col.buffers:
+        if not (isinstance(b, ComputedBuffer) and isinstance(b.body, Reduce)
+                and b.body.op == "sum" and b.body.dtype == torch.float32
+                and not any(isinstance(e, Reduce) for e in walk(b.body.x))):
+            return False, f"{b.name} is not a float32 sum"
+        placed = place(b, space)
+        if placed is None or placed.kind != "column":
+            return False, f"{b.name} does not reduce the group's rows"
+        if not _dense(b):
+            return False, f"{b.name} is not contiguous"
+    names = {b.name for b in col.buffers}
+    if any(memo.reads_of(b) & names for b in row.buffers + col.buffers):
+        return False, "a member reads a column sum (known only at the end)"
+    places = memo.placements(row.buffers + col.buffers, space)
+    if places is None:
+        return False, "a buffer does not fit the iteration space"
+    members = {b.name: b for b in row.buffers}
+    for reader in col.buffers:
+        for name in memo.reads_of(reader) & members.keys():
+            if not memo.is_aligned(reader, members[name], space, places):
+                return False, f"{reader.name} reads {name} at other points of the space"
+    if dag.contraction_makes_cycle(row.key, col.key):
+        return False, "mixing would create a cycle"
+    return True, "column sums of the group's rows"
+
+
+def worth_mixing(row: FusedGroup, col: FusedGroup) -> int:
+    """What mixing saves: the buffers ``col`` reads that ``row`` reads or makes (read
+    once, or kept in registers), or 0 (do not mix) when the rows are fewer
+    than the columns or the row kernel would accumulate more than MAX_PARTS sums."""
+    space = row.space
+    if len(space.reduced) != 1 or not _static(space.kept + space.reduced):
+        return 0
+    rows = 1
+    for s in space.kept:
+        rows *= int(s)
+    columns = [b for b in row.buffers + col.buffers
+               if getattr(place(b, space), "kind", None) == "column"]  # type: ignore[arg-type]
+    if rows < int(space.reduced[0]) or len(columns) > MAX_PARTS:
+        return 0
+    reads = {name for b in row.buffers for name in b.reads()} | {b.name for b in row.buffers}
+    return sum(len(b.reads() & reads) for b in col.buffers)
+
+
+def mix(groups: list[FusedGroup], log: list[str] | None = None) -> list[FusedGroup]:
+    """Move each column sum into the row group it saves most with, if any may take it
+    (groups in dependency order in, and out).  Column sums come one at a time: fusion
+    may have put the sums of several layers into one group (one iteration space), and
+    each belongs with its own layer's row kernel.  Taking a member out of a group makes
+    no cycle when it neither reads nor feeds another member: a cycle through outside
+    groups would have been one through the whole group."""
+    memo = Memo()
+    next_key = max((g.key for g in groups), default=-1) + 1
+    for col in [g for g in groups if g.extern is None and g.has_reduction]:
+        for buf in list(col.buffers):
+            single = FusedGroup(next_key, [buf])
+            rows = [g for g in groups if g is not col and g.buffers and g.extern is None
+                    and g.has_reduction
+                    and getattr(place(buf, g.space), "kind", None) == "column"]  # type: ignore[arg-type]
+            scored = sorted(((worth_mixing(r, single), -k, r) for k, r in enumerate(rows)),
+                            key=lambda t: t[:2], reverse=True)
+            scored = [(score, r) for score, _, r in scored if score > 0]
+            if not scored:
+                continue
+            rest = [b for b in col.buffers if b is not buf]
+            names = {b.name for b in rest}
+            if memo.reads_of(buf) & names or any(buf.name in memo.reads_of(b) for b in rest):
+                continue  # (taken out, it would read or feed its group: a cycle, maybe)
+            split = [g if g is not col else FusedGroup(col.key, rest) for g in groups]
+            dag = dependency_graph([g for g in split if g.buffers] + [single])
+            for _, row in scored:
+                ok, reason = can_mix(row, single, dag, memo)
+                if log is not None:
+                    log.append(f"{'mix' if ok else 'keep apart'} {row.name} {buf.name}: {reason}")
+                if ok:
+                    row.buffers.append(buf)
+                    col.buffers.remove(buf)
+                    break
+    groups = [g for g in groups if g.buffers]
+    dag = dependency_graph(groups)
+    by_key = {g.key: g for g in groups}
+    return [by_key[k] for k in dag.topological_order()]

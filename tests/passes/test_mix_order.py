@@ -1,0 +1,68 @@
+"""Mix-order reductions (passes/mix_order.py) on hand-built graphs, text only (no GPU): on
+CUDA the column sums beside a row sum are left whole by split_reductions and computed by
+the row kernel, a program per chunk of rows; what may not mix stays apart."""
+
+from __future__ import annotations
+
+import torch
+
+from minicompile.codegen.wrapper import generate
+from minicompile.lowering import lower
+from minicompile.passes.fusion import fuse
+from minicompile.passes.mix_order import mix
+from minicompile.passes.pipeline import run_graph_passes
+from minicompile.passes.split_reductions import split_reductions
+
+from graph_builder import GraphBuilder
+
+
+def groups_of(graph, log=None):  # noqa: ANN001, ANN201
+    program = lower(split_reductions(run_graph_passes(graph, verify=True)[0]))
+    return program, mix(fuse(program), log)
+
+
+def layer_norm_backward(device: str, rows: int = 4096, dtype: torch.dtype = torch.float32):  # noqa: ANN201
+    """A layer norm's backward, in the shape the decomposition gives it: the row sum of
+    the input gradient, and the weight and bias gradients (sums over the rows)."""
+    b = GraphBuilder(device)
+    grad = b.input("L_grad", (rows, 512), dtype)
+    xhat = b.input("L_xhat", (rows, 512), dtype)
+    weight = b.input("L_weight", (512,), dtype)
+    gw = b("mul", grad, weight)
+    row = b("sum", b("mul", gw, xhat), (1,), True)
+    grad_input = b("sub", gw, b("mul", xhat, row))
+    return b.output(grad_input, b("sum", b("mul", grad, xhat), (0,), False),
+                    b("sum", grad, (0,), False))
+
+
+def test_cuda_layer_norm_backward_is_one_kernel_and_one_sum() -> None:
+    """On CUDA the two weight gradients were each split (partials, then a small sum);
+    here both ride on the row kernel: 256 programs of 16 rows, one workspace of partials,
+    one sum over it."""
+    program, groups = groups_of(layer_norm_backward("cuda"))
+    assert len(groups) == 1, [g.name for g in groups]
+    module = generate(program, groups, "triton").module
+    assert module.count("@triton.jit") == 1
+    assert "RSPLIT=16" in module and "launch(256, " in module
+    assert "colpart0 = empty_strided((2, 256, 512), (131072, 512, 1)" in module
+    assert module.count("colpart0[0:2].sum(1)") == 1
+
+
+def test_what_does_not_mix_keeps_its_kernel() -> None:
+    """bfloat16 gradients (their sums round: no float32 partials), fewer rows than
+    columns, and a row sum offered to a column sum's kernel (which reads across rows)
+    stay apart."""
+    log: list[str] = []
+    _, groups = groups_of(layer_norm_backward("cpu", dtype=torch.bfloat16), log)
+    assert len(groups) == 2 and any("not a float32 sum" in line for line in log), log
+    _, groups = groups_of(layer_norm_backward("cpu", rows=256))
+    assert len(groups) == 2
+    _, groups = groups_of(layer_norm_backward("cpu"))
+    assert len(groups) == 1
+    b = GraphBuilder()
+    x = b.input("L_x", (16, 64))
+    square = b("mul", x, x)
+    log.clear()
+    _, groups = groups_of(b.output(b("sum", square, (0,), False), b("sum", square, (1,), False)),
+                          log)
+    assert len(groups) == 2 and any("not read along its rows" in line for line in log), log

@@ -1,0 +1,110 @@
+"""Mix-order reductions (passes/mix_order.py): in a backward, the sums over a layer's rows
+(a layer norm's weight and bias gradients, a linear layer's bias gradient) run in the
+kernel that walks those rows, as Inductor's mix-order reductions do.  Structure (the
+backward's kernels, read from the output_code log) beside values (gradients equal eager's,
+two steps with fresh inputs)."""
+
+from __future__ import annotations
+
+import copy
+import re
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import minicompile
+from minicompile import config
+
+from devices import device_for
+from gpt import GPT, GPTConfig
+
+
+class Block(nn.Module):
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.lin = nn.Linear(width, width)
+        self.ln = nn.LayerNorm(width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.gelu(self.ln(self.lin(x)))
+
+
+def kernels_of(err: str, name: str, backend: str) -> int:
+    """The kernels of graph ``name``'s generated module, in the output_code log."""
+    section = err.split(f"minicompile output_code: {name} ({backend}) ========\n")[1]
+    module = section.split("======== minicompile")[0]
+    pattern = r"^@triton\.jit$" if backend == "triton" else r"^\w+ = lib\.\w+$"
+    return len(re.findall(pattern, module, flags=re.M))
+
+
+def check_grads(model: nn.Module, ref: nn.Module) -> None:
+    for (name, p), q in zip(model.named_parameters(), ref.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5, msg=name)
+
+
+def loss_fn(model: nn.Module, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    logits = model(idx)
+    return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
+
+
+@pytest.mark.parametrize("rows, backward_kernels", [(48, 1), (8, 2)], ids=["mixed", "few_rows"])
+def test_linear_layer_norm_gelu_backward(backend: str, capsys: pytest.CaptureFixture,
+                                         rows: int, backward_kernels: int) -> None:
+    """48 rows of 24: the layer norm's row-wise backward, its weight and bias gradients
+    and the linear bias gradient are one kernel (the weight gradients are matrix
+    products).  8 rows of 24: fewer rows than columns, the column sums keep a kernel."""
+    device = device_for(backend)
+    torch.manual_seed(0)
+    model = Block(24).to(device)
+    ref = copy.deepcopy(model)
+    compiled = minicompile.compile(model, backend=backend)
+    with config.patch(logs=frozenset({"output_code"})):
+        for _ in range(2):
+            x = torch.randn(rows, 24, device=device, requires_grad=True)
+            x_ref = x.detach().clone().requires_grad_()
+            grad = torch.randn(rows, 24, device=device)
+            compiled(x).backward(grad)
+            ref(x_ref).backward(grad)
+            check_grads(model, ref)
+            torch.testing.assert_close(x.grad, x_ref.grad, rtol=1e-4, atol=1e-5)
+            model.zero_grad(set_to_none=True)
+            ref.zero_grad(set_to_none=True)
+    assert kernels_of(capsys.readouterr().err, "Block.forward_backward", backend) == (
+        backward_kernels)
+
+
+def test_nanogpt_train_step_backward(backend: str, capsys: pytest.CaptureFixture) -> None:
+    """A one-layer GPT's forward and loss, backward and AdamW step.  Its backward's 14
+    kernels: the cross-entropy gradient (2); the three layer norms' row kernels, each with
+    its weight and bias gradients, ln_f's and ln_2's also with the bias gradient of the
+    projection before them (3); the layer norms' outputs recomputed for the weight
+    gradients (1); the GELU recomputed, and its gradient (2); the bias gradients of the
+    wider MLP and attention input projections, no row kernel beside them (2); the
+    attention gradient's q/k/v (1); the embeddings' gradients (3).  Before: 15, the
+    column sums in a kernel of their own."""
+    device = device_for(backend)
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(n_layer=1, n_embd=16, n_head=2, block_size=8, vocab_size=32))
+    model = model.to(device).train()
+    ref = copy.deepcopy(model)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-2)
+
+    compiled = minicompile.compile(loss_fn, backend=backend)
+    with config.patch(logs=frozenset({"output_code"})):
+        for _ in range(2):
+            idx = torch.randint(0, 32, (3, 8), device=device)
+            targets = torch.randint(0, 32, (3, 8), device=device)
+            loss = compiled(model, idx, targets)
+            want = loss_fn(ref, idx, targets)
+            torch.testing.assert_close(loss, want, rtol=1e-5, atol=1e-6)
+            loss.backward()
+            want.backward()
+            check_grads(model, ref)
+            opt.step()
+            ref_opt.step()
+            opt.zero_grad(set_to_none=True)
+            ref_opt.zero_grad(set_to_none=True)
+    assert kernels_of(capsys.readouterr().err, "loss_fn_backward", backend) == 14

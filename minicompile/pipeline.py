@@ -163,7 +163,7 @@ def describe_saved(joint: Any) -> str:
 def split_reductions(work: Work, logs: list[Log]) -> Work:
     from minicompile.passes.split_reductions import split_reductions as split
 
-    return dataclasses.replace(work, split=split(work.graph))
+    return dataclasses.replace(work, split=split(work.graph, mix_order=work.cfg.mix_order))
 
 
 def lowering(work: Work, logs: list[Log]) -> Work:
@@ -244,7 +244,7 @@ STAGES: tuple[Stage, ...] = (
     Stage("split reductions", "lowering", split_reductions),
     Stage("lowering", "lowering", lowering),
     Stage("fusion", "fusion", fusion),
-    Stage("mix-order reductions", "fusion", mix_order_reductions),
+    Stage("mix-order reductions", "fusion", mix_order_reductions, lambda w: w.cfg.mix_order),
     Stage("stores in place", "fusion", stores_in_place,
           lambda w: w.cfg.store_in_place and bool(w.writebacks)),
     Stage("horizontal fusion", "fusion", horizontal_fusion, lambda w: w.cfg.horizontal_fusion),

@@ -64,9 +64,10 @@ def row_sums(graph: Graph) -> set[tuple[int, int]]:
     return out
 
 
-def split_reductions(graph: Graph) -> Graph:
-    """Return ``graph`` with its reductions over too few outputs split in two (CUDA)."""
-    rows = row_sums(graph)
+def split_reductions(graph: Graph, mix_order: bool = True) -> Graph:
+    """Return ``graph`` with its reductions over too few outputs split in two (CUDA);
+    ``mix_order``: leave whole the column sums passes/mix_order.py gives a row kernel."""
+    rows = row_sums(graph) if mix_order else set()
 
     def rewrite(new: Graph, node: Node, remap: Callable) -> Node | None:
         if node.op != "call" or node.target not in SPLITTABLE:

@@ -49,18 +49,21 @@ def loss_fn(model: nn.Module, idx: torch.Tensor, targets: torch.Tensor) -> torch
     return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
 
 
-@pytest.mark.parametrize("rows, backward_kernels", [(48, 1), (8, 2)], ids=["mixed", "few_rows"])
-def test_linear_layer_norm_gelu_backward(backend: str, capsys: pytest.CaptureFixture,
-                                         rows: int, backward_kernels: int) -> None:
+@pytest.mark.parametrize("rows, mix_order, backward_kernels",
+                         [(48, True, 1), (8, True, 2), (48, False, 2)],
+                         ids=["mixed", "few_rows", "mix_order_off"])
+def test_linear_layer_norm_gelu_backward(backend: str, capsys: pytest.CaptureFixture, rows: int,
+                                         mix_order: bool, backward_kernels: int) -> None:
     """48 rows of 24: the layer norm's row-wise backward, its weight and bias gradients
     and the linear bias gradient are one kernel (the weight gradients are matrix
-    products).  8 rows of 24: fewer rows than columns, the column sums keep a kernel."""
+    products).  8 rows of 24: fewer rows than columns, the column sums keep a kernel; so
+    they do with ``cfg.mix_order`` off (MINICOMPILE_MIX_ORDER=0)."""
     device = device_for(backend)
     torch.manual_seed(0)
     model = Block(24).to(device)
     ref = copy.deepcopy(model)
-    compiled = minicompile.compile(model, backend=backend)
-    with config.patch(logs=frozenset({"output_code"})):
+    with config.patch(logs=frozenset({"output_code"}), mix_order=mix_order):
+        compiled = minicompile.compile(model, backend=backend)
         for _ in range(2):
             x = torch.randn(rows, 24, device=device, requires_grad=True)
             x_ref = x.detach().clone().requires_grad_()

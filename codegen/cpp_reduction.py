@@ -16,7 +16,8 @@ import torch
 from minicompile.ir import LOW_PRECISION, Load, Reduce, walk
 
 from minicompile.codegen.common import KernelPlan, Store, reduction_batches
-from minicompile.codegen.cpp import CPP, CppKernel, compute_type, parallel_pragma
+from minicompile.codegen.cpp import CPP, CppKernel, compute_type
+from minicompile.codegen.cpp_threads import plan_parallel
 from minicompile.codegen.emitter import reduction_identity
 from minicompile.codegen.printers import cpp_index
 
@@ -63,17 +64,21 @@ class CppReductionKernel(CppKernel):
             w.line(f"// {row}")
         with w.block(self.signature()):
             ranges = [cpp_index(r) for r in p.ranges]
-            self.parallel = parallel_pragma(p.numel * sympy.Max(p.rnumel, 1), p.numel)
+            self.parallel = plan_parallel(p, self.shared_loops())
             if ranges:
                 self.row_loops(0, ranges)
             else:
                 self.row_body()
         return w.text()
 
+    def shared_loops(self) -> list[sympy.Expr]:
+        """The trip counts of the loops that may run in parallel: the kept (row) loops."""
+        return list(self.plan.ranges)
+
     def row_loops(self, depth: int, ranges: list[str]) -> None:
         x = self.plan.loop_vars[depth]
-        if depth == 0 and self.parallel:
-            self.w.line(f"#pragma omp {self.parallel}")
+        if depth == 0 and self.parallel.depth:
+            self.w.line(f"#pragma omp {self.parallel.pragma()}")
         with self.w.block(f"for (int64_t {x} = 0; {x} < {ranges[depth]}; ++{x})"):
             if depth + 1 < len(ranges):
                 self.row_loops(depth + 1, ranges)
@@ -179,6 +184,10 @@ class CppColumnReductionKernel(CppReductionKernel):
     ``omp simd`` loop over the block's columns (``lane``) inside.  A reduction's
     accumulators and its values are arrays over the lanes."""
 
+    def shared_loops(self) -> list[sympy.Expr]:
+        *outer, columns = self.plan.ranges
+        return [*outer, sympy.ceiling(columns / COLUMN_BLOCK)]
+
     def row_loops(self, depth: int, ranges: list[str]) -> None:
         if depth < len(ranges) - 1:
             super().row_loops(depth, ranges)
@@ -186,8 +195,8 @@ class CppColumnReductionKernel(CppReductionKernel):
         x = self.plan.loop_vars[depth]
         self.w.line(f"// blocks of {COLUMN_BLOCK} columns {x}: reduced loops outside, columns "
                     f"inside (contiguous)")
-        if depth == 0 and self.parallel:
-            self.w.line(f"#pragma omp {self.parallel}")
+        if depth == 0 and self.parallel.depth:
+            self.w.line(f"#pragma omp {self.parallel.pragma()}")
         size = ranges[depth]
         with self.w.block(f"for (int64_t {x}_base = 0; {x}_base < {size}; "
                           f"{x}_base += {COLUMN_BLOCK})"):

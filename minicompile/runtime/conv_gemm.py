@@ -26,4 +26,5 @@ def conv2d_1x1(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
     n, c, h, w = input.shape
     rows = input.permute(0, 2, 3, 1).reshape(n * h * w, c)
     out = F.linear(rows, weight.reshape(weight.shape[0], c), bias)
-    return out.view(n, h, w, -1).permute(0, 3, 1, 2).contiguous()
+    # (clone: contiguous() would keep a view's odd strides of its size-1 dims)
+    return out.view(n, h, w, -1).permute(0, 3, 1, 2).clone(memory_format=torch.contiguous_format)

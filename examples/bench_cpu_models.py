@@ -1,6 +1,8 @@
 """The model zoo (examples/model_zoo.py) on the CPU: per model, eval (no_grad) and a train
-step (forward, loss, backward), the median call of eager, minicompile and torch.compile, on
-2 threads and on all cores (``torch.set_num_threads``), side by side with the ratios.
+step (forward, loss, backward: bench_models.step), the median call of eager, minicompile and
+torch.compile, on 2 threads and on all cores (``torch.set_num_threads``), side by side with
+the ratios, and where minicompile's call spends its time (kernels, library calls, Python:
+its ``MINICOMPILE_LOGS=profile`` report, from a second compiled copy).
 
     python examples/bench_cpu_models.py                      # every model, eval and train
     python examples/bench_cpu_models.py --no-inductor hf_bert timm_resnext26ts
@@ -10,7 +12,7 @@ step (forward, loss, backward), the median call of eager, minicompile and torch.
 torch.compile's first compile takes about a minute a model and mode on a small CPU:
 ``--no-inductor`` leaves it out.  Each model and mode is compiled once; the thread counts
 then share the compiled code (minicompile's kernels run on ``torch.get_num_threads()``
-threads at call time, as eager does).  Eval results are checked against eager first.
+threads at call time, as eager does).  Every result is checked against eager's first.
 Ratios below 1 mean faster than eager (``mc/eager``) or than torch.compile (``mc/tc``).
 ``--cpu-time`` times the calling thread's CPU time (``time.thread_time``) instead of the wall
 clock: on one thread, where all the work runs on it, a machine shared with other jobs then
@@ -20,6 +22,8 @@ gives steady numbers (their time slices are not counted).
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import os
 import tempfile
 import time
@@ -29,83 +33,67 @@ os.environ.setdefault("MINICOMPILE_CACHE_DIR", tempfile.mkdtemp(prefix="bench-cp
 import torch  # noqa: E402
 
 import minicompile  # noqa: E402
-from bench_models import check  # noqa: E402
-from model_zoo import MODELS, tensors_of  # noqa: E402
+from bench_models import check, step, without_dropout  # noqa: E402
+from minicompile import config  # noqa: E402
+from model_zoo import MODELS  # noqa: E402
 from timing import median_seconds  # noqa: E402
 
-
-def loss_of(out) -> torch.Tensor:  # noqa: ANN001
-    """A scalar from every floating-point tensor the model returned (logits, hidden
-    states), so that backward reaches every parameter that produced them."""
-    return sum(t.float().mean() for t in tensors_of(out)
-               if isinstance(t, torch.Tensor) and t.is_floating_point())
+SPLIT = ("kernels_s", "library_s", "python_s")
 
 
-def step_of(model: torch.nn.Module, inputs: tuple, mode: str):  # noqa: ANN201
-    """One call of ``model`` on ``inputs`` (args, kwargs) in ``mode``: eval under no_grad,
-    or a train step."""
-    args, kwargs = inputs
-    if mode == "eval":
-        def step():  # noqa: ANN202
-            with torch.no_grad():
-                return model(*args, **kwargs)
-        return step
-
-    def train_step():  # noqa: ANN202
-        model.zero_grad(set_to_none=True)
-        loss = loss_of(model(*args, **kwargs))
-        loss.backward()
-        return loss
-    return train_step
-
-
-def time_split(step) -> str:  # noqa: ANN001
-    """Where a minicompile call's time goes: generated kernels, library calls and Python,
-    as shares of the call.  Filled from minicompile's profile report
-    (``MINICOMPILE_LOGS=profile``) where this minicompile has one; blank until then."""
-    split = getattr(minicompile, "profile_split", None)
-    if split is None:
-        return f"{'-':>5s} {'-':>5s} {'-':>5s}"
-    shares = split(step)  # {"kernels": share, "library": share, "python": share}
-    return " ".join(f"{shares[k]:5.0%}" for k in ("kernels", "library", "python"))
-
-
-def compiled_versions(case, mode: str, inductor: bool) -> dict:  # noqa: ANN001
-    """Eager, minicompile and (``inductor``) torch.compile steps of one model and mode,
-    each run once (compiled; eval results checked against eager)."""
+def versions(case, train: bool, inductor: bool) -> tuple[dict, object]:  # noqa: ANN001
+    """The steps of eager, minicompile and (``inductor``) torch.compile for one model and
+    mode, each run and checked once; and a profiled minicompile step (for the split)."""
     torch.manual_seed(0)
     model = case.build()
-    model.train(mode == "train")
-    inputs = case.inputs(torch.device("cpu"))
-    eager = step_of(model, inputs, mode)
+    model = without_dropout(model.train()) if train else model.eval()
+    args, kwargs = case.inputs(torch.device("cpu"))
+    expected = step(model, args, kwargs, train)()
     minicompile.reset()
-    steps = {"eager": eager, "mc": step_of(minicompile.compile(model), inputs, mode)}
+    steps = {"eager": step(model, args, kwargs, train),
+             "mc": step(minicompile.compile(model), args, kwargs, train)}
+    with config.patch(logs=frozenset({"profile"})):  # (compiled at the first call)
+        profiled = step(minicompile.compile(model), args, kwargs, train)
+        profiled()
     if inductor:
         torch._dynamo.reset()
-        steps["tc"] = step_of(torch.compile(model), inputs, mode)
-    for name, step in list(steps.items()):
+        steps["tc"] = step(torch.compile(model), args, kwargs, train)
+    for name in ("mc", "tc"):
         try:
-            out = step()
-        except Exception as e:  # no toolchain for Inductor here, say
-            print(f"  {case.name} {mode}: {name} failed ({type(e).__name__}: {e})"[:160])
+            if name in steps:
+                check(steps[name](), expected, torch.float32)
+        except Exception as e:  # noqa: BLE001 (no toolchain for Inductor here, say)
+            print(f"  {case.name}: {name} failed ({type(e).__name__}: {e})"[:160])
             del steps[name]
-            continue
-        if mode == "eval" and name != "eager":
-            check(out, eager(), torch.float32)
-    return steps
+    return steps, (model, profiled)
 
 
-def row(case, mode: str, steps: dict, threads: list[int], clock) -> str:  # noqa: ANN001
+def time_split(model: torch.nn.Module, profiled) -> str:  # noqa: ANN001
+    """Shares of minicompile's call in its kernels, library calls and Python (every graph
+    of the step: forward and backward), from minicompile.profile_report."""
+    with contextlib.redirect_stderr(io.StringIO()):  # (the report the log prints)
+        for _ in range(12):  # the report's warm-up and samples of each variant
+            profiled()
+    graphs = minicompile.profile_report(model)
+    seconds = [sum(getattr(g, part) for g in graphs) for part in SPLIT]
+    total = sum(seconds)
+    if not total:
+        return " ".join(f"{'-':>5s}" for _ in SPLIT)
+    return " ".join(f"{s / total:5.0%}" for s in seconds)
+
+
+def row(case, mode: str, steps: dict, split, threads: list[int], clock) -> str:  # noqa: ANN001
     cells = []
+    num = lambda v: f"{v:8.2f}" if v else f"{'-':>8s}"  # noqa: E731
+    ratio = lambda a, b: f"{a / b:6.2f}" if a and b else f"{'-':>6s}"  # noqa: E731
     for n in threads:
         torch.set_num_threads(n)
-        ms = {k: median_seconds(s, False, clock=clock) * 1e3 for k, s in steps.items()}
-        tc, mc = ms.get("tc"), ms.get("mc")
-        num = lambda v: f"{v:8.2f}" if v else f"{'-':>8s}"  # noqa: E731
-        ratio = lambda a, b: f"{a / b:6.2f}" if a and b else f"{'-':>6s}"  # noqa: E731
-        split = time_split(steps["mc"]) if mc else ""
-        cells.append(f"{num(ms['eager'])} {num(mc)} {num(tc)} {ratio(mc, ms['eager'])} "
-                     f"{ratio(mc, tc)} {split}")
+        with torch.set_grad_enabled(mode == "train"):
+            ms = {k: median_seconds(s, False, clock=clock) * 1e3 for k, s in steps.items()}
+            shares = time_split(*split) if "mc" in ms else ""
+        eager, mc, tc = ms["eager"], ms.get("mc"), ms.get("tc")
+        cells.append(f"{num(eager)} {num(mc)} {num(tc)} {ratio(mc, eager)} {ratio(mc, tc)} "
+                     f"{shares}")
     return f"{case.name:22s} {mode:5s} " + " | ".join(cells)
 
 
@@ -124,8 +112,8 @@ def main() -> None:
         parser.error("--cpu-time counts one thread's time: use it with --threads 1")
     clock = time.thread_time if a.cpu_time else time.perf_counter
     print(f"CPU, {os.cpu_count()} cores, torch {torch.__version__}; ms are medians of one call"
-          f"{' of CPU time' if a.cpu_time else ''}; mc/eager and mc/tc below 1: minicompile faster; split: minicompile's call in "
-          "kernels, library calls, Python")
+          f"{' of CPU time' if a.cpu_time else ''}; mc/eag, mc/tc below 1: minicompile "
+          "faster; kern, lib, py: minicompile's call in kernels, library calls, Python")
     head = (f"{'eager':>8s} {'mc':>8s} {'tc':>8s} {'mc/eag':>6s} {'mc/tc':>6s} "
             f"{'kern':>5s} {'lib':>5s} {'py':>5s}")
     print(f"{'threads':28s} " + " | ".join(f"{n:<{len(head)}d}" for n in threads))
@@ -134,8 +122,9 @@ def main() -> None:
         if a.models and case.name not in a.models:
             continue
         for mode in a.modes.split(","):
-            steps = compiled_versions(case, mode, not a.no_inductor)
-            print(row(case, mode, steps, threads, clock), flush=True)
+            with torch.set_grad_enabled(mode == "train"):
+                steps, split = versions(case, mode == "train", not a.no_inductor)
+            print(row(case, mode, steps, split, threads, clock), flush=True)
 
 
 if __name__ == "__main__":

@@ -3,14 +3,14 @@ one matrix product of the pixels' rows (``minicompile/runtime/conv_gemm.py`` say
 what it measured): the deep stages of a CNN on small images (resnext50's 2x2 pixels of
 1024 and 2048 channels at 64x64 input) spend most of their time there.
 
-Only for float32 and float64 on the CPU, static sizes, a contiguous result (eager's layout
-for a contiguous input), no gradient; any other convolution stays the call it was.  At 16
+Only for float32 and float64 on the CPU, static sizes, a contiguous input and result
+(channels-last ones are passes/layout.py's), no gradient; any other convolution stays the
+call it was.  At 16
 pixels the two products took the same time (measured), so the rule stops below.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
 
 import sympy
@@ -18,7 +18,7 @@ import torch
 
 from minicompile import ops
 from minicompile.graph import Graph, Node, TensorMeta, copy_graph
-from minicompile.passes.layout import CONV2D, dense_strides, same_layout
+from minicompile.passes.layout import CONV2D, contiguous
 from minicompile.runtime import conv_gemm
 
 MAX_PIXELS = 8  # output pixels (batch x height x width)
@@ -59,9 +59,8 @@ def as_product(node: Node) -> tuple[Node, Node, Node | None, tuple[int, int]] | 
             or _pair(bound["padding"]) != (0, 0) or _pair(bound["dilation"]) != (1, 1)
             or bound["groups"] != 1):
         return None
-    contiguous = dataclasses.replace(meta, stride=dense_strides(meta.shape, (0, 1, 2, 3)))
-    if not same_layout(meta, contiguous):
-        return None  # a channels-last result (the product writes eager's contiguous one)
+    if not all(contiguous(m) for m in (x.meta, meta)):
+        return None  # channels-last (passes/layout.py chose it for oneDNN): left to it
     n, _, h, width = (int(s) for s in meta.shape)
     return (x, w, bound["bias"], stride) if 0 < n * h * width <= MAX_PIXELS else None
 

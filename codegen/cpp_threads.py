@@ -51,15 +51,15 @@ class Parallel:
     depth: int = 0
     condition: str | None = None
 
-    def pragma(self, simd: bool = False, clauses: str = "") -> str:
+    def pragma(self, simd: bool = False) -> str:
         """The ``#pragma omp`` words of the outermost loop (``simd``: it is also the
-        vectorised loop; ``clauses``: more, like a reduction)."""
+        vectorised loop)."""
         words = ["parallel for"] + (["simd"] if simd else [])
         if self.depth > 1:
             words.append(f"collapse({self.depth})")
         if self.condition:
             words.append(f"if({self.condition})")
-        return " ".join(words + ([clauses] if clauses else []))
+        return " ".join(words)
 
 
 def element_cost(plan: KernelPlan) -> int:
@@ -84,13 +84,12 @@ def planned_threads() -> int:
     return max(torch.get_num_threads(), os.cpu_count() or 1)
 
 
-def plan_parallel(plan: KernelPlan, loops: Sequence[sympy.Expr], threads: int | None = None,
-                  ) -> Parallel:
+def plan_parallel(plan: KernelPlan, loops: Sequence[sympy.Expr]) -> Parallel:
     """Which of the outer ``loops`` (their trip counts, outermost first: the loops that may
-    be shared, never an inner ``simd`` loop) run in parallel, for ``threads`` threads
-    (default :func:`planned_threads`).  The work is ``plan``'s elements (kept and reduced)
-    times :func:`element_cost`."""
-    threads = threads or planned_threads()
+    be shared, never an inner ``simd`` loop) run in parallel, for :func:`planned_threads`
+    threads.  The work is ``plan``'s elements (kept and reduced) times
+    :func:`element_cost`."""
+    threads = planned_threads()
     work = plan.numel * sympy.Max(plan.rnumel, 1) * element_cost(plan)
     hints = {s: sympy.Integer(v) for s, v in plan.hints.items()}
 

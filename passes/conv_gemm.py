@@ -5,8 +5,8 @@ what it measured): the deep stages of a CNN on small images (resnext50's 2x2 pix
 
 Only for float32 and float64 on the CPU, static sizes, a contiguous input and result
 (channels-last ones are passes/layout.py's), no gradient; any other convolution stays the
-call it was.  At 16
-pixels the two products took the same time (measured), so the rule stops below.
+call it was.  From 16 pixels on the convolution was the faster (by 4-90%, 13 shapes
+measured on one thread), so the rule stops below.
 """
 
 from __future__ import annotations

@@ -40,12 +40,13 @@ def net(x: torch.Tensor, w1: torch.Tensor, b1: torch.Tensor, w2: torch.Tensor,
     return F.conv2d(y, w3, padding=1).sum() + z.sum(), y * 2, z
 
 
-def test_products_match_eager(backend: str) -> None:
+def test_products_match_eager(backend: str, device: torch.device) -> None:
+    """On the CPU the small convolutions are products; on CUDA (Triton) they stay calls."""
     compiled = minicompile.compile(net, backend=backend)
+    shapes = ((1, 96, 2, 2), (160, 96, 1, 1), (160,), (64, 96, 1, 1), (32, 160, 3, 3))
     with torch.no_grad():
         for _ in range(2):  # fresh values each call
-            args = (torch.randn(1, 96, 2, 2), torch.randn(160, 96, 1, 1), torch.randn(160),
-                    torch.randn(64, 96, 1, 1), torch.randn(32, 160, 3, 3))
+            args = tuple(torch.randn(s, device=device) for s in shapes)
             for got, want in zip(compiled(*args), net(*args), strict=True):
                 torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-3)
                 assert got.stride() == want.stride()

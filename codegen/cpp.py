@@ -18,6 +18,7 @@ from minicompile.ir import (LOW_PRECISION, Cat, Expr, IndexExpr, IndirectLoad, L
 from minicompile.op_table import ROWS
 
 from minicompile.codegen.common import CodeWriter, KernelPlan, Store, checks_values
+from minicompile.codegen.cpp_threads import Parallel, plan_parallel
 from minicompile.codegen.emitter import Dialect, ExprEmitter
 from minicompile.codegen.printers import cpp_index
 
@@ -35,8 +36,6 @@ CPP_DTYPES: dict[torch.dtype, str] = {
 }
 
 CPP_OPS: dict[str, str] = {row.name: row.cpp for row in ROWS}
-# Small kernels run on one thread: starting the OpenMP team costs more than the work.
-PARALLEL_THRESHOLD = 32768
 
 
 def _to_float(dtype: torch.dtype) -> str:
@@ -89,7 +88,7 @@ class CppKernel(ExprEmitter):
         self.w = CodeWriter()
         self.names: dict[Expr, str] = {}
         self.count = 0
-        self.parallel: str | None = None  # the OpenMP pragma of the outer loop
+        self.parallel = Parallel()  # which outer loops run on several threads
 
     def signature(self) -> str:
         p = self.plan
@@ -124,20 +123,17 @@ class CppKernel(ExprEmitter):
         if not ranges:  # a 0-dim result: one element
             self.emit_body()
         else:
-            self.parallel = parallel_pragma(p.numel, p.numel)
+            # the innermost loop is the simd loop: shared only when it is the only one
+            self.parallel = plan_parallel(p, p.ranges[:-1] or p.ranges)
             self._loops(0, ranges)
 
     def _loops(self, depth: int, ranges: list[str]) -> None:
         x = self.plan.loop_vars[depth]
-        pragma = []
-        if depth == 0 and self.parallel:
-            pragma.append("parallel for")
-        if depth == len(ranges) - 1:
-            pragma.append("simd")
-        if depth == 0 and self.parallel and self.parallel != "parallel for":
-            pragma.append(self.parallel.removeprefix("parallel for "))  # the if() clause
-        if pragma:
-            self.w.line(f"#pragma omp {' '.join(pragma)}")
+        innermost = depth == len(ranges) - 1
+        if depth == 0 and self.parallel.depth:
+            self.w.line(f"#pragma omp {self.parallel.pragma(simd=innermost)}")
+        elif innermost:
+            self.w.line("#pragma omp simd")
         with self.w.block(f"for (int64_t {x} = 0; {x} < {ranges[depth]}; ++{x})"):
             if depth + 1 < len(ranges):
                 self._loops(depth + 1, ranges)
@@ -219,14 +215,6 @@ class CppKernel(ExprEmitter):
                 self.w.line(f"{out} = {self.value(piece)};")
                 self.names = saved
         return out
-
-
-def parallel_pragma(total: sympy.Expr, rows: sympy.Expr) -> str | None:
-    """``parallel for`` when the kernel has enough work to share between threads; with
-    symbolic sizes, an OpenMP ``if`` clause decides at run time."""
-    if total.is_Integer and rows.is_Integer:
-        return "parallel for" if int(total) >= PARALLEL_THRESHOLD and int(rows) > 1 else None
-    return f"parallel for if({cpp_index(total)} >= {PARALLEL_THRESHOLD})"
 
 
 def emit_kernel(plan: KernelPlan) -> str:

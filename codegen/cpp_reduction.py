@@ -16,7 +16,8 @@ import torch
 from minicompile.ir import LOW_PRECISION, Load, Reduce, walk
 
 from minicompile.codegen.common import KernelPlan, Store, reduction_batches
-from minicompile.codegen.cpp import CPP, CppKernel, compute_type, parallel_pragma
+from minicompile.codegen.cpp import CPP, CppKernel, compute_type
+from minicompile.codegen.cpp_threads import plan_parallel
 from minicompile.codegen.emitter import reduction_identity
 from minicompile.codegen.printers import cpp_index
 
@@ -65,7 +66,7 @@ class CppReductionKernel(CppKernel):
             w.line(f"// {row}")
         with w.block(self.signature()):
             ranges = [cpp_index(r) for r in p.ranges]
-            self.parallel = parallel_pragma(p.numel * sympy.Max(p.rnumel, 1), p.numel)
+            self.parallel = plan_parallel(p, self.shared_loops())
             if p.column_sums:
                 self.chunked_rows()
             elif ranges:
@@ -85,8 +86,9 @@ class CppReductionKernel(CppKernel):
         chunks = -(-rows // size)
         sums = p.column_sums
         w.line(f"double* part = new double[{len(sums) * chunks * columns}]();")
-        if self.parallel:
-            w.line("#pragma omp parallel for")
+        shared = plan_parallel(p, [sympy.Integer(chunks)])
+        if shared.depth:
+            w.line(f"#pragma omp {shared.pragma()}")
         with w.block(f"for (int64_t chunk = 0; chunk < {chunks}; ++chunk)"):
             for k in range(len(sums)):
                 w.line(f"double* col{k} = part + ({k * chunks} + chunk) * {columns};")
@@ -107,10 +109,14 @@ class CppReductionKernel(CppKernel):
                        f"static_cast<float>(sum{k});")
         w.line("delete[] part;")
 
+    def shared_loops(self) -> list[sympy.Expr]:
+        """The trip counts of the loops that may run in parallel: the kept (row) loops."""
+        return list(self.plan.ranges)
+
     def row_loops(self, depth: int, ranges: list[str]) -> None:
         x = self.plan.loop_vars[depth]
-        if depth == 0 and self.parallel:
-            self.w.line(f"#pragma omp {self.parallel}")
+        if depth == 0 and self.parallel.depth:
+            self.w.line(f"#pragma omp {self.parallel.pragma()}")
         with self.w.block(f"for (int64_t {x} = 0; {x} < {ranges[depth]}; ++{x})"):
             if depth + 1 < len(ranges):
                 self.row_loops(depth + 1, ranges)
@@ -224,6 +230,10 @@ class CppColumnReductionKernel(CppReductionKernel):
     ``omp simd`` loop over the block's columns (``lane``) inside.  A reduction's
     accumulators and its values are arrays over the lanes."""
 
+    def shared_loops(self) -> list[sympy.Expr]:
+        *outer, columns = self.plan.ranges
+        return [*outer, sympy.ceiling(columns / COLUMN_BLOCK)]
+
     def row_loops(self, depth: int, ranges: list[str]) -> None:
         if depth < len(ranges) - 1:
             super().row_loops(depth, ranges)
@@ -231,8 +241,8 @@ class CppColumnReductionKernel(CppReductionKernel):
         x = self.plan.loop_vars[depth]
         self.w.line(f"// blocks of {COLUMN_BLOCK} columns {x}: reduced loops outside, columns "
                     f"inside (contiguous)")
-        if depth == 0 and self.parallel:
-            self.w.line(f"#pragma omp {self.parallel}")
+        if depth == 0 and self.parallel.depth:
+            self.w.line(f"#pragma omp {self.parallel.pragma()}")
         size = ranges[depth]
         with self.w.block(f"for (int64_t {x}_base = 0; {x}_base < {size}; "
                           f"{x}_base += {COLUMN_BLOCK})"):

@@ -1,11 +1,11 @@
 """The compiler's stages, in the order they run: listed once, here (:data:`STAGES`).
 
 A graph after capture becomes loaded code through: batch norms folded into convolutions,
-the graph passes (passes/pipeline.py), channels-last layouts, GEMM padding, parameter
-values hoisted out to be computed once (inference), autograd (a graph that trains becomes
-a forward and a backward, each walking on), split reductions, lowering, fusion, mix-order
-reductions, stores in place, horizontal fusion, code generation and the runtime's build
-and load.  :func:`walk` takes a
+the graph passes (passes/pipeline.py), channels-last layouts, GEMM padding, small 1x1
+convolutions as products, parameter values hoisted out to be computed once (inference),
+autograd (a graph that trains becomes a forward and a backward, each walking on), split
+reductions, lowering, fusion, mix-order reductions, stores in place, horizontal fusion,
+code generation and the runtime's build and load.  :func:`walk` takes a
 :class:`Work` through them, and every stage through the same hooks: it is timed under its
 ``MINICOMPILE_LOGS=perf`` phase, and what it has to say goes to ``trace.emit``.
 
@@ -110,6 +110,15 @@ def gemm_padding(work: Work, logs: list[Log]) -> Work:
     graph, text = pad_gemm_results(work.graph, work.cfg.gemm_padding)
     if text:
         logs.append(("graph", f"{work.name} layout", text, None))
+    return dataclasses.replace(work, graph=graph)
+
+
+def conv_gemm(work: Work, logs: list[Log]) -> Work:
+    from minicompile.passes.conv_gemm import convs_as_products
+
+    graph, text = convs_as_products(work.graph)
+    if text:
+        logs.append(("graph", f"{work.name} library calls", text, None))
     return dataclasses.replace(work, graph=graph)
 
 
@@ -239,6 +248,7 @@ STAGES: tuple[Stage, ...] = (
     Stage("graph passes", "passes", graph_passes),
     Stage("layout", "passes", layout, lambda w: w.role == "graph"),
     Stage("gemm padding", "passes", gemm_padding, lambda w: w.role == "graph"),
+    Stage("1x1 convolutions as products", "passes", conv_gemm, lambda w: w.role == "graph"),
     Stage("hoist parameter values", "passes", hoist_params, inference),
     Stage("autograd", "passes", autograd, trains),
     Stage("split reductions", "lowering", split_reductions),

@@ -37,7 +37,7 @@ import torch
 from minicompile import ops
 from minicompile.config import GEMM_PADDINGS as MODES
 from minicompile.graph import Graph, Node, TensorMeta, copy_graph
-from minicompile.passes.layout import dense_strides, same_layout
+from minicompile.passes.layout import contiguous
 from minicompile.runtime import gemm
 
 LINEAR, ADDMM, MM, MATMUL = ("torch.nn.functional.linear", "torch.addmm", "torch.mm",
@@ -52,11 +52,6 @@ MIN_COPIED = 1 << 20  # result elements, where it must be copied back
 
 def _static(meta: TensorMeta) -> bool:
     return all(sympy.sympify(v).is_Integer for v in (*meta.shape, *meta.stride))
-
-
-def _contiguous(meta: TensorMeta) -> bool:
-    row_major = dense_strides(meta.shape, tuple(range(meta.ndim)))
-    return same_layout(meta, dataclasses.replace(meta, stride=row_major))
 
 
 def _plain_call(node: Node) -> tuple[Node, ...] | None:
@@ -81,7 +76,7 @@ def _plain_call(node: Node) -> tuple[Node, ...] | None:
                for a in tensors):
         return None
     x = tensors[1] if node.target == ADDMM else tensors[0]
-    if x.meta.ndim < 2 or not _contiguous(x.meta):
+    if x.meta.ndim < 2 or not contiguous(x.meta):
         return None
     return tensors
 
@@ -95,7 +90,7 @@ def _pads(node: Node, mode: str) -> bool:
     if mode == "auto" and (meta.device.type != "cuda" or meta.dtype not in AUTO_DTYPES):
         return False  # (CPU BLAS and cuBLAS's float32 kernels: not measured)
     tensors = _plain_call(node)
-    if tensors is None or not _contiguous(meta):
+    if tensors is None or not contiguous(meta):
         return False
     n, itemsize = int(meta.shape[-1]), meta.dtype.itemsize
     if gemm.padded_row(n, itemsize) == n or int(meta.numel()) == 0:

@@ -160,6 +160,12 @@ def same_layout(a: TensorMeta, b: TensorMeta) -> bool:
                for n, x, y in zip(a.shape, a.stride, b.stride))
 
 
+def contiguous(meta: TensorMeta) -> bool:
+    """Row-major (along every dim longer than 1)."""
+    row_major = dense_strides(meta.shape, tuple(range(meta.ndim)))
+    return same_layout(meta, dataclasses.replace(meta, stride=row_major))
+
+
 def _metas(meta: Any) -> tuple:
     return meta if isinstance(meta, tuple) else (meta,)
 

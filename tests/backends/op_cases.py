@@ -389,7 +389,7 @@ def permuted(shape: Sequence[int], dims: Sequence[int]) -> Callable:
 
 # -- a few more layouts and sizes -----------------------------------------------------------
 
-# Over the C++ backend's OpenMP threshold (32768 elements): the parallel loop.
+# Over the C++ backend's OpenMP threshold (codegen/cpp_threads.py): the parallel loop.
 case("large_parallel", lambda x: x.sin() * 2, rand((200, 170)))
 case("large_parallel_transposed", lambda x, y: x + y, transposed((200, 170)), rand((200, 170)))
 case("permuted_3d_input", lambda x, y: x * y, permuted((2, 3, 4), (2, 0, 1)), rand((4, 2, 3)))

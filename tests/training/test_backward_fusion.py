@@ -57,7 +57,7 @@ def test_linear_layer_norm_gelu_backward(backend: str, capsys: pytest.CaptureFix
     """48 rows of 24: the layer norm's row-wise backward, its weight and bias gradients
     and the linear bias gradient are one kernel (the weight gradients are matrix
     products).  8 rows of 24: fewer rows than columns, the column sums keep a kernel; so
-    they do with ``cfg.mix_order`` off (MINICOMPILE_MIX_ORDER=0)."""
+    they do with ``cfg.mix_order`` off (the default: MINICOMPILE_MIX_ORDER=1 turns it on)."""
     device = device_for(backend)
     torch.manual_seed(0)
     model = Block(24).to(device)
@@ -95,8 +95,8 @@ def test_nanogpt_train_step_backward(backend: str, capsys: pytest.CaptureFixture
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-2)
 
-    compiled = minicompile.compile(loss_fn, backend=backend)
-    with config.patch(logs=frozenset({"output_code"})):
+    with config.patch(logs=frozenset({"output_code"}), mix_order=True):
+        compiled = minicompile.compile(loss_fn, backend=backend)
         for _ in range(2):
             idx = torch.randint(0, 32, (3, 8), device=device)
             targets = torch.randint(0, 32, (3, 8), device=device)

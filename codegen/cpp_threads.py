@@ -1,0 +1,113 @@
+"""How a C++ kernel's loops are shared among threads: the one place of that policy.
+
+**How many threads: torch's, at each call.**  The kernels' OpenMP runtime is the one torch
+loaded: the kernel libraries link libgomp by its soname, ``libgomp.so.1``, which torch's own
+copy (torch/lib) already answers to in the process, so there is one runtime, and
+``torch.set_num_threads(n)`` sets its thread count for the calling thread.  A parallel
+region of a kernel therefore has ``torch.get_num_threads()`` threads as read when it runs,
+as eager's ATen kernels do: a change between calls needs no guard and no recompile, and no
+count is compiled in (tests/codegen/test_threads.py checks that the runtime is shared).
+
+**Which loops** (Inductor's ``decide_parallel_depth``, with a cost per element): a kernel
+whose work, its elements times the estimated cost of one, is under ``MIN_PARALLEL_WORK``
+runs on the calling thread with no OpenMP region (starting a team costs microseconds, more
+than a small kernel's work).  Otherwise the outer loops are collapsed into one parallel
+loop (``collapse(n)``) until it has an iteration for each thread (the most threads this
+machine runs, so that a later ``set_num_threads`` up to the core count finds work for each),
+going no deeper than leaves ``MIN_CHUNK_WORK`` an iteration.  Iterations are shared in equal
+contiguous chunks (OpenMP's static schedule), as Inductor's are.  With symbolic sizes the
+depth follows the traced sizes and an ``if()`` clause decides at run time.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Sequence
+
+import sympy
+import torch
+
+from minicompile.ir import Cast, Load, Op, walk
+
+from minicompile.codegen.common import KernelPlan
+from minicompile.codegen.printers import cpp_index
+
+# A 32768-element copy (a load and a store an element): below it one thread is faster.
+MIN_PARALLEL_WORK = 65536
+# Work of one iteration of the parallel loop, below which collapsing deeper stops.
+MIN_CHUNK_WORK = 4096
+# Math functions cost about ten arithmetic ops an element (vectorised, libmvec).
+EXPENSIVE = frozenset("exp exp2 expm1 log log2 log1p sin cos tan tanh erf sigmoid pow".split())
+EXPENSIVE_COST = 10
+UNKNOWN_SIZE = 8192  # a symbolic size without a traced value (Inductor's fallback hint)
+
+
+@dataclasses.dataclass(frozen=True)
+class Parallel:
+    """The outer ``depth`` loops of a nest run as one parallel loop (0: no OpenMP region);
+    ``condition``: the C++ test of its run-time ``if()`` clause, for symbolic sizes."""
+
+    depth: int = 0
+    condition: str | None = None
+
+    def pragma(self, simd: bool = False) -> str:
+        """The ``#pragma omp`` words of the outermost loop (``simd``: it is also the
+        vectorised loop)."""
+        words = ["parallel for"] + (["simd"] if simd else [])
+        if self.depth > 1:
+            words.append(f"collapse({self.depth})")
+        if self.condition:
+            words.append(f"if({self.condition})")
+        return " ".join(words)
+
+
+def element_cost(plan: KernelPlan) -> int:
+    """The estimated cost of one element of ``plan``'s innermost loop: one a load, store,
+    cast or arithmetic op, ``EXPENSIVE_COST`` a math function."""
+    cost = len(plan.stores)
+    seen: set[int] = set()
+    for store in plan.stores:
+        for e in walk(store.value):
+            if id(e) in seen:
+                continue
+            seen.add(id(e))
+            if isinstance(e, Op):
+                cost += EXPENSIVE_COST if e.op in EXPENSIVE else 1
+            elif isinstance(e, (Load, Cast)):
+                cost += 1
+    return cost
+
+
+def planned_threads() -> int:
+    """The most threads a kernel compiled now is expected to run on."""
+    return max(torch.get_num_threads(), os.cpu_count() or 1)
+
+
+def plan_parallel(plan: KernelPlan, loops: Sequence[sympy.Expr]) -> Parallel:
+    """Which of the outer ``loops`` (their trip counts, outermost first: the loops that may
+    be shared, never an inner ``simd`` loop) run in parallel, for :func:`planned_threads`
+    threads.  The work is ``plan``'s elements (kept and reduced) times
+    :func:`element_cost`."""
+    threads = planned_threads()
+    work = plan.numel * sympy.Max(plan.rnumel, 1) * element_cost(plan)
+    hints = {s: sympy.Integer(v) for s, v in plan.hints.items()}
+
+    def value(e: sympy.Expr) -> int:
+        e = sympy.sympify(e).xreplace(hints)
+        return int(e) if e.is_Integer else UNKNOWN_SIZE
+
+    total = value(work)
+    if work.is_Integer and total < MIN_PARALLEL_WORK:
+        return Parallel()  # too little work: one thread
+    depth, par = 0, 1
+    for trips in loops:
+        if par >= 2 * threads or par == threads:
+            break  # an iteration for each thread
+        if depth and total // (par * value(trips)) < MIN_CHUNK_WORK:
+            break  # deeper, each iteration would be too small to share
+        depth, par = depth + 1, par * value(trips)
+    if par < 2:
+        return Parallel()  # one iteration: nothing to share
+    condition = None if work.is_Integer else f"{cpp_index(work)} >= {MIN_PARALLEL_WORK}"
+    return Parallel(depth, condition)

@@ -1,0 +1,84 @@
+"""Inference 1x1 convolutions over at most :data:`MAX_PIXELS` output pixels on the CPU become
+one matrix product of the pixels' rows (``minicompile/runtime/conv_gemm.py`` says why and
+what it measured): the deep stages of a CNN on small images (resnext50's 2x2 pixels of
+1024 and 2048 channels at 64x64 input) spend most of their time there.
+
+Only for float32 and float64 on the CPU, static sizes, a contiguous input and result
+(channels-last ones are passes/layout.py's), no gradient; any other convolution stays the
+call it was.  From 16 pixels on the convolution was the faster (by 4-90%, 13 shapes
+measured on one thread), so the rule stops below.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import sympy
+import torch
+
+from minicompile import ops
+from minicompile.graph import Graph, Node, TensorMeta, copy_graph
+from minicompile.passes.layout import CONV2D, contiguous
+from minicompile.runtime import conv_gemm
+
+MAX_PIXELS = 8  # output pixels (batch x height x width)
+DTYPES = frozenset({torch.float32, torch.float64})
+PARAMS = ("input", "weight", "bias", "stride", "padding", "dilation", "groups")
+DEFAULTS = {"bias": None, "stride": 1, "padding": 0, "dilation": 1, "groups": 1}
+
+
+def _pair(value: object) -> tuple[int, int] | None:
+    """An int or a pair of ints as a pair; None for anything else (a string padding)."""
+    if isinstance(value, int):
+        return value, value
+    if isinstance(value, (tuple, list)) and len(value) == 2 and all(
+            isinstance(v, int) for v in value):
+        return tuple(value)
+    return None
+
+
+def _static(meta: TensorMeta) -> bool:
+    return all(sympy.sympify(v).is_Integer for v in (*meta.shape, *meta.stride))
+
+
+def as_product(node: Node) -> tuple[Node, Node, Node | None, tuple[int, int]] | None:
+    """(input, weight, bias, stride) where ``node`` is a convolution this pass rewrites."""
+    if node.target not in CONV2D or node.requires_grad or len(node.args) > len(PARAMS):
+        return None
+    bound = {**DEFAULTS, **dict(zip(PARAMS, node.args)), **node.kwargs}
+    if set(bound) != set(PARAMS):
+        return None  # an argument this pass does not know
+    x, w, meta = bound["input"], bound["weight"], node.meta
+    tensors = [x, w] + ([bound["bias"]] if bound["bias"] is not None else [])
+    if not all(isinstance(t, Node) and isinstance(t.meta, TensorMeta) and _static(t.meta)
+               for t in tensors) or not isinstance(meta, TensorMeta) or not _static(meta):
+        return None
+    stride = _pair(bound["stride"])
+    if (meta.device.type != "cpu" or meta.dtype not in DTYPES or x.meta.ndim != 4
+            or tuple(int(s) for s in w.meta.shape[2:]) != (1, 1) or stride is None
+            or _pair(bound["padding"]) != (0, 0) or _pair(bound["dilation"]) != (1, 1)
+            or bound["groups"] != 1):
+        return None
+    if not all(contiguous(m) for m in (x.meta, meta)):
+        return None  # channels-last (passes/layout.py chose it for oneDNN): left to it
+    n, _, h, width = (int(s) for s in meta.shape)
+    return (x, w, bound["bias"], stride) if 0 < n * h * width <= MAX_PIXELS else None
+
+
+def convs_as_products(graph: Graph) -> tuple[Graph, str]:
+    """``graph`` with its small 1x1 convolutions as products (or ``graph`` itself), and
+    what was done, for the logs ("" where nothing)."""
+    found = {n: p for n in graph.calls() if (p := as_product(n)) is not None}
+    if not found:
+        return graph, ""
+    op = ops.extern_op(conv_gemm.conv2d_1x1)
+
+    def rewrite(new: Graph, node: Node, remap: Callable) -> Node | None:
+        if node not in found:
+            return None
+        x, w, bias, stride = found[node]
+        return new.call(op, (remap(x), remap(w), remap(bias), stride), {}, node.meta,
+                        node.stack)
+
+    names = ", ".join(f"{tuple(int(s) for s in n.meta.shape)}" for n in found)
+    return copy_graph(graph, rewrite), f"1x1 convolutions as products of pixel rows: {names}"

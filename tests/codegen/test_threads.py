@@ -1,0 +1,111 @@
+"""The C++ backend's thread policy (codegen/cpp_threads.py): small kernels have no OpenMP
+region, large ones share their outer loops (collapsed until every thread has work), the team
+is torch's thread count at each call, and results match eager on 1 and 2 threads."""
+
+from __future__ import annotations
+
+import ctypes
+import re
+
+import torch
+
+import minicompile
+from minicompile import config
+from minicompile.codegen import cpp_threads
+from minicompile.runtime import build
+
+from graph_builder import GraphBuilder, compile_graph_text
+
+
+def kernel_text(b: GraphBuilder) -> str:
+    """The one C++ kernel of ``b``'s graph."""
+    source = compile_graph_text(b.graph, "cpp").code.cpp_source
+    (kernel,) = re.findall(r'extern "C" void \w+\(.*?\n\}\n', source, re.S)
+    return kernel
+
+
+def pointwise(shape: tuple[int, ...], op: str = "neg") -> GraphBuilder:
+    b = GraphBuilder()
+    b.output(b(op, b.input("L_x", shape)))
+    return b
+
+
+def test_small_kernel_has_no_parallel_region() -> None:
+    assert "#pragma omp parallel" not in kernel_text(pointwise((64, 64)))
+    assert "#pragma omp parallel for simd" in kernel_text(pointwise((256, 256)))
+
+
+def test_expensive_elements_parallelise_sooner() -> None:
+    """8192 elements: a negation (a load, an op, a store) stays on one thread; tanh of
+    exp of sin (three math functions an element) is worth a team."""
+    assert "#pragma omp parallel" not in kernel_text(pointwise((8192,)))
+    b = GraphBuilder()
+    b.output(b("tanh", b("exp", b("sin", b.input("L_x", (8192,))))))
+    assert "#pragma omp parallel for simd" in kernel_text(b)
+
+
+def broadcast_add(batch: int) -> GraphBuilder:
+    """[batch, 64, 1024] + [64, 1]: three loops (the bias broadcasts along the last)."""
+    b = GraphBuilder()
+    x, bias = b.input("L_x", (batch, 64, 1024)), b.input("L_b", (64, 1))
+    b.output(b("add", x, bias))
+    return b
+
+
+def test_outer_loops_collapse_until_each_thread_has_work(monkeypatch) -> None:  # noqa: ANN001
+    monkeypatch.setattr(cpp_threads, "planned_threads", lambda: 2)
+    two = kernel_text(broadcast_add(2))
+    assert "#pragma omp parallel for\n" in two + "\n" and "collapse" not in two
+    monkeypatch.setattr(cpp_threads, "planned_threads", lambda: 16)
+    assert "#pragma omp parallel for collapse(2)" in kernel_text(broadcast_add(2))
+    # the innermost (simd) loop is never collapsed into the parallel one
+    assert kernel_text(broadcast_add(2)).count("#pragma omp simd") == 1
+
+
+def test_reduction_rows_and_columns_follow_the_policy(monkeypatch) -> None:  # noqa: ANN001
+    monkeypatch.setattr(cpp_threads, "planned_threads", lambda: 16)
+    for dim, shape, parallel in ((1, (8, 64), False), (1, (512, 512), True),
+                                 (0, (512, 512), True), (0, (2048, 32), False)):
+        b = GraphBuilder()
+        b.output(b("sum", b.input("L_x", shape), (dim,), False))
+        text = kernel_text(b)
+        assert ("#pragma omp parallel for" in text) == parallel, (dim, shape, text)
+
+
+def test_openmp_team_is_torchs_thread_count(tmp_path) -> None:  # noqa: ANN001
+    """The kernels' OpenMP runtime is torch's: set_num_threads sizes their teams."""
+    source = ("#include <omp.h>\n"
+              'extern "C" int team() {\n  int n = 0;\n#pragma omp parallel\n'
+              "  {\n#pragma omp single\n    n = omp_get_num_threads();\n  }\n  return n;\n}\n")
+    with config.patch(cache_dir=tmp_path):
+        lib, _ = build.build_unit(source, config.get())
+    team = ctypes.CDLL(str(lib)).team
+    before = torch.get_num_threads()
+    try:
+        for n in (1, 2, 1):
+            torch.set_num_threads(n)
+            assert team() == n
+    finally:
+        torch.set_num_threads(before)
+
+
+def work(x: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    y = torch.sigmoid(x) * w + x
+    return y, y.sum(0), (y * y).sum(-1), torch.softmax(y, -1)
+
+
+def test_results_match_eager_as_thread_count_changes() -> None:
+    """One compiled function called on 1, 2, 1 threads, fresh inputs each call: large
+    enough that every kernel is parallel.  The C++ backend only: threads are its concern,
+    and Triton's interpreter takes minutes over these sizes."""
+    fn = minicompile.compile(work, backend="cpp")
+    before = torch.get_num_threads()
+    try:
+        for n in (1, 2, 1):
+            torch.set_num_threads(n)
+            x, w = torch.randn(384, 320), torch.randn(320)
+            for got, want in zip(fn(x, w), work(x, w), strict=True):
+                torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    finally:
+        torch.set_num_threads(before)
+    assert minicompile.stats()["graphs"] == 1  # a new count recompiles nothing

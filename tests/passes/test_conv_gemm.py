@@ -1,0 +1,52 @@
+"""passes/conv_gemm.py: small 1x1 convolutions on the CPU become products of pixel rows,
+match eager, and every other convolution stays the call it was."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+import minicompile
+from minicompile import ops
+from minicompile.passes.conv_gemm import convs_as_products
+
+from graph_builder import GraphBuilder
+
+PRODUCT = "minicompile.runtime.conv_gemm.conv2d_1x1"
+
+
+def _conv(image: int, kernel: int = 1, stride: int = 1, groups: int = 1) -> str:
+    """The graph text after the pass, of one convolution of a [1, 64, image, image] input."""
+    b = GraphBuilder(torch.device("cpu"))
+    x = b.input("L_x", (1, 64, image, image), torch.float32)
+    w = b.input("L_w", (128, 64 // groups, kernel, kernel), torch.float32)
+    conv = ops.extern_op(F.conv2d)
+    b.output(b(conv, x, w, None, (stride, stride), (0, 0), (1, 1), groups))
+    return str(convs_as_products(b.graph)[0])
+
+
+def test_only_small_1x1_convolutions_become_products() -> None:
+    assert PRODUCT in _conv(2)  # 4 output pixels
+    assert PRODUCT in _conv(4, stride=2)  # 4 output pixels, every other input pixel
+    assert PRODUCT not in _conv(4)  # 16 pixels: the convolution is as fast
+    assert PRODUCT not in _conv(2, kernel=2)  # a 2x2 kernel
+    assert PRODUCT not in _conv(2, groups=2)
+
+
+def net(x: torch.Tensor, w1: torch.Tensor, b1: torch.Tensor, w2: torch.Tensor,
+        w3: torch.Tensor) -> torch.Tensor:
+    y = F.relu(F.conv2d(x, w1, b1))  # 2x2 pixels: a product
+    z = F.conv2d(x, w2, stride=2)  # 1x1 pixel: a product of every other pixel
+    return F.conv2d(y, w3, padding=1).sum() + z.sum(), y * 2, z
+
+
+def test_products_match_eager(backend: str, device: torch.device) -> None:
+    """On the CPU the small convolutions are products; on CUDA (Triton) they stay calls."""
+    compiled = minicompile.compile(net, backend=backend)
+    shapes = ((1, 96, 2, 2), (160, 96, 1, 1), (160,), (64, 96, 1, 1), (32, 160, 3, 3))
+    with torch.no_grad():
+        for _ in range(2):  # fresh values each call
+            args = tuple(torch.randn(s, device=device) for s in shapes)
+            for got, want in zip(compiled(*args), net(*args), strict=True):
+                torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-3)
+                assert got.stride() == want.stride()

@@ -40,6 +40,11 @@ def net(x: torch.Tensor, w1: torch.Tensor, b1: torch.Tensor, w2: torch.Tensor,
     return F.conv2d(y, w3, padding=1).sum() + z.sum(), y * 2, z
 
 
+def strides(t: torch.Tensor) -> list[int]:
+    """Strides of the dims of more than one element (others are never stepped over)."""
+    return [s for s, n in zip(t.stride(), t.shape) if n > 1]
+
+
 def test_products_match_eager(backend: str, device: torch.device) -> None:
     """On the CPU the small convolutions are products; on CUDA (Triton) they stay calls."""
     compiled = minicompile.compile(net, backend=backend)
@@ -49,4 +54,4 @@ def test_products_match_eager(backend: str, device: torch.device) -> None:
             args = tuple(torch.randn(s, device=device) for s in shapes)
             for got, want in zip(compiled(*args), net(*args), strict=True):
                 torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-3)
-                assert got.stride() == want.stride()
+                assert strides(got) == strides(want)

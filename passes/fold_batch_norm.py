@@ -14,8 +14,7 @@ Folded where:
   alone, and its weight and bias (or none) are parameters;
 - the batch norm uses its running statistics (``training=False``), and its statistics,
   weight and bias (or none) are parameters or buffers;
-- the graph takes no gradient (minicompile/pipeline.py runs this for inference alone);
-- not a float32 convolution on CUDA under TF32 (:func:`tf32_convolutions`).
+- the graph takes no gradient (minicompile/pipeline.py runs this for inference alone).
 
 The arithmetic runs in float32 (float64 for float64 tensors) and the folded weight and bias
 are cast once to the convolution's dtype, as Inductor's freezing does: a bfloat16 or
@@ -46,14 +45,6 @@ BN_ARGS = {"torch.nn.functional.batch_norm": ("input", "running_mean", "running_
 BN_DEFAULTS = {"weight": None, "bias": None, "training": False, "momentum": 0.1, "eps": 1e-5}
 
 
-def tf32_convolutions() -> bool:
-    """Whether cuDNN runs float32 convolutions in TF32 (PyTorch's default): then eager's
-    own result carries TF32's rounding, and a folded weight's rounding differs from it by
-    as much (resnet18 on an H200: logits 1e-3 apart).  float32 folds on the GPU only where
-    the user asked for full float32 convolutions."""
-    return bool(torch.backends.cudnn.allow_tf32)
-
-
 def _foldable(bn: Node, state: set[Node]) -> dict[str, Any] | None:
     """The batch norm's and its convolution's arguments by name, where they fold."""
     if bn.target not in BATCH_NORMS:
@@ -68,8 +59,6 @@ def _foldable(bn: Node, state: set[Node]) -> dict[str, Any] | None:
     if not (isinstance(meta, TensorMeta) and meta.dtype.is_floating_point
             and isinstance(c["weight"], Node) and c["weight"].meta.ndim == meta.ndim):
         return None
-    if meta.dtype == torch.float32 and meta.device.type == "cuda" and tf32_convolutions():
-        return None  # a TF32 product of the folded weight is off eager's by TF32's 1e-3
     params = (c["weight"], c["bias"], a["running_mean"], a["running_var"], a["weight"],
               a["bias"])
     required = (c["weight"], a["running_mean"], a["running_var"])

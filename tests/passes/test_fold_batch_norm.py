@@ -54,25 +54,6 @@ def _inputs(device: torch.device, dtype: torch.dtype = torch.float32) -> tuple:
             torch.randn(1, 2, 4, 4, 4, device=device, dtype=dtype))
 
 
-@pytest.fixture(autouse=True)
-def full_float32(monkeypatch: pytest.MonkeyPatch) -> None:
-    """float32 convolutions in full float32 on CUDA: under TF32 (PyTorch's default) they do
-    not fold (see the test below)."""
-    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
-
-
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="TF32 is a CUDA setting")
-def test_float32_under_tf32_does_not_fold(monkeypatch: pytest.MonkeyPatch,
-                                          capsys: pytest.CaptureFixture) -> None:
-    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", True)
-    model = _randomize(nn.Sequential(nn.Conv2d(3, 6, 3), nn.BatchNorm2d(6))).eval().cuda()
-    with config.patch(logs=frozenset({"graph"})), torch.no_grad():
-        compiled = minicompile.compile(model, backend="triton", fullgraph=True)
-        x = torch.randn(2, 3, 6, 6, device="cuda")
-        torch.testing.assert_close(compiled(x), model(x), rtol=1e-3, atol=1e-3)
-    assert "rsqrt" in _after_passes(capsys.readouterr().err)
-
-
 @pytest.fixture
 def logged() -> object:
     """The graph logs on (read with capsys)."""

@@ -39,12 +39,8 @@ from minicompile.codegen.common import CodeWriter, KernelPlan, checks_indices
 from minicompile.codegen.cpp import CPP_DTYPES
 from minicompile.codegen.cpp_externs import ATEN_DTYPES, extern_call
 from minicompile.codegen.printers import cpp_index
-from minicompile.codegen.wrapper import (
-    cpp_unit,
-    last_reads,
-    plan_kernels,
-    reuse_memory,
-)
+from minicompile.codegen.memory_reuse import last_reads, reuse_memory
+from minicompile.codegen.wrapper import cpp_unit, plan_kernels
 from minicompile.spaces import ComboGroup
 
 _SIGNATURE = re.compile(r'^extern "C" void \w+\([^)]*\)', re.MULTILINE)

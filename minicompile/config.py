@@ -121,7 +121,7 @@ def from_env(env: dict[str, str] | os._Environ = os.environ) -> Config:
         check=_flag(env.get("MINICOMPILE_CHECK")),
         warm_entries=_on_unless_off(env.get("MINICOMPILE_WARM_ENTRIES")),
         fold_batch_norm=_on_unless_off(env.get("MINICOMPILE_FOLD_BN")),
-        mix_order=env.get("MINICOMPILE_MIX_ORDER", "0") not in ("", "0"),
+        mix_order=_flag(env.get("MINICOMPILE_MIX_ORDER")),
     )
     if env.get("MINICOMPILE_COMPILE_THREADS", "").strip():
         threads = int(env["MINICOMPILE_COMPILE_THREADS"])

@@ -153,6 +153,11 @@ class Differentiator:
     def extern(self, fn: Any, *args: Any, **kwargs: Any) -> Node:
         return self(ops.extern_op(fn), *args, **kwargs)
 
+    def item(self, call: Node, j: int) -> Node:
+        """Result ``j`` of ``call``, a library call with a tuple of results."""
+        assert self.origin is not None
+        return self.b.call("getitem", (call, j), {}, call.meta[j], self.origin.stack)
+
     def needs(self, x: Any) -> bool:
         return isinstance(x, Node) and x.requires_grad
 
@@ -224,11 +229,7 @@ class Differentiator:
             storage_offset=sympy.Integer(0))) for k in diff)
         assert self.origin is not None
         call = self.b.call(self.vjp, (result, g), {}, metas, self.origin.stack)
-        pairs: list[tuple[Any, Node | None]] = []
-        for j, k in enumerate(diff):
-            pairs.append((tensors[k], self.b.call("getitem", (call, j), {}, metas[j],
-                                                  self.origin.stack)))
-        return pairs
+        return [(tensors[k], self.item(call, j)) for j, k in enumerate(diff)]
 
     # -- the forward ----------------------------------------------------------------------
 

@@ -26,6 +26,7 @@ from minicompile.graph import Node
 from minicompile.op_table import ROWS, ZERO
 
 from minicompile.passes.layout import overlaps, plain, same_layout
+from minicompile.runtime.autograd import conv_backward
 
 Rule = Callable[..., tuple]
 
@@ -371,6 +372,31 @@ def linear_rule(d: Any, node: Node, g: Node) -> list | None:
     return out
 
 
+def conv_rule(d: Any, node: Node, g: Node) -> list | None:
+    """F.conv{1,2,3}d(x, w, b, stride, padding, dilation, groups) with numeric padding and a
+    batch dim: one call of ATen's convolution backward for the gradients that are needed
+    (runtime/autograd.conv_backward); None (PyTorch's autograd) for other forms."""
+    names = ("input", "weight", "bias", "stride", "padding", "dilation", "groups")
+    bound = {"bias": None, "stride": 1, "padding": 0, "dilation": 1, "groups": 1,
+             **dict(zip(names, node.args)), **node.kwargs}
+    x, w, bias = bound.get("input"), bound.get("weight"), bound["bias"]
+    if not (isinstance(x, Node) and isinstance(w, Node)) or x.meta.ndim != w.meta.ndim:
+        return None
+    if isinstance(bound["padding"], str) or not (bias is None or isinstance(bias, Node)):
+        return None
+    n = w.meta.ndim - 2
+    spatial = [tuple(v) if isinstance(v, (tuple, list)) else (v,) * n
+               for v in (bound["stride"], bound["padding"], bound["dilation"])]
+    if any(len(v) != n or not all(isinstance(i, int) for i in v) for v in spatial):
+        return None
+    wanted = [(x, d.needs(x)), (w, d.needs(w)), (bias, bias is not None and d.needs(bias))]
+    mask = tuple(need for _, need in wanted)
+    call = d.extern(conv_backward, g, d.fwd(x), d.fwd(w), bias is not None, *spatial,
+                    bound["groups"], mask)
+    needed = [arg for arg, need in wanted if need]
+    return [(arg, d.item(call, j)) for j, arg in enumerate(needed)]
+
+
 LIBRARY_RULES: dict[str, Callable[..., list | None]] = {
     "torch.matmul": matmul_rule,
     "torch.Tensor.matmul": matmul_rule,
@@ -380,6 +406,8 @@ LIBRARY_RULES: dict[str, Callable[..., list | None]] = {
     "torch.Tensor.bmm": matmul_rule,
     "operator.matmul": matmul_rule,
     "torch.nn.functional.linear": linear_rule,
+    **{f"{prefix}.conv{n}d": conv_rule
+       for prefix in ("torch.nn.functional", "torch") for n in (1, 2, 3)},
 }
 
 

@@ -102,6 +102,18 @@ def vjp(out: Any, grad: Any) -> tuple[torch.Tensor, ...]:
                  else g for g, t in zip(grads, leaves))
 
 
+def conv_backward(grad: torch.Tensor, x: torch.Tensor, w: torch.Tensor, bias: bool,
+                  stride: tuple, padding: tuple, dilation: tuple, groups: int,
+                  mask: tuple[bool, bool, bool]) -> tuple[torch.Tensor, ...]:
+    """The gradients of ``conv{n}d(x, w, bias?)`` that ``mask`` asks for (input, weight,
+    bias; only those, in that order): one call of ATen's convolution backward, the
+    kernels eager's backward runs, without recording the convolution in the forward."""
+    grads = torch.ops.aten.convolution_backward(
+        grad, x, w, [w.shape[0]] if bias else None, stride, padding, dilation, False,
+        [0] * len(stride), groups, list(mask))
+    return tuple(g for g, wanted in zip(grads, mask) if wanted)
+
+
 @dataclasses.dataclass
 class TrainingStep:
     """One graph's compiled forward and backward, and how their values connect (see

@@ -7,7 +7,8 @@ dropped) and reduced dims ``q0, q1, ...``; every member is *placed* in that spac
 
 - a reduction: its output dims on the p's, its reduced dims on the q's;
 - an "x" member (pointwise over the kept dims only: ``mean``, ``rstd``);
-- an "xr" member (pointwise over kept then reduced dims: softmax's output);
+- an "xr" member (pointwise over kept and reduced dims: softmax's output; a batch norm's,
+  its dims interleaved);
 - a "column" member: a sum over the kept dims of values over kept then reduced dims
   (a layer norm's weight gradient beside its row-wise backward: passes/mix_order.py), its
   output dims on the q's, its reduced dims on the p's.
@@ -103,10 +104,36 @@ def place(buf: ComputedBuffer, space: Space) -> Placement | None:
     if non_one == space.kept + space.reduced and space.reduced:
         mapping = _onto(shape, own, p + q)
         return Placement("xr", mapping) if mapping is not None else None
+    if space.reduced and len(non_one) == len(space.kept) + len(space.reduced):
+        order = _interleaving(non_one, space, p, q)
+        mapping = _onto(shape, own, order) if order is not None else None
+        return Placement("xr", mapping) if mapping is not None else None
     if non_one == space.kept:
         mapping = _onto(shape, own, p)
         return Placement("x", mapping) if mapping is not None else None
     return None
+
+
+def _interleaving(sizes: tuple, space: Space, p: tuple, q: tuple) -> tuple | None:
+    """The order of ``p`` and ``q`` symbols that a pointwise member's dims (``sizes``) take,
+    each list kept in its order: a batch norm's output ``(N, C, H, W)`` over its channel
+    statistics is ``(q0, p0, q1, q2)``.  None unless exactly one order fits the sizes."""
+    found: list[tuple] = []
+
+    def walk(i: int, j: int, order: tuple) -> None:
+        if len(found) > 1:
+            return
+        if i == len(p) and j == len(q):
+            found.append(order)
+            return
+        k = i + j
+        if i < len(p) and sizes[k] == space.kept[i]:
+            walk(i + 1, j, order + (p[i],))
+        if j < len(q) and sizes[k] == space.reduced[j]:
+            walk(i, j + 1, order + (q[j],))
+
+    walk(0, 0, ())
+    return found[0] if len(found) == 1 else None
 
 
 def store_index(buf: ComputedBuffer, placement: Placement) -> sympy.Expr:

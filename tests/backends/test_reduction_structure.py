@@ -33,7 +33,34 @@ ONE_KERNEL: list[tuple[str, Callable, tuple[tuple[int, ...], ...]]] = [
     ("residual_layer_norm", residual_layer_norm, ((4, 33), (4, 33), (33,), (33,))),
     ("sum_and_amax_share", sum_and_amax, ((4, 33),)),
     ("softmax_with_prologue_epilogue", lambda x: F.softmax(x.sin() * 2, -1) + 1, ((4, 33),)),
+    # Statistics over (N, H, W) per channel: the output's dims interleave the kept and the
+    # reduced ones (spaces._interleaving), and still fuse with the reduction.
+    ("batch_norm_train", lambda x, w, b: F.batch_norm(x, None, None, w, b, training=True),
+     ((2, 6, 5, 3), (6,), (6,))),
+    ("channel_centering", lambda x: x - x.mean((0, 2, 3), keepdim=True), ((2, 6, 5, 3),)),
 ]
+
+
+def batch_norm_relu(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, rm: torch.Tensor,
+                    rv: torch.Tensor) -> torch.Tensor:
+    return F.relu(F.batch_norm(x, rm, rv, w, b, training=True)) + 1
+
+
+@pytest.mark.parametrize("shape", [(2, 8, 4, 4), (3, 5, 7, 6), (2, 4, 4, 4)],
+                         ids=["unique_order", "odd_sizes", "ambiguous_order"])
+def test_batch_norm_train_values(shape: tuple, device: torch.device, backend: str) -> None:
+    """Values and running statistics equal eager's, contiguous and channels-last, twice
+    (channels 4 beside 4x4 images: the dims' order is ambiguous, the kernels stay apart)."""
+    compiled = minicompile.compile(batch_norm_relu, backend=backend)
+    c = shape[1]
+    for memory_format in (torch.contiguous_format, torch.channels_last, torch.channels_last):
+        x = torch.randn(shape, device=device).to(memory_format=memory_format)
+        w, b = torch.randn(c, device=device), torch.randn(c, device=device)
+        rm, rv = torch.randn(c, device=device), torch.rand(c, device=device) + 0.5
+        rm2, rv2 = rm.clone(), rv.clone()
+        torch.testing.assert_close(compiled(x, w, b, rm, rv), batch_norm_relu(x, w, b, rm2, rv2),
+                                   **TOL)
+        torch.testing.assert_close((rm, rv), (rm2, rv2), **TOL)
 
 
 @pytest.mark.parametrize("name, fn, shapes", ONE_KERNEL, ids=[c[0] for c in ONE_KERNEL])

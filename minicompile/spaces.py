@@ -133,7 +133,9 @@ def _interleaving(sizes: tuple, space: Space, p: tuple, q: tuple) -> tuple | Non
             walk(i, j + 1, order + (q[j],))
 
     walk(0, 0, ())
-    return found[0] if len(found) == 1 else None
+    if len(found) != 1 or found[0] == q + p:
+        return None  # ambiguous; or the reduced dims first: a column sum (passes/mix_order.py)
+    return found[0]
 
 
 def store_index(buf: ComputedBuffer, placement: Placement) -> sympy.Expr:

@@ -199,8 +199,11 @@ class Differentiator:
             return list(zip(node.args, RULES[node.target](self, node, g)))
         cat = ops.cat_arguments(node) if node.target in ops.CAT_OPS else None
         stack = node.target == "torch.stack"
-        if cat is not None and all(t.meta.ndim == node.meta.ndim - stack for t in cat[0]):
-            # (legacy empty 1-d pieces have another rank: those go to PyTorch)
+        if cat is not None and all(t.meta.ndim == node.meta.ndim - stack or not stack
+                                   and _legacy_empty(t) and not t.requires_grad
+                                   for t in cat[0]):
+            # (a legacy empty 1-d piece, which torch.cat skips, is ours if it takes no
+            # gradient: a KV cache's first step; else PyTorch's)
             return list(zip(cat[0], cat_rule(self, node, g, cat[0], cat[1], stack)))
         if node.target in LIBRARY_RULES and not isinstance(node.meta, tuple):
             pairs = LIBRARY_RULES[node.target](self, node, g)
@@ -272,6 +275,10 @@ def plan_recompute(graph: Graph) -> dict[Node, bool]:
         plan[node] = len(reads) <= MAX_RECOMPUTE_READS
         large[node] = frozenset(reads)
     return plan
+
+
+def _legacy_empty(t: Node) -> bool:
+    return tuple(t.meta.shape) == (0,)
 
 
 def _grad_stride(meta: Any) -> tuple:

@@ -117,6 +117,8 @@ def _index(b: Builder, x: Node, key: Any) -> Node | None:
             dim += 1
         else:
             return None
+    if out is x and x.meta.ndim and x.meta.shape[0].is_Integer:  # x[:, 0:]: all of x, a view
+        out = b("slice", x, 0, 0, int(x.meta.shape[0]), 1)
     return out if out is not x else None
 
 

@@ -372,6 +372,24 @@ def linear_rule(d: Any, node: Node, g: Node) -> list | None:
     return out
 
 
+def addmm_rule(d: Any, node: Node, g: Node) -> list | None:
+    """torch.addmm(c, a, b) = c + a @ b (transformers' GPT-2 Conv1D): dc = g summed to c's
+    shape, da = g @ b^T, db = a^T @ g; None for other beta or alpha."""
+    names = ("input", "mat1", "mat2")
+    bound = dict(zip(names, node.args), **node.kwargs)
+    c, a, b = (bound.get(k) for k in names)
+    if len(node.args) > 3 or set(bound) - {*names, "beta", "alpha"} or \
+            bound.get("beta", 1) != 1 or bound.get("alpha", 1) != 1:
+        return None
+    if not (isinstance(a, Node) and isinstance(b, Node)) or a.meta.ndim != 2 or b.meta.ndim != 2:
+        return None
+    ga, gb = _matmul_grads(d, a, b, g)
+    out: list = [(a, ga), (b, gb)]
+    if isinstance(c, Node) and d.needs(c):
+        out.append((c, sum_to(d, g, c.meta.shape)))
+    return out
+
+
 def conv_rule(d: Any, node: Node, g: Node) -> list | None:
     """F.conv{1,2,3}d(x, w, b, stride, padding, dilation, groups) with numeric padding and a
     batch dim: one call of ATen's convolution backward for the gradients that are needed
@@ -406,6 +424,8 @@ LIBRARY_RULES: dict[str, Callable[..., list | None]] = {
     "torch.Tensor.bmm": matmul_rule,
     "operator.matmul": matmul_rule,
     "torch.nn.functional.linear": linear_rule,
+    "torch.addmm": addmm_rule,
+    "torch.Tensor.addmm": addmm_rule,
     **{f"{prefix}.conv{n}d": conv_rule
        for prefix in ("torch.nn.functional", "torch") for n in (1, 2, 3)},
 }
@@ -418,6 +438,9 @@ def cat_rule(d: Any, node: Node, g: Node, tensors: list, dim: int, stack: bool) 
     for t in tensors:
         if stack:
             grads.append(d("select", g, dim, len(grads)))
+            continue
+        if t.meta.ndim != g.meta.ndim:  # a legacy empty piece: torch.cat skipped it
+            grads.append(None)
             continue
         size = t.meta.shape[dim]
         grads.append(d("slice", g, dim, offset, offset + size, 1))

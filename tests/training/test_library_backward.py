@@ -1,8 +1,9 @@
-"""Convolutions in training (passes/derivatives.conv_rule): the backward calls ATen's
-convolution backward once per convolution, for the gradients that are needed, instead
-of recording the convolution with PyTorch's autograd in the forward (the ``record`` /
-``vjp`` road of other library calls).  Values: gradients equal eager's, two steps with
-fresh inputs; structure: the generated forward has no ``record`` call for it."""
+"""Library calls with derivative rules of their own (passes/derivatives.py): a convolution's
+backward calls ATen's convolution backward once, for the gradients that are needed, and
+``torch.addmm``'s gradients are matrix products, instead of recording the call with
+PyTorch's autograd in the forward (the ``record`` / ``vjp`` road of other library calls).
+Values: gradients equal eager's, two steps with fresh inputs; structure: the generated
+forward has no ``record`` call for them."""
 
 from __future__ import annotations
 
@@ -90,3 +91,27 @@ def test_channels_last_input(backend: str) -> None:
                                    rtol=1e-4, atol=1e-4)
         model.zero_grad(set_to_none=True)
         ref.zero_grad(set_to_none=True)
+
+
+def conv1d_addmm(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """transformers' GPT-2 Conv1D."""
+    return torch.addmm(b, x.view(-1, x.shape[-1]), w).view(*x.shape[:-1], w.shape[-1]).tanh()
+
+
+@pytest.mark.parametrize("alpha", [1, 2])
+def test_addmm_gradients(backend: str, capsys: pytest.CaptureFixture, alpha: int) -> None:
+    device = device_for(backend)
+    fn = conv1d_addmm if alpha == 1 else (
+        lambda x, w, b: torch.addmm(b, x.view(-1, 6), w, alpha=2).tanh())
+    with config.patch(logs=frozenset({"output_code"})):
+        compiled = minicompile.compile(fn, backend=backend)
+        for _ in range(2):
+            leaves = [torch.randn(s, device=device, requires_grad=True)
+                      for s in ((2, 3, 6), (6, 5), (5,))]
+            refs = [t.detach().clone().requires_grad_() for t in leaves]
+            compiled(*leaves).square().sum().backward()
+            fn(*refs).square().sum().backward()
+            for got, want in zip(leaves, refs):
+                torch.testing.assert_close(got.grad, want.grad, rtol=1e-4, atol=1e-5)
+    err = capsys.readouterr().err
+    assert ("minicompile.runtime.autograd.record(" in err) == (alpha != 1)

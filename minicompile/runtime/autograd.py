@@ -1,16 +1,11 @@
 """The runtime of training: a compiled forward and backward as one autograd.Function.
 
-``TrainingStep`` holds a graph's two compiled calls (``passes/autograd.py`` made the pair).
-``CompiledGraphFunction.apply(step, *inputs)`` runs the forward kernels without recording
-anything, saves what the backward needs with ``ctx.save_for_backward`` (so autograd's
-version checks, ``retain_graph`` and the freeing of saved tensors work as for any op), and
-returns the outputs with the Function as their ``grad_fn``.  ``loss.backward()``,
-``torch.autograd.grad``, gradient accumulation, hooks and graph breaks between compiled
-segments then work as in eager: each segment is one node of the autograd graph.
-
-Library calls are differentiated by PyTorch: ``record`` runs one inside the forward with
-autograd on (its differentiable tensor arguments as fresh leaves), so PyTorch saves what
-its own backward needs; ``vjp`` runs that backward from the saved result.
+``CompiledGraphFunction.apply(step, *inputs)`` runs a :class:`TrainingStep`'s forward
+without recording, saves what the backward needs with ``ctx.save_for_backward`` (so
+version checks, ``retain_graph`` and freeing work as for any op) and returns the outputs
+with the Function as their ``grad_fn``: each compiled segment is one node of the autograd
+graph.  Library calls are differentiated by PyTorch: :func:`record` runs one with autograd
+on (its differentiable arguments as fresh leaves); :func:`vjp` runs its backward.
 """
 
 from __future__ import annotations

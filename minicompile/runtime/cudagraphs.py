@@ -1,36 +1,24 @@
 """``mode="reduce-overhead"``: a compiled graph recorded as a CUDA graph and replayed.
 
-A CUDA graph replays a recorded sequence of kernel launches with one call, so a graph of a
-hundred small kernels costs the host a few microseconds instead of a launch each.  What it
-replays is fixed: the same kernels, on the same memory.  :class:`GraphedCall` wraps a
-generated ``call(inputs)`` and keeps that true:
+A replay launches a recorded sequence of kernels with one call, on the same memory.
+:class:`GraphedCall` wraps a generated ``call(inputs)`` and keeps that true:
 
-- **Inputs.**  Parameters and buffers (``static`` positions) are used where they are: their
-  addresses are part of the key, so a moved parameter records again.  Every other input is
-  read from the memory of the tensor the graph was recorded with, which the graph keeps a
-  reference to.  A later call passing that same memory (the same tensor, as a benchmark
-  or a loop over one buffer does) copies nothing; a call passing another tensor has it
-  copied in, if nothing but the graph still holds the recorded tensor (no Python or C++
-  reference, no view, no reference to its storage: the caller's last batch, dropped).
-  When the caller still holds it, the graph is recorded again on buffers of its own, into
-  which every later call is copied.  Sizes and strides are part of the key.
-- **One graph per set of sizes.**  An entry with symbolic sizes records a graph for each
-  set of sizes it is called with, up to ``LIMIT``; past that, the new sizes run the ordinary
-  path (logged under ``cudagraphs``).
-- **Warm-up.**  The first call with a new key runs the ordinary path (Triton compiles, the
-  allocator and cuBLAS make their state); the second records: one run on the graph's own
-  buffers, then the recording, then the replay.
-- **Outputs** live in the graph's private memory pool and stay valid until the same graph
-  is replayed again, as with PyTorch's CUDA-graph trees.  Each replay returns tensors over
-  fresh storage objects; at the next replay those still alive are invalidated, so reading
-  a stale output raises an error that says to ``clone()`` it, never a silently overwritten
-  value.  An output that is a view of an input is returned as that view of the caller's
-  own tensor.
-- **Mutation.**  Write-backs of in-place ops run after the call, from the outputs, on the
-  caller's tensors (capture's ``rebuild``); an input a kernel stores into directly
-  (``mutated``) is copied back to the caller's tensor after the replay.
+- **Inputs.**  Parameters and buffers (``static`` positions) are used in place; their
+  addresses are part of the key.  Any other input is read from the memory of the tensor
+  the graph was recorded with: a call passing that memory copies nothing; one passing
+  another tensor has it copied in if nothing else holds the recorded tensor (no Python or
+  C++ reference, view or storage reference), else the graph records again on buffers of
+  its own.  Sizes and strides are part of the key.
+- **One graph per set of sizes**, up to ``LIMIT``; past that, the ordinary path (logged).
+- **Warm-up.**  A new key's first call runs the ordinary path; the second records (one run
+  on the graph's buffers, the recording, the replay).
+- **Outputs** live in the graph's pool until its next replay, which invalidates those
+  still alive: reading a stale one raises an error that says to ``clone()`` it.  An output
+  that views an input is returned as that view of the caller's tensor.
+- **Mutation.**  Write-backs run after the call (capture's ``rebuild``); an input a kernel
+  stores into (``mutated``) is copied back to the caller's tensor after the replay.
 
-What cannot be recorded (a tensor on the CPU, a library call that synchronizes, a PyTorch
+What cannot be recorded (a CPU tensor, a library call that synchronizes, a PyTorch
 without CUDA graphs) runs the ordinary path, with the reason logged once.
 """
 

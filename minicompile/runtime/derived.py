@@ -1,20 +1,14 @@
 """Values computed from a module's parameters and buffers once, and reused while those stay.
 
-passes/hoist_params.py takes out of an inference graph the work that reads only the
-module's parameters and buffers (a batch norm folded into its convolution's weight, a
-weight copied channels-last or padded for cuBLAS) into a graph of its own; the compiled
-graph takes its results as extra inputs after the capture's own.  :class:`WithDerived`
-computes them with PyTorch (``ops.run_graph``: a few library calls, once) and keeps them
-while every parameter they came from is the same tensor, at the same version
-(``t._version``: every in-place write through autograd's view of the tensor bumps it:
-``load_state_dict``, ``p.mul_(2)`` under ``no_grad``, an optimizer step) and on the same
-memory (``p.data = other``).  Any change recomputes them all before the call, so no value
-is ever stale.  Kernels that store into an input in place (a compiled optimizer step)
-move its version on too (runtime/values.py).  A write through ``p.data`` (a tensor with a
-version counter of its own) is the one change PyTorch does not count; Inductor's freezing
-assumes no change at all.  Checking costs about 0.2 µs a parameter a call.  A warm entry
-(runtime/entries.py) stores ``graph`` as JSON and ``positions``, and wraps its loaded call
-in a new WithDerived, which computes the values from that process's parameters.
+passes/hoist_params.py moves an inference graph's work that reads only parameters and
+buffers (a batch norm folded into a weight, a weight copied channels-last) into a graph
+of its own, whose results the compiled graph takes as extra last inputs.
+:class:`WithDerived` computes them (``ops.run_graph``) and keeps them while every source
+is the same tensor, at the same ``_version`` (bumped by every in-place write through
+autograd's view: ``load_state_dict``, an optimizer step, kernels storing in place through
+runtime/values.py) and on the same memory (``p.data = other``); any change recomputes
+them all before the call.  A write through ``p.data`` is the one change PyTorch does not
+count.  A warm entry (runtime/entries.py) wraps its loaded call in a new WithDerived.
 """
 
 from __future__ import annotations

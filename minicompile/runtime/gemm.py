@@ -1,19 +1,14 @@
 """Matrix products written into rows padded to 16 bytes: the library calls that
-passes/gemm_padding.py puts in a graph where eager's result would have rows of an odd
-length (GPT-2's LM head: 50257 logits a token).
+passes/gemm_padding.py puts where eager's result would have rows of an odd length (GPT-2's
+LM head: 50257 logits a token).
 
-cuBLAS runs its fast kernels (on an H100 or H200, the sm90 ones) only where the matrices'
-dimensions and leading dimensions are multiples of 16 bytes; a result of rows of 50257 bf16
-values gets an ``align1`` kernel, 6.6 ms for GPT-2 small's LM head over 16 x 512 tokens on
-an H200.  Padded rows alone are not enough (measured: the same ``align1`` kernel with the
-rows written 50264 apart): the product's own column count must be aligned, as Inductor's
-``pad_mm`` makes it.  Each function here computes what its PyTorch namesake does, with the
-same library call (``torch.mm``/``torch.addmm``, as ATen's ``linear`` and ``matmul`` make it
-for a contiguous input), on the right operand with its columns (a linear's weight rows)
-zero-padded to a multiple of 16 bytes by :func:`pad_rows` / :func:`pad_columns`, and returns
-the result's first columns: rows :func:`padded_row` elements apart.  The padding is a node
-of its own in the graph: where the operand is a parameter (GPT-2's 50257 x 768 weight,
-77 MB) it is padded once (passes/hoist_params.py), not every call.
+cuBLAS's fast kernels need dimensions and leading dimensions that are multiples of 16
+bytes (GPT-2 small's LM head over 16 x 512 tokens gets an ``align1`` kernel: 6.6 ms on an
+H200); padded rows alone are not enough, the product's own column count must be aligned,
+as Inductor's ``pad_mm`` makes it.  Each function computes what its PyTorch namesake does
+with the same library call, on the right operand zero-padded (:func:`pad_rows`,
+:func:`pad_columns`: a node of its own, hoisted once for a parameter), and returns the
+result's first columns: rows :func:`padded_row` elements apart.
 """
 
 from __future__ import annotations

@@ -1,33 +1,29 @@
 """The source of a guard function: its checks in order, shared access paths read once.
 
-:func:`render` turns checks into ``def check(...)``, one ``if not (<check>): return False``
-each.  An *access path* is a name followed by attributes and constant subscripts
-(``L_self._modules['h']._parameters['weight']``); every prefix of one with at least one
-step is a path too.  A path that several checks read is read once into a local
-(``p0 = ...``), just before the first check that reads it unconditionally, and later checks
-read the local.  A read behind ``and`` / ``or`` (after the first operand), a chained
-comparison (after the first), an ``if`` expression's branches, a lambda or a comprehension
-is conditional: it is never hoisted (the check must not read what eager's short-circuit
-would not), though it reads a local made earlier.  The function of a call keeps its last
-step (``p1.get('conv1')``).  Paths rooted at a name that a lambda or comprehension binds
-are its own, never shared.
+An *access path* is a name followed by attributes and constant subscripts
+(``L_self._modules['h']._parameters['weight']``), and each of its prefixes.  A path that
+several checks read is read once into a local (``p0 = ...``) just before the first check
+that reads it unconditionally.  A read after the first operand of ``and`` / ``or`` or a
+chained comparison, in an ``if`` expression's branches, a lambda or a comprehension is
+conditional: never hoisted (a check must not read what eager's short-circuit would not),
+though it may read a local made earlier.  A call's function keeps its last step
+(``p1.get('conv1')``); paths rooted at a lambda's or comprehension's own names are never
+shared.
 
-Speed (a large model has thousands of checks): all checks are scanned as one text by one
-regular expression that cuts each into its paths and a *template*, the rest with a slot
-for each path (``type(getattr(__mcp__, 'stride', None)) is tuple``).  Checks share a few
-hundred templates, so each template is parsed and analysed once (which slots are read
-conditionally, in which order Python evaluates them); a check's own work is dictionary
-lookups.  A check the scanner cannot cut safely (an f-string, a comment, a path written
-with spaces or a subscript the scanner does not take) is parsed whole instead, with the
-same result.
+Speed (thousands of checks): one regular expression scans all checks as one text, cutting
+each into its paths and a *template* with a slot per path; the few hundred templates are
+each parsed once.  A check the scanner cannot cut safely (an f-string, a comment, odd
+spelling) is parsed whole instead, with the same result.
 """
 
 from __future__ import annotations
 
 import ast
+import itertools
 import keyword
 import re
 from collections import Counter
+from collections.abc import Iterable
 from typing import Any, NamedTuple
 
 _STR = r"""(?:'(?:[^'\\\n]|\\.)*'|"(?:[^"\\\n]|\\.)*")"""
@@ -138,9 +134,8 @@ class _Parser:
         self.templates: dict[str, _Template | None] = {}
 
     def cut_all(self, exprs: list[str]) -> list[tuple[list[_Path], _Template]]:
-        """Each check's paths (in order of text) and template.  The checks are scanned as
-        one text, a line each: one regular expression over all costs a fraction of one
-        per check."""
+        """Each check's paths (in order of text) and template, the checks scanned as one
+        text, a line each (a fraction of the cost of one scan per check)."""
         out: list[Any] = [None] * len(exprs)
         plain = [i for i, e in enumerate(exprs) if "\n" not in e]
         text = "\n".join(exprs[i] for i in plain)
@@ -177,9 +172,7 @@ class _Parser:
         cut = text.rfind("[") if text[-1] == "]" else text.rfind(".")
         step = self.steps.get(text[cut:])
         if step is None and (m := _STEPS.fullmatch(text, cut)):  # (a '[' in a string: no)
-            # By value: ``["a"]`` is the key and the text ``['a']``.
-            step = f".{m[1]}" if m[1] else f"[{ast.literal_eval(m[2])!r}]"
-            self.steps[text[cut:]] = step
+            step = self.steps[text[cut:]] = _step(m)
         if step is None:
             path = self._path_from_scratch(text)
         elif _ROOT.fullmatch(text, 0, cut):
@@ -196,13 +189,18 @@ class _Parser:
         root = _ROOT.match(text)[0]  # type: ignore[index]
         if keyword.iskeyword(root):
             return None
-        keys, steps, prefix = [], [], root
-        for m in _STEPS.finditer(text, len(root)):
-            step = f".{m[1]}" if m[1] else f"[{ast.literal_eval(m[2])!r}]"
-            prefix += step
-            keys.append(prefix)
-            steps.append(step)
-        return _Path(root, tuple(keys), tuple(steps))
+        steps = tuple(_step(m) for m in _STEPS.finditer(text, len(root)))
+        return _Path(root, _prefixes(root, steps), steps)
+
+
+def _step(m: re.Match) -> str:
+    """A step as ast.unparse writes it: by value (``["a"]`` is ``['a']``)."""
+    return f".{m[1]}" if m[1] else f"[{ast.literal_eval(m[2])!r}]"
+
+
+def _prefixes(root: str, steps: Iterable[str]) -> tuple[str, ...]:
+    """The keys of a path: ``root`` with each of its first steps (one or more)."""
+    return tuple(itertools.accumulate(steps, initial=root))[1:]
 
 
 def _scan_template(text: str) -> _Template | None:
@@ -288,12 +286,9 @@ class _Walk:
         if steps is None:
             return None
         root, parts = steps
-        keys, prefix = [], root
-        for key, _ in parts:
-            prefix += key
-            keys.append(prefix)
         at = (node.lineno, node.col_offset)
-        self.found[at] = _Path(root, tuple(keys), tuple(s for _, s in parts))
+        self.found[at] = _Path(root, _prefixes(root, [k for k, _ in parts]),
+                               tuple(s for _, s in parts))
         return at
 
 

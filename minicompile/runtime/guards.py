@@ -1,7 +1,6 @@
 """Guard functions at run time: the compiled check of one entry, and the words for why it
-failed.  Built by capture (minicompile/capture/guard_builder.py: GuardBuilder) or read back from a
-warm entry on disk (minicompile/runtime/entries.py); this module imports neither, so a warm
-process checks guards without loading capture.
+failed.  Built by capture (capture/guard_builder.py) or read back from a warm entry
+(runtime/entries.py); this module imports neither.
 """
 
 from __future__ import annotations

@@ -1,22 +1,13 @@
 """Cheap launches of compiled Triton kernels on a GPU.
 
-``kernel[grid](*args)`` goes through ``triton.jit``'s per-call path: every argument is
-specialized (dtype, 16-byte alignment, integer value classes), the kernel is looked up in
-its cache, launch metadata is built, and only then is the compiled kernel launched.  On an
-H100 host that is about 14 µs a launch; Triton's launcher alone, 7.
-
-A :class:`Launcher` keys its launches by what Triton specializes a kernel on for our
-arguments: each pointer's alignment, and each integer's class (1, a multiple of 16, fits in
-32 bits), on the current device.  For each key it launches, in order of preference:
-
-- the kernel's cubin from minicompile's cache (runtime/triton_build.py: built ahead of the
-  first call, or here on a miss) through PyTorch's static CUDA launcher, with no Triton
-  import and no Triton code on the way;
-- else (an old Triton or PyTorch, a kernel that needs Triton's launcher) the compiled
-  kernel through Triton's launcher, after one launch through ``triton.jit`` to compile it.
-
-A key it has not seen (a misaligned view, a new dynamic size) is looked up and built again,
-so no launch ever uses a kernel compiled for other arguments.
+``kernel[grid](*args)`` specializes every argument, looks the kernel up and builds launch
+metadata at each call (about 14 µs on an H100 host; Triton's launcher alone, 7).  A
+:class:`Launcher` keys its launches by what Triton specializes on for our arguments (each
+pointer's alignment, each integer's class, the device) and launches, in order of
+preference, the kernel's cubin from minicompile's cache (runtime/triton_build.py) through
+PyTorch's static CUDA launcher, with no Triton code on the way; else the compiled kernel
+through Triton's launcher, after one launch through ``triton.jit`` to compile it.  A new
+key is looked up and built again: no launch uses a kernel compiled for other arguments.
 """
 
 from __future__ import annotations

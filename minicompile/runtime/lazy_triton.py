@@ -1,14 +1,10 @@
 """Stand-ins for ``triton``, ``tl`` and ``libdevice`` in generated modules of GPU kernels,
 so that importing such a module does not import Triton (a tenth of a second or more).
 
-A process that finds every kernel's cubin in the cache (runtime/triton_build.py) launches
-them without ever importing Triton.  ``@triton.jit`` here keeps the Python function as a
-:class:`LazyKernel`; when a kernel must go through Triton after all (a build, a launch
-whose arguments need another specialization), :func:`LazyKernel.real` imports Triton and
-puts the real ``triton``, ``tl``, ``libdevice`` and ``triton.jit`` functions into the
-module, which then reads exactly as if it had imported them.  Generated modules use
-``from __future__ import annotations``, so ``XBLOCK: tl.constexpr`` is not evaluated at
-import.
+``@triton.jit`` here keeps the function as a :class:`LazyKernel`; when a kernel must go
+through Triton after all, :meth:`LazyKernel.real` imports it and puts the real ``triton``,
+``tl``, ``libdevice`` and ``triton.jit`` functions into the module.  Generated modules use
+``from __future__ import annotations``, so ``XBLOCK: tl.constexpr`` is not evaluated.
 """
 
 from __future__ import annotations

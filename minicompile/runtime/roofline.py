@@ -1,11 +1,10 @@
 """What a kernel or library call moves and computes, and what the device can do: the two
 sides of the roofline that ``MINICOMPILE_LOGS=profile`` (runtime/profile.py) reports.
 
-A step's bytes are those of the tensors it is handed (read) and makes (written), each
-counted once, from their sizes; a matrix product's, convolution's or attention's FLOPs come
-from the shapes of its operands.  The device's limits are measured once per process (and
-device, and dtype), never looked up in a table: the copy bandwidth by a large
-``torch.empty(...).copy_()``, the peak FLOP/s by a large square matmul in the dtype asked.
+Bytes are those of the tensors a step is handed and makes, each counted once; FLOPs of a
+matrix product, convolution or attention come from its operands' shapes.  The device's
+limits are measured once per process, device and dtype: the copy bandwidth by a large
+copy, the peak FLOP/s by a large square matmul.
 """
 
 from __future__ import annotations

@@ -1,20 +1,13 @@
 """The metadata checks of a model's tensors in one C++ call.
 
-A module's parameters and buffers each carry five checks (dtype, device, requires_grad,
-sizes, strides: capture/guard_builder.py's ``tensor_match``), one Python comparison each: a
-third to a half of the guard function's time on the zoo models.  :func:`split` takes those
-of every tensor that is not a bare parameter of the frame (those are the inputs that change
-between calls: their checks stay where they are, failing early) out of the guard function,
-which calls a :class:`TensorChecks` for them at its end: ``tensor_checks(p4, p3['bias'],
-...)``.  Its fast path is PyTorch's ``TensorGuards`` (minicompile/compat.py), built from
-tensors that passed the checks: a tensor it passes has the type, dtype, device,
-requires_grad, sizes and strides of one that passed, so passes them too.  Where it fails
-(the first call; a tensor that changed; one it is stricter on: a tensor passed twice, other
-dispatch keys, as in inference mode), the checks run in Python (``check_tensors``, compiled
-with the guard function into one code object, which a warm entry keeps), and if they pass,
-the fast path is built again from these tensors.  So the answer is always that of the
-Python checks; :meth:`Guards.explain_failure` still runs the checks one by one and names
-the one that failed.
+The five checks of each parameter and buffer (capture/guard_builder.py's ``tensor_match``)
+are a third to a half of a guard function's time.  :func:`split` takes those of every
+tensor that is not a bare parameter of the frame out of the guard function, which calls a
+:class:`TensorChecks` for them at its end.  Its fast path is PyTorch's ``TensorGuards``
+(compat.py), built from tensors that passed; where it fails (the first call, a changed
+tensor, one it is stricter on), the checks run in Python (``check_tensors``, compiled with
+the guard function), and if they pass the fast path is built again.  So the answer is
+always the Python checks'.
 """
 
 from __future__ import annotations

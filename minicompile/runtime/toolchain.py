@@ -1,21 +1,13 @@
 """Whether the build tools work here: Triton (it imports) and the C++ compiler (it builds a
 trivial shared library with our flags).  A tool that does not work gives one warning per
-process, and the code runs on another way: the Triton backend's CPU graphs compile with
-the C++ backend, the rest runs eagerly (minicompile/api.py decides).
+process, and the code runs another way (minicompile/api.py decides).
 
-Triton is not imported to probe it: importing it takes a tenth of a second, which a
-process that finds its kernels' cubins in the cache (or builds them in worker processes,
-runtime/triton_build.py, which report whether it imported there) never pays.  Instead,
-from the first compile on, an install whose import raises something other than
-ImportError (a missing driver library, a version clash) makes that import, whoever does
-it, raise ImportError (:func:`guard_triton_import`): PyTorch's own checks
-(``torch._dynamo`` imports Triton and expects only ImportError) and ours then see "not
-installed" instead of crashing.  :func:`triton_problem` imports it where this process
-needs it (the interpreter runs Triton kernels here).
-
-The C++ compiler is probed only after a build fails, to tell a broken compiler (every
-build would fail: one warning, and later builds are not attempted) from a kernel it
-rejects (a bug of ours: that graph runs eagerly, with its own warning).
+Triton is not imported to probe it (a tenth of a second, which a warm process never
+pays).  Instead, an install whose import raises something other than ImportError (a
+missing driver library, a version clash) makes that import, whoever does it, raise
+ImportError (:func:`guard_triton_import`): PyTorch's checks and ours then see "not
+installed" instead of crashing.  The C++ compiler is probed only after a build fails, to
+tell a broken compiler (one warning, no later builds) from a kernel it rejects.
 """
 
 from __future__ import annotations

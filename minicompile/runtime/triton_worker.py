@@ -1,18 +1,12 @@
 """Build one Triton kernel to a cubin: the job of runtime/triton_build.py's worker processes.
 
-Run as a script (``python triton_worker.py [target]``), this file imports
-Triton and nothing of minicompile or PyTorch, so that a worker starts in the time Triton
-takes to import.  It says whether Triton imported in a first line on stdout and that it
-is ready (its warm-up build done) in a second, then reads one job per line on stdin
-(JSON) and answers one result per line on stdout.  The launching process
-imports :func:`build` and calls it in-process for a single kernel.
-
-A job names a kernel file (the kernel and the helpers it calls, with real Triton imports),
-the kernel, and Triton's specialization of its arguments (signature, constexprs, attrs:
-what ``triton.jit`` computes from the arguments of a launch), the compile options and the
-target.  The result is ``<out>.cubin`` and ``<out>.json`` (what a launch needs: the
-function's name, warps, shared memory, argument types), the JSON written last, so that a
-reader that finds it finds the cubin complete.
+Run as a script (``python triton_worker.py [target]``), it imports Triton and nothing of
+minicompile or PyTorch.  It writes a first line (whether Triton imported) and a second
+(ready: its warm-up build done), then answers one JSON job a line on stdin with one result
+a line.  A job names a kernel file, the kernel, Triton's specialization of its arguments,
+the compile options and the target; the result is ``<out>.cubin`` and ``<out>.json`` (what
+a launch needs), the JSON written last, so that a reader that finds it finds the cubin
+complete.  The launching process calls :func:`build` in-process for a single kernel.
 """
 
 from __future__ import annotations

@@ -1,11 +1,7 @@
-"""What the generated get_inputs and rebuild of a capture call on every call: inputs
-mutated by the graph get their new contents (``write_back``), NumPy arrays come in through
-``torch.from_numpy`` and graph outputs go back as arrays or NumPy scalars
-(capture/numpy_arrays.py writes those calls).
-
-They live with the runtime so that a warm entry on disk (runtime/entries.py) finds them
-in a process that never captured.  NumPy is not imported here: the arrays passed in come
-from it.
+"""What the generated get_inputs and rebuild of a capture call on every call: write-backs
+of mutated inputs, NumPy arrays in and out (capture/numpy_arrays.py writes those calls).
+Here so that a warm entry (runtime/entries.py) finds them in a process that never
+captured.  NumPy is not imported here: the arrays passed in come from it.
 """
 
 from __future__ import annotations

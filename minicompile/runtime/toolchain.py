@@ -19,6 +19,7 @@ import subprocess
 import sys
 import tempfile
 import warnings
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -116,15 +117,19 @@ def triton_problem() -> str | None:
     return None
 
 
+def command(cxx: str, flags: Sequence[str], src: Path, out: Path) -> list[str]:
+    """The compiler's command line: libraries after the source, for the linker."""
+    libs = [f for f in flags if f.startswith("-l")]
+    return [cxx, *[f for f in flags if not f.startswith("-l")], str(src), "-o", str(out), *libs]
+
+
 @functools.lru_cache(maxsize=None)
 def cxx_problem(cxx: str, flags: tuple[str, ...]) -> str | None:
     """None when ``cxx`` builds a trivial shared library with ``flags``; else why not."""
-    libs = [f for f in flags if f.startswith("-l")]
     with tempfile.TemporaryDirectory(prefix="minicompile-probe-") as folder:
         src = Path(folder) / "probe.cpp"
         src.write_text(_PROBE)
-        cmd = [cxx, *[f for f in flags if not f.startswith("-l")], str(src), "-o",
-               str(Path(folder) / "probe.so"), *libs]
+        cmd = command(cxx, flags, src, Path(folder) / "probe.so")
         try:
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
         except (OSError, subprocess.SubprocessError) as e:

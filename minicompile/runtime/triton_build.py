@@ -18,6 +18,7 @@ from __future__ import annotations
 import atexit
 import dataclasses
 import functools
+import importlib.util
 import inspect
 import json
 import linecache
@@ -60,19 +61,10 @@ class Built:
 
 @functools.lru_cache(maxsize=None)
 def available() -> bool:
-    """Whether launches can bypass Triton: PyTorch's static CUDA launcher and Triton 3.3+."""
+    """Whether launches can bypass Triton: PyTorch's static CUDA launcher, Triton installed."""
+    # (Triton 3.6, the oldest supported, specializes as this module does.)
     return (compat.STATIC_CUDA_LAUNCHER is not None and torch.cuda.is_available()
-            and _triton_at_least(3, 3))
-
-
-def _triton_at_least(major: int, minor: int) -> bool:
-    try:
-        from importlib.metadata import version
-
-        parts = version("triton").split(".")
-        return (int(parts[0]), int(parts[1])) >= (major, minor)
-    except Exception:  # noqa: BLE001 (unknown: Triton's own path, as before)
-        return False
+            and importlib.util.find_spec("triton") is not None)
 
 
 @functools.lru_cache(maxsize=None)
@@ -82,9 +74,7 @@ def target(device: int) -> tuple[str, int, int]:
     return ("cuda", major * 10 + minor, 32)
 
 
-def _jit_functions(namespace: dict) -> dict[str, Any]:
-    return {k: v for k, v in namespace.items()
-            if hasattr(v, "fn") and hasattr(v, "arg_names") and callable(getattr(v, "fn"))}
+
 
 
 def source(fn: Any) -> str:
@@ -108,7 +98,8 @@ def kernel_file(kernel: Any) -> str:
     the helpers it calls, with real Triton imports (worked out once per kernel)."""
     text = _files.get(kernel.fn)
     if text is None:
-        jitted = _jit_functions(kernel.fn.__globals__)
+        jitted = {k: v for k, v in kernel.fn.__globals__.items()
+                  if hasattr(v, "fn") and hasattr(v, "arg_names") and callable(v.fn)}
         order: list[str] = []
         todo = [kernel.fn.__name__]
         while todo:
@@ -178,35 +169,6 @@ def _tritons_specialization(args: Sequence[Any], device: int) -> list[tuple[str,
     return [native_specialize_impl(backend, a, False, True, True) for a in args]
 
 
-def job(kernel: Any, args: Sequence[Any], options: dict, device: int, text: str,
-        out: Path, kernel_path: Path) -> dict:
-    """The worker's job for a launch of ``kernel`` with ``args`` (tensors or stand-ins,
-    and ints) and ``options`` (constexprs and compile options)."""
-    specs = [specialization(a) for a in args]
-    if None in specs:
-        specs = _tritons_specialization(args, device)
-    names = kernel.arg_names
-    signature: dict[str, str] = {}
-    constexprs: list = []
-    attrs: list = []
-    for i, name in enumerate(names):
-        if i < len(args):
-            ty, spec = specs[i]
-            signature[name] = ty
-            if ty == "constexpr":
-                constexprs.append([[i], spec])
-            else:
-                attrs.append([[i], spec])
-        else:  # a tl.constexpr parameter, given as an option
-            signature[name] = "constexpr"
-            constexprs.append([[i], options[name]])
-    compile_options = {k: v for k, v in options.items() if k not in names}
-    compile_options.setdefault("debug", False)
-    return {"kernel_file": str(kernel_path), "name": kernel.fn.__name__,
-            "signature": signature, "constexprs": constexprs, "attrs": attrs,
-            "options": compile_options, "target": list(target(device)), "out": str(out)}
-
-
 def cached(out: Path) -> Built | None:
     """The build at ``out`` (a path without suffix), if complete and intact."""
     try:
@@ -240,10 +202,30 @@ class Prepared:
         return cached(self.out)
 
     def job(self) -> dict:
+        """The worker's job (its kernel file stored): Triton's specialization of the
+        arguments (tensors or stand-ins, and ints) and the options (constexprs and compile
+        options)."""
         path = cache.store(self.cache_dir, self.parts, f"{self.key}.py", self.text)
         self.out = path.parent / self.key  # where the store went (the private fallback)
-        return job(self.kernel, self.args, self.options, self.device, self.text, self.out,
-                   path)
+        args, options = self.args, self.options
+        specs = [specialization(a) for a in args]
+        if None in specs:
+            specs = _tritons_specialization(args, self.device)
+        names = self.kernel.arg_names
+        signature: dict[str, str] = {}
+        constexprs: list = []
+        attrs: list = []
+        for i, name in enumerate(names):
+            # (past the arguments: a tl.constexpr parameter, given as an option)
+            ty, spec = specs[i] if i < len(args) else ("constexpr", options[name])
+            signature[name] = ty
+            (constexprs if ty == "constexpr" else attrs).append([[i], spec])
+        compile_options = {k: v for k, v in options.items() if k not in names}
+        compile_options.setdefault("debug", False)
+        return {"kernel_file": str(path), "name": self.kernel.fn.__name__,
+                "signature": signature, "constexprs": constexprs, "attrs": attrs,
+                "options": compile_options, "target": list(target(self.device)),
+                "out": str(self.out)}
 
 
 def build_in_process(prepared: Prepared) -> str | None:

@@ -162,9 +162,8 @@ _stamps: dict[Path, tuple[int, int, int]] = {}  # libraries loaded, as they were
 
 
 def load(path: str | os.PathLike) -> ExportedModel:
-    """Load a library written by minicompile.export into this process, its weights read
-    now.  A library exported again to a path loaded before is loaded from a copy: the
-    dynamic loader would return the library it already holds under that name."""
+    """Load a library written by minicompile.export, its weights read now (from a copy if
+    the path was loaded before: the dynamic loader would return the library it holds)."""
     path = Path(path).resolve()
     try:
         info = path.stat()

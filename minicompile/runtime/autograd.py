@@ -60,10 +60,9 @@ def _replace(value: Any, table: dict[int, torch.Tensor], counter: list) -> Any:
 
 
 def record(name: str, diff: tuple[int, ...], stride: tuple, /, *args: Any, **kwargs: Any) -> Any:
-    """``name(*args, **kwargs)`` with autograd recording it: the tensors at ``diff`` (in
-    argument order) become leaves that require grad.  The result has the strides the
-    compiled code reads it with (``stride``: a copy, recorded too, if the library chose
-    others); the running Function keeps its leaves for :func:`vjp`."""
+    """``name(*args, **kwargs)`` with autograd recording it, the tensors at ``diff`` made
+    leaves that require grad, its result in strides ``stride`` (a recorded copy where the
+    library chose others); the running Function keeps its leaves for :func:`vjp`."""
     tensors: list = []
     flatten((args, kwargs), tensors)
     leaves = {k: tensors[k].detach().requires_grad_() for k in diff}
@@ -82,10 +81,8 @@ def record(name: str, diff: tuple[int, ...], stride: tuple, /, *args: Any, **kwa
 
 
 def vjp(out: Any, grad: Any) -> tuple[torch.Tensor, ...]:
-    """The gradients of :func:`record`'s leaves, from PyTorch's backward of that call, in
-    the strides that backward gives them (the wrapper copies those the backward graph reads
-    otherwise).  ``out`` and ``grad`` may be tuples (the items of a tuple of results that
-    take gradients)."""
+    """The gradients of :func:`record`'s leaves by PyTorch's backward of that call, in its
+    strides.  ``out`` and ``grad`` may be tuples (of results that take gradients)."""
     outs, grads_in = (out, grad) if isinstance(out, tuple) else ((out,), (grad,))
     leaves = outs[0]._minicompile_leaves
     pairs = [(o, g) for o, g in zip(outs, grads_in) if o.grad_fn is not None]

@@ -16,8 +16,7 @@ import torch.nn.functional as F
 def conv2d_1x1(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                stride: tuple[int, int]) -> torch.Tensor:
     """``F.conv2d(input, weight, bias, stride)`` for a 1x1 ``weight`` (no padding, no
-    dilation, one group) of a 4-d ``input``: the product of its pixels' channel rows and the
-    weight, returned contiguous (eager's layout for a contiguous input)."""
+    dilation, one group) of a 4-d ``input``, returned contiguous (as eager's)."""
     if stride != (1, 1):  # a 1x1 kernel with a stride reads every stride-th pixel
         input = input[:, :, ::stride[0], ::stride[1]]
     n, c, h, w = input.shape

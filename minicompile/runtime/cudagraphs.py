@@ -91,8 +91,7 @@ class Recorded:
         for k in self.copied if owned else ():
             x = inputs[k]
             self.buffers[k] = torch.empty_strided(x.shape, x.stride(), dtype=x.dtype,
-                                                  device=x.device)
-            self.buffers[k].copy_(x)
+                                                  device=x.device).copy_(x)
         self.pointers = [b.data_ptr() if isinstance(b, torch.Tensor) else 0
                          for b in self.buffers]
         # The warm-up run's random draws (dropout, torch.rand) are not the call's: the

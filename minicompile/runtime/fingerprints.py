@@ -59,8 +59,7 @@ def versioned_folders() -> tuple[str, ...]:
     spec = importlib.util.find_spec("triton")
     if spec is not None and spec.origin:
         found.append(str(Path(spec.origin).parent))
-    stdlib = sysconfig.get_paths()["stdlib"]
-    found.append(stdlib)
+    found.append(sysconfig.get_paths()["stdlib"])
     return tuple(f.rstrip("/") + "/" for f in found)
 
 
@@ -92,9 +91,9 @@ def value_digest(value: Any) -> str:
 
 
 def function_digest(fn: types.FunctionType, method: bool = False) -> str:
-    """Code, defaults and closure of ``fn``.  A method's ``__class__`` cell (``super()``)
-    is the class being digested; its other cells are digested where they can be (a cell
-    the trace reads is guarded through a recipe of its own, which refuses)."""
+    """Code, defaults and closure of ``fn``.  A method's ``__class__`` cell is the class
+    being digested; its other cells are digested where they can be (a cell the trace
+    reads is guarded by a recipe of its own)."""
     parts = [code_digest(fn.__code__)]
     parts += [value_digest(v) for v in fn.__defaults__ or ()]
     parts += [f"{k}={value_digest(v)}" for k, v in sorted((fn.__kwdefaults__ or {}).items())]
@@ -205,11 +204,9 @@ _TORCH_VALUES = (torch.dtype, torch.device, torch.layout, torch.memory_format, t
 
 class ModuleWalk:
     """A module's fingerprint (:attr:`digest`): its class, every attribute in its
-    ``__dict__`` (hooks, flags, hyperparameters, config objects), the metadata of its
-    parameters, buffers and other tensors (their values are inputs, read at each call), and
-    its submodules, recursively.  Everything capture may have read of a module it guarded
-    by identity is in it, so a module of a new process with the same fingerprint traces to
-    the same graph.  ``objects``: the functions and classes met (their code is keyed)."""
+    ``__dict__``, the metadata (not the values: inputs) of its tensors, and its submodules,
+    recursively: all capture may read of a module it guards by identity.  ``objects``: the
+    functions and classes met (their code is keyed)."""
 
     def __init__(self, module: torch.nn.Module, inner: bool = False) -> None:
         self.objects: list[Any] = []

@@ -49,19 +49,16 @@ def pad_rows(weight: torch.Tensor) -> torch.Tensor:
 
 def linear(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
            n: int) -> torch.Tensor:
-    """``F.linear(input, w, b)`` for a contiguous input of two or more dims, given
-    ``weight = pad_rows(w)`` and ``bias`` as :func:`matmul`'s: the product of its rows and
-    the padded weight's, its first ``n`` columns."""
+    """``F.linear(input, w, b)`` for a contiguous input of two or more dims, given ``weight
+    = pad_rows(w)`` and ``bias`` as :func:`matmul`'s."""
     return matmul(input, weight.t(), bias, n)
 
 
 def matmul(input: torch.Tensor, other: torch.Tensor, bias: torch.Tensor | None,
            n: int) -> torch.Tensor:
-    """``torch.matmul(input, o)`` (``torch.mm``; with ``bias``, ``torch.addmm(b, input, o)``)
-    for a contiguous input of two or more dims and a matrix ``o``, given ``other =
-    pad_columns(o)`` and ``bias = pad_columns(b)`` (or ``b`` where it broadcasts over the
-    columns, or None): one product of the input's rows, as ATen folds it, its first ``n``
-    columns."""
+    """``torch.matmul(input, o)`` (with ``bias``, ``torch.addmm(b, input, o)``) for a
+    contiguous input of two or more dims, given ``other = pad_columns(o)`` and ``bias =
+    pad_columns(b)`` (or ``b`` where it broadcasts, or None): its first ``n`` columns."""
     rows = input.reshape(-1, input.shape[-1])  # a view: the input is contiguous
     full = torch.mm(rows, other) if bias is None else torch.addmm(bias, rows, other)
     return full.view(*input.shape[:-1], full.shape[-1])[..., :n]

@@ -50,15 +50,10 @@ def format_value(value: Any) -> str:
 
 
 class Guards:
-    """The compiled guards of one capture.
-
-    ``check(*args)`` takes the frame's parameter values in layout order and returns True when
-    every check passes.  It does not raise on inputs of a different shape of Python object
-    (checks are ordered so that type checks come first).  The metadata checks of tensors
-    reached through attributes and items (parameters, buffers) run last, together, in one
-    C++ call where it can (minicompile/runtime/tensor_checks.py), their Python checks a
-    second function of the same code.
-    """
+    """The compiled guards of one capture: ``check(*args)`` (the frame's parameters in
+    layout order) is True when every check passes, and never raises on inputs of another
+    shape (type checks come first).  The metadata checks of parameters and buffers run
+    last, in one C++ call where it can (runtime/tensor_checks.py)."""
 
     def __init__(self, params: list[str], checks: list[GuardCheck], namespace: dict,
                  code: types.CodeType | None = None) -> None:

@@ -35,16 +35,12 @@ class Example:
 
 
 class Launcher:
-    """``launcher(grid, *args)``: launch ``fn`` over ``grid`` programs (one axis) with the
-    positional ``args`` (tensors and ints) and the fixed keyword ``options`` (constexprs
-    and compile options such as ``num_warps``).
-
-    ``pointers``: the positions of the tensors whose alignment may change from call to call
-    (inputs, library results; the wrapper's own allocations are always aligned), and
-    ``sizes`` those of the integers that may (dynamic sizes; the others are constants of
-    the generated code).  Only those are part of the cache key.  ``example``: what the
-    calls pass, as far as codegen knows (a tensor's dtype, an integer's value or hint;
-    None where unknown), from which the kernel is built ahead of its first call."""
+    """``launcher(grid, *args)``: launch ``fn`` over ``grid`` programs (one axis) with
+    ``args`` (tensors, then ints) and the fixed keyword ``options``.  Only the tensors at
+    ``pointers`` (not the wrapper's own allocations, always aligned) and the ints at
+    ``sizes`` (dynamic sizes) may change class between calls: they make the key.
+    ``example``: what the calls pass as far as codegen knows (dtypes, values or hints;
+    None where unknown), for a build ahead of the first call."""
 
     def __init__(self, fn: Any, pointers: tuple[int, ...], sizes: tuple[int, ...],
                  example: tuple | None = None, **options: Any) -> None:
@@ -61,8 +57,7 @@ class Launcher:
         self.build: triton_build.Built | None = None  # the example's, once adopted
         self.built_on = 0  # ... for this device
 
-    def example_args(self) -> list | None:
-        """The arguments of a first call, for a build ahead of it (None: unknown)."""
+    def example_args(self) -> list | None:  # (None: unknown)
         if self.example is None or any(v is None for v in self.example):
             return None
         return [v if isinstance(v, int) else Example(v) for v in self.example]
@@ -110,8 +105,7 @@ class Launcher:
                    kernel.packed_metadata, None, None, None, *args, *self.constexprs)
 
     def adopt(self, built: triton_build.Built, device: int) -> None:
-        """Ahead of the first call (runtime/build.py): the static launch of a call like the
-        example on ``device``, from its build (found in the cache or built ahead)."""
+        """Ahead of the first call: the static launch of a call like the example."""
         args = self.example_args()
         if not self.direct or args is None:
             return
@@ -127,8 +121,8 @@ class Launcher:
         self.build, self.built_on = built, device
 
     def _launch(self, built: triton_build.Built, args: tuple, device: int) -> tuple:
-        """A static launch's fixed arguments: the loaded function, its warps and shared
-        memory, the argument codes, which integers are passed and the scratch tail."""
+        """A static launch's fixed arguments: function, warps, shared memory, argument
+        codes, the integers passed (None: all) and the scratch pointers' tail."""
         function = triton_build.load(built.cubin, built.name, built.shared, device)
         tensors = self.tensors
         # Integers equal to 1 are constants of the kernel: not passed.
@@ -138,8 +132,7 @@ class Launcher:
                 tuple(keep) if len(keep) < len(args) - tensors else None, tail)
 
     def _static(self, key: tuple, args: tuple) -> tuple | None:
-        """The static launch of ``key`` (its cubin found in the cache, or built now), or
-        None when it needs Triton's launcher."""
+        """The static launch of ``key`` (None: it needs Triton's launcher)."""
         launch = None
         if triton_build.available():
             built = triton_build.find_or_build(self.fn, args, self.options, key[0])

@@ -32,10 +32,9 @@ def split(checks: list[Any]) -> tuple[list[Any], TensorChecks | None]:
 
 
 class TensorChecks:
-    """``tensor_checks(*tensors)``: True when each tensor (in the order of ``paths``, each
-    past its type check) passes its checks.  ``call`` is the guard function's check that
-    calls it; ``source`` its checks in Python (``check_tensors(t0, t1, ...)``), compiled
-    with the guard function, which hands it over (:meth:`adopt`)."""
+    """``tensor_checks(*tensors)``: True when each tensor (in the order of ``paths``) passes
+    its checks.  ``call``: the guard function's check that calls it; ``source``: its checks
+    in Python, compiled with the guard function, which hands them over (:meth:`adopt`)."""
 
     def __init__(self, checks: list[Any]) -> None:
         self.paths = list(dict.fromkeys(c.tensor for c in checks))

@@ -38,9 +38,8 @@ _triton_failure: str | None = None  # why Triton's import failed, once it has
 
 
 def triton_broken(reason: str) -> None:
-    """Mark Triton as failing to import (``reason``): a later ``import triton`` raises
-    ImportError at once, and ``importlib.util.find_spec`` finds no file of it.  Its
-    half-imported modules are dropped."""
+    """Mark Triton as failing to import: a later ``import triton`` raises ImportError at
+    once.  Its half-imported modules are dropped."""
     global _triton_failure
     _triton_failure = reason
     for name in [m for m in sys.modules if m == "triton" or m.startswith("triton.")]:

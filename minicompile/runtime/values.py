@@ -13,10 +13,9 @@ import torch
 
 
 def write_back(dst: Any, src: torch.Tensor) -> None:
-    """An input mutated in the graph gets its new value, unless the kernels stored it there
-    already (passes/inplace.py: ``src`` is ``dst``; then its version counter moves on, as
-    an in-place op's would: autograd and runtime/derived.py read it).  ``dst`` may be a
-    NumPy array (traced through ``torch.from_numpy``, so the copy lands in its memory)."""
+    """An input mutated in the graph (a tensor, or a NumPy array) gets its new value, unless
+    the kernels stored it there (passes/inplace.py: ``src is dst``; then its version counter
+    moves on, as an in-place op's would: autograd and runtime/derived.py read it)."""
     if not isinstance(dst, torch.Tensor):
         dst = torch.from_numpy(dst)
     if src is not dst:

@@ -56,8 +56,7 @@ def _run(cmd: list[str], what: str) -> None:
 
 
 def build_library(kernels: str, wrapper: str, out: Path, cfg: Config) -> None:
-    """Compile the kernels' unit (the C++ backend's flags) and the wrapper's (PyTorch's
-    headers) at once, and link them into the shared library ``out``."""
+    """Compile the kernels' and the wrapper's units at once, and link them into ``out``."""
     compile_flags, link_flags = torch_flags()
     mvec = vector_math_flags()
     base = [f for f in cfg.cxx_flags if f != "-shared"]
@@ -103,8 +102,7 @@ def weights_path(library: Path) -> Path:
 
 
 def write_weights(path: Path, weights: list[torch.Tensor]) -> None:
-    """The weights file the library reads (export_wrapper.PREAMBLE's mc_read_weights): each
-    tensor's storage in its own layout (what the kernels were generated for)."""
+    """The weights file the library reads: each tensor's storage in its own layout."""
     with open(path, "wb") as f:
         f.write(b"MCWEIGHTS1")
         f.write(len(weights).to_bytes(8, "little"))
@@ -126,8 +124,7 @@ _new_capsule.restype = ctypes.py_object
 
 @dataclasses.dataclass
 class ExportedModel:
-    """An exported library loaded into this process (``minicompile.load``): call it with
-    the inputs' tensors; it returns what the exported function returned."""
+    """An exported library loaded into this process (``minicompile.load``): call it."""
 
     path: Path
     lib: Any

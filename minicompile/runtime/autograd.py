@@ -108,8 +108,7 @@ def conv_backward(grad: torch.Tensor, x: torch.Tensor, w: torch.Tensor, bias: bo
 
 @dataclasses.dataclass
 class TrainingStep:
-    """One graph's compiled forward and backward, and how their values connect (see
-    passes.autograd.Joint for the fields' meaning)."""
+    """One graph's compiled forward and backward (fields: see passes.autograd.Joint)."""
 
     forward: Callable[[list], tuple]
     backward: Callable[[list], tuple]

@@ -210,8 +210,7 @@ class Autotuner:
         return best
 
     def ahead(self) -> list[Any]:
-        """The GPU launchers a first call will build: the choice stored for the size class
-        codegen expects, or every candidate."""
+        """The GPU launchers a first call builds: the stored choice's, or every candidate."""
         launchers = [c.launcher for c in self.choices if c.launcher is not None]
         example = launchers[0].example if launchers else None
         count = 2 if "RBLOCK" in self.choices[0].options else 1
@@ -249,8 +248,7 @@ def device_name(device: torch.device) -> str:
 
 
 def tuning_args(args: tuple, written: tuple[int, ...]) -> tuple[list, Callable[[], None]]:
-    """``args`` with each tensor on a storage the kernel writes (at ``written``) replaced
-    by the same view of a copy of it, and the function that restores the copies."""
+    """``args`` with views of copies of the storages written at ``written``; the reset."""
     copies: dict[int, tuple[Any, Any]] = {}  # storage address -> (original, copy)
     for i in written:
         storage = args[i].untyped_storage()

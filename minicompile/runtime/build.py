@@ -47,8 +47,7 @@ _loaded: dict[str, Loaded] = {}  # this process's modules, by key
 
 @functools.lru_cache(maxsize=None)
 def vector_math_flags() -> tuple[str, ...]:
-    """Flags that let kernels call glibc's SIMD math (libmvec) on x86-64 Linux, glibc >= 2.35
-    (where it is complete); none elsewhere, and the loops stay scalar."""
+    """Flags for glibc's SIMD math (libmvec: x86-64 Linux, glibc >= 2.35); else none."""
     if platform.system() != "Linux" or platform.machine() != "x86_64":
         return ()
     try:
@@ -65,8 +64,7 @@ def vector_math_flags() -> tuple[str, ...]:
 
 
 def _compiler_failed(cfg: Config, flags: list[str], failure: str) -> BackendCompilerFailed:
-    """The error for a failed build; a compiler that fails on a trivial program too is
-    broken (one warning for the process, and no later build is attempted)."""
+    """The error for a failed build (a broken compiler: one warning, no later builds)."""
     problem = toolchain.cxx_problem(cfg.cxx, tuple(flags))
     if problem is None:
         return BackendCompilerFailed(failure)
@@ -91,8 +89,7 @@ def build_cpp(source: str, cfg: Config) -> tuple[tuple[Path, ...], dict, bool]:
 
 
 def build_unit(source: str, cfg: Config) -> tuple[Path, bool]:
-    """Compile ``source`` to a shared library: its path and whether it was cached (only if
-    :func:`intact`; else rebuilt, with a warning)."""
+    """Compile ``source`` to a shared library: its path, and whether it was cached."""
     flags = [*cfg.cxx_flags, *vector_math_flags()]
     if toolchain.cxx_problem.cache_info().currsize:  # probed after an earlier failure
         problem = toolchain.cxx_problem(cfg.cxx, tuple(flags))
@@ -237,8 +234,7 @@ def launch_builds(loaded: Loaded) -> dict[str, list]:
 
 def load_module(key: str, path: Path, lib_paths: tuple[Path, ...], symbols: dict,
                 interpret: bool) -> Loaded:
-    """Import the generated wrapper module at ``path`` (its C++ kernels from ``lib_paths``
-    by ``symbols``), once per process and key."""
+    """Import the wrapper module at ``path`` (``lib``: ``lib_paths`` by ``symbols``), once."""
     if key in _loaded:
         return dataclasses.replace(_loaded[key], from_cache=True)
     namespace_lib = None

@@ -42,8 +42,7 @@ _invalidate, _storage_at, _storage_use_count = compat.storage_functions()
 
 
 def alone(t: torch.Tensor, ours: int = 1) -> bool:
-    """Whether nothing but ``ours`` Python references hold ``t``: no other Python reference
-    to it or to its storage, no C++ one (a view's base, a tensor autograd saved)."""
+    """Whether only ``ours`` Python references hold ``t`` (or its storage; no C++ one either)."""
     storage = t.untyped_storage()
     return (sys.getrefcount(t) == ours + 2 and t._use_count() == 1  # + t and the argument
             and sys.getrefcount(storage) == 3 and _storage_use_count is not None
@@ -127,8 +126,7 @@ class Recorded:
         return _Output(out, None, out.storage_offset())
 
     def replay(self, inputs: list) -> tuple | None:
-        """Run the graph on ``inputs``; None when it cannot (the memory it reads is still
-        the caller's, or not where it was recorded): then record on buffers of its own."""
+        """Run the graph on ``inputs``; None when it cannot (then record on buffers of its own)."""
         buffers = self.buffers
         for k in self.copied:
             x, buf = inputs[k], buffers[k]

@@ -26,8 +26,7 @@ _version = operator.attrgetter("_version")
 
 
 class WithDerived:
-    """``call(inputs + derived values)`` for a compiled graph whose last inputs are values
-    ``graph`` computes from ``inputs[k] for k in positions`` (parameters and buffers)."""
+    """``call(inputs + values)``, the values computed by ``graph`` from inputs at ``positions``."""
 
     def __init__(self, call: Callable[[list], tuple], graph: Graph,
                  positions: tuple[int, ...]) -> None:

@@ -77,8 +77,7 @@ def code_digest(code: types.CodeType) -> str:
 
 
 def value_digest(value: Any) -> str:
-    """A digest of a default value or class attribute: constants by value, functions and
-    classes by what they are; anything else refuses."""
+    """A default value's or class attribute's digest: constants by value, code by digest."""
     try:
         return "m" + hashlib.sha256(marshal.dumps(value)).hexdigest()
     except ValueError:
@@ -113,8 +112,7 @@ def function_digest(fn: types.FunctionType, method: bool = False) -> str:
 
 
 def class_functions(cls: type) -> list[types.FunctionType]:
-    """The Python functions defined by a class and its bases (methods, static and class
-    methods, property accessors)."""
+    """The Python functions of a class and its bases (methods, static, class, properties)."""
     found = []
     for klass in cls.__mro__:
         for value in vars(klass).values():
@@ -306,8 +304,7 @@ _IMMUTABLETYPE = 1 << 8
 
 
 def _python_object(value: Any) -> bool:
-    """An instance of classes written in Python, whose state is its ``__dict__`` (not a C
-    object such as a file, whose state a fingerprint cannot see)."""
+    """An instance of Python classes, its state its ``__dict__`` (not a C object's, a file's)."""
     if not hasattr(value, "__dict__") or isinstance(value, types.ModuleType):
         return False
     return _python_class(type(value))

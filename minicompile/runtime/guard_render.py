@@ -95,8 +95,7 @@ class _Hoister:
 
     def rewrite(self, expr: str, paths: list[_Path],
                 template: _Template) -> tuple[str, list[tuple[str, str]]]:
-        """The check reading locals, and the assignments of the locals it reads first
-        (its own text where it reads none)."""
+        """The check reading locals, and the assignments of the locals it reads first."""
         out: list[tuple[str, str]] = []
         texts: dict[int, str] = {}
         changed = False
@@ -134,8 +133,7 @@ class _Parser:
         self.templates: dict[str, _Template | None] = {}
 
     def cut_all(self, exprs: list[str]) -> list[tuple[list[_Path], _Template]]:
-        """Each check's paths (in order of text) and template, the checks scanned as one
-        text, a line each (a fraction of the cost of one scan per check)."""
+        """Each check's paths (in order of text) and template, all scanned as one text."""
         out: list[Any] = [None] * len(exprs)
         plain = [i for i, e in enumerate(exprs) if "\n" not in e]
         text = "\n".join(exprs[i] for i in plain)
@@ -164,8 +162,7 @@ class _Parser:
         return [c if c is not None else _parse_whole(e) for c, e in zip(out, exprs)]
 
     def _path(self, text: str) -> _Path | None:
-        """The path written ``text``, built on its parent (most are met already); None
-        for a keyword's (``None.__class__``: the check is parsed whole)."""
+        """The path written ``text``, built on its parent; None for a keyword's."""
         path = self.paths.get(text, False)
         if path is not False:
             return path
@@ -204,8 +201,7 @@ def _prefixes(root: str, steps: Iterable[str]) -> tuple[str, ...]:
 
 
 def _scan_template(text: str) -> _Template | None:
-    """The template of ``text`` (its paths written ``__mcp__``), or None where the scanner
-    misread the check (a path the template still holds, a slot that is not a whole path)."""
+    """The template of ``text`` (paths written ``__mcp__``); None if the scanner misread."""
     try:
         tree = ast.parse(text, mode="eval")
     except SyntaxError:
@@ -231,8 +227,7 @@ class _Misread(Exception):
 
 
 class _Walk:
-    """Visits a check's tree as Python evaluates it, replacing each path (``scanned``: each
-    ``__mcp__`` of a template) by a slot and noting whether it is read conditionally."""
+    """Visits a check's tree in evaluation order, each path made a slot (conditional or not)."""
 
     def __init__(self, scanned: bool = False) -> None:
         self.scanned = scanned
@@ -242,8 +237,7 @@ class _Walk:
         self.paths: list[_Path] = []
 
     def template(self, tree: ast.Expression) -> _Template:
-        """The template, its slots numbered in order of text (as the scanner numbers
-        paths); ``paths`` put in that order too."""
+        """The template, slots numbered in order of text as the scanner numbers them."""
         order = {at: n for n, at in enumerate(sorted(self.found))}
         self.paths = [self.found[at] for at in sorted(self.found) if self.found[at]]
         slots = tuple(s._replace(path=order[s.path]) for s in self.slots)
@@ -293,8 +287,7 @@ class _Walk:
 
 
 def _path_steps(node: ast.AST) -> tuple[str, list[tuple[str, str]]] | None:
-    """A path's root name and steps (key text, source text), or None for anything else
-    (a bare name too)."""
+    """A path's root and steps (key text, source text); None for anything else."""
     parts = []
     while True:
         if isinstance(node, ast.Attribute):

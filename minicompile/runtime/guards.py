@@ -75,8 +75,7 @@ class Guards:
         self._slow: list[tuple[Callable, Callable]] | None = None
 
     def explain_failure(self, *args: Any) -> str | None:
-        """The first failing check, as text with the traced and the current value, or None
-        if all pass.  Slow; call it only on a cache miss."""
+        """The first failing check, with the traced and the current value (slow: on a miss)."""
         if self._slow is None:
             lam = f"lambda {', '.join(self.params)}: "
             self._slow = [
@@ -97,8 +96,7 @@ class Guards:
         return None
 
     def changed_ints(self, *args: Any) -> dict[str, tuple[int, int]]:
-        """Python ints the checks compare by value whose value differs in ``args``:
-        source -> (traced, now).  For automatic dynamic shapes."""
+        """Python ints compared by value that differ in ``args``: source -> (traced, now)."""
         out = {}
         lam = f"lambda {', '.join(self.params)}: "
         for c in self.checks:

@@ -121,8 +121,7 @@ class Launcher:
         self.build, self.built_on = built, device
 
     def _launch(self, built: triton_build.Built, args: tuple, device: int) -> tuple:
-        """A static launch's fixed arguments: function, warps, shared memory, argument
-        codes, the integers passed (None: all) and the scratch pointers' tail."""
+        """A static launch's function, warps, shared memory, codes, ints passed, scratch tail."""
         function = triton_build.load(built.cubin, built.name, built.shared, device)
         tensors = self.tensors
         # Integers equal to 1 are constants of the kernel: not passed.

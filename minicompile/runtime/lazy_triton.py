@@ -36,8 +36,7 @@ class LazyKernel:
 
 
 def materialize(namespace: dict) -> None:
-    """Import Triton into the generated module ``namespace``: its stand-ins become the
-    real modules, and each LazyKernel's ``triton.jit`` function takes its place."""
+    """Import Triton into the generated module ``namespace``, its LazyKernels made real."""
     import triton
     import triton.language as tl
     from triton.language.extra import libdevice

@@ -219,8 +219,7 @@ class Profiled:
         return out
 
     def _sleep(self) -> None:
-        """Keep the GPU busy while the host queues the call (4x its host time): the events
-        then time the device's work alone, not the gaps between launches."""
+        """Keep the GPU busy while the host queues the call: events then time the work alone."""
         torch.cuda.synchronize()
         host = self.profile.host_s or 1e-3
         if compat.GPU_SLEEP is not None:
@@ -267,8 +266,7 @@ class Recorder:
 
 
 def instrument(generated: types.FunctionType) -> tuple[Callable, list[Step], dict] | None:
-    """``generated`` compiled again from its source with ``_mc_profile.start(k)`` /
-    ``stop(k, ...)`` around each step; its steps; its namespace.  None if the source is gone."""
+    """``generated`` recompiled with ``_mc_profile`` calls around each step (None: no source)."""
     path = generated.__code__.co_filename
     try:
         text = Path(path).read_text()
@@ -350,8 +348,7 @@ def _called(value: ast.expr) -> str | None:
 
 
 def _comment(lines: list[str], lineno: int, reach: int) -> tuple[str, tuple[str, ...]]:
-    """The graph nodes and source lines of the comment at most ``reach`` lines above line
-    ``lineno`` (1-based): ``# %1 sin, %2 mul  (model.py:3, model.py:4)``."""
+    """The nodes and source lines of the comment at most ``reach`` lines above ``lineno``."""
     for k in range(lineno - 2, max(lineno - 2 - reach, -1), -1):
         text = lines[k].strip()
         if text.startswith("#"):
@@ -364,7 +361,6 @@ def _comment(lines: list[str], lineno: int, reach: int) -> tuple[str, tuple[str,
 
 
 def report_text(p: GraphProfile) -> str:
-    """The profile of one graph, as printed."""
     if not max(len(p.host), len(p.device), *(len(s.times) for s in p.steps)):
         return f"minicompile profile: {p.name}: {p.calls} call(s), too few to profile"
     where = "cuda" if p.cuda else "cpu, Triton's interpreter" if p.backend == "triton" else "cpu"
@@ -448,5 +444,4 @@ def profile_report(fn: Any = None) -> list[GraphProfile]:
 
 
 def forget() -> None:
-    """Drop the profiles (minicompile.reset())."""
     _profiles.clear()

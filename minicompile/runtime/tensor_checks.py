@@ -23,8 +23,7 @@ PYTHON_CHECKS = "check_tensors"  # its checks in Python, a function beside the g
 
 
 def split(checks: list[Any]) -> tuple[list[Any], TensorChecks | None]:
-    """The checks (GuardChecks) the guard function runs itself, and the
-    :class:`TensorChecks` of the others (None if there are none)."""
+    """The checks the guard function runs itself, and the TensorChecks of the others (or None)."""
     kept = [c for c in checks if not c.tensor or c.tensor.isidentifier()]
     if len(kept) == len(checks):
         return checks, None

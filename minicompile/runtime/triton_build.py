@@ -94,8 +94,7 @@ _files: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # kernel functi
 
 
 def kernel_file(kernel: Any) -> str:
-    """The text of a file with ``kernel`` (a LazyKernel or a ``triton.jit`` function) and
-    the helpers it calls, with real Triton imports (worked out once per kernel)."""
+    """A file of ``kernel`` and the helpers it calls, with real Triton imports (cached)."""
     text = _files.get(kernel.fn)
     if text is None:
         jitted = {k: v for k, v in kernel.fn.__globals__.items()
@@ -309,8 +308,7 @@ _workers_pid = os.getpid()  # the process the workers answer
 
 
 def start_workers(count: int | None = None) -> None:
-    """Start worker processes, up to ``count``; without one, ``compile_threads`` (at most
-    8) ahead of need, which warm up by building one kernel for the GPU in use."""
+    """Start up to ``count`` workers (None: ``compile_threads``, at most 8, warming up)."""
     global _workers_pid
     ahead = count is None
     count = count if count is not None else min(config.get().compile_threads, 8)
@@ -332,8 +330,7 @@ def start_workers(count: int | None = None) -> None:
 
 
 def import_problem() -> str | None:
-    """Why Triton does not import (None: it does), as the first build worker found; without
-    one, this process imports it (toolchain.triton_problem)."""
+    """Why Triton does not import (None: it does), as a worker found, else here."""
     with _workers_lock:
         first = _workers[0] if _workers and _workers_pid == os.getpid() else None
     if first is not None:
@@ -357,8 +354,7 @@ def stop_workers() -> None:
 
 
 def build_all(prepared: list[Prepared], threads: int) -> list[str | None]:
-    """Build each in parallel, in up to ``threads`` worker processes (in this process when
-    there is one and no worker was started).  For each, None or why it was not built."""
+    """Build each in up to ``threads`` workers (or here): for each, None or why not built."""
     with _workers_lock:
         started = _workers_pid == os.getpid() and any(w.alive() for w in _workers)
     if (len(prepared) == 1 and not started) or threads <= 1:
@@ -410,8 +406,7 @@ def build_all(prepared: list[Prepared], threads: int) -> list[str | None]:
 
 
 def find_or_build(kernel: Any, args: Sequence[Any], options: dict, device: int) -> Built | None:
-    """The build of a launch of ``kernel`` with ``args``, from the cache or built here;
-    None when it needs Triton's launcher (logged)."""
+    """The build of a launch, from the cache or built here (None: Triton's launcher)."""
     try:
         prepared = Prepared(kernel, args, options, device)
     except (OSError, TypeError) as e:  # the kernel's source is not readable
@@ -439,8 +434,7 @@ def load(cubin: Path, name: str, shared: int, device: int) -> int:
 
 
 def precompile(launchers: list[Any]) -> None:
-    """Build what the first calls of ``launchers`` (runtime/launch.py) will launch and the
-    cache lacks, in parallel, and hand each launcher its build (``launcher.adopt``)."""
+    """Build what the first calls of ``launchers`` launch and hand it over (``adopt``)."""
     if not launchers or not available():
         return
     device = torch.cuda.current_device()

@@ -46,8 +46,7 @@ def _unsupported(meta: Any) -> str | None:
 
 
 def build(job: dict) -> dict:
-    """Compile ``job`` (see the module's doc); write the cubin and its launch data; return
-    ``{"ok": True}`` or ``{"ok": False, "reason": ...}``."""
+    """Compile ``job``; write the cubin and its launch data; ``{"ok": ...[, "reason": ...]}``."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource

@@ -25,8 +25,7 @@ def write_back(dst: Any, src: torch.Tensor) -> None:
 
 
 def to_tensor(a: Any, device: torch.device | None = None) -> torch.Tensor:
-    """An input array (or NumPy scalar) as a tensor: its own memory on the CPU, a copy on
-    ``device``."""
+    """An input array (or NumPy scalar) as a tensor: its memory on the CPU, a copy on ``device``."""
     import numpy as np
 
     if type(a) is not np.ndarray:
@@ -41,7 +40,7 @@ def to_tensor(a: Any, device: torch.device | None = None) -> torch.Tensor:
 
 
 def to_numpy(t: torch.Tensor) -> Any:
-    """A graph output as the array NumPy returns (its memory on the CPU; copied from a GPU)."""
+    """A graph output as the array NumPy returns (copied from a GPU)."""
     return t.numpy(force=True)
 
 

@@ -11,6 +11,7 @@ on (its differentiable arguments as fresh leaves); :func:`vjp` runs its backward
 from __future__ import annotations
 
 import dataclasses
+import functools
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -19,18 +20,15 @@ import torch
 
 from minicompile.ops import resolve_path
 
-_functions: dict[str, Callable] = {}
 # The (result, leaves) of every record() call of the forward running now: the Function
 # saves the leaves beside the results and attaches them to what the backward unpacks
 # (a saved tensor's Python attributes need not survive saving).
 _recorded = threading.local()
 
 
+@functools.cache
 def _function(name: str) -> Callable:
-    fn = _functions.get(name)
-    if fn is None:
-        fn = _functions[name] = resolve_path(name)
-    return fn
+    return resolve_path(name)
 
 
 def flatten(value: Any, out: list) -> None:

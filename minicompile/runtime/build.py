@@ -145,11 +145,7 @@ def _read_text(path: Path) -> str | None:
         return None
 
 
-def _interpret_triton(module: types.ModuleType) -> None:
-    """Under Triton's interpreter, the module's ``libdevice`` is the numpy stand-in."""
-    from minicompile.runtime.triton_interp import libdevice
 
-    module.libdevice = libdevice  # type: ignore[attr-defined]
 
 
 def load(code: GeneratedCode, cfg: Config, interpret: bool) -> Loaded:
@@ -260,9 +256,11 @@ def load_module(key: str, path: Path, lib_paths: tuple[Path, ...], symbols: dict
     except Exception as e:
         sys.modules.pop(name, None)
         raise BackendCompilerFailed(f"generated module {path} failed to import: {e}") from e
-    if interpret:
+    if interpret:  # Triton's interpreter: the module's ``libdevice`` is the numpy stand-in
         try:
-            _interpret_triton(module)
+            from minicompile.runtime.triton_interp import libdevice
+
+            module.libdevice = libdevice  # type: ignore[attr-defined]
         except ImportError as e:
             raise BackendCompilerFailed(
                 f"the Triton backend on CPU tensors runs under Triton's interpreter, which "

@@ -9,6 +9,7 @@ through Triton after all, :meth:`LazyKernel.real` imports it and puts the real `
 
 from __future__ import annotations
 
+import types
 from typing import Any, Callable
 
 
@@ -60,20 +61,9 @@ class _Unloaded:
                            "(a generated kernel module used outside its kernels)")
 
 
-class _Triton:
-    """``triton`` before it is imported: only ``triton.jit`` is used at module level."""
-
-    @staticmethod
-    def jit(fn: Callable | None = None, **options: Any) -> Any:
-        if options:  # not what codegen writes; Triton's own decorator then
-            import triton
-
-            return triton.jit(fn, **options) if fn is not None else triton.jit(**options)
-        assert fn is not None
-        return LazyKernel(fn)
-
-
-triton = _Triton()
+# ``triton`` before it is imported: a bare ``@triton.jit`` (what codegen writes) is all a
+# generated module uses of it at module level.
+triton = types.SimpleNamespace(jit=LazyKernel)
 tl = _Unloaded("tl")
 libdevice = _Unloaded("libdevice")
 

@@ -80,16 +80,13 @@ class GraphProfile:
     def host_s(self) -> float:  # the wrapper's wall time per call
         return statistics.median(self.host) if self.host else 0.0
 
-    def _sum(self, library: bool) -> float:
-        return sum(s.seconds for s in self.steps if s.library == library)
-
     @property
     def kernels_s(self) -> float:
-        return self._sum(False)
+        return sum(s.seconds for s in self.steps if not s.library)
 
     @property
     def library_s(self) -> float:
-        return self._sum(True)
+        return sum(s.seconds for s in self.steps if s.library)
 
     @property
     def device_s(self) -> float:

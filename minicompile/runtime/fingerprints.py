@@ -134,13 +134,12 @@ def class_digest(cls: type) -> str:
         ):
             h.update(f"{klass.__module__}.{klass.__qualname__}".encode())
             continue
-        for name, value in sorted(vars(klass).items(), key=lambda kv: kv[0]):
+        for name, value in sorted(vars(klass).items()):  # (names are unique)
             if isinstance(value, (staticmethod, classmethod)):
                 value = value.__func__
             if isinstance(value, property):
-                value = tuple(f.__code__ if isinstance(f, types.FunctionType) else None
-                              for f in (value.fget, value.fset, value.fdel))
-                text = "".join(code_digest(c) if c else "-" for c in value)
+                text = "".join(code_digest(f.__code__) if isinstance(f, types.FunctionType)
+                               else "-" for f in (value.fget, value.fset, value.fdel))
             elif isinstance(value, types.FunctionType):
                 text = function_digest(value, method=True)
             else:
@@ -155,9 +154,7 @@ def class_digest(cls: type) -> str:
 def object_digest(obj: Any) -> str:
     """What must not change about a function or class found again by its name."""
     if isinstance(obj, types.FunctionType):
-        if versioned(obj.__code__.co_filename):
-            return "versioned"
-        return function_digest(obj)
+        return "versioned" if versioned(obj.__code__.co_filename) else function_digest(obj)
     if isinstance(obj, type):
         return class_digest(obj)
     return "builtin"  # C functions and objects of the versioned libraries
@@ -305,9 +302,8 @@ _IMMUTABLETYPE = 1 << 8
 
 def _python_object(value: Any) -> bool:
     """An instance of Python classes, its state its ``__dict__`` (not a C object's, a file's)."""
-    if not hasattr(value, "__dict__") or isinstance(value, types.ModuleType):
-        return False
-    return _python_class(type(value))
+    return (hasattr(value, "__dict__") and not isinstance(value, types.ModuleType)
+            and _python_class(type(value)))
 
 
 @functools.lru_cache(maxsize=None)

@@ -78,10 +78,8 @@ class Guards:
         """The first failing check, with the traced and the current value (slow: on a miss)."""
         if self._slow is None:
             lam = f"lambda {', '.join(self.params)}: "
-            self._slow = [
-                (eval(lam + c.expr, self.namespace), eval(lam + c.actual, self.namespace))
-                for c in self.checks
-            ]
+            self._slow = [(eval(lam + c.expr, self.namespace), eval(lam + c.actual, self.namespace))
+                          for c in self.checks]
         for check, (ok, actual) in zip(self.checks, self._slow):
             try:
                 passed = bool(ok(*args))
@@ -138,6 +136,5 @@ def describe_mismatch(check: GuardCheck, value: Any) -> str:
             for i, (e, a) in enumerate(zip(expected, got)):
                 if e != a:
                     return f"{check.source} {what} mismatch at index {i}: expected {e}, got {a}"
-    return f"{check.source} {check.kind}: expected {format_value(expected)}, got " + (
-        format_value(value)
-    )
+    return (f"{check.source} {check.kind}: expected {format_value(expected)}, got "
+            f"{format_value(value)}")

@@ -1,22 +1,13 @@
 """Autotuning of Triton launch configurations under ``mode="max-autotune"``.
 
-The wrapper launches each kernel through an :class:`Autotuner` holding a few candidate
-configurations, the heuristic's first (codegen/triton_tuning.py).  At the first launch of
-each *size class* (each element count, xnumel and rnumel, rounded up to a power of two:
-a function called at every batch size from 1 to 1000 tunes ten times) it looks the choice
-up in this process, then on disk; failing that, it times every candidate on the call's
-arguments, the tensors the kernel stores into replaced by copies of their storage
-(restored before each run: tuning never changes a value the program sees), keeps the
-fastest, writes it to disk and logs the times under ``MINICOMPILE_LOGS=autotune``.  Later
-launches of the class use the choice directly.
-
-Timing: on a GPU, CUDA events around about a millisecond of back-to-back launches, the
-median of five; under Triton's interpreter, the wall clock of one run; injectable with
-:func:`use_timer` (tests).  A candidate that fails to build is skipped, never the
-heuristic's.  While a CUDA graph records, the heuristic's configuration is launched and
-the class tuned later.  On disk: ``<cache>/autotune/<key[:2]>/<key>.json``, keyed by the
-kernel's source, its candidates, the size class, the device and the Triton version; a
-record that does not parse or names no candidate is ignored with a warning.
+An :class:`Autotuner` holds a kernel's candidate configurations, the heuristic's first
+(codegen/triton_tuning.py).  At the first launch of each *size class* (element counts
+rounded up to powers of two) it reads the choice from this process or the disk, or else
+times every candidate on the call's arguments (the tensors it stores into replaced by
+copies: tuning never changes a value the program sees), keeps the fastest and writes it
+to ``<cache>/autotune`` (keyed by source, candidates, size class, device and Triton).  A
+failing candidate is skipped, never the heuristic's; while a CUDA graph records, the
+heuristic's configuration runs and the class is tuned later.
 """
 
 from __future__ import annotations

@@ -1,19 +1,12 @@
 """The source of a guard function: its checks in order, shared access paths read once.
 
-An *access path* is a name followed by attributes and constant subscripts
-(``L_self._modules['h']._parameters['weight']``), and each of its prefixes.  A path that
-several checks read is read once into a local (``p0 = ...``) just before the first check
-that reads it unconditionally.  A read after the first operand of ``and`` / ``or`` or a
-chained comparison, in an ``if`` expression's branches, a lambda or a comprehension is
-conditional: never hoisted (a check must not read what eager's short-circuit would not),
-though it may read a local made earlier.  A call's function keeps its last step
-(``p1.get('conv1')``); paths rooted at a lambda's or comprehension's own names are never
-shared.
-
-Speed (thousands of checks): one regular expression scans all checks as one text, cutting
-each into its paths and a *template* with a slot per path; the few hundred templates are
-each parsed once.  A check the scanner cannot cut safely (an f-string, a comment, odd
-spelling) is parsed whole instead, with the same result.
+An *access path* is a name followed by attributes and constant subscripts, and each of its
+prefixes.  A path several checks read is read once into a local (``p0 = ...``) before the
+first check that reads it unconditionally; a conditional read (after the first operand of
+``and`` / ``or`` or a chained comparison, in an ``if`` expression's branches, a lambda or
+comprehension) is never hoisted: a check must not read what eager's short-circuit would
+not.  For speed, one regular expression cuts all checks into paths and *templates*, each
+template parsed once; a check it cannot cut safely is parsed whole, with the same result.
 """
 
 from __future__ import annotations

@@ -1,13 +1,11 @@
 """Cheap launches of compiled Triton kernels on a GPU.
 
-``kernel[grid](*args)`` specializes every argument, looks the kernel up and builds launch
-metadata at each call (about 14 µs on an H100 host; Triton's launcher alone, 7).  A
-:class:`Launcher` keys its launches by what Triton specializes on for our arguments (each
-pointer's alignment, each integer's class, the device) and launches, in order of
-preference, the kernel's cubin from minicompile's cache (runtime/triton_build.py) through
-PyTorch's static CUDA launcher, with no Triton code on the way; else the compiled kernel
-through Triton's launcher, after one launch through ``triton.jit`` to compile it.  A new
-key is looked up and built again: no launch uses a kernel compiled for other arguments.
+``kernel[grid](*args)`` costs about 14 µs on an H100 host.  A :class:`Launcher` keys its
+launches by what Triton specializes on (each pointer's alignment, each integer's class,
+the device) and launches the key's cubin from minicompile's cache (runtime/triton_build.py)
+through PyTorch's static CUDA launcher, else the compiled kernel through Triton's launcher
+after one launch through ``triton.jit``.  A new key is built again: no launch uses a
+kernel compiled for other arguments.
 """
 
 from __future__ import annotations

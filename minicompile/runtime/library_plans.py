@@ -1,19 +1,13 @@
 """Library plans ahead: a generated module's convolutions, prepared in parallel threads
 while the module finishes loading.
 
-cuDNN prepares a plan for each convolution problem at its first call in a process, a few
-milliseconds each, one after another: 0.12-0.14 s of resnet50's first call on an H100.
-Running each problem once on scratch tensors of the same layouts, in up to eight threads
-while the process loads the rest of the entry or builds the kernels, pays the part of
-that cost cuDNN keeps for the process (its engines' kernels, each thread's first call);
-the plans themselves are thread-local, so the real call still builds its own (resnet50's
-first warm call: 50-90 ms of convolutions, against 120-130 ms without the threads).
-
-Nothing here changes a result: the scratch outputs are dropped, failures ignored, and the
-module's first call waits for the threads.  It is skipped under
-``torch.backends.cudnn.benchmark`` (timing threads would skew the choice), while a CUDA
-graph is captured, and for problems over :data:`MAX_BYTES` (their scratch copies would
-take memory the program may need).
+cuDNN prepares a plan for each convolution problem at its first call in a process
+(0.12-0.14 s of resnet50's first call on an H100).  Running each problem once on scratch
+tensors in up to eight threads pays the part of that cost cuDNN keeps for the process
+(resnet50's first warm call: 50-90 ms of convolutions instead of 120-130).  Nothing here
+changes a result: outputs are dropped, failures ignored, and the first call waits for the
+threads.  Skipped under ``cudnn.benchmark`` (threads would skew its timings), while a CUDA
+graph is captured, and for problems over :data:`MAX_BYTES`.
 """
 
 from __future__ import annotations

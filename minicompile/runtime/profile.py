@@ -1,16 +1,12 @@
 """``MINICOMPILE_LOGS=profile``: where the time of each compiled graph goes.
 
-With the part on, :func:`profiled` wraps each graph's generated ``call`` in a
-:class:`Profiled` (with it off, ``call`` itself: no cost per call).  After one warm-up call
-(two under CUDA graphs, which record at the second), each call runs one of three variants
-in turn, all computing the same values: ``host`` (the wall clock around the call),
-``device`` (CUDA only: CUDA events around it, behind a GPU sleep long enough for the host
-to queue the whole call) and ``steps`` (the ``call`` recompiled from its source with a
-timer around each kernel launch and library call, each named by the comment codegen writes
-above it; none inside a CUDA graph replay, where the whole graph is timed).  The report is
-printed to stderr after the :data:`REPORT_AT`-th call (or at exit), each step set against
-the roofline measured once per process (runtime/roofline.py); :func:`profile_report` gives
-the same numbers to a program.
+:func:`profiled` wraps a graph's ``call`` in a :class:`Profiled` (with the part off, it
+returns ``call``: no cost).  After the warm-up, calls take turns at three variants that
+compute the same values: ``host`` (the wall clock), ``device`` (CUDA events, behind a GPU
+sleep) and ``steps`` (``call`` recompiled with a timer around each kernel launch and
+library call, named by codegen's comments; not inside a CUDA graph replay).  The report,
+set against the roofline (runtime/roofline.py), is printed after :data:`REPORT_AT` calls
+or at exit; :func:`profile_report` returns it.
 """
 
 from __future__ import annotations

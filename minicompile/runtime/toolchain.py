@@ -1,13 +1,11 @@
 """Whether the build tools work here: Triton (it imports) and the C++ compiler (it builds a
-trivial shared library with our flags).  A tool that does not work gives one warning per
-process, and the code runs another way (minicompile/api.py decides).
+trivial shared library with our flags); one warning per process for one that does not.
 
-Triton is not imported to probe it (a tenth of a second, which a warm process never
-pays).  Instead, an install whose import raises something other than ImportError (a
-missing driver library, a version clash) makes that import, whoever does it, raise
-ImportError (:func:`guard_triton_import`): PyTorch's checks and ours then see "not
-installed" instead of crashing.  The C++ compiler is probed only after a build fails, to
-tell a broken compiler (one warning, no later builds) from a kernel it rejects.
+Triton is not imported to probe it (a tenth of a second a warm process never pays);
+instead an import that raises something other than ImportError is made to raise
+ImportError, whoever imports it (:func:`guard_triton_import`), so that PyTorch's checks
+and ours see "not installed" instead of crashing.  The C++ compiler is probed only after
+a build fails, to tell a broken compiler (no later builds) from a kernel it rejects.
 """
 
 from __future__ import annotations

@@ -1,25 +1,20 @@
 """``mode="reduce-overhead"``: a compiled graph recorded as a CUDA graph and replayed.
 
-A replay launches a recorded sequence of kernels with one call, on the same memory.
+A replay launches the recorded kernels with one call, on the same memory.
 :class:`GraphedCall` wraps a generated ``call(inputs)`` and keeps that true:
 
-- **Inputs.**  Parameters and buffers (``static`` positions) are used in place; their
-  addresses are part of the key.  Any other input is read from the memory of the tensor
-  the graph was recorded with: a call passing that memory copies nothing; one passing
-  another tensor has it copied in if nothing else holds the recorded tensor (no Python or
-  C++ reference, view or storage reference), else the graph records again on buffers of
-  its own.  Sizes and strides are part of the key.
-- **One graph per set of sizes**, up to ``LIMIT``; past that, the ordinary path (logged).
-- **Warm-up.**  A new key's first call runs the ordinary path; the second records (one run
-  on the graph's buffers, the recording, the replay).
+- **Inputs.**  Parameters and buffers are used in place, their addresses in the key (with
+  every input's sizes and strides).  Another input is read from the memory of the tensor
+  recorded with: the same memory copies nothing; another tensor is copied in if nothing
+  else holds the recorded one, else the graph records again on buffers of its own.
+- **Warm-up, limit.**  A new key's first call runs the ordinary path, its second records;
+  at most ``LIMIT`` graphs (sets of sizes), then the ordinary path.
 - **Outputs** live in the graph's pool until its next replay, which invalidates those
-  still alive: reading a stale one raises an error that says to ``clone()`` it.  An output
-  that views an input is returned as that view of the caller's tensor.
-- **Mutation.**  Write-backs run after the call (capture's ``rebuild``); an input a kernel
-  stores into (``mutated``) is copied back to the caller's tensor after the replay.
+  still alive (reading one raises an error that says to ``clone()`` it); one that views
+  an input is that view of the caller's tensor.
+- **Mutation.**  An input a kernel stores into is copied back after the replay.
 
-What cannot be recorded (a CPU tensor, a library call that synchronizes, a PyTorch
-without CUDA graphs) runs the ordinary path, with the reason logged once.
+What cannot be recorded runs the ordinary path, with the reason logged once.
 """
 
 from __future__ import annotations

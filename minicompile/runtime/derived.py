@@ -1,14 +1,10 @@
 """Values computed from a module's parameters and buffers once, and reused while those stay.
 
-passes/hoist_params.py moves an inference graph's work that reads only parameters and
-buffers (a batch norm folded into a weight, a weight copied channels-last) into a graph
-of its own, whose results the compiled graph takes as extra last inputs.
-:class:`WithDerived` computes them (``ops.run_graph``) and keeps them while every source
-is the same tensor, at the same ``_version`` (bumped by every in-place write through
-autograd's view: ``load_state_dict``, an optimizer step, kernels storing in place through
-runtime/values.py) and on the same memory (``p.data = other``); any change recomputes
-them all before the call.  A write through ``p.data`` is the one change PyTorch does not
-count.  A warm entry (runtime/entries.py) wraps its loaded call in a new WithDerived.
+passes/hoist_params.py moves an inference graph's work on parameters and buffers alone
+(a folded batch norm, a weight copied channels-last) into a graph of its own, whose
+results the compiled graph takes as extra last inputs.  :class:`WithDerived` recomputes
+them before a call whenever a source is another tensor, at another ``_version`` or on
+other memory (a write through ``p.data`` is the one change PyTorch does not count).
 """
 
 from __future__ import annotations

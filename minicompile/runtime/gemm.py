@@ -1,14 +1,9 @@
 """Matrix products written into rows padded to 16 bytes: the library calls that
 passes/gemm_padding.py puts where eager's result would have rows of an odd length (GPT-2's
-LM head: 50257 logits a token).
-
-cuBLAS's fast kernels need dimensions and leading dimensions that are multiples of 16
-bytes (GPT-2 small's LM head over 16 x 512 tokens gets an ``align1`` kernel: 6.6 ms on an
-H200); padded rows alone are not enough, the product's own column count must be aligned,
-as Inductor's ``pad_mm`` makes it.  Each function computes what its PyTorch namesake does
-with the same library call, on the right operand zero-padded (:func:`pad_rows`,
-:func:`pad_columns`: a node of its own, hoisted once for a parameter), and returns the
-result's first columns: rows :func:`padded_row` elements apart.
+LM head: 50257 logits a token, 6.6 ms in cuBLAS's ``align1`` kernel on an H200).  As
+Inductor's ``pad_mm``, the product's own column count is aligned: the right operand is
+zero-padded (:func:`pad_rows`, :func:`pad_columns`: a node of its own, hoisted for a
+parameter), and the result's first columns returned, rows :func:`padded_row` apart.
 """
 
 from __future__ import annotations

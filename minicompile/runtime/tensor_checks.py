@@ -1,13 +1,10 @@
 """The metadata checks of a model's tensors in one C++ call.
 
-The five checks of each parameter and buffer (capture/guard_builder.py's ``tensor_match``)
-are a third to a half of a guard function's time.  :func:`split` takes those of every
-tensor that is not a bare parameter of the frame out of the guard function, which calls a
-:class:`TensorChecks` for them at its end.  Its fast path is PyTorch's ``TensorGuards``
-(compat.py), built from tensors that passed; where it fails (the first call, a changed
-tensor, one it is stricter on), the checks run in Python (``check_tensors``, compiled with
-the guard function), and if they pass the fast path is built again.  So the answer is
-always the Python checks'.
+:func:`split` takes the checks of every tensor that is not a bare parameter of the frame
+(a third to a half of a guard function's time) out of the guard function, which calls a
+:class:`TensorChecks` for them at its end: PyTorch's ``TensorGuards`` (compat.py), built
+from tensors that passed, and where it fails the checks in Python (``check_tensors``),
+after which the fast path is built again.  So the answer is always the Python checks'.
 """
 
 from __future__ import annotations

@@ -1,16 +1,12 @@
 """Triton kernels built ahead of their first launch, in parallel, into cubins in
 minicompile's cache, and loaded for launches that bypass Triton.
 
-A build is keyed (:func:`digest`) by the kernel's source (with its helpers, the name left
-out: identical kernels share one build), Triton's specialization of its arguments, its
-options, the Triton version and the GPU architecture.  The cache holds ``<key>.py`` (the
-kernel file built), ``<key>.cubin`` and ``<key>.json`` (what a launch needs, and the
-cubin's sha256).  :func:`precompile` builds a new module's kernels before its first call,
-in worker processes (runtime/triton_worker.py, which imports Triton only);
-:func:`recorded` finds a warm entry's builds by key; :func:`find_or_build` is the
-launch-time path.  A cubin is launched with ``torch._C._StaticCudaLauncher`` (no Triton
-import in a warm process); anything this path cannot do answers None, and the kernel goes
-through ``triton.jit``.
+A build is keyed (:func:`digest`) by the kernel's source with its helpers (identical
+kernels under other names share one), Triton's specialization of its arguments, options,
+Triton version and GPU.  :func:`precompile` builds a new module's kernels in worker
+processes (runtime/triton_worker.py); :func:`find_or_build` is the launch-time path.  A
+cubin is launched with ``torch._C._StaticCudaLauncher`` (no Triton import in a warm
+process); what this path cannot do answers None, and the kernel goes through ``triton.jit``.
 """
 
 from __future__ import annotations

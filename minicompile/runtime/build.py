@@ -151,10 +151,9 @@ def _read_text(path: Path) -> str | None:
 def load(code: GeneratedCode, cfg: Config, interpret: bool) -> Loaded:
     """Build (or find) the artefacts of ``code`` and import its wrapper module."""
     if interpret and not cfg.triton_interpret:
-        raise BackendCompilerFailed(
-            "backend='triton' on CPU tensors runs under Triton's interpreter: set "
-            "TRITON_INTERPRET=1 in the environment before Python starts"
-        )
+        raise BackendCompilerFailed("backend='triton' on CPU tensors runs under Triton's "
+                                    "interpreter: set TRITON_INTERPRET=1 in the environment "
+                                    "before Python starts")
     key = cache_key(code.module, code.cpp_source or "", tool_versions(cfg.cxx), str(interpret))
     if key in _loaded:
         return dataclasses.replace(_loaded[key], from_cache=True)
@@ -221,11 +220,9 @@ def launch_builds(loaded: Loaded) -> dict[str, list]:
     """Each launcher's build as a warm entry records it: name -> [target, cache key]."""
     from minicompile.runtime.launch import Launcher
 
-    found = {}
-    for name, v in loaded.call.__globals__.items():
-        if isinstance(v, Launcher) and v.build is not None:
-            found[name] = [list(triton_build.target(v.built_on)), v.build.cubin.stem]
-    return found
+    return {name: [list(triton_build.target(v.built_on)), v.build.cubin.stem]
+            for name, v in loaded.call.__globals__.items()
+            if isinstance(v, Launcher) and v.build is not None}
 
 
 def load_module(key: str, path: Path, lib_paths: tuple[Path, ...], symbols: dict,
@@ -262,12 +259,11 @@ def load_module(key: str, path: Path, lib_paths: tuple[Path, ...], symbols: dict
 
             module.libdevice = libdevice  # type: ignore[attr-defined]
         except ImportError as e:
-            raise BackendCompilerFailed(
-                f"the Triton backend on CPU tensors runs under Triton's interpreter, which "
-                f"needs numpy ({e}): pip install numpy"
-            ) from e
-    loaded = Loaded(module.call, path, True, tuple(lib_paths), dict(symbols))  # type: ignore[attr-defined]
-    _loaded[key] = loaded
+            raise BackendCompilerFailed(f"the Triton backend on CPU tensors runs under "
+                                        f"Triton's interpreter, which needs numpy ({e}): "
+                                        f"pip install numpy") from e
+    loaded = _loaded[key] = Loaded(module.call, path, True,  # type: ignore[attr-defined]
+                                   tuple(lib_paths), dict(symbols))
     return loaded
 
 

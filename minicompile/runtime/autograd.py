@@ -1,11 +1,9 @@
 """The runtime of training: a compiled forward and backward as one autograd.Function.
 
 ``CompiledGraphFunction.apply(step, *inputs)`` runs a :class:`TrainingStep`'s forward
-without recording, saves what the backward needs with ``ctx.save_for_backward`` (so
-version checks, ``retain_graph`` and freeing work as for any op) and returns the outputs
-with the Function as their ``grad_fn``: each compiled segment is one node of the autograd
-graph.  Library calls are differentiated by PyTorch: :func:`record` runs one with autograd
-on (its differentiable arguments as fresh leaves); :func:`vjp` runs its backward.
+without recording, saves what its backward needs with ``ctx.save_for_backward`` and returns
+the outputs with the Function as their ``grad_fn``: each compiled segment is one node of
+the autograd graph.  Library calls are differentiated by PyTorch (:func:`record`, :func:`vjp`).
 """
 
 from __future__ import annotations

@@ -1,12 +1,9 @@
 """Fingerprints: what must not change about code and objects for a warm entry to be used.
 
-A warm entry (runtime/entries.py) is used by a new process only where the code it was
-traced from is the same: the function's code object (``marshal``: bytecode, constants,
-names, file, line table), the functions it inlined (code, defaults, closure), the classes
-whose methods it inlined (every method along the MRO) and the modules it read attributes
-of (:func:`module_digest`).  Code of PyTorch, Triton and the standard library is stood
-for by their versions, which are in the key.  What cannot be fingerprinted raises
-:class:`NotStorable`.
+The function's code object (``marshal``: bytecode, constants, names, line table), the
+functions it inlined, the classes whose methods it inlined and the modules it read
+(:func:`module_digest`).  Code of PyTorch, Triton and the standard library is stood for by
+their versions, in the key.  What cannot be fingerprinted raises :class:`NotStorable`.
 """
 
 from __future__ import annotations

@@ -1,10 +1,8 @@
 """Stand-ins for ``triton``, ``tl`` and ``libdevice`` in generated modules of GPU kernels,
-so that importing such a module does not import Triton (a tenth of a second or more).
-
-``@triton.jit`` here keeps the function as a :class:`LazyKernel`; when a kernel must go
-through Triton after all, :meth:`LazyKernel.real` imports it and puts the real ``triton``,
-``tl``, ``libdevice`` and ``triton.jit`` functions into the module.  Generated modules use
-``from __future__ import annotations``, so ``XBLOCK: tl.constexpr`` is not evaluated.
+so that importing one does not import Triton (a tenth of a second or more).
+``@triton.jit`` keeps the function as a :class:`LazyKernel`, which imports Triton and makes
+its module real only when it must go through Triton (``XBLOCK: tl.constexpr`` is never
+evaluated: generated modules use ``from __future__ import annotations``).
 """
 
 from __future__ import annotations

@@ -1,10 +1,7 @@
 """What a kernel or library call moves and computes, and what the device can do: the two
-sides of the roofline that ``MINICOMPILE_LOGS=profile`` (runtime/profile.py) reports.
-
-Bytes are those of the tensors a step is handed and makes, each counted once; FLOPs of a
-matrix product, convolution or attention come from its operands' shapes.  The device's
-limits are measured once per process, device and dtype: the copy bandwidth by a large
-copy, the peak FLOP/s by a large square matmul.
+sides of the roofline that ``MINICOMPILE_LOGS=profile`` (runtime/profile.py) reports.  The
+device's limits are measured once per process, device and dtype (a large copy, a large
+square matmul), never looked up in a table.
 """
 
 from __future__ import annotations

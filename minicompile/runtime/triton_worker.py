@@ -1,11 +1,9 @@
 """Build one Triton kernel to a cubin: the job of runtime/triton_build.py's worker processes.
 
 Run as a script (``python triton_worker.py [target]``), it imports Triton and nothing of
-minicompile or PyTorch.  It writes a first line (whether Triton imported) and a second
-(ready: its warm-up build done), then answers one JSON job a line on stdin with one result
-a line.  A job names a kernel file, the kernel, Triton's specialization of its arguments,
-the compile options and the target; the result is ``<out>.cubin`` and ``<out>.json`` (what
-a launch needs), the JSON written last, so that a reader that finds it finds the cubin
+minicompile or PyTorch, writes a line once Triton imported and one once warmed up, then
+answers each JSON job line on stdin with a result line.  A build writes ``<out>.cubin``,
+then ``<out>.json`` (what a launch needs): a reader that finds the JSON finds the cubin
 complete.  The launching process calls :func:`build` in-process for a single kernel.
 """
 

@@ -1,17 +1,11 @@
-"""Exported libraries: build them with PyTorch's C++ library, load them into Python, and the
-runner program that runs one without Python.
+"""Exported libraries: build them with PyTorch's C++ library, load them into Python, and
+the runner program (runner.cpp) that runs one without Python.
 
-An exported model is three files (minicompile/aot_export.py writes them): ``model.so`` (the
-kernels and the C++ wrapper, codegen/export_wrapper.py), ``model.weights`` (its parameters and
-buffers, read by the library on its first call) and the runner, ``minicompile_runner``,
-which serves every exported library::
+An exported model is ``model.so`` (kernels and C++ wrapper), ``model.weights`` (read on
+its first call) and ``minicompile_runner``, built once per PyTorch install and compiler
+(cached) and copied beside each library::
 
     minicompile_runner model.so inputs.pt outputs.pt
-
-reads the tensors Python saved (``torch.save([x, y], "inputs.pt")``: a tensor, list or
-tuple), runs the model and writes its outputs as a tuple ``torch.load`` reads.  The runner
-is built once per PyTorch install and compiler (cached under the cache directory) and
-copied beside each library.
 """
 
 from __future__ import annotations
@@ -33,109 +27,10 @@ from minicompile import compat
 from minicompile.config import Config
 from minicompile.errors import BackendCompilerFailed
 from minicompile.runtime import cache
-from minicompile.runtime.build import vector_math_flags
+from minicompile.runtime.build import intact, put_in_place, vector_math_flags
 from minicompile.runtime.cache import cache_key, tool_versions
 
-RUNNER_SOURCE = r"""// minicompile_runner: run an exported minicompile library without Python.
-//   minicompile_runner model.so inputs.pt outputs.pt [repeats]
-// inputs.pt: a tensor, or a list or tuple of tensors, saved with torch.save;
-// outputs.pt: the model's outputs as a tuple, for torch.load.  With repeats, the model
-// runs that many more times and the median time of a run is printed.
-#include <ATen/core/ivalue.h>
-#include <torch/csrc/jit/serialization/pickle.h>
-
-#include <dlfcn.h>
-#include <algorithm>
-#include <chrono>
-#include <cstdint>
-#include <cstdlib>
-#include <fstream>
-#include <iostream>
-#include <iterator>
-#include <vector>
-
-using RunFn = int (*)(void**, int64_t, void**, int64_t);
-
-int main(int argc, char** argv) {
-    if (argc != 4 && argc != 5) {
-        std::cerr << "usage: " << argv[0] << " model.so inputs.pt outputs.pt [repeats]\n";
-        return 2;
-    }
-    void* lib = dlopen(argv[1], RTLD_NOW | RTLD_LOCAL);
-    if (!lib) {
-        std::cerr << "cannot load " << argv[1] << ": " << dlerror() << "\n";
-        return 1;
-    }
-    auto run = reinterpret_cast<RunFn>(dlsym(lib, "mc_run"));
-    auto last_error = reinterpret_cast<const char* (*)()>(dlsym(lib, "mc_last_error"));
-    auto num_outputs = reinterpret_cast<int64_t (*)()>(dlsym(lib, "mc_num_outputs"));
-    if (!run || !last_error || !num_outputs) {
-        std::cerr << argv[1] << " is not a library exported by minicompile\n";
-        return 1;
-    }
-    std::ifstream in(argv[2], std::ios::binary);
-    if (!in) {
-        std::cerr << "cannot read " << argv[2] << "\n";
-        return 1;
-    }
-    std::vector<char> data((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    std::vector<at::Tensor> tensors;
-    try {
-        c10::IValue saved = torch::jit::pickle_load(data);
-        std::vector<c10::IValue> items;
-        if (saved.isTensor()) {
-            items.push_back(saved);
-        } else if (saved.isTuple()) {
-            items = saved.toTupleRef().elements().vec();
-        } else {
-            items = saved.toList().vec();
-        }
-        for (const c10::IValue& item : items) tensors.push_back(item.toTensor());
-    } catch (const std::exception& e) {
-        std::cerr << argv[2] << " does not hold a tensor or a list of tensors: " << e.what()
-                  << "\n";
-        return 1;
-    }
-    std::vector<void*> outputs(num_outputs());
-    auto run_once = [&]() {  // mc_run takes over (deletes) the input handles
-        std::vector<void*> inputs;
-        for (const at::Tensor& t : tensors) inputs.push_back(new at::Tensor(t));
-        return run(inputs.data(), inputs.size(), outputs.data(), outputs.size());
-    };
-    if (run_once() != 0) {
-        std::cerr << "the model failed: " << last_error() << "\n";
-        return 1;
-    }
-    int repeats = argc == 5 ? std::atoi(argv[4]) : 0;
-    std::vector<double> times;
-    for (int k = 0; k < repeats; ++k) {
-        for (void* handle : outputs) delete static_cast<at::Tensor*>(handle);
-        auto start = std::chrono::steady_clock::now();
-        if (run_once() != 0) {
-            std::cerr << "the model failed: " << last_error() << "\n";
-            return 1;
-        }
-        times.push_back(std::chrono::duration<double, std::milli>(
-            std::chrono::steady_clock::now() - start).count());
-    }
-    if (!times.empty()) {
-        std::sort(times.begin(), times.end());
-        std::cerr << "minicompile_runner: " << times[times.size() / 2] << " ms a run (median of "
-                  << times.size() << ")\n";
-    }
-    std::vector<c10::IValue> results;
-    for (void* handle : outputs) {
-        at::Tensor* t = static_cast<at::Tensor*>(handle);
-        results.emplace_back(*t);
-        delete t;
-    }
-    auto tuple = c10::ivalue::Tuple::create(std::move(results));
-    std::vector<char> bytes = torch::jit::pickle_save(tuple);
-    std::ofstream out(argv[3], std::ios::binary);
-    out.write(bytes.data(), bytes.size());
-    return out ? 0 : 1;
-}
-"""
+RUNNER_SOURCE = Path(__file__).with_name("runner.cpp").read_text()
 
 
 def torch_flags() -> tuple[list[str], list[str]]:
@@ -161,8 +56,7 @@ def _run(cmd: list[str], what: str) -> None:
 
 
 def build_library(kernels: str, wrapper: str, out: Path, cfg: Config) -> None:
-    """Compile the kernels' unit (the C++ backend's flags) and the wrapper's (PyTorch's
-    headers) at once, and link them into the shared library ``out``."""
+    """Compile the kernels' and the wrapper's units at once, and link them into ``out``."""
     compile_flags, link_flags = torch_flags()
     mvec = vector_math_flags()
     base = [f for f in cfg.cxx_flags if f != "-shared"]
@@ -183,15 +77,7 @@ def build_library(kernels: str, wrapper: str, out: Path, cfg: Config) -> None:
                 "-o", str(tmp / "model.so"), *link_flags,
                 *[f for f in mvec if f.startswith("-l")], "-ldl"]
         _run(link, "the library")
-        os.replace(tmp / "model.so", out) if _same_device(tmp, out) else shutil.move(
-            str(tmp / "model.so"), str(out))
-
-
-def _same_device(a: Path, b: Path) -> bool:
-    try:
-        return os.stat(a).st_dev == os.stat(b.parent).st_dev
-    except OSError:
-        return False
+        shutil.move(str(tmp / "model.so"), str(out))  # (a rename where it can be)
 
 
 def runner(cfg: Config) -> Path:
@@ -201,22 +87,12 @@ def runner(cfg: Config) -> Path:
     key = cache_key(RUNNER_SOURCE, " ".join(cmd_flags + link_flags), tool_versions(cfg.cxx))
     parts = ("runner", key[:2])
     found = cache.find(cfg.cache_dir, parts, f"{key}.bin")
-    if found is not None and cache.sha256_file(found) == _read(found.with_suffix(".sum")):
+    if found is not None and intact(found):
         return found
     src = cache.store(cfg.cache_dir, parts, f"{key}.cpp", RUNNER_SOURCE)
     tmp = cache.scratch(cfg.cache_dir, parts, key, ".bin")
     _run([cfg.cxx, *cmd_flags, str(src), "-o", str(tmp), *link_flags, "-ldl"], "the runner")
-    built = tmp.parent / f"{key}.bin"
-    cache.write_atomic(built.with_suffix(".sum"), cache.sha256_file(tmp) or "")
-    os.replace(tmp, built)
-    return built
-
-
-def _read(path: Path) -> str | None:
-    try:
-        return path.read_text()
-    except OSError:
-        return None
+    return put_in_place(tmp, f"{key}.bin")
 
 
 def weights_path(library: Path) -> Path:
@@ -226,8 +102,7 @@ def weights_path(library: Path) -> Path:
 
 
 def write_weights(path: Path, weights: list[torch.Tensor]) -> None:
-    """The weights file the library reads (export_wrapper.PREAMBLE's mc_read_weights): each
-    tensor's storage in its own layout (what the kernels were generated for)."""
+    """The weights file the library reads: each tensor's storage in its own layout."""
     with open(path, "wb") as f:
         f.write(b"MCWEIGHTS1")
         f.write(len(weights).to_bytes(8, "little"))
@@ -249,8 +124,7 @@ _new_capsule.restype = ctypes.py_object
 
 @dataclasses.dataclass
 class ExportedModel:
-    """An exported library loaded into this process (``minicompile.load``): call it with
-    the inputs' tensors; it returns what the exported function returned."""
+    """An exported library loaded into this process (``minicompile.load``): call it."""
 
     path: Path
     lib: Any
@@ -285,9 +159,8 @@ _stamps: dict[Path, tuple[int, int, int]] = {}  # libraries loaded, as they were
 
 
 def load(path: str | os.PathLike) -> ExportedModel:
-    """Load a library written by minicompile.export into this process, its weights read
-    now.  A library exported again to a path loaded before is loaded from a copy: the
-    dynamic loader would return the library it already holds under that name."""
+    """Load a library written by minicompile.export, its weights read now (from a copy if
+    the path was loaded before: the dynamic loader would return the library it holds)."""
     path = Path(path).resolve()
     try:
         info = path.stat()

@@ -1,21 +1,15 @@
 """The runtime of training: a compiled forward and backward as one autograd.Function.
 
-``TrainingStep`` holds a graph's two compiled calls (``passes/autograd.py`` made the pair).
-``CompiledGraphFunction.apply(step, *inputs)`` runs the forward kernels without recording
-anything, saves what the backward needs with ``ctx.save_for_backward`` (so autograd's
-version checks, ``retain_graph`` and the freeing of saved tensors work as for any op), and
-returns the outputs with the Function as their ``grad_fn``.  ``loss.backward()``,
-``torch.autograd.grad``, gradient accumulation, hooks and graph breaks between compiled
-segments then work as in eager: each segment is one node of the autograd graph.
-
-Library calls are differentiated by PyTorch: ``record`` runs one inside the forward with
-autograd on (its differentiable tensor arguments as fresh leaves), so PyTorch saves what
-its own backward needs; ``vjp`` runs that backward from the saved result.
+``CompiledGraphFunction.apply(step, *inputs)`` runs a :class:`TrainingStep`'s forward
+without recording, saves what its backward needs with ``ctx.save_for_backward`` and returns
+the outputs with the Function as their ``grad_fn``: each compiled segment is one node of
+the autograd graph.  Library calls are differentiated by PyTorch (:func:`record`, :func:`vjp`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -24,18 +18,15 @@ import torch
 
 from minicompile.ops import resolve_path
 
-_functions: dict[str, Callable] = {}
 # The (result, leaves) of every record() call of the forward running now: the Function
 # saves the leaves beside the results and attaches them to what the backward unpacks
 # (a saved tensor's Python attributes need not survive saving).
 _recorded = threading.local()
 
 
+@functools.cache
 def _function(name: str) -> Callable:
-    fn = _functions.get(name)
-    if fn is None:
-        fn = _functions[name] = resolve_path(name)
-    return fn
+    return resolve_path(name)
 
 
 def flatten(value: Any, out: list) -> None:
@@ -65,10 +56,9 @@ def _replace(value: Any, table: dict[int, torch.Tensor], counter: list) -> Any:
 
 
 def record(name: str, diff: tuple[int, ...], stride: tuple, /, *args: Any, **kwargs: Any) -> Any:
-    """``name(*args, **kwargs)`` with autograd recording it: the tensors at ``diff`` (in
-    argument order) become leaves that require grad.  The result has the strides the
-    compiled code reads it with (``stride``: a copy, recorded too, if the library chose
-    others); the running Function keeps its leaves for :func:`vjp`."""
+    """``name(*args, **kwargs)`` with autograd recording it, the tensors at ``diff`` made
+    leaves that require grad, its result in strides ``stride`` (a recorded copy where the
+    library chose others); the running Function keeps its leaves for :func:`vjp`."""
     tensors: list = []
     flatten((args, kwargs), tensors)
     leaves = {k: tensors[k].detach().requires_grad_() for k in diff}
@@ -87,10 +77,8 @@ def record(name: str, diff: tuple[int, ...], stride: tuple, /, *args: Any, **kwa
 
 
 def vjp(out: Any, grad: Any) -> tuple[torch.Tensor, ...]:
-    """The gradients of :func:`record`'s leaves, from PyTorch's backward of that call, in
-    the strides that backward gives them (the wrapper copies those the backward graph reads
-    otherwise).  ``out`` and ``grad`` may be tuples (the items of a tuple of results that
-    take gradients)."""
+    """The gradients of :func:`record`'s leaves by PyTorch's backward of that call, in its
+    strides.  ``out`` and ``grad`` may be tuples (of results that take gradients)."""
     outs, grads_in = (out, grad) if isinstance(out, tuple) else ((out,), (grad,))
     leaves = outs[0]._minicompile_leaves
     pairs = [(o, g) for o, g in zip(outs, grads_in) if o.grad_fn is not None]
@@ -116,8 +104,7 @@ def conv_backward(grad: torch.Tensor, x: torch.Tensor, w: torch.Tensor, bias: bo
 
 @dataclasses.dataclass
 class TrainingStep:
-    """One graph's compiled forward and backward, and how their values connect (see
-    passes.autograd.Joint for the fields' meaning)."""
+    """One graph's compiled forward and backward (fields: see passes.autograd.Joint)."""
 
     forward: Callable[[list], tuple]
     backward: Callable[[list], tuple]

@@ -1,38 +1,13 @@
 """Autotuning of Triton launch configurations under ``mode="max-autotune"``.
 
-The default mode launches every Triton kernel with the configuration its heuristic chose at
-code generation (XBLOCK, RBLOCK, num_warps).  Under max-autotune the wrapper launches each
-kernel through an :class:`Autotuner` holding a few candidate configurations, the heuristic's
-first (codegen/triton_tuning.py says which, and emits kernels every candidate computes
-correctly with).  At the first launch of each *size class* the autotuner:
-
-1. looks the choice up in this process, then on disk;
-2. failing that, times every candidate on the call's real arguments, except that the
-   tensors the kernel stores into are replaced by copies of their whole storage (restored
-   before each timed run), so tuning never changes a value the program sees;
-3. keeps the fastest, writes it to disk, logs every candidate's time under
-   ``MINICOMPILE_LOGS=autotune``, and launches it on the real arguments.
-
-Every later launch of that size class uses the choice directly (a dictionary lookup).
-
-*Size class*: each of the launch's element counts (xnumel, and rnumel for a reduction)
-rounded up to a power of two.  Blocks are powers of two, so sizes in one class are covered by
-the same number of blocks to within a factor of two and share a best configuration; with
-dynamic shapes, a function called at every batch size from 1 to 1000 tunes ten times, not a
-thousand.  The class is computed from the concrete sizes at each launch.
-
-*Timing*: on a GPU, CUDA events around enough back-to-back launches to fill about a
-millisecond, five times, the median (one launch first, which builds the kernel); under
-Triton's interpreter, the wall clock of one run.  The timer is injectable
-(:func:`use_timer`): tests make a candidate win and check it is the one launched.  A
-candidate that fails to build (out of resources) is skipped, never the heuristic's.  No
-tuning happens while a CUDA graph records: the heuristic's configuration is launched then,
-and the class is tuned at its next launch outside a recording.
-
-*On disk*: ``<cache>/autotune/<key[:2]>/<key>.json``, keyed by the kernel's source hash (its
-texts, the name left out), its candidates, the size class, the device's name and the Triton
-version, so a new process (a warm entry, a re-trace) does not tune again.  A record that
-does not parse or names no candidate is ignored with a warning and tuned again.
+An :class:`Autotuner` holds a kernel's candidate configurations, the heuristic's first
+(codegen/triton_tuning.py).  At the first launch of each *size class* (element counts
+rounded up to powers of two) it reads the choice from this process or the disk, or else
+times every candidate on the call's arguments (the tensors it stores into replaced by
+copies: tuning never changes a value the program sees), keeps the fastest and writes it
+to ``<cache>/autotune`` (keyed by source, candidates, size class, device and Triton).  A
+failing candidate is skipped, never the heuristic's; while a CUDA graph records, the
+heuristic's configuration runs and the class is tuned later.
 """
 
 from __future__ import annotations
@@ -58,8 +33,8 @@ GPU_REP_MS = 1.0  # launches back to back in one timed rep: about this long
 GPU_MAX_LAUNCHES = 100
 INTERPRET_REPS = 1
 
-# Since the process started (tests read them): size classes tuned by timing, choices read
-# from disk, choices made by another Autotuner of the same kernel in this process.
+# Since the process started (tests read them): size classes timed, choices read from disk,
+# choices another Autotuner of the same kernel made.
 counters = {"tuned": 0, "from_disk": 0, "in_memory": 0}
 _memory: dict[str, int] = {}  # key -> the chosen candidate's index, in this process
 
@@ -71,8 +46,7 @@ _timer: Timer | None = None
 
 @contextlib.contextmanager
 def use_timer(timer: Timer) -> Iterator[None]:
-    """Time candidates with ``timer`` instead of the clock (tests)."""
-    global _timer
+    global _timer  # (tests time candidates with their own timer)
     saved, _timer = _timer, timer
     try:
         yield
@@ -80,8 +54,7 @@ def use_timer(timer: Timer) -> Iterator[None]:
         _timer = saved
 
 
-def forget() -> None:
-    """Forget this process's choices (the disk keeps them: the next launch looks there)."""
+def forget() -> None:  # the disk keeps them: the next launch looks there
     _memory.clear()
 
 
@@ -91,14 +64,13 @@ MARGIN = 0.02
 
 
 class Choice:
-    """One candidate: a kernel (the persistent or looped variant) and its launch options.
-    ``launches`` counts the launches that used it for the program (not tuning runs)."""
+    """One candidate: a kernel (the persistent or looped variant) and its launch options."""
 
     def __init__(self, kernel: Any, **options: Any) -> None:
         self.kernel = kernel
         self.options = options
         self.launcher: Any = None  # a GPU Launcher (runtime/launch.py); None: interpreted
-        self.launches = 0
+        self.launches = 0  # the program's launches of it (not tuning runs)
 
     @property
     def name(self) -> str:
@@ -120,11 +92,10 @@ class Choice:
 
 
 class Autotuner:
-    """``tuner(numels, *args)``: launch the kernel over ``numels`` (xnumel[, rnumel]) with
-    ``args`` in the configuration chosen for their size class.  ``written``: the positions
-    of the tensors the kernel stores into; ``in_place``: it also reads them (a store in
-    place), so a timed launch must start from the originals.  ``launcher``: on a GPU, the
-    Launcher's (pointers, sizes, example); None under the interpreter."""
+    """``tuner(numels, *args)``: launch the kernel over ``numels`` (xnumel[, rnumel]) in
+    the configuration chosen for their size class.  ``written``: the positions of the
+    tensors the kernel stores into (``in_place``: it reads them too); ``launcher``: on a
+    GPU, the Launcher's (pointers, sizes, example)."""
 
     def __init__(self, name: str, source_hash: str, choices: tuple[Choice, ...],
                  written: tuple[int, ...], in_place: bool = False,
@@ -173,8 +144,7 @@ class Autotuner:
         self.chosen[size] = self.choices[index]
         return self.choices[index]
 
-    def _read(self, key: str, size: tuple[int, ...]) -> int | None:
-        """The choice stored on disk, if there is a valid one (a bad record: a warning)."""
+    def _read(self, key: str, size: tuple[int, ...]) -> int | None:  # a bad record: warned
         path = cache.find(config.get().cache_dir, ("autotune", key[:2]), f"{key}.json")
         if path is None:
             return None
@@ -231,8 +201,7 @@ class Autotuner:
         return best
 
     def ahead(self) -> list[Any]:
-        """The GPU launchers a first call will build: the choice stored for the size
-        class codegen expects, or every candidate (all are timed at the first call)."""
+        """The GPU launchers a first call builds: the stored choice's, or every candidate."""
         launchers = [c.launcher for c in self.choices if c.launcher is not None]
         example = launchers[0].example if launchers else None
         count = 2 if "RBLOCK" in self.choices[0].options else 1
@@ -248,13 +217,11 @@ class Autotuner:
         return [launchers[index]] if index is not None else launchers
 
 
-def ahead(values: Iterable[Any]) -> list[Any]:
-    """The launchers of the Autotuners among ``values`` to build before the first call."""
+def ahead(values: Iterable[Any]) -> list[Any]:  # of the Autotuners among ``values``
     return [launcher for v in values if isinstance(v, Autotuner) for launcher in v.ahead()]
 
 
-def size_class(numels: tuple[int, ...]) -> tuple[int, ...]:
-    """Each count rounded up to a power of two (see the module's doc)."""
+def size_class(numels: tuple[int, ...]) -> tuple[int, ...]:  # rounded up to powers of two
     return tuple(1 << max(0, n - 1).bit_length() for n in numels)
 
 
@@ -272,9 +239,7 @@ def device_name(device: torch.device) -> str:
 
 
 def tuning_args(args: tuple, written: tuple[int, ...]) -> tuple[list, Callable[[], None]]:
-    """``args`` with each tensor whose storage the kernel writes (the ``written`` positions,
-    and any other argument on the same storage) replaced by the same view of a copy of that
-    whole storage, and the function that restores the copies from the originals."""
+    """``args`` with views of copies of the storages written at ``written``; the reset."""
     copies: dict[int, tuple[Any, Any]] = {}  # storage address -> (original, copy)
     for i in written:
         storage = args[i].untyped_storage()
@@ -300,9 +265,8 @@ def tuning_args(args: tuple, written: tuple[int, ...]) -> tuple[list, Callable[[
 
 def gpu_time(choice: Choice, run: Callable[[], None], reset: Callable[[], None],
              repeat: bool = True) -> float:
-    """Milliseconds a launch takes on the GPU: CUDA events around back-to-back launches
-    (one a rep unless ``repeat``: a kernel that reads what it stores, run from the
-    originals each time)."""
+    """Milliseconds a launch takes on the GPU (one launch a rep unless ``repeat``: a kernel
+    that reads what it stores runs from the originals each time)."""
     reset()
     run()  # builds the kernel
     torch.cuda.synchronize()
@@ -326,8 +290,7 @@ def gpu_time(choice: Choice, run: Callable[[], None], reset: Callable[[], None],
 
 
 def wall_time(choice: Choice, run: Callable[[], None], reset: Callable[[], None]) -> float:
-    """Milliseconds of a run under Triton's interpreter, by the wall clock (after one
-    run: a kernel's first run under the interpreter prepares it)."""
+    """Milliseconds of a run under Triton's interpreter (after one run, which prepares it)."""
     reset()
     run()
     times = []

@@ -47,8 +47,7 @@ _loaded: dict[str, Loaded] = {}  # this process's modules, by key
 
 @functools.lru_cache(maxsize=None)
 def vector_math_flags() -> tuple[str, ...]:
-    """Flags that let kernels call glibc's SIMD math (libmvec), where it is complete
-    (x86-64 Linux, glibc >= 2.35); none elsewhere, and the loops stay scalar."""
+    """Flags for glibc's SIMD math (libmvec: x86-64 Linux, glibc >= 2.35); else none."""
     if platform.system() != "Linux" or platform.machine() != "x86_64":
         return ()
     try:
@@ -65,8 +64,7 @@ def vector_math_flags() -> tuple[str, ...]:
 
 
 def _compiler_failed(cfg: Config, flags: list[str], failure: str) -> BackendCompilerFailed:
-    """The error for a failed build: when the compiler fails on a trivial program too, it
-    is broken (one warning for the process, and no later build is attempted)."""
+    """The error for a failed build (a broken compiler: one warning, no later builds)."""
     problem = toolchain.cxx_problem(cfg.cxx, tuple(flags))
     if problem is None:
         return BackendCompilerFailed(failure)
@@ -78,10 +76,9 @@ def _compiler_failed(cfg: Config, flags: list[str], failure: str) -> BackendComp
 
 
 def build_cpp(source: str, cfg: Config) -> tuple[tuple[Path, ...], dict, bool]:
-    """Compile a graph's C++ unit: its distinct kernels, split into at most
-    ``cfg.compile_threads`` units (runtime/cpp_units.py) built by compiler processes at
-    once.  Returns the libraries, each kernel's (library index, symbol), and whether every
-    library was cached."""
+    """Compile a graph's C++ unit, split into at most ``cfg.compile_threads`` units built
+    at once (runtime/cpp_units.py): the libraries, each kernel's (library index, symbol),
+    and whether every library was cached."""
     units = cpp_units.split(source, cfg.compile_threads)
     if len(units.sources) == 1:
         built = [build_unit(units.sources[0], cfg)]
@@ -92,10 +89,7 @@ def build_cpp(source: str, cfg: Config) -> tuple[tuple[Path, ...], dict, bool]:
 
 
 def build_unit(source: str, cfg: Config) -> tuple[Path, bool]:
-    """Compile ``source`` to a shared library; return its path and whether it was cached.
-    A library is used from the cache only when it matches the checksum written beside it
-    (``<key>.sum``, written before the library is moved into place); a truncated or
-    modified one is rebuilt, with a warning."""
+    """Compile ``source`` to a shared library: its path, and whether it was cached."""
     flags = [*cfg.cxx_flags, *vector_math_flags()]
     if toolchain.cxx_problem.cache_info().currsize:  # probed after an earlier failure
         problem = toolchain.cxx_problem(cfg.cxx, tuple(flags))
@@ -106,15 +100,12 @@ def build_unit(source: str, cfg: Config) -> tuple[Path, bool]:
     parts = ("cpp", key[:2])
     lib = cache.find(cfg.cache_dir, parts, f"{key}.so")
     if lib is not None:
-        if cache.sha256_file(lib) == _read_text(lib.with_suffix(".sum")):
+        if intact(lib):
             return lib, True
         cache.warn_corrupted(lib)
     src = cache.store(cfg.cache_dir, parts, f"{key}.cpp", source)
     tmp = cache.scratch(cfg.cache_dir, parts, key, ".so")
-    # Libraries come after the source for the linker.
-    libs = [f for f in flags if f.startswith("-l")]
-    cmd = [cfg.cxx, *[f for f in flags if not f.startswith("-l")], str(src), "-o", str(tmp),
-           *libs]
+    cmd = toolchain.command(cfg.cxx, flags, src, tmp)
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     except (OSError, subprocess.SubprocessError) as e:
@@ -126,14 +117,25 @@ def build_unit(source: str, cfg: Config) -> tuple[Path, bool]:
         raise _compiler_failed(
             cfg, flags, f"C++ compilation failed ({' '.join(cmd)}):\n{proc.stderr.strip()[-4000:]}"
         )
-    lib = tmp.parent / f"{key}.so"
     try:
-        cache.write_atomic(lib.with_suffix(".sum"), cache.sha256_file(tmp) or "")
-        os.replace(tmp, lib)
+        return put_in_place(tmp, f"{key}.so"), False
     except OSError as e:  # the directory went away or filled up under the compiler
         tmp.unlink(missing_ok=True)
-        raise BackendCompilerFailed(f"could not store the built library {lib}: {e}") from e
-    return lib, False
+        raise BackendCompilerFailed(
+            f"could not store the built library {tmp.parent / f'{key}.so'}: {e}") from e
+
+
+def intact(path: Path) -> bool:
+    """Whether a built file matches the checksum written beside it (``.sum``)."""
+    return cache.sha256_file(path) == _read_text(path.with_suffix(".sum"))
+
+
+def put_in_place(tmp: Path, name: str) -> Path:
+    """Move a built file into place as ``name``, its checksum written beside it first."""
+    out = tmp.parent / name
+    cache.write_atomic(out.with_suffix(".sum"), cache.sha256_file(tmp) or "")
+    os.replace(tmp, out)
+    return out
 
 
 def _read_text(path: Path) -> str | None:
@@ -143,21 +145,15 @@ def _read_text(path: Path) -> str | None:
         return None
 
 
-def _interpret_triton(module: types.ModuleType) -> None:
-    """Prepare this module's Triton kernels to run under Triton's interpreter (CPU
-    tensors): its ``libdevice`` becomes the numpy stand-in."""
-    from minicompile.runtime.triton_interp import libdevice
 
-    module.libdevice = libdevice  # type: ignore[attr-defined]
 
 
 def load(code: GeneratedCode, cfg: Config, interpret: bool) -> Loaded:
     """Build (or find) the artefacts of ``code`` and import its wrapper module."""
     if interpret and not cfg.triton_interpret:
-        raise BackendCompilerFailed(
-            "backend='triton' on CPU tensors runs under Triton's interpreter: set "
-            "TRITON_INTERPRET=1 in the environment before Python starts"
-        )
+        raise BackendCompilerFailed("backend='triton' on CPU tensors runs under Triton's "
+                                    "interpreter: set TRITON_INTERPRET=1 in the environment "
+                                    "before Python starts")
     key = cache_key(code.module, code.cpp_source or "", tool_versions(cfg.cxx), str(interpret))
     if key in _loaded:
         return dataclasses.replace(_loaded[key], from_cache=True)
@@ -183,15 +179,11 @@ def load(code: GeneratedCode, cfg: Config, interpret: bool) -> Loaded:
 
 
 def ready_launches(loaded: Loaded, builds: dict[str, list] | None = None) -> None:
-    """Before the first call: each GPU kernel's launch for a call like codegen's example,
-    its cubin loaded (else the first call does it, one kernel at a time between the others'
-    launches), and the module's convolution plans started (runtime/library_plans.py).
-
-    ``builds``: a warm entry's record of each launcher's build (:func:`launch_builds`).
-    Those found in the cache are loaded first, before the plans' threads start (cuDNN's
-    work in the driver slows the loads down fivefold); those it lost, and every launcher
-    of a new module (``builds`` None), go through :func:`triton_build.precompile`, which
-    builds what the cache lacks, in parallel, while the plans are prepared."""
+    """Before the first call: each GPU kernel's cubin loaded for a call like codegen's
+    example, and the module's convolution plans started (runtime/library_plans.py).
+    ``builds``: a warm entry's record (:func:`launch_builds`), loaded before the plans'
+    threads start (cuDNN's work in the driver slows the loads fivefold); what the cache
+    lost, and every launcher of a new module, goes through triton_build.precompile."""
     from minicompile.runtime.launch import Launcher
     from minicompile.runtime.library_plans import LibraryPlans
 
@@ -225,21 +217,17 @@ def ready_launches(loaded: Loaded, builds: dict[str, list] | None = None) -> Non
 
 
 def launch_builds(loaded: Loaded) -> dict[str, list]:
-    """Each launcher's build, as a warm entry records it: its target and cache key (the
-    name of its files), by the launcher's name in the module."""
+    """Each launcher's build as a warm entry records it: name -> [target, cache key]."""
     from minicompile.runtime.launch import Launcher
 
-    found = {}
-    for name, v in loaded.call.__globals__.items():
-        if isinstance(v, Launcher) and v.build is not None:
-            found[name] = [list(triton_build.target(v.built_on)), v.build.cubin.stem]
-    return found
+    return {name: [list(triton_build.target(v.built_on)), v.build.cubin.stem]
+            for name, v in loaded.call.__globals__.items()
+            if isinstance(v, Launcher) and v.build is not None}
 
 
 def load_module(key: str, path: Path, lib_paths: tuple[Path, ...], symbols: dict,
                 interpret: bool) -> Loaded:
-    """Import the generated wrapper module at ``path`` (its C++ kernels from ``lib_paths``:
-    kernel name -> (library index, symbol) in ``symbols``), once per process and key."""
+    """Import the wrapper module at ``path`` (``lib``: ``lib_paths`` by ``symbols``), once."""
     if key in _loaded:
         return dataclasses.replace(_loaded[key], from_cache=True)
     namespace_lib = None
@@ -265,27 +253,25 @@ def load_module(key: str, path: Path, lib_paths: tuple[Path, ...], symbols: dict
     except Exception as e:
         sys.modules.pop(name, None)
         raise BackendCompilerFailed(f"generated module {path} failed to import: {e}") from e
-    if interpret:
+    if interpret:  # Triton's interpreter: the module's ``libdevice`` is the numpy stand-in
         try:
-            _interpret_triton(module)
+            from minicompile.runtime.triton_interp import libdevice
+
+            module.libdevice = libdevice  # type: ignore[attr-defined]
         except ImportError as e:
-            raise BackendCompilerFailed(
-                f"the Triton backend on CPU tensors runs under Triton's interpreter, which "
-                f"needs numpy ({e}): pip install numpy"
-            ) from e
-    loaded = Loaded(module.call, path, True, tuple(lib_paths), dict(symbols))  # type: ignore[attr-defined]
-    _loaded[key] = loaded
+            raise BackendCompilerFailed(f"the Triton backend on CPU tensors runs under "
+                                        f"Triton's interpreter, which needs numpy ({e}): "
+                                        f"pip install numpy") from e
+    loaded = _loaded[key] = Loaded(module.call, path, True,  # type: ignore[attr-defined]
+                                   tuple(lib_paths), dict(symbols))
     return loaded
 
 
 class GeneratedLoader(importlib.machinery.SourceFileLoader):
-    """A generated module's code, compiled once and kept beside its source in the cache, as
-    ``<module>.<python tag>.code``: the interpreter's magic number, the sha256 of the path,
-    optimization level (``-O``) and source, that of the code, then the code as ``marshal``
-    data.  Whether or not Python writes ``.pyc`` files: under PYTHONDONTWRITEBYTECODE (usual
-    in containers) every process would compile the wrapper again, 0.03-0.05 s for
-    resnet50's on the GPU machine.  A code file that does not match is compiled again and
-    rewritten (with the cache's one warning when it was damaged, not merely stale)."""
+    """A generated module's code, kept beside its source as ``<module>.<python tag>.code``
+    (magic number, sha256 of path, ``-O`` level and source, sha256 of the code, marshal
+    data) even under PYTHONDONTWRITEBYTECODE (0.03-0.05 s a process for resnet50's
+    wrapper).  A code file that does not match is rewritten (warned if damaged)."""
 
     def get_code(self, fullname: str) -> types.CodeType:
         source = self.get_data(self.path)
@@ -311,8 +297,7 @@ class GeneratedLoader(importlib.machinery.SourceFileLoader):
 
 
 def forget() -> None:
-    """Drop this process's loaded modules and tuning choices (the disk cache stays)."""
-    _loaded.clear()
+    _loaded.clear()  # (and tuning choices; the disk cache stays)
     tuning = sys.modules.get("minicompile.runtime.autotune")  # (imported by max-autotune)
     if tuning is not None:
         tuning.forget()

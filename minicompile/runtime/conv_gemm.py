@@ -1,14 +1,10 @@
 """A 1x1 convolution over few pixels as one matrix product of its pixels' rows: the library
-call that passes/conv_gemm.py puts in a graph in place of ``F.conv2d``.
+call that passes/conv_gemm.py puts in place of ``F.conv2d``.
 
-Eager's CPU convolution of a 1x1 kernel on a batch of one small image (ATen's
-``_slow_conv2d_forward``; oneDNN is not chosen below 20480 input elements) multiplies the
-weight [O, C] by the image [C, H*W]: a product with H*W columns, which MKL runs at a
-third of its speed where there are a few of them.  The same product taken the other way,
-the pixels' rows [N*H*W, C] times the weight's transpose, is one ``F.linear`` (measured on
-a 2-core Xeon: 0.7-0.8 ms against 2.8 ms for resnext50's 1024 <-> 2048-channel convolutions
-on 2x2 pixels, one thread; 1.5-2x on two).  A batch of two takes oneDNN's path in eager
-and is no faster: the product took 0.15-0.64 of its time on 4 and 8 pixels.
+Eager's CPU convolution of a 1x1 kernel on a batch of one small image multiplies the
+weight [O, C] by the image [C, H*W], a product with few columns that MKL runs at a third of
+its speed; the pixels' rows times the weight's transpose, one ``F.linear``, took 0.7-0.8 ms
+against 2.8 ms (resnext50's 1024 <-> 2048-channel convolutions on 2x2 pixels, one thread).
 """
 
 from __future__ import annotations
@@ -20,8 +16,7 @@ import torch.nn.functional as F
 def conv2d_1x1(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                stride: tuple[int, int]) -> torch.Tensor:
     """``F.conv2d(input, weight, bias, stride)`` for a 1x1 ``weight`` (no padding, no
-    dilation, one group) of a 4-d ``input``: the product of its pixels' channel rows and the
-    weight, returned contiguous (eager's layout for a contiguous input)."""
+    dilation, one group) of a 4-d ``input``, returned contiguous (as eager's)."""
     if stride != (1, 1):  # a 1x1 kernel with a stride reads every stride-th pixel
         input = input[:, :, ::stride[0], ::stride[1]]
     n, c, h, w = input.shape

@@ -1,13 +1,10 @@
 """A graph's C++ translation unit, split into units the compiler can build at once, with
 identical kernels built once.
 
-codegen writes one unit per graph: a preamble with its helpers, then one ``extern "C"``
-function per kernel, each after comment lines naming its graph nodes and source lines.
-A model of 12 identical blocks has 12 copies of each block's kernels, different only in
-those comments and in their names.  :func:`split` drops the comments, names each distinct
-kernel body after its digest (``mc_<digest>``) and deals the distinct kernels out to at
-most ``parts`` units (one compiler process each).  The wrapper still finds every kernel by
-its own name: ``symbols`` maps it to (unit, symbol).
+:func:`split` drops each kernel's comment lines, names each distinct kernel body after its
+digest (``mc_<digest>``: 12 identical blocks build their kernels once) and deals them out
+to at most ``parts`` units (one compiler process each); ``symbols`` maps each kernel's own
+name to (unit, symbol).
 """
 
 from __future__ import annotations

@@ -1,37 +1,20 @@
 """``mode="reduce-overhead"``: a compiled graph recorded as a CUDA graph and replayed.
 
-A CUDA graph replays a recorded sequence of kernel launches with one call, so a graph of a
-hundred small kernels costs the host a few microseconds instead of a launch each.  What it
-replays is fixed: the same kernels, on the same memory.  :class:`GraphedCall` wraps a
-generated ``call(inputs)`` and keeps that true:
+A replay launches the recorded kernels with one call, on the same memory.
+:class:`GraphedCall` wraps a generated ``call(inputs)`` and keeps that true:
 
-- **Inputs.**  Parameters and buffers (``static`` positions) are used where they are: their
-  addresses are part of the key, so a moved parameter records again.  Every other input is
-  read from the memory of the tensor the graph was recorded with, which the graph keeps a
-  reference to.  A later call passing that same memory (the same tensor, as a benchmark
-  or a loop over one buffer does) copies nothing; a call passing another tensor has it
-  copied in, if nothing but the graph still holds the recorded tensor (no Python or C++
-  reference, no view, no reference to its storage: the caller's last batch, dropped).
-  When the caller still holds it, the graph is recorded again on buffers of its own, into
-  which every later call is copied.  Sizes and strides are part of the key.
-- **One graph per set of sizes.**  An entry with symbolic sizes records a graph for each
-  set of sizes it is called with, up to ``LIMIT``; past that, the new sizes run the ordinary
-  path (logged under ``cudagraphs``).
-- **Warm-up.**  The first call with a new key runs the ordinary path (Triton compiles, the
-  allocator and cuBLAS make their state); the second records: one run on the graph's own
-  buffers, then the recording, then the replay.
-- **Outputs** live in the graph's private memory pool and stay valid until the same graph
-  is replayed again, as with PyTorch's CUDA-graph trees.  Each replay returns tensors over
-  fresh storage objects; at the next replay those still alive are invalidated, so reading
-  a stale output raises an error that says to ``clone()`` it, never a silently overwritten
-  value.  An output that is a view of an input is returned as that view of the caller's
-  own tensor.
-- **Mutation.**  Write-backs of in-place ops run after the call, from the outputs, on the
-  caller's tensors (capture's ``rebuild``); an input a kernel stores into directly
-  (``mutated``) is copied back to the caller's tensor after the replay.
+- **Inputs.**  Parameters and buffers are used in place, their addresses in the key (with
+  every input's sizes and strides).  Another input is read from the memory of the tensor
+  recorded with: the same memory copies nothing; another tensor is copied in if nothing
+  else holds the recorded one, else the graph records again on buffers of its own.
+- **Warm-up, limit.**  A new key's first call runs the ordinary path, its second records;
+  at most ``LIMIT`` graphs (sets of sizes), then the ordinary path.
+- **Outputs** live in the graph's pool until its next replay, which invalidates those
+  still alive (reading one raises an error that says to ``clone()`` it); one that views
+  an input is that view of the caller's tensor.
+- **Mutation.**  An input a kernel stores into is copied back after the replay.
 
-What cannot be recorded (a tensor on the CPU, a library call that synchronizes, a PyTorch
-without CUDA graphs) runs the ordinary path, with the reason logged once.
+What cannot be recorded runs the ordinary path, with the reason logged once.
 """
 
 from __future__ import annotations
@@ -54,8 +37,7 @@ _invalidate, _storage_at, _storage_use_count = compat.storage_functions()
 
 
 def alone(t: torch.Tensor, ours: int = 1) -> bool:
-    """Whether nothing but ``ours`` Python references hold ``t``: no other Python reference
-    to it or to its storage, no C++ one (a view's base, a tensor autograd saved)."""
+    """Whether only ``ours`` Python references hold ``t`` (or its storage; no C++ one either)."""
     storage = t.untyped_storage()
     return (sys.getrefcount(t) == ours + 2 and t._use_count() == 1  # + t and the argument
             and sys.getrefcount(storage) == 3 and _storage_use_count is not None
@@ -103,8 +85,7 @@ class Recorded:
         for k in self.copied if owned else ():
             x = inputs[k]
             self.buffers[k] = torch.empty_strided(x.shape, x.stride(), dtype=x.dtype,
-                                                  device=x.device)
-            self.buffers[k].copy_(x)
+                                                  device=x.device).copy_(x)
         self.pointers = [b.data_ptr() if isinstance(b, torch.Tensor) else 0
                          for b in self.buffers]
         # The warm-up run's random draws (dropout, torch.rand) are not the call's: the
@@ -140,8 +121,7 @@ class Recorded:
         return _Output(out, None, out.storage_offset())
 
     def replay(self, inputs: list) -> tuple | None:
-        """Run the graph on ``inputs``; None when it cannot (the memory it reads is still
-        the caller's, or not where it was recorded): then record on buffers of its own."""
+        """Run the graph on ``inputs``; None when it cannot (then record on buffers of its own)."""
         buffers = self.buffers
         for k in self.copied:
             x, buf = inputs[k], buffers[k]

@@ -1,20 +1,10 @@
 """Values computed from a module's parameters and buffers once, and reused while those stay.
 
-passes/hoist_params.py takes out of an inference graph the work that reads only the
-module's parameters and buffers (a batch norm folded into its convolution's weight, a
-weight copied channels-last or padded for cuBLAS) into a graph of its own; the compiled
-graph takes its results as extra inputs after the capture's own.  :class:`WithDerived`
-computes them with PyTorch (``ops.run_graph``: a few library calls, once) and keeps them
-while every parameter they came from is the same tensor, at the same version
-(``t._version``: every in-place write through autograd's view of the tensor bumps it:
-``load_state_dict``, ``p.mul_(2)`` under ``no_grad``, an optimizer step) and on the same
-memory (``p.data = other``).  Any change recomputes them all before the call, so no value
-is ever stale.  Kernels that store into an input in place (a compiled optimizer step)
-move its version on too (runtime/values.py).  A write through ``p.data`` (a tensor with a
-version counter of its own) is the one change PyTorch does not count; Inductor's freezing
-assumes no change at all.  Checking costs about 0.2 µs a parameter a call.  A warm entry
-(runtime/entries.py) stores ``graph`` as JSON and ``positions``, and wraps its loaded call
-in a new WithDerived, which computes the values from that process's parameters.
+passes/hoist_params.py moves an inference graph's work on parameters and buffers alone
+(a folded batch norm, a weight copied channels-last) into a graph of its own, whose
+results the compiled graph takes as extra last inputs.  :class:`WithDerived` recomputes
+them before a call whenever a source is another tensor, at another ``_version`` or on
+other memory (a write through ``p.data`` is the one change PyTorch does not count).
 """
 
 from __future__ import annotations
@@ -32,8 +22,7 @@ _version = operator.attrgetter("_version")
 
 
 class WithDerived:
-    """``call(inputs + derived values)`` for a compiled graph whose last inputs are values
-    ``graph`` computes from ``inputs[k] for k in positions`` (parameters and buffers)."""
+    """``call(inputs + values)``, the values computed by ``graph`` from inputs at ``positions``."""
 
     def __init__(self, call: Callable[[list], tuple], graph: Graph,
                  positions: tuple[int, ...]) -> None:

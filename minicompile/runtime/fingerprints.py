@@ -1,13 +1,9 @@
 """Fingerprints: what must not change about code and objects for a warm entry to be used.
 
-A warm entry on disk (runtime/entries.py) is used by a new process only where the code it
-was traced from is the same: the function's code object (``marshal`` holds all of it:
-bytecode, constants, names, file, line table), the functions it inlined (code, defaults,
-closure), the classes whose methods it inlined (the code of every method along the MRO),
-and the modules it read attributes of (:func:`module_digest`: their classes, every
-non-tensor attribute, the metadata of every parameter and buffer, recursively).  Code of
-PyTorch, Triton and the standard library is stood for by their versions, which are in the
-key.  Whatever cannot be fingerprinted raises :class:`NotStorable`.
+The function's code object (``marshal``: bytecode, constants, names, line table), the
+functions it inlined, the classes whose methods it inlined and the modules it read
+(:func:`module_digest`).  Code of PyTorch, Triton and the standard library is stood for by
+their versions, in the key.  What cannot be fingerprinted raises :class:`NotStorable`.
 """
 
 from __future__ import annotations
@@ -60,8 +56,7 @@ def versioned_folders() -> tuple[str, ...]:
     spec = importlib.util.find_spec("triton")
     if spec is not None and spec.origin:
         found.append(str(Path(spec.origin).parent))
-    stdlib = sysconfig.get_paths()["stdlib"]
-    found.append(stdlib)
+    found.append(sysconfig.get_paths()["stdlib"])
     return tuple(f.rstrip("/") + "/" for f in found)
 
 
@@ -79,8 +74,7 @@ def code_digest(code: types.CodeType) -> str:
 
 
 def value_digest(value: Any) -> str:
-    """A digest of a default value or class attribute: constants by value, functions and
-    classes by what they are; anything else refuses."""
+    """A default value's or class attribute's digest: constants by value, code by digest."""
     try:
         return "m" + hashlib.sha256(marshal.dumps(value)).hexdigest()
     except ValueError:
@@ -93,9 +87,9 @@ def value_digest(value: Any) -> str:
 
 
 def function_digest(fn: types.FunctionType, method: bool = False) -> str:
-    """Code, defaults and closure of ``fn``.  A method's ``__class__`` cell (``super()``)
-    is the class being digested; its other cells are digested where they can be (a cell
-    the trace reads is guarded through a recipe of its own, which refuses)."""
+    """Code, defaults and closure of ``fn``.  A method's ``__class__`` cell is the class
+    being digested; its other cells are digested where they can be (a cell the trace
+    reads is guarded by a recipe of its own)."""
     parts = [code_digest(fn.__code__)]
     parts += [value_digest(v) for v in fn.__defaults__ or ()]
     parts += [f"{k}={value_digest(v)}" for k, v in sorted((fn.__kwdefaults__ or {}).items())]
@@ -115,8 +109,7 @@ def function_digest(fn: types.FunctionType, method: bool = False) -> str:
 
 
 def class_functions(cls: type) -> list[types.FunctionType]:
-    """The Python functions defined by a class and its bases (methods, static and class
-    methods, property accessors)."""
+    """The Python functions of a class and its bases (methods, static, class, properties)."""
     found = []
     for klass in cls.__mro__:
         for value in vars(klass).values():
@@ -138,13 +131,12 @@ def class_digest(cls: type) -> str:
         ):
             h.update(f"{klass.__module__}.{klass.__qualname__}".encode())
             continue
-        for name, value in sorted(vars(klass).items(), key=lambda kv: kv[0]):
+        for name, value in sorted(vars(klass).items()):  # (names are unique)
             if isinstance(value, (staticmethod, classmethod)):
                 value = value.__func__
             if isinstance(value, property):
-                value = tuple(f.__code__ if isinstance(f, types.FunctionType) else None
-                              for f in (value.fget, value.fset, value.fdel))
-                text = "".join(code_digest(c) if c else "-" for c in value)
+                text = "".join(code_digest(f.__code__) if isinstance(f, types.FunctionType)
+                               else "-" for f in (value.fget, value.fset, value.fdel))
             elif isinstance(value, types.FunctionType):
                 text = function_digest(value, method=True)
             else:
@@ -159,9 +151,7 @@ def class_digest(cls: type) -> str:
 def object_digest(obj: Any) -> str:
     """What must not change about a function or class found again by its name."""
     if isinstance(obj, types.FunctionType):
-        if versioned(obj.__code__.co_filename):
-            return "versioned"
-        return function_digest(obj)
+        return "versioned" if versioned(obj.__code__.co_filename) else function_digest(obj)
     if isinstance(obj, type):
         return class_digest(obj)
     return "builtin"  # C functions and objects of the versioned libraries
@@ -206,11 +196,9 @@ _TORCH_VALUES = (torch.dtype, torch.device, torch.layout, torch.memory_format, t
 
 class ModuleWalk:
     """A module's fingerprint (:attr:`digest`): its class, every attribute in its
-    ``__dict__`` (hooks, flags, hyperparameters, config objects), the metadata of its
-    parameters, buffers and other tensors (their values are inputs, read at each call), and
-    its submodules, recursively.  Everything capture may have read of a module it guarded
-    by identity is in it, so a module of a new process with the same fingerprint traces to
-    the same graph.  ``objects``: the functions and classes met (their code is keyed)."""
+    ``__dict__``, the metadata (not the values: inputs) of its tensors, and its submodules,
+    recursively: all capture may read of a module it guards by identity.  ``objects``: the
+    functions and classes met (their code is keyed)."""
 
     def __init__(self, module: torch.nn.Module, inner: bool = False) -> None:
         self.objects: list[Any] = []
@@ -310,11 +298,9 @@ _IMMUTABLETYPE = 1 << 8
 
 
 def _python_object(value: Any) -> bool:
-    """An instance of classes written in Python, whose state is its ``__dict__`` (not a C
-    object such as a file, whose state a fingerprint cannot see)."""
-    if not hasattr(value, "__dict__") or isinstance(value, types.ModuleType):
-        return False
-    return _python_class(type(value))
+    """An instance of Python classes, its state its ``__dict__`` (not a C object's, a file's)."""
+    return (hasattr(value, "__dict__") and not isinstance(value, types.ModuleType)
+            and _python_class(type(value)))
 
 
 @functools.lru_cache(maxsize=None)

@@ -1,19 +1,9 @@
 """Matrix products written into rows padded to 16 bytes: the library calls that
-passes/gemm_padding.py puts in a graph where eager's result would have rows of an odd
-length (GPT-2's LM head: 50257 logits a token).
-
-cuBLAS runs its fast kernels (on an H100 or H200, the sm90 ones) only where the matrices'
-dimensions and leading dimensions are multiples of 16 bytes; a result of rows of 50257 bf16
-values gets an ``align1`` kernel, 6.6 ms for GPT-2 small's LM head over 16 x 512 tokens on
-an H200.  Padded rows alone are not enough (measured: the same ``align1`` kernel with the
-rows written 50264 apart): the product's own column count must be aligned, as Inductor's
-``pad_mm`` makes it.  Each function here computes what its PyTorch namesake does, with the
-same library call (``torch.mm``/``torch.addmm``, as ATen's ``linear`` and ``matmul`` make it
-for a contiguous input), on the right operand with its columns (a linear's weight rows)
-zero-padded to a multiple of 16 bytes by :func:`pad_rows` / :func:`pad_columns`, and returns
-the result's first columns: rows :func:`padded_row` elements apart.  The padding is a node
-of its own in the graph: where the operand is a parameter (GPT-2's 50257 x 768 weight,
-77 MB) it is padded once (passes/hoist_params.py), not every call.
+passes/gemm_padding.py puts where eager's result would have rows of an odd length (GPT-2's
+LM head: 50257 logits a token, 6.6 ms in cuBLAS's ``align1`` kernel on an H200).  As
+Inductor's ``pad_mm``, the product's own column count is aligned: the right operand is
+zero-padded (:func:`pad_rows`, :func:`pad_columns`: a node of its own, hoisted for a
+parameter), and the result's first columns returned, rows :func:`padded_row` apart.
 """
 
 from __future__ import annotations
@@ -54,19 +44,16 @@ def pad_rows(weight: torch.Tensor) -> torch.Tensor:
 
 def linear(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
            n: int) -> torch.Tensor:
-    """``F.linear(input, w, b)`` for a contiguous input of two or more dims, given
-    ``weight = pad_rows(w)`` and ``bias`` as :func:`matmul`'s: the product of its rows and
-    the padded weight's, its first ``n`` columns."""
+    """``F.linear(input, w, b)`` for a contiguous input of two or more dims, given ``weight
+    = pad_rows(w)`` and ``bias`` as :func:`matmul`'s."""
     return matmul(input, weight.t(), bias, n)
 
 
 def matmul(input: torch.Tensor, other: torch.Tensor, bias: torch.Tensor | None,
            n: int) -> torch.Tensor:
-    """``torch.matmul(input, o)`` (``torch.mm``; with ``bias``, ``torch.addmm(b, input, o)``)
-    for a contiguous input of two or more dims and a matrix ``o``, given ``other =
-    pad_columns(o)`` and ``bias = pad_columns(b)`` (or ``b`` where it broadcasts over the
-    columns, or None): one product of the input's rows, as ATen folds it, its first ``n``
-    columns."""
+    """``torch.matmul(input, o)`` (with ``bias``, ``torch.addmm(b, input, o)``) for a
+    contiguous input of two or more dims, given ``other = pad_columns(o)`` and ``bias =
+    pad_columns(b)`` (or ``b`` where it broadcasts, or None): its first ``n`` columns."""
     rows = input.reshape(-1, input.shape[-1])  # a view: the input is contiguous
     full = torch.mm(rows, other) if bias is None else torch.addmm(bias, rows, other)
     return full.view(*input.shape[:-1], full.shape[-1])[..., :n]

@@ -1,33 +1,22 @@
 """The source of a guard function: its checks in order, shared access paths read once.
 
-:func:`render` turns checks into ``def check(...)``, one ``if not (<check>): return False``
-each.  An *access path* is a name followed by attributes and constant subscripts
-(``L_self._modules['h']._parameters['weight']``); every prefix of one with at least one
-step is a path too.  A path that several checks read is read once into a local
-(``p0 = ...``), just before the first check that reads it unconditionally, and later checks
-read the local.  A read behind ``and`` / ``or`` (after the first operand), a chained
-comparison (after the first), an ``if`` expression's branches, a lambda or a comprehension
-is conditional: it is never hoisted (the check must not read what eager's short-circuit
-would not), though it reads a local made earlier.  The function of a call keeps its last
-step (``p1.get('conv1')``).  Paths rooted at a name that a lambda or comprehension binds
-are its own, never shared.
-
-Speed (a large model has thousands of checks): all checks are scanned as one text by one
-regular expression that cuts each into its paths and a *template*, the rest with a slot
-for each path (``type(getattr(__mcp__, 'stride', None)) is tuple``).  Checks share a few
-hundred templates, so each template is parsed and analysed once (which slots are read
-conditionally, in which order Python evaluates them); a check's own work is dictionary
-lookups.  A check the scanner cannot cut safely (an f-string, a comment, a path written
-with spaces or a subscript the scanner does not take) is parsed whole instead, with the
-same result.
+An *access path* is a name followed by attributes and constant subscripts, and each of its
+prefixes.  A path several checks read is read once into a local (``p0 = ...``) before the
+first check that reads it unconditionally; a conditional read (after the first operand of
+``and`` / ``or`` or a chained comparison, in an ``if`` expression's branches, a lambda or
+comprehension) is never hoisted: a check must not read what eager's short-circuit would
+not.  For speed, one regular expression cuts all checks into paths and *templates*, each
+template parsed once; a check it cannot cut safely is parsed whole, with the same result.
 """
 
 from __future__ import annotations
 
 import ast
+import itertools
 import keyword
 import re
 from collections import Counter
+from collections.abc import Iterable
 from typing import Any, NamedTuple
 
 _STR = r"""(?:'(?:[^'\\\n]|\\.)*'|"(?:[^"\\\n]|\\.)*")"""
@@ -99,8 +88,7 @@ class _Hoister:
 
     def rewrite(self, expr: str, paths: list[_Path],
                 template: _Template) -> tuple[str, list[tuple[str, str]]]:
-        """The check reading locals, and the assignments of the locals it reads first
-        (its own text where it reads none)."""
+        """The check reading locals, and the assignments of the locals it reads first."""
         out: list[tuple[str, str]] = []
         texts: dict[int, str] = {}
         changed = False
@@ -138,9 +126,7 @@ class _Parser:
         self.templates: dict[str, _Template | None] = {}
 
     def cut_all(self, exprs: list[str]) -> list[tuple[list[_Path], _Template]]:
-        """Each check's paths (in order of text) and template.  The checks are scanned as
-        one text, a line each: one regular expression over all costs a fraction of one
-        per check."""
+        """Each check's paths (in order of text) and template, all scanned as one text."""
         out: list[Any] = [None] * len(exprs)
         plain = [i for i, e in enumerate(exprs) if "\n" not in e]
         text = "\n".join(exprs[i] for i in plain)
@@ -169,17 +155,14 @@ class _Parser:
         return [c if c is not None else _parse_whole(e) for c, e in zip(out, exprs)]
 
     def _path(self, text: str) -> _Path | None:
-        """The path written ``text``, built on its parent (most are met already); None
-        for a keyword's (``None.__class__``: the check is parsed whole)."""
+        """The path written ``text``, built on its parent; None for a keyword's."""
         path = self.paths.get(text, False)
         if path is not False:
             return path
         cut = text.rfind("[") if text[-1] == "]" else text.rfind(".")
         step = self.steps.get(text[cut:])
         if step is None and (m := _STEPS.fullmatch(text, cut)):  # (a '[' in a string: no)
-            # By value: ``["a"]`` is the key and the text ``['a']``.
-            step = f".{m[1]}" if m[1] else f"[{ast.literal_eval(m[2])!r}]"
-            self.steps[text[cut:]] = step
+            step = self.steps[text[cut:]] = _step(m)
         if step is None:
             path = self._path_from_scratch(text)
         elif _ROOT.fullmatch(text, 0, cut):
@@ -196,18 +179,22 @@ class _Parser:
         root = _ROOT.match(text)[0]  # type: ignore[index]
         if keyword.iskeyword(root):
             return None
-        keys, steps, prefix = [], [], root
-        for m in _STEPS.finditer(text, len(root)):
-            step = f".{m[1]}" if m[1] else f"[{ast.literal_eval(m[2])!r}]"
-            prefix += step
-            keys.append(prefix)
-            steps.append(step)
-        return _Path(root, tuple(keys), tuple(steps))
+        steps = tuple(_step(m) for m in _STEPS.finditer(text, len(root)))
+        return _Path(root, _prefixes(root, steps), steps)
+
+
+def _step(m: re.Match) -> str:
+    """A step as ast.unparse writes it: by value (``["a"]`` is ``['a']``)."""
+    return f".{m[1]}" if m[1] else f"[{ast.literal_eval(m[2])!r}]"
+
+
+def _prefixes(root: str, steps: Iterable[str]) -> tuple[str, ...]:
+    """The keys of a path: ``root`` with each of its first steps (one or more)."""
+    return tuple(itertools.accumulate(steps, initial=root))[1:]
 
 
 def _scan_template(text: str) -> _Template | None:
-    """The template of ``text`` (its paths written ``__mcp__``), or None where the scanner
-    misread the check (a path the template still holds, a slot that is not a whole path)."""
+    """The template of ``text`` (paths written ``__mcp__``); None if the scanner misread."""
     try:
         tree = ast.parse(text, mode="eval")
     except SyntaxError:
@@ -233,8 +220,7 @@ class _Misread(Exception):
 
 
 class _Walk:
-    """Visits a check's tree as Python evaluates it, replacing each path (``scanned``: each
-    ``__mcp__`` of a template) by a slot and noting whether it is read conditionally."""
+    """Visits a check's tree in evaluation order, each path made a slot (conditional or not)."""
 
     def __init__(self, scanned: bool = False) -> None:
         self.scanned = scanned
@@ -244,8 +230,7 @@ class _Walk:
         self.paths: list[_Path] = []
 
     def template(self, tree: ast.Expression) -> _Template:
-        """The template, its slots numbered in order of text (as the scanner numbers
-        paths); ``paths`` put in that order too."""
+        """The template, slots numbered in order of text as the scanner numbers them."""
         order = {at: n for n, at in enumerate(sorted(self.found))}
         self.paths = [self.found[at] for at in sorted(self.found) if self.found[at]]
         slots = tuple(s._replace(path=order[s.path]) for s in self.slots)
@@ -288,18 +273,14 @@ class _Walk:
         if steps is None:
             return None
         root, parts = steps
-        keys, prefix = [], root
-        for key, _ in parts:
-            prefix += key
-            keys.append(prefix)
         at = (node.lineno, node.col_offset)
-        self.found[at] = _Path(root, tuple(keys), tuple(s for _, s in parts))
+        self.found[at] = _Path(root, _prefixes(root, [k for k, _ in parts]),
+                               tuple(s for _, s in parts))
         return at
 
 
 def _path_steps(node: ast.AST) -> tuple[str, list[tuple[str, str]]] | None:
-    """A path's root name and steps (key text, source text), or None for anything else
-    (a bare name too)."""
+    """A path's root and steps (key text, source text); None for anything else."""
     parts = []
     while True:
         if isinstance(node, ast.Attribute):

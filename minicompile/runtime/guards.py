@@ -1,7 +1,6 @@
 """Guard functions at run time: the compiled check of one entry, and the words for why it
-failed.  Built by capture (minicompile/capture/guard_builder.py: GuardBuilder) or read back from a
-warm entry on disk (minicompile/runtime/entries.py); this module imports neither, so a warm
-process checks guards without loading capture.
+failed.  Built by capture (capture/guard_builder.py) or read back from a warm entry
+(runtime/entries.py); this module imports neither.
 """
 
 from __future__ import annotations
@@ -51,15 +50,10 @@ def format_value(value: Any) -> str:
 
 
 class Guards:
-    """The compiled guards of one capture.
-
-    ``check(*args)`` takes the frame's parameter values in layout order and returns True when
-    every check passes.  It does not raise on inputs of a different shape of Python object
-    (checks are ordered so that type checks come first).  The metadata checks of tensors
-    reached through attributes and items (parameters, buffers) run last, together, in one
-    C++ call where it can (minicompile/runtime/tensor_checks.py), their Python checks a
-    second function of the same code.
-    """
+    """The compiled guards of one capture: ``check(*args)`` (the frame's parameters in
+    layout order) is True when every check passes, and never raises on inputs of another
+    shape (type checks come first).  The metadata checks of parameters and buffers run
+    last, in one C++ call where it can (runtime/tensor_checks.py)."""
 
     def __init__(self, params: list[str], checks: list[GuardCheck], namespace: dict,
                  code: types.CodeType | None = None) -> None:
@@ -81,14 +75,11 @@ class Guards:
         self._slow: list[tuple[Callable, Callable]] | None = None
 
     def explain_failure(self, *args: Any) -> str | None:
-        """The first failing check, as text with the traced and the current value, or None
-        if all pass.  Slow; call it only on a cache miss."""
+        """The first failing check, with the traced and the current value (slow: on a miss)."""
         if self._slow is None:
             lam = f"lambda {', '.join(self.params)}: "
-            self._slow = [
-                (eval(lam + c.expr, self.namespace), eval(lam + c.actual, self.namespace))
-                for c in self.checks
-            ]
+            self._slow = [(eval(lam + c.expr, self.namespace), eval(lam + c.actual, self.namespace))
+                          for c in self.checks]
         for check, (ok, actual) in zip(self.checks, self._slow):
             try:
                 passed = bool(ok(*args))
@@ -103,8 +94,7 @@ class Guards:
         return None
 
     def changed_ints(self, *args: Any) -> dict[str, tuple[int, int]]:
-        """Python ints the checks compare by value whose value differs in ``args``:
-        source -> (traced, now).  For automatic dynamic shapes."""
+        """Python ints compared by value that differ in ``args``: source -> (traced, now)."""
         out = {}
         lam = f"lambda {', '.join(self.params)}: "
         for c in self.checks:
@@ -146,6 +136,5 @@ def describe_mismatch(check: GuardCheck, value: Any) -> str:
             for i, (e, a) in enumerate(zip(expected, got)):
                 if e != a:
                     return f"{check.source} {what} mismatch at index {i}: expected {e}, got {a}"
-    return f"{check.source} {check.kind}: expected {format_value(expected)}, got " + (
-        format_value(value)
-    )
+    return (f"{check.source} {check.kind}: expected {format_value(expected)}, got "
+            f"{format_value(value)}")

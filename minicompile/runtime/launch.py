@@ -1,22 +1,11 @@
 """Cheap launches of compiled Triton kernels on a GPU.
 
-``kernel[grid](*args)`` goes through ``triton.jit``'s per-call path: every argument is
-specialized (dtype, 16-byte alignment, integer value classes), the kernel is looked up in
-its cache, launch metadata is built, and only then is the compiled kernel launched.  On an
-H100 host that is about 14 µs a launch; Triton's launcher alone, 7.
-
-A :class:`Launcher` keys its launches by what Triton specializes a kernel on for our
-arguments: each pointer's alignment, and each integer's class (1, a multiple of 16, fits in
-32 bits), on the current device.  For each key it launches, in order of preference:
-
-- the kernel's cubin from minicompile's cache (runtime/triton_build.py: built ahead of the
-  first call, or here on a miss) through PyTorch's static CUDA launcher, with no Triton
-  import and no Triton code on the way;
-- else (an old Triton or PyTorch, a kernel that needs Triton's launcher) the compiled
-  kernel through Triton's launcher, after one launch through ``triton.jit`` to compile it.
-
-A key it has not seen (a misaligned view, a new dynamic size) is looked up and built again,
-so no launch ever uses a kernel compiled for other arguments.
+``kernel[grid](*args)`` costs about 14 µs on an H100 host.  A :class:`Launcher` keys its
+launches by what Triton specializes on (each pointer's alignment, each integer's class,
+the device) and launches the key's cubin from minicompile's cache (runtime/triton_build.py)
+through PyTorch's static CUDA launcher, else the compiled kernel through Triton's launcher
+after one launch through ``triton.jit``.  A new key is built again: no launch uses a
+kernel compiled for other arguments.
 """
 
 from __future__ import annotations
@@ -44,16 +33,12 @@ class Example:
 
 
 class Launcher:
-    """``launcher(grid, *args)``: launch ``fn`` over ``grid`` programs (one axis) with the
-    positional ``args`` (tensors and ints) and the fixed keyword ``options`` (constexprs
-    and compile options such as ``num_warps``).
-
-    ``pointers``: the positions of the tensors whose alignment may change from call to call
-    (inputs, library results; the wrapper's own allocations are always aligned), and
-    ``sizes`` those of the integers that may (dynamic sizes; the others are constants of
-    the generated code).  Only those are part of the cache key.  ``example``: what the
-    calls pass, as far as codegen knows (a tensor's dtype, an integer's value or hint;
-    None where unknown), from which the kernel is built ahead of its first call."""
+    """``launcher(grid, *args)``: launch ``fn`` over ``grid`` programs (one axis) with
+    ``args`` (tensors, then ints) and the fixed keyword ``options``.  Only the tensors at
+    ``pointers`` (not the wrapper's own allocations, always aligned) and the ints at
+    ``sizes`` (dynamic sizes) may change class between calls: they make the key.
+    ``example``: what the calls pass as far as codegen knows (dtypes, values or hints;
+    None where unknown), for a build ahead of the first call."""
 
     def __init__(self, fn: Any, pointers: tuple[int, ...], sizes: tuple[int, ...],
                  example: tuple | None = None, **options: Any) -> None:
@@ -70,8 +55,7 @@ class Launcher:
         self.build: triton_build.Built | None = None  # the example's, once adopted
         self.built_on = 0  # ... for this device
 
-    def example_args(self) -> list | None:
-        """The arguments of a first call, for a build ahead of it (None: unknown)."""
+    def example_args(self) -> list | None:  # (None: unknown)
         if self.example is None or any(v is None for v in self.example):
             return None
         return [v if isinstance(v, int) else Example(v) for v in self.example]
@@ -119,8 +103,7 @@ class Launcher:
                    kernel.packed_metadata, None, None, None, *args, *self.constexprs)
 
     def adopt(self, built: triton_build.Built, device: int) -> None:
-        """Ahead of the first call (runtime/build.py): the static launch of a call like the
-        example on ``device``, from its build (found in the cache or built ahead)."""
+        """Ahead of the first call: the static launch of a call like the example."""
         args = self.example_args()
         if not self.direct or args is None:
             return
@@ -136,8 +119,7 @@ class Launcher:
         self.build, self.built_on = built, device
 
     def _launch(self, built: triton_build.Built, args: tuple, device: int) -> tuple:
-        """A static launch's fixed arguments: the loaded function, its warps and shared
-        memory, the argument codes, which integers are passed and the scratch tail."""
+        """A static launch's function, warps, shared memory, codes, ints passed, scratch tail."""
         function = triton_build.load(built.cubin, built.name, built.shared, device)
         tensors = self.tensors
         # Integers equal to 1 are constants of the kernel: not passed.
@@ -147,8 +129,7 @@ class Launcher:
                 tuple(keep) if len(keep) < len(args) - tensors else None, tail)
 
     def _static(self, key: tuple, args: tuple) -> tuple | None:
-        """The static launch of ``key`` (its cubin found in the cache, or built now), or
-        None when it needs Triton's launcher."""
+        """The static launch of ``key`` (None: it needs Triton's launcher)."""
         launch = None
         if triton_build.available():
             built = triton_build.find_or_build(self.fn, args, self.options, key[0])

@@ -1,18 +1,13 @@
 """Stand-ins for ``triton``, ``tl`` and ``libdevice`` in generated modules of GPU kernels,
-so that importing such a module does not import Triton (a tenth of a second or more).
-
-A process that finds every kernel's cubin in the cache (runtime/triton_build.py) launches
-them without ever importing Triton.  ``@triton.jit`` here keeps the Python function as a
-:class:`LazyKernel`; when a kernel must go through Triton after all (a build, a launch
-whose arguments need another specialization), :func:`LazyKernel.real` imports Triton and
-puts the real ``triton``, ``tl``, ``libdevice`` and ``triton.jit`` functions into the
-module, which then reads exactly as if it had imported them.  Generated modules use
-``from __future__ import annotations``, so ``XBLOCK: tl.constexpr`` is not evaluated at
-import.
+so that importing one does not import Triton (a tenth of a second or more).
+``@triton.jit`` keeps the function as a :class:`LazyKernel`, which imports Triton and makes
+its module real only when it must go through Triton (``XBLOCK: tl.constexpr`` is never
+evaluated: generated modules use ``from __future__ import annotations``).
 """
 
 from __future__ import annotations
 
+import types
 from typing import Any, Callable
 
 
@@ -40,8 +35,7 @@ class LazyKernel:
 
 
 def materialize(namespace: dict) -> None:
-    """Import Triton into the generated module ``namespace``: its stand-ins become the
-    real modules, and each LazyKernel's ``triton.jit`` function takes its place."""
+    """Import Triton into the generated module ``namespace``, its LazyKernels made real."""
     import triton
     import triton.language as tl
     from triton.language.extra import libdevice
@@ -65,20 +59,9 @@ class _Unloaded:
                            "(a generated kernel module used outside its kernels)")
 
 
-class _Triton:
-    """``triton`` before it is imported: only ``triton.jit`` is used at module level."""
-
-    @staticmethod
-    def jit(fn: Callable | None = None, **options: Any) -> Any:
-        if options:  # not what codegen writes; Triton's own decorator then
-            import triton
-
-            return triton.jit(fn, **options) if fn is not None else triton.jit(**options)
-        assert fn is not None
-        return LazyKernel(fn)
-
-
-triton = _Triton()
+# ``triton`` before it is imported: a bare ``@triton.jit`` (what codegen writes) is all a
+# generated module uses of it at module level.
+triton = types.SimpleNamespace(jit=LazyKernel)
 tl = _Unloaded("tl")
 libdevice = _Unloaded("libdevice")
 

@@ -1,31 +1,13 @@
 """Library plans ahead: a generated module's convolutions, prepared in parallel threads
 while the module finishes loading.
 
-cuDNN prepares a plan for each convolution problem (sizes, strides, dtype, parameters) at
-its first call in a process: heuristics, then building the engine, a few milliseconds
-each, one problem after another.  On an H100 that is 0.12-0.14 s of resnet50's first call
-(23 distinct convolutions, bf16, channels-last), more than everything else a warm process
-does to load the model's compiled code.  Running each problem once on scratch tensors of
-the same layouts, in eight threads while the process loads the rest of the entry (its
-guards) or builds the module's kernels, takes the part of that cost cuDNN keeps for the
-process (its engines' kernels, loaded at their first use, and each thread's first call):
-see :class:`LibraryPlans`.  The plans themselves PyTorch keeps per thread (its cache of
-cuDNN plans is thread-local), so the real call still builds its own, 2-3 ms a problem
-(resnet50's first warm call on an H100: 50-90 ms of convolutions, against 120-130 ms
-without the threads).  Preparing them in the calling thread while another thread loads
-the entry was measured and gained nothing: the calling thread's plans cost the same
-there, and the entry loads in half that time.
-
-Nothing here changes a result: the scratch calls' outputs are dropped, a failure is
-ignored (the real call reports whatever is wrong), and the first call of the module waits
-for the threads, so that none runs on past it.  It is skipped where it could change
-what the real call does or costs:
-
-- ``torch.backends.cudnn.benchmark``: plans are then chosen by timing the candidates, which
-  threads running at once would skew (and the first call times them anyway);
-- a stream capturing a CUDA graph: work from other threads would break the capture;
-- problems whose tensors exceed :data:`MAX_BYTES`: their first call is long anyway, and
-  scratch copies of them would take memory the program may need.
+cuDNN prepares a plan for each convolution problem at its first call in a process
+(0.12-0.14 s of resnet50's first call on an H100).  Running each problem once on scratch
+tensors in up to eight threads pays the part of that cost cuDNN keeps for the process
+(resnet50's first warm call: 50-90 ms of convolutions instead of 120-130).  Nothing here
+changes a result: outputs are dropped, failures ignored, and the first call waits for the
+threads.  Skipped under ``cudnn.benchmark`` (threads would skew its timings), while a CUDA
+graph is captured, and for problems over :data:`MAX_BYTES`.
 """
 
 from __future__ import annotations
@@ -47,8 +29,7 @@ THREAD_NAME = "minicompile-plans-"
 
 
 class Like:
-    """A tensor argument of a library call, as codegen knows it: a scratch tensor of this
-    size, stride, dtype and device stands for it."""
+    """A tensor argument of a library call, as codegen knows it (a scratch tensor)."""
 
     def __init__(self, size: tuple[int, ...], stride: tuple[int, ...], dtype: torch.dtype,
                  device: torch.device) -> None:
@@ -72,11 +53,9 @@ def _real(value: Any) -> Any:
 
 
 class LibraryPlans:
-    """``LibraryPlans([(fn, args, kwargs), ...])``: call each ``fn(*args, **kwargs)`` once,
-    with its :class:`Like` stand-ins made real, in up to :data:`MAX_THREADS` threads.  The
-    module's loader calls :meth:`start` once its kernels are loaded (runtime/build.py);
-    :meth:`wait` returns when the threads are done (the module's ``call`` waits before its
-    first convolution).  Plans not started by then are left to the real calls."""
+    """``LibraryPlans([(fn, args, kwargs), ...])``: each call made once, its :class:`Like`
+    stand-ins made real, in threads from :meth:`start` (runtime/build.py, once the kernels
+    are loaded) to :meth:`wait` (the module's ``call``, before its first convolution)."""
 
     def __init__(self, calls: Sequence[tuple[Any, tuple, dict]]) -> None:
         self.calls: list | None = list(calls)  # None once started, or too late to start
@@ -108,8 +87,7 @@ class LibraryPlans:
 
 @atexit.register
 def _wait_all() -> None:
-    """At exit, before the interpreter and PyTorch are torn down under a thread still in
-    cuDNN (a process that exits right after loading a module)."""
+    """At exit: PyTorch must not be torn down under a thread still in cuDNN."""
     for thread in threading.enumerate():
         if thread.name.startswith(THREAD_NAME):
             thread.join()

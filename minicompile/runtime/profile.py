@@ -1,27 +1,12 @@
 """``MINICOMPILE_LOGS=profile``: where the time of each compiled graph goes.
 
-With the part on, the driver hands each graph's generated ``call`` to :func:`profiled`,
-which wraps it in a :class:`Profiled`; with it off :func:`profiled` returns ``call`` itself,
-so profiling costs nothing per call.  A profiled graph's first call warms up (its second
-too under CUDA graphs, which record then); each later call runs one of three variants in
-turn, all computing the same values in the same order:
-
-- ``host``: the plain call, timed by the wall clock: the wrapper's host time (on CUDA the
-  launches, the device synchronized before so that no launch waits for a full queue);
-- ``device`` (CUDA only): the plain call between two CUDA events, behind a short GPU sleep
-  long enough for the host to queue the whole call: the device's time for the call;
-- ``steps``: the generated ``call`` rewritten (its source parsed with ``ast``) with a timer
-  around each kernel launch and each library call (CUDA events on a GPU, behind the same
-  sleep, so no launch gap counts; the wall clock on the CPU), each named by the comment
-  codegen writes above it: graph nodes and user source lines.  Inside a CUDA graph replay
-  there are no steps to time: the whole graph's times are reported, and the report says so.
-
-After the graph's 10th call (:data:`REPORT_AT`) its report is printed to stderr, and later
-calls run the plain call; graphs called fewer times are reported at exit.  Each kernel's
-time is set against the device's copy bandwidth (bytes its tensors hold, read and written,
-per second) and each matrix product's, convolution's or attention's against the peak
-FLOP/s of a matmul in its dtype, both measured once per process (runtime/roofline.py).
-:func:`profile_report` gives the same numbers to a program (examples/bench_models.py).
+:func:`profiled` wraps a graph's ``call`` in a :class:`Profiled` (with the part off, it
+returns ``call``: no cost).  After the warm-up, calls take turns at three variants that
+compute the same values: ``host`` (the wall clock), ``device`` (CUDA events, behind a GPU
+sleep) and ``steps`` (``call`` recompiled with a timer around each kernel launch and
+library call, named by codegen's comments; not inside a CUDA graph replay).  The report,
+set against the roofline (runtime/roofline.py), is printed after :data:`REPORT_AT` calls
+or at exit; :func:`profile_report` returns it.
 """
 
 from __future__ import annotations
@@ -30,6 +15,7 @@ import ast
 import atexit
 import copy
 import dataclasses
+import linecache
 import re
 import statistics
 import sys
@@ -48,11 +34,6 @@ from minicompile.runtime import roofline
 REPORT_AT = 10  # the call after which a graph's report is printed
 GPU_CLOCK = 2e9  # cycles a second, at least the GPU's clock: sleeps last at least as asked
 WHERE = re.compile(r"[^\s(),;]+:\d+")  # a source location ("model.py:12") in a comment
-
-
-def enabled(cfg: Config) -> bool:
-    """Named explicitly (or by ``all``): MINICOMPILE_TRACE=1 does not turn timing on."""
-    return "profile" in cfg.logs
 
 
 @dataclasses.dataclass
@@ -92,49 +73,39 @@ class GraphProfile:
     reported: bool = False
 
     @property
-    def host_s(self) -> float:
-        """The wrapper's wall time per call."""
+    def host_s(self) -> float:  # the wrapper's wall time per call
         return statistics.median(self.host) if self.host else 0.0
-
-    def _sum(self, library: bool) -> float:
-        return sum(s.seconds for s in self.steps if s.library == library)
 
     @property
     def kernels_s(self) -> float:
-        return self._sum(False)
+        return sum(s.seconds for s in self.steps if not s.library)
 
     @property
     def library_s(self) -> float:
-        return self._sum(True)
+        return sum(s.seconds for s in self.steps if s.library)
 
     @property
     def device_s(self) -> float:
-        """On CUDA, the call's span on the device; on the CPU, its kernels and library
-        calls (the time not spent in Python)."""
+        """On CUDA the call's span on the device; on the CPU its kernels and library calls."""
         if self.device:
             return statistics.median(self.device)
         return self.kernels_s + self.library_s
 
     @property
-    def total_s(self) -> float:
-        """A call's time: the host's or the device's, whichever is longer."""
+    def total_s(self) -> float:  # the host's time or the device's, whichever is longer
         return max(self.host_s, self.device_s)
 
     @property
-    def busy_s(self) -> float:
-        """The device's work: its kernels and library calls (the whole graph's span when
-        they are not timed one by one)."""
+    def busy_s(self) -> float:  # kernels and library calls (or the span, if not stepped)
         return self.kernels_s + self.library_s if self.steps else self.device_s
 
     @property
-    def python_s(self) -> float:
-        """The rest: the wrapper's Python, and on CUDA the device idle waiting for it."""
+    def python_s(self) -> float:  # the wrapper's Python, and on CUDA the device waiting
         return max(self.total_s - self.busy_s, 0.0)
 
     @property
     def bound(self) -> str:
-        """"host" or "device": which one a call waits for (on the CPU, whether the
-        wrapper's Python takes longer than its kernels and library calls)."""
+        """"host" or "device": which one a call waits for."""
         host = self.host_s if self.cuda else self.host_s - self.busy_s
         return "host" if host > self.busy_s else "device"
 
@@ -151,14 +122,14 @@ def profiled(call: Callable[[list], tuple], generated: types.FunctionType, funct
     """``call`` (a generated ``call`` of ``function``, or what wraps it: a CUDA graph's
     replay) profiled under MINICOMPILE_LOGS=profile; else ``call`` itself.  ``suffix``
     names a graph of the function's beside its first (``_backward``)."""
-    if not enabled(cfg):
+    if "profile" not in cfg.logs:  # (named: MINICOMPILE_TRACE=1 does not turn timing on)
         return call
     global _registered
     if not _registered:
         _registered = True
         atexit.register(report_rest)
     header = generated.__code__.co_filename
-    found = re.search(r"\((\w+) backend\)", _first_line(header))
+    found = re.search(r"\((\w+) backend\)", linecache.getline(header, 1))
     whole = None if call is generated else (
         "CUDA graphs: a replay has no per-kernel times; the whole graph's are shown")
     name = function + suffix
@@ -171,14 +142,6 @@ def profiled(call: Callable[[list], tuple], generated: types.FunctionType, funct
 
 def _on_cuda(values: list | tuple) -> bool:
     return any(isinstance(v, torch.Tensor) and v.is_cuda for v in values)
-
-
-def _first_line(path: str) -> str:
-    try:
-        with open(path) as f:
-            return f.readline()
-    except OSError:
-        return ""
 
 
 class Profiled:
@@ -206,8 +169,7 @@ class Profiled:
         variant = self.variants[(p.calls - self.warmup - 1) % len(self.variants)]
         out = getattr(self, variant)(args)
         if p.calls >= REPORT_AT:
-            p.reported = True
-            print(report_text(p), file=sys.stderr)
+            _print(p)
         return out
 
     def _variants(self) -> tuple[str, ...]:
@@ -250,8 +212,7 @@ class Profiled:
         return out
 
     def _sleep(self) -> None:
-        """Keep the GPU busy while the host queues the call (4x its host time, or more):
-        the events then time the device's work alone, not the gaps between launches."""
+        """Keep the GPU busy while the host queues the call: events then time the work alone."""
         torch.cuda.synchronize()
         host = self.profile.host_s or 1e-3
         if compat.GPU_SLEEP is not None:
@@ -259,8 +220,7 @@ class Profiled:
 
 
 class Recorder:
-    """What the rewritten ``call`` reports to: ``start(k)`` and ``stop(k, ...)`` around its
-    k-th step."""
+    """What the rewritten ``call`` reports to around its k-th step."""
 
     def __init__(self, steps: list[Step], cuda: bool) -> None:
         self.steps, self.cuda = steps, cuda
@@ -276,8 +236,7 @@ class Recorder:
             self.started = time.perf_counter()
 
     def stop(self, k: int, result: Any, args: tuple, kwargs: dict) -> None:
-        """After step ``k``: its time, and what it moved and computed (``result``: a
-        library call's; ``args`` and ``kwargs``: the tensors and values it was handed)."""
+        """After step ``k``: its time, and what it moved and computed."""
         if self.cuda:
             self.events[k][1].record()
         else:
@@ -289,8 +248,7 @@ class Recorder:
             step.name = op
             step.flops = roofline.flops(op, result, args, kwargs)
 
-    def collect(self) -> list[float]:
-        """The steps' seconds in the call just made."""
+    def collect(self) -> list[float]:  # the steps' seconds in the call just made
         if not self.cuda:
             return list(self.times)
         torch.cuda.synchronize()
@@ -301,9 +259,7 @@ class Recorder:
 
 
 def instrument(generated: types.FunctionType) -> tuple[Callable, list[Step], dict] | None:
-    """``generated`` (a wrapper's ``call``) compiled again from its module's source with
-    ``_mc_profile.start(k)`` / ``stop(k, ...)`` around each kernel launch and library call;
-    its steps; and its namespace (a copy of the module's).  None if the source is gone."""
+    """``generated`` recompiled with ``_mc_profile`` calls around each step (None: no source)."""
     path = generated.__code__.co_filename
     try:
         text = Path(path).read_text()
@@ -340,11 +296,9 @@ def _report(at: ast.stmt, method: str, args: list[ast.expr]) -> ast.stmt:
 
 
 def step_of(stmt: ast.stmt, lines: list[str]) -> tuple[Step, ast.expr, ast.expr, ast.expr] | None:
-    """The step ``stmt`` is, and the expressions of its result, its arguments and its
-    keyword arguments (what ``stop`` reads); None for any other statement.  A kernel launch
-    is a call statement (``kernel(...)``, ``kernel_launch(grid, ...)``,
-    ``kernel[grid](...)``); a library call is an assignment right under a comment
-    (codegen/wrapper.py's emit_extern)."""
+    """The step ``stmt`` is, and the expressions of its result, arguments and keyword
+    arguments; None for any other statement.  A kernel launch is a call statement; a
+    library call an assignment right under a comment (codegen/wrapper.py's emit_extern)."""
     none = ast.Constant(None)
     if isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call):
         func = stmt.value.func
@@ -362,11 +316,9 @@ def step_of(stmt: ast.stmt, lines: list[str]) -> tuple[Step, ast.expr, ast.expr,
             and lines[stmt.lineno - 2].lstrip().startswith("#")):
         return None
     value = stmt.value
-    if isinstance(value, ast.Call) and isinstance(value.func, ast.Name) \
-            and value.func.id == "with_layout":
-        value = value.args[0]
-    if isinstance(value, ast.Call) and isinstance(value.func, ast.Name) \
-            and value.func.id == "empty_strided":
+    if _called(value) == "with_layout":
+        value = value.args[0]  # type: ignore[attr-defined]
+    if _called(value) == "empty_strided":
         return None  # (an allocation under the comment of an empty tensor's kernel)
     if not isinstance(value, (ast.Call, ast.Subscript)):
         return None  # (a buffer's memory reused under an empty tensor's comment)
@@ -382,9 +334,14 @@ def step_of(stmt: ast.stmt, lines: list[str]) -> tuple[Step, ast.expr, ast.expr,
     return step, result, args, kwargs
 
 
+def _called(value: ast.expr) -> str | None:
+    """The name ``value`` calls (``name(...)``), or None."""
+    is_call = isinstance(value, ast.Call) and isinstance(value.func, ast.Name)
+    return value.func.id if is_call else None  # type: ignore[attr-defined]
+
+
 def _comment(lines: list[str], lineno: int, reach: int) -> tuple[str, tuple[str, ...]]:
-    """The graph nodes and source lines of the comment at most ``reach`` lines above line
-    ``lineno`` (1-based): ``# %1 sin, %2 mul  (model.py:3, model.py:4)``."""
+    """The nodes and source lines of the comment at most ``reach`` lines above ``lineno``."""
     for k in range(lineno - 2, max(lineno - 2 - reach, -1), -1):
         text = lines[k].strip()
         if text.startswith("#"):
@@ -397,7 +354,6 @@ def _comment(lines: list[str], lineno: int, reach: int) -> tuple[str, tuple[str,
 
 
 def report_text(p: GraphProfile) -> str:
-    """The profile of one graph, as printed."""
     if not max(len(p.host), len(p.device), *(len(s.times) for s in p.steps)):
         return f"minicompile profile: {p.name}: {p.calls} call(s), too few to profile"
     where = "cuda" if p.cuda else "cpu, Triton's interpreter" if p.backend == "triton" else "cpu"
@@ -454,20 +410,23 @@ def _roofline(s: Step, bandwidth: float, device: torch.device,
     return f"{rate / bandwidth:6.1%} of copy bw ({rate / 1e9:.3g} GB/s)"
 
 
+def _print(p: GraphProfile) -> None:
+    p.reported = True
+    print(report_text(p), file=sys.stderr)
+
+
 def report_rest() -> None:
     """At exit: the graphs not reported yet."""
     for p in _profiles:
         if not p.reported and p.calls:
-            p.reported = True
-            print(report_text(p), file=sys.stderr)
+            _print(p)
 
 
 def profile_report(fn: Any = None) -> list[GraphProfile]:
-    """The profiles of the graphs compiled under MINICOMPILE_LOGS=profile (or
-    ``config.patch(logs=frozenset({"profile"}))``): of ``fn`` (a compiled function or
-    module, or what was compiled), or all.  Each prints as the log does and has the split
-    per call: ``host_s``, ``device_s``, ``kernels_s``, ``library_s``, ``python_s`` and
-    ``bound``."""
+    """The profiles of the graphs compiled under MINICOMPILE_LOGS=profile: of ``fn`` (a
+    compiled function or module, or what was compiled), or all.  Each prints as the log
+    does and splits a call's time (``host_s``, ``device_s``, ``kernels_s``, ``library_s``,
+    ``python_s``, ``bound``)."""
     if fn is None:
         return list(_profiles)
     fn = getattr(fn, "_orig_mod", fn)
@@ -478,5 +437,4 @@ def profile_report(fn: Any = None) -> list[GraphProfile]:
 
 
 def forget() -> None:
-    """Drop the profiles (minicompile.reset())."""
     _profiles.clear()

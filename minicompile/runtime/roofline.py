@@ -1,11 +1,7 @@
 """What a kernel or library call moves and computes, and what the device can do: the two
-sides of the roofline that ``MINICOMPILE_LOGS=profile`` (runtime/profile.py) reports.
-
-A step's bytes are those of the tensors it is handed (read) and makes (written), each
-counted once, from their sizes; a matrix product's, convolution's or attention's FLOPs come
-from the shapes of its operands.  The device's limits are measured once per process (and
-device, and dtype), never looked up in a table: the copy bandwidth by a large
-``torch.empty(...).copy_()``, the peak FLOP/s by a large square matmul in the dtype asked.
+sides of the roofline that ``MINICOMPILE_LOGS=profile`` (runtime/profile.py) reports.  The
+device's limits are measured once per process, device and dtype (a large copy, a large
+square matmul), never looked up in a table.
 """
 
 from __future__ import annotations
@@ -25,8 +21,7 @@ MATMUL_SIZE = {"cpu": 1024, "cuda": 8192}  # n of the measured n x n x n matmul
 
 
 def library_op(op: str, args: tuple) -> tuple[str, tuple]:
-    """The library function a wrapper's call runs and its arguments: a training forward's
-    ``record(name, diff, stride, *args)`` (runtime/autograd.py) runs ``name``."""
+    """The library function and arguments of a call (training's ``record`` runs another)."""
     if op.endswith(".record") and args and isinstance(args[0], str):
         return args[0], args[3:]
     return op, args
@@ -48,8 +43,7 @@ def moved_bytes(*values: Any) -> int:
 
 
 def flops(op: str, result: Any, args: tuple, kwargs: dict) -> tuple[int, torch.dtype] | None:
-    """The FLOPs of a library call of a matrix product, a convolution or attention, and
-    the dtype it computes in; None for any other call (or operands it cannot read)."""
+    """A matrix product's, convolution's or attention's FLOPs and dtype; None for other calls."""
     base = op.rsplit(".", 1)[-1]
     out = next(iter(tensors_of(result)), None)
     operands = [a for a in args if isinstance(a, torch.Tensor)]
@@ -105,8 +99,7 @@ def copy_bandwidth(device: torch.device) -> float:
 
 @functools.cache
 def peak_flops(device: torch.device, dtype: torch.dtype) -> float | None:
-    """FLOP/s of a large square matmul in ``dtype`` on ``device``, measured once (None for
-    a dtype matmul does not take)."""
+    """FLOP/s of a large square matmul in ``dtype`` on ``device``, once (None: no such matmul)."""
     if not dtype.is_floating_point:
         return None
     n = matmul_size(device, dtype)

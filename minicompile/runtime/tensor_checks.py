@@ -1,20 +1,10 @@
 """The metadata checks of a model's tensors in one C++ call.
 
-A module's parameters and buffers each carry five checks (dtype, device, requires_grad,
-sizes, strides: capture/guard_builder.py's ``tensor_match``), one Python comparison each: a
-third to a half of the guard function's time on the zoo models.  :func:`split` takes those
-of every tensor that is not a bare parameter of the frame (those are the inputs that change
-between calls: their checks stay where they are, failing early) out of the guard function,
-which calls a :class:`TensorChecks` for them at its end: ``tensor_checks(p4, p3['bias'],
-...)``.  Its fast path is PyTorch's ``TensorGuards`` (minicompile/compat.py), built from
-tensors that passed the checks: a tensor it passes has the type, dtype, device,
-requires_grad, sizes and strides of one that passed, so passes them too.  Where it fails
-(the first call; a tensor that changed; one it is stricter on: a tensor passed twice, other
-dispatch keys, as in inference mode), the checks run in Python (``check_tensors``, compiled
-with the guard function into one code object, which a warm entry keeps), and if they pass,
-the fast path is built again from these tensors.  So the answer is always that of the
-Python checks; :meth:`Guards.explain_failure` still runs the checks one by one and names
-the one that failed.
+:func:`split` takes the checks of every tensor that is not a bare parameter of the frame
+(a third to a half of a guard function's time) out of the guard function, which calls a
+:class:`TensorChecks` for them at its end: PyTorch's ``TensorGuards`` (compat.py), built
+from tensors that passed, and where it fails the checks in Python (``check_tensors``),
+after which the fast path is built again.  So the answer is always the Python checks'.
 """
 
 from __future__ import annotations
@@ -30,8 +20,7 @@ PYTHON_CHECKS = "check_tensors"  # its checks in Python, a function beside the g
 
 
 def split(checks: list[Any]) -> tuple[list[Any], TensorChecks | None]:
-    """The checks (GuardChecks) the guard function runs itself, and the
-    :class:`TensorChecks` of the others (None if there are none)."""
+    """The checks the guard function runs itself, and the TensorChecks of the others (or None)."""
     kept = [c for c in checks if not c.tensor or c.tensor.isidentifier()]
     if len(kept) == len(checks):
         return checks, None
@@ -39,10 +28,9 @@ def split(checks: list[Any]) -> tuple[list[Any], TensorChecks | None]:
 
 
 class TensorChecks:
-    """``tensor_checks(*tensors)``: True when each tensor (in the order of ``paths``, each
-    past its type check) passes its checks.  ``call`` is the guard function's check that
-    calls it; ``source`` its checks in Python (``check_tensors(t0, t1, ...)``), compiled
-    with the guard function, which hands it over (:meth:`adopt`)."""
+    """``tensor_checks(*tensors)``: True when each tensor (in the order of ``paths``) passes
+    its checks.  ``call``: the guard function's check that calls it; ``source``: its checks
+    in Python, compiled with the guard function, which hands them over (:meth:`adopt`)."""
 
     def __init__(self, checks: list[Any]) -> None:
         self.paths = list(dict.fromkeys(c.tensor for c in checks))

@@ -1,21 +1,11 @@
 """Whether the build tools work here: Triton (it imports) and the C++ compiler (it builds a
-trivial shared library with our flags).  A tool that does not work gives one warning per
-process, and the code runs on another way: the Triton backend's CPU graphs compile with
-the C++ backend, the rest runs eagerly (minicompile/api.py decides).
+trivial shared library with our flags); one warning per process for one that does not.
 
-Triton is not imported to probe it: importing it takes a tenth of a second, which a
-process that finds its kernels' cubins in the cache (or builds them in worker processes,
-runtime/triton_build.py, which report whether it imported there) never pays.  Instead,
-from the first compile on, an install whose import raises something other than
-ImportError (a missing driver library, a version clash) makes that import, whoever does
-it, raise ImportError (:func:`guard_triton_import`): PyTorch's own checks
-(``torch._dynamo`` imports Triton and expects only ImportError) and ours then see "not
-installed" instead of crashing.  :func:`triton_problem` imports it where this process
-needs it (the interpreter runs Triton kernels here).
-
-The C++ compiler is probed only after a build fails, to tell a broken compiler (every
-build would fail: one warning, and later builds are not attempted) from a kernel it
-rejects (a bug of ours: that graph runs eagerly, with its own warning).
+Triton is not imported to probe it (a tenth of a second a warm process never pays);
+instead an import that raises something other than ImportError is made to raise
+ImportError, whoever imports it (:func:`guard_triton_import`), so that PyTorch's checks
+and ours see "not installed" instead of crashing.  The C++ compiler is probed only after
+a build fails, to tell a broken compiler (no later builds) from a kernel it rejects.
 """
 
 from __future__ import annotations
@@ -27,6 +17,7 @@ import subprocess
 import sys
 import tempfile
 import warnings
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -45,9 +36,8 @@ _triton_failure: str | None = None  # why Triton's import failed, once it has
 
 
 def triton_broken(reason: str) -> None:
-    """Mark Triton as failing to import (``reason``): a later ``import triton`` raises
-    ImportError at once, and ``importlib.util.find_spec`` finds no file of it.  Its
-    half-imported modules are dropped."""
+    """Mark Triton as failing to import: a later ``import triton`` raises ImportError at
+    once.  Its half-imported modules are dropped."""
     global _triton_failure
     _triton_failure = reason
     for name in [m for m in sys.modules if m == "triton" or m.startswith("triton.")]:
@@ -124,15 +114,19 @@ def triton_problem() -> str | None:
     return None
 
 
+def command(cxx: str, flags: Sequence[str], src: Path, out: Path) -> list[str]:
+    """The compiler's command line: libraries after the source, for the linker."""
+    libs = [f for f in flags if f.startswith("-l")]
+    return [cxx, *[f for f in flags if not f.startswith("-l")], str(src), "-o", str(out), *libs]
+
+
 @functools.lru_cache(maxsize=None)
 def cxx_problem(cxx: str, flags: tuple[str, ...]) -> str | None:
     """None when ``cxx`` builds a trivial shared library with ``flags``; else why not."""
-    libs = [f for f in flags if f.startswith("-l")]
     with tempfile.TemporaryDirectory(prefix="minicompile-probe-") as folder:
         src = Path(folder) / "probe.cpp"
         src.write_text(_PROBE)
-        cmd = [cxx, *[f for f in flags if not f.startswith("-l")], str(src), "-o",
-               str(Path(folder) / "probe.so"), *libs]
+        cmd = command(cxx, flags, src, Path(folder) / "probe.so")
         try:
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
         except (OSError, subprocess.SubprocessError) as e:

@@ -1,26 +1,12 @@
 """Triton kernels built ahead of their first launch, in parallel, into cubins in
 minicompile's cache, and loaded for launches that bypass Triton.
 
-A kernel's build is keyed (:func:`digest`) by its source (the kernel and the helpers it
-calls), Triton's specialization of its arguments (pointer dtypes and 16-byte alignment,
-integers equal to 1 or multiples of 16 or wider than 32 bits), its options, the Triton
-version and the GPU architecture.  Identical kernels (the same text under another name:
-twelve identical transformer blocks) share one build.  The cache holds, per key:
-
-- ``<key>.py``: the kernel file the build compiled (real Triton imports, helpers, kernel);
-- ``<key>.cubin`` and ``<key>.json``: the compiled kernel and what a launch needs (its
-  function name, warps, shared memory, argument codes, the cubin's sha256).
-
-:func:`precompile` builds every kernel of a new module before its first call: the
-launchers know the dtypes and sizes their calls will pass (codegen writes them), and the
-builds run in worker processes (runtime/triton_worker.py, which imports Triton only), as
-many as ``compile_threads``; then each launcher is handed its build, loaded.  A warm entry
-records each launcher's key, and :func:`recorded` finds that build again without
-rendering or hashing the kernel's text.  :func:`find_or_build` is the launch-time path: a cubin found
-in the cache is loaded with ``torch._C._StaticCudaLauncher`` (no Triton import at all in a
-warm process); one not found is built in this process.  Anything this path cannot do (an
-old Triton or PyTorch, a kernel that needs Triton's launcher) answers None, and the kernel
-goes through ``triton.jit`` as before.
+A build is keyed (:func:`digest`) by the kernel's source with its helpers (identical
+kernels under other names share one), Triton's specialization of its arguments, options,
+Triton version and GPU.  :func:`precompile` builds a new module's kernels in worker
+processes (runtime/triton_worker.py); :func:`find_or_build` is the launch-time path.  A
+cubin is launched with ``torch._C._StaticCudaLauncher`` (no Triton import in a warm
+process); what this path cannot do answers None, and the kernel goes through ``triton.jit``.
 """
 
 from __future__ import annotations
@@ -28,6 +14,7 @@ from __future__ import annotations
 import atexit
 import dataclasses
 import functools
+import importlib.util
 import inspect
 import json
 import linecache
@@ -70,20 +57,10 @@ class Built:
 
 @functools.lru_cache(maxsize=None)
 def available() -> bool:
-    """Whether launches can bypass Triton: PyTorch's static CUDA launcher, and a Triton
-    whose specialization this module reproduces (3.3 and later)."""
+    """Whether launches can bypass Triton: PyTorch's static CUDA launcher, Triton installed."""
+    # (Triton 3.6, the oldest supported, specializes as this module does.)
     return (compat.STATIC_CUDA_LAUNCHER is not None and torch.cuda.is_available()
-            and _triton_at_least(3, 3))
-
-
-def _triton_at_least(major: int, minor: int) -> bool:
-    try:
-        from importlib.metadata import version
-
-        parts = version("triton").split(".")
-        return (int(parts[0]), int(parts[1])) >= (major, minor)
-    except Exception:  # noqa: BLE001 (unknown: Triton's own path, as before)
-        return False
+            and importlib.util.find_spec("triton") is not None)
 
 
 @functools.lru_cache(maxsize=None)
@@ -93,16 +70,13 @@ def target(device: int) -> tuple[str, int, int]:
     return ("cuda", major * 10 + minor, 32)
 
 
-def _jit_functions(namespace: dict) -> dict[str, Any]:
-    return {k: v for k, v in namespace.items()
-            if hasattr(v, "fn") and hasattr(v, "arg_names") and callable(getattr(v, "fn"))}
+
 
 
 def source(fn: Any) -> str:
-    """The source of function ``fn``, decorators included, up to its last statement: read
-    from its file's lines by the code object's positions (``inspect.getsource`` tokenizes
-    the file to find where the function ends, a millisecond or two per kernel, which a
-    warm process with fifty kernels would pay at their first launches)."""
+    """The source of function ``fn``, decorators included, read from its file's lines by
+    the code object's positions (``inspect.getsource`` tokenizes the whole file: a
+    millisecond or two per kernel at a warm process's first launches)."""
     code = fn.__code__
     lines = linecache.getlines(code.co_filename)
     if not lines:
@@ -116,29 +90,22 @@ _files: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # kernel functi
 
 
 def kernel_file(kernel: Any) -> str:
-    """The text of a file with ``kernel`` (a LazyKernel or a ``triton.jit`` function) and
-    the helpers it calls, with real Triton imports (worked out once per kernel)."""
+    """A file of ``kernel`` and the helpers it calls, with real Triton imports (cached)."""
     text = _files.get(kernel.fn)
     if text is None:
-        text = _files[kernel.fn] = _kernel_file(kernel)
+        jitted = {k: v for k, v in kernel.fn.__globals__.items()
+                  if hasattr(v, "fn") and hasattr(v, "arg_names") and callable(v.fn)}
+        order: list[str] = []
+        todo = [kernel.fn.__name__]
+        while todo:
+            name = todo.pop()
+            if name not in order:
+                order.append(name)
+                todo += [n for n in jitted[name].fn.__code__.co_names if n in jitted]
+        # the helpers first
+        parts = [HEADER, *[source(jitted[name].fn) for name in reversed(order)]]
+        text = _files[kernel.fn] = "\n\n".join(parts)
     return text
-
-
-def _kernel_file(kernel: Any) -> str:
-    namespace = kernel.fn.__globals__
-    jitted = _jit_functions(namespace)
-    order: list[str] = []
-    todo = [kernel.fn.__name__]
-    while todo:
-        name = todo.pop()
-        if name in order:
-            continue
-        order.append(name)
-        todo += [n for n in jitted[name].fn.__code__.co_names if n in jitted]
-    parts = [HEADER]
-    for name in reversed(order):  # the helpers first
-        parts.append(source(jitted[name].fn))
-    return "\n\n".join(parts)
 
 
 def int_class(v: int) -> tuple[bool, bool, bool]:
@@ -148,13 +115,8 @@ def int_class(v: int) -> tuple[bool, bool, bool]:
 
 def describe(args: Sequence[Any]) -> tuple:
     """What Triton specializes a kernel on, for each argument."""
-    out = []
-    for a in args:
-        if isinstance(a, int):
-            out.append(int_class(a))
-        else:
-            out.append((str(a.dtype), a.data_ptr() % 16 == 0))
-    return tuple(out)
+    return tuple(int_class(a) if isinstance(a, int) else (str(a.dtype), a.data_ptr() % 16 == 0)
+                 for a in args)
 
 
 def digest(text: str, name: str, described: tuple, options: dict, device: int) -> str:
@@ -175,12 +137,10 @@ TRITON_TYPES = {
 
 
 def specialization(arg: Any) -> tuple[str, Any] | None:
-    """Triton's specialization of a launch argument, as ``triton.jit`` computes it: a
-    tensor's pointer type and whether it is 16-byte aligned ("D"), an integer's type, or
-    the constant 1, and whether it is a multiple of 16.  None for an argument this does
-    not know (another dtype): then Triton's own specializer is asked.  (Done here, not by
-    importing Triton: the launching process then never imports it; a test checks the two
-    agree.)"""
+    """Triton's specialization of a launch argument, as ``triton.jit`` computes it (here,
+    so that the launching process never imports Triton; a test checks the two agree): a
+    pointer's type and 16-byte alignment ("D"), an integer's type (or the constant 1) and
+    whether it is a multiple of 16.  None for an unknown dtype: then ask Triton's own."""
     if type(arg) is int:
         if arg == 1:
             return ("constexpr", 1)
@@ -202,37 +162,6 @@ def _tritons_specialization(args: Sequence[Any], device: int) -> list[tuple[str,
     # A launcher's example stands for a tensor with its dtype (aligned): Triton's own.
     args = [a if isinstance(a, (int, torch.Tensor)) else MockTensor(a.dtype) for a in args]
     return [native_specialize_impl(backend, a, False, True, True) for a in args]
-
-
-def job(kernel: Any, args: Sequence[Any], options: dict, device: int, text: str,
-        out: Path, kernel_path: Path) -> dict:
-    """The worker's job for a launch of ``kernel`` with ``args`` (tensors, or stand-ins
-    with a dtype and a data pointer, and ints) and ``options`` (constexprs and compile
-    options): Triton's specialization of the arguments (the worker turns each attribute,
-    "D" or "", into its compiler's form)."""
-    specs = [specialization(a) for a in args]
-    if None in specs:
-        specs = _tritons_specialization(args, device)
-    names = kernel.arg_names
-    signature: dict[str, str] = {}
-    constexprs: list = []
-    attrs: list = []
-    for i, name in enumerate(names):
-        if i < len(args):
-            ty, spec = specs[i]
-            signature[name] = ty
-            if ty == "constexpr":
-                constexprs.append([[i], spec])
-            else:
-                attrs.append([[i], spec])
-        else:  # a tl.constexpr parameter, given as an option
-            signature[name] = "constexpr"
-            constexprs.append([[i], options[name]])
-    compile_options = {k: v for k, v in options.items() if k not in names}
-    compile_options.setdefault("debug", False)
-    return {"kernel_file": str(kernel_path), "name": kernel.fn.__name__,
-            "signature": signature, "constexprs": constexprs, "attrs": attrs,
-            "options": compile_options, "target": list(target(device)), "out": str(out)}
 
 
 def cached(out: Path) -> Built | None:
@@ -268,10 +197,30 @@ class Prepared:
         return cached(self.out)
 
     def job(self) -> dict:
+        """The worker's job (its kernel file stored): Triton's specialization of the
+        arguments (tensors or stand-ins, and ints) and the options (constexprs and compile
+        options)."""
         path = cache.store(self.cache_dir, self.parts, f"{self.key}.py", self.text)
         self.out = path.parent / self.key  # where the store went (the private fallback)
-        return job(self.kernel, self.args, self.options, self.device, self.text, self.out,
-                   path)
+        args, options = self.args, self.options
+        specs = [specialization(a) for a in args]
+        if None in specs:
+            specs = _tritons_specialization(args, self.device)
+        names = self.kernel.arg_names
+        signature: dict[str, str] = {}
+        constexprs: list = []
+        attrs: list = []
+        for i, name in enumerate(names):
+            # (past the arguments: a tl.constexpr parameter, given as an option)
+            ty, spec = specs[i] if i < len(args) else ("constexpr", options[name])
+            signature[name] = ty
+            (constexprs if ty == "constexpr" else attrs).append([[i], spec])
+        compile_options = {k: v for k, v in options.items() if k not in names}
+        compile_options.setdefault("debug", False)
+        return {"kernel_file": str(path), "name": self.kernel.fn.__name__,
+                "signature": signature, "constexprs": constexprs, "attrs": attrs,
+                "options": compile_options, "target": list(target(self.device)),
+                "out": str(self.out)}
 
 
 def build_in_process(prepared: Prepared) -> str | None:
@@ -287,6 +236,9 @@ def build_in_process(prepared: Prepared) -> str | None:
 
 class _Worker:
     """A worker process (triton_worker.py), started ahead of its first job."""
+
+    # It answers a first line (whether Triton imported), a second (ready: its warm-up
+    # build done), then a line per job.
 
     def __init__(self, device: int | None) -> None:
         # With the GPU known, the worker builds one kernel for it ahead of the real ones.
@@ -308,9 +260,7 @@ class _Worker:
         except (OSError, ValueError):
             return {}
 
-    def wait_imported(self) -> bool:
-        """Wait for the worker's first line: whether Triton imported there (False too when
-        the worker died first)."""
+    def wait_imported(self) -> bool:  # (False too when the worker died first)
         if self.imported is None:
             first = self._line()
             self.imported = bool(first.get("imported"))
@@ -318,15 +268,12 @@ class _Worker:
         return self.imported
 
     def wait_ready(self) -> bool:
-        """Wait for the worker's second line (its warm-up build done); False when it died
-        first or could not import Triton."""
         if not self.ready and self.wait_imported():
             self.ready = bool(self._line().get("ready"))
         return self.ready
 
     def run(self, job: dict) -> str | None:
-        """Build ``job`` (the worker ready); None, or why not (the worker is dead after a
-        crash)."""
+        """Build ``job`` (the worker ready); None, or why not."""
         proc = self.proc
         assert proc.stdin is not None and proc.stdout is not None
         try:
@@ -357,10 +304,7 @@ _workers_pid = os.getpid()  # the process the workers answer
 
 
 def start_workers(count: int | None = None) -> None:
-    """Start worker processes now, up to ``count``.  Without a count: ``compile_threads``,
-    at most 8, ahead of need (they import Triton and build one kernel for the GPU in use
-    while the graph is captured and lowered); with one, for builds waiting now (no
-    warm-up build to wait for)."""
+    """Start up to ``count`` workers (None: ``compile_threads``, at most 8, warming up)."""
     global _workers_pid
     ahead = count is None
     count = count if count is not None else min(config.get().compile_threads, 8)
@@ -382,9 +326,7 @@ def start_workers(count: int | None = None) -> None:
 
 
 def import_problem() -> str | None:
-    """Why Triton does not import (None: it does), as the first build worker found: this
-    process need not import it to know.  Without a worker that answers, this process
-    imports it (toolchain.triton_problem)."""
+    """Why Triton does not import (None: it does), as a worker found, else here."""
     with _workers_lock:
         first = _workers[0] if _workers and _workers_pid == os.getpid() else None
     if first is not None:
@@ -408,9 +350,7 @@ def stop_workers() -> None:
 
 
 def build_all(prepared: list[Prepared], threads: int) -> list[str | None]:
-    """Build each (none cached) in parallel, in up to ``threads`` worker processes (in this
-    process when there is one and no worker was started).  For each, None or why it was
-    not built."""
+    """Build each in up to ``threads`` workers (or here): for each, None or why not built."""
     with _workers_lock:
         started = _workers_pid == os.getpid() and any(w.alive() for w in _workers)
     if (len(prepared) == 1 and not started) or threads <= 1:
@@ -462,8 +402,7 @@ def build_all(prepared: list[Prepared], threads: int) -> list[str | None]:
 
 
 def find_or_build(kernel: Any, args: Sequence[Any], options: dict, device: int) -> Built | None:
-    """The build of a launch of ``kernel`` with ``args``: from the cache, or built in this
-    process; None when it cannot be launched without Triton's launcher (logged)."""
+    """The build of a launch, from the cache or built here (None: Triton's launcher)."""
     try:
         prepared = Prepared(kernel, args, options, device)
     except (OSError, TypeError) as e:  # the kernel's source is not readable
@@ -479,8 +418,7 @@ def find_or_build(kernel: Any, args: Sequence[Any], options: dict, device: int) 
 
 
 def recorded(key: str) -> Built | None:
-    """The build of key ``key`` (a warm entry's record of a launcher's build), if the cache
-    holds it intact."""
+    """The build of key ``key`` (a warm entry's record), if the cache holds it intact."""
     found = cache.find(config.get().cache_dir, ("triton", key[:2]), f"{key}.json")
     return cached(found.with_suffix("")) if found is not None else None
 
@@ -492,9 +430,7 @@ def load(cubin: Path, name: str, shared: int, device: int) -> int:
 
 
 def precompile(launchers: list[Any]) -> None:
-    """Make ready the launches of ``launchers`` (runtime/launch.py) that their first calls
-    will make: build those the cache does not hold, in parallel (see the module's doc), and
-    hand each launcher its build (``launcher.adopt``)."""
+    """Build what the first calls of ``launchers`` launch and hand it over (``adopt``)."""
     if not launchers or not available():
         return
     device = torch.cuda.current_device()

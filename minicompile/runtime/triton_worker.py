@@ -1,18 +1,10 @@
 """Build one Triton kernel to a cubin: the job of runtime/triton_build.py's worker processes.
 
-Run as a script (``python triton_worker.py [target]``), this file imports
-Triton and nothing of minicompile or PyTorch, so that a worker starts in the time Triton
-takes to import.  It says whether Triton imported in a first line on stdout and that it
-is ready (its warm-up build done) in a second, then reads one job per line on stdin
-(JSON) and answers one result per line on stdout.  The launching process
-imports :func:`build` and calls it in-process for a single kernel.
-
-A job names a kernel file (the kernel and the helpers it calls, with real Triton imports),
-the kernel, and Triton's specialization of its arguments (signature, constexprs, attrs:
-what ``triton.jit`` computes from the arguments of a launch), the compile options and the
-target.  The result is ``<out>.cubin`` and ``<out>.json`` (what a launch needs: the
-function's name, warps, shared memory, argument types), the JSON written last, so that a
-reader that finds it finds the cubin complete.
+Run as a script (``python triton_worker.py [target]``), it imports Triton and nothing of
+minicompile or PyTorch, writes a line once Triton imported and one once warmed up, then
+answers each JSON job line on stdin with a result line.  A build writes ``<out>.cubin``,
+then ``<out>.json`` (what a launch needs): a reader that finds the JSON finds the cubin
+complete.  The launching process calls :func:`build` in-process for a single kernel.
 """
 
 from __future__ import annotations
@@ -31,7 +23,7 @@ ARG_CODES = {"i1": "i", "i8": "b", "i16": "h", "i32": "i", "i64": "l", "u1": "I"
              "fp64": "d"}
 
 
-def _write_atomic(path: str, data: bytes) -> None:
+def _write_atomic(path: str, data: bytes) -> None:  # (cache.py's needs minicompile)
     tmp = f"{path}.{os.getpid()}.tmp"
     with open(tmp, "wb") as f:
         f.write(data)
@@ -39,7 +31,7 @@ def _write_atomic(path: str, data: bytes) -> None:
 
 
 def _unsupported(meta: Any) -> str | None:
-    """Why a launch of this compiled kernel needs Triton's own launcher (None: it doesn't)."""
+    """Why a launch of this compiled kernel needs Triton's own launcher (None: none)."""
     if getattr(meta, "num_ctas", 1) != 1:
         return "it runs on thread-block clusters"
     for name in ("global_scratch_size", "profile_scratch_size"):
@@ -52,8 +44,7 @@ def _unsupported(meta: Any) -> str | None:
 
 
 def build(job: dict) -> dict:
-    """Compile ``job`` (see the module's doc); write the cubin and its launch data; return
-    ``{"ok": True}`` or ``{"ok": False, "reason": ...}``."""
+    """Compile ``job``; write the cubin and its launch data; ``{"ok": ...[, "reason": ...]}``."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -104,12 +95,9 @@ def _stamp(root: str) -> str:
 
 
 def _warm_up() -> None:
-    """What every build needs first: Triton's modules, and the key of its own cache.
-    Triton keys that cache by a hash of the contents of its files (0.35 s on the GPU
-    machine, which every worker would pay before its first build); here the key is a
-    stamp of those files instead (paths, sizes and modification times: milliseconds),
-    which any reinstall or edit of Triton changes.  (minicompile's own cache of cubins is
-    keyed apart: runtime/triton_build.py.)"""
+    """Import Triton, and key its own cache by a stamp of its files (paths, sizes, times:
+    milliseconds, changed by any reinstall) instead of a hash of their contents (0.35 s
+    a worker on the GPU machine)."""
     import triton
     import triton.compiler  # noqa: F401
 
@@ -138,11 +126,9 @@ def warm_up(in_ptr, out_ptr, xnumel, XBLOCK: tl.constexpr):
 
 
 def _build_once(target: list) -> bool:
-    """Build WARM_UP_KERNEL for ``target``, in a cache folder of its own that is deleted
-    after: Triton's first build in a process also loads its compiler's libraries and
-    finds its tools, which the first real build then does not wait for.  Whether it built
-    (a failure is left for the real builds to report; a Triton without ``knobs``, before
-    3.4, does not warm up)."""
+    """Build WARM_UP_KERNEL for ``target`` in a scratch cache folder: a first build loads
+    the compiler's libraries and finds its tools, which the real builds then do not wait
+    for.  Whether it built (the real builds report failures)."""
     import shutil
     import tempfile
 

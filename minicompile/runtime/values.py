@@ -1,11 +1,7 @@
-"""What the generated get_inputs and rebuild of a capture call on every call: inputs
-mutated by the graph get their new contents (``write_back``), NumPy arrays come in through
-``torch.from_numpy`` and graph outputs go back as arrays or NumPy scalars
-(capture/numpy_arrays.py writes those calls).
-
-They live with the runtime so that a warm entry on disk (runtime/entries.py) finds them
-in a process that never captured.  NumPy is not imported here: the arrays passed in come
-from it.
+"""What the generated get_inputs and rebuild of a capture call on every call: write-backs
+of mutated inputs, NumPy arrays in and out (capture/numpy_arrays.py writes those calls).
+Here so that a warm entry (runtime/entries.py) finds them in a process that never
+captured.  NumPy is not imported here: the arrays passed in come from it.
 """
 
 from __future__ import annotations
@@ -17,10 +13,9 @@ import torch
 
 
 def write_back(dst: Any, src: torch.Tensor) -> None:
-    """An input mutated in the graph gets its new value, unless the kernels stored it there
-    already (passes/inplace.py: ``src`` is ``dst``; then its version counter moves on, as
-    an in-place op's would: autograd and runtime/derived.py read it).  ``dst`` may be a
-    NumPy array (traced through ``torch.from_numpy``, so the copy lands in its memory)."""
+    """An input mutated in the graph (a tensor, or a NumPy array) gets its new value, unless
+    the kernels stored it there (passes/inplace.py: ``src is dst``; then its version counter
+    moves on, as an in-place op's would: autograd and runtime/derived.py read it)."""
     if not isinstance(dst, torch.Tensor):
         dst = torch.from_numpy(dst)
     if src is not dst:
@@ -30,8 +25,7 @@ def write_back(dst: Any, src: torch.Tensor) -> None:
 
 
 def to_tensor(a: Any, device: torch.device | None = None) -> torch.Tensor:
-    """An input array (or NumPy scalar) as a tensor: its own memory on the CPU, a copy on
-    ``device``."""
+    """An input array (or NumPy scalar) as a tensor: its memory on the CPU, a copy on ``device``."""
     import numpy as np
 
     if type(a) is not np.ndarray:
@@ -46,7 +40,7 @@ def to_tensor(a: Any, device: torch.device | None = None) -> torch.Tensor:
 
 
 def to_numpy(t: torch.Tensor) -> Any:
-    """A graph output as the array NumPy returns (its memory on the CPU; copied from a GPU)."""
+    """A graph output as the array NumPy returns (copied from a GPU)."""
     return t.numpy(force=True)
 
 

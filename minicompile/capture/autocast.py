@@ -28,17 +28,15 @@ import contextlib
 import dataclasses
 import operator
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from minicompile import compat
+from minicompile.capture.kinds import Output, Translator
 from minicompile.capture.variables import ConstantVar, ListVar, TensorVar, TupleVar, Var
 from minicompile.errors import Unsupported
 
-if TYPE_CHECKING:
-    from minicompile.capture.interpreter import InstructionTranslator
-    from minicompile.capture.output import OutputGraph
 
 DEVICE_TYPES = ("cpu", "cuda")
 # torch.autocast (also torch.amp.autocast), then the deprecated per-device subclasses
@@ -69,7 +67,7 @@ class AutocastState:
         self.regions: list[tuple[str, Mode]] = []
         self._guarded: set[Any] = set()  # device types (and (type, "dtype")) guarded
 
-    def mode(self, out: OutputGraph, device_type: str, with_dtype: bool = False) -> Mode:
+    def mode(self, out: Output, device_type: str, with_dtype: bool = False) -> Mode:
         """The state for ``device_type`` now.  Relying on the entry state guards whether it
         is enabled, and its dtype where that matters (enabled, or ``with_dtype``)."""
         for dev, mode in reversed(self.regions):
@@ -86,7 +84,7 @@ class AutocastState:
             out.guards.global_call(torch.get_autocast_dtype, (device_type,), {}, entry.dtype)
         return entry
 
-    def active(self, out: OutputGraph, device_type: str) -> Mode | None:
+    def active(self, out: Output, device_type: str) -> Mode | None:
         mode = self.mode(out, device_type)
         return mode if mode.enabled else None
 
@@ -118,13 +116,13 @@ class AutocastVar(Var):
     def describe(self) -> str:
         return f"torch.autocast({self.device_type!r}, enabled={self.mode.enabled})"
 
-    def enter(self, out: OutputGraph) -> None:
+    def enter(self, out: Output) -> None:
         if self.entered:
             raise Unsupported("re-entering a torch.autocast context is not supported")
         self.entered = True
         out.autocast.regions.append((self.device_type, self.mode))
 
-    def exit(self, out: OutputGraph) -> None:
+    def exit(self, out: Output) -> None:
         regions = out.autocast.regions
         if not regions or regions[-1] != (self.device_type, self.mode):
             raise Unsupported("torch.autocast contexts exited out of order")
@@ -144,7 +142,7 @@ def region_of(obj: Any) -> AutocastVar:
     return AutocastVar(device_type=device, mode=Mode(bool(obj._enabled), obj.fast_dtype))
 
 
-def _make_region(tx: InstructionTranslator, cls: Any, args: list, kwargs: dict) -> Var:
+def _make_region(tx: Translator, cls: Any, args: list, kwargs: dict) -> Var:
     """``torch.autocast(device_type, dtype=None, enabled=True, cache_enabled=None)`` (or a
     device-specific subclass): PyTorch's own constructor checks the arguments (and disables
     autocast where eager does, with its warning); an unspecified dtype is the traced one."""
@@ -167,7 +165,7 @@ def _make_region(tx: InstructionTranslator, cls: Any, args: list, kwargs: dict) 
     return region_of(obj)
 
 
-def _query(tx: InstructionTranslator, fn: Any, args: list, kwargs: dict) -> Var:
+def _query(tx: Translator, fn: Any, args: list, kwargs: dict) -> Var:
     """``torch.is_autocast_enabled(device)`` / ``torch.get_autocast_dtype(device)`` and the
     older per-device spellings: the traced state (the entry state is guarded)."""
     values = [tx.output.to_value(a) for a in args]
@@ -189,13 +187,13 @@ def _query(tx: InstructionTranslator, fn: Any, args: list, kwargs: dict) -> Var:
     return ConstantVar(mode.dtype if wants_dtype else mode.enabled)
 
 
-def _cache_query(tx: InstructionTranslator, fn: Any, args: list, kwargs: dict) -> Var:
+def _cache_query(tx: Translator, fn: Any, args: list, kwargs: dict) -> Var:
     value = torch.is_autocast_cache_enabled()
     tx.output.guards.global_call(fn, (), {}, value)
     return ConstantVar(value)
 
 
-def _enter_region(tx: InstructionTranslator, fn: Any, args: list, kwargs: dict) -> Var:
+def _enter_region(tx: Translator, fn: Any, args: list, kwargs: dict) -> Var:
     """``_enter_autocast(device_type, dtype, enabled, cache_enabled)``: how the code of
     Dynamo's FX graphs (``torch.compile(backend="minicompile")``) enters a region."""
     region = _make_region(tx, _BASE, args, kwargs)
@@ -203,7 +201,7 @@ def _enter_region(tx: InstructionTranslator, fn: Any, args: list, kwargs: dict) 
     return region
 
 
-def _exit_region(tx: InstructionTranslator, fn: Any, args: list, kwargs: dict) -> Var:
+def _exit_region(tx: Translator, fn: Any, args: list, kwargs: dict) -> Var:
     """``_exit_autocast(region)``: the end of a region ``_enter_autocast`` entered."""
     region = tx.realize(args[0]) if len(args) == 1 and not kwargs else None
     if not isinstance(region, AutocastVar):
@@ -228,7 +226,7 @@ HANDLERS[torch.is_autocast_cache_enabled] = _cache_query
 # -- the casting policy --------------------------------------------------------------------
 
 
-def call(out: OutputGraph, fn: Any, args: tuple, kwargs: dict,
+def call(out: Output, fn: Any, args: tuple, kwargs: dict,
          run: Callable[[tuple, dict], Any], inplace: bool = False) -> Any:
     """``run(args, kwargs)`` (which emits the graph for ``fn(*args, **kwargs)``) with the
     inputs cast as autocast would cast them, when the traced state is on for the device of
@@ -283,7 +281,7 @@ class _EagerRaises(Unsupported):
     """The call raises under autocast in eager too (or reads data the fakes do not have)."""
 
 
-def _ask(out: OutputGraph, fn: Any, device_type: str, dtype: torch.dtype, args: tuple,
+def _ask(out: Output, fn: Any, device_type: str, dtype: torch.dtype, args: tuple,
          kwargs: dict) -> tuple[tuple, tuple]:
     """(the dtype each tensor input is cast to, or None; the result dtypes) of ``fn`` under
     autocast on ``device_type`` to ``dtype``, found on fake tensors (see the module doc)."""
@@ -397,7 +395,7 @@ def _fake(v: TensorVar) -> torch.Tensor:
     return torch.empty_strided(size, stride, dtype=meta.dtype, device=meta.device)
 
 
-def _hint(out: OutputGraph, v: Any) -> Any:
+def _hint(out: Output, v: Any) -> Any:
     if isinstance(v, torch.SymInt) and out.graph.shapes is not None:
         return int(out.graph.shapes.hint(out.graph.shapes.to_sympy(v)))
     return v

@@ -9,17 +9,16 @@ can flow, ``apply`` itself is a library call of the graph (:func:`library_call`)
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from minicompile import ops
+from minicompile.capture.kinds import Translator
 from minicompile.capture import records
 from minicompile.capture.variables import ConstantVar, TensorVar, UserFunctionVar, Var
 from minicompile.errors import Unsupported
 
-if TYPE_CHECKING:
-    from minicompile.capture.interpreter import InstructionTranslator
 
 _NO_SETUP = torch.autograd.Function.setup_context
 
@@ -47,7 +46,7 @@ class InferenceContext:
         self.materialize_grads = value
 
 
-def call(tx: InstructionTranslator, cls: type, args: list, kwargs: dict) -> Var:
+def call(tx: Translator, cls: type, args: list, kwargs: dict) -> Var:
     """``cls.apply(*args, **kwargs)`` (see the module's doc)."""
     values = [tx.realize(v) for v in (*args, *kwargs.values())]
     if tx.output.grad_enabled and any(
@@ -62,7 +61,7 @@ def call(tx: InstructionTranslator, cls: type, args: list, kwargs: dict) -> Var:
     return tx.inline_call(UserFunctionVar(forward), [ctx, *args], kwargs)
 
 
-def library_call(tx: InstructionTranslator, cls: type, args: list, kwargs: dict) -> Var:
+def library_call(tx: Translator, cls: type, args: list, kwargs: dict) -> Var:
     """``cls.apply(...)`` where a gradient can flow: a library call of the graph, as in
     eager.  The compiled forward calls ``apply``, which records the class's own ``backward``
     (the user's code, not traced), and the compiled backward has autograd run it, as for

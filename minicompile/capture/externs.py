@@ -21,18 +21,17 @@ from __future__ import annotations
 
 import functools
 import inspect
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 
 from minicompile import compat, ops
+from minicompile.capture.kinds import Output
 from minicompile.capture import mutation, torch_ops
 from minicompile.capture.variables import TensorVar
 from minicompile.errors import Unsupported
 
-if TYPE_CHECKING:
-    from minicompile.capture.output import OutputGraph
 
 NAMESPACES: tuple[tuple[str, Any], ...] = (
     ("torch.nn.functional", F),
@@ -190,7 +189,7 @@ def check_callable(fname: str, short: str, static_shape: bool = False) -> None:
         raise Unsupported(f"{fname}() is not supported (effects outside the graph)")
 
 
-def call_function(out: OutputGraph, fn: Any, args: tuple, kwargs: dict) -> Any:
+def call_function(out: Output, fn: Any, args: tuple, kwargs: dict) -> Any:
     """A torch callable that :mod:`torch_ops` has no handler for."""
     if isinstance(fn, OPERATORS):
         problem = operator_problem(fn, kwargs)
@@ -213,7 +212,7 @@ def call_function(out: OutputGraph, fn: Any, args: tuple, kwargs: dict) -> Any:
     return out.extern(fn, args, kwargs)
 
 
-def call_method(out: OutputGraph, x: TensorVar, name: str, args: tuple, kwargs: dict) -> Any:
+def call_method(out: Output, x: TensorVar, name: str, args: tuple, kwargs: dict) -> Any:
     """``x.name(*args, **kwargs)`` for a method :mod:`torch_ops` has no handler for."""
     fname = f"Tensor.{name}"
     check_callable(fname, name, _static_repeats(name, args, kwargs, method=True))
@@ -253,7 +252,7 @@ def _arg(args: tuple, kwargs: dict, i: int, name: str, default: Any = None) -> A
     return kwargs.get(name, default)
 
 
-def inplace_method(out: OutputGraph, x: TensorVar, name: str, args: tuple, kwargs: dict) -> Any:
+def inplace_method(out: Output, x: TensorVar, name: str, args: tuple, kwargs: dict) -> Any:
     """``x.name_(...)``: the out-of-place op, then ``x`` is rebound to its result."""
     fname = f"Tensor.{name}"
     if name in METADATA_INPLACE:
@@ -297,7 +296,7 @@ def inplace_method(out: OutputGraph, x: TensorVar, name: str, args: tuple, kwarg
     return mutation.mutate(out, x, new, fname)
 
 
-def with_out(out: OutputGraph, result: Any, target: Any, fname: str) -> Any:
+def with_out(out: Output, result: Any, target: Any, fname: str) -> Any:
     """``f(..., out=target)``: write the functional ``result`` into ``target``."""
     if not isinstance(target, TensorVar) or not isinstance(result, TensorVar):
         raise Unsupported(f"{fname}(out=...) is only supported with one tensor result")

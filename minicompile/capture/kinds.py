@@ -15,10 +15,44 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 from minicompile.capture.variables import Var
 from minicompile.errors import Unsupported
+
+
+# The contexts a rule runs in, as the modules that register rules see them: named here so
+# that those modules need not import the interpreter, the output graph or the rebuild writer
+# (which import them).  Only the interpreter's own mixins annotate with the classes.
+class Output(Protocol):
+    """capture/output.py's OutputGraph: the graph, guards and side-effect log of a trace."""
+
+    graph: Any
+    guards: Any
+    side_effects: Any
+
+    def to_value(self, var: Var) -> Any: ...
+
+    def from_value(self, value: Any) -> Var: ...
+
+
+class Translator(Protocol):
+    """capture/interpreter.py's InstructionTranslator, running one frame."""
+
+    output: Any  # an Output
+
+    def realize(self, var: Var) -> Var: ...
+
+    def call_function(self, fn: Var, args: list, kwargs: dict) -> Var: ...
+
+
+class RebuildWriter(Protocol):
+    """capture/side_effects.py's Rebuild: writes the code that rebuilds the results."""
+
+    out: Any  # an Output
+    made: dict[int, str]
+
+    def temp(self, expr: str) -> str: ...
 
 
 class Rule:

@@ -32,10 +32,11 @@ import logging
 import types
 import warnings
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
+from minicompile.capture.kinds import Translator
 from minicompile.capture import autocast, records
 from minicompile.capture.pybuiltins import contains_tensor
 from minicompile.capture.variables import (
@@ -43,10 +44,8 @@ from minicompile.capture.variables import (
 )
 from minicompile.errors import Unsupported
 
-if TYPE_CHECKING:
-    from minicompile.capture.interpreter import InstructionTranslator
 
-Handler = Callable[["InstructionTranslator", Any, list, dict], Var]
+Handler = Callable[["Translator", Any, list, dict], Var]
 _HANDLERS: dict[Any, Handler] = {}
 
 
@@ -74,7 +73,7 @@ def _maybe(owner: Any, *path: str) -> Any:
 
 
 def _constant(value: Any) -> Handler:
-    def handler(tx: InstructionTranslator, fn: Any, args: list, kwargs: dict) -> Var:
+    def handler(tx: Translator, fn: Any, args: list, kwargs: dict) -> Var:
         return ConstantVar(value)
 
     return handler
@@ -91,7 +90,7 @@ _ENCODER_CODE = getattr(getattr(torch.nn, "TransformerEncoder", None), "forward"
     _maybe(torch, "compiler", "is_dynamo_compiling"),
     _maybe(torch, "_utils", "is_compiling"),
 )
-def _is_compiling(tx: InstructionTranslator, fn: Any, args: list, kwargs: dict) -> Var:
+def _is_compiling(tx: Translator, fn: Any, args: list, kwargs: dict) -> Var:
     if _ENCODER_CODE is not None and tx.code is _ENCODER_CODE.__code__:
         raise Unsupported("nn.TransformerEncoder with a padding mask: eager takes its "
                           "nested-tensor path there (padded positions zeroed), so it runs "
@@ -112,7 +111,7 @@ _register(_maybe(torch.nn.modules.activation, "_is_make_fx_tracing"))(_constant(
 
 
 @_register(_maybe(torch, "backends", "mha", "get_fastpath_enabled"))
-def _global_query(tx: InstructionTranslator, fn: Any, args: list, kwargs: dict) -> Var:
+def _global_query(tx: Translator, fn: Any, args: list, kwargs: dict) -> Var:
     """A switch of PyTorch's read by library code (``nn.MultiheadAttention`` asks whether
     its fused fast path is on): answered now, guarded."""
     if args or kwargs:
@@ -137,7 +136,7 @@ def _marked_constant(fn: Any) -> bool:
 
 
 @_register(*_PROCESS_QUERIES)
-def _constant_query(tx: InstructionTranslator, fn: Any, args: list, kwargs: dict) -> Var:
+def _constant_query(tx: Translator, fn: Any, args: list, kwargs: dict) -> Var:
     """A question whose answer is fixed for the process (``torch.cuda.get_device_capability
     (device)``, a marked library probe such as transformers' ``is_torch_less_or_equal``),
     asked of constants: answered now, and guarded by asking again."""
@@ -163,7 +162,7 @@ def _constant_query(tx: InstructionTranslator, fn: Any, args: list, kwargs: dict
     _maybe(torch, "overrides", "has_torch_function_unary"),
     _maybe(torch, "overrides", "has_torch_function_variadic"),
 )
-def _has_torch_function(tx: InstructionTranslator, fn: Any, args: list, kwargs: dict) -> Var:
+def _has_torch_function(tx: Translator, fn: Any, args: list, kwargs: dict) -> Var:
     """False: the tensors a trace holds are plain tensors (a subclass is never traced)."""
     return ConstantVar(False)
 
@@ -198,7 +197,7 @@ INLINED_HELPERS = frozenset(f for f in (
     _maybe(torch, "_check_with"),
     _maybe(torch, "_check_is_size"),
 )
-def _check(tx: InstructionTranslator, fn: Any, args: list, kwargs: dict) -> Var:
+def _check(tx: Translator, fn: Any, args: list, kwargs: dict) -> Var:
     """A check on Python values, decided now; the frame runs eagerly if it fails."""
     position = 1 if fn is getattr(torch, "_check_with", None) else 0  # (error_type, cond)
     var = args[position] if len(args) > position else kwargs.get("cond", ConstantVar(True))
@@ -217,7 +216,7 @@ def _check(tx: InstructionTranslator, fn: Any, args: list, kwargs: dict) -> Var:
 
 
 @_register(torch._C._set_grad_enabled)
-def _set_grad_enabled(tx: InstructionTranslator, fn: Any, args: list, kwargs: dict) -> Var:
+def _set_grad_enabled(tx: Translator, fn: Any, args: list, kwargs: dict) -> Var:
     """How the code of Dynamo's FX graphs spells ``with torch.no_grad():`` (a call before
     the block, one after it).  Grad mode must be back as it was when the trace ends."""
     values = [tx.output.to_value(tx.realize(a)) for a in args]
@@ -228,7 +227,7 @@ def _set_grad_enabled(tx: InstructionTranslator, fn: Any, args: list, kwargs: di
 
 
 @_register(torch.finfo, torch.iinfo, torch.device)
-def _type_info(tx: InstructionTranslator, fn: Any, args: list, kwargs: dict) -> Var:
+def _type_info(tx: Translator, fn: Any, args: list, kwargs: dict) -> Var:
     """Immutable descriptions made from constants (``torch.finfo(x.dtype)``, and
     ``torch.device("cpu")``, which FX's generated code spells ``device(type='cpu')``)."""
     values = [tx.output.to_value(a) for a in args]
@@ -243,7 +242,7 @@ def _type_info(tx: InstructionTranslator, fn: Any, args: list, kwargs: dict) -> 
 
 
 @_register(inspect.signature)
-def _signature(tx: InstructionTranslator, fn: Any, args: list, kwargs: dict) -> Var:
+def _signature(tx: Translator, fn: Any, args: list, kwargs: dict) -> Var:
     """``inspect.signature(f)`` of a function the trace knows: its code decides it."""
     if len(args) != 1:
         raise Unsupported("inspect.signature() with these arguments is not supported")
@@ -259,14 +258,14 @@ def _signature(tx: InstructionTranslator, fn: Any, args: list, kwargs: dict) -> 
 
 
 @_register(copy.copy, copy.deepcopy)
-def _copy(tx: InstructionTranslator, fn: Any, args: list, kwargs: dict) -> Var:
+def _copy(tx: Translator, fn: Any, args: list, kwargs: dict) -> Var:
     if len(args) != 1 or kwargs:
         raise Unsupported(f"copy.{fn.__name__}() with a memo is not supported")
     return records.copy_value(tx, args[0], deep=fn is copy.deepcopy)
 
 
 @_register(warnings.warn)
-def _warn(tx: InstructionTranslator, fn: Any, args: list, kwargs: dict) -> Var:
+def _warn(tx: Translator, fn: Any, args: list, kwargs: dict) -> Var:
     values, kw = _message_args(tx, args, kwargs, "warnings.warn")
     kw["stacklevel"] = 1
     warnings.warn(*values[:2], **kw)  # Python's own filter decides whether it shows
@@ -281,13 +280,13 @@ def is_log_call(fn: Any) -> bool:
 # PyTorch's usage log (nn.Module.__init__ calls it; Dynamo keeps it in the graphs it hands
 # to torch.compile backends): a logging call like the others.
 @_register(_maybe(torch, "_C", "_log_api_usage_once"))
-def log_call(tx: InstructionTranslator, fn: Any, args: list, kwargs: dict) -> Var:
+def log_call(tx: Translator, fn: Any, args: list, kwargs: dict) -> Var:
     values, kw = _message_args(tx, args, kwargs, "a logging call")
     fn(*values, **kw)
     return ConstantVar(None)
 
 
-def _message_args(tx: InstructionTranslator, args: list, kwargs: dict, what: str):
+def _message_args(tx: Translator, args: list, kwargs: dict, what: str):
     values = [tx.output.to_value(a) for a in args]
     kw = {k: tx.output.to_value(v) for k, v in kwargs.items()}
     if any(contains_tensor(v) for v in (*values, *kw.values())):

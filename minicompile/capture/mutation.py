@@ -18,15 +18,14 @@ their base changes, but mutating them is Unsupported.
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
+from minicompile.capture.kinds import Output
 from minicompile.capture.variables import TensorVar
 from minicompile.errors import Unsupported
 
-if TYPE_CHECKING:
-    from minicompile.capture.output import OutputGraph
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,7 +40,7 @@ class ViewStep:
     fn: Any = None  # opaque: the extern callable, called as fn(x, *args, **kwargs)
     kwargs: tuple = ()  # opaque: sorted (name, value) pairs
 
-    def apply(self, out: OutputGraph, x: TensorVar) -> TensorVar:
+    def apply(self, out: Output, x: TensorVar) -> TensorVar:
         """This view of ``x`` (a new tracker, not registered as a view)."""
         k, a = self.kind, self.args
         if k == "select":
@@ -64,7 +63,7 @@ class ViewStep:
             self.fn()
         return out.extern(self.fn, (x, *a), dict(self.kwargs), track=False)
 
-    def scatter(self, out: OutputGraph, base: TensorVar, src: TensorVar) -> TensorVar:
+    def scatter(self, out: Output, base: TensorVar, src: TensorVar) -> TensorVar:
         """The value of ``base`` after its view (this step of it) became ``src``."""
         k, a = self.kind, self.args
         if k == "select":
@@ -101,7 +100,7 @@ class ViewStep:
         raise Unsupported(f"in-place op on {what} is not supported")
 
 
-def register_view(out: OutputGraph, view: TensorVar, of: TensorVar, steps: tuple) -> None:
+def register_view(out: Output, view: TensorVar, of: TensorVar, steps: tuple) -> None:
     """Record that ``view`` is ``of`` seen through ``steps``."""
     if view is of:
         return
@@ -170,7 +169,7 @@ def index_steps(key: Any, shape: tuple[int, ...]) -> list[ViewStep] | None:
 
 
 def scatter_through(
-    out: OutputGraph, root: TensorVar, steps: tuple | list, new: TensorVar
+    out: Output, root: TensorVar, steps: tuple | list, new: TensorVar
 ) -> TensorVar:
     """The value of ``root`` after its view through ``steps`` became ``new``."""
     values = [root]
@@ -185,7 +184,7 @@ def _strides_that_matter(meta: Any) -> tuple:
     return tuple(st for size, st in zip(meta.shape, meta.stride) if size != 1)
 
 
-def rebind(out: OutputGraph, root: TensorVar, new: TensorVar) -> None:
+def rebind(out: Output, root: TensorVar, new: TensorVar) -> None:
     """``root`` now holds ``new``'s value; recompute the views of ``root``.  An in-place op
     keeps the tensor's strides (an input read every other row stays so): the new value is
     given them, so later views of it are views exactly where eager's are."""
@@ -204,7 +203,7 @@ def rebind(out: OutputGraph, root: TensorVar, new: TensorVar) -> None:
         view.node = value.node
 
 
-def conform(out: OutputGraph, target: TensorVar, value: Any, what: str) -> TensorVar:
+def conform(out: Output, target: TensorVar, value: Any, what: str) -> TensorVar:
     """``value`` (a tensor or a Python number) as the new contents of ``target``: cast to its
     dtype and broadcast to its shape, as in-place ops and ``copy_`` do."""
     shape = target.meta.concrete_shape()
@@ -231,7 +230,7 @@ def conform(out: OutputGraph, target: TensorVar, value: Any, what: str) -> Tenso
     return value
 
 
-def refuse_grad_input(out: OutputGraph, target: TensorVar, what: str) -> None:
+def refuse_grad_input(out: Output, target: TensorVar, what: str) -> None:
     """An in-place op on an input that requires grad (or a view of one) is refused: on a
     leaf eager raises, and on a non-leaf autograd would have to see the caller's tensor
     change.  Intermediates are functionalized, so the backward differentiates the new
@@ -242,7 +241,7 @@ def refuse_grad_input(out: OutputGraph, target: TensorVar, what: str) -> None:
                           hint="run under torch.no_grad(), or write to a copy")
 
 
-def mutate(out: OutputGraph, target: TensorVar, new: TensorVar, what: str) -> TensorVar:
+def mutate(out: Output, target: TensorVar, new: TensorVar, what: str) -> TensorVar:
     """``target`` now holds ``new`` (the functional result of an in-place op on it), cast
     to ``target``'s dtype as eager does.  Returns ``target``, as in-place ops do."""
     refuse_grad_input(out, target, what)
@@ -267,7 +266,7 @@ def mutate(out: OutputGraph, target: TensorVar, new: TensorVar, what: str) -> Te
     return target
 
 
-def setitem(out: OutputGraph, x: TensorVar, key: Any, value: Any) -> None:
+def setitem(out: Output, x: TensorVar, key: Any, value: Any) -> None:
     """``x[key] = value``, functionalized."""
     what = "tensor item assignment (x[...] = v)"
     steps = index_steps(key, x.meta.concrete_shape())

@@ -26,19 +26,17 @@ from __future__ import annotations
 
 import dataclasses
 import warnings
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
 
+from minicompile.capture.kinds import Output, Translator
 from minicompile.capture import mutation
 from minicompile.runtime.values import shares_no_memory, to_tensor
 from minicompile.capture.variables import ArrayVar, ConstantVar, Source, TensorVar, Var
 from minicompile.errors import Unsupported
 
-if TYPE_CHECKING:
-    from minicompile.capture.interpreter import InstructionTranslator
-    from minicompile.capture.output import OutputGraph
 
 _DTYPES: dict[np.dtype, torch.dtype] = {
     np.dtype(np.bool_): torch.bool,
@@ -88,14 +86,14 @@ def require_numpy_2() -> None:
 # -- the frame's arrays in, the graph's arrays out -------------------------------------------
 
 
-def array_device(out: OutputGraph) -> torch.device:
+def array_device(out: Output) -> torch.device:
     """Where arrays are computed: the default device, which the entry is guarded on."""
     device = torch.get_default_device()
     out.guards.global_call(torch.get_default_device, (), {}, device)
     return device
 
 
-def wrap_input(out: OutputGraph, value: Any, source: Source | None) -> ArrayVar:
+def wrap_input(out: Output, value: Any, source: Source | None) -> ArrayVar:
     """The tracker of a NumPy array or scalar read from the frame at ``source``."""
     require_numpy_2()
     if source is None:
@@ -121,7 +119,7 @@ def wrap_input(out: OutputGraph, value: Any, source: Source | None) -> ArrayVar:
     return ArrayVar(var, scalar, source)
 
 
-def check_mutated_inputs(out: OutputGraph) -> None:
+def check_mutated_inputs(out: Output) -> None:
     """Input arrays mutated in place: read-only ones make NumPy raise; ones that may share
     memory with another input array are refused now and guarded for later calls (the graph
     treats inputs as independent)."""
@@ -148,27 +146,27 @@ def check_mutated_inputs(out: OutputGraph) -> None:
 # -- making values ---------------------------------------------------------------------------
 
 
-def cast(out: OutputGraph, t: TensorVar, dtype: torch.dtype) -> TensorVar:
+def cast(out: Output, t: TensorVar, dtype: torch.dtype) -> TensorVar:
     return t if t.meta.dtype == dtype else out.op("to_dtype", (t,), {"dtype": dtype})
 
 
-def copy(out: OutputGraph, t: TensorVar) -> TensorVar:
+def copy(out: Output, t: TensorVar) -> TensorVar:
     """A new tensor with ``t``'s values (NumPy's copies are never views)."""
     return out.extern(torch.clone, (t,), {})
 
 
-def result(out: OutputGraph, t: TensorVar, dtype: np.dtype, scalar: bool) -> ArrayVar:
+def result(out: Output, t: TensorVar, dtype: np.dtype, scalar: bool) -> ArrayVar:
     """``t`` as a NumPy value of ``dtype``; a NumPy scalar when ``scalar`` (and 0-d)."""
     return ArrayVar(cast(out, t, torch_dtype(dtype)), scalar and t.meta.ndim == 0)
 
 
-def full(out: OutputGraph, value: Any, dtype: np.dtype) -> TensorVar:
+def full(out: Output, value: Any, dtype: np.dtype) -> TensorVar:
     """A 0-d tensor holding the Python number ``value`` as ``dtype``."""
     device = array_device(out)
     return out.extern(torch.full, ((), value), {"dtype": torch_dtype(dtype), "device": device})
 
 
-def constant(out: OutputGraph, fname: str, value: Any) -> ArrayVar:
+def constant(out: Output, fname: str, value: Any) -> ArrayVar:
     """``np.asarray(value)`` for a NumPy scalar or a (nested) list of Python numbers."""
     try:
         arr = np.asarray(value)
@@ -183,7 +181,7 @@ def constant(out: OutputGraph, fname: str, value: Any) -> ArrayVar:
     return ArrayVar(t)
 
 
-def operand(out: OutputGraph, fname: str, value: Any) -> Any:
+def operand(out: Output, fname: str, value: Any) -> Any:
     """An argument of a NumPy function: an ArrayVar, or a Python number (weak in NumPy 2's
     promotion); NumPy scalars and lists of numbers become arrays."""
     if isinstance(value, ArrayVar):
@@ -200,7 +198,7 @@ def operand(out: OutputGraph, fname: str, value: Any) -> Any:
     raise Unsupported(f"{fname}(): an argument of type {type(value).__name__} is not supported")
 
 
-def as_array(out: OutputGraph, fname: str, value: Any) -> ArrayVar:
+def as_array(out: Output, fname: str, value: Any) -> ArrayVar:
     """An argument NumPy converts with ``np.asarray`` (Python numbers included)."""
     value = operand(out, fname, value)
     if isinstance(value, ArrayVar):
@@ -216,7 +214,7 @@ def _flat(value: Any) -> list:
     return [value]
 
 
-def assign(out: OutputGraph, target: ArrayVar, value: ArrayVar, what: str) -> ArrayVar:
+def assign(out: Output, target: ArrayVar, value: ArrayVar, what: str) -> ArrayVar:
     """``target`` takes ``value``'s contents in place (``a += b``), cast as NumPy's in-place
     ufuncs cast (the 'same_kind' rule)."""
     src, dst = numpy_dtype(value), numpy_dtype(target)
@@ -230,7 +228,7 @@ def assign(out: OutputGraph, target: ArrayVar, value: ArrayVar, what: str) -> Ar
 # -- indexing --------------------------------------------------------------------------------
 
 
-def _index(out: OutputGraph, arr: ArrayVar, key: Any) -> tuple[tuple, bool, int | None]:
+def _index(out: Output, arr: ArrayVar, key: Any) -> tuple[tuple, bool, int | None]:
     """The torch index for a NumPy ``key`` on ``arr``, whether NumPy's result is a scalar
     (an integer for every dimension), and where a 0-d integer array index (``a[i]`` with
     ``i = np.argmax(...)``, read as an int by NumPy) put the length-1 dimension it is given
@@ -300,7 +298,7 @@ def _reversed(arr: ArrayVar, key: Any) -> tuple[Any, tuple[int, ...]]:
     return (tuple(out) if type(key) is tuple else out[0]), tuple(flips)
 
 
-def getitem(tx: InstructionTranslator, arr: ArrayVar, index: Var) -> ArrayVar:
+def getitem(tx: Translator, arr: ArrayVar, index: Var) -> ArrayVar:
     """``a[index]``: a view where NumPy's is one (a slice with a negative step is a flip
     the graph computes; it is replayed when the array changes, and writing through it is
     refused), a NumPy scalar for an integer per dimension."""
@@ -322,7 +320,7 @@ def getitem(tx: InstructionTranslator, arr: ArrayVar, index: Var) -> ArrayVar:
     return ArrayVar(res, scalar)
 
 
-def setitem(tx: InstructionTranslator, arr: ArrayVar, index: Var, value: Var) -> None:
+def setitem(tx: Translator, arr: ArrayVar, index: Var, value: Var) -> None:
     """``a[index] = value``: the value cast to the array's dtype, as NumPy casts it."""
     out = tx.output
     if arr.scalar:
@@ -342,7 +340,7 @@ def setitem(tx: InstructionTranslator, arr: ArrayVar, index: Var, value: Var) ->
     mutation.setitem(out, arr.tensor, key if len(key) != 1 else key[0], v)
 
 
-def rows(tx: InstructionTranslator, arr: ArrayVar) -> list[ArrayVar]:
+def rows(tx: Translator, arr: ArrayVar) -> list[ArrayVar]:
     """What ``for row in a`` sees."""
     shape = arr.tensor.meta.shape
     if not shape:
@@ -355,7 +353,7 @@ def rows(tx: InstructionTranslator, arr: ArrayVar) -> list[ArrayVar]:
 # -- NumPy and torch together ----------------------------------------------------------------
 
 
-def torch_call(out: OutputGraph, fn: Any, args: tuple, kwargs: dict) -> TensorVar:
+def torch_call(out: Output, fn: Any, args: tuple, kwargs: dict) -> TensorVar:
     """A torch function given a NumPy array: ``torch.from_numpy(a)`` / ``torch.as_tensor(a)``
     share the array's memory (a view of it in the graph); anything else breaks."""
     name = getattr(fn, "__name__", repr(fn))
@@ -373,7 +371,7 @@ def torch_call(out: OutputGraph, fn: Any, args: tuple, kwargs: dict) -> TensorVa
     raise Unsupported(f"torch.{name}() on a NumPy array is not supported (graph break)")
 
 
-def from_tensor(out: OutputGraph, t: TensorVar) -> ArrayVar:
+def from_tensor(out: Output, t: TensorVar) -> ArrayVar:
     """``t.numpy()``: an array sharing the tensor's memory."""
     if t.meta.requires_grad:
         raise Unsupported("Tensor.numpy() on a tensor that requires grad (eager raises)",

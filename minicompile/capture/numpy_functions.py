@@ -23,11 +23,12 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
 
+from minicompile.capture.kinds import Output
 from minicompile.capture import externs, torch_ops
 from minicompile.capture.numpy_arrays import (
     as_array, cast, copy, full, numpy_dtype, operand, result, torch_dtype,
@@ -38,10 +39,8 @@ from minicompile.capture.variables import (
 )
 from minicompile.errors import Unsupported
 
-if TYPE_CHECKING:
-    from minicompile.capture.output import OutputGraph
 
-Handler = Callable[["OutputGraph", str, tuple, dict], Any]
+Handler = Callable[["Output", str, tuple, dict], Any]
 FUNCTIONS: dict[str, Handler] = {}  # name in the numpy namespace -> handler
 METHODS: dict[str, Handler] = {}  # ndarray method -> handler (the array first)
 
@@ -144,7 +143,7 @@ def _sample_of(v: Any) -> Any:
     return python_type_of(v)
 
 
-def _torch(out: OutputGraph, fn: Any, *args: Any, **kwargs: Any) -> Any:
+def _torch(out: Output, fn: Any, *args: Any, **kwargs: Any) -> Any:
     """``fn(*args, **kwargs)`` as torch graph ops (as capture does for torch code, without
     autocast: NumPy's dtypes are not autocast's)."""
     if fn in torch_ops.FUNCTIONS:
@@ -162,7 +161,7 @@ def _result_dtype(values: list) -> np.dtype:
 # -- ufuncs ----------------------------------------------------------------------------------
 
 
-def ufunc(out: OutputGraph, uf: Any, args: tuple, kwargs: dict | None = None) -> ArrayVar:
+def ufunc(out: Output, uf: Any, args: tuple, kwargs: dict | None = None) -> ArrayVar:
     """``uf(*args)`` with NumPy's loop dtypes (see the module doc)."""
     name = uf.__name__
     fname = f"numpy.{name}"
@@ -207,7 +206,7 @@ def ufunc(out: OutputGraph, uf: Any, args: tuple, kwargs: dict | None = None) ->
     return result(out, res, res_dtype, scalar=True)
 
 
-def _integer_division(out: OutputGraph, fn: Any, a: Any, b: Any) -> TensorVar:
+def _integer_division(out: Output, fn: Any, a: Any, b: Any) -> TensorVar:
     """Integer ``//``, ``%``, fmod: 0 where the divisor is 0, as NumPy gives (with a
     warning), never the hardware's trap."""
     if not isinstance(b, TensorVar):
@@ -219,7 +218,7 @@ def _integer_division(out: OutputGraph, fn: Any, a: Any, b: Any) -> TensorVar:
     return _torch(out, torch.where, zero, 0, _torch(out, fn, a, safe))
 
 
-def matmul(out: OutputGraph, fname: str, a: Any, b: Any) -> ArrayVar:
+def matmul(out: Output, fname: str, a: Any, b: Any) -> ArrayVar:
     a, b = operand(out, fname, a), operand(out, fname, b)
     if not isinstance(a, ArrayVar) or not isinstance(b, ArrayVar) or (
         a.tensor.meta.ndim == 0 or b.tensor.meta.ndim == 0
@@ -236,7 +235,7 @@ def matmul(out: OutputGraph, fname: str, a: Any, b: Any) -> ArrayVar:
 
 @function("dot")
 @method("dot")
-def _dot(out: OutputGraph, fname: str, args: tuple, kwargs: dict) -> ArrayVar:
+def _dot(out: Output, fname: str, args: tuple, kwargs: dict) -> ArrayVar:
     a, b = parse(fname, args, kwargs, ("a", "b"))
     a, b = as_array(out, fname, a), as_array(out, fname, b)
     if a.tensor.meta.ndim == 0 or b.tensor.meta.ndim == 0:
@@ -247,13 +246,13 @@ def _dot(out: OutputGraph, fname: str, args: tuple, kwargs: dict) -> ArrayVar:
 
 
 @function("matmul")
-def _matmul(out: OutputGraph, fname: str, args: tuple, kwargs: dict) -> ArrayVar:
+def _matmul(out: Output, fname: str, args: tuple, kwargs: dict) -> ArrayVar:
     a, b = parse(fname, args, kwargs, ("x1", "x2"))
     return matmul(out, fname, a, b)
 
 
 @function("where")
-def _where(out: OutputGraph, fname: str, args: tuple, kwargs: dict) -> ArrayVar:
+def _where(out: Output, fname: str, args: tuple, kwargs: dict) -> ArrayVar:
     if len(args) + len(kwargs) == 1:
         raise Unsupported(f"{fname}(condition) has a data-dependent shape; not supported")
     cond, x, y = parse(fname, args, kwargs, ("condition", "x", "y"))
@@ -270,7 +269,7 @@ def _where(out: OutputGraph, fname: str, args: tuple, kwargs: dict) -> ArrayVar:
 
 @function("clip")
 @method("clip")
-def _clip(out: OutputGraph, fname: str, args: tuple, kwargs: dict) -> ArrayVar:
+def _clip(out: Output, fname: str, args: tuple, kwargs: dict) -> ArrayVar:
     kwargs = {{"min": "a_min", "max": "a_max"}.get(k, k): v for k, v in kwargs.items()}
     a, lo, hi = parse(fname, args, kwargs, ("a", "a_min", "a_max"), a_min=None, a_max=None)
     a = as_array(out, fname, a)
@@ -284,7 +283,7 @@ def _clip(out: OutputGraph, fname: str, args: tuple, kwargs: dict) -> ArrayVar:
 
 @function("round", "around")
 @method("round")
-def _round(out: OutputGraph, fname: str, args: tuple, kwargs: dict) -> ArrayVar:
+def _round(out: Output, fname: str, args: tuple, kwargs: dict) -> ArrayVar:
     a, decimals = parse(fname, args, kwargs, ("a", "decimals"), decimals=0)
     a = as_array(out, fname, a)
     if type(decimals) is not int:
@@ -304,7 +303,7 @@ def _round(out: OutputGraph, fname: str, args: tuple, kwargs: dict) -> ArrayVar:
 # -- reductions ------------------------------------------------------------------------------
 
 
-def reduce(out: OutputGraph, fname: str, a: Any, axis: Any, keepdims: Any,
+def reduce(out: Output, fname: str, a: Any, axis: Any, keepdims: Any,
            **options: Any) -> ArrayVar:
     """``np.<name>(a, axis, keepdims=..., **options)`` for the reductions below."""
     name = fname.rpartition(".")[2]
@@ -367,7 +366,7 @@ def reduce(out: OutputGraph, fname: str, a: Any, axis: Any, keepdims: Any,
 
 @function("sum", "prod", "mean")
 @method("sum", "prod", "mean")
-def _sum(out: OutputGraph, fname: str, args: tuple, kwargs: dict) -> ArrayVar:
+def _sum(out: Output, fname: str, args: tuple, kwargs: dict) -> ArrayVar:
     a, axis, dtype, keepdims = parse(fname, args, kwargs, ("a", "axis", "dtype", "keepdims"),
                                      axis=None, dtype=None, keepdims=False)
     return reduce(out, fname, a, axis, keepdims, dtype=dtype)
@@ -375,7 +374,7 @@ def _sum(out: OutputGraph, fname: str, args: tuple, kwargs: dict) -> ArrayVar:
 
 @function("std", "var")
 @method("std", "var")
-def _var(out: OutputGraph, fname: str, args: tuple, kwargs: dict) -> ArrayVar:
+def _var(out: Output, fname: str, args: tuple, kwargs: dict) -> ArrayVar:
     a, axis, dtype, ddof, keepdims = parse(
         fname, args, kwargs, ("a", "axis", "dtype", "ddof", "keepdims"),
         axis=None, dtype=None, ddof=0, keepdims=False)
@@ -386,7 +385,7 @@ def _var(out: OutputGraph, fname: str, args: tuple, kwargs: dict) -> ArrayVar:
 
 @function("max", "min", "amax", "amin", "argmax", "argmin", "any", "all")
 @method("max", "min", "argmax", "argmin", "any", "all")
-def _extreme(out: OutputGraph, fname: str, args: tuple, kwargs: dict) -> ArrayVar:
+def _extreme(out: Output, fname: str, args: tuple, kwargs: dict) -> ArrayVar:
     a, axis, keepdims = parse(fname, args, kwargs, ("a", "axis", "keepdims"), axis=None,
                               keepdims=False)
     return reduce(out, fname, a, axis, keepdims)
@@ -394,7 +393,7 @@ def _extreme(out: OutputGraph, fname: str, args: tuple, kwargs: dict) -> ArrayVa
 
 @function("cumsum", "cumprod")
 @method("cumsum", "cumprod")
-def _cumsum(out: OutputGraph, fname: str, args: tuple, kwargs: dict) -> ArrayVar:
+def _cumsum(out: Output, fname: str, args: tuple, kwargs: dict) -> ArrayVar:
     a, axis, dtype = parse(fname, args, kwargs, ("a", "axis", "dtype"), axis=None, dtype=None)
     if axis is not None and type(axis) is not int:
         raise Unsupported(f"{fname}(axis=...) must be an int")

@@ -14,12 +14,13 @@ import dataclasses
 import enum
 import types
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import sympy
 import torch
 
 from minicompile import ops
+from minicompile.capture.kinds import Translator
 from minicompile.capture import externs, kinds, mutation
 from minicompile.capture.autocast import AutocastState
 from minicompile.capture.dynamic import STATIC, DynamicPolicy
@@ -34,8 +35,6 @@ from minicompile.errors import ShapeError, SourceLine, Unsupported
 from minicompile.graph import Graph, Node, TensorMeta
 from minicompile.runtime.guards import Guards
 
-if TYPE_CHECKING:
-    from minicompile.capture.interpreter import InstructionTranslator
 
 # Graph view ops and how a view made by one is described (see mutation.ViewStep).
 _VIEW_OPS = frozenset({"permute", "expand", "unsqueeze", "squeeze"})
@@ -74,7 +73,7 @@ class OutputGraph(FrameValuesMixin):
         self.input_exprs: list[str] = []
         self._wrapped: dict[str, Var] = {}
         self._idents: set[str] = set()
-        self.tx: InstructionTranslator | None = None  # the translator running now
+        self.tx: Translator | None = None  # the translator running now
         # Mutable objects read from the frame, by identity: a second source for the same
         # object gives the same tracker plus an `is` guard (aliased inputs, tied weights).
         self._by_id: dict[int, Var] = {}

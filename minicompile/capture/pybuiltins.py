@@ -9,16 +9,15 @@ from __future__ import annotations
 
 import builtins
 import collections.abc
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from minicompile.capture.kinds import Output
 from minicompile.capture.variables import (
     ArrayVar, python_type_of, specialized, ConstantVar, DictVar, ListVar, ObjectVar, TensorVar,
     TupleVar, Var,
 )
 from minicompile.errors import Unsupported
 
-if TYPE_CHECKING:
-    from minicompile.capture.output import OutputGraph
 
 # Builtins without side effects, folded when no argument is a tensor.
 FOLDABLE: frozenset[Any] = frozenset(
@@ -68,7 +67,7 @@ def contains_tensor(value: Any) -> bool:
 _SYMBOLIC_SAFE = frozenset({abs, min, max, int, float, bool, round, divmod, pow, sum, len})
 
 
-def call_builtin(out: OutputGraph, fn: Any, args: list[Var], kwargs: dict[str, Var]) -> Var:
+def call_builtin(out: Output, fn: Any, args: list[Var], kwargs: dict[str, Var]) -> Var:
     """``fn(*args, **kwargs)`` for a builtin or math function ``fn``."""
     name = getattr(fn, "__name__", repr(fn))
     if fn is print:
@@ -110,7 +109,7 @@ def _sequence(fn: Any, arg: Var) -> Var:
     return TupleVar(items) if fn is tuple else ListVar(list(items))
 
 
-def _with_tensors(out: OutputGraph, fn: Any, name: str, values: list, kw: dict) -> Var:
+def _with_tensors(out: Output, fn: Any, name: str, values: list, kw: dict) -> Var:
     x = values[0] if values else None
     if isinstance(x, ArrayVar):
         from minicompile.capture import numpy_kind

@@ -20,7 +20,7 @@ from __future__ import annotations
 import functools
 import types
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
@@ -34,8 +34,6 @@ from minicompile.capture.variables import (
 from minicompile.errors import Unsupported
 from minicompile.graph import Node
 
-if TYPE_CHECKING:
-    from minicompile.capture.output import OutputGraph
 
 
 class SideEffects:
@@ -85,7 +83,7 @@ class Rebuild:
     ``kinds.rebuild`` rule), reading graph outputs (``outs[i]``) and making each object of
     the trace once, in statements before the return value (``lines``)."""
 
-    def __init__(self, out: OutputGraph) -> None:
+    def __init__(self, out: kinds.Output) -> None:
         self.out, self.g = out, out.guards
         self.outputs: list[Node] = []
         self._index: dict[Node, int] = {}
@@ -149,7 +147,7 @@ class Rebuild:
         return view_expr(base, v.view, self.value_text)
 
 
-def generate_rebuild(out: OutputGraph, result: Var) -> tuple[list[Node], str]:
+def generate_rebuild(out: kinds.Output, result: Var) -> tuple[list[Node], str]:
     """The graph outputs and the source of ``rebuild(outs, *frame)`` (see the module doc)."""
     r = Rebuild(out)
     r.lines.append(f"    ret = {r.expr(result)}")

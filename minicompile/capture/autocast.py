@@ -1,25 +1,14 @@
 """``torch.autocast`` regions, traced as explicit casts in the graph (as Dynamo does).
 
-The traced autocast state (:class:`AutocastState`) starts as the state the compiled code is
-called in (read when the trace starts, guarded when first relied on) and changes at
-``with torch.autocast(...)`` blocks (:class:`AutocastVar`; the ``torch.amp.autocast``,
-``torch.cuda.amp.autocast`` and ``torch.cpu.amp.autocast`` spellings, and instances used
-as decorators, alike).  While it is on for the device of a call's tensors, the call gets
-autocast's casting policy as ``to_dtype`` nodes on its inputs (:func:`call`).
-
-The policy is not a table of ours: PyTorch's own lists differ per device and version.  It
-is *asked*: the call runs on fake tensors of the same device, dtypes and shapes with the
-autocast state switched on, under a dispatch mode that records what reaches ATen: the
-casts autocast made of the inputs, then the op.  The same call on inputs cast that way,
-with autocast off, must reach ATen with the same ops and dtypes (or, for ops autocast
-gives an fp32 ``dtype=`` argument, such as softmax and sum on CUDA, the same ops and
-result dtypes from inputs cast to the result dtype).  When neither holds (a library
-function casting inside its own body), the call is Unsupported with that reason: never a
-silent dtype difference.  Fake tensors carry their device's autocast dispatch keys, so
-the same question answers for CUDA on the GPU machine.
-
-While tracing, PyTorch's real autocast state is switched off (:func:`suspended`): shape
-inference on fake tensors must see the casts of the graph, not autocast's.
+The traced state (:class:`AutocastState`) starts as the state the compiled code is called
+in (guarded when first relied on) and changes at ``with torch.autocast(...)`` blocks
+(:class:`AutocastVar`, every spelling and decorator use alike).  While it is on for the
+device of a call's tensors, :func:`call` casts the inputs with ``to_dtype`` nodes.  The
+policy is asked of PyTorch, not tabled: the call runs on fake tensors with autocast on
+under a dispatch mode that records the casts reaching ATen, and the same call on inputs
+cast that way, autocast off, must reach ATen alike (or with the same result dtypes, for
+ops given an fp32 ``dtype=``).  Otherwise it is Unsupported: never a silent dtype
+difference.  While tracing, PyTorch's real autocast is off (:func:`suspended`).
 """
 
 from __future__ import annotations
@@ -34,7 +23,7 @@ import torch
 
 from minicompile import compat
 from minicompile.capture.kinds import Output, Translator
-from minicompile.capture.variables import ConstantVar, ListVar, TensorVar, TupleVar, Var
+from minicompile.capture.variables import ConstantVar, ListVar, TensorVar, TupleVar, Var, map_leaves
 from minicompile.errors import Unsupported
 
 
@@ -263,7 +252,7 @@ def call(out: Output, fn: Any, args: tuple, kwargs: dict,
                 return v
             return out.op("to_dtype", (v,), {"dtype": dtype})
 
-        args, kwargs = _map_leaves((args, kwargs), cast)
+        args, kwargs = map_leaves((args, kwargs), cast)
     result = run(args, kwargs)
     got = tuple(v.meta.dtype for v in _leaves(result) if isinstance(v, TensorVar))
     if got != result_dtypes:
@@ -288,7 +277,7 @@ def _ask(out: Output, fn: Any, device_type: str, dtype: torch.dtype, args: tuple
     what = _name(fn)
     fake_mode = compat.fake_tensor_mode()
     with fake_mode:
-        fakes = _map_leaves((args, kwargs), lambda v: _fake(v) if isinstance(v, TensorVar)
+        fakes = map_leaves((args, kwargs), lambda v: _fake(v) if isinstance(v, TensorVar)
                             else _hint(out, v))
     inputs = [v for v in _leaves(fakes) if isinstance(v, torch.Tensor)]
     try:
@@ -324,7 +313,7 @@ def _reproduces(fake_mode: Any, fn: Any, fakes: Any, inputs: list, plan: tuple,
     with autocast on (``strict``: ops, argument and result dtypes; else ops and results)."""
     casts = {id(t): d for t, d in zip(inputs, plan)}
     with fake_mode:
-        cast_fakes = _map_leaves(fakes, lambda v: v.to(casts[id(v)]) if isinstance(
+        cast_fakes = map_leaves(fakes, lambda v: v.to(casts[id(v)]) if isinstance(
             v, torch.Tensor) and casts.get(id(v)) is not None else v)
     try:
         log, _ = _run(fake_mode, fn, cast_fakes, device_type, dtype, False)
@@ -423,14 +412,6 @@ def _leaves(value: Any) -> list:
     if isinstance(value, (TupleVar, ListVar)):  # a tuple result of an extern
         return _leaves(list(value.items))
     return [value]
-
-
-def _map_leaves(value: Any, fn: Callable[[Any], Any]) -> Any:
-    if isinstance(value, (tuple, list)):
-        return type(value)(_map_leaves(v, fn) for v in value)
-    if isinstance(value, dict):
-        return {k: _map_leaves(v, fn) for k, v in value.items()}
-    return fn(value)
 
 
 def _name(fn: Any) -> str:

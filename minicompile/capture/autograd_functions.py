@@ -1,10 +1,7 @@
-"""Custom ``torch.autograd.Function`` calls (``MyFn.apply(x)``) where no gradient can flow:
-grad mode off, or no tensor argument requiring grad (inference, as BLOOM's ``GeLUFunction``
-runs in ``generate``).  There ``apply`` returns what ``forward`` returns, so the trace
-inlines ``forward``: with a context that records nothing (``save_for_backward`` and the
-``mark_*`` calls do nothing, attributes may be set), or without one when the class defines
-``setup_context`` (the newer style, whose ``forward`` takes no context).  Where a gradient
-can flow, ``apply`` itself is a library call of the graph (:func:`library_call`).
+"""Custom ``torch.autograd.Function`` calls (``MyFn.apply(x)``) where no gradient can flow
+(grad mode off, or no input requiring grad): ``apply`` returns what ``forward`` returns, so
+``forward`` is inlined with a context that records nothing (or none, with
+``setup_context``).  Where a gradient can flow, ``apply`` is a library call of the graph.
 """
 
 from __future__ import annotations

@@ -1,10 +1,6 @@
-"""Reading CPython bytecode: instruction decoding and the differences between versions.
-
-Everything version-specific that the interpreter needs lives here, so the opcode handlers in
-:mod:`minicompile.capture.interpreter` can be written once for CPython 3.11 and 3.12 (and
-3.13 where it is cheap).  The rule from CAPTURE.md: trust ``dis``'s ``argval`` (jump targets
-are absolute offsets, names are resolved, ``COMPARE_OP`` gives the operator) and read the raw
-``arg`` only for flag bits.
+"""Reading CPython bytecode: instruction decoding and the differences between versions, so
+the opcode handlers are written once for 3.11 and 3.12 (and 3.13 where cheap).  As
+CAPTURE.md says: trust ``dis``'s ``argval``, read the raw ``arg`` only for flag bits.
 """
 
 from __future__ import annotations
@@ -92,18 +88,9 @@ def frame_layout(code: types.CodeType) -> list[str]:
 # BINARY_OP's argument indexes this table on 3.11-3.13; 13 and above are the in-place forms
 # (``+=``) of the same operators, in the same order.
 BINARY_OPS: list[tuple[str, Any]] = [
-    ("+", operator.add),
-    ("&", operator.and_),
-    ("//", operator.floordiv),
-    ("<<", operator.lshift),
-    ("@", operator.matmul),
-    ("*", operator.mul),
-    ("%", operator.mod),
-    ("|", operator.or_),
-    ("**", operator.pow),
-    (">>", operator.rshift),
-    ("-", operator.sub),
-    ("/", operator.truediv),
+    ("+", operator.add), ("&", operator.and_), ("//", operator.floordiv), ("<<", operator.lshift),
+    ("@", operator.matmul), ("*", operator.mul), ("%", operator.mod), ("|", operator.or_),
+    ("**", operator.pow), (">>", operator.rshift), ("-", operator.sub), ("/", operator.truediv),
     ("^", operator.xor),
 ]
 
@@ -117,11 +104,7 @@ def binary_op(inst: Inst) -> tuple[str, Any, bool]:
 
 
 COMPARE_OPS: dict[str, Any] = {
-    "<": operator.lt,
-    "<=": operator.le,
-    "==": operator.eq,
-    "!=": operator.ne,
-    ">": operator.gt,
+    "<": operator.lt, "<=": operator.le, "==": operator.eq, "!=": operator.ne, ">": operator.gt,
     ">=": operator.ge,
 }
 

@@ -174,10 +174,8 @@ class CallsMixin:
                 if src is None:
                     raise Unsupported(f"module attribute {name!r} reached without a source")
                 source = Source(
-                    f"{src.name}.{table}[{name!r}]",
-                    f"{src.expr}.{table}[{name!r}]",
-                    f"{src.ident}_{name}",
-                    src.trusted,
+                    f"{src.name}.{table}[{name!r}]", f"{src.expr}.{table}[{name!r}]",
+                    f"{src.ident}_{name}", src.trusted,
                     safe_expr=f"{src.expr}.{table}.get({name!r})",
                 )
                 return self.output.wrap(d[table][name], source)
@@ -494,10 +492,7 @@ class CallsMixin:
         if isinstance(fn, NestedFunctionVar):
             code, f_globals = fn.code, fn.f_globals
             signature_of = types.FunctionType(
-                code,
-                f_globals,
-                code.co_name,
-                tuple(fn.defaults) or None,
+                code, f_globals, code.co_name, tuple(fn.defaults) or None,
                 tuple(types.CellType() for _ in code.co_freevars) or None,
             )
             signature_of.__kwdefaults__ = dict(fn.kwdefaults) or None
@@ -523,9 +518,7 @@ class CallsMixin:
             local_vars[code.co_varnames[0]] = args[0]
         else:
             try:
-                bound = inspect.signature(signature_of, follow_wrapped=False).bind(
-                    *args, **kwargs
-                )
+                bound = inspect.signature(signature_of, follow_wrapped=False).bind(*args, **kwargs)
             except TypeError as e:
                 raise Unsupported(f"bad call to {code.co_name}(): {e} (eager raises)") from e
             bound.apply_defaults()
@@ -540,15 +533,8 @@ class CallsMixin:
         if globals_name is None:
             globals_name = self.output.guards.ref(f_globals, f"G_{f_globals.get('__name__')}")
         child = type(self)(
-            self.output,
-            code,
-            f_globals,
-            builtins_of(f_globals),
-            local_vars,
-            cells,
-            parent_stack=self.user_stack(),
-            depth=self.depth + 1,
-            globals_name=globals_name,
+            self.output, code, f_globals, builtins_of(f_globals), local_vars, cells,
+            parent_stack=self.user_stack(), depth=self.depth + 1, globals_name=globals_name,
             parent=self,
         )
         result = child.run()

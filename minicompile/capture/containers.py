@@ -1,11 +1,6 @@
-"""Containers for the interpreter (a mixin of InstructionTranslator): building tuples,
-lists, dicts and slices, comprehensions appending to them, ``*``/``**`` unpacking into
-calls, ``a, *b = ...``, and subscripts (``x[i]``, ``x[i:j]``).
-
-Lists and dicts built in the trace are mutable trackers; appending to one read from the
-frame is refused (a mutation).  Stores and ``del`` (``x[i] = v``) are in :mod:`control`.
-A subscript of a tensor is an extern ``__getitem__`` node; of a module container, a record
-or a user mapping it follows their own rules; of Python values it is folded.
+"""Containers for the interpreter (a mixin of InstructionTranslator): building tuples, lists,
+dicts and slices, ``*``/``**`` unpacking, ``a, *b = ...`` and subscripts.  Lists and dicts
+built in the trace are mutable trackers; stores and ``del`` are in :mod:`control`.
 """
 
 from __future__ import annotations

@@ -1,20 +1,12 @@
 """PyTorch functions beyond the pointwise and view tables: extern graph ops.
 
-Any public ``torch.*``, ``torch.nn.functional.*``, ``torch.special.*``, ``torch.linalg.*``,
-``torch.fft.*`` function, ``Tensor`` method that :mod:`torch_ops` does not map onto a
-graph op, or operator (``torch.ops.aten.*``, a library's ``torch.library.custom_op``, whose
-schema says it only computes tensors) becomes one ``extern`` node (:func:`minicompile.ops.extern_op`) whose metadata
-comes from running it on meta tensors; a tuple result becomes a node with a tuple of metas
-plus one ``getitem`` node per element.  Refused, with a reason:
-
-- in-place ops and ``out=`` are functionalized here (:func:`inplace_method`,
-  :func:`with_out`) rather than called;
-- random ops other than the library calls of ``ops.RANDOM_FUNCTIONS`` (``torch.rand``,
-  ``torch.bernoulli``...), the in-place draws of ``ops.RANDOM_IN_PLACE`` (``x.uniform_()``,
-  functionalized) and dropout (:mod:`training_ops`): "random ops are not compiled yet";
-  ops with data-dependent output shapes,
-  ops that read tensor data into Python (``.item()``, ``.tolist()``: future graph breaks)
-  and functions with side effects outside the tensors (``torch.manual_seed``).
+A public ``torch.*`` (``nn.functional``, ``special``, ``linalg``, ``fft``) function, a
+``Tensor`` method :mod:`torch_ops` does not map, or an operator whose schema says it only
+computes tensors becomes one ``extern`` node with metadata from a run on meta tensors (a
+tuple result adds one ``getitem`` node per element).  In-place ops and ``out=`` are
+functionalized (:func:`inplace_method`, :func:`with_out`).  Refused with a reason: random
+ops other than ``ops.RANDOM_FUNCTIONS`` / ``RANDOM_IN_PLACE`` and dropout, data-dependent
+output shapes, reads of tensor data into Python, side effects outside the tensors.
 """
 
 from __future__ import annotations
@@ -34,11 +26,8 @@ from minicompile.errors import Unsupported
 
 
 NAMESPACES: tuple[tuple[str, Any], ...] = (
-    ("torch.nn.functional", F),
-    ("torch", torch),
-    ("torch.special", torch.special),
-    ("torch.linalg", torch.linalg),
-    ("torch.fft", torch.fft),
+    ("torch.nn.functional", F), ("torch", torch), ("torch.special", torch.special),
+    ("torch.linalg", torch.linalg), ("torch.fft", torch.fft),
 )
 
 # Random functions refused; the others are library calls (ops.RANDOM_FUNCTIONS: drawn from

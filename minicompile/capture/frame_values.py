@@ -1,16 +1,10 @@
 """Frame values to trackers, for :class:`OutputGraph` (a mixin of it).
 
-:meth:`wrap` turns a value read from the frame at a source (an argument, a global, an
-attribute) into a value tracker, installing the guards the trace relies on: tensors become
-placeholders (graph inputs) with their metadata, a size symbol for each dim the dynamic
-policy picks (:mod:`dynamic`), or views of an input they share storage with; Python
-constants are guarded by value, containers by structure (their items wrapped lazily, when
-first used), other objects by type or identity.  Each source is wrapped once, and one
-object read through two sources is one tracker; a Python int the policy makes dynamic is a
-size symbol.  Beside it: :meth:`object_var`, the kind of tracker for an object, and
-:meth:`sizes_to_sympy`, which writes SymInts in node arguments as the capture's sympy
-symbols.  The state (``_wrapped``, ``_by_id``, the input lists) lives in
-``OutputGraph.__init__``.
+:meth:`wrap` turns a value read at a source into a tracker and installs the guards the
+trace relies on: tensors become placeholders (size symbols where the dynamic policy says,
+or views of an input they share storage with), constants are guarded by value, containers
+by structure (items wrapped lazily), other objects by type or identity.  Each source and
+each object is wrapped once.  The state lives in ``OutputGraph.__init__``.
 """
 
 from __future__ import annotations
@@ -198,8 +192,7 @@ class FrameValuesMixin:
         if alias is not None:  # f(a, a[0]): a view of the input it shares storage with
             base, base_var = alias
             self.guards.tensor_match(source, t, meta)
-            step = mutation.ViewStep("as_strided", (tuple(t.shape), t.stride(),
-                                                   t.storage_offset()))
+            step = mutation.ViewStep("as_strided", (tuple(t.shape), t.stride(), t.storage_offset()))
             self.guards.alias_of(source, base_var.source, step.args)
             var = step.apply(self, base_var)
             mutation.register_view(self, var, base_var, (step,))

@@ -1,25 +1,11 @@
 """Building guards while tracing: the checks that decide whether a captured graph may be
-reused for a new call (minicompile/runtime/guards.py runs them and says why one failed).
+reused (minicompile/runtime/guards.py runs them and says why one failed).
 
-A :class:`GuardBuilder` collects one :class:`GuardCheck` per fact the trace relied on, with
-one method per kind of guard (tensor match, constant match, identity, sequence length, dict
-keys, grad mode).  :meth:`GuardBuilder.build` turns them into one generated Python function,
-compiled once, taking the frame's parameters in layout order (rendered by
-minicompile/runtime/guard_render.py; a path several checks read is read once)::
-
-    def check(L_self, L_x):
-        if not (type(L_x) is Tensor):  # L['x'] type
-            return False
-        p0 = L_self._modules
-        if not (p0.get('conv1') is Conv2d):  # L['self']._modules['conv1'] identity
-            return False
-        ...
-        return True
-
-Objects the checks compare against (devices, modules, functions, cells, the globals dict)
-are held by reference in the function's namespace, never by ``id()``.  The fast path is one
-function call; :meth:`Guards.explain_failure` re-runs the checks one by one on a miss
-to say which failed and how.
+A :class:`GuardBuilder` collects one :class:`GuardCheck` per fact the trace relied on, one
+method per kind of guard, and :meth:`GuardBuilder.build` renders them into one generated
+Python function of the frame's parameters (minicompile/runtime/guard_render.py), which
+returns False at the first check that fails.  Objects the checks compare against are held
+by reference in the function's namespace, never by ``id()``.
 """
 
 from __future__ import annotations

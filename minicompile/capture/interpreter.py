@@ -1,27 +1,15 @@
 """The symbolic bytecode interpreter: one method per opcode, named after it.
 
-An :class:`InstructionTranslator` walks the instructions of one code object (from
-:func:`bytecode.decode`) with a stack and locals of value trackers
-(:mod:`minicompile.capture.variables`).  Tensor operations append nodes to the shared
-:class:`OutputGraph`; Python values are computed while tracing (constant folding); calls
-to user functions are inlined by a child translator sharing the output.  The trace ends at
-``RETURN_VALUE`` / ``RETURN_CONST`` of the root frame.
-
-Attribute reads and calls (:mod:`calls`, :mod:`python_calls`), loops, ``with`` blocks and
-stores (:mod:`control`), operators (:mod:`operators`) and containers (:mod:`containers`)
-are mixins; this module keeps the driver, the value helpers and the opcodes of locals,
-globals and cells, method loads and ``CALL``, stack shuffles, jumps and returns, f-strings
-and ``MAKE_FUNCTION``.
-
-Anything it cannot model raises :class:`Unsupported` with the user's source stack; the
-interpreter never runs user code and never mutates user objects, so giving up is always
-safe.
-
-Stack layout of calls (CPython 3.11/3.12): ``[NULL | callable, callable | self, *args]``
-then ``CALL n``; keyword names come from ``KW_NAMES`` just before.  Method loads always
-push ``[NULL, bound method]`` here (the method tracker carries its ``self``), which CALL
-treats like any other callable.  3.13 puts the NULL after the callable; see
-:mod:`bytecode`.
+An :class:`InstructionTranslator` walks one code object (:func:`bytecode.decode`) with a
+stack and locals of value trackers.  Tensor operations append nodes to the shared
+:class:`OutputGraph`, Python values are folded while tracing, and calls of user functions
+are inlined by a child translator.  Attributes and calls (:mod:`calls`,
+:mod:`python_calls`), loops, ``with`` and stores (:mod:`control`), operators and
+containers are mixins; this module keeps the driver and the opcodes of locals, globals,
+cells, calls, jumps, returns, f-strings and ``MAKE_FUNCTION``.  It never runs user code or
+mutates user objects, so raising :class:`Unsupported` is always safe.  Calls are laid out
+``[NULL | callable, callable | self, *args]`` on 3.11/3.12 (method loads push
+``[NULL, method]``); 3.13 puts the NULL after the callable (see :mod:`bytecode`).
 """
 
 from __future__ import annotations
@@ -58,16 +46,9 @@ class InstructionTranslator(
     driver can inspect or resume the state at the break."""
 
     def __init__(
-        self,
-        output: OutputGraph,
-        code: types.CodeType,
-        f_globals: dict[str, Any],
-        f_builtins: dict[str, Any],
-        local_vars: dict[str, Var],
-        cells: dict[str, CellVar],
-        parent_stack: tuple[SourceLine, ...] = (),
-        depth: int = 0,
-        globals_name: str = "G",
+        self, output: OutputGraph, code: types.CodeType, f_globals: dict[str, Any],
+        f_builtins: dict[str, Any], local_vars: dict[str, Var], cells: dict[str, CellVar],
+        parent_stack: tuple[SourceLine, ...] = (), depth: int = 0, globals_name: str = "G",
         parent: InstructionTranslator | None = None,
     ) -> None:
         # Generator functions called inside the trace (generator expressions) run to
@@ -260,9 +241,7 @@ class InstructionTranslator(
         if name in self.f_globals:
             label = "G" if g == "G" else f"{g}"
             source = Source(
-                f"{label}[{name!r}]",
-                f"{g}[{name!r}]",
-                f"{g}_{name}",
+                f"{label}[{name!r}]", f"{g}[{name!r}]", f"{g}_{name}",
                 trusted=str(self.f_globals.get("__name__", "")).split(".")[0] == "torch",
                 safe_expr=f"{g}.get({name!r})",
             )
@@ -409,8 +388,7 @@ class InstructionTranslator(
         spec = self.output.to_value(self.pop()) if inst.arg & 0x04 else ""
         convert = {0: None, 1: str, 2: repr, 3: ascii}[inst.arg & 0x03]
         value = self.pop()
-        self.push(self.fold(lambda v: format(convert(v) if convert else v, spec), value,
-                            text=True))
+        self.push(self.fold(lambda v: format(convert(v) if convert else v, spec), value, text=True))
 
     def CONVERT_VALUE(self, inst: Inst) -> None:  # 3.13
         convert = {1: str, 2: repr, 3: ascii}[inst.arg]

@@ -1,14 +1,8 @@
-"""What each kind of traced value does: one rule per question the interpreter asks of a
-value (its attributes, a call, a method call, its truth, its plain value, its iteration,
-its spelling in the generated rebuild), answered by the handler registered for the nearest
-class in the tracker's MRO.
-
-A kind registers its handlers where it is modelled (``@kinds.load_attr.register(ArrayVar)``
-in numpy_kind.py, records in records.py, tensors and Python objects in calls.py...), so a
-new kind is one module and nothing else tests for it by ``isinstance``.  The modules that
-register are imported before any trace (by the interpreter, or by ``capture/__init__``);
-NumPy's (numpy_kind.py) load with the first NumPy value a trace meets, before any
-ArrayVar exists.
+"""What each kind of traced value does: one rule per question the interpreter asks of a value
+(attributes, calls, truth, plain value, iteration, rebuild...), answered by the handler
+registered for the nearest class in the tracker's MRO.  A kind registers its handlers
+where it is modelled, so a new kind is one module and nothing else tests for it by
+``isinstance``; NumPy's (numpy_kind.py) load with the first NumPy value a trace meets.
 """
 
 from __future__ import annotations

@@ -1,26 +1,13 @@
 """The Python that library model code calls around its tensors, answered by capture.
 
-Model libraries (transformers, timm, torchvision) ask the runtime questions and check
-their inputs in plain Python: ``torch._assert(H == 224, msg)``, ``torch.jit.is_scripting()``,
-``torch.compiler.is_compiling()``, ``warnings.warn(...)``, ``logger.warning_once(...)``,
-``torch.finfo(dtype).min``.  Each has a known meaning, so the trace answers it the way
-Dynamo does instead of breaking the graph:
-
-- checks (``torch._assert``, ``torch._check*``) on Python values are decided now (their
-  operands are guarded); a failing one is Unsupported, so the frame runs eagerly and
-  raises the library's own error;
-- ``is_compiling()`` is True under minicompile, so libraries take their compile-friendly
-  paths; ``is_scripting()`` / ``is_tracing()`` are False;
-- warnings and log messages with constant text are emitted once, while tracing (Python
-  shows a warning once per call site by default; later calls run compiled code);
-- ``torch.finfo`` / ``torch.iinfo`` and ``inspect.signature`` of known functions are
-  folded into constants; so are questions fixed for the process (``torch.cuda.
-  get_device_capability``, transformers' version probes marked as Dynamo's
-  ``assume_constant_result``), guarded by asking again;
-- ``torch.autocast`` (regions, traced as casts) and the autocast state queries are
-  :mod:`autocast`'s.
-
-:func:`handler_for` maps a callable to its handler, or None.
+Model libraries ask the runtime questions and check inputs in plain Python; each call has
+a known meaning, answered as Dynamo does instead of breaking the graph: checks
+(``torch._assert``, ``torch._check*``) on Python values are decided now, and a failing one
+is Unsupported so eager raises the library's error; ``is_compiling()`` is True,
+``is_scripting()`` / ``is_tracing()`` False; warnings and logs with constant text are
+emitted once, while tracing; ``torch.finfo``, ``inspect.signature`` and questions fixed
+for the process (device capability, version probes) fold to guarded constants; autocast
+is :mod:`autocast`'s.  :func:`handler_for` maps a callable to its handler, or None.
 """
 
 from __future__ import annotations
@@ -86,8 +73,7 @@ _ENCODER_CODE = getattr(getattr(torch.nn, "TransformerEncoder", None), "forward"
 
 
 @_register(
-    _maybe(torch, "compiler", "is_compiling"),
-    _maybe(torch, "compiler", "is_dynamo_compiling"),
+    _maybe(torch, "compiler", "is_compiling"), _maybe(torch, "compiler", "is_dynamo_compiling"),
     _maybe(torch, "_utils", "is_compiling"),
 )
 def _is_compiling(tx: Translator, fn: Any, args: list, kwargs: dict) -> Var:
@@ -100,10 +86,8 @@ def _is_compiling(tx: Translator, fn: Any, args: list, kwargs: dict) -> Var:
 # Dynamo stack (half a second): it is recognised by name in handler_for instead.
 _DYNAMO_IS_COMPILING = ("torch._dynamo.external_utils", "is_compiling")
 _register(
-    _maybe(torch, "jit", "is_scripting"),
-    _maybe(torch, "jit", "is_tracing"),
-    _maybe(torch, "compiler", "is_exporting"),
-    _maybe(torch, "_jit_internal", "is_scripting"),
+    _maybe(torch, "jit", "is_scripting"), _maybe(torch, "jit", "is_tracing"),
+    _maybe(torch, "compiler", "is_exporting"), _maybe(torch, "_jit_internal", "is_scripting"),
 )(_constant(False))
 _register(_maybe(torch, "_C", "_get_tracing_state"))(_constant(None))
 # nn.MultiheadAttention's question whether make_fx traces it: not under minicompile.
@@ -148,8 +132,7 @@ def _constant_query(tx: Translator, fn: Any, args: list, kwargs: dict) -> Var:
     try:
         value = fn(*pos, **kw)
     except Exception as e:  # the user's error: eager raises it, and runs to say so
-        raise Unsupported(f"{fn.__qualname__}() raises {type(e).__name__}: {e}",
-                          raises=True) from e
+        raise Unsupported(f"{fn.__qualname__}() raises {type(e).__name__}: {e}", raises=True) from e
     if not (isinstance(value, _PLAIN) or (
             isinstance(value, tuple) and all(isinstance(v, _PLAIN) for v in value))):
         raise Unsupported(f"{fn.__qualname__}() returns a {type(value).__name__}")
@@ -172,8 +155,7 @@ def _has_torch_function(tx: Translator, fn: Any, args: list, kwargs: dict) -> Va
 # nn.TransformerEncoderLayer), inlined as user code: torch ops and metadata checks.
 # (Every other torch callable is a library call or unsupported.)
 INLINED_HELPERS = frozenset(f for f in (
-    _maybe(torch.nn.functional, "_none_or_dtype"),
-    _maybe(torch.nn.functional, "_canonical_mask"),
+    _maybe(torch.nn.functional, "_none_or_dtype"), _maybe(torch.nn.functional, "_canonical_mask"),
     _maybe(torch.nn.modules.activation, "_check_arg_device"),
     _maybe(torch.nn.modules.activation, "_arg_requires_grad"),
     _maybe(torch.nn.functional, "multi_head_attention_forward"),
@@ -189,12 +171,8 @@ INLINED_HELPERS = frozenset(f for f in (
 
 
 @_register(
-    torch._assert,
-    _maybe(torch, "_check"),
-    _maybe(torch, "_check_value"),
-    _maybe(torch, "_check_type"),
-    _maybe(torch, "_check_index"),
-    _maybe(torch, "_check_with"),
+    torch._assert, _maybe(torch, "_check"), _maybe(torch, "_check_value"),
+    _maybe(torch, "_check_type"), _maybe(torch, "_check_index"), _maybe(torch, "_check_with"),
     _maybe(torch, "_check_is_size"),
 )
 def _check(tx: Translator, fn: Any, args: list, kwargs: dict) -> Var:
@@ -298,8 +276,7 @@ def context_factory(fn: Any) -> Any:
     """The grad-mode class whose fresh instance ``fn()`` makes, for the bound ``clone``
     that functions decorated with ``@torch.no_grad()`` enter on each call; else None."""
     owner = getattr(fn, "__self__", None)
-    if getattr(fn, "__name__", "") == "clone" and type(owner) in (torch.no_grad,
-                                                                   torch.enable_grad):
+    if getattr(fn, "__name__", "") == "clone" and type(owner) in (torch.no_grad, torch.enable_grad):
         return type(owner)
     return None
 

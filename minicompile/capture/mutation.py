@@ -1,18 +1,12 @@
 """In-place tensor ops and views, functionalized while tracing.
 
-The graph is pure: an in-place op becomes its out-of-place form, and the tracker of the
-mutated tensor is *rebound* to the new node (:class:`TensorVar` is the one mutable kind of
-tracker, so every local, container and attribute holding it sees the new value).
-
-Views share memory with their base, so mutating one changes the other.  Each view tracker
-records its root ``base`` and the :class:`ViewStep` chain from it.  Mutating a view scatters
-the new value back into the root through the chain (``select_scatter``, ``slice_scatter``,
-inverse permutes...), then every live view of that root is recomputed from the new root by
-replaying its chain.  A root that is a graph input is written back into the caller's tensor
-after the graph runs (:meth:`OutputGraph.finish`).
-
-Views that cannot be inverted (``expand``, ``unfold``, ``as_strided``...) are replayed when
-their base changes, but mutating them is Unsupported.
+An in-place op becomes its out-of-place form and the mutated tensor's tracker is rebound to
+the new node (:class:`TensorVar` is the one mutable tracker).  Each view records its root
+``base`` and the :class:`ViewStep` chain from it: mutating a view scatters the new value
+into the root through the chain, then every live view of the root is replayed from it.  A
+mutated graph input is written back after the graph runs (:meth:`OutputGraph.finish`).
+Views that cannot be inverted (``expand``, ``unfold``...) are replayed, but mutating one is
+Unsupported.
 """
 
 from __future__ import annotations
@@ -94,8 +88,7 @@ class ViewStep:
             if numel.is_Integer and base_numel.is_Integer and int(numel) == 0:
                 return base  # nothing written
             if numel.is_Integer and base_numel.is_Integer and numel == base_numel:
-                return out.extern(torch.reshape, (src, base.meta.concrete_shape()), {},
-                                  track=False)
+                return out.extern(torch.reshape, (src, base.meta.concrete_shape()), {}, track=False)
         what = "an expanded (broadcast) view" if k == "expand" else f"a view made by {self.fn}"
         raise Unsupported(f"in-place op on {what} is not supported")
 
@@ -168,9 +161,7 @@ def index_steps(key: Any, shape: tuple[int, ...]) -> list[ViewStep] | None:
     return steps
 
 
-def scatter_through(
-    out: Output, root: TensorVar, steps: tuple | list, new: TensorVar
-) -> TensorVar:
+def scatter_through(out: Output, root: TensorVar, steps: tuple | list, new: TensorVar) -> TensorVar:
     """The value of ``root`` after its view through ``steps`` became ``new``."""
     values = [root]
     for step in steps[:-1]:

@@ -1,25 +1,14 @@
-"""NumPy arrays under compile (as in PyTorch 2.1): an ndarray is traced as a tensor that
-keeps NumPy's semantics.
+"""NumPy arrays under compile (as in PyTorch 2.1): an ndarray traced as a tensor with NumPy's
+semantics.
 
-- **Inputs.** An ``np.ndarray`` (or a NumPy scalar) read from the frame becomes a placeholder
-  fed by ``torch.from_numpy`` (the same memory, no copy), guarded on its type, dtype,
-  writability, sizes and strides (:meth:`GuardBuilder.array_match`); sizes become symbols
-  where the dynamic policy makes a tensor's sizes symbols.
-- **Values.** An :class:`ArrayVar` holds the tensor.  Operators, attributes, methods and
-  indexing are here; ``np.*`` functions are in :mod:`numpy_functions` (and
-  :mod:`numpy_shapes`).  Each becomes torch
-  graph ops, with NumPy's dtype rules applied at trace time.
-- **Outputs.** The generated rebuild turns each ArrayVar into an ``np.ndarray``
-  (``Tensor.numpy()``) or, where NumPy gives one, a NumPy scalar (``np.sum(a)``).  Input
-  arrays the code mutates in place get their new contents, as in eager NumPy.
-- **Device.** Arrays are computed on ``torch.get_default_device()`` (guarded): under
-  ``with torch.device("cuda"):`` the inputs are copied to the GPU and results come back to
-  host memory as NumPy arrays.
-
-NumPy 2's promotion rules (NEP 50: Python scalars are weak, NumPy scalars and 0-d arrays
-are not) are what NumPy itself answers with; NumPy 1.x is refused.  Anything else (object
-or complex arrays, negative strides, a mix of arrays and torch tensors in one operator) is
-Unsupported: the frame or the operation runs for real.
+An input array (or NumPy scalar) is a placeholder fed by ``torch.from_numpy`` (no copy),
+guarded on type, dtype, writability, sizes and strides.  An :class:`ArrayVar` holds the
+tensor; operators, attributes, methods and indexing are here, ``np.*`` functions in
+:mod:`numpy_functions` and :mod:`numpy_shapes`, with NumPy 2's dtype rules (NEP 50)
+applied at trace time.  The rebuild turns each ArrayVar into an ``np.ndarray`` or NumPy
+scalar, and input arrays mutated in place get their new contents.  Arrays are computed on
+``torch.get_default_device()`` (guarded).  NumPy 1.x, object or complex arrays, negative
+strides and arrays mixed with tensors in one operator are Unsupported.
 """
 
 from __future__ import annotations
@@ -34,20 +23,15 @@ import torch
 from minicompile.capture.kinds import Output, Translator
 from minicompile.capture import mutation
 from minicompile.runtime.values import shares_no_memory, to_tensor
-from minicompile.capture.variables import ArrayVar, ConstantVar, Source, TensorVar, Var
+from minicompile.capture.variables import ArrayVar, ConstantVar, Source, TensorVar, Var, leaves
 from minicompile.errors import Unsupported
 
 
 _DTYPES: dict[np.dtype, torch.dtype] = {
-    np.dtype(np.bool_): torch.bool,
-    np.dtype(np.uint8): torch.uint8,
-    np.dtype(np.int8): torch.int8,
-    np.dtype(np.int16): torch.int16,
-    np.dtype(np.int32): torch.int32,
-    np.dtype(np.int64): torch.int64,
-    np.dtype(np.float16): torch.float16,
-    np.dtype(np.float32): torch.float32,
-    np.dtype(np.float64): torch.float64,
+    np.dtype(np.bool_): torch.bool, np.dtype(np.uint8): torch.uint8, np.dtype(np.int8): torch.int8,
+    np.dtype(np.int16): torch.int16, np.dtype(np.int32): torch.int32,
+    np.dtype(np.int64): torch.int64, np.dtype(np.float16): torch.float16,
+    np.dtype(np.float32): torch.float32, np.dtype(np.float64): torch.float64,
 }
 _NUMPY_DTYPES = {t: d for d, t in _DTYPES.items()}
 _NUMPY_2 = np.lib.NumpyVersion(np.__version__) >= "2.0.0"
@@ -189,10 +173,10 @@ def operand(out: Output, fname: str, value: Any) -> Any:
     if type(value) in (bool, int, float) or isinstance(value, (torch.SymInt, torch.SymFloat)):
         return value
     if isinstance(value, (np.generic, list, tuple)) and not any(
-        isinstance(v, (ArrayVar, TensorVar)) for v in _flat(value)
+        isinstance(v, (ArrayVar, TensorVar)) for v in leaves(value)
     ):
         return constant(out, fname, value)
-    if isinstance(value, TensorVar) or any(isinstance(v, TensorVar) for v in _flat(value)):
+    if isinstance(value, TensorVar) or any(isinstance(v, TensorVar) for v in leaves(value)):
         raise Unsupported(f"{fname}() on a torch tensor: mixing tensors and NumPy arrays is "
                           "not supported (graph break)")
     raise Unsupported(f"{fname}(): an argument of type {type(value).__name__} is not supported")
@@ -206,12 +190,6 @@ def as_array(out: Output, fname: str, value: Any) -> ArrayVar:
     if isinstance(value, (torch.SymInt, torch.SymFloat)):
         raise Unsupported(f"{fname}(): a symbolic size as an array is not supported")
     return constant(out, fname, value)
-
-
-def _flat(value: Any) -> list:
-    if isinstance(value, (list, tuple)):
-        return [x for v in value for x in _flat(v)]
-    return [value]
 
 
 def assign(out: Output, target: ArrayVar, value: ArrayVar, what: str) -> ArrayVar:
@@ -266,7 +244,7 @@ def _index(out: Output, arr: ArrayVar, key: Any) -> tuple[tuple, bool, int | Non
                 squeeze = position
                 index = out.extern(torch.reshape, (index, (1,)), {})
             converted.append(index)
-        elif isinstance(k, list) and all(type(i) is int for i in _flat(k)):
+        elif isinstance(k, list) and all(type(i) is int for i in leaves(k)):
             converted.append(k)
         else:
             raise Unsupported(f"indexing a NumPy array with {type(k).__name__} is not supported")

@@ -1,22 +1,10 @@
 """NumPy functions under compile: ``np.*`` calls and ndarray methods as torch graph ops.
 
-Each supported function maps to torch ops on the arrays' tensors (:mod:`numpy_arrays`), and
-NumPy itself says, at trace time, what its result is:
-
-- **ufuncs** (``np.add``, ``np.exp``, the operators): ``ufunc.resolve_dtypes`` gives the
-  loop's dtypes under NumPy 2's promotion (Python numbers weak, ``int / int`` a float64
-  loop); the operands are cast to them, the torch op runs, the result is cast to the
-  loop's output dtype, and a 0-d result is a NumPy scalar, as ufuncs return one.  The ufunc
-  also runs once on 0-d samples, so that what NumPy rejects (``uint8_array + 300``) is
-  rejected here too.
-- **reductions and the rest**: the function runs on a one-element sample with the
-  arguments' dtypes and ranks (``np.sum(np.ones((1, 1), np.int32), axis=0)``), which gives
-  the result's dtype and whether NumPy returns a scalar, and raises where NumPy raises
-  (an axis out of range).
-- Integer ``//`` and ``%`` by zero give 0, as in NumPy (the divisor is made 1 there, the
-  result 0).
-- Any other callable of NumPy is a graph break whose reason names it
-  ("numpy.linalg.svd is not supported"): it runs for real.
+NumPy itself says at trace time what each result is: for ufuncs, ``ufunc.resolve_dtypes``
+gives the loop's dtypes (operands cast to them, the result cast to the output dtype, a 0-d
+result a NumPy scalar), and a run on 0-d samples rejects what NumPy rejects; other
+functions run on one-element samples of the arguments' dtypes and ranks.  Integer ``//``
+and ``%`` by zero give 0, as in NumPy.  Any other NumPy callable is a graph break naming it.
 """
 
 from __future__ import annotations
@@ -76,8 +64,7 @@ BINARY_UFUNCS: dict[str, Any] = {
 _NUMBERS_OK = frozenset({
     torch.add, torch.sub, torch.mul, torch.true_divide, torch.floor_divide, torch.remainder,
     torch.pow, torch.eq, torch.ne, torch.lt, torch.le, torch.gt, torch.ge, torch.logical_and,
-    torch.logical_or, torch.logical_xor, torch.bitwise_and, torch.bitwise_or,
-    torch.bitwise_xor,
+    torch.logical_or, torch.logical_xor, torch.bitwise_and, torch.bitwise_or, torch.bitwise_xor,
 })
 _INTEGER_DIVISIONS = frozenset({"floor_divide", "remainder", "fmod"})
 # Functions of Python values that answer questions about dtypes: folded while tracing.
@@ -303,8 +290,7 @@ def _round(out: Output, fname: str, args: tuple, kwargs: dict) -> ArrayVar:
 # -- reductions ------------------------------------------------------------------------------
 
 
-def reduce(out: Output, fname: str, a: Any, axis: Any, keepdims: Any,
-           **options: Any) -> ArrayVar:
+def reduce(out: Output, fname: str, a: Any, axis: Any, keepdims: Any, **options: Any) -> ArrayVar:
     """``np.<name>(a, axis, keepdims=..., **options)`` for the reductions below."""
     name = fname.rpartition(".")[2]
     a = as_array(out, fname, a)

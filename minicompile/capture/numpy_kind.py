@@ -48,8 +48,7 @@ def call(tx: kinds.Translator, fn: Any, args: list, kwargs: dict) -> Var:
 
 
 @kinds.call_method.register(ArrayVar)
-def call_method(tx: kinds.Translator, arr: ArrayVar, name: str, args: list,
-                kwargs: dict) -> Var:
+def call_method(tx: kinds.Translator, arr: ArrayVar, name: str, args: list, kwargs: dict) -> Var:
     out = tx.output
     pos = tuple(out.to_value(a) for a in args)
     kw = {k: out.to_value(v) for k, v in kwargs.items()}

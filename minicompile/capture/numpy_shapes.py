@@ -148,8 +148,7 @@ def _broadcast_to(out: Output, fname: str, args: tuple, kwargs: dict) -> ArrayVa
 def _joined(out: Output, fname: str, args: tuple, kwargs: dict) -> tuple[list, Any]:
     """The tensors ``np.concatenate`` / ``np.stack`` join (cast to the result's dtype), and
     the axis."""
-    seq, axis, dtype = parse(fname, args, kwargs, ("arrays", "axis", "dtype"), axis=0,
-                             dtype=None)
+    seq, axis, dtype = parse(fname, args, kwargs, ("arrays", "axis", "dtype"), axis=0, dtype=None)
     if not isinstance(seq, (tuple, list)) or not seq:
         raise Unsupported(f"{fname}() needs a non-empty sequence of arrays here")
     arrays = [as_array(out, fname, a) for a in seq]
@@ -188,8 +187,7 @@ def _metadata(out: Output, fname: str, args: tuple, kwargs: dict) -> Any:
 
 
 def _filled(out: Output, sizes: tuple, value: Any, dtype: np.dtype) -> ArrayVar:
-    t = _torch(out, torch.full, sizes, value, dtype=torch_dtype(dtype),
-               device=array_device(out))
+    t = _torch(out, torch.full, sizes, value, dtype=torch_dtype(dtype), device=array_device(out))
     return ArrayVar(t)
 
 

@@ -1,11 +1,7 @@
-"""Operators for the interpreter (a mixin of InstructionTranslator): ``BINARY_OP``
-(arithmetic and its in-place forms), ``COMPARE_OP``, ``IS_OP``, ``CONTAINS_OP``, the unary
-operators, and 3.12's ``CALL_INTRINSIC_1`` (``+x``, and a list made a tuple).
-
-On tensors an operator becomes a graph node (:mod:`torch_ops`, under the traced autocast
-state), and ``x += y`` an in-place op (:mod:`mutation`); NumPy arrays go to
-:mod:`numpy_arrays`; lists and tuples are concatenated as trackers (they may hold tensors);
-other Python values are folded while tracing (``fold``).
+"""Operators for the interpreter (a mixin of InstructionTranslator): ``BINARY_OP``,
+``COMPARE_OP``, ``IS_OP``, ``CONTAINS_OP``, the unary operators and 3.12's
+``CALL_INTRINSIC_1``.  On tensors an operator becomes a node (``x += y`` an in-place op),
+lists and tuples concatenate as trackers, other Python values are folded.
 """
 
 from __future__ import annotations
@@ -46,8 +42,7 @@ class OperatorsMixin:
             av, bv = self.output.to_value(a), self.output.to_value(b)
             result = autocast.call(
                 self.output, fn, (av, bv), {},
-                lambda p, k: torch_ops.binary_operator(self.output, symbol, *p),
-                inplace=inplace,
+                lambda p, k: torch_ops.binary_operator(self.output, symbol, *p), inplace=inplace,
             )
             if inplace and isinstance(a, TensorVar):  # x += y is x.__iadd__(y): in place
                 return mutation.mutate(self.output, a, result, f"operator {symbol}=")

@@ -1,11 +1,9 @@
 """The state one capture builds, shared by the root translator and the inlined ones.
 
-:class:`OutputGraph` owns the :class:`Graph`, the :class:`GuardBuilder` and the list of
-inputs.  It turns frame values into trackers (:meth:`wrap`, which installs guards and makes
-placeholders; in :mod:`frame_values`, a mixin of it), makes call nodes (:meth:`op`, the
-:class:`~torch_ops.Emitter`), converts between trackers and the plain values torch_ops works
-on (:meth:`to_value` / :meth:`from_value`), and finally generates the per-call functions
-(:meth:`finish`).
+:class:`OutputGraph` owns the :class:`Graph`, the :class:`GuardBuilder` and the inputs; it
+wraps frame values (:mod:`frame_values`), makes call nodes (:meth:`op`), converts trackers
+to and from plain values (:meth:`to_value` / :meth:`from_value`) and generates the per-call
+functions (:meth:`finish`).
 """
 
 from __future__ import annotations
@@ -29,7 +27,7 @@ from minicompile.capture.guard_builder import GuardBuilder
 from minicompile.capture.side_effects import SideEffects, generate_rebuild
 from minicompile.capture.variables import (
     ConstantVar, DictVar, ListVar, ObjectVar, SizeVar, StructSeqVar, TensorVar, TupleVar,
-    UserObjectVar, Var, is_constant_value,
+    UserObjectVar, Var, is_constant_value, leaves, map_leaves,
 )
 from minicompile.errors import ShapeError, SourceLine, Unsupported
 from minicompile.graph import Graph, Node, TensorMeta
@@ -149,15 +147,14 @@ class OutputGraph(FrameValuesMixin):
         eager would reject (bad shapes, dtypes, mixed devices) is Unsupported, so the
         frame runs eagerly and PyTorch raises its own error."""
         kwargs = kwargs or {}
-        tensors = [v for v in _flatten((args, kwargs)) if isinstance(v, TensorVar)]
+        tensors = [v for v in leaves((args, kwargs)) if isinstance(v, TensorVar)]
         devices = sorted({str(t.meta.device) for t in tensors})
         if len(devices) > 1:
             raise Unsupported(f"{name}: tensors on different devices ({', '.join(devices)})")
-        for v in _flatten((args, kwargs)):
+        for v in leaves((args, kwargs)):
             if not isinstance(v, TensorVar) and not _graph_constant(v):
                 raise Unsupported(f"{name}: argument of type {type(v).__name__} is not supported")
-        node_args = _to_nodes(args)
-        node_kwargs = _to_nodes(kwargs)
+        node_args, node_kwargs = map_leaves(args, _to_node), map_leaves(kwargs, _to_node)
         if self.graph.shapes is not None:
             node_args = self.sizes_to_sympy(node_args)
             node_kwargs = self.sizes_to_sympy(node_kwargs)
@@ -233,7 +230,7 @@ class OutputGraph(FrameValuesMixin):
         return result
 
     def _track_views(self, fn: Any, short: str, args: tuple, kwargs: dict, result: Any) -> None:
-        sources = [a for a in _flatten((args, kwargs)) if isinstance(a, TensorVar)]
+        sources = [a for a in leaves((args, kwargs)) if isinstance(a, TensorVar)]
         if not sources:
             return
         shapes = self.graph.shapes  # symbolic sizes stay symbolic (no guard on their hints)
@@ -242,16 +239,9 @@ class OutputGraph(FrameValuesMixin):
             if shapes is not None else v.meta.fake()
             for v in sources
         }
-
-        def fake(v: Any) -> Any:
-            if isinstance(v, TensorVar):
-                return fakes[id(v)]
-            if isinstance(v, (tuple, list)):
-                return type(v)(fake(x) for x in v)
-            return v
-
         try:
-            fake_args, fake_kwargs = fake(args), {k: fake(v) for k, v in kwargs.items()}
+            fake_args, fake_kwargs = map_leaves(
+                (args, kwargs), lambda v: fakes[id(v)] if isinstance(v, TensorVar) else v)
             res = (shapes.run(fn, *fake_args, **fake_kwargs) if shapes is not None
                    else fn(*fake_args, **fake_kwargs))
         except Exception:
@@ -306,14 +296,9 @@ class OutputGraph(FrameValuesMixin):
         exec(compile(rebuild_src, "<minicompile rebuild>", "exec"), ns)
         exec(compile(inputs_src, "<minicompile inputs>", "exec"), ns)
         return Finished(
-            graph=self.graph,
-            input_sources=list(self.input_sources),
-            get_inputs=ns["get_inputs"],
-            get_inputs_source=inputs_src,
-            guards=guards,
-            rebuild=ns["rebuild"],
-            rebuild_source=rebuild_src,
-            writebacks=self._writebacks(outputs, rebuild_src),
+            graph=self.graph, input_sources=list(self.input_sources), get_inputs=ns["get_inputs"],
+            get_inputs_source=inputs_src, guards=guards, rebuild=ns["rebuild"],
+            rebuild_source=rebuild_src, writebacks=self._writebacks(outputs, rebuild_src),
         )
 
     def _writebacks(self, outputs: list[Node], rebuild_src: str) -> tuple[tuple[int, int], ...]:
@@ -358,22 +343,8 @@ def _factory_meta(fn: Any, args: tuple, kwargs: dict) -> TensorMeta:
     return dataclasses.replace(meta, device=device, storage_offset=sympy.Integer(0))
 
 
-def _flatten(value: Any) -> list[Any]:
-    if isinstance(value, (tuple, list)):
-        return [x for v in value for x in _flatten(v)]
-    if isinstance(value, dict):
-        return [x for v in value.values() for x in _flatten(v)]
-    return [value]
-
-
-def _to_nodes(value: Any) -> Any:
-    if isinstance(value, TensorVar):
-        return value.node
-    if isinstance(value, (tuple, list)):
-        return type(value)(_to_nodes(v) for v in value)
-    if isinstance(value, dict):
-        return {k: _to_nodes(v) for k, v in value.items()}
-    return value
+def _to_node(value: Any) -> Any:
+    return value.node if isinstance(value, TensorVar) else value
 
 
 kinds.to_value.register(TensorVar, lambda out, var: var)

@@ -1,14 +1,10 @@
 """Calls of Python builtins, list and dict methods, and the protocols of user objects, for
 the interpreter (a mixin of InstructionTranslator).
 
-- builtins that need the trace (``getattr``, ``zip``, ``map``, ``len`` of containers that
-  hold tensors or objects of the trace, ``super()``) are modelled here; the rest are folded
-  by :mod:`pybuiltins`;
-- list and dict methods mutate the trackers (and log a side effect when the container
-  existed before the call);
-- objects of user classes answer ``obj[k]``, ``k in obj``, ``len(obj)`` through their own
-  Python methods (inlined), and reads of user mappings (the environment's ``get``) are
-  evaluated with a guard that repeats them.
+Builtins that need the trace (``getattr``, ``zip``, ``map``, ``len`` of containers of
+tensors, ``super()``) are modelled here, the rest folded by :mod:`pybuiltins`; list and
+dict methods mutate the trackers (logged when the container existed before the call);
+user objects answer ``obj[k]``, ``in`` and ``len`` through their own methods, inlined.
 """
 
 from __future__ import annotations
@@ -71,10 +67,8 @@ class PythonCallsMixin:
         src = obj.source
         call = self.output.guards.ref(method, mname)
         source = Source(
-            f"{src.name}.{mname}({text[2:]})",
-            f"{call}({src.expr}{text})",
-            self.output._ident(f"{src.ident}_{mname}"),
-            src.trusted,
+            f"{src.name}.{mname}({text[2:]})", f"{call}({src.expr}{text})",
+            self.output._ident(f"{src.ident}_{mname}"), src.trusted,
         )
         try:
             value = method(obj.value, *values)
@@ -185,7 +179,8 @@ class PythonCallsMixin:
             columns = [self.iter_items(a) for a in args]
             return IteratorVar([TupleVar(tuple(row)) for row in zip(*columns)])
         if fn is enumerate:
-            start = self.output.to_value(args[1] if len(args) > 1 else kwargs.get("start", ConstantVar(0)))
+            start_var = args[1] if len(args) > 1 else kwargs.get("start", ConstantVar(0))
+            start = self.output.to_value(start_var)
             return IteratorVar([TupleVar((ConstantVar(start + i), v))
                                 for i, v in enumerate(self.iter_items(args[0]))])
         if fn is reversed and len(args) == 1:

@@ -1,34 +1,15 @@
 """Objects created inside the trace: model outputs, records and plain user objects.
 
-Model code returns its tensors in dataclasses: transformers' ``ModelOutput`` subclasses
-(``BaseModelOutputWithPooling(last_hidden_state=h, pooler_output=p)``), which are also
-ordered dicts of their non-None fields, and plain ``@dataclass`` records.  A
-:class:`~minicompile.capture.variables.RecordVar` models one such object while tracing:
-
-- construction binds the arguments to the fields (defaults applied) as the generated
-  ``__init__`` does; for a ``ModelOutput`` the mapping holds the non-None fields in field
-  order, as its ``__post_init__`` makes it;
-- attribute reads give the field trackers; attribute and item writes are applied to the
-  model and logged, in order;
-- the mapping protocol of ``ModelOutput``: ``out["name"]``, ``out[0]`` / ``out[:2]`` (the
-  non-None values as a tuple), ``to_tuple()``, ``keys()``, ``values()``, ``items()``,
-  ``get()``, ``len()``, ``in``, iteration; other methods and properties of the class are
-  inlined with the record as ``self``.
-
-The real object is made where the value leaves the compiled code (returned, stored, or
-live at a graph break) by :func:`build_record`: the constructor is called with the traced
-arguments and the logged writes are replayed, so the object, its dict order included, is
-the one eager builds.
-
-Instances of other plain classes (``object.__new__``, no metaclass but ``ABCMeta``, no
-builtin base: transformers' ``DynamicCache`` and its layers) are
-:class:`~minicompile.capture.variables.NewObjectVar`: ``__init__`` is inlined with the new
-object as ``self``, attribute reads and writes go to its ``attrs`` (through the class's
-own ``__getattribute__`` / ``__setattr__`` / ``__delattr__`` when it has Python ones), and
-:func:`new_object` makes the real one from them (``object.__new__`` plus its
-``__dict__``).  ``copy.copy`` / ``copy.deepcopy`` of such objects read from the frame
-(a config copied before it is edited) make NewObjectVars too: the copy's attributes are
-the original's, read (and guarded) when used, and mutable ones copied.
+A :class:`RecordVar` models a dataclass instance (transformers' ``ModelOutput``, which is
+also an ordered dict of its non-None fields, or a plain ``@dataclass``): construction binds
+the fields as the generated ``__init__`` does, writes are applied and logged in order, and
+:func:`build_record` makes the real object where it leaves the compiled code (constructor,
+then the writes replayed), so it is the one eager builds.  Instances of other plain classes
+(``object.__new__``, no builtin base: transformers' ``DynamicCache``) are
+:class:`NewObjectVar`: ``__init__`` is inlined, attributes live in ``attrs`` (through the
+class's own Python ``__getattribute__`` / ``__setattr__`` / ``__delattr__``), and
+:func:`new_object` makes the real one.  ``copy.copy`` / ``copy.deepcopy`` of such objects
+read from the frame make NewObjectVars whose attributes are the original's.
 """
 
 from __future__ import annotations
@@ -329,8 +310,7 @@ def plain_attr(tx: kinds.Translator, obj: NewObjectVar, name: str) -> Var:
 @kinds.store_attr.register(NewObjectVar)
 def set_object_attr(tx: kinds.Translator, obj: NewObjectVar, name: str, value: Var) -> None:
     if obj.cls.__setattr__ is not object.__setattr__:
-        tx.call_function(UserFunctionVar(obj.cls.__setattr__), [obj, ConstantVar(name), value],
-                         {})
+        tx.call_function(UserFunctionVar(obj.cls.__setattr__), [obj, ConstantVar(name), value], {})
     else:
         obj.attrs[name] = value  # a new object: nothing outside sees it yet
 

@@ -1,21 +1,11 @@
 """From PyTorch's many spellings to the graph ops of :mod:`minicompile.ops`.
 
-``torch.sin(x)``, ``x.sin()``, ``torch.Tensor.sin(x)`` and ``torch.special.sin`` all become
-one ``sin`` node; ``x + 1``, ``torch.add(x, 1)``, ``x.add(1)`` one ``add``.  Handlers see
-*values*: a :class:`TensorVar` for a tensor and plain Python objects for everything else
-(tuples may hold TensorVars).  They return a value of the same kind: a TensorVar, or a Python
-constant for metadata queries (``x.size()``, ``x.dim()``).  Nodes are made through an
-:class:`Emitter` (the interpreter's output graph), which infers metadata and records the
-user's source line.
-
-Handlers raise :class:`Unsupported` for anything they do not model exactly as eager PyTorch
-does, including calls eager would reject: the frame then runs eagerly and PyTorch raises
-its own error.
-
-Tables:
-- ``FUNCTIONS``: callable object -> handler (``torch.sin``, ``F.relu``, ``torch.Tensor.add``);
-- ``METHODS``: tensor method name -> handler (the tensor is the first argument);
-- ``ATTRIBUTES``: tensor attribute name -> handler (``shape``, ``T``, ``dtype``...).
+``torch.sin(x)``, ``x.sin()``, ``torch.Tensor.sin(x)`` and ``torch.special.sin`` are one
+``sin`` node.  Handlers see values (a :class:`TensorVar` for a tensor, plain Python for the
+rest) and return a TensorVar or a constant; nodes are made through an :class:`Emitter`.
+Anything not modelled exactly as eager does, eager's own errors included, is Unsupported.
+Tables: ``FUNCTIONS`` (callable -> handler), ``METHODS`` (tensor method name -> handler,
+the tensor first), ``ATTRIBUTES`` (tensor attribute name -> handler).
 """
 
 from __future__ import annotations
@@ -47,10 +37,7 @@ METHODS: dict[str, Handler] = {}
 ATTRIBUTES: dict[str, Callable[[Emitter, TensorVar], Any]] = {}
 
 _NAMESPACES: dict[str, Any] = {
-    "torch": torch,
-    "F": F,
-    "Tensor": torch.Tensor,
-    "torch.special": torch.special,
+    "torch": torch, "F": F, "Tensor": torch.Tensor, "torch.special": torch.special,
 }
 # Python numbers; SymInt/SymFloat: sizes of a dynamic capture used as numbers (x * (t // 4)).
 _SCALAR_TYPES = (bool, int, float, torch.SymInt, torch.SymFloat)

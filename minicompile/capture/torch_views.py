@@ -1,12 +1,7 @@
-"""Casts, views and metadata queries of tensors, registered into the tables of
-:mod:`minicompile.capture.torch_ops` (imported from there; import that module, not this one).
-
-- casts (``x.to(dtype)``, ``x.float()``, ``x.type(dtype)``...) become ``to_dtype``; a cast to
-  the same dtype is the input itself, as in eager;
-- views become ``permute`` (with non-negative dims), ``unsqueeze``, ``squeeze`` (one dim per
-  node) and ``expand`` (sizes with -1 resolved); ``contiguous()`` is the input itself when it is contiguous, else a copy;
-- metadata (``x.shape``, ``x.size(1)``, ``x.dim()``, ``x.dtype``, ``x.is_cuda``...) is
-  answered from the traced metadata, which the tensor guards pin down.
+"""Casts, views and metadata queries of tensors, registered into :mod:`torch_ops`' tables
+(imported from there).  Casts become ``to_dtype`` (the input itself for the same dtype);
+views become ``permute``, ``unsqueeze``, ``squeeze`` and ``expand``; ``contiguous()`` is
+the input when it is contiguous; metadata is answered from the guarded traced metadata.
 """
 
 from __future__ import annotations
@@ -99,16 +94,9 @@ def _cast_method(dtype: torch.dtype):
 
 
 for _name, _dtype in {
-    "float": torch.float32,
-    "half": torch.float16,
-    "bfloat16": torch.bfloat16,
-    "double": torch.float64,
-    "int": torch.int32,
-    "long": torch.int64,
-    "short": torch.int16,
-    "char": torch.int8,
-    "byte": torch.uint8,
-    "bool": torch.bool,
+    "float": torch.float32, "half": torch.float16, "bfloat16": torch.bfloat16,
+    "double": torch.float64, "int": torch.int32, "long": torch.int64, "short": torch.int16,
+    "char": torch.int8, "byte": torch.uint8, "bool": torch.bool,
 }.items():
     register(f"Tensor.{_name}")(_cast_method(_dtype))
 
@@ -165,11 +153,7 @@ def _permute(em: Emitter, fname: str, args: tuple, kwargs: dict) -> Any:
 
 
 @register(
-    "torch.transpose",
-    "torch.swapaxes",
-    "torch.swapdims",
-    "Tensor.transpose",
-    "Tensor.swapaxes",
+    "torch.transpose", "torch.swapaxes", "torch.swapdims", "Tensor.transpose", "Tensor.swapaxes",
     "Tensor.swapdims",
 )
 def _transpose(em: Emitter, fname: str, args: tuple, kwargs: dict) -> Any:

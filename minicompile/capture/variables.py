@@ -1,27 +1,10 @@
-"""Value trackers: what the symbolic interpreter keeps on its stack and in its locals.
-
-Each tracker (a ``Var``) stands for one Python value of the user's frame:
-
-- :class:`TensorVar`: a tensor, i.e. a graph node with its metadata;
-- :class:`ArrayVar`: a NumPy array or scalar, traced as a tensor with NumPy's semantics
-  (:mod:`minicompile.capture.numpy_arrays`);
-- :class:`ConstantVar`: a Python value known while tracing (numbers, str, None, dtype,
-  device, slices, code objects), constant-folded by the interpreter;
-- :class:`TupleVar` / :class:`ListVar` / :class:`SizeVar` / :class:`DictVar`: containers of
-  trackers;
-- :class:`ObjectVar` and its kinds (:class:`ModuleVar`, :class:`UserFunctionVar`,
-  :class:`TorchFunctionVar`, :class:`BuiltinVar`, :class:`OpaqueVar`): Python objects known
-  by identity (guarded when read from the frame);
-- :class:`NestedFunctionVar`: a function created by ``def`` inside the traced code;
-- :class:`MethodVar`: ``obj.name`` waiting to be called;
-- plumbing: :class:`NullVar`, :class:`CellVar`, :class:`LazyVar`.
-
-Trackers are immutable except the interpreter-owned boxes (``ListVar`` built by the trace,
-``DictVar`` built by the trace, ``CellVar``), and never hold real tensors.
-
-A :class:`Source` says where a value read from the frame lives, in three spellings: readable
-(``L['t'][0]``, used in messages and guard comments), an expression in the generated guard
-and input functions (``L_t[0]``), and an identifier (``L_t_0``, used for placeholders).
+"""Value trackers (``Var``): what the symbolic interpreter keeps on its stack and in its
+locals, one per Python value of the user's frame: tensors (graph nodes with metadata),
+NumPy arrays, constants, containers of trackers, objects known by identity, functions and
+methods, and plumbing (NULL, cells, lazy frame values).  Trackers never hold real tensors
+and are immutable except the interpreter-owned boxes (trace-built lists and dicts, cells).
+A :class:`Source` says where a frame value lives: readable (``L['t'][0]``), as an
+expression of the generated guards (``L_t[0]``) and as an identifier (``L_t_0``).
 """
 
 from __future__ import annotations
@@ -29,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import types
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -56,11 +40,8 @@ class Source:
 
     def attr(self, attr: str, trusted: bool = False) -> Source:
         return Source(
-            f"{self.name}.{attr}",
-            f"{self.expr}.{attr}",
-            f"{self.ident}_{attr}",
-            trusted=self.trusted or trusted,
-            safe_expr=f"getattr({self.expr}, {attr!r}, None)",
+            f"{self.name}.{attr}", f"{self.expr}.{attr}", f"{self.ident}_{attr}",
+            trusted=self.trusted or trusted, safe_expr=f"getattr({self.expr}, {attr!r}, None)",
         )
 
     def item(self, key: Any, key_expr: str = "") -> Source:
@@ -436,28 +417,12 @@ class LazyVar(Var):
 
 
 CONSTANT_TYPES: tuple[type, ...] = (
-    bool,
-    int,
-    float,
-    complex,
-    str,
-    bytes,
-    type(None),
-    type(Ellipsis),
-    slice,
-    torch.dtype,
-    torch.device,
-    torch.memory_format,
-    torch.layout,
-    types.CodeType,
-    range,
-    torch.SymInt,  # sizes of a dynamic capture: Python arithmetic on them records relations
-    torch.SymBool,
-    torch.SymFloat,
-    torch.finfo,  # immutable descriptions of a dtype (torch.finfo(x.dtype).min)
-    torch.iinfo,
-    inspect.Signature,  # immutable too (inspect.signature(fn).parameters)
-    inspect.Parameter,
+    bool, int, float, complex, str, bytes, type(None), type(Ellipsis), slice, torch.dtype,
+    torch.device, torch.memory_format, torch.layout, types.CodeType, range,
+    # sizes of a dynamic capture: Python arithmetic on them records relations
+    torch.SymInt, torch.SymBool, torch.SymFloat,
+    # immutable descriptions of a dtype (torch.finfo(x.dtype).min), and of a signature
+    torch.finfo, torch.iinfo, inspect.Signature, inspect.Parameter,
 )
 
 
@@ -468,12 +433,8 @@ def specialized(value: Any) -> Any:
     """``value`` with every SymInt/SymBool/SymFloat replaced by its number.  Reading the
     number records a guard that the size equals it (the entry is static in that size):
     for what text or identity would show (``str(n)``, f-strings, ``hash``), never ``s0``."""
-    if isinstance(value, torch.SymInt):
-        return int(value)
-    if isinstance(value, torch.SymFloat):
-        return float(value)
-    if isinstance(value, torch.SymBool):
-        return bool(value)
+    if type(value) in _STAND_INS:
+        return type(_STAND_INS[type(value)])(value)
     if type(value) in (tuple, list):
         return type(value)(specialized(v) for v in value)
     if type(value) is dict:
@@ -481,17 +442,32 @@ def specialized(value: Any) -> Any:
     return value
 
 
+_STAND_INS = {torch.SymInt: 2, torch.SymFloat: 2.0, torch.SymBool: True}
+
+
 def python_type_of(value: Any) -> Any:
     """A stand-in of the Python type a symbolic value has when the frame runs for real
     (``isinstance(n, int)`` is True for a symbolic size n), with no guard."""
-    if isinstance(value, torch.SymInt):
-        return 2
-    if isinstance(value, torch.SymFloat):
-        return 2.0
-    if isinstance(value, torch.SymBool):
-        return True
-    return value
+    return _STAND_INS.get(type(value), value)
 
 
 def is_constant_value(value: Any) -> bool:
     return type(value) in CONSTANT_TYPES
+
+
+def leaves(value: Any) -> list:
+    """The items of nested tuples, lists and dict values, in order."""
+    if isinstance(value, (tuple, list)):
+        return [x for v in value for x in leaves(v)]
+    if isinstance(value, dict):
+        return [x for v in value.values() for x in leaves(v)]
+    return [value]
+
+
+def map_leaves(value: Any, fn: Callable[[Any], Any]) -> Any:
+    """``value`` with ``fn`` applied to each item of its nested tuples, lists and dicts."""
+    if isinstance(value, (tuple, list)):
+        return type(value)(map_leaves(v, fn) for v in value)
+    if isinstance(value, dict):
+        return {k: map_leaves(v, fn) for k, v in value.items()}
+    return fn(value)

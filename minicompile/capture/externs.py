@@ -61,11 +61,6 @@ METADATA_INPLACE = frozenset(
     """t_ transpose_ squeeze_ unsqueeze_ resize_ resize_as_ as_strided_ set_ swapdims_
     swapaxes_ detach_ requires_grad_ share_memory_ rename_""".split()
 )
-# Functions that build tensors from Python values (no tensor arguments).
-FACTORIES = frozenset(
-    """zeros ones full empty arange linspace logspace eye tensor as_tensor scalar_tensor
-    zeros_like ones_like full_like empty_like tril_indices triu_indices""".split()
-)
 # Functions whose result may share memory with an argument (checked on meta tensors).
 MAYBE_VIEW = frozenset(
     """view view_as reshape reshape_as flatten unflatten ravel select narrow diagonal detach

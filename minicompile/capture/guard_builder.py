@@ -72,9 +72,8 @@ class GuardBuilder:
         """Type, dtype, device, requires_grad, sizes and strides (sizes give the rank).
         With symbolic sizes in ``meta`` (a TensorMeta), those dims are checked to be at
         least 2 and the strides to be the same expressions of the sizes."""
-        x, cls = src.expr, type(t)
-        typ = f"type({src.first_expr})"
-        self.add(src.name, "type", f"{typ} is {self._type(cls)}", typ, cls)
+        x = src.expr
+        self.type_match(src, t)
         symbolic = meta is not None and meta.is_symbolic
         # Checks of static metadata only (each starting with ``x``) may run in C++.
         tensor = "" if symbolic else x
@@ -97,8 +96,7 @@ class GuardBuilder:
         """A NumPy array read through ``torch.from_numpy`` (capture/numpy_arrays.py): type,
         dtype, writability, sizes and strides (NumPy's, in bytes).  A NumPy scalar: its
         type, which fixes its dtype."""
-        typ, cls = f"type({src.first_expr})", type(a)
-        self.add(src.name, "type", f"{typ} is {self._type(cls)}", typ, cls)
+        self.type_match(src, a)
         if scalar:
             return
         x = src.expr
@@ -140,10 +138,9 @@ class GuardBuilder:
 
     def symbolic_int(self, src: Source, value: int, symbol: str) -> None:
         """A Python int traced as a size symbol: any int of at least 2 reuses the trace."""
-        x, typ = src.first_expr, f"type({src.first_expr})"
-        self.add(src.name, "type", f"{typ} is int", typ, int)
+        self.type_match(src, value)
         self.add(src.name, f"value (dynamic, {symbol})", f"{src.expr} >= {MIN_DYNAMIC_SIZE}",
-                 x, f">= {MIN_DYNAMIC_SIZE}")
+                 src.first_expr, f">= {MIN_DYNAMIC_SIZE}")
 
     def shape_relations(self, shapes: ShapeContext) -> None:
         """The relations between sizes the trace relied on (``Eq(s0, s1)`` for a broadcast,
@@ -155,17 +152,17 @@ class GuardBuilder:
 
     def constant_match(self, src: Source, value: Any) -> None:
         """Type and value of a Python constant the trace read (``is`` for singletons)."""
-        x, typ = src.first_expr, f"type({src.first_expr})"
+        x = src.first_expr
         if value is None or isinstance(value, bool):
             self.add(src.name, "value", f"{x} is {value!r}", x, value)
         elif isinstance(value, (torch.dtype, torch.memory_format, torch.layout)):
             self.add(src.name, "value", f"{x} is {self.ref(value, str(value))}", x, value)
         elif isinstance(value, torch.device):
-            self.add(src.name, "type", f"{typ} is {self._type(torch.device)}", typ, torch.device)
+            self.type_match(src, value)
             dev = self.ref(value, "dev")
             self.add(src.name, "value", f"{src.expr} == {dev}", src.expr, value)
         else:
-            self.add(src.name, "type", f"{typ} is {self._type(type(value))}", typ, type(value))
+            self.type_match(src, value)
             if isinstance(value, float) and value != value:  # NaN: equal to no number
                 self.add(src.name, "value", f"{src.expr} != {src.expr}", src.expr, value)
                 return
@@ -181,7 +178,9 @@ class GuardBuilder:
         """Instances of user classes: the class, not the object (attributes read are
         guarded one by one)."""
         typ, cls = f"type({src.first_expr})", type(obj)
-        self.add(src.name, "type", f"{typ} is {self._type(cls)}", typ, cls)
+        name = cls.__name__ if getattr(builtins, cls.__name__, None) is cls else self.ref(
+            cls, cls.__name__)  # int, str by name (not code, function)
+        self.add(src.name, "type", f"{typ} is {name}", typ, cls)
 
     def alias_match(self, src: Source, same_as: Source) -> None:
         """``src`` is the very object already traced as ``same_as`` (``f(x, x)``)."""
@@ -229,14 +228,13 @@ class GuardBuilder:
         self.add(src.name, "keys", f"list({expr}) == {keys!r}", f"list({expr})", keys)
 
     def sequence_match(self, src: Source, value: tuple | list) -> None:
-        typ, length = f"type({src.first_expr})", f"len({src.expr})"
-        cls = type(value)
-        self.add(src.name, "type", f"{typ} is {self._type(cls)}", typ, cls)
+        length = f"len({src.expr})"
+        self.type_match(src, value)
         self.add(src.name, "length", f"{length} == {len(value)}", length, len(value))
 
     def dict_keys_match(self, src: Source, value: dict) -> None:
-        typ, keys = f"type({src.first_expr})", list(value.keys())
-        self.add(src.name, "type", f"{typ} is dict", typ, dict)
+        keys = list(value.keys())
+        self.type_match(src, value)
         text = "[" + ", ".join(self._literal(k) for k in keys) + "]"  # (classes: by reference)
         self.add(src.name, "keys", f"list({src.expr}) == {text}", f"list({src.expr})", keys)
 
@@ -254,11 +252,6 @@ class GuardBuilder:
         self.add("global", "grad mode", f"{fn}() is {enabled}", f"{fn}()", enabled)
 
     # -- helpers ---------------------------------------------------------------------------
-
-    def _type(self, cls: type) -> str:
-        if getattr(builtins, cls.__name__, None) is cls:  # int, str (not code, function)
-            return cls.__name__
-        return self.ref(cls, cls.__name__)
 
     def _literal(self, value: Any) -> str:
         if isinstance(value, float) and not math.isfinite(value):

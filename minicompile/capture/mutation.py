@@ -37,22 +37,16 @@ class ViewStep:
     def apply(self, out: Output, x: TensorVar) -> TensorVar:
         """This view of ``x`` (a new tracker, not registered as a view)."""
         k, a = self.kind, self.args
-        if k == "select":
-            return out.extern(torch.select, (x, *a), {}, track=False)
+        if k in _VIEW_FNS:
+            return out.extern(_VIEW_FNS[k], (x, *a), {}, track=False)
         if k == "slice":
             dim, start, stop, step = a
             key = (slice(None),) * dim + (slice(start, stop, step),)
             return out.extern(torch.Tensor.__getitem__, (x, key), {}, track=False)
         if k in ("unsqueeze", "squeeze", "permute", "expand"):
             return out.op(k, (x, *a), track=False)
-        if k == "reshape":
-            return out.extern(torch.reshape, (x, a[0]), {}, track=False)
-        if k == "diagonal":
-            return out.extern(torch.diagonal, (x, *a), {}, track=False)
         if k == "alias":
             return TensorVar(x.node)
-        if k == "as_strided":
-            return out.extern(torch.as_strided, (x, *a), {}, track=False)
         if getattr(self.fn, "__name__", None) is None:  # externs._Unreplayable raises
             self.fn()
         return out.extern(self.fn, (x, *a), dict(self.kwargs), track=False)
@@ -60,10 +54,8 @@ class ViewStep:
     def scatter(self, out: Output, base: TensorVar, src: TensorVar) -> TensorVar:
         """The value of ``base`` after its view (this step of it) became ``src``."""
         k, a = self.kind, self.args
-        if k == "select":
-            return out.extern(torch.select_scatter, (base, src, *a), {}, track=False)
-        if k == "slice":
-            return out.extern(torch.slice_scatter, (base, src, *a), {}, track=False)
+        if k in _SCATTER_FNS:
+            return out.extern(_SCATTER_FNS[k], (base, src, *a), {}, track=False)
         if k == "unsqueeze":
             return out.op("squeeze", (src, a[0]), track=False)
         if k == "squeeze":
@@ -75,12 +67,8 @@ class ViewStep:
             return out.op("permute", (src, inverse), track=False)
         if k == "reshape":
             return out.extern(torch.reshape, (src, base.meta.concrete_shape()), {}, track=False)
-        if k == "diagonal":
-            return out.extern(torch.diagonal_scatter, (base, src, *a), {}, track=False)
         if k == "alias":
             return src
-        if k == "as_strided":
-            return out.extern(torch.as_strided_scatter, (base, src, *a), {}, track=False)
         if k == "expand":
             # Eager refuses to write a view whose elements share memory; an empty one, or one
             # expanded only to size 1 (as many elements as its base), it writes.
@@ -91,6 +79,13 @@ class ViewStep:
                 return out.extern(torch.reshape, (src, base.meta.concrete_shape()), {}, track=False)
         what = "an expanded (broadcast) view" if k == "expand" else f"a view made by {self.fn}"
         raise Unsupported(f"in-place op on {what} is not supported")
+
+
+# The view steps that are one extern call, and their inverses.
+_VIEW_FNS = {"select": torch.select, "reshape": torch.reshape, "diagonal": torch.diagonal,
+             "as_strided": torch.as_strided}
+_SCATTER_FNS = {"select": torch.select_scatter, "slice": torch.slice_scatter,
+                "diagonal": torch.diagonal_scatter, "as_strided": torch.as_strided_scatter}
 
 
 def register_view(out: Output, view: TensorVar, of: TensorVar, steps: tuple) -> None:
@@ -239,16 +234,12 @@ def mutate(out: Output, target: TensorVar, new: TensorVar, what: str) -> TensorV
     if not isinstance(new, TensorVar):
         raise Unsupported(f"{what}: the result is not a tensor")
     if new.meta.concrete_shape() != target.meta.concrete_shape():
-        raise Unsupported(
-            f"{what}: result shape {new.meta.concrete_shape()} differs from the tensor's "
-            f"{target.meta.concrete_shape()} (eager raises)"
-        )
+        raise Unsupported(f"{what}: result shape {new.meta.concrete_shape()} differs from the "
+                          f"tensor's {target.meta.concrete_shape()} (eager raises)")
     if new.meta.dtype != target.meta.dtype:
         if not torch.can_cast(new.meta.dtype, target.meta.dtype):
-            raise Unsupported(
-                f"{what}: result type {new.meta.dtype} can't be cast to {target.meta.dtype} "
-                "(eager raises)"
-            )
+            raise Unsupported(f"{what}: result type {new.meta.dtype} can't be cast to "
+                              f"{target.meta.dtype} (eager raises)")
         new = out.op("to_dtype", (new,), {"dtype": target.meta.dtype})
     if target.base is None:
         rebind(out, target, new)

@@ -207,10 +207,8 @@ def _scale(em: Emitter, fname: str, value: Any, alpha: Any, other: Any) -> Any:
         return value
     if type(alpha) not in _SCALAR_TYPES:
         raise Unsupported(f"{fname}(alpha=...) must be a Python number here")
-    floating = any(
-        (isinstance(v, TensorVar) and v.meta.dtype.is_floating_point) or type(v) is float
-        for v in (value, other)
-    )
+    floating = any((isinstance(v, TensorVar) and v.meta.dtype.is_floating_point)
+                   or type(v) is float for v in (value, other))
     if isinstance(alpha, float) and not floating:
         raise Unsupported(f"{fname}(): float alpha with integral inputs (eager raises)")
     if isinstance(value, TensorVar):
@@ -232,16 +230,12 @@ for _row in ROWS:
 register("torch.pow", "Tensor.pow")(_binary("pow", "exponent"))
 
 
-@register("torch.add", "Tensor.add")
-def _add(em: Emitter, fname: str, args: tuple, kwargs: dict) -> Any:
+@register("torch.add", "Tensor.add", "torch.sub", "torch.subtract", "Tensor.sub",
+          "Tensor.subtract")
+def _add_sub(em: Emitter, fname: str, args: tuple, kwargs: dict) -> Any:
     a, b, alpha = parse(fname, args, kwargs, ("input", "other", "alpha"), alpha=1)
-    return binary(em, "add", a, _scale(em, fname, b, alpha, a), fname)
-
-
-@register("torch.sub", "torch.subtract", "Tensor.sub", "Tensor.subtract")
-def _sub(em: Emitter, fname: str, args: tuple, kwargs: dict) -> Any:
-    a, b, alpha = parse(fname, args, kwargs, ("input", "other", "alpha"), alpha=1)
-    return binary(em, "sub", a, _scale(em, fname, b, alpha, a), fname)
+    op = "add" if fname.endswith(".add") else "sub"
+    return binary(em, op, a, _scale(em, fname, b, alpha, a), fname)
 
 
 @register("torch.rsub")
@@ -304,9 +298,8 @@ def _where(em: Emitter, fname: str, args: tuple, kwargs: dict) -> Any:
     if len(args) + len(kwargs) == 1:
         raise Unsupported("torch.where(condition) has a data-dependent shape; not supported")
     cond, a, b = parse(fname, args, kwargs, ("condition", "input", "other"))
-    return em.op(
-        "where", (tensor_arg(fname, cond), scalar_or_tensor(fname, a), scalar_or_tensor(fname, b))
-    )
+    cond = tensor_arg(fname, cond)
+    return em.op("where", (cond, scalar_or_tensor(fname, a), scalar_or_tensor(fname, b)))
 
 
 @register("Tensor.where")
@@ -333,17 +326,11 @@ def clamp(em: Emitter, fname: str, x: Any, lo: Any, hi: Any) -> Any:
         return em.extern(torch.clamp, (x, lo, hi), {})
     out = x
     if lo is not None:
-        out = (
-            em.op("maximum", (out, lo))
-            if isinstance(lo, TensorVar)
-            else em.op("clamp", (out,), {"min": lo, "max": None})
-        )
+        out = em.op("maximum", (out, lo)) if isinstance(lo, TensorVar) else em.op(
+            "clamp", (out,), {"min": lo, "max": None})
     if hi is not None:
-        out = (
-            em.op("minimum", (out, hi))
-            if isinstance(hi, TensorVar)
-            else em.op("clamp", (out,), {"min": None, "max": hi})
-        )
+        out = em.op("minimum", (out, hi)) if isinstance(hi, TensorVar) else em.op(
+            "clamp", (out,), {"min": None, "max": hi})
     return out
 
 

@@ -211,11 +211,8 @@ def _dropout(em: Emitter, fname: str, args: tuple, kwargs: dict) -> Any:
     if inplace:  # the in-place kernel's draws (ops.dropout_in_place_draws)
         draws = (x, float(p), fname.rpartition(".")[2])
         result = em.op(ops.extern_op(ops.dropout_in_place_draws), draws, {}, track=False)
-    else:
-        result = em.extern(fn, call_args, {})
-    if inplace:
         return mutation.mutate(em, x, result, f"{fname}(inplace=True)")  # type: ignore[arg-type]
-    return result
+    return em.extern(fn, call_args, {})
 
 
 for _name in _DROPOUTS:

@@ -107,11 +107,7 @@ def _bases_first(output: OutputGraph, local_vars: dict[str, Any]) -> None:
 
 def capture_frame(fn: types.FunctionType, args: tuple) -> Capture:
     """Trace one call of ``fn`` with the frame values ``args`` (layout order) into a graph
-    of the whole frame.
-
-    Raises Unsupported for anything outside scope: generators and coroutines, data-dependent
-    branches, reading tensor data into Python, random ops, unknown callables, autograd.
-    """
+    of the whole frame; Unsupported for anything outside scope (no graph breaks)."""
     capture, stop = capture_segment(fn, root_point(fn.__code__), args, allow_break=False)
     assert stop is None
     return capture
@@ -121,14 +117,10 @@ def capture_segment(
     fn: types.FunctionType, point: ResumePoint, values: tuple, allow_break: bool = True,
     dynamic: DynamicPolicy = STATIC,
 ) -> tuple[Capture, Break | None]:
-    """Trace ``fn`` from ``point`` with the frame values ``values`` (``point.layout()``).
-
-    The segment ends where the frame returns (the Break is None; ``rebuild`` gives the
-    return value) or, when ``allow_break``, at a resumable graph break (``rebuild`` gives
-    ``(locals, stack)`` at the breaking instruction, which the caller runs for real).
-    Unsupported when neither applies.  ``dynamic`` says which input dims become size
-    symbols (capture/dynamic.py).
-    """
+    """Trace ``fn`` from ``point`` with the frame values ``values`` (``point.layout()``) to
+    where the frame returns (no Break; ``rebuild`` gives the return value) or, when
+    ``allow_break``, to a resumable graph break (``rebuild`` gives ``(locals, stack)`` at
+    the instruction the caller runs for real); Unsupported when neither applies."""
     code = fn.__code__
     if bytecode.is_generator_like(code):
         raise Unsupported(

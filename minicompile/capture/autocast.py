@@ -135,8 +135,8 @@ def _make_region(tx: Translator, cls: Any, args: list, kwargs: dict) -> Var:
     """``torch.autocast(device_type, dtype=None, enabled=True, cache_enabled=None)`` (or a
     device-specific subclass): PyTorch's own constructor checks the arguments (and disables
     autocast where eager does, with its warning); an unspecified dtype is the traced one."""
-    values = [tx.output.to_value(a) for a in args]
-    kw = {k: tx.output.to_value(v) for k, v in kwargs.items()}
+    pos, kw = tx.output.to_values(args, kwargs)
+    values = list(pos)
     if any(isinstance(v, TensorVar) for v in (*values, *kw.values())):
         raise Unsupported("torch.autocast() with a tensor argument")
     if cls is _BASE:  # torch.autocast(device_type, dtype=None, ...)
@@ -157,8 +157,7 @@ def _make_region(tx: Translator, cls: Any, args: list, kwargs: dict) -> Var:
 def _query(tx: Translator, fn: Any, args: list, kwargs: dict) -> Var:
     """``torch.is_autocast_enabled(device)`` / ``torch.get_autocast_dtype(device)`` and the
     older per-device spellings: the traced state (the entry state is guarded)."""
-    values = [tx.output.to_value(a) for a in args]
-    kw = {k: tx.output.to_value(v) for k, v in kwargs.items()}
+    values, kw = tx.output.to_values(args, kwargs)
     device = values[0] if values else kw.get("device_type", "cuda")
     if fn is getattr(torch, "is_autocast_cpu_enabled", None):
         device = "cpu"

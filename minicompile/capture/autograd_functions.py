@@ -27,17 +27,10 @@ class InferenceContext:
         self.needs_input_grad = (False,) * inputs
         self.materialize_grads = True
 
-    def save_for_backward(self, *tensors: Any) -> None:
+    def _records_nothing(self, *tensors: Any) -> None:
         pass
 
-    def save_for_forward(self, *tensors: Any) -> None:
-        pass
-
-    def mark_dirty(self, *tensors: Any) -> None:
-        pass
-
-    def mark_non_differentiable(self, *tensors: Any) -> None:
-        pass
+    save_for_backward = save_for_forward = mark_dirty = mark_non_differentiable = _records_nothing
 
     def set_materialize_grads(self, value: bool) -> None:
         self.materialize_grads = value
@@ -59,23 +52,20 @@ def call(tx: Translator, cls: type, args: list, kwargs: dict) -> Var:
 
 
 def library_call(tx: Translator, cls: type, args: list, kwargs: dict) -> Var:
-    """``cls.apply(...)`` where a gradient can flow: a library call of the graph, as in
-    eager.  The compiled forward calls ``apply``, which records the class's own ``backward``
-    (the user's code, not traced), and the compiled backward has autograd run it, as for
-    any library call (passes/autograd.py).  Its metadata comes from ``apply`` on meta
-    tensors.  A forward that modifies an input in place (``ctx.mark_dirty``) stays a break:
-    a library call of the graph only computes its results."""
+    """``cls.apply(...)`` where a gradient can flow: a library call of the graph (metadata
+    from ``apply`` on meta tensors), whose recorded ``backward`` autograd runs in the
+    compiled backward.  A forward that modifies an input in place (``ctx.mark_dirty``)
+    stays a break: a library call of the graph only computes its results."""
     what = f"{cls.__qualname__}.apply() on tensors that require grad"
-    codes = [f.__code__ for f in (getattr(cls, "forward", None), getattr(cls, "setup_context",
-                                                                          None))
-             if isinstance(f, type(call))]
+    fns = (getattr(cls, "forward", None), getattr(cls, "setup_context", None))
+    codes = [f.__code__ for f in fns if isinstance(f, type(call))]
     if any("mark_dirty" in code.co_names for code in codes):
         raise Unsupported(f"{what}: its forward modifies an input in place (mark_dirty)")
     try:
         ops.extern_name(cls.apply)  # the generated code calls it by the class's path
     except ValueError as e:
         raise Unsupported(f"{what}: {e}") from None
-    pos, kw = tx._values(args, kwargs)
+    pos, kw = tx.output.to_values(args, kwargs)
     try:
         return tx.output.from_value(tx.output.extern(cls.apply, tuple(pos), kw))
     except Unsupported as e:

@@ -23,12 +23,8 @@ NULL_AFTER_CALLABLE: bool = PY >= (3, 13)
 # 3.12 folded LOAD_METHOD into LOAD_ATTR: the low bit of ``arg`` selects the method form.
 LOAD_ATTR_HAS_METHOD_BIT: bool = PY >= (3, 12)
 
-_UNSUPPORTED_CODE_FLAGS = (
-    inspect.CO_GENERATOR
-    | inspect.CO_COROUTINE
-    | inspect.CO_ASYNC_GENERATOR
-    | inspect.CO_ITERABLE_COROUTINE
-)
+_UNSUPPORTED_CODE_FLAGS = (inspect.CO_GENERATOR | inspect.CO_COROUTINE
+                           | inspect.CO_ASYNC_GENERATOR | inspect.CO_ITERABLE_COROUTINE)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,12 +73,8 @@ def is_generator_like(code: types.CodeType) -> bool:
 def frame_layout(code: types.CodeType) -> list[str]:
     """Parameter names in the order ``capture_frame`` receives their values: positional and
     keyword-only parameters, then the ``*args`` name, then the ``**kwargs`` name."""
-    n = code.co_argcount + code.co_kwonlyargcount
-    if code.co_flags & inspect.CO_VARARGS:
-        n += 1
-    if code.co_flags & inspect.CO_VARKEYWORDS:
-        n += 1
-    return list(code.co_varnames[:n])
+    stars = bool(code.co_flags & inspect.CO_VARARGS) + bool(code.co_flags & inspect.CO_VARKEYWORDS)
+    return list(code.co_varnames[:code.co_argcount + code.co_kwonlyargcount + stars])
 
 
 # BINARY_OP's argument indexes this table on 3.11-3.13; 13 and above are the in-place forms

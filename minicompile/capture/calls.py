@@ -270,11 +270,9 @@ class CallsMixin:
         return self.inline_call(UserFunctionVar(fn.func), [fn.self_var, *args], kwargs)
 
     def submodules(self: InstructionTranslator, obj: NNModuleVar, method: Any) -> Var:
-        """``m.children()``, ``m.named_children()``, ``m.modules()``, ``m.named_modules()``
-        as ``nn.Module`` yields them: the entries of ``_modules`` in order (depth first,
-        the module itself first, for the last two), None skipped, each module once (by
-        identity: every one is guarded by it).  (Torch's own code keeps a ``set`` of
-        those seen.)"""
+        """``m.children()``, ``named_children()``, ``modules()``, ``named_modules()`` as
+        ``nn.Module`` yields them: ``_modules`` in order (depth first, ``m`` first for the
+        last two), None skipped, each module once by identity (as torch's ``set``)."""
         named = method in (torch.nn.Module.named_children, torch.nn.Module.named_modules)
         deep = method in (torch.nn.Module.modules, torch.nn.Module.named_modules)
         items: list[Var] = []
@@ -377,12 +375,6 @@ class CallsMixin:
                 "supported optimizer's step runs its compiled update there)")
         raise Unsupported(f"call to {externs._describe(fn.value)} is not supported")
 
-    def _values(self: InstructionTranslator, args: list, kwargs: dict) -> tuple[tuple, dict]:
-        return (
-            tuple(self.output.to_value(a) for a in args),
-            {k: self.output.to_value(v) for k, v in kwargs.items()},
-        )
-
     def call_torch(self: InstructionTranslator, fn: Any, args: list, kwargs: dict) -> Var:
         out = self.output
         if fn is torch.no_grad or fn is torch.enable_grad:
@@ -390,7 +382,7 @@ class CallsMixin:
                 raise Unsupported(f"{fn.__name__}(...) with arguments is not supported")
             return GradModeVar(fn is torch.enable_grad)
         if fn is torch.set_grad_enabled:
-            pos, kw = self._values(args, kwargs)
+            pos, kw = self.output.to_values(args, kwargs)
             mode = pos[0] if pos else kw.get("mode")
             if type(mode) is not bool:
                 raise Unsupported("torch.set_grad_enabled() needs a Python bool")
@@ -399,7 +391,7 @@ class CallsMixin:
             return ctx
         if fn is torch.inference_mode:
             raise Unsupported(f"torch.{fn.__name__} is not supported yet")
-        pos, kw = self._values(args, kwargs)
+        pos, kw = self.output.to_values(args, kwargs)
         if any(isinstance(v, ArrayVar) for v in (*pos, *kw.values())):
             from minicompile.capture import numpy_arrays
 
@@ -438,7 +430,7 @@ class CallsMixin:
             from minicompile.capture import numpy_kind  # NumPy's rules load with its first value
 
             return numpy_kind.numpy_arrays.from_tensor(out, obj)
-        pos, kw = self._values(args, kwargs)
+        pos, kw = self.output.to_values(args, kwargs)
         handler = torch_ops.METHODS.get(name)
         if handler is not None and not name.endswith("_"):
             method = lambda p, k: handler(out, f"Tensor.{name}", p, k)  # noqa: E731
@@ -456,7 +448,7 @@ class CallsMixin:
         out = self.output
         method = getattr(out.to_value(obj), name)
         out.require_pinned([*args, *kwargs.values()], f"{name}()")  # "{}".format(array)
-        values, kw = self._values(args, kwargs)
+        values, kw = self.output.to_values(args, kwargs)
         if any(pybuiltins.contains_tensor(v) for v in (*values, *kw.values())):
             raise Unsupported(f"method {name}() with tensor arguments is not supported")
         try:

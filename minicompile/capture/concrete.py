@@ -9,7 +9,6 @@ raise :class:`NotConcrete`.
 
 from __future__ import annotations
 
-import builtins
 import dataclasses
 import operator
 import types
@@ -109,8 +108,7 @@ def _global(f: Frame, name: str) -> Any:
     g = f.fn.__globals__
     if name in g:
         return g[name]
-    b = g.get("__builtins__", builtins)
-    b = b if isinstance(b, dict) else vars(b)
+    b = bytecode.builtins_of(g)
     if name in b:
         return b[name]
     raise NameError(f"name {name!r} is not defined")

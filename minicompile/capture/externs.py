@@ -91,11 +91,10 @@ def _written_outs_only(overload: Any, kwargs: dict) -> bool:
 
 
 def operator_problem(op: Any, kwargs: dict) -> str | None:
-    """Why a call of the operator ``op`` (``torch.ops.ns.name``, a packet or one overload:
-    ATen's, or a library's ``torch.library.custom_op``) with keyword arguments ``kwargs``
-    is not a library call of the graph, from the schemas and tags of the overloads it may
-    go to; None when it is one: it computes tensors from its arguments alone, and its fake
-    (meta) kernel gives their metadata."""
+    """Why a call of the operator ``op`` (``torch.ops.ns.name``: a packet or an overload,
+    ATen's or a ``custom_op``) with ``kwargs`` is not a library call of the graph, from the
+    schemas and tags of the overloads it may go to; None when it only computes tensors
+    from its arguments and has a fake kernel."""
     overloads = ([op] if isinstance(op, torch._ops.OpOverload)
                  else [getattr(op, name) for name in op.overloads()])
     if len(overloads) > 1:  # (a packet's out= overloads take a call only with out=)

@@ -37,13 +37,10 @@ from minicompile.errors import SourceLine, Unsupported
 class InstructionTranslator(
     CallsMixin, PythonCallsMixin, ControlMixin, OperatorsMixin, ContainersMixin
 ):
-    """Interprets one frame.  ``parent_stack`` is the user stack of the call site when this
-    frame is inlined (outermost first); ``parent`` is the translator of the caller.
-
-    When an instruction raises :class:`Unsupported`, the translator is left as it was just
-    before that instruction (``ip`` points at it, the stack is restored) and the exception
-    carries it as ``e.translator`` (the innermost frame; follow ``parent`` outwards), so a
-    driver can inspect or resume the state at the break."""
+    """Interprets one frame (``parent``: the caller's translator when inlined, and
+    ``parent_stack`` the user stack of the call site).  An instruction that raises
+    :class:`Unsupported` leaves the translator as it was before it (``ip`` at it, the stack
+    restored), and the exception carries the innermost one as ``e.translator``."""
 
     def __init__(
         self, output: OutputGraph, code: types.CodeType, f_globals: dict[str, Any],
@@ -319,7 +316,7 @@ class InstructionTranslator(
         if not isinstance(kwargs, DictVar):
             raise Unsupported(f"f(**{kwargs.describe()}) is not supported")
         kw = {k: self.realize(v) for k, v in kwargs.items.items()}
-        self.push(self.call_function(fn, self.items_of(args), kw))
+        self.push(self.call_function(fn, self.iter_items(args), kw))
 
     # -- stack shuffles, jumps, returns ----------------------------------------------------
 
@@ -441,7 +438,7 @@ class InstructionTranslator(
         elif flag == 0x02:
             fn.kwdefaults = dict(value.items)
         elif flag == 0x01:
-            fn.defaults = tuple(self.items_of(value))
+            fn.defaults = tuple(self.iter_items(value))
         return fn  # 0x04 annotations: ignored
 
 

@@ -208,8 +208,7 @@ def _set_grad_enabled(tx: Translator, fn: Any, args: list, kwargs: dict) -> Var:
 def _type_info(tx: Translator, fn: Any, args: list, kwargs: dict) -> Var:
     """Immutable descriptions made from constants (``torch.finfo(x.dtype)``, and
     ``torch.device("cpu")``, which FX's generated code spells ``device(type='cpu')``)."""
-    values = [tx.output.to_value(a) for a in args]
-    kw = {k: tx.output.to_value(v) for k, v in kwargs.items()}
+    values, kw = tx.output.to_values(args, kwargs)
     if any(isinstance(v, TensorVar) for v in (*values, *kw.values())):
         raise Unsupported(f"{fn.__name__}() of a tensor is not supported")
     try:
@@ -265,8 +264,7 @@ def log_call(tx: Translator, fn: Any, args: list, kwargs: dict) -> Var:
 
 
 def _message_args(tx: Translator, args: list, kwargs: dict, what: str):
-    values = [tx.output.to_value(a) for a in args]
-    kw = {k: tx.output.to_value(v) for k, v in kwargs.items()}
+    values, kw = tx.output.to_values(args, kwargs)
     if any(contains_tensor(v) for v in (*values, *kw.values())):
         raise Unsupported(f"{what} with a tensor argument reads its data")
     return specialized(values), specialized(kw)

@@ -33,8 +33,7 @@ def call(tx: kinds.Translator, fn: Any, args: list, kwargs: dict) -> Var:
     numpy_arrays.require_numpy_2()
     out = tx.output
     name = numpy_functions.public_name(fn)
-    pos = tuple(out.to_value(a) for a in args)
-    kw = {k: out.to_value(v) for k, v in kwargs.items()}
+    pos, kw = out.to_values(args, kwargs)
     short = name.removeprefix("numpy.")
     if isinstance(fn, np.ufunc):
         return numpy_functions.ufunc(out, fn, pos, kw)
@@ -50,8 +49,7 @@ def call(tx: kinds.Translator, fn: Any, args: list, kwargs: dict) -> Var:
 @kinds.call_method.register(ArrayVar)
 def call_method(tx: kinds.Translator, arr: ArrayVar, name: str, args: list, kwargs: dict) -> Var:
     out = tx.output
-    pos = tuple(out.to_value(a) for a in args)
-    kw = {k: out.to_value(v) for k, v in kwargs.items()}
+    pos, kw = out.to_values(args, kwargs)
     method = numpy_functions.METHODS[name]
     return out.from_value(method(out, f"numpy.ndarray.{name}", (arr, *pos), kw))
 

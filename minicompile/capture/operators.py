@@ -30,20 +30,16 @@ class OperatorsMixin:
         symbol, fn, inplace = bytecode.binary_op(inst)
         self.push(self.binary(symbol, fn, a, b, inplace))
 
-    def binary(
-        self: InstructionTranslator, symbol: str, fn: Callable, a: Var, b: Var,
-        inplace: bool = False,
-    ) -> Var:
+    def binary(self: InstructionTranslator, symbol: str, fn: Callable, a: Var, b: Var,
+               inplace: bool = False) -> Var:
         if isinstance(self.realize(a), ArrayVar) or isinstance(self.realize(b), ArrayVar):
             from minicompile.capture import numpy_kind
 
             return numpy_kind.binary(self, symbol, a, b, inplace)
         if isinstance(a, TensorVar) or isinstance(b, TensorVar):
             av, bv = self.output.to_value(a), self.output.to_value(b)
-            result = autocast.call(
-                self.output, fn, (av, bv), {},
-                lambda p, k: torch_ops.binary_operator(self.output, symbol, *p), inplace=inplace,
-            )
+            result = autocast.call(self.output, fn, (av, bv), {}, lambda p, k: (
+                torch_ops.binary_operator(self.output, symbol, *p)), inplace=inplace)
             if inplace and isinstance(a, TensorVar):  # x += y is x.__iadd__(y): in place
                 return mutation.mutate(self.output, a, result, f"operator {symbol}=")
             return self.output.from_value(result)

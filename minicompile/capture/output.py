@@ -99,13 +99,15 @@ class OutputGraph(FrameValuesMixin):
         and known objects become themselves, containers are rebuilt."""
         return kinds.to_value(self, self.realize(var))
 
+    def to_values(self, args: Any, kwargs: dict) -> tuple[tuple, dict]:
+        """The plain values of a call's arguments."""
+        return tuple(map(self.to_value, args)), {k: self.to_value(v) for k, v in kwargs.items()}
+
     def require_pinned(self, operands: Any, what: str) -> None:
-        """Raise Unsupported when an operand (or an item of one) is an object the guards
-        know only by its type: a user object, or a library object such as a numpy array.
-        Computing with it while tracing (an operator, a builtin, a format) would bake this
-        call's contents into the segment, and a later call with other contents, which
-        passes ``type(v) is C``, would reuse them.  The operation must run for real
-        instead (a graph break).  Enum members are immutable: an identity guard pins them."""
+        """Unsupported (a graph break) when an operand, or an item of one, is an object the
+        guards know only by its type: computing with it while tracing would bake this
+        call's contents into the segment for later calls that pass ``type(v) is C``.
+        Enum members are immutable: an identity guard pins them."""
         for var in operands:
             kinds.require_pinned(self, self.realize(var), what)
 

@@ -14,30 +14,22 @@ from typing import Any
 from minicompile.capture.kinds import Output
 from minicompile.capture.variables import (
     ArrayVar, python_type_of, specialized, ConstantVar, DictVar, ListVar, ObjectVar, TensorVar,
-    TupleVar, Var,
+    TupleVar, Var, leaves,
 )
 from minicompile.errors import Unsupported
 
 
 # Builtins without side effects, folded when no argument is a tensor.
-FOLDABLE: frozenset[Any] = frozenset(
-    {
-        abs, all, any, bool, callable, complex, divmod, float, hash, int, isinstance, issubclass,
-        len, max, min, pow, range, repr, round, slice, sorted, str, sum, tuple, type,
-    }
-)
+FOLDABLE: frozenset[Any] = frozenset({
+    abs, all, any, bool, callable, complex, divmod, float, hash, int, isinstance, issubclass,
+    len, max, min, pow, range, repr, round, slice, sorted, str, sum, tuple, type,
+})
 _TENSOR_TO_PYTHON = (bool, int, float, complex)
 
 
 def contains_tensor(value: Any) -> bool:
     """A tensor (or a NumPy array: traced as one) in a value or its items."""
-    if isinstance(value, (TensorVar, ArrayVar)):
-        return True
-    if isinstance(value, (tuple, list)):
-        return any(contains_tensor(v) for v in value)
-    if isinstance(value, dict):
-        return any(contains_tensor(v) for v in value.values())
-    return False
+    return any(isinstance(v, (TensorVar, ArrayVar)) for v in leaves(value))
 
 
 # Builtins that compute with symbolic sizes as they are (and record relations they decide).
@@ -75,9 +67,8 @@ def call_builtin(out: Output, fn: Any, args: list[Var], kwargs: dict[str, Var]) 
 def _sequence(fn: Any, arg: Var) -> Var:
     if isinstance(arg, (TupleVar, ListVar)):
         items = tuple(arg.items)
-    elif isinstance(arg, ConstantVar) and isinstance(
-        arg.value, (str, bytes, set, frozenset, collections.abc.KeysView)
-    ):
+    elif isinstance(arg, ConstantVar) and isinstance(arg.value, (
+            str, bytes, set, frozenset, collections.abc.KeysView)):
         items = tuple(ConstantVar(c) for c in arg.value)
     elif isinstance(arg, DictVar):
         items = tuple(ConstantVar(k) for k in arg.items)

@@ -57,7 +57,7 @@ class PythonCallsMixin:
         """``dict.get(obj, key)`` and friends on a user subclass read from the frame: the
         value is read now and guarded through the same call in the guard function."""
         obj, method = fn.self_var, fn.descriptor
-        values, kwargs = self._values(args, kw)
+        values, kwargs = self.output.to_values(args, kw)
         mname = method.__name__
         if obj.source is None or kwargs or not all(
             type(v) in (str, int, bool, type(None)) for v in values

@@ -94,11 +94,9 @@ class TensorVar(Var):
 
 @dataclasses.dataclass(eq=False)
 class ArrayVar(Var):
-    """A NumPy array (or, with ``scalar``, a NumPy scalar such as ``np.float64``) traced as
-    the tensor ``tensor``: its operations follow NumPy's rules (numpy_arrays.py,
-    numpy_functions.py) and it leaves the graph as an ``np.ndarray`` (or NumPy scalar).
-    ``tensor`` is shared with views and ``torch.from_numpy`` aliases, so an in-place op
-    that rebinds its node is seen by all of them."""
+    """A NumPy array (or, with ``scalar``, a NumPy scalar) traced as ``tensor`` with
+    NumPy's rules; ``tensor`` is shared with views and ``torch.from_numpy`` aliases, so an
+    in-place op that rebinds its node is seen by all of them."""
 
     tensor: TensorVar
     scalar: bool = False

@@ -33,7 +33,7 @@ from minicompile.capture.segments import (
     Break, ResumePoint, frame_state, has_catching_handlers, initial_values, root_point,
     why_not_resumable,
 )
-from minicompile.capture.variables import CellVar, LazyVar, Source
+from minicompile.capture.variables import CellVar, LazyVar, Source, closure_cell
 from minicompile.errors import ShapeError, SourceLine, Unsupported
 from minicompile.graph import Graph
 from minicompile.runtime.guards import Guards
@@ -137,14 +137,9 @@ def capture_segment(
     for name, cell in zip(code.co_freevars, fn.__closure__ or ()):
         ref = output.guards.ref(cell, f"cell_{name}")
         source = Source(f"C[{name!r}]", f"{ref}.cell_contents", f"C_{name}")
-        try:
-            contents = LazyVar(cell.cell_contents, source)
-        except ValueError:  # empty cell
-            contents = None
-        cells[name] = CellVar(contents, local=False, source=source)
-    tx = InstructionTranslator(
-        output, code, fn.__globals__, builtins_of(fn.__globals__), local_vars, cells
-    )
+        cells[name] = closure_cell(cell, source)
+    tx = InstructionTranslator(output, code, fn.__globals__, builtins_of(fn.__globals__),
+                               local_vars, cells)
     _bases_first(output, local_vars)
     if point.offset:
         tx.ip = tx.index_of[point.offset]

@@ -29,10 +29,10 @@ from minicompile.capture import (
 from minicompile.capture.bytecode import builtins_of
 from minicompile.capture.frame_values import is_trusted_namespace
 from minicompile.capture.variables import (
-    NULL, ArrayVar, BoundMethodVar, BuiltinVar, CellVar, ConstantVar, DictVar, GradModeVar,
-    IteratorVar, LazyVar, ListVar, MethodVar, NestedFunctionVar, NewObjectVar, NNModuleVar,
-    ObjectSlotVar, ObjectVar, PartialVar, OpaqueVar, ReadMethodVar, Source, StructSeqVar, SuperVar,
-    TensorVar, TorchFunctionVar, TupleVar, UserFunctionVar, UserObjectVar, Var, WithExitVar,
+    NULL, ArrayVar, BoundMethodVar, BuiltinVar, ConstantVar, DictVar, GradModeVar, IteratorVar,
+    ListVar, MethodVar, NestedFunctionVar, NewObjectVar, NNModuleVar, ObjectSlotVar, ObjectVar,
+    PartialVar, OpaqueVar, ReadMethodVar, Source, StructSeqVar, SuperVar, TensorVar,
+    TorchFunctionVar, TupleVar, UserFunctionVar, UserObjectVar, Var, WithExitVar, closure_cell,
 )
 from minicompile.errors import Unsupported
 
@@ -173,11 +173,9 @@ class CallsMixin:
             if name in d.get(table, ()):
                 if src is None:
                     raise Unsupported(f"module attribute {name!r} reached without a source")
-                source = Source(
-                    f"{src.name}.{table}[{name!r}]", f"{src.expr}.{table}[{name!r}]",
-                    f"{src.ident}_{name}", src.trusted,
-                    safe_expr=f"{src.expr}.{table}.get({name!r})",
-                )
+                source = Source(f"{src.name}.{table}[{name!r}]", f"{src.expr}.{table}[{name!r}]",
+                                f"{src.ident}_{name}", src.trusted,
+                                safe_expr=f"{src.expr}.{table}.get({name!r})")
                 return self.output.wrap(d[table][name], source)
         if name in d:
             return self.output.wrap(d[name], src.attr(name) if src else None)
@@ -493,14 +491,8 @@ class CallsMixin:
         else:
             func = fn.value
             code, f_globals, signature_of = func.__code__, func.__globals__, func
-            cells = {}
-            for name, cell in zip(code.co_freevars, func.__closure__ or ()):
-                source = self._cell_source(func, name, cell)
-                try:
-                    contents: Var | None = LazyVar(cell.cell_contents, source)
-                except ValueError:  # empty cell
-                    contents = None
-                cells[name] = CellVar(contents, local=False, source=source)
+            cells = {name: closure_cell(cell, self._cell_source(func, name, cell))
+                     for name, cell in zip(code.co_freevars, func.__closure__ or ())}
             globals_name = None
         local_vars: dict[str, Var] = {}
         if code.co_argcount and code.co_varnames[0].startswith("."):

@@ -32,32 +32,22 @@ Handler = Callable[["Output", str, tuple, dict], Any]
 FUNCTIONS: dict[str, Handler] = {}  # name in the numpy namespace -> handler
 METHODS: dict[str, Handler] = {}  # ndarray method -> handler (the array first)
 
-UNARY_UFUNCS: dict[str, Any] = {
+# NumPy's ufuncs by the torch function of the same name, then the renamed ones.
+UNARY_UFUNCS: dict[str, Any] = {n: getattr(torch, n) for n in """sign exp exp2 expm1 log
+    log2 log10 log1p sqrt square reciprocal sin cos tan sinh cosh tanh deg2rad rad2deg floor
+    ceil trunc logical_not isnan isinf isfinite signbit""".split()} | {
     "negative": torch.neg, "positive": torch.clone, "absolute": torch.abs, "fabs": torch.abs,
-    "sign": torch.sign, "exp": torch.exp, "exp2": torch.exp2, "expm1": torch.expm1,
-    "log": torch.log, "log2": torch.log2, "log10": torch.log10, "log1p": torch.log1p,
-    "sqrt": torch.sqrt, "square": torch.square, "reciprocal": torch.reciprocal,
-    "sin": torch.sin, "cos": torch.cos, "tan": torch.tan, "arcsin": torch.asin,
-    "arccos": torch.acos, "arctan": torch.atan, "sinh": torch.sinh, "cosh": torch.cosh,
-    "tanh": torch.tanh, "arcsinh": torch.asinh, "arccosh": torch.acosh,
-    "arctanh": torch.atanh, "deg2rad": torch.deg2rad, "radians": torch.deg2rad,
-    "rad2deg": torch.rad2deg, "degrees": torch.rad2deg, "floor": torch.floor,
-    "ceil": torch.ceil, "trunc": torch.trunc, "rint": torch.round,
-    "logical_not": torch.logical_not, "invert": torch.bitwise_not, "isnan": torch.isnan,
-    "isinf": torch.isinf, "isfinite": torch.isfinite, "signbit": torch.signbit,
+    "arcsin": torch.asin, "arccos": torch.acos, "arctan": torch.atan, "arcsinh": torch.asinh,
+    "arccosh": torch.acosh, "arctanh": torch.atanh, "radians": torch.deg2rad,
+    "degrees": torch.rad2deg, "rint": torch.round, "invert": torch.bitwise_not,
 }
-BINARY_UFUNCS: dict[str, Any] = {
-    "add": torch.add, "subtract": torch.sub, "multiply": torch.mul, "divide": torch.true_divide,
-    "floor_divide": torch.floor_divide, "remainder": torch.remainder, "fmod": torch.fmod,
-    "power": torch.pow, "float_power": torch.pow, "maximum": torch.maximum,
-    "minimum": torch.minimum, "fmax": torch.fmax, "fmin": torch.fmin,
-    "arctan2": torch.atan2, "hypot": torch.hypot, "copysign": torch.copysign,
-    "logaddexp": torch.logaddexp, "logaddexp2": torch.logaddexp2, "equal": torch.eq,
+BINARY_UFUNCS: dict[str, Any] = {n: getattr(torch, n) for n in """add remainder fmod maximum
+    minimum fmax fmin hypot copysign logaddexp logaddexp2 logical_and logical_or logical_xor
+    bitwise_and bitwise_or bitwise_xor floor_divide""".split()} | {
+    "subtract": torch.sub, "multiply": torch.mul, "divide": torch.true_divide,
+    "power": torch.pow, "float_power": torch.pow, "arctan2": torch.atan2, "equal": torch.eq,
     "not_equal": torch.ne, "less": torch.lt, "less_equal": torch.le, "greater": torch.gt,
-    "greater_equal": torch.ge, "logical_and": torch.logical_and,
-    "logical_or": torch.logical_or, "logical_xor": torch.logical_xor,
-    "bitwise_and": torch.bitwise_and, "bitwise_or": torch.bitwise_or,
-    "bitwise_xor": torch.bitwise_xor, "left_shift": torch.bitwise_left_shift,
+    "greater_equal": torch.ge, "left_shift": torch.bitwise_left_shift,
     "right_shift": torch.bitwise_right_shift,
 }
 # torch ops that take a Python number on either side; the others get 0-d tensors.
@@ -290,6 +280,9 @@ def _round(out: Output, fname: str, args: tuple, kwargs: dict) -> ArrayVar:
 # -- reductions ------------------------------------------------------------------------------
 
 
+_EXTREMES = {"max": torch.amax, "amax": torch.amax, "min": torch.amin, "amin": torch.amin}
+
+
 def reduce(out: Output, fname: str, a: Any, axis: Any, keepdims: Any, **options: Any) -> ArrayVar:
     """``np.<name>(a, axis, keepdims=..., **options)`` for the reductions below."""
     name = fname.rpartition(".")[2]
@@ -325,14 +318,13 @@ def reduce(out: Output, fname: str, a: Any, axis: Any, keepdims: Any, **options:
     elif name == "mean":
         res = _torch(out, torch.mean, cast(out, x, td), dims, keepdims)
     elif name in ("std", "var"):
-        fn = torch.std if name == "std" else torch.var
         ddof = options.get("ddof") or 0
-        res = _torch(out, fn, cast(out, x, td), dims, correction=ddof, keepdim=keepdims)
-    elif name in ("max", "amax", "min", "amin"):
-        fn = torch.amax if name in ("max", "amax") else torch.amin
-        res = _torch(out, fn, x, dims, keepdims)
+        res = _torch(out, getattr(torch, name), cast(out, x, td), dims, correction=ddof,
+                     keepdim=keepdims)
+    elif name in _EXTREMES:
+        res = _torch(out, _EXTREMES[name], x, dims, keepdims)
     elif name in ("argmax", "argmin"):
-        fn = torch.argmax if name == "argmax" else torch.argmin
+        fn = getattr(torch, name)
         if axis is None:
             res = _torch(out, fn, x)
             if keepdims:
@@ -340,13 +332,11 @@ def reduce(out: Output, fname: str, a: Any, axis: Any, keepdims: Any, **options:
         else:
             res = _torch(out, fn, x, axis, keepdims)
     elif name in ("any", "all"):
-        fn = torch.any if name == "any" else torch.all
-        res = _torch(out, fn, cast(out, x, torch.bool), dims, keepdims)
+        res = _torch(out, getattr(torch, name), cast(out, x, torch.bool), dims, keepdims)
     else:  # cumsum, cumprod
-        fn = torch.cumsum if name == "cumsum" else torch.cumprod
         if axis is None:
             x, axis = _torch(out, torch.reshape, x, (-1,)), 0
-        res = _torch(out, fn, x, axis, dtype=td)
+        res = _torch(out, getattr(torch, name), x, axis, dtype=td)
     return result(out, res, dtype, scalar)
 
 

@@ -30,9 +30,8 @@ from minicompile.errors import Unsupported
 def _sizes(fname: str, shape: Any) -> tuple:
     if isinstance(shape, (int, torch.SymInt)) and type(shape) is not bool:
         return (shape,)
-    if isinstance(shape, (tuple, list)) and all(
-        isinstance(s, (int, torch.SymInt)) and type(s) is not bool for s in shape
-    ):
+    if isinstance(shape, (tuple, list)) and all(isinstance(s, (int, torch.SymInt))
+                                                and type(s) is not bool for s in shape):
         return tuple(shape)
     raise Unsupported(f"{fname}(): a shape must be ints here, got {shape!r}")
 
@@ -187,8 +186,8 @@ def _metadata(out: Output, fname: str, args: tuple, kwargs: dict) -> Any:
 
 
 def _filled(out: Output, sizes: tuple, value: Any, dtype: np.dtype) -> ArrayVar:
-    t = _torch(out, torch.full, sizes, value, dtype=torch_dtype(dtype), device=array_device(out))
-    return ArrayVar(t)
+    return ArrayVar(_torch(out, torch.full, sizes, value, dtype=torch_dtype(dtype),
+                           device=array_device(out)))
 
 
 def _fill_value(fname: str, value: Any, dtype: np.dtype) -> Any:
@@ -249,9 +248,8 @@ def _arange(out: Output, fname: str, args: tuple, kwargs: dict) -> ArrayVar:
         raise Unsupported(f"{fname}() with dtype {dt} and these bounds is not supported")
     if step == 0:
         raise Unsupported(f"{fname}(): step 0 (NumPy raises)", raises=True)
-    t = _torch(out, torch.arange, start, stop, step, dtype=torch_dtype(dt),
-               device=array_device(out))
-    return ArrayVar(t)
+    return ArrayVar(_torch(out, torch.arange, start, stop, step, dtype=torch_dtype(dt),
+                           device=array_device(out)))
 
 
 @function("linspace")
@@ -288,9 +286,8 @@ def _eye(out: Output, fname: str, args: tuple, kwargs: dict) -> ArrayVar:
     if k != 0:
         raise Unsupported(f"{fname}(k={k}) is not supported")
     dt = np.dtype(float if dtype is None else dtype)
-    t = _torch(out, torch.eye, n, n if m is None else m, dtype=torch_dtype(dt),
-               device=array_device(out))
-    return ArrayVar(t)
+    return ArrayVar(_torch(out, torch.eye, n, n if m is None else m, dtype=torch_dtype(dt),
+                           device=array_device(out)))
 
 
 @function("array", "asarray", "asanyarray", "copy")
@@ -300,8 +297,7 @@ def _array(out: Output, fname: str, args: tuple, kwargs: dict) -> ArrayVar:
                                  copy=None)
     name = fname.rpartition(".")[2]
     if isinstance(obj, (list, tuple)) and obj and all(isinstance(a, ArrayVar) for a in obj):
-        stacked = _stack(out, fname, (obj,), {"dtype": dtype})
-        return stacked
+        return _stack(out, fname, (obj,), {"dtype": dtype})
     if not isinstance(obj, ArrayVar):
         arr = as_array(out, fname, obj)
         return arr if dtype is None else astype(out, fname, arr, dtype, copy_arg=False)

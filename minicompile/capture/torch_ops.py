@@ -340,13 +340,8 @@ def _clamp(em: Emitter, fname: str, args: tuple, kwargs: dict) -> Any:
     return clamp(em, fname, x, lo, hi)
 
 
-@register("torch.clamp_min", "Tensor.clamp_min")
-def _clamp_min(em: Emitter, fname: str, args: tuple, kwargs: dict) -> Any:
-    x, lo = parse(fname, args, kwargs, ("input", "min"))
-    return clamp(em, fname, x, lo, None)
-
-
-@register("torch.clamp_max", "Tensor.clamp_max")
-def _clamp_max(em: Emitter, fname: str, args: tuple, kwargs: dict) -> Any:
-    x, hi = parse(fname, args, kwargs, ("input", "max"))
-    return clamp(em, fname, x, None, hi)
+@register("torch.clamp_min", "Tensor.clamp_min", "torch.clamp_max", "Tensor.clamp_max")
+def _clamp_bound(em: Emitter, fname: str, args: tuple, kwargs: dict) -> Any:
+    side = fname.rpartition("_")[2]  # min or max
+    x, bound = parse(fname, args, kwargs, ("input", side))
+    return clamp(em, fname, x, *((bound, None) if side == "min" else (None, bound)))

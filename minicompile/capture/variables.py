@@ -57,10 +57,11 @@ class Var:
     """Base class of value trackers."""
 
     source: Source | None = None
+    phrase = ""  # what describe() says, where it is one phrase for the kind
 
     def describe(self) -> str:
         """A short phrase for error messages ("a tensor", "an int")."""
-        return type(self).__name__
+        return self.phrase or type(self).__name__
 
     def identity(self) -> Any:
         """What ``is`` compares: the value a tracker stands for where it is known."""
@@ -79,14 +80,12 @@ class TensorVar(Var):
     source: Source | None = None
     base: TensorVar | None = None
     view: tuple[Any, ...] = ()  # ViewSteps from ``base``
+    phrase = "a tensor"
 
     @property
     def meta(self) -> TensorMeta:
         assert self.node.meta is not None
         return self.node.meta
-
-    def describe(self) -> str:
-        return "a tensor"
 
     def identity(self) -> Any:
         return self.node
@@ -122,9 +121,7 @@ class ConstantVar(Var):
 class TupleVar(Var):
     items: tuple[Var, ...]
     source: Source | None = None
-
-    def describe(self) -> str:
-        return "a tuple"
+    phrase = "a tuple"
 
 
 @dataclasses.dataclass(eq=False)
@@ -139,8 +136,7 @@ class StructSeqVar(TupleVar):
 class SizeVar(TupleVar):
     """``x.shape`` / ``x.size()``: a torch.Size whose items are int ConstantVars."""
 
-    def describe(self) -> str:
-        return "a torch.Size"
+    phrase = "a torch.Size"
 
 
 @dataclasses.dataclass(eq=False)
@@ -150,9 +146,7 @@ class ListVar(Var):
     # a source) may be mutated too; the side-effect log replays their final contents.
     mutable: bool = True
     source: Source | None = None
-
-    def describe(self) -> str:
-        return "a list"
+    phrase = "a list"
 
 
 @dataclasses.dataclass(eq=False)
@@ -160,9 +154,7 @@ class DictVar(Var):
     items: dict[Any, Var]
     mutable: bool = True
     source: Source | None = None
-
-    def describe(self) -> str:
-        return "a dict"
+    phrase = "a dict"
 
 
 @dataclasses.dataclass(eq=False)
@@ -345,9 +337,7 @@ class IteratorVar(Var):
 
     items: list[Var]
     pos: int = 0
-
-    def describe(self) -> str:
-        return "an iterator"
+    phrase = "an iterator"
 
 
 @dataclasses.dataclass(eq=False)
@@ -380,16 +370,13 @@ class WithExitVar(Var):
     an ``autocast.AutocastVar``, the traced autocast state)."""
 
     ctx: Var
-
-    def describe(self) -> str:
-        return "__exit__"
+    phrase = "__exit__"
 
 
 class NullVar(Var):
     """The NULL that CPython pushes next to callables; never a user value."""
 
-    def describe(self) -> str:
-        return "NULL"
+    phrase = "NULL"
 
 
 NULL = NullVar()
@@ -403,6 +390,14 @@ class CellVar(Var):
     contents: Var | None
     local: bool = True
     source: Source | None = None
+
+
+def closure_cell(cell: Any, source: Source) -> CellVar:
+    """The read-only tracker of a real closure cell (its contents read when used)."""
+    try:
+        return CellVar(LazyVar(cell.cell_contents, source), local=False, source=source)
+    except ValueError:  # empty cell
+        return CellVar(None, local=False, source=source)
 
 
 @dataclasses.dataclass(eq=False)

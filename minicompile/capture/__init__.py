@@ -68,8 +68,7 @@ class Capture:
 
     def __str__(self) -> str:
         return "\n".join(
-            [str(self.graph), "", str(self.guards), self.get_inputs_source, self.rebuild_source]
-        )
+            [str(self.graph), "", str(self.guards), self.get_inputs_source, self.rebuild_source])
 
 
 def frame_args(fn: types.FunctionType, args: tuple, kwargs: dict[str, Any]) -> tuple:
@@ -125,8 +124,7 @@ def capture_segment(
     if bytecode.is_generator_like(code):
         raise Unsupported(
             f"generator/async function {fn.__qualname__}() is not supported",
-            (SourceLine(code.co_filename, code.co_firstlineno, code.co_name),),
-        )
+            (SourceLine(code.co_filename, code.co_firstlineno, code.co_name),))
     names = point.layout()
     if len(values) != len(names):
         raise TypeError(f"capture_segment: expected {len(names)} frame values, got {len(values)}")
@@ -164,6 +162,5 @@ def capture_segment(
         guards=done.guards, rebuild=done.rebuild, ops=sum(1 for _ in done.graph.calls()),
         get_inputs_source=done.get_inputs_source, rebuild_source=done.rebuild_source,
         instructions=output.instructions, writebacks=done.writebacks, codes=frozenset(output.codes),
-        handlers=any(has_catching_handlers(c) for c in output.codes),
-    )
+        handlers=any(has_catching_handlers(c) for c in output.codes))
     return capture, stop

@@ -288,9 +288,8 @@ def _ask(out: Output, fn: Any, device_type: str, dtype: torch.dtype, args: tuple
     seen = [None] * len(inputs)
     ops = []
     for func, first, plain, outs in on_log:
-        if func == "aten._to_copy.default" and isinstance(first, torch.Tensor) and (
-            id(first) in ids
-        ):
+        if (func == "aten._to_copy.default" and isinstance(first, torch.Tensor)
+                and id(first) in ids):
             seen[ids[id(first)]] = outs[0]
         else:
             ops.append((func, plain, outs))

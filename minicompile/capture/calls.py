@@ -221,8 +221,7 @@ class CallsMixin:
                 break
         else:
             raise Unsupported(
-                f"{cls.__name__!r} object has no attribute {name!r} (eager raises AttributeError)"
-            )
+                f"{cls.__name__!r} object has no attribute {name!r} (eager raises AttributeError)")
         if isinstance(obj, NewObjectVar) and name in records.OBJECT_SLOTS and (
             attr is getattr(object, name)
         ):  # super().__setattr__(k, v) in a class that overrides it
@@ -404,10 +403,10 @@ class CallsMixin:
             kw["inplace"] = False
         if fn in torch_ops.FUNCTIONS:
             fname, handler = torch_ops.FUNCTIONS[fn]
-            result = autocast.call(out, fn, pos, kw, lambda p, k: handler(out, fname, p, k))
+            run = lambda p, k: handler(out, fname, p, k)  # noqa: E731
         else:
-            result = autocast.call(out, fn, pos, kw,
-                                   lambda p, k: externs.call_function(out, fn, p, k))
+            run = lambda p, k: externs.call_function(out, fn, p, k)  # noqa: E731
+        result = autocast.call(out, fn, pos, kw, run)
         if target is not None:
             result = externs.with_out(out, result, target, fname)
         if inplace:
@@ -461,9 +460,8 @@ class CallsMixin:
         if mod.source is None:
             raise Unsupported(f"calling module {type(m).__name__} reached without a source")
         hooks = torch.nn.modules.module
-        if m._forward_hooks or m._forward_pre_hooks or hooks._global_forward_hooks or (
-            hooks._global_forward_pre_hooks
-        ):
+        if (m._forward_hooks or m._forward_pre_hooks or hooks._global_forward_hooks
+                or hooks._global_forward_pre_hooks):
             raise Unsupported(f"forward hooks on {type(m).__name__} are not supported yet")
         if "forward" in m.__dict__:
             raise Unsupported(f"{type(m).__name__} instance with its own forward attribute")
@@ -483,8 +481,7 @@ class CallsMixin:
             code, f_globals = fn.code, fn.f_globals
             signature_of = types.FunctionType(
                 code, f_globals, code.co_name, tuple(fn.defaults) or None,
-                tuple(types.CellType() for _ in code.co_freevars) or None,
-            )
+                tuple(types.CellType() for _ in code.co_freevars) or None)
             signature_of.__kwdefaults__ = dict(fn.kwdefaults) or None
             cells = dict(zip(code.co_freevars, fn.closure))
             globals_name = self.globals_name if f_globals is self.f_globals else None
@@ -519,8 +516,7 @@ class CallsMixin:
         child = type(self)(
             self.output, code, f_globals, builtins_of(f_globals), local_vars, cells,
             parent_stack=self.user_stack(), depth=self.depth + 1, globals_name=globals_name,
-            parent=self,
-        )
+            parent=self)
         result = child.run()
         if child.generated is not None:
             return IteratorVar(child.generated)

@@ -143,9 +143,8 @@ class ControlMixin:
                      own_setattr_ok: bool = False) -> None:
         if type(obj.value).__setattr__ is not object.__setattr__ and not own_setattr_ok:
             raise Unsupported(f"{type(obj.value).__name__} has a custom __setattr__")
-        if getattr(type(obj.value), "__dataclass_params__", None) is not None and (
-            type(obj.value).__dataclass_params__.frozen
-        ):
+        if (getattr(type(obj.value), "__dataclass_params__", None) is not None
+                and type(obj.value).__dataclass_params__.frozen):
             raise Unsupported("assignment to a frozen dataclass (eager raises)")
         self.output.side_effects.store_attr(obj, name, value)
 

@@ -236,9 +236,8 @@ class FrameValuesMixin:
         for base, var in zip(self.input_values, self.input_vars):
             if base.untyped_storage()._cdata != storage:
                 continue
-            if var.node.meta.is_symbolic or base.storage_offset() != 0 or (
-                not base.is_contiguous()
-            ):
+            if (var.node.meta.is_symbolic or base.storage_offset() != 0
+                    or not base.is_contiguous()):
                 return None
             last = t.storage_offset() + sum((s - 1) * st for s, st in zip(t.shape, t.stride()))
             inside = t.numel() == 0 or (min(t.stride(), default=0) >= 0 and last < base.numel())

@@ -89,8 +89,7 @@ class InstructionTranslator(
                     out.instructions += 1
                     if out.instructions > MAX_INSTRUCTIONS:
                         raise Unsupported(
-                            f"trace longer than {MAX_INSTRUCTIONS} instructions (a long loop?)"
-                        )
+                            f"trace longer than {MAX_INSTRUCTIONS} instructions (a long loop?)")
                     handler = getattr(self, self.inst.opname, None)
                     if handler is None:
                         raise Unsupported(f"bytecode {self.inst.opname} is not supported yet")
@@ -145,8 +144,7 @@ class InstructionTranslator(
     def tensor_truthy(self, var: TensorVar) -> bool:
         raise Unsupported(
             "data-dependent branch: `if` on a tensor value is not supported",
-            hint="use torch.where",
-        )
+            hint="use torch.where")
 
     @kinds.truthy.register(ConstantVar)
     @kinds.truthy.register(ObjectVar)
@@ -236,12 +234,9 @@ class InstructionTranslator(
         if pending is not None:
             return pending
         if name in self.f_globals:
-            label = "G" if g == "G" else f"{g}"
-            source = Source(
-                f"{label}[{name!r}]", f"{g}[{name!r}]", f"{g}_{name}",
-                trusted=str(self.f_globals.get("__name__", "")).split(".")[0] == "torch",
-                safe_expr=f"{g}.get({name!r})",
-            )
+            trusted = str(self.f_globals.get("__name__", "")).split(".")[0] == "torch"
+            source = Source(f"{g}[{name!r}]", f"{g}[{name!r}]", f"{g}_{name}", trusted=trusted,
+                            safe_expr=f"{g}.get({name!r})")
             return self.output.wrap(self.f_globals[name], source)
         if name in self.f_builtins:
             b = self.output.guards.ref(self.f_builtins, "B")

@@ -35,7 +35,7 @@ class Output(Protocol):
 class Translator(Protocol):
     """capture/interpreter.py's InstructionTranslator, running one frame."""
 
-    output: Any  # an Output
+    output: Output
 
     def realize(self, var: Var) -> Var: ...
 
@@ -45,7 +45,7 @@ class Translator(Protocol):
 class RebuildWriter(Protocol):
     """capture/side_effects.py's Rebuild: writes the code that rebuilds the results."""
 
-    out: Any  # an Output
+    out: Output
     made: dict[int, str]
 
     def temp(self, expr: str) -> str: ...

@@ -284,9 +284,8 @@ def handler_for(fn: Any) -> Handler | None:
         found = _HANDLERS.get(fn) or autocast.HANDLERS.get(fn)
     except TypeError:  # unhashable
         return None
-    if found is None and isinstance(fn, types.FunctionType) and (
-        (fn.__module__, fn.__qualname__) == _DYNAMO_IS_COMPILING
-    ):
+    if (found is None and isinstance(fn, types.FunctionType)
+            and (fn.__module__, fn.__qualname__) == _DYNAMO_IS_COMPILING):
         return _is_compiling
     if found is None and _marked_constant(fn):
         return _constant_query

@@ -174,9 +174,8 @@ def rebind(out: Output, root: TensorVar, new: TensorVar) -> None:
     """``root`` now holds ``new``'s value; recompute the views of ``root``.  An in-place op
     keeps the tensor's strides (an input read every other row stays so): the new value is
     given them, so later views of it are views exactly where eager's are."""
-    if not root.meta.is_symbolic and not new.meta.is_symbolic and (
-        _strides_that_matter(new.meta) != _strides_that_matter(root.meta)
-    ):
+    if (not root.meta.is_symbolic and not new.meta.is_symbolic
+            and _strides_that_matter(new.meta) != _strides_that_matter(root.meta)):
         moved = out.op("contiguous", (new,), track=False)
         moved.node.meta = dataclasses.replace(moved.node.meta, stride=root.meta.stride)
         new = moved

@@ -173,8 +173,7 @@ def operand(out: Output, fname: str, value: Any) -> Any:
     if type(value) in (bool, int, float) or isinstance(value, (torch.SymInt, torch.SymFloat)):
         return value
     if isinstance(value, (np.generic, list, tuple)) and not any(
-        isinstance(v, (ArrayVar, TensorVar)) for v in leaves(value)
-    ):
+        isinstance(v, (ArrayVar, TensorVar)) for v in leaves(value)):
         return constant(out, fname, value)
     if isinstance(value, TensorVar) or any(isinstance(v, TensorVar) for v in leaves(value)):
         raise Unsupported(f"{fname}() on a torch tensor: mixing tensors and NumPy arrays is "

@@ -162,9 +162,8 @@ def ufunc(out: Output, uf: Any, args: tuple, kwargs: dict | None = None) -> Arra
                         for v, t in zip(ops, types)))  # NumPy's own checks (value ranges)
     loop = sample(fname, uf.resolve_dtypes, types + (None,) * uf.nout)
     ins, res_dtype = loop[: uf.nin], loop[uf.nin]
-    if any(isinstance(v, torch.SymInt) for v in ops) and res_dtype.kind in "iu" and (
-        res_dtype.itemsize < 8
-    ):
+    if (any(isinstance(v, torch.SymInt) for v in ops) and res_dtype.kind in "iu"
+            and res_dtype.itemsize < 8):
         raise Unsupported(f"{fname}(): a dynamic size with a {res_dtype} array")
     if ins[0].kind in "biu" and (name == "reciprocal" or (
         name == "power" and isinstance(ops[1], ArrayVar)
@@ -197,9 +196,8 @@ def _integer_division(out: Output, fn: Any, a: Any, b: Any) -> TensorVar:
 
 def matmul(out: Output, fname: str, a: Any, b: Any) -> ArrayVar:
     a, b = operand(out, fname, a), operand(out, fname, b)
-    if not isinstance(a, ArrayVar) or not isinstance(b, ArrayVar) or (
-        a.tensor.meta.ndim == 0 or b.tensor.meta.ndim == 0
-    ):
+    if (not isinstance(a, ArrayVar) or not isinstance(b, ArrayVar)
+            or a.tensor.meta.ndim == 0 or b.tensor.meta.ndim == 0):
         raise Unsupported(f"{fname}: an operand has no dimensions (NumPy raises)", raises=True)
     dtype = _result_dtype([a, b])
     if dtype.kind == "b" or (dtype.kind in "iu" and a.tensor.meta.device.type != "cpu"):
@@ -302,8 +300,7 @@ def reduce(out: Output, fname: str, a: Any, axis: Any, keepdims: Any, **options:
         (axis,) if isinstance(axis, int) else tuple(axis))
     shape = x.meta.shape
     if name in ("max", "min", "amax", "amin", "argmax", "argmin") and any(
-        shape[d].is_Integer and int(shape[d]) == 0 for d in dims
-    ):
+        shape[d].is_Integer and int(shape[d]) == 0 for d in dims):
         raise Unsupported(f"{fname}: zero-size array to a reduction without identity (NumPy "
                           "raises)", raises=True)
     if name in ("sum", "prod", "cumsum", "cumprod"):

@@ -117,8 +117,7 @@ class OutputGraph(FrameValuesMixin):
             raise Unsupported(
                 f"{what} on {type(var.value).__module__}.{type(var.value).__name__}: "
                 "its contents are not guarded, so the trace cannot compute with them",
-                hint="the operation runs for real (graph break)",
-            )
+                hint="the operation runs for real (graph break)")
         if var.source is not None and not var.source.trusted:
             self.guards.identity_match(var.source, var.value)
 
@@ -163,8 +162,7 @@ class OutputGraph(FrameValuesMixin):
         try:
             if tensors:
                 meta = ops.infer_meta(
-                    name, node_args, node_kwargs, tensors[0].meta.device, self.graph.shapes
-                )
+                    name, node_args, node_kwargs, tensors[0].meta.device, self.graph.shapes)
             elif self.graph.shapes is not None and ops.has_symbols((node_args, node_kwargs)):
                 # A factory with symbolic sizes (torch.arange(n)): on fake tensors, placed
                 # on the device it names.
@@ -186,8 +184,7 @@ class OutputGraph(FrameValuesMixin):
         if isinstance(meta, tuple):
             items = tuple(
                 TensorVar(self.graph.call("getitem", (node, i), {}, meta=m, stack=stack))
-                for i, m in enumerate(meta)
-            )
+                for i, m in enumerate(meta))
             return TupleVar(items)  # type: ignore[return-value]
         result = TensorVar(node)
         if track and name in _VIEW_OPS:
@@ -239,8 +236,7 @@ class OutputGraph(FrameValuesMixin):
         fakes = {
             id(v): shapes.fake(v.meta.shape, v.meta.stride, v.meta.dtype, device=v.meta.device)
             if shapes is not None else v.meta.fake()
-            for v in sources
-        }
+            for v in sources}
         try:
             fake_args, fake_kwargs = map_leaves(
                 (args, kwargs), lambda v: fakes[id(v)] if isinstance(v, TensorVar) else v)
@@ -300,8 +296,7 @@ class OutputGraph(FrameValuesMixin):
         return Finished(
             graph=self.graph, input_sources=list(self.input_sources), get_inputs=ns["get_inputs"],
             get_inputs_source=inputs_src, guards=guards, rebuild=ns["rebuild"],
-            rebuild_source=rebuild_src, writebacks=self._writebacks(outputs, rebuild_src),
-        )
+            rebuild_source=rebuild_src, writebacks=self._writebacks(outputs, rebuild_src))
 
     def _writebacks(self, outputs: list[Node], rebuild_src: str) -> tuple[tuple[int, int], ...]:
         """Which graph output rebuild copies into which input (by placeholder position) and
@@ -313,8 +308,7 @@ class OutputGraph(FrameValuesMixin):
             (out_index[var.node], position[self.input_nodes[id(var)]])
             for var in self.mutated_inputs.values()
             if var.node is not self.input_nodes[id(var)] and var.node in out_index
-            and rebuild_src.count(f"outs[{out_index[var.node]}]") == 1
-        )
+            and rebuild_src.count(f"outs[{out_index[var.node]}]") == 1)
 
     def _check_no_shared_storage(self) -> None:
         """Mutated inputs must not share memory with other inputs (``f(x, x[0])``): the

@@ -60,16 +60,14 @@ class PythonCallsMixin:
         values, kwargs = self.output.to_values(args, kw)
         mname = method.__name__
         if obj.source is None or kwargs or not all(
-            type(v) in (str, int, bool, type(None)) for v in values
-        ):
+            type(v) in (str, int, bool, type(None)) for v in values):
             raise Unsupported(f"{mname}() of {obj.describe()} with these arguments")
         text = "".join(f", {v!r}" for v in values)
         src = obj.source
         call = self.output.guards.ref(method, mname)
         source = Source(
             f"{src.name}.{mname}({text[2:]})", f"{call}({src.expr}{text})",
-            self.output._ident(f"{src.ident}_{mname}"), src.trusted,
-        )
+            self.output._ident(f"{src.ident}_{mname}"), src.trusted)
         try:
             value = method(obj.value, *values)
         except Exception as e:
@@ -162,8 +160,7 @@ class PythonCallsMixin:
                 return args[2]
             return self.load_attr(args[0], name)
         if fn is callable and len(args) == 1 and isinstance(
-            args[0], (NestedFunctionVar, BoundMethodVar, MethodVar, ReadMethodVar, PartialVar)
-        ):
+            args[0], (NestedFunctionVar, BoundMethodVar, MethodVar, ReadMethodVar, PartialVar)):
             return ConstantVar(True)
         if fn is len and len(args) == 1 and not kwargs:
             n = kinds.length(self, args[0])

@@ -230,8 +230,7 @@ for _row in ROWS:
 register("torch.pow", "Tensor.pow")(_binary("pow", "exponent"))
 
 
-@register("torch.add", "Tensor.add", "torch.sub", "torch.subtract", "Tensor.sub",
-          "Tensor.subtract")
+@register("torch.add", "Tensor.add", "torch.sub", "torch.subtract", "Tensor.sub", "Tensor.subtract")
 def _add_sub(em: Emitter, fname: str, args: tuple, kwargs: dict) -> Any:
     a, b, alpha = parse(fname, args, kwargs, ("input", "other", "alpha"), alpha=1)
     op = "add" if fname.endswith(".add") else "sub"

@@ -233,8 +233,7 @@ def _expand_as(em: Emitter, fname: str, args: tuple, kwargs: dict) -> Any:
 @register("Tensor.contiguous")
 def _contiguous(em: Emitter, fname: str, args: tuple, kwargs: dict) -> Any:
     x, fmt = parse(
-        fname, args, kwargs, ("input", "memory_format"), memory_format=torch.contiguous_format
-    )
+        fname, args, kwargs, ("input", "memory_format"), memory_format=torch.contiguous_format)
     if fmt is not torch.contiguous_format:
         raise Unsupported(f"{fname}(memory_format={fmt}) is not supported")
     x = tensor_arg(fname, x)

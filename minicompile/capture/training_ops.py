@@ -177,9 +177,8 @@ def module_forward(m: Any) -> Any:
     """The forward to trace for module ``m`` in place of its class's, or None.  Its
     ``training``, ``momentum`` and buffers are guarded like every module attribute read
     (:meth:`GuardBuilder.module_match`)."""
-    if type(m) in _BATCH_NORMS and m.training and m.momentum is None and (
-        m.track_running_stats and m.num_batches_tracked is not None
-    ):
+    if (type(m) in _BATCH_NORMS and m.training and m.momentum is None
+            and m.track_running_stats and m.num_batches_tracked is not None):
         return _cumulative_batch_norm_forward
     return None
 

@@ -41,8 +41,7 @@ class Source:
     def attr(self, attr: str, trusted: bool = False) -> Source:
         return Source(
             f"{self.name}.{attr}", f"{self.expr}.{attr}", f"{self.ident}_{attr}",
-            trusted=self.trusted or trusted, safe_expr=f"getattr({self.expr}, {attr!r}, None)",
-        )
+            trusted=self.trusted or trusted, safe_expr=f"getattr({self.expr}, {attr!r}, None)")
 
     def item(self, key: Any, key_expr: str = "") -> Source:
         """``self[key]``; ``key_expr``: how the guards spell a key that is no literal (a

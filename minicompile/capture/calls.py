@@ -67,9 +67,7 @@ _GRAD_MODE_CLASSES = (torch.no_grad, torch.enable_grad, torch.set_grad_enabled)
 def is_numpy_callable(value: Any) -> bool:
     """A function, ufunc or scalar type of NumPy (``np.sum``, ``np.exp``, ``np.float32``)."""
     module = getattr(value, "__module__", None)
-    return callable(value) and isinstance(module, str) and (
-        module == "numpy" or module.startswith("numpy.")
-    )
+    return callable(value) and isinstance(module, str) and module.split(".")[0] == "numpy"
 
 
 class CallsMixin:

@@ -27,12 +27,8 @@ class _Null:
 
 NULL = _Null()
 
-INPLACE = {
-    "+": operator.iadd, "&": operator.iand, "//": operator.ifloordiv, "<<": operator.ilshift,
-    "@": operator.imatmul, "*": operator.imul, "%": operator.imod, "|": operator.ior,
-    "**": operator.ipow, ">>": operator.irshift, "-": operator.isub, "/": operator.itruediv,
-    "^": operator.ixor,
-}
+# The in-place operator of each of BINARY_OP's (operator.add -> operator.iadd).
+INPLACE = {s: getattr(operator, f"i{fn.__name__.rstrip('_')}") for s, fn in bytecode.BINARY_OPS}
 
 
 class NotConcrete(Exception):

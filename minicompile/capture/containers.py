@@ -19,8 +19,6 @@ if TYPE_CHECKING:
 
 
 class ContainersMixin:
-    # -- containers ------------------------------------------------------------------------
-
     def BUILD_TUPLE(self: InstructionTranslator, inst: Inst) -> None:
         self.push(TupleVar(tuple(self.popn(inst.arg))))
 

@@ -75,8 +75,6 @@ def python_size(value: Any) -> Any:
 
 
 class FrameValuesMixin:
-    # -- frame values to trackers ----------------------------------------------------------
-
     def wrap(self: Output, value: Any, source: Source | None) -> Var:
         """The tracker for a value read from the frame at ``source`` (None for values derived
         from guarded ones), guarding what the trace will rely on.  Each source is wrapped

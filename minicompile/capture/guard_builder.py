@@ -47,12 +47,8 @@ class GuardBuilder:
             return self._refs[key]
         base = re.sub(r"\W", "_", hint) or "obj"
         name, n = base, 0
-        while (
-            name in self.namespace
-            or name in self.params
-            or name in _RESERVED
-            or (hasattr(builtins, name) and getattr(builtins, name) is not obj)
-        ):
+        while (name in self.namespace or name in self.params or name in _RESERVED
+               or (hasattr(builtins, name) and getattr(builtins, name) is not obj)):
             n += 1
             name = f"{base}_{n}"
         self.namespace[name] = obj

@@ -23,8 +23,6 @@ if TYPE_CHECKING:
 
 
 class OperatorsMixin:
-    # -- operators -------------------------------------------------------------------------
-
     def BINARY_OP(self: InstructionTranslator, inst: Inst) -> None:
         b, a = self.pop(), self.pop()
         symbol, fn, inplace = bytecode.binary_op(inst)

@@ -110,8 +110,12 @@ def normalize_dim(fname: str, dim: Any, ndim: int) -> int:
     return dim + n if dim < 0 else dim
 
 
-def dims_arg(fname: str, args: tuple) -> tuple:
-    """``f(1, 0)`` or ``f((1, 0))``: the varargs or sequence forms of a dims/sizes list."""
+def dims_arg(fname: str, args: tuple, kwargs: dict, name: str) -> tuple:
+    """``f(1, 0)``, ``f((1, 0))`` or ``f(name=(1, 0))``: a dims/sizes list in each form."""
+    if kwargs.keys() - {name}:
+        raise Unsupported(f"{fname}() got an unsupported keyword")
+    if name in kwargs:
+        return tuple(kwargs[name])
     if len(args) == 1 and isinstance(args[0], (tuple, list)):
         return tuple(args[0])
     return tuple(args)

@@ -11,8 +11,8 @@ from typing import Any
 import torch
 
 from minicompile import ops
-from minicompile.capture.kinds import Translator
 from minicompile.capture import records
+from minicompile.capture.kinds import Translator
 from minicompile.capture.variables import ConstantVar, TensorVar, UserFunctionVar, Var
 from minicompile.errors import Unsupported
 

@@ -171,9 +171,13 @@ class CallsMixin:
             if name in d.get(table, ()):
                 if src is None:
                     raise Unsupported(f"module attribute {name!r} reached without a source")
-                source = Source(f"{src.name}.{table}[{name!r}]", f"{src.expr}.{table}[{name!r}]",
-                                f"{src.ident}_{name}", src.trusted,
-                                safe_expr=f"{src.expr}.{table}.get({name!r})")
+                source = Source(
+                    f"{src.name}.{table}[{name!r}]",
+                    f"{src.expr}.{table}[{name!r}]",
+                    f"{src.ident}_{name}",
+                    src.trusted,
+                    safe_expr=f"{src.expr}.{table}.get({name!r})",
+                )
                 return self.output.wrap(d[table][name], source)
         if name in d:
             return self.output.wrap(d[name], src.attr(name) if src else None)
@@ -516,9 +520,7 @@ class CallsMixin:
             parent_stack=self.user_stack(), depth=self.depth + 1, globals_name=globals_name,
             parent=self)
         result = child.run()
-        if child.generated is not None:
-            return IteratorVar(child.generated)
-        return result
+        return IteratorVar(child.generated) if child.generated is not None else result
 
     def _cell_source(self: InstructionTranslator, func: Any, name: str, cell: Any) -> Source:
         # Named after the guard's reference to the cell: two decorated functions share a

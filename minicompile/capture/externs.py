@@ -19,8 +19,8 @@ import torch
 import torch.nn.functional as F
 
 from minicompile import compat, ops
-from minicompile.capture.kinds import Output
 from minicompile.capture import mutation, torch_ops
+from minicompile.capture.kinds import Output
 from minicompile.capture.variables import TensorVar
 from minicompile.errors import Unsupported
 

@@ -18,8 +18,8 @@ from typing import Any
 import sympy
 import torch
 
-from minicompile.capture.kinds import Output
 from minicompile.capture import library, mutation, torch_ops
+from minicompile.capture.kinds import Output
 from minicompile.capture.dynamic import symbolic_strides
 from minicompile.capture.variables import (
     BuiltinVar, ConstantVar, DictVar, LazyVar, ListVar, ModuleVar, NNModuleVar, ObjectVar,

@@ -23,8 +23,8 @@ from typing import Any
 
 import torch
 
-from minicompile.capture.kinds import Translator
 from minicompile.capture import autocast, records
+from minicompile.capture.kinds import Translator
 from minicompile.capture.pybuiltins import contains_tensor
 from minicompile.capture.variables import (
     ArrayVar, BoundMethodVar, ConstantVar, ObjectVar, TensorVar, Var, specialized,

@@ -21,7 +21,6 @@ from minicompile.capture.variables import TensorVar
 from minicompile.errors import Unsupported
 
 
-
 @dataclasses.dataclass(frozen=True)
 class ViewStep:
     """One view op from a tensor to its view.  ``kind`` is one of select, slice,

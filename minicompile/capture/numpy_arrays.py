@@ -20,8 +20,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from minicompile.capture.kinds import Output, Translator
 from minicompile.capture import mutation
+from minicompile.capture.kinds import Output, Translator
 from minicompile.runtime.values import shares_no_memory, to_tensor
 from minicompile.capture.variables import ArrayVar, ConstantVar, Source, TensorVar, Var, leaves
 from minicompile.errors import Unsupported

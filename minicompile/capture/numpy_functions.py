@@ -16,8 +16,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from minicompile.capture.kinds import Output
 from minicompile.capture import externs, torch_ops
+from minicompile.capture.kinds import Output
 from minicompile.capture.numpy_arrays import (
     as_array, cast, copy, full, numpy_dtype, operand, result, torch_dtype,
 )

@@ -23,7 +23,6 @@ from minicompile.capture.variables import ArrayVar, ConstantVar, TupleVar, pytho
 from minicompile.errors import Unsupported
 
 
-
 # -- shapes ----------------------------------------------------------------------------------
 
 

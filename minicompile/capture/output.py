@@ -18,7 +18,6 @@ import sympy
 import torch
 
 from minicompile import ops
-from minicompile.capture.kinds import Translator
 from minicompile.capture import externs, kinds, mutation
 from minicompile.capture.autocast import AutocastState
 from minicompile.capture.dynamic import STATIC, DynamicPolicy
@@ -71,7 +70,7 @@ class OutputGraph(FrameValuesMixin):
         self.input_exprs: list[str] = []
         self._wrapped: dict[str, Var] = {}
         self._idents: set[str] = set()
-        self.tx: Translator | None = None  # the translator running now
+        self.tx: kinds.Translator | None = None  # the translator running now
         # Mutable objects read from the frame, by identity: a second source for the same
         # object gives the same tracker plus an `is` guard (aliased inputs, tied weights).
         self._by_id: dict[int, Var] = {}

@@ -209,8 +209,7 @@ class PythonCallsMixin:
                 return ConstantVar(issubclass(cls, self.output.to_value(args[1])))
             if fn is type and len(args) == 1:
                 return self.output.wrap(cls, None)
-
-        if fn is isinstance and len(args) == 2 and isinstance(args[0], (StructSeqVar,)):
+        if fn is isinstance and len(args) == 2 and isinstance(args[0], StructSeqVar):
             return ConstantVar(issubclass(args[0].cls or tuple, self.output.to_value(args[1])))
         if fn is sum and 1 <= len(args) <= 2 and not kwargs:
             items = self.iter_items(args[0])

@@ -105,9 +105,8 @@ def construct(tx: kinds.Translator, cls: type, args: list, kwargs: dict) -> Reco
         elif f.default is not dataclasses.MISSING:
             fields[f.name] = tx.output.from_value(f.default)
         elif f.default_factory in (list, dict, tuple):  # type: ignore[comparison-overlap]
-            fields[f.name] = {list: ListVar([]), dict: DictVar({}), tuple: TupleVar(())}[
-                f.default_factory  # type: ignore[index]
-            ]
+            empty = {list: ListVar([]), dict: DictVar({}), tuple: TupleVar(())}
+            fields[f.name] = empty[f.default_factory]  # type: ignore[index]
         else:
             raise Unsupported(f"{cls.__name__}(): field {f.name!r} has no value (eager raises)")
     record = RecordVar(cls, dict(fields), init=dict(bound.arguments))

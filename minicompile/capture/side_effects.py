@@ -29,7 +29,6 @@ from minicompile.errors import Unsupported
 from minicompile.graph import Node
 
 
-
 class SideEffects:
     def __init__(self) -> None:
         self.attrs: dict[int, tuple[Var, dict[str, Var]]] = {}  # id(obj) -> (tracker, writes)

@@ -120,20 +120,15 @@ def _call(f: Frame, n: int) -> None:
     args = _popn(f, n)
     second, first = f.stack.pop(), f.stack.pop()
     fn, args = (second, args) if first is NULL else (first, [second, *args])
-    kw = f.kw_names
-    f.kw_names = ()
-    kwargs = {}
-    if kw:
-        kwargs = dict(zip(kw, args[len(args) - len(kw):]))
-        args = args[: len(args) - len(kw)]
+    kw, f.kw_names = f.kw_names, ()
+    split = len(args) - len(kw)
+    args, kwargs = args[:split], dict(zip(kw, args[split:]))
     f.stack.append(f.call(fn, args, kwargs) if f.call else fn(*args, **kwargs))
 
 
 def _load_attr(f: Frame, inst: Inst) -> None:
-    obj = f.stack.pop()
-    method = LOAD_ATTR_HAS_METHOD_BIT and inst.arg is not None and inst.arg & 1
-    value = getattr(obj, inst.argval)
-    if method:
+    value = getattr(f.stack.pop(), inst.argval)
+    if LOAD_ATTR_HAS_METHOD_BIT and inst.arg is not None and inst.arg & 1:
         f.stack.extend([NULL, value])  # a bound method: the NULL form is equivalent
     else:
         f.stack.append(value)

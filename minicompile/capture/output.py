@@ -156,8 +156,7 @@ class OutputGraph(FrameValuesMixin):
                 raise Unsupported(f"{name}: argument of type {type(v).__name__} is not supported")
         node_args, node_kwargs = map_leaves(args, _to_node), map_leaves(kwargs, _to_node)
         if self.graph.shapes is not None:
-            node_args = self.sizes_to_sympy(node_args)
-            node_kwargs = self.sizes_to_sympy(node_kwargs)
+            node_args, node_kwargs = self.sizes_to_sympy((node_args, node_kwargs))
         try:
             if tensors:
                 meta = ops.infer_meta(

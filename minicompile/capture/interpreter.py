@@ -121,10 +121,8 @@ class InstructionTranslator(
         return self.stack.pop()
 
     def popn(self, n: int) -> list[Var]:
-        if n == 0:
-            return []
-        items = self.stack[-n:]
-        del self.stack[-n:]
+        items = self.stack[len(self.stack) - n:]  # (-n would take all of it for n == 0)
+        del self.stack[len(self.stack) - n:]
         return items
 
     def jump(self, inst: Inst) -> None:

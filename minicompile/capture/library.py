@@ -46,10 +46,15 @@ def _register(*fns: Any) -> Callable[[Handler], Handler]:
     return deco
 
 
-def _maybe(owner: Any, *path: str) -> Any:
-    """``owner.a.b`` when this PyTorch has it, else None (also when reading it fails:
-    ``torch._dynamo`` imports Triton, and a broken Triton install raises there)."""
-    for name in path:
+def _maybe(*paths: str) -> tuple:
+    """``torch.a.b`` for each path ``"a.b"``, None where this PyTorch lacks it (also when
+    reading it fails: ``torch._dynamo`` imports Triton, and a broken install raises there)."""
+    return tuple(_lookup(path) for path in paths)
+
+
+def _lookup(path: str) -> Any:
+    owner: Any = torch
+    for name in path.split("."):
         try:
             owner = getattr(owner, name, None)
         except Exception:  # noqa: BLE001 - any failure to import means "not available"
@@ -72,10 +77,7 @@ def _constant(value: Any) -> Handler:
 _ENCODER_CODE = getattr(getattr(torch.nn, "TransformerEncoder", None), "forward", None)
 
 
-@_register(
-    _maybe(torch, "compiler", "is_compiling"), _maybe(torch, "compiler", "is_dynamo_compiling"),
-    _maybe(torch, "_utils", "is_compiling"),
-)
+@_register(*_maybe("compiler.is_compiling", "compiler.is_dynamo_compiling", "_utils.is_compiling"))
 def _is_compiling(tx: Translator, fn: Any, args: list, kwargs: dict) -> Var:
     if _ENCODER_CODE is not None and tx.code is _ENCODER_CODE.__code__:
         raise Unsupported("nn.TransformerEncoder with a padding mask: eager takes its "
@@ -85,16 +87,14 @@ def _is_compiling(tx: Translator, fn: Any, args: list, kwargs: dict) -> Var:
 # torch._dynamo.is_compiling is its own function, but reading ``torch._dynamo`` imports the
 # Dynamo stack (half a second): it is recognised by name in handler_for instead.
 _DYNAMO_IS_COMPILING = ("torch._dynamo.external_utils", "is_compiling")
-_register(
-    _maybe(torch, "jit", "is_scripting"), _maybe(torch, "jit", "is_tracing"),
-    _maybe(torch, "compiler", "is_exporting"), _maybe(torch, "_jit_internal", "is_scripting"),
-)(_constant(False))
-_register(_maybe(torch, "_C", "_get_tracing_state"))(_constant(None))
+_register(*_maybe("jit.is_scripting", "jit.is_tracing", "compiler.is_exporting",
+                  "_jit_internal.is_scripting"))(_constant(False))
+_register(*_maybe("_C._get_tracing_state"))(_constant(None))
 # nn.MultiheadAttention's question whether make_fx traces it: not under minicompile.
-_register(_maybe(torch.nn.modules.activation, "_is_make_fx_tracing"))(_constant(False))
+_register(*_maybe("nn.modules.activation._is_make_fx_tracing"))(_constant(False))
 
 
-@_register(_maybe(torch, "backends", "mha", "get_fastpath_enabled"))
+@_register(*_maybe("backends.mha.get_fastpath_enabled"))
 def _global_query(tx: Translator, fn: Any, args: list, kwargs: dict) -> Var:
     """A switch of PyTorch's read by library code (``nn.MultiheadAttention`` asks whether
     its fused fast path is on): answered now, guarded."""
@@ -105,9 +105,8 @@ def _global_query(tx: Translator, fn: Any, args: list, kwargs: dict) -> Var:
     return ConstantVar(value)
 
 
-_PROCESS_QUERIES = tuple(
-    _maybe(torch, "cuda", name)
-    for name in ("is_available", "device_count", "get_device_capability", "get_device_name"))
+_PROCESS_QUERIES = _maybe("cuda.is_available", "cuda.device_count",
+                          "cuda.get_device_capability", "cuda.get_device_name")
 _PLAIN = (bool, int, float, str, type(None))
 
 
@@ -140,11 +139,8 @@ def _constant_query(tx: Translator, fn: Any, args: list, kwargs: dict) -> Var:
     return ConstantVar(value)
 
 
-@_register(
-    _maybe(torch, "overrides", "has_torch_function"),
-    _maybe(torch, "overrides", "has_torch_function_unary"),
-    _maybe(torch, "overrides", "has_torch_function_variadic"),
-)
+@_register(*_maybe("overrides.has_torch_function", "overrides.has_torch_function_unary",
+                   "overrides.has_torch_function_variadic"))
 def _has_torch_function(tx: Translator, fn: Any, args: list, kwargs: dict) -> Var:
     """False: the tensors a trace holds are plain tensors (a subclass is never traced)."""
     return ConstantVar(False)
@@ -154,26 +150,20 @@ def _has_torch_function(tx: Translator, fn: Any, args: list, kwargs: dict) -> Va
 # (nn.MultiheadAttention's mask checks and its Python path, the causal mask users make for
 # nn.TransformerEncoderLayer), inlined as user code: torch ops and metadata checks.
 # (Every other torch callable is a library call or unsupported.)
-INLINED_HELPERS = frozenset(f for f in (
-    _maybe(torch.nn.functional, "_none_or_dtype"), _maybe(torch.nn.functional, "_canonical_mask"),
-    _maybe(torch.nn.modules.activation, "_check_arg_device"),
-    _maybe(torch.nn.modules.activation, "_arg_requires_grad"),
-    _maybe(torch.nn.functional, "multi_head_attention_forward"),
-    _maybe(torch.nn.functional, "_mha_shape_check"),
-    _maybe(torch.nn.functional, "_in_projection_packed"),
-    _maybe(torch.nn.functional, "_in_projection"),
-    _maybe(torch.nn.functional, "_check_key_padding_mask"),
-    _maybe(torch.nn, "Transformer", "generate_square_subsequent_mask"),
-    _maybe(torch.nn.modules.transformer, "_generate_square_subsequent_mask"),
-    _maybe(torch.nn.modules.transformer, "_detect_is_causal_mask"),
-    _maybe(torch.nn.modules.transformer, "_get_seq_len"),
+INLINED_HELPERS = frozenset(f for f in _maybe(
+    "nn.functional._none_or_dtype", "nn.functional._canonical_mask",
+    "nn.modules.activation._check_arg_device", "nn.modules.activation._arg_requires_grad",
+    "nn.functional.multi_head_attention_forward", "nn.functional._mha_shape_check",
+    "nn.functional._in_projection_packed", "nn.functional._in_projection",
+    "nn.functional._check_key_padding_mask", "nn.Transformer.generate_square_subsequent_mask",
+    "nn.modules.transformer._generate_square_subsequent_mask",
+    "nn.modules.transformer._detect_is_causal_mask", "nn.modules.transformer._get_seq_len",
 ) if isinstance(f, types.FunctionType))
 
 
 @_register(
-    torch._assert, _maybe(torch, "_check"), _maybe(torch, "_check_value"),
-    _maybe(torch, "_check_type"), _maybe(torch, "_check_index"), _maybe(torch, "_check_with"),
-    _maybe(torch, "_check_is_size"),
+    torch._assert, *_maybe("_check", "_check_value", "_check_type", "_check_index", "_check_with",
+                           "_check_is_size"),
 )
 def _check(tx: Translator, fn: Any, args: list, kwargs: dict) -> Var:
     """A check on Python values, decided now; the frame runs eagerly if it fails."""
@@ -256,7 +246,7 @@ def is_log_call(fn: Any) -> bool:
 
 # PyTorch's usage log (nn.Module.__init__ calls it; Dynamo keeps it in the graphs it hands
 # to torch.compile backends): a logging call like the others.
-@_register(_maybe(torch, "_C", "_log_api_usage_once"))
+@_register(*_maybe("_C._log_api_usage_once"))
 def log_call(tx: Translator, fn: Any, args: list, kwargs: dict) -> Var:
     values, kw = _message_args(tx, args, kwargs, "a logging call")
     fn(*values, **kw)

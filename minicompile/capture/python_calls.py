@@ -112,9 +112,9 @@ class PythonCallsMixin:
         const = self.output.to_value
         if name == "get" and 1 <= len(args) <= 2:
             key = const(args[0])
-            return self.realize(items[key]) if key in items else (
-                args[1] if len(args) == 2 else ConstantVar(None)
-            )
+            if key in items:
+                return self.realize(items[key])
+            return args[1] if len(args) == 2 else ConstantVar(None)
         if name == "keys" and not args:  # a view of plain keys: sets ops, `in`, iteration
             return ConstantVar(dict.fromkeys(items).keys())
         if name == "values" and not args:

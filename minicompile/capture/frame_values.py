@@ -44,9 +44,8 @@ def _is_class(key: Any) -> bool:
 def is_user_object(value: Any) -> bool:
     """An instance of a user class whose attributes the trace may read (dataclasses,
     config objects), as opposed to modules, functions, classes and library objects."""
-    if isinstance(value, (type, types.ModuleType, types.FunctionType, types.MethodType)):
-        return False
-    if isinstance(value, types.BuiltinFunctionType):
+    if isinstance(value, (type, types.ModuleType, types.FunctionType, types.MethodType,
+                          types.BuiltinFunctionType)):
         return False
     module = type(value).__module__ or ""
     return module.split(".")[0] not in ("builtins", "torch", "math", "functools", "typing")

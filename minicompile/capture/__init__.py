@@ -122,9 +122,8 @@ def capture_segment(
     the instruction the caller runs for real); Unsupported when neither applies."""
     code = fn.__code__
     if bytecode.is_generator_like(code):
-        raise Unsupported(
-            f"generator/async function {fn.__qualname__}() is not supported",
-            (SourceLine(code.co_filename, code.co_firstlineno, code.co_name),))
+        raise Unsupported(f"generator/async function {fn.__qualname__}() is not supported",
+                          (SourceLine(code.co_filename, code.co_firstlineno, code.co_name),))
     names = point.layout()
     if len(values) != len(names):
         raise TypeError(f"capture_segment: expected {len(names)} frame values, got {len(values)}")

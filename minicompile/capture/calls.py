@@ -369,9 +369,8 @@ class CallsMixin:
             return pybuiltins.call_builtin(self.output, fn.value, args, kwargs)
         owner = getattr(fn.value, "__self__", None)
         if _OPTIM.match(type(owner).__module__):
-            raise Unsupported(
-                f"{type(owner).__name__}.{fn.value.__name__}() runs at a graph break (a "
-                "supported optimizer's step runs its compiled update there)")
+            raise Unsupported(f"{type(owner).__name__}.{fn.value.__name__}() runs at a graph break "
+                              "(a supported optimizer's step runs its compiled update there)")
         raise Unsupported(f"call to {externs._describe(fn.value)} is not supported")
 
     def call_torch(self: InstructionTranslator, fn: Any, args: list, kwargs: dict) -> Var:

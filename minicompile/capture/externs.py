@@ -156,9 +156,8 @@ def _static_repeats(short: str, args: tuple, kwargs: dict, method: bool) -> bool
 
 def check_callable(fname: str, short: str, static_shape: bool = False) -> None:
     if short in READS_DATA:
-        raise Unsupported(
-            f"{fname}() reads tensor data into Python; not supported (graph break)",
-            hint="keep the value a tensor")
+        raise Unsupported(f"{fname}() reads tensor data into Python; not supported (graph break)",
+                          hint="keep the value a tensor")
     if short in RANDOM or short.rstrip("_") in RANDOM:
         raise Unsupported(f"{fname}: random ops are not compiled yet")
     if short in DATA_DEPENDENT and not static_shape:

@@ -188,9 +188,8 @@ class GuardBuilder:
         if len(exprs) < 2:
             return
         ids = ", ".join(f"{e}.untyped_storage()._cdata" for e in exprs)
-        self.add(
-            "tensor inputs", "distinct storages", f"len({{{ids}}}) == {len(exprs)}",
-            f"len({{{ids}}})", len(exprs))
+        self.add("tensor inputs", "distinct storages", f"len({{{ids}}}) == {len(exprs)}",
+                 f"len({{{ids}}})", len(exprs))
 
     def alias_of(self, src: Source, base: Source, view: tuple) -> None:
         """``src`` is ``base.as_strided(*view)``: the same storage, from a base that is
@@ -206,9 +205,8 @@ class GuardBuilder:
         """A module whose forward is inlined: no hooks, no forward set on the instance,
         the same ``training`` flag."""
         x = src.expr
-        self.add(
-            src.name, "hooks", f"not ({x}._forward_hooks or {x}._forward_pre_hooks)",
-            f"len({x}._forward_hooks) + len({x}._forward_pre_hooks)", 0)
+        self.add(src.name, "hooks", f"not ({x}._forward_hooks or {x}._forward_pre_hooks)",
+                 f"len({x}._forward_hooks) + len({x}._forward_pre_hooks)", 0)
         self.add(src.name, "forward", f"'forward' not in {x}.__dict__",
                  f"'forward' in {x}.__dict__", False)
         self.add(src.name + ".training", "value", f"{x}.training is {mod.training}",

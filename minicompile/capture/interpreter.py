@@ -140,9 +140,8 @@ class InstructionTranslator(
 
     @kinds.truthy.register(TensorVar)
     def tensor_truthy(self, var: TensorVar) -> bool:
-        raise Unsupported(
-            "data-dependent branch: `if` on a tensor value is not supported",
-            hint="use torch.where")
+        raise Unsupported("data-dependent branch: `if` on a tensor value is not supported",
+                          hint="use torch.where")
 
     @kinds.truthy.register(ConstantVar)
     @kinds.truthy.register(ObjectVar)

@@ -113,10 +113,9 @@ class OutputGraph(FrameValuesMixin):
     @kinds.require_pinned.register(UserObjectVar)
     def _pin_object(self, var: UserObjectVar, what: str) -> None:
         if not isinstance(var.value, enum.Enum):
-            raise Unsupported(
-                f"{what} on {type(var.value).__module__}.{type(var.value).__name__}: "
-                "its contents are not guarded, so the trace cannot compute with them",
-                hint="the operation runs for real (graph break)")
+            raise Unsupported(f"{what} on {type(var.value).__module__}.{type(var.value).__name__}: "
+                              "its contents are not guarded, so the trace cannot compute with them",
+                              hint="the operation runs for real (graph break)")
         if var.source is not None and not var.source.trusted:
             self.guards.identity_match(var.source, var.value)
 
@@ -180,9 +179,8 @@ class OutputGraph(FrameValuesMixin):
         stack = self.user_stack()
         node = self.graph.call(name, node_args, node_kwargs, meta=meta, stack=stack)
         if isinstance(meta, tuple):
-            items = tuple(
-                TensorVar(self.graph.call("getitem", (node, i), {}, meta=m, stack=stack))
-                for i, m in enumerate(meta))
+            items = tuple(TensorVar(self.graph.call("getitem", (node, i), {}, meta=m, stack=stack))
+                          for i, m in enumerate(meta))
             return TupleVar(items)  # type: ignore[return-value]
         result = TensorVar(node)
         if track and name in _VIEW_OPS:
@@ -231,10 +229,9 @@ class OutputGraph(FrameValuesMixin):
         if not sources:
             return
         shapes = self.graph.shapes  # symbolic sizes stay symbolic (no guard on their hints)
-        fakes = {
-            id(v): shapes.fake(v.meta.shape, v.meta.stride, v.meta.dtype, device=v.meta.device)
-            if shapes is not None else v.meta.fake()
-            for v in sources}
+        fakes = {id(v): shapes.fake(v.meta.shape, v.meta.stride, v.meta.dtype, device=v.meta.device)
+                 if shapes is not None else v.meta.fake()
+                 for v in sources}
         try:
             fake_args, fake_kwargs = map_leaves(
                 (args, kwargs), lambda v: fakes[id(v)] if isinstance(v, TensorVar) else v)
@@ -302,11 +299,10 @@ class OutputGraph(FrameValuesMixin):
         outputs in place."""
         position = {node: k for k, node in enumerate(self.graph.placeholders)}
         out_index = {node: k for k, node in enumerate(outputs)}
-        return tuple(
-            (out_index[var.node], position[self.input_nodes[id(var)]])
-            for var in self.mutated_inputs.values()
-            if var.node is not self.input_nodes[id(var)] and var.node in out_index
-            and rebuild_src.count(f"outs[{out_index[var.node]}]") == 1)
+        return tuple((out_index[var.node], position[self.input_nodes[id(var)]])
+                     for var in self.mutated_inputs.values()
+                     if var.node is not self.input_nodes[id(var)] and var.node in out_index
+                     and rebuild_src.count(f"outs[{out_index[var.node]}]") == 1)
 
     def _check_no_shared_storage(self) -> None:
         """Mutated inputs must not share memory with other inputs (``f(x, x[0])``): the

@@ -99,7 +99,6 @@ def _with_tensors(out: Output, fn: Any, name: str, values: list, kw: dict) -> Va
     if fn is isinstance and len(values) == 2:
         return ConstantVar(isinstance(x, values[1]))
     if fn in _TENSOR_TO_PYTHON:
-        raise Unsupported(
-            f"{name}() of a tensor reads its data into Python; not supported",
-            hint="keep the value a tensor (graph break)")
+        raise Unsupported(f"{name}() of a tensor reads its data into Python; not supported",
+                          hint="keep the value a tensor (graph break)")
     raise Unsupported(f"builtin {name}() on tensors is not supported")

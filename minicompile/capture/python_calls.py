@@ -65,9 +65,8 @@ class PythonCallsMixin:
         text = "".join(f", {v!r}" for v in values)
         src = obj.source
         call = self.output.guards.ref(method, mname)
-        source = Source(
-            f"{src.name}.{mname}({text[2:]})", f"{call}({src.expr}{text})",
-            self.output._ident(f"{src.ident}_{mname}"), src.trusted)
+        source = Source(f"{src.name}.{mname}({text[2:]})", f"{call}({src.expr}{text})",
+                        self.output._ident(f"{src.ident}_{mname}"), src.trusted)
         try:
             value = method(obj.value, *values)
         except Exception as e:

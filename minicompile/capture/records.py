@@ -36,9 +36,8 @@ MAPPING_METHODS = frozenset({"keys", "values", "items", "to_tuple", "get"})
 
 def is_model_output(cls: type) -> bool:
     """A subclass of transformers' ``ModelOutput`` (found by name: no import of it)."""
-    return any(
-        k.__name__ == "ModelOutput" and k.__module__.startswith("transformers.")
-        for k in cls.__mro__)
+    return any(k.__name__ == "ModelOutput" and k.__module__.startswith("transformers.")
+               for k in cls.__mro__)
 
 
 def _renames_cache_kwargs(init: Any) -> bool:

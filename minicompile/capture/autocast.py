@@ -35,8 +35,7 @@ _AUTOCAST_CLASSES = tuple(dict.fromkeys(
     c for c in (_BASE, getattr(getattr(torch, "amp", None), "autocast", None),
                 getattr(getattr(getattr(torch, "cuda", None), "amp", None), "autocast", None),
                 getattr(getattr(getattr(torch, "cpu", None), "amp", None), "autocast", None))
-    if isinstance(c, type)
-))
+    if isinstance(c, type)))
 _CASTABLE = (torch.float16, torch.bfloat16, torch.float32)  # autocast leaves float64 alone
 
 

@@ -83,8 +83,7 @@ BINARY_OPS: list[tuple[str, Any]] = [
     ("+", operator.add), ("&", operator.and_), ("//", operator.floordiv), ("<<", operator.lshift),
     ("@", operator.matmul), ("*", operator.mul), ("%", operator.mod), ("|", operator.or_),
     ("**", operator.pow), (">>", operator.rshift), ("-", operator.sub), ("/", operator.truediv),
-    ("^", operator.xor),
-]
+    ("^", operator.xor)]
 
 
 def binary_op(inst: Inst) -> tuple[str, Any, bool]:
@@ -97,8 +96,7 @@ def binary_op(inst: Inst) -> tuple[str, Any, bool]:
 
 COMPARE_OPS: dict[str, Any] = {
     "<": operator.lt, "<=": operator.le, "==": operator.eq, "!=": operator.ne, ">": operator.gt,
-    ">=": operator.ge,
-}
+    ">=": operator.ge}
 
 
 def compare_symbol(inst: Inst) -> str:

@@ -54,8 +54,7 @@ _IMMUTABLE_METHOD_OWNERS = (
 # looked up in the function's __dict__ as well.
 _FUNCTION_ATTRIBUTES = frozenset({
     "__code__", "__name__", "__qualname__", "__doc__", "__module__", "__defaults__",
-    "__kwdefaults__", "__wrapped__", "__annotations__", "__dict__",
-})
+    "__kwdefaults__", "__wrapped__", "__annotations__", "__dict__"})
 # Mapping methods that only read and never raise, called on a user mapping read from the
 # frame (``super().get(key)`` in a dict subclass, the environment's ``get(name)``): the
 # result is read from the object now, with a guard that makes the same call.

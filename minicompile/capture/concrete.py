@@ -399,8 +399,7 @@ HANDLERS: dict[str, Any] = {
     "END_FOR": lambda f, i: (f.stack.pop(), f.stack.pop()),
     "JUMP_FORWARD": _jump, "JUMP_BACKWARD": _jump, "JUMP_BACKWARD_NO_INTERRUPT": _jump,
     "JUMP_IF_FALSE_OR_POP": _jump_or_pop(False),
-    "JUMP_IF_TRUE_OR_POP": _jump_or_pop(True),
-}
+    "JUMP_IF_TRUE_OR_POP": _jump_or_pop(True)}
 _JUMP_TESTS = {"FALSE": operator.not_, "TRUE": bool, "NONE": lambda v: v is None,
                "NOT_NONE": lambda v: v is not None}
 for _direction in ("", "FORWARD_", "BACKWARD_"):  # 3.11 spells the direction out

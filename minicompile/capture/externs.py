@@ -36,16 +36,13 @@ NAMESPACES: tuple[tuple[str, Any], ...] = (
 RANDOM = frozenset(
     """dropout alpha_dropout feature_alpha_dropout dropout1d dropout2d dropout3d
     feature_dropout rrelu gumbel_softmax fractional_max_pool2d fractional_max_pool3d
-    native_dropout""".split()
-)
+    native_dropout""".split())
 DATA_DEPENDENT = frozenset(
     """nonzero nonzero_static argwhere masked_select unique unique_consecutive bincount
-    repeat_interleave histogram histogramdd""".split()
-)
+    repeat_interleave histogram histogramdd""".split())
 READS_DATA = frozenset(
     """item tolist numpy __bool__ __int__ __float__ __index__ __complex__ data_ptr
-    __array__ __len__ __iter__ __repr__ __str__ __format__ untyped_storage storage""".split()
-)
+    __array__ __len__ __iter__ __repr__ __str__ __format__ untyped_storage storage""".split())
 # Names with effects outside the tensors passed in (or on autograd state).
 # Private kernels that library modules call and that only compute (nn.MultiheadAttention's
 # and nn.TransformerEncoderLayer's fused inference paths): library calls like the others.
@@ -54,13 +51,11 @@ SIDE_EFFECTS = frozenset(
     """manual_seed seed initial_seed save load set_printoptions backward register_hook
     retain_grad record_stream share_memory_ pin_memory set_default_dtype
     set_default_device set_num_threads use_deterministic_algorithms compile
-    set_default_tensor_type cuda cpu""".split()
-)
+    set_default_tensor_type cuda cpu""".split())
 # In-place ops that change metadata or autograd state, not values.
 METADATA_INPLACE = frozenset(
     """t_ transpose_ squeeze_ unsqueeze_ resize_ resize_as_ as_strided_ set_ swapdims_
-    swapaxes_ detach_ requires_grad_ share_memory_ rename_""".split()
-)
+    swapaxes_ detach_ requires_grad_ share_memory_ rename_""".split())
 # Functions whose result may share memory with an argument (checked on meta tensors).
 MAYBE_VIEW = frozenset(
     """view view_as reshape reshape_as flatten unflatten ravel select narrow diagonal detach
@@ -68,12 +63,10 @@ MAYBE_VIEW = frozenset(
     as_strided movedim moveaxis swapaxes swapdims transpose t adjoint permute squeeze
     unsqueeze expand expand_as broadcast_to broadcast_tensors real imag view_as_real
     view_as_complex __getitem__ atleast_1d atleast_2d atleast_3d meshgrid conj positive
-    to type type_as contiguous""".split()
-)
+    to type type_as contiguous""".split())
 _RESHAPES = frozenset(
     "view view_as reshape reshape_as flatten unflatten ravel atleast_1d atleast_2d "
-    "atleast_3d".split()
-)
+    "atleast_3d".split())
 
 
 OPERATORS = (torch._ops.OpOverloadPacket, torch._ops.OpOverload)

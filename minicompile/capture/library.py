@@ -163,8 +163,7 @@ INLINED_HELPERS = frozenset(f for f in _maybe(
 
 @_register(
     torch._assert, *_maybe("_check", "_check_value", "_check_type", "_check_index", "_check_with",
-                           "_check_is_size"),
-)
+                           "_check_is_size"))
 def _check(tx: Translator, fn: Any, args: list, kwargs: dict) -> Var:
     """A check on Python values, decided now; the frame runs eagerly if it fails."""
     position = 1 if fn is getattr(torch, "_check_with", None) else 0  # (error_type, cond)

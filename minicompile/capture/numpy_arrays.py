@@ -31,8 +31,7 @@ _DTYPES: dict[np.dtype, torch.dtype] = {
     np.dtype(np.bool_): torch.bool, np.dtype(np.uint8): torch.uint8, np.dtype(np.int8): torch.int8,
     np.dtype(np.int16): torch.int16, np.dtype(np.int32): torch.int32,
     np.dtype(np.int64): torch.int64, np.dtype(np.float16): torch.float16,
-    np.dtype(np.float32): torch.float32, np.dtype(np.float64): torch.float64,
-}
+    np.dtype(np.float32): torch.float32, np.dtype(np.float64): torch.float64}
 _NUMPY_DTYPES = {t: d for d, t in _DTYPES.items()}
 _NUMPY_2 = np.lib.NumpyVersion(np.__version__) >= "2.0.0"
 

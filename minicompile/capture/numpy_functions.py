@@ -39,8 +39,7 @@ UNARY_UFUNCS: dict[str, Any] = {n: getattr(torch, n) for n in """sign exp exp2 e
     "negative": torch.neg, "positive": torch.clone, "absolute": torch.abs, "fabs": torch.abs,
     "arcsin": torch.asin, "arccos": torch.acos, "arctan": torch.atan, "arcsinh": torch.asinh,
     "arccosh": torch.acosh, "arctanh": torch.atanh, "radians": torch.deg2rad,
-    "degrees": torch.rad2deg, "rint": torch.round, "invert": torch.bitwise_not,
-}
+    "degrees": torch.rad2deg, "rint": torch.round, "invert": torch.bitwise_not}
 BINARY_UFUNCS: dict[str, Any] = {n: getattr(torch, n) for n in """add remainder fmod maximum
     minimum fmax fmin hypot copysign logaddexp logaddexp2 logical_and logical_or logical_xor
     bitwise_and bitwise_or bitwise_xor floor_divide""".split()} | {
@@ -48,14 +47,12 @@ BINARY_UFUNCS: dict[str, Any] = {n: getattr(torch, n) for n in """add remainder 
     "power": torch.pow, "float_power": torch.pow, "arctan2": torch.atan2, "equal": torch.eq,
     "not_equal": torch.ne, "less": torch.lt, "less_equal": torch.le, "greater": torch.gt,
     "greater_equal": torch.ge, "left_shift": torch.bitwise_left_shift,
-    "right_shift": torch.bitwise_right_shift,
-}
+    "right_shift": torch.bitwise_right_shift}
 # torch ops that take a Python number on either side; the others get 0-d tensors.
 _NUMBERS_OK = frozenset({
     torch.add, torch.sub, torch.mul, torch.true_divide, torch.floor_divide, torch.remainder,
     torch.pow, torch.eq, torch.ne, torch.lt, torch.le, torch.gt, torch.ge, torch.logical_and,
-    torch.logical_or, torch.logical_xor, torch.bitwise_and, torch.bitwise_or, torch.bitwise_xor,
-})
+    torch.logical_or, torch.logical_xor, torch.bitwise_and, torch.bitwise_or, torch.bitwise_xor})
 _INTEGER_DIVISIONS = frozenset({"floor_divide", "remainder", "fmod"})
 # Functions of Python values that answer questions about dtypes: folded while tracing.
 FOLDED = ("dtype", "issubdtype", "result_type", "promote_types", "can_cast", "finfo", "iinfo")

@@ -23,8 +23,7 @@ _BINARY = {
     "+": "add", "-": "subtract", "*": "multiply", "/": "divide", "//": "floor_divide",
     "%": "remainder", "**": "power", "&": "bitwise_and", "|": "bitwise_or",
     "^": "bitwise_xor", "<<": "left_shift", ">>": "right_shift", "==": "equal",
-    "!=": "not_equal", "<": "less", "<=": "less_equal", ">": "greater", ">=": "greater_equal",
-}
+    "!=": "not_equal", "<": "less", "<=": "less_equal", ">": "greater", ">=": "greater_equal"}
 _UNARY = {"-": "negative", "+": "positive", "~": "invert"}
 
 

@@ -41,8 +41,7 @@ NON_DIFFERENTIABLE = frozenset({
     "torch.Tensor.argmin", "torch.zeros_like", "torch.ones_like", "torch.empty_like",
     "torch.Tensor.new_zeros", "torch.Tensor.new_ones", "torch.Tensor.new_empty",
     "torch.rand_like", "torch.randn_like", "torch.randint_like", "torch.full_like",
-    "torch.Tensor.new_full",
-})
+    "torch.Tensor.new_full"})
 MAX_INSTRUCTIONS = 100_000
 
 

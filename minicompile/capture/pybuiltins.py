@@ -22,8 +22,7 @@ from minicompile.errors import Unsupported
 # Builtins without side effects, folded when no argument is a tensor.
 FOLDABLE: frozenset[Any] = frozenset({
     abs, all, any, bool, callable, complex, divmod, float, hash, int, isinstance, issubclass,
-    len, max, min, pow, range, repr, round, slice, sorted, str, sum, tuple, type,
-})
+    len, max, min, pow, range, repr, round, slice, sorted, str, sum, tuple, type})
 _TENSOR_TO_PYTHON = (bool, int, float, complex)
 
 

@@ -26,8 +26,7 @@ from minicompile.errors import Unsupported
 RESUMABLE = frozenset(
     {"CALL", "CALL_FUNCTION_EX", "BINARY_SUBSCR", "BINARY_OP", "COMPARE_OP", "CONTAINS_OP",
      "UNARY_NOT", "FORMAT_VALUE", "GET_ITER"}
-    | {name for name in concrete.HANDLERS if "JUMP" in name and "IF" in name}
-)
+    | {name for name in concrete.HANDLERS if "JUMP" in name and "IF" in name})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,8 +69,7 @@ def loop_and_try_ranges(code: types.CodeType) -> list[tuple[int, int]]:
 # Instructions after which control does not fall through to the next one.
 _NO_FALLTHROUGH = frozenset(
     {"RETURN_VALUE", "RETURN_CONST", "RAISE_VARARGS", "RERAISE", "JUMP_FORWARD",
-     "JUMP_BACKWARD", "JUMP_BACKWARD_NO_INTERRUPT"}
-)
+     "JUMP_BACKWARD", "JUMP_BACKWARD_NO_INTERRUPT"})
 
 
 def catching_handlers(code: types.CodeType) -> list[tuple[int, int]]:

@@ -37,8 +37,7 @@ METHODS: dict[str, Handler] = {}
 ATTRIBUTES: dict[str, Callable[[Emitter, TensorVar], Any]] = {}
 
 _NAMESPACES: dict[str, Any] = {
-    "torch": torch, "F": F, "Tensor": torch.Tensor, "torch.special": torch.special,
-}
+    "torch": torch, "F": F, "Tensor": torch.Tensor, "torch.special": torch.special}
 # Python numbers; SymInt/SymFloat: sizes of a dynamic capture used as numbers (x * (t // 4)).
 _SCALAR_TYPES = (bool, int, float, torch.SymInt, torch.SymFloat)
 

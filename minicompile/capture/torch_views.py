@@ -96,8 +96,7 @@ def _cast_method(dtype: torch.dtype):
 for _name, _dtype in {
     "float": torch.float32, "half": torch.float16, "bfloat16": torch.bfloat16,
     "double": torch.float64, "int": torch.int32, "long": torch.int64, "short": torch.int16,
-    "char": torch.int8, "byte": torch.uint8, "bool": torch.bool,
-}.items():
+    "char": torch.int8, "byte": torch.uint8, "bool": torch.bool}.items():
     register(f"Tensor.{_name}")(_cast_method(_dtype))
 
 
@@ -152,8 +151,7 @@ def _permute(em: Emitter, fname: str, args: tuple, kwargs: dict) -> Any:
 
 @register(
     "torch.transpose", "torch.swapaxes", "torch.swapdims", "Tensor.transpose", "Tensor.swapaxes",
-    "Tensor.swapdims",
-)
+    "Tensor.swapdims")
 def _transpose(em: Emitter, fname: str, args: tuple, kwargs: dict) -> Any:
     x, a, b = parse(fname, args, kwargs, ("input", "dim0", "dim1"))
     return swap_dims(em, fname, tensor_arg(fname, x), a, b)
@@ -307,5 +305,4 @@ ATTRIBUTES.update({
     "is_sparse": lambda em, x: False,
     "is_quantized": lambda em, x: False,
     "T": lambda em, x: em.op("permute", (x, tuple(reversed(range(x.meta.ndim))))),
-    "mT": _mT,
-})
+    "mT": _mT})

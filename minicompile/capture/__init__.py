@@ -1,30 +1,14 @@
 """Frame capture: a Python function's frame -> a graph, guards and an output recipe.
 
-The API layer calls :func:`capture_frame` on a cache miss::
-
-    cap = capture_frame(fn, frame_args(fn, args, kwargs))
-    # later calls, with the same layout of arguments:
-    if cap.guards.check(*layout):
-        outs = run_compiled(cap.graph, cap.get_inputs(*layout))
-        return cap.rebuild(outs, *layout)
-
-The contract:
-
-- ``args`` are the frame's parameter values in layout order: ``co_varnames[:co_argcount +
-  co_kwonlyargcount]``, then the ``*args`` tuple, then the ``**kwargs`` dict, if the code has
-  them (:func:`frame_args` makes this layout, defaults applied).
-- Anything outside what capture models raises :class:`~minicompile.errors.Unsupported` with a
-  one-line reason and the user's source stack; the caller then runs the frame eagerly.
-  Tracing has no side effects, so giving up changes nothing.
-- ``guards.check(*layout)`` is True exactly when the capture may be reused;
-  ``get_inputs(*layout)`` gives the placeholder tensors in graph order;
-  ``rebuild(outputs, *layout)`` finishes the call: it copies new contents into input tensors
-  the frame mutated in place, replays the logged side effects (attribute, global, cell and
-  container writes) and returns the function's return value, built from the graph outputs
-  (in ``graph.outputs`` order) and the caller's own objects.  It must run exactly once per
-  compiled call.  The three are generated flat Python, compiled once.
-- The guards assume the same function object between calls (closure cells are checked
-  through the cells of this function).
+The API calls :func:`capture_frame` (or :func:`capture_segment`) on a cache miss with the
+frame values in layout order (:func:`frame_args`: the parameters, then ``*args``, then
+``**kwargs``).  Anything capture does not model raises :class:`~minicompile.errors.Unsupported`
+with a reason and the user's source stack; tracing has no side effects, so giving up
+changes nothing.  On later calls ``guards.check(*layout)`` says whether the capture may be
+reused, ``get_inputs(*layout)`` gives the placeholder tensors in graph order, and
+``rebuild(outputs, *layout)`` (exactly once a call) copies new contents into mutated input
+tensors, replays the logged side effects and returns the function's value.  The guards
+assume the same function object between calls (closure cells are checked through it).
 """
 
 from __future__ import annotations
@@ -32,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import types
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -49,7 +33,7 @@ from minicompile.capture.segments import (
     Break, ResumePoint, frame_state, has_catching_handlers, initial_values, root_point,
     why_not_resumable,
 )
-from minicompile.capture.variables import CellVar, LazyVar, Source
+from minicompile.capture.variables import CellVar, LazyVar, Source, closure_cell
 from minicompile.errors import ShapeError, SourceLine, Unsupported
 from minicompile.graph import Graph
 from minicompile.runtime.guards import Guards
@@ -84,8 +68,7 @@ class Capture:
 
     def __str__(self) -> str:
         return "\n".join(
-            [str(self.graph), "", str(self.guards), self.get_inputs_source, self.rebuild_source]
-        )
+            [str(self.graph), "", str(self.guards), self.get_inputs_source, self.rebuild_source])
 
 
 def frame_args(fn: types.FunctionType, args: tuple, kwargs: dict[str, Any]) -> tuple:
@@ -94,8 +77,8 @@ def frame_args(fn: types.FunctionType, args: tuple, kwargs: dict[str, Any]) -> t
     bound = inspect.signature(fn, follow_wrapped=False).bind(*args, **kwargs)
     bound.apply_defaults()
     code = fn.__code__
-    out = [bound.arguments[n] for n in code.co_varnames[: code.co_argcount + code.co_kwonlyargcount]]
     index = code.co_argcount + code.co_kwonlyargcount
+    out = [bound.arguments[n] for n in code.co_varnames[:index]]
     if code.co_flags & inspect.CO_VARARGS:
         out.append(tuple(bound.arguments.get(code.co_varnames[index], ())))
         index += 1
@@ -123,37 +106,24 @@ def _bases_first(output: OutputGraph, local_vars: dict[str, Any]) -> None:
 
 def capture_frame(fn: types.FunctionType, args: tuple) -> Capture:
     """Trace one call of ``fn`` with the frame values ``args`` (layout order) into a graph
-    of the whole frame.
-
-    Raises Unsupported for anything outside scope: generators and coroutines, data-dependent
-    branches, reading tensor data into Python, random ops, unknown callables, autograd.
-    """
+    of the whole frame; Unsupported for anything outside scope (no graph breaks)."""
     capture, stop = capture_segment(fn, root_point(fn.__code__), args, allow_break=False)
     assert stop is None
     return capture
 
 
 def capture_segment(
-    fn: types.FunctionType,
-    point: ResumePoint,
-    values: tuple,
-    allow_break: bool = True,
+    fn: types.FunctionType, point: ResumePoint, values: tuple, allow_break: bool = True,
     dynamic: DynamicPolicy = STATIC,
 ) -> tuple[Capture, Break | None]:
-    """Trace ``fn`` from ``point`` with the frame values ``values`` (``point.layout()``).
-
-    The segment ends where the frame returns (the Break is None; ``rebuild`` gives the
-    return value) or, when ``allow_break``, at a resumable graph break (``rebuild`` gives
-    ``(locals, stack)`` at the breaking instruction, which the caller runs for real).
-    Unsupported when neither applies.  ``dynamic`` says which input dims become size
-    symbols (capture/dynamic.py).
-    """
+    """Trace ``fn`` from ``point`` with the frame values ``values`` (``point.layout()``) to
+    where the frame returns (no Break; ``rebuild`` gives the return value) or, when
+    ``allow_break``, to a resumable graph break (``rebuild`` gives ``(locals, stack)`` at
+    the instruction the caller runs for real); Unsupported when neither applies."""
     code = fn.__code__
     if bytecode.is_generator_like(code):
-        raise Unsupported(
-            f"generator/async function {fn.__qualname__}() is not supported",
-            (SourceLine(code.co_filename, code.co_firstlineno, code.co_name),),
-        )
+        raise Unsupported(f"generator/async function {fn.__qualname__}() is not supported",
+                          (SourceLine(code.co_filename, code.co_firstlineno, code.co_name),))
     names = point.layout()
     if len(values) != len(names):
         raise TypeError(f"capture_segment: expected {len(names)} frame values, got {len(values)}")
@@ -164,14 +134,9 @@ def capture_segment(
     for name, cell in zip(code.co_freevars, fn.__closure__ or ()):
         ref = output.guards.ref(cell, f"cell_{name}")
         source = Source(f"C[{name!r}]", f"{ref}.cell_contents", f"C_{name}")
-        try:
-            contents = LazyVar(cell.cell_contents, source)
-        except ValueError:  # empty cell
-            contents = None
-        cells[name] = CellVar(contents, local=False, source=source)
-    tx = InstructionTranslator(
-        output, code, fn.__globals__, builtins_of(fn.__globals__), local_vars, cells
-    )
+        cells[name] = closure_cell(cell, source)
+    tx = InstructionTranslator(output, code, fn.__globals__, builtins_of(fn.__globals__),
+                               local_vars, cells)
     _bases_first(output, local_vars)
     if point.offset:
         tx.ip = tx.index_of[point.offset]
@@ -192,17 +157,9 @@ def capture_segment(
         output.at_break = stop is not None
         done = output.finish(result)
     capture = Capture(
-        graph=done.graph,
-        input_sources=done.input_sources,
-        get_inputs=done.get_inputs,
-        guards=done.guards,
-        rebuild=done.rebuild,
-        ops=sum(1 for _ in done.graph.calls()),
-        get_inputs_source=done.get_inputs_source,
-        rebuild_source=done.rebuild_source,
-        instructions=output.instructions,
-        writebacks=done.writebacks,
-        codes=frozenset(output.codes),
-        handlers=any(has_catching_handlers(c) for c in output.codes),
-    )
+        graph=done.graph, input_sources=done.input_sources, get_inputs=done.get_inputs,
+        guards=done.guards, rebuild=done.rebuild, ops=sum(1 for _ in done.graph.calls()),
+        get_inputs_source=done.get_inputs_source, rebuild_source=done.rebuild_source,
+        instructions=output.instructions, writebacks=done.writebacks, codes=frozenset(output.codes),
+        handlers=any(has_catching_handlers(c) for c in output.codes))
     return capture, stop

@@ -1,25 +1,14 @@
 """``torch.autocast`` regions, traced as explicit casts in the graph (as Dynamo does).
 
-The traced autocast state (:class:`AutocastState`) starts as the state the compiled code is
-called in (read when the trace starts, guarded when first relied on) and changes at
-``with torch.autocast(...)`` blocks (:class:`AutocastVar`; the ``torch.amp.autocast``,
-``torch.cuda.amp.autocast`` and ``torch.cpu.amp.autocast`` spellings, and instances used
-as decorators, alike).  While it is on for the device of a call's tensors, the call gets
-autocast's casting policy as ``to_dtype`` nodes on its inputs (:func:`call`).
-
-The policy is not a table of ours: PyTorch's own lists differ per device and version.  It
-is *asked*: the call runs on fake tensors of the same device, dtypes and shapes with the
-autocast state switched on, under a dispatch mode that records what reaches ATen: the
-casts autocast made of the inputs, then the op.  The same call on inputs cast that way,
-with autocast off, must reach ATen with the same ops and dtypes (or, for ops autocast
-gives an fp32 ``dtype=`` argument, such as softmax and sum on CUDA, the same ops and
-result dtypes from inputs cast to the result dtype).  When neither holds (a library
-function casting inside its own body), the call is Unsupported with that reason: never a
-silent dtype difference.  Fake tensors carry their device's autocast dispatch keys, so
-the same question answers for CUDA on the GPU machine.
-
-While tracing, PyTorch's real autocast state is switched off (:func:`suspended`): shape
-inference on fake tensors must see the casts of the graph, not autocast's.
+The traced state (:class:`AutocastState`) starts as the state the compiled code is called
+in (guarded when first relied on) and changes at ``with torch.autocast(...)`` blocks
+(:class:`AutocastVar`, every spelling and decorator use alike).  While it is on for the
+device of a call's tensors, :func:`call` casts the inputs with ``to_dtype`` nodes.  The
+policy is asked of PyTorch, not tabled: the call runs on fake tensors with autocast on
+under a dispatch mode that records the casts reaching ATen, and the same call on inputs
+cast that way, autocast off, must reach ATen alike (or with the same result dtypes, for
+ops given an fp32 ``dtype=``).  Otherwise it is Unsupported: never a silent dtype
+difference.  While tracing, PyTorch's real autocast is off (:func:`suspended`).
 """
 
 from __future__ import annotations
@@ -28,17 +17,15 @@ import contextlib
 import dataclasses
 import operator
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from minicompile import compat
-from minicompile.capture.variables import ConstantVar, ListVar, TensorVar, TupleVar, Var
+from minicompile.capture.kinds import Output, Translator
+from minicompile.capture.variables import ConstantVar, ListVar, TensorVar, TupleVar, Var, map_leaves
 from minicompile.errors import Unsupported
 
-if TYPE_CHECKING:
-    from minicompile.capture.interpreter import InstructionTranslator
-    from minicompile.capture.output import OutputGraph
 
 DEVICE_TYPES = ("cpu", "cuda")
 # torch.autocast (also torch.amp.autocast), then the deprecated per-device subclasses
@@ -48,8 +35,7 @@ _AUTOCAST_CLASSES = tuple(dict.fromkeys(
     c for c in (_BASE, getattr(getattr(torch, "amp", None), "autocast", None),
                 getattr(getattr(getattr(torch, "cuda", None), "amp", None), "autocast", None),
                 getattr(getattr(getattr(torch, "cpu", None), "amp", None), "autocast", None))
-    if isinstance(c, type)
-))
+    if isinstance(c, type)))
 _CASTABLE = (torch.float16, torch.bfloat16, torch.float32)  # autocast leaves float64 alone
 
 
@@ -69,7 +55,7 @@ class AutocastState:
         self.regions: list[tuple[str, Mode]] = []
         self._guarded: set[Any] = set()  # device types (and (type, "dtype")) guarded
 
-    def mode(self, out: OutputGraph, device_type: str, with_dtype: bool = False) -> Mode:
+    def mode(self, out: Output, device_type: str, with_dtype: bool = False) -> Mode:
         """The state for ``device_type`` now.  Relying on the entry state guards whether it
         is enabled, and its dtype where that matters (enabled, or ``with_dtype``)."""
         for dev, mode in reversed(self.regions):
@@ -86,7 +72,7 @@ class AutocastState:
             out.guards.global_call(torch.get_autocast_dtype, (device_type,), {}, entry.dtype)
         return entry
 
-    def active(self, out: OutputGraph, device_type: str) -> Mode | None:
+    def active(self, out: Output, device_type: str) -> Mode | None:
         mode = self.mode(out, device_type)
         return mode if mode.enabled else None
 
@@ -118,13 +104,13 @@ class AutocastVar(Var):
     def describe(self) -> str:
         return f"torch.autocast({self.device_type!r}, enabled={self.mode.enabled})"
 
-    def enter(self, out: OutputGraph) -> None:
+    def enter(self, out: Output) -> None:
         if self.entered:
             raise Unsupported("re-entering a torch.autocast context is not supported")
         self.entered = True
         out.autocast.regions.append((self.device_type, self.mode))
 
-    def exit(self, out: OutputGraph) -> None:
+    def exit(self, out: Output) -> None:
         regions = out.autocast.regions
         if not regions or regions[-1] != (self.device_type, self.mode):
             raise Unsupported("torch.autocast contexts exited out of order")
@@ -144,12 +130,12 @@ def region_of(obj: Any) -> AutocastVar:
     return AutocastVar(device_type=device, mode=Mode(bool(obj._enabled), obj.fast_dtype))
 
 
-def _make_region(tx: InstructionTranslator, cls: Any, args: list, kwargs: dict) -> Var:
+def _make_region(tx: Translator, cls: Any, args: list, kwargs: dict) -> Var:
     """``torch.autocast(device_type, dtype=None, enabled=True, cache_enabled=None)`` (or a
     device-specific subclass): PyTorch's own constructor checks the arguments (and disables
     autocast where eager does, with its warning); an unspecified dtype is the traced one."""
-    values = [tx.output.to_value(a) for a in args]
-    kw = {k: tx.output.to_value(v) for k, v in kwargs.items()}
+    pos, kw = tx.output.to_values(args, kwargs)
+    values = list(pos)
     if any(isinstance(v, TensorVar) for v in (*values, *kw.values())):
         raise Unsupported("torch.autocast() with a tensor argument")
     if cls is _BASE:  # torch.autocast(device_type, dtype=None, ...)
@@ -167,11 +153,10 @@ def _make_region(tx: InstructionTranslator, cls: Any, args: list, kwargs: dict) 
     return region_of(obj)
 
 
-def _query(tx: InstructionTranslator, fn: Any, args: list, kwargs: dict) -> Var:
+def _query(tx: Translator, fn: Any, args: list, kwargs: dict) -> Var:
     """``torch.is_autocast_enabled(device)`` / ``torch.get_autocast_dtype(device)`` and the
     older per-device spellings: the traced state (the entry state is guarded)."""
-    values = [tx.output.to_value(a) for a in args]
-    kw = {k: tx.output.to_value(v) for k, v in kwargs.items()}
+    values, kw = tx.output.to_values(args, kwargs)
     device = values[0] if values else kw.get("device_type", "cuda")
     if fn is getattr(torch, "is_autocast_cpu_enabled", None):
         device = "cpu"
@@ -189,13 +174,13 @@ def _query(tx: InstructionTranslator, fn: Any, args: list, kwargs: dict) -> Var:
     return ConstantVar(mode.dtype if wants_dtype else mode.enabled)
 
 
-def _cache_query(tx: InstructionTranslator, fn: Any, args: list, kwargs: dict) -> Var:
+def _cache_query(tx: Translator, fn: Any, args: list, kwargs: dict) -> Var:
     value = torch.is_autocast_cache_enabled()
     tx.output.guards.global_call(fn, (), {}, value)
     return ConstantVar(value)
 
 
-def _enter_region(tx: InstructionTranslator, fn: Any, args: list, kwargs: dict) -> Var:
+def _enter_region(tx: Translator, fn: Any, args: list, kwargs: dict) -> Var:
     """``_enter_autocast(device_type, dtype, enabled, cache_enabled)``: how the code of
     Dynamo's FX graphs (``torch.compile(backend="minicompile")``) enters a region."""
     region = _make_region(tx, _BASE, args, kwargs)
@@ -203,7 +188,7 @@ def _enter_region(tx: InstructionTranslator, fn: Any, args: list, kwargs: dict) 
     return region
 
 
-def _exit_region(tx: InstructionTranslator, fn: Any, args: list, kwargs: dict) -> Var:
+def _exit_region(tx: Translator, fn: Any, args: list, kwargs: dict) -> Var:
     """``_exit_autocast(region)``: the end of a region ``_enter_autocast`` entered."""
     region = tx.realize(args[0]) if len(args) == 1 and not kwargs else None
     if not isinstance(region, AutocastVar):
@@ -228,7 +213,7 @@ HANDLERS[torch.is_autocast_cache_enabled] = _cache_query
 # -- the casting policy --------------------------------------------------------------------
 
 
-def call(out: OutputGraph, fn: Any, args: tuple, kwargs: dict,
+def call(out: Output, fn: Any, args: tuple, kwargs: dict,
          run: Callable[[tuple, dict], Any], inplace: bool = False) -> Any:
     """``run(args, kwargs)`` (which emits the graph for ``fn(*args, **kwargs)``) with the
     inputs cast as autocast would cast them, when the traced state is on for the device of
@@ -265,7 +250,7 @@ def call(out: OutputGraph, fn: Any, args: tuple, kwargs: dict,
                 return v
             return out.op("to_dtype", (v,), {"dtype": dtype})
 
-        args, kwargs = _map_leaves((args, kwargs), cast)
+        args, kwargs = map_leaves((args, kwargs), cast)
     result = run(args, kwargs)
     got = tuple(v.meta.dtype for v in _leaves(result) if isinstance(v, TensorVar))
     if got != result_dtypes:
@@ -283,14 +268,14 @@ class _EagerRaises(Unsupported):
     """The call raises under autocast in eager too (or reads data the fakes do not have)."""
 
 
-def _ask(out: OutputGraph, fn: Any, device_type: str, dtype: torch.dtype, args: tuple,
+def _ask(out: Output, fn: Any, device_type: str, dtype: torch.dtype, args: tuple,
          kwargs: dict) -> tuple[tuple, tuple]:
     """(the dtype each tensor input is cast to, or None; the result dtypes) of ``fn`` under
     autocast on ``device_type`` to ``dtype``, found on fake tensors (see the module doc)."""
     what = _name(fn)
     fake_mode = compat.fake_tensor_mode()
     with fake_mode:
-        fakes = _map_leaves((args, kwargs), lambda v: _fake(v) if isinstance(v, TensorVar)
+        fakes = map_leaves((args, kwargs), lambda v: _fake(v) if isinstance(v, TensorVar)
                             else _hint(out, v))
     inputs = [v for v in _leaves(fakes) if isinstance(v, torch.Tensor)]
     try:
@@ -302,9 +287,8 @@ def _ask(out: OutputGraph, fn: Any, device_type: str, dtype: torch.dtype, args: 
     seen = [None] * len(inputs)
     ops = []
     for func, first, plain, outs in on_log:
-        if func == "aten._to_copy.default" and isinstance(first, torch.Tensor) and (
-            id(first) in ids
-        ):
+        if (func == "aten._to_copy.default" and isinstance(first, torch.Tensor)
+                and id(first) in ids):
             seen[ids[id(first)]] = outs[0]
         else:
             ops.append((func, plain, outs))
@@ -326,7 +310,7 @@ def _reproduces(fake_mode: Any, fn: Any, fakes: Any, inputs: list, plan: tuple,
     with autocast on (``strict``: ops, argument and result dtypes; else ops and results)."""
     casts = {id(t): d for t, d in zip(inputs, plan)}
     with fake_mode:
-        cast_fakes = _map_leaves(fakes, lambda v: v.to(casts[id(v)]) if isinstance(
+        cast_fakes = map_leaves(fakes, lambda v: v.to(casts[id(v)]) if isinstance(
             v, torch.Tensor) and casts.get(id(v)) is not None else v)
     try:
         log, _ = _run(fake_mode, fn, cast_fakes, device_type, dtype, False)
@@ -397,7 +381,7 @@ def _fake(v: TensorVar) -> torch.Tensor:
     return torch.empty_strided(size, stride, dtype=meta.dtype, device=meta.device)
 
 
-def _hint(out: OutputGraph, v: Any) -> Any:
+def _hint(out: Output, v: Any) -> Any:
     if isinstance(v, torch.SymInt) and out.graph.shapes is not None:
         return int(out.graph.shapes.hint(out.graph.shapes.to_sympy(v)))
     return v
@@ -425,14 +409,6 @@ def _leaves(value: Any) -> list:
     if isinstance(value, (TupleVar, ListVar)):  # a tuple result of an extern
         return _leaves(list(value.items))
     return [value]
-
-
-def _map_leaves(value: Any, fn: Callable[[Any], Any]) -> Any:
-    if isinstance(value, (tuple, list)):
-        return type(value)(_map_leaves(v, fn) for v in value)
-    if isinstance(value, dict):
-        return {k: _map_leaves(v, fn) for k, v in value.items()}
-    return fn(value)
 
 
 def _name(fn: Any) -> str:

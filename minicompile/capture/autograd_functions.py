@@ -1,25 +1,21 @@
-"""Custom ``torch.autograd.Function`` calls (``MyFn.apply(x)``) where no gradient can flow:
-grad mode off, or no tensor argument requiring grad (inference, as BLOOM's ``GeLUFunction``
-runs in ``generate``).  There ``apply`` returns what ``forward`` returns, so the trace
-inlines ``forward``: with a context that records nothing (``save_for_backward`` and the
-``mark_*`` calls do nothing, attributes may be set), or without one when the class defines
-``setup_context`` (the newer style, whose ``forward`` takes no context).  Where a gradient
-can flow, ``apply`` itself is a library call of the graph (:func:`library_call`).
+"""Custom ``torch.autograd.Function`` calls (``MyFn.apply(x)``) where no gradient can flow
+(grad mode off, or no input requiring grad): ``apply`` returns what ``forward`` returns, so
+``forward`` is inlined with a context that records nothing (or none, with
+``setup_context``).  Where a gradient can flow, ``apply`` is a library call of the graph.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from minicompile import ops
 from minicompile.capture import records
+from minicompile.capture.kinds import Translator
 from minicompile.capture.variables import ConstantVar, TensorVar, UserFunctionVar, Var
 from minicompile.errors import Unsupported
 
-if TYPE_CHECKING:
-    from minicompile.capture.interpreter import InstructionTranslator
 
 _NO_SETUP = torch.autograd.Function.setup_context
 
@@ -31,23 +27,16 @@ class InferenceContext:
         self.needs_input_grad = (False,) * inputs
         self.materialize_grads = True
 
-    def save_for_backward(self, *tensors: Any) -> None:
+    def _records_nothing(self, *tensors: Any) -> None:
         pass
 
-    def save_for_forward(self, *tensors: Any) -> None:
-        pass
-
-    def mark_dirty(self, *tensors: Any) -> None:
-        pass
-
-    def mark_non_differentiable(self, *tensors: Any) -> None:
-        pass
+    save_for_backward = save_for_forward = mark_dirty = mark_non_differentiable = _records_nothing
 
     def set_materialize_grads(self, value: bool) -> None:
         self.materialize_grads = value
 
 
-def call(tx: InstructionTranslator, cls: type, args: list, kwargs: dict) -> Var:
+def call(tx: Translator, cls: type, args: list, kwargs: dict) -> Var:
     """``cls.apply(*args, **kwargs)`` (see the module's doc)."""
     values = [tx.realize(v) for v in (*args, *kwargs.values())]
     if tx.output.grad_enabled and any(
@@ -62,24 +51,21 @@ def call(tx: InstructionTranslator, cls: type, args: list, kwargs: dict) -> Var:
     return tx.inline_call(UserFunctionVar(forward), [ctx, *args], kwargs)
 
 
-def library_call(tx: InstructionTranslator, cls: type, args: list, kwargs: dict) -> Var:
-    """``cls.apply(...)`` where a gradient can flow: a library call of the graph, as in
-    eager.  The compiled forward calls ``apply``, which records the class's own ``backward``
-    (the user's code, not traced), and the compiled backward has autograd run it, as for
-    any library call (passes/autograd.py).  Its metadata comes from ``apply`` on meta
-    tensors.  A forward that modifies an input in place (``ctx.mark_dirty``) stays a break:
-    a library call of the graph only computes its results."""
+def library_call(tx: Translator, cls: type, args: list, kwargs: dict) -> Var:
+    """``cls.apply(...)`` where a gradient can flow: a library call of the graph (metadata
+    from ``apply`` on meta tensors), whose recorded ``backward`` autograd runs in the
+    compiled backward.  A forward that modifies an input in place (``ctx.mark_dirty``)
+    stays a break: a library call of the graph only computes its results."""
     what = f"{cls.__qualname__}.apply() on tensors that require grad"
-    codes = [f.__code__ for f in (getattr(cls, "forward", None), getattr(cls, "setup_context",
-                                                                          None))
-             if isinstance(f, type(call))]
+    fns = (getattr(cls, "forward", None), getattr(cls, "setup_context", None))
+    codes = [f.__code__ for f in fns if isinstance(f, type(call))]
     if any("mark_dirty" in code.co_names for code in codes):
         raise Unsupported(f"{what}: its forward modifies an input in place (mark_dirty)")
     try:
         ops.extern_name(cls.apply)  # the generated code calls it by the class's path
     except ValueError as e:
         raise Unsupported(f"{what}: {e}") from None
-    pos, kw = tx._values(args, kwargs)
+    pos, kw = tx.output.to_values(args, kwargs)
     try:
         return tx.output.from_value(tx.output.extern(cls.apply, tuple(pos), kw))
     except Unsupported as e:

@@ -1,10 +1,6 @@
-"""Reading CPython bytecode: instruction decoding and the differences between versions.
-
-Everything version-specific that the interpreter needs lives here, so the opcode handlers in
-:mod:`minicompile.capture.interpreter` can be written once for CPython 3.11 and 3.12 (and
-3.13 where it is cheap).  The rule from CAPTURE.md: trust ``dis``'s ``argval`` (jump targets
-are absolute offsets, names are resolved, ``COMPARE_OP`` gives the operator) and read the raw
-``arg`` only for flag bits.
+"""Reading CPython bytecode: instruction decoding and the differences between versions, so
+the opcode handlers are written once for 3.11 and 3.12 (and 3.13 where cheap).  As
+CAPTURE.md says: trust ``dis``'s ``argval``, read the raw ``arg`` only for flag bits.
 """
 
 from __future__ import annotations
@@ -27,12 +23,8 @@ NULL_AFTER_CALLABLE: bool = PY >= (3, 13)
 # 3.12 folded LOAD_METHOD into LOAD_ATTR: the low bit of ``arg`` selects the method form.
 LOAD_ATTR_HAS_METHOD_BIT: bool = PY >= (3, 12)
 
-_UNSUPPORTED_CODE_FLAGS = (
-    inspect.CO_GENERATOR
-    | inspect.CO_COROUTINE
-    | inspect.CO_ASYNC_GENERATOR
-    | inspect.CO_ITERABLE_COROUTINE
-)
+_UNSUPPORTED_CODE_FLAGS = (inspect.CO_GENERATOR | inspect.CO_COROUTINE
+                           | inspect.CO_ASYNC_GENERATOR | inspect.CO_ITERABLE_COROUTINE)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,31 +73,17 @@ def is_generator_like(code: types.CodeType) -> bool:
 def frame_layout(code: types.CodeType) -> list[str]:
     """Parameter names in the order ``capture_frame`` receives their values: positional and
     keyword-only parameters, then the ``*args`` name, then the ``**kwargs`` name."""
-    n = code.co_argcount + code.co_kwonlyargcount
-    if code.co_flags & inspect.CO_VARARGS:
-        n += 1
-    if code.co_flags & inspect.CO_VARKEYWORDS:
-        n += 1
-    return list(code.co_varnames[:n])
+    stars = bool(code.co_flags & inspect.CO_VARARGS) + bool(code.co_flags & inspect.CO_VARKEYWORDS)
+    return list(code.co_varnames[:code.co_argcount + code.co_kwonlyargcount + stars])
 
 
 # BINARY_OP's argument indexes this table on 3.11-3.13; 13 and above are the in-place forms
 # (``+=``) of the same operators, in the same order.
 BINARY_OPS: list[tuple[str, Any]] = [
-    ("+", operator.add),
-    ("&", operator.and_),
-    ("//", operator.floordiv),
-    ("<<", operator.lshift),
-    ("@", operator.matmul),
-    ("*", operator.mul),
-    ("%", operator.mod),
-    ("|", operator.or_),
-    ("**", operator.pow),
-    (">>", operator.rshift),
-    ("-", operator.sub),
-    ("/", operator.truediv),
-    ("^", operator.xor),
-]
+    ("+", operator.add), ("&", operator.and_), ("//", operator.floordiv), ("<<", operator.lshift),
+    ("@", operator.matmul), ("*", operator.mul), ("%", operator.mod), ("|", operator.or_),
+    ("**", operator.pow), (">>", operator.rshift), ("-", operator.sub), ("/", operator.truediv),
+    ("^", operator.xor)]
 
 
 def binary_op(inst: Inst) -> tuple[str, Any, bool]:
@@ -117,13 +95,8 @@ def binary_op(inst: Inst) -> tuple[str, Any, bool]:
 
 
 COMPARE_OPS: dict[str, Any] = {
-    "<": operator.lt,
-    "<=": operator.le,
-    "==": operator.eq,
-    "!=": operator.ne,
-    ">": operator.gt,
-    ">=": operator.ge,
-}
+    "<": operator.lt, "<=": operator.le, "==": operator.eq, "!=": operator.ne, ">": operator.gt,
+    ">=": operator.ge}
 
 
 def compare_symbol(inst: Inst) -> str:

@@ -29,10 +29,10 @@ from minicompile.capture import (
 from minicompile.capture.bytecode import builtins_of
 from minicompile.capture.frame_values import is_trusted_namespace
 from minicompile.capture.variables import (
-    NULL, ArrayVar, BoundMethodVar, BuiltinVar, CellVar, ConstantVar, DictVar, GradModeVar,
-    IteratorVar, LazyVar, ListVar, MethodVar, NestedFunctionVar, NewObjectVar, NNModuleVar,
-    ObjectSlotVar, ObjectVar, PartialVar, OpaqueVar, ReadMethodVar, Source, StructSeqVar, SuperVar,
-    TensorVar, TorchFunctionVar, TupleVar, UserFunctionVar, UserObjectVar, Var, WithExitVar,
+    NULL, ArrayVar, BoundMethodVar, BuiltinVar, ConstantVar, DictVar, GradModeVar, IteratorVar,
+    ListVar, MethodVar, NestedFunctionVar, NewObjectVar, NNModuleVar, ObjectSlotVar, ObjectVar,
+    PartialVar, OpaqueVar, ReadMethodVar, Source, StructSeqVar, SuperVar, TensorVar,
+    TorchFunctionVar, TupleVar, UserFunctionVar, UserObjectVar, Var, WithExitVar, closure_cell,
 )
 from minicompile.errors import Unsupported
 
@@ -54,8 +54,7 @@ _IMMUTABLE_METHOD_OWNERS = (
 # looked up in the function's __dict__ as well.
 _FUNCTION_ATTRIBUTES = frozenset({
     "__code__", "__name__", "__qualname__", "__doc__", "__module__", "__defaults__",
-    "__kwdefaults__", "__wrapped__", "__annotations__", "__dict__",
-})
+    "__kwdefaults__", "__wrapped__", "__annotations__", "__dict__"})
 # Mapping methods that only read and never raise, called on a user mapping read from the
 # frame (``super().get(key)`` in a dict subclass, the environment's ``get(name)``): the
 # result is read from the object now, with a guard that makes the same call.
@@ -67,9 +66,7 @@ _GRAD_MODE_CLASSES = (torch.no_grad, torch.enable_grad, torch.set_grad_enabled)
 def is_numpy_callable(value: Any) -> bool:
     """A function, ufunc or scalar type of NumPy (``np.sum``, ``np.exp``, ``np.float32``)."""
     module = getattr(value, "__module__", None)
-    return callable(value) and isinstance(module, str) and (
-        module == "numpy" or module.startswith("numpy.")
-    )
+    return callable(value) and isinstance(module, str) and module.split(".")[0] == "numpy"
 
 
 class CallsMixin:
@@ -225,8 +222,7 @@ class CallsMixin:
                 break
         else:
             raise Unsupported(
-                f"{cls.__name__!r} object has no attribute {name!r} (eager raises AttributeError)"
-            )
+                f"{cls.__name__!r} object has no attribute {name!r} (eager raises AttributeError)")
         if isinstance(obj, NewObjectVar) and name in records.OBJECT_SLOTS and (
             attr is getattr(object, name)
         ):  # super().__setattr__(k, v) in a class that overrides it
@@ -272,11 +268,9 @@ class CallsMixin:
         return self.inline_call(UserFunctionVar(fn.func), [fn.self_var, *args], kwargs)
 
     def submodules(self: InstructionTranslator, obj: NNModuleVar, method: Any) -> Var:
-        """``m.children()``, ``m.named_children()``, ``m.modules()``, ``m.named_modules()``
-        as ``nn.Module`` yields them: the entries of ``_modules`` in order (depth first,
-        the module itself first, for the last two), None skipped, each module once (by
-        identity: every one is guarded by it).  (Torch's own code keeps a ``set`` of
-        those seen.)"""
+        """``m.children()``, ``named_children()``, ``modules()``, ``named_modules()`` as
+        ``nn.Module`` yields them: ``_modules`` in order (depth first, ``m`` first for the
+        last two), None skipped, each module once by identity (as torch's ``set``)."""
         named = method in (torch.nn.Module.named_children, torch.nn.Module.named_modules)
         deep = method in (torch.nn.Module.modules, torch.nn.Module.named_modules)
         items: list[Var] = []
@@ -374,16 +368,9 @@ class CallsMixin:
             return pybuiltins.call_builtin(self.output, fn.value, args, kwargs)
         owner = getattr(fn.value, "__self__", None)
         if _OPTIM.match(type(owner).__module__):
-            raise Unsupported(
-                f"{type(owner).__name__}.{fn.value.__name__}() runs at a graph break (a "
-                "supported optimizer's step runs its compiled update there)")
+            raise Unsupported(f"{type(owner).__name__}.{fn.value.__name__}() runs at a graph break "
+                              "(a supported optimizer's step runs its compiled update there)")
         raise Unsupported(f"call to {externs._describe(fn.value)} is not supported")
-
-    def _values(self: InstructionTranslator, args: list, kwargs: dict) -> tuple[tuple, dict]:
-        return (
-            tuple(self.output.to_value(a) for a in args),
-            {k: self.output.to_value(v) for k, v in kwargs.items()},
-        )
 
     def call_torch(self: InstructionTranslator, fn: Any, args: list, kwargs: dict) -> Var:
         out = self.output
@@ -392,7 +379,7 @@ class CallsMixin:
                 raise Unsupported(f"{fn.__name__}(...) with arguments is not supported")
             return GradModeVar(fn is torch.enable_grad)
         if fn is torch.set_grad_enabled:
-            pos, kw = self._values(args, kwargs)
+            pos, kw = self.output.to_values(args, kwargs)
             mode = pos[0] if pos else kw.get("mode")
             if type(mode) is not bool:
                 raise Unsupported("torch.set_grad_enabled() needs a Python bool")
@@ -401,7 +388,7 @@ class CallsMixin:
             return ctx
         if fn is torch.inference_mode:
             raise Unsupported(f"torch.{fn.__name__} is not supported yet")
-        pos, kw = self._values(args, kwargs)
+        pos, kw = self.output.to_values(args, kwargs)
         if any(isinstance(v, ArrayVar) for v in (*pos, *kw.values())):
             from minicompile.capture import numpy_arrays
 
@@ -416,10 +403,10 @@ class CallsMixin:
             kw["inplace"] = False
         if fn in torch_ops.FUNCTIONS:
             fname, handler = torch_ops.FUNCTIONS[fn]
-            result = autocast.call(out, fn, pos, kw, lambda p, k: handler(out, fname, p, k))
+            run = lambda p, k: handler(out, fname, p, k)  # noqa: E731
         else:
-            result = autocast.call(out, fn, pos, kw,
-                                   lambda p, k: externs.call_function(out, fn, p, k))
+            run = lambda p, k: externs.call_function(out, fn, p, k)  # noqa: E731
+        result = autocast.call(out, fn, pos, kw, run)
         if target is not None:
             result = externs.with_out(out, result, target, fname)
         if inplace:
@@ -440,7 +427,7 @@ class CallsMixin:
             from minicompile.capture import numpy_kind  # NumPy's rules load with its first value
 
             return numpy_kind.numpy_arrays.from_tensor(out, obj)
-        pos, kw = self._values(args, kwargs)
+        pos, kw = self.output.to_values(args, kwargs)
         handler = torch_ops.METHODS.get(name)
         if handler is not None and not name.endswith("_"):
             method = lambda p, k: handler(out, f"Tensor.{name}", p, k)  # noqa: E731
@@ -458,7 +445,7 @@ class CallsMixin:
         out = self.output
         method = getattr(out.to_value(obj), name)
         out.require_pinned([*args, *kwargs.values()], f"{name}()")  # "{}".format(array)
-        values, kw = self._values(args, kwargs)
+        values, kw = self.output.to_values(args, kwargs)
         if any(pybuiltins.contains_tensor(v) for v in (*values, *kw.values())):
             raise Unsupported(f"method {name}() with tensor arguments is not supported")
         try:
@@ -473,9 +460,8 @@ class CallsMixin:
         if mod.source is None:
             raise Unsupported(f"calling module {type(m).__name__} reached without a source")
         hooks = torch.nn.modules.module
-        if m._forward_hooks or m._forward_pre_hooks or hooks._global_forward_hooks or (
-            hooks._global_forward_pre_hooks
-        ):
+        if (m._forward_hooks or m._forward_pre_hooks or hooks._global_forward_hooks
+                or hooks._global_forward_pre_hooks):
             raise Unsupported(f"forward hooks on {type(m).__name__} are not supported yet")
         if "forward" in m.__dict__:
             raise Unsupported(f"{type(m).__name__} instance with its own forward attribute")
@@ -494,26 +480,16 @@ class CallsMixin:
         if isinstance(fn, NestedFunctionVar):
             code, f_globals = fn.code, fn.f_globals
             signature_of = types.FunctionType(
-                code,
-                f_globals,
-                code.co_name,
-                tuple(fn.defaults) or None,
-                tuple(types.CellType() for _ in code.co_freevars) or None,
-            )
+                code, f_globals, code.co_name, tuple(fn.defaults) or None,
+                tuple(types.CellType() for _ in code.co_freevars) or None)
             signature_of.__kwdefaults__ = dict(fn.kwdefaults) or None
             cells = dict(zip(code.co_freevars, fn.closure))
             globals_name = self.globals_name if f_globals is self.f_globals else None
         else:
             func = fn.value
             code, f_globals, signature_of = func.__code__, func.__globals__, func
-            cells = {}
-            for name, cell in zip(code.co_freevars, func.__closure__ or ()):
-                source = self._cell_source(func, name, cell)
-                try:
-                    contents: Var | None = LazyVar(cell.cell_contents, source)
-                except ValueError:  # empty cell
-                    contents = None
-                cells[name] = CellVar(contents, local=False, source=source)
+            cells = {name: closure_cell(cell, self._cell_source(func, name, cell))
+                     for name, cell in zip(code.co_freevars, func.__closure__ or ())}
             globals_name = None
         local_vars: dict[str, Var] = {}
         if code.co_argcount and code.co_varnames[0].startswith("."):
@@ -523,9 +499,7 @@ class CallsMixin:
             local_vars[code.co_varnames[0]] = args[0]
         else:
             try:
-                bound = inspect.signature(signature_of, follow_wrapped=False).bind(
-                    *args, **kwargs
-                )
+                bound = inspect.signature(signature_of, follow_wrapped=False).bind(*args, **kwargs)
             except TypeError as e:
                 raise Unsupported(f"bad call to {code.co_name}(): {e} (eager raises)") from e
             bound.apply_defaults()
@@ -540,21 +514,11 @@ class CallsMixin:
         if globals_name is None:
             globals_name = self.output.guards.ref(f_globals, f"G_{f_globals.get('__name__')}")
         child = type(self)(
-            self.output,
-            code,
-            f_globals,
-            builtins_of(f_globals),
-            local_vars,
-            cells,
-            parent_stack=self.user_stack(),
-            depth=self.depth + 1,
-            globals_name=globals_name,
-            parent=self,
-        )
+            self.output, code, f_globals, builtins_of(f_globals), local_vars, cells,
+            parent_stack=self.user_stack(), depth=self.depth + 1, globals_name=globals_name,
+            parent=self)
         result = child.run()
-        if child.generated is not None:
-            return IteratorVar(child.generated)
-        return result
+        return IteratorVar(child.generated) if child.generated is not None else result
 
     def _cell_source(self: InstructionTranslator, func: Any, name: str, cell: Any) -> Source:
         # Named after the guard's reference to the cell: two decorated functions share a

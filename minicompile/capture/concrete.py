@@ -1,18 +1,14 @@
 """Running bytecode for real, one instruction at a time, with real values.
 
-At a graph break the breaking instruction (a call to ``print``, a jump on a tensor, a
-``.item()``) runs here, between two compiled segments.  When the rest of a frame cannot be
-compiled after segments of it already ran (a break inside a loop, say), the frame finishes
-here too: its side effects have happened, so it cannot start again eagerly.
-
-The state is a :class:`Frame`: the locals (a dict of the bound ones), the value stack and
-the instruction pointer.  Only the opcodes ordinary function bodies use are handled;
-anything else raises :class:`NotConcrete`.
+At a graph break the breaking instruction runs here, between two compiled segments; when
+the rest of a frame cannot be compiled after segments of it ran, the frame finishes here
+(its side effects happened, so it cannot restart eagerly).  A :class:`Frame` holds the
+locals, the stack and the instruction pointer; opcodes outside ordinary function bodies
+raise :class:`NotConcrete`.
 """
 
 from __future__ import annotations
 
-import builtins
 import dataclasses
 import operator
 import types
@@ -31,12 +27,8 @@ class _Null:
 
 NULL = _Null()
 
-INPLACE = {
-    "+": operator.iadd, "&": operator.iand, "//": operator.ifloordiv, "<<": operator.ilshift,
-    "@": operator.imatmul, "*": operator.imul, "%": operator.imod, "|": operator.ior,
-    "**": operator.ipow, ">>": operator.irshift, "-": operator.isub, "/": operator.itruediv,
-    "^": operator.ixor,
-}
+# The in-place operator of each of BINARY_OP's (operator.add -> operator.iadd).
+INPLACE = {s: getattr(operator, f"i{fn.__name__.rstrip('_')}") for s, fn in bytecode.BINARY_OPS}
 
 
 class NotConcrete(Exception):
@@ -112,32 +104,31 @@ def _global(f: Frame, name: str) -> Any:
     g = f.fn.__globals__
     if name in g:
         return g[name]
-    b = g.get("__builtins__", builtins)
-    b = b if isinstance(b, dict) else vars(b)
+    b = bytecode.builtins_of(g)
     if name in b:
         return b[name]
     raise NameError(f"name {name!r} is not defined")
 
 
-def _call(f: Frame, n: int) -> None:
-    args = f.stack[len(f.stack) - n:]
+def _popn(f: Frame, n: int) -> list:
+    items = f.stack[len(f.stack) - n:]
     del f.stack[len(f.stack) - n:]
+    return items
+
+
+def _call(f: Frame, n: int) -> None:
+    args = _popn(f, n)
     second, first = f.stack.pop(), f.stack.pop()
     fn, args = (second, args) if first is NULL else (first, [second, *args])
-    kw = f.kw_names
-    f.kw_names = ()
-    kwargs = {}
-    if kw:
-        kwargs = dict(zip(kw, args[len(args) - len(kw):]))
-        args = args[: len(args) - len(kw)]
+    kw, f.kw_names = f.kw_names, ()
+    split = len(args) - len(kw)
+    args, kwargs = args[:split], dict(zip(kw, args[split:]))
     f.stack.append(f.call(fn, args, kwargs) if f.call else fn(*args, **kwargs))
 
 
 def _load_attr(f: Frame, inst: Inst) -> None:
-    obj = f.stack.pop()
-    method = LOAD_ATTR_HAS_METHOD_BIT and inst.arg is not None and inst.arg & 1
-    value = getattr(obj, inst.argval)
-    if method:
+    value = getattr(f.stack.pop(), inst.argval)
+    if LOAD_ATTR_HAS_METHOD_BIT and inst.arg is not None and inst.arg & 1:
         f.stack.extend([NULL, value])  # a bound method: the NULL form is equivalent
     else:
         f.stack.append(value)
@@ -188,26 +179,19 @@ def _compare(f: Frame, inst: Inst) -> None:
 
 def _build(kind: Any) -> Any:
     def handler(f: Frame, inst: Inst) -> None:
-        items = f.stack[len(f.stack) - inst.arg:] if inst.arg else []
-        if inst.arg:
-            del f.stack[len(f.stack) - inst.arg:]
-        f.stack.append(kind(items))
+        f.stack.append(kind(_popn(f, inst.arg)))
 
     return handler
 
 
 def _build_map(f: Frame, inst: Inst) -> None:
-    items = f.stack[len(f.stack) - 2 * inst.arg:] if inst.arg else []
-    if inst.arg:
-        del f.stack[len(f.stack) - 2 * inst.arg:]
+    items = _popn(f, 2 * inst.arg)
     f.stack.append({items[i]: items[i + 1] for i in range(0, len(items), 2)})
 
 
 def _const_key_map(f: Frame, inst: Inst) -> None:
     keys = f.stack.pop()
-    values = f.stack[len(f.stack) - len(keys):]
-    del f.stack[len(f.stack) - len(keys):]
-    f.stack.append(dict(zip(keys, values)))
+    f.stack.append(dict(zip(keys, _popn(f, len(keys)))))
 
 
 def _unpack(f: Frame, inst: Inst) -> None:
@@ -351,15 +335,12 @@ def _binary_slice(f: Frame, inst: Inst) -> None:
 
 
 def _build_slice(f: Frame, inst: Inst) -> None:
-    parts = f.stack[len(f.stack) - inst.arg:]
-    del f.stack[len(f.stack) - inst.arg:]
-    f.stack.append(slice(*parts))
+    f.stack.append(slice(*_popn(f, inst.arg)))
 
 
 HANDLERS: dict[str, Any] = {
     "NOP": _noop, "RESUME": _noop, "PRECALL": _noop, "CACHE": _noop, "EXTENDED_ARG": _noop,
     "LOAD_FAST": lambda f, i: f.stack.append(f.locals[i.argval]),
-    "LOAD_FAST_CHECK": lambda f, i: f.stack.append(f.locals[i.argval]),
     "LOAD_FAST_AND_CLEAR": _load_fast_and_clear,
     "STORE_FAST": _store_fast,
     "DELETE_FAST": lambda f, i: f.locals.pop(i.argval),
@@ -388,15 +369,12 @@ HANDLERS: dict[str, Any] = {
     "STORE_SUBSCR": _store_subscr,
     "COMPARE_OP": _compare,
     "IS_OP": lambda f, i: f.stack.append((f.stack.pop() is f.stack.pop()) != bool(i.arg)),
-    "CONTAINS_OP": lambda f, i: f.stack.append(
-        (f.stack.pop(-2) in f.stack.pop()) != bool(i.arg)),
+    "CONTAINS_OP": lambda f, i: f.stack.append((f.stack.pop(-2) in f.stack.pop()) != bool(i.arg)),
     "UNARY_NEGATIVE": lambda f, i: f.stack.append(-f.stack.pop()),
     "UNARY_POSITIVE": lambda f, i: f.stack.append(+f.stack.pop()),
     "UNARY_NOT": lambda f, i: f.stack.append(not f.stack.pop()),
     "UNARY_INVERT": lambda f, i: f.stack.append(~f.stack.pop()),
-    "BUILD_TUPLE": _build(tuple),
-    "BUILD_LIST": _build(list),
-    "BUILD_SET": _build(set),
+    "BUILD_TUPLE": _build(tuple), "BUILD_LIST": _build(list), "BUILD_SET": _build(set),
     "BUILD_STRING": _build("".join),
     "BUILD_MAP": _build_map,
     "BUILD_CONST_KEY_MAP": _const_key_map,
@@ -419,21 +397,12 @@ HANDLERS: dict[str, Any] = {
     "GET_ITER": lambda f, i: f.stack.append(iter(f.stack.pop())),
     "FOR_ITER": _for_iter,
     "END_FOR": lambda f, i: (f.stack.pop(), f.stack.pop()),
-    "JUMP_FORWARD": _jump,
-    "JUMP_BACKWARD": _jump,
-    "JUMP_BACKWARD_NO_INTERRUPT": _jump,
-    "POP_JUMP_IF_FALSE": _pop_jump(lambda v: not v),
-    "POP_JUMP_IF_TRUE": _pop_jump(lambda v: bool(v)),
-    "POP_JUMP_IF_NONE": _pop_jump(lambda v: v is None),
-    "POP_JUMP_IF_NOT_NONE": _pop_jump(lambda v: v is not None),
-    "POP_JUMP_FORWARD_IF_FALSE": _pop_jump(lambda v: not v),
-    "POP_JUMP_FORWARD_IF_TRUE": _pop_jump(lambda v: bool(v)),
-    "POP_JUMP_BACKWARD_IF_FALSE": _pop_jump(lambda v: not v),
-    "POP_JUMP_BACKWARD_IF_TRUE": _pop_jump(lambda v: bool(v)),
-    "POP_JUMP_FORWARD_IF_NONE": _pop_jump(lambda v: v is None),
-    "POP_JUMP_FORWARD_IF_NOT_NONE": _pop_jump(lambda v: v is not None),
-    "POP_JUMP_BACKWARD_IF_NONE": _pop_jump(lambda v: v is None),
-    "POP_JUMP_BACKWARD_IF_NOT_NONE": _pop_jump(lambda v: v is not None),
+    "JUMP_FORWARD": _jump, "JUMP_BACKWARD": _jump, "JUMP_BACKWARD_NO_INTERRUPT": _jump,
     "JUMP_IF_FALSE_OR_POP": _jump_or_pop(False),
-    "JUMP_IF_TRUE_OR_POP": _jump_or_pop(True),
-}
+    "JUMP_IF_TRUE_OR_POP": _jump_or_pop(True)}
+_JUMP_TESTS = {"FALSE": operator.not_, "TRUE": bool, "NONE": lambda v: v is None,
+               "NOT_NONE": lambda v: v is not None}
+for _direction in ("", "FORWARD_", "BACKWARD_"):  # 3.11 spells the direction out
+    for _when, _test in _JUMP_TESTS.items():
+        HANDLERS[f"POP_JUMP_{_direction}IF_{_when}"] = _pop_jump(_test)
+HANDLERS["LOAD_FAST_CHECK"] = HANDLERS["LOAD_FAST"]

@@ -1,11 +1,6 @@
-"""Containers for the interpreter (a mixin of InstructionTranslator): building tuples,
-lists, dicts and slices, comprehensions appending to them, ``*``/``**`` unpacking into
-calls, ``a, *b = ...``, and subscripts (``x[i]``, ``x[i:j]``).
-
-Lists and dicts built in the trace are mutable trackers; appending to one read from the
-frame is refused (a mutation).  Stores and ``del`` (``x[i] = v``) are in :mod:`control`.
-A subscript of a tensor is an extern ``__getitem__`` node; of a module container, a record
-or a user mapping it follows their own rules; of Python values it is folded.
+"""Containers for the interpreter (a mixin of InstructionTranslator): building tuples, lists,
+dicts and slices, ``*``/``**`` unpacking, ``a, *b = ...`` and subscripts.  Lists and dicts
+built in the trace are mutable trackers; stores and ``del`` are in :mod:`control`.
 """
 
 from __future__ import annotations
@@ -24,11 +19,6 @@ if TYPE_CHECKING:
 
 
 class ContainersMixin:
-    # -- containers ------------------------------------------------------------------------
-
-    def items_of(self: InstructionTranslator, var: Var) -> list[Var]:
-        return self.iter_items(var)
-
     def BUILD_TUPLE(self: InstructionTranslator, inst: Inst) -> None:
         self.push(TupleVar(tuple(self.popn(inst.arg))))
 
@@ -58,7 +48,7 @@ class ContainersMixin:
         self._mutable(self.stack[-inst.arg], "append").items.append(item)
 
     def LIST_EXTEND(self: InstructionTranslator, inst: Inst) -> None:
-        items = self.items_of(self.pop())
+        items = self.iter_items(self.pop())
         self._mutable(self.stack[-inst.arg], "extend").items.extend(items)
 
     def MAP_ADD(self: InstructionTranslator, inst: Inst) -> None:
@@ -67,7 +57,7 @@ class ContainersMixin:
         target.items[self.output.to_value(key)] = value
 
     def LIST_TO_TUPLE(self: InstructionTranslator, inst: Inst) -> None:  # 3.11
-        self.push(TupleVar(tuple(self.items_of(self.pop()))))
+        self.push(TupleVar(tuple(self.iter_items(self.pop()))))
 
     def DICT_MERGE(self: InstructionTranslator, inst: Inst) -> None:
         update = self.pop()
@@ -81,13 +71,13 @@ class ContainersMixin:
     DICT_UPDATE = DICT_MERGE
 
     def UNPACK_SEQUENCE(self: InstructionTranslator, inst: Inst) -> None:
-        items = self.items_of(self.pop())
+        items = self.iter_items(self.pop())
         if len(items) != inst.arg:
             raise Unsupported(f"unpacking {len(items)} values into {inst.arg} (eager raises)")
         self.stack.extend(reversed(items))
 
     def UNPACK_EX(self: InstructionTranslator, inst: Inst) -> None:
-        items = self.items_of(self.pop())
+        items = self.iter_items(self.pop())
         before, after = inst.arg & 0xFF, inst.arg >> 8
         if len(items) < before + after:
             raise Unsupported("not enough values to unpack (eager raises)")

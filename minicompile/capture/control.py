@@ -1,19 +1,11 @@
 """Loops, ``with`` blocks, ``super``, stores and imports, for the interpreter (a mixin).
 
-Loops are unrolled while tracing: ``GET_ITER`` turns a Python iterable of known length
-(``range``, tuples, lists, dicts, ``zip``/``enumerate``, module containers, a tensor's first
-dim) into an :class:`IteratorVar`, ``FOR_ITER`` takes the next item or jumps out, and
-backward jumps simply go back; the total number of traced instructions is capped.
-
-``with torch.no_grad()`` / ``enable_grad()`` / ``set_grad_enabled(b)`` set the traced grad
-mode (``OutputGraph.grad_enabled``), ``with torch.autocast(...)`` the traced autocast state
-(:mod:`autocast`); the normal exit (``CALL`` of ``__exit__`` with three Nones) restores it.
-``try`` needs nothing: handlers are only reachable through the exception table, and
-symbolic code never raises.
-
-Stores to objects, globals, cells and containers that existed before the call are logged
-as side effects (:mod:`side_effects`); stores into tensors are functionalized
-(:mod:`mutation`).
+Loops are unrolled: ``GET_ITER`` makes an :class:`IteratorVar` of a Python iterable of
+known length, ``FOR_ITER`` takes the next item or jumps out (the traced instructions are
+capped).  ``with`` grad-mode and autocast blocks set the traced state, restored by the
+normal exit; ``try`` needs nothing (symbolic code never raises).  Stores to objects that
+existed before the call are logged (:mod:`side_effects`); stores into tensors are
+functionalized (:mod:`mutation`).
 """
 
 from __future__ import annotations
@@ -151,9 +143,8 @@ class ControlMixin:
                      own_setattr_ok: bool = False) -> None:
         if type(obj.value).__setattr__ is not object.__setattr__ and not own_setattr_ok:
             raise Unsupported(f"{type(obj.value).__name__} has a custom __setattr__")
-        if getattr(type(obj.value), "__dataclass_params__", None) is not None and (
-            type(obj.value).__dataclass_params__.frozen
-        ):
+        if (getattr(type(obj.value), "__dataclass_params__", None) is not None
+                and type(obj.value).__dataclass_params__.frozen):
             raise Unsupported("assignment to a frozen dataclass (eager raises)")
         self.output.side_effects.store_attr(obj, name, value)
 
@@ -171,9 +162,7 @@ class ControlMixin:
         value = self.pop()
         if self.globals_name is None:
             raise Unsupported("global write from a function without globals")
-        self.output.side_effects.store_global(
-            self.f_globals, self.globals_name, inst.argval, value
-        )
+        self.output.side_effects.store_global(self.f_globals, self.globals_name, inst.argval, value)
 
     def STORE_SUBSCR(self: InstructionTranslator, inst: Inst) -> None:
         key, container, value = self.pop(), self.realize(self.pop()), self.pop()

@@ -1,16 +1,9 @@
 """Which tensor dimensions a capture makes symbolic, and how the guards read them.
 
-The policy follows PyTorch 2's automatic dynamic shapes (CAPTURE.md §3):
-
-- ``dynamic=False``: every size is a constant of the compiled code;
-- ``dynamic=True``: every dimension of every input tensor is a symbol, except parameters
-  and buffers of modules (their sizes do not change between calls);
-- ``dynamic=None`` (automatic): the first compile is static; a recompile caused by a changed
-  size makes that dimension, of that source, a symbol from then on (``automatic`` below);
-- ``minicompile.mark_dynamic(t, dim)`` (or ``torch._dynamo.mark_dynamic``) marks a dim ahead.
-
-Sizes 0 and 1 are never symbols: a dimension of size 0 or 1 is compiled as that constant
-(its own cache entry), so broadcasting and empty tensors need no symbolic reasoning.
+As PyTorch 2's automatic dynamic shapes (CAPTURE.md §3): ``dynamic=False`` keeps every size
+constant; ``True`` makes every dim of every input a symbol (not module parameters and
+buffers); ``None`` compiles static first, then makes a dim whose change caused a recompile
+a symbol; ``mark_dynamic(t, dim)`` marks one ahead.  Sizes 0 and 1 are never symbols.
 """
 
 from __future__ import annotations

@@ -1,45 +1,33 @@
 """PyTorch functions beyond the pointwise and view tables: extern graph ops.
 
-Any public ``torch.*``, ``torch.nn.functional.*``, ``torch.special.*``, ``torch.linalg.*``,
-``torch.fft.*`` function, ``Tensor`` method that :mod:`torch_ops` does not map onto a
-graph op, or operator (``torch.ops.aten.*``, a library's ``torch.library.custom_op``, whose
-schema says it only computes tensors) becomes one ``extern`` node (:func:`minicompile.ops.extern_op`) whose metadata
-comes from running it on meta tensors; a tuple result becomes a node with a tuple of metas
-plus one ``getitem`` node per element.  Refused, with a reason:
-
-- in-place ops and ``out=`` are functionalized here (:func:`inplace_method`,
-  :func:`with_out`) rather than called;
-- random ops other than the library calls of ``ops.RANDOM_FUNCTIONS`` (``torch.rand``,
-  ``torch.bernoulli``...), the in-place draws of ``ops.RANDOM_IN_PLACE`` (``x.uniform_()``,
-  functionalized) and dropout (:mod:`training_ops`): "random ops are not compiled yet";
-  ops with data-dependent output shapes,
-  ops that read tensor data into Python (``.item()``, ``.tolist()``: future graph breaks)
-  and functions with side effects outside the tensors (``torch.manual_seed``).
+A public ``torch.*`` (``nn.functional``, ``special``, ``linalg``, ``fft``) function, a
+``Tensor`` method :mod:`torch_ops` does not map, or an operator whose schema says it only
+computes tensors becomes one ``extern`` node with metadata from a run on meta tensors (a
+tuple result adds one ``getitem`` node per element).  In-place ops and ``out=`` are
+functionalized (:func:`inplace_method`, :func:`with_out`).  Refused with a reason: random
+ops other than ``ops.RANDOM_FUNCTIONS`` / ``RANDOM_IN_PLACE`` and dropout, data-dependent
+output shapes, reads of tensor data into Python, side effects outside the tensors.
 """
 
 from __future__ import annotations
 
 import functools
 import inspect
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 
 from minicompile import compat, ops
 from minicompile.capture import mutation, torch_ops
+from minicompile.capture.kinds import Output
 from minicompile.capture.variables import TensorVar
 from minicompile.errors import Unsupported
 
-if TYPE_CHECKING:
-    from minicompile.capture.output import OutputGraph
 
 NAMESPACES: tuple[tuple[str, Any], ...] = (
-    ("torch.nn.functional", F),
-    ("torch", torch),
-    ("torch.special", torch.special),
-    ("torch.linalg", torch.linalg),
-    ("torch.fft", torch.fft),
+    ("torch.nn.functional", F), ("torch", torch), ("torch.special", torch.special),
+    ("torch.linalg", torch.linalg), ("torch.fft", torch.fft),
 )
 
 # Random functions refused; the others are library calls (ops.RANDOM_FUNCTIONS: drawn from
@@ -48,16 +36,13 @@ NAMESPACES: tuple[tuple[str, Any], ...] = (
 RANDOM = frozenset(
     """dropout alpha_dropout feature_alpha_dropout dropout1d dropout2d dropout3d
     feature_dropout rrelu gumbel_softmax fractional_max_pool2d fractional_max_pool3d
-    native_dropout""".split()
-)
+    native_dropout""".split())
 DATA_DEPENDENT = frozenset(
     """nonzero nonzero_static argwhere masked_select unique unique_consecutive bincount
-    repeat_interleave histogram histogramdd""".split()
-)
+    repeat_interleave histogram histogramdd""".split())
 READS_DATA = frozenset(
     """item tolist numpy __bool__ __int__ __float__ __index__ __complex__ data_ptr
-    __array__ __len__ __iter__ __repr__ __str__ __format__ untyped_storage storage""".split()
-)
+    __array__ __len__ __iter__ __repr__ __str__ __format__ untyped_storage storage""".split())
 # Names with effects outside the tensors passed in (or on autograd state).
 # Private kernels that library modules call and that only compute (nn.MultiheadAttention's
 # and nn.TransformerEncoderLayer's fused inference paths): library calls like the others.
@@ -66,18 +51,11 @@ SIDE_EFFECTS = frozenset(
     """manual_seed seed initial_seed save load set_printoptions backward register_hook
     retain_grad record_stream share_memory_ pin_memory set_default_dtype
     set_default_device set_num_threads use_deterministic_algorithms compile
-    set_default_tensor_type cuda cpu""".split()
-)
+    set_default_tensor_type cuda cpu""".split())
 # In-place ops that change metadata or autograd state, not values.
 METADATA_INPLACE = frozenset(
     """t_ transpose_ squeeze_ unsqueeze_ resize_ resize_as_ as_strided_ set_ swapdims_
-    swapaxes_ detach_ requires_grad_ share_memory_ rename_""".split()
-)
-# Functions that build tensors from Python values (no tensor arguments).
-FACTORIES = frozenset(
-    """zeros ones full empty arange linspace logspace eye tensor as_tensor scalar_tensor
-    zeros_like ones_like full_like empty_like tril_indices triu_indices""".split()
-)
+    swapaxes_ detach_ requires_grad_ share_memory_ rename_""".split())
 # Functions whose result may share memory with an argument (checked on meta tensors).
 MAYBE_VIEW = frozenset(
     """view view_as reshape reshape_as flatten unflatten ravel select narrow diagonal detach
@@ -85,12 +63,10 @@ MAYBE_VIEW = frozenset(
     as_strided movedim moveaxis swapaxes swapdims transpose t adjoint permute squeeze
     unsqueeze expand expand_as broadcast_to broadcast_tensors real imag view_as_real
     view_as_complex __getitem__ atleast_1d atleast_2d atleast_3d meshgrid conj positive
-    to type type_as contiguous""".split()
-)
+    to type type_as contiguous""".split())
 _RESHAPES = frozenset(
     "view view_as reshape reshape_as flatten unflatten ravel atleast_1d atleast_2d "
-    "atleast_3d".split()
-)
+    "atleast_3d".split())
 
 
 OPERATORS = (torch._ops.OpOverloadPacket, torch._ops.OpOverload)
@@ -108,11 +84,10 @@ def _written_outs_only(overload: Any, kwargs: dict) -> bool:
 
 
 def operator_problem(op: Any, kwargs: dict) -> str | None:
-    """Why a call of the operator ``op`` (``torch.ops.ns.name``, a packet or one overload:
-    ATen's, or a library's ``torch.library.custom_op``) with keyword arguments ``kwargs``
-    is not a library call of the graph, from the schemas and tags of the overloads it may
-    go to; None when it is one: it computes tensors from its arguments alone, and its fake
-    (meta) kernel gives their metadata."""
+    """Why a call of the operator ``op`` (``torch.ops.ns.name``: a packet or an overload,
+    ATen's or a ``custom_op``) with ``kwargs`` is not a library call of the graph, from the
+    schemas and tags of the overloads it may go to; None when it only computes tensors
+    from its arguments and has a fake kernel."""
     overloads = ([op] if isinstance(op, torch._ops.OpOverload)
                  else [getattr(op, name) for name in op.overloads()])
     if len(overloads) > 1:  # (a packet's out= overloads take a call only with out=)
@@ -174,10 +149,8 @@ def _static_repeats(short: str, args: tuple, kwargs: dict, method: bool) -> bool
 
 def check_callable(fname: str, short: str, static_shape: bool = False) -> None:
     if short in READS_DATA:
-        raise Unsupported(
-            f"{fname}() reads tensor data into Python; not supported (graph break)",
-            hint="keep the value a tensor",
-        )
+        raise Unsupported(f"{fname}() reads tensor data into Python; not supported (graph break)",
+                          hint="keep the value a tensor")
     if short in RANDOM or short.rstrip("_") in RANDOM:
         raise Unsupported(f"{fname}: random ops are not compiled yet")
     if short in DATA_DEPENDENT and not static_shape:
@@ -190,7 +163,7 @@ def check_callable(fname: str, short: str, static_shape: bool = False) -> None:
         raise Unsupported(f"{fname}() is not supported (effects outside the graph)")
 
 
-def call_function(out: OutputGraph, fn: Any, args: tuple, kwargs: dict) -> Any:
+def call_function(out: Output, fn: Any, args: tuple, kwargs: dict) -> Any:
     """A torch callable that :mod:`torch_ops` has no handler for."""
     if isinstance(fn, OPERATORS):
         problem = operator_problem(fn, kwargs)
@@ -213,7 +186,7 @@ def call_function(out: OutputGraph, fn: Any, args: tuple, kwargs: dict) -> Any:
     return out.extern(fn, args, kwargs)
 
 
-def call_method(out: OutputGraph, x: TensorVar, name: str, args: tuple, kwargs: dict) -> Any:
+def call_method(out: Output, x: TensorVar, name: str, args: tuple, kwargs: dict) -> Any:
     """``x.name(*args, **kwargs)`` for a method :mod:`torch_ops` has no handler for."""
     fname = f"Tensor.{name}"
     check_callable(fname, name, _static_repeats(name, args, kwargs, method=True))
@@ -253,7 +226,7 @@ def _arg(args: tuple, kwargs: dict, i: int, name: str, default: Any = None) -> A
     return kwargs.get(name, default)
 
 
-def inplace_method(out: OutputGraph, x: TensorVar, name: str, args: tuple, kwargs: dict) -> Any:
+def inplace_method(out: Output, x: TensorVar, name: str, args: tuple, kwargs: dict) -> Any:
     """``x.name_(...)``: the out-of-place op, then ``x`` is rebound to its result."""
     fname = f"Tensor.{name}"
     if name in METADATA_INPLACE:
@@ -297,7 +270,7 @@ def inplace_method(out: OutputGraph, x: TensorVar, name: str, args: tuple, kwarg
     return mutation.mutate(out, x, new, fname)
 
 
-def with_out(out: OutputGraph, result: Any, target: Any, fname: str) -> Any:
+def with_out(out: Output, result: Any, target: Any, fname: str) -> Any:
     """``f(..., out=target)``: write the functional ``result`` into ``target``."""
     if not isinstance(target, TensorVar) or not isinstance(result, TensorVar):
         raise Unsupported(f"{fname}(out=...) is only supported with one tensor result")

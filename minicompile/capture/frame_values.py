@@ -1,16 +1,10 @@
 """Frame values to trackers, for :class:`OutputGraph` (a mixin of it).
 
-:meth:`wrap` turns a value read from the frame at a source (an argument, a global, an
-attribute) into a value tracker, installing the guards the trace relies on: tensors become
-placeholders (graph inputs) with their metadata, a size symbol for each dim the dynamic
-policy picks (:mod:`dynamic`), or views of an input they share storage with; Python
-constants are guarded by value, containers by structure (their items wrapped lazily, when
-first used), other objects by type or identity.  Each source is wrapped once, and one
-object read through two sources is one tracker; a Python int the policy makes dynamic is a
-size symbol.  Beside it: :meth:`object_var`, the kind of tracker for an object, and
-:meth:`sizes_to_sympy`, which writes SymInts in node arguments as the capture's sympy
-symbols.  The state (``_wrapped``, ``_by_id``, the input lists) lives in
-``OutputGraph.__init__``.
+:meth:`wrap` turns a value read at a source into a tracker and installs the guards the
+trace relies on: tensors become placeholders (size symbols where the dynamic policy says,
+or views of an input they share storage with), constants are guarded by value, containers
+by structure (items wrapped lazily), other objects by type or identity.  Each source and
+each object is wrapped once.  The state lives in ``OutputGraph.__init__``.
 """
 
 from __future__ import annotations
@@ -19,12 +13,13 @@ import dataclasses
 import functools
 import sys
 import types
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import sympy
 import torch
 
 from minicompile.capture import library, mutation, torch_ops
+from minicompile.capture.kinds import Output
 from minicompile.capture.dynamic import symbolic_strides
 from minicompile.capture.variables import (
     BuiltinVar, ConstantVar, DictVar, LazyVar, ListVar, ModuleVar, NNModuleVar, ObjectVar,
@@ -35,8 +30,6 @@ from minicompile.errors import Unsupported
 from minicompile.graph import DTYPE_ABBR, TensorMeta
 from minicompile.shapes import ShapeContext, SymbolSource
 
-if TYPE_CHECKING:
-    from minicompile.capture.output import OutputGraph
 
 # Python modules whose attributes are read without guards (nobody patches them per call).
 _TRUSTED_MODULES = ("torch", "math", "operator", "builtins", "numpy")
@@ -51,9 +44,8 @@ def _is_class(key: Any) -> bool:
 def is_user_object(value: Any) -> bool:
     """An instance of a user class whose attributes the trace may read (dataclasses,
     config objects), as opposed to modules, functions, classes and library objects."""
-    if isinstance(value, (type, types.ModuleType, types.FunctionType, types.MethodType)):
-        return False
-    if isinstance(value, types.BuiltinFunctionType):
+    if isinstance(value, (type, types.ModuleType, types.FunctionType, types.MethodType,
+                          types.BuiltinFunctionType)):
         return False
     module = type(value).__module__ or ""
     return module.split(".")[0] not in ("builtins", "torch", "math", "functools", "typing")
@@ -82,9 +74,7 @@ def python_size(value: Any) -> Any:
 
 
 class FrameValuesMixin:
-    # -- frame values to trackers ----------------------------------------------------------
-
-    def wrap(self: OutputGraph, value: Any, source: Source | None) -> Var:
+    def wrap(self: Output, value: Any, source: Source | None) -> Var:
         """The tracker for a value read from the frame at ``source`` (None for values derived
         from guarded ones), guarding what the trace will rely on.  Each source is wrapped
         once, so a global read twice is one placeholder and one set of guards."""
@@ -107,7 +97,7 @@ class FrameValuesMixin:
         self._wrapped[source.name] = var
         return var
 
-    def _wrap(self: OutputGraph, value: Any, source: Source | None) -> Var:
+    def _wrap(self: Output, value: Any, source: Source | None) -> Var:
         guard = source is not None and not source.trusted
         g = self.guards
         if isinstance(value, torch.Tensor):
@@ -159,7 +149,7 @@ class FrameValuesMixin:
                 g.identity_match(source, value)
         return self.object_var(value, source)
 
-    def _partial(self: OutputGraph, p: functools.partial, source: Source | None,
+    def _partial(self: Output, p: functools.partial, source: Source | None,
                  guard: bool) -> PartialVar:
         """A ``functools.partial`` as its function, arguments and keywords, each read
         through its source and guarded as the trace uses it (the keywords are a mutable
@@ -173,19 +163,19 @@ class FrameValuesMixin:
         assert isinstance(args, TupleVar) and isinstance(keywords, DictVar)
         return PartialVar(func, args.items, dict(keywords.items), source)
 
-    def _item(self: OutputGraph, value: Any, source: Source | None, key: int | str) -> Var:
+    def _item(self: Output, value: Any, source: Source | None, key: int | str) -> Var:
         """Items of containers read from the frame are wrapped when first used."""
         if source is None:
             return self._wrap(value, None)
         key_expr = "" if type(key) in (str, int) else self.guards.ref(key, "key")
         return LazyVar(value, source.item(key, key_expr))
 
-    def realize(self: OutputGraph, var: Var) -> Var:
+    def realize(self: Output, var: Var) -> Var:
         if isinstance(var, LazyVar):
             return self.wrap(var.value, var.source)
         return var
 
-    def _wrap_tensor(self: OutputGraph, t: torch.Tensor, source: Source | None) -> TensorVar:
+    def _wrap_tensor(self: Output, t: torch.Tensor, source: Source | None) -> TensorVar:
         if source is None:
             raise Unsupported("a tensor reached without a source (e.g. a default value)")
         if type(t) not in (torch.Tensor, torch.nn.Parameter):
@@ -199,8 +189,7 @@ class FrameValuesMixin:
         if alias is not None:  # f(a, a[0]): a view of the input it shares storage with
             base, base_var = alias
             self.guards.tensor_match(source, t, meta)
-            step = mutation.ViewStep("as_strided", (tuple(t.shape), t.stride(),
-                                                   t.storage_offset()))
+            step = mutation.ViewStep("as_strided", (tuple(t.shape), t.stride(), t.storage_offset()))
             self.guards.alias_of(source, base_var.source, step.args)
             var = step.apply(self, base_var)
             mutation.register_view(self, var, base_var, (step,))
@@ -209,7 +198,7 @@ class FrameValuesMixin:
         return self.add_input(t, source, meta, source.expr)
 
     def input_meta(
-        self: OutputGraph, t: torch.Tensor, source: Source
+        self: Output, t: torch.Tensor, source: Source
     ) -> tuple[TensorMeta, tuple[int, ...]]:
         """The metadata of an input's placeholder (with a size symbol for each dim the
         dynamic policy picks) and those dims."""
@@ -222,7 +211,7 @@ class FrameValuesMixin:
         return meta, dims
 
     def add_input(
-        self: OutputGraph, t: torch.Tensor, source: Source, meta: TensorMeta, expr: str
+        self: Output, t: torch.Tensor, source: Source, meta: TensorMeta, expr: str
     ) -> TensorVar:
         """A placeholder for the input ``t`` read at ``source``; ``expr`` gives it in the
         generated get_inputs (guards are the caller's)."""
@@ -235,7 +224,7 @@ class FrameValuesMixin:
         self.input_nodes[id(var)] = node
         return var
 
-    def _aliased_input(self: OutputGraph, t: torch.Tensor) -> tuple[torch.Tensor, TensorVar] | None:
+    def _aliased_input(self: Output, t: torch.Tensor) -> tuple[torch.Tensor, TensorVar] | None:
         """An input traced already whose storage ``t`` shares, when ``t`` can be traced as
         a view of it: that input is contiguous from offset 0 with static sizes, and ``t``
         lies within it (so ``as_strided`` of it, and ``as_strided_scatter`` into it, are
@@ -244,23 +233,22 @@ class FrameValuesMixin:
         for base, var in zip(self.input_values, self.input_vars):
             if base.untyped_storage()._cdata != storage:
                 continue
-            if var.node.meta.is_symbolic or base.storage_offset() != 0 or (
-                not base.is_contiguous()
-            ):
+            if (var.node.meta.is_symbolic or base.storage_offset() != 0
+                    or not base.is_contiguous()):
                 return None
             last = t.storage_offset() + sum((s - 1) * st for s, st in zip(t.shape, t.stride()))
             inside = t.numel() == 0 or (min(t.stride(), default=0) >= 0 and last < base.numel())
             return (base, var) if inside and t.numel() > 0 else None
         return None
 
-    def _shape_context(self: OutputGraph) -> ShapeContext:
+    def _shape_context(self: Output) -> ShapeContext:
         """The capture's size symbols, made with its first one."""
         if self.graph.shapes is None:
             self.graph.shapes = ShapeContext()
         return self.graph.shapes
 
     def _symbolic_meta(
-        self: OutputGraph, t: torch.Tensor, source: Source, dims: tuple[int, ...], meta: TensorMeta
+        self: Output, t: torch.Tensor, source: Source, dims: tuple[int, ...], meta: TensorMeta
     ) -> TensorMeta:
         """``t``'s metadata with a size symbol for each of ``dims``."""
         shapes = self._shape_context()
@@ -271,7 +259,7 @@ class FrameValuesMixin:
         stride = symbolic_strides(t, tuple(shape))
         return dataclasses.replace(meta, shape=tuple(shape), stride=stride, shapes=shapes)
 
-    def _symbolic_int(self: OutputGraph, value: int, source: Source) -> ConstantVar:
+    def _symbolic_int(self: Output, value: int, source: Source) -> ConstantVar:
         """A Python int argument the policy makes a size symbol (it changed between calls,
         or dynamic=True): a SymInt, guarded to stay an int of at least 2."""
         shapes = self._shape_context()
@@ -280,7 +268,7 @@ class FrameValuesMixin:
         self.guards.symbolic_int(source, value, str(symbol))
         return ConstantVar(shapes.to_symint(symbol), source)
 
-    def sizes_to_sympy(self: OutputGraph, value: Any) -> Any:
+    def sizes_to_sympy(self: Output, value: Any) -> Any:
         """Node arguments hold sizes as sympy expressions over our symbols, not SymInts."""
         if isinstance(value, torch.SymInt):
             return self.graph.shapes.to_sympy(value)
@@ -296,7 +284,7 @@ class FrameValuesMixin:
             return {k: self.sizes_to_sympy(v) for k, v in value.items()}
         return value
 
-    def _ident(self: OutputGraph, base: str) -> str:
+    def _ident(self: Output, base: str) -> str:
         name, n = base, 0
         while name in self._idents:
             n += 1
@@ -304,7 +292,7 @@ class FrameValuesMixin:
         self._idents.add(name)
         return name
 
-    def object_var(self: OutputGraph, value: Any, source: Source | None) -> ObjectVar:
+    def object_var(self: Output, value: Any, source: Source | None) -> ObjectVar:
         """The kind of tracker for a non-constant object (no guards: callers guard)."""
         if isinstance(value, types.ModuleType):
             return ModuleVar(value, source)

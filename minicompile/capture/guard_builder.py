@@ -1,25 +1,11 @@
 """Building guards while tracing: the checks that decide whether a captured graph may be
-reused for a new call (minicompile/runtime/guards.py runs them and says why one failed).
+reused (minicompile/runtime/guards.py runs them and says why one failed).
 
-A :class:`GuardBuilder` collects one :class:`GuardCheck` per fact the trace relied on, with
-one method per kind of guard (tensor match, constant match, identity, sequence length, dict
-keys, grad mode).  :meth:`GuardBuilder.build` turns them into one generated Python function,
-compiled once, taking the frame's parameters in layout order (rendered by
-minicompile/runtime/guard_render.py; a path several checks read is read once)::
-
-    def check(L_self, L_x):
-        if not (type(L_x) is Tensor):  # L['x'] type
-            return False
-        p0 = L_self._modules
-        if not (p0.get('conv1') is Conv2d):  # L['self']._modules['conv1'] identity
-            return False
-        ...
-        return True
-
-Objects the checks compare against (devices, modules, functions, cells, the globals dict)
-are held by reference in the function's namespace, never by ``id()``.  The fast path is one
-function call; :meth:`Guards.explain_failure` re-runs the checks one by one on a miss
-to say which failed and how.
+A :class:`GuardBuilder` collects one :class:`GuardCheck` per fact the trace relied on, one
+method per kind of guard, and :meth:`GuardBuilder.build` renders them into one generated
+Python function of the frame's parameters (minicompile/runtime/guard_render.py), which
+returns False at the first check that fails.  Objects the checks compare against are held
+by reference in the function's namespace, never by ``id()``.
 """
 
 from __future__ import annotations
@@ -61,12 +47,8 @@ class GuardBuilder:
             return self._refs[key]
         base = re.sub(r"\W", "_", hint) or "obj"
         name, n = base, 0
-        while (
-            name in self.namespace
-            or name in self.params
-            or name in _RESERVED
-            or (hasattr(builtins, name) and getattr(builtins, name) is not obj)
-        ):
+        while (name in self.namespace or name in self.params or name in _RESERVED
+               or (hasattr(builtins, name) and getattr(builtins, name) is not obj)):
             n += 1
             name = f"{base}_{n}"
         self.namespace[name] = obj
@@ -86,9 +68,8 @@ class GuardBuilder:
         """Type, dtype, device, requires_grad, sizes and strides (sizes give the rank).
         With symbolic sizes in ``meta`` (a TensorMeta), those dims are checked to be at
         least 2 and the strides to be the same expressions of the sizes."""
-        x, cls = src.expr, type(t)
-        typ = f"type({src.first_expr})"
-        self.add(src.name, "type", f"{typ} is {self._type(cls)}", typ, cls)
+        x = src.expr
+        self.type_match(src, t)
         symbolic = meta is not None and meta.is_symbolic
         # Checks of static metadata only (each starting with ``x``) may run in C++.
         tensor = "" if symbolic else x
@@ -111,8 +92,7 @@ class GuardBuilder:
         """A NumPy array read through ``torch.from_numpy`` (capture/numpy_arrays.py): type,
         dtype, writability, sizes and strides (NumPy's, in bytes).  A NumPy scalar: its
         type, which fixes its dtype."""
-        typ, cls = f"type({src.first_expr})", type(a)
-        self.add(src.name, "type", f"{typ} is {self._type(cls)}", typ, cls)
+        self.type_match(src, a)
         if scalar:
             return
         x = src.expr
@@ -154,10 +134,9 @@ class GuardBuilder:
 
     def symbolic_int(self, src: Source, value: int, symbol: str) -> None:
         """A Python int traced as a size symbol: any int of at least 2 reuses the trace."""
-        x, typ = src.first_expr, f"type({src.first_expr})"
-        self.add(src.name, "type", f"{typ} is int", typ, int)
+        self.type_match(src, value)
         self.add(src.name, f"value (dynamic, {symbol})", f"{src.expr} >= {MIN_DYNAMIC_SIZE}",
-                 x, f">= {MIN_DYNAMIC_SIZE}")
+                 src.first_expr, f">= {MIN_DYNAMIC_SIZE}")
 
     def shape_relations(self, shapes: ShapeContext) -> None:
         """The relations between sizes the trace relied on (``Eq(s0, s1)`` for a broadcast,
@@ -169,17 +148,17 @@ class GuardBuilder:
 
     def constant_match(self, src: Source, value: Any) -> None:
         """Type and value of a Python constant the trace read (``is`` for singletons)."""
-        x, typ = src.first_expr, f"type({src.first_expr})"
+        x = src.first_expr
         if value is None or isinstance(value, bool):
             self.add(src.name, "value", f"{x} is {value!r}", x, value)
         elif isinstance(value, (torch.dtype, torch.memory_format, torch.layout)):
             self.add(src.name, "value", f"{x} is {self.ref(value, str(value))}", x, value)
         elif isinstance(value, torch.device):
-            self.add(src.name, "type", f"{typ} is {self._type(torch.device)}", typ, torch.device)
+            self.type_match(src, value)
             dev = self.ref(value, "dev")
             self.add(src.name, "value", f"{src.expr} == {dev}", src.expr, value)
         else:
-            self.add(src.name, "type", f"{typ} is {self._type(type(value))}", typ, type(value))
+            self.type_match(src, value)
             if isinstance(value, float) and value != value:  # NaN: equal to no number
                 self.add(src.name, "value", f"{src.expr} != {src.expr}", src.expr, value)
                 return
@@ -195,7 +174,9 @@ class GuardBuilder:
         """Instances of user classes: the class, not the object (attributes read are
         guarded one by one)."""
         typ, cls = f"type({src.first_expr})", type(obj)
-        self.add(src.name, "type", f"{typ} is {self._type(cls)}", typ, cls)
+        name = cls.__name__ if getattr(builtins, cls.__name__, None) is cls else self.ref(
+            cls, cls.__name__)  # int, str by name (not code, function)
+        self.add(src.name, "type", f"{typ} is {name}", typ, cls)
 
     def alias_match(self, src: Source, same_as: Source) -> None:
         """``src`` is the very object already traced as ``same_as`` (``f(x, x)``)."""
@@ -207,10 +188,8 @@ class GuardBuilder:
         if len(exprs) < 2:
             return
         ids = ", ".join(f"{e}.untyped_storage()._cdata" for e in exprs)
-        self.add(
-            "tensor inputs", "distinct storages", f"len({{{ids}}}) == {len(exprs)}",
-            f"len({{{ids}}})", len(exprs),
-        )
+        self.add("tensor inputs", "distinct storages", f"len({{{ids}}}) == {len(exprs)}",
+                 f"len({{{ids}}})", len(exprs))
 
     def alias_of(self, src: Source, base: Source, view: tuple) -> None:
         """``src`` is ``base.as_strided(*view)``: the same storage, from a base that is
@@ -226,10 +205,8 @@ class GuardBuilder:
         """A module whose forward is inlined: no hooks, no forward set on the instance,
         the same ``training`` flag."""
         x = src.expr
-        self.add(
-            src.name, "hooks", f"not ({x}._forward_hooks or {x}._forward_pre_hooks)",
-            f"len({x}._forward_hooks) + len({x}._forward_pre_hooks)", 0,
-        )
+        self.add(src.name, "hooks", f"not ({x}._forward_hooks or {x}._forward_pre_hooks)",
+                 f"len({x}._forward_hooks) + len({x}._forward_pre_hooks)", 0)
         self.add(src.name, "forward", f"'forward' not in {x}.__dict__",
                  f"'forward' in {x}.__dict__", False)
         self.add(src.name + ".training", "value", f"{x}.training is {mod.training}",
@@ -243,14 +220,13 @@ class GuardBuilder:
         self.add(src.name, "keys", f"list({expr}) == {keys!r}", f"list({expr})", keys)
 
     def sequence_match(self, src: Source, value: tuple | list) -> None:
-        typ, length = f"type({src.first_expr})", f"len({src.expr})"
-        cls = type(value)
-        self.add(src.name, "type", f"{typ} is {self._type(cls)}", typ, cls)
+        length = f"len({src.expr})"
+        self.type_match(src, value)
         self.add(src.name, "length", f"{length} == {len(value)}", length, len(value))
 
     def dict_keys_match(self, src: Source, value: dict) -> None:
-        typ, keys = f"type({src.first_expr})", list(value.keys())
-        self.add(src.name, "type", f"{typ} is dict", typ, dict)
+        keys = list(value.keys())
+        self.type_match(src, value)
         text = "[" + ", ".join(self._literal(k) for k in keys) + "]"  # (classes: by reference)
         self.add(src.name, "keys", f"list({src.expr}) == {text}", f"list({src.expr})", keys)
 
@@ -268,11 +244,6 @@ class GuardBuilder:
         self.add("global", "grad mode", f"{fn}() is {enabled}", f"{fn}()", enabled)
 
     # -- helpers ---------------------------------------------------------------------------
-
-    def _type(self, cls: type) -> str:
-        if getattr(builtins, cls.__name__, None) is cls:  # int, str (not code, function)
-            return cls.__name__
-        return self.ref(cls, cls.__name__)
 
     def _literal(self, value: Any) -> str:
         if isinstance(value, float) and not math.isfinite(value):

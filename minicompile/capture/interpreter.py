@@ -1,27 +1,15 @@
 """The symbolic bytecode interpreter: one method per opcode, named after it.
 
-An :class:`InstructionTranslator` walks the instructions of one code object (from
-:func:`bytecode.decode`) with a stack and locals of value trackers
-(:mod:`minicompile.capture.variables`).  Tensor operations append nodes to the shared
-:class:`OutputGraph`; Python values are computed while tracing (constant folding); calls
-to user functions are inlined by a child translator sharing the output.  The trace ends at
-``RETURN_VALUE`` / ``RETURN_CONST`` of the root frame.
-
-Attribute reads and calls (:mod:`calls`, :mod:`python_calls`), loops, ``with`` blocks and
-stores (:mod:`control`), operators (:mod:`operators`) and containers (:mod:`containers`)
-are mixins; this module keeps the driver, the value helpers and the opcodes of locals,
-globals and cells, method loads and ``CALL``, stack shuffles, jumps and returns, f-strings
-and ``MAKE_FUNCTION``.
-
-Anything it cannot model raises :class:`Unsupported` with the user's source stack; the
-interpreter never runs user code and never mutates user objects, so giving up is always
-safe.
-
-Stack layout of calls (CPython 3.11/3.12): ``[NULL | callable, callable | self, *args]``
-then ``CALL n``; keyword names come from ``KW_NAMES`` just before.  Method loads always
-push ``[NULL, bound method]`` here (the method tracker carries its ``self``), which CALL
-treats like any other callable.  3.13 puts the NULL after the callable; see
-:mod:`bytecode`.
+An :class:`InstructionTranslator` walks one code object (:func:`bytecode.decode`) with a
+stack and locals of value trackers.  Tensor operations append nodes to the shared
+:class:`OutputGraph`, Python values are folded while tracing, and calls of user functions
+are inlined by a child translator.  Attributes and calls (:mod:`calls`,
+:mod:`python_calls`), loops, ``with`` and stores (:mod:`control`), operators and
+containers are mixins; this module keeps the driver and the opcodes of locals, globals,
+cells, calls, jumps, returns, f-strings and ``MAKE_FUNCTION``.  It never runs user code or
+mutates user objects, so raising :class:`Unsupported` is always safe.  Calls are laid out
+``[NULL | callable, callable | self, *args]`` on 3.11/3.12 (method loads push
+``[NULL, method]``); 3.13 puts the NULL after the callable (see :mod:`bytecode`).
 """
 
 from __future__ import annotations
@@ -49,25 +37,15 @@ from minicompile.errors import SourceLine, Unsupported
 class InstructionTranslator(
     CallsMixin, PythonCallsMixin, ControlMixin, OperatorsMixin, ContainersMixin
 ):
-    """Interprets one frame.  ``parent_stack`` is the user stack of the call site when this
-    frame is inlined (outermost first); ``parent`` is the translator of the caller.
-
-    When an instruction raises :class:`Unsupported`, the translator is left as it was just
-    before that instruction (``ip`` points at it, the stack is restored) and the exception
-    carries it as ``e.translator`` (the innermost frame; follow ``parent`` outwards), so a
-    driver can inspect or resume the state at the break."""
+    """Interprets one frame (``parent``: the caller's translator when inlined, and
+    ``parent_stack`` the user stack of the call site).  An instruction that raises
+    :class:`Unsupported` leaves the translator as it was before it (``ip`` at it, the stack
+    restored), and the exception carries the innermost one as ``e.translator``."""
 
     def __init__(
-        self,
-        output: OutputGraph,
-        code: types.CodeType,
-        f_globals: dict[str, Any],
-        f_builtins: dict[str, Any],
-        local_vars: dict[str, Var],
-        cells: dict[str, CellVar],
-        parent_stack: tuple[SourceLine, ...] = (),
-        depth: int = 0,
-        globals_name: str = "G",
+        self, output: OutputGraph, code: types.CodeType, f_globals: dict[str, Any],
+        f_builtins: dict[str, Any], local_vars: dict[str, Var], cells: dict[str, CellVar],
+        parent_stack: tuple[SourceLine, ...] = (), depth: int = 0, globals_name: str = "G",
         parent: InstructionTranslator | None = None,
     ) -> None:
         # Generator functions called inside the trace (generator expressions) run to
@@ -111,8 +89,7 @@ class InstructionTranslator(
                     out.instructions += 1
                     if out.instructions > MAX_INSTRUCTIONS:
                         raise Unsupported(
-                            f"trace longer than {MAX_INSTRUCTIONS} instructions (a long loop?)"
-                        )
+                            f"trace longer than {MAX_INSTRUCTIONS} instructions (a long loop?)")
                     handler = getattr(self, self.inst.opname, None)
                     if handler is None:
                         raise Unsupported(f"bytecode {self.inst.opname} is not supported yet")
@@ -144,10 +121,8 @@ class InstructionTranslator(
         return self.stack.pop()
 
     def popn(self, n: int) -> list[Var]:
-        if n == 0:
-            return []
-        items = self.stack[-n:]
-        del self.stack[-n:]
+        items = self.stack[len(self.stack) - n:]  # (-n would take all of it for n == 0)
+        del self.stack[len(self.stack) - n:]
         return items
 
     def jump(self, inst: Inst) -> None:
@@ -165,10 +140,8 @@ class InstructionTranslator(
 
     @kinds.truthy.register(TensorVar)
     def tensor_truthy(self, var: TensorVar) -> bool:
-        raise Unsupported(
-            "data-dependent branch: `if` on a tensor value is not supported",
-            hint="use torch.where",
-        )
+        raise Unsupported("data-dependent branch: `if` on a tensor value is not supported",
+                          hint="use torch.where")
 
     @kinds.truthy.register(ConstantVar)
     @kinds.truthy.register(ObjectVar)
@@ -258,14 +231,9 @@ class InstructionTranslator(
         if pending is not None:
             return pending
         if name in self.f_globals:
-            label = "G" if g == "G" else f"{g}"
-            source = Source(
-                f"{label}[{name!r}]",
-                f"{g}[{name!r}]",
-                f"{g}_{name}",
-                trusted=str(self.f_globals.get("__name__", "")).split(".")[0] == "torch",
-                safe_expr=f"{g}.get({name!r})",
-            )
+            trusted = str(self.f_globals.get("__name__", "")).split(".")[0] == "torch"
+            source = Source(f"{g}[{name!r}]", f"{g}[{name!r}]", f"{g}_{name}", trusted=trusted,
+                            safe_expr=f"{g}.get({name!r})")
             return self.output.wrap(self.f_globals[name], source)
         if name in self.f_builtins:
             b = self.output.guards.ref(self.f_builtins, "B")
@@ -340,7 +308,7 @@ class InstructionTranslator(
         if not isinstance(kwargs, DictVar):
             raise Unsupported(f"f(**{kwargs.describe()}) is not supported")
         kw = {k: self.realize(v) for k, v in kwargs.items.items()}
-        self.push(self.call_function(fn, self.items_of(args), kw))
+        self.push(self.call_function(fn, self.iter_items(args), kw))
 
     # -- stack shuffles, jumps, returns ----------------------------------------------------
 
@@ -409,8 +377,7 @@ class InstructionTranslator(
         spec = self.output.to_value(self.pop()) if inst.arg & 0x04 else ""
         convert = {0: None, 1: str, 2: repr, 3: ascii}[inst.arg & 0x03]
         value = self.pop()
-        self.push(self.fold(lambda v: format(convert(v) if convert else v, spec), value,
-                            text=True))
+        self.push(self.fold(lambda v: format(convert(v) if convert else v, spec), value, text=True))
 
     def CONVERT_VALUE(self, inst: Inst) -> None:  # 3.13
         convert = {1: str, 2: repr, 3: ascii}[inst.arg]
@@ -463,7 +430,7 @@ class InstructionTranslator(
         elif flag == 0x02:
             fn.kwdefaults = dict(value.items)
         elif flag == 0x01:
-            fn.defaults = tuple(self.items_of(value))
+            fn.defaults = tuple(self.iter_items(value))
         return fn  # 0x04 annotations: ignored
 
 

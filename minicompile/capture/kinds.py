@@ -1,24 +1,54 @@
-"""What each kind of traced value does: one rule per question the interpreter asks of a
-value (its attributes, a call, a method call, its truth, its plain value, its iteration,
-its spelling in the generated rebuild), answered by the handler registered for the nearest
-class in the tracker's MRO.
-
-A kind registers its handlers where it is modelled (``@kinds.load_attr.register(ArrayVar)``
-in numpy_kind.py, records in records.py, tensors and Python objects in calls.py...), so a
-new kind is one module and nothing else tests for it by ``isinstance``.  The modules that
-register are imported before any trace (by the interpreter, or by ``capture/__init__``);
-NumPy's (numpy_kind.py) load with the first NumPy value a trace meets, before any
-ArrayVar exists.
+"""What each kind of traced value does: one rule per question the interpreter asks of a value
+(attributes, calls, truth, plain value, iteration, rebuild...), answered by the handler
+registered for the nearest class in the tracker's MRO.  A kind registers its handlers
+where it is modelled, so a new kind is one module and nothing else tests for it by
+``isinstance``; NumPy's (numpy_kind.py) load with the first NumPy value a trace meets.
 """
 
 from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 from minicompile.capture.variables import Var
 from minicompile.errors import Unsupported
+
+
+# The contexts a rule runs in, as the modules that register rules see them: named here so
+# that those modules need not import the interpreter, the output graph or the rebuild writer
+# (which import them).  Only the interpreter's own mixins annotate with the classes.
+class Output(Protocol):
+    """capture/output.py's OutputGraph: the graph, guards and side-effect log of a trace."""
+
+    graph: Any
+    guards: Any
+    side_effects: Any
+
+    def to_value(self, var: Var) -> Any: ...
+
+    def to_values(self, args: Any, kwargs: dict) -> tuple[tuple, dict]: ...
+
+    def from_value(self, value: Any) -> Var: ...
+
+
+class Translator(Protocol):
+    """capture/interpreter.py's InstructionTranslator, running one frame."""
+
+    output: Output
+
+    def realize(self, var: Var) -> Var: ...
+
+    def call_function(self, fn: Var, args: list, kwargs: dict) -> Var: ...
+
+
+class RebuildWriter(Protocol):
+    """capture/side_effects.py's Rebuild: writes the code that rebuilds the results."""
+
+    out: Output
+    made: dict[int, str]
+
+    def temp(self, expr: str) -> str: ...
 
 
 class Rule:

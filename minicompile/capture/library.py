@@ -1,26 +1,13 @@
 """The Python that library model code calls around its tensors, answered by capture.
 
-Model libraries (transformers, timm, torchvision) ask the runtime questions and check
-their inputs in plain Python: ``torch._assert(H == 224, msg)``, ``torch.jit.is_scripting()``,
-``torch.compiler.is_compiling()``, ``warnings.warn(...)``, ``logger.warning_once(...)``,
-``torch.finfo(dtype).min``.  Each has a known meaning, so the trace answers it the way
-Dynamo does instead of breaking the graph:
-
-- checks (``torch._assert``, ``torch._check*``) on Python values are decided now (their
-  operands are guarded); a failing one is Unsupported, so the frame runs eagerly and
-  raises the library's own error;
-- ``is_compiling()`` is True under minicompile, so libraries take their compile-friendly
-  paths; ``is_scripting()`` / ``is_tracing()`` are False;
-- warnings and log messages with constant text are emitted once, while tracing (Python
-  shows a warning once per call site by default; later calls run compiled code);
-- ``torch.finfo`` / ``torch.iinfo`` and ``inspect.signature`` of known functions are
-  folded into constants; so are questions fixed for the process (``torch.cuda.
-  get_device_capability``, transformers' version probes marked as Dynamo's
-  ``assume_constant_result``), guarded by asking again;
-- ``torch.autocast`` (regions, traced as casts) and the autocast state queries are
-  :mod:`autocast`'s.
-
-:func:`handler_for` maps a callable to its handler, or None.
+Model libraries ask the runtime questions and check inputs in plain Python; each call has
+a known meaning, answered as Dynamo does instead of breaking the graph: checks
+(``torch._assert``, ``torch._check*``) on Python values are decided now, and a failing one
+is Unsupported so eager raises the library's error; ``is_compiling()`` is True,
+``is_scripting()`` / ``is_tracing()`` False; warnings and logs with constant text are
+emitted once, while tracing; ``torch.finfo``, ``inspect.signature`` and questions fixed
+for the process (device capability, version probes) fold to guarded constants; autocast
+is :mod:`autocast`'s.  :func:`handler_for` maps a callable to its handler, or None.
 """
 
 from __future__ import annotations
@@ -32,21 +19,20 @@ import logging
 import types
 import warnings
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from minicompile.capture import autocast, records
+from minicompile.capture.kinds import Translator
 from minicompile.capture.pybuiltins import contains_tensor
 from minicompile.capture.variables import (
     ArrayVar, BoundMethodVar, ConstantVar, ObjectVar, TensorVar, Var, specialized,
 )
 from minicompile.errors import Unsupported
 
-if TYPE_CHECKING:
-    from minicompile.capture.interpreter import InstructionTranslator
 
-Handler = Callable[["InstructionTranslator", Any, list, dict], Var]
+Handler = Callable[["Translator", Any, list, dict], Var]
 _HANDLERS: dict[Any, Handler] = {}
 
 
@@ -60,10 +46,15 @@ def _register(*fns: Any) -> Callable[[Handler], Handler]:
     return deco
 
 
-def _maybe(owner: Any, *path: str) -> Any:
-    """``owner.a.b`` when this PyTorch has it, else None (also when reading it fails:
-    ``torch._dynamo`` imports Triton, and a broken Triton install raises there)."""
-    for name in path:
+def _maybe(*paths: str) -> tuple:
+    """``torch.a.b`` for each path ``"a.b"``, None where this PyTorch lacks it (also when
+    reading it fails: ``torch._dynamo`` imports Triton, and a broken install raises there)."""
+    return tuple(_lookup(path) for path in paths)
+
+
+def _lookup(path: str) -> Any:
+    owner: Any = torch
+    for name in path.split("."):
         try:
             owner = getattr(owner, name, None)
         except Exception:  # noqa: BLE001 - any failure to import means "not available"
@@ -74,7 +65,7 @@ def _maybe(owner: Any, *path: str) -> Any:
 
 
 def _constant(value: Any) -> Handler:
-    def handler(tx: InstructionTranslator, fn: Any, args: list, kwargs: dict) -> Var:
+    def handler(tx: Translator, fn: Any, args: list, kwargs: dict) -> Var:
         return ConstantVar(value)
 
     return handler
@@ -86,12 +77,8 @@ def _constant(value: Any) -> Handler:
 _ENCODER_CODE = getattr(getattr(torch.nn, "TransformerEncoder", None), "forward", None)
 
 
-@_register(
-    _maybe(torch, "compiler", "is_compiling"),
-    _maybe(torch, "compiler", "is_dynamo_compiling"),
-    _maybe(torch, "_utils", "is_compiling"),
-)
-def _is_compiling(tx: InstructionTranslator, fn: Any, args: list, kwargs: dict) -> Var:
+@_register(*_maybe("compiler.is_compiling", "compiler.is_dynamo_compiling", "_utils.is_compiling"))
+def _is_compiling(tx: Translator, fn: Any, args: list, kwargs: dict) -> Var:
     if _ENCODER_CODE is not None and tx.code is _ENCODER_CODE.__code__:
         raise Unsupported("nn.TransformerEncoder with a padding mask: eager takes its "
                           "nested-tensor path there (padded positions zeroed), so it runs "
@@ -100,19 +87,15 @@ def _is_compiling(tx: InstructionTranslator, fn: Any, args: list, kwargs: dict) 
 # torch._dynamo.is_compiling is its own function, but reading ``torch._dynamo`` imports the
 # Dynamo stack (half a second): it is recognised by name in handler_for instead.
 _DYNAMO_IS_COMPILING = ("torch._dynamo.external_utils", "is_compiling")
-_register(
-    _maybe(torch, "jit", "is_scripting"),
-    _maybe(torch, "jit", "is_tracing"),
-    _maybe(torch, "compiler", "is_exporting"),
-    _maybe(torch, "_jit_internal", "is_scripting"),
-)(_constant(False))
-_register(_maybe(torch, "_C", "_get_tracing_state"))(_constant(None))
+_register(*_maybe("jit.is_scripting", "jit.is_tracing", "compiler.is_exporting",
+                  "_jit_internal.is_scripting"))(_constant(False))
+_register(*_maybe("_C._get_tracing_state"))(_constant(None))
 # nn.MultiheadAttention's question whether make_fx traces it: not under minicompile.
-_register(_maybe(torch.nn.modules.activation, "_is_make_fx_tracing"))(_constant(False))
+_register(*_maybe("nn.modules.activation._is_make_fx_tracing"))(_constant(False))
 
 
-@_register(_maybe(torch, "backends", "mha", "get_fastpath_enabled"))
-def _global_query(tx: InstructionTranslator, fn: Any, args: list, kwargs: dict) -> Var:
+@_register(*_maybe("backends.mha.get_fastpath_enabled"))
+def _global_query(tx: Translator, fn: Any, args: list, kwargs: dict) -> Var:
     """A switch of PyTorch's read by library code (``nn.MultiheadAttention`` asks whether
     its fused fast path is on): answered now, guarded."""
     if args or kwargs:
@@ -122,9 +105,8 @@ def _global_query(tx: InstructionTranslator, fn: Any, args: list, kwargs: dict) 
     return ConstantVar(value)
 
 
-_PROCESS_QUERIES = tuple(
-    _maybe(torch, "cuda", name)
-    for name in ("is_available", "device_count", "get_device_capability", "get_device_name"))
+_PROCESS_QUERIES = _maybe("cuda.is_available", "cuda.device_count",
+                          "cuda.get_device_capability", "cuda.get_device_name")
 _PLAIN = (bool, int, float, str, type(None))
 
 
@@ -137,7 +119,7 @@ def _marked_constant(fn: Any) -> bool:
 
 
 @_register(*_PROCESS_QUERIES)
-def _constant_query(tx: InstructionTranslator, fn: Any, args: list, kwargs: dict) -> Var:
+def _constant_query(tx: Translator, fn: Any, args: list, kwargs: dict) -> Var:
     """A question whose answer is fixed for the process (``torch.cuda.get_device_capability
     (device)``, a marked library probe such as transformers' ``is_torch_less_or_equal``),
     asked of constants: answered now, and guarded by asking again."""
@@ -149,8 +131,7 @@ def _constant_query(tx: InstructionTranslator, fn: Any, args: list, kwargs: dict
     try:
         value = fn(*pos, **kw)
     except Exception as e:  # the user's error: eager raises it, and runs to say so
-        raise Unsupported(f"{fn.__qualname__}() raises {type(e).__name__}: {e}",
-                          raises=True) from e
+        raise Unsupported(f"{fn.__qualname__}() raises {type(e).__name__}: {e}", raises=True) from e
     if not (isinstance(value, _PLAIN) or (
             isinstance(value, tuple) and all(isinstance(v, _PLAIN) for v in value))):
         raise Unsupported(f"{fn.__qualname__}() returns a {type(value).__name__}")
@@ -158,12 +139,9 @@ def _constant_query(tx: InstructionTranslator, fn: Any, args: list, kwargs: dict
     return ConstantVar(value)
 
 
-@_register(
-    _maybe(torch, "overrides", "has_torch_function"),
-    _maybe(torch, "overrides", "has_torch_function_unary"),
-    _maybe(torch, "overrides", "has_torch_function_variadic"),
-)
-def _has_torch_function(tx: InstructionTranslator, fn: Any, args: list, kwargs: dict) -> Var:
+@_register(*_maybe("overrides.has_torch_function", "overrides.has_torch_function_unary",
+                   "overrides.has_torch_function_variadic"))
+def _has_torch_function(tx: Translator, fn: Any, args: list, kwargs: dict) -> Var:
     """False: the tensors a trace holds are plain tensors (a subclass is never traced)."""
     return ConstantVar(False)
 
@@ -172,33 +150,21 @@ def _has_torch_function(tx: InstructionTranslator, fn: Any, args: list, kwargs: 
 # (nn.MultiheadAttention's mask checks and its Python path, the causal mask users make for
 # nn.TransformerEncoderLayer), inlined as user code: torch ops and metadata checks.
 # (Every other torch callable is a library call or unsupported.)
-INLINED_HELPERS = frozenset(f for f in (
-    _maybe(torch.nn.functional, "_none_or_dtype"),
-    _maybe(torch.nn.functional, "_canonical_mask"),
-    _maybe(torch.nn.modules.activation, "_check_arg_device"),
-    _maybe(torch.nn.modules.activation, "_arg_requires_grad"),
-    _maybe(torch.nn.functional, "multi_head_attention_forward"),
-    _maybe(torch.nn.functional, "_mha_shape_check"),
-    _maybe(torch.nn.functional, "_in_projection_packed"),
-    _maybe(torch.nn.functional, "_in_projection"),
-    _maybe(torch.nn.functional, "_check_key_padding_mask"),
-    _maybe(torch.nn, "Transformer", "generate_square_subsequent_mask"),
-    _maybe(torch.nn.modules.transformer, "_generate_square_subsequent_mask"),
-    _maybe(torch.nn.modules.transformer, "_detect_is_causal_mask"),
-    _maybe(torch.nn.modules.transformer, "_get_seq_len"),
+INLINED_HELPERS = frozenset(f for f in _maybe(
+    "nn.functional._none_or_dtype", "nn.functional._canonical_mask",
+    "nn.modules.activation._check_arg_device", "nn.modules.activation._arg_requires_grad",
+    "nn.functional.multi_head_attention_forward", "nn.functional._mha_shape_check",
+    "nn.functional._in_projection_packed", "nn.functional._in_projection",
+    "nn.functional._check_key_padding_mask", "nn.Transformer.generate_square_subsequent_mask",
+    "nn.modules.transformer._generate_square_subsequent_mask",
+    "nn.modules.transformer._detect_is_causal_mask", "nn.modules.transformer._get_seq_len",
 ) if isinstance(f, types.FunctionType))
 
 
 @_register(
-    torch._assert,
-    _maybe(torch, "_check"),
-    _maybe(torch, "_check_value"),
-    _maybe(torch, "_check_type"),
-    _maybe(torch, "_check_index"),
-    _maybe(torch, "_check_with"),
-    _maybe(torch, "_check_is_size"),
-)
-def _check(tx: InstructionTranslator, fn: Any, args: list, kwargs: dict) -> Var:
+    torch._assert, *_maybe("_check", "_check_value", "_check_type", "_check_index", "_check_with",
+                           "_check_is_size"))
+def _check(tx: Translator, fn: Any, args: list, kwargs: dict) -> Var:
     """A check on Python values, decided now; the frame runs eagerly if it fails."""
     position = 1 if fn is getattr(torch, "_check_with", None) else 0  # (error_type, cond)
     var = args[position] if len(args) > position else kwargs.get("cond", ConstantVar(True))
@@ -217,7 +183,7 @@ def _check(tx: InstructionTranslator, fn: Any, args: list, kwargs: dict) -> Var:
 
 
 @_register(torch._C._set_grad_enabled)
-def _set_grad_enabled(tx: InstructionTranslator, fn: Any, args: list, kwargs: dict) -> Var:
+def _set_grad_enabled(tx: Translator, fn: Any, args: list, kwargs: dict) -> Var:
     """How the code of Dynamo's FX graphs spells ``with torch.no_grad():`` (a call before
     the block, one after it).  Grad mode must be back as it was when the trace ends."""
     values = [tx.output.to_value(tx.realize(a)) for a in args]
@@ -228,11 +194,10 @@ def _set_grad_enabled(tx: InstructionTranslator, fn: Any, args: list, kwargs: di
 
 
 @_register(torch.finfo, torch.iinfo, torch.device)
-def _type_info(tx: InstructionTranslator, fn: Any, args: list, kwargs: dict) -> Var:
+def _type_info(tx: Translator, fn: Any, args: list, kwargs: dict) -> Var:
     """Immutable descriptions made from constants (``torch.finfo(x.dtype)``, and
     ``torch.device("cpu")``, which FX's generated code spells ``device(type='cpu')``)."""
-    values = [tx.output.to_value(a) for a in args]
-    kw = {k: tx.output.to_value(v) for k, v in kwargs.items()}
+    values, kw = tx.output.to_values(args, kwargs)
     if any(isinstance(v, TensorVar) for v in (*values, *kw.values())):
         raise Unsupported(f"{fn.__name__}() of a tensor is not supported")
     try:
@@ -243,7 +208,7 @@ def _type_info(tx: InstructionTranslator, fn: Any, args: list, kwargs: dict) -> 
 
 
 @_register(inspect.signature)
-def _signature(tx: InstructionTranslator, fn: Any, args: list, kwargs: dict) -> Var:
+def _signature(tx: Translator, fn: Any, args: list, kwargs: dict) -> Var:
     """``inspect.signature(f)`` of a function the trace knows: its code decides it."""
     if len(args) != 1:
         raise Unsupported("inspect.signature() with these arguments is not supported")
@@ -259,14 +224,14 @@ def _signature(tx: InstructionTranslator, fn: Any, args: list, kwargs: dict) -> 
 
 
 @_register(copy.copy, copy.deepcopy)
-def _copy(tx: InstructionTranslator, fn: Any, args: list, kwargs: dict) -> Var:
+def _copy(tx: Translator, fn: Any, args: list, kwargs: dict) -> Var:
     if len(args) != 1 or kwargs:
         raise Unsupported(f"copy.{fn.__name__}() with a memo is not supported")
     return records.copy_value(tx, args[0], deep=fn is copy.deepcopy)
 
 
 @_register(warnings.warn)
-def _warn(tx: InstructionTranslator, fn: Any, args: list, kwargs: dict) -> Var:
+def _warn(tx: Translator, fn: Any, args: list, kwargs: dict) -> Var:
     values, kw = _message_args(tx, args, kwargs, "warnings.warn")
     kw["stacklevel"] = 1
     warnings.warn(*values[:2], **kw)  # Python's own filter decides whether it shows
@@ -280,16 +245,15 @@ def is_log_call(fn: Any) -> bool:
 
 # PyTorch's usage log (nn.Module.__init__ calls it; Dynamo keeps it in the graphs it hands
 # to torch.compile backends): a logging call like the others.
-@_register(_maybe(torch, "_C", "_log_api_usage_once"))
-def log_call(tx: InstructionTranslator, fn: Any, args: list, kwargs: dict) -> Var:
+@_register(*_maybe("_C._log_api_usage_once"))
+def log_call(tx: Translator, fn: Any, args: list, kwargs: dict) -> Var:
     values, kw = _message_args(tx, args, kwargs, "a logging call")
     fn(*values, **kw)
     return ConstantVar(None)
 
 
-def _message_args(tx: InstructionTranslator, args: list, kwargs: dict, what: str):
-    values = [tx.output.to_value(a) for a in args]
-    kw = {k: tx.output.to_value(v) for k, v in kwargs.items()}
+def _message_args(tx: Translator, args: list, kwargs: dict, what: str):
+    values, kw = tx.output.to_values(args, kwargs)
     if any(contains_tensor(v) for v in (*values, *kw.values())):
         raise Unsupported(f"{what} with a tensor argument reads its data")
     return specialized(values), specialized(kw)
@@ -299,8 +263,7 @@ def context_factory(fn: Any) -> Any:
     """The grad-mode class whose fresh instance ``fn()`` makes, for the bound ``clone``
     that functions decorated with ``@torch.no_grad()`` enter on each call; else None."""
     owner = getattr(fn, "__self__", None)
-    if getattr(fn, "__name__", "") == "clone" and type(owner) in (torch.no_grad,
-                                                                   torch.enable_grad):
+    if getattr(fn, "__name__", "") == "clone" and type(owner) in (torch.no_grad, torch.enable_grad):
         return type(owner)
     return None
 
@@ -310,9 +273,8 @@ def handler_for(fn: Any) -> Handler | None:
         found = _HANDLERS.get(fn) or autocast.HANDLERS.get(fn)
     except TypeError:  # unhashable
         return None
-    if found is None and isinstance(fn, types.FunctionType) and (
-        (fn.__module__, fn.__qualname__) == _DYNAMO_IS_COMPILING
-    ):
+    if (found is None and isinstance(fn, types.FunctionType)
+            and (fn.__module__, fn.__qualname__) == _DYNAMO_IS_COMPILING):
         return _is_compiling
     if found is None and _marked_constant(fn):
         return _constant_query

@@ -1,32 +1,24 @@
 """In-place tensor ops and views, functionalized while tracing.
 
-The graph is pure: an in-place op becomes its out-of-place form, and the tracker of the
-mutated tensor is *rebound* to the new node (:class:`TensorVar` is the one mutable kind of
-tracker, so every local, container and attribute holding it sees the new value).
-
-Views share memory with their base, so mutating one changes the other.  Each view tracker
-records its root ``base`` and the :class:`ViewStep` chain from it.  Mutating a view scatters
-the new value back into the root through the chain (``select_scatter``, ``slice_scatter``,
-inverse permutes...), then every live view of that root is recomputed from the new root by
-replaying its chain.  A root that is a graph input is written back into the caller's tensor
-after the graph runs (:meth:`OutputGraph.finish`).
-
-Views that cannot be inverted (``expand``, ``unfold``, ``as_strided``...) are replayed when
-their base changes, but mutating them is Unsupported.
+An in-place op becomes its out-of-place form and the mutated tensor's tracker is rebound to
+the new node (:class:`TensorVar` is the one mutable tracker).  Each view records its root
+``base`` and the :class:`ViewStep` chain from it: mutating a view scatters the new value
+into the root through the chain, then every live view of the root is replayed from it.  A
+mutated graph input is written back after the graph runs (:meth:`OutputGraph.finish`).
+Views that cannot be inverted (``expand``, ``unfold``...) are replayed, but mutating one is
+Unsupported.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
+from minicompile.capture.kinds import Output
 from minicompile.capture.variables import TensorVar
 from minicompile.errors import Unsupported
-
-if TYPE_CHECKING:
-    from minicompile.capture.output import OutputGraph
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,36 +33,28 @@ class ViewStep:
     fn: Any = None  # opaque: the extern callable, called as fn(x, *args, **kwargs)
     kwargs: tuple = ()  # opaque: sorted (name, value) pairs
 
-    def apply(self, out: OutputGraph, x: TensorVar) -> TensorVar:
+    def apply(self, out: Output, x: TensorVar) -> TensorVar:
         """This view of ``x`` (a new tracker, not registered as a view)."""
         k, a = self.kind, self.args
-        if k == "select":
-            return out.extern(torch.select, (x, *a), {}, track=False)
+        if k in _VIEW_FNS:
+            return out.extern(_VIEW_FNS[k], (x, *a), {}, track=False)
         if k == "slice":
             dim, start, stop, step = a
             key = (slice(None),) * dim + (slice(start, stop, step),)
             return out.extern(torch.Tensor.__getitem__, (x, key), {}, track=False)
         if k in ("unsqueeze", "squeeze", "permute", "expand"):
             return out.op(k, (x, *a), track=False)
-        if k == "reshape":
-            return out.extern(torch.reshape, (x, a[0]), {}, track=False)
-        if k == "diagonal":
-            return out.extern(torch.diagonal, (x, *a), {}, track=False)
         if k == "alias":
             return TensorVar(x.node)
-        if k == "as_strided":
-            return out.extern(torch.as_strided, (x, *a), {}, track=False)
         if getattr(self.fn, "__name__", None) is None:  # externs._Unreplayable raises
             self.fn()
         return out.extern(self.fn, (x, *a), dict(self.kwargs), track=False)
 
-    def scatter(self, out: OutputGraph, base: TensorVar, src: TensorVar) -> TensorVar:
+    def scatter(self, out: Output, base: TensorVar, src: TensorVar) -> TensorVar:
         """The value of ``base`` after its view (this step of it) became ``src``."""
         k, a = self.kind, self.args
-        if k == "select":
-            return out.extern(torch.select_scatter, (base, src, *a), {}, track=False)
-        if k == "slice":
-            return out.extern(torch.slice_scatter, (base, src, *a), {}, track=False)
+        if k in _SCATTER_FNS:
+            return out.extern(_SCATTER_FNS[k], (base, src, *a), {}, track=False)
         if k == "unsqueeze":
             return out.op("squeeze", (src, a[0]), track=False)
         if k == "squeeze":
@@ -82,12 +66,8 @@ class ViewStep:
             return out.op("permute", (src, inverse), track=False)
         if k == "reshape":
             return out.extern(torch.reshape, (src, base.meta.concrete_shape()), {}, track=False)
-        if k == "diagonal":
-            return out.extern(torch.diagonal_scatter, (base, src, *a), {}, track=False)
         if k == "alias":
             return src
-        if k == "as_strided":
-            return out.extern(torch.as_strided_scatter, (base, src, *a), {}, track=False)
         if k == "expand":
             # Eager refuses to write a view whose elements share memory; an empty one, or one
             # expanded only to size 1 (as many elements as its base), it writes.
@@ -95,13 +75,19 @@ class ViewStep:
             if numel.is_Integer and base_numel.is_Integer and int(numel) == 0:
                 return base  # nothing written
             if numel.is_Integer and base_numel.is_Integer and numel == base_numel:
-                return out.extern(torch.reshape, (src, base.meta.concrete_shape()), {},
-                                  track=False)
+                return out.extern(torch.reshape, (src, base.meta.concrete_shape()), {}, track=False)
         what = "an expanded (broadcast) view" if k == "expand" else f"a view made by {self.fn}"
         raise Unsupported(f"in-place op on {what} is not supported")
 
 
-def register_view(out: OutputGraph, view: TensorVar, of: TensorVar, steps: tuple) -> None:
+# The view steps that are one extern call, and their inverses.
+_VIEW_FNS = {"select": torch.select, "reshape": torch.reshape, "diagonal": torch.diagonal,
+             "as_strided": torch.as_strided}
+_SCATTER_FNS = {"select": torch.select_scatter, "slice": torch.slice_scatter,
+                "diagonal": torch.diagonal_scatter, "as_strided": torch.as_strided_scatter}
+
+
+def register_view(out: Output, view: TensorVar, of: TensorVar, steps: tuple) -> None:
     """Record that ``view`` is ``of`` seen through ``steps``."""
     if view is of:
         return
@@ -169,9 +155,7 @@ def index_steps(key: Any, shape: tuple[int, ...]) -> list[ViewStep] | None:
     return steps
 
 
-def scatter_through(
-    out: OutputGraph, root: TensorVar, steps: tuple | list, new: TensorVar
-) -> TensorVar:
+def scatter_through(out: Output, root: TensorVar, steps: tuple | list, new: TensorVar) -> TensorVar:
     """The value of ``root`` after its view through ``steps`` became ``new``."""
     values = [root]
     for step in steps[:-1]:
@@ -185,13 +169,12 @@ def _strides_that_matter(meta: Any) -> tuple:
     return tuple(st for size, st in zip(meta.shape, meta.stride) if size != 1)
 
 
-def rebind(out: OutputGraph, root: TensorVar, new: TensorVar) -> None:
+def rebind(out: Output, root: TensorVar, new: TensorVar) -> None:
     """``root`` now holds ``new``'s value; recompute the views of ``root``.  An in-place op
     keeps the tensor's strides (an input read every other row stays so): the new value is
     given them, so later views of it are views exactly where eager's are."""
-    if not root.meta.is_symbolic and not new.meta.is_symbolic and (
-        _strides_that_matter(new.meta) != _strides_that_matter(root.meta)
-    ):
+    if (not root.meta.is_symbolic and not new.meta.is_symbolic
+            and _strides_that_matter(new.meta) != _strides_that_matter(root.meta)):
         moved = out.op("contiguous", (new,), track=False)
         moved.node.meta = dataclasses.replace(moved.node.meta, stride=root.meta.stride)
         new = moved
@@ -204,7 +187,7 @@ def rebind(out: OutputGraph, root: TensorVar, new: TensorVar) -> None:
         view.node = value.node
 
 
-def conform(out: OutputGraph, target: TensorVar, value: Any, what: str) -> TensorVar:
+def conform(out: Output, target: TensorVar, value: Any, what: str) -> TensorVar:
     """``value`` (a tensor or a Python number) as the new contents of ``target``: cast to its
     dtype and broadcast to its shape, as in-place ops and ``copy_`` do."""
     shape = target.meta.concrete_shape()
@@ -231,7 +214,7 @@ def conform(out: OutputGraph, target: TensorVar, value: Any, what: str) -> Tenso
     return value
 
 
-def refuse_grad_input(out: OutputGraph, target: TensorVar, what: str) -> None:
+def refuse_grad_input(out: Output, target: TensorVar, what: str) -> None:
     """An in-place op on an input that requires grad (or a view of one) is refused: on a
     leaf eager raises, and on a non-leaf autograd would have to see the caller's tensor
     change.  Intermediates are functionalized, so the backward differentiates the new
@@ -242,23 +225,19 @@ def refuse_grad_input(out: OutputGraph, target: TensorVar, what: str) -> None:
                           hint="run under torch.no_grad(), or write to a copy")
 
 
-def mutate(out: OutputGraph, target: TensorVar, new: TensorVar, what: str) -> TensorVar:
+def mutate(out: Output, target: TensorVar, new: TensorVar, what: str) -> TensorVar:
     """``target`` now holds ``new`` (the functional result of an in-place op on it), cast
     to ``target``'s dtype as eager does.  Returns ``target``, as in-place ops do."""
     refuse_grad_input(out, target, what)
     if not isinstance(new, TensorVar):
         raise Unsupported(f"{what}: the result is not a tensor")
     if new.meta.concrete_shape() != target.meta.concrete_shape():
-        raise Unsupported(
-            f"{what}: result shape {new.meta.concrete_shape()} differs from the tensor's "
-            f"{target.meta.concrete_shape()} (eager raises)"
-        )
+        raise Unsupported(f"{what}: result shape {new.meta.concrete_shape()} differs from the "
+                          f"tensor's {target.meta.concrete_shape()} (eager raises)")
     if new.meta.dtype != target.meta.dtype:
         if not torch.can_cast(new.meta.dtype, target.meta.dtype):
-            raise Unsupported(
-                f"{what}: result type {new.meta.dtype} can't be cast to {target.meta.dtype} "
-                "(eager raises)"
-            )
+            raise Unsupported(f"{what}: result type {new.meta.dtype} can't be cast to "
+                              f"{target.meta.dtype} (eager raises)")
         new = out.op("to_dtype", (new,), {"dtype": target.meta.dtype})
     if target.base is None:
         rebind(out, target, new)
@@ -267,7 +246,7 @@ def mutate(out: OutputGraph, target: TensorVar, new: TensorVar, what: str) -> Te
     return target
 
 
-def setitem(out: OutputGraph, x: TensorVar, key: Any, value: Any) -> None:
+def setitem(out: Output, x: TensorVar, key: Any, value: Any) -> None:
     """``x[key] = value``, functionalized."""
     what = "tensor item assignment (x[...] = v)"
     steps = index_steps(key, x.meta.concrete_shape())

@@ -1,56 +1,37 @@
-"""NumPy arrays under compile (as in PyTorch 2.1): an ndarray is traced as a tensor that
-keeps NumPy's semantics.
+"""NumPy arrays under compile (as in PyTorch 2.1): an ndarray traced as a tensor with NumPy's
+semantics.
 
-- **Inputs.** An ``np.ndarray`` (or a NumPy scalar) read from the frame becomes a placeholder
-  fed by ``torch.from_numpy`` (the same memory, no copy), guarded on its type, dtype,
-  writability, sizes and strides (:meth:`GuardBuilder.array_match`); sizes become symbols
-  where the dynamic policy makes a tensor's sizes symbols.
-- **Values.** An :class:`ArrayVar` holds the tensor.  Operators, attributes, methods and
-  indexing are here; ``np.*`` functions are in :mod:`numpy_functions` (and
-  :mod:`numpy_shapes`).  Each becomes torch
-  graph ops, with NumPy's dtype rules applied at trace time.
-- **Outputs.** The generated rebuild turns each ArrayVar into an ``np.ndarray``
-  (``Tensor.numpy()``) or, where NumPy gives one, a NumPy scalar (``np.sum(a)``).  Input
-  arrays the code mutates in place get their new contents, as in eager NumPy.
-- **Device.** Arrays are computed on ``torch.get_default_device()`` (guarded): under
-  ``with torch.device("cuda"):`` the inputs are copied to the GPU and results come back to
-  host memory as NumPy arrays.
-
-NumPy 2's promotion rules (NEP 50: Python scalars are weak, NumPy scalars and 0-d arrays
-are not) are what NumPy itself answers with; NumPy 1.x is refused.  Anything else (object
-or complex arrays, negative strides, a mix of arrays and torch tensors in one operator) is
-Unsupported: the frame or the operation runs for real.
+An input array (or NumPy scalar) is a placeholder fed by ``torch.from_numpy`` (no copy),
+guarded on type, dtype, writability, sizes and strides.  An :class:`ArrayVar` holds the
+tensor; operators, attributes, methods and indexing are here, ``np.*`` functions in
+:mod:`numpy_functions` and :mod:`numpy_shapes`, with NumPy 2's dtype rules (NEP 50)
+applied at trace time.  The rebuild turns each ArrayVar into an ``np.ndarray`` or NumPy
+scalar, and input arrays mutated in place get their new contents.  Arrays are computed on
+``torch.get_default_device()`` (guarded).  NumPy 1.x, object or complex arrays, negative
+strides and arrays mixed with tensors in one operator are Unsupported.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import warnings
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
 
 from minicompile.capture import mutation
+from minicompile.capture.kinds import Output, Translator
 from minicompile.runtime.values import shares_no_memory, to_tensor
-from minicompile.capture.variables import ArrayVar, ConstantVar, Source, TensorVar, Var
+from minicompile.capture.variables import ArrayVar, ConstantVar, Source, TensorVar, Var, leaves
 from minicompile.errors import Unsupported
 
-if TYPE_CHECKING:
-    from minicompile.capture.interpreter import InstructionTranslator
-    from minicompile.capture.output import OutputGraph
 
 _DTYPES: dict[np.dtype, torch.dtype] = {
-    np.dtype(np.bool_): torch.bool,
-    np.dtype(np.uint8): torch.uint8,
-    np.dtype(np.int8): torch.int8,
-    np.dtype(np.int16): torch.int16,
-    np.dtype(np.int32): torch.int32,
-    np.dtype(np.int64): torch.int64,
-    np.dtype(np.float16): torch.float16,
-    np.dtype(np.float32): torch.float32,
-    np.dtype(np.float64): torch.float64,
-}
+    np.dtype(np.bool_): torch.bool, np.dtype(np.uint8): torch.uint8, np.dtype(np.int8): torch.int8,
+    np.dtype(np.int16): torch.int16, np.dtype(np.int32): torch.int32,
+    np.dtype(np.int64): torch.int64, np.dtype(np.float16): torch.float16,
+    np.dtype(np.float32): torch.float32, np.dtype(np.float64): torch.float64}
 _NUMPY_DTYPES = {t: d for d, t in _DTYPES.items()}
 _NUMPY_2 = np.lib.NumpyVersion(np.__version__) >= "2.0.0"
 
@@ -88,14 +69,14 @@ def require_numpy_2() -> None:
 # -- the frame's arrays in, the graph's arrays out -------------------------------------------
 
 
-def array_device(out: OutputGraph) -> torch.device:
+def array_device(out: Output) -> torch.device:
     """Where arrays are computed: the default device, which the entry is guarded on."""
     device = torch.get_default_device()
     out.guards.global_call(torch.get_default_device, (), {}, device)
     return device
 
 
-def wrap_input(out: OutputGraph, value: Any, source: Source | None) -> ArrayVar:
+def wrap_input(out: Output, value: Any, source: Source | None) -> ArrayVar:
     """The tracker of a NumPy array or scalar read from the frame at ``source``."""
     require_numpy_2()
     if source is None:
@@ -121,7 +102,7 @@ def wrap_input(out: OutputGraph, value: Any, source: Source | None) -> ArrayVar:
     return ArrayVar(var, scalar, source)
 
 
-def check_mutated_inputs(out: OutputGraph) -> None:
+def check_mutated_inputs(out: Output) -> None:
     """Input arrays mutated in place: read-only ones make NumPy raise; ones that may share
     memory with another input array are refused now and guarded for later calls (the graph
     treats inputs as independent)."""
@@ -148,27 +129,27 @@ def check_mutated_inputs(out: OutputGraph) -> None:
 # -- making values ---------------------------------------------------------------------------
 
 
-def cast(out: OutputGraph, t: TensorVar, dtype: torch.dtype) -> TensorVar:
+def cast(out: Output, t: TensorVar, dtype: torch.dtype) -> TensorVar:
     return t if t.meta.dtype == dtype else out.op("to_dtype", (t,), {"dtype": dtype})
 
 
-def copy(out: OutputGraph, t: TensorVar) -> TensorVar:
+def copy(out: Output, t: TensorVar) -> TensorVar:
     """A new tensor with ``t``'s values (NumPy's copies are never views)."""
     return out.extern(torch.clone, (t,), {})
 
 
-def result(out: OutputGraph, t: TensorVar, dtype: np.dtype, scalar: bool) -> ArrayVar:
+def result(out: Output, t: TensorVar, dtype: np.dtype, scalar: bool) -> ArrayVar:
     """``t`` as a NumPy value of ``dtype``; a NumPy scalar when ``scalar`` (and 0-d)."""
     return ArrayVar(cast(out, t, torch_dtype(dtype)), scalar and t.meta.ndim == 0)
 
 
-def full(out: OutputGraph, value: Any, dtype: np.dtype) -> TensorVar:
+def full(out: Output, value: Any, dtype: np.dtype) -> TensorVar:
     """A 0-d tensor holding the Python number ``value`` as ``dtype``."""
     device = array_device(out)
     return out.extern(torch.full, ((), value), {"dtype": torch_dtype(dtype), "device": device})
 
 
-def constant(out: OutputGraph, fname: str, value: Any) -> ArrayVar:
+def constant(out: Output, fname: str, value: Any) -> ArrayVar:
     """``np.asarray(value)`` for a NumPy scalar or a (nested) list of Python numbers."""
     try:
         arr = np.asarray(value)
@@ -183,7 +164,7 @@ def constant(out: OutputGraph, fname: str, value: Any) -> ArrayVar:
     return ArrayVar(t)
 
 
-def operand(out: OutputGraph, fname: str, value: Any) -> Any:
+def operand(out: Output, fname: str, value: Any) -> Any:
     """An argument of a NumPy function: an ArrayVar, or a Python number (weak in NumPy 2's
     promotion); NumPy scalars and lists of numbers become arrays."""
     if isinstance(value, ArrayVar):
@@ -191,16 +172,15 @@ def operand(out: OutputGraph, fname: str, value: Any) -> Any:
     if type(value) in (bool, int, float) or isinstance(value, (torch.SymInt, torch.SymFloat)):
         return value
     if isinstance(value, (np.generic, list, tuple)) and not any(
-        isinstance(v, (ArrayVar, TensorVar)) for v in _flat(value)
-    ):
+        isinstance(v, (ArrayVar, TensorVar)) for v in leaves(value)):
         return constant(out, fname, value)
-    if isinstance(value, TensorVar) or any(isinstance(v, TensorVar) for v in _flat(value)):
+    if isinstance(value, TensorVar) or any(isinstance(v, TensorVar) for v in leaves(value)):
         raise Unsupported(f"{fname}() on a torch tensor: mixing tensors and NumPy arrays is "
                           "not supported (graph break)")
     raise Unsupported(f"{fname}(): an argument of type {type(value).__name__} is not supported")
 
 
-def as_array(out: OutputGraph, fname: str, value: Any) -> ArrayVar:
+def as_array(out: Output, fname: str, value: Any) -> ArrayVar:
     """An argument NumPy converts with ``np.asarray`` (Python numbers included)."""
     value = operand(out, fname, value)
     if isinstance(value, ArrayVar):
@@ -210,13 +190,7 @@ def as_array(out: OutputGraph, fname: str, value: Any) -> ArrayVar:
     return constant(out, fname, value)
 
 
-def _flat(value: Any) -> list:
-    if isinstance(value, (list, tuple)):
-        return [x for v in value for x in _flat(v)]
-    return [value]
-
-
-def assign(out: OutputGraph, target: ArrayVar, value: ArrayVar, what: str) -> ArrayVar:
+def assign(out: Output, target: ArrayVar, value: ArrayVar, what: str) -> ArrayVar:
     """``target`` takes ``value``'s contents in place (``a += b``), cast as NumPy's in-place
     ufuncs cast (the 'same_kind' rule)."""
     src, dst = numpy_dtype(value), numpy_dtype(target)
@@ -230,7 +204,7 @@ def assign(out: OutputGraph, target: ArrayVar, value: ArrayVar, what: str) -> Ar
 # -- indexing --------------------------------------------------------------------------------
 
 
-def _index(out: OutputGraph, arr: ArrayVar, key: Any) -> tuple[tuple, bool, int | None]:
+def _index(out: Output, arr: ArrayVar, key: Any) -> tuple[tuple, bool, int | None]:
     """The torch index for a NumPy ``key`` on ``arr``, whether NumPy's result is a scalar
     (an integer for every dimension), and where a 0-d integer array index (``a[i]`` with
     ``i = np.argmax(...)``, read as an int by NumPy) put the length-1 dimension it is given
@@ -268,7 +242,7 @@ def _index(out: OutputGraph, arr: ArrayVar, key: Any) -> tuple[tuple, bool, int 
                 squeeze = position
                 index = out.extern(torch.reshape, (index, (1,)), {})
             converted.append(index)
-        elif isinstance(k, list) and all(type(i) is int for i in _flat(k)):
+        elif isinstance(k, list) and all(type(i) is int for i in leaves(k)):
             converted.append(k)
         else:
             raise Unsupported(f"indexing a NumPy array with {type(k).__name__} is not supported")
@@ -300,7 +274,7 @@ def _reversed(arr: ArrayVar, key: Any) -> tuple[Any, tuple[int, ...]]:
     return (tuple(out) if type(key) is tuple else out[0]), tuple(flips)
 
 
-def getitem(tx: InstructionTranslator, arr: ArrayVar, index: Var) -> ArrayVar:
+def getitem(tx: Translator, arr: ArrayVar, index: Var) -> ArrayVar:
     """``a[index]``: a view where NumPy's is one (a slice with a negative step is a flip
     the graph computes; it is replayed when the array changes, and writing through it is
     refused), a NumPy scalar for an integer per dimension."""
@@ -322,7 +296,7 @@ def getitem(tx: InstructionTranslator, arr: ArrayVar, index: Var) -> ArrayVar:
     return ArrayVar(res, scalar)
 
 
-def setitem(tx: InstructionTranslator, arr: ArrayVar, index: Var, value: Var) -> None:
+def setitem(tx: Translator, arr: ArrayVar, index: Var, value: Var) -> None:
     """``a[index] = value``: the value cast to the array's dtype, as NumPy casts it."""
     out = tx.output
     if arr.scalar:
@@ -342,7 +316,7 @@ def setitem(tx: InstructionTranslator, arr: ArrayVar, index: Var, value: Var) ->
     mutation.setitem(out, arr.tensor, key if len(key) != 1 else key[0], v)
 
 
-def rows(tx: InstructionTranslator, arr: ArrayVar) -> list[ArrayVar]:
+def rows(tx: Translator, arr: ArrayVar) -> list[ArrayVar]:
     """What ``for row in a`` sees."""
     shape = arr.tensor.meta.shape
     if not shape:
@@ -355,7 +329,7 @@ def rows(tx: InstructionTranslator, arr: ArrayVar) -> list[ArrayVar]:
 # -- NumPy and torch together ----------------------------------------------------------------
 
 
-def torch_call(out: OutputGraph, fn: Any, args: tuple, kwargs: dict) -> TensorVar:
+def torch_call(out: Output, fn: Any, args: tuple, kwargs: dict) -> TensorVar:
     """A torch function given a NumPy array: ``torch.from_numpy(a)`` / ``torch.as_tensor(a)``
     share the array's memory (a view of it in the graph); anything else breaks."""
     name = getattr(fn, "__name__", repr(fn))
@@ -373,7 +347,7 @@ def torch_call(out: OutputGraph, fn: Any, args: tuple, kwargs: dict) -> TensorVa
     raise Unsupported(f"torch.{name}() on a NumPy array is not supported (graph break)")
 
 
-def from_tensor(out: OutputGraph, t: TensorVar) -> ArrayVar:
+def from_tensor(out: Output, t: TensorVar) -> ArrayVar:
     """``t.numpy()``: an array sharing the tensor's memory."""
     if t.meta.requires_grad:
         raise Unsupported("Tensor.numpy() on a tensor that requires grad (eager raises)",

@@ -1,34 +1,23 @@
 """NumPy functions under compile: ``np.*`` calls and ndarray methods as torch graph ops.
 
-Each supported function maps to torch ops on the arrays' tensors (:mod:`numpy_arrays`), and
-NumPy itself says, at trace time, what its result is:
-
-- **ufuncs** (``np.add``, ``np.exp``, the operators): ``ufunc.resolve_dtypes`` gives the
-  loop's dtypes under NumPy 2's promotion (Python numbers weak, ``int / int`` a float64
-  loop); the operands are cast to them, the torch op runs, the result is cast to the
-  loop's output dtype, and a 0-d result is a NumPy scalar, as ufuncs return one.  The ufunc
-  also runs once on 0-d samples, so that what NumPy rejects (``uint8_array + 300``) is
-  rejected here too.
-- **reductions and the rest**: the function runs on a one-element sample with the
-  arguments' dtypes and ranks (``np.sum(np.ones((1, 1), np.int32), axis=0)``), which gives
-  the result's dtype and whether NumPy returns a scalar, and raises where NumPy raises
-  (an axis out of range).
-- Integer ``//`` and ``%`` by zero give 0, as in NumPy (the divisor is made 1 there, the
-  result 0).
-- Any other callable of NumPy is a graph break whose reason names it
-  ("numpy.linalg.svd is not supported"): it runs for real.
+NumPy itself says at trace time what each result is: for ufuncs, ``ufunc.resolve_dtypes``
+gives the loop's dtypes (operands cast to them, the result cast to the output dtype, a 0-d
+result a NumPy scalar), and a run on 0-d samples rejects what NumPy rejects; other
+functions run on one-element samples of the arguments' dtypes and ranks.  Integer ``//``
+and ``%`` by zero give 0, as in NumPy.  Any other NumPy callable is a graph break naming it.
 """
 
 from __future__ import annotations
 
 import warnings
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
 
 from minicompile.capture import externs, torch_ops
+from minicompile.capture.kinds import Output
 from minicompile.capture.numpy_arrays import (
     as_array, cast, copy, full, numpy_dtype, operand, result, torch_dtype,
 )
@@ -38,48 +27,32 @@ from minicompile.capture.variables import (
 )
 from minicompile.errors import Unsupported
 
-if TYPE_CHECKING:
-    from minicompile.capture.output import OutputGraph
 
-Handler = Callable[["OutputGraph", str, tuple, dict], Any]
+Handler = Callable[["Output", str, tuple, dict], Any]
 FUNCTIONS: dict[str, Handler] = {}  # name in the numpy namespace -> handler
 METHODS: dict[str, Handler] = {}  # ndarray method -> handler (the array first)
 
-UNARY_UFUNCS: dict[str, Any] = {
+# NumPy's ufuncs by the torch function of the same name, then the renamed ones.
+UNARY_UFUNCS: dict[str, Any] = {n: getattr(torch, n) for n in """sign exp exp2 expm1 log
+    log2 log10 log1p sqrt square reciprocal sin cos tan sinh cosh tanh deg2rad rad2deg floor
+    ceil trunc logical_not isnan isinf isfinite signbit""".split()} | {
     "negative": torch.neg, "positive": torch.clone, "absolute": torch.abs, "fabs": torch.abs,
-    "sign": torch.sign, "exp": torch.exp, "exp2": torch.exp2, "expm1": torch.expm1,
-    "log": torch.log, "log2": torch.log2, "log10": torch.log10, "log1p": torch.log1p,
-    "sqrt": torch.sqrt, "square": torch.square, "reciprocal": torch.reciprocal,
-    "sin": torch.sin, "cos": torch.cos, "tan": torch.tan, "arcsin": torch.asin,
-    "arccos": torch.acos, "arctan": torch.atan, "sinh": torch.sinh, "cosh": torch.cosh,
-    "tanh": torch.tanh, "arcsinh": torch.asinh, "arccosh": torch.acosh,
-    "arctanh": torch.atanh, "deg2rad": torch.deg2rad, "radians": torch.deg2rad,
-    "rad2deg": torch.rad2deg, "degrees": torch.rad2deg, "floor": torch.floor,
-    "ceil": torch.ceil, "trunc": torch.trunc, "rint": torch.round,
-    "logical_not": torch.logical_not, "invert": torch.bitwise_not, "isnan": torch.isnan,
-    "isinf": torch.isinf, "isfinite": torch.isfinite, "signbit": torch.signbit,
-}
-BINARY_UFUNCS: dict[str, Any] = {
-    "add": torch.add, "subtract": torch.sub, "multiply": torch.mul, "divide": torch.true_divide,
-    "floor_divide": torch.floor_divide, "remainder": torch.remainder, "fmod": torch.fmod,
-    "power": torch.pow, "float_power": torch.pow, "maximum": torch.maximum,
-    "minimum": torch.minimum, "fmax": torch.fmax, "fmin": torch.fmin,
-    "arctan2": torch.atan2, "hypot": torch.hypot, "copysign": torch.copysign,
-    "logaddexp": torch.logaddexp, "logaddexp2": torch.logaddexp2, "equal": torch.eq,
+    "arcsin": torch.asin, "arccos": torch.acos, "arctan": torch.atan, "arcsinh": torch.asinh,
+    "arccosh": torch.acosh, "arctanh": torch.atanh, "radians": torch.deg2rad,
+    "degrees": torch.rad2deg, "rint": torch.round, "invert": torch.bitwise_not}
+BINARY_UFUNCS: dict[str, Any] = {n: getattr(torch, n) for n in """add remainder fmod maximum
+    minimum fmax fmin hypot copysign logaddexp logaddexp2 logical_and logical_or logical_xor
+    bitwise_and bitwise_or bitwise_xor floor_divide""".split()} | {
+    "subtract": torch.sub, "multiply": torch.mul, "divide": torch.true_divide,
+    "power": torch.pow, "float_power": torch.pow, "arctan2": torch.atan2, "equal": torch.eq,
     "not_equal": torch.ne, "less": torch.lt, "less_equal": torch.le, "greater": torch.gt,
-    "greater_equal": torch.ge, "logical_and": torch.logical_and,
-    "logical_or": torch.logical_or, "logical_xor": torch.logical_xor,
-    "bitwise_and": torch.bitwise_and, "bitwise_or": torch.bitwise_or,
-    "bitwise_xor": torch.bitwise_xor, "left_shift": torch.bitwise_left_shift,
-    "right_shift": torch.bitwise_right_shift,
-}
+    "greater_equal": torch.ge, "left_shift": torch.bitwise_left_shift,
+    "right_shift": torch.bitwise_right_shift}
 # torch ops that take a Python number on either side; the others get 0-d tensors.
 _NUMBERS_OK = frozenset({
     torch.add, torch.sub, torch.mul, torch.true_divide, torch.floor_divide, torch.remainder,
     torch.pow, torch.eq, torch.ne, torch.lt, torch.le, torch.gt, torch.ge, torch.logical_and,
-    torch.logical_or, torch.logical_xor, torch.bitwise_and, torch.bitwise_or,
-    torch.bitwise_xor,
-})
+    torch.logical_or, torch.logical_xor, torch.bitwise_and, torch.bitwise_or, torch.bitwise_xor})
 _INTEGER_DIVISIONS = frozenset({"floor_divide", "remainder", "fmod"})
 # Functions of Python values that answer questions about dtypes: folded while tracing.
 FOLDED = ("dtype", "issubdtype", "result_type", "promote_types", "can_cast", "finfo", "iinfo")
@@ -144,7 +117,7 @@ def _sample_of(v: Any) -> Any:
     return python_type_of(v)
 
 
-def _torch(out: OutputGraph, fn: Any, *args: Any, **kwargs: Any) -> Any:
+def _torch(out: Output, fn: Any, *args: Any, **kwargs: Any) -> Any:
     """``fn(*args, **kwargs)`` as torch graph ops (as capture does for torch code, without
     autocast: NumPy's dtypes are not autocast's)."""
     if fn in torch_ops.FUNCTIONS:
@@ -162,7 +135,7 @@ def _result_dtype(values: list) -> np.dtype:
 # -- ufuncs ----------------------------------------------------------------------------------
 
 
-def ufunc(out: OutputGraph, uf: Any, args: tuple, kwargs: dict | None = None) -> ArrayVar:
+def ufunc(out: Output, uf: Any, args: tuple, kwargs: dict | None = None) -> ArrayVar:
     """``uf(*args)`` with NumPy's loop dtypes (see the module doc)."""
     name = uf.__name__
     fname = f"numpy.{name}"
@@ -186,9 +159,8 @@ def ufunc(out: OutputGraph, uf: Any, args: tuple, kwargs: dict | None = None) ->
                         for v, t in zip(ops, types)))  # NumPy's own checks (value ranges)
     loop = sample(fname, uf.resolve_dtypes, types + (None,) * uf.nout)
     ins, res_dtype = loop[: uf.nin], loop[uf.nin]
-    if any(isinstance(v, torch.SymInt) for v in ops) and res_dtype.kind in "iu" and (
-        res_dtype.itemsize < 8
-    ):
+    if (any(isinstance(v, torch.SymInt) for v in ops) and res_dtype.kind in "iu"
+            and res_dtype.itemsize < 8):
         raise Unsupported(f"{fname}(): a dynamic size with a {res_dtype} array")
     if ins[0].kind in "biu" and (name == "reciprocal" or (
         name == "power" and isinstance(ops[1], ArrayVar)
@@ -207,7 +179,7 @@ def ufunc(out: OutputGraph, uf: Any, args: tuple, kwargs: dict | None = None) ->
     return result(out, res, res_dtype, scalar=True)
 
 
-def _integer_division(out: OutputGraph, fn: Any, a: Any, b: Any) -> TensorVar:
+def _integer_division(out: Output, fn: Any, a: Any, b: Any) -> TensorVar:
     """Integer ``//``, ``%``, fmod: 0 where the divisor is 0, as NumPy gives (with a
     warning), never the hardware's trap."""
     if not isinstance(b, TensorVar):
@@ -219,11 +191,10 @@ def _integer_division(out: OutputGraph, fn: Any, a: Any, b: Any) -> TensorVar:
     return _torch(out, torch.where, zero, 0, _torch(out, fn, a, safe))
 
 
-def matmul(out: OutputGraph, fname: str, a: Any, b: Any) -> ArrayVar:
+def matmul(out: Output, fname: str, a: Any, b: Any) -> ArrayVar:
     a, b = operand(out, fname, a), operand(out, fname, b)
-    if not isinstance(a, ArrayVar) or not isinstance(b, ArrayVar) or (
-        a.tensor.meta.ndim == 0 or b.tensor.meta.ndim == 0
-    ):
+    if (not isinstance(a, ArrayVar) or not isinstance(b, ArrayVar)
+            or a.tensor.meta.ndim == 0 or b.tensor.meta.ndim == 0):
         raise Unsupported(f"{fname}: an operand has no dimensions (NumPy raises)", raises=True)
     dtype = _result_dtype([a, b])
     if dtype.kind == "b" or (dtype.kind in "iu" and a.tensor.meta.device.type != "cpu"):
@@ -236,7 +207,7 @@ def matmul(out: OutputGraph, fname: str, a: Any, b: Any) -> ArrayVar:
 
 @function("dot")
 @method("dot")
-def _dot(out: OutputGraph, fname: str, args: tuple, kwargs: dict) -> ArrayVar:
+def _dot(out: Output, fname: str, args: tuple, kwargs: dict) -> ArrayVar:
     a, b = parse(fname, args, kwargs, ("a", "b"))
     a, b = as_array(out, fname, a), as_array(out, fname, b)
     if a.tensor.meta.ndim == 0 or b.tensor.meta.ndim == 0:
@@ -247,13 +218,13 @@ def _dot(out: OutputGraph, fname: str, args: tuple, kwargs: dict) -> ArrayVar:
 
 
 @function("matmul")
-def _matmul(out: OutputGraph, fname: str, args: tuple, kwargs: dict) -> ArrayVar:
+def _matmul(out: Output, fname: str, args: tuple, kwargs: dict) -> ArrayVar:
     a, b = parse(fname, args, kwargs, ("x1", "x2"))
     return matmul(out, fname, a, b)
 
 
 @function("where")
-def _where(out: OutputGraph, fname: str, args: tuple, kwargs: dict) -> ArrayVar:
+def _where(out: Output, fname: str, args: tuple, kwargs: dict) -> ArrayVar:
     if len(args) + len(kwargs) == 1:
         raise Unsupported(f"{fname}(condition) has a data-dependent shape; not supported")
     cond, x, y = parse(fname, args, kwargs, ("condition", "x", "y"))
@@ -270,7 +241,7 @@ def _where(out: OutputGraph, fname: str, args: tuple, kwargs: dict) -> ArrayVar:
 
 @function("clip")
 @method("clip")
-def _clip(out: OutputGraph, fname: str, args: tuple, kwargs: dict) -> ArrayVar:
+def _clip(out: Output, fname: str, args: tuple, kwargs: dict) -> ArrayVar:
     kwargs = {{"min": "a_min", "max": "a_max"}.get(k, k): v for k, v in kwargs.items()}
     a, lo, hi = parse(fname, args, kwargs, ("a", "a_min", "a_max"), a_min=None, a_max=None)
     a = as_array(out, fname, a)
@@ -284,7 +255,7 @@ def _clip(out: OutputGraph, fname: str, args: tuple, kwargs: dict) -> ArrayVar:
 
 @function("round", "around")
 @method("round")
-def _round(out: OutputGraph, fname: str, args: tuple, kwargs: dict) -> ArrayVar:
+def _round(out: Output, fname: str, args: tuple, kwargs: dict) -> ArrayVar:
     a, decimals = parse(fname, args, kwargs, ("a", "decimals"), decimals=0)
     a = as_array(out, fname, a)
     if type(decimals) is not int:
@@ -304,8 +275,10 @@ def _round(out: OutputGraph, fname: str, args: tuple, kwargs: dict) -> ArrayVar:
 # -- reductions ------------------------------------------------------------------------------
 
 
-def reduce(out: OutputGraph, fname: str, a: Any, axis: Any, keepdims: Any,
-           **options: Any) -> ArrayVar:
+_EXTREMES = {"max": torch.amax, "amax": torch.amax, "min": torch.amin, "amin": torch.amin}
+
+
+def reduce(out: Output, fname: str, a: Any, axis: Any, keepdims: Any, **options: Any) -> ArrayVar:
     """``np.<name>(a, axis, keepdims=..., **options)`` for the reductions below."""
     name = fname.rpartition(".")[2]
     a = as_array(out, fname, a)
@@ -324,8 +297,7 @@ def reduce(out: OutputGraph, fname: str, a: Any, axis: Any, keepdims: Any,
         (axis,) if isinstance(axis, int) else tuple(axis))
     shape = x.meta.shape
     if name in ("max", "min", "amax", "amin", "argmax", "argmin") and any(
-        shape[d].is_Integer and int(shape[d]) == 0 for d in dims
-    ):
+        shape[d].is_Integer and int(shape[d]) == 0 for d in dims):
         raise Unsupported(f"{fname}: zero-size array to a reduction without identity (NumPy "
                           "raises)", raises=True)
     if name in ("sum", "prod", "cumsum", "cumprod"):
@@ -340,14 +312,13 @@ def reduce(out: OutputGraph, fname: str, a: Any, axis: Any, keepdims: Any,
     elif name == "mean":
         res = _torch(out, torch.mean, cast(out, x, td), dims, keepdims)
     elif name in ("std", "var"):
-        fn = torch.std if name == "std" else torch.var
         ddof = options.get("ddof") or 0
-        res = _torch(out, fn, cast(out, x, td), dims, correction=ddof, keepdim=keepdims)
-    elif name in ("max", "amax", "min", "amin"):
-        fn = torch.amax if name in ("max", "amax") else torch.amin
-        res = _torch(out, fn, x, dims, keepdims)
+        res = _torch(out, getattr(torch, name), cast(out, x, td), dims, correction=ddof,
+                     keepdim=keepdims)
+    elif name in _EXTREMES:
+        res = _torch(out, _EXTREMES[name], x, dims, keepdims)
     elif name in ("argmax", "argmin"):
-        fn = torch.argmax if name == "argmax" else torch.argmin
+        fn = getattr(torch, name)
         if axis is None:
             res = _torch(out, fn, x)
             if keepdims:
@@ -355,19 +326,17 @@ def reduce(out: OutputGraph, fname: str, a: Any, axis: Any, keepdims: Any,
         else:
             res = _torch(out, fn, x, axis, keepdims)
     elif name in ("any", "all"):
-        fn = torch.any if name == "any" else torch.all
-        res = _torch(out, fn, cast(out, x, torch.bool), dims, keepdims)
+        res = _torch(out, getattr(torch, name), cast(out, x, torch.bool), dims, keepdims)
     else:  # cumsum, cumprod
-        fn = torch.cumsum if name == "cumsum" else torch.cumprod
         if axis is None:
             x, axis = _torch(out, torch.reshape, x, (-1,)), 0
-        res = _torch(out, fn, x, axis, dtype=td)
+        res = _torch(out, getattr(torch, name), x, axis, dtype=td)
     return result(out, res, dtype, scalar)
 
 
 @function("sum", "prod", "mean")
 @method("sum", "prod", "mean")
-def _sum(out: OutputGraph, fname: str, args: tuple, kwargs: dict) -> ArrayVar:
+def _sum(out: Output, fname: str, args: tuple, kwargs: dict) -> ArrayVar:
     a, axis, dtype, keepdims = parse(fname, args, kwargs, ("a", "axis", "dtype", "keepdims"),
                                      axis=None, dtype=None, keepdims=False)
     return reduce(out, fname, a, axis, keepdims, dtype=dtype)
@@ -375,7 +344,7 @@ def _sum(out: OutputGraph, fname: str, args: tuple, kwargs: dict) -> ArrayVar:
 
 @function("std", "var")
 @method("std", "var")
-def _var(out: OutputGraph, fname: str, args: tuple, kwargs: dict) -> ArrayVar:
+def _var(out: Output, fname: str, args: tuple, kwargs: dict) -> ArrayVar:
     a, axis, dtype, ddof, keepdims = parse(
         fname, args, kwargs, ("a", "axis", "dtype", "ddof", "keepdims"),
         axis=None, dtype=None, ddof=0, keepdims=False)
@@ -386,7 +355,7 @@ def _var(out: OutputGraph, fname: str, args: tuple, kwargs: dict) -> ArrayVar:
 
 @function("max", "min", "amax", "amin", "argmax", "argmin", "any", "all")
 @method("max", "min", "argmax", "argmin", "any", "all")
-def _extreme(out: OutputGraph, fname: str, args: tuple, kwargs: dict) -> ArrayVar:
+def _extreme(out: Output, fname: str, args: tuple, kwargs: dict) -> ArrayVar:
     a, axis, keepdims = parse(fname, args, kwargs, ("a", "axis", "keepdims"), axis=None,
                               keepdims=False)
     return reduce(out, fname, a, axis, keepdims)
@@ -394,7 +363,7 @@ def _extreme(out: OutputGraph, fname: str, args: tuple, kwargs: dict) -> ArrayVa
 
 @function("cumsum", "cumprod")
 @method("cumsum", "cumprod")
-def _cumsum(out: OutputGraph, fname: str, args: tuple, kwargs: dict) -> ArrayVar:
+def _cumsum(out: Output, fname: str, args: tuple, kwargs: dict) -> ArrayVar:
     a, axis, dtype = parse(fname, args, kwargs, ("a", "axis", "dtype"), axis=None, dtype=None)
     if axis is not None and type(axis) is not int:
         raise Unsupported(f"{fname}(axis=...) must be an int")

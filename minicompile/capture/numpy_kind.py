@@ -5,7 +5,7 @@ them, and the ``np.*`` functions of :mod:`numpy_functions` and :mod:`numpy_shape
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
@@ -17,28 +17,22 @@ from minicompile.capture.variables import (
 from minicompile.errors import Unsupported
 from minicompile.runtime import values
 
-if TYPE_CHECKING:
-    from minicompile.capture.interpreter import InstructionTranslator
-    from minicompile.capture.output import OutputGraph
-    from minicompile.capture.side_effects import Rebuild
 
 # Python operators as the ufuncs NumPy's ndarray implements them with.
 _BINARY = {
     "+": "add", "-": "subtract", "*": "multiply", "/": "divide", "//": "floor_divide",
     "%": "remainder", "**": "power", "&": "bitwise_and", "|": "bitwise_or",
     "^": "bitwise_xor", "<<": "left_shift", ">>": "right_shift", "==": "equal",
-    "!=": "not_equal", "<": "less", "<=": "less_equal", ">": "greater", ">=": "greater_equal",
-}
+    "!=": "not_equal", "<": "less", "<=": "less_equal", ">": "greater", ">=": "greater_equal"}
 _UNARY = {"-": "negative", "+": "positive", "~": "invert"}
 
 
-def call(tx: InstructionTranslator, fn: Any, args: list, kwargs: dict) -> Var:
+def call(tx: kinds.Translator, fn: Any, args: list, kwargs: dict) -> Var:
     """``fn(*args, **kwargs)`` for a callable of NumPy (``np.sum``, ``np.exp``, ``np.float32``)."""
     numpy_arrays.require_numpy_2()
     out = tx.output
     name = numpy_functions.public_name(fn)
-    pos = tuple(out.to_value(a) for a in args)
-    kw = {k: out.to_value(v) for k, v in kwargs.items()}
+    pos, kw = out.to_values(args, kwargs)
     short = name.removeprefix("numpy.")
     if isinstance(fn, np.ufunc):
         return numpy_functions.ufunc(out, fn, pos, kw)
@@ -52,16 +46,14 @@ def call(tx: InstructionTranslator, fn: Any, args: list, kwargs: dict) -> Var:
 
 
 @kinds.call_method.register(ArrayVar)
-def call_method(tx: InstructionTranslator, arr: ArrayVar, name: str, args: list,
-                kwargs: dict) -> Var:
+def call_method(tx: kinds.Translator, arr: ArrayVar, name: str, args: list, kwargs: dict) -> Var:
     out = tx.output
-    pos = tuple(out.to_value(a) for a in args)
-    kw = {k: out.to_value(v) for k, v in kwargs.items()}
+    pos, kw = out.to_values(args, kwargs)
     method = numpy_functions.METHODS[name]
     return out.from_value(method(out, f"numpy.ndarray.{name}", (arr, *pos), kw))
 
 
-def binary(tx: InstructionTranslator, symbol: str, a: Var, b: Var, inplace: bool) -> Var:
+def binary(tx: kinds.Translator, symbol: str, a: Var, b: Var, inplace: bool) -> Var:
     """``a <symbol> b`` (``a <symbol>= b`` when ``inplace``) with a NumPy array on one side."""
     out = tx.output
     av, bv = out.to_value(a), out.to_value(b)
@@ -80,14 +72,14 @@ def binary(tx: InstructionTranslator, symbol: str, a: Var, b: Var, inplace: bool
 
 
 @kinds.unary.register(ArrayVar)
-def unary(tx: InstructionTranslator, x: ArrayVar, symbol: str, fn: Any) -> ArrayVar:
+def unary(tx: kinds.Translator, x: ArrayVar, symbol: str, fn: Any) -> ArrayVar:
     if symbol not in _UNARY:
         raise Unsupported(f"unary operator {symbol} on a NumPy array is not supported")
     return numpy_functions.ufunc(tx.output, getattr(np, _UNARY[symbol]), (x,))
 
 
 @kinds.load_attr.register(ArrayVar)
-def attribute(tx: InstructionTranslator, arr: ArrayVar, name: str) -> Var:
+def attribute(tx: kinds.Translator, arr: ArrayVar, name: str) -> Var:
     out, meta = tx.output, arr.tensor.meta
     if name == "shape":
         return TupleVar(tuple(ConstantVar(s) for s in meta.sizes()))
@@ -116,7 +108,7 @@ def python_type(arr: ArrayVar) -> type:
     return numpy_dtype(arr).type if arr.scalar else np.ndarray
 
 
-def builtin(out: OutputGraph, fn: Any, values: list) -> Var:
+def builtin(out: kinds.Output, fn: Any, values: list) -> Var:
     """A builtin called with a NumPy array first (``len(a)``, ``abs(a)``, ``isinstance``)."""
     x = values[0]
     if fn is len and len(values) == 1:
@@ -136,7 +128,7 @@ def builtin(out: OutputGraph, fn: Any, values: list) -> Var:
 
 
 @kinds.truthy.register(ArrayVar)
-def _truthy(tx: InstructionTranslator, arr: ArrayVar) -> bool:
+def _truthy(tx: kinds.Translator, arr: ArrayVar) -> bool:
     raise Unsupported("data-dependent branch: `if` on a NumPy array's value is not supported",
                       hint="use np.where")
 
@@ -149,7 +141,7 @@ numpy_functions.check_tables()
 
 
 @kinds.rebuild.register(ArrayVar)
-def _rebuild(r: Rebuild, v: ArrayVar) -> str:
+def _rebuild(r: kinds.RebuildWriter, v: ArrayVar) -> str:
     """A NumPy array or scalar of the trace, made once (``a is b`` stays true), over the
     memory NumPy's would share (a view of an input array is a view of it)."""
     if v.source is not None:

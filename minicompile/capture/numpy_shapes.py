@@ -8,11 +8,12 @@ tables; the dtype of a result is NumPy's own answer (``np.result_type``, a sampl
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
 
+from minicompile.capture.kinds import Output
 from minicompile.capture.numpy_arrays import (
     array_device, as_array, cast, copy, full, numpy_dtype, result, torch_dtype,
 )
@@ -21,9 +22,6 @@ from minicompile.capture.torch_ops import parse
 from minicompile.capture.variables import ArrayVar, ConstantVar, TupleVar, python_type_of
 from minicompile.errors import Unsupported
 
-if TYPE_CHECKING:
-    from minicompile.capture.output import OutputGraph
-
 
 # -- shapes ----------------------------------------------------------------------------------
 
@@ -31,14 +29,13 @@ if TYPE_CHECKING:
 def _sizes(fname: str, shape: Any) -> tuple:
     if isinstance(shape, (int, torch.SymInt)) and type(shape) is not bool:
         return (shape,)
-    if isinstance(shape, (tuple, list)) and all(
-        isinstance(s, (int, torch.SymInt)) and type(s) is not bool for s in shape
-    ):
+    if isinstance(shape, (tuple, list)) and all(isinstance(s, (int, torch.SymInt))
+                                                and type(s) is not bool for s in shape):
         return tuple(shape)
     raise Unsupported(f"{fname}(): a shape must be ints here, got {shape!r}")
 
 
-def reshape(out: OutputGraph, fname: str, a: Any, shape: Any, order: Any = "C") -> ArrayVar:
+def reshape(out: Output, fname: str, a: Any, shape: Any, order: Any = "C") -> ArrayVar:
     if order != "C":
         raise Unsupported(f"{fname}(order={order!r}) is not supported")
     a = as_array(out, fname, a)
@@ -46,14 +43,14 @@ def reshape(out: OutputGraph, fname: str, a: Any, shape: Any, order: Any = "C") 
 
 
 @function("reshape")
-def _reshape(out: OutputGraph, fname: str, args: tuple, kwargs: dict) -> ArrayVar:
+def _reshape(out: Output, fname: str, args: tuple, kwargs: dict) -> ArrayVar:
     kwargs = {"shape" if k == "newshape" else k: v for k, v in kwargs.items()}
     a, shape, order = parse(fname, args, kwargs, ("a", "shape", "order"), order="C")
     return reshape(out, fname, a, shape, order)
 
 
 @method("reshape")
-def _reshape_method(out: OutputGraph, fname: str, args: tuple, kwargs: dict) -> ArrayVar:
+def _reshape_method(out: Output, fname: str, args: tuple, kwargs: dict) -> ArrayVar:
     order = kwargs.pop("order", "C")
     shape = args[1:] if len(args) != 2 else args[1]
     if "shape" in kwargs and len(args) == 1:
@@ -64,13 +61,13 @@ def _reshape_method(out: OutputGraph, fname: str, args: tuple, kwargs: dict) -> 
 
 @function("ravel")
 @method("ravel", "flatten")
-def _ravel(out: OutputGraph, fname: str, args: tuple, kwargs: dict) -> ArrayVar:
+def _ravel(out: Output, fname: str, args: tuple, kwargs: dict) -> ArrayVar:
     a, order = parse(fname, args, kwargs, ("a", "order"), order="C")
     flat = reshape(out, fname, a, (-1,), order)
     return ArrayVar(copy(out, flat.tensor)) if fname.endswith("flatten") else flat
 
 
-def transpose(out: OutputGraph, fname: str, a: Any, axes: Any) -> ArrayVar:
+def transpose(out: Output, fname: str, a: Any, axes: Any) -> ArrayVar:
     a = as_array(out, fname, a)
     ndim = a.tensor.meta.ndim
     axes = tuple(reversed(range(ndim))) if axes is None else _sizes(fname, axes)
@@ -78,13 +75,13 @@ def transpose(out: OutputGraph, fname: str, a: Any, axes: Any) -> ArrayVar:
 
 
 @function("transpose", "permute_dims")
-def _transpose(out: OutputGraph, fname: str, args: tuple, kwargs: dict) -> ArrayVar:
+def _transpose(out: Output, fname: str, args: tuple, kwargs: dict) -> ArrayVar:
     a, axes = parse(fname, args, kwargs, ("a", "axes"), axes=None)
     return transpose(out, fname, a, axes)
 
 
 @method("transpose")
-def _transpose_method(out: OutputGraph, fname: str, args: tuple, kwargs: dict) -> ArrayVar:
+def _transpose_method(out: Output, fname: str, args: tuple, kwargs: dict) -> ArrayVar:
     parse(fname, (), kwargs, ())
     axes = args[1:] if len(args) != 2 else args[1]
     return transpose(out, fname, args[0], axes if axes != () else None)
@@ -92,19 +89,19 @@ def _transpose_method(out: OutputGraph, fname: str, args: tuple, kwargs: dict) -
 
 @function("swapaxes")
 @method("swapaxes")
-def _swapaxes(out: OutputGraph, fname: str, args: tuple, kwargs: dict) -> ArrayVar:
+def _swapaxes(out: Output, fname: str, args: tuple, kwargs: dict) -> ArrayVar:
     a, d1, d2 = parse(fname, args, kwargs, ("a", "axis1", "axis2"))
     return ArrayVar(_torch(out, torch.transpose, as_array(out, fname, a).tensor, d1, d2))
 
 
 @function("moveaxis")
-def _moveaxis(out: OutputGraph, fname: str, args: tuple, kwargs: dict) -> ArrayVar:
+def _moveaxis(out: Output, fname: str, args: tuple, kwargs: dict) -> ArrayVar:
     a, src, dst = parse(fname, args, kwargs, ("a", "source", "destination"))
     return ArrayVar(_torch(out, torch.movedim, as_array(out, fname, a).tensor, src, dst))
 
 
 @function("expand_dims")
-def _expand_dims(out: OutputGraph, fname: str, args: tuple, kwargs: dict) -> ArrayVar:
+def _expand_dims(out: Output, fname: str, args: tuple, kwargs: dict) -> ArrayVar:
     a, axis = parse(fname, args, kwargs, ("a", "axis"))
     a = as_array(out, fname, a)
     axes = _sizes(fname, axis)
@@ -120,7 +117,7 @@ def _expand_dims(out: OutputGraph, fname: str, args: tuple, kwargs: dict) -> Arr
 
 @function("squeeze")
 @method("squeeze")
-def _squeeze(out: OutputGraph, fname: str, args: tuple, kwargs: dict) -> ArrayVar:
+def _squeeze(out: Output, fname: str, args: tuple, kwargs: dict) -> ArrayVar:
     a, axis = parse(fname, args, kwargs, ("a", "axis"), axis=None)
     a = as_array(out, fname, a)
     shape = a.tensor.meta.shape
@@ -140,17 +137,16 @@ def _squeeze(out: OutputGraph, fname: str, args: tuple, kwargs: dict) -> ArrayVa
 
 
 @function("broadcast_to")
-def _broadcast_to(out: OutputGraph, fname: str, args: tuple, kwargs: dict) -> ArrayVar:
+def _broadcast_to(out: Output, fname: str, args: tuple, kwargs: dict) -> ArrayVar:
     a, shape = parse(fname, args, kwargs, ("array", "shape"))
     a = as_array(out, fname, a)
     return ArrayVar(_torch(out, torch.broadcast_to, a.tensor, _sizes(fname, shape)))
 
 
-def _joined(out: OutputGraph, fname: str, args: tuple, kwargs: dict) -> tuple[list, Any]:
+def _joined(out: Output, fname: str, args: tuple, kwargs: dict) -> tuple[list, Any]:
     """The tensors ``np.concatenate`` / ``np.stack`` join (cast to the result's dtype), and
     the axis."""
-    seq, axis, dtype = parse(fname, args, kwargs, ("arrays", "axis", "dtype"), axis=0,
-                             dtype=None)
+    seq, axis, dtype = parse(fname, args, kwargs, ("arrays", "axis", "dtype"), axis=0, dtype=None)
     if not isinstance(seq, (tuple, list)) or not seq:
         raise Unsupported(f"{fname}() needs a non-empty sequence of arrays here")
     arrays = [as_array(out, fname, a) for a in seq]
@@ -159,7 +155,7 @@ def _joined(out: OutputGraph, fname: str, args: tuple, kwargs: dict) -> tuple[li
 
 
 @function("concatenate", "concat")
-def _concatenate(out: OutputGraph, fname: str, args: tuple, kwargs: dict) -> ArrayVar:
+def _concatenate(out: Output, fname: str, args: tuple, kwargs: dict) -> ArrayVar:
     tensors, axis = _joined(out, fname, args, kwargs)
     if axis is None:
         tensors, axis = [_torch(out, torch.reshape, t, (-1,)) for t in tensors], 0
@@ -170,13 +166,13 @@ def _concatenate(out: OutputGraph, fname: str, args: tuple, kwargs: dict) -> Arr
 
 
 @function("stack")
-def _stack(out: OutputGraph, fname: str, args: tuple, kwargs: dict) -> ArrayVar:
+def _stack(out: Output, fname: str, args: tuple, kwargs: dict) -> ArrayVar:
     tensors, axis = _joined(out, fname, args, kwargs)
     return ArrayVar(_torch(out, torch.stack, tensors, axis))
 
 
 @function("shape", "ndim", "size")
-def _metadata(out: OutputGraph, fname: str, args: tuple, kwargs: dict) -> Any:
+def _metadata(out: Output, fname: str, args: tuple, kwargs: dict) -> Any:
     (a,) = parse(fname, args, kwargs, ("a",))
     sizes = as_array(out, fname, a).tensor.meta.sizes()
     name = fname.rpartition(".")[2]
@@ -188,10 +184,9 @@ def _metadata(out: OutputGraph, fname: str, args: tuple, kwargs: dict) -> Any:
 # -- making arrays ---------------------------------------------------------------------------
 
 
-def _filled(out: OutputGraph, sizes: tuple, value: Any, dtype: np.dtype) -> ArrayVar:
-    t = _torch(out, torch.full, sizes, value, dtype=torch_dtype(dtype),
-               device=array_device(out))
-    return ArrayVar(t)
+def _filled(out: Output, sizes: tuple, value: Any, dtype: np.dtype) -> ArrayVar:
+    return ArrayVar(_torch(out, torch.full, sizes, value, dtype=torch_dtype(dtype),
+                           device=array_device(out)))
 
 
 def _fill_value(fname: str, value: Any, dtype: np.dtype) -> Any:
@@ -205,7 +200,7 @@ def _fill_value(fname: str, value: Any, dtype: np.dtype) -> Any:
 
 
 @function("zeros", "ones", "empty")
-def _zeros(out: OutputGraph, fname: str, args: tuple, kwargs: dict) -> ArrayVar:
+def _zeros(out: Output, fname: str, args: tuple, kwargs: dict) -> ArrayVar:
     shape, dtype, order = parse(fname, args, kwargs, ("shape", "dtype", "order"), dtype=None,
                                 order="C")
     dt = np.dtype(float if dtype is None else dtype)
@@ -214,7 +209,7 @@ def _zeros(out: OutputGraph, fname: str, args: tuple, kwargs: dict) -> ArrayVar:
 
 
 @function("full")
-def _full(out: OutputGraph, fname: str, args: tuple, kwargs: dict) -> ArrayVar:
+def _full(out: Output, fname: str, args: tuple, kwargs: dict) -> ArrayVar:
     shape, value, dtype, order = parse(fname, args, kwargs,
                                        ("shape", "fill_value", "dtype", "order"), dtype=None,
                                        order="C")
@@ -223,7 +218,7 @@ def _full(out: OutputGraph, fname: str, args: tuple, kwargs: dict) -> ArrayVar:
 
 
 @function("zeros_like", "ones_like", "empty_like", "full_like")
-def _like(out: OutputGraph, fname: str, args: tuple, kwargs: dict) -> ArrayVar:
+def _like(out: Output, fname: str, args: tuple, kwargs: dict) -> ArrayVar:
     name = fname.rpartition(".")[2]
     names = ("a", "fill_value", "dtype", "order", "subok", "shape") if name == "full_like" \
         else ("a", "dtype", "order", "subok", "shape")
@@ -237,7 +232,7 @@ def _like(out: OutputGraph, fname: str, args: tuple, kwargs: dict) -> ArrayVar:
 
 
 @function("arange")
-def _arange(out: OutputGraph, fname: str, args: tuple, kwargs: dict) -> ArrayVar:
+def _arange(out: Output, fname: str, args: tuple, kwargs: dict) -> ArrayVar:
     start, stop, step, dtype = parse(fname, args, kwargs, ("start", "stop", "step", "dtype"),
                                      stop=None, step=None, dtype=None)
     if stop is None:
@@ -252,13 +247,12 @@ def _arange(out: OutputGraph, fname: str, args: tuple, kwargs: dict) -> ArrayVar
         raise Unsupported(f"{fname}() with dtype {dt} and these bounds is not supported")
     if step == 0:
         raise Unsupported(f"{fname}(): step 0 (NumPy raises)", raises=True)
-    t = _torch(out, torch.arange, start, stop, step, dtype=torch_dtype(dt),
-               device=array_device(out))
-    return ArrayVar(t)
+    return ArrayVar(_torch(out, torch.arange, start, stop, step, dtype=torch_dtype(dt),
+                           device=array_device(out)))
 
 
 @function("linspace")
-def _linspace(out: OutputGraph, fname: str, args: tuple, kwargs: dict) -> ArrayVar:
+def _linspace(out: Output, fname: str, args: tuple, kwargs: dict) -> ArrayVar:
     """``start + i * step``, the last one ``stop``: NumPy's own formula."""
     start, stop, num, endpoint, retstep, dtype, axis = parse(
         fname, args, kwargs, ("start", "stop", "num", "endpoint", "retstep", "dtype", "axis"),
@@ -281,7 +275,7 @@ def _linspace(out: OutputGraph, fname: str, args: tuple, kwargs: dict) -> ArrayV
 
 
 @function("eye", "identity")
-def _eye(out: OutputGraph, fname: str, args: tuple, kwargs: dict) -> ArrayVar:
+def _eye(out: Output, fname: str, args: tuple, kwargs: dict) -> ArrayVar:
     if fname.endswith("identity"):
         n, dtype = parse(fname, args, kwargs, ("n", "dtype"), dtype=None)
         m, k = n, 0
@@ -291,20 +285,18 @@ def _eye(out: OutputGraph, fname: str, args: tuple, kwargs: dict) -> ArrayVar:
     if k != 0:
         raise Unsupported(f"{fname}(k={k}) is not supported")
     dt = np.dtype(float if dtype is None else dtype)
-    t = _torch(out, torch.eye, n, n if m is None else m, dtype=torch_dtype(dt),
-               device=array_device(out))
-    return ArrayVar(t)
+    return ArrayVar(_torch(out, torch.eye, n, n if m is None else m, dtype=torch_dtype(dt),
+                           device=array_device(out)))
 
 
 @function("array", "asarray", "asanyarray", "copy")
-def _array(out: OutputGraph, fname: str, args: tuple, kwargs: dict) -> ArrayVar:
+def _array(out: Output, fname: str, args: tuple, kwargs: dict) -> ArrayVar:
     kwargs = {"object" if k == "a" else k: v for k, v in kwargs.items()}
     obj, dtype, copy_arg = parse(fname, args, kwargs, ("object", "dtype", "copy"), dtype=None,
                                  copy=None)
     name = fname.rpartition(".")[2]
     if isinstance(obj, (list, tuple)) and obj and all(isinstance(a, ArrayVar) for a in obj):
-        stacked = _stack(out, fname, (obj,), {"dtype": dtype})
-        return stacked
+        return _stack(out, fname, (obj,), {"dtype": dtype})
     if not isinstance(obj, ArrayVar):
         arr = as_array(out, fname, obj)
         return arr if dtype is None else astype(out, fname, arr, dtype, copy_arg=False)
@@ -315,7 +307,7 @@ def _array(out: OutputGraph, fname: str, args: tuple, kwargs: dict) -> ArrayVar:
     return ArrayVar(arr.tensor)  # an array, also of a NumPy scalar
 
 
-def astype(out: OutputGraph, fname: str, a: ArrayVar, dtype: Any, copy_arg: Any = True) -> ArrayVar:
+def astype(out: Output, fname: str, a: ArrayVar, dtype: Any, copy_arg: Any = True) -> ArrayVar:
     t = cast(out, a.tensor, torch_dtype(dtype))
     if t is a.tensor:
         if copy_arg is False:
@@ -326,7 +318,7 @@ def astype(out: OutputGraph, fname: str, a: ArrayVar, dtype: Any, copy_arg: Any 
 
 @function("astype")
 @method("astype")
-def _astype(out: OutputGraph, fname: str, args: tuple, kwargs: dict) -> ArrayVar:
+def _astype(out: Output, fname: str, args: tuple, kwargs: dict) -> ArrayVar:
     a, dtype, order, casting, subok, copy_arg = parse(
         fname, args, kwargs, ("a", "dtype", "order", "casting", "subok", "copy"), order="K",
         casting="unsafe", subok=True, copy=True)
@@ -338,12 +330,12 @@ def _astype(out: OutputGraph, fname: str, args: tuple, kwargs: dict) -> ArrayVar
 
 
 @method("copy")
-def _copy_method(out: OutputGraph, fname: str, args: tuple, kwargs: dict) -> ArrayVar:
+def _copy_method(out: Output, fname: str, args: tuple, kwargs: dict) -> ArrayVar:
     a, order = parse(fname, args, kwargs, ("a", "order"), order="C")
     return ArrayVar(copy(out, a.tensor), a.scalar)
 
 
-def scalar_type(out: OutputGraph, fname: str, cls: type, args: tuple, kwargs: dict) -> ArrayVar:
+def scalar_type(out: Output, fname: str, cls: type, args: tuple, kwargs: dict) -> ArrayVar:
     """``np.float32(x)``: a NumPy scalar of a number, or an array (a scalar if 0-d) cast."""
     dt = np.dtype(cls)
     torch_dtype(dt)

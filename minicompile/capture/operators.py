@@ -1,11 +1,7 @@
-"""Operators for the interpreter (a mixin of InstructionTranslator): ``BINARY_OP``
-(arithmetic and its in-place forms), ``COMPARE_OP``, ``IS_OP``, ``CONTAINS_OP``, the unary
-operators, and 3.12's ``CALL_INTRINSIC_1`` (``+x``, and a list made a tuple).
-
-On tensors an operator becomes a graph node (:mod:`torch_ops`, under the traced autocast
-state), and ``x += y`` an in-place op (:mod:`mutation`); NumPy arrays go to
-:mod:`numpy_arrays`; lists and tuples are concatenated as trackers (they may hold tensors);
-other Python values are folded while tracing (``fold``).
+"""Operators for the interpreter (a mixin of InstructionTranslator): ``BINARY_OP``,
+``COMPARE_OP``, ``IS_OP``, ``CONTAINS_OP``, the unary operators and 3.12's
+``CALL_INTRINSIC_1``.  On tensors an operator becomes a node (``x += y`` an in-place op),
+lists and tuples concatenate as trackers, other Python values are folded.
 """
 
 from __future__ import annotations
@@ -27,28 +23,21 @@ if TYPE_CHECKING:
 
 
 class OperatorsMixin:
-    # -- operators -------------------------------------------------------------------------
-
     def BINARY_OP(self: InstructionTranslator, inst: Inst) -> None:
         b, a = self.pop(), self.pop()
         symbol, fn, inplace = bytecode.binary_op(inst)
         self.push(self.binary(symbol, fn, a, b, inplace))
 
-    def binary(
-        self: InstructionTranslator, symbol: str, fn: Callable, a: Var, b: Var,
-        inplace: bool = False,
-    ) -> Var:
+    def binary(self: InstructionTranslator, symbol: str, fn: Callable, a: Var, b: Var,
+               inplace: bool = False) -> Var:
         if isinstance(self.realize(a), ArrayVar) or isinstance(self.realize(b), ArrayVar):
             from minicompile.capture import numpy_kind
 
             return numpy_kind.binary(self, symbol, a, b, inplace)
         if isinstance(a, TensorVar) or isinstance(b, TensorVar):
             av, bv = self.output.to_value(a), self.output.to_value(b)
-            result = autocast.call(
-                self.output, fn, (av, bv), {},
-                lambda p, k: torch_ops.binary_operator(self.output, symbol, *p),
-                inplace=inplace,
-            )
+            result = autocast.call(self.output, fn, (av, bv), {}, lambda p, k: (
+                torch_ops.binary_operator(self.output, symbol, *p)), inplace=inplace)
             if inplace and isinstance(a, TensorVar):  # x += y is x.__iadd__(y): in place
                 return mutation.mutate(self.output, a, result, f"operator {symbol}=")
             return self.output.from_value(result)

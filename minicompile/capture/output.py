@@ -1,11 +1,9 @@
 """The state one capture builds, shared by the root translator and the inlined ones.
 
-:class:`OutputGraph` owns the :class:`Graph`, the :class:`GuardBuilder` and the list of
-inputs.  It turns frame values into trackers (:meth:`wrap`, which installs guards and makes
-placeholders; in :mod:`frame_values`, a mixin of it), makes call nodes (:meth:`op`, the
-:class:`~torch_ops.Emitter`), converts between trackers and the plain values torch_ops works
-on (:meth:`to_value` / :meth:`from_value`), and finally generates the per-call functions
-(:meth:`finish`).
+:class:`OutputGraph` owns the :class:`Graph`, the :class:`GuardBuilder` and the inputs; it
+wraps frame values (:mod:`frame_values`), makes call nodes (:meth:`op`), converts trackers
+to and from plain values (:meth:`to_value` / :meth:`from_value`) and generates the per-call
+functions (:meth:`finish`).
 """
 
 from __future__ import annotations
@@ -14,7 +12,7 @@ import dataclasses
 import enum
 import types
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import sympy
 import torch
@@ -28,14 +26,12 @@ from minicompile.capture.guard_builder import GuardBuilder
 from minicompile.capture.side_effects import SideEffects, generate_rebuild
 from minicompile.capture.variables import (
     ConstantVar, DictVar, ListVar, ObjectVar, SizeVar, StructSeqVar, TensorVar, TupleVar,
-    UserObjectVar, Var, is_constant_value,
+    UserObjectVar, Var, is_constant_value, leaves, map_leaves,
 )
 from minicompile.errors import ShapeError, SourceLine, Unsupported
 from minicompile.graph import Graph, Node, TensorMeta
 from minicompile.runtime.guards import Guards
 
-if TYPE_CHECKING:
-    from minicompile.capture.interpreter import InstructionTranslator
 
 # Graph view ops and how a view made by one is described (see mutation.ViewStep).
 _VIEW_OPS = frozenset({"permute", "expand", "unsqueeze", "squeeze"})
@@ -45,8 +41,7 @@ NON_DIFFERENTIABLE = frozenset({
     "torch.Tensor.argmin", "torch.zeros_like", "torch.ones_like", "torch.empty_like",
     "torch.Tensor.new_zeros", "torch.Tensor.new_ones", "torch.Tensor.new_empty",
     "torch.rand_like", "torch.randn_like", "torch.randint_like", "torch.full_like",
-    "torch.Tensor.new_full",
-})
+    "torch.Tensor.new_full"})
 MAX_INSTRUCTIONS = 100_000
 
 
@@ -74,7 +69,7 @@ class OutputGraph(FrameValuesMixin):
         self.input_exprs: list[str] = []
         self._wrapped: dict[str, Var] = {}
         self._idents: set[str] = set()
-        self.tx: InstructionTranslator | None = None  # the translator running now
+        self.tx: kinds.Translator | None = None  # the translator running now
         # Mutable objects read from the frame, by identity: a second source for the same
         # object gives the same tracker plus an `is` guard (aliased inputs, tied weights).
         self._by_id: dict[int, Var] = {}
@@ -102,24 +97,24 @@ class OutputGraph(FrameValuesMixin):
         and known objects become themselves, containers are rebuilt."""
         return kinds.to_value(self, self.realize(var))
 
+    def to_values(self, args: Any, kwargs: dict) -> tuple[tuple, dict]:
+        """The plain values of a call's arguments."""
+        return tuple(map(self.to_value, args)), {k: self.to_value(v) for k, v in kwargs.items()}
+
     def require_pinned(self, operands: Any, what: str) -> None:
-        """Raise Unsupported when an operand (or an item of one) is an object the guards
-        know only by its type: a user object, or a library object such as a numpy array.
-        Computing with it while tracing (an operator, a builtin, a format) would bake this
-        call's contents into the segment, and a later call with other contents, which
-        passes ``type(v) is C``, would reuse them.  The operation must run for real
-        instead (a graph break).  Enum members are immutable: an identity guard pins them."""
+        """Unsupported (a graph break) when an operand, or an item of one, is an object the
+        guards know only by its type: computing with it while tracing would bake this
+        call's contents into the segment for later calls that pass ``type(v) is C``.
+        Enum members are immutable: an identity guard pins them."""
         for var in operands:
             kinds.require_pinned(self, self.realize(var), what)
 
     @kinds.require_pinned.register(UserObjectVar)
     def _pin_object(self, var: UserObjectVar, what: str) -> None:
         if not isinstance(var.value, enum.Enum):
-            raise Unsupported(
-                f"{what} on {type(var.value).__module__}.{type(var.value).__name__}: "
-                "its contents are not guarded, so the trace cannot compute with them",
-                hint="the operation runs for real (graph break)",
-            )
+            raise Unsupported(f"{what} on {type(var.value).__module__}.{type(var.value).__name__}: "
+                              "its contents are not guarded, so the trace cannot compute with them",
+                              hint="the operation runs for real (graph break)")
         if var.source is not None and not var.source.trusted:
             self.guards.identity_match(var.source, var.value)
 
@@ -150,23 +145,20 @@ class OutputGraph(FrameValuesMixin):
         eager would reject (bad shapes, dtypes, mixed devices) is Unsupported, so the
         frame runs eagerly and PyTorch raises its own error."""
         kwargs = kwargs or {}
-        tensors = [v for v in _flatten((args, kwargs)) if isinstance(v, TensorVar)]
+        tensors = [v for v in leaves((args, kwargs)) if isinstance(v, TensorVar)]
         devices = sorted({str(t.meta.device) for t in tensors})
         if len(devices) > 1:
             raise Unsupported(f"{name}: tensors on different devices ({', '.join(devices)})")
-        for v in _flatten((args, kwargs)):
+        for v in leaves((args, kwargs)):
             if not isinstance(v, TensorVar) and not _graph_constant(v):
                 raise Unsupported(f"{name}: argument of type {type(v).__name__} is not supported")
-        node_args = _to_nodes(args)
-        node_kwargs = _to_nodes(kwargs)
+        node_args, node_kwargs = map_leaves(args, _to_node), map_leaves(kwargs, _to_node)
         if self.graph.shapes is not None:
-            node_args = self.sizes_to_sympy(node_args)
-            node_kwargs = self.sizes_to_sympy(node_kwargs)
+            node_args, node_kwargs = self.sizes_to_sympy((node_args, node_kwargs))
         try:
             if tensors:
                 meta = ops.infer_meta(
-                    name, node_args, node_kwargs, tensors[0].meta.device, self.graph.shapes
-                )
+                    name, node_args, node_kwargs, tensors[0].meta.device, self.graph.shapes)
             elif self.graph.shapes is not None and ops.has_symbols((node_args, node_kwargs)):
                 # A factory with symbolic sizes (torch.arange(n)): on fake tensors, placed
                 # on the device it names.
@@ -186,10 +178,8 @@ class OutputGraph(FrameValuesMixin):
         stack = self.user_stack()
         node = self.graph.call(name, node_args, node_kwargs, meta=meta, stack=stack)
         if isinstance(meta, tuple):
-            items = tuple(
-                TensorVar(self.graph.call("getitem", (node, i), {}, meta=m, stack=stack))
-                for i, m in enumerate(meta)
-            )
+            items = tuple(TensorVar(self.graph.call("getitem", (node, i), {}, meta=m, stack=stack))
+                          for i, m in enumerate(meta))
             return TupleVar(items)  # type: ignore[return-value]
         result = TensorVar(node)
         if track and name in _VIEW_OPS:
@@ -234,25 +224,16 @@ class OutputGraph(FrameValuesMixin):
         return result
 
     def _track_views(self, fn: Any, short: str, args: tuple, kwargs: dict, result: Any) -> None:
-        sources = [a for a in _flatten((args, kwargs)) if isinstance(a, TensorVar)]
+        sources = [a for a in leaves((args, kwargs)) if isinstance(a, TensorVar)]
         if not sources:
             return
         shapes = self.graph.shapes  # symbolic sizes stay symbolic (no guard on their hints)
-        fakes = {
-            id(v): shapes.fake(v.meta.shape, v.meta.stride, v.meta.dtype, device=v.meta.device)
-            if shapes is not None else v.meta.fake()
-            for v in sources
-        }
-
-        def fake(v: Any) -> Any:
-            if isinstance(v, TensorVar):
-                return fakes[id(v)]
-            if isinstance(v, (tuple, list)):
-                return type(v)(fake(x) for x in v)
-            return v
-
+        fakes = {id(v): shapes.fake(v.meta.shape, v.meta.stride, v.meta.dtype, device=v.meta.device)
+                 if shapes is not None else v.meta.fake()
+                 for v in sources}
         try:
-            fake_args, fake_kwargs = fake(args), {k: fake(v) for k, v in kwargs.items()}
+            fake_args, fake_kwargs = map_leaves(
+                (args, kwargs), lambda v: fakes[id(v)] if isinstance(v, TensorVar) else v)
             res = (shapes.run(fn, *fake_args, **fake_kwargs) if shapes is not None
                    else fn(*fake_args, **fake_kwargs))
         except Exception:
@@ -307,15 +288,9 @@ class OutputGraph(FrameValuesMixin):
         exec(compile(rebuild_src, "<minicompile rebuild>", "exec"), ns)
         exec(compile(inputs_src, "<minicompile inputs>", "exec"), ns)
         return Finished(
-            graph=self.graph,
-            input_sources=list(self.input_sources),
-            get_inputs=ns["get_inputs"],
-            get_inputs_source=inputs_src,
-            guards=guards,
-            rebuild=ns["rebuild"],
-            rebuild_source=rebuild_src,
-            writebacks=self._writebacks(outputs, rebuild_src),
-        )
+            graph=self.graph, input_sources=list(self.input_sources), get_inputs=ns["get_inputs"],
+            get_inputs_source=inputs_src, guards=guards, rebuild=ns["rebuild"],
+            rebuild_source=rebuild_src, writebacks=self._writebacks(outputs, rebuild_src))
 
     def _writebacks(self, outputs: list[Node], rebuild_src: str) -> tuple[tuple[int, int], ...]:
         """Which graph output rebuild copies into which input (by placeholder position) and
@@ -323,12 +298,10 @@ class OutputGraph(FrameValuesMixin):
         outputs in place."""
         position = {node: k for k, node in enumerate(self.graph.placeholders)}
         out_index = {node: k for k, node in enumerate(outputs)}
-        return tuple(
-            (out_index[var.node], position[self.input_nodes[id(var)]])
-            for var in self.mutated_inputs.values()
-            if var.node is not self.input_nodes[id(var)] and var.node in out_index
-            and rebuild_src.count(f"outs[{out_index[var.node]}]") == 1
-        )
+        return tuple((out_index[var.node], position[self.input_nodes[id(var)]])
+                     for var in self.mutated_inputs.values()
+                     if var.node is not self.input_nodes[id(var)] and var.node in out_index
+                     and rebuild_src.count(f"outs[{out_index[var.node]}]") == 1)
 
     def _check_no_shared_storage(self) -> None:
         """Mutated inputs must not share memory with other inputs (``f(x, x[0])``): the
@@ -359,22 +332,8 @@ def _factory_meta(fn: Any, args: tuple, kwargs: dict) -> TensorMeta:
     return dataclasses.replace(meta, device=device, storage_offset=sympy.Integer(0))
 
 
-def _flatten(value: Any) -> list[Any]:
-    if isinstance(value, (tuple, list)):
-        return [x for v in value for x in _flatten(v)]
-    if isinstance(value, dict):
-        return [x for v in value.values() for x in _flatten(v)]
-    return [value]
-
-
-def _to_nodes(value: Any) -> Any:
-    if isinstance(value, TensorVar):
-        return value.node
-    if isinstance(value, (tuple, list)):
-        return type(value)(_to_nodes(v) for v in value)
-    if isinstance(value, dict):
-        return {k: _to_nodes(v) for k, v in value.items()}
-    return value
+def _to_node(value: Any) -> Any:
+    return value.node if isinstance(value, TensorVar) else value
 
 
 kinds.to_value.register(TensorVar, lambda out, var: var)

@@ -9,66 +9,33 @@ from __future__ import annotations
 
 import builtins
 import collections.abc
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from minicompile.capture.kinds import Output
 from minicompile.capture.variables import (
     ArrayVar, python_type_of, specialized, ConstantVar, DictVar, ListVar, ObjectVar, TensorVar,
-    TupleVar, Var,
+    TupleVar, Var, leaves,
 )
 from minicompile.errors import Unsupported
 
-if TYPE_CHECKING:
-    from minicompile.capture.output import OutputGraph
 
 # Builtins without side effects, folded when no argument is a tensor.
-FOLDABLE: frozenset[Any] = frozenset(
-    {
-        abs,
-        all,
-        any,
-        bool,
-        callable,
-        complex,
-        divmod,
-        float,
-        hash,
-        int,
-        isinstance,
-        issubclass,
-        len,
-        max,
-        min,
-        pow,
-        range,
-        repr,
-        round,
-        slice,
-        sorted,
-        str,
-        sum,
-        tuple,
-        type,
-    }
-)
+FOLDABLE: frozenset[Any] = frozenset({
+    abs, all, any, bool, callable, complex, divmod, float, hash, int, isinstance, issubclass,
+    len, max, min, pow, range, repr, round, slice, sorted, str, sum, tuple, type})
 _TENSOR_TO_PYTHON = (bool, int, float, complex)
 
 
 def contains_tensor(value: Any) -> bool:
     """A tensor (or a NumPy array: traced as one) in a value or its items."""
-    if isinstance(value, (TensorVar, ArrayVar)):
-        return True
-    if isinstance(value, (tuple, list)):
-        return any(contains_tensor(v) for v in value)
-    if isinstance(value, dict):
-        return any(contains_tensor(v) for v in value.values())
-    return False
+    return any(isinstance(v, (TensorVar, ArrayVar)) for v in leaves(value))
 
 
 # Builtins that compute with symbolic sizes as they are (and record relations they decide).
 _SYMBOLIC_SAFE = frozenset({abs, min, max, int, float, bool, round, divmod, pow, sum, len})
 
 
-def call_builtin(out: OutputGraph, fn: Any, args: list[Var], kwargs: dict[str, Var]) -> Var:
+def call_builtin(out: Output, fn: Any, args: list[Var], kwargs: dict[str, Var]) -> Var:
     """``fn(*args, **kwargs)`` for a builtin or math function ``fn``."""
     name = getattr(fn, "__name__", repr(fn))
     if fn is print:
@@ -99,9 +66,8 @@ def call_builtin(out: OutputGraph, fn: Any, args: list[Var], kwargs: dict[str, V
 def _sequence(fn: Any, arg: Var) -> Var:
     if isinstance(arg, (TupleVar, ListVar)):
         items = tuple(arg.items)
-    elif isinstance(arg, ConstantVar) and isinstance(
-        arg.value, (str, bytes, set, frozenset, collections.abc.KeysView)
-    ):
+    elif isinstance(arg, ConstantVar) and isinstance(arg.value, (
+            str, bytes, set, frozenset, collections.abc.KeysView)):
         items = tuple(ConstantVar(c) for c in arg.value)
     elif isinstance(arg, DictVar):
         items = tuple(ConstantVar(k) for k in arg.items)
@@ -110,7 +76,7 @@ def _sequence(fn: Any, arg: Var) -> Var:
     return TupleVar(items) if fn is tuple else ListVar(list(items))
 
 
-def _with_tensors(out: OutputGraph, fn: Any, name: str, values: list, kw: dict) -> Var:
+def _with_tensors(out: Output, fn: Any, name: str, values: list, kw: dict) -> Var:
     x = values[0] if values else None
     if isinstance(x, ArrayVar):
         from minicompile.capture import numpy_kind
@@ -132,8 +98,6 @@ def _with_tensors(out: OutputGraph, fn: Any, name: str, values: list, kw: dict) 
     if fn is isinstance and len(values) == 2:
         return ConstantVar(isinstance(x, values[1]))
     if fn in _TENSOR_TO_PYTHON:
-        raise Unsupported(
-            f"{name}() of a tensor reads its data into Python; not supported",
-            hint="keep the value a tensor (graph break)",
-        )
+        raise Unsupported(f"{name}() of a tensor reads its data into Python; not supported",
+                          hint="keep the value a tensor (graph break)")
     raise Unsupported(f"builtin {name}() on tensors is not supported")

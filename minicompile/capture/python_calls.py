@@ -1,14 +1,10 @@
 """Calls of Python builtins, list and dict methods, and the protocols of user objects, for
 the interpreter (a mixin of InstructionTranslator).
 
-- builtins that need the trace (``getattr``, ``zip``, ``map``, ``len`` of containers that
-  hold tensors or objects of the trace, ``super()``) are modelled here; the rest are folded
-  by :mod:`pybuiltins`;
-- list and dict methods mutate the trackers (and log a side effect when the container
-  existed before the call);
-- objects of user classes answer ``obj[k]``, ``k in obj``, ``len(obj)`` through their own
-  Python methods (inlined), and reads of user mappings (the environment's ``get``) are
-  evaluated with a guard that repeats them.
+Builtins that need the trace (``getattr``, ``zip``, ``map``, ``len`` of containers of
+tensors, ``super()``) are modelled here, the rest folded by :mod:`pybuiltins`; list and
+dict methods mutate the trackers (logged when the container existed before the call);
+user objects answer ``obj[k]``, ``in`` and ``len`` through their own methods, inlined.
 """
 
 from __future__ import annotations
@@ -61,21 +57,16 @@ class PythonCallsMixin:
         """``dict.get(obj, key)`` and friends on a user subclass read from the frame: the
         value is read now and guarded through the same call in the guard function."""
         obj, method = fn.self_var, fn.descriptor
-        values, kwargs = self._values(args, kw)
+        values, kwargs = self.output.to_values(args, kw)
         mname = method.__name__
         if obj.source is None or kwargs or not all(
-            type(v) in (str, int, bool, type(None)) for v in values
-        ):
+            type(v) in (str, int, bool, type(None)) for v in values):
             raise Unsupported(f"{mname}() of {obj.describe()} with these arguments")
         text = "".join(f", {v!r}" for v in values)
         src = obj.source
         call = self.output.guards.ref(method, mname)
-        source = Source(
-            f"{src.name}.{mname}({text[2:]})",
-            f"{call}({src.expr}{text})",
-            self.output._ident(f"{src.ident}_{mname}"),
-            src.trusted,
-        )
+        source = Source(f"{src.name}.{mname}({text[2:]})", f"{call}({src.expr}{text})",
+                        self.output._ident(f"{src.ident}_{mname}"), src.trusted)
         try:
             value = method(obj.value, *values)
         except Exception as e:
@@ -120,9 +111,9 @@ class PythonCallsMixin:
         const = self.output.to_value
         if name == "get" and 1 <= len(args) <= 2:
             key = const(args[0])
-            return self.realize(items[key]) if key in items else (
-                args[1] if len(args) == 2 else ConstantVar(None)
-            )
+            if key in items:
+                return self.realize(items[key])
+            return args[1] if len(args) == 2 else ConstantVar(None)
         if name == "keys" and not args:  # a view of plain keys: sets ops, `in`, iteration
             return ConstantVar(dict.fromkeys(items).keys())
         if name == "values" and not args:
@@ -168,8 +159,7 @@ class PythonCallsMixin:
                 return args[2]
             return self.load_attr(args[0], name)
         if fn is callable and len(args) == 1 and isinstance(
-            args[0], (NestedFunctionVar, BoundMethodVar, MethodVar, ReadMethodVar, PartialVar)
-        ):
+            args[0], (NestedFunctionVar, BoundMethodVar, MethodVar, ReadMethodVar, PartialVar)):
             return ConstantVar(True)
         if fn is len and len(args) == 1 and not kwargs:
             n = kinds.length(self, args[0])
@@ -185,7 +175,8 @@ class PythonCallsMixin:
             columns = [self.iter_items(a) for a in args]
             return IteratorVar([TupleVar(tuple(row)) for row in zip(*columns)])
         if fn is enumerate:
-            start = self.output.to_value(args[1] if len(args) > 1 else kwargs.get("start", ConstantVar(0)))
+            start_var = args[1] if len(args) > 1 else kwargs.get("start", ConstantVar(0))
+            start = self.output.to_value(start_var)
             return IteratorVar([TupleVar((ConstantVar(start + i), v))
                                 for i, v in enumerate(self.iter_items(args[0]))])
         if fn is reversed and len(args) == 1:
@@ -217,8 +208,7 @@ class PythonCallsMixin:
                 return ConstantVar(issubclass(cls, self.output.to_value(args[1])))
             if fn is type and len(args) == 1:
                 return self.output.wrap(cls, None)
-
-        if fn is isinstance and len(args) == 2 and isinstance(args[0], (StructSeqVar,)):
+        if fn is isinstance and len(args) == 2 and isinstance(args[0], StructSeqVar):
             return ConstantVar(issubclass(args[0].cls or tuple, self.output.to_value(args[1])))
         if fn is sum and 1 <= len(args) <= 2 and not kwargs:
             items = self.iter_items(args[0])

@@ -1,34 +1,15 @@
 """Objects created inside the trace: model outputs, records and plain user objects.
 
-Model code returns its tensors in dataclasses: transformers' ``ModelOutput`` subclasses
-(``BaseModelOutputWithPooling(last_hidden_state=h, pooler_output=p)``), which are also
-ordered dicts of their non-None fields, and plain ``@dataclass`` records.  A
-:class:`~minicompile.capture.variables.RecordVar` models one such object while tracing:
-
-- construction binds the arguments to the fields (defaults applied) as the generated
-  ``__init__`` does; for a ``ModelOutput`` the mapping holds the non-None fields in field
-  order, as its ``__post_init__`` makes it;
-- attribute reads give the field trackers; attribute and item writes are applied to the
-  model and logged, in order;
-- the mapping protocol of ``ModelOutput``: ``out["name"]``, ``out[0]`` / ``out[:2]`` (the
-  non-None values as a tuple), ``to_tuple()``, ``keys()``, ``values()``, ``items()``,
-  ``get()``, ``len()``, ``in``, iteration; other methods and properties of the class are
-  inlined with the record as ``self``.
-
-The real object is made where the value leaves the compiled code (returned, stored, or
-live at a graph break) by :func:`build_record`: the constructor is called with the traced
-arguments and the logged writes are replayed, so the object, its dict order included, is
-the one eager builds.
-
-Instances of other plain classes (``object.__new__``, no metaclass but ``ABCMeta``, no
-builtin base: transformers' ``DynamicCache`` and its layers) are
-:class:`~minicompile.capture.variables.NewObjectVar`: ``__init__`` is inlined with the new
-object as ``self``, attribute reads and writes go to its ``attrs`` (through the class's
-own ``__getattribute__`` / ``__setattr__`` / ``__delattr__`` when it has Python ones), and
-:func:`new_object` makes the real one from them (``object.__new__`` plus its
-``__dict__``).  ``copy.copy`` / ``copy.deepcopy`` of such objects read from the frame
-(a config copied before it is edited) make NewObjectVars too: the copy's attributes are
-the original's, read (and guarded) when used, and mutable ones copied.
+A :class:`RecordVar` models a dataclass instance (transformers' ``ModelOutput``, which is
+also an ordered dict of its non-None fields, or a plain ``@dataclass``): construction binds
+the fields as the generated ``__init__`` does, writes are applied and logged in order, and
+:func:`build_record` makes the real object where it leaves the compiled code (constructor,
+then the writes replayed), so it is the one eager builds.  Instances of other plain classes
+(``object.__new__``, no builtin base: transformers' ``DynamicCache``) are
+:class:`NewObjectVar`: ``__init__`` is inlined, attributes live in ``attrs`` (through the
+class's own Python ``__getattribute__`` / ``__setattr__`` / ``__delattr__``), and
+:func:`new_object` makes the real one.  ``copy.copy`` / ``copy.deepcopy`` of such objects
+read from the frame make NewObjectVars whose attributes are the original's.
 """
 
 from __future__ import annotations
@@ -36,7 +17,7 @@ from __future__ import annotations
 import abc
 import dataclasses
 import inspect
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from minicompile.capture import kinds
 from minicompile.capture.variables import (
@@ -46,8 +27,6 @@ from minicompile.capture.variables import (
 )
 from minicompile.errors import Unsupported
 
-if TYPE_CHECKING:
-    from minicompile.capture.interpreter import InstructionTranslator
 
 # object's attribute protocol, which a class's override reaches through super().
 OBJECT_SLOTS = ("__getattribute__", "__setattr__", "__delattr__")
@@ -57,10 +36,8 @@ MAPPING_METHODS = frozenset({"keys", "values", "items", "to_tuple", "get"})
 
 def is_model_output(cls: type) -> bool:
     """A subclass of transformers' ``ModelOutput`` (found by name: no import of it)."""
-    return any(
-        k.__name__ == "ModelOutput" and k.__module__.startswith("transformers.")
-        for k in cls.__mro__
-    )
+    return any(k.__name__ == "ModelOutput" and k.__module__.startswith("transformers.")
+               for k in cls.__mro__)
 
 
 def _renames_cache_kwargs(init: Any) -> bool:
@@ -111,7 +88,7 @@ def is_record_class(cls: type) -> bool:
     return not getattr(cls, "__slots__", None)
 
 
-def construct(tx: InstructionTranslator, cls: type, args: list, kwargs: dict) -> RecordVar:
+def construct(tx: kinds.Translator, cls: type, args: list, kwargs: dict) -> RecordVar:
     """``cls(*args, **kwargs)`` for a record class."""
     names = [f.name for f in dataclasses.fields(cls) if f.init]
     kwargs = _rename_cache_kwargs(cls, kwargs)
@@ -127,9 +104,8 @@ def construct(tx: InstructionTranslator, cls: type, args: list, kwargs: dict) ->
         elif f.default is not dataclasses.MISSING:
             fields[f.name] = tx.output.from_value(f.default)
         elif f.default_factory in (list, dict, tuple):  # type: ignore[comparison-overlap]
-            fields[f.name] = {list: ListVar([]), dict: DictVar({}), tuple: TupleVar(())}[
-                f.default_factory  # type: ignore[index]
-            ]
+            empty = {list: ListVar([]), dict: DictVar({}), tuple: TupleVar(())}
+            fields[f.name] = empty[f.default_factory]  # type: ignore[index]
         else:
             raise Unsupported(f"{cls.__name__}(): field {f.name!r} has no value (eager raises)")
     record = RecordVar(cls, dict(fields), init=dict(bound.arguments))
@@ -158,7 +134,7 @@ def _key_error(record: RecordVar, key: Any) -> Unsupported:
 
 
 @kinds.load_attr.register(RecordVar)
-def attr(tx: InstructionTranslator, record: RecordVar, name: str) -> Var:
+def attr(tx: kinds.Translator, record: RecordVar, name: str) -> Var:
     """``record.name``: a field or a written attribute, a mapping method, or whatever the
     class defines (methods and properties are inlined with the record as ``self``)."""
     if name in record.fields:
@@ -172,14 +148,14 @@ def attr(tx: InstructionTranslator, record: RecordVar, name: str) -> Var:
 
 @kinds.has_attr.register(RecordVar)
 @kinds.has_attr.register(NewObjectVar)
-def has_attr(tx: InstructionTranslator, obj: RecordVar | NewObjectVar, name: str) -> bool:
+def has_attr(tx: kinds.Translator, obj: RecordVar | NewObjectVar, name: str) -> bool:
     """``hasattr`` of an object the trace made: its own attributes, then its class."""
     own = obj.fields if isinstance(obj, RecordVar) else obj.attrs
     return name in own or hasattr(obj.cls, name)
 
 
 @kinds.store_attr.register(RecordVar)
-def set_attr(tx: InstructionTranslator, record: RecordVar, name: str, value: Var) -> None:
+def set_attr(tx: kinds.Translator, record: RecordVar, name: str, value: Var) -> None:
     params = getattr(record.cls, "__dataclass_params__", None)
     if params is not None and params.frozen:
         raise Unsupported("assignment to a frozen dataclass (eager raises)")
@@ -190,7 +166,7 @@ def set_attr(tx: InstructionTranslator, record: RecordVar, name: str, value: Var
 
 
 @kinds.store_item.register(RecordVar)
-def set_item(tx: InstructionTranslator, record: RecordVar, key: Var, value: Var) -> None:
+def set_item(tx: kinds.Translator, record: RecordVar, key: Var, value: Var) -> None:
     k = tx.output.to_value(key)
     if record.keys is None or not isinstance(k, str):
         raise Unsupported(f"item assignment on {record.describe()} is not supported")
@@ -200,7 +176,7 @@ def set_item(tx: InstructionTranslator, record: RecordVar, key: Var, value: Var)
 
 
 @kinds.subscript.register(RecordVar)
-def get_item(tx: InstructionTranslator, record: RecordVar, key: Var) -> Var:
+def get_item(tx: kinds.Translator, record: RecordVar, key: Var) -> Var:
     if record.keys is None:
         raise Unsupported(f"{record.describe()} is not subscriptable (eager raises)")
     k = tx.output.to_value(key)
@@ -216,13 +192,13 @@ def get_item(tx: InstructionTranslator, record: RecordVar, key: Var) -> Var:
     return TupleVar(tuple(picked)) if isinstance(k, slice) else picked
 
 
-def to_tuple(tx: InstructionTranslator, record: RecordVar) -> TupleVar:
+def to_tuple(tx: kinds.Translator, record: RecordVar) -> TupleVar:
     assert record.keys is not None
     return TupleVar(tuple(tx.realize(record.fields[k]) for k in record.keys))
 
 
 @kinds.call_method.register(RecordVar)
-def call_method(tx: InstructionTranslator, record: RecordVar, name: str, args: list,
+def call_method(tx: kinds.Translator, record: RecordVar, name: str, args: list,
                 kwargs: dict) -> Var:
     """The mapping methods of a ModelOutput."""
     assert record.keys is not None
@@ -293,7 +269,7 @@ def can_create(cls: type) -> bool:
     return init is object.__init__ or inspect.isfunction(init)
 
 
-def create(tx: InstructionTranslator, cls: type, args: list, kwargs: dict) -> NewObjectVar:
+def create(tx: kinds.Translator, cls: type, args: list, kwargs: dict) -> NewObjectVar:
     obj = NewObjectVar(cls)
     if cls.__init__ is object.__init__:
         if args or kwargs:
@@ -306,7 +282,7 @@ def create(tx: InstructionTranslator, cls: type, args: list, kwargs: dict) -> Ne
 
 
 @kinds.load_attr.register(NewObjectVar)
-def object_attr(tx: InstructionTranslator, obj: NewObjectVar, name: str) -> Var:
+def object_attr(tx: kinds.Translator, obj: NewObjectVar, name: str) -> Var:
     """``obj.name``, through the class's own ``__getattribute__`` when it has one."""
     if obj.cls.__getattribute__ is not object.__getattribute__:
         return tx.call_function(UserFunctionVar(obj.cls.__getattribute__),
@@ -314,7 +290,7 @@ def object_attr(tx: InstructionTranslator, obj: NewObjectVar, name: str) -> Var:
     return plain_attr(tx, obj, name)
 
 
-def plain_attr(tx: InstructionTranslator, obj: NewObjectVar, name: str) -> Var:
+def plain_attr(tx: kinds.Translator, obj: NewObjectVar, name: str) -> Var:
     """``object.__getattribute__(obj, name)``: the instance dict, then the class."""
     if name in obj.attrs:
         value = obj.attrs[name] = tx.realize(obj.attrs[name])
@@ -329,15 +305,14 @@ def plain_attr(tx: InstructionTranslator, obj: NewObjectVar, name: str) -> Var:
 
 
 @kinds.store_attr.register(NewObjectVar)
-def set_object_attr(tx: InstructionTranslator, obj: NewObjectVar, name: str, value: Var) -> None:
+def set_object_attr(tx: kinds.Translator, obj: NewObjectVar, name: str, value: Var) -> None:
     if obj.cls.__setattr__ is not object.__setattr__:
-        tx.call_function(UserFunctionVar(obj.cls.__setattr__), [obj, ConstantVar(name), value],
-                         {})
+        tx.call_function(UserFunctionVar(obj.cls.__setattr__), [obj, ConstantVar(name), value], {})
     else:
         obj.attrs[name] = value  # a new object: nothing outside sees it yet
 
 
-def del_object_attr(tx: InstructionTranslator, obj: NewObjectVar, name: str) -> None:
+def del_object_attr(tx: kinds.Translator, obj: NewObjectVar, name: str) -> None:
     if obj.cls.__delattr__ is not object.__delattr__:
         tx.call_function(UserFunctionVar(obj.cls.__delattr__), [obj, ConstantVar(name)], {})
     elif obj.attrs.pop(name, None) is None:
@@ -345,7 +320,7 @@ def del_object_attr(tx: InstructionTranslator, obj: NewObjectVar, name: str) -> 
 
 
 @kinds.call.register(ObjectSlotVar)
-def call_slot(tx: InstructionTranslator, slot: ObjectSlotVar, args: list, kwargs: dict) -> Var:
+def call_slot(tx: kinds.Translator, slot: ObjectSlotVar, args: list, kwargs: dict) -> Var:
     """``object.__getattribute__(obj, name)`` and friends on an object of the trace."""
     obj, values = slot.obj, [tx.output.to_value(a) for a in args[:1]]
     if kwargs or not values or type(values[0]) is not str or not isinstance(obj, NewObjectVar):
@@ -361,13 +336,13 @@ def call_slot(tx: InstructionTranslator, slot: ObjectSlotVar, args: list, kwargs
     raise Unsupported(f"object.{slot.name}() with these arguments is not supported")
 
 
-def copy_value(tx: InstructionTranslator, var: Var, deep: bool) -> Var:
+def copy_value(tx: kinds.Translator, var: Var, deep: bool) -> Var:
     """``copy.deepcopy(var)`` (``deep``) or ``copy.copy(var)``."""
     var = tx.realize(var)
     return _deep(tx, var, {}) if deep else kinds.copy(tx, var)
 
 
-def _deep(tx: InstructionTranslator, var: Var, memo: dict[int, Var]) -> Var:
+def _deep(tx: kinds.Translator, var: Var, memo: dict[int, Var]) -> Var:
     if isinstance(var, LazyVar):
         if is_constant_value(var.value):
             return var  # immutable: shared, read (and guarded) when used
@@ -378,13 +353,13 @@ def _deep(tx: InstructionTranslator, var: Var, memo: dict[int, Var]) -> Var:
 
 
 @kinds.deepcopy.register(ObjectVar)
-def _deep_object(tx: InstructionTranslator, var: ObjectVar, memo: dict[int, Var]) -> Var:
+def _deep_object(tx: kinds.Translator, var: ObjectVar, memo: dict[int, Var]) -> Var:
     if type(var) in (ObjectVar, ModuleVar, UserFunctionVar):
         return var  # deepcopy keeps classes, functions and modules
     raise Unsupported(f"copy.deepcopy() of {var.describe()} is not supported")
 
 
-def _copy_object(tx: InstructionTranslator, var: UserObjectVar, copy: Any) -> NewObjectVar:
+def _copy_object(tx: kinds.Translator, var: UserObjectVar, copy: Any) -> NewObjectVar:
     """A copy of an object read from the frame, as copy's default reduction makes it
     (``cls.__new__(cls)`` and a copy of its ``__dict__``)."""
     cls = type(var.value)

@@ -1,21 +1,12 @@
-"""Graph breaks that resume: a frame as a chain of compiled segments.
+"""Graph breaks that resume: a frame as a chain of compiled segments (Dynamo's resume
+functions, as data: no bytecode is generated).
 
-A *segment* starts at a :class:`ResumePoint` (an instruction offset, the names of the bound
-locals, the depth of the value stack) and is traced from the values there until the frame
-returns or until an instruction capture cannot model.  At such a *break* the segment's
-graph ends; its ``rebuild`` returns the real values of the locals and the stack at that
-point instead of a return value.  The driver (minicompile/api.py) then runs the breaking
-instruction for real (minicompile/capture/concrete.py) and continues with the segment that
-starts after it, found by its resume point and guards, or traced on a miss.  This is
-Dynamo's resume functions, as data: no bytecode is generated.
-
-Breaks are not resumed (the frame runs eagerly instead) inside a loop or a ``try`` block
-(a segment per iteration), inside a ``with`` block, in frames with cell variables, at an
-instruction the concrete executor does not run, or where that executor could not finish the
-frame should the rest fail to compile (an opcode it lacks, or an ``except``/``with`` handler
-after the break: it does not unwind exceptions).  Values made at a break (numpy arrays,
-lists, ``.item()`` numbers) are inputs of the next segment, guarded like any frame value;
-objects guarded only by their type are never computed with while tracing.
+A segment starts at a :class:`ResumePoint` (an offset, the bound locals, the stack depth)
+and is traced until the frame returns or a break; there its ``rebuild`` returns the real
+locals and stack, minicompile/api.py runs the breaking instruction for real (concrete.py)
+and continues with the segment after it.  Breaks are not resumed inside a loop, ``try`` or
+``with`` block, in frames with cell variables, or where the concrete executor could not
+finish the frame.  Values made at a break are inputs of the next segment, guarded.
 """
 
 from __future__ import annotations
@@ -35,8 +26,7 @@ from minicompile.errors import Unsupported
 RESUMABLE = frozenset(
     {"CALL", "CALL_FUNCTION_EX", "BINARY_SUBSCR", "BINARY_OP", "COMPARE_OP", "CONTAINS_OP",
      "UNARY_NOT", "FORMAT_VALUE", "GET_ITER"}
-    | {name for name in concrete.HANDLERS if "JUMP" in name and "IF" in name}
-)
+    | {name for name in concrete.HANDLERS if "JUMP" in name and "IF" in name})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,9 +37,7 @@ class ResumePoint:
 
     def layout(self) -> list[str]:
         """Names of the segment's frame values: the locals, then the stack slots."""
-        return [f"L_{n}" for n in self.local_names] + [
-            f"S_{k}" for k in range(self.stack_depth)
-        ]
+        return [f"L_{n}" for n in self.local_names] + [f"S_{k}" for k in range(self.stack_depth)]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,8 +69,7 @@ def loop_and_try_ranges(code: types.CodeType) -> list[tuple[int, int]]:
 # Instructions after which control does not fall through to the next one.
 _NO_FALLTHROUGH = frozenset(
     {"RETURN_VALUE", "RETURN_CONST", "RAISE_VARARGS", "RERAISE", "JUMP_FORWARD",
-     "JUMP_BACKWARD", "JUMP_BACKWARD_NO_INTERRUPT"}
-)
+     "JUMP_BACKWARD", "JUMP_BACKWARD_NO_INTERRUPT"})
 
 
 def catching_handlers(code: types.CodeType) -> list[tuple[int, int]]:
@@ -159,12 +146,9 @@ def frame_state(tx: Any) -> tuple[TupleVar, tuple[str, ...]]:
 def initial_values(point: ResumePoint, values: tuple) -> tuple[dict[str, Var], list[Var]]:
     """Trackers for a segment's starting locals and stack (inputs read on demand)."""
     n = len(point.local_names)
-    local_vars: dict[str, Var] = {
-        name: LazyVar(v, Source(f"L[{name!r}]", f"L_{name}", f"L_{name}"))
-        for name, v in zip(point.local_names, values[:n])
-    }
+    local_vars: dict[str, Var] = {name: LazyVar(v, Source(f"L[{name!r}]", f"L_{name}", f"L_{name}"))
+                                  for name, v in zip(point.local_names, values[:n])}
     stack: list[Var] = [
         NULL_VAR if v is concrete.NULL else LazyVar(v, Source(f"S[{k}]", f"S_{k}", f"S_{k}"))
-        for k, v in enumerate(values[n:])
-    ]
+        for k, v in enumerate(values[n:])]
     return local_vars, stack

@@ -1,18 +1,12 @@
 """Side effects on Python state, and the generated glue that replays them.
 
-Tracing never mutates user objects.  Writes to objects that existed before the call
-(attribute writes, ``STORE_GLOBAL``, ``nonlocal`` writes to closure cells, ``append`` /
-``__setitem__`` / ... on lists and dicts read from the frame) are logged in
-:class:`SideEffects`; later reads in the same trace see the logged values.  After the graph
-runs, the generated ``rebuild(outs, *frame)`` function:
-
-1. evaluates the return value and every value to be stored (graph outputs, constants,
-   frame objects), before anything changes, as eager computed them before the writes;
-2. copies the new contents of mutated input tensors into the caller's tensors;
-3. replays the writes: the final value of each attribute, global and cell, and the final
-   contents of each mutated container (``lst[:] = ...`` keeps the caller's list object);
-4. returns the value, built from the caller's own objects where the frame returned them
-   (``return x.add_(1)`` returns the caller's ``x``, as eager does).
+Tracing never mutates user objects: writes to objects that existed before the call are
+logged in :class:`SideEffects`, and later reads in the trace see them.  The generated
+``rebuild(outs, *frame)`` first evaluates the return value and every value to store
+(before anything changes), then copies the new contents of mutated input tensors into the
+caller's, replays the final value of each attribute, global, cell and container (``lst[:]
+= ...`` keeps the caller's list), and returns the value, built from the caller's own
+objects where the frame returned them.
 """
 
 from __future__ import annotations
@@ -20,7 +14,7 @@ from __future__ import annotations
 import functools
 import types
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
@@ -33,9 +27,6 @@ from minicompile.capture.variables import (
 )
 from minicompile.errors import Unsupported
 from minicompile.graph import Node
-
-if TYPE_CHECKING:
-    from minicompile.capture.output import OutputGraph
 
 
 class SideEffects:
@@ -85,7 +76,7 @@ class Rebuild:
     ``kinds.rebuild`` rule), reading graph outputs (``outs[i]``) and making each object of
     the trace once, in statements before the return value (``lines``)."""
 
-    def __init__(self, out: OutputGraph) -> None:
+    def __init__(self, out: kinds.Output) -> None:
         self.out, self.g = out, out.guards
         self.outputs: list[Node] = []
         self._index: dict[Node, int] = {}
@@ -127,12 +118,10 @@ class Rebuild:
         return repr(value)
 
     def view_of_root(self, v: TensorVar, alias_ok: bool = False) -> str | None:
-        """``v`` as a real view of its root's value here, as eager has it: a view of an
-        input is one of the caller's tensor (or of the caller's NumPy array, through
-        ``torch.from_numpy``), a view of a tensor the graph made is one of that output,
-        so an in-place op after a graph break reaches the root.  None when the steps
-        cannot be written down, or only alias when not ``alias_ok`` (``detach`` is another
-        tensor; an array of ``t.numpy()`` is not)."""
+        """``v`` as a real view of its root here (of the caller's tensor or array for an
+        input, of the graph's output otherwise), so an in-place op after a graph break
+        reaches the root.  None when the steps cannot be written down, or only alias when
+        not ``alias_ok`` (``detach`` is another tensor; an array of ``t.numpy()`` is not)."""
         root = v.base
         if root is None:
             return None
@@ -149,7 +138,7 @@ class Rebuild:
         return view_expr(base, v.view, self.value_text)
 
 
-def generate_rebuild(out: OutputGraph, result: Var) -> tuple[list[Node], str]:
+def generate_rebuild(out: kinds.Output, result: Var) -> tuple[list[Node], str]:
     """The graph outputs and the source of ``rebuild(outs, *frame)`` (see the module doc)."""
     r = Rebuild(out)
     r.lines.append(f"    ret = {r.expr(result)}")
@@ -300,21 +289,15 @@ def view_expr(base: str, steps: tuple, fmt: Callable[[Any], str] = repr) -> str 
     text = base
     for step in steps:
         k, a = step.kind, step.args
-        if k == "select":
-            text = f"{text}.select({fmt(a[0])}, {fmt(a[1])})"
+        if k in ("select", "unsqueeze", "squeeze", "diagonal", "as_strided"):
+            text = f"{text}.{k}({', '.join(fmt(x) for x in a)})"
         elif k == "slice":
             dim, start, stop, stride = a
             key = ", ".join([":"] * dim + [f"{fmt(start)}:{fmt(stop)}:{fmt(stride)}"])
             text = f"{text}[{key}]"
-        elif k in ("unsqueeze", "squeeze"):
-            text = f"{text}.{k}({fmt(a[0])})"
         elif k in ("permute", "expand", "reshape"):
             method = "view" if k == "reshape" else k
             text = f"{text}.{method}({fmt(tuple(a[0]))})"
-        elif k == "diagonal":
-            text = f"{text}.diagonal({fmt(a[0])}, {fmt(a[1])}, {fmt(a[2])})"
-        elif k == "as_strided":
-            text = f"{text}.as_strided({fmt(a[0])}, {fmt(a[1])}, {fmt(a[2])})"
         elif k != "alias":
             return None
     return text

@@ -1,21 +1,11 @@
 """From PyTorch's many spellings to the graph ops of :mod:`minicompile.ops`.
 
-``torch.sin(x)``, ``x.sin()``, ``torch.Tensor.sin(x)`` and ``torch.special.sin`` all become
-one ``sin`` node; ``x + 1``, ``torch.add(x, 1)``, ``x.add(1)`` one ``add``.  Handlers see
-*values*: a :class:`TensorVar` for a tensor and plain Python objects for everything else
-(tuples may hold TensorVars).  They return a value of the same kind: a TensorVar, or a Python
-constant for metadata queries (``x.size()``, ``x.dim()``).  Nodes are made through an
-:class:`Emitter` (the interpreter's output graph), which infers metadata and records the
-user's source line.
-
-Handlers raise :class:`Unsupported` for anything they do not model exactly as eager PyTorch
-does, including calls eager would reject: the frame then runs eagerly and PyTorch raises
-its own error.
-
-Tables:
-- ``FUNCTIONS``: callable object -> handler (``torch.sin``, ``F.relu``, ``torch.Tensor.add``);
-- ``METHODS``: tensor method name -> handler (the tensor is the first argument);
-- ``ATTRIBUTES``: tensor attribute name -> handler (``shape``, ``T``, ``dtype``...).
+``torch.sin(x)``, ``x.sin()``, ``torch.Tensor.sin(x)`` and ``torch.special.sin`` are one
+``sin`` node.  Handlers see values (a :class:`TensorVar` for a tensor, plain Python for the
+rest) and return a TensorVar or a constant; nodes are made through an :class:`Emitter`.
+Anything not modelled exactly as eager does, eager's own errors included, is Unsupported.
+Tables: ``FUNCTIONS`` (callable -> handler), ``METHODS`` (tensor method name -> handler,
+the tensor first), ``ATTRIBUTES`` (tensor attribute name -> handler).
 """
 
 from __future__ import annotations
@@ -47,11 +37,7 @@ METHODS: dict[str, Handler] = {}
 ATTRIBUTES: dict[str, Callable[[Emitter, TensorVar], Any]] = {}
 
 _NAMESPACES: dict[str, Any] = {
-    "torch": torch,
-    "F": F,
-    "Tensor": torch.Tensor,
-    "torch.special": torch.special,
-}
+    "torch": torch, "F": F, "Tensor": torch.Tensor, "torch.special": torch.special}
 # Python numbers; SymInt/SymFloat: sizes of a dynamic capture used as numbers (x * (t // 4)).
 _SCALAR_TYPES = (bool, int, float, torch.SymInt, torch.SymFloat)
 
@@ -123,8 +109,12 @@ def normalize_dim(fname: str, dim: Any, ndim: int) -> int:
     return dim + n if dim < 0 else dim
 
 
-def dims_arg(fname: str, args: tuple) -> tuple:
-    """``f(1, 0)`` or ``f((1, 0))``: the varargs or sequence forms of a dims/sizes list."""
+def dims_arg(fname: str, args: tuple, kwargs: dict, name: str) -> tuple:
+    """``f(1, 0)``, ``f((1, 0))`` or ``f(name=(1, 0))``: a dims/sizes list in each form."""
+    if kwargs.keys() - {name}:
+        raise Unsupported(f"{fname}() got an unsupported keyword")
+    if name in kwargs:
+        return tuple(kwargs[name])
     if len(args) == 1 and isinstance(args[0], (tuple, list)):
         return tuple(args[0])
     return tuple(args)
@@ -220,10 +210,8 @@ def _scale(em: Emitter, fname: str, value: Any, alpha: Any, other: Any) -> Any:
         return value
     if type(alpha) not in _SCALAR_TYPES:
         raise Unsupported(f"{fname}(alpha=...) must be a Python number here")
-    floating = any(
-        (isinstance(v, TensorVar) and v.meta.dtype.is_floating_point) or type(v) is float
-        for v in (value, other)
-    )
+    floating = any((isinstance(v, TensorVar) and v.meta.dtype.is_floating_point)
+                   or type(v) is float for v in (value, other))
     if isinstance(alpha, float) and not floating:
         raise Unsupported(f"{fname}(): float alpha with integral inputs (eager raises)")
     if isinstance(value, TensorVar):
@@ -245,16 +233,11 @@ for _row in ROWS:
 register("torch.pow", "Tensor.pow")(_binary("pow", "exponent"))
 
 
-@register("torch.add", "Tensor.add")
-def _add(em: Emitter, fname: str, args: tuple, kwargs: dict) -> Any:
+@register("torch.add", "Tensor.add", "torch.sub", "torch.subtract", "Tensor.sub", "Tensor.subtract")
+def _add_sub(em: Emitter, fname: str, args: tuple, kwargs: dict) -> Any:
     a, b, alpha = parse(fname, args, kwargs, ("input", "other", "alpha"), alpha=1)
-    return binary(em, "add", a, _scale(em, fname, b, alpha, a), fname)
-
-
-@register("torch.sub", "torch.subtract", "Tensor.sub", "Tensor.subtract")
-def _sub(em: Emitter, fname: str, args: tuple, kwargs: dict) -> Any:
-    a, b, alpha = parse(fname, args, kwargs, ("input", "other", "alpha"), alpha=1)
-    return binary(em, "sub", a, _scale(em, fname, b, alpha, a), fname)
+    op = "add" if fname.endswith(".add") else "sub"
+    return binary(em, op, a, _scale(em, fname, b, alpha, a), fname)
 
 
 @register("torch.rsub")
@@ -317,9 +300,8 @@ def _where(em: Emitter, fname: str, args: tuple, kwargs: dict) -> Any:
     if len(args) + len(kwargs) == 1:
         raise Unsupported("torch.where(condition) has a data-dependent shape; not supported")
     cond, a, b = parse(fname, args, kwargs, ("condition", "input", "other"))
-    return em.op(
-        "where", (tensor_arg(fname, cond), scalar_or_tensor(fname, a), scalar_or_tensor(fname, b))
-    )
+    cond = tensor_arg(fname, cond)
+    return em.op("where", (cond, scalar_or_tensor(fname, a), scalar_or_tensor(fname, b)))
 
 
 @register("Tensor.where")
@@ -346,17 +328,11 @@ def clamp(em: Emitter, fname: str, x: Any, lo: Any, hi: Any) -> Any:
         return em.extern(torch.clamp, (x, lo, hi), {})
     out = x
     if lo is not None:
-        out = (
-            em.op("maximum", (out, lo))
-            if isinstance(lo, TensorVar)
-            else em.op("clamp", (out,), {"min": lo, "max": None})
-        )
+        out = em.op("maximum", (out, lo)) if isinstance(lo, TensorVar) else em.op(
+            "clamp", (out,), {"min": lo, "max": None})
     if hi is not None:
-        out = (
-            em.op("minimum", (out, hi))
-            if isinstance(hi, TensorVar)
-            else em.op("clamp", (out,), {"min": None, "max": hi})
-        )
+        out = em.op("minimum", (out, hi)) if isinstance(hi, TensorVar) else em.op(
+            "clamp", (out,), {"min": None, "max": hi})
     return out
 
 
@@ -366,13 +342,8 @@ def _clamp(em: Emitter, fname: str, args: tuple, kwargs: dict) -> Any:
     return clamp(em, fname, x, lo, hi)
 
 
-@register("torch.clamp_min", "Tensor.clamp_min")
-def _clamp_min(em: Emitter, fname: str, args: tuple, kwargs: dict) -> Any:
-    x, lo = parse(fname, args, kwargs, ("input", "min"))
-    return clamp(em, fname, x, lo, None)
-
-
-@register("torch.clamp_max", "Tensor.clamp_max")
-def _clamp_max(em: Emitter, fname: str, args: tuple, kwargs: dict) -> Any:
-    x, hi = parse(fname, args, kwargs, ("input", "max"))
-    return clamp(em, fname, x, None, hi)
+@register("torch.clamp_min", "Tensor.clamp_min", "torch.clamp_max", "Tensor.clamp_max")
+def _clamp_bound(em: Emitter, fname: str, args: tuple, kwargs: dict) -> Any:
+    side = fname.rpartition("_")[2]  # min or max
+    x, bound = parse(fname, args, kwargs, ("input", side))
+    return clamp(em, fname, x, *((bound, None) if side == "min" else (None, bound)))

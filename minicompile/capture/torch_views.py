@@ -1,12 +1,7 @@
-"""Casts, views and metadata queries of tensors, registered into the tables of
-:mod:`minicompile.capture.torch_ops` (imported from there; import that module, not this one).
-
-- casts (``x.to(dtype)``, ``x.float()``, ``x.type(dtype)``...) become ``to_dtype``; a cast to
-  the same dtype is the input itself, as in eager;
-- views become ``permute`` (with non-negative dims), ``unsqueeze``, ``squeeze`` (one dim per
-  node) and ``expand`` (sizes with -1 resolved); ``contiguous()`` is the input itself when it is contiguous, else a copy;
-- metadata (``x.shape``, ``x.size(1)``, ``x.dim()``, ``x.dtype``, ``x.is_cuda``...) is
-  answered from the traced metadata, which the tensor guards pin down.
+"""Casts, views and metadata queries of tensors, registered into :mod:`torch_ops`' tables
+(imported from there).  Casts become ``to_dtype`` (the input itself for the same dtype);
+views become ``permute``, ``unsqueeze``, ``squeeze`` and ``expand``; ``contiguous()`` is
+the input when it is contiguous; metadata is answered from the guarded traced metadata.
 """
 
 from __future__ import annotations
@@ -99,17 +94,9 @@ def _cast_method(dtype: torch.dtype):
 
 
 for _name, _dtype in {
-    "float": torch.float32,
-    "half": torch.float16,
-    "bfloat16": torch.bfloat16,
-    "double": torch.float64,
-    "int": torch.int32,
-    "long": torch.int64,
-    "short": torch.int16,
-    "char": torch.int8,
-    "byte": torch.uint8,
-    "bool": torch.bool,
-}.items():
+    "float": torch.float32, "half": torch.float16, "bfloat16": torch.bfloat16,
+    "double": torch.float64, "int": torch.int32, "long": torch.int64, "short": torch.int16,
+    "char": torch.int8, "byte": torch.uint8, "bool": torch.bool}.items():
     register(f"Tensor.{_name}")(_cast_method(_dtype))
 
 
@@ -152,10 +139,8 @@ def swap_dims(em: Emitter, fname: str, x: TensorVar, a: Any, b: Any) -> TensorVa
 
 @register("Tensor.permute")
 def _permute_method(em: Emitter, fname: str, args: tuple, kwargs: dict) -> Any:
-    if kwargs.keys() - {"dims"}:
-        raise Unsupported(f"{fname}() got an unsupported keyword")
-    dims = kwargs["dims"] if "dims" in kwargs else dims_arg(fname, args[1:])
-    return permute(em, fname, tensor_arg(fname, args[0]), tuple(dims))
+    dims = dims_arg(fname, args[1:], kwargs, "dims")
+    return permute(em, fname, tensor_arg(fname, args[0]), dims)
 
 
 @register("torch.permute")
@@ -165,13 +150,8 @@ def _permute(em: Emitter, fname: str, args: tuple, kwargs: dict) -> Any:
 
 
 @register(
-    "torch.transpose",
-    "torch.swapaxes",
-    "torch.swapdims",
-    "Tensor.transpose",
-    "Tensor.swapaxes",
-    "Tensor.swapdims",
-)
+    "torch.transpose", "torch.swapaxes", "torch.swapdims", "Tensor.transpose", "Tensor.swapaxes",
+    "Tensor.swapdims")
 def _transpose(em: Emitter, fname: str, args: tuple, kwargs: dict) -> Any:
     x, a, b = parse(fname, args, kwargs, ("input", "dim0", "dim1"))
     return swap_dims(em, fname, tensor_arg(fname, x), a, b)
@@ -228,10 +208,8 @@ def expand(em: Emitter, fname: str, x: TensorVar, sizes: tuple) -> TensorVar:
 
 @register("Tensor.expand")
 def _expand(em: Emitter, fname: str, args: tuple, kwargs: dict) -> Any:
-    if kwargs.keys() - {"size"}:
-        raise Unsupported(f"{fname}() got an unsupported keyword")
-    sizes = kwargs["size"] if "size" in kwargs else dims_arg(fname, args[1:])
-    return expand(em, fname, tensor_arg(fname, args[0]), tuple(sizes))
+    sizes = dims_arg(fname, args[1:], kwargs, "size")
+    return expand(em, fname, tensor_arg(fname, args[0]), sizes)
 
 
 @register("torch.broadcast_to")
@@ -249,8 +227,7 @@ def _expand_as(em: Emitter, fname: str, args: tuple, kwargs: dict) -> Any:
 @register("Tensor.contiguous")
 def _contiguous(em: Emitter, fname: str, args: tuple, kwargs: dict) -> Any:
     x, fmt = parse(
-        fname, args, kwargs, ("input", "memory_format"), memory_format=torch.contiguous_format
-    )
+        fname, args, kwargs, ("input", "memory_format"), memory_format=torch.contiguous_format)
     if fmt is not torch.contiguous_format:
         raise Unsupported(f"{fname}(memory_format={fmt}) is not supported")
     x = tensor_arg(fname, x)
@@ -262,22 +239,14 @@ def _contiguous(em: Emitter, fname: str, args: tuple, kwargs: dict) -> Any:
 # -- metadata --------------------------------------------------------------------------------
 
 
-@register("Tensor.size")
-def _size(em: Emitter, fname: str, args: tuple, kwargs: dict) -> Any:
+@register("Tensor.size", "Tensor.stride")
+def _size_or_stride(em: Emitter, fname: str, args: tuple, kwargs: dict) -> Any:
     x, dim = parse(fname, args, kwargs, ("input", "dim"), dim=None)
-    shape = shape_of(x)
+    size = fname.endswith("size")
+    values = shape_of(x) if size else x.meta.strides()
     if dim is None:
-        return torch.Size(shape)
-    return shape[normalize_dim(fname, dim, len(shape))]
-
-
-@register("Tensor.stride")
-def _stride(em: Emitter, fname: str, args: tuple, kwargs: dict) -> Any:
-    x, dim = parse(fname, args, kwargs, ("input", "dim"), dim=None)
-    stride = x.meta.strides()
-    if dim is None:
-        return stride
-    return stride[normalize_dim(fname, dim, len(stride))]
+        return torch.Size(values) if size else values
+    return values[normalize_dim(fname, dim, len(values))]
 
 
 def _numel(x: TensorVar) -> Any:
@@ -294,10 +263,9 @@ def _query(answer: Any):
 
 
 register("Tensor.dim", "Tensor.ndimension")(_query(lambda x: x.meta.ndim))
-register("Tensor.numel", "Tensor.nelement", "torch.numel")(_query(lambda x: _numel(x)))
-register("Tensor.is_floating_point", "torch.is_floating_point")(
-    _query(lambda x: x.meta.dtype.is_floating_point)
-)
+register("Tensor.numel", "Tensor.nelement", "torch.numel")(_query(_numel))
+register("Tensor.is_floating_point", "torch.is_floating_point")(_query(
+    lambda x: x.meta.dtype.is_floating_point))
 register("Tensor.is_complex", "torch.is_complex")(_query(lambda x: x.meta.dtype.is_complex))
 register("Tensor.element_size")(_query(lambda x: x.meta.dtype.itemsize))
 register("Tensor.is_contiguous")(_query(lambda x: x.meta.fake().is_contiguous()))
@@ -322,22 +290,19 @@ def _mT(em: Emitter, x: TensorVar) -> Any:
     return swap_dims(em, "Tensor.mT", x, ndim - 2, ndim - 1)
 
 
-ATTRIBUTES.update(
-    {
-        "shape": lambda em, x: torch.Size(shape_of(x)),
-        "dtype": lambda em, x: x.meta.dtype,
-        "device": lambda em, x: x.meta.device,
-        "ndim": lambda em, x: x.meta.ndim,
-        "is_cuda": lambda em, x: x.meta.device.type == "cuda",
-        "is_cpu": lambda em, x: x.meta.device.type == "cpu",
-        "is_meta": lambda em, x: x.meta.device.type == "meta",
-        "requires_grad": lambda em, x: x.meta.requires_grad,
-        "layout": lambda em, x: torch.strided,
-        # (a traced tensor is a dense one: nested, sparse and quantized ones are not traced)
-        "is_nested": lambda em, x: False,
-        "is_sparse": lambda em, x: False,
-        "is_quantized": lambda em, x: False,
-        "T": lambda em, x: em.op("permute", (x, tuple(reversed(range(x.meta.ndim))))),
-        "mT": _mT,
-    }
-)
+ATTRIBUTES.update({
+    "shape": lambda em, x: torch.Size(shape_of(x)),
+    "dtype": lambda em, x: x.meta.dtype,
+    "device": lambda em, x: x.meta.device,
+    "ndim": lambda em, x: x.meta.ndim,
+    "is_cuda": lambda em, x: x.meta.device.type == "cuda",
+    "is_cpu": lambda em, x: x.meta.device.type == "cpu",
+    "is_meta": lambda em, x: x.meta.device.type == "meta",
+    "requires_grad": lambda em, x: x.meta.requires_grad,
+    "layout": lambda em, x: torch.strided,
+    # (a traced tensor is a dense one: nested, sparse and quantized ones are not traced)
+    "is_nested": lambda em, x: False,
+    "is_sparse": lambda em, x: False,
+    "is_quantized": lambda em, x: False,
+    "T": lambda em, x: em.op("permute", (x, tuple(reversed(range(x.meta.ndim))))),
+    "mT": _mT})

@@ -1,26 +1,14 @@
 """The functions whose meaning depends on training mode: batch norm and dropout.
 
-**Batch norm** (``F.batch_norm``, ``torch.batch_norm``).  In evaluation mode it is one
-extern call (``passes/decompose_reductions.py`` rewrites it into a per-channel affine
-map).  In training mode eager normalises with the batch's statistics and, when running
-statistics are given, updates them *in place*; an extern must not mutate its arguments,
-so the trace spells it out in graph prims: the per-channel mean and the biased variance
-are ``sum`` reductions (fused with the normalisation into one kernel), and the running
-statistics get a functional update written back after the graph
-(:func:`mutation.mutate`), exactly as ATen computes it:
-``running = (1 - momentum) * running + momentum * stat`` with the *unbiased* variance.
-
-``nn.BatchNorm*`` with ``momentum=None`` (a cumulative average) computes its factor as
-``1.0 / float(self.num_batches_tracked)``, which would read a tensor into Python (a graph
-break, and a new constant on every call).  :func:`module_forward` gives those modules a
-forward that keeps the factor a tensor; eager accepts a 0-d tensor momentum and reads it
-as the same number.
-
-**Dropout** (``F.dropout``, ``F.dropout1d/2d/3d``, ``F.alpha_dropout``,
-``F.feature_alpha_dropout`` and their ``torch.*`` forms).  Without training, or with
-``p == 0``, it returns its input (eager returns the very same tensor).  Otherwise it stays
-PyTorch's own op, one extern call, so it draws from PyTorch's generator as eager does: the
-passes never merge, drop or reorder such calls (``ops.RANDOM_EXTERNS``).
+Batch norm in evaluation mode is one extern call.  In training mode eager updates the
+running statistics in place, which an extern must not do, so the trace spells it out:
+``sum`` reductions for the mean and biased variance, and a functional update written back
+after the graph (:func:`mutation.mutate`) as ATen computes it, ``running = (1 - momentum)
+* running + momentum * stat`` with the unbiased variance.  :func:`module_forward` gives
+``nn.BatchNorm*`` with ``momentum=None`` a forward that keeps its factor a tensor (eager's
+``1.0 / float(num_batches_tracked)`` would read data into Python).  Dropout without
+training or with ``p == 0`` is its input; otherwise it stays PyTorch's own op, one extern
+that draws from PyTorch's generator as eager does (``ops.RANDOM_EXTERNS``).
 """
 
 from __future__ import annotations
@@ -189,9 +177,8 @@ def module_forward(m: Any) -> Any:
     """The forward to trace for module ``m`` in place of its class's, or None.  Its
     ``training``, ``momentum`` and buffers are guarded like every module attribute read
     (:meth:`GuardBuilder.module_match`)."""
-    if type(m) in _BATCH_NORMS and m.training and m.momentum is None and (
-        m.track_running_stats and m.num_batches_tracked is not None
-    ):
+    if (type(m) in _BATCH_NORMS and m.training and m.momentum is None
+            and m.track_running_stats and m.num_batches_tracked is not None):
         return _cumulative_batch_norm_forward
     return None
 
@@ -206,8 +193,7 @@ def _dropout(em: Emitter, fname: str, args: tuple, kwargs: dict) -> Any:
     functional = fname.startswith("torch.nn.functional")
     if functional:  # F.alpha_dropout and F.feature_alpha_dropout default to training=False
         training_default = "alpha" not in fname
-        x, p, training, inplace = parse(fname, args, kwargs, ("input", "p", "training",
-                                                              "inplace"),
+        x, p, training, inplace = parse(fname, args, kwargs, ("input", "p", "training", "inplace"),
                                         p=0.5, training=training_default, inplace=False)
     else:  # torch.dropout(input, p, train)
         x, p, training = parse(fname, args, kwargs, ("input", "p", "train"))
@@ -224,11 +210,8 @@ def _dropout(em: Emitter, fname: str, args: tuple, kwargs: dict) -> Any:
     if inplace:  # the in-place kernel's draws (ops.dropout_in_place_draws)
         draws = (x, float(p), fname.rpartition(".")[2])
         result = em.op(ops.extern_op(ops.dropout_in_place_draws), draws, {}, track=False)
-    else:
-        result = em.extern(fn, call_args, {})
-    if inplace:
         return mutation.mutate(em, x, result, f"{fname}(inplace=True)")  # type: ignore[arg-type]
-    return result
+    return em.extern(fn, call_args, {})
 
 
 for _name in _DROPOUTS:

@@ -1,27 +1,10 @@
-"""Value trackers: what the symbolic interpreter keeps on its stack and in its locals.
-
-Each tracker (a ``Var``) stands for one Python value of the user's frame:
-
-- :class:`TensorVar`: a tensor, i.e. a graph node with its metadata;
-- :class:`ArrayVar`: a NumPy array or scalar, traced as a tensor with NumPy's semantics
-  (:mod:`minicompile.capture.numpy_arrays`);
-- :class:`ConstantVar`: a Python value known while tracing (numbers, str, None, dtype,
-  device, slices, code objects), constant-folded by the interpreter;
-- :class:`TupleVar` / :class:`ListVar` / :class:`SizeVar` / :class:`DictVar`: containers of
-  trackers;
-- :class:`ObjectVar` and its kinds (:class:`ModuleVar`, :class:`UserFunctionVar`,
-  :class:`TorchFunctionVar`, :class:`BuiltinVar`, :class:`OpaqueVar`): Python objects known
-  by identity (guarded when read from the frame);
-- :class:`NestedFunctionVar`: a function created by ``def`` inside the traced code;
-- :class:`MethodVar`: ``obj.name`` waiting to be called;
-- plumbing: :class:`NullVar`, :class:`CellVar`, :class:`LazyVar`.
-
-Trackers are immutable except the interpreter-owned boxes (``ListVar`` built by the trace,
-``DictVar`` built by the trace, ``CellVar``), and never hold real tensors.
-
-A :class:`Source` says where a value read from the frame lives, in three spellings: readable
-(``L['t'][0]``, used in messages and guard comments), an expression in the generated guard
-and input functions (``L_t[0]``), and an identifier (``L_t_0``, used for placeholders).
+"""Value trackers (``Var``): what the symbolic interpreter keeps on its stack and in its
+locals, one per Python value of the user's frame: tensors (graph nodes with metadata),
+NumPy arrays, constants, containers of trackers, objects known by identity, functions and
+methods, and plumbing (NULL, cells, lazy frame values).  Trackers never hold real tensors
+and are immutable except the interpreter-owned boxes (trace-built lists and dicts, cells).
+A :class:`Source` says where a frame value lives: readable (``L['t'][0]``), as an
+expression of the generated guards (``L_t[0]``) and as an identifier (``L_t_0``).
 """
 
 from __future__ import annotations
@@ -29,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import types
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -56,12 +40,8 @@ class Source:
 
     def attr(self, attr: str, trusted: bool = False) -> Source:
         return Source(
-            f"{self.name}.{attr}",
-            f"{self.expr}.{attr}",
-            f"{self.ident}_{attr}",
-            trusted=self.trusted or trusted,
-            safe_expr=f"getattr({self.expr}, {attr!r}, None)",
-        )
+            f"{self.name}.{attr}", f"{self.expr}.{attr}", f"{self.ident}_{attr}",
+            trusted=self.trusted or trusted, safe_expr=f"getattr({self.expr}, {attr!r}, None)")
 
     def item(self, key: Any, key_expr: str = "") -> Source:
         """``self[key]``; ``key_expr``: how the guards spell a key that is no literal (a
@@ -76,10 +56,11 @@ class Var:
     """Base class of value trackers."""
 
     source: Source | None = None
+    phrase = ""  # what describe() says, where it is one phrase for the kind
 
     def describe(self) -> str:
         """A short phrase for error messages ("a tensor", "an int")."""
-        return type(self).__name__
+        return self.phrase or type(self).__name__
 
     def identity(self) -> Any:
         """What ``is`` compares: the value a tracker stands for where it is known."""
@@ -98,14 +79,12 @@ class TensorVar(Var):
     source: Source | None = None
     base: TensorVar | None = None
     view: tuple[Any, ...] = ()  # ViewSteps from ``base``
+    phrase = "a tensor"
 
     @property
     def meta(self) -> TensorMeta:
         assert self.node.meta is not None
         return self.node.meta
-
-    def describe(self) -> str:
-        return "a tensor"
 
     def identity(self) -> Any:
         return self.node
@@ -113,11 +92,9 @@ class TensorVar(Var):
 
 @dataclasses.dataclass(eq=False)
 class ArrayVar(Var):
-    """A NumPy array (or, with ``scalar``, a NumPy scalar such as ``np.float64``) traced as
-    the tensor ``tensor``: its operations follow NumPy's rules (numpy_arrays.py,
-    numpy_functions.py) and it leaves the graph as an ``np.ndarray`` (or NumPy scalar).
-    ``tensor`` is shared with views and ``torch.from_numpy`` aliases, so an in-place op
-    that rebinds its node is seen by all of them."""
+    """A NumPy array (or, with ``scalar``, a NumPy scalar) traced as ``tensor`` with
+    NumPy's rules; ``tensor`` is shared with views and ``torch.from_numpy`` aliases, so an
+    in-place op that rebinds its node is seen by all of them."""
 
     tensor: TensorVar
     scalar: bool = False
@@ -143,9 +120,7 @@ class ConstantVar(Var):
 class TupleVar(Var):
     items: tuple[Var, ...]
     source: Source | None = None
-
-    def describe(self) -> str:
-        return "a tuple"
+    phrase = "a tuple"
 
 
 @dataclasses.dataclass(eq=False)
@@ -160,8 +135,7 @@ class StructSeqVar(TupleVar):
 class SizeVar(TupleVar):
     """``x.shape`` / ``x.size()``: a torch.Size whose items are int ConstantVars."""
 
-    def describe(self) -> str:
-        return "a torch.Size"
+    phrase = "a torch.Size"
 
 
 @dataclasses.dataclass(eq=False)
@@ -171,9 +145,7 @@ class ListVar(Var):
     # a source) may be mutated too; the side-effect log replays their final contents.
     mutable: bool = True
     source: Source | None = None
-
-    def describe(self) -> str:
-        return "a list"
+    phrase = "a list"
 
 
 @dataclasses.dataclass(eq=False)
@@ -181,9 +153,7 @@ class DictVar(Var):
     items: dict[Any, Var]
     mutable: bool = True
     source: Source | None = None
-
-    def describe(self) -> str:
-        return "a dict"
+    phrase = "a dict"
 
 
 @dataclasses.dataclass(eq=False)
@@ -366,9 +336,7 @@ class IteratorVar(Var):
 
     items: list[Var]
     pos: int = 0
-
-    def describe(self) -> str:
-        return "an iterator"
+    phrase = "an iterator"
 
 
 @dataclasses.dataclass(eq=False)
@@ -401,16 +369,13 @@ class WithExitVar(Var):
     an ``autocast.AutocastVar``, the traced autocast state)."""
 
     ctx: Var
-
-    def describe(self) -> str:
-        return "__exit__"
+    phrase = "__exit__"
 
 
 class NullVar(Var):
     """The NULL that CPython pushes next to callables; never a user value."""
 
-    def describe(self) -> str:
-        return "NULL"
+    phrase = "NULL"
 
 
 NULL = NullVar()
@@ -426,6 +391,14 @@ class CellVar(Var):
     source: Source | None = None
 
 
+def closure_cell(cell: Any, source: Source) -> CellVar:
+    """The read-only tracker of a real closure cell (its contents read when used)."""
+    try:
+        return CellVar(LazyVar(cell.cell_contents, source), local=False, source=source)
+    except ValueError:  # empty cell
+        return CellVar(None, local=False, source=source)
+
+
 @dataclasses.dataclass(eq=False)
 class LazyVar(Var):
     """A frame value not yet looked at: it is wrapped (and guarded) when first read, so
@@ -436,28 +409,12 @@ class LazyVar(Var):
 
 
 CONSTANT_TYPES: tuple[type, ...] = (
-    bool,
-    int,
-    float,
-    complex,
-    str,
-    bytes,
-    type(None),
-    type(Ellipsis),
-    slice,
-    torch.dtype,
-    torch.device,
-    torch.memory_format,
-    torch.layout,
-    types.CodeType,
-    range,
-    torch.SymInt,  # sizes of a dynamic capture: Python arithmetic on them records relations
-    torch.SymBool,
-    torch.SymFloat,
-    torch.finfo,  # immutable descriptions of a dtype (torch.finfo(x.dtype).min)
-    torch.iinfo,
-    inspect.Signature,  # immutable too (inspect.signature(fn).parameters)
-    inspect.Parameter,
+    bool, int, float, complex, str, bytes, type(None), type(Ellipsis), slice, torch.dtype,
+    torch.device, torch.memory_format, torch.layout, types.CodeType, range,
+    # sizes of a dynamic capture: Python arithmetic on them records relations
+    torch.SymInt, torch.SymBool, torch.SymFloat,
+    # immutable descriptions of a dtype (torch.finfo(x.dtype).min), and of a signature
+    torch.finfo, torch.iinfo, inspect.Signature, inspect.Parameter,
 )
 
 
@@ -468,12 +425,8 @@ def specialized(value: Any) -> Any:
     """``value`` with every SymInt/SymBool/SymFloat replaced by its number.  Reading the
     number records a guard that the size equals it (the entry is static in that size):
     for what text or identity would show (``str(n)``, f-strings, ``hash``), never ``s0``."""
-    if isinstance(value, torch.SymInt):
-        return int(value)
-    if isinstance(value, torch.SymFloat):
-        return float(value)
-    if isinstance(value, torch.SymBool):
-        return bool(value)
+    if type(value) in _STAND_INS:
+        return type(_STAND_INS[type(value)])(value)
     if type(value) in (tuple, list):
         return type(value)(specialized(v) for v in value)
     if type(value) is dict:
@@ -481,17 +434,32 @@ def specialized(value: Any) -> Any:
     return value
 
 
+_STAND_INS = {torch.SymInt: 2, torch.SymFloat: 2.0, torch.SymBool: True}
+
+
 def python_type_of(value: Any) -> Any:
     """A stand-in of the Python type a symbolic value has when the frame runs for real
     (``isinstance(n, int)`` is True for a symbolic size n), with no guard."""
-    if isinstance(value, torch.SymInt):
-        return 2
-    if isinstance(value, torch.SymFloat):
-        return 2.0
-    if isinstance(value, torch.SymBool):
-        return True
-    return value
+    return _STAND_INS.get(type(value), value)
 
 
 def is_constant_value(value: Any) -> bool:
     return type(value) in CONSTANT_TYPES
+
+
+def leaves(value: Any) -> list:
+    """The items of nested tuples, lists and dict values, in order."""
+    if isinstance(value, (tuple, list)):
+        return [x for v in value for x in leaves(v)]
+    if isinstance(value, dict):
+        return [x for v in value.values() for x in leaves(v)]
+    return [value]
+
+
+def map_leaves(value: Any, fn: Callable[[Any], Any]) -> Any:
+    """``value`` with ``fn`` applied to each item of its nested tuples, lists and dicts."""
+    if isinstance(value, (tuple, list)):
+        return type(value)(map_leaves(v, fn) for v in value)
+    if isinstance(value, dict):
+        return {k: map_leaves(v, fn) for k, v in value.items()}
+    return fn(value)

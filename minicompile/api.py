@@ -29,7 +29,7 @@ from minicompile import config, distributed, heap, optim, perf, trace
 from minicompile.auto_dynamic import AutoDynamic
 from minicompile.config import Config
 from minicompile.errors import BackendCompilerFailed, Unsupported
-from minicompile.driver import compile_graph
+from minicompile.driver import Entry, compile_graph
 from minicompile.driver import counters as _stats
 from minicompile.resume import Resuming, _callee_wrappers, _compiled_steps
 from minicompile.runtime import build, entries, profile
@@ -75,23 +75,6 @@ def reset() -> None:
     _compiled_steps.clear()
     for key in _stats:
         _stats[key] = 0
-
-
-@dataclasses.dataclass
-class Entry:
-    """One compiled version of a frame, valid where its guards pass."""
-
-    capture: Capture
-    run: Callable[[tuple], Any]
-    eager_reason: str | None = None  # set when this entry runs its graph eagerly
-    stop: Break | None = None  # where the segment breaks; None: it runs to the return
-    # The generated wrapper's call(inputs) (allocate, launch, return), for inspection and
-    # benchmarks; None for an eager entry.
-    call: Callable[[list], tuple] | None = None
-    sizes: list = dataclasses.field(default_factory=list)  # the traced inputs' sizes
-    # What a warm entry on disk needs of a graph without a backward: the loaded wrapper,
-    # whether it runs under Triton's interpreter, and under no_grad, its WithDerived or None.
-    artefact: tuple[build.Loaded, bool, bool, Any] | None = None
 
 
 class CompiledFunction(Resuming, AutoDynamic):
@@ -495,17 +478,8 @@ def compile(
         return OptimizedModule(fn, cfg)
     opt = optim.recognise(fn)
     if opt is not None:  # an optimizer's step: its update, with combo kernels
-        return compile_step(fn, opt, cfg)
+        return optim.CompiledStep(fn, opt, cfg, CompiledFunction, _stats)
     return CompiledFunction(fn, cfg)
-
-
-def compile_step(fn: Callable, opt: Any, cfg: Config) -> optim.CompiledStep:
-    """``opt.step`` (``fn``) compiled: its update traced with combo kernels and in-place
-    stores.  Static sizes: another set of parameters is another structure, not a size."""
-    update_cfg = dataclasses.replace(cfg, dynamic=False, horizontal_fusion=True,
-                                     store_in_place=True)
-    return optim.CompiledStep(fn, opt, lambda f: CompiledFunction(f, update_cfg), _stats,
-                              cfg.fullgraph)
 
 
 class OptimizedModule(torch.nn.Module):

@@ -18,11 +18,10 @@ import logging
 from typing import TYPE_CHECKING
 
 from minicompile import perf, trace
-from minicompile.driver import compile_graph, describe_symbols
+from minicompile.driver import Entry, compile_graph, describe_symbols
 from minicompile.errors import BackendCompilerFailed, Unsupported
 
 if TYPE_CHECKING:
-    from minicompile.api import Entry
     from minicompile.capture import Break, Capture, ResumePoint
     from minicompile.capture.dynamic import DynamicPolicy
 

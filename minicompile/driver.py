@@ -24,7 +24,7 @@ from minicompile.errors import BackendCompilerFailed, Unsupported
 from minicompile.runtime import build, cudagraphs, entries, toolchain, triton_build
 
 if TYPE_CHECKING:
-    from minicompile.capture import Capture
+    from minicompile.capture import Break, Capture
 
 log = logging.getLogger("minicompile")
 
@@ -33,6 +33,23 @@ STAT_KEYS = (
     "instructions", "concrete_instructions",
 )
 counters: dict[str, int] = dict.fromkeys(STAT_KEYS, 0)  # minicompile.stats()
+
+
+@dataclasses.dataclass
+class Entry:
+    """One compiled version of a frame, valid where its guards pass."""
+
+    capture: Capture
+    run: Callable[[tuple], Any]
+    eager_reason: str | None = None  # set when this entry runs its graph eagerly
+    stop: Break | None = None  # where the segment breaks; None: it runs to the return
+    # The generated wrapper's call(inputs) (allocate, launch, return), for inspection and
+    # benchmarks; None for an eager entry.
+    call: Callable[[list], tuple] | None = None
+    sizes: list = dataclasses.field(default_factory=list)  # the traced inputs' sizes
+    # What a warm entry on disk needs of a graph without a backward: the loaded wrapper,
+    # whether it runs under Triton's interpreter, and under no_grad, its WithDerived or None.
+    artefact: tuple[build.Loaded, bool, bool, Any] | None = None
 
 
 def pick_backend(cfg: Config, capture: Capture) -> tuple[str, bool]:

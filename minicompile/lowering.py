@@ -20,6 +20,7 @@ from minicompile import ops
 from minicompile.errors import Unsupported
 from minicompile.graph import Graph, Node, TensorMeta, map_nodes
 from minicompile.library_layouts import ATTENTION
+from minicompile.op_table import COMPARISONS, LOGICAL
 from minicompile.shapes import is_symbolic
 from minicompile.sym import index_symbol, product
 from minicompile.ir import (
@@ -427,9 +428,9 @@ class Lowering:
     @staticmethod
     def compute_dtype(node: Node) -> torch.dtype:
         """The dtype the op's operands are converted to before it applies."""
-        if node.target in ops.LOGICAL:
+        if node.target in LOGICAL:
             return torch.bool
-        if node.target in ops.COMPARISONS:
+        if node.target in COMPARISONS:
             a, b = (_fake(x) for x in node.args)
             return torch.result_type(a, b)
         return node.meta.dtype

@@ -15,8 +15,7 @@ import torch
 from minicompile import compat
 from minicompile.graph import Node, TensorMeta
 from minicompile.library_layouts import conv_layout
-from minicompile.op_table import ROWS
-from minicompile.ops import COMPARISONS
+from minicompile.op_table import COMPARISONS, ROWS
 
 # Pointwise ops whose result metadata follows from PyTorch's promotion, broadcasting and
 # stride rules alone when every tensor is floating point (none of them refuses a float).

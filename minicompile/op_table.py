@@ -214,3 +214,5 @@ ROWS: tuple[Row, ...] = (
 )
 
 BY_NAME: dict[str, Row] = {row.name: row for row in ROWS}
+COMPARISONS = frozenset({"eq", "ne", "lt", "le", "gt", "ge"})
+LOGICAL = frozenset({"logical_and", "logical_or", "logical_xor", "logical_not"})

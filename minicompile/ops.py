@@ -30,7 +30,7 @@ import sympy
 import torch
 import torch.nn.functional as F
 
-from minicompile import meta_cache
+from minicompile import meta_cache, meta_rules
 from minicompile.graph import Node, TensorMeta
 from minicompile.op_table import ROWS
 from minicompile.shapes import ShapeContext
@@ -281,10 +281,6 @@ def cat_arguments(node: Node) -> tuple[list[Node], int] | None:
     return list(tensors), dim % ndim
 
 
-COMPARISONS = frozenset({"eq", "ne", "lt", "le", "gt", "ge"})
-LOGICAL = frozenset({"logical_and", "logical_or", "logical_xor", "logical_not"})
-
-
 def run_eager(name: str, args: tuple, kwargs: dict[str, Any]) -> Any:
     return OPS[name].eager(*args, **kwargs)
 
@@ -321,8 +317,6 @@ def _infer_meta(
         shapes if has_symbols((args, kwargs)) else None
     )
     if shapes is None and not any(isinstance(v, torch.device) for v in args):
-        from minicompile import meta_rules
-
         fast = meta_rules.result_meta(name, args, kwargs, device)
         if fast is not None:
             return fast
@@ -357,8 +351,6 @@ def _infer_meta(
             try:
                 out = run_eager(name, fake_args, fake_kwargs)
             except NotImplementedError:  # no meta kernel in this PyTorch: ours, if known
-                from minicompile import meta_rules
-
                 rule = meta_rules.WITHOUT_META_KERNEL.get(name)
                 found = rule(args, kwargs, device) if rule is not None else None
                 if found is None:

@@ -34,6 +34,7 @@ scaler.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import weakref
 from collections.abc import Callable
@@ -43,6 +44,7 @@ import torch
 from torch.optim import SGD, Adam, AdamW, Optimizer
 
 from minicompile import trace
+from minicompile.config import Config
 from minicompile.errors import Unsupported
 
 log = logging.getLogger("minicompile")
@@ -292,15 +294,22 @@ class ScalarTable:
 
 
 class CompiledStep:
-    """``minicompile.compile(opt.step)``: call it as ``opt.step`` is called."""
+    """``minicompile.compile(opt.step)``: call it as ``opt.step`` is called.  The update is
+    compiled by ``compile_function(update, cfg)`` (a CompiledFunction) with combo kernels,
+    in-place stores and static sizes: another set of parameters is another structure, not a
+    size."""
 
-    def __init__(self, fn: Callable, opt: Optimizer, compile_update: Callable[[Callable], Any],
-                 stats: dict[str, int], fullgraph: bool = False) -> None:
+    def __init__(self, fn: Callable, opt: Optimizer, cfg: Config,
+                 compile_function: Callable[[Callable, Config], Any],
+                 stats: dict[str, int]) -> None:
         self.fn = fn  # what eager runs: the bound step, or the scheduler's wrapper of it
         self.opt = opt
         self.stats = stats
-        self.fullgraph = fullgraph  # raise for what is not compiled (state-making steps run)
-        self.compiled = compile_update(sgd_update if isinstance(opt, SGD) else adam_update)
+        self.fullgraph = cfg.fullgraph  # raise for what is not compiled (state-making steps run)
+        update_cfg = dataclasses.replace(cfg, dynamic=False, horizontal_fusion=True,
+                                         store_in_place=True)
+        update = sgd_update if isinstance(opt, SGD) else adam_update
+        self.compiled = compile_function(update, update_cfg)
         self.eager_reason: str | None = None  # why the last step ran eagerly
         self.table = ScalarTable()
 

@@ -13,10 +13,10 @@ import weakref
 from typing import TYPE_CHECKING, Any
 
 from minicompile import optim, trace
+from minicompile.driver import Entry
 from minicompile.driver import counters as _stats
 
 if TYPE_CHECKING:
-    from minicompile.api import Entry
     from minicompile.capture import Break, Capture, ResumePoint, concrete
 
 # User functions a frame broke at, compiled as frames of their own: fn -> {cfg: wrapper}.
@@ -119,12 +119,10 @@ class Resuming:
         optimizer's ``step`` runs as ``minicompile.compile(opt.step)`` runs it."""
         opt = optim.recognise(fn)
         if opt is not None:
-            from minicompile.api import compile_step
-
             steps = _compiled_steps.setdefault(opt, {})
             key = (getattr(fn, "__func__", fn), self.cfg)
             if key not in steps:
-                steps[key] = compile_step(fn, opt, self.cfg)
+                steps[key] = optim.CompiledStep(fn, opt, self.cfg, type(self), _stats)
             return steps[key](*args, **kwargs)
         if _is_user_function(fn):
             wrappers = _callee_wrappers.setdefault(fn, {})

@@ -168,18 +168,18 @@ class Lowering:
         if value.view is not None:
             name, layout = value.view
             return AliasOutput(name, None if layout == self.layouts[name] else layout)
-        layout = layout or layout_of(node.meta)
-        origins = tuple(dict.fromkeys(value.origins + (node,)))
-        buf = ComputedBuffer(
-            name=f"buf{len(self.buffers)}",
-            layout=layout,
-            body=value.expr,
-            origins=tuple(_origin(n) for n in origins),
-            sources=tuple(dict.fromkeys(n.stack[-1] for n in origins if n.stack)),
-        )
+        return self.new_buffer(node, layout or layout_of(node.meta), value.expr, value.origins)
+
+    def new_buffer(self, node: Node, layout: Layout, body: Expr, origins: tuple[Node, ...],
+                   reduction_ranges: tuple[sympy.Expr, ...] = ()) -> str:
+        """A ComputedBuffer for ``node``, which later consumers load instead of computing
+        the value again."""
+        origins = tuple(dict.fromkeys(origins + (node,)))
+        sources = tuple(dict.fromkeys(n.stack[-1] for n in origins if n.stack))
+        buf = ComputedBuffer(f"buf{len(self.buffers)}", layout, body,
+                             tuple(_origin(n) for n in origins), sources, reduction_ranges)
         self.buffers.append(buf)
         self.realized[node] = buf.name
-        # Later consumers load the buffer instead of computing the value again.
         self.layouts[buf.name] = layout
         self.values[node] = _computed_value(buf.name, layout)
         return buf.name
@@ -188,20 +188,13 @@ class Lowering:
 
     def lower_call(self, node: Node) -> Value:
         family = ops.OPS[node.target].family
-        if family == "view":
-            return self.lower_view(node)
         if family == "extern" and node.target in ops.CAT_OPS:
             value = self.lower_cat(node)
             if value is not None:
                 return value
-        if family in ("extern", "tuple"):
-            return self.lower_extern(node)
-        if family == "reduction":
-            return self.lower_reduction(node)
-        if family == "index":
-            return self.lower_index(node)
-        if family == "iota":
-            return self.lower_iota(node)
+        lower = _LOWER_BY_FAMILY.get(family)
+        if lower is not None:
+            return lower(self, node)
         if family == "composite":
             raise AssertionError(f"{node.target} reached lowering undecomposed")
         if family not in ("unary", "binary", "ternary", "cast", "copy"):
@@ -316,20 +309,9 @@ class Lowering:
         operand = _cast(operand, torch.bool if node.target in ("any", "all") else out_dtype)
         if all(x.shape[d] == 1 for d in dims):  # reducing size-1 dims: each value is its own
             return Value(node.meta.shape, out_dtype, _cast(operand, out_dtype), origins=(node,))
-        layout = layout_of(node.meta)
-        origins = tuple(dict.fromkeys(x.origins + (node,)))
-        buf = ComputedBuffer(
-            name=f"buf{len(self.buffers)}",
-            layout=layout,
-            body=Reduce(node.target, operand, out_dtype),
-            origins=tuple(_origin(n) for n in origins),
-            sources=tuple(dict.fromkeys(n.stack[-1] for n in origins if n.stack)),
-            reduction_ranges=tuple(x.shape[d] for d in dims),
-        )
-        self.buffers.append(buf)
-        self.realized[node] = buf.name
-        self.layouts[buf.name] = layout
-        return _computed_value(buf.name, layout)
+        self.new_buffer(node, layout_of(node.meta), Reduce(node.target, operand, out_dtype),
+                        x.origins, tuple(x.shape[d] for d in dims))
+        return self.values[node]
 
     def lower_index(self, node: Node) -> Value:
         """embedding / index_select / gather: the source's index along one dim becomes a
@@ -451,6 +433,10 @@ class Lowering:
         expr = substitute_index(x.expr, {a: b for a, b in mapping.items() if a != b})
         return Value(node.meta.shape, node.meta.dtype, expr, origins=origins)
 
+
+_LOWER_BY_FAMILY = {"view": Lowering.lower_view, "extern": Lowering.lower_extern,
+                    "tuple": Lowering.lower_extern, "reduction": Lowering.lower_reduction,
+                    "index": Lowering.lower_index, "iota": Lowering.lower_iota}
 
 # cat and stack, by every name capture records them under; they lower to a Cat expression
 # of at most this many pieces (more: the library call, which copies each input once).

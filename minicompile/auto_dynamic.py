@@ -1,15 +1,10 @@
-"""Automatic dynamic shapes for a compiled function: which dims of its inputs (and which
-int arguments) to trace as size symbols, and the capture that traces with them.
+"""Automatic dynamic shapes: which input dims (and int arguments) to trace as size symbols.
 
-Automatic: a dim whose size differs from what an earlier entry was traced with, or an int
-argument that changed, is symbolic from then on (``dynamic=True`` / ``False`` decide
-alone).  A segment is traced with symbols where the policy asks for them and its kernels
-are built at once; what cannot be traced or built with symbols is traced again with static
-sizes, which are exact.
-
-:class:`AutoDynamic` is the part of :class:`minicompile.api.CompiledFunction` that does this
-(the tables it keeps, ``dynamic_dims`` and ``dynamic_ints``, are made in api.py;
-minicompile/dynamo_backend.py fills them ahead of the first call).
+A dim whose size differs from an earlier entry's, or an int argument that changed, is
+symbolic from then on (``dynamic=True`` / ``False`` decide alone).  A segment traced with
+symbols has its kernels built at once; what fails with symbols is traced again with static
+sizes, which are exact.  :class:`AutoDynamic` is this part of
+:class:`minicompile.api.CompiledFunction` (dynamo_backend.py fills its tables ahead).
 """
 
 from __future__ import annotations

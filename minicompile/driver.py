@@ -1,13 +1,10 @@
 """The compiler driver: a captured graph -> the code that runs it.
 
-``compile_graph`` picks the backend, walks the capture through the compiler's stages
-(minicompile/pipeline.py: graph passes to build and load; a graph whose outputs take
-gradients comes out as a forward and a backward) and wraps what comes out: a training
-step (runtime/autograd.py), CUDA graphs under ``mode="reduce-overhead"``, and the eager
-comparison of ``MINICOMPILE_CHECK`` (minicompile/check.py).  With minicompile/api.py
-(guards, entries, graph breaks) it is the one place that wires the pipeline together.  The
-compiler's modules are imported inside the functions: a process whose calls find warm
-entries on disk never loads them.
+``compile_graph`` picks the backend, walks the capture through pipeline.STAGES (a graph that
+trains comes out as a forward and a backward) and wraps what comes out: a training step
+(runtime/autograd.py), CUDA graphs under ``mode="reduce-overhead"``, MINICOMPILE_CHECK's
+comparison (check.py).  The compiler's modules are imported inside the functions: a
+process whose calls find warm entries on disk never loads them.
 """
 
 from __future__ import annotations
@@ -95,12 +92,9 @@ def describe_symbols(capture: Capture) -> str:
 def compile_graph(
     capture: Capture, cfg: Config, name: str
 ) -> tuple[Callable[[tuple], Any], Callable[[list], tuple], tuple | None]:
-    """Compile a captured graph; return the runner for its entry (frame -> return value),
-    the generated call(inputs), and for a graph without a backward what a warm entry
-    stores (the loaded wrapper, whether it is interpreted, whether it runs under no_grad,
-    the WithDerived that computes its values from parameters, or None).
-    A graph whose outputs take gradients (grad mode on, inputs requiring grad) compiles its
-    backward too and runs as an autograd.Function."""
+    """Compile a captured graph: the runner of its entry (frame -> return value), the
+    generated call(inputs), and for a graph without a backward what a warm entry stores
+    (Entry.artefact).  A graph that trains runs as an autograd.Function."""
     from minicompile.runtime import profile
 
     start = time.perf_counter()

@@ -22,13 +22,9 @@ class SourceLine:
 
 
 class Unsupported(Exception):
-    """Something the compiler cannot handle: the frame (or, later, the segment) runs eagerly.
-
-    ``reason`` is one line in the user's terms ("print() is not traceable"); ``stack`` is the
-    user's source, outermost frame first, where the construct was met.  ``raises``: the
-    construct raises in eager (an op given tensors it rejects): the user's error, not a
-    limit of the compiler.
-    """
+    """Something the compiler cannot handle: the frame (or segment) runs eagerly.  ``reason``:
+    one line in the user's terms; ``stack``: the user's source, outermost first; ``raises``:
+    the construct raises in eager (the user's error, not a limit of the compiler)."""
 
     def __init__(self, reason: str, stack: tuple[SourceLine, ...] = (), hint: str = "",
                  raises: bool = False) -> None:

@@ -211,8 +211,7 @@ def export(fn_or_module: Callable | torch.nn.Module, example_args: tuple | torch
     returns, structure = _returns(capture, frame, args)
     work = pipeline.Work(fn.__qualname__, capture.graph, cfg, "cpp", False, role="export")
     (work,) = pipeline.walk(work, pipeline.span("graph passes", "autograd"))
-    if any(m.device.type != "cpu" for n in work.graph.nodes
-           for m in (n.meta if isinstance(n.meta, tuple) else (n.meta,)) if m is not None):
+    if work.graph.device_types() - {"cpu"}:
         raise Unsupported("export: the library runs on CPU tensors (CUDA is not exported yet)")
     # Lowering and fusion; no stores in place or combo kernels (those serve optimizer
     # steps), and this module's own code generation and build.

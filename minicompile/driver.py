@@ -51,10 +51,7 @@ class Entry:
 
 def pick_backend(cfg: Config, capture: Capture) -> tuple[str, bool]:
     """The backend for this graph, and whether Triton must run under its interpreter."""
-    devices = {
-        m.device.type for n in capture.graph.nodes
-        for m in (n.meta if isinstance(n.meta, tuple) else (n.meta,)) if m is not None
-    }  # placeholders and tensors made in the graph (torch.ones(3))
+    devices = capture.graph.device_types()
     if not devices:  # no tensor at all (a segment of Python before a break): no kernel
         return ("cpp" if cfg.backend == "auto" else cfg.backend), False
     if devices - {"cpu", "cuda"}:  # meta tensors have no data for a kernel to read

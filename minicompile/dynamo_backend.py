@@ -32,22 +32,13 @@ OPTIONS = {
     "fullgraph": False,  # raise minicompile.Unsupported at a graph break inside Dynamo's graph
 }
 # torch.compile's modes, and the minicompile mode each compiles with.
-MODES = {
-    None: None,
-    "default": None,
-    "reduce-overhead": "reduce-overhead",
-    "max-autotune": "max-autotune",
-    "max-autotune-no-cudagraphs": "max-autotune",
-}
+MODES = {None: None, "default": None, "reduce-overhead": "reduce-overhead",
+         "max-autotune": "max-autotune", "max-autotune-no-cudagraphs": "max-autotune"}
 
 
-def minicompile_backend(
-    gm: torch.fx.GraphModule,
-    example_inputs: list[Any],
-    *,
-    mode: str | None = None,
-    options: dict[str, Any] | None = None,
-) -> Callable[..., Any]:
+def minicompile_backend(gm: torch.fx.GraphModule, example_inputs: list[Any], *,
+                        mode: str | None = None, options: dict[str, Any] | None = None
+                        ) -> Callable[..., Any]:
     """Dynamo's backend: compile ``gm`` with minicompile, lazily (on its first call, with
     real inputs).  ``options``: ``{"backend": "cpp" | "triton" | "auto", "fullgraph":
     bool}``; ``mode``: torch.compile's mode."""

@@ -107,10 +107,15 @@ class Node:
     index: int = -1  # position in the graph; set by Graph
 
     @property
+    def metas(self) -> tuple[TensorMeta, ...]:
+        """The metadata of each result (several for a tuple result, none for the output)."""
+        metas = self.meta if isinstance(self.meta, tuple) else (self.meta,)
+        return tuple(m for m in metas if m is not None)
+
+    @property
     def requires_grad(self) -> bool:
         """Whether the value (any result, for a tuple of them) takes a gradient."""
-        metas = self.meta if isinstance(self.meta, tuple) else (self.meta,)
-        return any(m is not None and m.requires_grad for m in metas)
+        return any(m.requires_grad for m in self.metas)
 
     def inputs(self) -> Iterator[Node]:
         """The nodes this node reads, in argument order."""
@@ -221,6 +226,10 @@ class Graph:
 
     def calls(self) -> Iterable[Node]:
         return (n for n in self.nodes if n.op == "call")
+
+    def device_types(self) -> set[str]:
+        """The device types of the graph's tensors (inputs, and tensors made in it)."""
+        return {m.device.type for n in self.nodes for m in n.metas}
 
     def verify(self) -> None:
         """Check the invariants every pass must keep; raise AssertionError on the first break."""

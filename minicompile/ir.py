@@ -200,12 +200,7 @@ def make_cat(index: sympy.Expr, starts: tuple[sympy.Expr, ...], pieces: tuple[Ex
 
 
 REDUCTION_IDENTITY: dict[str, object] = {
-    "sum": 0,
-    "prod": 1,
-    "amax": float("-inf"),
-    "amin": float("inf"),
-    "any": False,
-    "all": True,
+    "sum": 0, "prod": 1, "amax": float("-inf"), "amin": float("inf"), "any": False, "all": True,
 }
 
 

@@ -23,30 +23,10 @@ from minicompile.library_layouts import ATTENTION
 from minicompile.op_table import COMPARISONS, LOGICAL
 from minicompile.shapes import is_symbolic
 from minicompile.sym import index_symbol, product
-from minicompile.ir import (
-    AliasOutput,
-    BufferRef,
-    Cast,
-    Cat,
-    ComputedBuffer,
-    Constant,
-    Expr,
-    ExternKernel,
-    InputBuffer,
-    Layout,
-    Load,
-    LoopProgram,
-    IndexExpr,
-    IndirectLoad,
-    Op,
-    Reduce,
-    dim_symbols,
-    make_cat,
-    map_loads,
-    reduction_symbols,
-    substitute_index,
-    walk,
-)
+from minicompile.ir import (AliasOutput, BufferRef, Cast, Cat, ComputedBuffer, Constant, Expr,
+                            ExternKernel, IndexExpr, IndirectLoad, InputBuffer, Layout, Load,
+                            LoopProgram, Op, Reduce, dim_symbols, make_cat, map_loads,
+                            reduction_symbols, substitute_index, walk)
 from minicompile.view_rules import view_layout, view_mapping
 
 ONE = sympy.Integer(1)
@@ -252,9 +232,7 @@ class Lowering:
             kwargs = map_nodes(node.kwargs, self.tensor_arg)
         name = f"buf{len(self.buffers)}"
         meta = node.meta
-        layout = (
-            tuple(layout_of(m) for m in meta) if isinstance(meta, tuple) else layout_of(meta)
-        )
+        layout = tuple(map(layout_of, meta)) if isinstance(meta, tuple) else layout_of(meta)
         self.buffers.append(ExternKernel(
             name, op, args, kwargs, layout, (_origin(node),),
             (node.stack[-1],) if node.stack else (),

@@ -48,12 +48,8 @@ def _to_dtype(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return x.to(dtype)
 
 
-COMPOSITE: dict[str, Callable] = {
-    "relu": torch.relu,
-    "gelu": _gelu,
-    "silu": F.silu,
-    "clamp": _clamp,
-}
+COMPOSITE: dict[str, Callable] = {"relu": torch.relu, "gelu": _gelu, "silu": F.silu,
+                                   "clamp": _clamp}
 
 # Views, in normalised form: non-negative dims, slice bounds clamped to the size.
 VIEW: dict[str, Callable] = {
@@ -108,10 +104,9 @@ def _to_strides(x: torch.Tensor, stride: tuple) -> torch.Tensor:
     return torch.empty_strided(x.shape, stride, dtype=x.dtype, device=x.device).copy_(x)
 
 
-# Copies the layout pass inserts (passes/layout.py), and capture for CUDA's batch norm in
-# training (to_eager_layout): x's values in new memory laid out otherwise.
-# to_channels_last(x): the NHWC order a convolution runs fastest in; to_eager_layout(x,
-# stride): the strides eager gives a graph output, a gradient or a batch norm's result.
+# Copies into another layout (passes/layout.py; capture, for CUDA's batch norm in
+# training): to_channels_last(x), the NHWC order convolutions run fastest in;
+# to_eager_layout(x, stride), the strides eager gives an output, a gradient or a batch norm.
 OPS["to_channels_last"] = OpDef("to_channels_last", "copy", _to_channels_last)
 OPS["to_eager_layout"] = OpDef("to_eager_layout", "copy", _to_strides)
 for _name, _fn in VIEW.items():
@@ -285,12 +280,9 @@ def _infer_meta(
     name: str, args: tuple, kwargs: dict[str, Any], device: torch.device,
     shapes: ShapeContext | None = None
 ) -> TensorMeta | tuple[TensorMeta, ...]:
-
     # The context of a symbolic tensor argument; else ``shapes``, if a size argument is
     # symbolic; else none (plain meta tensors, the fast path).
-    shapes = symbolic_context((args, kwargs)) or (
-        shapes if has_symbols((args, kwargs)) else None
-    )
+    shapes = symbolic_context((args, kwargs)) or (shapes if has_symbols((args, kwargs)) else None)
     if shapes is None and not any(isinstance(v, torch.device) for v in args):
         fast = meta_rules.result_meta(name, args, kwargs, device)
         if fast is not None:
@@ -347,13 +339,10 @@ def _infer_meta(
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} produced a {type(t).__name__}, not a tensor")
         if shapes is not None:
-            return TensorMeta(
-                shape=tuple(shapes.to_sympy(n) for n in t.shape),
-                stride=tuple(shapes.to_sympy(n) for n in t.stride()),
-                dtype=t.dtype, device=device, requires_grad=t.requires_grad, shapes=shapes,
-            )
-        meta = TensorMeta.of(t)
-        return dataclasses.replace(meta, device=device, storage_offset=sympy.Integer(0))
+            return TensorMeta(tuple(map(shapes.to_sympy, t.shape)),
+                              tuple(map(shapes.to_sympy, t.stride())), t.dtype, device,
+                              t.requires_grad, shapes=shapes)
+        return dataclasses.replace(TensorMeta.of(t), device=device, storage_offset=sympy.Integer(0))
 
     if isinstance(out, (tuple, list)):
         return tuple(meta_of(t) for t in out)

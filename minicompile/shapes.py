@@ -201,13 +201,8 @@ def _unordered(relation: sympy.Basic) -> Any:
 
 
 _FROM_TORCH: dict[str, Callable[..., sympy.Expr]] = {
-    "FloorDiv": FloorDiv,
-    "CleanDiv": FloorDiv,
-    "ModularIndexing": ModularIndexing,
-    "Mod": sympy.Mod,
-    "PythonMod": sympy.Mod,
-    "PowByNatural": sympy.Pow,
-    "Max": sympy.Max,
+    "FloorDiv": FloorDiv, "CleanDiv": FloorDiv, "ModularIndexing": ModularIndexing,
+    "Mod": sympy.Mod, "PythonMod": sympy.Mod, "PowByNatural": sympy.Pow, "Max": sympy.Max,
     "Min": sympy.Min,
 }
 

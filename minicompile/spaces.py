@@ -15,15 +15,8 @@ import dataclasses
 
 import sympy
 
-from minicompile.ir import (
-    Buffer,
-    ComputedBuffer,
-    ExternKernel,
-    Load,
-    dim_symbols,
-    reduction_symbols,
-    walk,
-)
+from minicompile.ir import (Buffer, ComputedBuffer, ExternKernel, Load, dim_symbols,
+                            reduction_symbols, walk)
 from minicompile.sym import index_symbol
 
 ZERO = sympy.Integer(0)
@@ -53,10 +46,8 @@ class Placement:
 
 def space_of(buf: ComputedBuffer) -> Space:
     assert buf.is_reduction
-    return Space(
-        tuple(s for s in buf.layout.shape if s != 1),
-        tuple(s for s in buf.reduction_ranges if s != 1),
-    )
+    return Space(tuple(s for s in buf.layout.shape if s != 1),
+                 tuple(s for s in buf.reduction_ranges if s != 1))
 
 
 def _onto(sizes: tuple, symbols: tuple, targets: tuple) -> dict | None:

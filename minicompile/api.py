@@ -472,7 +472,7 @@ class OptimizedModule(torch.nn.Module):
     def __init__(self, mod: torch.nn.Module, cfg: Config) -> None:
         super().__init__()
         self._orig_mod = mod
-        target = distributed.compiled_target(mod)
+        target = mod.module if distributed.is_ddp(mod) else mod  # of a DDP, the wrapped one
         forward = type(target).forward
         self.__dict__["_compiled"] = CompiledFunction(types.MethodType(forward, target), cfg)
         self.__dict__["_cfg"] = cfg

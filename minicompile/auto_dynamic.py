@@ -74,7 +74,10 @@ class AutoDynamic:
                     capture, stop = capture_segment(self.fn, point, values, allow_break, policy)
                 if capture.graph.shapes is None:
                     return capture, stop
-                self.check_compiles(capture)
+                try:  # its kernels built now, so that a failure can fall back to static sizes
+                    capture.compiled = compile_graph(capture, self.cfg, self.fn.__qualname__)
+                except BackendCompilerFailed as e:
+                    raise Unsupported(f"kernels with symbolic sizes failed to build: {e}") from e
                 trace.emit("dynamic", name, describe_symbols(capture))
                 return capture, stop
             except Unsupported as e:
@@ -85,10 +88,3 @@ class AutoDynamic:
                            f"with symbolic sizes: {type(e).__name__}: {e}")
         with perf.phase("capture"):
             return capture_segment(self.fn, point, values, allow_break, STATIC)
-
-    def check_compiles(self, capture: Capture) -> None:
-        """Build the symbolic graph's kernels now, so a failure can fall back to static."""
-        try:
-            capture.compiled = compile_graph(capture, self.cfg, self.fn.__qualname__)
-        except BackendCompilerFailed as e:
-            raise Unsupported(f"kernels with symbolic sizes failed to build: {e}") from e

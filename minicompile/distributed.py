@@ -25,12 +25,6 @@ def is_ddp(mod: torch.nn.Module) -> bool:
     return isinstance(mod, torch.nn.parallel.DistributedDataParallel)
 
 
-def compiled_target(mod: torch.nn.Module) -> torch.nn.Module:
-    """The module whose forward ``minicompile.compile(mod)`` compiles: the wrapped module
-    of a DDP, ``mod`` itself otherwise."""
-    return mod.module if is_ddp(mod) else mod
-
-
 def ddp_forward(ddp: torch.nn.Module, compiled: Callable[..., Any], args: tuple,
                 kwargs: dict[str, Any]) -> Any:
     """``ddp(*args, **kwargs)`` with its wrapped module's forward replaced by ``compiled``

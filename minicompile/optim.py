@@ -23,7 +23,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -137,9 +137,7 @@ def unsupported(opt: Optimizer) -> str | None:
             if key != "params" and (torch.is_tensor(value) or (
                     isinstance(value, tuple) and any(torch.is_tensor(v) for v in value))):
                 return f"tensor hyperparameter {key!r} is not compiled"
-        for p in group["params"]:
-            if p.grad is None:
-                continue
+        for p in (p for p in group["params"] if p.grad is not None):
             if p.grad.is_sparse or p.is_complex():
                 return "sparse gradients and complex parameters are not compiled"
             if p.grad.dtype != p.dtype or p.grad.layout != torch.strided:
@@ -153,16 +151,19 @@ def unsupported(opt: Optimizer) -> str | None:
     return None
 
 
+def _stepped(opt: Optimizer) -> Iterator[tuple[dict, torch.Tensor]]:
+    """(group, parameter) for each parameter with a gradient, in eager's order."""
+    for group in opt.param_groups:
+        for p in group["params"]:
+            if p.grad is not None:
+                yield group, p
+
+
 def needs_state(opt: Optimizer) -> bool:
     """Whether eager's step would create state (lazily): that step then runs eagerly."""
-    for group in opt.param_groups:
-        if isinstance(opt, SGD) and group["momentum"] == 0:
-            continue  # plain SGD keeps no state
-        key = "momentum_buffer" if isinstance(opt, SGD) else "exp_avg"
-        for p in group["params"]:
-            if p.grad is not None and opt.state[p].get(key) is None:
-                return True
-    return False
+    key = "momentum_buffer" if isinstance(opt, SGD) else "exp_avg"
+    return any(opt.state[p].get(key) is None for group, p in _stepped(opt)
+               if not (isinstance(opt, SGD) and group["momentum"] == 0))  # plain SGD: no state
 
 
 def create_adam_state(opt: Adam) -> None:
@@ -170,50 +171,42 @@ def create_adam_state(opt: Adam) -> None:
     ``Adam._init_group`` makes it: a CPU step counter at 0 and zeroed moments (the update
     from zero state is the ordinary one, so that step is compiled too)."""
     scalar = torch.float64 if torch.get_default_dtype() == torch.float64 else torch.float32
-    for group in opt.param_groups:
-        for p in group["params"]:
-            state = opt.state[p]
-            if p.grad is None or len(state) != 0:
-                continue
-            state["step"] = torch.tensor(0.0, dtype=scalar, device="cpu")
-            moments = ("exp_avg", "exp_avg_sq") + (("max_exp_avg_sq",) if group["amsgrad"] else ())
-            for key in moments:
-                state[key] = torch.zeros_like(p, memory_format=torch.preserve_format)
+    for group, p in _stepped(opt):
+        state = opt.state[p]
+        if len(state) != 0:
+            continue
+        state["step"] = torch.tensor(0.0, dtype=scalar, device="cpu")
+        moments = ("exp_avg", "exp_avg_sq") + (("max_exp_avg_sq",) if group["amsgrad"] else ())
+        for key in moments:
+            state[key] = torch.zeros_like(p, memory_format=torch.preserve_format)
 
 
 def plan_sgd(opt: SGD, table: ScalarTable) -> tuple:
     """sgd_update's arguments for this step."""
     params, grads, bufs, rows, flags = [], [], [], [], []
-    for group in opt.param_groups:
+    for group, p in _stepped(opt):
         wd, momentum, damp = group["weight_decay"], group["momentum"], group["dampening"]
-        for p in group["params"]:
-            if p.grad is None:
-                continue
-            params.append(p)
-            grads.append(p.grad)
-            bufs.append(opt.state[p]["momentum_buffer"] if momentum != 0 else None)
-            rows.append([wd, momentum, 1 - damp, -group["lr"]])
-            flags.append((group["maximize"], wd != 0, momentum != 0, group["nesterov"]))
+        params.append(p)
+        grads.append(p.grad)
+        bufs.append(opt.state[p]["momentum_buffer"] if momentum != 0 else None)
+        rows.append([wd, momentum, 1 - damp, -group["lr"]])
+        flags.append((group["maximize"], wd != 0, momentum != 0, group["nesterov"]))
     scalars = table(rows, params)
     return params, grads, bufs, scalars, tuple(flags)
 
 
 def plan_adam(opt: Adam, table: ScalarTable) -> tuple:
     """adam_update's arguments for this step (the step counters are incremented)."""
-    params, grads, ms, vs, vmaxes, steps = [], [], [], [], [], []
-    group_of = []
-    for group in opt.param_groups:
-        for p in group["params"]:
-            if p.grad is None:
-                continue
-            state = opt.state[p]
-            params.append(p)
-            grads.append(p.grad)
-            ms.append(state["exp_avg"])
-            vs.append(state["exp_avg_sq"])
-            vmaxes.append(state["max_exp_avg_sq"] if group["amsgrad"] else None)
-            steps.append(state["step"])
-            group_of.append(group)
+    params, grads, ms, vs, vmaxes, steps, group_of = [], [], [], [], [], [], []
+    for group, p in _stepped(opt):
+        state = opt.state[p]
+        params.append(p)
+        grads.append(p.grad)
+        ms.append(state["exp_avg"])
+        vs.append(state["exp_avg_sq"])
+        vmaxes.append(state["max_exp_avg_sq"] if group["amsgrad"] else None)
+        steps.append(state["step"])
+        group_of.append(group)
     if steps:
         torch._foreach_add_(steps, 1)  # step_t += 1 (CPU tensors: capturable is off)
     rows, flags = [], []

@@ -116,14 +116,8 @@ def first_wrong_node(graph: Graph, outputs: list[Node], inputs: list, build: Bui
 
 
 def describe(node: Node) -> str:
-    text = str(node.meta)
-    line = f"  %{node.index} = {node.target}(...) : {text}"
-    if node.stack:
-        where = node.stack[-1]
-        line += f"      at {where.filename}:{where.lineno} in {where.function}"
-        if where.text:
-            line += f"\n    {where.text.strip()}"
-    return line
+    line = f"  %{node.index} = {node.target}(...) : {node.meta}"
+    return f"{line}      {node.stack[-1].describe()}" if node.stack else line
 
 
 def checked(call: Callable[[list], tuple], graph: Graph, name: str, build: Build

@@ -100,10 +100,6 @@ def _py_value(value: Any, dtype: torch.dtype) -> Any:
     return torch.tensor(int(value), dtype=torch.int64).to(dtype).item()
 
 
-def _fake(arg: Any) -> Any:
-    return arg.meta.fake() if isinstance(arg, Node) else arg
-
-
 class Lowering:
     def __init__(self, graph: Graph) -> None:
         self.graph = graph
@@ -179,20 +175,15 @@ class Lowering:
             raise AssertionError(f"{node.target} reached lowering undecomposed")
         if family not in ("unary", "binary", "ternary", "cast", "copy"):
             raise Unsupported(f"no lowering for {node.target}", node.stack)
-        meta = node.meta
-        shape = meta.shape
-        out_dtype = meta.dtype
+        shape, out_dtype = node.meta.shape, node.meta.dtype
         tensor_args = [a for a in node.args if isinstance(a, Node)]
         origins = tuple(dict.fromkeys(o for a in tensor_args for o in self.values[a].origins))
         origins += (node,)
-
-        if family == "copy":  # the same values, realized in the node's layout (contiguous():
-            x = node.args[0]  # row-major; the layout copies of passes/layout.py: theirs)
-            return Value(shape, out_dtype, broadcast_to(self.values[x], shape), origins=origins)
-
-        if family == "cast":
-            (x,) = node.args
-            expr = _cast(broadcast_to(self.values[x], shape), node.kwargs["dtype"])
+        if family in ("copy", "cast"):  # copy: the same values, realized in the node's layout
+            # (contiguous(): row-major; the layout copies of passes/layout.py: theirs)
+            expr = broadcast_to(self.values[node.args[0]], shape)
+            if family == "cast":
+                expr = _cast(expr, node.kwargs["dtype"])
             return Value(shape, out_dtype, expr, origins=origins)
 
         compute = self.compute_dtype(node)
@@ -391,7 +382,7 @@ class Lowering:
         if node.target in LOGICAL:
             return torch.bool
         if node.target in COMPARISONS:
-            a, b = (_fake(x) for x in node.args)
+            a, b = (x.meta.fake() if isinstance(x, Node) else x for x in node.args)
             return torch.result_type(a, b)
         return node.meta.dtype
 

@@ -82,12 +82,8 @@ def _policy(dynamic: Any, args: tuple, names: list[str]) -> tuple[Any, dict]:
     from minicompile.capture.dynamic import STATIC, DynamicPolicy
     from minicompile.shapes import MIN_DYNAMIC_SIZE
 
-    if dynamic is False:
-        return STATIC, {}
-    if dynamic is None:
-        return DynamicPolicy(None), {}
-    if dynamic is True:
-        return DynamicPolicy(True), {}
+    if dynamic is None or isinstance(dynamic, bool):
+        return (STATIC if dynamic is False else DynamicPolicy(dynamic)), {}
     if isinstance(dynamic, dict):
         unknown = set(dynamic) - set(names)
         if unknown:

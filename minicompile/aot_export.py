@@ -1,17 +1,14 @@
-"""Ahead-of-time export, like PyTorch 2.2's AOTInductor: a function or module -> a shared
-library that runs without Python.
+"""Ahead-of-time export, like AOTInductor: a function or module -> a shared library that
+runs without Python.
 
     exported = minicompile.export(model, (x,), "model.so", dynamic=[0])
     model_lib = minicompile.load("model.so")      # in Python: a callable on tensors
     # without Python: minicompile_runner model.so inputs.pt outputs.pt
 
-``export`` captures the function once with the example arguments (the whole function:
-a graph break is an error naming it and its source line, as with ``fullgraph=True``),
-takes the graph through the usual passes, lowering and fusion, and writes the C++ backend's
-kernels with a C++ wrapper (codegen/export_wrapper.py) in place of the Python one; library
-calls go through ATen's C++ API.  Parameters, buffers and any other tensor the function
-reads that is not an argument are baked in: written to ``model.weights`` beside the
-library, read by it on its first call.  runtime/aot.py builds and loads.
+The whole function is captured once (a graph break is an error naming its line), goes
+through the usual passes, lowering and fusion, and the C++ kernels get a C++ wrapper
+(codegen/export_wrapper.py; library calls through ATen's C++ API).  Tensors read that are
+not arguments are baked into ``model.weights``.  runtime/aot.py builds and loads.
 """
 
 from __future__ import annotations
@@ -27,7 +24,7 @@ from typing import Any
 
 import torch
 
-from minicompile import config
+from minicompile import compat, config
 from minicompile.errors import Unsupported
 
 _ARGUMENT_SPEC = "None, a dim, a list of dims or a dict of dims to names"
@@ -46,8 +43,7 @@ class Exported:
 
 def _function_and_frame(fn_or_module: Any, args: tuple) -> tuple[types.FunctionType, tuple,
                                                                   list[str]]:
-    """The Python function to capture, its frame values and the names of the tensor
-    arguments."""
+    """The function to capture, its frame values and the tensor arguments' names."""
     from minicompile.api import CompiledFunction, OptimizedModule
 
     if isinstance(fn_or_module, OptimizedModule):  # minicompile.compile(model): the model
@@ -79,21 +75,15 @@ def _function_and_frame(fn_or_module: Any, args: tuple) -> tuple[types.FunctionT
 
 
 def _policy(dynamic: Any, args: tuple, names: list[str]) -> tuple[Any, dict]:
-    """The capture's DynamicPolicy, and the names given to dynamic dims ((argument, dim)
-    -> name).  ``dynamic`` False or None: static sizes (dims marked with
-    minicompile.mark_dynamic still dynamic under None); True: every dim of every argument;
-    a list with one entry per argument (None, a dim, a list of dims, or a dict from dims to
-    names: ``{0: "batch"}``) or a dict from argument name to such an entry: those dims.
-    Dims of one name must be equal in every call, as with torch.export's ``Dim``."""
+    """The capture's DynamicPolicy and the names of dynamic dims ((argument, dim) -> name).
+    ``dynamic``: False or None (static, but marked dims stay dynamic under None), True (every
+    dim), or per argument (a list, or a dict by name) None, a dim, a list of dims or a dict
+    of dims to names (``{0: "batch"}``: dims of one name are equal, as torch.export's Dim)."""
     from minicompile.capture.dynamic import STATIC, DynamicPolicy
     from minicompile.shapes import MIN_DYNAMIC_SIZE
 
-    if dynamic is False:
-        return STATIC, {}
-    if dynamic is None:
-        return DynamicPolicy(None), {}
-    if dynamic is True:
-        return DynamicPolicy(True), {}
+    if dynamic is None or isinstance(dynamic, bool):
+        return (STATIC if dynamic is False else DynamicPolicy(dynamic)), {}
     if isinstance(dynamic, dict):
         unknown = set(dynamic) - set(names)
         if unknown:
@@ -184,12 +174,10 @@ def _returns(capture: Any, frame: tuple, args: tuple) -> tuple[list[tuple[str, i
 
 def export(fn_or_module: Callable | torch.nn.Module, example_args: tuple | torch.Tensor,
            path: str | os.PathLike, dynamic: Any = None) -> Exported:
-    """Compile ``fn_or_module`` for ``example_args`` (tensors) into the shared library
-    ``path``, with its weights beside it (``.so`` -> ``.weights``) and the runner program
-    (``minicompile_runner`` in the same folder).  ``dynamic``: which sizes stay symbolic in
-    the library (see :func:`_policy`); the others are fixed to the example's.  Raises
-    :class:`Unsupported` for what cannot be exported (a graph break, naming it and its
-    source line; a library call without a C++ form), before anything is built."""
+    """Compile ``fn_or_module`` for ``example_args`` into the shared library ``path``, its
+    weights beside it (``.weights``) and the ``minicompile_runner`` program.  ``dynamic``:
+    the sizes that stay symbolic (:func:`_policy`).  Raises :class:`Unsupported` for what
+    cannot be exported (a graph break, naming its line), before anything is built."""
     from minicompile import api, perf, trace
     from minicompile.codegen import export_wrapper
     from minicompile.runtime import aot
@@ -219,8 +207,7 @@ def export(fn_or_module: Callable | torch.nn.Module, example_args: tuple | torch
     returns, structure = _returns(capture, frame, args)
     work = pipeline.Work(fn.__qualname__, capture.graph, cfg, "cpp", False, role="export")
     (work,) = pipeline.walk(work, pipeline.span("graph passes", "autograd"))
-    if any(m.device.type != "cpu" for n in work.graph.nodes
-           for m in (n.meta if isinstance(n.meta, tuple) else (n.meta,)) if m is not None):
+    if work.graph.device_types() - {"cpu"}:
         raise Unsupported("export: the library runs on CPU tensors (CUDA is not exported yet)")
     # Lowering and fusion; no stores in place or combo kernels (those serve optimizer
     # steps), and this module's own code generation and build.
@@ -273,7 +260,7 @@ OLDEST_TORCH = (2, 11)
 
 def torch_supported() -> bool:
     """Whether this PyTorch is one export runs on (OLDEST_TORCH or newer)."""
-    return tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2]) >= OLDEST_TORCH
+    return compat.TORCH_VERSION >= OLDEST_TORCH
 
 
 def _check_torch_version() -> None:
@@ -285,9 +272,8 @@ def _check_torch_version() -> None:
 
 
 def load(path: str | os.PathLike | Exported) -> Any:
-    """A library written by :func:`export` (its path, or what export returned), loaded into
-    this process: a callable taking the exported function's tensor arguments and returning
-    what it returned."""
+    """A library written by :func:`export` (its path, or what export returned), loaded: a
+    callable on the exported function's tensor arguments."""
     from minicompile.runtime import aot
 
     _check_torch_version()

@@ -1,14 +1,10 @@
-"""The public API, and with minicompile/driver.py the one place that wires the pipeline
-together:
+"""The public API; with minicompile/driver.py the one place that wires the pipeline.
 
-    capture -> graph passes -> lowering -> fusion -> codegen -> runtime build/load
-
-``compile(fn)`` returns a :class:`CompiledFunction`.  A call binds its arguments, runs the
-guards of each cache entry (newest first) and, on a hit, that entry's compiled code.  On a
-miss it captures the frame and compiles a new entry; whatever cannot be compiled runs
-eagerly, with the reason logged, never with a different result.  Two parts of it live
-beside it: graph breaks at run time (:mod:`minicompile.resume`) and automatic dynamic
-shapes (:mod:`minicompile.auto_dynamic`).
+``compile(fn)`` returns a :class:`CompiledFunction`.  A call runs the guards of each entry
+(newest first) and, on a hit, its compiled code; a miss captures the frame and compiles a
+new entry.  Whatever cannot be compiled runs eagerly, with the reason logged, never with a
+different result.  Graph breaks at run time live in resume.py, automatic dynamic shapes in
+auto_dynamic.py.
 """
 
 from __future__ import annotations
@@ -29,7 +25,7 @@ from minicompile import config, distributed, heap, optim, perf, trace
 from minicompile.auto_dynamic import AutoDynamic
 from minicompile.config import Config
 from minicompile.errors import BackendCompilerFailed, Unsupported
-from minicompile.driver import compile_graph
+from minicompile.driver import Entry, compile_graph
 from minicompile.driver import counters as _stats
 from minicompile.resume import Resuming, _callee_wrappers, _compiled_steps
 from minicompile.runtime import build, entries, profile
@@ -77,23 +73,6 @@ def reset() -> None:
         _stats[key] = 0
 
 
-@dataclasses.dataclass
-class Entry:
-    """One compiled version of a frame, valid where its guards pass."""
-
-    capture: Capture
-    run: Callable[[tuple], Any]
-    eager_reason: str | None = None  # set when this entry runs its graph eagerly
-    stop: Break | None = None  # where the segment breaks; None: it runs to the return
-    # The generated wrapper's call(inputs) (allocate, launch, return), for inspection and
-    # benchmarks; None for an eager entry.
-    call: Callable[[list], tuple] | None = None
-    sizes: list = dataclasses.field(default_factory=list)  # the traced inputs' sizes
-    # What a warm entry on disk needs of a graph without a backward: the loaded wrapper,
-    # whether it runs under Triton's interpreter, and under no_grad, its WithDerived or None.
-    artefact: tuple[build.Loaded, bool, bool, Any] | None = None
-
-
 class CompiledFunction(Resuming, AutoDynamic):
     def __init__(self, fn: Callable, cfg: Config) -> None:
         if isinstance(fn, types.MethodType):
@@ -124,9 +103,8 @@ class CompiledFunction(Resuming, AutoDynamic):
         self.signature = inspect.signature(self.fn, follow_wrapped=False)
         code = self.fn.__code__
         self.n_params = code.co_argcount + code.co_kwonlyargcount
-        self.simple = not (code.co_flags & (inspect.CO_VARARGS | inspect.CO_VARKEYWORDS)) and (
-            code.co_kwonlyargcount == 0
-        )
+        varargs = code.co_flags & (inspect.CO_VARARGS | inspect.CO_VARKEYWORDS)
+        self.simple = not varargs and code.co_kwonlyargcount == 0
         functools.update_wrapper(self, self.fn)  # type: ignore[arg-type]
         _compiled.append(self)
 
@@ -137,9 +115,8 @@ class CompiledFunction(Resuming, AutoDynamic):
             args = (self.bound_self, *args)
         if self.eager_reason is not None:
             return self.fn(*args, **kwargs)
-        frame = args if (not kwargs and self.simple and len(args) == self.n_params) else (
-            self.bind(args, kwargs)
-        )
+        simple = not kwargs and self.simple and len(args) == self.n_params
+        frame = args if simple else self.bind(args, kwargs)
         for entry in self.entries:
             if entry.capture.guards.check(*frame):
                 return self.run_root(entry, frame, args, kwargs)
@@ -162,9 +139,8 @@ class CompiledFunction(Resuming, AutoDynamic):
 
     def met_for_real(self, entry: Entry, frame: tuple) -> bool:
         """A compiled segment raised: whether its code must run for real to meet the error
-        as eager does.  An entry loaded from disk has no graph to tell whose error it is; a
-        try / except / finally / with of the user's may catch a user's error (one eager
-        raises running the graph), which the graph raised outside those blocks."""
+        as eager does (an entry from disk has no graph to tell whose error it is; a handler
+        of the user's may catch an error the graph raised outside it)."""
         from minicompile import user_errors
 
         capture = entry.capture
@@ -175,12 +151,10 @@ class CompiledFunction(Resuming, AutoDynamic):
 
     def rerun_eagerly(self, entry: Entry, e: Exception, args: tuple,
                       kwargs: dict[str, Any]) -> Any:
-        """Run this call eagerly, ``entry``'s compiled code having raised ``e`` before it did
-        anything (write-backs and side effects come after the graph): the user's exception
-        is raised, or caught by the user's handlers, as in eager.  If eager returns where an
-        entry loaded from disk raised, and no handler of the user's could have caught it,
-        that entry was wrong: one warning, and it is dropped (the next call compiles
-        afresh; strict mode raises)."""
+        """Run this call eagerly, ``entry``'s code having raised ``e`` before any effect: the
+        user's exception is raised or caught as in eager.  Where eager returns but an entry
+        from disk raised (no handler could catch it), that entry was wrong: one warning, and
+        it is dropped (strict mode raises)."""
         result = self.fn(*args, **kwargs)
         if entry.capture.graph is None and not entry.capture.handlers:
             if self.cfg.strict:
@@ -278,9 +252,8 @@ class CompiledFunction(Resuming, AutoDynamic):
     # -- errors -----------------------------------------------------------------------------
 
     def why_not_captured(self, e: Exception, name: str) -> str:
-        """The reason a capture failed, for the logs.  An exception other than Unsupported
-        is minicompile's own bug: one warning, and the code runs eagerly (strict mode
-        raises it)."""
+        """The reason a capture failed, for the logs.  Anything but Unsupported is our own
+        bug: one warning, and the code runs eagerly (strict mode raises it)."""
         if isinstance(e, Unsupported):
             return e.describe()
         if self.cfg.strict:
@@ -292,19 +265,16 @@ class CompiledFunction(Resuming, AutoDynamic):
 
     def run_eagerly_once(self, reason: str, args: tuple, kwargs: dict[str, Any]) -> Any:
         """The frame raises in eager (the user's error, found while tracing): run it eagerly
-        so the user sees that exception.  Later calls are compiled as usual, unless this one
-        did not raise after all."""
+        so the user sees it; later calls compile as usual, unless this one did not raise."""
         _stats["eager_fallbacks"] += 1
         result = self.fn(*args, **kwargs)
         self.eager_reason = reason
         return result
 
     def recover(self, entry: Entry, frame: tuple, e: Exception) -> Any:
-        """A compiled segment raised ``e``.  If eager raises too, on the same inputs, the
-        error is the user's: it is raised as eager raises it (type, message, the user's line
-        in the traceback).  If eager does not, the compiled code is wrong (or failed to
-        build at launch: Triton's JIT): one warning, and the segment's graph runs eagerly
-        from now on (strict mode raises)."""
+        """A compiled segment raised ``e``.  If eager raises too, the error is the user's,
+        raised as eager raises it.  Else the compiled code is wrong (or failed to build at
+        launch): one warning, and the graph runs eagerly from now on (strict mode raises)."""
         name = self.fn.__qualname__
         capture = entry.capture
         if entry.eager_reason is not None or (self.cfg.strict and _is_build_failure(e)):
@@ -369,8 +339,8 @@ class CompiledFunction(Resuming, AutoDynamic):
         return self.fn(*args, **kwargs)
 
     def run_graph_eagerly(self, entry: Entry, reason: str) -> None:
-        """From now on ``entry`` evaluates its graph with PyTorch ops (its kernels could
-        not be built); guards, write-backs and side effects stay as compiled."""
+        """From now on ``entry`` evaluates its graph with PyTorch ops; guards, write-backs
+        and side effects stay as compiled."""
         from minicompile import user_errors
         from minicompile.ops import run_graph
 
@@ -429,9 +399,7 @@ class CompiledFunction(Resuming, AutoDynamic):
 
 
 def _import_compiler() -> None:
-    """Import capture and the compiler (sympy, PyTorch's fake tensors): on the
-    first miss, not at `import minicompile` (timed as its own phase under
-    MINICOMPILE_LOGS=perf)."""
+    """Import capture and the compiler (sympy, fake tensors): on the first miss."""
     from minicompile.runtime import toolchain
 
     # Before anything imports torch._dynamo (PyTorch's meta functions may; it imports
@@ -462,17 +430,14 @@ def compile(
     fullgraph: bool = False,
     mode: str | None = None,
 ) -> Any:
-    """Compile ``fn`` (a function, a method, or an ``nn.Module``: then an
-    :class:`OptimizedModule` sharing its parameters).  Usable bare (``@minicompile.compile``)
-    or with options.
+    """Compile ``fn`` (a function, a method, an optimizer's ``step``, or an ``nn.Module``:
+    then an :class:`OptimizedModule` sharing its parameters); bare or with options.
 
-    backend: "auto" (Triton for CUDA tensors, C++ for CPU tensors), "triton", "cpp".
-    dynamic: None (automatic), True, False.  fullgraph: raise instead of running eagerly.
-    mode: None / "default" launch Triton kernels with the heuristics' configurations;
-    "max-autotune" times a few at each kernel's first run per size class and keeps the
-    fastest (minicompile/runtime/autotune.py); "reduce-overhead" also records each
-    inference graph on CUDA tensors as a CUDA graph and replays it
-    (minicompile/runtime/cudagraphs.py).
+    backend: "auto" (Triton for CUDA tensors, C++ for CPU), "triton", "cpp".  dynamic: None
+    (automatic), True, False.  fullgraph: raise instead of running eagerly.  mode: None /
+    "default"; "max-autotune" times a few Triton configurations per kernel and size class
+    (runtime/autotune.py); "reduce-overhead" replays inference graphs on CUDA tensors as
+    CUDA graphs (runtime/cudagraphs.py).
     """
     if backend not in BACKENDS:
         raise ValueError(f"minicompile.compile: unknown backend {backend!r}; use one of {BACKENDS}")
@@ -495,30 +460,19 @@ def compile(
         return OptimizedModule(fn, cfg)
     opt = optim.recognise(fn)
     if opt is not None:  # an optimizer's step: its update, with combo kernels
-        return compile_step(fn, opt, cfg)
+        return optim.CompiledStep(fn, opt, cfg, CompiledFunction, _stats)
     return CompiledFunction(fn, cfg)
 
 
-def compile_step(fn: Callable, opt: Any, cfg: Config) -> optim.CompiledStep:
-    """``opt.step`` (``fn``) compiled: its update traced with combo kernels and in-place
-    stores.  Static sizes: another set of parameters is another structure, not a size."""
-    update_cfg = dataclasses.replace(cfg, dynamic=False, horizontal_fusion=True,
-                                     store_in_place=True)
-    return optim.CompiledStep(fn, opt, lambda f: CompiledFunction(f, update_cfg), _stats,
-                              cfg.fullgraph)
-
-
 class OptimizedModule(torch.nn.Module):
-    """``minicompile.compile(module)``: a module whose ``forward`` is the original module's
-    forward, compiled.  It shares the original's parameters, buffers and submodules (it
-    holds it as ``_orig_mod``); attribute reads, ``state_dict`` and ``load_state_dict`` go to
-    the original, so checkpoints keep their keys.  Of a ``DistributedDataParallel``, the
-    module it wraps is compiled and DDP's own forward runs around it (distributed.py)."""
+    """``minicompile.compile(module)``: the module's forward, compiled, sharing its state (held
+    as ``_orig_mod``; attributes and state dicts go to it, so checkpoints keep their keys).
+    Of a DDP, the wrapped module is compiled and DDP's forward runs around it."""
 
     def __init__(self, mod: torch.nn.Module, cfg: Config) -> None:
         super().__init__()
         self._orig_mod = mod
-        target = distributed.compiled_target(mod)
+        target = mod.module if distributed.is_ddp(mod) else mod  # of a DDP, the wrapped one
         forward = type(target).forward
         self.__dict__["_compiled"] = CompiledFunction(types.MethodType(forward, target), cfg)
         self.__dict__["_cfg"] = cfg

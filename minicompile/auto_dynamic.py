@@ -1,15 +1,10 @@
-"""Automatic dynamic shapes for a compiled function: which dims of its inputs (and which
-int arguments) to trace as size symbols, and the capture that traces with them.
+"""Automatic dynamic shapes: which input dims (and int arguments) to trace as size symbols.
 
-Automatic: a dim whose size differs from what an earlier entry was traced with, or an int
-argument that changed, is symbolic from then on (``dynamic=True`` / ``False`` decide
-alone).  A segment is traced with symbols where the policy asks for them and its kernels
-are built at once; what cannot be traced or built with symbols is traced again with static
-sizes, which are exact.
-
-:class:`AutoDynamic` is the part of :class:`minicompile.api.CompiledFunction` that does this
-(the tables it keeps, ``dynamic_dims`` and ``dynamic_ints``, are made in api.py;
-minicompile/dynamo_backend.py fills them ahead of the first call).
+A dim whose size differs from an earlier entry's, or an int argument that changed, is
+symbolic from then on (``dynamic=True`` / ``False`` decide alone).  A segment traced with
+symbols has its kernels built at once; what fails with symbols is traced again with static
+sizes, which are exact.  :class:`AutoDynamic` is this part of
+:class:`minicompile.api.CompiledFunction` (dynamo_backend.py fills its tables ahead).
 """
 
 from __future__ import annotations
@@ -18,11 +13,10 @@ import logging
 from typing import TYPE_CHECKING
 
 from minicompile import perf, trace
-from minicompile.driver import compile_graph, describe_symbols
+from minicompile.driver import Entry, compile_graph, describe_symbols
 from minicompile.errors import BackendCompilerFailed, Unsupported
 
 if TYPE_CHECKING:
-    from minicompile.api import Entry
     from minicompile.capture import Break, Capture, ResumePoint
     from minicompile.capture.dynamic import DynamicPolicy
 
@@ -80,7 +74,10 @@ class AutoDynamic:
                     capture, stop = capture_segment(self.fn, point, values, allow_break, policy)
                 if capture.graph.shapes is None:
                     return capture, stop
-                self.check_compiles(capture)
+                try:  # its kernels built now, so that a failure can fall back to static sizes
+                    capture.compiled = compile_graph(capture, self.cfg, self.fn.__qualname__)
+                except BackendCompilerFailed as e:
+                    raise Unsupported(f"kernels with symbolic sizes failed to build: {e}") from e
                 trace.emit("dynamic", name, describe_symbols(capture))
                 return capture, stop
             except Unsupported as e:
@@ -91,10 +88,3 @@ class AutoDynamic:
                            f"with symbolic sizes: {type(e).__name__}: {e}")
         with perf.phase("capture"):
             return capture_segment(self.fn, point, values, allow_break, STATIC)
-
-    def check_compiles(self, capture: Capture) -> None:
-        """Build the symbolic graph's kernels now, so a failure can fall back to static."""
-        try:
-            capture.compiled = compile_graph(capture, self.cfg, self.fn.__qualname__)
-        except BackendCompilerFailed as e:
-            raise Unsupported(f"kernels with symbolic sizes failed to build: {e}") from e

@@ -1,23 +1,12 @@
 """``MINICOMPILE_CHECK=1``: run every compiled graph beside eager and name the first graph
 node whose value differs.
 
-Each call of a checked graph also evaluates the captured graph with PyTorch ops
-(``ops.run_graph``) on the same inputs and compares every output, within a tolerance for
-its dtype.  On a difference it looks for the first node that is wrong: for each node, in
-graph order among those the differing outputs depend on, the graph cut after that node is
-compiled the same way (graph passes, fusion, the same backend) and its one output compared
-with eager's.  The first that differs is reported with the user's source line:
-
-    minicompile: MINICOMPILE_CHECK: f's output 0 differs from eager (max difference 0.5
-    at (1, 2), tolerance 1.1e-05); the first node that differs:
-      %5 = sum(%4, (1,), False) : f32[3]      at model.py:12 in f
-        y = x.sum(1)
-
-The report is a warning (``CheckFailed``, a UserWarning) and the call returns eager's
-values, so the program runs on with right answers.  Checking costs an eager run per call
-and, on a difference, one compile per node searched: a debugging mode, off by default.
-Not checked: graphs with random ops (dropout draws differ between the two runs), training
-graphs (forward and backward are one autograd.Function), and in-place optimizer steps.
+Each call also runs the captured graph eagerly (``ops.run_graph``) and compares every
+output within its dtype's tolerance.  On a difference, the graph cut after each node the
+output depends on (graph order) is compiled the same way and compared, and the first that
+differs is reported with the user's source line, as a ``CheckFailed`` warning; the call
+returns eager's values.  A debugging mode: an eager run per call, a compile per node
+searched.  Not checked: random ops, training graphs, in-place optimizer steps.
 """
 
 from __future__ import annotations
@@ -82,16 +71,22 @@ def difference(actual: Any, expected: Any) -> str | None:
             f"{gap:.3g}, tolerance {tolerance:.3g})")
 
 
+def _ancestors(nodes: list[Node]) -> set[Node]:
+    """The calls ``nodes`` depend on, themselves included."""
+    needed: set[Node] = set()
+    todo = list(nodes)
+    while todo:
+        n = todo.pop()
+        if n not in needed and n.op == "call":
+            needed.add(n)
+            todo.extend(n.inputs())
+    return needed
+
+
 def prefix(graph: Graph, node: Node) -> Graph:
     """The part of ``graph`` that ``node`` depends on (every placeholder kept, in order),
     with ``node`` as its one output."""
-    needed: set[Node] = set()
-    todo = [node]
-    while todo:
-        n = todo.pop()
-        if n not in needed:
-            needed.add(n)
-            todo.extend(n.inputs())
+    needed = _ancestors([node])
     cut = Graph(f"{graph.name}_to_{node.index}", graph.shapes)
     env: dict[Node, Node] = {}
     for n in graph.nodes:
@@ -108,13 +103,7 @@ def first_wrong_node(graph: Graph, outputs: list[Node], inputs: list, build: Bui
                      ) -> tuple[Node, str] | None:
     """The first node (graph order) among those ``outputs`` depend on whose compiled value
     differs from eager's, and how; None if each agrees when it is the graph's output."""
-    needed = set()
-    todo = list(outputs)
-    while todo:
-        n = todo.pop()
-        if n not in needed and n.op == "call":
-            needed.add(n)
-            todo.extend(n.inputs())
+    needed = _ancestors(outputs)
     for node in graph.calls():
         if node not in needed or isinstance(node.meta, tuple):
             continue
@@ -127,14 +116,8 @@ def first_wrong_node(graph: Graph, outputs: list[Node], inputs: list, build: Bui
 
 
 def describe(node: Node) -> str:
-    text = str(node.meta)
-    line = f"  %{node.index} = {node.target}(...) : {text}"
-    if node.stack:
-        where = node.stack[-1]
-        line += f"      at {where.filename}:{where.lineno} in {where.function}"
-        if where.text:
-            line += f"\n    {where.text.strip()}"
-    return line
+    line = f"  %{node.index} = {node.target}(...) : {node.meta}"
+    return f"{line}      {node.stack[-1].describe()}" if node.stack else line
 
 
 def checked(call: Callable[[list], tuple], graph: Graph, name: str, build: Build

@@ -1,46 +1,25 @@
-"""The one place where minicompile reads PyTorch's internals: private ``torch._C`` names,
-Dynamo's fake tensors and symbolic shapes, ``torch._prims_common``, the custom-op registry,
-and the shape of ``torch.autograd.Function``.  The rest of the compiler asks this module and
-never imports a private PyTorch module or tests a version itself.
+"""The one place where minicompile reads PyTorch's internals (private ``torch._C`` names,
+fake tensors and symbolic shapes, ``torch._prims_common``, the custom-op registry, the shape
+of ``torch.autograd.Function``); nothing else imports a private module or tests a version.
 
-Supported and tested: PyTorch 2.11 (the GPU machine's), 2.12 and 2.15 (by hand), 2.13 (CPU
-build) and 2.14 (CI runs the suite on both; ``tests/test_compat.py`` checks every entry here
-on the version it runs on).  What differs between them, and how each entry handles it
-(2.15 reads as 2.14 does; its meta kernel of ``F.linear`` also refuses a bias that does not
-broadcast, as eager does, so such a call raises while capturing, eager's error):
+Tested on 2.11 (GPU machine), 2.12 and 2.15 (by hand), 2.13 and 2.14 (CI;
+``tests/test_compat.py`` checks every entry on the running version).  What differs:
 
-- ``torch.autograd.Function.apply``: up to 2.13 a Python ``classmethod`` of ``Function``
-  (``Fn.apply.__func__`` is one function for every class); from 2.14 a C method of
-  ``torch._C._FunctionBase`` (a ``classmethod_descriptor``: ``Fn.apply`` is a new builtin
-  bound method at each access, without ``__func__``).  :func:`autograd_function_of` finds
-  ``apply`` statically on the class, which is right for both; a guard on a C method bound
-  to a class checks what it is bound to and its name, not its identity
+- ``Function.apply``: a Python classmethod up to 2.13, a C ``classmethod_descriptor`` from
+  2.14 (a new bound method at each access): :func:`autograd_function_of` finds it
+  statically, right for both; guards check what a C method is bound to, not its identity
   (capture/frame_values.py), or every call on 2.14 recompiled.
-- The CUDA runtime's private entry points (``_StaticCudaLauncher``, the raw stream, the
-  storage calls CUDA graphs use) exist only in CUDA builds: the CPU build of 2.13 lacks
-  them, the CUDA build of 2.14 has them even on a machine without a GPU.  Each is None where
-  missing (:data:`STATIC_CUDA_LAUNCHER`, :func:`cuda_stream_functions`,
-  :func:`storage_functions`), and callers also ask ``torch.cuda.is_available()``.  The
-  launcher's ``_load_kernel`` returns one more value (the module, first) from 2.12:
-  :func:`load_cubin_function`.
-- The gradient of ``clamp`` at its bounds: with number bounds, 1 up to 2.13 (``min <= x <=
-  max`` passes it) and 0 from 2.14 (``min < x < max``); with tensor bounds, 2.14 also gives
-  0.5 at a tie and passes it to a NaN input.  :func:`clamp_gradient_at_bounds` asks the
-  running PyTorch (passes/decompose.py follows it for number bounds); a clamp by tensor
-  bounds that takes a gradient is a library call (capture/torch_ops.py), eager's own
-  backward on every release.
-- ``torch._guards.Source.name``: a method in older releases, a cached property in 2.11 to
-  2.14; :func:`source_class` makes a source whose name works either way.
+- CUDA entry points exist only in CUDA builds (the 2.13 CPU build lacks them): each is None
+  where missing, and callers also ask ``torch.cuda.is_available()``; ``_load_kernel``
+  returns one more value from 2.12 (:func:`load_cubin_function`).
+- ``clamp``'s gradient at its bounds: 1 up to 2.13, 0 from 2.14
+  (:func:`clamp_gradient_at_bounds`); a clamp by tensor bounds taking a gradient is a
+  library call (capture/torch_ops.py).  2.15's ``F.linear`` meta kernel refuses a bias that
+  does not broadcast, as eager does.
+- ``Source.name``: a method in older releases, a property in 2.11-2.14 (:func:`source_class`).
 
-Stable across 2.11-2.15, read here so that a change is made once: Dynamo's C++ tensor
-check ``torch._C._dynamo.guards.TensorGuards`` (:func:`tensor_guards`; a C extension of
-``torch._C``, no Dynamo Python is imported), ``torch._prims_common``
-(:func:`prims_common`), ``FakeTensorMode``, ``ShapeEnv`` and ``DimDynamic``
-(:func:`fake_tensor_mode`, :func:`shape_env`, :func:`dynamic_dim`), the Python dispatcher
-(:func:`python_dispatcher`), ``torch.utils._sympy.functions`` (:func:`sympy_functions`),
-``TorchDispatchMode``, the custom-op registry (:func:`custom_op_has_fake_kernel`) and the C++
-ABI flag (:func:`cxx11_abi`).  The fake-tensor and shape entries import torch._dynamo's
-machinery (most of a second), so they import on first use, never at minicompile's import.
+The fake-tensor and shape entries import torch._dynamo's machinery (most of a second), so
+they import on first use, never at minicompile's import.
 """
 
 from __future__ import annotations
@@ -59,9 +38,7 @@ __all__ = ["TorchDispatchMode"]
 
 TORCH_VERSION: tuple[int, int] = tuple(  # type: ignore[assignment]
     int(part) for part in torch.__version__.split("+")[0].split(".")[:2])
-# The releases something here tests (README: "Supported"): 2.11 on the GPU machine, 2.13
-# and 2.14 in CI; by hand on 2026-11-27, 2.12 (capture, training, model and Dynamo tests)
-# and 2.15 (the whole suite; what pip picks where no cap holds it at 2.14.1).
+# The releases something here tests (README: "Supported"); 2.12 and 2.15 by hand, 2026-11-27.
 TESTED = ((2, 11), (2, 12), (2, 13), (2, 14), (2, 15))
 
 # -- autograd.Function ---------------------------------------------------------------------
@@ -153,9 +130,9 @@ def tensor_guards(tensors: Sequence[torch.Tensor]) -> Any:
 
 def prims_common() -> ModuleType:
     """``torch._prims_common``: type promotion, memory formats, layout predicates."""
-    import torch._prims_common as module
+    import torch._prims_common
 
-    return module
+    return torch._prims_common
 
 
 def fake_tensor_mode(**kwargs: Any) -> Any:

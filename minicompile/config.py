@@ -1,9 +1,6 @@
-"""The one configuration object.
-
-Every option lives in the frozen :class:`Config` dataclass, read from ``MINICOMPILE_*``
-environment variables once, when this module is imported.  Per-call options (``backend=``,
-``dynamic=``...) override it through :func:`dataclasses.replace`; tests use :func:`patch`.
-``os.environ`` is read nowhere else in the package.
+"""The one configuration object: the frozen :class:`Config`, read from ``MINICOMPILE_*``
+variables once, at import; per-call options override it (:func:`dataclasses.replace`),
+tests use :func:`patch`.  ``os.environ`` is read nowhere else in the package.
 """
 
 from __future__ import annotations
@@ -133,14 +130,11 @@ def from_env(env: dict[str, str] | os._Environ = os.environ) -> Config:
             if value not in choices:
                 raise ValueError(f"{variable}: {value!r} is not one of {', '.join(choices)}")
             cfg = dataclasses.replace(cfg, **{field: value})
-    if "MINICOMPILE_CACHE_DIR" in env:
-        cfg = dataclasses.replace(cfg, cache_dir=Path(env["MINICOMPILE_CACHE_DIR"]))
-    if "MINICOMPILE_TRACE_DIR" in env:
-        cfg = dataclasses.replace(cfg, trace_dir=Path(env["MINICOMPILE_TRACE_DIR"]))
-    if "MINICOMPILE_BACKEND" in env:
-        cfg = dataclasses.replace(cfg, backend=env["MINICOMPILE_BACKEND"])
-    if "CXX" in env:
-        cfg = dataclasses.replace(cfg, cxx=env["CXX"])
+    for field, variable in (("cache_dir", "MINICOMPILE_CACHE_DIR"), ("cxx", "CXX"),
+                            ("trace_dir", "MINICOMPILE_TRACE_DIR"),
+                            ("backend", "MINICOMPILE_BACKEND")):
+        if variable in env:  # (a str given for a folder becomes a Path: __post_init__)
+            cfg = dataclasses.replace(cfg, **{field: env[variable]})
     return cfg
 
 

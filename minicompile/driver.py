@@ -1,13 +1,10 @@
 """The compiler driver: a captured graph -> the code that runs it.
 
-``compile_graph`` picks the backend, walks the capture through the compiler's stages
-(minicompile/pipeline.py: graph passes to build and load; a graph whose outputs take
-gradients comes out as a forward and a backward) and wraps what comes out: a training
-step (runtime/autograd.py), CUDA graphs under ``mode="reduce-overhead"``, and the eager
-comparison of ``MINICOMPILE_CHECK`` (minicompile/check.py).  With minicompile/api.py
-(guards, entries, graph breaks) it is the one place that wires the pipeline together.  The
-compiler's modules are imported inside the functions: a process whose calls find warm
-entries on disk never loads them.
+``compile_graph`` picks the backend, walks the capture through pipeline.STAGES (a graph that
+trains comes out as a forward and a backward) and wraps what comes out: a training step
+(runtime/autograd.py), CUDA graphs under ``mode="reduce-overhead"``, MINICOMPILE_CHECK's
+comparison (check.py).  The compiler's modules are imported inside the functions: a
+process whose calls find warm entries on disk never loads them.
 """
 
 from __future__ import annotations
@@ -24,7 +21,7 @@ from minicompile.errors import BackendCompilerFailed, Unsupported
 from minicompile.runtime import build, cudagraphs, entries, toolchain, triton_build
 
 if TYPE_CHECKING:
-    from minicompile.capture import Capture
+    from minicompile.capture import Break, Capture
 
 log = logging.getLogger("minicompile")
 
@@ -35,12 +32,26 @@ STAT_KEYS = (
 counters: dict[str, int] = dict.fromkeys(STAT_KEYS, 0)  # minicompile.stats()
 
 
+@dataclasses.dataclass
+class Entry:
+    """One compiled version of a frame, valid where its guards pass."""
+
+    capture: Capture
+    run: Callable[[tuple], Any]
+    eager_reason: str | None = None  # set when this entry runs its graph eagerly
+    stop: Break | None = None  # where the segment breaks; None: it runs to the return
+    # The generated wrapper's call(inputs) (allocate, launch, return), for inspection and
+    # benchmarks; None for an eager entry.
+    call: Callable[[list], tuple] | None = None
+    sizes: list = dataclasses.field(default_factory=list)  # the traced inputs' sizes
+    # What a warm entry on disk needs of a graph without a backward: the loaded wrapper,
+    # whether it runs under Triton's interpreter, and under no_grad, its WithDerived or None.
+    artefact: tuple[build.Loaded, bool, bool, Any] | None = None
+
+
 def pick_backend(cfg: Config, capture: Capture) -> tuple[str, bool]:
     """The backend for this graph, and whether Triton must run under its interpreter."""
-    devices = {
-        m.device.type for n in capture.graph.nodes
-        for m in (n.meta if isinstance(n.meta, tuple) else (n.meta,)) if m is not None
-    }  # placeholders and tensors made in the graph (torch.ones(3))
+    devices = capture.graph.device_types()
     if not devices:  # no tensor at all (a segment of Python before a break): no kernel
         return ("cpp" if cfg.backend == "auto" else cfg.backend), False
     if devices - {"cpu", "cuda"}:  # meta tensors have no data for a kernel to read
@@ -78,12 +89,9 @@ def describe_symbols(capture: Capture) -> str:
 def compile_graph(
     capture: Capture, cfg: Config, name: str
 ) -> tuple[Callable[[tuple], Any], Callable[[list], tuple], tuple | None]:
-    """Compile a captured graph; return the runner for its entry (frame -> return value),
-    the generated call(inputs), and for a graph without a backward what a warm entry
-    stores (the loaded wrapper, whether it is interpreted, whether it runs under no_grad,
-    the WithDerived that computes its values from parameters, or None).
-    A graph whose outputs take gradients (grad mode on, inputs requiring grad) compiles its
-    backward too and runs as an autograd.Function."""
+    """Compile a captured graph: the runner of its entry (frame -> return value), the
+    generated call(inputs), and for a graph without a backward what a warm entry stores
+    (Entry.artefact).  A graph that trains runs as an autograd.Function."""
     from minicompile.runtime import profile
 
     start = time.perf_counter()

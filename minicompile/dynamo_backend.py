@@ -1,31 +1,16 @@
 """The torch.compile front door: ``torch.compile(model, backend="minicompile")``.
 
-Dynamo hands a backend one ``torch.fx.GraphModule`` per frame it traced (parameters lifted
-to inputs, sizes that are symbolic under ``dynamic=True`` passed as ``SymInt`` inputs) and
-the example inputs; the backend returns a callable that takes the graph's inputs and returns
-its outputs (a tuple).  :func:`minicompile_backend` is that backend; the package registers
-it under the ``torch_dynamo_backends`` entry point (setup.cfg), which is where
-``torch._dynamo.list_backends()`` finds it after ``pip install``.
+Dynamo hands a backend one ``torch.fx.GraphModule`` per frame (parameters lifted to inputs,
+symbolic sizes as ``SymInt`` inputs); :func:`minicompile_backend` returns a callable on the
+graph's inputs.  It is registered under the ``torch_dynamo_backends`` entry point
+(setup.cfg), and ``import minicompile`` does not import it.
 
-How: the GraphModule's ``forward`` is generated Python, one statement per FX node
-(``torch.sin(x)``, ``x.view(s0, -1)``, ``add = a + b``, ``self._tensor_constant0``), the
-same calls user code makes.  minicompile compiles that ``forward`` as it compiles any
-function: capture's tables translate each node into the graph IR (``call_function`` and
-``call_method`` through capture/torch_ops.py, operators on tensors and on SymInts through
-the interpreter, ``get_attr`` as guarded module attributes), torch callables it has no
-rule for become library-call (extern) nodes, and anything else is a graph break that runs
-for real, as it would in the GraphModule.  The passes, codegen and runtime are the ones of
-``minicompile.compile`` (minicompile/driver.py); a graph whose outputs take gradients gets
-its compiled backward (``loss.backward()`` runs it).  Nothing here raises where the
-GraphModule would not: what cannot be compiled runs eagerly with the reason logged.
-
-Sizes Dynamo made symbolic (FakeTensor sizes that are SymInts, SymInt inputs) are symbols
-of minicompile's first compile, so Dynamo's dynamic graph compiles once here too.  The
-module floats Dynamo passes as 0-d tensors under ``dynamic=True`` are constants of one
-compiled graph per set of values (:class:`SpecializedScalars`).
-
-Importing this module is not needed by ``import minicompile`` (Dynamo imports it through
-the entry point, when ``backend="minicompile"`` is first looked up).
+The GraphModule's ``forward`` is generated Python, the same calls user code makes, so it is
+compiled as any function: capture's tables translate each node, unknown torch callables
+become extern nodes, anything else is a graph break run for real.  Nothing here raises where
+the GraphModule would not.  Sizes Dynamo made symbolic are symbols of the first compile, and
+the floats Dynamo passes as 0-d tensors are constants of one graph per set of values
+(:class:`SpecializedScalars`).
 """
 
 from __future__ import annotations
@@ -47,22 +32,13 @@ OPTIONS = {
     "fullgraph": False,  # raise minicompile.Unsupported at a graph break inside Dynamo's graph
 }
 # torch.compile's modes, and the minicompile mode each compiles with.
-MODES = {
-    None: None,
-    "default": None,
-    "reduce-overhead": "reduce-overhead",
-    "max-autotune": "max-autotune",
-    "max-autotune-no-cudagraphs": "max-autotune",
-}
+MODES = {None: None, "default": None, "reduce-overhead": "reduce-overhead",
+         "max-autotune": "max-autotune", "max-autotune-no-cudagraphs": "max-autotune"}
 
 
-def minicompile_backend(
-    gm: torch.fx.GraphModule,
-    example_inputs: list[Any],
-    *,
-    mode: str | None = None,
-    options: dict[str, Any] | None = None,
-) -> Callable[..., Any]:
+def minicompile_backend(gm: torch.fx.GraphModule, example_inputs: list[Any], *,
+                        mode: str | None = None, options: dict[str, Any] | None = None
+                        ) -> Callable[..., Any]:
     """Dynamo's backend: compile ``gm`` with minicompile, lazily (on its first call, with
     real inputs).  ``options``: ``{"backend": "cpp" | "triton" | "auto", "fullgraph":
     bool}``; ``mode``: torch.compile's mode."""
@@ -104,13 +80,10 @@ def minicompile_backend(
 class SpecializedScalars:
     """Dynamo's graph compiled once per set of values of its scalar inputs.
 
-    Under ``dynamic=True`` Dynamo passes float attributes of modules (LayerNorm's ``eps``,
-    Dropout's ``p``) as 0-d CPU tensors that the graph reads with ``.item()``: data read
-    into Python, which capture would make a graph break.  Their values are read on each
-    call instead (a CPU read, no device sync) and each set of values gets its own compiled
-    graph with the values as constants, which is what Dynamo itself does for floats it
-    specializes.  Past the recompile limit, new values run the GraphModule eagerly.
-    """
+    Under ``dynamic=True`` Dynamo passes module floats (LayerNorm's ``eps``) as 0-d CPU
+    tensors read with ``.item()``, which capture would make a graph break.  They are read on
+    each call instead (no device sync), each set of values compiled with them as constants,
+    as Dynamo does for floats it specializes; past the recompile limit, eagerly."""
 
     def __init__(self, gm: torch.fx.GraphModule, positions: tuple[int, ...],
                  compile_module: Callable[[torch.fx.GraphModule], Callable[..., Any]]) -> None:
@@ -131,9 +104,8 @@ class SpecializedScalars:
                 return self.gm(*args)
             trace.emit("recompiles", self.gm._get_name(),
                        f"scalar inputs {values}: compiled with these values as constants")
-            fn = self.variants[key] = self.compile_module(with_constants(self.gm,
-                                                                         self.positions,
-                                                                         values))
+            fn = with_constants(self.gm, self.positions, values)
+            fn = self.variants[key] = self.compile_module(fn)
         return fn(*args)
 
 
@@ -161,8 +133,7 @@ def with_constants(gm: torch.fx.GraphModule, positions: tuple[int, ...],
     for k, value in zip(positions, values):
         for item in list(placeholders[k].users):
             for user in list(item.users):
-                user.args = torch.fx.node.map_arg(user.args,
-                                                  lambda n: value if n is item else n)
+                user.args = torch.fx.node.map_arg(user.args, lambda n: value if n is item else n)
                 user.kwargs = torch.fx.node.map_arg(user.kwargs,
                                                     lambda n: value if n is item else n)
             graph.erase_node(item)

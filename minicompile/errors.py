@@ -20,15 +20,16 @@ class SourceLine:
         where = f"{os.path.basename(self.filename)}:{self.lineno}"
         return f"{where}  {self.text.strip()}" if self.text else where
 
+    def describe(self) -> str:
+        """``at file:line in function``, and the line's text below it."""
+        where = f"at {self.filename}:{self.lineno} in {self.function}"
+        return f"{where}\n    {self.text.strip()}" if self.text else where
+
 
 class Unsupported(Exception):
-    """Something the compiler cannot handle: the frame (or, later, the segment) runs eagerly.
-
-    ``reason`` is one line in the user's terms ("print() is not traceable"); ``stack`` is the
-    user's source, outermost frame first, where the construct was met.  ``raises``: the
-    construct raises in eager (an op given tensors it rejects): the user's error, not a
-    limit of the compiler.
-    """
+    """Something the compiler cannot handle: the frame (or segment) runs eagerly.  ``reason``:
+    one line in the user's terms; ``stack``: the user's source, outermost first; ``raises``:
+    the construct raises in eager (the user's error, not a limit of the compiler)."""
 
     def __init__(self, reason: str, stack: tuple[SourceLine, ...] = (), hint: str = "",
                  raises: bool = False) -> None:
@@ -41,10 +42,7 @@ class Unsupported(Exception):
     def describe(self) -> str:
         text = self.reason
         if self.stack:
-            where = self.stack[-1]
-            text += f"\n  at {where.filename}:{where.lineno} in {where.function}"
-            if where.text:
-                text += f"\n    {where.text.strip()}"
+            text += f"\n  {self.stack[-1].describe()}"
         if self.hint:
             text += f"\n  hint: {self.hint}"
         return text

@@ -62,14 +62,10 @@ class ExplainOutput:
 
 
 def explain(fn: Callable | torch.nn.Module) -> Callable[..., ExplainOutput]:
-    """``explain(fn)(*args)`` runs ``fn`` once through a fresh compiled wrapper (so its
-    side effects happen, as with ``torch._dynamo.explain``) and reports the graphs compiled
-    and every graph break met, with the user's file and line.  ``minicompile.stats()`` is
-    left as it was.
-
-    ``fn`` may be an ``nn.Module`` (or what ``minicompile.compile`` made of one): then its
-    ``forward`` is what is compiled and reported, as ``minicompile.compile(module)`` compiles
-    it; forward hooks are not run."""
+    """``explain(fn)(*args)`` runs ``fn`` once through a fresh compiled wrapper (its side
+    effects happen, as with ``torch._dynamo.explain``) and reports the graphs and every
+    graph break with the user's file and line; ``stats()`` is left as it was.  Of an
+    ``nn.Module`` (or a compiled one), its ``forward`` is reported (hooks not run)."""
     from minicompile import api, config
 
     if isinstance(fn, api.OptimizedModule):

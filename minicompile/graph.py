@@ -1,10 +1,8 @@
 """The graph IR: an FX-like list of nodes in topological order.
 
-A :class:`Graph` holds ``placeholder`` nodes (the inputs), ``call`` nodes (one op of
-:mod:`minicompile.ops` each) and one ``output`` node.  Every tensor-valued node carries a
-:class:`TensorMeta`; sizes and strides are sympy expressions (plain integers today, size
-symbols once shapes are dynamic).  Nodes keep their ``users`` up to date themselves, so
-passes can ask who reads a value.  ``str(graph)`` is the canonical, stable text form::
+``placeholder`` nodes (inputs), ``call`` nodes (one op of :mod:`minicompile.ops` each) and
+one ``output``; every tensor-valued node carries a :class:`TensorMeta` (sympy sizes and
+strides), and nodes keep their ``users`` up to date.  ``str(graph)`` is the canonical text:
 
     graph(x: f32[8, 8], y: f32[8, 8]):
         %0 = placeholder x : f32[8, 8]
@@ -25,16 +23,9 @@ from minicompile.errors import ShapeError, SourceLine
 from minicompile.shapes import ShapeContext
 
 DTYPE_ABBR: dict[torch.dtype, str] = {
-    torch.float64: "f64",
-    torch.float32: "f32",
-    torch.float16: "f16",
-    torch.bfloat16: "bf16",
-    torch.int64: "i64",
-    torch.int32: "i32",
-    torch.int16: "i16",
-    torch.int8: "i8",
-    torch.uint8: "u8",
-    torch.bool: "b8",
+    torch.float64: "f64", torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16",
+    torch.int64: "i64", torch.int32: "i32", torch.int16: "i16", torch.int8: "i8",
+    torch.uint8: "u8", torch.bool: "b8",
 }
 
 
@@ -54,14 +45,9 @@ class TensorMeta:
 
     @staticmethod
     def of(t: torch.Tensor) -> TensorMeta:
-        return TensorMeta(
-            shape=tuple(sympy.Integer(s) for s in t.shape),
-            stride=tuple(sympy.Integer(s) for s in t.stride()),
-            dtype=t.dtype,
-            device=t.device,
-            requires_grad=t.requires_grad,
-            storage_offset=sympy.Integer(t.storage_offset()),
-        )
+        return TensorMeta(tuple(sympy.Integer(s) for s in t.shape),
+                          tuple(sympy.Integer(s) for s in t.stride()), t.dtype, t.device,
+                          t.requires_grad, sympy.Integer(t.storage_offset()))
 
     @property
     def ndim(self) -> int:
@@ -92,13 +78,11 @@ class TensorMeta:
         return tuple(self.shapes.to_symint(s) for s in self.stride)
 
     def fake(self) -> torch.Tensor:
-        """A tensor on the meta device with this layout, for shape and dtype inference
-        (a fake tensor of the capture's ShapeContext when sizes are symbolic)."""
+        """A meta tensor of this layout (a fake one of the ShapeContext where symbolic)."""
         if self.shapes is not None and self.is_symbolic:
             return self.shapes.fake(self.shape, self.stride, self.dtype, device=self.device)
-        return torch.empty_strided(
-            self.concrete_shape(), self.concrete_stride(), dtype=self.dtype, device="meta"
-        )
+        return torch.empty_strided(self.concrete_shape(), self.concrete_stride(),
+                                   dtype=self.dtype, device="meta")
 
     def __str__(self) -> str:
         dims = ", ".join(str(s) for s in self.shape)
@@ -123,10 +107,15 @@ class Node:
     index: int = -1  # position in the graph; set by Graph
 
     @property
+    def metas(self) -> tuple[TensorMeta, ...]:
+        """The metadata of each result (several for a tuple result, none for the output)."""
+        metas = self.meta if isinstance(self.meta, tuple) else (self.meta,)
+        return tuple(m for m in metas if m is not None)
+
+    @property
     def requires_grad(self) -> bool:
         """Whether the value (any result, for a tuple of them) takes a gradient."""
-        metas = self.meta if isinstance(self.meta, tuple) else (self.meta,)
-        return any(m is not None and m.requires_grad for m in metas)
+        return any(m.requires_grad for m in self.metas)
 
     def inputs(self) -> Iterator[Node]:
         """The nodes this node reads, in argument order."""
@@ -213,14 +202,8 @@ class Graph:
     def placeholder(self, name: str, meta: TensorMeta) -> Node:
         return self._append(Node("placeholder", name, (), {}, meta))
 
-    def call(
-        self,
-        target: str,
-        args: tuple,
-        kwargs: dict[str, Any] | None = None,
-        meta: TensorMeta | None = None,
-        stack: tuple[SourceLine, ...] = (),
-    ) -> Node:
+    def call(self, target: str, args: tuple, kwargs: dict[str, Any] | None = None,
+             meta: TensorMeta | None = None, stack: tuple[SourceLine, ...] = ()) -> Node:
         return self._append(Node("call", target, tuple(args), dict(kwargs or {}), meta, stack))
 
     def output(self, values: Sequence[Node]) -> Node:
@@ -244,6 +227,10 @@ class Graph:
     def calls(self) -> Iterable[Node]:
         return (n for n in self.nodes if n.op == "call")
 
+    def device_types(self) -> set[str]:
+        """The device types of the graph's tensors (inputs, and tensors made in it)."""
+        return {m.device.type for n in self.nodes for m in n.metas}
+
     def verify(self) -> None:
         """Check the invariants every pass must keep; raise AssertionError on the first break."""
         seen: set[int] = set()
@@ -260,8 +247,7 @@ class Graph:
         for node in self.nodes:
             for user in node.users:
                 assert id(user) in seen and node in list(user.inputs()), (
-                    f"{node!r} lists stale user {user!r}"
-                )
+                    f"{node!r} lists stale user {user!r}")
         assert self.nodes and self.nodes[-1].op == "output", "graph has no output node"
 
     def __str__(self) -> str:
@@ -290,10 +276,9 @@ class Graph:
 
 def copy_graph(graph: Graph, rewrite: Callable[[Graph, Node, Callable], Node | None],
                drop: Collection[Node] = ()) -> Graph:
-    """Copy ``graph`` node by node; ``rewrite(new_graph, node, remap)`` may emit replacement
-    nodes and return the node standing for ``node`` (or None to copy it as is).
-    ``remap`` maps old argument values to the new graph.  Calls in ``drop`` are not copied
-    (nothing copied may read them).  The input graph is not changed."""
+    """Copy ``graph``; ``rewrite(new_graph, node, remap)`` may emit nodes and return the one
+    standing for ``node`` (None: copied as is; ``remap`` maps old values to the new graph).
+    Calls in ``drop`` are not copied (nothing copied may read them)."""
     new = Graph(graph.name, graph.shapes, graph.derived)
     env: dict[Node, Node] = {}
 
@@ -310,21 +295,18 @@ def copy_graph(graph: Graph, rewrite: Callable[[Graph, Node, Callable], Node | N
         else:
             replaced = rewrite(new, node, remap)
             if replaced is None:
-                replaced = new.call(
-                    node.target, remap(node.args), remap(node.kwargs), node.meta, node.stack
-                )
+                replaced = new.call(node.target, remap(node.args), remap(node.kwargs),
+                                    node.meta, node.stack)
             env[node] = replaced
     return new
-
 
 
 # -- JSON: a graph stored in a warm entry (runtime/entries.py) --------------------------------
 
 
 def graph_to_json(graph: Graph) -> dict:
-    """``graph`` as JSON data: nodes, their arguments (a node by its index, sympy integers
-    as ints) and metadata; source lines are left out.  Raises ValueError for what it cannot
-    encode (a symbolic size, an argument of another type)."""
+    """``graph`` as JSON data (source lines left out); ValueError for what it cannot encode
+    (a symbolic size, an argument of another type)."""
     nodes = [[n.op, n.target, *map(_encode, (n.args, n.kwargs, n.meta))] for n in graph.nodes]
     return {"name": graph.name, "derived": graph.derived, "nodes": nodes}
 

@@ -1,18 +1,10 @@
 """Keep Python's cyclic garbage collector off the heap that exists before a compile.
 
-A cold compile allocates hundreds of thousands of small objects (graph nodes, sympy
-expressions, metadata, generated code), so CPython runs its full collection during it, and
-each one walks every object in the process: PyTorch's, sympy's, the user's model (on a
-two-core CPU, nanoGPT's cold call ran three of them, 0.28 s in all; resnet50's, before its
-guards and metadata got cheaper, 0.5 s of 1.8 s).  :func:`frozen` moves
-the objects alive when the compile starts into the permanent generation (``gc.freeze``)
-and puts them back when it ends (``gc.unfreeze``): collections during the compile walk only
-what the compile made, and still free its cyclic garbage.  Nothing changes for objects
-freed by reference counting, which is almost all of them.
-
-A process that froze its own heap (a server after its imports) keeps it: with more objects
-frozen than when minicompile was imported, or with the collector disabled, this does
-nothing.
+A cold compile allocates hundreds of thousands of objects, so CPython runs full collections
+during it, each walking every object in the process (nanoGPT's cold call: three, 0.28 s on
+two cores).  :func:`frozen` moves what is alive at the start into the permanent generation
+(``gc.freeze``) and back at the end: collections walk only what the compile made.  A
+process that froze its own heap, or disabled the collector, is left alone.
 """
 
 from __future__ import annotations

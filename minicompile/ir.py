@@ -1,11 +1,8 @@
 """The loop IR: each buffer described by how one of its elements is computed.
 
-Bodies are small expression trees of frozen dataclasses (data, never closures), so they
-print, hash and compare.  Index expressions are sympy, over one index symbol per dimension
-of the buffer's iteration space (``i0``, ``i1``, ...; see :func:`dim_symbols`).
-
-Dtypes are PyTorch's, as eager would produce them.  Values of float16/bfloat16 are computed
-in float32 by the backends and rounded back after each op, so results match eager.
+Bodies are expression trees of frozen dataclasses (data, never closures): they print, hash
+and compare.  Indices are sympy over one symbol per dimension (``i0``, ``i1``, ...).  Dtypes
+are eager's; float16/bfloat16 are computed in float32 and rounded back after each op.
 """
 
 from __future__ import annotations
@@ -163,12 +160,9 @@ class Reduce(Expr):
 
 @_expr
 class Cat(Expr):
-    """The concatenation of ``pieces`` along one dimension, whose position is ``index`` (an
-    expression of the index symbols): piece k holds positions ``[starts[k-1], starts[k])``
-    (from 0 for the first, to the end for the last), and is itself indexed from 0 (its
-    loads are already shifted).  A piece is only evaluated where its position holds: the
-    backends mask its loads by that condition, so a piece never reads out of range.
-    Build it with :func:`make_cat`, which drops pieces a constant position rules out."""
+    """The concatenation of ``pieces`` along the dimension whose position is ``index``:
+    piece k holds positions ``[starts[k-1], starts[k])`` (its loads already shifted), and
+    the backends mask its loads by that condition.  Build it with :func:`make_cat`."""
 
     index: sympy.Expr
     starts: tuple[sympy.Expr, ...]  # len(pieces) - 1 boundaries, increasing
@@ -206,12 +200,7 @@ def make_cat(index: sympy.Expr, starts: tuple[sympy.Expr, ...], pieces: tuple[Ex
 
 
 REDUCTION_IDENTITY: dict[str, object] = {
-    "sum": 0,
-    "prod": 1,
-    "amax": float("-inf"),
-    "amin": float("inf"),
-    "any": False,
-    "all": True,
+    "sum": 0, "prod": 1, "amax": float("-inf"), "amin": float("inf"), "any": False, "all": True,
 }
 
 
@@ -237,16 +226,14 @@ INTEGER_DIVISIONS = frozenset({"floordiv", "remainder"})
 
 def divides_by_values(e: Expr) -> bool:
     """Whether ``e`` is an integer floor division or remainder by a value the kernel reads
-    (not a constant, which capture has checked): on CPU, eager raises for a divisor of
-    zero, and a C++ division by zero kills the process, so the kernel checks it."""
+    (not a constant): eager raises for a zero divisor, a C++ one kills the process."""
     return (isinstance(e, Op) and e.op in INTEGER_DIVISIONS and not e.dtype.is_floating_point
             and e.dtype != torch.bool and not isinstance(e.args[1], Constant))
 
 
 def raises_on_values(e: Expr) -> bool:
-    """Whether evaluating ``e`` itself can fail on the values it reads, so that its kernel
-    sets an error flag: an indirect load (an index out of range), an integer division (by
-    zero: :func:`divides_by_values`)."""
+    """Whether ``e`` can fail on the values it reads (its kernel sets an error flag): an
+    indirect load, an integer division (:func:`divides_by_values`)."""
     return isinstance(e, IndirectLoad) or divides_by_values(e)
 
 
@@ -255,10 +242,9 @@ def map_loads(
     fn: Callable[[Load | IndexExpr], Expr],
     index: Callable[[sympy.Expr], sympy.Expr] | None = None,
 ) -> Expr:
-    """Rebuild ``expr`` with every Load, and every IndexExpr, replaced by ``fn(leaf)``
-    (shared subtrees once): the leaves that carry an index, so that one call re-expresses
-    every index of a body.  ``index`` re-expresses a Cat's position; a caller that moves
-    the loads' indices to other symbols must pass the same re-indexing here."""
+    """Rebuild ``expr`` with every Load and IndexExpr (the leaves that carry an index)
+    replaced by ``fn(leaf)``, shared subtrees once; ``index`` re-expresses a Cat's position
+    (a caller that moves the loads' indices must pass the same re-indexing)."""
     memo: dict[int, Expr] = {}
 
     def visit(e: Expr) -> Expr:
@@ -388,10 +374,9 @@ class BufferRef:
 
 @dataclasses.dataclass(frozen=True)
 class ExternKernel:
-    """A buffer computed by a library call (``op`` is a dotted path, see ops.extern_op), with
-    tensor arguments as BufferRefs or AliasOutputs (views of existing buffers).  ``layout``
-    is the result's layout as eager makes it, or a tuple of layouts for a tuple result
-    (whose elements are then picked by ``operator.getitem`` externs)."""
+    """A buffer computed by a library call (``op``: a dotted path), tensor arguments as
+    BufferRefs or AliasOutputs.  ``layout``: eager's, or a tuple of them for a tuple result
+    (picked by ``operator.getitem`` externs)."""
 
     name: str
     op: str
@@ -402,22 +387,7 @@ class ExternKernel:
     sources: tuple[SourceLine, ...] = ()
 
     def reads(self) -> set[str]:
-        names: set[str] = set()
-
-        def visit(v: object) -> None:
-            if isinstance(v, BufferRef):
-                names.add(v.name)
-            elif isinstance(v, AliasOutput):
-                names.add(v.input)
-            elif isinstance(v, (tuple, list)):
-                for item in v:
-                    visit(item)
-            elif isinstance(v, dict):
-                for item in v.values():
-                    visit(item)
-
-        visit((self.args, self.kwargs))
-        return names
+        return set(_reads((self.args, self.kwargs)))
 
     def __str__(self) -> str:
         args = ", ".join(
@@ -425,6 +395,14 @@ class ExternKernel:
         )
         layout = self.layout if isinstance(self.layout, Layout) else "tuple"
         return f"{self.name}: {layout} = extern {self.op}({args})"
+
+
+def _reads(v: object) -> Iterator[str]:
+    if isinstance(v, (BufferRef, AliasOutput)):
+        yield v.name if isinstance(v, BufferRef) else v.input
+    elif isinstance(v, (tuple, list, dict)):
+        for item in v.values() if isinstance(v, dict) else v:
+            yield from _reads(item)
 
 
 def _arg_text(v: object) -> str:
@@ -442,8 +420,8 @@ Buffer = ComputedBuffer | ExternKernel
 
 @dataclasses.dataclass
 class LoopProgram:
-    """A lowered graph: inputs, the buffers kernels and library calls compute (in a valid
-    order), and what the graph returns (buffer names, or AliasOutputs) in output order."""
+    """A lowered graph: inputs, the buffers computed (in a valid order), and the outputs
+    (buffer names, or AliasOutputs)."""
 
     inputs: list[InputBuffer]
     buffers: list[Buffer]

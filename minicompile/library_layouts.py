@@ -1,11 +1,9 @@
 """The result layouts of library calls where the meta device's rule is not the real
-kernel's.  minicompile/ops.py infers an extern call's metadata by running it on meta
-tensors; for these calls the layout then comes from here:
-
-- convolutions: channels-last where the input or the weight suggests it (CPU and CUDA);
-- scaled_dot_product_attention: the kernel the device picks (CUDA: run on the device;
-  CPU: the flash kernel's layout where PyTorch would pick it);
-- batch_norm on CPU: the input's suggested memory format.
+kernel's (ops.infer_meta runs extern calls on meta tensors): convolutions (channels-last
+where an operand suggests it), scaled_dot_product_attention (the kernel the device picks)
+and batch_norm on CPU (the input's suggested memory format).  Fake tensors of the real
+device would answer too, but a fake-tensor mode imports torch._dynamo (most of a second of
+a cold start).
 """
 
 from __future__ import annotations
@@ -34,11 +32,9 @@ CONVOLUTIONS = frozenset(f"{prefix}.conv{n}d" for prefix in ("torch.nn.functiona
 
 
 def conv_layout(out: Any, args: tuple, kwargs: dict[str, Any]) -> Any:
-    """A convolution's result in the memory format PyTorch's CPU and CUDA kernels give it
-    (``_conv_determine_backend_memory_format``: cuDNN's, mkldnn's and the slow kernels'
-    rule): channels-last (3d) when the input or the weight suggests it.  On fake tensors of
-    the real device PyTorch asks the same question, but a fake-tensor mode imports
-    torch._dynamo (most of a second of a cold start)."""
+    """A convolution's result in the memory format PyTorch's kernels give it
+    (``_conv_determine_backend_memory_format``): channels-last (3d) when the input or the
+    weight suggests it."""
     suggest_memory_format = compat.prims_common().suggest_memory_format
     tensors = [*args[:2], kwargs.get("input"), kwargs.get("weight")]
     for fmt, ndim in ((torch.channels_last, 4), (torch.channels_last_3d, 5)):
@@ -65,9 +61,7 @@ def uninitialised(v: Any) -> Any:
 
 def run_on_device(fn: Callable[..., Any], args: tuple, kwargs: dict[str, Any]) -> Any:
     """``fn`` run on uninitialised tensors of the arguments' layouts on their own device
-    (the result's values are never read), with the random state put back after it.  Fake
-    tensors of the device would do, but a fake-tensor mode and these ops' fake rules import
-    torch._dynamo: most of a second of a cold start."""
+    (the result's values are never read), with the random state put back after it."""
     devices = [m.device for m in (getattr(v, "meta", v) for v in (*args, *kwargs.values()))
                if isinstance(m, TensorMeta) and m.device.type == "cuda"]
     with torch.random.fork_rng(devices=devices[:1]):  # a dropout draws no number here
@@ -84,14 +78,8 @@ _ATTENTION_ARGS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal
 def cpu_layout(name: str, out: Any, args: tuple, kwargs: dict[str, Any],
                 fake_args: tuple, fake_kwargs: dict[str, Any]) -> Any:
     """``out`` (the meta kernel's result) in the layout PyTorch's CPU kernel gives it:
-
-    - batch_norm: the input's suggested memory format (``batch_norm_cpu`` allocates
-      ``empty_like(input, input.suggest_memory_format())``), where the meta kernel keeps
-      the input's strides;
-    - scaled_dot_product_attention: where PyTorch picks its CPU flash kernel
-      (``_fused_sdp_choice``, asked on uninitialised CPU tensors of the arguments'
-      layouts), that kernel's layout, which follows the query's ([B, T, H, D] memory for a
-      transposed one); the meta device takes the math path (contiguous)."""
+    batch_norm, the input's suggested memory format (``batch_norm_cpu``); attention, where
+    ``_fused_sdp_choice`` picks the CPU flash kernel, its layout (the query's)."""
     if name in BATCH_NORMS:
         suggest_memory_format = compat.prims_common().suggest_memory_format
         first = fake_args[0] if fake_args else fake_kwargs.get("input")

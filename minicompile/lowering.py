@@ -20,32 +20,13 @@ from minicompile import ops
 from minicompile.errors import Unsupported
 from minicompile.graph import Graph, Node, TensorMeta, map_nodes
 from minicompile.library_layouts import ATTENTION
+from minicompile.op_table import COMPARISONS, LOGICAL
 from minicompile.shapes import is_symbolic
 from minicompile.sym import index_symbol, product
-from minicompile.ir import (
-    AliasOutput,
-    BufferRef,
-    Cast,
-    Cat,
-    ComputedBuffer,
-    Constant,
-    Expr,
-    ExternKernel,
-    InputBuffer,
-    Layout,
-    Load,
-    LoopProgram,
-    IndexExpr,
-    IndirectLoad,
-    Op,
-    Reduce,
-    dim_symbols,
-    make_cat,
-    map_loads,
-    reduction_symbols,
-    substitute_index,
-    walk,
-)
+from minicompile.ir import (AliasOutput, BufferRef, Cast, Cat, ComputedBuffer, Constant, Expr,
+                            ExternKernel, IndexExpr, IndirectLoad, InputBuffer, Layout, Load,
+                            LoopProgram, Op, Reduce, dim_symbols, make_cat, map_loads,
+                            reduction_symbols, substitute_index, walk)
 from minicompile.view_rules import view_layout, view_mapping
 
 ONE = sympy.Integer(1)
@@ -119,10 +100,6 @@ def _py_value(value: Any, dtype: torch.dtype) -> Any:
     return torch.tensor(int(value), dtype=torch.int64).to(dtype).item()
 
 
-def _fake(arg: Any) -> Any:
-    return arg.meta.fake() if isinstance(arg, Node) else arg
-
-
 class Lowering:
     def __init__(self, graph: Graph) -> None:
         self.graph = graph
@@ -167,18 +144,18 @@ class Lowering:
         if value.view is not None:
             name, layout = value.view
             return AliasOutput(name, None if layout == self.layouts[name] else layout)
-        layout = layout or layout_of(node.meta)
-        origins = tuple(dict.fromkeys(value.origins + (node,)))
-        buf = ComputedBuffer(
-            name=f"buf{len(self.buffers)}",
-            layout=layout,
-            body=value.expr,
-            origins=tuple(_origin(n) for n in origins),
-            sources=tuple(dict.fromkeys(n.stack[-1] for n in origins if n.stack)),
-        )
+        return self.new_buffer(node, layout or layout_of(node.meta), value.expr, value.origins)
+
+    def new_buffer(self, node: Node, layout: Layout, body: Expr, origins: tuple[Node, ...],
+                   reduction_ranges: tuple[sympy.Expr, ...] = ()) -> str:
+        """A ComputedBuffer for ``node``, which later consumers load instead of computing
+        the value again."""
+        origins = tuple(dict.fromkeys(origins + (node,)))
+        sources = tuple(dict.fromkeys(n.stack[-1] for n in origins if n.stack))
+        buf = ComputedBuffer(f"buf{len(self.buffers)}", layout, body,
+                             tuple(_origin(n) for n in origins), sources, reduction_ranges)
         self.buffers.append(buf)
         self.realized[node] = buf.name
-        # Later consumers load the buffer instead of computing the value again.
         self.layouts[buf.name] = layout
         self.values[node] = _computed_value(buf.name, layout)
         return buf.name
@@ -187,38 +164,26 @@ class Lowering:
 
     def lower_call(self, node: Node) -> Value:
         family = ops.OPS[node.target].family
-        if family == "view":
-            return self.lower_view(node)
         if family == "extern" and node.target in ops.CAT_OPS:
             value = self.lower_cat(node)
             if value is not None:
                 return value
-        if family in ("extern", "tuple"):
-            return self.lower_extern(node)
-        if family == "reduction":
-            return self.lower_reduction(node)
-        if family == "index":
-            return self.lower_index(node)
-        if family == "iota":
-            return self.lower_iota(node)
+        lower = _LOWER_BY_FAMILY.get(family)
+        if lower is not None:
+            return lower(self, node)
         if family == "composite":
             raise AssertionError(f"{node.target} reached lowering undecomposed")
         if family not in ("unary", "binary", "ternary", "cast", "copy"):
             raise Unsupported(f"no lowering for {node.target}", node.stack)
-        meta = node.meta
-        shape = meta.shape
-        out_dtype = meta.dtype
+        shape, out_dtype = node.meta.shape, node.meta.dtype
         tensor_args = [a for a in node.args if isinstance(a, Node)]
         origins = tuple(dict.fromkeys(o for a in tensor_args for o in self.values[a].origins))
         origins += (node,)
-
-        if family == "copy":  # the same values, realized in the node's layout (contiguous():
-            x = node.args[0]  # row-major; the layout copies of passes/layout.py: theirs)
-            return Value(shape, out_dtype, broadcast_to(self.values[x], shape), origins=origins)
-
-        if family == "cast":
-            (x,) = node.args
-            expr = _cast(broadcast_to(self.values[x], shape), node.kwargs["dtype"])
+        if family in ("copy", "cast"):  # copy: the same values, realized in the node's layout
+            # (contiguous(): row-major; the layout copies of passes/layout.py: theirs)
+            expr = broadcast_to(self.values[node.args[0]], shape)
+            if family == "cast":
+                expr = _cast(expr, node.kwargs["dtype"])
             return Value(shape, out_dtype, expr, origins=origins)
 
         compute = self.compute_dtype(node)
@@ -258,9 +223,7 @@ class Lowering:
             kwargs = map_nodes(node.kwargs, self.tensor_arg)
         name = f"buf{len(self.buffers)}"
         meta = node.meta
-        layout = (
-            tuple(layout_of(m) for m in meta) if isinstance(meta, tuple) else layout_of(meta)
-        )
+        layout = tuple(map(layout_of, meta)) if isinstance(meta, tuple) else layout_of(meta)
         self.buffers.append(ExternKernel(
             name, op, args, kwargs, layout, (_origin(node),),
             (node.stack[-1],) if node.stack else (),
@@ -315,20 +278,9 @@ class Lowering:
         operand = _cast(operand, torch.bool if node.target in ("any", "all") else out_dtype)
         if all(x.shape[d] == 1 for d in dims):  # reducing size-1 dims: each value is its own
             return Value(node.meta.shape, out_dtype, _cast(operand, out_dtype), origins=(node,))
-        layout = layout_of(node.meta)
-        origins = tuple(dict.fromkeys(x.origins + (node,)))
-        buf = ComputedBuffer(
-            name=f"buf{len(self.buffers)}",
-            layout=layout,
-            body=Reduce(node.target, operand, out_dtype),
-            origins=tuple(_origin(n) for n in origins),
-            sources=tuple(dict.fromkeys(n.stack[-1] for n in origins if n.stack)),
-            reduction_ranges=tuple(x.shape[d] for d in dims),
-        )
-        self.buffers.append(buf)
-        self.realized[node] = buf.name
-        self.layouts[buf.name] = layout
-        return _computed_value(buf.name, layout)
+        self.new_buffer(node, layout_of(node.meta), Reduce(node.target, operand, out_dtype),
+                        x.origins, tuple(x.shape[d] for d in dims))
+        return self.values[node]
 
     def lower_index(self, node: Node) -> Value:
         """embedding / index_select / gather: the source's index along one dim becomes a
@@ -427,10 +379,10 @@ class Lowering:
     @staticmethod
     def compute_dtype(node: Node) -> torch.dtype:
         """The dtype the op's operands are converted to before it applies."""
-        if node.target in ops.LOGICAL:
+        if node.target in LOGICAL:
             return torch.bool
-        if node.target in ops.COMPARISONS:
-            a, b = (_fake(x) for x in node.args)
+        if node.target in COMPARISONS:
+            a, b = (x.meta.fake() if isinstance(x, Node) else x for x in node.args)
             return torch.result_type(a, b)
         return node.meta.dtype
 
@@ -450,6 +402,10 @@ class Lowering:
         expr = substitute_index(x.expr, {a: b for a, b in mapping.items() if a != b})
         return Value(node.meta.shape, node.meta.dtype, expr, origins=origins)
 
+
+_LOWER_BY_FAMILY = {"view": Lowering.lower_view, "extern": Lowering.lower_extern,
+                    "tuple": Lowering.lower_extern, "reduction": Lowering.lower_reduction,
+                    "index": Lowering.lower_index, "iota": Lowering.lower_iota}
 
 # cat and stack, by every name capture records them under; they lower to a Cat expression
 # of at most this many pieces (more: the library call, which copies each input once).

@@ -1,8 +1,7 @@
 """Result metadata of common ops without PyTorch's meta functions, which import
-torch._dynamo on their first call (a second or more of a cold start): float pointwise ops
-by PyTorch's own promotion, broadcasting and dimension-order rules called directly, and
-``F.layer_norm``, ``F.linear``, ``gelu`` and 2-d convolutions where their arguments are
-plain.  Everything else, and anything unusual here, goes to minicompile.ops.infer_meta's
+torch._dynamo on their first call (a second or more of a cold start): float pointwise ops by
+PyTorch's own promotion, broadcasting and dimension-order rules called directly, and a few
+library calls where their arguments are plain.  Anything else goes to ops.infer_meta's
 general path."""
 
 from __future__ import annotations
@@ -15,8 +14,7 @@ import torch
 from minicompile import compat
 from minicompile.graph import Node, TensorMeta
 from minicompile.library_layouts import conv_layout
-from minicompile.op_table import ROWS
-from minicompile.ops import COMPARISONS
+from minicompile.op_table import COMPARISONS, ROWS
 
 # Pointwise ops whose result metadata follows from PyTorch's promotion, broadcasting and
 # stride rules alone when every tensor is floating point (none of them refuses a float).
@@ -27,10 +25,7 @@ FLOAT_POINTWISE = frozenset(row.name for row in ROWS if row.float_meta) | {
 def pointwise_meta(name: str, args: tuple, kwargs: dict[str, Any],
                     device: torch.device) -> TensorMeta | None:
     """The result metadata of a pointwise op on float tensors (static sizes) and Python
-    numbers, or None where this does not apply.  The rules are the ones PyTorch's meta
-    functions for these ops apply (``torch._prims_common``: elementwise_dtypes,
-    broadcasting, the output's dimension order), called directly: those meta functions
-    import torch._dynamo on their first call (a second of a cold start)."""
+    numbers by ``torch._prims_common``'s rules, or None where this does not apply."""
     pc = compat.prims_common()
     if kwargs or not (name in FLOAT_POINTWISE or name == "where"):
         return None
@@ -93,14 +88,17 @@ def _contiguous(meta: TensorMeta, shape: tuple, device: torch.device) -> TensorM
                       device=device)
 
 
+def _bind(names: tuple[str, ...], args: tuple, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The arguments by name; {} (nothing bound) where they do not fit ``names``."""
+    if len(args) > len(names) or any(k not in names[len(args):] for k in kwargs):
+        return {}
+    return dict(zip(names, args)) | kwargs
+
+
 def _linear_meta(args: tuple, kwargs: dict[str, Any], device: torch.device) -> TensorMeta | None:
     """``F.linear``'s result metadata where it is plain (a contiguous float input of two or
-    more dims, a weight and bias of its dtype and device, matching sizes): contiguous, the
-    input's leading sizes and the weight's rows.  (PyTorch's meta path imports Dynamo.)"""
-    names = ("input", "weight", "bias")
-    if len(args) > len(names) or any(k not in names[len(args):] for k in kwargs):
-        return None
-    bound = dict(zip(names, args)) | kwargs
+    more dims, a weight and bias of its dtype and device, matching sizes): contiguous."""
+    bound = _bind(("input", "weight", "bias"), args, kwargs)
     x = _plain(bound.get("input"))
     w = _plain(bound.get("weight"), x.dtype) if x is not None else None
     if x is None or w is None or len(x.shape) < 2 or len(w.shape) != 2 or w.device != x.device:
@@ -118,13 +116,8 @@ def _linear_meta(args: tuple, kwargs: dict[str, Any], device: torch.device) -> T
 def _layer_norm_meta(args: tuple, kwargs: dict[str, Any],
                      device: torch.device) -> TensorMeta | None:
     """``F.layer_norm``'s result metadata where it is plain (static float input, weight and
-    bias of the input's dtype and the normalized shape, or None): the input's shape and
-    dtype, contiguous, as ATen's layer_norm allocates it.  (PyTorch's meta path imports
-    Dynamo.)"""
-    names = ("input", "normalized_shape", "weight", "bias", "eps")
-    if len(args) > len(names) or any(k not in names[len(args):] for k in kwargs):
-        return None
-    bound = dict(zip(names, args)) | kwargs
+    bias of its dtype and the normalized shape): contiguous, as ATen allocates it."""
+    bound = _bind(("input", "normalized_shape", "weight", "bias", "eps"), args, kwargs)
     x = _plain(bound.get("input"))
     normalized = bound.get("normalized_shape")
     if not (x is not None and isinstance(normalized, (tuple, list, torch.Size))
@@ -143,13 +136,8 @@ def _layer_norm_meta(args: tuple, kwargs: dict[str, Any],
 
 
 def _gelu_meta(args: tuple, kwargs: dict[str, Any], device: torch.device) -> TensorMeta | None:
-    """``gelu``'s result metadata for a static, contiguous float input (its ``approximate``
-    changes the values only): the input's shape and dtype, contiguous.  (Its meta path runs
-    PyTorch's reference implementation, which imports Dynamo.)"""
-    names = ("input", "approximate")
-    if len(args) > len(names) or any(k not in names[len(args):] for k in kwargs):
-        return None
-    bound = dict(zip(names, args)) | kwargs
+    """``gelu``'s result metadata for a static, contiguous float input: the same layout."""
+    bound = _bind(("input", "approximate"), args, kwargs)
     x = _plain(bound.get("input"))
     if x is None or bound.get("approximate", "none") not in ("none", "tanh"):
         return None
@@ -168,17 +156,12 @@ def _pair(value: Any, low: int) -> tuple[int, int] | None:
 
 def _conv2d_meta(args: tuple, kwargs: dict[str, Any],
                  device: torch.device) -> TensorMeta | None:
-    """A 2-d convolution's result metadata where it is plain (a batched 4-d float input of at
-    least one element, a weight and bias of its dtype and device whose sizes fit, numeric
-    stride, padding and dilation, an output of at least one element), or None: the sizes
-    by the convolution's formula, laid out as the meta function's contiguous result after
-    library_layouts.conv_layout (channels-last where the input or the weight suggests it).
-    (The meta path goes through ATen's convolution dispatch and PyTorch's Python meta
-    function, which costs a millisecond or more per call on a GPU host.)"""
+    """A 2-d convolution's result metadata where it is plain (a batched 4-d float input, a
+    weight and bias of its dtype and device whose sizes fit, numeric stride, padding and
+    dilation, no empty tensor): the formula's sizes, laid out by conv_layout.  (The meta
+    path costs a millisecond or more per call on a GPU host.)"""
     names = ("input", "weight", "bias", "stride", "padding", "dilation", "groups")
-    if len(args) > len(names) or any(k not in names[len(args):] for k in kwargs):
-        return None
-    bound = dict(zip(names, args)) | kwargs
+    bound = _bind(names, args, kwargs)
     x = _plain(bound.get("input"))
     w = _plain(bound.get("weight"), x.dtype) if x is not None else None
     groups = bound.get("groups", 1)
@@ -208,9 +191,7 @@ def _conv2d_meta(args: tuple, kwargs: dict[str, Any],
                       device=device)
 
 
-# Library calls whose result metadata minicompile computes itself where the arguments are
-# plain: PyTorch's meta functions for them import torch._dynamo on their first call, a
-# second or more of a cold start.
+# Library calls whose result metadata is computed here where the arguments are plain.
 LIBRARY = {"torch.nn.functional.layer_norm": _layer_norm_meta,
            "torch.nn.functional.linear": _linear_meta, "gelu": _gelu_meta,
            "torch.nn.functional.conv2d": _conv2d_meta, "torch.conv2d": _conv2d_meta}
@@ -218,9 +199,8 @@ LIBRARY = {"torch.nn.functional.layer_norm": _layer_norm_meta,
 
 def _encoder_layer_meta(args: tuple, kwargs: dict[str, Any],
                         device: torch.device) -> TensorMeta | None:
-    """``torch._transformer_encoder_layer_fwd`` (nn.TransformerEncoderLayer's fused path in
-    eval): a new contiguous tensor the shape and dtype of ``src``.  PyTorch 2.11 has no
-    meta kernel for it (2.13 has)."""
+    """``torch._transformer_encoder_layer_fwd`` (TransformerEncoderLayer's fused path in
+    eval): contiguous, ``src``'s shape and dtype.  PyTorch 2.11 has no meta kernel for it."""
     src = args[0].meta if args and isinstance(args[0], Node) else None
     if not isinstance(src, TensorMeta) or src.is_symbolic:
         return None

@@ -1,32 +1,17 @@
 """One row per pointwise op: everything each layer needs to know about it, in one place.
 
-A :class:`Row` names an op (the ``Op.op`` of the loop IR, the target of a graph node) and
-holds, as plain data, what every layer reads of it: its family and eager function
-(``ops.OPS``), the torch spellings capture maps onto it (``capture/torch_ops.py``), whether
-its result metadata follows from PyTorch's promotion rules on float tensors
-(``meta_rules.FLOAT_POINTWISE``), its derivative (``passes/derivatives.py``), its Triton
-and C++ templates (``codegen/``), the interpreter's stand-in for the libdevice function
-its Triton template calls (``runtime/triton_interp.py``), and its variants for other
-operand dtypes (``codegen/emitter.py``).
+A :class:`Row` (the ``Op.op`` of the loop IR, a graph node's target) holds as plain data what
+each layer reads: family and eager function (``ops.OPS``), torch spellings
+(capture/torch_ops.py), ``float_meta`` (meta_rules.FLOAT_POINTWISE), the derivative
+(passes/derivatives.py), Triton and C++ templates (codegen/), the interpreter's stand-in for
+a libdevice call (runtime/triton_interp.py) and variants for other operand dtypes
+(codegen/emitter.py).  Like the IR modules it imports only the standard library and torch.
+Adding an op: CONTRIBUTING.md (``atan`` is the worked example).
 
-Layering: this module imports only the standard library and torch, like the IR modules;
-each layer above reads its own column, so ops.py never imports codegen or passes and the
-backends never import each other.
-
-Adding a pointwise op that both backends can spell (``torch.atan`` is the worked example)
-is one row here plus a test: the row's templates (a libdevice call needs ``interp``, its
-stand-in under Triton's interpreter), its spellings, and for an op with float results its
-``grad``; then a case in tests/backends/op_cases.py, which the forward and gradient sweeps
-run on both backends.  tests/codegen/test_kernel_text.py's test_op_tables_are_complete
-checks that every layer has the row's column.
-
-Templates are format strings over the operands' variable names; ``{t}`` is the type the
-result is computed in, spelled by the backend.  ``mc_*`` are the backends' helpers.
-A derivative ``grad(d, x, y, g)`` gives the gradient of a unary op's operand from ``g``,
-with ``x`` and ``y`` thunks of the forward operand and result (passes/derivatives.py);
-:data:`ZERO` is an op whose derivative is zero almost everywhere.  Binary ops' rules,
-which need un-broadcasting, stay in passes/derivatives.py, checked against these rows
-by tests/codegen/test_kernel_text.py.
+Templates format the operands' variable names; ``{t}`` is the computed type, ``mc_*`` the
+backends' helpers.  ``grad(d, x, y, g)`` gives a unary op's operand gradient from ``g``, with
+``x`` and ``y`` thunks of the forward operand and result; :data:`ZERO`: zero almost
+everywhere.  Binary ops' rules (un-broadcasting) stay in passes/derivatives.py.
 """
 
 from __future__ import annotations
@@ -214,3 +199,5 @@ ROWS: tuple[Row, ...] = (
 )
 
 BY_NAME: dict[str, Row] = {row.name: row for row in ROWS}
+COMPARISONS = frozenset({"eq", "ne", "lt", "le", "gt", "ge"})
+LOGICAL = frozenset({"logical_and", "logical_or", "logical_xor", "logical_not"})

@@ -1,22 +1,13 @@
 """The graph-level operators: the vocabulary of ``call`` nodes.
 
-Each :class:`OpDef` names an operator by what it computes, in PyTorch's terms, with the
-eager function that defines its meaning (used to run graphs eagerly and, on meta tensors,
-to infer result metadata).  Capture maps the many spellings of an op (``x + y``,
-``torch.add(x, y)``, ``x.add(y)``) onto one entry here; lowering and the backends read the
-``family``.
-
-Families (in the style of tinygrad's ``GroupOp``):
-- ``unary`` / ``binary`` / ``ternary``: pointwise ops the backends implement directly, one
-  row each in ``op_table.py`` (spellings, derivative, templates);
-- ``composite``: pointwise ops that ``passes/decompose.py`` rewrites into the above;
-- ``cast``: dtype conversion; ``copy``: ``contiguous``;
-- ``view``: layout-only ops, lowered to index rewrites;
-- ``extern``: any other PyTorch function, called as a library kernel by the generated
-  wrapper (Inductor's "fallback kernels"); registered on first use by :func:`extern_op`;
-- ``tuple``: ``getitem``, which picks one tensor of an extern's tuple result;
-- ``index``: ``embedding``, ``index_select``, ``gather``: indirect, bounds-checked loads;
-- ``iota``: the index along one dim as an int64 value (Inductor's ``index_expr``).
+Each :class:`OpDef` names an op by what it computes, with the eager function that defines
+it (run for eager graphs and, on meta tensors, for metadata).  Capture maps an op's many
+spellings onto one entry; lowering and the backends read its family (tinygrad's
+``GroupOp``): ``unary`` / ``binary`` / ``ternary`` (one row each in op_table.py),
+``composite`` (rewritten by passes/decompose.py), ``cast``, ``copy``, ``view`` (index
+rewrites), ``extern`` (any other PyTorch function, a library call; see :func:`extern_op`),
+``tuple`` (``getitem`` of an extern's tuple), ``index`` (bounds-checked indirect loads),
+``iota`` (the index along a dim as a value, Inductor's ``index_expr``).
 """
 
 from __future__ import annotations
@@ -30,7 +21,7 @@ import sympy
 import torch
 import torch.nn.functional as F
 
-from minicompile import meta_cache
+from minicompile import meta_cache, meta_rules
 from minicompile.graph import Node, TensorMeta
 from minicompile.op_table import ROWS
 from minicompile.shapes import ShapeContext
@@ -57,12 +48,8 @@ def _to_dtype(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return x.to(dtype)
 
 
-COMPOSITE: dict[str, Callable] = {
-    "relu": torch.relu,
-    "gelu": _gelu,
-    "silu": F.silu,
-    "clamp": _clamp,
-}
+COMPOSITE: dict[str, Callable] = {"relu": torch.relu, "gelu": _gelu, "silu": F.silu,
+                                   "clamp": _clamp}
 
 # Views, in normalised form: non-negative dims, slice bounds clamped to the size.
 VIEW: dict[str, Callable] = {
@@ -117,15 +104,13 @@ def _to_strides(x: torch.Tensor, stride: tuple) -> torch.Tensor:
     return torch.empty_strided(x.shape, stride, dtype=x.dtype, device=x.device).copy_(x)
 
 
-# Copies the layout pass inserts (passes/layout.py), and capture for CUDA's batch norm in
-# training (to_eager_layout): x's values in new memory laid out otherwise.
-# to_channels_last(x): the NHWC order a convolution runs fastest in; to_eager_layout(x,
-# stride): the strides eager gives a graph output, a gradient or a batch norm's result.
+# Copies into another layout (passes/layout.py; capture, for CUDA's batch norm in
+# training): to_channels_last(x), the NHWC order convolutions run fastest in;
+# to_eager_layout(x, stride), the strides eager gives an output, a gradient or a batch norm.
 OPS["to_channels_last"] = OpDef("to_channels_last", "copy", _to_channels_last)
 OPS["to_eager_layout"] = OpDef("to_eager_layout", "copy", _to_strides)
 for _name, _fn in VIEW.items():
     OPS[_name] = OpDef(_name, "view", _fn)
-
 
 
 def _iota(shape: tuple[int, ...], dim: int, device: torch.device) -> torch.Tensor:
@@ -148,11 +133,9 @@ OPS["torch.Tensor.to"] = OpDef("torch.Tensor.to", "extern", torch.Tensor.to)  # 
 
 
 def extern_op(fn: Callable[..., Any]) -> str:
-    """Register the PyTorch callable ``fn`` as an extern op and return its op name, the
-    dotted path it is reached by (``torch.nn.functional.linear``, ``torch.Tensor.reshape``,
-    ``operator.getitem``).  The generated wrapper calls ``fn`` itself, so ``fn`` must be
-    importable by that path, must not mutate its arguments, and must return a tensor or a
-    tuple/list of tensors whose metadata the meta device computes."""
+    """Register ``fn`` as an extern op; return its name, the dotted path the generated
+    wrapper calls it by (``torch.nn.functional.linear``).  ``fn`` must not mutate its
+    arguments and must return tensors whose metadata the meta device computes."""
     name = extern_name(fn)
     if name not in OPS:
         OPS[name] = OpDef(name, "extern", fn)
@@ -186,22 +169,18 @@ def extern_name(fn: Callable[..., Any]) -> str:
             return f"{path}.apply"
         raise ValueError(f"{owner.__qualname__} cannot be found again by its module and name")
     name = getattr(fn, "__name__", "")
-    candidates = [
-        ("torch.nn.functional", torch.nn.functional),
-        ("torch", torch),
-        ("torch.Tensor", torch.Tensor),
-        ("torch.special", torch.special),
-        ("torch.linalg", torch.linalg),
-        ("torch.fft", torch.fft),
-        ("operator", operator),
-    ]
-    for prefix, namespace in candidates:
+    for prefix, namespace in _NAMESPACES:
         if name and getattr(namespace, name, None) is fn:
             return f"{prefix}.{name}"
     path = f"{getattr(fn, '__module__', '')}.{getattr(fn, '__qualname__', name)}"
     if resolve_path(path) is fn:
         return path
     raise ValueError(f"{fn!r} has no public dotted path")
+
+
+_NAMESPACES = (("torch.nn.functional", F), ("torch", torch), ("torch.Tensor", torch.Tensor),
+               ("torch.special", torch.special), ("torch.linalg", torch.linalg),
+               ("torch.fft", torch.fft), ("operator", operator))
 
 
 def resolve_path(path: str) -> Any:
@@ -222,11 +201,9 @@ def resolve_path(path: str) -> Any:
     return None
 
 
-# Extern ops that draw from PyTorch's random number generator.  They are not pure: the
-# graph passes never merge (CSE) or drop (DCE) them, and they run in program order, so the
-# generator sees eager's sequence of draws.
-# Random draws that capture makes library calls of (``torch.rand``...; capture/externs.py),
-# and the in-place ones it runs through random_in_place_draws (``x.uniform_()``...).
+# Extern ops that draw random numbers: never merged or dropped by the graph passes, run in
+# program order so the generator sees eager's draws.  RANDOM_FUNCTIONS: library calls of
+# capture (capture/externs.py); RANDOM_IN_PLACE: run through random_in_place_draws.
 RANDOM_FUNCTIONS = frozenset(
     "rand rand_like randn randn_like randint randint_like randperm normal bernoulli "
     "multinomial poisson".split())
@@ -254,10 +231,8 @@ def random_in_place_draws(x: torch.Tensor, method: str, *args: Any, **kwargs: An
 
 
 def dropout_in_place_draws(x: torch.Tensor, p: float, fname: str) -> torch.Tensor:
-    """``F.<fname>(x, p, True, inplace=True)`` run on a copy of ``x``: the in-place form's
-    draws without mutating a graph value.  On CUDA eager's in-place dropout takes the
-    bernoulli path and its out-of-place one the fused kernel, so the two draw different
-    masks from the same seed; a traced in-place dropout must draw the in-place ones."""
+    """``F.<fname>(x, p, True, inplace=True)`` on a copy of ``x``: on CUDA the in-place
+    dropout draws other masks than the out-of-place one (bernoulli, not the fused kernel)."""
     return getattr(F, fname)(x.clone(), p, True, True)
 
 # Concatenation: a library call lowering reads piecewise and autograd slices back.
@@ -281,10 +256,6 @@ def cat_arguments(node: Node) -> tuple[list[Node], int] | None:
     return list(tensors), dim % ndim
 
 
-COMPARISONS = frozenset({"eq", "ne", "lt", "le", "gt", "ge"})
-LOGICAL = frozenset({"logical_and", "logical_or", "logical_xor", "logical_not"})
-
-
 def run_eager(name: str, args: tuple, kwargs: dict[str, Any]) -> Any:
     return OPS[name].eager(*args, **kwargs)
 
@@ -293,14 +264,9 @@ def infer_meta(
     name: str, args: tuple, kwargs: dict[str, Any], device: torch.device,
     shapes: ShapeContext | None = None
 ) -> TensorMeta | tuple[TensorMeta, ...]:
-    """Result metadata of ``name`` applied to ``args``: PyTorch's own broadcasting, type
-    promotion and stride rules, found by running the eager op on meta tensors.
-
-    Raises whatever PyTorch raises for bad arguments (shape mismatch, bad dtype), so the
-    user sees PyTorch's message.  With symbolic sizes (in the tensors, or in size arguments:
-    then ``shapes``, the capture's ShapeContext, is needed) it runs on fake tensors.
-    Results for static arguments are remembered (minicompile/meta_cache.py).
-    """
+    """Result metadata of ``name`` on ``args`` by PyTorch's own rules (the eager op on meta
+    tensors; fake tensors of ``shapes`` where sizes are symbolic), raising what PyTorch
+    raises for bad arguments.  Results for static arguments are remembered (meta_cache)."""
     key = None if name in DEVICE_RULES else meta_cache.key(name, args, kwargs, device)
     if key is None:
         return _infer_meta(name, args, kwargs, device, shapes)
@@ -314,15 +280,10 @@ def _infer_meta(
     name: str, args: tuple, kwargs: dict[str, Any], device: torch.device,
     shapes: ShapeContext | None = None
 ) -> TensorMeta | tuple[TensorMeta, ...]:
-
     # The context of a symbolic tensor argument; else ``shapes``, if a size argument is
     # symbolic; else none (plain meta tensors, the fast path).
-    shapes = symbolic_context((args, kwargs)) or (
-        shapes if has_symbols((args, kwargs)) else None
-    )
+    shapes = symbolic_context((args, kwargs)) or (shapes if has_symbols((args, kwargs)) else None)
     if shapes is None and not any(isinstance(v, torch.device) for v in args):
-        from minicompile import meta_rules
-
         fast = meta_rules.result_meta(name, args, kwargs, device)
         if fast is not None:
             return fast
@@ -357,8 +318,6 @@ def _infer_meta(
             try:
                 out = run_eager(name, fake_args, fake_kwargs)
             except NotImplementedError:  # no meta kernel in this PyTorch: ours, if known
-                from minicompile import meta_rules
-
                 rule = meta_rules.WITHOUT_META_KERNEL.get(name)
                 found = rule(args, kwargs, device) if rule is not None else None
                 if found is None:
@@ -380,13 +339,10 @@ def _infer_meta(
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} produced a {type(t).__name__}, not a tensor")
         if shapes is not None:
-            return TensorMeta(
-                shape=tuple(shapes.to_sympy(n) for n in t.shape),
-                stride=tuple(shapes.to_sympy(n) for n in t.stride()),
-                dtype=t.dtype, device=device, requires_grad=t.requires_grad, shapes=shapes,
-            )
-        meta = TensorMeta.of(t)
-        return dataclasses.replace(meta, device=device, storage_offset=sympy.Integer(0))
+            return TensorMeta(tuple(map(shapes.to_sympy, t.shape)),
+                              tuple(map(shapes.to_sympy, t.stride())), t.dtype, device,
+                              t.requires_grad, shapes=shapes)
+        return dataclasses.replace(TensorMeta.of(t), device=device, storage_offset=sympy.Integer(0))
 
     if isinstance(out, (tuple, list)):
         return tuple(meta_of(t) for t in out)
@@ -411,10 +367,8 @@ def _check_devices(name: str, values: tuple) -> None:
 
 
 def run_on_ones(name: str, args: tuple, kwargs: dict[str, Any], device: str = "cpu") -> None:
-    """Run the eager op on one-element tensors of the arguments' dtypes and ranks (ones:
-    no value-dependent error such as an integer division by zero), so that it raises what
-    eager raises for those dtypes (``float - bool``, a matmul of bool tensors: checks the
-    meta kernels skip)."""
+    """Run the eager op on ones of the arguments' dtypes and ranks, so that it raises what
+    eager raises for those dtypes (``float - bool``: checks the meta kernels skip)."""
 
     def small(v: Any) -> Any:
         if isinstance(v, Node):
@@ -429,9 +383,8 @@ def run_on_ones(name: str, args: tuple, kwargs: dict[str, Any], device: str = "c
 
 
 def _check_on_values(name: str, args: tuple, kwargs: dict[str, Any]) -> None:
-    """:func:`run_on_ones`, on CPU whatever the graph's device: the checks are the same, and
-    a device may not be there at all, as when tests build CUDA graphs on a machine without
-    one; what the CPU kernels lack, a half-precision op, is not an error."""
+    """:func:`run_on_ones` on CPU whatever the graph's device (which may be absent); what the
+    CPU kernels lack, a half-precision op, is not an error."""
     try:
         run_on_ones(name, args, kwargs)
     except (NotImplementedError, RuntimeError) as e:
@@ -470,9 +423,8 @@ def has_symbols(values: Any) -> bool:
 
 def run_graph(graph: Any, inputs: list, on_error: Callable[[Node, Exception], None] | None = None
               ) -> tuple:
-    """Evaluate ``graph`` eagerly with PyTorch on ``inputs`` (the placeholders' tensors):
-    the fallback when its kernels cannot be built, and a reference in tests.  An op that
-    raises is handed with its exception to ``on_error`` (which raises), if given."""
+    """Evaluate ``graph`` eagerly on ``inputs``; an op that raises is handed with its
+    exception to ``on_error`` (which raises), if given."""
     from minicompile.graph import map_nodes
 
     env: dict[Node, Any] = {}

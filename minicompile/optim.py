@@ -1,48 +1,36 @@
 """Compiled optimizer steps: ``minicompile.compile(opt.step)`` for SGD, Adam and AdamW.
 
-Why not trace ``torch.optim``'s own code, as Dynamo does?  Its ``step`` opens a profiler
-``record_function``, runs hooks, creates state lazily, reads every ``state["step"]`` with
-``.item()`` and passes the learning rate as a Python float (a constant the trace would bake
-in, so every scheduler step would recompile).  Dynamo handles each of these specially; here
-they would be as many special cases in capture, shared with other work.  Instead this
-module recognises the bound ``step`` of ``SGD``, ``Adam`` and ``AdamW`` and compiles an
-update written below in torch ops, following PyTorch's single-tensor formulas
-(``torch/optim/sgd.py``, ``adam.py``) op for op, in place as eager updates, through the
-ordinary pipeline: capture, passes, lowering, fusion, then for these graphs in-place stores
-(passes/inplace.py: the kernels write parameters and state directly, no copies) and
-horizontal fusion (passes/horizontal.py: one combo kernel per 8 parameters).
+Why not trace ``torch.optim``'s own ``step``, as Dynamo does?  It opens a profiler range,
+runs hooks, creates state lazily, reads every ``state["step"]`` with ``.item()`` and passes
+the learning rate as a Python float (baked in: every scheduler step would recompile); each
+would be a special case in capture.  Instead the bound ``step`` is recognised and an update
+written below in torch ops (PyTorch's single-tensor formulas, op for op, in place) goes
+through the ordinary pipeline, plus in-place stores and combo kernels.
 
-Per step, on the host, as eager does it: the ``step`` counters are incremented (they live on
-the CPU) and every scalar eager computes in Python (bias corrections, ``-lr / bc1``,
-``1 - lr * wd``) is computed in double precision and put into one small table of the
-parameters' dtype, one row per parameter.  The kernels read their scalars from that table,
-so they are runtime values: changing ``lr`` (a scheduler) or any hyperparameter never
-recompiles and is never baked in.  Only the structure is guarded (which parameters have
-gradients, their shapes, and per-parameter flags such as ``amsgrad`` or whether weight decay
-is on).  ``opt.state`` keeps eager's tensors, so ``state_dict()`` and eager steps keep
-working.
-
-Adam's and AdamW's state is created here, as eager creates it, when a parameter first has a
-gradient; that step is compiled like any other.  Runs eagerly (``opt.step`` itself, the
-reason logged under ``graph_breaks``): an SGD step that creates momentum buffers (eager's
-first momentum step copies the gradient, another formula), a call with step hooks
-registered, ``differentiable``, ``capturable`` or ``fused`` groups, tensor
-hyperparameters, complex or sparse gradients, parameters of several devices or dtypes,
-dtypes other than float32/float64, and a ``grad_scale``/``found_inf`` set by a gradient
-scaler.
+Per step, on the host as eager does it: the CPU ``step`` counters are incremented and every
+scalar eager computes in Python (bias corrections, ``-lr / bc1``) is computed in double and
+put in one small table of the parameters' dtype, one row per parameter, which the kernels
+read: changing ``lr`` or any hyperparameter never recompiles.  Only the structure is guarded
+(which parameters have gradients, their shapes, per-parameter flags).  ``opt.state`` keeps
+eager's tensors.  Adam's state is created here as eager creates it; eager runs (the reason
+logged): SGD's momentum-creating step, step hooks, ``differentiable``/``capturable``/
+``fused`` groups, tensor hyperparameters, complex or sparse gradients, mixed devices or
+dtypes, dtypes other than float32/float64, and a gradient scaler's ``grad_scale``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 from torch.optim import SGD, Adam, AdamW, Optimizer
 
 from minicompile import trace
+from minicompile.config import Config
 from minicompile.errors import Unsupported
 
 log = logging.getLogger("minicompile")
@@ -149,9 +137,7 @@ def unsupported(opt: Optimizer) -> str | None:
             if key != "params" and (torch.is_tensor(value) or (
                     isinstance(value, tuple) and any(torch.is_tensor(v) for v in value))):
                 return f"tensor hyperparameter {key!r} is not compiled"
-        for p in group["params"]:
-            if p.grad is None:
-                continue
+        for p in (p for p in group["params"] if p.grad is not None):
             if p.grad.is_sparse or p.is_complex():
                 return "sparse gradients and complex parameters are not compiled"
             if p.grad.dtype != p.dtype or p.grad.layout != torch.strided:
@@ -165,71 +151,62 @@ def unsupported(opt: Optimizer) -> str | None:
     return None
 
 
-def needs_state(opt: Optimizer) -> bool:
-    """Whether eager's step would create state (it does so lazily, for parameters with a
-    gradient): that step runs eagerly, which creates it exactly as eager does."""
+def _stepped(opt: Optimizer) -> Iterator[tuple[dict, torch.Tensor]]:
+    """(group, parameter) for each parameter with a gradient, in eager's order."""
     for group in opt.param_groups:
-        if isinstance(opt, SGD) and group["momentum"] == 0:
-            continue  # plain SGD keeps no state
-        key = "momentum_buffer" if isinstance(opt, SGD) else "exp_avg"
         for p in group["params"]:
-            if p.grad is not None and opt.state[p].get(key) is None:
-                return True
-    return False
+            if p.grad is not None:
+                yield group, p
+
+
+def needs_state(opt: Optimizer) -> bool:
+    """Whether eager's step would create state (lazily): that step then runs eagerly."""
+    key = "momentum_buffer" if isinstance(opt, SGD) else "exp_avg"
+    return any(opt.state[p].get(key) is None for group, p in _stepped(opt)
+               if not (isinstance(opt, SGD) and group["momentum"] == 0))  # plain SGD: no state
 
 
 def create_adam_state(opt: Adam) -> None:
-    """The state Adam's and AdamW's first step create for each parameter with a gradient,
-    made as ``Adam._init_group`` makes it (capturable and fused are off): a CPU step
-    counter at 0 and zeroed moments.  Their update from zero state is the ordinary one, so
-    the first step is compiled too.  (SGD's first momentum step copies the gradient, another
-    formula: that step runs eagerly.)"""
+    """The state Adam's first step creates for each parameter with a gradient, as
+    ``Adam._init_group`` makes it: a CPU step counter at 0 and zeroed moments (the update
+    from zero state is the ordinary one, so that step is compiled too)."""
     scalar = torch.float64 if torch.get_default_dtype() == torch.float64 else torch.float32
-    for group in opt.param_groups:
-        for p in group["params"]:
-            state = opt.state[p]
-            if p.grad is None or len(state) != 0:
-                continue
-            state["step"] = torch.tensor(0.0, dtype=scalar, device="cpu")
-            state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-            state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-            if group["amsgrad"]:
-                state["max_exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+    for group, p in _stepped(opt):
+        state = opt.state[p]
+        if len(state) != 0:
+            continue
+        state["step"] = torch.tensor(0.0, dtype=scalar, device="cpu")
+        moments = ("exp_avg", "exp_avg_sq") + (("max_exp_avg_sq",) if group["amsgrad"] else ())
+        for key in moments:
+            state[key] = torch.zeros_like(p, memory_format=torch.preserve_format)
 
 
 def plan_sgd(opt: SGD, table: ScalarTable) -> tuple:
     """sgd_update's arguments for this step."""
     params, grads, bufs, rows, flags = [], [], [], [], []
-    for group in opt.param_groups:
+    for group, p in _stepped(opt):
         wd, momentum, damp = group["weight_decay"], group["momentum"], group["dampening"]
-        for p in group["params"]:
-            if p.grad is None:
-                continue
-            params.append(p)
-            grads.append(p.grad)
-            bufs.append(opt.state[p]["momentum_buffer"] if momentum != 0 else None)
-            rows.append([wd, momentum, 1 - damp, -group["lr"]])
-            flags.append((group["maximize"], wd != 0, momentum != 0, group["nesterov"]))
+        params.append(p)
+        grads.append(p.grad)
+        bufs.append(opt.state[p]["momentum_buffer"] if momentum != 0 else None)
+        rows.append([wd, momentum, 1 - damp, -group["lr"]])
+        flags.append((group["maximize"], wd != 0, momentum != 0, group["nesterov"]))
     scalars = table(rows, params)
     return params, grads, bufs, scalars, tuple(flags)
 
 
 def plan_adam(opt: Adam, table: ScalarTable) -> tuple:
     """adam_update's arguments for this step (the step counters are incremented)."""
-    params, grads, ms, vs, vmaxes, steps = [], [], [], [], [], []
-    group_of = []
-    for group in opt.param_groups:
-        for p in group["params"]:
-            if p.grad is None:
-                continue
-            state = opt.state[p]
-            params.append(p)
-            grads.append(p.grad)
-            ms.append(state["exp_avg"])
-            vs.append(state["exp_avg_sq"])
-            vmaxes.append(state["max_exp_avg_sq"] if group["amsgrad"] else None)
-            steps.append(state["step"])
-            group_of.append(group)
+    params, grads, ms, vs, vmaxes, steps, group_of = [], [], [], [], [], [], []
+    for group, p in _stepped(opt):
+        state = opt.state[p]
+        params.append(p)
+        grads.append(p.grad)
+        ms.append(state["exp_avg"])
+        vs.append(state["exp_avg_sq"])
+        vmaxes.append(state["max_exp_avg_sq"] if group["amsgrad"] else None)
+        steps.append(state["step"])
+        group_of.append(group)
     if steps:
         torch._foreach_add_(steps, 1)  # step_t += 1 (CPU tensors: capturable is off)
     rows, flags = [], []
@@ -256,13 +233,10 @@ def plan_adam(opt: Adam, table: ScalarTable) -> tuple:
 
 
 class ScalarTable:
-    """The per-parameter scalars in the parameters' dtype (eager rounds a Python scalar to
-    the tensor's dtype the same way when an op takes it), on their device.
-
-    A CUDA table is copied from pinned memory without waiting for the GPU.  Two pinned
-    buffers take turns, and one is refilled only once the copy out of it (an event) is
-    done: pinning new memory each step would synchronize the device whenever the host runs
-    a step ahead of the GPU, as it should."""
+    """The per-parameter scalars in the parameters' dtype (as eager rounds a Python scalar),
+    on their device.  A CUDA table is copied from two pinned buffers that take turns, each
+    refilled once the copy out of it (an event) is done: pinning new memory each step would
+    synchronize whenever the host runs a step ahead of the GPU, as it should."""
 
     def __init__(self) -> None:
         self.pinned: list[torch.Tensor] = []
@@ -292,15 +266,22 @@ class ScalarTable:
 
 
 class CompiledStep:
-    """``minicompile.compile(opt.step)``: call it as ``opt.step`` is called."""
+    """``minicompile.compile(opt.step)``: call it as ``opt.step`` is called.  The update is
+    compiled by ``compile_function(update, cfg)`` (a CompiledFunction) with combo kernels,
+    in-place stores and static sizes: another set of parameters is another structure, not a
+    size."""
 
-    def __init__(self, fn: Callable, opt: Optimizer, compile_update: Callable[[Callable], Any],
-                 stats: dict[str, int], fullgraph: bool = False) -> None:
+    def __init__(self, fn: Callable, opt: Optimizer, cfg: Config,
+                 compile_function: Callable[[Callable, Config], Any],
+                 stats: dict[str, int]) -> None:
         self.fn = fn  # what eager runs: the bound step, or the scheduler's wrapper of it
         self.opt = opt
         self.stats = stats
-        self.fullgraph = fullgraph  # raise for what is not compiled (state-making steps run)
-        self.compiled = compile_update(sgd_update if isinstance(opt, SGD) else adam_update)
+        self.fullgraph = cfg.fullgraph  # raise for what is not compiled (state-making steps run)
+        update_cfg = dataclasses.replace(cfg, dynamic=False, horizontal_fusion=True,
+                                         store_in_place=True)
+        update = sgd_update if isinstance(opt, SGD) else adam_update
+        self.compiled = compile_function(update, update_cfg)
         self.eager_reason: str | None = None  # why the last step ran eagerly
         self.table = ScalarTable()
 

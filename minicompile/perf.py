@@ -1,10 +1,8 @@
 """``MINICOMPILE_LOGS=perf``: where compile time goes.
 
-Each phase of a graph's compilation (import: the compiler's own modules, on the first
-miss; capture, passes, lowering, fusion, codegen, build, load) is timed with :func:`phase`; :func:`graph` opens the record of one graph and, when it
-closes, prints one line with its phases.  At exit a summary adds the phases up over every
-graph (and the warm entries loaded from disk).  With the part off, a phase costs one
-config read.
+Each phase of a graph's compilation (PHASES; import: the compiler's modules, on the first
+miss) is timed with :func:`phase`; :func:`graph` prints one line per graph, and at exit a
+summary adds them up.  With the part off, a phase costs one config read.
 """
 
 from __future__ import annotations

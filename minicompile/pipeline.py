@@ -1,20 +1,10 @@
 """The compiler's stages, in the order they run: listed once, here (:data:`STAGES`).
 
-A graph after capture becomes loaded code through: batch norms folded into convolutions,
-the graph passes (passes/pipeline.py), channels-last layouts, GEMM padding, small 1x1
-convolutions as products, parameter values hoisted out to be computed once (inference),
-autograd (a graph that trains becomes a forward and a backward, each walking on), split
-reductions, lowering, fusion, mix-order reductions, stores in place, horizontal fusion,
-code generation and the runtime's build and load.  :func:`walk` takes a
-:class:`Work` through them, and every stage through the same hooks: it is timed under its
-``MINICOMPILE_LOGS=perf`` phase, and what it has to say goes to ``trace.emit``.
-
-The list lives here, not in passes/: its last stages lower (minicompile/lowering.py),
-generate code (codegen/) and build (runtime/), and passes/ may import none of codegen,
-capture or the API (tests/test_imports.py).  minicompile/driver.py walks a capture through
-the list and wraps what comes out (a training step, CUDA graphs, MINICOMPILE_CHECK).  Each
-stage imports its pass when it runs: a process whose calls find warm entries on disk never
-loads the compiler.
+:func:`walk` takes a :class:`Work` (one graph) through them, each timed under its
+``MINICOMPILE_LOGS=perf`` phase, its logs going to ``trace.emit``.  The list lives here, not
+in passes/, because its last stages lower, generate code and build, which passes/ may not
+import (tests/test_imports.py).  Each stage imports its pass when it runs: a process whose
+calls find warm entries on disk never loads the compiler.
 """
 
 from __future__ import annotations
@@ -37,11 +27,9 @@ Log = tuple[str, str, Any, "str | None"]
 class Work:
     """One graph on its way through the stages, and what each stage has made of it.
 
-    ``role``: "graph" (a capture's graph), "backward" (derived by the autograd stage),
-    "cut" (a prefix of a graph, compiled by MINICOMPILE_CHECK), "export" (a graph that
-    minicompile.export writes as a library); layouts, GEMM padding and autograd apply to a
-    capture's graph alone.  ``writebacks``: (output, input) pairs that
-    may be stored in place; ``takes_inputs``: the generated call empties its input list and
+    ``role``: "graph" (a capture's; layouts, padding and autograd apply to these alone),
+    "backward", "cut" (a prefix compiled by MINICOMPILE_CHECK) or "export".  ``writebacks``:
+    (output, input) pairs that may be stored in place; ``takes_inputs``: the generated call
     frees each input after its last use (a backward's saved tensors)."""
 
     name: str
@@ -68,10 +56,9 @@ class Work:
 
 @dataclasses.dataclass(frozen=True)
 class Stage:
-    """``run(work, logs)`` returns the work done (or, where a graph splits, one work for
-    each part, each walking the rest of the stages in turn) and appends what it has to say
-    to ``logs``.  ``phase``: the perf phase it is timed under (None: it times its own).
-    ``applies``: whether it runs for this work (else the work passes by unchanged)."""
+    """``run(work, logs)`` returns the work done (a tuple where a graph splits: each part
+    walks the rest in turn) and appends its logs.  ``phase``: its perf phase (None: it times
+    its own); ``applies``: whether it runs for this work."""
 
     name: str
     phase: str | None
@@ -79,13 +66,16 @@ class Stage:
     applies: Callable[[Work], bool] = lambda work: True
 
 
+def _rewritten(work: Work, logs: list[Log], title: str, graph: Graph, text: str) -> Work:
+    if text:
+        logs.append(("graph", f"{work.name} {title}", text, None))
+    return dataclasses.replace(work, graph=graph)
+
+
 def fold_batch_norm(work: Work, logs: list[Log]) -> Work:
     from minicompile.passes.fold_batch_norm import fold_batch_norms
 
-    graph, text = fold_batch_norms(work.graph, work.state)
-    if text:
-        logs.append(("graph", f"{work.name} batch norms", text, None))
-    return dataclasses.replace(work, graph=graph)
+    return _rewritten(work, logs, "batch norms", *fold_batch_norms(work.graph, work.state))
 
 
 def graph_passes(work: Work, logs: list[Log]) -> Work:
@@ -98,28 +88,19 @@ def layout(work: Work, logs: list[Log]) -> Work:
     """Before the backward is derived: it then sees the layouts the forward chose."""
     from minicompile.passes.layout import optimize_layout
 
-    graph, text = optimize_layout(work.graph, work.cfg.layout_opt)
-    if text:
-        logs.append(("graph", f"{work.name} layout", text, None))
-    return dataclasses.replace(work, graph=graph)
+    return _rewritten(work, logs, "layout", *optimize_layout(work.graph, work.cfg.layout_opt))
 
 
 def gemm_padding(work: Work, logs: list[Log]) -> Work:
     from minicompile.passes.gemm_padding import pad_gemm_results
 
-    graph, text = pad_gemm_results(work.graph, work.cfg.gemm_padding)
-    if text:
-        logs.append(("graph", f"{work.name} layout", text, None))
-    return dataclasses.replace(work, graph=graph)
+    return _rewritten(work, logs, "layout", *pad_gemm_results(work.graph, work.cfg.gemm_padding))
 
 
 def conv_gemm(work: Work, logs: list[Log]) -> Work:
     from minicompile.passes.conv_gemm import convs_as_products
 
-    graph, text = convs_as_products(work.graph)
-    if text:
-        logs.append(("graph", f"{work.name} library calls", text, None))
-    return dataclasses.replace(work, graph=graph)
+    return _rewritten(work, logs, "library calls", *convs_as_products(work.graph))
 
 
 def hoist_params(work: Work, logs: list[Log]) -> Work:
@@ -185,16 +166,16 @@ def fusion(work: Work, logs: list[Log]) -> Work:
     from minicompile.passes.fusion import fuse
 
     fusion_log: list[str] = []
-    groups = fuse(work.program, fusion_log)
-    return dataclasses.replace(work, groups=groups, fusion_log=tuple(fusion_log))
+    return dataclasses.replace(work, groups=fuse(work.program, fusion_log),
+                               fusion_log=tuple(fusion_log))
 
 
 def mix_order_reductions(work: Work, logs: list[Log]) -> Work:
     from minicompile.passes.mix_order import mix
 
     fusion_log = list(work.fusion_log)
-    groups = mix(work.groups, fusion_log)
-    return dataclasses.replace(work, groups=groups, fusion_log=tuple(fusion_log))
+    return dataclasses.replace(work, groups=mix(work.groups, fusion_log),
+                               fusion_log=tuple(fusion_log))
 
 
 def stores_in_place(work: Work, logs: list[Log]) -> Work:
@@ -209,8 +190,8 @@ def horizontal_fusion(work: Work, logs: list[Log]) -> Work:
     from minicompile.passes.horizontal import combine
 
     fusion_log = list(work.fusion_log)
-    groups = combine(work.groups, fusion_log)
-    return dataclasses.replace(work, groups=groups, fusion_log=tuple(fusion_log))
+    return dataclasses.replace(work, groups=combine(work.groups, fusion_log),
+                               fusion_log=tuple(fusion_log))
 
 
 def code_generation(work: Work, logs: list[Log]) -> Work:
@@ -233,8 +214,7 @@ def code_generation(work: Work, logs: list[Log]) -> Work:
 
 
 def build_and_load(work: Work, logs: list[Log]) -> Work:
-    """Built (g++, Triton) or found in the on-disk cache, and loaded; runtime/build.py
-    times the build and the load as phases of their own."""
+    """Built or found in the on-disk cache, and loaded (build.py times its phases)."""
     from minicompile.runtime import build
 
     loaded = build.load(work.code, work.cfg, work.interpret)
@@ -264,8 +244,7 @@ STAGES: tuple[Stage, ...] = (
 
 
 def span(first: str, last: str) -> tuple[Stage, ...]:
-    """The stages from ``first`` to ``last`` (by name), in order: a part of the road, for
-    a door that needs only that part (minicompile.export: its own wrapper and build)."""
+    """The stages from ``first`` to ``last`` (by name), in order (export's part of them)."""
     names = [stage.name for stage in STAGES]
     return STAGES[names.index(first):names.index(last) + 1]
 

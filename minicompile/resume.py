@@ -1,9 +1,7 @@
-"""Graph breaks at run time: a compiled frame that stopped at a break runs the breaking
-instruction for real, then the compiled segment after it (captured on a miss), until the
-frame returns; what cannot be compiled finishes for real from where it is.
-
-:class:`Resuming` is the part of :class:`minicompile.api.CompiledFunction` that does this
-(its per-call path and miss path are in api.py).
+"""Graph breaks at run time: a frame stopped at a break runs the breaking instruction for
+real, then the compiled segment after it (captured on a miss), until it returns; what
+cannot be compiled finishes for real.  :class:`Resuming` is this part of
+:class:`minicompile.api.CompiledFunction`.
 """
 
 from __future__ import annotations
@@ -13,10 +11,10 @@ import weakref
 from typing import TYPE_CHECKING, Any
 
 from minicompile import optim, trace
+from minicompile.driver import Entry
 from minicompile.driver import counters as _stats
 
 if TYPE_CHECKING:
-    from minicompile.api import Entry
     from minicompile.capture import Break, Capture, ResumePoint, concrete
 
 # User functions a frame broke at, compiled as frames of their own: fn -> {cfg: wrapper}.
@@ -90,11 +88,9 @@ class Resuming:
                 segment.remove(entry)
 
     def finish_concretely(self, f: concrete.Frame, point: ResumePoint) -> Any:
-        """The rest of the frame from ``point`` cannot be compiled.  This call has run
-        segments and the breaking instruction already (side effects included), so it
-        finishes for real from where it is.  Later calls run the original function from
-        the start, as eager code costs no more than eager plus the check of
-        ``eager_reason`` (no segment guards, no interpreted bytecode)."""
+        """The rest of the frame from ``point`` cannot be compiled: this call finishes for
+        real from where it is (its effects so far happened); later calls run the original
+        function, which costs no more than eager (no guards, no interpreted bytecode)."""
         reason = f"the rest of the frame from offset {point.offset} cannot be compiled"
         self.eager_reason = self.eager_reason or reason
         return self.run_concretely(f)
@@ -119,12 +115,10 @@ class Resuming:
         optimizer's ``step`` runs as ``minicompile.compile(opt.step)`` runs it."""
         opt = optim.recognise(fn)
         if opt is not None:
-            from minicompile.api import compile_step
-
             steps = _compiled_steps.setdefault(opt, {})
             key = (getattr(fn, "__func__", fn), self.cfg)
             if key not in steps:
-                steps[key] = compile_step(fn, opt, self.cfg)
+                steps[key] = optim.CompiledStep(fn, opt, self.cfg, type(self), _stats)
             return steps[key](*args, **kwargs)
         if _is_user_function(fn):
             wrappers = _callee_wrappers.setdefault(fn, {})

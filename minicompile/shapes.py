@@ -1,16 +1,10 @@
 """Symbolic sizes: the size symbols of one dynamic capture and what the trace learnt of them.
 
-A dynamic dimension of an input becomes a size symbol ``s0, s1, ...`` (:func:`sym.size_symbol`,
-a positive integer) with its traced value as a *hint*.  Shapes, strides and index expressions
-in the graph and the loop IR are sympy expressions over these symbols.
-
-Metadata of ops on symbolic shapes comes from PyTorch itself: a :class:`ShapeContext` wraps
-one ``torch.fx.experimental.symbolic_shapes.ShapeEnv`` and a fake-tensor mode, so broadcasting,
-``view`` arithmetic, library kernels' result shapes and strides follow PyTorch's own rules.
-Every decision PyTorch (or the user's Python code) takes on a symbol evaluates its hint and
-records the relation it relied on (``Eq(s0, s1)``, ``s0 > 4``): :meth:`ShapeContext.relations`
-returns them, in our symbols, for the guards.  PyTorch's symbols (named by a hash) never leave
-this module: :meth:`to_sympy` and :meth:`to_symint` translate both ways.
+A dynamic dimension becomes a size symbol ``s0, s1, ...`` with its traced value as a *hint*.
+A :class:`ShapeContext` wraps one PyTorch ``ShapeEnv`` and fake-tensor mode, so metadata on
+symbolic shapes follows PyTorch's own rules, and every decision taken on a symbol records the
+relation it relied on (``Eq(s0, s1)``, ``s0 > 4``) for the guards (:meth:`relations`).
+PyTorch's symbols never leave this module: :meth:`to_sympy` and :meth:`to_symint` translate.
 """
 
 from __future__ import annotations
@@ -154,30 +148,20 @@ class ShapeContext:
         self, shape: tuple, stride: tuple, dtype: torch.dtype, offset: Any = 0,
         device: Any = "meta",
     ) -> Any:
-        """A fake tensor with this symbolic layout, for running PyTorch's meta rules.  On
-        the tensor's own device where there is one: library kernels pick their rules by
-        device (scaled_dot_product_attention's CPU/meta rules specialise sizes in some
-        PyTorch versions; its CUDA ones do not)."""
+        """A fake tensor with this symbolic layout, on the tensor's own device: library
+        kernels pick their rules by device (attention's CPU rules specialise sizes)."""
         with self.mode:
-            t = torch.empty_strided(
-                tuple(self.to_symint(s) for s in shape),
-                tuple(self.to_symint(s) for s in stride),
-                dtype=dtype,
-                device=device,
-            )
+            t = torch.empty_strided(tuple(self.to_symint(s) for s in shape),
+                                    tuple(self.to_symint(s) for s in stride),
+                                    dtype=dtype, device=device)
             if offset:
                 t = t.as_strided(t.shape, t.stride(), self.to_symint(offset))
         return t
 
     def run(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        """``fn`` on fake tensors.  PyTorch's own error is raised as is (the caller
-        reports it); the fake-tensor logger's copy of it is kept quiet.
-
-        Under PyTorch's Python dispatcher, as Dynamo traces: there a composite operator
-        runs PyTorch's Python decomposition where it has one (torch._decomp), written for
-        symbolic sizes, in place of its C++ one, some of which read concrete sizes
-        (PyTorch 2.11's matmul, reached by a linear without bias on a 3-d input, calls
-        ``numel()``: "Cannot call numel() on tensor with symbolic sizes")."""
+        """``fn`` on fake tensors (PyTorch's error raised as is, its logger kept quiet),
+        under the Python dispatcher as Dynamo traces: composite ops then run their Python
+        decompositions, written for symbolic sizes (2.11's C++ matmul calls ``numel()``)."""
         quiet = logging.getLogger("torch._subclasses.fake_tensor")
         level = quiet.level
         quiet.setLevel(logging.CRITICAL)
@@ -217,13 +201,8 @@ def _unordered(relation: sympy.Basic) -> Any:
 
 
 _FROM_TORCH: dict[str, Callable[..., sympy.Expr]] = {
-    "FloorDiv": FloorDiv,
-    "CleanDiv": FloorDiv,
-    "ModularIndexing": ModularIndexing,
-    "Mod": sympy.Mod,
-    "PythonMod": sympy.Mod,
-    "PowByNatural": sympy.Pow,
-    "Max": sympy.Max,
+    "FloorDiv": FloorDiv, "CleanDiv": FloorDiv, "ModularIndexing": ModularIndexing,
+    "Mod": sympy.Mod, "PythonMod": sympy.Mod, "PowByNatural": sympy.Pow, "Max": sympy.Max,
     "Min": sympy.Min,
 }
 
@@ -279,10 +258,7 @@ def python_expr(expr: Any, names: dict[sympy.Symbol, str] | None = None) -> str:
             op = " and " if isinstance(e, sympy.And) else " or "
             return op.join(atom(a) for a in e.args)
         if isinstance(e, sympy.core.relational.Relational):
-            return f"{atom(e.lhs)} {_RELATIONS[e.rel_op]} {atom(e.rhs)}"
+            return f"{atom(e.lhs)} {e.rel_op} {atom(e.rhs)}"
         raise ShapeError(f"cannot print size expression {e} as Python")
 
     return show(sympy.sympify(expr))
-
-
-_RELATIONS = {"==": "==", "!=": "!=", "<": "<", "<=": "<=", ">": ">", ">=": ">="}

@@ -1,21 +1,13 @@
 """Kernel groups and their iteration spaces: what the fusion pass builds and codegen reads.
 
-A :class:`FusedGroup` is one kernel (or one library call).  A group without reductions
-iterates over its buffers' common shape.  A group with reductions iterates over a
-*canonical space*: kept dims ``p0, p1, ...`` (the reduction's output dims, size-1 dims
-dropped) and reduced dims ``q0, q1, ...``; every member is *placed* in that space:
-
-- a reduction: its output dims on the p's, its reduced dims on the q's;
-- an "x" member (pointwise over the kept dims only: ``mean``, ``rstd``);
-- an "xr" member (pointwise over kept and reduced dims: softmax's output; a batch norm's,
-  its dims interleaved);
-- a "column" member: a sum over the kept dims of values over kept then reduced dims
-  (a layer norm's weight gradient beside its row-wise backward: passes/mix_order.py), its
-  output dims on the q's, its reduced dims on the p's.
-
-:func:`place` gives the substitution from a member's own index symbols to the canonical
-ones, or None when the member does not fit.  Loads between members of a group must read
-the element the writer produces at the same point of the space (:func:`aligned`).
+A :class:`FusedGroup` is one kernel (or library call).  A group with reductions iterates
+over a *canonical space*: kept dims ``p0, p1, ...`` (the reduction's output dims, size-1
+dims dropped) and reduced dims ``q0, q1, ...``; each member is *placed* in it
+(:class:`Placement`, :func:`place`): a reduction; "x" (pointwise over the kept dims: a
+``mean``); "xr" (over kept and reduced dims: softmax's output; a batch norm's, its dims
+interleaved); "column" (a sum over the kept dims, passes/mix_order.py: its output dims on
+the q's).  Loads between members must read what the writer makes at the same point of the
+space (:func:`aligned`).
 """
 
 from __future__ import annotations
@@ -24,15 +16,8 @@ import dataclasses
 
 import sympy
 
-from minicompile.ir import (
-    Buffer,
-    ComputedBuffer,
-    ExternKernel,
-    Load,
-    dim_symbols,
-    reduction_symbols,
-    walk,
-)
+from minicompile.ir import (Buffer, ComputedBuffer, ExternKernel, Load, dim_symbols,
+                            reduction_symbols, walk)
 from minicompile.sym import index_symbol
 
 ZERO = sympy.Integer(0)
@@ -62,10 +47,8 @@ class Placement:
 
 def space_of(buf: ComputedBuffer) -> Space:
     assert buf.is_reduction
-    return Space(
-        tuple(s for s in buf.layout.shape if s != 1),
-        tuple(s for s in buf.reduction_ranges if s != 1),
-    )
+    return Space(tuple(s for s in buf.layout.shape if s != 1),
+                 tuple(s for s in buf.reduction_ranges if s != 1))
 
 
 def _onto(sizes: tuple, symbols: tuple, targets: tuple) -> dict | None:

@@ -1,9 +1,7 @@
-"""Index arithmetic: size symbols and the integer functions index expressions use.
-
-Every size, stride and index is a ``sympy.Expr``.  Size symbols (``s0``, ``s1``...) are
-positive integers; loop variables (``xindex``) are non-negative integers.  Floor division and
-modulo are the custom functions below, which simplify with what sympy knows of their
-arguments; only the per-backend printers (codegen/printers.py) turn them into text.
+"""Index arithmetic: size symbols (``s0``..., positive integers), index symbols
+(non-negative integers) and the floor division and modulo functions index expressions use,
+which simplify with what sympy knows of their arguments; only the per-backend printers
+(codegen/printers.py) turn them into text.
 """
 
 from __future__ import annotations
@@ -82,7 +80,6 @@ class ModularIndexing(sympy.Function):
 def _is_poly_int(expr: sympy.Expr) -> bool:
     """Whether every coefficient of ``expr`` is an integer (so it is exact to divide)."""
     return all(c.is_Integer for c in sympy.Poly(expr).coeffs()) if expr.free_symbols else True
-
 
 
 def product(values: Iterable[sympy.Expr]) -> sympy.Expr:

@@ -1,16 +1,11 @@
 """The user's exceptions stay the user's: raised where eager raises them, with eager's type,
 message and a traceback that ends at the user's line.
 
-Compiled code runs far from the user's source: in a generated wrapper, in the concrete
-executor at a graph break, in a kernel.  When an exception leaves one of those, the
-driver (minicompile/api.py) hands it here with the user's source position, and it leaves
-minicompile with a traceback whose innermost entries are the user's lines (one per inlined
-call, outermost first) followed by whatever the user's code called (PyTorch's Python
-functions, the user's own helpers), as eager's traceback shows them; minicompile's own
-frames and generated code are dropped.
-
-A frame for a user line is made the way Jinja2 makes template frames: a ``raise`` compiled
-with the user's file name, line number and function name.
+An exception leaving compiled code (a wrapper, the concrete executor, a kernel) gets a
+traceback whose innermost entries are the user's lines (one per inlined call) and then what
+the user's code called, as eager's shows them; minicompile's frames are dropped.  A frame
+for a user line is made as Jinja2 makes template frames: a ``raise`` compiled with the
+user's file name, line number and function name.
 """
 
 from __future__ import annotations

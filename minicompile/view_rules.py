@@ -28,19 +28,15 @@ def view_layout(base: Layout, node: Node, shapes: ShapeContext | None = None
     args = node.args[1:]
     if shapes is not None and (is_symbolic(base.shape + base.stride) or is_symbolic(args)):
         fake = shapes.fake(base.shape, base.stride, base.dtype, base.offset, base.device)
-        args = tuple(
-            tuple(shapes.to_symint(s) for s in a) if isinstance(a, tuple) else (
-                shapes.to_symint(a) if isinstance(a, sympy.Basic) else a)
-            for a in args
-        )
+        args = tuple(tuple(map(shapes.to_symint, a)) if isinstance(a, tuple) else (
+            shapes.to_symint(a) if isinstance(a, sympy.Basic) else a) for a in args)
         run, number = shapes.run, shapes.to_sympy
     else:
         shape, stride = base.concrete_shape(), base.concrete_stride()
         offset = int(base.offset)
         span = 1 + sum((n - 1) * abs(st) for n, st in zip(shape, stride)) if all(shape) else 1
-        fake = torch.empty(offset + span, dtype=base.dtype, device="meta").as_strided(
-            shape, stride, offset
-        )
+        fake = torch.empty(offset + span, dtype=base.dtype, device="meta")
+        fake = fake.as_strided(shape, stride, offset)
         run, number = _call, sympy.Integer
     try:
         if node.target == "reshape":
@@ -49,13 +45,8 @@ def view_layout(base: Layout, node: Node, shapes: ShapeContext | None = None
             out = run(ops.run_eager, node.target, (fake, *args), node.kwargs)
     except (RuntimeError, ValueError):  # no view of the same storage (symbolic: ValueError)
         return None
-    return Layout(
-        tuple(number(n) for n in out.shape),
-        tuple(number(st) for st in out.stride()),
-        base.dtype,
-        base.device,
-        number(out.storage_offset()),
-    )
+    return Layout(tuple(map(number, out.shape)), tuple(map(number, out.stride())), base.dtype,
+                  base.device, number(out.storage_offset()))
 
 
 def _call(fn: Any, *args: Any) -> Any:

@@ -22,7 +22,7 @@ import torch
 
 from minicompile.codegen import triton
 from minicompile.codegen.common import CodeWriter, KernelPlan, pointer_param, pointer_params
-from minicompile.codegen.cpp import CPP_DTYPES, CppKernel
+from minicompile.codegen.cpp import CppKernel, signature
 
 
 @dataclasses.dataclass(frozen=True)
@@ -134,19 +134,11 @@ class CppPart(CppKernel):
         return self.combo.pointer(buffer)
 
 
-def cpp_signature(plan: ComboPlan) -> str:
-    dtypes = {st.buffer: st.dtype for part in plan.parts for st in part.stores}
-    params = [f"const {CPP_DTYPES[dtype]}* __restrict__ in_ptr{k}"
-              for k, (_, dtype) in enumerate(plan.inputs)]
-    params += [f"{CPP_DTYPES[dtypes[name]]}* __restrict__ out_ptr{k}"
-               for k, name in enumerate(plan.outputs)]
-    return f'extern "C" void {plan.name}({", ".join(params)})'
-
-
 def emit_cpp(plan: ComboPlan) -> str:
     w = CodeWriter()
     w.line(f"// combo kernel: {len(plan.parts)} independent parts, run one after another")
-    with w.block(cpp_signature(plan)):
+    dtypes = {st.buffer: st.dtype for part in plan.parts for st in part.stores}
+    with w.block(signature(plan.name, plan.inputs, [dtypes[n] for n in plan.outputs])):
         for k, part in enumerate(plan.parts):
             w.line("{")
             with w.indent():

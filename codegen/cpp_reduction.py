@@ -16,7 +16,7 @@ import torch
 from minicompile.ir import LOW_PRECISION, Load, Reduce, walk
 
 from minicompile.codegen.common import KernelPlan, Store, reduction_batches
-from minicompile.codegen.cpp import CPP, CppKernel, compute_type
+from minicompile.codegen.cpp import CPP, CppKernel
 from minicompile.codegen.cpp_threads import plan_parallel
 from minicompile.codegen.emitter import reduction_identity
 from minicompile.codegen.printers import cpp_index
@@ -47,7 +47,7 @@ MIX_CHUNKS = 64
 def accumulator_type(red: Reduce) -> str:
     if red.op in ("sum", "prod") and (red.dtype.is_floating_point):
         return "double"
-    return compute_type(red.dtype)
+    return CPP.compute(red.dtype)
 
 
 def _identity(red: Reduce, ctype: str) -> str:
@@ -172,7 +172,7 @@ class CppReductionKernel(CppKernel):
 
         self.element_loops(0, body, " ".join(clauses), simd=True)
         for red, acc, _, nan in accs:
-            self.names[red] = self.fresh(_final_text(red, acc, nan), compute_type(red.dtype))
+            self.names[red] = self.fresh(_final_text(red, acc, nan), CPP.compute(red.dtype))
 
     def accumulator(self, red: Reduce) -> tuple[str, str]:
         """A new accumulator's name and C type for ``red``."""
@@ -198,7 +198,7 @@ class CppReductionKernel(CppKernel):
 
 def _final_text(red: Reduce, acc: str, nan: str | None) -> str:
     """The reduction's value from its accumulator (and NaN flag), in its dtype's precision."""
-    ctype = compute_type(red.dtype)
+    ctype = CPP.compute(red.dtype)
     text = f"static_cast<{ctype}>({acc})"
     if nan is not None:
         text = f"{nan} ? std::numeric_limits<{ctype}>::quiet_NaN() : {text}"
@@ -314,7 +314,7 @@ class CppColumnReductionKernel(CppReductionKernel):
         for red, *_ in accs:
             outs.append(f"tmp{self.count}")
             self.count += 1
-            self.w.line(f"{compute_type(red.dtype)} {outs[-1]}[{COLUMN_BLOCK}];")
+            self.w.line(f"{CPP.compute(red.dtype)} {outs[-1]}[{COLUMN_BLOCK}];")
         self.lanes(finish, indexed=False)
         for (red, *_), out in zip(accs, outs):
             self.names[red] = f"{out}[lane]"

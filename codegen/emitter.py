@@ -27,6 +27,11 @@ from minicompile.op_table import BY_NAME, IDENTITY
 from minicompile.codegen.common import KernelPlan, pending, row_invariant
 
 
+# The dtypes kernels compute on, each backend's dialect names them.
+DTYPES = (torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.int64, torch.int32,
+          torch.int16, torch.int8, torch.uint8, torch.bool)
+
+
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:
     """The dtype a value of ``dtype`` is computed in: float32 for float16/bfloat16."""
     return torch.float32 if dtype in LOW_PRECISION else dtype

@@ -22,22 +22,14 @@ from minicompile.op_table import ROWS
 from minicompile.sym import FloorDiv, ModularIndexing
 
 from minicompile.codegen.common import CodeWriter, KernelPlan, Store, checks_values
-from minicompile.codegen.emitter import Dialect, ExprEmitter, compute_dtype
+from minicompile.codegen.emitter import DTYPES, Dialect, ExprEmitter, compute_dtype
 from minicompile.codegen.printers import triton_index
 
 TRITON_DTYPES: dict[torch.dtype, str] = {
-    torch.float64: "tl.float64",
-    torch.float32: "tl.float32",
-    torch.float16: "tl.float16",
-    torch.bfloat16: "tl.bfloat16",
-    torch.int64: "tl.int64",
-    torch.int32: "tl.int32",
-    torch.int16: "tl.int16",
-    torch.int8: "tl.int8",
-    torch.uint8: "tl.uint8",
-    torch.bool: "tl.int1",
+    d: "tl.int1" if d == torch.bool else f"tl.{str(d).removeprefix('torch.')}" for d in DTYPES
 }
 TRITON_OPS: dict[str, str] = {row.name: row.triton for row in ROWS}
+
 
 class TritonDialect(Dialect):
     """Triton's spelling.  Literals are Python numbers where Triton types them as the
@@ -342,11 +334,15 @@ def planning_size(n: sympy.Expr, hints: dict | None = None) -> int:
     return SYMBOLIC_HINT
 
 
+def pow2(n: int) -> int:
+    """The least power of two >= ``n`` (1 for ``n`` <= 1)."""
+    return 1 << max(0, (n - 1).bit_length())
+
+
 def block_size(numel: int, interpret: bool) -> int:
     """Elements per program.  The interpreter runs programs one after another, so there
     larger blocks are faster."""
-    limit = 1 << 16 if interpret else 1024
-    return max(16, min(limit, 1 << max(0, (numel - 1).bit_length())))
+    return max(16, min(1 << 16 if interpret else 1024, pow2(numel)))
 
 
 # Warps of a pointwise program of XBLOCK (at most 1024) elements: Triton's default of four,

@@ -20,7 +20,7 @@ from minicompile.ir import IndirectLoad, Load, Reduce, walk
 from minicompile.codegen.common import KernelPlan, reduction_batches
 from minicompile.codegen.emitter import compute_dtype, reduction_identity
 from minicompile.codegen.printers import triton_index
-from minicompile.codegen.triton import TRITON, TritonKernel, kernel_params, planning_size
+from minicompile.codegen.triton import TRITON, TritonKernel, kernel_params, planning_size, pow2
 
 # Combining two partial results elementwise (loop accumulators), and reducing a block
 # along its rows; the mc_* helpers are in codegen/triton.py's HELPERS.
@@ -45,10 +45,6 @@ PERSISTENT_LIMIT = 4096  # widest row kept in registers (interpreter: INTERPRET_
 INTERPRET_PERSISTENT = 1 << 16
 
 
-def _pow2(n: int) -> int:
-    return 1 << max(0, (n - 1).bit_length())
-
-
 def _pow2_floor(n: int) -> int:
     return 1 << max(0, n.bit_length() - 1)
 
@@ -66,22 +62,22 @@ def reduction_blocks(
     if column and not interpret and not symbolic_rows:
         # Rows of the reduction are far apart in memory, its outputs side by side: a tile
         # of 64 outputs by up to 64 rows, so that each load of a row is coalesced.
-        xblock = max(1, min(_pow2(max(xnumel, 1)), 64))
-        rblock = max(2, min(_pow2(rnumel), 4096 // xblock))
+        xblock = max(1, min(pow2(max(xnumel, 1)), 64))
+        rblock = max(2, min(pow2(rnumel), 4096 // xblock))
         return xblock, rblock, 8 if xblock * rblock >= 2048 else 4, rblock >= rnumel
     if symbolic_rows:
-        rblock = max(16, min(_pow2(rnumel), 4096 if interpret else 2048))
+        rblock = max(16, min(pow2(rnumel), 4096 if interpret else 2048))
         budget = (1 << 16) if interpret else 4096
-        xblock = max(1, min(_pow2(max(xnumel, 1)), budget // rblock, 64))
+        xblock = max(1, min(pow2(max(xnumel, 1)), budget // rblock, 64))
         warps = 8 if xblock * rblock >= 2048 else 4
         return xblock, rblock, warps, False
     if rnumel <= limit:
-        rblock = max(2, _pow2(rnumel))
+        rblock = max(2, pow2(rnumel))
         # Elements of a block.  On a GPU a row of 1024 or more is a program of its own: on an
         # H200, softmax over [65536, 1024] float32 took 0.131 ms a row a program (4 warps,
         # as Inductor; copy 0.131) against 0.135 four rows a program (8 warps).
         budget = (1 << 16) if interpret else 4096 if rblock < 1024 else rblock
-        xblock = max(1, min(_pow2(max(xnumel, 1)), budget // rblock, 64 if not interpret else 1 << 16))
+        xblock = max(1, min(pow2(max(xnumel, 1)), budget // rblock, 64 if not interpret else 1 << 16))
         if not interpret:  # few rows: blocks of fewer rows, so that every SM gets some
             xblock = max(1, min(xblock, _pow2_floor(xnumel // MIN_PROGRAMS)))
         persistent = True
@@ -250,25 +246,12 @@ class TritonReductionKernel(TritonKernel):
         assert self.persistent, "looped reductions are computed by emit_loop"
         return self.finish(e, self.masked_operand(e))
 
-    def launch(self) -> tuple[int, int, int]:
-        return self.xblock, self.rblock, self.warps
-
 
 def _identity(red: Reduce) -> str:
     dtype = compute_dtype(red.dtype)
     if dtype == torch.float64:  # a Python float, not a float64 block
         dtype = torch.float32
     return TRITON.literal(reduction_identity(red), dtype)
-
-
-def emit_reduction_kernel(plan: KernelPlan, interpret: bool) -> str:
-    return TritonReductionKernel(plan, interpret).emit()
-
-
-def launch_config(plan: KernelPlan, interpret: bool) -> tuple[int, int, int]:
-    """(XBLOCK, RBLOCK, num_warps) the wrapper launches ``plan`` with."""
-    xblock, rblock, warps, _ = plan_blocks(plan, interpret)
-    return xblock, rblock, warps
 
 
 def chunk_rows(plan: KernelPlan, interpret: bool) -> int:

@@ -73,10 +73,6 @@ class TunedKernel:
         return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
-def _pow2(n: int) -> int:
-    return 1 << max(0, (n - 1).bit_length())
-
-
 def _static(n) -> int | None:
     return int(n) if n.is_Integer else None
 
@@ -96,9 +92,9 @@ def _valid(c: Candidate, xnumel: int | None, rnumel: int | None, interpret: bool
         return False  # stages pipeline a loop's loads: only looped kernels have one
     if c.kind == "pointwise" and c.xblock < 16:
         return False
-    if xnumel is not None and c.xblock > max(1, _pow2(xnumel)):
+    if xnumel is not None and c.xblock > max(1, triton.pow2(xnumel)):
         return False  # a block wider than every row: the same as a narrower one
-    if rnumel is not None and c.kind == "looped" and c.rblock > _pow2(rnumel):
+    if rnumel is not None and c.kind == "looped" and c.rblock > triton.pow2(rnumel):
         return False
     return True
 
@@ -133,7 +129,7 @@ def reduction_candidates(plan: KernelPlan, interpret: bool) -> list[Candidate]:
         found += [Candidate(kind, x, r, w // 2), Candidate(kind, x, r, w * 2),
                   Candidate(kind, x, r, w, 1), Candidate(kind, x, r, w, 4)]
     if rnumel is not None:  # a whole row in one block, where it fits
-        whole = max(2, _pow2(rnumel))
+        whole = max(2, triton.pow2(rnumel))
         warps = w if interpret else 16 if x * whole >= 8192 else 8
         found.append(Candidate("persistent", x, whole, warps))
     return found

@@ -108,7 +108,7 @@ def generate(
             "\n\n".join(tuned[plan.name].texts.values()) if plan.name in tuned
             else combo.emit_triton(plan, _interpreted(program, plan))
             if isinstance(plan, combo.ComboPlan)
-            else triton_reduction.emit_reduction_kernel(plan, _interpreted(program, plan))
+            else triton_reduction.TritonReductionKernel(plan, _interpreted(program, plan)).emit()
             if plan.is_reduction
             else triton.emit_kernel(plan, _interpreted(program, plan))
             for plan in plans  # an empty tensor's kernel is never launched: not written
@@ -236,7 +236,7 @@ def cpp_unit(plans: list) -> str:
     kernels = [
         combo.emit_cpp(plan) if isinstance(plan, combo.ComboPlan)
         else cpp_reduction.emit_reduction_kernel(plan) if plan.is_reduction
-        else cpp.emit_kernel(plan)
+        else cpp.CppKernel(plan).emit()
         for plan in plans
     ]
     for text in cpp.helpers_for(kernels) + kernels:
@@ -419,7 +419,7 @@ def triton_launch(
     # option, without its overflow checks), so the host never waits to read a flag.
     debug = DEVICE_ASSERTS if _device_asserts(program, plan) else ""
     if plan.is_reduction:
-        xblock, rblock, warps = triton_reduction.launch_config(plan, interpret)
+        xblock, rblock, warps, _ = triton_reduction.plan_blocks(plan, interpret)
         grid, split = _grid(numel, xblock), ""
         if plan.column_sums:  # a program a chunk of rows
             grid = str(triton_reduction.column_partials(plan, interpret))

@@ -1,17 +1,11 @@
 """Combo kernels: several independent pointwise kernels in one function, one launch.
 
-A :class:`ComboPlan` holds the :class:`KernelPlan` of each part (planned as if it were a
-kernel of its own) and gives them one parameter list: inputs shared by parts (a table of
-scalars read by every part) are passed once.  The parts' bodies are the ordinary emitters'
-(codegen/triton.py, codegen/cpp.py), with pointers renamed to the combo's parameters.
-
-- Triton: the launch's programs are split among the parts in order; part ``k`` owns
-  programs ``[start_k, start_k + cdiv(numel_k, XBLOCK))`` and runs its body on
-  ``pid - start_k``, with its own size in its mask (Inductor's combo kernels).
-- C++: the parts' loop nests run one after another, each in its own block scope, each
-  parallelised (OpenMP) as its own kernel would be.
-
-Sizes are static (passes/horizontal.py only combines those), so the grid is a number.
+A :class:`ComboPlan` holds each part's :class:`KernelPlan` and gives them one parameter
+list (shared inputs passed once); the parts' bodies are the ordinary emitters', with the
+combo's pointers.  Triton: part ``k`` owns programs ``[start_k, start_k + cdiv(numel_k,
+XBLOCK))`` and runs on ``pid - start_k`` (Inductor's combo kernels).  C++: the parts' loop
+nests run one after another, each in its own scope and parallelised as its own kernel.
+Sizes are static (passes/horizontal.py combines only those), so the grid is a number.
 """
 
 from __future__ import annotations

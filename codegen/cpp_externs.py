@@ -1,15 +1,10 @@
 """Library calls ("extern kernels") as calls of ATen's C++ API, for exported libraries.
 
-The Python wrapper calls the PyTorch function an extern names (``torch.nn.functional.conv2d``)
-with the arguments the trace recorded.  The C++ wrapper calls the ATen function of the same
-name (``at::conv2d``), its arguments bound to one of the operator's schemas
-(``aten::conv2d(Tensor input, Tensor weight, Tensor? bias=None, SymInt[2] stride=[1, 1],
-...)``) and written out in schema order, defaults included, as typed C++ values: a value that
-fits no schema of the operator is refused (:class:`Unsupported`, naming the call), never
-guessed.  The names of PyTorch's Python functions and their ATen operators agree for the
-library calls minicompile leaves (matrix products, convolutions, pooling, attention);
-``F.batch_norm`` and the like, whose Python argument order differs, are decomposed before
-they get here.
+The C++ wrapper calls the ATen function named as the Python one (``at::conv2d`` for
+``torch.nn.functional.conv2d``), its arguments bound to one of the operator's schemas and
+written out in schema order, defaults included, as typed C++ values.  A value that fits no
+schema is refused (:class:`Unsupported`, naming the call), never guessed.  Functions whose
+Python argument order differs from ATen's (``F.batch_norm``) are decomposed before here.
 """
 
 from __future__ import annotations

@@ -1,24 +1,17 @@
-"""The C++ wrapper of an exported graph: check the inputs, allocate, call kernels and
-library calls in order, return the outputs; the C++ twin of codegen/wrapper.py's ``call``.
-
-``generate(program, groups, name, ...)`` returns an :class:`ExportedCode`: the kernels'
-translation unit (the same text the C++ backend builds, no PyTorch headers) and the
-wrapper's (ATen headers, library calls through ``at::``).  The wrapper's entry points are C
-functions, so a C++ program and Python's ctypes can both call them::
+"""The C++ wrapper of an exported graph, the C++ twin of codegen/wrapper.py's ``call``: check
+the inputs, allocate, call kernels and library calls (``at::``) in order, return the outputs.
+Its entry points are C functions, for C++ programs and Python's ctypes alike::
 
     extern "C" int mc_run(void** inputs, int64_t n_in, void** outputs, int64_t n_out);
     extern "C" const char* mc_last_error();
     extern "C" int mc_init();  // reads the weights (else the first mc_run does)
 
-``inputs`` and ``outputs`` hold ``at::Tensor*`` handles (PyTorch's AOTInductor convention):
-``mc_run`` takes ownership of the inputs (it deletes them) and gives the caller ownership of
-the outputs.  It returns 0, or 1 with the reason in ``mc_last_error()`` (a wrong dtype,
-rank, size or stride, an index out of range, a failed library call): no exception crosses
-the C boundary.  Parameters, buffers and other tensors the function read (the graph inputs
-that are not arguments) are read once from the weights file beside the library (``model.so``
--> ``model.weights``); the arguments are checked against the dtypes, sizes and strides the
-kernels were generated for, with sizes that are symbols (``s0``) read off the inputs as the
-Python wrapper reads them, and the size relations the trace relied on.
+``inputs`` and ``outputs`` hold ``at::Tensor*`` handles (AOTInductor's convention): ``mc_run``
+deletes the inputs and gives the caller the outputs; it returns 0, or 1 with the reason in
+``mc_last_error()`` (no exception crosses the C boundary).  Graph inputs that are not
+arguments (parameters, buffers) are read once from the weights file beside the library
+(``model.so`` -> ``model.weights``); arguments are checked against the dtypes, sizes and
+strides the kernels were generated for, and the size relations the trace relied on.
 """
 
 from __future__ import annotations

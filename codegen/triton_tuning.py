@@ -1,23 +1,12 @@
 """Launch configurations to try for a Triton kernel under ``mode="max-autotune"``.
 
-The default mode launches each kernel with the heuristic's configuration
-(codegen/triton.py's ``block_size``, codegen/triton_reduction.py's ``reduction_blocks``).
-Under max-autotune :func:`tune_plan` lists a few candidates around it, the heuristic's first:
-
-- pointwise: XBLOCK x2 and /2, num_warps x2 and /2;
-- a persistent reduction: XBLOCK x2 and /2, num_warps x2 and /2, and the looped kernel with
-  RBLOCK a half and a quarter of the row;
-- a looped reduction: RBLOCK x2 and /2, num_warps x2 and /2, num_stages 1 and 4 (Triton's
-  default is 3), and the persistent kernel where a row of static length fits in a block.
-
-Every candidate computes the same values: the kernel text is emitted once per kind
-(persistent, looped) with the masks every candidate of that kind needs, so a block that does
-not divide a size is masked.  Invalid or pointless candidates are not listed: blocks that
-are not powers of two or exceed Triton's limit, warps outside 1..16, stages on a kernel
-without a loop, blocks wider than a static size rounded up to a power of two.  Under Triton's
-interpreter, which ignores warps and stages, only blocks vary.  The runtime times the
-candidates at the first launch of each size class (minicompile/runtime/autotune.py).
-Emitters only return text.
+:func:`tune_plan` lists a few candidates around the heuristic's (which comes first): XBLOCK
+and num_warps doubled and halved; for a persistent reduction also the looped kernel with
+RBLOCK a half and a quarter of the row; for a looped one RBLOCK doubled and halved,
+num_stages 1 and 4, and the persistent kernel where a static row fits.  Each kind's kernel
+text is emitted once with the masks every candidate of that kind needs, so all compute the
+same values.  Invalid or pointless candidates are left out (:func:`_valid`); under the
+interpreter only blocks vary.  The runtime times them (minicompile/runtime/autotune.py).
 """
 
 from __future__ import annotations

@@ -1,17 +1,12 @@
 """Derivative rules: one per prim op, the way micrograd and tinygrad keep theirs.
 
-A rule ``rule(d, node, g)`` receives the node being differentiated and ``g``, the gradient
-of the loss with respect to its value (a node of the backward graph), and returns one
-gradient per argument of ``node`` (None where the argument gets none).  It builds backward
-nodes with ``d`` (a :class:`passes.autograd.Differentiator`): ``d(op, *args)`` emits a prim,
-``d.fwd(x)`` is the forward value ``x`` as the backward graph sees it (saved by the forward
-or recomputed; the partition in ``passes/autograd.py`` decides which).
-
-Gradients keep PyTorch's conventions: a broadcast argument gets the gradient summed over
-its broadcast dims; float16/bfloat16 values get gradients of their own dtype; ops whose
-derivative is zero almost everywhere (floor, sign, round) give none.  Library calls
-(matmul, conv, attention, dropout, ...) are not here: the forward records them with
-PyTorch's autograd and the backward calls PyTorch's own backward kernels for them.
+``rule(d, node, g)`` gets the node and ``g``, the gradient of the loss with respect to its
+value, and returns one gradient per argument (None for none).  ``d`` is a
+:class:`passes.autograd.Differentiator`: ``d(op, *args)`` emits a prim, ``d.fwd(x)`` is the
+forward value ``x`` as the backward sees it (saved or recomputed).  PyTorch's conventions
+hold: a broadcast argument's gradient is summed over its broadcast dims; float16/bfloat16
+get gradients of their own dtype; floor, sign, round give none.  Library calls are not
+here: PyTorch's autograd records them and its backward kernels run.
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ import re
 import sympy
 
 from minicompile.errors import Unsupported
-from minicompile.ir import AliasOutput, BufferRef, ExternKernel, Layout, LoopProgram
+from minicompile.ir import AliasOutput, BufferRef, ExternKernel, LoopProgram
 from minicompile.shapes import MIN_DYNAMIC_SIZE
 from minicompile.sym import FloorDiv, ModularIndexing
 
@@ -200,7 +200,7 @@ def _emit_checks(w: CodeWriter, program: LoopProgram, arg_of: list[int | None],
                 w.line(f"const int64_t {size} = {buf.name}.size({d});  // a dynamic size")
                 w.line(f'mc_check_dynamic({size}, "{name}", {d}, {MIN_DYNAMIC_SIZE});')
     layouts = [b.layout for b in program.inputs]
-    layouts += [lay for b in program.buffers for lay in _layouts(b)]
+    layouts += [lay for b in program.buffers for lay in wrapper.layouts(b)]
     used = {s for lay in layouts for e in (*lay.shape, *lay.stride) for s in e.free_symbols}
     used |= {s for rel in relations for s in rel.free_symbols}
     missing = used - found
@@ -214,11 +214,6 @@ def _emit_checks(w: CodeWriter, program: LoopProgram, arg_of: list[int | None],
     for rel in relations:
         w.line(f'MC_CHECK({_relation(rel)}, "the inputs\' sizes break {rel}, which the '
                f'exported code relies on");')
-
-
-def _layouts(buf: object) -> tuple[Layout, ...]:
-    layout = buf.layout  # type: ignore[attr-defined]
-    return layout if isinstance(layout, tuple) else (layout,)
 
 
 def _emit_extern(w: CodeWriter, ext: ExternKernel, calls: dict[str, str],

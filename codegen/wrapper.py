@@ -84,7 +84,7 @@ def generate(
              if autotune and backend == "triton" and not isinstance(p, combo.ComboPlan)
              and p.numel != 0 and not p.column_sums}  # (combo kernels, column sums: as planned)
     externs = [g.extern for g in groups if g.extern is not None]
-    devices = sorted({str(layout.device) for b in program.buffers for layout in _layouts(b)})
+    devices = sorted({str(layout.device) for b in program.buffers for layout in layouts(b)})
     plans_ahead = library_plans(program, externs, devices) if backend == "triton" else []
     w = CodeWriter()
     w.line(f"# minicompile: generated code for {graph_name} ({backend} backend)")
@@ -253,7 +253,7 @@ def emit_sizes(w: CodeWriter, program: LoopProgram) -> None:
             if size.is_Symbol and size not in found:
                 found[size] = f"{buf.name}.shape[{d}]"
     used = size_symbols(
-        [s for b in program.buffers for lay in _layouts(b) for s in (*lay.shape, *lay.stride)]
+        [s for b in program.buffers for lay in layouts(b) for s in (*lay.shape, *lay.stride)]
     )
     for s in sorted(found, key=lambda s: int(s.name[1:])):
         w.line(f"{s} = {found[s]}  # a dynamic size")
@@ -300,7 +300,7 @@ def needed_outside(program: LoopProgram, groups: list) -> Callable[[FusedGroup],
     return needed
 
 
-def _layouts(buf: Buffer) -> tuple[Layout, ...]:
+def layouts(buf: Buffer) -> tuple[Layout, ...]:
     layout = buf.layout
     return layout if isinstance(layout, tuple) else (layout,)
 

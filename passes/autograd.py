@@ -27,6 +27,7 @@ from minicompile.errors import Unsupported
 from minicompile.graph import Graph, Node, TensorMeta, copy_graph, flatten_nodes, map_nodes
 
 from minicompile.passes.derivatives import LIBRARY_RULES, RULES, cat_rule
+from minicompile.passes.layout import overlaps, static
 
 RECORD = "minicompile.runtime.autograd.record"
 VJP = "minicompile.runtime.autograd.vjp"
@@ -269,15 +270,8 @@ def _grad_stride(meta: Any) -> tuple:
     backward kernels usually give it (attention's q, k, v gradients are slices of one
     buffer, as q, k, v are), or row-major where those overlap (an expanded input).  The
     wrapper copies a gradient that comes in other strides (``with_layout``)."""
-    if not all(sympy.sympify(v).is_Integer for v in (*meta.shape, *meta.stride)):
-        return _row_major(meta.shape)  # symbolic
-    dims = sorted((d for d in range(meta.ndim) if meta.shape[d] != 1),
-                  key=lambda d: (int(meta.stride[d]), int(meta.shape[d])))
-    span = 1
-    for d in dims:
-        if int(meta.stride[d]) < span:
-            return _row_major(meta.shape)  # overlapping (an expanded input)
-        span = int(meta.stride[d]) * int(meta.shape[d])
+    if not static(meta) or overlaps(meta, {}):  # symbolic, or an expanded input
+        return _row_major(meta.shape)
     return tuple(meta.stride)
 
 

@@ -63,7 +63,7 @@ def decide(graph: Graph, mode: str) -> tuple[bool, str]:
         return False, "few convolutions for the size of the graph"
     hints = graph.shapes.hints if graph.shapes is not None else {}
     kinds = {c: _kind(c, hints) for c in convs}
-    if graph_requires_grad(graph):
+    if any(n.requires_grad for n in graph.outputs):
         # cuDNN's channels-last weight gradients differed from eager's NCHW ones by up to
         # 0.6% of the largest gradient (resnet18, float32, TF32 off; not investigated):
         # training keeps eager's layout unless asked ("channels_last").
@@ -74,10 +74,6 @@ def decide(graph: Graph, mode: str) -> tuple[bool, str]:
     if weighted > sum(flops.values()):
         return False, "grouped convolutions would be slower channels-last"
     return True, "convolutions on CUDA run faster channels-last"
-
-
-def graph_requires_grad(graph: Graph) -> bool:
-    return any(n.requires_grad for n in graph.outputs)
 
 
 def _number(value: sympy.Expr, hints: dict) -> int:
@@ -136,6 +132,11 @@ def overlaps(meta: TensorMeta, hints: dict) -> bool:
             return True
         span = _number(meta.stride[d], hints) * _number(meta.shape[d], hints)
     return False
+
+
+def static(meta: TensorMeta) -> bool:
+    """Whether every size and stride of ``meta`` is a number."""
+    return all(sympy.sympify(v).is_Integer for v in (*meta.shape, *meta.stride))
 
 
 def same_layout(a: TensorMeta, b: TensorMeta) -> bool:

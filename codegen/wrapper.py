@@ -90,68 +90,10 @@ def generate(
     w.line(f"# minicompile: generated code for {graph_name} ({backend} backend)")
     cpp_source = None
     if backend == "triton":
-        launched = [p for p in plans if not _interpreted(program, p)
-                    and (isinstance(p, combo.ComboPlan) or p.numel != 0)]
-        if launched and not any(_interpreted(program, p) for p in plans):
-            # GPU kernels only: Triton is imported when a kernel must be built, not here.
-            w.lines_from(triton.GPU_PREAMBLE)
-        else:
-            w.lines_from(triton.PREAMBLE)
-        if any(p.name not in tuned for p in launched):
-            # GPU kernels launch through runtime/launch.py, not triton.jit's path
-            w.line("from minicompile.runtime.launch import Launcher")
-        if tuned:
-            w.line("from minicompile.runtime.autotune import Autotuner, Choice")
-        if plans_ahead:
-            w.line("from minicompile.runtime.library_plans import LibraryPlans, Like")
-        kernels = [
-            "\n\n".join(tuned[plan.name].texts.values()) if plan.name in tuned
-            else combo.emit_triton(plan, _interpreted(program, plan))
-            if isinstance(plan, combo.ComboPlan)
-            else triton_reduction.TritonReductionKernel(plan, _interpreted(program, plan)).emit()
-            if plan.is_reduction
-            else triton.emit_kernel(plan, _interpreted(program, plan))
-            for plan in plans  # an empty tensor's kernel is never launched: not written
-            if isinstance(plan, combo.ComboPlan) or plan.numel != 0
-        ]
-        for text in triton.helpers_for(kernels) + kernels:
-            w.line()
-            w.line()
-            w.lines_from(text)
-        if launched or tuned:
-            w.line()
-            w.line()
-        if any(p.name not in tuned for p in launched):
-            w.line("# Launcher(kernel, arguments whose alignment may vary, sizes that may vary, "
-                   "a call's dtypes and sizes, options)")
-        for plan in launched:
-            if plan.name in tuned:
-                continue
-            pointers, sizes = _changing_args(program, plan, in_place)
-            w.line(f"{plan.name}_launch = Launcher({plan.name}, {pointers}, {sizes}, "
-                   f"{_example(program, plan)}, {triton_launch(program, plan)[2]})")
-        for plan in plans:
-            if plan.name in tuned:
-                for line in autotuner_lines(program, plan, tuned[plan.name], in_place):
-                    w.line(line)
+        _triton_kernels(w, program, plans, tuned, bool(plans_ahead), in_place)
     else:
         cpp_source = cpp_unit(plans)
-        w.line("import ctypes")
-        w.line()
-        w.line("import torch")
-        w.line()
-        w.line("# `lib` is the compiled C++ kernels, put here by minicompile.runtime.")
-        for plan in plans:
-            w.line(f"{plan.name} = lib.{plan.name}")
-            if isinstance(plan, combo.ComboPlan):
-                w.line(f"{plan.name}.argtypes = [ctypes.c_void_p] * {len(plan.params())}")
-                w.line(f"{plan.name}.restype = None")
-                continue
-            n = len(plan.params()) + checks_values(plan)
-            sizes = len(plan.size_args)
-            ints = f" + [ctypes.c_int64] * {sizes}" if sizes else ""
-            w.line(f"{plan.name}.argtypes = [ctypes.c_void_p] * {n}{ints}")
-            w.line(f"{plan.name}.restype = None")
+        _cpp_bindings(w, plans)
     if any(e.op.startswith("operator.") and e.op != "operator.getitem" for e in externs):
         w.line("import operator")
     for module in sorted({m for e in externs if (m := extern_module(e.op)) is not None}):
@@ -160,59 +102,119 @@ def generate(
     for k, dev in enumerate(devices):
         w.line(f"device{k} = {_device_literal(torch.device(dev))}")
     w.line("empty_strided = torch.empty_strided")
-    if externs:
-        w.line()
-        w.line()
-        w.lines_from(LAYOUT_HELPER)
+    blocks = [LAYOUT_HELPER] if externs else []
     if plans_ahead:
+        blocks.append("\n".join(plans_ahead))
+    for block in blocks:
         w.line()
         w.line()
-        for line in plans_ahead:
-            w.line(line)
+        w.lines_from(block)
     w.line()
     w.line()
     w.line("def call(args):")
-    live: set[str] = set()
     with w.indent():
-        names = [b.name for b in program.inputs] + [str(s) for s in program.scalar_sizes]
-        if names:
-            w.line(f"{', '.join(names)}, = args")
-        if takes_inputs:
-            w.line("args.clear()  # the inputs are ours: each is freed after its last use")
-        emit_sizes(w, program)
-        last_use = last_reads(groups)
-        keep = {o if isinstance(o, str) else o.input for o in program.outputs}
-        if takes_inputs:
-            live.update(b.name for b in program.inputs)
-        else:
-            keep |= {b.name for b in program.inputs}
-        reuse = reuse_memory(program, groups, plan_of, keep, in_place)
-        plans_pending = bool(plans_ahead)
-        columns = ColumnPartials(program, plans, backend, devices)
-        columns.allocate(w)
-        for k, group in enumerate(groups):
-            live.update(columns.sum(w, {n for b in group.buffers for n in b.reads()}))
-            if group.extern is not None:
-                if plans_pending and group.extern.op in CONVOLUTIONS:
-                    w.line("library_plans.wait()  # (the first convolution waits for them)")
-                    plans_pending = False
-                emit_extern(w, group.extern)
-                made = [group.extern.name]
-            else:
-                plan = plan_of[group.key]
-                emit_launch(w, program, plan, backend, devices, in_place, reuse, frozenset(tuned),
-                            columns)
-                made = [name for name in plan.outputs if name not in columns.slot]
-            live.update(made)
-            dead = sorted(n for n in live if last_use.get(n, -1) <= k and n not in keep)
-            live.difference_update(dead)
-            dead = [n for n in dead if n not in reuse.values()]  # those stay for their reuse
-            if dead:  # free memory as soon as no later kernel reads it (a long backward)
-                w.line(f"del {', '.join(dead)}")
-        columns.sum(w, None)
-        outs = [o if isinstance(o, str) else alias_text(o) for o in program.outputs]
-        w.line(f"return ({', '.join(outs)}{',' if len(outs) == 1 else ''})")
+        _emit_call(w, program, groups, backend, plans, plan_of, devices, in_place, takes_inputs,
+                   frozenset(tuned), bool(plans_ahead))
     return GeneratedCode(backend, w.text(), cpp_source, tuple(p.name for p in plans))
+
+
+def _triton_kernels(w: CodeWriter, program: LoopProgram, plans: list, tuned: dict,
+                    plans_ahead: bool, in_place: dict[str, str]) -> None:
+    """The imports, kernels and launchers of a Triton module.  An empty tensor's kernel is
+    never launched: not written."""
+    interpreted = {p.name: _interpreted(program, p) for p in plans}
+    written = [p for p in plans if isinstance(p, combo.ComboPlan) or p.numel != 0]
+    launched = [p for p in written if not interpreted[p.name]]
+    untuned = [p for p in launched if p.name not in tuned]
+    if launched and not any(interpreted.values()):
+        # GPU kernels only: Triton is imported when a kernel must be built, not here.
+        w.lines_from(triton.GPU_PREAMBLE)
+    else:
+        w.lines_from(triton.PREAMBLE)
+    if untuned:  # GPU kernels launch through runtime/launch.py, not triton.jit's path
+        w.line("from minicompile.runtime.launch import Launcher")
+    if tuned:
+        w.line("from minicompile.runtime.autotune import Autotuner, Choice")
+    if plans_ahead:
+        w.line("from minicompile.runtime.library_plans import LibraryPlans, Like")
+    kernels = ["\n\n".join(tuned[p.name].texts.values()) if p.name in tuned
+               else kernel_text(p, "triton", interpreted[p.name]) for p in written]
+    for text in triton.helpers_for(kernels) + kernels:
+        w.line()
+        w.line()
+        w.lines_from(text)
+    if launched or tuned:
+        w.line()
+        w.line()
+    if untuned:
+        w.line("# Launcher(kernel, arguments whose alignment may vary, sizes that may vary, "
+               "a call's dtypes and sizes, options)")
+    for plan in untuned:
+        pointers, sizes = _changing_args(program, plan, in_place)
+        w.line(f"{plan.name}_launch = Launcher({plan.name}, {pointers}, {sizes}, "
+               f"{_example(program, plan)}, {triton_launch(program, plan)[2]})")
+    for plan in (p for p in plans if p.name in tuned):
+        for line in autotuner_lines(program, plan, tuned[plan.name], in_place):
+            w.line(line)
+
+
+def _cpp_bindings(w: CodeWriter, plans: list) -> None:
+    """The ctypes bindings of the C++ kernels."""
+    w.line("import ctypes")
+    w.line()
+    w.line("import torch")
+    w.line()
+    w.line("# `lib` is the compiled C++ kernels, put here by minicompile.runtime.")
+    for plan in plans:
+        single = not isinstance(plan, combo.ComboPlan)  # (a combo takes pointers only)
+        sizes = len(plan.size_args) if single else 0
+        ints = f" + [ctypes.c_int64] * {sizes}" if sizes else ""
+        w.line(f"{plan.name} = lib.{plan.name}")
+        w.line(f"{plan.name}.argtypes = [ctypes.c_void_p] * "
+               f"{len(plan.params()) + (single and checks_values(plan))}{ints}")
+        w.line(f"{plan.name}.restype = None")
+
+
+def _emit_call(w: CodeWriter, program: LoopProgram, groups: list, backend: str, plans: list,
+               plan_of: dict, devices: list[str], in_place: dict[str, str], takes_inputs: bool,
+               tuned: frozenset[str], plans_pending: bool) -> None:
+    """The body of ``call(args)``: kernels and library calls in order, each buffer freed
+    after its last read."""
+    names = [b.name for b in program.inputs] + [str(s) for s in program.scalar_sizes]
+    if names:
+        w.line(f"{', '.join(names)}, = args")
+    if takes_inputs:
+        w.line("args.clear()  # the inputs are ours: each is freed after its last use")
+    emit_sizes(w, program)
+    last_use = last_reads(groups)
+    keep = {o if isinstance(o, str) else o.input for o in program.outputs}
+    live: set[str] = {b.name for b in program.inputs} if takes_inputs else set()
+    if not takes_inputs:
+        keep |= {b.name for b in program.inputs}
+    reuse = reuse_memory(program, groups, plan_of, keep, in_place)
+    columns = ColumnPartials(program, plans, backend, devices)
+    columns.allocate(w)
+    for k, group in enumerate(groups):
+        live.update(columns.sum(w, {n for b in group.buffers for n in b.reads()}))
+        if group.extern is not None:
+            if plans_pending and group.extern.op in CONVOLUTIONS:
+                w.line("library_plans.wait()  # (the first convolution waits for them)")
+                plans_pending = False
+            emit_extern(w, group.extern)
+            made = [group.extern.name]
+        else:
+            plan = plan_of[group.key]
+            emit_launch(w, program, plan, backend, devices, in_place, reuse, tuned, columns)
+            made = [name for name in plan.outputs if name not in columns.slot]
+        live.update(made)
+        dead = sorted(n for n in live if last_use.get(n, -1) <= k and n not in keep)
+        live.difference_update(dead)
+        dead = [n for n in dead if n not in reuse.values()]  # those stay for their reuse
+        if dead:  # free memory as soon as no later kernel reads it (a long backward)
+            w.line(f"del {', '.join(dead)}")
+    columns.sum(w, None)
+    outs = [o if isinstance(o, str) else alias_text(o) for o in program.outputs]
+    w.line(f"return ({', '.join(outs)}{',' if len(outs) == 1 else ''})")
 
 
 def plan_kernels(
@@ -233,16 +235,24 @@ def cpp_unit(plans: list) -> str:
     one ``extern "C"`` function per kernel."""
     unit = CodeWriter()
     unit.lines_from(cpp.PREAMBLE.strip())
-    kernels = [
-        combo.emit_cpp(plan) if isinstance(plan, combo.ComboPlan)
-        else cpp_reduction.emit_reduction_kernel(plan) if plan.is_reduction
-        else cpp.CppKernel(plan).emit()
-        for plan in plans
-    ]
+    kernels = [kernel_text(plan, "cpp") for plan in plans]
     for text in cpp.helpers_for(kernels) + kernels:
         unit.line()
         unit.lines_from(text)
     return unit.text()
+
+
+def kernel_text(plan: KernelPlan | combo.ComboPlan, backend: str, interpret: bool = False) -> str:
+    """The source of one kernel (``interpret``: a Triton kernel run by the interpreter)."""
+    if isinstance(plan, combo.ComboPlan):
+        return combo.emit_triton(plan, interpret) if backend == "triton" else combo.emit_cpp(plan)
+    if backend == "cpp":
+        if plan.is_reduction:
+            return cpp_reduction.emit_reduction_kernel(plan)
+        return cpp.CppKernel(plan).emit()
+    if plan.is_reduction:
+        return triton_reduction.TritonReductionKernel(plan, interpret).emit()
+    return triton.emit_kernel(plan, interpret)
 
 
 def emit_sizes(w: CodeWriter, program: LoopProgram) -> None:

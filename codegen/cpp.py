@@ -92,10 +92,6 @@ class CppKernel(ExprEmitter):
         rest += [f"int64_t {s}" for s in p.size_args]
         return signature(p.name, p.inputs, [st.dtype for st in p.stores], rest)
 
-    def pointer(self, buffer: str) -> str:
-        """The parameter that points at ``buffer`` (a combo kernel renames them)."""
-        return self.plan.pointer(buffer)
-
     def emit(self) -> str:
         p, w = self.plan, self.w
         for row in p.header_comment():

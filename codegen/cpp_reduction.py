@@ -15,7 +15,7 @@ import torch
 
 from minicompile.ir import LOW_PRECISION, Load, Reduce, walk
 
-from minicompile.codegen.common import KernelPlan, Store, reduction_batches
+from minicompile.codegen.common import KernelPlan, reduction_batches
 from minicompile.codegen.cpp import CPP, CppKernel
 from minicompile.codegen.cpp_threads import plan_parallel
 from minicompile.codegen.emitter import reduction_identity
@@ -60,20 +60,16 @@ class CppReductionKernel(CppKernel):
         super().__init__(plan)
         self.accs = 0
 
-    def emit(self) -> str:
-        p, w = self.plan, self.w
-        for row in p.header_comment():
-            w.line(f"// {row}")
-        with w.block(self.signature()):
-            ranges = [cpp_index(r) for r in p.ranges]
-            self.parallel = plan_parallel(p, self.shared_loops())
-            if p.column_sums:
-                self.chunked_rows()
-            elif ranges:
-                self.row_loops(0, ranges)
-            else:
-                self.row_body()
-        return w.text()
+    def emit_loops(self) -> None:
+        p = self.plan
+        ranges = [cpp_index(r) for r in p.ranges]
+        self.parallel = plan_parallel(p, self.shared_loops())
+        if p.column_sums:
+            self.chunked_rows()
+        elif ranges:
+            self.row_loops(0, ranges)
+        else:
+            self.row_body()
 
     def chunked_rows(self) -> None:
         """Rows in :data:`MIX_CHUNKS` chunks, each adding its rows' column values into
@@ -134,7 +130,7 @@ class CppReductionKernel(CppKernel):
 
         def body() -> None:
             for s in elem:
-                self.store(s)
+                self.emit_body_store(s)
             for k, s in enumerate(sums):  # (dense: its index is the column's)
                 self.w.line(f"col{k}[{cpp_index(s.index)}] += {self.value(s.value)};")
 
@@ -142,7 +138,7 @@ class CppReductionKernel(CppKernel):
             self.element_loops(0, body, None, simd=True)
         for store in p.stores:
             if store.level == "x":
-                self.store(store)
+                self.emit_body_store(store)
 
 
     def reduce_batch(self, batch: list[Reduce]) -> None:
@@ -191,9 +187,6 @@ class CppReductionKernel(CppKernel):
             self.w.line("#pragma omp simd" + (f" {clause}" if clause else ""))
         with self.w.block(f"for (int64_t {r} = 0; {r} < {cpp_index(p.rranges[depth])}; ++{r})"):
             self.element_loops(depth + 1, body, clause, simd)
-
-    def store(self, store: Store) -> None:
-        self.emit_body_store(store)
 
 
 def _final_text(red: Reduce, acc: str, nan: str | None) -> str:
@@ -256,10 +249,10 @@ class CppColumnReductionKernel(CppReductionKernel):
             self.reduce_batch(batch)
         elem = [s for s in self.plan.stores if s.level == "xr"]
         if elem:
-            self.element_loops(0, lambda: [self.store(s) for s in elem], None, simd=True)
+            self.element_loops(0, lambda: [self.emit_body_store(s) for s in elem], None, simd=True)
         rest = [s for s in self.plan.stores if s.level == "x"]
         if rest:
-            self.lanes(lambda: [self.store(s) for s in rest])
+            self.lanes(lambda: [self.emit_body_store(s) for s in rest])
 
     def lanes(self, body, indexed: bool = True) -> None:
         """The simd loop over the block's columns, ``body`` inside it (``indexed``: with

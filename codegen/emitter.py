@@ -98,6 +98,10 @@ class ExprEmitter:
     plan: KernelPlan
     names: dict[Expr, str]
 
+    def pointer(self, buffer: str) -> str:
+        """The parameter that points at ``buffer`` (a combo kernel renames them)."""
+        return self.plan.pointer(buffer)
+
     def value(self, expr: Expr) -> str:
         """The variable holding ``expr``, emitting what is not computed yet (children
         first; a reduction emits its own operand)."""

@@ -98,24 +98,24 @@ class TritonKernel(ExprEmitter):
 
     # -- the kernel -------------------------------------------------------------------------
 
-    def pointer(self, buffer: str) -> str:
-        """The parameter that points at ``buffer`` (a combo kernel renames them)."""
-        return self.plan.pointer(buffer)
-
     def emit(self) -> str:
         p, w = self.plan, self.w
         w.line("@triton.jit")
-        params = ", ".join(kernel_params(p, self.flag_errors))
-        w.line(f"def {p.name}({params}, xnumel, XBLOCK: tl.constexpr):")
+        w.line(f"def {p.name}({', '.join(kernel_params(p, self.flag_errors))}, {self.extents}):")
         with w.indent():
             for row in p.header_comment():
                 w.line(f"# {row}")
-            self.emit_xindex("")
-            for store in p.stores:  # every value before any store: inputs stored in place
-                self.value(store.value)
-            for store in p.stores:
-                self.emit_store(store, frozenset({"x"}))
+            self.emit_body()
         return w.text()
+
+    extents = "xnumel, XBLOCK: tl.constexpr"  # the parameters after the sizes
+
+    def emit_body(self) -> None:
+        self.emit_xindex("")
+        for store in self.plan.stores:  # every value before any store: inputs stored in place
+            self.value(store.value)
+        for store in self.plan.stores:
+            self.emit_store(store, frozenset({"x"}))
 
     def emit_xindex(self, shape: str, block: str = "XBLOCK", start: str = "") -> None:
         """``shape``: "" for a 1-D block, "[:, None]" for the rows of a 2-D one.  Program k

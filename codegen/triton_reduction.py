@@ -20,7 +20,7 @@ from minicompile.ir import IndirectLoad, Load, Reduce, walk
 from minicompile.codegen.common import KernelPlan, reduction_batches
 from minicompile.codegen.emitter import compute_dtype, reduction_identity
 from minicompile.codegen.printers import triton_index
-from minicompile.codegen.triton import TRITON, TritonKernel, kernel_params, planning_size, pow2
+from minicompile.codegen.triton import TRITON, TritonKernel, planning_size, pow2
 
 # Combining two partial results elementwise (loop accumulators), and reducing a block
 # along its rows; the mc_* helpers are in codegen/triton.py's HELPERS.
@@ -121,41 +121,36 @@ class TritonReductionKernel(TritonKernel):
             self.rmasked = any(rnumel % r != 0 for _, r in blocks)
         self.accumulators: dict[Reduce, str] = {}
 
-    def emit(self) -> str:
+    @property
+    def extents(self) -> str:  # type: ignore[override]
+        split = ", RSPLIT: tl.constexpr" if self.plan.column_sums else ""
+        return f"xnumel, rnumel, XBLOCK: tl.constexpr, RBLOCK: tl.constexpr{split}"
+
+    def emit_body(self) -> None:
         p, w = self.plan, self.w
-        w.line("@triton.jit")
-        params = ", ".join(kernel_params(p, self.flag_errors))
-        split = ", RSPLIT: tl.constexpr" if p.column_sums else ""
-        w.line(f"def {p.name}({params}, xnumel, rnumel, XBLOCK: tl.constexpr, "
-               f"RBLOCK: tl.constexpr{split}):")
-        with w.indent():
-            for row in p.header_comment():
-                w.line(f"# {row}")
-            if p.column_sums:
-                self.emit_chunk()
-                return w.text()
-            self.emit_xindex("[:, None]")
-            row_stores = [s for s in p.stores if s.level == "x"]
-            elem_stores = [s for s in p.stores if s.level == "xr"]
-            if self.persistent:
-                self.emit_rindex("tl.arange(0, RBLOCK)[None, :]")
-                for store in elem_stores:
-                    self.emit_store(store, frozenset({"x", "r"}))
-            else:
-                w.line("rbase = tl.arange(0, RBLOCK)[None, :]")
-                for batch in reduction_batches(self.plan):
-                    self.emit_loop(batch)
-                if elem_stores:
-                    self.hoist([st.value for st in elem_stores])
-                    self.open_loop()
-                    saved = dict(self.names)
-                    with w.indent():
-                        for store in elem_stores:
-                            self.emit_store(store, frozenset({"x", "r"}))
-                    self.names = saved
-            for store in row_stores:
-                self.emit_store(store, frozenset({"x"}))
-        return w.text()
+        if p.column_sums:
+            self.emit_chunk()
+            return
+        self.emit_xindex("[:, None]")
+        elem_stores = [s for s in p.stores if s.level == "xr"]
+        if self.persistent:
+            self.emit_rindex("tl.arange(0, RBLOCK)[None, :]")
+            for store in elem_stores:
+                self.emit_store(store, frozenset({"x", "r"}))
+        else:
+            w.line("rbase = tl.arange(0, RBLOCK)[None, :]")
+            for batch in reduction_batches(self.plan):
+                self.emit_loop(batch)
+            if elem_stores:
+                self.hoist([st.value for st in elem_stores])
+                self.open_loop()
+                saved = dict(self.names)
+                with w.indent():
+                    for store in elem_stores:
+                        self.emit_store(store, frozenset({"x", "r"}))
+                self.names = saved
+        for store in (s for s in p.stores if s.level == "x"):
+            self.emit_store(store, frozenset({"x"}))
 
     def emit_chunk(self) -> None:
         """A program per chunk of RSPLIT rows (mix-order reductions, passes/mix_order.py):

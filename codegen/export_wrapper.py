@@ -120,14 +120,11 @@ def generate(program: LoopProgram, groups: list, graph_name: str, arg_of: list[i
 
 
 def _tensor_arg(v: object) -> str:
+    """A buffer, or a view of one (AliasOutput), as a C++ tensor."""
     if isinstance(v, BufferRef):
         return v.name
     assert isinstance(v, AliasOutput)
-    return _alias(v)
-
-
-def _alias(out: AliasOutput) -> str:
-    return wrapper.alias_text(out, _shape, cpp_index)
+    return wrapper.alias_text(v, _shape, cpp_index)
 
 
 def _emit_run(w: CodeWriter, program: LoopProgram, groups: list, plan_of: dict,
@@ -179,7 +176,7 @@ def _emit_run(w: CodeWriter, program: LoopProgram, groups: list, plan_of: dict,
             for name in dead:
                 if name not in reuse.values() and name not in tuples:
                     w.line(f"{name}.reset();  // no longer read")
-        outs = [o if isinstance(o, str) else _alias(o) for o in program.outputs]
+        outs = [o if isinstance(o, str) else _tensor_arg(o) for o in program.outputs]
         w.line(f"return {{{', '.join(outs)}}};")
 
 

@@ -137,27 +137,19 @@ class TritonKernel(ExprEmitter):
         if len(names) == 1:
             self.w.line(f"{names[0]} = {flat}")
             return
-        inner = sympy.Integer(1)
-        exprs = []
-        for x, size in reversed(list(zip(names, ranges))):
-            exprs.append((x, inner, size))
-            inner = inner * size
         base = sympy.Symbol(flat, integer=True, nonnegative=True)
-        for x, div, size in reversed(exprs):
-            if x == names[0]:
-                text = triton_index(FloorDiv(base, div))
-            else:
-                text = triton_index(ModularIndexing(base, div, size))
-            self.w.line(f"{x} = {text}")
+        inner, lines = sympy.Integer(1), []
+        for k in reversed(range(len(names))):  # the innermost first
+            index = FloorDiv(base, inner) if k == 0 else ModularIndexing(base, inner, ranges[k])
+            lines.append(f"{names[k]} = {triton_index(index)}")
+            inner = inner * ranges[k]
+        for line in reversed(lines):
+            self.w.line(line)
 
     def axes_of(self, index: sympy.Expr) -> frozenset[str]:
         names = {s.name for s in index.free_symbols}
-        axes = set()
-        if names & {str(v) for v in self.plan.loop_vars}:
-            axes.add("x")
-        if names & {str(v) for v in self.plan.rvars}:
-            axes.add("r")
-        return frozenset(axes)
+        return frozenset(axis for axis, loop in (("x", self.plan.loop_vars), ("r", self.plan.rvars))
+                         if names & {str(v) for v in loop})
 
     def mask(self, axes: frozenset[str]) -> str | None:
         parts = []

@@ -34,14 +34,9 @@ class Candidate:
     stages: int | None = None  # None: Triton's default (3)
 
     def options(self) -> dict[str, int]:
-        out = {"XBLOCK": self.xblock}
-        if self.rblock is not None:
-            out["RBLOCK"] = self.rblock
-        if self.warps is not None:
-            out["num_warps"] = self.warps
-        if self.stages is not None:
-            out["num_stages"] = self.stages
-        return out
+        options = {"XBLOCK": self.xblock, "RBLOCK": self.rblock, "num_warps": self.warps,
+                   "num_stages": self.stages}
+        return {key: value for key, value in options.items() if value is not None}
 
 
 @dataclasses.dataclass(frozen=True)

@@ -500,32 +500,24 @@ def _interpreted(program: LoopProgram, plan: KernelPlan) -> bool:
     return program.buffer(plan.outputs[0]).layout.device.type == "cpu"
 
 
-def emit_launch(
-    w: CodeWriter, program: LoopProgram, plan: KernelPlan | combo.ComboPlan, backend: str,
-    devices: list[str], in_place: dict[str, str] | None = None,
-    reuse: dict[str, str] | None = None, tuned: frozenset[str] = frozenset(),
-    columns: ColumnPartials | None = None,
-) -> None:
+def emit_launch(w: CodeWriter, program: LoopProgram, plan: KernelPlan | combo.ComboPlan,
+                backend: str, devices: list[str], in_place: dict[str, str],
+                reuse: dict[str, str], tuned: frozenset[str], columns: ColumnPartials) -> None:
     """``tuned``: the kernels launched through their Autotuner (mode="max-autotune").
     ``columns``: where a Triton kernel's column sums go (their slots of partials)."""
     for name in plan.outputs:
-        if columns is not None and name in columns.slot:
+        if name in columns.slot:
             continue
-        if in_place and name in in_place:
+        if name in in_place:
             w.line(f"{name} = {in_place[name]}  # stored in place (rebuild writes it back)")
-            continue
-        if reuse and name in reuse:
+        elif name in reuse:
             w.line(f"{name} = {reuse[name]}  # the memory of {reuse[name]}, no longer read")
             w.line(f"del {reuse[name]}")
-            continue
-        lay = program.buffer(name).layout
-        dev = f"device{devices.index(str(lay.device))}"
-        w.line(
-            f"{name} = empty_strided({_shape(lay.shape)}, {_shape(lay.stride)}, "
-            f"dtype={lay.dtype}, device={dev})"
-        )
-    args = [b for b, _ in plan.inputs] + [
-        columns.argument(b) if columns is not None else b for b in plan.outputs]
+        else:
+            lay = program.buffer(name).layout
+            w.line(f"{name} = empty_strided({_shape(lay.shape)}, {_shape(lay.stride)}, "
+                   f"dtype={lay.dtype}, device=device{devices.index(str(lay.device))})")
+    args = [b for b, _ in plan.inputs] + [columns.argument(b) for b in plan.outputs]
     if isinstance(plan, combo.ComboPlan):
         w.line(f"# combo kernel of {len(plan.parts)} parts: "
                + " | ".join(", ".join(part.outputs) for part in plan.parts))

@@ -107,19 +107,16 @@ def _pow_exponent(d: Any, a: Callable, b: Callable, y: Callable, g: Node) -> Nod
     return d("mul", g, d("where", cond, 0.0, d("mul", y(), d("log", base))))
 
 
-def _extreme_pair(loses: str) -> Callable:
-    """maximum/minimum: the gradient goes to the chosen argument, split evenly on ties; a
-    NaN on either side passes it to both (PyTorch's max/min backward)."""
+def _extreme_pair(loses: str) -> tuple[Callable, Callable]:
+    """maximum/minimum's (fa, fb): the gradient goes to the chosen argument, split evenly on
+    ties; a NaN on either side passes it to both (PyTorch's max/min backward)."""
 
-    def f(d: Any, a: Callable, b: Callable, y: Callable, g: Node, first: bool) -> Node:
-        x, other = (a(), b()) if first else (b(), a())
-        share = d("where", d("eq", x, other), 0.5, d("where", d(loses, x, other), 0.0, 1.0))
-        return d("mul", g, share)
+    def share(d: Any, x: Node, other: Any, g: Node) -> Node:
+        split = d("where", d("eq", x, other), 0.5, d("where", d(loses, x, other), 0.0, 1.0))
+        return d("mul", g, split)
 
-    return f
-
-
-_max_f, _min_f = _extreme_pair("lt"), _extreme_pair("gt")
+    return (lambda d, a, b, y, g: share(d, a(), b(), g),
+            lambda d, a, b, y, g: share(d, b(), a(), g))
 
 BINARY_RULES: dict[str, Rule] = {
     "add": _binary(lambda d, a, b, y, g: g, lambda d, a, b, y, g: g),
@@ -130,10 +127,8 @@ BINARY_RULES: dict[str, Rule] = {
         lambda d, a, b, y, g: d("neg", d("truediv", d("mul", g, a()), d("mul", b(), b()))),
     ),
     "pow": _binary(_pow_base, _pow_exponent),
-    "maximum": _binary(lambda d, a, b, y, g: _max_f(d, a, b, y, g, True),
-                       lambda d, a, b, y, g: _max_f(d, a, b, y, g, False)),
-    "minimum": _binary(lambda d, a, b, y, g: _min_f(d, a, b, y, g, True),
-                       lambda d, a, b, y, g: _min_f(d, a, b, y, g, False)),
+    "maximum": _binary(*_extreme_pair("lt")),
+    "minimum": _binary(*_extreme_pair("gt")),
     "remainder": _binary(
         lambda d, a, b, y, g: g,
         lambda d, a, b, y, g: d("mul", d("neg", g), d("floor", d("truediv", a(), b()))),

@@ -17,7 +17,8 @@ import torch
 
 from minicompile.graph import Graph, Node, copy_graph
 
-from minicompile.passes.decompose import LOW_PRECISION, _Builder, _lay_out_as
+from minicompile.ir import LOW_PRECISION
+from minicompile.passes.decompose import _Builder, _lay_out_as
 from minicompile.passes.mix_order import MAX_COLUMNS
 
 SPLITTABLE = frozenset({"sum", "prod", "amax", "amin", "any", "all"})

@@ -45,9 +45,13 @@ class GeneratedCode:
     kernels: tuple[str, ...]  # kernel names
 
 
+def _tuple(items: list[str]) -> str:
+    """A Python tuple of the texts ``items``."""
+    return f"({', '.join(items)},)" if len(items) == 1 else f"({', '.join(items)})"
+
+
 def _shape(values: tuple) -> str:
-    inner = ", ".join(python_expr(v) for v in values)
-    return f"({inner},)" if len(values) == 1 else f"({inner})"
+    return _tuple([python_expr(v) for v in values])
 
 
 def _device_literal(device: torch.device) -> str:
@@ -214,7 +218,7 @@ def _emit_call(w: CodeWriter, program: LoopProgram, groups: list, backend: str, 
             w.line(f"del {', '.join(dead)}")
     columns.sum(w, None)
     outs = [o if isinstance(o, str) else alias_text(o) for o in program.outputs]
-    w.line(f"return ({', '.join(outs)}{',' if len(outs) == 1 else ''})")
+    w.line(f"return {_tuple(outs)}")
 
 
 def plan_kernels(
@@ -357,7 +361,7 @@ def library_plans(program: LoopProgram, externs: list[ExternKernel],
         if not ext.args or not isinstance(ext.args[0], BufferRef) or None in args \
                 or None in kwargs.values():
             continue  # (prepared by its first call)
-        text = (f"({ext.op}, ({', '.join(args)}{',' if len(args) == 1 else ''}), "
+        text = (f"({ext.op}, {_tuple(args)}, "
                 f"{{{', '.join(f'{k!r}: {v}' for k, v in kwargs.items())}}}),")
         problems.setdefault(text, ext.origins[0] if ext.origins else ext.op)
     if not problems:
@@ -376,8 +380,7 @@ def _extern_arg(value: object) -> str:
     if isinstance(value, AliasOutput):
         return alias_text(value)
     if isinstance(value, tuple):
-        inner = ", ".join(_extern_arg(v) for v in value)
-        return f"({inner},)" if len(value) == 1 else f"({inner})"
+        return _tuple([_extern_arg(v) for v in value])
     if isinstance(value, list):
         return "[" + ", ".join(_extern_arg(v) for v in value) + "]"
     if isinstance(value, (torch.dtype, torch.device)):
@@ -486,7 +489,7 @@ def _example(program: LoopProgram, plan: KernelPlan | combo.ComboPlan) -> str:
         for n in ints:
             value = n.xreplace({s: sympy.Integer(v) for s, v in plan.hints.items()})
             items.append(str(int(value)) if value.is_Integer else "None")
-    return f"({', '.join(items)}{',' if len(items) == 1 else ''})"
+    return _tuple(items)
 
 
 def _device_asserts(program: LoopProgram, plan: KernelPlan, backend: str = "triton") -> bool:
@@ -542,8 +545,8 @@ def emit_launch(w: CodeWriter, program: LoopProgram, plan: KernelPlan | combo.Co
     if backend == "triton":
         grid, extents, options = triton_launch(program, plan)
         if plan.name in tuned:  # the grid follows the chosen XBLOCK
-            numels = f"({', '.join(extents)}{',' if len(extents) == 1 else ''})"
-            launch = f"{plan.name}_tuned({numels}, {', '.join(args + errs + sizes + extents)})"
+            launch = (f"{plan.name}_tuned({_tuple(extents)}, "
+                      f"{', '.join(args + errs + sizes + extents)})")
         elif _interpreted(program, plan):
             launch = (f"{plan.name}[({grid},)]({', '.join(args + errs + sizes + extents)}, "
                       f"{options})")

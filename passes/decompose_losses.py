@@ -29,17 +29,15 @@ def _all_dims(x: Node) -> tuple[int, ...]:
     return tuple(range(x.meta.ndim))
 
 
-def _sum_all(b: Builder, x: Node) -> Node:
-    """The sum of every element, accumulated in float32 for float16/bfloat16 (a 0-dim
-    tensor is its own sum)."""
-    x = b.opmath(x)
-    return x if x.meta.ndim == 0 else b("sum", x, _all_dims(x), False)
-
-
 def _total(b: Builder, x: Node) -> Node:
     """``x.sum()`` as ATen writes it: in x's dtype (bool sums to int64; float16/bfloat16
-    accumulate in float32 and round once)."""
+    accumulate in float32 and round once); a 0-dim tensor is its own sum."""
     return x if x.meta.ndim == 0 else b("sum", x, _all_dims(x), False)
+
+
+def _sum_all(b: Builder, x: Node) -> Node:
+    """The sum of every element, accumulated in float32 for float16/bfloat16."""
+    return _total(b, b.opmath(x))
 
 
 def _broadcast_weight(b: Builder, weight: Node, x: Node) -> Node:

@@ -5,8 +5,9 @@ value, and returns one gradient per argument (None for none).  ``d`` is a
 :class:`passes.autograd.Differentiator`: ``d(op, *args)`` emits a prim, ``d.fwd(x)`` is the
 forward value ``x`` as the backward sees it (saved or recomputed).  PyTorch's conventions
 hold: a broadcast argument's gradient is summed over its broadcast dims; float16/bfloat16
-get gradients of their own dtype; floor, sign, round give none.  Library calls are not
-here: PyTorch's autograd records them and its backward kernels run.
+get gradients of their own dtype; floor, sign, round give none.  Library calls other
+than :data:`LIBRARY_RULES`' (matrix products, convolutions) are recorded with PyTorch's
+autograd, and its backward kernels run.
 """
 
 from __future__ import annotations

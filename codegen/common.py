@@ -38,10 +38,10 @@ from minicompile.spaces import FusedGroup, kept_symbols, reduced_symbols, store_
 class CodeWriter:
     """Lines of generated code with indentation."""
 
-    def __init__(self, indent: str = "    ") -> None:
+    def __init__(self) -> None:
         self.lines: list[str] = []
         self.level = 0
-        self.unit = indent
+        self.unit = "    "
 
     def line(self, text: str = "") -> None:
         self.lines.append(f"{self.unit * self.level}{text}" if text else "")

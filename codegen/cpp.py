@@ -31,12 +31,8 @@ CPP_DTYPES: dict[torch.dtype, str] = {
 CPP_OPS: dict[str, str] = {row.name: row.cpp for row in ROWS}
 
 
-def _to_float(dtype: torch.dtype) -> str:
-    return "mc_half_to_float" if dtype == torch.float16 else "mc_bf16_to_float"
-
-
-def _from_float(dtype: torch.dtype) -> str:
-    return "mc_float_to_half" if dtype == torch.float16 else "mc_float_to_bf16"
+# The names of float16's and bfloat16's helpers (mc_half_to_float, mc_round_bf16, ...).
+_LOW = {torch.float16: "half", torch.bfloat16: "bf16"}
 
 
 class CppDialect(Dialect):
@@ -63,7 +59,7 @@ class CppDialect(Dialect):
         return self.round(text, dtype) if dtype in LOW_PRECISION else text
 
     def round(self, x: str, dtype: torch.dtype) -> str:
-        return f"mc_round_{'half' if dtype == torch.float16 else 'bf16'}({x})"
+        return f"mc_round_{_LOW[dtype]}({x})"
 
 
 CPP = CppDialect()
@@ -135,7 +131,7 @@ class CppKernel(ExprEmitter):
     def emit_body_store(self, store: Store) -> None:
         value = self.value(store.value)
         if store.dtype in LOW_PRECISION:
-            value = f"{_from_float(store.dtype)}({value})"
+            value = f"mc_float_to_{_LOW[store.dtype]}({value})"
         elif store.value.dtype != store.dtype:
             value = f"static_cast<{CPP_DTYPES[store.dtype]}>({value})"
         index = cpp_index(store.index)
@@ -163,7 +159,7 @@ class CppKernel(ExprEmitter):
             index = index.xreplace({e.symbol: sympy.Symbol(safe, integer=True)})
         text = f"{self.pointer(e.buffer)}[{cpp_index(index)}]"
         if e.dtype in LOW_PRECISION:
-            text = f"{_to_float(e.dtype)}({text})"
+            text = f"mc_{_LOW[e.dtype]}_to_float({text})"
         return self.fresh(text, CPP.compute(e.dtype))
 
     def emit_index(self, e: IndexExpr) -> str:  # (loop variables are int64_t)

@@ -105,10 +105,9 @@ class TritonReductionKernel(TritonKernel):
         symbolic = not (plan.numel.is_Integer and plan.rnumel.is_Integer)
         xnumel, rnumel = planning_size(plan.numel, plan.hints), planning_size(plan.rnumel, plan.hints)
         wide = symbolic or xnumel * max(rnumel, 1) >= 2**31 - 2**20
-        self.xblock, self.rblock, self.warps, self.persistent = plan_blocks(plan, interpret)
-        if persistent is not None:
-            self.persistent = persistent
-        blocks = blocks or ((self.xblock, self.rblock),)
+        xblock, rblock, _, heuristic = plan_blocks(plan, interpret)
+        self.persistent = heuristic if persistent is None else persistent
+        blocks = blocks or ((xblock, rblock),)
         xmasked = not plan.numel.is_Integer or any(xnumel % x != 0 for x, _ in blocks)
         if plan.column_sums:  # a chunk of rows a program (static sizes: passes/mix_order.py)
             xmasked = xnumel % chunk_rows(plan, interpret) != 0
@@ -254,10 +253,9 @@ def chunk_rows(plan: KernelPlan, interpret: bool) -> int:
     XBLOCK): on a GPU 16 to 128, about eight programs a multiprocessor, as Inductor's
     mix-order reductions; the interpreter, one block."""
     xblock = plan_blocks(plan, interpret)[0]
-    rows = int(plan.numel)
     if interpret:
         return xblock
-    return max(xblock, min(128, max(16, _pow2_floor(max(rows // 1024, 1)))))
+    return max(xblock, min(128, max(16, _pow2_floor(max(int(plan.numel) // 1024, 1)))))
 
 
 def column_partials(plan: KernelPlan, interpret: bool) -> int:

@@ -397,4 +397,5 @@ def kernel_name(prefix: str, group: FusedGroup, index: int) -> str:
             op = origin.split(" ", 1)[1].split(".")[-1]
             if op not in ops and op not in ("to_dtype", "permute", "expand", "getitem"):
                 ops.append(op)
-    return f"{prefix}_{'_'.join(ops[:4]) or 'copy'}_{index}".replace("poi_", "red_" if group.has_reduction else "poi_", 1)
+    kind = "red_" if group.has_reduction else "poi_"
+    return f"{prefix}_{'_'.join(ops[:4]) or 'copy'}_{index}".replace("poi_", kind, 1)

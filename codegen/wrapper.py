@@ -427,10 +427,7 @@ def triton_launch(
     if isinstance(plan, combo.ComboPlan):
         block = combo.block_size(plan, interpret)
         return str(sum(combo.program_counts(plan, block))), [], f"XBLOCK={block}"
-    numel = plan.numel
-    # A CUDA kernel that checks indices stops on a device-side assert (Triton's debug
-    # option, without its overflow checks), so the host never waits to read a flag.
-    debug = DEVICE_ASSERTS if _device_asserts(program, plan) else ""
+    numel, debug = plan.numel, _debug_options(program, plan)
     if plan.is_reduction:
         xblock, rblock, warps, _ = triton_reduction.plan_blocks(plan, interpret)
         grid, split = _grid(numel, xblock), ""
@@ -444,10 +441,6 @@ def triton_launch(
     return _grid(numel, block), [python_expr(numel)], f"XBLOCK={block}{warps}{debug}"
 
 
-# Options of a GPU kernel that checks indices: it stops on a device-side assert.
-DEVICE_ASSERTS = ", debug=True, sanitize_overflow=False"
-
-
 def autotuner_lines(program: LoopProgram, plan: KernelPlan, tuned: triton_tuning.TunedKernel,
                     in_place: dict[str, str]) -> list[str]:
     """The definition of ``plan``'s Autotuner (mode="max-autotune")."""
@@ -458,9 +451,8 @@ def autotuner_lines(program: LoopProgram, plan: KernelPlan, tuned: triton_tuning
             written += (tensors,)  # the error flag
         return triton_tuning.autotuner_lines(tuned, written, None, "")
     pointers, sizes = _changing_args(program, plan, in_place)
-    extra = DEVICE_ASSERTS if _device_asserts(program, plan) else ""
     launcher = f"({pointers}, {sizes}, {_example(program, plan)})"
-    return triton_tuning.autotuner_lines(tuned, written, launcher, extra)
+    return triton_tuning.autotuner_lines(tuned, written, launcher, _debug_options(program, plan))
 
 
 def _changing_args(program: LoopProgram, plan: KernelPlan | combo.ComboPlan,
@@ -492,10 +484,14 @@ def _example(program: LoopProgram, plan: KernelPlan | combo.ComboPlan) -> str:
     return _tuple(items)
 
 
-def _device_asserts(program: LoopProgram, plan: KernelPlan, backend: str = "triton") -> bool:
-    """Index checks on a GPU are device-side asserts; elsewhere an error flag the wrapper
-    reads after the kernel (C++, Triton's interpreter)."""
-    return backend == "triton" and not _interpreted(program, plan) and checks_indices(plan)
+def _debug_options(program: LoopProgram, plan: KernelPlan) -> str:
+    """The launch options of a Triton kernel that checks indices on a GPU: it stops on a
+    device-side assert (Triton's debug option, without its overflow checks), so the host
+    never waits to read a flag.  Elsewhere (C++, Triton's interpreter) the wrapper reads an
+    error flag after the kernel."""
+    if _interpreted(program, plan) or not checks_indices(plan):
+        return ""
+    return ", debug=True, sanitize_overflow=False"
 
 
 def _interpreted(program: LoopProgram, plan: KernelPlan) -> bool:

@@ -1,12 +1,9 @@
 """The column sums of a graph's Triton kernels that walk rows (mix-order reductions,
-passes/mix_order.py): where their partials live and when the wrapper sums them.
-
-Such a kernel writes each column sum as one row of partials per program (its chunk of
-rows), not the sum itself.  The wrapper gives every column sum of the graph a slot of one
-float32 workspace per (programs, columns) shape, allocated when the call starts, and sums
-the slots written so far with one call just before a kernel reads one of them, or before
-the graph returns: a transformer's backward, whose layers share one shape, sums all its
-layer-norm and bias gradients with one call instead of one per layer.
+passes/mix_order.py): such a kernel writes each column sum as one row of partials per
+program.  Every column sum gets a slot of one float32 workspace per (programs, columns)
+shape, allocated when the call starts; the slots written so far are summed with one call
+just before a kernel reads one, or before the graph returns (a transformer's backward sums
+all its layer-norm and bias gradients with one call).
 """
 
 from __future__ import annotations

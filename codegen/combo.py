@@ -1,17 +1,11 @@
 """Combo kernels: several independent pointwise kernels in one function, one launch.
 
-A :class:`ComboPlan` holds the :class:`KernelPlan` of each part (planned as if it were a
-kernel of its own) and gives them one parameter list: inputs shared by parts (a table of
-scalars read by every part) are passed once.  The parts' bodies are the ordinary emitters'
-(codegen/triton.py, codegen/cpp.py), with pointers renamed to the combo's parameters.
-
-- Triton: the launch's programs are split among the parts in order; part ``k`` owns
-  programs ``[start_k, start_k + cdiv(numel_k, XBLOCK))`` and runs its body on
-  ``pid - start_k``, with its own size in its mask (Inductor's combo kernels).
-- C++: the parts' loop nests run one after another, each in its own block scope, each
-  parallelised (OpenMP) as its own kernel would be.
-
-Sizes are static (passes/horizontal.py only combines those), so the grid is a number.
+A :class:`ComboPlan` holds each part's :class:`KernelPlan` and gives them one parameter
+list (shared inputs passed once); the parts' bodies are the ordinary emitters', with the
+combo's pointers.  Triton: part ``k`` owns programs ``[start_k, start_k + cdiv(numel_k,
+XBLOCK))`` and runs on ``pid - start_k`` (Inductor's combo kernels).  C++: the parts' loop
+nests run one after another, each in its own scope and parallelised as its own kernel.
+Sizes are static (passes/horizontal.py combines only those), so the grid is a number.
 """
 
 from __future__ import annotations
@@ -22,7 +16,7 @@ import torch
 
 from minicompile.codegen import triton
 from minicompile.codegen.common import CodeWriter, KernelPlan, pointer_param, pointer_params
-from minicompile.codegen.cpp import CPP_DTYPES, CppKernel
+from minicompile.codegen.cpp import CppKernel, signature
 
 
 @dataclasses.dataclass(frozen=True)
@@ -134,19 +128,11 @@ class CppPart(CppKernel):
         return self.combo.pointer(buffer)
 
 
-def cpp_signature(plan: ComboPlan) -> str:
-    dtypes = {st.buffer: st.dtype for part in plan.parts for st in part.stores}
-    params = [f"const {CPP_DTYPES[dtype]}* __restrict__ in_ptr{k}"
-              for k, (_, dtype) in enumerate(plan.inputs)]
-    params += [f"{CPP_DTYPES[dtypes[name]]}* __restrict__ out_ptr{k}"
-               for k, name in enumerate(plan.outputs)]
-    return f'extern "C" void {plan.name}({", ".join(params)})'
-
-
 def emit_cpp(plan: ComboPlan) -> str:
     w = CodeWriter()
     w.line(f"// combo kernel: {len(plan.parts)} independent parts, run one after another")
-    with w.block(cpp_signature(plan)):
+    dtypes = {st.buffer: st.dtype for part in plan.parts for st in part.stores}
+    with w.block(signature(plan.name, plan.inputs, [dtypes[n] for n in plan.outputs])):
         for k, part in enumerate(plan.parts):
             w.line("{")
             with w.indent():

@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import sympy
 import torch
@@ -38,10 +38,10 @@ from minicompile.spaces import FusedGroup, kept_symbols, reduced_symbols, store_
 class CodeWriter:
     """Lines of generated code with indentation."""
 
-    def __init__(self, indent: str = "    ") -> None:
+    def __init__(self) -> None:
         self.lines: list[str] = []
         self.level = 0
-        self.unit = indent
+        self.unit = "    "
 
     def line(self, text: str = "") -> None:
         self.lines.append(f"{self.unit * self.level}{text}" if text else "")
@@ -324,28 +324,7 @@ def plan_kernel(
     loop_vars = tuple(index_symbol(f"x{j}") for j in range(len(x_runs)))
     rvars = tuple(index_symbol(f"r{j}") for j in range(len(r_runs)))
 
-    singles = {p[run[0]]: x for run, x in zip(x_runs, loop_vars) if len(run) == 1}
-    singles.update({q[run[0]]: r for run, r in zip(r_runs, rvars) if len(run) == 1})
-
-    reindexed: dict[sympy.Expr, sympy.Expr] = {}
-
-    def reindex(index: sympy.Expr) -> sympy.Expr:
-        if index not in reindexed:
-            reindexed[index] = _reindex(index)
-        return reindexed[index]
-
-    def _reindex(index: sympy.Expr) -> sympy.Expr:
-        # The kept dims, then the reduced ones: each set affine in ``index`` becomes its
-        # runs' variables; one that is not (a reshape of a computed value, or of the
-        # reduced dims: Swin's patch merging reads a layer_norm's row through one) had no
-        # dims merged, so each of its canonical symbols is one loop variable.
-        for dims, runs, names in ((p, x_runs, loop_vars), (q, r_runs, rvars)):
-            t = _coefficients(index, dims)
-            if t is None:
-                index = index.xreplace({d: singles[d] for d in dims})
-            else:
-                index = t[0] + sum(t[1][run[-1]] * v for run, v in zip(runs, names))
-        return sympy.expand(index)
+    reindex = _reindexer(((p, x_runs, loop_vars), (q, r_runs, rvars)))
 
     # Members read by other members come from registers: substitute their values.
     values: dict[str, Expr] = {}
@@ -379,6 +358,30 @@ def plan_kernel(
                       rranges, rvars, hints or {})
 
 
+def _reindexer(sets: tuple) -> Callable[[sympy.Expr], sympy.Expr]:
+    """An index over the canonical symbols as one over the loop variables: ``sets`` holds
+    (canonical dims, their merged runs, the runs' variables) for the kept dims, then the
+    reduced ones."""
+    singles = {dims[run[0]]: v for dims, runs, names in sets
+               for run, v in zip(runs, names) if len(run) == 1}
+
+    @functools.lru_cache(maxsize=None)
+    def reindex(index: sympy.Expr) -> sympy.Expr:
+        # Each set affine in ``index`` becomes its runs' variables; one that is not (a
+        # reshape of a computed value, or of the reduced dims: Swin's patch merging reads a
+        # layer_norm's row through one) had no dims merged, so each of its canonical
+        # symbols is one loop variable.
+        for dims, runs, names in sets:
+            t = _coefficients(index, dims)
+            if t is None:
+                index = index.xreplace({d: singles[d] for d in dims})
+            else:
+                index = t[0] + sum(t[1][run[-1]] * v for run, v in zip(runs, names))
+        return sympy.expand(index)
+
+    return reindex
+
+
 def _sort_key(stride: sympy.Expr) -> float:
     try:
         return float(stride)
@@ -394,4 +397,5 @@ def kernel_name(prefix: str, group: FusedGroup, index: int) -> str:
             op = origin.split(" ", 1)[1].split(".")[-1]
             if op not in ops and op not in ("to_dtype", "permute", "expand", "getitem"):
                 ops.append(op)
-    return f"{prefix}_{'_'.join(ops[:4]) or 'copy'}_{index}".replace("poi_", "red_" if group.has_reduction else "poi_", 1)
+    kind = "red_" if group.has_reduction else "poi_"
+    return f"{prefix}_{'_'.join(ops[:4]) or 'copy'}_{index}".replace("poi_", kind, 1)

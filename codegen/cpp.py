@@ -19,31 +19,20 @@ from minicompile.op_table import ROWS
 
 from minicompile.codegen.common import CodeWriter, KernelPlan, Store, checks_values
 from minicompile.codegen.cpp_threads import Parallel, plan_parallel
-from minicompile.codegen.emitter import Dialect, ExprEmitter
+from minicompile.codegen.emitter import DTYPES, Dialect, ExprEmitter
 from minicompile.codegen.printers import cpp_index
 
+# float16 and bfloat16 are stored as their bits; integers as <cstdint>'s types.
 CPP_DTYPES: dict[torch.dtype, str] = {
-    torch.float64: "double",
-    torch.float32: "float",
-    torch.float16: "uint16_t",
-    torch.bfloat16: "uint16_t",
-    torch.int64: "int64_t",
-    torch.int32: "int32_t",
-    torch.int16: "int16_t",
-    torch.int8: "int8_t",
-    torch.uint8: "uint8_t",
-    torch.bool: "bool",
-}
+    d: f"{str(d).removeprefix('torch.')}_t" for d in DTYPES if not d.is_floating_point
+} | {torch.float64: "double", torch.float32: "float", torch.float16: "uint16_t",
+     torch.bfloat16: "uint16_t", torch.bool: "bool"}
 
 CPP_OPS: dict[str, str] = {row.name: row.cpp for row in ROWS}
 
 
-def _to_float(dtype: torch.dtype) -> str:
-    return "mc_half_to_float" if dtype == torch.float16 else "mc_bf16_to_float"
-
-
-def _from_float(dtype: torch.dtype) -> str:
-    return "mc_float_to_half" if dtype == torch.float16 else "mc_float_to_bf16"
+# The names of float16's and bfloat16's helpers (mc_half_to_float, mc_round_bf16, ...).
+_LOW = {torch.float16: "half", torch.bfloat16: "bf16"}
 
 
 class CppDialect(Dialect):
@@ -70,14 +59,17 @@ class CppDialect(Dialect):
         return self.round(text, dtype) if dtype in LOW_PRECISION else text
 
     def round(self, x: str, dtype: torch.dtype) -> str:
-        return f"mc_round_{'half' if dtype == torch.float16 else 'bf16'}({x})"
+        return f"mc_round_{_LOW[dtype]}({x})"
 
 
 CPP = CppDialect()
 
 
-def compute_type(dtype: torch.dtype) -> str:
-    return CPP.compute(dtype)
+def signature(name: str, inputs: tuple, out_dtypes: list, rest: tuple | list = ()) -> str:
+    """``extern "C" void name(...)``: the inputs' pointers, the outputs', then ``rest``."""
+    params = [f"const {CPP_DTYPES[d]}* __restrict__ in_ptr{k}" for k, (_, d) in enumerate(inputs)]
+    params += [f"{CPP_DTYPES[d]}* __restrict__ out_ptr{k}" for k, d in enumerate(out_dtypes)]
+    return f'extern "C" void {name}({", ".join(params + list(rest))})'
 
 
 class CppKernel(ExprEmitter):
@@ -92,21 +84,9 @@ class CppKernel(ExprEmitter):
 
     def signature(self) -> str:
         p = self.plan
-        params = [
-            f"const {CPP_DTYPES[dtype]}* __restrict__ in_ptr{k}"
-            for k, (_, dtype) in enumerate(p.inputs)
-        ]
-        params += [
-            f"{CPP_DTYPES[st.dtype]}* __restrict__ out_ptr{k}" for k, st in enumerate(p.stores)
-        ]
-        if checks_values(p):
-            params.append("int32_t* __restrict__ err_ptr")
-        params += [f"int64_t {s}" for s in p.size_args]
-        return f'extern "C" void {p.name}({", ".join(params)})'
-
-    def pointer(self, buffer: str) -> str:
-        """The parameter that points at ``buffer`` (a combo kernel renames them)."""
-        return self.plan.pointer(buffer)
+        rest = ["int32_t* __restrict__ err_ptr"] if checks_values(p) else []
+        rest += [f"int64_t {s}" for s in p.size_args]
+        return signature(p.name, p.inputs, [st.dtype for st in p.stores], rest)
 
     def emit(self) -> str:
         p, w = self.plan, self.w
@@ -151,7 +131,7 @@ class CppKernel(ExprEmitter):
     def emit_body_store(self, store: Store) -> None:
         value = self.value(store.value)
         if store.dtype in LOW_PRECISION:
-            value = f"{_from_float(store.dtype)}({value})"
+            value = f"mc_float_to_{_LOW[store.dtype]}({value})"
         elif store.value.dtype != store.dtype:
             value = f"static_cast<{CPP_DTYPES[store.dtype]}>({value})"
         index = cpp_index(store.index)
@@ -164,7 +144,7 @@ class CppKernel(ExprEmitter):
         return name
 
     def define(self, text: str, dtype: torch.dtype, operands: list[str]) -> str:
-        return self.fresh(text, compute_type(dtype))
+        return self.fresh(text, CPP.compute(dtype))
 
     def emit_load(self, e: Load) -> str:
         index = e.index
@@ -179,8 +159,8 @@ class CppKernel(ExprEmitter):
             index = index.xreplace({e.symbol: sympy.Symbol(safe, integer=True)})
         text = f"{self.pointer(e.buffer)}[{cpp_index(index)}]"
         if e.dtype in LOW_PRECISION:
-            text = f"{_to_float(e.dtype)}({text})"
-        return self.fresh(text, compute_type(e.dtype))
+            text = f"mc_{_LOW[e.dtype]}_to_float({text})"
+        return self.fresh(text, CPP.compute(e.dtype))
 
     def emit_index(self, e: IndexExpr) -> str:  # (loop variables are int64_t)
         return self.fresh(cpp_index(e.index), "int64_t")
@@ -191,7 +171,7 @@ class CppKernel(ExprEmitter):
             # Never divide by zero (the process would die of SIGFPE): a zero divisor sets
             # the error flag the wrapper raises on (eager raises), and divides by 1.
             args[1] = self.fresh(f"{args[1]} != 0 ? {args[1]} : (*err_ptr = 1, 1)",
-                                 compute_type(e.dtype))
+                                 CPP.compute(e.dtype))
         return args
 
     def emit_cat(self, e: Cat) -> str:
@@ -202,7 +182,7 @@ class CppKernel(ExprEmitter):
         position = cpp_index(e.index)
         out = f"tmp{self.count}"
         self.count += 1
-        self.w.line(f"{compute_type(e.dtype)} {out};")
+        self.w.line(f"{CPP.compute(e.dtype)} {out};")
         for k, piece in enumerate(e.pieces):
             hi = e.bounds(k)[1]
             if hi is None:
@@ -215,10 +195,6 @@ class CppKernel(ExprEmitter):
                 self.w.line(f"{out} = {self.value(piece)};")
                 self.names = saved
         return out
-
-
-def emit_kernel(plan: KernelPlan) -> str:
-    return CppKernel(plan).emit()
 
 
 # Not pow: GCC 12 crashes (internal compiler error) vectorising powf with a constant

@@ -1,15 +1,10 @@
 """Library calls ("extern kernels") as calls of ATen's C++ API, for exported libraries.
 
-The Python wrapper calls the PyTorch function an extern names (``torch.nn.functional.conv2d``)
-with the arguments the trace recorded.  The C++ wrapper calls the ATen function of the same
-name (``at::conv2d``), its arguments bound to one of the operator's schemas
-(``aten::conv2d(Tensor input, Tensor weight, Tensor? bias=None, SymInt[2] stride=[1, 1],
-...)``) and written out in schema order, defaults included, as typed C++ values: a value that
-fits no schema of the operator is refused (:class:`Unsupported`, naming the call), never
-guessed.  The names of PyTorch's Python functions and their ATen operators agree for the
-library calls minicompile leaves (matrix products, convolutions, pooling, attention);
-``F.batch_norm`` and the like, whose Python argument order differs, are decomposed before
-they get here.
+The C++ wrapper calls the ATen function named as the Python one (``at::conv2d`` for
+``torch.nn.functional.conv2d``), its arguments bound to one of the operator's schemas and
+written out in schema order, defaults included, as typed C++ values.  A value that fits no
+schema is refused (:class:`Unsupported`, naming the call), never guessed.  Functions whose
+Python argument order differs from ATen's (``F.batch_norm``) are decomposed before here.
 """
 
 from __future__ import annotations
@@ -25,6 +20,7 @@ import torch
 from minicompile.errors import Unsupported
 from minicompile.ir import AliasOutput, BufferRef, ExternKernel
 
+from minicompile.codegen.cpp import CPP
 from minicompile.codegen.printers import cpp_index
 
 # ATen's C++ names of dtypes.
@@ -139,6 +135,12 @@ def _cpp_value(arg: torch.Argument, v: object, value: Callable[[object], str]) -
         typ = typ[len("Optional["):-1]
         if v is None:
             return "std::nullopt"
+    text = _plain_value(typ, arg, v, value)
+    return f"{_OPTIONALS[typ]}({text})" if optional and typ in _OPTIONALS else text
+
+
+def _plain_value(typ: str, arg: torch.Argument, v: object,
+                 value: Callable[[object], str]) -> str:
     if typ == "Tensor":
         if not isinstance(v, (BufferRef, AliasOutput)):
             raise _NoFit
@@ -149,22 +151,17 @@ def _cpp_value(arg: torch.Argument, v: object, value: Callable[[object], str]) -
             raise _NoFit
         return f"std::vector<at::Tensor>{{{', '.join(value(x) for x in v)}}}"
     if typ == "List[int]":
-        items = _int_list(v, arg.N)
-        text = f"std::vector<int64_t>{{{', '.join(items)}}}"
-        return f"at::OptionalIntArrayRef({text})" if optional else text
+        return f"std::vector<int64_t>{{{', '.join(_int_list(v, arg.N))}}}"
     if typ == "int":
-        text = _int(v)
-        return f"std::optional<int64_t>({text})" if optional else text
+        return _int(v)
     if typ == "float":
         if isinstance(v, bool) or not isinstance(v, (int, float)):
             raise _NoFit
-        text = _double(float(v))
-        return f"std::optional<double>({text})" if optional else text
+        return _double(float(v))
     if typ == "bool":
         if not isinstance(v, bool):
             raise _NoFit
-        text = "true" if v else "false"
-        return f"std::optional<bool>({text})" if optional else text
+        return "true" if v else "false"
     if typ == "number":
         if isinstance(v, bool):
             return f"at::Scalar({'true' if v else 'false'})"
@@ -178,16 +175,19 @@ def _cpp_value(arg: torch.Argument, v: object, value: Callable[[object], str]) -
     if typ == "ScalarType":
         if not isinstance(v, torch.dtype) or v not in ATEN_DTYPES:
             raise _NoFit
-        text = ATEN_DTYPES[v]
-        return f"std::optional<at::ScalarType>({text})" if optional else text
+        return ATEN_DTYPES[v]
     if typ in _OPTION_TYPES:
-        text = _option(typ, v)
-        return f"std::optional<{_OPTION_TYPES[typ]}>({text})" if optional else text
+        return _option(typ, v)
     raise _NoFit  # generators, complex numbers, dimension names: not exported
 
 
 _OPTION_TYPES = {"Device": "at::Device", "Layout": "at::Layout",
                  "MemoryFormat": "at::MemoryFormat"}
+# The C++ type of an optional argument, where it is not the plain type's.
+_OPTIONALS = {"List[int]": "at::OptionalIntArrayRef", "int": "std::optional<int64_t>",
+              "float": "std::optional<double>", "bool": "std::optional<bool>",
+              "ScalarType": "std::optional<at::ScalarType>",
+              **{typ: f"std::optional<{c}>" for typ, c in _OPTION_TYPES.items()}}
 _LAYOUTS = {torch.strided: "at::kStrided"}
 _MEMORY_FORMATS = {
     torch.contiguous_format: "at::MemoryFormat::Contiguous",
@@ -228,8 +228,4 @@ def _int_list(v: object, n: int | None) -> list[str]:
 
 
 def _double(v: float) -> str:
-    if math.isnan(v):
-        return "std::numeric_limits<double>::quiet_NaN()"
-    if math.isinf(v):
-        return ("-" if v < 0 else "") + "std::numeric_limits<double>::infinity()"
-    return repr(v)
+    return repr(v) if math.isfinite(v) else CPP.special(v)

@@ -15,8 +15,8 @@ import torch
 
 from minicompile.ir import LOW_PRECISION, Load, Reduce, walk
 
-from minicompile.codegen.common import KernelPlan, Store, reduction_batches
-from minicompile.codegen.cpp import CPP, CppKernel, compute_type
+from minicompile.codegen.common import KernelPlan, reduction_batches
+from minicompile.codegen.cpp import CPP, CppKernel
 from minicompile.codegen.cpp_threads import plan_parallel
 from minicompile.codegen.emitter import reduction_identity
 from minicompile.codegen.printers import cpp_index
@@ -47,7 +47,7 @@ MIX_CHUNKS = 64
 def accumulator_type(red: Reduce) -> str:
     if red.op in ("sum", "prod") and (red.dtype.is_floating_point):
         return "double"
-    return compute_type(red.dtype)
+    return CPP.compute(red.dtype)
 
 
 def _identity(red: Reduce, ctype: str) -> str:
@@ -60,20 +60,16 @@ class CppReductionKernel(CppKernel):
         super().__init__(plan)
         self.accs = 0
 
-    def emit(self) -> str:
-        p, w = self.plan, self.w
-        for row in p.header_comment():
-            w.line(f"// {row}")
-        with w.block(self.signature()):
-            ranges = [cpp_index(r) for r in p.ranges]
-            self.parallel = plan_parallel(p, self.shared_loops())
-            if p.column_sums:
-                self.chunked_rows()
-            elif ranges:
-                self.row_loops(0, ranges)
-            else:
-                self.row_body()
-        return w.text()
+    def emit_loops(self) -> None:
+        p = self.plan
+        ranges = [cpp_index(r) for r in p.ranges]
+        self.parallel = plan_parallel(p, self.shared_loops())
+        if p.column_sums:
+            self.chunked_rows()
+        elif ranges:
+            self.row_loops(0, ranges)
+        else:
+            self.row_body()
 
     def chunked_rows(self) -> None:
         """Rows in :data:`MIX_CHUNKS` chunks, each adding its rows' column values into
@@ -134,7 +130,7 @@ class CppReductionKernel(CppKernel):
 
         def body() -> None:
             for s in elem:
-                self.store(s)
+                self.emit_body_store(s)
             for k, s in enumerate(sums):  # (dense: its index is the column's)
                 self.w.line(f"col{k}[{cpp_index(s.index)}] += {self.value(s.value)};")
 
@@ -142,7 +138,7 @@ class CppReductionKernel(CppKernel):
             self.element_loops(0, body, None, simd=True)
         for store in p.stores:
             if store.level == "x":
-                self.store(store)
+                self.emit_body_store(store)
 
 
     def reduce_batch(self, batch: list[Reduce]) -> None:
@@ -172,7 +168,7 @@ class CppReductionKernel(CppKernel):
 
         self.element_loops(0, body, " ".join(clauses), simd=True)
         for red, acc, _, nan in accs:
-            self.names[red] = self.fresh(_final_text(red, acc, nan), compute_type(red.dtype))
+            self.names[red] = self.fresh(_final_text(red, acc, nan), CPP.compute(red.dtype))
 
     def accumulator(self, red: Reduce) -> tuple[str, str]:
         """A new accumulator's name and C type for ``red``."""
@@ -192,13 +188,10 @@ class CppReductionKernel(CppKernel):
         with self.w.block(f"for (int64_t {r} = 0; {r} < {cpp_index(p.rranges[depth])}; ++{r})"):
             self.element_loops(depth + 1, body, clause, simd)
 
-    def store(self, store: Store) -> None:
-        self.emit_body_store(store)
-
 
 def _final_text(red: Reduce, acc: str, nan: str | None) -> str:
     """The reduction's value from its accumulator (and NaN flag), in its dtype's precision."""
-    ctype = compute_type(red.dtype)
+    ctype = CPP.compute(red.dtype)
     text = f"static_cast<{ctype}>({acc})"
     if nan is not None:
         text = f"{nan} ? std::numeric_limits<{ctype}>::quiet_NaN() : {text}"
@@ -256,10 +249,10 @@ class CppColumnReductionKernel(CppReductionKernel):
             self.reduce_batch(batch)
         elem = [s for s in self.plan.stores if s.level == "xr"]
         if elem:
-            self.element_loops(0, lambda: [self.store(s) for s in elem], None, simd=True)
+            self.element_loops(0, lambda: [self.emit_body_store(s) for s in elem], None, simd=True)
         rest = [s for s in self.plan.stores if s.level == "x"]
         if rest:
-            self.lanes(lambda: [self.store(s) for s in rest])
+            self.lanes(lambda: [self.emit_body_store(s) for s in rest])
 
     def lanes(self, body, indexed: bool = True) -> None:
         """The simd loop over the block's columns, ``body`` inside it (``indexed``: with
@@ -314,7 +307,7 @@ class CppColumnReductionKernel(CppReductionKernel):
         for red, *_ in accs:
             outs.append(f"tmp{self.count}")
             self.count += 1
-            self.w.line(f"{compute_type(red.dtype)} {outs[-1]}[{COLUMN_BLOCK}];")
+            self.w.line(f"{CPP.compute(red.dtype)} {outs[-1]}[{COLUMN_BLOCK}];")
         self.lanes(finish, indexed=False)
         for (red, *_), out in zip(accs, outs):
             self.names[red] = f"{out}[lane]"

@@ -1,22 +1,15 @@
 """How a C++ kernel's loops are shared among threads: the one place of that policy.
 
-**How many threads: torch's, at each call.**  The kernels' OpenMP runtime is the one torch
-loaded: the kernel libraries link libgomp by its soname, ``libgomp.so.1``, which torch's own
-copy (torch/lib) already answers to in the process, so there is one runtime, and
-``torch.set_num_threads(n)`` sets its thread count for the calling thread.  A parallel
-region of a kernel therefore has ``torch.get_num_threads()`` threads as read when it runs,
-as eager's ATen kernels do: a change between calls needs no guard and no recompile, and no
-count is compiled in (tests/codegen/test_threads.py checks that the runtime is shared).
+**How many threads: torch's, at each call.**  The kernels link libgomp by its soname, which
+torch's own copy already answers to in the process: one OpenMP runtime, so a parallel region
+has ``torch.get_num_threads()`` threads as read when it runs, as eager's kernels, and no
+count is compiled in (tests/codegen/test_threads.py checks the runtime is shared).
 
 **Which loops** (Inductor's ``decide_parallel_depth``, with a cost per element): a kernel
-whose work, its elements times the estimated cost of one, is under ``MIN_PARALLEL_WORK``
-runs on the calling thread with no OpenMP region (starting a team costs microseconds, more
-than a small kernel's work).  Otherwise the outer loops are collapsed into one parallel
-loop (``collapse(n)``) until it has an iteration for each thread (the most threads this
-machine runs, so that a later ``set_num_threads`` up to the core count finds work for each),
-going no deeper than leaves ``MIN_CHUNK_WORK`` an iteration.  Iterations are shared in equal
-contiguous chunks (OpenMP's static schedule), as Inductor's are.  With symbolic sizes the
-depth follows the traced sizes and an ``if()`` clause decides at run time.
+whose work is under ``MIN_PARALLEL_WORK`` runs on the calling thread; otherwise the outer
+loops are collapsed into one parallel loop until it has an iteration for each thread the
+machine runs, no deeper than leaves ``MIN_CHUNK_WORK`` an iteration (static schedule).
+With symbolic sizes an ``if()`` clause decides at run time.
 """
 
 from __future__ import annotations

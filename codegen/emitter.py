@@ -1,17 +1,12 @@
 """The expression walk both backends share, with the dtype decisions made once.
 
-A kernel emitter (``TritonKernel``, ``CppKernel`` and their reduction and combo kinds)
-subclasses :class:`ExprEmitter` and holds a :class:`Dialect`: how its language spells a
-dtype, a literal, a cast, a rounding to float16/bfloat16 and each op (the op's template,
-a column of minicompile/op_table.py).  What is decided here, for both:
-
-- the walk over a body (:meth:`ExprEmitter.emit_expr`): constants, index values, casts
-  and ops; loads, Cat pieces and reductions are the backend's (masks, loops);
-- which spelling an op takes for its operand dtype (:func:`legal_op`): integer and bool
-  variants (floor of an integer is the integer; bool ``+`` is ``or``), float32's IEEE
-  division, float64's reciprocal, ``x ** 2`` as ``x * x``;
-- float16/bfloat16 values computed in float32 (:func:`compute_dtype`), rounded at casts
-  and, where the dialect says so (C++, as eager), after every op.
+A kernel emitter subclasses :class:`ExprEmitter` and holds a :class:`Dialect`: how its
+language spells a dtype, a literal, a cast, a rounding and each op (a column of
+minicompile/op_table.py).  Decided here, for both: the walk over a body (loads, Cat pieces
+and reductions are the backend's); the spelling an op takes for its operand dtype
+(:func:`legal_op`: integer and bool variants, float32's IEEE division, float64's
+reciprocal, ``x ** 2`` as ``x * x``); float16/bfloat16 computed in float32
+(:func:`compute_dtype`), rounded at casts and, where the dialect says so, after every op.
 """
 
 from __future__ import annotations
@@ -25,6 +20,11 @@ from minicompile.ir import (LOW_PRECISION, REDUCTION_IDENTITY, Cast, Cat, Consta
 from minicompile.op_table import BY_NAME, IDENTITY
 
 from minicompile.codegen.common import KernelPlan, pending, row_invariant
+
+
+# The dtypes kernels compute on, each backend's dialect names them.
+DTYPES = (torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.int64, torch.int32,
+          torch.int16, torch.int8, torch.uint8, torch.bool)
 
 
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -97,6 +97,10 @@ class ExprEmitter:
     dialect: Dialect
     plan: KernelPlan
     names: dict[Expr, str]
+
+    def pointer(self, buffer: str) -> str:
+        """The parameter that points at ``buffer`` (a combo kernel renames them)."""
+        return self.plan.pointer(buffer)
 
     def value(self, expr: Expr) -> str:
         """The variable holding ``expr``, emitting what is not computed yet (children

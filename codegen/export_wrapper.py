@@ -1,24 +1,17 @@
-"""The C++ wrapper of an exported graph: check the inputs, allocate, call kernels and
-library calls in order, return the outputs; the C++ twin of codegen/wrapper.py's ``call``.
-
-``generate(program, groups, name, ...)`` returns an :class:`ExportedCode`: the kernels'
-translation unit (the same text the C++ backend builds, no PyTorch headers) and the
-wrapper's (ATen headers, library calls through ``at::``).  The wrapper's entry points are C
-functions, so a C++ program and Python's ctypes can both call them::
+"""The C++ wrapper of an exported graph, the C++ twin of codegen/wrapper.py's ``call``: check
+the inputs, allocate, call kernels and library calls (``at::``) in order, return the outputs.
+Its entry points are C functions, for C++ programs and Python's ctypes alike::
 
     extern "C" int mc_run(void** inputs, int64_t n_in, void** outputs, int64_t n_out);
     extern "C" const char* mc_last_error();
     extern "C" int mc_init();  // reads the weights (else the first mc_run does)
 
-``inputs`` and ``outputs`` hold ``at::Tensor*`` handles (PyTorch's AOTInductor convention):
-``mc_run`` takes ownership of the inputs (it deletes them) and gives the caller ownership of
-the outputs.  It returns 0, or 1 with the reason in ``mc_last_error()`` (a wrong dtype,
-rank, size or stride, an index out of range, a failed library call): no exception crosses
-the C boundary.  Parameters, buffers and other tensors the function read (the graph inputs
-that are not arguments) are read once from the weights file beside the library (``model.so``
--> ``model.weights``); the arguments are checked against the dtypes, sizes and strides the
-kernels were generated for, with sizes that are symbols (``s0``) read off the inputs as the
-Python wrapper reads them, and the size relations the trace relied on.
+``inputs`` and ``outputs`` hold ``at::Tensor*`` handles (AOTInductor's convention): ``mc_run``
+deletes the inputs and gives the caller the outputs; it returns 0, or 1 with the reason in
+``mc_last_error()`` (no exception crosses the C boundary).  Graph inputs that are not
+arguments (parameters, buffers) are read once from the weights file beside the library
+(``model.so`` -> ``model.weights``); arguments are checked against the dtypes, sizes and
+strides the kernels were generated for, and the size relations the trace relied on.
 """
 
 from __future__ import annotations
@@ -30,7 +23,7 @@ import re
 import sympy
 
 from minicompile.errors import Unsupported
-from minicompile.ir import AliasOutput, BufferRef, ExternKernel, Layout, LoopProgram
+from minicompile.ir import AliasOutput, BufferRef, ExternKernel, LoopProgram
 from minicompile.shapes import MIN_DYNAMIC_SIZE
 from minicompile.sym import FloorDiv, ModularIndexing
 
@@ -127,14 +120,11 @@ def generate(program: LoopProgram, groups: list, graph_name: str, arg_of: list[i
 
 
 def _tensor_arg(v: object) -> str:
+    """A buffer, or a view of one (AliasOutput), as a C++ tensor."""
     if isinstance(v, BufferRef):
         return v.name
     assert isinstance(v, AliasOutput)
-    return _alias(v)
-
-
-def _alias(out: AliasOutput) -> str:
-    return wrapper.alias_text(out, _shape, cpp_index)
+    return wrapper.alias_text(v, _shape, cpp_index)
 
 
 def _emit_run(w: CodeWriter, program: LoopProgram, groups: list, plan_of: dict,
@@ -186,7 +176,7 @@ def _emit_run(w: CodeWriter, program: LoopProgram, groups: list, plan_of: dict,
             for name in dead:
                 if name not in reuse.values() and name not in tuples:
                     w.line(f"{name}.reset();  // no longer read")
-        outs = [o if isinstance(o, str) else _alias(o) for o in program.outputs]
+        outs = [o if isinstance(o, str) else _tensor_arg(o) for o in program.outputs]
         w.line(f"return {{{', '.join(outs)}}};")
 
 
@@ -207,7 +197,7 @@ def _emit_checks(w: CodeWriter, program: LoopProgram, arg_of: list[int | None],
                 w.line(f"const int64_t {size} = {buf.name}.size({d});  // a dynamic size")
                 w.line(f'mc_check_dynamic({size}, "{name}", {d}, {MIN_DYNAMIC_SIZE});')
     layouts = [b.layout for b in program.inputs]
-    layouts += [lay for b in program.buffers for lay in _layouts(b)]
+    layouts += [lay for b in program.buffers for lay in wrapper.layouts(b)]
     used = {s for lay in layouts for e in (*lay.shape, *lay.stride) for s in e.free_symbols}
     used |= {s for rel in relations for s in rel.free_symbols}
     missing = used - found
@@ -221,11 +211,6 @@ def _emit_checks(w: CodeWriter, program: LoopProgram, arg_of: list[int | None],
     for rel in relations:
         w.line(f'MC_CHECK({_relation(rel)}, "the inputs\' sizes break {rel}, which the '
                f'exported code relies on");')
-
-
-def _layouts(buf: object) -> tuple[Layout, ...]:
-    layout = buf.layout  # type: ignore[attr-defined]
-    return layout if isinstance(layout, tuple) else (layout,)
 
 
 def _emit_extern(w: CodeWriter, ext: ExternKernel, calls: dict[str, str],

@@ -8,17 +8,21 @@ from minicompile.sym import FloorDiv, ModularIndexing
 
 
 class IndexPrinter:
-    """Prints integer index arithmetic: sums, products, floor division and modulo."""
+    """Prints integer index arithmetic: sums, products, floor division and modulo.
+    ``div``: the operator of floor division (sizes are positive); ``extreme``: the call
+    of ``max`` / ``min`` of sizes (PyTorch writes strides as ``Max(1, size)``)."""
+
+    def __init__(self, div: str, extreme: str) -> None:
+        self.div, self.extreme_call = div, extreme
 
     def floordiv(self, a: str, b: str) -> str:
-        raise NotImplementedError
-
-    def mod(self, a: str, b: str) -> str:
-        raise NotImplementedError
+        return f"({a} {self.div} {b})"
 
     def extreme(self, fn: str, args: list[str]) -> str:
-        """``max`` / ``min`` of sizes (PyTorch writes strides as ``Max(1, size)``)."""
-        raise NotImplementedError
+        out = args[0]
+        for a in args[1:]:
+            out = f"{self.extreme_call.format(fn)}({out}, {a})"
+        return out
 
     def __call__(self, expr: sympy.Expr) -> str:
         return self.print(sympy.sympify(expr))
@@ -49,7 +53,7 @@ class IndexPrinter:
         if isinstance(e, ModularIndexing):
             base, div, mod = e.args
             inner = self.atom(base) if div == 1 else self.floordiv(self.atom(base), self.operand(div))
-            return self.mod(inner, self.operand(mod))
+            return f"({inner} % {self.operand(mod)})"
         if isinstance(e, (sympy.Max, sympy.Min)):
             args = [self.print(a) for a in sorted(e.args, key=sympy.default_sort_key)]
             return self.extreme("max" if isinstance(e, sympy.Max) else "min", args)
@@ -68,33 +72,5 @@ class IndexPrinter:
         return text
 
 
-class TritonIndexPrinter(IndexPrinter):
-    def floordiv(self, a: str, b: str) -> str:
-        return f"({a} // {b})"
-
-    def mod(self, a: str, b: str) -> str:
-        return f"({a} % {b})"
-
-    def extreme(self, fn: str, args: list[str]) -> str:
-        out = args[0]
-        for a in args[1:]:
-            out = f"tl.{fn}imum({out}, {a})"
-        return out
-
-
-class CppIndexPrinter(IndexPrinter):
-    def floordiv(self, a: str, b: str) -> str:
-        return f"({a} / {b})"
-
-    def mod(self, a: str, b: str) -> str:
-        return f"({a} % {b})"
-
-    def extreme(self, fn: str, args: list[str]) -> str:
-        out = args[0]
-        for a in args[1:]:
-            out = f"std::{fn}<int64_t>({out}, {a})"
-        return out
-
-
-triton_index = TritonIndexPrinter()
-cpp_index = CppIndexPrinter()
+triton_index = IndexPrinter("//", "tl.{}imum")
+cpp_index = IndexPrinter("/", "std::{}<int64_t>")

@@ -22,22 +22,14 @@ from minicompile.op_table import ROWS
 from minicompile.sym import FloorDiv, ModularIndexing
 
 from minicompile.codegen.common import CodeWriter, KernelPlan, Store, checks_values
-from minicompile.codegen.emitter import Dialect, ExprEmitter, compute_dtype
+from minicompile.codegen.emitter import DTYPES, Dialect, ExprEmitter, compute_dtype
 from minicompile.codegen.printers import triton_index
 
 TRITON_DTYPES: dict[torch.dtype, str] = {
-    torch.float64: "tl.float64",
-    torch.float32: "tl.float32",
-    torch.float16: "tl.float16",
-    torch.bfloat16: "tl.bfloat16",
-    torch.int64: "tl.int64",
-    torch.int32: "tl.int32",
-    torch.int16: "tl.int16",
-    torch.int8: "tl.int8",
-    torch.uint8: "tl.uint8",
-    torch.bool: "tl.int1",
+    d: "tl.int1" if d == torch.bool else f"tl.{str(d).removeprefix('torch.')}" for d in DTYPES
 }
 TRITON_OPS: dict[str, str] = {row.name: row.triton for row in ROWS}
+
 
 class TritonDialect(Dialect):
     """Triton's spelling.  Literals are Python numbers where Triton types them as the
@@ -106,24 +98,24 @@ class TritonKernel(ExprEmitter):
 
     # -- the kernel -------------------------------------------------------------------------
 
-    def pointer(self, buffer: str) -> str:
-        """The parameter that points at ``buffer`` (a combo kernel renames them)."""
-        return self.plan.pointer(buffer)
-
     def emit(self) -> str:
         p, w = self.plan, self.w
         w.line("@triton.jit")
-        params = ", ".join(kernel_params(p, self.flag_errors))
-        w.line(f"def {p.name}({params}, xnumel, XBLOCK: tl.constexpr):")
+        w.line(f"def {p.name}({', '.join(kernel_params(p, self.flag_errors))}, {self.extents}):")
         with w.indent():
             for row in p.header_comment():
                 w.line(f"# {row}")
-            self.emit_xindex("")
-            for store in p.stores:  # every value before any store: inputs stored in place
-                self.value(store.value)
-            for store in p.stores:
-                self.emit_store(store, frozenset({"x"}))
+            self.emit_body()
         return w.text()
+
+    extents = "xnumel, XBLOCK: tl.constexpr"  # the parameters after the sizes
+
+    def emit_body(self) -> None:
+        self.emit_xindex("")
+        for store in self.plan.stores:  # every value before any store: inputs stored in place
+            self.value(store.value)
+        for store in self.plan.stores:
+            self.emit_store(store, frozenset({"x"}))
 
     def emit_xindex(self, shape: str, block: str = "XBLOCK", start: str = "") -> None:
         """``shape``: "" for a 1-D block, "[:, None]" for the rows of a 2-D one.  Program k
@@ -145,27 +137,19 @@ class TritonKernel(ExprEmitter):
         if len(names) == 1:
             self.w.line(f"{names[0]} = {flat}")
             return
-        inner = sympy.Integer(1)
-        exprs = []
-        for x, size in reversed(list(zip(names, ranges))):
-            exprs.append((x, inner, size))
-            inner = inner * size
         base = sympy.Symbol(flat, integer=True, nonnegative=True)
-        for x, div, size in reversed(exprs):
-            if x == names[0]:
-                text = triton_index(FloorDiv(base, div))
-            else:
-                text = triton_index(ModularIndexing(base, div, size))
-            self.w.line(f"{x} = {text}")
+        inner, lines = sympy.Integer(1), []
+        for k in reversed(range(len(names))):  # the innermost first
+            index = FloorDiv(base, inner) if k == 0 else ModularIndexing(base, inner, ranges[k])
+            lines.append(f"{names[k]} = {triton_index(index)}")
+            inner = inner * ranges[k]
+        for line in reversed(lines):
+            self.w.line(line)
 
     def axes_of(self, index: sympy.Expr) -> frozenset[str]:
         names = {s.name for s in index.free_symbols}
-        axes = set()
-        if names & {str(v) for v in self.plan.loop_vars}:
-            axes.add("x")
-        if names & {str(v) for v in self.plan.rvars}:
-            axes.add("r")
-        return frozenset(axes)
+        return frozenset(axis for axis, loop in (("x", self.plan.loop_vars), ("r", self.plan.rvars))
+                         if names & {str(v) for v in loop})
 
     def mask(self, axes: frozenset[str]) -> str | None:
         parts = []
@@ -342,11 +326,15 @@ def planning_size(n: sympy.Expr, hints: dict | None = None) -> int:
     return SYMBOLIC_HINT
 
 
+def pow2(n: int) -> int:
+    """The least power of two >= ``n`` (1 for ``n`` <= 1)."""
+    return 1 << max(0, (n - 1).bit_length())
+
+
 def block_size(numel: int, interpret: bool) -> int:
     """Elements per program.  The interpreter runs programs one after another, so there
     larger blocks are faster."""
-    limit = 1 << 16 if interpret else 1024
-    return max(16, min(limit, 1 << max(0, (numel - 1).bit_length())))
+    return max(16, min(1 << 16 if interpret else 1024, pow2(numel)))
 
 
 # Warps of a pointwise program of XBLOCK (at most 1024) elements: Triton's default of four,

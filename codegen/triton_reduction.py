@@ -20,7 +20,7 @@ from minicompile.ir import IndirectLoad, Load, Reduce, walk
 from minicompile.codegen.common import KernelPlan, reduction_batches
 from minicompile.codegen.emitter import compute_dtype, reduction_identity
 from minicompile.codegen.printers import triton_index
-from minicompile.codegen.triton import TRITON, TritonKernel, kernel_params, planning_size
+from minicompile.codegen.triton import TRITON, TritonKernel, planning_size, pow2
 
 # Combining two partial results elementwise (loop accumulators), and reducing a block
 # along its rows; the mc_* helpers are in codegen/triton.py's HELPERS.
@@ -45,10 +45,6 @@ PERSISTENT_LIMIT = 4096  # widest row kept in registers (interpreter: INTERPRET_
 INTERPRET_PERSISTENT = 1 << 16
 
 
-def _pow2(n: int) -> int:
-    return 1 << max(0, (n - 1).bit_length())
-
-
 def _pow2_floor(n: int) -> int:
     return 1 << max(0, n.bit_length() - 1)
 
@@ -66,22 +62,22 @@ def reduction_blocks(
     if column and not interpret and not symbolic_rows:
         # Rows of the reduction are far apart in memory, its outputs side by side: a tile
         # of 64 outputs by up to 64 rows, so that each load of a row is coalesced.
-        xblock = max(1, min(_pow2(max(xnumel, 1)), 64))
-        rblock = max(2, min(_pow2(rnumel), 4096 // xblock))
+        xblock = max(1, min(pow2(max(xnumel, 1)), 64))
+        rblock = max(2, min(pow2(rnumel), 4096 // xblock))
         return xblock, rblock, 8 if xblock * rblock >= 2048 else 4, rblock >= rnumel
     if symbolic_rows:
-        rblock = max(16, min(_pow2(rnumel), 4096 if interpret else 2048))
+        rblock = max(16, min(pow2(rnumel), 4096 if interpret else 2048))
         budget = (1 << 16) if interpret else 4096
-        xblock = max(1, min(_pow2(max(xnumel, 1)), budget // rblock, 64))
+        xblock = max(1, min(pow2(max(xnumel, 1)), budget // rblock, 64))
         warps = 8 if xblock * rblock >= 2048 else 4
         return xblock, rblock, warps, False
     if rnumel <= limit:
-        rblock = max(2, _pow2(rnumel))
+        rblock = max(2, pow2(rnumel))
         # Elements of a block.  On a GPU a row of 1024 or more is a program of its own: on an
         # H200, softmax over [65536, 1024] float32 took 0.131 ms a row a program (4 warps,
         # as Inductor; copy 0.131) against 0.135 four rows a program (8 warps).
         budget = (1 << 16) if interpret else 4096 if rblock < 1024 else rblock
-        xblock = max(1, min(_pow2(max(xnumel, 1)), budget // rblock, 64 if not interpret else 1 << 16))
+        xblock = max(1, min(pow2(max(xnumel, 1)), budget // rblock, 64 if not interpret else 1 << 16))
         if not interpret:  # few rows: blocks of fewer rows, so that every SM gets some
             xblock = max(1, min(xblock, _pow2_floor(xnumel // MIN_PROGRAMS)))
         persistent = True
@@ -109,10 +105,9 @@ class TritonReductionKernel(TritonKernel):
         symbolic = not (plan.numel.is_Integer and plan.rnumel.is_Integer)
         xnumel, rnumel = planning_size(plan.numel, plan.hints), planning_size(plan.rnumel, plan.hints)
         wide = symbolic or xnumel * max(rnumel, 1) >= 2**31 - 2**20
-        self.xblock, self.rblock, self.warps, self.persistent = plan_blocks(plan, interpret)
-        if persistent is not None:
-            self.persistent = persistent
-        blocks = blocks or ((self.xblock, self.rblock),)
+        xblock, rblock, _, heuristic = plan_blocks(plan, interpret)
+        self.persistent = heuristic if persistent is None else persistent
+        blocks = blocks or ((xblock, rblock),)
         xmasked = not plan.numel.is_Integer or any(xnumel % x != 0 for x, _ in blocks)
         if plan.column_sums:  # a chunk of rows a program (static sizes: passes/mix_order.py)
             xmasked = xnumel % chunk_rows(plan, interpret) != 0
@@ -125,41 +120,36 @@ class TritonReductionKernel(TritonKernel):
             self.rmasked = any(rnumel % r != 0 for _, r in blocks)
         self.accumulators: dict[Reduce, str] = {}
 
-    def emit(self) -> str:
+    @property
+    def extents(self) -> str:  # type: ignore[override]
+        split = ", RSPLIT: tl.constexpr" if self.plan.column_sums else ""
+        return f"xnumel, rnumel, XBLOCK: tl.constexpr, RBLOCK: tl.constexpr{split}"
+
+    def emit_body(self) -> None:
         p, w = self.plan, self.w
-        w.line("@triton.jit")
-        params = ", ".join(kernel_params(p, self.flag_errors))
-        split = ", RSPLIT: tl.constexpr" if p.column_sums else ""
-        w.line(f"def {p.name}({params}, xnumel, rnumel, XBLOCK: tl.constexpr, "
-               f"RBLOCK: tl.constexpr{split}):")
-        with w.indent():
-            for row in p.header_comment():
-                w.line(f"# {row}")
-            if p.column_sums:
-                self.emit_chunk()
-                return w.text()
-            self.emit_xindex("[:, None]")
-            row_stores = [s for s in p.stores if s.level == "x"]
-            elem_stores = [s for s in p.stores if s.level == "xr"]
-            if self.persistent:
-                self.emit_rindex("tl.arange(0, RBLOCK)[None, :]")
-                for store in elem_stores:
-                    self.emit_store(store, frozenset({"x", "r"}))
-            else:
-                w.line("rbase = tl.arange(0, RBLOCK)[None, :]")
-                for batch in reduction_batches(self.plan):
-                    self.emit_loop(batch)
-                if elem_stores:
-                    self.hoist([st.value for st in elem_stores])
-                    self.open_loop()
-                    saved = dict(self.names)
-                    with w.indent():
-                        for store in elem_stores:
-                            self.emit_store(store, frozenset({"x", "r"}))
-                    self.names = saved
-            for store in row_stores:
-                self.emit_store(store, frozenset({"x"}))
-        return w.text()
+        if p.column_sums:
+            self.emit_chunk()
+            return
+        self.emit_xindex("[:, None]")
+        elem_stores = [s for s in p.stores if s.level == "xr"]
+        if self.persistent:
+            self.emit_rindex("tl.arange(0, RBLOCK)[None, :]")
+            for store in elem_stores:
+                self.emit_store(store, frozenset({"x", "r"}))
+        else:
+            w.line("rbase = tl.arange(0, RBLOCK)[None, :]")
+            for batch in reduction_batches(self.plan):
+                self.emit_loop(batch)
+            if elem_stores:
+                self.hoist([st.value for st in elem_stores])
+                self.open_loop()
+                saved = dict(self.names)
+                with w.indent():
+                    for store in elem_stores:
+                        self.emit_store(store, frozenset({"x", "r"}))
+                self.names = saved
+        for store in (s for s in p.stores if s.level == "x"):
+            self.emit_store(store, frozenset({"x"}))
 
     def emit_chunk(self) -> None:
         """A program per chunk of RSPLIT rows (mix-order reductions, passes/mix_order.py):
@@ -250,9 +240,6 @@ class TritonReductionKernel(TritonKernel):
         assert self.persistent, "looped reductions are computed by emit_loop"
         return self.finish(e, self.masked_operand(e))
 
-    def launch(self) -> tuple[int, int, int]:
-        return self.xblock, self.rblock, self.warps
-
 
 def _identity(red: Reduce) -> str:
     dtype = compute_dtype(red.dtype)
@@ -261,25 +248,14 @@ def _identity(red: Reduce) -> str:
     return TRITON.literal(reduction_identity(red), dtype)
 
 
-def emit_reduction_kernel(plan: KernelPlan, interpret: bool) -> str:
-    return TritonReductionKernel(plan, interpret).emit()
-
-
-def launch_config(plan: KernelPlan, interpret: bool) -> tuple[int, int, int]:
-    """(XBLOCK, RBLOCK, num_warps) the wrapper launches ``plan`` with."""
-    xblock, rblock, warps, _ = plan_blocks(plan, interpret)
-    return xblock, rblock, warps
-
-
 def chunk_rows(plan: KernelPlan, interpret: bool) -> int:
     """RSPLIT, the rows a program of a kernel with column sums walks (a multiple of its
     XBLOCK): on a GPU 16 to 128, about eight programs a multiprocessor, as Inductor's
     mix-order reductions; the interpreter, one block."""
     xblock = plan_blocks(plan, interpret)[0]
-    rows = int(plan.numel)
     if interpret:
         return xblock
-    return max(xblock, min(128, max(16, _pow2_floor(max(rows // 1024, 1)))))
+    return max(xblock, min(128, max(16, _pow2_floor(max(int(plan.numel) // 1024, 1)))))
 
 
 def column_partials(plan: KernelPlan, interpret: bool) -> int:

@@ -1,23 +1,12 @@
 """Launch configurations to try for a Triton kernel under ``mode="max-autotune"``.
 
-The default mode launches each kernel with the heuristic's configuration
-(codegen/triton.py's ``block_size``, codegen/triton_reduction.py's ``reduction_blocks``).
-Under max-autotune :func:`tune_plan` lists a few candidates around it, the heuristic's first:
-
-- pointwise: XBLOCK x2 and /2, num_warps x2 and /2;
-- a persistent reduction: XBLOCK x2 and /2, num_warps x2 and /2, and the looped kernel with
-  RBLOCK a half and a quarter of the row;
-- a looped reduction: RBLOCK x2 and /2, num_warps x2 and /2, num_stages 1 and 4 (Triton's
-  default is 3), and the persistent kernel where a row of static length fits in a block.
-
-Every candidate computes the same values: the kernel text is emitted once per kind
-(persistent, looped) with the masks every candidate of that kind needs, so a block that does
-not divide a size is masked.  Invalid or pointless candidates are not listed: blocks that
-are not powers of two or exceed Triton's limit, warps outside 1..16, stages on a kernel
-without a loop, blocks wider than a static size rounded up to a power of two.  Under Triton's
-interpreter, which ignores warps and stages, only blocks vary.  The runtime times the
-candidates at the first launch of each size class (minicompile/runtime/autotune.py).
-Emitters only return text.
+:func:`tune_plan` lists a few candidates around the heuristic's (which comes first): XBLOCK
+and num_warps doubled and halved; for a persistent reduction also the looped kernel with
+RBLOCK a half and a quarter of the row; for a looped one RBLOCK doubled and halved,
+num_stages 1 and 4, and the persistent kernel where a static row fits.  Each kind's kernel
+text is emitted once with the masks every candidate of that kind needs, so all compute the
+same values.  Invalid or pointless candidates are left out (:func:`_valid`); under the
+interpreter only blocks vary.  The runtime times them (minicompile/runtime/autotune.py).
 """
 
 from __future__ import annotations
@@ -45,14 +34,9 @@ class Candidate:
     stages: int | None = None  # None: Triton's default (3)
 
     def options(self) -> dict[str, int]:
-        out = {"XBLOCK": self.xblock}
-        if self.rblock is not None:
-            out["RBLOCK"] = self.rblock
-        if self.warps is not None:
-            out["num_warps"] = self.warps
-        if self.stages is not None:
-            out["num_stages"] = self.stages
-        return out
+        options = {"XBLOCK": self.xblock, "RBLOCK": self.rblock, "num_warps": self.warps,
+                   "num_stages": self.stages}
+        return {key: value for key, value in options.items() if value is not None}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,10 +55,6 @@ class TunedKernel:
         texts = [t.replace(self.plan.name, "KERNEL") for t in self.texts.values()]
         text = "\0".join(triton.helpers_for(texts) + texts)
         return hashlib.sha256(text.encode()).hexdigest()[:32]
-
-
-def _pow2(n: int) -> int:
-    return 1 << max(0, (n - 1).bit_length())
 
 
 def _static(n) -> int | None:
@@ -96,9 +76,9 @@ def _valid(c: Candidate, xnumel: int | None, rnumel: int | None, interpret: bool
         return False  # stages pipeline a loop's loads: only looped kernels have one
     if c.kind == "pointwise" and c.xblock < 16:
         return False
-    if xnumel is not None and c.xblock > max(1, _pow2(xnumel)):
+    if xnumel is not None and c.xblock > max(1, triton.pow2(xnumel)):
         return False  # a block wider than every row: the same as a narrower one
-    if rnumel is not None and c.kind == "looped" and c.rblock > _pow2(rnumel):
+    if rnumel is not None and c.kind == "looped" and c.rblock > triton.pow2(rnumel):
         return False
     return True
 
@@ -133,7 +113,7 @@ def reduction_candidates(plan: KernelPlan, interpret: bool) -> list[Candidate]:
         found += [Candidate(kind, x, r, w // 2), Candidate(kind, x, r, w * 2),
                   Candidate(kind, x, r, w, 1), Candidate(kind, x, r, w, 4)]
     if rnumel is not None:  # a whole row in one block, where it fits
-        whole = max(2, _pow2(rnumel))
+        whole = max(2, triton.pow2(rnumel))
         warps = w if interpret else 16 if x * whole >= 8192 else 8
         found.append(Candidate("persistent", x, whole, warps))
     return found

@@ -45,9 +45,13 @@ class GeneratedCode:
     kernels: tuple[str, ...]  # kernel names
 
 
+def _tuple(items: list[str]) -> str:
+    """A Python tuple of the texts ``items``."""
+    return f"({', '.join(items)},)" if len(items) == 1 else f"({', '.join(items)})"
+
+
 def _shape(values: tuple) -> str:
-    inner = ", ".join(python_expr(v) for v in values)
-    return f"({inner},)" if len(values) == 1 else f"({inner})"
+    return _tuple([python_expr(v) for v in values])
 
 
 def _device_literal(device: torch.device) -> str:
@@ -84,74 +88,16 @@ def generate(
              if autotune and backend == "triton" and not isinstance(p, combo.ComboPlan)
              and p.numel != 0 and not p.column_sums}  # (combo kernels, column sums: as planned)
     externs = [g.extern for g in groups if g.extern is not None]
-    devices = sorted({str(layout.device) for b in program.buffers for layout in _layouts(b)})
+    devices = sorted({str(layout.device) for b in program.buffers for layout in layouts(b)})
     plans_ahead = library_plans(program, externs, devices) if backend == "triton" else []
     w = CodeWriter()
     w.line(f"# minicompile: generated code for {graph_name} ({backend} backend)")
     cpp_source = None
     if backend == "triton":
-        launched = [p for p in plans if not _interpreted(program, p)
-                    and (isinstance(p, combo.ComboPlan) or p.numel != 0)]
-        if launched and not any(_interpreted(program, p) for p in plans):
-            # GPU kernels only: Triton is imported when a kernel must be built, not here.
-            w.lines_from(triton.GPU_PREAMBLE)
-        else:
-            w.lines_from(triton.PREAMBLE)
-        if any(p.name not in tuned for p in launched):
-            # GPU kernels launch through runtime/launch.py, not triton.jit's path
-            w.line("from minicompile.runtime.launch import Launcher")
-        if tuned:
-            w.line("from minicompile.runtime.autotune import Autotuner, Choice")
-        if plans_ahead:
-            w.line("from minicompile.runtime.library_plans import LibraryPlans, Like")
-        kernels = [
-            "\n\n".join(tuned[plan.name].texts.values()) if plan.name in tuned
-            else combo.emit_triton(plan, _interpreted(program, plan))
-            if isinstance(plan, combo.ComboPlan)
-            else triton_reduction.emit_reduction_kernel(plan, _interpreted(program, plan))
-            if plan.is_reduction
-            else triton.emit_kernel(plan, _interpreted(program, plan))
-            for plan in plans  # an empty tensor's kernel is never launched: not written
-            if isinstance(plan, combo.ComboPlan) or plan.numel != 0
-        ]
-        for text in triton.helpers_for(kernels) + kernels:
-            w.line()
-            w.line()
-            w.lines_from(text)
-        if launched or tuned:
-            w.line()
-            w.line()
-        if any(p.name not in tuned for p in launched):
-            w.line("# Launcher(kernel, arguments whose alignment may vary, sizes that may vary, "
-                   "a call's dtypes and sizes, options)")
-        for plan in launched:
-            if plan.name in tuned:
-                continue
-            pointers, sizes = _changing_args(program, plan, in_place)
-            w.line(f"{plan.name}_launch = Launcher({plan.name}, {pointers}, {sizes}, "
-                   f"{_example(program, plan)}, {triton_launch(program, plan)[2]})")
-        for plan in plans:
-            if plan.name in tuned:
-                for line in autotuner_lines(program, plan, tuned[plan.name], in_place):
-                    w.line(line)
+        _triton_kernels(w, program, plans, tuned, bool(plans_ahead), in_place)
     else:
         cpp_source = cpp_unit(plans)
-        w.line("import ctypes")
-        w.line()
-        w.line("import torch")
-        w.line()
-        w.line("# `lib` is the compiled C++ kernels, put here by minicompile.runtime.")
-        for plan in plans:
-            w.line(f"{plan.name} = lib.{plan.name}")
-            if isinstance(plan, combo.ComboPlan):
-                w.line(f"{plan.name}.argtypes = [ctypes.c_void_p] * {len(plan.params())}")
-                w.line(f"{plan.name}.restype = None")
-                continue
-            n = len(plan.params()) + checks_values(plan)
-            sizes = len(plan.size_args)
-            ints = f" + [ctypes.c_int64] * {sizes}" if sizes else ""
-            w.line(f"{plan.name}.argtypes = [ctypes.c_void_p] * {n}{ints}")
-            w.line(f"{plan.name}.restype = None")
+        _cpp_bindings(w, plans)
     if any(e.op.startswith("operator.") and e.op != "operator.getitem" for e in externs):
         w.line("import operator")
     for module in sorted({m for e in externs if (m := extern_module(e.op)) is not None}):
@@ -160,59 +106,119 @@ def generate(
     for k, dev in enumerate(devices):
         w.line(f"device{k} = {_device_literal(torch.device(dev))}")
     w.line("empty_strided = torch.empty_strided")
-    if externs:
-        w.line()
-        w.line()
-        w.lines_from(LAYOUT_HELPER)
+    blocks = [LAYOUT_HELPER] if externs else []
     if plans_ahead:
+        blocks.append("\n".join(plans_ahead))
+    for block in blocks:
         w.line()
         w.line()
-        for line in plans_ahead:
-            w.line(line)
+        w.lines_from(block)
     w.line()
     w.line()
     w.line("def call(args):")
-    live: set[str] = set()
     with w.indent():
-        names = [b.name for b in program.inputs] + [str(s) for s in program.scalar_sizes]
-        if names:
-            w.line(f"{', '.join(names)}, = args")
-        if takes_inputs:
-            w.line("args.clear()  # the inputs are ours: each is freed after its last use")
-        emit_sizes(w, program)
-        last_use = last_reads(groups)
-        keep = {o if isinstance(o, str) else o.input for o in program.outputs}
-        if takes_inputs:
-            live.update(b.name for b in program.inputs)
-        else:
-            keep |= {b.name for b in program.inputs}
-        reuse = reuse_memory(program, groups, plan_of, keep, in_place)
-        plans_pending = bool(plans_ahead)
-        columns = ColumnPartials(program, plans, backend, devices)
-        columns.allocate(w)
-        for k, group in enumerate(groups):
-            live.update(columns.sum(w, {n for b in group.buffers for n in b.reads()}))
-            if group.extern is not None:
-                if plans_pending and group.extern.op in CONVOLUTIONS:
-                    w.line("library_plans.wait()  # (the first convolution waits for them)")
-                    plans_pending = False
-                emit_extern(w, group.extern)
-                made = [group.extern.name]
-            else:
-                plan = plan_of[group.key]
-                emit_launch(w, program, plan, backend, devices, in_place, reuse, frozenset(tuned),
-                            columns)
-                made = [name for name in plan.outputs if name not in columns.slot]
-            live.update(made)
-            dead = sorted(n for n in live if last_use.get(n, -1) <= k and n not in keep)
-            live.difference_update(dead)
-            dead = [n for n in dead if n not in reuse.values()]  # those stay for their reuse
-            if dead:  # free memory as soon as no later kernel reads it (a long backward)
-                w.line(f"del {', '.join(dead)}")
-        columns.sum(w, None)
-        outs = [o if isinstance(o, str) else alias_text(o) for o in program.outputs]
-        w.line(f"return ({', '.join(outs)}{',' if len(outs) == 1 else ''})")
+        _emit_call(w, program, groups, backend, plans, plan_of, devices, in_place, takes_inputs,
+                   frozenset(tuned), bool(plans_ahead))
     return GeneratedCode(backend, w.text(), cpp_source, tuple(p.name for p in plans))
+
+
+def _triton_kernels(w: CodeWriter, program: LoopProgram, plans: list, tuned: dict,
+                    plans_ahead: bool, in_place: dict[str, str]) -> None:
+    """The imports, kernels and launchers of a Triton module.  An empty tensor's kernel is
+    never launched: not written."""
+    interpreted = {p.name: _interpreted(program, p) for p in plans}
+    written = [p for p in plans if isinstance(p, combo.ComboPlan) or p.numel != 0]
+    launched = [p for p in written if not interpreted[p.name]]
+    untuned = [p for p in launched if p.name not in tuned]
+    if launched and not any(interpreted.values()):
+        # GPU kernels only: Triton is imported when a kernel must be built, not here.
+        w.lines_from(triton.GPU_PREAMBLE)
+    else:
+        w.lines_from(triton.PREAMBLE)
+    if untuned:  # GPU kernels launch through runtime/launch.py, not triton.jit's path
+        w.line("from minicompile.runtime.launch import Launcher")
+    if tuned:
+        w.line("from minicompile.runtime.autotune import Autotuner, Choice")
+    if plans_ahead:
+        w.line("from minicompile.runtime.library_plans import LibraryPlans, Like")
+    kernels = ["\n\n".join(tuned[p.name].texts.values()) if p.name in tuned
+               else kernel_text(p, "triton", interpreted[p.name]) for p in written]
+    for text in triton.helpers_for(kernels) + kernels:
+        w.line()
+        w.line()
+        w.lines_from(text)
+    if launched or tuned:
+        w.line()
+        w.line()
+    if untuned:
+        w.line("# Launcher(kernel, arguments whose alignment may vary, sizes that may vary, "
+               "a call's dtypes and sizes, options)")
+    for plan in untuned:
+        pointers, sizes = _changing_args(program, plan, in_place)
+        w.line(f"{plan.name}_launch = Launcher({plan.name}, {pointers}, {sizes}, "
+               f"{_example(program, plan)}, {triton_launch(program, plan)[2]})")
+    for plan in (p for p in plans if p.name in tuned):
+        for line in autotuner_lines(program, plan, tuned[plan.name], in_place):
+            w.line(line)
+
+
+def _cpp_bindings(w: CodeWriter, plans: list) -> None:
+    """The ctypes bindings of the C++ kernels."""
+    w.line("import ctypes")
+    w.line()
+    w.line("import torch")
+    w.line()
+    w.line("# `lib` is the compiled C++ kernels, put here by minicompile.runtime.")
+    for plan in plans:
+        single = not isinstance(plan, combo.ComboPlan)  # (a combo takes pointers only)
+        sizes = len(plan.size_args) if single else 0
+        ints = f" + [ctypes.c_int64] * {sizes}" if sizes else ""
+        w.line(f"{plan.name} = lib.{plan.name}")
+        w.line(f"{plan.name}.argtypes = [ctypes.c_void_p] * "
+               f"{len(plan.params()) + (single and checks_values(plan))}{ints}")
+        w.line(f"{plan.name}.restype = None")
+
+
+def _emit_call(w: CodeWriter, program: LoopProgram, groups: list, backend: str, plans: list,
+               plan_of: dict, devices: list[str], in_place: dict[str, str], takes_inputs: bool,
+               tuned: frozenset[str], plans_pending: bool) -> None:
+    """The body of ``call(args)``: kernels and library calls in order, each buffer freed
+    after its last read."""
+    names = [b.name for b in program.inputs] + [str(s) for s in program.scalar_sizes]
+    if names:
+        w.line(f"{', '.join(names)}, = args")
+    if takes_inputs:
+        w.line("args.clear()  # the inputs are ours: each is freed after its last use")
+    emit_sizes(w, program)
+    last_use = last_reads(groups)
+    keep = {o if isinstance(o, str) else o.input for o in program.outputs}
+    live: set[str] = {b.name for b in program.inputs} if takes_inputs else set()
+    if not takes_inputs:
+        keep |= {b.name for b in program.inputs}
+    reuse = reuse_memory(program, groups, plan_of, keep, in_place)
+    columns = ColumnPartials(program, plans, backend, devices)
+    columns.allocate(w)
+    for k, group in enumerate(groups):
+        live.update(columns.sum(w, {n for b in group.buffers for n in b.reads()}))
+        if group.extern is not None:
+            if plans_pending and group.extern.op in CONVOLUTIONS:
+                w.line("library_plans.wait()  # (the first convolution waits for them)")
+                plans_pending = False
+            emit_extern(w, group.extern)
+            made = [group.extern.name]
+        else:
+            plan = plan_of[group.key]
+            emit_launch(w, program, plan, backend, devices, in_place, reuse, tuned, columns)
+            made = [name for name in plan.outputs if name not in columns.slot]
+        live.update(made)
+        dead = sorted(n for n in live if last_use.get(n, -1) <= k and n not in keep)
+        live.difference_update(dead)
+        dead = [n for n in dead if n not in reuse.values()]  # those stay for their reuse
+        if dead:  # free memory as soon as no later kernel reads it (a long backward)
+            w.line(f"del {', '.join(dead)}")
+    columns.sum(w, None)
+    outs = [o if isinstance(o, str) else alias_text(o) for o in program.outputs]
+    w.line(f"return {_tuple(outs)}")
 
 
 def plan_kernels(
@@ -233,16 +239,24 @@ def cpp_unit(plans: list) -> str:
     one ``extern "C"`` function per kernel."""
     unit = CodeWriter()
     unit.lines_from(cpp.PREAMBLE.strip())
-    kernels = [
-        combo.emit_cpp(plan) if isinstance(plan, combo.ComboPlan)
-        else cpp_reduction.emit_reduction_kernel(plan) if plan.is_reduction
-        else cpp.emit_kernel(plan)
-        for plan in plans
-    ]
+    kernels = [kernel_text(plan, "cpp") for plan in plans]
     for text in cpp.helpers_for(kernels) + kernels:
         unit.line()
         unit.lines_from(text)
     return unit.text()
+
+
+def kernel_text(plan: KernelPlan | combo.ComboPlan, backend: str, interpret: bool = False) -> str:
+    """The source of one kernel (``interpret``: a Triton kernel run by the interpreter)."""
+    if isinstance(plan, combo.ComboPlan):
+        return combo.emit_triton(plan, interpret) if backend == "triton" else combo.emit_cpp(plan)
+    if backend == "cpp":
+        if plan.is_reduction:
+            return cpp_reduction.emit_reduction_kernel(plan)
+        return cpp.CppKernel(plan).emit()
+    if plan.is_reduction:
+        return triton_reduction.TritonReductionKernel(plan, interpret).emit()
+    return triton.emit_kernel(plan, interpret)
 
 
 def emit_sizes(w: CodeWriter, program: LoopProgram) -> None:
@@ -253,7 +267,7 @@ def emit_sizes(w: CodeWriter, program: LoopProgram) -> None:
             if size.is_Symbol and size not in found:
                 found[size] = f"{buf.name}.shape[{d}]"
     used = size_symbols(
-        [s for b in program.buffers for lay in _layouts(b) for s in (*lay.shape, *lay.stride)]
+        [s for b in program.buffers for lay in layouts(b) for s in (*lay.shape, *lay.stride)]
     )
     for s in sorted(found, key=lambda s: int(s.name[1:])):
         w.line(f"{s} = {found[s]}  # a dynamic size")
@@ -300,7 +314,7 @@ def needed_outside(program: LoopProgram, groups: list) -> Callable[[FusedGroup],
     return needed
 
 
-def _layouts(buf: Buffer) -> tuple[Layout, ...]:
+def layouts(buf: Buffer) -> tuple[Layout, ...]:
     layout = buf.layout
     return layout if isinstance(layout, tuple) else (layout,)
 
@@ -347,7 +361,7 @@ def library_plans(program: LoopProgram, externs: list[ExternKernel],
         if not ext.args or not isinstance(ext.args[0], BufferRef) or None in args \
                 or None in kwargs.values():
             continue  # (prepared by its first call)
-        text = (f"({ext.op}, ({', '.join(args)}{',' if len(args) == 1 else ''}), "
+        text = (f"({ext.op}, {_tuple(args)}, "
                 f"{{{', '.join(f'{k!r}: {v}' for k, v in kwargs.items())}}}),")
         problems.setdefault(text, ext.origins[0] if ext.origins else ext.op)
     if not problems:
@@ -366,8 +380,7 @@ def _extern_arg(value: object) -> str:
     if isinstance(value, AliasOutput):
         return alias_text(value)
     if isinstance(value, tuple):
-        inner = ", ".join(_extern_arg(v) for v in value)
-        return f"({inner},)" if len(value) == 1 else f"({inner})"
+        return _tuple([_extern_arg(v) for v in value])
     if isinstance(value, list):
         return "[" + ", ".join(_extern_arg(v) for v in value) + "]"
     if isinstance(value, (torch.dtype, torch.device)):
@@ -414,12 +427,9 @@ def triton_launch(
     if isinstance(plan, combo.ComboPlan):
         block = combo.block_size(plan, interpret)
         return str(sum(combo.program_counts(plan, block))), [], f"XBLOCK={block}"
-    numel = plan.numel
-    # A CUDA kernel that checks indices stops on a device-side assert (Triton's debug
-    # option, without its overflow checks), so the host never waits to read a flag.
-    debug = DEVICE_ASSERTS if _device_asserts(program, plan) else ""
+    numel, debug = plan.numel, _debug_options(program, plan)
     if plan.is_reduction:
-        xblock, rblock, warps = triton_reduction.launch_config(plan, interpret)
+        xblock, rblock, warps, _ = triton_reduction.plan_blocks(plan, interpret)
         grid, split = _grid(numel, xblock), ""
         if plan.column_sums:  # a program a chunk of rows
             grid = str(triton_reduction.column_partials(plan, interpret))
@@ -429,10 +439,6 @@ def triton_launch(
     block = triton.block_size(triton.planning_size(numel, plan.hints), interpret)
     warps = "" if interpret else f", num_warps={triton.POINTWISE_WARPS}"
     return _grid(numel, block), [python_expr(numel)], f"XBLOCK={block}{warps}{debug}"
-
-
-# Options of a GPU kernel that checks indices: it stops on a device-side assert.
-DEVICE_ASSERTS = ", debug=True, sanitize_overflow=False"
 
 
 def autotuner_lines(program: LoopProgram, plan: KernelPlan, tuned: triton_tuning.TunedKernel,
@@ -445,9 +451,8 @@ def autotuner_lines(program: LoopProgram, plan: KernelPlan, tuned: triton_tuning
             written += (tensors,)  # the error flag
         return triton_tuning.autotuner_lines(tuned, written, None, "")
     pointers, sizes = _changing_args(program, plan, in_place)
-    extra = DEVICE_ASSERTS if _device_asserts(program, plan) else ""
     launcher = f"({pointers}, {sizes}, {_example(program, plan)})"
-    return triton_tuning.autotuner_lines(tuned, written, launcher, extra)
+    return triton_tuning.autotuner_lines(tuned, written, launcher, _debug_options(program, plan))
 
 
 def _changing_args(program: LoopProgram, plan: KernelPlan | combo.ComboPlan,
@@ -476,13 +481,17 @@ def _example(program: LoopProgram, plan: KernelPlan | combo.ComboPlan) -> str:
         for n in ints:
             value = n.xreplace({s: sympy.Integer(v) for s, v in plan.hints.items()})
             items.append(str(int(value)) if value.is_Integer else "None")
-    return f"({', '.join(items)}{',' if len(items) == 1 else ''})"
+    return _tuple(items)
 
 
-def _device_asserts(program: LoopProgram, plan: KernelPlan, backend: str = "triton") -> bool:
-    """Index checks on a GPU are device-side asserts; elsewhere an error flag the wrapper
-    reads after the kernel (C++, Triton's interpreter)."""
-    return backend == "triton" and not _interpreted(program, plan) and checks_indices(plan)
+def _debug_options(program: LoopProgram, plan: KernelPlan) -> str:
+    """The launch options of a Triton kernel that checks indices on a GPU: it stops on a
+    device-side assert (Triton's debug option, without its overflow checks), so the host
+    never waits to read a flag.  Elsewhere (C++, Triton's interpreter) the wrapper reads an
+    error flag after the kernel."""
+    if _interpreted(program, plan) or not checks_indices(plan):
+        return ""
+    return ", debug=True, sanitize_overflow=False"
 
 
 def _interpreted(program: LoopProgram, plan: KernelPlan) -> bool:
@@ -490,32 +499,24 @@ def _interpreted(program: LoopProgram, plan: KernelPlan) -> bool:
     return program.buffer(plan.outputs[0]).layout.device.type == "cpu"
 
 
-def emit_launch(
-    w: CodeWriter, program: LoopProgram, plan: KernelPlan | combo.ComboPlan, backend: str,
-    devices: list[str], in_place: dict[str, str] | None = None,
-    reuse: dict[str, str] | None = None, tuned: frozenset[str] = frozenset(),
-    columns: ColumnPartials | None = None,
-) -> None:
+def emit_launch(w: CodeWriter, program: LoopProgram, plan: KernelPlan | combo.ComboPlan,
+                backend: str, devices: list[str], in_place: dict[str, str],
+                reuse: dict[str, str], tuned: frozenset[str], columns: ColumnPartials) -> None:
     """``tuned``: the kernels launched through their Autotuner (mode="max-autotune").
     ``columns``: where a Triton kernel's column sums go (their slots of partials)."""
     for name in plan.outputs:
-        if columns is not None and name in columns.slot:
+        if name in columns.slot:
             continue
-        if in_place and name in in_place:
+        if name in in_place:
             w.line(f"{name} = {in_place[name]}  # stored in place (rebuild writes it back)")
-            continue
-        if reuse and name in reuse:
+        elif name in reuse:
             w.line(f"{name} = {reuse[name]}  # the memory of {reuse[name]}, no longer read")
             w.line(f"del {reuse[name]}")
-            continue
-        lay = program.buffer(name).layout
-        dev = f"device{devices.index(str(lay.device))}"
-        w.line(
-            f"{name} = empty_strided({_shape(lay.shape)}, {_shape(lay.stride)}, "
-            f"dtype={lay.dtype}, device={dev})"
-        )
-    args = [b for b, _ in plan.inputs] + [
-        columns.argument(b) if columns is not None else b for b in plan.outputs]
+        else:
+            lay = program.buffer(name).layout
+            w.line(f"{name} = empty_strided({_shape(lay.shape)}, {_shape(lay.stride)}, "
+                   f"dtype={lay.dtype}, device=device{devices.index(str(lay.device))})")
+    args = [b for b, _ in plan.inputs] + [columns.argument(b) for b in plan.outputs]
     if isinstance(plan, combo.ComboPlan):
         w.line(f"# combo kernel of {len(plan.parts)} parts: "
                + " | ".join(", ".join(part.outputs) for part in plan.parts))
@@ -540,8 +541,8 @@ def emit_launch(
     if backend == "triton":
         grid, extents, options = triton_launch(program, plan)
         if plan.name in tuned:  # the grid follows the chosen XBLOCK
-            numels = f"({', '.join(extents)}{',' if len(extents) == 1 else ''})"
-            launch = f"{plan.name}_tuned({numels}, {', '.join(args + errs + sizes + extents)})"
+            launch = (f"{plan.name}_tuned({_tuple(extents)}, "
+                      f"{', '.join(args + errs + sizes + extents)})")
         elif _interpreted(program, plan):
             launch = (f"{plan.name}[({grid},)]({', '.join(args + errs + sizes + extents)}, "
                       f"{options})")

@@ -1,19 +1,14 @@
 """Attention masks that depend on no input are evaluated while compiling: one that masks
 nothing is dropped, and the causal one becomes ``is_causal=True``.
 
-Code written for tracing compilers builds an explicit mask where eager passes none:
-transformers, when it sees it is being compiled, makes an all-true padding mask (BERT) or
-the lower triangle (GPT-2) from the sizes alone.  scaled_dot_product_attention then
-converts the mask on every call and takes a masked kernel: twice eager's host time a call
-on an H100, and another kernel.  With static sizes (which the guards hold) such a mask is a
-constant; evaluated once on its device, it is known exactly:
-
-- all true (bool) or all zero (float): attention without it is the same computation;
-- the lower triangle, with as many queries as keys (bool; or 0 below and ``-inf`` or the
-  dtype's lowest above): ``is_causal=True`` is the same computation, eager's own call.
-
-A mask computed from an input, a parameter or a random draw, or under dynamic sizes, is
-left as it is.  The calls that computed a folded mask, and nothing else, are dropped.
+transformers builds an all-true padding mask (BERT) or the lower triangle (GPT-2) from the
+sizes alone when it is compiled; scaled_dot_product_attention then converts it every call
+and takes a masked kernel (twice eager's host time on an H100).  With static sizes such a
+mask is a constant, evaluated once on its device: all true (bool) or all zero (float) is
+dropped; the lower triangle with as many queries as keys (bool, or 0 below and ``-inf`` or
+the dtype's lowest above) becomes ``is_causal=True``.  A mask computed from an input, a
+parameter or a random draw, or under dynamic sizes, stays; the calls that computed a folded
+mask, and nothing else, are dropped.
 """
 
 from __future__ import annotations

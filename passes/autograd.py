@@ -1,27 +1,17 @@
 """Training: derive the backward graph of a prim graph, and partition the work.
 
-``differentiate(graph)`` walks the forward graph (after decomposition, so every op is a
-prim or a library call) from its outputs back to its inputs, applying one derivative rule
-per op (``passes/derivatives.py``), and returns a :class:`Joint`: the forward graph, with
-the values the backward needs appended to its outputs, and the backward graph, whose inputs
-are those saved values and the gradients of the forward's outputs, and whose outputs are
-the gradients of the forward's inputs.  Both then take the ordinary road: lowering, fusion,
-codegen; ``minicompile/runtime/autograd.py`` runs the pair as a ``torch.autograd.Function``.
+``differentiate(graph)`` walks the forward graph from its outputs back, one derivative
+rule per op (``passes/derivatives.py``), and returns a :class:`Joint`: the forward graph
+with the values the backward needs appended to its outputs, and the backward graph (inputs:
+those saved values and the outputs' gradients; outputs: the inputs' gradients).  Both take
+the ordinary road; ``minicompile/runtime/autograd.py`` runs them as an autograd.Function.
 
-Which forward values reach the backward (the partition, after AOTAutograd's min-cut idea):
-
-- inputs of the graph are saved by reference (the caller holds them anyway);
-- reductions, index ops and library calls are saved: they are costly to compute again;
-- cheap pointwise and view values are recomputed inside the backward kernels from what is
-  saved, as long as that reads at most two large tensors (``MAX_RECOMPUTE_READS``), so
-  a layer norm's output is rebuilt from its input and its row statistics, a ReLU's mask
-  from its input, and no boolean masks or normalised copies are kept.
-
-Library calls (matmul, linear, conv, attention, dropout, ...) are differentiated by PyTorch:
-the forward calls them through ``record`` (PyTorch's autograd records that one call and
-saves what its own backward needs, as in eager) and the backward calls ``vjp`` on the saved
-result, which runs PyTorch's backward kernels for it.  Concatenation is the exception: its
-gradient is slices of the incoming one, fused like any view.
+The partition (AOTAutograd's min-cut idea): graph inputs are saved by reference;
+reductions, index ops and library calls are saved; cheap pointwise and view values are
+recomputed in the backward kernels when that reads at most ``MAX_RECOMPUTE_READS`` large
+tensors.  Library calls are differentiated by PyTorch: the forward calls them through
+``record`` and the backward calls ``vjp`` on the saved result; concatenation is the
+exception (its gradient is slices of the incoming one, fused like any view).
 """
 
 from __future__ import annotations
@@ -37,6 +27,7 @@ from minicompile.errors import Unsupported
 from minicompile.graph import Graph, Node, TensorMeta, copy_graph, flatten_nodes, map_nodes
 
 from minicompile.passes.derivatives import LIBRARY_RULES, RULES, cat_rule
+from minicompile.passes.layout import overlaps, static
 
 RECORD = "minicompile.runtime.autograd.record"
 VJP = "minicompile.runtime.autograd.vjp"
@@ -286,15 +277,8 @@ def _grad_stride(meta: Any) -> tuple:
     backward kernels usually give it (attention's q, k, v gradients are slices of one
     buffer, as q, k, v are), or row-major where those overlap (an expanded input).  The
     wrapper copies a gradient that comes in other strides (``with_layout``)."""
-    if not all(sympy.sympify(v).is_Integer for v in (*meta.shape, *meta.stride)):
-        return _row_major(meta.shape)  # symbolic
-    dims = sorted((d for d in range(meta.ndim) if meta.shape[d] != 1),
-                  key=lambda d: (int(meta.stride[d]), int(meta.shape[d])))
-    span = 1
-    for d in dims:
-        if int(meta.stride[d]) < span:
-            return _row_major(meta.shape)  # overlapping (an expanded input)
-        span = int(meta.stride[d]) * int(meta.shape[d])
+    if not static(meta) or overlaps(meta, {}):  # symbolic, or an expanded input
+        return _row_major(meta.shape)
     return tuple(meta.stride)
 
 

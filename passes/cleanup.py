@@ -114,26 +114,5 @@ def eliminate_dead_code(graph: Graph) -> Graph:
         ) or may_raise(node, graph.derived):
             live.update(id(i) for i in node.inputs())
             live.add(id(node))
-    dead = [n for n in graph.calls() if id(n) not in live]
-    if not dead:
-        return graph
-    new = Graph(graph.name, graph.shapes, graph.derived)
-    env: dict[Node, Node] = {}
-    remap = lambda v: _remap(v, env)  # noqa: E731
-    for node in graph.nodes:
-        if id(node) not in live:
-            continue
-        if node.op == "placeholder":
-            env[node] = new.placeholder(node.target, node.meta)
-        elif node.op == "output":
-            new.output(remap(node.args[0]))
-        else:
-            env[node] = new.call(node.target, remap(node.args), remap(node.kwargs), node.meta,
-                                 node.stack)
-    return new
-
-
-def _remap(value: Any, env: dict[Node, Node]) -> Any:
-    from minicompile.graph import map_nodes
-
-    return map_nodes(value, lambda n: env[n])
+    dead = {n for n in graph.calls() if id(n) not in live}
+    return copy_graph(graph, lambda new, node, remap: None, drop=dead) if dead else graph

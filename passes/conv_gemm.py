@@ -13,12 +13,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-import sympy
 import torch
 
 from minicompile import ops
 from minicompile.graph import Graph, Node, TensorMeta, copy_graph
-from minicompile.passes.layout import CONV2D, contiguous
+from minicompile.passes.layout import CONV2D, contiguous, static
 from minicompile.runtime import conv_gemm
 
 MAX_PIXELS = 8  # output pixels (batch x height x width)
@@ -37,10 +36,6 @@ def _pair(value: object) -> tuple[int, int] | None:
     return None
 
 
-def _static(meta: TensorMeta) -> bool:
-    return all(sympy.sympify(v).is_Integer for v in (*meta.shape, *meta.stride))
-
-
 def as_product(node: Node) -> tuple[Node, Node, Node | None, tuple[int, int]] | None:
     """(input, weight, bias, stride) where ``node`` is a convolution this pass rewrites."""
     if node.target not in CONV2D or node.requires_grad or len(node.args) > len(PARAMS):
@@ -50,8 +45,8 @@ def as_product(node: Node) -> tuple[Node, Node, Node | None, tuple[int, int]] | 
         return None  # an argument this pass does not know
     x, w, meta = bound["input"], bound["weight"], node.meta
     tensors = [x, w] + ([bound["bias"]] if bound["bias"] is not None else [])
-    if not all(isinstance(t, Node) and isinstance(t.meta, TensorMeta) and _static(t.meta)
-               for t in tensors) or not isinstance(meta, TensorMeta) or not _static(meta):
+    if not all(isinstance(t, Node) and isinstance(t.meta, TensorMeta) and static(t.meta)
+               for t in tensors) or not isinstance(meta, TensorMeta) or not static(meta):
         return None
     stride = _pair(bound["stride"])
     if (meta.device.type != "cpu" or meta.dtype not in DTYPES or x.meta.ndim != 4

@@ -1,16 +1,11 @@
 """A small directed acyclic graph for the scheduling passes (fusion, horizontal fusion).
 
 Nodes are small non-negative ints (group keys), edges point from producer to consumer.
-Besides successor and predecessor sets, the graph keeps *reachability* as Python ints used
-as bitmasks: bit ``m`` of ``below[n]`` is set when a path of one edge or more leads from
-``n`` to ``m`` (``above[n]``: the same, backwards).  Fusion asks "would merging a and b make
-a cycle?" thousands of times; with the masks that is a few bit tests, and merging two
-nodes (:meth:`Dag.contract`) updates the masks of their ancestors and descendants only,
-instead of copying the graph.  The masks are computed on first use, after the edges are in.
-
-:meth:`Dag.topological_order` is the order the passes emit kernels in: among the nodes
-whose predecessors are all out, the one with the smallest ``key`` first (ties: the node
-added first), the same order as networkx's ``lexicographical_topological_sort``.
+Reachability is kept as bitmasks (bit ``m`` of ``below[n]``: a path leads from ``n`` to
+``m``; ``above``, backwards), computed on first use, so fusion's many "would merging make a
+cycle?" questions are bit tests and :meth:`Dag.contract` updates only the ancestors and
+descendants.  :meth:`Dag.topological_order`: smallest ``key`` first among the ready nodes
+(ties: the node added first), as networkx's ``lexicographical_topological_sort``.
 """
 
 from __future__ import annotations

@@ -16,13 +16,12 @@ import torch
 
 from minicompile import compat
 from minicompile.graph import Graph, Node, TensorMeta, flatten_nodes
+from minicompile.ir import LOW_PRECISION
 from minicompile.ops import infer_meta
 
 from minicompile.passes.decompose_losses import LOSS_DECOMPOSITIONS
 from minicompile.passes.decompose_reductions import REDUCTION_DECOMPOSITIONS
 from minicompile.passes.decompose_views import VIEW_DECOMPOSITIONS
-
-LOW_PRECISION = (torch.float16, torch.bfloat16)
 
 
 class _Builder:

@@ -1,14 +1,10 @@
-"""Classification losses (``nll_loss``, ``cross_entropy``), reached as library calls,
-rewritten into prims: a log_softmax (see decompose_reductions.py), a ``gather`` of each
-target's class (a bounds-checked indirect load) and reductions, so that the row reductions
-and the pick of the target's log-probability fuse into one kernel.
-
-The rules follow ATen (aten/src/ATen/native/LossNLL.cpp): ``nll_loss`` picks
-``-input[n, t[n]] * weight[t[n]]``, zero where ``t[n] == ignore_index``; "mean" divides by
-the summed weights of the targets not ignored (0/0 = nan when all are).  ``cross_entropy``
-is ``nll_loss(log_softmax(x, class_dim))``, with ATen's label smoothing terms, or, for
-targets of the input's shape, the probability-target formula.  Anything else (legacy
-``size_average``/``reduce``, empty inputs, unusual dtypes) stays a library call.
+"""Classification losses (``nll_loss``, ``cross_entropy``) rewritten into prims: a log_softmax,
+a ``gather`` of each target's class (a bounds-checked indirect load) and reductions, which
+fuse into one kernel.  The rules follow ATen (aten/src/ATen/native/LossNLL.cpp): ignored
+targets count zero, "mean" divides by the summed weights of the targets not ignored (0/0 =
+nan when all are), with ATen's label smoothing terms and probability-target formula.
+Anything else (legacy ``size_average``/``reduce``, empty inputs, odd dtypes) stays a
+library call.
 """
 
 from __future__ import annotations
@@ -33,17 +29,15 @@ def _all_dims(x: Node) -> tuple[int, ...]:
     return tuple(range(x.meta.ndim))
 
 
-def _sum_all(b: Builder, x: Node) -> Node:
-    """The sum of every element, accumulated in float32 for float16/bfloat16 (a 0-dim
-    tensor is its own sum)."""
-    x = b.opmath(x)
-    return x if x.meta.ndim == 0 else b("sum", x, _all_dims(x), False)
-
-
 def _total(b: Builder, x: Node) -> Node:
     """``x.sum()`` as ATen writes it: in x's dtype (bool sums to int64; float16/bfloat16
-    accumulate in float32 and round once)."""
+    accumulate in float32 and round once); a 0-dim tensor is its own sum."""
     return x if x.meta.ndim == 0 else b("sum", x, _all_dims(x), False)
+
+
+def _sum_all(b: Builder, x: Node) -> Node:
+    """The sum of every element, accumulated in float32 for float16/bfloat16."""
+    return _total(b, b.opmath(x))
 
 
 def _broadcast_weight(b: Builder, weight: Node, x: Node) -> Node:

@@ -59,13 +59,26 @@ def _reduce(b: Builder, op: str, x: Node, dims: tuple[int, ...], keepdim: bool) 
     return b(op, x, dims, keepdim)
 
 
-def _sum(b: Builder, *args: Any, **kwargs: Any) -> Node | None:
-    a = bind(args, kwargs, ("input", "dim", "keepdim"), {"dim": None, "keepdim": False,
-                                                         "dtype": None})
-    x = a["input"]
-    if a["dtype"] is not None:
-        x = b("to_dtype", x, dtype=a["dtype"])
-    return _reduce(b, "sum", x, _dims(a["dim"], x.meta.ndim), a["keepdim"])
+def _plain(op: str, refuse: Callable[[Builder, Node], bool] | None = None,
+           takes_dtype: bool = False) -> Callable[..., Node | None]:
+    """``op`` over ``dim`` (None or (): all), the input cast to ``dtype`` first where the
+    call takes one; ``refuse(b, x)``: the forms left to the library call."""
+
+    def rule(b: Builder, *args: Any, **kwargs: Any) -> Node | None:
+        a = bind(args, kwargs, ("input", "dim", "keepdim"), {"dim": None, "keepdim": False,
+                                                             "dtype": None})
+        x = a["input"]
+        if refuse is not None and refuse(b, x):
+            return NOT_HANDLED
+        if takes_dtype and a["dtype"] is not None:
+            x = b("to_dtype", x, dtype=a["dtype"])
+        return _reduce(b, op, x, _dims(a["dim"], x.meta.ndim), a["keepdim"])
+
+    return rule
+
+
+def _empty(b: Builder, x: Node) -> bool:
+    return _numel(x, tuple(range(x.meta.ndim))) == 0
 
 
 def _mean(b: Builder, *args: Any, **kwargs: Any) -> Node | None:
@@ -82,17 +95,6 @@ def _mean(b: Builder, *args: Any, **kwargs: Any) -> Node | None:
     return b.restore(out)
 
 
-def _extreme(op: str) -> Callable[..., Node | None]:
-    def rule(b: Builder, *args: Any, **kwargs: Any) -> Node | None:
-        a = bind(args, kwargs, ("input", "dim", "keepdim"), {"dim": (), "keepdim": False})
-        x = a["input"]
-        if _numel(x, tuple(range(x.meta.ndim))) == 0:
-            return NOT_HANDLED  # eager raises on empty input
-        return _reduce(b, op, x, _dims(a["dim"], x.meta.ndim), a["keepdim"])
-
-    return rule
-
-
 def _max_or_min(op: str) -> Callable[..., Node | tuple[Node, Node] | None]:
     """torch.max / torch.min: over everything (a 0-dim value), or along a dim as
     (values, indices), the tuple whose getitem users decompose.py rewires."""
@@ -100,7 +102,7 @@ def _max_or_min(op: str) -> Callable[..., Node | tuple[Node, Node] | None]:
     def rule(b: Builder, *args: Any, **kwargs: Any) -> Node | tuple[Node, Node] | None:
         if len(args) == 1 and not kwargs:
             x = args[0]
-            if _numel(x, tuple(range(x.meta.ndim))) == 0 or b.requires_grad:
+            if _empty(b, x) or b.requires_grad:
                 return NOT_HANDLED  # (its gradient treats NaN apart: PyTorch's backward)
             return _reduce(b, op, x, tuple(range(x.meta.ndim)), False)
         a = bind(args, kwargs, ("input", "dim", "keepdim"), {"keepdim": False})
@@ -164,42 +166,44 @@ def _arg_extreme(op: str) -> Callable[..., Node | None]:
     return rule
 
 
-def _prod(b: Builder, *args: Any, **kwargs: Any) -> Node | None:
-    a = bind(args, kwargs, ("input", "dim", "keepdim"), {"dim": None, "keepdim": False,
-                                                         "dtype": None})
-    x = a["input"]
-    if b.requires_grad:
-        return NOT_HANDLED  # its gradient with zeros in a row: PyTorch's backward
-    if a["dtype"] is not None:
-        x = b("to_dtype", x, dtype=a["dtype"])
-    return _reduce(b, "prod", x, _dims(a["dim"], x.meta.ndim), a["keepdim"])
+def _uint8(b: Builder, x: Node) -> bool:
+    return x.meta.dtype == torch.uint8  # any/all on uint8 return uint8
 
 
-def _logical(op: str) -> Callable[..., Node | None]:
-    def rule(b: Builder, *args: Any, **kwargs: Any) -> Node | None:
-        a = bind(args, kwargs, ("input", "dim", "keepdim"), {"dim": None, "keepdim": False})
-        x = a["input"]
-        if x.meta.dtype == torch.uint8:
-            return NOT_HANDLED  # any/all on uint8 return uint8
-        return _reduce(b, op, x, _dims(a["dim"], x.meta.ndim), a["keepdim"])
+def _centred(b: Builder, xf: Node, dims: tuple[int, ...], n: Any,
+             keepdim: bool = True) -> tuple[Node, Node]:
+    """``xf`` minus its mean over ``dims`` (``n`` elements), and the sum of its squares: two
+    passes, numerically careful."""
+    centred = b("sub", xf, b("truediv", b("sum", xf, dims, True), n))
+    return centred, b("sum", b("mul", centred, centred), dims, keepdim)
 
-    return rule
+
+def _normalized(b: Builder, xf: Node, dims: tuple[int, ...], n: Any, eps: float) -> Node:
+    centred, squares = _centred(b, xf, dims, n)
+    return b("mul", centred, b("rsqrt", b("add", b("truediv", squares, n), float(eps))))
+
+
+def _affine(b: Builder, out: Node, weight: Any, bias: Any,
+            view: Callable[[Node], Node] | None = None) -> Node:
+    """``out * weight + bias`` (either None: left out), each seen through ``view``."""
+    if weight is not None:
+        out = b("mul", out, view(weight) if view else weight)
+    if bias is not None:
+        out = b("add", out, view(bias) if view else bias)
+    return out
 
 
 def _variance(b: Builder, x: Node, dims: tuple[int, ...], correction: float,
               keepdim: bool) -> Node:
-    """Two passes: the mean, then the mean square deviation (numerically careful)."""
     n = _numel(x, dims)
-    xf = b.opmath(x)
-    mean = b("truediv", b("sum", xf, dims, True), n)
-    centred = b("sub", xf, mean)
+    centred, squares = _centred(b, b.opmath(x), dims, n, keepdim)
     if isinstance(n, int):
         denominator = max(n - correction, 0)
     elif correction <= MIN_DYNAMIC_SIZE:  # n >= 2 (its guard): n - correction >= 0
         denominator = n - correction
     else:
         raise ShapeError(f"var(correction={correction}) over a dynamic dim")
-    return b("truediv", b("sum", b("mul", centred, centred), dims, keepdim), denominator)
+    return b("truediv", squares, denominator)
 
 
 def _var_args(args: tuple, kwargs: dict) -> tuple[Node, Any, float, bool] | None:
@@ -220,20 +224,16 @@ def _var_args(args: tuple, kwargs: dict) -> tuple[Node, Any, float, bool] | None
     return x, a["dim"], correction, a["keepdim"]
 
 
-def _var(b: Builder, *args: Any, **kwargs: Any) -> Node | None:
-    parsed = _var_args(args, kwargs)
-    if parsed is None:
-        return NOT_HANDLED
-    x, dim, correction, keepdim = parsed
-    return b.restore(_variance(b, x, _dims(dim, x.meta.ndim), correction, keepdim))
+def _var_or_std(root: bool) -> Callable[..., Node | None]:
+    def rule(b: Builder, *args: Any, **kwargs: Any) -> Node | None:
+        parsed = _var_args(args, kwargs)
+        if parsed is None:
+            return NOT_HANDLED
+        x, dim, correction, keepdim = parsed
+        var = _variance(b, x, _dims(dim, x.meta.ndim), correction, keepdim)
+        return b.restore(b("sqrt", var) if root else var)
 
-
-def _std(b: Builder, *args: Any, **kwargs: Any) -> Node | None:
-    parsed = _var_args(args, kwargs)
-    if parsed is None:
-        return NOT_HANDLED
-    x, dim, correction, keepdim = parsed
-    return b.restore(b("sqrt", _variance(b, x, _dims(dim, x.meta.ndim), correction, keepdim)))
+    return rule
 
 
 def _squeeze_dims(b: Builder, x: Node, dims: tuple[int, ...]) -> Node:
@@ -290,15 +290,11 @@ def _norm(b: Builder, *args: Any, **kwargs: Any) -> Node | None:
     return b.restore(b("pow", total, 1.0 / p))
 
 
-def _softmax_args(args: tuple, kwargs: dict) -> tuple[Node, int, Any]:
-    a = bind(args, kwargs, ("input", "dim", "_stacklevel", "dtype"),
-             {"dim": None, "dtype": None})
-    return a["input"], a["dim"], a["dtype"]
-
-
 def _softmax(log: bool) -> Callable[..., Node | None]:
     def rule(b: Builder, *args: Any, **kwargs: Any) -> Node | None:
-        x, dim, dtype = _softmax_args(args, kwargs)
+        a = bind(args, kwargs, ("input", "dim", "_stacklevel", "dtype"),
+                 {"dim": None, "dtype": None})
+        x, dim, dtype = a["input"], a["dim"], a["dtype"]
         if dim is None or x.meta.ndim == 0:
             return NOT_HANDLED
         if dtype is not None:
@@ -329,17 +325,8 @@ def _layer_norm(b: Builder, *args: Any, **kwargs: Any) -> Node | None:
         return NOT_HANDLED
     k = len(a["normalized_shape"])
     dims = tuple(range(x.meta.ndim - k, x.meta.ndim))
-    n = _numel(x, dims)
-    xf = b.opmath(x)
-    mean = b("truediv", b("sum", xf, dims, True), n)
-    centred = b("sub", xf, mean)
-    var = b("truediv", b("sum", b("mul", centred, centred), dims, True), n)
-    out = b("mul", centred, b("rsqrt", b("add", var, float(a["eps"]))))
-    if a["weight"] is not None:
-        out = b("mul", out, a["weight"])
-    if a["bias"] is not None:
-        out = b("add", out, a["bias"])
-    return b.restore(out)
+    out = _normalized(b, b.opmath(x), dims, _numel(x, dims), a["eps"])
+    return b.restore(_affine(b, out, a["weight"], a["bias"]))
 
 
 def _rms_norm(b: Builder, *args: Any, **kwargs: Any) -> Node | None:
@@ -354,9 +341,7 @@ def _rms_norm(b: Builder, *args: Any, **kwargs: Any) -> Node | None:
     xf = b.opmath(x)
     ms = b("truediv", b("sum", b("mul", xf, xf), dims, True), _numel(x, dims))
     out = b("mul", xf, b("rsqrt", b("add", ms, float(eps))))
-    if a["weight"] is not None:
-        out = b("mul", out, a["weight"])
-    return b.restore(out)
+    return b.restore(_affine(b, out, a["weight"], None))
 
 
 def _batch_norm(b: Builder, *args: Any, **kwargs: Any) -> Node | None:
@@ -376,11 +361,7 @@ def _batch_norm(b: Builder, *args: Any, **kwargs: Any) -> Node | None:
     xf = b.opmath(x)
     inv = b("rsqrt", b("add", per_channel(a["running_var"]), float(a["eps"])))
     out = b("mul", b("sub", xf, per_channel(a["running_mean"])), inv)
-    if a["weight"] is not None:
-        out = b("mul", out, per_channel(a["weight"]))
-    if a["bias"] is not None:
-        out = b("add", out, per_channel(a["bias"]))
-    return b.restore(out)
+    return b.restore(_affine(b, out, a["weight"], a["bias"], per_channel))
 
 
 def _per_channel(b: Builder, t: Node, ndim: int) -> Node:
@@ -405,33 +386,28 @@ def _group_norm(b: Builder, *args: Any, **kwargs: Any) -> Node | None:
     if groups <= 0 or shape[1] % groups or math.prod(shape) == 0:
         return NOT_HANDLED  # eager raises (or returns an empty tensor): let it
     grouped = b("reshape", b.opmath(x), (shape[0], groups, math.prod(shape) // (shape[0] * groups)))
-    n = math.prod(grouped.meta.shape[2:])
-    mean = b("truediv", b("sum", grouped, (2,), True), int(n))
-    centred = b("sub", grouped, mean)
-    var = b("truediv", b("sum", b("mul", centred, centred), (2,), True), int(n))
-    out = b("reshape", b("mul", centred, b("rsqrt", b("add", var, float(a["eps"])))), shape)
-    if a["weight"] is not None:
-        out = b("mul", out, _per_channel(b, a["weight"], len(shape)))
-    if a["bias"] is not None:
-        out = b("add", out, _per_channel(b, a["bias"], len(shape)))
-    return b.restore(out)
+    n = int(math.prod(grouped.meta.shape[2:]))
+    out = b("reshape", _normalized(b, grouped, (2,), n, a["eps"]), shape)
+    return b.restore(_affine(b, out, a["weight"], a["bias"],
+                             lambda t: _per_channel(b, t, len(shape))))
 
 
 REDUCTION_DECOMPOSITIONS: dict[str, Callable[..., Node | None]] = {}
 for _names, _rule in (
-    (("torch.sum", "torch.Tensor.sum"), _sum),
+    (("torch.sum", "torch.Tensor.sum"), _plain("sum", takes_dtype=True)),
     (("torch.mean", "torch.Tensor.mean"), _mean),
-    (("torch.amax", "torch.Tensor.amax"), _extreme("amax")),
-    (("torch.amin", "torch.Tensor.amin"), _extreme("amin")),
+    (("torch.amax", "torch.Tensor.amax"), _plain("amax", _empty)),  # (eager raises there)
+    (("torch.amin", "torch.Tensor.amin"), _plain("amin", _empty)),
     (("torch.max", "torch.Tensor.max"), _max_or_min("amax")),
     (("torch.min", "torch.Tensor.min"), _max_or_min("amin")),
     (("torch.argmax", "torch.Tensor.argmax"), _arg_extreme("amax")),
     (("torch.argmin", "torch.Tensor.argmin"), _arg_extreme("amin")),
-    (("torch.prod", "torch.Tensor.prod"), _prod),
-    (("torch.any", "torch.Tensor.any"), _logical("any")),
-    (("torch.all", "torch.Tensor.all"), _logical("all")),
-    (("torch.var", "torch.Tensor.var"), _var),
-    (("torch.std", "torch.Tensor.std"), _std),
+    # (prod's gradient with zeros in a row: PyTorch's backward)
+    (("torch.prod", "torch.Tensor.prod"), _plain("prod", lambda b, x: b.requires_grad, True)),
+    (("torch.any", "torch.Tensor.any"), _plain("any", _uint8)),
+    (("torch.all", "torch.Tensor.all"), _plain("all", _uint8)),
+    (("torch.var", "torch.Tensor.var"), _var_or_std(False)),
+    (("torch.std", "torch.Tensor.std"), _var_or_std(True)),
     (("torch.logsumexp", "torch.Tensor.logsumexp"), _logsumexp),
     (("torch.norm", "torch.Tensor.norm"), _norm),
     (("torch.nn.functional.softmax", "torch.softmax", "torch.Tensor.softmax"), _softmax(False)),

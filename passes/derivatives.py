@@ -1,17 +1,13 @@
 """Derivative rules: one per prim op, the way micrograd and tinygrad keep theirs.
 
-A rule ``rule(d, node, g)`` receives the node being differentiated and ``g``, the gradient
-of the loss with respect to its value (a node of the backward graph), and returns one
-gradient per argument of ``node`` (None where the argument gets none).  It builds backward
-nodes with ``d`` (a :class:`passes.autograd.Differentiator`): ``d(op, *args)`` emits a prim,
-``d.fwd(x)`` is the forward value ``x`` as the backward graph sees it (saved by the forward
-or recomputed; the partition in ``passes/autograd.py`` decides which).
-
-Gradients keep PyTorch's conventions: a broadcast argument gets the gradient summed over
-its broadcast dims; float16/bfloat16 values get gradients of their own dtype; ops whose
-derivative is zero almost everywhere (floor, sign, round) give none.  Library calls
-(matmul, conv, attention, dropout, ...) are not here: the forward records them with
-PyTorch's autograd and the backward calls PyTorch's own backward kernels for them.
+``rule(d, node, g)`` gets the node and ``g``, the gradient of the loss with respect to its
+value, and returns one gradient per argument (None for none).  ``d`` is a
+:class:`passes.autograd.Differentiator`: ``d(op, *args)`` emits a prim, ``d.fwd(x)`` is the
+forward value ``x`` as the backward sees it (saved or recomputed).  PyTorch's conventions
+hold: a broadcast argument's gradient is summed over its broadcast dims; float16/bfloat16
+get gradients of their own dtype; floor, sign, round give none.  Library calls other
+than :data:`LIBRARY_RULES`' (matrix products, convolutions) are recorded with PyTorch's
+autograd, and its backward kernels run.
 """
 
 from __future__ import annotations
@@ -112,19 +108,16 @@ def _pow_exponent(d: Any, a: Callable, b: Callable, y: Callable, g: Node) -> Nod
     return d("mul", g, d("where", cond, 0.0, d("mul", y(), d("log", base))))
 
 
-def _extreme_pair(loses: str) -> Callable:
-    """maximum/minimum: the gradient goes to the chosen argument, split evenly on ties; a
-    NaN on either side passes it to both (PyTorch's max/min backward)."""
+def _extreme_pair(loses: str) -> tuple[Callable, Callable]:
+    """maximum/minimum's (fa, fb): the gradient goes to the chosen argument, split evenly on
+    ties; a NaN on either side passes it to both (PyTorch's max/min backward)."""
 
-    def f(d: Any, a: Callable, b: Callable, y: Callable, g: Node, first: bool) -> Node:
-        x, other = (a(), b()) if first else (b(), a())
-        share = d("where", d("eq", x, other), 0.5, d("where", d(loses, x, other), 0.0, 1.0))
-        return d("mul", g, share)
+    def share(d: Any, x: Node, other: Any, g: Node) -> Node:
+        split = d("where", d("eq", x, other), 0.5, d("where", d(loses, x, other), 0.0, 1.0))
+        return d("mul", g, split)
 
-    return f
-
-
-_max_f, _min_f = _extreme_pair("lt"), _extreme_pair("gt")
+    return (lambda d, a, b, y, g: share(d, a(), b(), g),
+            lambda d, a, b, y, g: share(d, b(), a(), g))
 
 BINARY_RULES: dict[str, Rule] = {
     "add": _binary(lambda d, a, b, y, g: g, lambda d, a, b, y, g: g),
@@ -135,10 +128,8 @@ BINARY_RULES: dict[str, Rule] = {
         lambda d, a, b, y, g: d("neg", d("truediv", d("mul", g, a()), d("mul", b(), b()))),
     ),
     "pow": _binary(_pow_base, _pow_exponent),
-    "maximum": _binary(lambda d, a, b, y, g: _max_f(d, a, b, y, g, True),
-                       lambda d, a, b, y, g: _max_f(d, a, b, y, g, False)),
-    "minimum": _binary(lambda d, a, b, y, g: _min_f(d, a, b, y, g, True),
-                       lambda d, a, b, y, g: _min_f(d, a, b, y, g, False)),
+    "maximum": _binary(*_extreme_pair("lt")),
+    "minimum": _binary(*_extreme_pair("gt")),
     "remainder": _binary(
         lambda d, a, b, y, g: g,
         lambda d, a, b, y, g: d("mul", d("neg", g), d("floor", d("truediv", a(), b()))),

@@ -1,25 +1,14 @@
 """An eval-mode batch norm after a convolution is folded into the convolution's weight and
-bias (Inductor's freezing does the same).
+bias (Inductor's freezing does the same): ``conv(x, w * s[:, None, ...]) + (b - mean) * s +
+beta`` with ``s = gamma / sqrt(var + eps)``, one library call and no per-element work after
+it.  The folding reads only parameters and buffers, so passes/hoist_params.py makes it run
+once.
 
-In inference, batch norm is a per-channel affine map with the running statistics:
-``(y - mean) * gamma / sqrt(var + eps) + beta``.  Applied to a convolution's result
-``y = conv(x, w) + b`` it is the convolution ``conv(x, w * s[:, None, ...]) + (b - mean) * s
-+ beta`` with ``s = gamma / sqrt(var + eps)``: one library call, and no per-element work
-after it.  The folding arithmetic reads only parameters and buffers, so
-passes/hoist_params.py takes it out of the graph and the runtime does it once
-(minicompile/runtime/derived.py), again only when one of them changes.
-
-Folded where:
-- the convolution (1-d, 2-d or 3-d, any groups: depthwise too) is read by the batch norm
-  alone, and its weight and bias (or none) are parameters;
-- the batch norm uses its running statistics (``training=False``), and its statistics,
-  weight and bias (or none) are parameters or buffers;
-- the graph takes no gradient (minicompile/pipeline.py runs this for inference alone).
-
-The arithmetic runs in float32 (float64 for float64 tensors) and the folded weight and bias
-are cast once to the convolution's dtype, as Inductor's freezing does: a bfloat16 or
-float16 network's folded weight is rounded once, where eager rounds the convolution's
-result and then the batch norm's.  The result keeps the layout eager gives the batch norm.
+Folded where the convolution (any dims, any groups) is read by the batch norm alone, with
+parameters for weight and bias; the batch norm uses its running statistics, all its
+tensors parameters or buffers; and the graph takes no gradient.  The arithmetic runs in
+float32 (float64 for float64) and the result is cast once to the convolution's dtype, as
+Inductor's freezing does; the result keeps the layout eager gives the batch norm.
 """
 
 from __future__ import annotations

@@ -1,29 +1,15 @@
 """Matrix products whose result rows have an odd length write them padded to 16 bytes.
 
-cuBLAS picks its fast kernels only where the leading dimension of every matrix it reads
-and writes is a multiple of 16 bytes.  Eager's result of ``F.linear`` (``torch.mm``,
-``torch.addmm``, ``torch.matmul`` by a matrix) is contiguous, so its leading dimension is
-the number of output features: GPT-2's LM head writes rows of 50257 bf16 logits, on which
-cuBLAS runs an ``align1`` kernel, 6.7 ms on an H200 for 16 x 512 tokens against 0.88 ms into
-aligned rows.  Its operands are fine (the weight is read as a clean transpose, leading
-dimension 768).
+cuBLAS picks its fast kernels only where every leading dimension is a multiple of 16
+bytes; GPT-2's LM head writes rows of 50257 bf16 logits (an ``align1`` kernel: 6.7 ms on an
+H200 against 0.88 ms into aligned rows).  Such a product becomes the same library call
+written into padded rows (``minicompile/runtime/gemm.py``), as Inductor's ``pad_mm``: fused
+readers read the padded rows at no cost; a graph output is copied back to eager's strides
+(``to_eager_layout``) only where the product has :data:`MIN_K` multiply-adds per element and
+:data:`MIN_COPIED` elements; any other reader keeps the product as it is.
 
-Here such a product becomes the same library call written into rows padded to 16 bytes
-(``minicompile/runtime/gemm.py``), as Inductor's ``pad_mm`` does by padding the operands:
-
-- its pointwise and reduction readers read the padded rows in their fused kernels, at no
-  cost (their own results keep eager's layout: the dims lie in the same order);
-- a graph output is copied to eager's strides (``to_eager_layout``, a fused copy kernel):
-  two passes over the result, worth it where the product does many multiply-adds per
-  result element (:data:`MIN_K`) and the result is not so small that a kernel launch
-  outweighs it (:data:`MIN_COPIED`).  On the issue's numbers the aligned product plus the
-  copy costs 1.3 ms where eager's product takes 6.7 ms; at K = 64 they would break even.
-- any other reader (a view, a library call) keeps eager's layout: the product is left as is.
-
-Only for inference (a product that takes a gradient stays one library call); only static
-sizes.  ``cfg.gemm_padding``: "auto" pads 16-bit floating-point products on CUDA (tensor-core
-kernels); "on" any floating-point product on any device (how the CPU tests see what a GPU
-gets); "off" never.
+Only for inference and static sizes.  ``cfg.gemm_padding``: "auto" pads 16-bit float
+products on CUDA; "on" any float product on any device (for the CPU tests); "off" never.
 """
 
 from __future__ import annotations
@@ -37,7 +23,7 @@ import torch
 from minicompile import ops
 from minicompile.config import GEMM_PADDINGS as MODES
 from minicompile.graph import Graph, Node, TensorMeta, copy_graph
-from minicompile.passes.layout import contiguous
+from minicompile.passes.layout import contiguous, static
 from minicompile.runtime import gemm
 
 LINEAR, ADDMM, MM, MATMUL = ("torch.nn.functional.linear", "torch.addmm", "torch.mm",
@@ -48,10 +34,6 @@ AUTO_DTYPES = frozenset({torch.float16, torch.bfloat16})
 FUSED_READERS = frozenset({"unary", "binary", "ternary", "cast", "reduction", "copy"})
 MIN_K = 128  # multiply-adds per result element, where the result must be copied back
 MIN_COPIED = 1 << 20  # result elements, where it must be copied back
-
-
-def _static(meta: TensorMeta) -> bool:
-    return all(sympy.sympify(v).is_Integer for v in (*meta.shape, *meta.stride))
 
 
 def _plain_call(node: Node) -> tuple[Node, ...] | None:
@@ -72,7 +54,7 @@ def _plain_call(node: Node) -> tuple[Node, ...] | None:
             return None  # (a batched product: bmm)
     else:
         return None
-    if not all(isinstance(a, Node) and isinstance(a.meta, TensorMeta) and _static(a.meta)
+    if not all(isinstance(a, Node) and isinstance(a.meta, TensorMeta) and static(a.meta)
                for a in tensors):
         return None
     x = tensors[1] if node.target == ADDMM else tensors[0]
@@ -85,7 +67,7 @@ def _pads(node: Node, mode: str) -> bool:
     """Whether ``node``'s result is written into padded rows (see the module's doc)."""
     meta = node.meta
     if (not isinstance(meta, TensorMeta) or node.requires_grad or meta.ndim < 2
-            or not meta.dtype.is_floating_point or not _static(meta)):
+            or not meta.dtype.is_floating_point or not static(meta)):
         return False
     if mode == "auto" and (meta.device.type != "cuda" or meta.dtype not in AUTO_DTYPES):
         return False  # (CPU BLAS and cuBLAS's float32 kernels: not measured)

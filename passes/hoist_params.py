@@ -1,30 +1,18 @@
 """Work that reads only the module's parameters and buffers is taken out of an inference
-graph, to be done once (Inductor's freezing, without freezing anything).
+graph, to be done once (Inductor's freezing, without freezing anything): a batch norm folded
+into a weight, a weight copied channels-last or padded, a weight cast under autocast.
 
-Inference graphs recompute every call what depends only on the module's state: a batch
-norm folded into its convolution's weight (passes/fold_batch_norm.py), a weight copied
-channels-last (passes/layout.py) or zero-padded for cuBLAS (passes/gemm_padding.py), a
-weight cast under autocast.  :func:`hoist_parameter_values` cuts the graph in two:
+:func:`hoist_parameter_values` cuts the graph in two: the *derived* graph (placeholders: the
+parameters and buffers it reads; outputs: the values the rest reads), the largest subgraph
+whose every input is a parameter, a buffer or a constant; and the *main* graph, the
+original with one placeholder appended per value of the cut.  The runtime computes the
+derived graph again only when a parameter it read changed (minicompile/runtime/derived.py).
+Stay in the main graph: views alone (free in kernels; a cached view would cost memory),
+anything a graph output may share memory with (eager returns new tensors), random draws,
+library calls of user code and anything with symbolic sizes.
 
-- the *derived* graph: placeholders are the parameters and buffers it reads, outputs the
-  values the rest of the graph reads (the cut): the largest subgraph whose every input is
-  a parameter, a buffer or a constant (GPT-2's position embeddings of ``arange(T)``);
-- the *main* graph: the original graph, its placeholders unchanged and in order, plus one
-  placeholder after them for each value of the cut, which its readers now read.
-
-The runtime computes the derived graph once and again only when a parameter it read
-changed (minicompile/runtime/derived.py).  What stays in the main graph:
-
-- views alone (a weight transposed for a matrix product): free in the kernels, and a
-  cached view would be a copy that costs memory;
-- any value a graph output may share memory with (an output, and what a view or library
-  call of an output reads): eager returns new tensors each call, never the cache;
-- random draws, library calls of user code (``torch.ops``, autograd Functions) and
-  anything with symbolic sizes.
-
-``state``: the positions of the placeholders that are parameters or buffers
-(``._parameters[...]``/``._buffers[...]`` sources) that the graph does not write back
-into; a graph that takes gradients (training) never comes here.
+``state``: the positions of the placeholders that are parameters or buffers the graph does
+not write back into; a graph that takes gradients never comes here.
 """
 
 from __future__ import annotations

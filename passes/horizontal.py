@@ -1,14 +1,11 @@
-"""Horizontal fusion: independent pointwise groups of one graph become combo kernels.
+"""Horizontal fusion: independent pointwise groups of one graph become combo kernels (an
+optimizer step over N parameters is one launch, not N), as Inductor's combo kernels.
 
-Vertical fusion (passes/fusion.py) gives one kernel per iteration space, so an optimizer
-step over N parameters of N shapes is N kernels, N launches.  This pass combines groups that
-do not depend on each other into :class:`ComboGroup` s, one launch each, as Inductor's
-foreach/combo kernels do.  Legality (:func:`can_join`) is per group (pointwise, static size,
-no checks of values); independence comes from levels: a group's level is the longest path to it
-in the dependency DAG, so groups of one level never reach each other, and a combo of one
-level keeps every edge pointing from a lower level to a higher one (the DAG stays acyclic).
-Profitability is simple: fewer launches is always better here; :data:`MAX_PARTS` and
-:data:`MAX_ARGS` cap a combo so Triton's compile time and argument lists stay sane.
+Legality (:func:`can_join`) is per group: pointwise, static size, no checks of values.
+Independence comes from levels (the longest path to a group in the dependency DAG): groups
+of one level never reach each other, and a combo of one level keeps the DAG acyclic.
+Fewer launches is always better; :data:`MAX_PARTS` and :data:`MAX_ARGS` cap a combo so
+Triton's compile time and argument lists stay sane.
 """
 
 from __future__ import annotations

@@ -1,15 +1,10 @@
-"""In-place stores: a kernel output that is only copied back into a mutated input is stored
-straight into that input's memory, so neither a new buffer nor the copy costs anything.
+"""In-place stores: a kernel output that is only copied back into a mutated input (capture's
+write-backs of in-place ops on inputs: ``p.mul_(0.9)``) is stored straight into that input's
+memory; rebuild's ``copy_`` then copies a tensor onto itself, which PyTorch skips.
 
-Capture records which graph output the frame's rebuild copies into which input (the
-write-backs of in-place ops on inputs: ``p.mul_(0.9)``).  When the output's kernel may write
-the input's memory (:func:`why_not`), the wrapper passes the input's tensor as that output
-and rebuild's ``copy_`` becomes a copy of a tensor onto itself, which PyTorch skips.
-
-Legal when the output is a pointwise kernel's buffer with the input's exact layout,
-returned for nothing but the write-back, and every read of the input in the whole program
-is in that kernel, at the element the kernel stores (so each element is read before it is
-overwritten, by the same program; the emitters compute every value before any store).
+Legal (:func:`why_not`) when the output is a pointwise kernel's buffer with the input's
+exact layout, returned for nothing but the write-back, and every read of the input is in
+that kernel at the element it stores (the emitters compute every value before any store).
 """
 
 from __future__ import annotations

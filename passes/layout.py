@@ -1,34 +1,18 @@
 """Layout optimization: convolutions run channels-last where that is faster.
 
-cuDNN's fast convolutions (tensor cores) read and write channels-last (NHWC) memory; given
-eager's contiguous (NCHW) tensors it transposes every input and output itself, one extra
-kernel each way.  Like Inductor's ``layout_optimization``, this pass decides once per graph
-(:func:`decide`) and then rewrites the graph (:func:`optimize_layout`):
+cuDNN's tensor-core convolutions read and write channels-last (NHWC) memory; given eager's
+contiguous tensors it transposes each input and output itself.  Like Inductor's
+``layout_optimization``, :func:`decide` chooses once per graph and :func:`optimize_layout`
+rewrites it: each 2-d convolution reads a channels-last input and weight (a
+``to_channels_last`` copy where needed), every later node takes the layout PyTorch's rules
+give it from its inputs (its meta inferred again), and each graph output or random call's
+argument whose layout changed is copied back to eager's strides (``to_eager_layout``,
+fused into the kernel that computes it; dropout draws in memory order).  A library call
+that reads strides (:data:`READS_STRIDES`) keeps the whole graph in eager's layout.
 
-- each 2-d convolution reads a channels-last input and weight: a ``to_channels_last`` node
-  copies them where they are not already (a 1x1 weight already is; a weight that is a
-  parameter is copied once, passes/hoist_params.py), so the convolution returns
-  channels-last;
-- every node after it takes the layout PyTorch's own rules give it from its now
-  channels-last inputs (its meta is inferred again): pointwise ops keep their input's
-  stride order, so batch norm, ReLU and residual adds read and write channels-last, and
-  so do pooling calls;
-- each graph output whose layout changed is copied back to the strides eager gives it
-  (``to_eager_layout``), a copy lowering fuses into the kernel that computes the output;
-  so is the argument of a random call (dropout fills its mask in memory order: eager's
-  layout gives eager's draws for a seed).  A library call that reads its argument's
-  strides (``as_strided``) keeps the whole graph in eager's layout.
-
-The decision (``cfg.layout_opt``): ``"off"``; ``"channels_last"`` for any graph with a 2-d
-convolution (how the CPU tests force it); ``"auto"`` (default) only for inference graphs
-with convolutions on CUDA, with Inductor's FLOP-weighted heuristic against the cases where
-cuDNN's channels-last kernels are slower (grouped convolutions) and none for few
-convolutions in a large graph.  On CPU "auto" keeps eager's layout (mkldnn's preferences
-differ), and so it does for graphs with a backward (see :func:`decide`).
-
-Runs on the prim graph before the backward is derived, so the backward graph sees
-channels-last saved values and PyTorch's convolution backward gets channels-last
-gradients; a copy's own gradient goes back to its input's layout.
+``cfg.layout_opt``: "off"; "channels_last" for any graph with a 2-d convolution (how the
+CPU tests force it); "auto" for CUDA inference graphs, with Inductor's FLOP-weighted
+heuristic.  Runs on the prim graph before the backward is derived.
 """
 
 from __future__ import annotations
@@ -79,7 +63,7 @@ def decide(graph: Graph, mode: str) -> tuple[bool, str]:
         return False, "few convolutions for the size of the graph"
     hints = graph.shapes.hints if graph.shapes is not None else {}
     kinds = {c: _kind(c, hints) for c in convs}
-    if graph_requires_grad(graph):
+    if any(n.requires_grad for n in graph.outputs):
         # cuDNN's channels-last weight gradients differed from eager's NCHW ones by up to
         # 0.6% of the largest gradient (resnet18, float32, TF32 off; not investigated):
         # training keeps eager's layout unless asked ("channels_last").
@@ -90,10 +74,6 @@ def decide(graph: Graph, mode: str) -> tuple[bool, str]:
     if weighted > sum(flops.values()):
         return False, "grouped convolutions would be slower channels-last"
     return True, "convolutions on CUDA run faster channels-last"
-
-
-def graph_requires_grad(graph: Graph) -> bool:
-    return any(n.requires_grad for n in graph.outputs)
 
 
 def _number(value: sympy.Expr, hints: dict) -> int:
@@ -152,6 +132,11 @@ def overlaps(meta: TensorMeta, hints: dict) -> bool:
             return True
         span = _number(meta.stride[d], hints) * _number(meta.shape[d], hints)
     return False
+
+
+def static(meta: TensorMeta) -> bool:
+    """Whether every size and stride of ``meta`` is a number."""
+    return all(sympy.sympify(v).is_Integer for v in (*meta.shape, *meta.stride))
 
 
 def same_layout(a: TensorMeta, b: TensorMeta) -> bool:

@@ -1,19 +1,13 @@
 """Mix-order reductions: sums over a group's rows join the kernel that walks those rows.
 
-A layer norm's backward reduces each row (its input gradient) and, over the same
-[rows, columns] values, each column: the weight and bias gradients, and a linear layer's
-bias gradient (the sum over rows of the input gradient the row kernel has just made).
-Vertical fusion (passes/fusion.py) keeps them apart, their iteration spaces being each
-other's transpose, so the column sums run as a kernel of their own that reads the rows
-again, or a split reduction of two kernels on a GPU.  Here a column-sum group joins the
-row group it reads alongside (Inductor's mix-order reductions): the row kernel walks its
-rows in chunks, adds each row's values into per-chunk column partial sums, and the
-partials are summed at the end (in the same C++ function; on a GPU by one small sum over
-the partials, codegen/triton_reduction.py).  The column members are placed "column" in
-the row group's space (minicompile/spaces.py).
-
-Legality (:func:`can_mix`) and profitability (:func:`worth_mixing`) are separate; the
-groups come back in dependency order.
+A layer norm's backward reduces each row and, over the same values, each column (the
+weight and bias gradients).  Vertical fusion keeps them apart (their iteration spaces are
+each other's transpose); here a column-sum group joins the row group it reads alongside
+(Inductor's mix-order reductions): the row kernel adds each chunk of rows into column
+partial sums, summed at the end (codegen/triton_reduction.py, codegen/cpp_reduction.py).
+The column members are placed "column" in the row group's space (minicompile/spaces.py).
+Legality (:func:`can_mix`) and profitability (:func:`worth_mixing`) are separate; the groups
+come back in dependency order.
 """
 
 from __future__ import annotations

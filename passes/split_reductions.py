@@ -1,18 +1,11 @@
-"""Split reductions that give a GPU too few outputs to work on.
-
-A reduction kernel runs one program per block of outputs.  ``grad_bias = g.sum(0)`` over a
-[4096, 512] gradient has 512 outputs: 8 programs of 64 columns on a GPU of 132
-multiprocessors, each walking 4096 rows.  Split, the reduction is two: the rows are cut into
-``S`` chunks, a first kernel reduces each chunk ([S, 512] partial results, S * 8 programs)
-and a second, small one reduces the partials.  The same holds for a few long rows (a loss
-summed over every element).
+"""Split reductions that give a GPU too few outputs to work on (``g.sum(0)`` of a [4096, 512]
+gradient: 8 programs, each walking 4096 rows; or a few long rows):
 
     sum(x, dims)  ->  sum(sum(reshape(permute(x, dims + kept), (S, R / S, K)), 1), 0)
 
-The permute and reshape are index rewrites of ``x`` (fused into the first kernel, never
-copies), and the first kernel keeps every prologue fused into the original reduction.
-Only on CUDA, for static sizes: the C++ backend's loops and the interpreter gain nothing.
-The partial sums change the order of the additions, as Inductor's split reductions do.
+The permute and reshape are index rewrites (fused into the first kernel, which keeps every
+prologue of the original).  Only on CUDA, for static sizes.  The partial sums change the
+order of the additions, as Inductor's split reductions do.
 """
 
 from __future__ import annotations
@@ -24,7 +17,8 @@ import torch
 
 from minicompile.graph import Graph, Node, copy_graph
 
-from minicompile.passes.decompose import LOW_PRECISION, _Builder, _lay_out_as
+from minicompile.ir import LOW_PRECISION
+from minicompile.passes.decompose import _Builder, _lay_out_as
 from minicompile.passes.mix_order import MAX_COLUMNS
 
 SPLITTABLE = frozenset({"sum", "prod", "amax", "amin", "any", "all"})

@@ -29,8 +29,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("minicompile")
 
 STAT_KEYS = (
-    "frames", "graphs", "graph_breaks", "recompiles", "kernels", "cache_hits", "eager_fallbacks",
-    "instructions", "concrete_instructions",
+    "frames", "graphs", "warm_entries", "graph_breaks", "recompiles", "kernels", "cache_hits",
+    "eager_fallbacks", "instructions", "concrete_instructions",
 )
 counters: dict[str, int] = dict.fromkeys(STAT_KEYS, 0)  # minicompile.stats()
 

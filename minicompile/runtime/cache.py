@@ -202,14 +202,19 @@ def places(cache_dir: Path) -> list[Path]:
 
 def find(cache_dir: Path, parts: tuple[str, ...], name: str) -> Path | None:
     """``cache_dir/parts/name`` if it exists there (or in this process's private
-    directory), else None.  Never creates anything."""
+    directory), marked used (its mtime: runtime/cache_limits.py evicts the least recently
+    used), else None.  Never creates anything."""
     for base in places(cache_dir):
         path = base.joinpath(*parts, name)
         try:
-            if path.is_file():
-                return path
-        except OSError:
+            if not path.is_file():
+                continue
+            os.utime(path)
+        except FileNotFoundError:  # (gone meanwhile: evicted by another process)
             continue
+        except OSError:  # a cache we may read but not write is still a cache
+            pass
+        return path
     return None
 
 

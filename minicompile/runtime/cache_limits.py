@@ -6,9 +6,9 @@ entries per function (checked before an entry is written), and at most ``cache_m
 over the whole cache directory (checked at a process's first stored entry and every
 ``CHECK_EVERY`` entries after: a walk of a large cache costs tens of milliseconds).
 
-*Used* is the file's modification time: a warm entry and the files it names are touched
-when loaded (runtime/entries.py), and a cached file a compile finds is touched by
-:func:`minicompile.runtime.cache.find`.  Files go by *group*, the files of one key in one
+*Used* is a file's access time, set when a warm entry and the files it names are loaded
+(runtime/entries.py) and when a compile finds a file in the cache (cache.find), or its
+modification time if later (when it was written).  Files go by *group*, the files of one key in one
 folder (``key.cpp``, ``key.so``, ``key.sum``; ``mc_key.py`` and its ``.code``; a Triton
 build's ``key.json``, ``key.py`` and ``key/``), so no half of a build is left behind.
 
@@ -22,38 +22,23 @@ from __future__ import annotations
 
 import os
 import shutil
+import stat
 import time
 from pathlib import Path
 
 from minicompile import config, trace
 from minicompile.config import Config
-from minicompile.runtime import build
+from minicompile.runtime import build, cache
 
 CHECK_EVERY = 16  # entries stored between two checks of the total size, per process
 STALE_TEMPORARY = 3600.0  # seconds after which a half-written file is a dead process's
 _stored = 0  # entries this process stored (for CHECK_EVERY)
 
 
-def touch(*paths: Path) -> None:
-    """Mark ``paths`` used now (for least-recently-used eviction)."""
-    for path in paths:
-        try:
-            os.utime(path)
-        except OSError:  # gone, or a cache we may not write: not worth a warning
-            pass
-
-
-def _mtime(path: Path) -> float | None:
-    try:
-        return path.stat().st_mtime
-    except OSError:
-        return None
-
-
 def make_room(folder: Path, keep: int, name: str) -> None:
     """Before a new entry is written into ``folder`` (one function's entries): evict the
     least recently used until fewer than ``keep`` are left."""
-    found = [(t, p) for p in folder.glob("*.json") if (t := _mtime(p)) is not None]
+    found = [(t, p) for p in folder.glob("*.json") if (t := cache.last_used(p)) is not None]
     found.sort()
     for _, path in found[: max(0, len(found) - keep + 1)]:
         _remove(path)
@@ -108,13 +93,15 @@ def _entries(folder: Path) -> list[Path]:
 
 
 def _measure(path: Path) -> tuple[int, float | None]:
-    """Bytes of ``path`` (a file, or a folder's files) and when it was last used."""
+    """Bytes of ``path`` (a file, or a folder's files) and when it was last used (None:
+    gone meanwhile)."""
     try:
         st = path.stat()
     except OSError:
         return 0, None
-    if not path.is_dir():
-        return st.st_size, st.st_mtime
+    used = max(st.st_atime, st.st_mtime)
+    if not stat.S_ISDIR(st.st_mode):
+        return st.st_size, used
     size = 0
     for root, _, files in os.walk(path):
         for f in files:
@@ -122,7 +109,7 @@ def _measure(path: Path) -> tuple[int, float | None]:
                 size += os.stat(os.path.join(root, f)).st_size
             except OSError:
                 continue
-    return size, st.st_mtime
+    return size, used
 
 
 def bound(cache_dir: Path, max_bytes: int) -> int:

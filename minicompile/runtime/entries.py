@@ -333,7 +333,7 @@ def find(fn: types.FunctionType, cfg: Config, frame: tuple, skip: set[Path],
     last, and the first looked at next time."""
     name = fn.__qualname__
     found = _entry_files(cfg, ("entries", function_key(fn)))
-    for path in sorted(found, key=_mtime, reverse=True):
+    for path in sorted(found, key=lambda p: cache.last_used(p) or 0.0, reverse=True):
         if path in skip:
             continue
         try:
@@ -347,7 +347,8 @@ def find(fn: types.FunctionType, cfg: Config, frame: tuple, skip: set[Path],
         except Exception as e:  # an entry this process cannot use is a miss, never an error
             reason = f"{type(e).__name__}: {e}"
         else:
-            cache_limits.touch(path, *warm.files)
+            for used in (path, *warm.files):
+                cache.mark_used(used)
             trace.emit("cache", name, f"entry {path.name} loaded")
             return warm
         trace.emit("cache", name, f"entry {path.name} not used: {reason}")
@@ -364,13 +365,6 @@ def _entry_files(cfg: Config, parts: tuple[str, ...]) -> list[Path]:
         except OSError:
             continue
     return found
-
-
-def _mtime(path: Path) -> float:
-    try:
-        return path.stat().st_mtime
-    except OSError:
-        return 0.0
 
 
 def _read(path: Path, cfg: Config) -> dict:

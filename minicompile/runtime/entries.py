@@ -168,12 +168,15 @@ def _payload(stored: Stored, cfg: Config) -> dict:
         "builds": {} if stored.interpret else build.launch_builds(loaded),
         "derived": _derived_payload(stored.derived),
         "dynamic": stored.dynamic,
-        "size_symbols": _size_symbols(capture),
+        "size_symbols": size_symbols(capture),
     }
 
 
-def _size_symbols(capture: Any) -> list[str]:
-    """Where the entry's size symbols are read (``L['x'].shape[0]``), for the logs."""
+def size_symbols(capture: Any) -> list[str]:
+    """Where the size symbols of an entry's capture are read (``L['x'].shape[0]``, in
+    trace order), of a compiled capture or a WarmCapture (which keeps the list)."""
+    if isinstance(capture, WarmCapture):
+        return capture.size_symbols
     shapes = capture.graph.shapes
     return [] if shapes is None else [where.name for where in shapes.sources.values()]
 
@@ -306,6 +309,7 @@ class WarmCapture:
     writebacks: tuple = ()
     codes: frozenset = frozenset()
     handlers: bool = True  # (see Capture.handlers)
+    size_symbols: list[str] = dataclasses.field(default_factory=list)
 
 
 @dataclasses.dataclass
@@ -349,7 +353,8 @@ def find(fn: types.FunctionType, cfg: Config, frame: tuple, skip: set[Path],
         else:
             for used in (path, *warm.files):
                 cache.mark_used(used)
-            trace.emit("cache", name, f"entry {path.name} loaded")
+            symbolic = ", ".join(warm.capture.size_symbols) or "none"
+            trace.emit("cache", name, f"entry {path.name} loaded (sizes symbolic: {symbolic})")
             return warm
         trace.emit("cache", name, f"entry {path.name} not used: {reason}")
     return None
@@ -414,7 +419,7 @@ def _load(path: Path, fn: types.FunctionType, cfg: Config, frame: tuple,
     exec(compile(p["get_inputs"], "<minicompile inputs>", "exec"), namespace)
     get_inputs, rebuild = namespace["get_inputs"], namespace["rebuild"]
     capture = WarmCapture(guards, get_inputs, rebuild, p["input_sources"], p["get_inputs"],
-                          p["rebuild"], handlers=p.get("handlers", True))
+                          p["rebuild"], handlers=p["handlers"], size_symbols=p["size_symbols"])
     decided = decide(capture)
     if decided != p["dynamic"]:
         raise Miss(f"compiled when {_decided(p['dynamic'])}; for this call "

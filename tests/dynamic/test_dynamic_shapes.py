@@ -53,7 +53,7 @@ def _inputs(name: str, n: int, device: torch.device) -> tuple:
 FUNCTIONS = {"pointwise": pointwise, "softmax": softmax, "layer_norm": layer_norm}
 
 
-def symbols(entry) -> list[str]:  # noqa: ANN001
+def symbols(entry) -> list[str]:
     """Where an entry's size symbols are read, compiled or loaded from disk."""
     return size_symbols(entry.capture)
 

@@ -30,7 +30,8 @@ def run_tests(cache: Path, record: Path) -> dict[str, dict]:
                PYTHONPATH=os.pathsep.join([str(ROOT), str(HERE), env.get("PYTHONPATH", "")]))
     cmd = [sys.executable, "-m", "pytest", str(HERE / "test_dynamic_shapes.py"), "-q", "-x",
            "-p", "no:cacheprovider", "-p", "record_stats", "-k", SUBSET]
-    proc = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=600,
+                          check=False)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     lines = record.read_text().splitlines()
     record.unlink()

@@ -5,17 +5,22 @@ When a frame compiles whole (no graph break, no backward graph), its entry is wr
 ``rebuild`` (plain Python), the objects their namespace refers to as *recipes* (how to find
 them again: a module by name, a function by module and qualified name, a device by its
 string...), the wrapper module and C++ library with their sha256, and the cache key of each
-GPU kernel's cubin (so that loading it hashes no kernel text).  A later process that
-calls the same function looks there first: it rebuilds the namespace, re-evaluates the
-guards on the call, and on a pass imports the wrapper and runs, with no bytecode
-interpreted, no metadata inferred and nothing built.
+GPU kernel's cubin (so that loading it hashes no kernel text).  A later process whose call
+no entry in memory matches looks there, newest entry first (:func:`find`): it rebuilds an
+entry's namespace, re-evaluates its guards on the call, and on a pass imports the wrapper
+and runs, with no bytecode interpreted, no metadata inferred and nothing built.  Only the
+entry the call needs is loaded: the disk is a cache, and what a process decides and counts
+is the same with or without it.
 
-The function key covers the function's code (``marshal`` of the code object: bytecode,
-constants, names, file and line table), the configuration, the tool versions
-(:func:`~minicompile.runtime.cache.tool_versions`) and minicompile's own source.  Every
-other function the trace inlined must be found again by a recipe that checks its code
-(functions by their code and defaults, classes by the code of their methods), or live in
-PyTorch, Triton or the standard library (covered by the versions).  Anything else is not
+The function key (the folder) covers the function's code (``marshal`` of the code object:
+bytecode, constants, names, file and line table); each entry's header holds the options it
+was compiled under, and the tool versions (:func:`~minicompile.runtime.cache.tool_versions`)
+with minicompile's own source, so that an entry of other options or an older version is
+passed over with the reason said, and goes when its function's folder is full
+(runtime/cache_limits.py).  Every other function the trace inlined must be found again by
+a recipe (runtime/recipes.py) that checks its code (functions by their code and defaults,
+classes by the code of their methods), or live in PyTorch, Triton or the standard library
+(covered by the versions).  Anything else is not
 stored, with the reason under ``MINICOMPILE_LOGS=cache``: modules, parameters or other
 objects known only by identity, functions made at run time.  When unsure, miss.
 
@@ -345,7 +350,7 @@ def find(fn: types.FunctionType, cfg: Config, frame: tuple, skip: set[Path],
         except cache.CacheCorrupted as e:  # the entry, or a file it names
             cache.warn_corrupted(e.path)
             cache.discard(path)
-            continue
+            reason = f"{e} (removed)"
         except (Miss, NotStorable) as e:
             reason = str(e)
         except Exception as e:  # an entry this process cannot use is a miss, never an error

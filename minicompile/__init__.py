@@ -24,6 +24,7 @@ from minicompile.api import compile, reset, stats  # noqa: E402
 from minicompile.errors import Unsupported  # noqa: E402
 from minicompile.explain import explain  # noqa: E402
 from minicompile.aot_export import export, load  # noqa: E402
+from minicompile.runtime.cache_limits import cache_info, clear_cache  # noqa: E402
 from minicompile.runtime.profile import profile_report  # noqa: E402
 
 
@@ -38,7 +39,7 @@ def mark_dynamic(t: object, dim: int | list[int] | tuple[int, ...]) -> None:
 
 
 __all__ = [
-    "compile", "explain", "export", "load", "mark_dynamic", "profile_report", "reset", "stats",
-    "Unsupported",
+    "cache_info", "clear_cache", "compile", "explain", "export", "load", "mark_dynamic",
+    "profile_report", "reset", "stats", "Unsupported",
 ]
 __version__ = "0.1.0"

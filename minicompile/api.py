@@ -17,6 +17,7 @@ import time
 import types
 import warnings
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -28,7 +29,7 @@ from minicompile.errors import BackendCompilerFailed, Unsupported
 from minicompile.driver import Entry, compile_graph
 from minicompile.driver import counters as _stats
 from minicompile.resume import Resuming, _callee_wrappers, _compiled_steps
-from minicompile.runtime import build, entries, profile
+from minicompile.runtime import build, cache, entries, profile
 
 # Capture, the passes, lowering and codegen import sympy and PyTorch's fake tensors
 # (most of a second): they are imported on the first miss, not at `import minicompile`, so a
@@ -45,20 +46,26 @@ _compiled: list[CompiledFunction] = []  # every wrapper, so reset() can clear th
 
 
 def stats() -> dict[str, int]:
-    """Counters since the last :func:`reset`: frames captured, graphs compiled, graph
-    breaks, recompiles, kernels in the compiled code (built or loaded from the cache),
+    """Counters since the last :func:`reset`: frames captured, graphs compiled, warm
+    entries loaded from disk in their place (``warm_entries``), graph breaks, recompiles
+    (calls no entry matched, of a function that had entries: answered by a compile or by
+    an entry from disk), kernels in the compiled code (built, or loaded from the cache),
     cache hits (graphs whose code was found on disk or in memory), eager fallbacks,
     bytecode instructions traced (``instructions``) and run by the concrete executor
-    (``concrete_instructions``: breaking instructions, and frames finished for real)."""
+    (``concrete_instructions``: breaking instructions, and frames finished for real).
+
+    A full cache directory changes only how the work is done, never what is decided:
+    ``graphs + warm_entries``, ``recompiles``, ``graph_breaks``, ``kernels`` and
+    ``eager_fallbacks`` are the same with an empty one."""
     return dict(_stats)
 
 
 def reset() -> None:
-    """Forget all compiled code and zero the stats (the on-disk cache stays: the next call
-    looks there, as a new process would)."""
+    """Forget all compiled code and zero the stats, with or without a cache on disk: the
+    next call looks there, as a new process would (what it loads counts as
+    ``warm_entries``)."""
     for fn in _compiled:
         fn.entries.clear()
-        fn.looked_on_disk = False
         fn.segments = {} if fn._root is None else {fn._root: fn.entries}
         fn.concrete_points.clear()
         fn.dynamic_dims.clear()
@@ -91,7 +98,6 @@ class CompiledFunction(Resuming, AutoDynamic):
         # whole-frame entries, filed under it once capture has computed it (self.root).
         self.segments: dict[ResumePoint, list[Entry]] = {}
         self._root: ResumePoint | None = None
-        self.looked_on_disk = False  # for warm entries (runtime/entries.py), once
         self.concrete_points: set[ResumePoint] = set()  # the rest of the frame runs for real
         self.eager_reason: str | None = None
         self.breaks: list[Break | Unsupported] = []  # every break met, for explain()
@@ -164,6 +170,8 @@ class CompiledFunction(Resuming, AutoDynamic):
                           f"compiled again", stacklevel=4)
             _stats["eager_fallbacks"] += 1
             self.entries.remove(entry)
+            if entry.file is not None:
+                cache.discard(entry.file)
         return result
 
     @property
@@ -174,6 +182,9 @@ class CompiledFunction(Resuming, AutoDynamic):
 
             self._root = root_point(self.fn.__code__)
             self.segments[self._root] = self.entries
+            for table in (self.dynamic_dims, self.dynamic_ints):  # (filled before: a warm
+                if None in table:  # entry was looked for, which computes no root)
+                    table[self._root] = table.pop(None)
         return self._root
 
     def bind(self, args: tuple, kwargs: dict[str, Any]) -> tuple:
@@ -202,23 +213,21 @@ class CompiledFunction(Resuming, AutoDynamic):
     def _compile_and_run(self, frame: tuple, args: tuple, kwargs: dict[str, Any]) -> Any:
         cfg = self.cfg
         name = self.fn.__qualname__
-        if cfg.warm_entries and not self.looked_on_disk:
-            self.looked_on_disk = True
+        reasons = [e.capture.guards.explain_failure(*frame) for e in self.entries]
+        if cfg.warm_entries:
             entry = self.load_warm(frame)
             if entry is not None:
+                self.count_recompile(reasons, "an entry on disk matched")
                 return self.run_root(entry, frame, args, kwargs)
-        if self.entries:
-            reasons = [e.capture.guards.explain_failure(*frame) for e in self.entries]
-            if len(self.entries) >= cfg.recompile_limit:
-                warnings.warn(
-                    f"minicompile: {name} hit the recompile limit ({cfg.recompile_limit}); "
-                    f"it runs eagerly from now on. Last guard failure: {reasons[0]}",
-                    stacklevel=3,
-                )
-                return self.give_up(f"recompile limit ({cfg.recompile_limit}) reached", args, kwargs)
-            _stats["recompiles"] += 1
-            trace.emit("recompiles", name, "\n".join(
-                f"entry {k}: {r}" for k, r in enumerate(reasons)))
+        # Entries loaded from disk cost no compile: only compiled ones use up the limit.
+        if sum(not e.warm for e in self.entries) >= cfg.recompile_limit:
+            warnings.warn(
+                f"minicompile: {name} hit the recompile limit ({cfg.recompile_limit}); "
+                f"it runs eagerly from now on. Last guard failure: {reasons[0]}",
+                stacklevel=3,
+            )
+            return self.give_up(f"recompile limit ({cfg.recompile_limit}) reached", args, kwargs)
+        self.count_recompile(reasons, "compiling")
         _stats["frames"] += 1
         failed: Exception | None = None
         with perf.graph(name):
@@ -246,8 +255,16 @@ class CompiledFunction(Resuming, AutoDynamic):
         self.entries.insert(0, entry)
         result = self.run_root(entry, frame, args, kwargs)
         if cfg.warm_entries:  # after the first run: Triton builds a kernel at its launch
-            self.store_warm(entry)
+            self.store_warm(entry, frame)
         return result
+
+    def count_recompile(self, reasons: list[str | None], then: str) -> None:
+        """A call no entry matched, of a function with entries (``reasons``: why each
+        failed): one recompile, whether a compile or an entry on disk answers it."""
+        if reasons:
+            _stats["recompiles"] += 1
+            trace.emit("recompiles", self.fn.__qualname__, "\n".join(
+                [*(f"entry {k}: {r}" for k, r in enumerate(reasons)), then]))
 
     # -- errors -----------------------------------------------------------------------------
 
@@ -293,22 +310,28 @@ class CompiledFunction(Resuming, AutoDynamic):
     # -- warm entries on disk ---------------------------------------------------------------
 
     def load_warm(self, frame: tuple) -> Entry | None:
-        """Load this function's entries from disk (runtime/entries.py), the modules they
-        hold those of ``frame``; return the first whose guards pass on ``frame``, or None."""
+        """On a miss: the newest entry of this function on disk that ``frame`` can use and
+        this call would compile (runtime/entries.py: find), loaded as the newest entry in
+        memory, or None."""
         start = time.perf_counter()
-        warm = entries.load_all(self.fn, self.cfg, frame)
-        perf.warm_entries(self.fn.__qualname__, len(warm), time.perf_counter() - start)
-        for w in warm:
-            _stats["graphs"] += 1
-            _stats["kernels"] += w.kernels
-            _stats["cache_hits"] += 1
-            self.entries.append(Entry(w.capture, w.run, call=w.call, sizes=w.sizes))  # type: ignore[arg-type]
-        for entry in self.entries:
-            if entry.capture.guards.check(*frame):
-                return entry
-        return None
+        if self.cfg.dynamic is None:  # what automatic dynamic decides for this call
+            self.note_changes(self._root, frame, self.entries)
+        skip = {e.file for e in self.entries if e.file is not None}
+        warm = entries.find(self.fn, self.cfg, frame, skip,
+                            lambda capture: self.decision(frame, capture))
+        perf.warm_entries(self.fn.__qualname__, int(warm is not None),
+                          time.perf_counter() - start)
+        if warm is None:
+            return None
+        _stats["warm_entries"] += 1
+        _stats["kernels"] += warm.kernels
+        _stats["cache_hits"] += 1
+        entry = Entry(warm.capture, warm.run, call=warm.call, sizes=warm.sizes,  # type: ignore[arg-type]
+                      file=warm.path, warm=True)
+        self.entries.insert(0, entry)
+        return entry
 
-    def store_warm(self, entry: Entry) -> None:
+    def store_warm(self, entry: Entry, frame: tuple) -> None:
         """Write a whole-frame entry to disk for later processes, where it can be."""
         name = self.fn.__qualname__
         if entry.stop is not None or entry.eager_reason is not None:
@@ -324,12 +347,16 @@ class CompiledFunction(Resuming, AutoDynamic):
         if self.cfg.check:  # its call runs beside eager (minicompile/check.py)
             trace.emit("cache", name, "not stored on disk: MINICOMPILE_CHECK")
             return
-        if len(self.entries) > self.cfg.recompile_limit:
+        try:
+            decided = self.decision(frame, entry.capture)
+        except Exception as e:  # the call changed its arguments' structure
+            trace.emit("cache", name, f"not stored on disk: its inputs cannot be read again "
+                       f"({type(e).__name__}: {e})")
             return
         loaded, interpret, no_grad, derived = entry.artefact
         stored = entries.Stored(self.fn, entry.capture, loaded, interpret, no_grad,
-                                loaded.kernels, entry.sizes, derived)
-        entries.save(stored, self.cfg)
+                                loaded.kernels, entry.sizes, derived, decided)
+        entry.file = entries.save(stored, self.cfg)
 
     # -- building entries, eager fallbacks --------------------------------------------------
 

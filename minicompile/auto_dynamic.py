@@ -10,11 +10,14 @@ sizes, which are exact.  :class:`AutoDynamic` is this part of
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
+
+import torch
 
 from minicompile import perf, trace
 from minicompile.driver import Entry, compile_graph, describe_symbols
 from minicompile.errors import BackendCompilerFailed, Unsupported
+from minicompile.runtime.guards import marked_dims
 
 if TYPE_CHECKING:
     from minicompile.capture import Break, Capture, ResumePoint
@@ -34,6 +37,14 @@ class AutoDynamic:
         mode = self.cfg.dynamic
         if mode is not None:
             return DynamicPolicy(mode)
+        seen, ints = self.note_changes(point, values, entries)
+        return DynamicPolicy(None, dict(seen), frozenset(ints))
+
+    def note_changes(self, point: ResumePoint | None, values: tuple,
+                     entries: list[Entry]) -> tuple[dict[str, frozenset[int]], set[str]]:
+        """Automatic dynamic's tables for ``point`` (None: the frame's start, before capture
+        has computed it), with the dims and int arguments of ``values`` that differ from
+        what an entry was traced with added.  Looking at the same call again adds nothing."""
         seen = self.dynamic_dims.setdefault(point, {})
         ints = self.dynamic_ints.setdefault(point, set())
         for entry in entries:
@@ -56,7 +67,26 @@ class AutoDynamic:
                     trace.emit("dynamic", self.fn.__qualname__, "\n".join(
                         f"{source} dim {d} is dynamic: traced with size {before[d]}, "
                         f"called with {after[d]}" for d in sorted(new)))
-        return DynamicPolicy(None, dict(seen), frozenset(ints))
+        return seen, ints
+
+    def decision(self, values: tuple, capture: Any) -> dict | None:
+        """What automatic dynamic decides for a whole-frame capture of the call ``values``,
+        as JSON: the dims and int arguments seen to change (the tables, once
+        :meth:`note_changes` has looked at this call) and the dims of the capture's inputs
+        marked dynamic.  A warm entry on disk is used only for a call decided as its
+        compile was (runtime/entries.py), so a full cache changes no decision.  None when
+        ``dynamic`` is True or False, which decides alone."""
+        if self.cfg.dynamic is not None:
+            return None
+        seen = self.dynamic_dims.get(self._root, {})
+        ints = self.dynamic_ints.get(self._root, set())
+        marks = {}
+        for source, t in zip(capture.input_sources, capture.get_inputs(*values)):
+            dims = marked_dims(t) if isinstance(t, torch.Tensor) else ()
+            if dims:
+                marks[source] = sorted(dims)
+        return {"dims": {s: sorted(d) for s, d in seen.items() if d}, "ints": sorted(ints),
+                "marks": marks}
 
     def capture(
         self, point: ResumePoint, values: tuple, entries: list[Entry], name: str,

@@ -28,6 +28,19 @@ def _on_unless_off(value: str | None) -> bool:
     return (value or "1").strip().lower() not in ("0", "false", "no", "off")
 
 
+def _size(variable: str, value: str) -> int:
+    """A count or a size in bytes: ``16``, ``512M``, ``2G``."""
+    text = value.strip().upper().removesuffix("B")
+    scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
+    try:
+        number = int(text[:-1] if scale > 1 else text)
+    except ValueError:
+        raise ValueError(f"{variable}: {value!r} is not a whole number (K, M, G allowed)") from None
+    if number < 1:
+        raise ValueError(f"{variable}: {value!r} must be at least 1")
+    return number * scale
+
+
 @dataclasses.dataclass(frozen=True)
 class Config:
     backend: str = "auto"  # "auto" | "cpp" | "triton"
@@ -67,6 +80,12 @@ class Config:
     # function compiled before loads its guards, wrapper and kernels without capture.
     # MINICOMPILE_WARM_ENTRIES=0 turns them off (kernels are still cached).
     warm_entries: bool = True
+    # Bounds on the on-disk cache (runtime/cache_limits.py): warm entries kept per function
+    # (the least recently used evicted; MINICOMPILE_CACHE_MAX_ENTRIES), and bytes over the
+    # whole cache directory (MINICOMPILE_CACHE_MAX_BYTES, a number with an optional K, M or
+    # G suffix).
+    cache_max_entries: int = 16
+    cache_max_bytes: int = 2 << 30
     # Processes that build kernels at once (C++ libraries of a graph, Triton kernels
     # warmed before their first launch); MINICOMPILE_COMPILE_THREADS, default the CPUs.
     compile_threads: int = max(1, os.cpu_count() or 1)
@@ -130,6 +149,10 @@ def from_env(env: dict[str, str] | os._Environ = os.environ) -> Config:
             if value not in choices:
                 raise ValueError(f"{variable}: {value!r} is not one of {', '.join(choices)}")
             cfg = dataclasses.replace(cfg, **{field: value})
+    for field in ("cache_max_entries", "cache_max_bytes"):
+        variable = f"MINICOMPILE_{field.upper()}"
+        if env.get(variable, "").strip():
+            cfg = dataclasses.replace(cfg, **{field: _size(variable, env[variable])})
     for field, variable in (("cache_dir", "MINICOMPILE_CACHE_DIR"), ("cxx", "CXX"),
                             ("trace_dir", "MINICOMPILE_TRACE_DIR"),
                             ("backend", "MINICOMPILE_BACKEND")):

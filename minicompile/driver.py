@@ -13,6 +13,7 @@ import dataclasses
 import logging
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from minicompile import pipeline, trace
@@ -26,8 +27,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("minicompile")
 
 STAT_KEYS = (
-    "frames", "graphs", "graph_breaks", "recompiles", "kernels", "cache_hits", "eager_fallbacks",
-    "instructions", "concrete_instructions",
+    "frames", "graphs", "warm_entries", "graph_breaks", "recompiles", "kernels", "cache_hits",
+    "eager_fallbacks", "instructions", "concrete_instructions",
 )
 counters: dict[str, int] = dict.fromkeys(STAT_KEYS, 0)  # minicompile.stats()
 
@@ -47,6 +48,8 @@ class Entry:
     # What a warm entry on disk needs of a graph without a backward: the loaded wrapper,
     # whether it runs under Triton's interpreter, and under no_grad, its WithDerived or None.
     artefact: tuple[build.Loaded, bool, bool, Any] | None = None
+    file: Path | None = None  # the entry's file on disk (loaded from, or stored as)
+    warm: bool = False  # loaded from disk (runtime/entries.py), not compiled
 
 
 def pick_backend(cfg: Config, capture: Capture) -> tuple[str, bool]:

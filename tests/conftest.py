@@ -22,8 +22,11 @@ import torch  # noqa: E402  (importing torch does not import triton)
 # (CPU tensors run under the interpreter either way; minicompile.runtime sees to that.)
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
-# A private on-disk cache for the whole session (read once, at minicompile's import).
-_CACHE_DIR = tempfile.mkdtemp(prefix="minicompile-test-cache-")
+# A private on-disk cache for the whole session (read once, at minicompile's import), or
+# MINICOMPILE_TEST_SHARED_CACHE, with warm entries on: a directory shared between runs
+# (tests/dynamic/test_warm_runs.py runs the dynamic-shape tests twice against one).
+_SHARED_CACHE = os.environ.get("MINICOMPILE_TEST_SHARED_CACHE")
+_CACHE_DIR = _SHARED_CACHE or tempfile.mkdtemp(prefix="minicompile-test-cache-")
 os.environ["MINICOMPILE_CACHE_DIR"] = _CACHE_DIR
 # Tracing and log output would only slow the suite down; tests that want them run a
 # subprocess with their own environment.
@@ -32,7 +35,7 @@ for _name in ("MINICOMPILE_TRACE", "MINICOMPILE_LOGS", "MINICOMPILE_BACKEND"):
 # Tests count the frames each call captures: a function compiled by an earlier test would
 # otherwise come back as a warm entry from the session's cache.  The warm-entry tests
 # (tests/backends/test_warm_entries.py) turn them on, in fresh processes.
-os.environ["MINICOMPILE_WARM_ENTRIES"] = "0"
+os.environ["MINICOMPILE_WARM_ENTRIES"] = "1" if _SHARED_CACHE else "0"
 
 import pytest  # noqa: E402
 
@@ -83,4 +86,5 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    shutil.rmtree(_CACHE_DIR, ignore_errors=True)
+    if not _SHARED_CACHE:  # (a shared one is its owner's)
+        shutil.rmtree(_CACHE_DIR, ignore_errors=True)

@@ -15,9 +15,9 @@ from collections.abc import Mapping
 import sympy
 import torch
 
+from minicompile.runtime.guards import MARK_ATTR, marked_dims
 from minicompile.shapes import MIN_DYNAMIC_SIZE
 
-MARK_ATTR = "_minicompile_dynamic_dims"
 _ARGUMENT = re.compile(r"^L\['\w+'\]$")
 
 
@@ -52,9 +52,7 @@ class DynamicPolicy:
         if self.mode is True and not _is_module_state(source_name, t):
             wanted = set(range(t.dim()))
         else:
-            wanted = set(self.automatic.get(source_name, ()))
-            wanted |= set(getattr(t, MARK_ATTR, ()))
-            wanted |= set(getattr(t, "_dynamo_dynamic_indices", ()))
+            wanted = set(self.automatic.get(source_name, ())) | marked_dims(t)
         return tuple(sorted(d for d in wanted if d < t.dim() and t.shape[d] >= MIN_DYNAMIC_SIZE))
 
 

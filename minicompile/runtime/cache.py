@@ -19,6 +19,7 @@ import platform
 import shutil
 import sys
 import tempfile
+import time
 import warnings
 from pathlib import Path
 
@@ -202,15 +203,39 @@ def places(cache_dir: Path) -> list[Path]:
 
 def find(cache_dir: Path, parts: tuple[str, ...], name: str) -> Path | None:
     """``cache_dir/parts/name`` if it exists there (or in this process's private
-    directory), else None.  Never creates anything."""
+    directory), marked used (:func:`mark_used`), else None.  Never creates anything."""
     for base in places(cache_dir):
         path = base.joinpath(*parts, name)
         try:
-            if path.is_file():
-                return path
+            found = path.is_file()
         except OSError:
             continue
+        if found and mark_used(path):
+            return path
     return None
+
+
+def mark_used(path: Path) -> bool:
+    """Mark ``path`` used now, for least-recently-used eviction (runtime/cache_limits.py):
+    its access time, so that its modification time still says when it was written.
+    False when it is gone (evicted by another process meanwhile)."""
+    try:
+        st = path.stat()
+        os.utime(path, ns=(time.time_ns(), st.st_mtime_ns))
+    except FileNotFoundError:
+        return False
+    except OSError:  # a cache we may read but not write is still a cache
+        pass
+    return True
+
+
+def last_used(path: Path) -> float | None:
+    """When ``path`` was last used (:func:`mark_used`) or written; None when it is gone."""
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return max(st.st_atime, st.st_mtime)
 
 
 def read_verified(path: Path, sha256: str) -> bytes:

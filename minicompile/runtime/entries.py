@@ -5,17 +5,22 @@ When a frame compiles whole (no graph break, no backward graph), its entry is wr
 ``rebuild`` (plain Python), the objects their namespace refers to as *recipes* (how to find
 them again: a module by name, a function by module and qualified name, a device by its
 string...), the wrapper module and C++ library with their sha256, and the cache key of each
-GPU kernel's cubin (so that loading it hashes no kernel text).  A later process that
-calls the same function looks there first: it rebuilds the namespace, re-evaluates the
-guards on the call, and on a pass imports the wrapper and runs, with no bytecode
-interpreted, no metadata inferred and nothing built.
+GPU kernel's cubin (so that loading it hashes no kernel text).  A later process whose call
+no entry in memory matches looks there, newest entry first (:func:`find`): it rebuilds an
+entry's namespace, re-evaluates its guards on the call, and on a pass imports the wrapper
+and runs, with no bytecode interpreted, no metadata inferred and nothing built.  Only the
+entry the call needs is loaded: the disk is a cache, and what a process decides and counts
+is the same with or without it.
 
-The function key covers the function's code (``marshal`` of the code object: bytecode,
-constants, names, file and line table), the configuration, the tool versions
-(:func:`~minicompile.runtime.cache.tool_versions`) and minicompile's own source.  Every
-other function the trace inlined must be found again by a recipe that checks its code
-(functions by their code and defaults, classes by the code of their methods), or live in
-PyTorch, Triton or the standard library (covered by the versions).  Anything else is not
+The function key (the folder) covers the function's code (``marshal`` of the code object:
+bytecode, constants, names, file and line table); each entry's header holds the options it
+was compiled under, and the tool versions (:func:`~minicompile.runtime.cache.tool_versions`)
+with minicompile's own source, so that an entry of other options or an older version is
+passed over with the reason said, and goes when its function's folder is full
+(runtime/cache_limits.py).  Every other function the trace inlined must be found again by
+a recipe (runtime/recipes.py) that checks its code (functions by their code and defaults,
+classes by the code of their methods), or live in PyTorch, Triton or the standard library
+(covered by the versions).  Anything else is not
 stored, with the reason under ``MINICOMPILE_LOGS=cache``: modules, parameters or other
 objects known only by identity, functions made at run time.  When unsure, miss.
 
@@ -32,7 +37,6 @@ import base64
 import dataclasses
 import json
 import marshal
-import sys
 import types
 from collections.abc import Callable
 from pathlib import Path
@@ -42,112 +46,40 @@ import torch
 
 from minicompile import trace
 from minicompile.config import Config
-from minicompile.runtime import build, cache, fingerprints, profile, values  # noqa: F401 (values:
-# what generated rebuilds call, found by recipes in a process that never captured)
-from minicompile.runtime.fingerprints import Miss, NotStorable, lookup
-from minicompile.runtime.guards import GLOBAL_MODULE_HOOKS, GUARDS_FILENAME, GuardCheck, Guards
+from minicompile.runtime import build, cache, cache_limits, fingerprints, profile, recipes
+from minicompile.runtime import values  # noqa: F401 (what generated rebuilds call, found by
+# recipes in a process that never captured)
+from minicompile.runtime.fingerprints import Miss, NotStorable
+from minicompile.runtime.guards import GUARDS_FILENAME, GuardCheck, Guards
 from minicompile.runtime.tensor_checks import PYTHON_CHECKS, TENSOR_CHECKS
 
-FORMAT = "minicompile-entry-1"
+FORMAT = "minicompile-entry-2"
 _SKIP = frozenset({"__builtins__", "check", "get_inputs", "rebuild", TENSOR_CHECKS,
                    PYTHON_CHECKS})
+# The options an entry was compiled under (checked when it is read; ``dynamic`` among them).
+OPTIONS = ("backend", "dynamic", "fullgraph", "mode", "cxx", "cxx_flags", "horizontal_fusion",
+           "store_in_place", "triton_interpret", "check", "layout_opt", "gemm_padding",
+           "fold_batch_norm")
 
 
 # -- keys ----------------------------------------------------------------------------------
 
 
-def function_key(fn: types.FunctionType, cfg: Config) -> str:
-    """Where the entries of ``fn`` compiled under ``cfg`` are filed."""
-    options = (cfg.backend, cfg.dynamic, cfg.fullgraph, cfg.mode, cfg.cxx, cfg.cxx_flags,
-               cfg.horizontal_fusion, cfg.store_in_place, cfg.triton_interpret, cfg.check,
-               cfg.layout_opt, cfg.gemm_padding, cfg.fold_batch_norm)
-    return cache.cache_key(FORMAT, fingerprints.code_digest(fn.__code__), fn.__module__ or "",
-                           repr(options), cache.tool_versions(cfg.cxx),
-                           fingerprints.source_version())
+def function_key(fn: types.FunctionType) -> str:
+    """Where the entries of ``fn`` are filed: by its code alone, so that entries of other
+    options and of older versions share one folder (and its bound, cache_limits.py), and a
+    miss says which of them was not used and why."""
+    return cache.cache_key(FORMAT, fingerprints.code_digest(fn.__code__), fn.__module__ or "")
 
 
-# -- recipes: how to find a namespace object again -----------------------------------------
+def _options(cfg: Config) -> dict[str, str]:
+    return {name: repr(getattr(cfg, name)) for name in OPTIONS}
 
 
-def recipe(obj: Any, fn: types.FunctionType) -> list:
-    """How a new process finds ``obj`` again (raises NotStorable when it cannot)."""
-    if obj is fn.__globals__:
-        return ["fn_globals"]
-    for name, cell in zip(fn.__code__.co_freevars, fn.__closure__ or ()):
-        if obj is cell:
-            return ["cell", name]
-    if obj is GLOBAL_MODULE_HOOKS:
-        return ["global_hooks"]
-    if isinstance(obj, torch.device):
-        return ["device", str(obj)]
-    if isinstance(obj, float):
-        return ["float", repr(obj)]
-    if isinstance(obj, types.ModuleType):
-        if sys.modules.get(obj.__name__) is obj:
-            return ["module", obj.__name__]
-        raise NotStorable(f"module {obj.__name__} is not the one imported under its name")
-    if isinstance(obj, dict):
-        for name, module in list(sys.modules.items()):
-            if getattr(module, "__dict__", None) is obj:
-                return ["module_dict", name]
-        raise NotStorable("a dict known by identity (not a module's globals)")
-    if isinstance(obj, (torch.dtype, torch.layout, torch.memory_format)):
-        return ["torch", str(obj).removeprefix("torch.")]
-    module, qualname = getattr(obj, "__module__", None), getattr(obj, "__qualname__", None)
-    if isinstance(module, str) and isinstance(qualname, str):
-        try:
-            found = lookup(module, qualname)
-        except Miss as e:
-            raise NotStorable(f"{type(obj).__name__} {qualname}: {e}") from None
-        if found is obj:
-            return ["object", module, qualname, fingerprints.object_digest(obj)]
-    raise NotStorable(f"a {type(obj).__name__} known only by identity ({_short(obj)})")
-
-
-def _short(obj: Any) -> str:
-    text = repr(obj)
-    return text if len(text) <= 60 else text[:57] + "..."
-
-
-def resolve(r: list, fn: types.FunctionType) -> Any:
-    """The object recipe ``r`` names in this process (raises Miss)."""
-    kind = r[0]
-    if kind == "fn_globals":
-        return fn.__globals__
-    if kind == "cell":
-        cells = dict(zip(fn.__code__.co_freevars, fn.__closure__ or ()))
-        if r[1] not in cells:
-            raise Miss(f"no closure cell {r[1]}")
-        return cells[r[1]]
-    if kind == "global_hooks":
-        return GLOBAL_MODULE_HOOKS
-    if kind == "device":
-        return torch.device(r[1])
-    if kind == "float":
-        return float(r[1])
-    if kind == "module":
-        if r[1] not in sys.modules:
-            raise Miss(f"module {r[1]} is not imported")
-        return sys.modules[r[1]]
-    if kind == "module_dict":
-        if r[1] not in sys.modules:
-            raise Miss(f"module {r[1]} is not imported")
-        return vars(sys.modules[r[1]])
-    if kind == "torch":
-        found = getattr(torch, r[1], None)
-        if not isinstance(found, (torch.dtype, torch.layout, torch.memory_format)):
-            raise Miss(f"torch.{r[1]} is not a dtype, layout or memory format")
-        return found
-    if kind == "object":
-        found = lookup(r[1], r[2])
-        try:
-            digest = fingerprints.object_digest(found)
-        except NotStorable as e:
-            raise Miss(str(e)) from None
-        if digest != r[3]:
-            raise Miss(f"{r[1]}.{r[2]} changed since the entry was written")
-        return found
-    raise Miss(f"unknown recipe {kind!r}")
+def _versions(cfg: Config) -> str:
+    """The tool versions (:func:`~minicompile.runtime.cache.tool_versions`) and
+    minicompile's own source, as one key."""
+    return cache.cache_key(cache.tool_versions(cfg.cxx), fingerprints.source_version())
 
 
 # -- writing -------------------------------------------------------------------------------
@@ -165,11 +97,15 @@ class Stored:
     kernels: int
     sizes: list
     derived: Any = None  # the runtime.derived.WithDerived of a graph with hoisted values
+    # What automatic dynamic decided for this compile (AutoDynamic.decision): a later
+    # process uses the entry only for a call it would decide the same for.
+    dynamic: dict | None = None
 
 
 def save(stored: Stored, cfg: Config) -> Path | None:
     """Write the entry; returns its path, or None (with the reason logged) when it cannot
-    be stored or the cache refuses it."""
+    be stored or the cache refuses it.  The function's least recently used entries go
+    first where it has ``cache_max_entries`` already (runtime/cache_limits.py)."""
     name = stored.fn.__qualname__
     try:
         payload = _payload(stored, cfg)
@@ -182,18 +118,20 @@ def save(stored: Stored, cfg: Config) -> Path | None:
     text = json.dumps(payload, sort_keys=True).encode()
     checksum = cache.sha256_bytes(text)
     # A header line, then the payload: read once, checked before it is parsed.
-    data = json.dumps({"format": FORMAT, "checksum": checksum}).encode() + b"\n" + text
-    parts = ("entries", function_key(stored.fn, cfg))
-    if len(_entry_files(cfg, parts)) >= cfg.recompile_limit:
-        trace.emit("cache", name, f"not stored on disk: {cfg.recompile_limit} entries of this "
-                   f"function are there already (the recompile limit)")
-        return None
+    head = {"format": FORMAT, "checksum": checksum, "options": _options(cfg),
+            "versions": _versions(cfg)}
+    data = json.dumps(head).encode() + b"\n" + text
+    parts, file = ("entries", function_key(stored.fn)), f"{checksum[:32]}.json"
+    folder = cfg.cache_dir.joinpath(*parts)
+    if not (folder / file).exists():  # (the same entry again replaces itself)
+        cache_limits.make_room(folder, cfg.cache_max_entries, name)
     try:
-        path = cache.store(cfg.cache_dir, parts, f"{checksum[:32]}.json", data)
+        path = cache.store(cfg.cache_dir, parts, file, data)
     except OSError as e:
         trace.emit("cache", name, f"not stored on disk: {e}")
         return None
     trace.emit("cache", name, f"stored as {path}")
+    cache_limits.entry_stored(cfg)
     return path
 
 
@@ -207,10 +145,10 @@ def _payload(stored: Stored, cfg: Config) -> dict:
         if isinstance(v, torch.nn.Module):
             modules[k] = v
         else:
-            namespace[k] = recipe(v, fn)
+            namespace[k] = recipes.recipe(v, fn)
             keyed.append(v)
-    recipes, objects = _module_recipes(modules, guards)
-    namespace.update(recipes)
+    found, objects = _module_recipes(modules, guards)
+    namespace.update(found)
     _check_codes_covered(capture.codes, keyed + objects)
     loaded = stored.loaded
     return {
@@ -234,7 +172,18 @@ def _payload(stored: Stored, cfg: Config) -> dict:
         "symbols": loaded.symbols,
         "builds": {} if stored.interpret else build.launch_builds(loaded),
         "derived": _derived_payload(stored.derived),
+        "dynamic": stored.dynamic,
+        "size_symbols": size_symbols(capture),
     }
+
+
+def size_symbols(capture: Any) -> list[str]:
+    """Where the size symbols of an entry's capture are read (``L['x'].shape[0]``, in
+    trace order), of a compiled capture or a WarmCapture (which keeps the list)."""
+    if isinstance(capture, WarmCapture):
+        return capture.size_symbols
+    shapes = capture.graph.shapes
+    return [] if shapes is None else [where.name for where in shapes.sources.values()]
 
 
 def _derived_payload(derived: Any) -> dict | None:
@@ -365,6 +314,7 @@ class WarmCapture:
     writebacks: tuple = ()
     codes: frozenset = frozenset()
     handlers: bool = True  # (see Capture.handlers)
+    size_symbols: list[str] = dataclasses.field(default_factory=list)
 
 
 @dataclasses.dataclass
@@ -374,29 +324,45 @@ class Warm:
     call: Callable[[list], tuple]
     sizes: list
     kernels: int
+    path: Path  # the entry's file
+    files: tuple[Path, ...]  # the files it names (wrapper module, C++ libraries)
 
 
-def load_all(fn: types.FunctionType, cfg: Config, frame: tuple) -> list[Warm]:
-    """Every valid entry stored for ``fn`` under ``cfg``, newest first, its modules those
-    of ``frame`` (the call that looks).  An entry that fails its checksum is removed with a
-    warning; one whose recipes find nothing (a module not imported, a function changed, a
-    module of another fingerprint) is skipped, with the reason logged."""
-    found = _entry_files(cfg, ("entries", function_key(fn, cfg)))
-    if not found:
-        return []
-    out = []
-    for path in sorted(found, key=_mtime, reverse=True):
+def find(fn: types.FunctionType, cfg: Config, frame: tuple, skip: set[Path],
+         decide: Callable[[WarmCapture], dict | None]) -> Warm | None:
+    """The newest entry of ``fn`` on disk (not in ``skip``: those loaded already) that
+    ``frame``, the call in hand, can use, loaded; None when there is none.  An entry is
+    used where it was written by this version under these options, its recipes find their
+    objects (the modules those of ``frame``), its guards pass on ``frame``, and it was
+    compiled under the dynamic-shape decision this call would be (``decide``, from
+    AutoDynamic.decision), so that what a process compiles, loads and counts is the same
+    with or without the cache.  Every entry passed over says why under
+    ``MINICOMPILE_LOGS=cache``; one that does not read back whole is removed with a
+    warning.  The entry used is marked used (cache_limits.py): the newest is the one used
+    last, and the first looked at next time."""
+    name = fn.__qualname__
+    found = _entry_files(cfg, ("entries", function_key(fn)))
+    for path in sorted(found, key=lambda p: cache.last_used(p) or 0.0, reverse=True):
+        if path in skip:
+            continue
         try:
-            out.append(_load(path, fn, cfg, frame))
+            warm = _load(path, fn, cfg, frame, decide)
         except cache.CacheCorrupted as e:  # the entry, or a file it names
             cache.warn_corrupted(e.path)
             cache.discard(path)
+            reason = f"{e} (removed)"
         except (Miss, NotStorable) as e:
-            trace.emit("cache", fn.__qualname__, f"entry {path.name} not used: {e}")
+            reason = str(e)
         except Exception as e:  # an entry this process cannot use is a miss, never an error
-            trace.emit("cache", fn.__qualname__,
-                       f"entry {path.name} not used: {type(e).__name__}: {e}")
-    return out
+            reason = f"{type(e).__name__}: {e}"
+        else:
+            for used in (path, *warm.files):
+                cache.mark_used(used)
+            symbolic = ", ".join(warm.capture.size_symbols) or "none"
+            trace.emit("cache", name, f"entry {path.name} loaded (sizes symbolic: {symbolic})")
+            return warm
+        trace.emit("cache", name, f"entry {path.name} not used: {reason}")
+    return None
 
 
 def _entry_files(cfg: Config, parts: tuple[str, ...]) -> list[Path]:
@@ -411,57 +377,65 @@ def _entry_files(cfg: Config, parts: tuple[str, ...]) -> list[Path]:
     return found
 
 
-def _mtime(path: Path) -> float:
+def _read(path: Path, cfg: Config) -> dict:
+    """The payload of entry ``path``: Miss for an entry of another version or other
+    options (its header says, read alone), CacheCorrupted for one that does not read back
+    whole."""
     try:
-        return path.stat().st_mtime
-    except OSError:
-        return 0.0
-
-
-def _load(path: Path, fn: types.FunctionType, cfg: Config, frame: tuple) -> Warm:
-    try:
-        header, _, text = path.read_bytes().partition(b"\n")
-        head = json.loads(header)
-        ok = head["format"] == FORMAT and cache.sha256_bytes(text) == head["checksum"]
-        p = json.loads(text) if ok else None
-    except (OSError, ValueError, KeyError, TypeError, UnicodeDecodeError) as e:
+        with path.open("rb") as f:
+            head = json.loads(f.readline())
+            refusal = _refusal(head, cfg)
+            text = b"" if refusal else f.read()
+    except FileNotFoundError:
+        raise Miss("removed meanwhile (by another process)") from None
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
         raise cache.CacheCorrupted(path, f"unreadable: {type(e).__name__}") from e
-    if not ok:
+    if refusal:
+        raise Miss(refusal)
+    if cache.sha256_bytes(text) != head["checksum"]:
         raise cache.CacheCorrupted(path, "does not match its checksum")
-    # The generated module first: its kernels loaded, then what it prepares in threads
-    # (library plans) runs while the rest of the entry loads.
-    module = _verified(cfg, p["module"])
-    libs = tuple(_verified(cfg, a) for a in p["libs"])
+    return json.loads(text)
+
+
+def _refusal(head: dict, cfg: Config) -> str | None:
+    if head["format"] != FORMAT or head["versions"] != _versions(cfg):
+        return "written by another version of minicompile, PyTorch, Triton, Python or the C++ "\
+               "compiler"
+    stored, now = head["options"], _options(cfg)
+    other = [f"{k}={stored.get(k)} (this call: {v})" for k, v in now.items()
+             if stored.get(k) != v]
+    return f"compiled with other options: {', '.join(other)}" if other else None
+
+
+def _load(path: Path, fn: types.FunctionType, cfg: Config, frame: tuple,
+          decide: Callable[[WarmCapture], dict | None]) -> Warm:
+    p = _read(path, cfg)
     if p["interpret"] and not cfg.triton_interpret:
         raise Miss("the entry runs under Triton's interpreter, which is off")
-    key = module.stem.removeprefix("mc_")
-    symbols = {name: (i, symbol) for name, (i, symbol) in p["symbols"].items()}
-    loaded = build.load_module(key, module, libs, symbols, p["interpret"])
-    if not p["interpret"]:
-        build.ready_launches(loaded, p.get("builds"))
-    namespace: dict[str, Any] = {"torch": torch, "Tensor": torch.Tensor}
-    modules = {k: r for k, r in p["namespace"].items() if r[0] == "frame_module"}
-    for name, r in p["namespace"].items():
-        if name not in modules:
-            namespace[name] = resolve(r, fn)
-    walked: set[int] = set()  # modules inside a module whose fingerprint matched
-    order = sorted(modules.items(), key=lambda kv: len(kv[1][1]))
-    values = _frame_values(p["params"], [where for _, (_, where, _) in order], namespace, frame)
-    for (name, (_, where, digest)), found in zip(order, values):
-        _check_module(where, digest, found, walked)
-        namespace[name] = found
-        if id(found) not in walked:  # (else its submodules are there already)
-            walked.update(id(m) for m in found.modules())
+    namespace = _namespace(p, fn, frame)
     checks = [GuardCheck(s, k, e, a, _expected(x), t) for s, k, e, a, x, t in p["checks"]]
     code = marshal.loads(base64.b64decode(p["guard_code"]))
     if not isinstance(code, types.CodeType) or code.co_filename != GUARDS_FILENAME:
         raise cache.CacheCorrupted(path, "holds no guard function")
     guards = Guards(p["params"], checks, namespace, code)
+    if not guards.check(*frame):
+        raise Miss(f"guard failed: {guards.explain_failure(*frame) or 'the guard function'}")
     exec(compile(p["rebuild"], "<minicompile rebuild>", "exec"), namespace)
     exec(compile(p["get_inputs"], "<minicompile inputs>", "exec"), namespace)
     get_inputs, rebuild = namespace["get_inputs"], namespace["rebuild"]
     capture = WarmCapture(guards, get_inputs, rebuild, p["input_sources"], p["get_inputs"],
-                          p["rebuild"], handlers=p.get("handlers", True))
+                          p["rebuild"], handlers=p["handlers"], size_symbols=p["size_symbols"])
+    decided = decide(capture)
+    if decided != p["dynamic"]:
+        raise Miss(f"compiled when {_decided(p['dynamic'])}; for this call "
+                   f"{_decided(decided)} (automatic dynamic shapes)")
+    module = _verified(cfg, p["module"])
+    libs = tuple(_verified(cfg, a) for a in p["libs"])
+    key = module.stem.removeprefix("mc_")
+    symbols = {name: (i, symbol) for name, (i, symbol) in p["symbols"].items()}
+    loaded = build.load_module(key, module, libs, symbols, p["interpret"])
+    if not p["interpret"]:
+        build.ready_launches(loaded, p.get("builds"))
     call = profile.profiled(loaded.call, loaded.call, fn.__qualname__, cfg)
     if p.get("derived"):  # (graph and ops, which import sympy, only for such entries)
         from minicompile.graph import graph_from_json
@@ -470,7 +444,37 @@ def _load(path: Path, fn: types.FunctionType, cfg: Config, frame: tuple) -> Warm
         d = p["derived"]
         call = WithDerived(call, graph_from_json(d["graph"]), tuple(d["positions"]))
     run = inference_runner(call, get_inputs, rebuild, p["no_grad"])
-    return Warm(capture, run, call, [tuple(s) for s in p["sizes"]], p["kernels"])
+    return Warm(capture, run, call, [tuple(s) for s in p["sizes"]], p["kernels"], path,
+                (module, *libs))
+
+
+def _namespace(p: dict, fn: types.FunctionType, frame: tuple) -> dict[str, Any]:
+    """The objects the entry's code refers to, found again by their recipes; the modules
+    it holds by identity those of ``frame`` where their fingerprints match."""
+    namespace: dict[str, Any] = {"torch": torch, "Tensor": torch.Tensor}
+    modules = {k: r for k, r in p["namespace"].items() if r[0] == "frame_module"}
+    for name, r in p["namespace"].items():
+        if name not in modules:
+            namespace[name] = recipes.resolve(r, fn)
+    walked: set[int] = set()  # modules inside a module whose fingerprint matched
+    order = sorted(modules.items(), key=lambda kv: len(kv[1][1]))
+    values = _frame_values(p["params"], [where for _, (_, where, _) in order], namespace, frame)
+    for (name, (_, where, digest)), found in zip(order, values):
+        _check_module(where, digest, found, walked)
+        namespace[name] = found
+        if id(found) not in walked:  # (else its submodules are there already)
+            walked.update(id(m) for m in found.modules())
+    return namespace
+
+
+def _decided(d: dict | None) -> str:
+    """Automatic dynamic's decision (AutoDynamic.decision), in words."""
+    if d is None:
+        return "`dynamic` decided alone"
+    said = [f"{s} dim(s) {dims} had changed" for s, dims in d["dims"].items()]
+    said += [f"{s} had changed" for s in d["ints"]]
+    said += [f"{s} dim(s) {dims} were marked dynamic" for s, dims in d["marks"].items()]
+    return ", ".join(said) or "no size had changed"
 
 
 def _frame_values(params: list[str], wheres: list[str], namespace: dict,

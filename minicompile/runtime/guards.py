@@ -24,6 +24,17 @@ GLOBAL_MODULE_HOOKS = (
 
 GUARDS_FILENAME = "<minicompile guards>"
 
+# Where minicompile.mark_dynamic (and torch._dynamo.mark_dynamic) mark a tensor's dims
+# dynamic ahead: capture reads the marks (capture/dynamic.py), and so does the choice of a
+# warm entry on disk (AutoDynamic.decision), which must not load capture.
+MARK_ATTR = "_minicompile_dynamic_dims"
+
+
+def marked_dims(t: torch.Tensor) -> frozenset[int]:
+    """The dims of ``t`` marked dynamic ahead."""
+    return frozenset(getattr(t, MARK_ATTR, ())) | frozenset(
+        getattr(t, "_dynamo_dynamic_indices", ()))
+
 
 @dataclasses.dataclass(frozen=True)
 class GuardCheck:

@@ -22,6 +22,7 @@ import torch
 import minicompile
 from minicompile import config
 from minicompile.runtime import cache, fingerprints
+from minicompile.runtime.entries import size_symbols
 
 from devices import CUDA
 
@@ -79,7 +80,8 @@ def test_second_process_loads_the_entry(warm: Path, backend: str, device: torch.
     assert cold["frames"] == 1 and cold["instructions"] > 0, cold
     assert len(entry_files(warm)) == 1
     hit = call_twice(m.f, m, backend, device)
-    assert hit["frames"] == 0 and hit["instructions"] == 0 and hit["graphs"] == 1, hit
+    assert hit["frames"] == hit["instructions"] == hit["graphs"] == 0, hit
+    assert hit["warm_entries"] == 1, hit
     assert hit["kernels"] == cold["kernels"]
 
 
@@ -97,9 +99,9 @@ def test_changed_source_line_misses(warm: Path, backend: str, device: torch.devi
 def test_changed_guarded_value_misses(warm: Path, backend: str, device: torch.device) -> None:
     m = load_source(SOURCE)
     call_twice(m.f, m, backend, device)
-    m.K = 5  # the global helper() reads
+    m.K = 5  # the global helper() reads: the entry on disk is not loaded, nor counted
     stats = call_twice(m.f, m, backend, device)
-    assert stats["frames"] == 1 and stats["recompiles"] == 1, stats
+    assert stats["frames"] == 1 and stats["recompiles"] == stats["warm_entries"] == 0, stats
     m.K = 2  # back to the first entry's value: that entry is a hit again
     stats = call_twice(m.f, m, backend, device)
     assert stats["frames"] == 0, stats
@@ -143,6 +145,90 @@ def test_corrupted_entry_is_rebuilt_with_a_warning(warm: Path, damage: str) -> N
     assert stats["frames"] == 1, stats
     stats = call_twice(m.f, m, "cpp", torch.device("cpu"))  # rewritten: warm again
     assert stats["frames"] == 0, stats
+
+
+# -- lazy, newest first: only the entry a call needs ----------------------------------------
+
+
+def call_sizes(fn, sizes, backend: str = "cpp", **options) -> tuple[dict, object]:
+    """A fresh process's view: compile ``fn`` anew, call it with inputs of each row count in
+    ``sizes`` (compared with eager); the stats and the compiled function."""
+    minicompile.reset()
+    compiled = minicompile.compile(fn, backend=backend, **options)
+    for n in sizes:
+        x, y = torch.randn(n, 8), torch.randn(n, 8)
+        torch.testing.assert_close(compiled(x, y), fn(x, y))
+    return minicompile.stats(), compiled
+
+
+def test_only_the_entry_a_call_needs_is_loaded(warm: Path, capsys: pytest.CaptureFixture
+                                               ) -> None:
+    m = load_source(SOURCE)
+    call_sizes(m.f, (4, 6), dynamic=False)
+    assert len(entry_files(warm)) == 2
+    with config.patch(logs=frozenset({"cache"})):
+        stats, compiled = call_sizes(m.f, (4,), dynamic=False)
+    # The newest entry (6 rows) is looked at first and says why it is not used.
+    err = capsys.readouterr().err
+    assert "not used: guard failed: L['x'] size mismatch at index 0: expected 6, got 4" in err
+    assert "loaded (sizes symbolic: none)" in err
+    assert len(compiled.entries) == stats["warm_entries"] == 1, stats
+    assert stats["graphs"] == stats["frames"] == stats["recompiles"] == 0, stats
+
+
+def test_reset_means_the_same_with_a_full_cache(warm: Path) -> None:
+    m = load_source(SOURCE)
+    _, compiled = call_sizes(m.f, (4, 6), dynamic=False)
+    minicompile.reset()  # nothing in memory, every counter zero: as with no cache at all
+    assert compiled.entries == [] and set(minicompile.stats().values()) == {0}
+    for n in (6, 4):
+        x, y = torch.randn(n, 8), torch.randn(n, 8)
+        torch.testing.assert_close(compiled(x, y), m.f(x, y))
+        assert minicompile.stats()["warm_entries"] == len(compiled.entries)
+    stats = minicompile.stats()
+    assert (stats["graphs"], stats["warm_entries"], stats["recompiles"]) == (0, 2, 1), stats
+
+
+def test_loaded_entries_do_not_use_up_the_recompile_limit(warm: Path) -> None:
+    m = load_source(SOURCE)
+    with config.patch(recompile_limit=2):
+        call_sizes(m.f, (4, 6), dynamic=False)
+        stats, compiled = call_sizes(m.f, (4, 6, 5), dynamic=False)
+    assert (stats["warm_entries"], stats["graphs"], stats["eager_fallbacks"]) == (2, 1, 0), stats
+    assert len(compiled.entries) == 3
+
+
+def test_an_entry_is_loaded_only_where_automatic_dynamic_decides_the_same(
+    warm: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """On disk: static for 4 rows, then symbolic (rows seen to change).  A new process
+    called with 6 rows first compiles static for 6, as it would with no cache; then 4 rows
+    is a change, and the symbolic entry made for one is loaded."""
+    m = load_source(SOURCE)
+    cold, _ = call_sizes(m.f, (4, 6))
+    with config.patch(logs=frozenset({"cache"})):
+        stats, compiled = call_sizes(m.f, (6, 4, 9))
+    assert ("compiled when L['x'] dim(s) [0] had changed, L['y'] dim(s) [0] had changed; for "
+            "this call no size had changed") in capsys.readouterr().err
+    assert (stats["graphs"], stats["warm_entries"], stats["recompiles"]) == (1, 1, 1), stats
+    assert stats["recompiles"] == cold["recompiles"] and len(compiled.entries) == 2
+    assert size_symbols(compiled.entries[0].capture) == ["L['x'].shape[0]", "L['y'].shape[0]"]
+
+
+@pytest.mark.parametrize("other", ["options", "version"])
+def test_entries_of_other_options_and_versions_say_why(warm: Path, capsys: pytest.CaptureFixture,
+                                                       monkeypatch: pytest.MonkeyPatch,
+                                                       other: str) -> None:
+    m = load_source(SOURCE)
+    call_sizes(m.f, (4,), dynamic=False)
+    if other == "version":
+        monkeypatch.setattr(fingerprints, "source_version", lambda: "another minicompile")
+    with config.patch(logs=frozenset({"cache"})):
+        stats, _ = call_sizes(m.f, (4,), dynamic=other == "options")
+    assert stats["frames"] == 1 and stats["warm_entries"] == 0, stats
+    assert {"options": "compiled with other options: dynamic=False (this call: True)",
+            "version": "written by another version of minicompile"}[other] in (
+        capsys.readouterr().err)
 
 
 # -- real processes ----------------------------------------------------------------------------
@@ -195,7 +281,8 @@ def test_warm_process_imports_no_compiler(backend: str, device: torch.device,
     # scheduling passes keep their own DAG (passes/dag.py), not networkx.
     assert "torch._dynamo" not in cold["imported"] and "networkx" not in cold["imported"], cold
     hot, _ = run_script(script, env, tmp_path)
-    assert hot["frames"] == 0 and hot["instructions"] == 0 and hot["graphs"] == 1, hot
+    assert hot["frames"] == hot["instructions"] == hot["graphs"] == 0, hot
+    assert hot["warm_entries"] == 1, hot
     # No capture, sympy, networkx or Dynamo.  Triton only under its interpreter: on a GPU
     # the kernels' cubins are in the cache and launch without it (runtime/triton_build.py).
     from minicompile.runtime import triton_build

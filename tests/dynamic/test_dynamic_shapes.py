@@ -3,7 +3,8 @@
 Every call is checked against eager on fresh inputs, on both backends.  The counts are
 the compiled entries of the function (``len(fn.entries)``): automatic dynamic compiles a
 varying dimension at most twice (static, then symbolic); ``dynamic=True`` once; sizes 0
-and 1 get entries of their own.
+and 1 get entries of their own.  The same counts hold where entries come from disk
+(tests/dynamic/test_warm_runs.py runs these tests with a full cache directory).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import torch
 import torch.nn.functional as F
 
 import minicompile
+from minicompile.runtime.entries import size_symbols
 
 EXAMPLES = os.path.join(os.path.dirname(__file__), "..", "..", "examples")
 sys.path.insert(0, EXAMPLES)
@@ -51,6 +53,11 @@ def _inputs(name: str, n: int, device: torch.device) -> tuple:
 FUNCTIONS = {"pointwise": pointwise, "softmax": softmax, "layer_norm": layer_norm}
 
 
+def symbols(entry) -> list[str]:
+    """Where an entry's size symbols are read, compiled or loaded from disk."""
+    return size_symbols(entry.capture)
+
+
 def _run(fn, name: str, sizes, device: torch.device) -> None:
     for n in sizes:
         args = _inputs(name, n, device)
@@ -62,7 +69,7 @@ def test_automatic_dynamic_compiles_twice(name: str, backend: str, device: torch
     fn = minicompile.compile(FUNCTIONS[name], backend=backend)
     _run(fn, name, BATCHES, device)
     assert len(fn.entries) == 2  # static for the first size, then symbolic
-    assert fn.entries[0].capture.graph.shapes is not None
+    assert symbols(fn.entries[0])
     assert minicompile.stats()["eager_fallbacks"] == 0
 
 
@@ -78,7 +85,7 @@ def test_dynamic_false_compiles_every_size(name: str, backend: str, device: torc
     fn = minicompile.compile(FUNCTIONS[name], backend=backend, dynamic=False)
     _run(fn, name, BATCHES[:3], device)
     assert len(fn.entries) == 3
-    assert all(e.capture.graph.shapes is None for e in fn.entries)
+    assert not any(symbols(e) for e in fn.entries)
 
 
 @pytest.mark.parametrize("name", sorted(FUNCTIONS))
@@ -214,8 +221,7 @@ def test_python_int_argument_becomes_a_symbol(backend: str, device: torch.device
         x = torch.randn(n * m, device=device)
         torch.testing.assert_close(compiled(x, n), fn(x, n), **TOL)
     assert len(compiled.entries) == 2
-    shapes = compiled.entries[0].capture.graph.shapes
-    assert [w.name for w in shapes.sources.values()] == ["L['x'].shape[0]", "L['n']"]
+    assert symbols(compiled.entries[0]) == ["L['x'].shape[0]", "L['n']"]
     guards = str(compiled.entries[0].capture.guards)
     assert "type(L_n) is int" in guards and "L_n >= 2" in guards
     # A size the reshape cannot divide is eager's error, not a wrong answer.
@@ -284,4 +290,4 @@ def test_what_fails_symbolically_is_traced_static(backend: str, device: torch.de
         compiled(x, torch.randn(6, 5, device=device))
     x, y = torch.randn(7, 9, device=device), torch.randn(9, 2, device=device)
     torch.testing.assert_close(compiled(x, y), fn(x, y), **TOL)
-    assert compiled.entries[-1].capture.graph.shapes is not None  # the first entry: symbolic
+    assert symbols(compiled.entries[-1])  # the first entry: symbolic

@@ -20,9 +20,9 @@ from pathlib import Path
 # As in tests/conftest.py: Triton and minicompile read these once, at import.
 os.environ.setdefault("TRITON_INTERPRET", "1")
 os.environ.setdefault("MINICOMPILE_CACHE_DIR", tempfile.mkdtemp(prefix="minicompile-search-"))
-# Programs of the same source (``v0 = torch.sin(x0)``) but other inputs would otherwise find
-# each other's warm entries on disk, and a loaded entry whose guards fail counts as a
-# recompile: the "one graph" check would fail on the search's own history.
+# Programs of the same source (``v0 = torch.sin(x0)``) but other inputs would otherwise load
+# each other's warm entries from disk (counted as warm_entries, not graphs): the "one graph"
+# check would fail on the search's own history.
 os.environ["MINICOMPILE_WARM_ENTRIES"] = "0"
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE), str(HERE.parent.parent)]  # random_programs, this checkout's package

@@ -1,0 +1,101 @@
+"""Recipes: how a new process finds again an object a warm entry's code refers to
+(runtime/entries.py).  A recipe is JSON: a module by name, a function or class by module and
+qualified name with the digest of its code (fingerprints.py), a device by its string, the
+function's own globals or closure cells...  :func:`recipe` writes one (NotStorable when the
+object is known only by identity); :func:`resolve` follows one in this process (Miss when
+it finds nothing, or something changed).  Recipes only look objects up in modules already
+imported: nothing is unpickled or imported.
+"""
+
+from __future__ import annotations
+
+import sys
+import types
+from typing import Any
+
+import torch
+
+from minicompile.runtime import fingerprints
+from minicompile.runtime.fingerprints import Miss, NotStorable, lookup
+from minicompile.runtime.guards import GLOBAL_MODULE_HOOKS
+
+
+def recipe(obj: Any, fn: types.FunctionType) -> list:
+    """How a new process finds ``obj`` again (raises NotStorable when it cannot)."""
+    if obj is fn.__globals__:
+        return ["fn_globals"]
+    for name, cell in zip(fn.__code__.co_freevars, fn.__closure__ or ()):
+        if obj is cell:
+            return ["cell", name]
+    if obj is GLOBAL_MODULE_HOOKS:
+        return ["global_hooks"]
+    if isinstance(obj, torch.device):
+        return ["device", str(obj)]
+    if isinstance(obj, float):
+        return ["float", repr(obj)]
+    if isinstance(obj, types.ModuleType):
+        if sys.modules.get(obj.__name__) is obj:
+            return ["module", obj.__name__]
+        raise NotStorable(f"module {obj.__name__} is not the one imported under its name")
+    if isinstance(obj, dict):
+        for name, module in list(sys.modules.items()):
+            if getattr(module, "__dict__", None) is obj:
+                return ["module_dict", name]
+        raise NotStorable("a dict known by identity (not a module's globals)")
+    if isinstance(obj, (torch.dtype, torch.layout, torch.memory_format)):
+        return ["torch", str(obj).removeprefix("torch.")]
+    module, qualname = getattr(obj, "__module__", None), getattr(obj, "__qualname__", None)
+    if isinstance(module, str) and isinstance(qualname, str):
+        try:
+            found = lookup(module, qualname)
+        except Miss as e:
+            raise NotStorable(f"{type(obj).__name__} {qualname}: {e}") from None
+        if found is obj:
+            return ["object", module, qualname, fingerprints.object_digest(obj)]
+    raise NotStorable(f"a {type(obj).__name__} known only by identity ({_short(obj)})")
+
+
+def _short(obj: Any) -> str:
+    text = repr(obj)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def resolve(r: list, fn: types.FunctionType) -> Any:
+    """The object recipe ``r`` names in this process (raises Miss)."""
+    kind = r[0]
+    if kind == "fn_globals":
+        return fn.__globals__
+    if kind == "cell":
+        cells = dict(zip(fn.__code__.co_freevars, fn.__closure__ or ()))
+        if r[1] not in cells:
+            raise Miss(f"no closure cell {r[1]}")
+        return cells[r[1]]
+    if kind == "global_hooks":
+        return GLOBAL_MODULE_HOOKS
+    if kind == "device":
+        return torch.device(r[1])
+    if kind == "float":
+        return float(r[1])
+    if kind == "module":
+        if r[1] not in sys.modules:
+            raise Miss(f"module {r[1]} is not imported")
+        return sys.modules[r[1]]
+    if kind == "module_dict":
+        if r[1] not in sys.modules:
+            raise Miss(f"module {r[1]} is not imported")
+        return vars(sys.modules[r[1]])
+    if kind == "torch":
+        found = getattr(torch, r[1], None)
+        if not isinstance(found, (torch.dtype, torch.layout, torch.memory_format)):
+            raise Miss(f"torch.{r[1]} is not a dtype, layout or memory format")
+        return found
+    if kind == "object":
+        found = lookup(r[1], r[2])
+        try:
+            digest = fingerprints.object_digest(found)
+        except NotStorable as e:
+            raise Miss(str(e)) from None
+        if digest != r[3]:
+            raise Miss(f"{r[1]}.{r[2]} changed since the entry was written")
+        return found
+    raise Miss(f"unknown recipe {kind!r}")

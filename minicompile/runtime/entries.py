@@ -29,7 +29,9 @@ rebuilt, never loaded.
 from __future__ import annotations
 
 import base64
+import builtins
 import dataclasses
+import enum
 import json
 import marshal
 import sys
@@ -42,7 +44,7 @@ import torch
 
 from minicompile import trace
 from minicompile.config import Config
-from minicompile.runtime import build, cache, fingerprints, profile, values  # noqa: F401 (values:
+from minicompile.runtime import build, cache, fingerprints, profile, reach, values  # noqa: F401 (values:
 # what generated rebuilds call, found by recipes in a process that never captured)
 from minicompile.runtime.fingerprints import Miss, NotStorable, lookup
 from minicompile.runtime.guards import GLOBAL_MODULE_HOOKS, GUARDS_FILENAME, GuardCheck, Guards
@@ -93,7 +95,16 @@ def recipe(obj: Any, fn: types.FunctionType) -> list:
         raise NotStorable("a dict known by identity (not a module's globals)")
     if isinstance(obj, (torch.dtype, torch.layout, torch.memory_format)):
         return ["torch", str(obj).removeprefix("torch.")]
+    if isinstance(obj, enum.Enum):  # a member (``mode is Action.NONE``): its class's, by name
+        cls = type(obj)
+        return ["member", recipe(cls, fn), obj.name]
     module, qualname = getattr(obj, "__module__", None), getattr(obj, "__qualname__", None)
+    if module is None and hasattr(obj, "__objclass__"):  # a C method: ``dict.get``
+        module = obj.__objclass__.__module__
+    if module == "builtins" and isinstance(obj, type) and (
+            getattr(builtins, obj.__qualname__, None) is not obj):
+        # (``type(f.__code__) is code``: the types module names classes builtins doesn't)
+        module, qualname = "types", next((k for k, v in vars(types).items() if v is obj), None)
     if isinstance(module, str) and isinstance(qualname, str):
         try:
             found = lookup(module, qualname)
@@ -138,16 +149,33 @@ def resolve(r: list, fn: types.FunctionType) -> Any:
         if not isinstance(found, (torch.dtype, torch.layout, torch.memory_format)):
             raise Miss(f"torch.{r[1]} is not a dtype, layout or memory format")
         return found
+    if kind == "fn":
+        return fn
+    if kind == "reach":  # a cell, function or code object on a path from an anchor
+        found = reach.follow(resolve(r[1], fn), r[2])
+        if isinstance(found, types.CodeType):
+            if fingerprints.code_digest(found) != r[3]:
+                raise Miss(f"code at {r[2]} changed since the entry was written")
+            return found
+        return found if isinstance(found, types.CellType) else _same_object(found, r[3], str(r[2]))
+    if kind == "member":
+        cls = resolve(r[1], fn)
+        if not (isinstance(cls, enum.EnumMeta) and r[2] in cls.__members__):
+            raise Miss(f"{cls!r} has no member {r[2]}")
+        return cls[r[2]]
     if kind == "object":
-        found = lookup(r[1], r[2])
-        try:
-            digest = fingerprints.object_digest(found)
-        except NotStorable as e:
-            raise Miss(str(e)) from None
-        if digest != r[3]:
-            raise Miss(f"{r[1]}.{r[2]} changed since the entry was written")
-        return found
+        return _same_object(lookup(r[1], r[2]), r[3], f"{r[1]}.{r[2]}")
     raise Miss(f"unknown recipe {kind!r}")
+
+
+def _same_object(found: Any, digest: str, where: str) -> Any:
+    """``found`` if its fingerprint is ``digest`` (raises Miss)."""
+    try:
+        if fingerprints.object_digest(found) == digest:
+            return found
+    except NotStorable as e:
+        raise Miss(str(e)) from None
+    raise Miss(f"{where} changed since the entry was written")
 
 
 # -- writing -------------------------------------------------------------------------------
@@ -200,17 +228,22 @@ def save(stored: Stored, cfg: Config) -> Path | None:
 def _payload(stored: Stored, cfg: Config) -> dict:
     capture, fn = stored.capture, stored.fn
     guards = capture.guards
-    namespace, keyed, modules = {}, [fn], {}
+    namespace, keyed, modules, unnamed = {}, [fn], {}, {}
     for k, v in guards.namespace.items():
         if k in _SKIP:
             continue
         if isinstance(v, torch.nn.Module):
             modules[k] = v
-        else:
+            continue
+        try:
             namespace[k] = recipe(v, fn)
-            keyed.append(v)
+        except NotStorable:
+            unnamed[k] = v
+        keyed.append(v)
+    anchors = [(guards.namespace[k], r) for k, r in namespace.items()]
     recipes, objects = _module_recipes(modules, guards)
     namespace.update(recipes)
+    namespace.update(_reach_recipes(unnamed, fn, anchors, modules.values()))
     _check_codes_covered(capture.codes, keyed + objects)
     loaded = stored.loaded
     return {
@@ -235,6 +268,29 @@ def _payload(stored: Stored, cfg: Config) -> dict:
         "builds": {} if stored.interpret else build.launch_builds(loaded),
         "derived": _derived_payload(stored.derived),
     }
+
+
+def _reach_recipes(unnamed: dict[str, Any], fn: types.FunctionType,
+                   named: list[tuple[Any, list]], modules: Any) -> dict[str, list]:
+    """Recipes for objects of no name of their own (runtime/reach.py): paths from the
+    compiled function, the functions and classes named, and the classes of the modules."""
+    if not unnamed:
+        return {}
+    anchors = [(fn, ["fn"]), *((o, r) for o, r in named if isinstance(o, (types.FunctionType, type)))]
+    for cls in {type(m): None for m in modules}:
+        try:
+            anchors.append((cls, recipe(cls, fn)))
+        except NotStorable:
+            continue
+    out = {}
+    for name, obj in unnamed.items():
+        found = reach.find(obj, anchors)
+        if found is None:
+            recipe(obj, fn)  # raises NotStorable, with its reason
+        digest = fingerprints.code_digest(obj) if isinstance(obj, types.CodeType) else (
+            "" if isinstance(obj, types.CellType) else fingerprints.object_digest(obj))
+        out[name] = ["reach", *found, digest]
+    return out
 
 
 def _derived_payload(derived: Any) -> dict | None:

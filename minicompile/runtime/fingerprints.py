@@ -12,6 +12,7 @@ key.  Whatever cannot be fingerprinted raises :class:`NotStorable`.
 
 from __future__ import annotations
 
+import enum
 import functools
 import hashlib
 import importlib.util
@@ -89,6 +90,14 @@ def value_digest(value: Any) -> str:
         return "o" + object_digest(value)
     if isinstance(value, (torch.dtype, torch.device)):
         return f"t{value}"
+    if type(value) is object:  # a sentinel (``_MISSING = object()``): it has no state
+        return "sentinel"
+    if isinstance(value, enum.Enum):  # a member: its class and name
+        return f"e{object_digest(type(value))}.{value.name}"
+    if type(value) is functools.partial:  # (``norm_layer=partial(nn.LayerNorm, eps=1e-6)``)
+        parts = [value_digest(v) for v in (value.func, *value.args)]
+        parts += [f"{k}={value_digest(v)}" for k, v in sorted(value.keywords.items())]
+        return "p" + ",".join(parts)
     raise NotStorable(f"a default or class attribute {type(value).__name__} cannot be keyed")
 
 
@@ -156,15 +165,26 @@ def class_digest(cls: type) -> str:
     return h.hexdigest()
 
 
+# The functions and classes whose digest is being computed: a method may close over its
+# own class (the ``__init__`` a decorator writes for a config class keeps it in a cell), a
+# function over itself; met again, one is stood for by its name (its contents are in the
+# digest under way).
+_DIGESTING: set[int] = set()
+
+
 def object_digest(obj: Any) -> str:
     """What must not change about a function or class found again by its name."""
-    if isinstance(obj, types.FunctionType):
-        if versioned(obj.__code__.co_filename):
-            return "versioned"
-        return function_digest(obj)
-    if isinstance(obj, type):
-        return class_digest(obj)
-    return "builtin"  # C functions and objects of the versioned libraries
+    if isinstance(obj, types.FunctionType) and versioned(obj.__code__.co_filename):
+        return "versioned"
+    if not isinstance(obj, (types.FunctionType, type)):
+        return "builtin"  # C functions and objects of the versioned libraries
+    if id(obj) in _DIGESTING:
+        return f"cycle {obj.__module__}.{obj.__qualname__}"
+    _DIGESTING.add(id(obj))
+    try:
+        return function_digest(obj) if isinstance(obj, types.FunctionType) else class_digest(obj)
+    finally:
+        _DIGESTING.discard(id(obj))
 
 
 def codes_of(obj: Any) -> list[types.CodeType]:
@@ -289,6 +309,9 @@ class ModuleWalk:
         elif isinstance(value, (types.FunctionType, type)):
             self.objects.append(value)
             self._put(value_digest(value))
+        elif isinstance(value, enum.Enum):  # (timm's Format, a str): a member by name
+            self._class(type(value))
+            self._put(value.name)
         elif isinstance(value, functools.partial):
             self._value((value.func, value.args, value.keywords), where)
         elif isinstance(value, (types.BuiltinFunctionType, types.MethodWrapperType)):

@@ -1,7 +1,7 @@
 """Fingerprints: what must not change about code and objects for a warm entry to be used.
 
 A warm entry on disk (runtime/entries.py) is used by a new process only where the code it
-was traced from is the same: the function's code object (``marshal`` holds all of it:
+was traced from is the same: the function's code object (all of it:
 bytecode, constants, names, file, line table), the functions it inlined (code, defaults,
 closure), the classes whose methods it inlined (the code of every method along the MRO),
 and the modules it read attributes of (:func:`module_digest`: their classes, every
@@ -16,7 +16,6 @@ import enum
 import functools
 import hashlib
 import importlib.util
-import marshal
 import sys
 import sysconfig
 import types
@@ -72,20 +71,52 @@ def versioned(filename: str) -> bool:
     return filename.startswith(versioned_folders())
 
 
+# A code object's parts, but for its constants (digested apart).  Not marshal's bytes:
+# marshal writes an object met twice as a reference only when something else holds it too
+# (a trace keeps a function's names, so its digest changed after the first call, and the
+# entry stored went under another key than the next process looked in), and a frozenset
+# in the order of this process's string hashing.
+_CODE_PARTS = ("co_argcount", "co_posonlyargcount", "co_kwonlyargcount", "co_stacksize",
+               "co_flags", "co_code", "co_names", "co_varnames", "co_freevars", "co_cellvars",
+               "co_filename", "co_name", "co_qualname", "co_firstlineno", "co_linetable",
+               "co_exceptiontable")
+
+
 def code_digest(code: types.CodeType) -> str:
-    # marshal holds everything a code object is: bytecode, constants (nested code too),
-    # names, file name, first line and line table.  Its format is per Python version,
-    # which the key holds.
-    return hashlib.sha256(marshal.dumps(code)).hexdigest()
+    """Everything a code object is: bytecode, constants (nested code too), names, file
+    name, first line and line table."""
+    text = [repr(getattr(code, part, None)) for part in _CODE_PARTS]
+    text += [constant_text(c) or "?" for c in code.co_consts]
+    return hashlib.sha256("\0".join(text).encode()).hexdigest()
+
+
+def constant_text(value: Any) -> str | None:
+    """A constant (what a code object or marshal holds: numbers, strings, bytes, None,
+    code, and tuples, lists, sets and dicts of them) as text the same in every process;
+    None for anything else."""
+    if type(value) in _SIMPLE or value is Ellipsis:
+        return f"{type(value).__name__}:{value!r}"
+    if isinstance(value, types.CodeType):
+        return f"code:{code_digest(value)}"
+    if type(value) in (tuple, list, set, frozenset):
+        items = [constant_text(v) for v in value]
+        if None in items:
+            return None
+        if isinstance(value, (set, frozenset)):  # (in no order of this process's)
+            items.sort()
+        return f"{type(value).__name__}({','.join(items)})"
+    if type(value) is dict:
+        items = [constant_text(v) for kv in value.items() for v in kv]
+        return None if None in items else f"dict({','.join(items)})"
+    return None
 
 
 def value_digest(value: Any) -> str:
     """A digest of a default value or class attribute: constants by value, functions and
     classes by what they are; anything else refuses."""
-    try:
-        return "m" + hashlib.sha256(marshal.dumps(value)).hexdigest()
-    except ValueError:
-        pass
+    text = constant_text(value)
+    if text is not None:
+        return "m" + hashlib.sha256(text.encode()).hexdigest()
     if isinstance(value, (types.FunctionType, type)):
         return "o" + object_digest(value)
     if isinstance(value, (torch.dtype, torch.device)):
@@ -157,10 +188,8 @@ def class_digest(cls: type) -> str:
             elif isinstance(value, types.FunctionType):
                 text = function_digest(value, method=True)
             else:
-                try:
-                    text = "m" + hashlib.sha256(marshal.dumps(value)).hexdigest()
-                except ValueError:  # read by the trace only under guards of their own
-                    text = type(value).__qualname__
+                # (others are read by the trace only under guards of their own)
+                text = constant_text(value) or type(value).__qualname__
             h.update(f"{name}:{text}\0".encode())
     return h.hexdigest()
 

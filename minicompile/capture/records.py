@@ -16,17 +16,17 @@ ordered dicts of their non-None fields, and plain ``@dataclass`` records.  A
   inlined with the record as ``self``.
 
 The real object is made where the value leaves the compiled code (returned, stored, or
-live at a graph break) by :func:`build_record`: the constructor is called with the traced
-arguments and the logged writes are replayed, so the object, its dict order included, is
-the one eager builds.
+live at a graph break) by runtime/values.py's ``build_record``: the constructor is called
+with the traced arguments and the logged writes are replayed, so the object, its dict
+order included, is the one eager builds.
 
 Instances of other plain classes (``object.__new__``, no metaclass but ``ABCMeta``, no
 builtin base: transformers' ``DynamicCache`` and its layers) are
 :class:`~minicompile.capture.variables.NewObjectVar`: ``__init__`` is inlined with the new
 object as ``self``, attribute reads and writes go to its ``attrs`` (through the class's
 own ``__getattribute__`` / ``__setattr__`` / ``__delattr__`` when it has Python ones), and
-:func:`new_object` makes the real one from them (``object.__new__`` plus its
-``__dict__``).  ``copy.copy`` / ``copy.deepcopy`` of such objects read from the frame
+runtime/values.py's ``new_object`` makes the real one from them (``object.__new__`` plus
+its ``__dict__``).  ``copy.copy`` / ``copy.deepcopy`` of such objects read from the frame
 (a config copied before it is edited) make NewObjectVars too: the copy's attributes are
 the original's, read (and guarded) when used, and mutable ones copied.
 """
@@ -262,17 +262,6 @@ def _add_key(record: RecordVar, key: str) -> None:
         record.keys.append(key)
 
 
-def build_record(cls: type, init: dict[str, Any], writes: tuple) -> Any:
-    """The real object, as eager made it: the constructor, then the writes in order."""
-    obj = cls(**init)
-    for kind, name, value in writes:
-        if kind == "item":
-            obj[name] = value
-        else:
-            setattr(obj, name, value)
-    return obj
-
-
 # -- plain user objects --------------------------------------------------------------------
 
 
@@ -398,13 +387,6 @@ def _copy_object(tx: InstructionTranslator, var: UserObjectVar, copy: Any) -> Ne
         f"{src.name}.__dict__", f"{src.expr}.__dict__", f"{src.ident}___dict__", src.trusted))
     assert isinstance(state, DictVar)
     return NewObjectVar(cls, {k: copy(v) for k, v in state.items.items()})
-
-
-def new_object(cls: type, attrs: dict[str, Any]) -> Any:
-    """The real object of a NewObjectVar (its __init__ already ran in the trace)."""
-    obj = object.__new__(cls)
-    obj.__dict__.update(attrs)
-    return obj
 
 
 def python_class(var: Var) -> type | None:

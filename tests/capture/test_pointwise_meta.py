@@ -1,5 +1,6 @@
-"""Result metadata of float pointwise ops (minicompile/meta_rules.py) is what
-PyTorch's meta functions give, found without running them (they import torch._dynamo)."""
+"""Result metadata of pointwise ops on float, integer and bool tensors
+(minicompile/meta_rules.py) is what PyTorch's meta functions give, found without running
+them (they import torch._dynamo)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,8 @@ from minicompile.graph import TensorMeta
 
 from meta_check import rule_and_eager
 
-DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+DTYPES = (*FLOATS, torch.int32, torch.int64, torch.uint8, torch.bool)
 
 
 def random_tensor(rng: random.Random) -> torch.Tensor:
@@ -47,7 +49,7 @@ def random_args(name: str, rng: random.Random) -> list:
 @pytest.mark.parametrize("seed", range(4))
 def test_matches_the_meta_functions(seed: int) -> None:
     rng = random.Random(seed)
-    names = sorted(meta_rules.FLOAT_POINTWISE | {"where"})
+    names = sorted(meta_rules.FLOAT_POINTWISE | meta_rules.INTEGRAL_POINTWISE.keys())
     compared = 0
     for _ in range(500):
         name = rng.choice(names)
@@ -112,10 +114,10 @@ def test_capturing_a_pointwise_chain_leaves_dynamo_unimported(tmp_path) -> None:
 def random_library_args(name: str, rng: random.Random) -> tuple[tuple, dict]:
     """Real CPU tensors for F.layer_norm / F.linear / gelu: mostly plain, sometimes not (another
     dtype, a transposed input, a size mismatch, a 1-d input, keyword arguments)."""
-    dtype = rng.choice(DTYPES[1:])
+    dtype = rng.choice(FLOATS[1:])
 
     def other() -> torch.dtype:
-        return rng.choice(DTYPES[1:]) if rng.random() < 0.15 else dtype
+        return rng.choice(FLOATS[1:]) if rng.random() < 0.15 else dtype
 
     shape = [rng.choice([1, 2, 3, 5]) for _ in range(rng.randint(1, 4))]
     x = torch.randn(shape, dtype=dtype)

@@ -33,7 +33,10 @@ INTEGRAL_POINTWISE: dict[str, tuple[str, bool, bool]] = {
                                                    "remainder")},
     **{name: ("DEFAULT", True, False) for name in ("bitwise_and", "bitwise_or", "bitwise_xor",
                                                    "bitwise_not")},
-    "truediv": ("INT_TO_FLOAT", True, True),
+    **{name: ("INT_TO_FLOAT", True, True) for name in (
+        "truediv", "sin", "cos", "tan", "exp", "exp2", "expm1", "log", "log2", "log1p", "sqrt",
+        "rsqrt", "reciprocal", "tanh", "sigmoid", "erf", "atan")},
+    "clamp": ("DEFAULT", False, True),  # (number bounds: min= and max=)
 }
 
 
@@ -46,6 +49,9 @@ def pointwise_meta(name: str, args: tuple, kwargs: dict[str, Any],
     import torch._dynamo on their first call (a second of a cold start)."""
     pc = compat.prims_common()
     integral = INTEGRAL_POINTWISE.get(name)
+    if name == "clamp" and kwargs.keys() <= {"min", "max"}:  # the bounds promote as operands
+        args = (*args, *(b for b in (kwargs.get("min"), kwargs.get("max")) if b is not None))
+        kwargs = {} if len(args) > 1 else kwargs  # (no bound: eager raises)
     if kwargs or not (name in FLOAT_POINTWISE or integral):
         return None
     values = []

@@ -54,11 +54,13 @@ def test_matches_the_meta_functions(seed: int) -> None:
     for _ in range(500):
         name = rng.choice(names)
         args = random_args(name, rng)
+        kwargs = {k: rng.choice([None, -1, 0.5, 2]) for k in ("min", "max")} if (
+            name == "clamp") else {}
         metas = tuple(TensorMeta.of(a) if isinstance(a, torch.Tensor) else a for a in args)
-        fast = meta_rules.pointwise_meta(name, metas, {}, torch.device("cpu"))
+        fast = meta_rules.pointwise_meta(name, metas, kwargs, torch.device("cpu"))
         try:
-            eager = ops.run_eager(name, tuple(args), {})
-        except (RuntimeError, TypeError):  # PyTorch refuses: the slow path raises its error
+            eager = ops.run_eager(name, tuple(args), kwargs)
+        except (RuntimeError, TypeError, ValueError):  # PyTorch refuses: so does the slow path
             assert fast is None, (name, args)
             continue
         if fast is None:
@@ -70,7 +72,7 @@ def test_matches_the_meta_functions(seed: int) -> None:
             # (and the fast rule) does not: either of PyTorch's answers will do
             eager = ops.run_eager(name, tuple(
                 torch.empty_strided(a.shape, a.stride(), dtype=a.dtype)
-                if isinstance(a, torch.Tensor) else a for a in args), {})
+                if isinstance(a, torch.Tensor) else a for a in args), kwargs)
         assert got == (tuple(eager.shape), eager.stride(), eager.dtype), (name, args)
     assert compared > 100
 
@@ -79,8 +81,10 @@ def test_refuses_what_it_does_not_model() -> None:
     f32 = TensorMeta.of(torch.empty(4, 4))
     i64 = TensorMeta.of(torch.empty(4, 4, dtype=torch.int64))
     cpu = torch.device("cpu")
-    assert meta_rules.pointwise_meta("sin", (i64,), {}, cpu) is None  # int to float
-    assert meta_rules.pointwise_meta("bitwise_and", (f32, f32), {}, cpu) is None  # not modelled
+    b8 = TensorMeta.of(torch.empty(4, 4, dtype=torch.bool))
+    assert meta_rules.pointwise_meta("sub", (b8, b8), {}, cpu) is None  # eager refuses
+    assert meta_rules.pointwise_meta("sin", (i64,), {}, cpu).dtype == torch.float32
+    assert meta_rules.pointwise_meta("bitwise_and", (f32, f32), {}, cpu) is None  # refused
     assert meta_rules.pointwise_meta("maximum", (f32, 2.0), {}, cpu) is None  # eager refuses
     assert meta_rules.pointwise_meta("add", (f32, TensorMeta.of(torch.empty(3))), {}, cpu) is None
     assert meta_rules.pointwise_meta("add", (f32, f32), {"alpha": 2}, cpu) is None

@@ -250,6 +250,10 @@ def lookup(module: str, qualname: str) -> Any:
 # -- modules -------------------------------------------------------------------------------
 
 _SIMPLE = (type(None), bool, int, float, complex, str, bytes)
+# Attributes whose value differs in every process, which the fingerprint leaves out (a
+# trace that reads one guards it by value): transformers' GenerationConfig keeps
+# ``hash(self)`` from its construction, to tell later whether it was edited.
+_PER_PROCESS = frozenset({"_original_object_hash"})
 _TORCH_VALUES = (torch.dtype, torch.device, torch.layout, torch.memory_format, torch.Size)
 
 
@@ -348,6 +352,8 @@ class ModuleWalk:
         elif _python_object(value):
             self._class(type(value))  # modules, config objects, enums, plain objects
             for k, v in sorted(vars(value).items()):
+                if k in _PER_PROCESS:
+                    continue
                 self._put(k)
                 self._value(v, f"{where}.{k}" if k != "_modules" else where)
         else:

@@ -37,6 +37,7 @@ INTEGRAL_POINTWISE: dict[str, tuple[str, bool, bool]] = {
         "truediv", "sin", "cos", "tan", "exp", "exp2", "expm1", "log", "log2", "log1p", "sqrt",
         "rsqrt", "reciprocal", "tanh", "sigmoid", "erf", "atan")},
     "clamp": ("DEFAULT", False, True),  # (number bounds: min= and max=)
+    "pow": ("DEFAULT", False, True),  # (an exponent that is a float or an int of at least 0)
 }
 
 
@@ -54,6 +55,9 @@ def pointwise_meta(name: str, args: tuple, kwargs: dict[str, Any],
         kwargs = {} if len(args) > 1 else kwargs  # (no bound: eager raises)
     if kwargs or not (name in FLOAT_POINTWISE or integral):
         return None
+    if name == "pow" and not (len(args) == 2 and (type(args[1]) is float or (
+            type(args[1]) is int and args[1] >= 0))):
+        return None  # (integers to negative powers: eager raises)
     values = []
     for k, v in enumerate(args):
         meta = v.meta if isinstance(v, Node) else v

@@ -25,6 +25,9 @@ from devices import CUDA, device_for
 # bench_startup's workloads and the examples' (not resnet50: the zoo has two ResNets).
 FUNCTIONS = [*(w for w in bench_startup.WORKLOADS if w != "resnet"),
              *bench_startup.EXAMPLE_WORKLOADS]
+# Workloads whose entry is not stored, and why (the log must say so).
+NOT_STORED = {"zoo:hf_bart": "huggingface_hub's strict-dataclass validators, closures over "
+                             "dataclass Fields kept in BartConfig.__validators__, have no recipe"}
 
 
 def check(names: list[str], backend: str, cache: Path) -> tuple[dict, str]:
@@ -48,6 +51,9 @@ def assert_second_process_compiles_nothing(names: list[str], backend: str, cache
     second, log = check(names, backend, cache)
     for name, found in second.items():
         assert found["matches"], (name, found)
+        if name in NOT_STORED:
+            assert "a cell known only by identity" in log, (name, NOT_STORED[name])
+            continue
         assert found["frames"] == 0 and found["eager_fallbacks"] == 0, (name, found, log[-3000:])
         assert found["graphs"] == first[name]["graphs"], (name, found, first[name])
 
@@ -57,6 +63,7 @@ def test_second_process_compiles_nothing(backend: str, tmp_path: Path) -> None:
 
 
 @pytest.mark.skipif(os.environ.get("MINICOMPILE_TEST_ZOO") != "1", reason=(
-    "the zoo's cold compiles take ~80 s on a 2-core CPU: MINICOMPILE_TEST_ZOO=1 runs them"))
+    "the zoo's two processes take 100-300 s on a 2-core CPU: MINICOMPILE_TEST_ZOO=1 runs "
+    "them"))
 def test_second_process_compiles_no_zoo_model(backend: str, tmp_path: Path) -> None:
     assert_second_process_compiles_nothing(bench_startup.expand("zoo"), backend, tmp_path)

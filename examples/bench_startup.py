@@ -15,7 +15,7 @@ inputs, runs the workload eagerly once (the warm-up), and times the first compil
 MINICOMPILE_CACHE_DIR, TORCHINDUCTOR_CACHE_DIR and TRITON_CACHE_DIR); *warm* is the next
 process on the same caches, and *call* that process's second call (the work itself,
 nothing left to load): warm minus call is what starting warm costs.  Beside minicompile's
-cold call, its phases (``MINICOMPILE_LOGS=perf``: capture, passes, lowering, fusion,
+cold call, its phases (``MINICOMPILE_LOGS=perf``: import, capture, passes, lowering, fusion,
 codegen, build, load).  Workloads (functions unless said):
 
 - ``pointwise``: ``sin(x) + sin(y)``;  ``chain``: the 12-op pointwise chain of issue 31
@@ -52,7 +52,7 @@ ROOT = EXAMPLES.parent
 WORKLOADS = ("pointwise", "chain", "layer_norm", "layer_norm_eps", "nanogpt", "resnet")
 EXAMPLE_WORKLOADS = ("trig", "sin_sin", "softmax", "attention", "dynamic_mlp")
 COMPILERS = ("minicompile", "torch.compile")
-PHASES = ("capture", "passes", "lowering", "fusion", "codegen", "build", "load")
+PHASES = ("import", "capture", "passes", "lowering", "fusion", "codegen", "build", "load")
 
 
 # -- the workloads -------------------------------------------------------------------------

@@ -336,6 +336,9 @@ class CompiledFunction(Resuming, AutoDynamic):
         for entry in self.entries:
             if entry.capture.guards.check(*frame):
                 return entry
+        for w in warm:  # (loaded, for later calls: this one's guards refuse each)
+            trace.emit("cache", self.fn.__qualname__, "entry loaded but not used for this "
+                       f"call: {w.capture.guards.explain_failure(*frame)}")
         return None
 
     def store_warm(self, entry: Entry) -> None:

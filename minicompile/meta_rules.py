@@ -14,46 +14,73 @@ import torch
 from minicompile import compat
 from minicompile.graph import Node, TensorMeta
 from minicompile.library_layouts import conv_layout
-from minicompile.op_table import COMPARISONS, ROWS
+from minicompile.op_table import COMPARISONS, LOGICAL, ROWS
 
 # Pointwise ops whose result metadata follows from PyTorch's promotion, broadcasting and
 # stride rules alone when every tensor is floating point (none of them refuses a float).
 FLOAT_POINTWISE = frozenset(row.name for row in ROWS if row.float_meta) | {
     "relu", "silu", "gelu"}  # (composites, decomposed later)
+# Pointwise ops whose result metadata follows from the same rules on integer and bool
+# tensors too (their general path imports torch._dynamo: seconds of a cold start): the
+# promotion kind, and whether bool tensors and float operands are accepted (where eager
+# refuses, the general path raises its error).
+INTEGRAL_POINTWISE: dict[str, tuple[str, bool, bool]] = {
+    **{name: ("ALWAYS_BOOL", True, True) for name in COMPARISONS | LOGICAL},
+    **{name: ("DEFAULT", True, True) for name in ("add", "mul", "maximum", "minimum", "where")},
+    **{name: ("DEFAULT", False, True) for name in ("sub", "neg", "abs", "floordiv",
+                                                   "remainder")},
+    **{name: ("DEFAULT", True, False) for name in ("bitwise_and", "bitwise_or", "bitwise_xor",
+                                                   "bitwise_not")},
+    **{name: ("INT_TO_FLOAT", True, True) for name in (
+        "truediv", "sin", "cos", "tan", "exp", "exp2", "expm1", "log", "log2", "log1p", "sqrt",
+        "rsqrt", "reciprocal", "tanh", "sigmoid", "erf", "atan")},
+    "clamp": ("DEFAULT", False, True),  # (number bounds: min= and max=)
+    "pow": ("DEFAULT", False, True),  # (an exponent that is a float or an int of at least 0)
+}
 
 
 def pointwise_meta(name: str, args: tuple, kwargs: dict[str, Any],
                     device: torch.device) -> TensorMeta | None:
-    """The result metadata of a pointwise op on float tensors (static sizes) and Python
-    numbers by ``torch._prims_common``'s rules, or None where this does not apply."""
+    """The result metadata of a pointwise op on float, integer and bool tensors (static
+    sizes) and Python numbers by ``torch._prims_common``'s rules, called directly (the
+    meta functions import torch._dynamo on their first call), or None where this does not
+    apply."""
     pc = compat.prims_common()
-    if kwargs or not (name in FLOAT_POINTWISE or name == "where"):
+    integral = INTEGRAL_POINTWISE.get(name)
+    if name == "clamp" and kwargs.keys() <= {"min", "max"}:  # the bounds promote as operands
+        args = (*args, *(b for b in (kwargs.get("min"), kwargs.get("max")) if b is not None))
+        kwargs = {} if len(args) > 1 else kwargs  # (no bound: eager raises)
+    if kwargs or not (name in FLOAT_POINTWISE or integral):
         return None
+    if name == "pow" and not (len(args) == 2 and (type(args[1]) is float or (
+            type(args[1]) is int and args[1] >= 0))):
+        return None  # (integers to negative powers: eager raises)
     values = []
     for k, v in enumerate(args):
         meta = v.meta if isinstance(v, Node) else v
         if isinstance(meta, TensorMeta):
-            if meta.is_symbolic:
-                return None
-            bool_condition = name == "where" and k == 0 and meta.dtype == torch.bool
-            if not (meta.dtype.is_floating_point or bool_condition):
+            if meta.is_symbolic or not _accepts(name, integral, meta.dtype, k):
                 return None
             values.append(meta.fake())
-        elif type(v) in (int, float) and name not in ("maximum", "minimum") and not (
+        elif type(v) in (int, float) and name not in _NO_NUMBER and not (
             name == "where" and k == 0
-        ):  # (torch.maximum takes no number)
-            values.append(v)
+        ) and not (type(v) is float and integral and not integral[2]):
+            values.append(v)  # (bitwise ops take no float)
         else:
             return None
     tensors = [v for v in values if isinstance(v, torch.Tensor)]
     if not tensors or (name == "where" and not isinstance(values[0], torch.Tensor)):
         return None
     kinds = pc.ELEMENTWISE_TYPE_PROMOTION_KIND
-    kind = kinds.ALWAYS_BOOL if name in COMPARISONS else kinds.DEFAULT
+    kind = getattr(kinds, integral[0]) if integral else kinds.DEFAULT
     promoted = values[1:] if name == "where" else values
     compute, dtype = pc.elementwise_dtypes(*promoted, type_promotion_kind=kind)
-    if any(t.dtype != compute for t in promoted if isinstance(t, torch.Tensor)):
-        return None  # converted first (float16's float32 arithmetic): another stride rule
+    converted = [t for t in promoted if isinstance(t, torch.Tensor) and t.dtype != compute]
+    if any(t.dtype.is_floating_point for t in converted) or converted and any(
+            t.shape != tensors[0].shape or not t.is_contiguous() for t in tensors):
+        # Converted first (float16's float32 arithmetic): another stride rule, but for
+        # integers made float in operands of one shape, all contiguous.
+        return None
     shape = tensors[0].shape
     stride = torch.empty(shape, dtype=dtype, device="meta").stride()
     # Operands of one shape with its contiguous strides (even at sizes of 1) give that
@@ -70,6 +97,21 @@ def pointwise_meta(name: str, args: tuple, kwargs: dict[str, Any],
     return TensorMeta(shape=tuple(sympy.Integer(s) for s in shape),
                       stride=tuple(sympy.Integer(s) for s in stride), dtype=dtype,
                       device=device)
+
+
+_NO_NUMBER = frozenset({"maximum", "minimum", *LOGICAL})  # (eager takes tensors only)
+
+
+def _accepts(name: str, integral: tuple[str, bool, bool] | None, dtype: torch.dtype,
+             position: int) -> bool:
+    """A tensor operand of ``dtype`` at ``position`` is one these rules model."""
+    if name == "where" and position == 0:
+        return dtype == torch.bool
+    if dtype.is_floating_point:
+        return name in FLOAT_POINTWISE or (integral is not None and integral[2])
+    if dtype.is_complex or integral is None:
+        return False
+    return dtype != torch.bool or integral[1]
 
 
 def _plain(v: Any, dtype: torch.dtype | None = None) -> TensorMeta | None:

@@ -80,6 +80,12 @@ def graph(name: str) -> Iterator[None]:
               file=sys.stderr)
 
 
+def totals() -> dict[str, float]:
+    """Seconds per phase since the start of the process (the warm entries' loads as
+    ``load``)."""
+    return dict(_totals)
+
+
 def summary() -> str:
     """The totals since the start of the process, one line."""
     return (f"{_counts['graphs']} graph(s) compiled, {_counts['warm']} warm entry(ies) "

@@ -18,7 +18,7 @@ from typing import Any
 import sympy
 import torch
 
-from minicompile.capture import library, mutation, torch_ops
+from minicompile.capture import library, mutation, parameter_containers, torch_ops
 from minicompile.capture.kinds import Output
 from minicompile.capture.dynamic import symbolic_strides
 from minicompile.capture.variables import (
@@ -297,7 +297,7 @@ class FrameValuesMixin:
         if isinstance(value, types.ModuleType):
             return ModuleVar(value, source)
         if isinstance(value, torch.nn.Module):
-            return NNModuleVar(value, source)
+            return parameter_containers.MODULE_KINDS.get(type(value), NNModuleVar)(value, source)
         try:
             in_torch_table = value in torch_ops.FUNCTIONS
         except TypeError:  # unhashable

@@ -3,12 +3,12 @@
 A :class:`RecordVar` models a dataclass instance (transformers' ``ModelOutput``, which is
 also an ordered dict of its non-None fields, or a plain ``@dataclass``): construction binds
 the fields as the generated ``__init__`` does, writes are applied and logged in order, and
-:func:`build_record` makes the real object where it leaves the compiled code (constructor,
+runtime/values.py's ``build_record`` makes the real object where it leaves the compiled code (constructor,
 then the writes replayed), so it is the one eager builds.  Instances of other plain classes
 (``object.__new__``, no builtin base: transformers' ``DynamicCache``) are
 :class:`NewObjectVar`: ``__init__`` is inlined, attributes live in ``attrs`` (through the
 class's own Python ``__getattribute__`` / ``__setattr__`` / ``__delattr__``), and
-:func:`new_object` makes the real one.  ``copy.copy`` / ``copy.deepcopy`` of such objects
+runtime/values.py's ``new_object`` makes the real one.  ``copy.copy`` / ``copy.deepcopy`` of such objects
 read from the frame make NewObjectVars whose attributes are the original's.
 """
 
@@ -238,17 +238,6 @@ def _add_key(record: RecordVar, key: str) -> None:
         record.keys.append(key)
 
 
-def build_record(cls: type, init: dict[str, Any], writes: tuple) -> Any:
-    """The real object, as eager made it: the constructor, then the writes in order."""
-    obj = cls(**init)
-    for kind, name, value in writes:
-        if kind == "item":
-            obj[name] = value
-        else:
-            setattr(obj, name, value)
-    return obj
-
-
 # -- plain user objects --------------------------------------------------------------------
 
 
@@ -373,13 +362,6 @@ def _copy_object(tx: kinds.Translator, var: UserObjectVar, copy: Any) -> NewObje
         f"{src.name}.__dict__", f"{src.expr}.__dict__", f"{src.ident}___dict__", src.trusted))
     assert isinstance(state, DictVar)
     return NewObjectVar(cls, {k: copy(v) for k, v in state.items.items()})
-
-
-def new_object(cls: type, attrs: dict[str, Any]) -> Any:
-    """The real object of a NewObjectVar (its __init__ already ran in the trace)."""
-    obj = object.__new__(cls)
-    obj.__dict__.update(attrs)
-    return obj
 
 
 def python_class(var: Var) -> type | None:

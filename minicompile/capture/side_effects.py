@@ -229,7 +229,7 @@ def _tuple(r: Rebuild, v: TupleVar) -> str:
 @kinds.rebuild.register(NewObjectVar)
 def _new_object(r: Rebuild, v: NewObjectVar) -> str:
     if id(v) not in r.made:
-        r.made[id(v)] = name = r.temp(f"{r.g.ref(records.new_object, 'new_object')}("
+        r.made[id(v)] = name = r.temp(f"{r.g.ref(values.new_object, 'new_object')}("
                                       f"{r.g.ref(v.cls, v.cls.__name__)}, {{}})")
         attrs = ", ".join(f"{k!r}: {r.expr(i)}" for k, i in v.attrs.items())
         r.lines.append(f"    {name}.__dict__.update({{{attrs}}})")
@@ -240,7 +240,7 @@ def _new_object(r: Rebuild, v: NewObjectVar) -> str:
 def _record(r: Rebuild, v: RecordVar) -> str:
     init = ", ".join(f"{k!r}: {r.expr(i)}" for k, i in v.init.items())
     writes = "".join(f"({kind!r}, {name!r}, {r.expr(i)}), " for kind, name, i in v.writes)
-    build = r.g.ref(records.build_record, "build_record")
+    build = r.g.ref(values.build_record, "build_record")
     return f"{build}({r.g.ref(v.cls, v.cls.__name__)}, {{{init}}}, ({writes}))"
 
 

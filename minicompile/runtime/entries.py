@@ -46,7 +46,7 @@ import torch
 
 from minicompile import trace
 from minicompile.config import Config
-from minicompile.runtime import build, cache, cache_limits, fingerprints, profile, recipes
+from minicompile.runtime import build, cache, cache_limits, fingerprints, profile, reach, recipes
 from minicompile.runtime import values  # noqa: F401 (what generated rebuilds call, found by
 # recipes in a process that never captured)
 from minicompile.runtime.fingerprints import Miss, NotStorable
@@ -80,6 +80,16 @@ def _versions(cfg: Config) -> str:
     """The tool versions (:func:`~minicompile.runtime.cache.tool_versions`) and
     minicompile's own source, as one key."""
     return cache.cache_key(cache.tool_versions(cfg.cxx), fingerprints.source_version())
+
+
+def _same_object(found: Any, digest: str, where: str) -> Any:
+    """``found`` if its fingerprint is ``digest`` (raises Miss)."""
+    try:
+        if fingerprints.object_digest(found) == digest:
+            return found
+    except NotStorable as e:
+        raise Miss(str(e)) from None
+    raise Miss(f"{where} changed since the entry was written")
 
 
 # -- writing -------------------------------------------------------------------------------
@@ -138,17 +148,22 @@ def save(stored: Stored, cfg: Config) -> Path | None:
 def _payload(stored: Stored, cfg: Config) -> dict:
     capture, fn = stored.capture, stored.fn
     guards = capture.guards
-    namespace, keyed, modules = {}, [fn], {}
+    namespace, keyed, modules, unnamed = {}, [fn], {}, {}
     for k, v in guards.namespace.items():
         if k in _SKIP:
             continue
         if isinstance(v, torch.nn.Module):
             modules[k] = v
-        else:
+            continue
+        try:
             namespace[k] = recipes.recipe(v, fn)
-            keyed.append(v)
+        except NotStorable:
+            unnamed[k] = v
+        keyed.append(v)
+    anchors = [(guards.namespace[k], r) for k, r in namespace.items()]
     found, objects = _module_recipes(modules, guards)
     namespace.update(found)
+    namespace.update(_reach_recipes(unnamed, fn, anchors, modules.values()))
     _check_codes_covered(capture.codes, keyed + objects)
     loaded = stored.loaded
     return {
@@ -184,6 +199,30 @@ def size_symbols(capture: Any) -> list[str]:
         return capture.size_symbols
     shapes = capture.graph.shapes
     return [] if shapes is None else [where.name for where in shapes.sources.values()]
+
+
+def _reach_recipes(unnamed: dict[str, Any], fn: types.FunctionType,
+                   named: list[tuple[Any, list]], modules: Any) -> dict[str, list]:
+    """Recipes for objects of no name of their own (runtime/reach.py): paths from the
+    compiled function, the functions and classes named, and the classes of the modules."""
+    if not unnamed:
+        return {}
+    anchors = [(fn, ["fn"]), *((o, r) for o, r in named
+                               if isinstance(o, (types.FunctionType, type)))]
+    for cls in {type(m): None for m in modules}:
+        try:
+            anchors.append((cls, recipes.recipe(cls, fn)))
+        except NotStorable:
+            continue
+    out = {}
+    for name, obj in unnamed.items():
+        found = reach.find(obj, anchors)
+        if found is None:
+            recipes.recipe(obj, fn)  # raises NotStorable, with its reason
+        digest = fingerprints.code_digest(obj) if isinstance(obj, types.CodeType) else (
+            "" if isinstance(obj, types.CellType) else fingerprints.object_digest(obj))
+        out[name] = ["reach", *found, digest]
+    return out
 
 
 def _derived_payload(derived: Any) -> dict | None:

@@ -1,6 +1,6 @@
 """Fingerprints: what must not change about code and objects for a warm entry to be used.
 
-The function's code object (``marshal``: bytecode, constants, names, line table), the
+The function's code object (its bytecode, constants, names and line table, as text), the
 functions it inlined, the classes whose methods it inlined and the modules it read
 (:func:`module_digest`).  Code of PyTorch, Triton and the standard library is stood for by
 their versions, in the key.  What cannot be fingerprinted raises :class:`NotStorable`.
@@ -8,10 +8,10 @@ their versions, in the key.  What cannot be fingerprinted raises :class:`NotStor
 
 from __future__ import annotations
 
+import enum
 import functools
 import hashlib
 import importlib.util
-import marshal
 import sys
 import sysconfig
 import types
@@ -66,23 +66,64 @@ def versioned(filename: str) -> bool:
     return filename.startswith(versioned_folders())
 
 
+# A code object's parts, but for its constants (digested apart).  Not marshal's bytes:
+# marshal writes an object met twice as a reference only when something else holds it too
+# (a trace keeps a function's names, so its digest changed after the first call, and the
+# entry stored went under another key than the next process looked in), and a frozenset
+# in the order of this process's string hashing.
+_CODE_PARTS = ("co_argcount", "co_posonlyargcount", "co_kwonlyargcount", "co_stacksize",
+               "co_flags", "co_code", "co_names", "co_varnames", "co_freevars", "co_cellvars",
+               "co_filename", "co_name", "co_qualname", "co_firstlineno", "co_linetable",
+               "co_exceptiontable")
+
+
 def code_digest(code: types.CodeType) -> str:
-    # marshal holds everything a code object is: bytecode, constants (nested code too),
-    # names, file name, first line and line table.  Its format is per Python version,
-    # which the key holds.
-    return hashlib.sha256(marshal.dumps(code)).hexdigest()
+    """Everything a code object is: bytecode, constants (nested code too), names, file
+    name, first line and line table."""
+    text = [repr(getattr(code, part, None)) for part in _CODE_PARTS]
+    text += [constant_text(c) or "?" for c in code.co_consts]
+    return hashlib.sha256("\0".join(text).encode()).hexdigest()
+
+
+def constant_text(value: Any) -> str | None:
+    """A constant (what a code object or marshal holds: numbers, strings, bytes, None,
+    code, and tuples, lists, sets and dicts of them) as text the same in every process;
+    None for anything else."""
+    if type(value) in _SIMPLE or value is Ellipsis:
+        return f"{type(value).__name__}:{value!r}"
+    if isinstance(value, types.CodeType):
+        return f"code:{code_digest(value)}"
+    if type(value) in (tuple, list, set, frozenset):
+        items = [constant_text(v) for v in value]
+        if None in items:
+            return None
+        if isinstance(value, (set, frozenset)):  # (in no order of this process's)
+            items.sort()
+        return f"{type(value).__name__}({','.join(items)})"
+    if type(value) is dict:
+        items = [constant_text(v) for kv in value.items() for v in kv]
+        return None if None in items else f"dict({','.join(items)})"
+    return None
 
 
 def value_digest(value: Any) -> str:
-    """A default value's or class attribute's digest: constants by value, code by digest."""
-    try:
-        return "m" + hashlib.sha256(marshal.dumps(value)).hexdigest()
-    except ValueError:
-        pass
+    """A digest of a default value or class attribute: constants by value, functions and
+    classes by what they are; anything else refuses."""
+    text = constant_text(value)
+    if text is not None:
+        return "m" + hashlib.sha256(text.encode()).hexdigest()
     if isinstance(value, (types.FunctionType, type)):
         return "o" + object_digest(value)
     if isinstance(value, (torch.dtype, torch.device)):
         return f"t{value}"
+    if type(value) is object:  # a sentinel (``_MISSING = object()``): it has no state
+        return "sentinel"
+    if isinstance(value, enum.Enum):  # a member: its class and name
+        return f"e{object_digest(type(value))}.{value.name}"
+    if type(value) is functools.partial:  # (``norm_layer=partial(nn.LayerNorm, eps=1e-6)``)
+        parts = [value_digest(v) for v in (value.func, *value.args)]
+        parts += [f"{k}={value_digest(v)}" for k, v in sorted(value.keywords.items())]
+        return "p" + ",".join(parts)
     raise NotStorable(f"a default or class attribute {type(value).__name__} cannot be keyed")
 
 
@@ -140,21 +181,32 @@ def class_digest(cls: type) -> str:
             elif isinstance(value, types.FunctionType):
                 text = function_digest(value, method=True)
             else:
-                try:
-                    text = "m" + hashlib.sha256(marshal.dumps(value)).hexdigest()
-                except ValueError:  # read by the trace only under guards of their own
-                    text = type(value).__qualname__
+                # (others are read by the trace only under guards of their own)
+                text = constant_text(value) or type(value).__qualname__
             h.update(f"{name}:{text}\0".encode())
     return h.hexdigest()
 
 
+# The functions and classes whose digest is being computed: a method may close over its
+# own class (the ``__init__`` a decorator writes for a config class keeps it in a cell), a
+# function over itself; met again, one is stood for by its name (its contents are in the
+# digest under way).
+_DIGESTING: set[int] = set()
+
+
 def object_digest(obj: Any) -> str:
     """What must not change about a function or class found again by its name."""
-    if isinstance(obj, types.FunctionType):
-        return "versioned" if versioned(obj.__code__.co_filename) else function_digest(obj)
-    if isinstance(obj, type):
-        return class_digest(obj)
-    return "builtin"  # C functions and objects of the versioned libraries
+    if isinstance(obj, types.FunctionType) and versioned(obj.__code__.co_filename):
+        return "versioned"
+    if not isinstance(obj, (types.FunctionType, type)):
+        return "builtin"  # C functions and objects of the versioned libraries
+    if id(obj) in _DIGESTING:
+        return f"cycle {obj.__module__}.{obj.__qualname__}"
+    _DIGESTING.add(id(obj))
+    try:
+        return function_digest(obj) if isinstance(obj, types.FunctionType) else class_digest(obj)
+    finally:
+        _DIGESTING.discard(id(obj))
 
 
 def codes_of(obj: Any) -> list[types.CodeType]:
@@ -191,6 +243,10 @@ def lookup(module: str, qualname: str) -> Any:
 # -- modules -------------------------------------------------------------------------------
 
 _SIMPLE = (type(None), bool, int, float, complex, str, bytes)
+# Attributes whose value differs in every process, which the fingerprint leaves out (a
+# trace that reads one guards it by value): transformers' GenerationConfig keeps
+# ``hash(self)`` from its construction, to tell later whether it was edited.
+_PER_PROCESS = frozenset({"_original_object_hash"})
 _TORCH_VALUES = (torch.dtype, torch.device, torch.layout, torch.memory_format, torch.Size)
 
 
@@ -277,6 +333,9 @@ class ModuleWalk:
         elif isinstance(value, (types.FunctionType, type)):
             self.objects.append(value)
             self._put(value_digest(value))
+        elif isinstance(value, enum.Enum):  # (timm's Format, a str): a member by name
+            self._class(type(value))
+            self._put(value.name)
         elif isinstance(value, functools.partial):
             self._value((value.func, value.args, value.keywords), where)
         elif isinstance(value, (types.BuiltinFunctionType, types.MethodWrapperType)):
@@ -284,6 +343,8 @@ class ModuleWalk:
         elif _python_object(value):
             self._class(type(value))  # modules, config objects, enums, plain objects
             for k, v in sorted(vars(value).items()):
+                if k in _PER_PROCESS:
+                    continue
                 self._put(k)
                 self._value(v, f"{where}.{k}" if k != "_modules" else where)
         else:

@@ -9,13 +9,15 @@ imported: nothing is unpickled or imported.
 
 from __future__ import annotations
 
+import builtins
+import enum
 import sys
 import types
 from typing import Any
 
 import torch
 
-from minicompile.runtime import fingerprints
+from minicompile.runtime import fingerprints, reach
 from minicompile.runtime.fingerprints import Miss, NotStorable, lookup
 from minicompile.runtime.guards import GLOBAL_MODULE_HOOKS
 
@@ -44,7 +46,15 @@ def recipe(obj: Any, fn: types.FunctionType) -> list:
         raise NotStorable("a dict known by identity (not a module's globals)")
     if isinstance(obj, (torch.dtype, torch.layout, torch.memory_format)):
         return ["torch", str(obj).removeprefix("torch.")]
+    if isinstance(obj, enum.Enum):  # a member (``mode is Action.NONE``): its class's, by name
+        return ["member", recipe(type(obj), fn), obj.name]
     module, qualname = getattr(obj, "__module__", None), getattr(obj, "__qualname__", None)
+    if module is None and hasattr(obj, "__objclass__"):  # a C method: ``dict.get``
+        module = obj.__objclass__.__module__
+    if module == "builtins" and isinstance(obj, type) and (
+            getattr(builtins, obj.__qualname__, None) is not obj):
+        # (``type(f.__code__) is code``: the types module names classes builtins doesn't)
+        module, qualname = "types", next((k for k, v in vars(types).items() if v is obj), None)
     if isinstance(module, str) and isinstance(qualname, str):
         try:
             found = lookup(module, qualname)
@@ -89,13 +99,30 @@ def resolve(r: list, fn: types.FunctionType) -> Any:
         if not isinstance(found, (torch.dtype, torch.layout, torch.memory_format)):
             raise Miss(f"torch.{r[1]} is not a dtype, layout or memory format")
         return found
+    if kind == "fn":
+        return fn
+    if kind == "reach":  # a cell, function or code object on a path from an anchor
+        found = reach.follow(resolve(r[1], fn), r[2])
+        if isinstance(found, types.CodeType):
+            if fingerprints.code_digest(found) != r[3]:
+                raise Miss(f"code at {r[2]} changed since the entry was written")
+            return found
+        return found if isinstance(found, types.CellType) else _same_object(found, r[3], str(r[2]))
+    if kind == "member":
+        cls = resolve(r[1], fn)
+        if not (isinstance(cls, enum.EnumMeta) and r[2] in cls.__members__):
+            raise Miss(f"{cls!r} has no member {r[2]}")
+        return cls[r[2]]
     if kind == "object":
-        found = lookup(r[1], r[2])
-        try:
-            digest = fingerprints.object_digest(found)
-        except NotStorable as e:
-            raise Miss(str(e)) from None
-        if digest != r[3]:
-            raise Miss(f"{r[1]}.{r[2]} changed since the entry was written")
-        return found
+        return _same_object(lookup(r[1], r[2]), r[3], f"{r[1]}.{r[2]}")
     raise Miss(f"unknown recipe {kind!r}")
+
+
+def _same_object(found: Any, digest: str, where: str) -> Any:
+    """``found`` if its fingerprint is ``digest`` (raises Miss)."""
+    try:
+        if fingerprints.object_digest(found) == digest:
+            return found
+    except NotStorable as e:
+        raise Miss(str(e)) from None
+    raise Miss(f"{where} changed since the entry was written")

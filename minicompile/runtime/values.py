@@ -54,3 +54,21 @@ def shares_no_memory(a: Any, others: tuple) -> bool:
     import numpy as np
 
     return not any(np.may_share_memory(a, b) for b in others)
+
+
+def build_record(cls: type, init: dict[str, Any], writes: tuple) -> Any:
+    """The real object, as eager made it: the constructor, then the writes in order."""
+    obj = cls(**init)
+    for kind, name, value in writes:
+        if kind == "item":
+            obj[name] = value
+        else:
+            setattr(obj, name, value)
+    return obj
+
+
+def new_object(cls: type, attrs: dict[str, Any]) -> Any:
+    """The real object of a NewObjectVar (its __init__ already ran in the trace)."""
+    obj = object.__new__(cls)
+    obj.__dict__.update(attrs)
+    return obj

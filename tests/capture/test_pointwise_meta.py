@@ -1,5 +1,6 @@
-"""Result metadata of float pointwise ops (minicompile/meta_rules.py) is what
-PyTorch's meta functions give, found without running them (they import torch._dynamo)."""
+"""Result metadata of pointwise ops on float, integer and bool tensors
+(minicompile/meta_rules.py) is what PyTorch's meta functions give, found without running
+them (they import torch._dynamo)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,8 @@ from minicompile.graph import TensorMeta
 
 from meta_check import rule_and_eager
 
-DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+DTYPES = (*FLOATS, torch.int32, torch.int64, torch.uint8, torch.bool)
 
 
 def random_tensor(rng: random.Random) -> torch.Tensor:
@@ -47,16 +49,18 @@ def random_args(name: str, rng: random.Random) -> list:
 @pytest.mark.parametrize("seed", range(4))
 def test_matches_the_meta_functions(seed: int) -> None:
     rng = random.Random(seed)
-    names = sorted(meta_rules.FLOAT_POINTWISE | {"where"})
+    names = sorted(meta_rules.FLOAT_POINTWISE | meta_rules.INTEGRAL_POINTWISE.keys())
     compared = 0
     for _ in range(500):
         name = rng.choice(names)
         args = random_args(name, rng)
+        kwargs = {k: rng.choice([None, -1, 0.5, 2]) for k in ("min", "max")} if (
+            name == "clamp") else {}
         metas = tuple(TensorMeta.of(a) if isinstance(a, torch.Tensor) else a for a in args)
-        fast = meta_rules.pointwise_meta(name, metas, {}, torch.device("cpu"))
+        fast = meta_rules.pointwise_meta(name, metas, kwargs, torch.device("cpu"))
         try:
-            eager = ops.run_eager(name, tuple(args), {})
-        except (RuntimeError, TypeError):  # PyTorch refuses: the slow path raises its error
+            eager = ops.run_eager(name, tuple(args), kwargs)
+        except (RuntimeError, TypeError, ValueError):  # PyTorch refuses: so does the slow path
             assert fast is None, (name, args)
             continue
         if fast is None:
@@ -68,7 +72,7 @@ def test_matches_the_meta_functions(seed: int) -> None:
             # (and the fast rule) does not: either of PyTorch's answers will do
             eager = ops.run_eager(name, tuple(
                 torch.empty_strided(a.shape, a.stride(), dtype=a.dtype)
-                if isinstance(a, torch.Tensor) else a for a in args), {})
+                if isinstance(a, torch.Tensor) else a for a in args), kwargs)
         assert got == (tuple(eager.shape), eager.stride(), eager.dtype), (name, args)
     assert compared > 100
 
@@ -77,8 +81,10 @@ def test_refuses_what_it_does_not_model() -> None:
     f32 = TensorMeta.of(torch.empty(4, 4))
     i64 = TensorMeta.of(torch.empty(4, 4, dtype=torch.int64))
     cpu = torch.device("cpu")
-    assert meta_rules.pointwise_meta("sin", (i64,), {}, cpu) is None  # int to float
-    assert meta_rules.pointwise_meta("bitwise_and", (f32, f32), {}, cpu) is None  # not modelled
+    b8 = TensorMeta.of(torch.empty(4, 4, dtype=torch.bool))
+    assert meta_rules.pointwise_meta("sub", (b8, b8), {}, cpu) is None  # eager refuses
+    assert meta_rules.pointwise_meta("sin", (i64,), {}, cpu).dtype == torch.float32
+    assert meta_rules.pointwise_meta("bitwise_and", (f32, f32), {}, cpu) is None  # refused
     assert meta_rules.pointwise_meta("maximum", (f32, 2.0), {}, cpu) is None  # eager refuses
     assert meta_rules.pointwise_meta("add", (f32, TensorMeta.of(torch.empty(3))), {}, cpu) is None
     assert meta_rules.pointwise_meta("add", (f32, f32), {"alpha": 2}, cpu) is None
@@ -112,10 +118,10 @@ def test_capturing_a_pointwise_chain_leaves_dynamo_unimported(tmp_path) -> None:
 def random_library_args(name: str, rng: random.Random) -> tuple[tuple, dict]:
     """Real CPU tensors for F.layer_norm / F.linear / gelu: mostly plain, sometimes not (another
     dtype, a transposed input, a size mismatch, a 1-d input, keyword arguments)."""
-    dtype = rng.choice(DTYPES[1:])
+    dtype = rng.choice(FLOATS[1:])
 
     def other() -> torch.dtype:
-        return rng.choice(DTYPES[1:]) if rng.random() < 0.15 else dtype
+        return rng.choice(FLOATS[1:]) if rng.random() < 0.15 else dtype
 
     shape = [rng.choice([1, 2, 3, 5]) for _ in range(rng.randint(1, 4))]
     x = torch.randn(shape, dtype=dtype)

@@ -156,12 +156,9 @@ def capture_segment(
             if not allow_break or why_not_resumable(code, tx) is not None:
                 raise
             if stop_before is None and getattr(e, "translator", tx) is not tx:
-                # The break is inside a function inlined at tx's call: the graph holds the
-                # callee's work before it (in-place writes, random draws), which the call,
-                # run for real at the break, does again.  Trace again up to the call (as
-                # Dynamo restarts its analysis).
-                offset = tx.insts[tx.ip].offset
-                return capture_segment(fn, point, values, allow_break, dynamic, (offset, e))
+                # in a call inlined here: stop before the call (its writes, draws run once)
+                return capture_segment(fn, point, values, allow_break, dynamic,
+                                       (tx.insts[tx.ip].offset, e))
             result, local_names = frame_state(tx)
             stop = Break(tx.insts[tx.ip].offset, local_names, len(tx.stack), e)
         output.at_break = stop is not None

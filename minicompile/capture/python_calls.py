@@ -224,10 +224,6 @@ class PythonCallsMixin:
         if fn in (list, tuple) and len(args) == 1 and not kwargs:
             items = self.iter_items(args[0])
             return ListVar(items) if fn is list else TupleVar(tuple(items))
-        if fn is dict and len(args) == 1 and not kwargs and not isinstance(args[0], ConstantVar):
-            pairs = self.iter_items(args[0])  # dict(obj.items()), values of the trace
-            if all(isinstance(p, TupleVar) and len(p.items) == 2 for p in pairs):
-                return DictVar({self.output.to_value(p.items[0]): p.items[1] for p in pairs})
         cls = records.python_class(args[0]) if args else None
         if cls is not None and not kwargs:  # objects the trace made
             if fn is isinstance and len(args) == 2:

@@ -53,6 +53,20 @@ def _bert_inputs(device: torch.device, batch: int = 2, length: int = 12) -> Inpu
     return (), {k: v.to(device) for k, v in encoded.items()}
 
 
+def _roberta_inputs(device: torch.device, batch: int = 2, length: int = 12) -> Inputs:
+    """What RoBERTa's tokenizer returns: no token types, and padding id 1 (RoBERTa numbers
+    positions from the tokens that are not padding)."""
+    _, kwargs = _bert_inputs(device, batch, length)
+    ids, mask = kwargs["input_ids"], kwargs["attention_mask"]
+    return (), {"input_ids": ids + (mask == 0).to(ids.dtype), "attention_mask": mask}
+
+
+def _distilbert_inputs(device: torch.device, batch: int = 2, length: int = 12) -> Inputs:
+    """What DistilBERT's tokenizer returns: no token types."""
+    _, kwargs = _bert_inputs(device, batch, length)
+    return (), {k: kwargs[k] for k in ("input_ids", "attention_mask")}
+
+
 def _causal_lm_inputs(device: torch.device, batch: int = 2, length: int = 12) -> Inputs:
     return (), {"input_ids": _tokens(100, batch, length).to(device)}
 
@@ -60,13 +74,6 @@ def _causal_lm_inputs(device: torch.device, batch: int = 2, length: int = 12) ->
 def _seq2seq_inputs(device: torch.device) -> Inputs:
     return (), {"input_ids": _tokens(100).to(device),
                 "decoder_input_ids": _tokens(100, length=7).to(device)}
-
-
-def _torchvision_resnet18() -> torch.nn.Module:
-    import_torchvision()
-    import torchvision
-
-    return torchvision.models.resnet18(num_classes=10)
 
 
 def _torchvision_vit() -> torch.nn.Module:
@@ -77,6 +84,43 @@ def _torchvision_vit() -> torch.nn.Module:
     return torchvision.models.VisionTransformer(image_size=32, patch_size=8, num_layers=2,
                                                 num_heads=4, hidden_dim=32, mlp_dim=64,
                                                 num_classes=10)
+
+
+def _torchvision(name: str) -> Callable[[], torch.nn.Module]:
+    def build() -> torch.nn.Module:
+        import_torchvision()
+        import torchvision
+
+        return getattr(torchvision.models, name)(num_classes=10)
+
+    return build
+
+
+def _as_trained(build: Callable[[], torch.nn.Module]) -> Callable[[], torch.nn.Module]:
+    """The model with what training would give it where random init leaves outputs that
+    test nothing: its batch norms' running statistics taken from a batch (the defaults,
+    mean 0 and variance 1, shrink mobilenet_v2's logits in eval to 1e-9, below any
+    tolerance), and zero-initialised linear layers (the classifier of timm's mixer: zero
+    logits and zero gradients) given small random weights."""
+
+    def build_it() -> torch.nn.Module:
+        model = build()
+        with torch.no_grad():
+            for m in model.modules():
+                if isinstance(m, torch.nn.Linear) and not m.weight.any():
+                    torch.nn.init.normal_(m.weight, std=0.02)
+        norms = [m for m in model.modules() if isinstance(m, torch.nn.BatchNorm2d)]
+        momenta = [m.momentum for m in norms]
+        for m in norms:
+            m.momentum = 1.0  # running statistics := the batch's
+        if norms:
+            with torch.no_grad():
+                model.train()(torch.randn(2, 3, 64, 64))
+        for m, momentum in zip(norms, momenta):
+            m.momentum = momentum
+        return model
+
+    return build_it
 
 
 def _timm(name: str, **kwargs: Any) -> Callable[[], torch.nn.Module]:
@@ -96,6 +140,23 @@ def _bert() -> torch.nn.Module:
     return BertModel(BertConfig(vocab_size=100, hidden_size=64, num_hidden_layers=2,
                                 num_attention_heads=4, intermediate_size=128,
                                 max_position_embeddings=64))
+
+
+def _roberta() -> torch.nn.Module:
+    import_torchvision()
+    from transformers import RobertaConfig, RobertaModel
+
+    return RobertaModel(RobertaConfig(vocab_size=100, hidden_size=64, num_hidden_layers=2,
+                                      num_attention_heads=4, intermediate_size=128,
+                                      max_position_embeddings=64))
+
+
+def _distilbert() -> torch.nn.Module:
+    import_torchvision()
+    from transformers import DistilBertConfig, DistilBertModel
+
+    return DistilBertModel(DistilBertConfig(vocab_size=100, dim=64, n_layers=2, n_heads=4,
+                                            hidden_dim=128, max_position_embeddings=64))
 
 
 def _gpt2() -> torch.nn.Module:
@@ -149,13 +210,23 @@ def _mixtral() -> torch.nn.Module:
 
 
 MODELS: tuple[ModelCase, ...] = (
-    ModelCase("torchvision_resnet18", _torchvision_resnet18, _images()),
+    ModelCase("torchvision_resnet18", _torchvision("resnet18"), _images()),
     ModelCase("torchvision_vit", _torchvision_vit, _images(size=32)),
     ModelCase("timm_resnext26ts", _timm("resnext26ts", num_classes=2), _images()),
     ModelCase("timm_vit_tiny", _timm("vit_tiny_patch16_224", img_size=64, num_classes=10),
               _images()),
     ModelCase("timm_efficientnet_b0", _timm("efficientnet_b0", num_classes=10), _images()),
+    ModelCase("torchvision_mobilenet_v2", _as_trained(_torchvision("mobilenet_v2")), _images()),
+    ModelCase("torchvision_squeezenet1_1", _torchvision("squeezenet1_1"), _images()),
+    ModelCase("timm_convnext_atto", _timm("convnext_atto", num_classes=10), _images()),
+    ModelCase("timm_mobilenetv3_small_100",
+              _as_trained(_timm("mobilenetv3_small_100", num_classes=10)), _images()),
+    ModelCase("timm_densenet121", _timm("densenet121", num_classes=10), _images()),
+    ModelCase("timm_mixer_s16", _as_trained(_timm("mixer_s16_224", img_size=64, num_classes=10)),
+              _images()),
     ModelCase("hf_bert", _bert, _bert_inputs, float_inputs=False),
+    ModelCase("hf_roberta", _roberta, _roberta_inputs, float_inputs=False),
+    ModelCase("hf_distilbert", _distilbert, _distilbert_inputs, float_inputs=False),
     ModelCase("hf_gpt2", _gpt2, _causal_lm_inputs, float_inputs=False),
     ModelCase("hf_t5", _t5, _seq2seq_inputs, float_inputs=False),
     ModelCase("hf_bart", _bart, _seq2seq_inputs, float_inputs=False),

@@ -115,11 +115,13 @@ def capture_frame(fn: types.FunctionType, args: tuple) -> Capture:
 def capture_segment(
     fn: types.FunctionType, point: ResumePoint, values: tuple, allow_break: bool = True,
     dynamic: DynamicPolicy = STATIC,
+    stop_before: tuple[int, Unsupported] | None = None,
 ) -> tuple[Capture, Break | None]:
     """Trace ``fn`` from ``point`` with the frame values ``values`` (``point.layout()``) to
     where the frame returns (no Break; ``rebuild`` gives the return value) or, when
     ``allow_break``, to a resumable graph break (``rebuild`` gives ``(locals, stack)`` at
-    the instruction the caller runs for real); Unsupported when neither applies."""
+    the instruction the caller runs for real); Unsupported when neither applies.
+    ``stop_before``: (offset, reason) of a break to take there."""
     code = fn.__code__
     if bytecode.is_generator_like(code):
         raise Unsupported(f"generator/async function {fn.__qualname__}() is not supported",
@@ -137,6 +139,7 @@ def capture_segment(
         cells[name] = closure_cell(cell, source)
     tx = InstructionTranslator(output, code, fn.__globals__, builtins_of(fn.__globals__),
                                local_vars, cells)
+    tx.stop_before = stop_before
     _bases_first(output, local_vars)
     if point.offset:
         tx.ip = tx.index_of[point.offset]
@@ -152,6 +155,10 @@ def capture_segment(
                 raise
             if not allow_break or why_not_resumable(code, tx) is not None:
                 raise
+            if stop_before is None and getattr(e, "translator", tx) is not tx:
+                # in a call inlined here: stop before the call (its writes, draws run once)
+                return capture_segment(fn, point, values, allow_break, dynamic,
+                                       (tx.insts[tx.ip].offset, e))
             result, local_names = frame_state(tx)
             stop = Break(tx.insts[tx.ip].offset, local_names, len(tx.stack), e)
         output.at_break = stop is not None

@@ -58,7 +58,7 @@ _FUNCTION_ATTRIBUTES = frozenset({
 # Mapping methods that only read and never raise, called on a user mapping read from the
 # frame (``super().get(key)`` in a dict subclass, the environment's ``get(name)``): the
 # result is read from the object now, with a guard that makes the same call.
-_READ_METHODS = frozenset({"get", "__contains__", "__len__"})
+_READ_METHODS = frozenset({"get", "__contains__", "__len__", "keys", "values", "items"})
 _CONTAINER_MODULES = (torch.nn.ModuleList, torch.nn.Sequential)
 _GRAD_MODE_CLASSES = (torch.no_grad, torch.enable_grad, torch.set_grad_enabled)
 
@@ -235,9 +235,9 @@ class CallsMixin:
             return self.inline_call(UserFunctionVar(attr.fget), [obj], {})
         if isinstance(attr, types.FunctionType):
             return BoundMethodVar(attr, obj)
-        if isinstance(attr, types.MethodDescriptorType) and attr.__objclass__ is dict and (
-            name in _READ_METHODS
-        ):  # dict.get of a dict subclass
+        if isinstance(attr, types.MethodDescriptorType) and attr.__objclass__ in (
+            dict, collections.OrderedDict
+        ) and name in _READ_METHODS:  # dict.get of a dict subclass, a ModelOutput's keys()
             return ReadMethodVar(attr, obj)
         if isinstance(attr, types.MemberDescriptorType) and isinstance(obj, ObjectVar):
             src = obj.source.attr(name) if obj.source else None

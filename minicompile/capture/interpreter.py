@@ -40,7 +40,10 @@ class InstructionTranslator(
     """Interprets one frame (``parent``: the caller's translator when inlined, and
     ``parent_stack`` the user stack of the call site).  An instruction that raises
     :class:`Unsupported` leaves the translator as it was before it (``ip`` at it, the stack
-    restored), and the exception carries the innermost one as ``e.translator``."""
+    restored), and the exception carries the innermost one as ``e.translator``.
+    ``stop_before`` (offset, reason): an instruction to break at before running it."""
+
+    stop_before: tuple[int, Unsupported] | None = None
 
     def __init__(
         self, output: OutputGraph, code: types.CodeType, f_globals: dict[str, Any],
@@ -90,6 +93,8 @@ class InstructionTranslator(
                     if out.instructions > MAX_INSTRUCTIONS:
                         raise Unsupported(
                             f"trace longer than {MAX_INSTRUCTIONS} instructions (a long loop?)")
+                    if self.stop_before is not None and self.inst.offset == self.stop_before[0]:
+                        raise self.stop_before[1]
                     handler = getattr(self, self.inst.opname, None)
                     if handler is None:
                         raise Unsupported(f"bytecode {self.inst.opname} is not supported yet")

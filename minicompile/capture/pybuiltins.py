@@ -44,6 +44,10 @@ def call_builtin(out: Output, fn: Any, args: list[Var], kwargs: dict[str, Var]) 
         raise Unsupported("getattr() is not supported yet")
     if fn in (tuple, list) and len(args) == 1 and not kwargs:
         return _sequence(fn, args[0])
+    pairs = args[0].items if args and isinstance(args[0], (TupleVar, ListVar)) else None
+    if fn is dict and len(args) == 1 and not kwargs and pairs is not None and all(
+            isinstance(p, TupleVar) and len(p.items) == 2 for p in pairs):  # dict(o.items())
+        return DictVar({out.to_value(p.items[0]): p.items[1] for p in pairs})
     values = [out.to_value(a) for a in args]
     kw = {k: out.to_value(v) for k, v in kwargs.items()}
     if any(contains_tensor(v) for v in (*values, *kw.values())):

@@ -59,6 +59,10 @@ class PythonCallsMixin:
         obj, method = fn.self_var, fn.descriptor
         values, kwargs = self.output.to_values(args, kw)
         mname = method.__name__
+        if mname in ("keys", "values", "items") and isinstance(obj.value, dict) and (
+            obj.source is not None and not values and not kwargs
+        ):
+            return self._dict_view(obj, mname)
         if obj.source is None or kwargs or not all(
             type(v) in (str, int, bool, type(None)) for v in values):
             raise Unsupported(f"{mname}() of {obj.describe()} with these arguments")
@@ -72,6 +76,24 @@ class PythonCallsMixin:
         except Exception as e:
             raise Unsupported(f"{source.name} raised {type(e).__name__} (eager raises)") from e
         return self.output.wrap(value, source)
+
+    def _dict_view(self: InstructionTranslator, obj: Var, name: str) -> Var:
+        """``keys()``, ``values()`` or ``items()`` of a dict subclass read from the frame (a
+        ModelOutput a break handed over): its keys guarded, its values read by key."""
+        keys = list(dict.keys(obj.value))
+        if not all(type(k) in (str, int) for k in keys):
+            raise Unsupported(f"{name}() of {obj.describe()} with keys of other types")
+        src, guards = obj.source, self.output.guards
+        guards.keys_match(src, f"{guards.ref(dict.keys, 'dict_keys')}({src.expr})", keys)
+        if name == "keys":
+            return ConstantVar(dict.fromkeys(keys).keys())
+        getitem = guards.ref(dict.__getitem__, "dict_getitem")
+        values = [self.output.wrap(dict.__getitem__(obj.value, k), Source(
+            f"{src.name}[{k!r}]", f"{getitem}({src.expr}, {k!r})",
+            self.output._ident(f"{src.ident}_{k}"), src.trusted)) for k in keys]
+        if name == "values":
+            return ListVar(values)
+        return ListVar([TupleVar((ConstantVar(k), v)) for k, v in zip(keys, values)])
 
     @kinds.call_method.register(ListVar)
     def list_method(self: InstructionTranslator, lst: ListVar, name: str, args: list, kw: dict):

@@ -308,6 +308,23 @@ def test_model_output_built_indexed_and_returned() -> None:
                                                         "pooled"]
 
 
+def test_model_output_read_from_the_frame() -> None:
+    """A ModelOutput the frame is given (an encoder's result handed over at a graph break,
+    as in BART's forward): read through its own ``__getitem__`` (``to_tuple()``,
+    ``dict(self.items())``); its keys are guarded."""
+
+    def f(out):
+        return out[0] * 2 + out["pooled"], len(out.to_tuple())
+
+    compiled = minicompile.compile(f, backend="cpp", fullgraph=True)
+    for extra in ({}, {}, {"hidden_states": (torch.randn(3),)}):
+        out = Output(last_hidden_state=torch.randn(3), pooled=torch.randn(3), **extra)
+        got, want = compiled(out), f(out)
+        torch.testing.assert_close(got[0], want[0])
+        assert got[1] == want[1]
+    assert minicompile.stats()["graphs"] == 2  # the new key: traced again
+
+
 def test_plain_dataclass_record() -> None:
     def f(x):
         p = Pair(x, x * 2)

@@ -30,6 +30,11 @@ def assert_same(actual: object, expected: object, dtype: torch.dtype) -> None:
             assert a == e
 
 
+# CI time: models checked on the C++ backend only where Triton's interpreter (no GPU)
+# takes too long; on a GPU they run on both.
+INTERPRETER_TOO_SLOW = {"timm_densenet121": "121 layers: 50 s under Triton's interpreter"}
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("case", MODELS, ids=str)
 @torch.no_grad()
@@ -37,6 +42,8 @@ def test_model_compiles_whole_and_matches_eager(
     case: ModelCase, backend: str, dtype: torch.dtype
 ) -> None:
     device = device_for(backend)
+    if backend == "triton" and not CUDA and case.name in INTERPRETER_TOO_SLOW:
+        pytest.skip(INTERPRETER_TOO_SLOW[case.name])
     torch.manual_seed(0)
     model = case.build().eval().to(device=device, dtype=dtype)
     compiled = minicompile.compile(model, backend=backend, fullgraph=True)

@@ -73,8 +73,19 @@ def _layerdrop_drawn_always(case: ModelCase) -> bool:
     return "torch.rand(" in source and "self.layerdrop > 0" not in source
 
 
+# Zoo models not trained here, and why.
+NOT_TRAINED = {
+    "timm_densenet121": "CI time: 100 s and more for its 934 kernels (bench_models trains it)",
+    "torchvision_mobilenet_v2": "ill-conditioned in train mode (batch norms over 8 values in "
+    "the last stage): eager float32's first conv gradient is itself 1e-2 off float64's, as "
+    "far as the compiled one, beyond this test's tolerance",
+}
+
+
 @pytest.mark.parametrize("case", MODELS + tuple(REGRESSIONS), ids=str)
 def test_model_trains_whole_and_matches_eager(case: ModelCase) -> None:
+    if case.name in NOT_TRAINED:
+        pytest.skip(NOT_TRAINED[case.name])
     if _layerdrop_drawn_always(case):
         pytest.skip("this transformers branches on a random draw for LayerDrop in training "
                     "(a graph break under Dynamo too)")

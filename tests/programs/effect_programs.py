@@ -269,3 +269,21 @@ def untraceable_call(x):
     y = x.sin()
     pid = os.getpid()
     return y * 2 + (pid > 0)
+
+
+def _count_then_print(y, stats, buf):
+    stats.calls += 1
+    buf.add_(1)
+    print("inside the helper")
+    return y * 2
+
+
+def _stats_object_and_buffer(device):
+    return (torch.randn(4, 8, device=device), RunStats(), torch.zeros(3, device=device)), {}
+
+
+@breaking(_stats_object_and_buffer, graphs=4, breaks=2)
+def writes_then_break_in_a_helper(x, stats, buf):
+    # The break is inside the helper: the caller's graph stops at the call, without the
+    # helper's writes, which run once, when the helper runs as a frame of its own.
+    return _count_then_print(x.sin(), stats, buf) + 1

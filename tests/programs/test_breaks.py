@@ -115,6 +115,32 @@ def test_break_in_inlined_function_resumes(backend: str, device: torch.device, c
     assert stats["eager_fallbacks"] == 0, stats
 
 
+def layer_drop(x):
+    # transformers' LayerDrop before 5.x: a draw, then a branch on its value
+    if torch.rand([]) < 0.0:
+        return x
+    return x * 2
+
+
+def calls_layer_drop(x):
+    return layer_drop(torch.nn.functional.dropout(x.sin(), 0.5)).cos()
+
+
+def test_random_draws_before_a_break_in_a_helper_happen_once(backend: str,
+                                                             device: torch.device) -> None:
+    """The caller's graph stops at the call: a draw of the helper's before its break is
+    not also in the caller's graph, so the generator advances as in eager."""
+    compiled = minicompile.compile(calls_layer_drop, backend=backend)
+    for seed in (1, 2):
+        x = torch.randn(4, 8, device=device)
+        torch.manual_seed(seed)
+        expected, expected_next = calls_layer_drop(x), torch.rand(3, device=device)
+        torch.manual_seed(seed)
+        torch.testing.assert_close(compiled(x), expected)
+        torch.testing.assert_close(torch.rand(3, device=device), expected_next)
+    assert minicompile.stats()["eager_fallbacks"] == 0
+
+
 def item_then_python(x):
     y = x.exp()
     total = y.sum().item()  # exp > 0: the branch below always goes one way

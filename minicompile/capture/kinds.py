@@ -41,14 +41,19 @@ class Translator(Protocol):
 
     def call_function(self, fn: Var, args: list, kwargs: dict) -> Var: ...
 
+    def module_attr(self, module: Var, name: str) -> Var: ...
+
 
 class RebuildWriter(Protocol):
     """capture/side_effects.py's Rebuild: writes the code that rebuilds the results."""
 
     out: Output
     made: dict[int, str]
+    g: Any  # the generated code's names (ref)
 
     def temp(self, expr: str) -> str: ...
+
+    def items(self, values: Any) -> str: ...
 
 
 class Rule:

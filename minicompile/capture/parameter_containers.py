@@ -14,17 +14,13 @@ from __future__ import annotations
 
 import dataclasses
 import operator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from minicompile.capture import kinds
 from minicompile.capture.variables import ConstantVar, DictVar, NNModuleVar, Var
 from minicompile.errors import Unsupported
-
-if TYPE_CHECKING:
-    from minicompile.capture.interpreter import InstructionTranslator
-    from minicompile.capture.side_effects import Rebuild
 
 
 class ParameterListVar(NNModuleVar):
@@ -52,7 +48,7 @@ class ParameterSliceVar(Var):
         return "a slice of a ParameterList"
 
 
-def _index(tx: InstructionTranslator, index: Var) -> int | slice:
+def _index(tx: kinds.Translator, index: Var) -> int | slice:
     key = tx.output.to_value(index)
     if isinstance(key, slice):
         return key
@@ -70,7 +66,7 @@ def _pick(items: list[Any], i: int | slice, what: str) -> Any:
     return items[i]
 
 
-def _positions(tx: InstructionTranslator, plist: ParameterListVar) -> list[str]:
+def _positions(tx: kinds.Translator, plist: ParameterListVar) -> list[str]:
     """The attribute names of the list's items, its length guarded."""
     if plist.source is None:
         raise Unsupported("a ParameterList reached without a source")
@@ -79,7 +75,7 @@ def _positions(tx: InstructionTranslator, plist: ParameterListVar) -> list[str]:
 
 
 @kinds.subscript.register(ParameterListVar)
-def _list_subscript(tx: InstructionTranslator, plist: ParameterListVar, index: Var) -> Var:
+def _list_subscript(tx: kinds.Translator, plist: ParameterListVar, index: Var) -> Var:
     picked = _pick(_positions(tx, plist), _index(tx, index), "ParameterList")
     if isinstance(picked, list):
         return ParameterSliceVar([tx.module_attr(plist, name) for name in picked])
@@ -87,12 +83,12 @@ def _list_subscript(tx: InstructionTranslator, plist: ParameterListVar, index: V
 
 
 @kinds.subscript.register(ParameterSliceVar)
-def _slice_subscript(tx: InstructionTranslator, part: ParameterSliceVar, index: Var) -> Var:
+def _slice_subscript(tx: kinds.Translator, part: ParameterSliceVar, index: Var) -> Var:
     picked = _pick(part.items, _index(tx, index), "ParameterList")
     return ParameterSliceVar(picked) if isinstance(picked, list) else picked
 
 
-def _keys(tx: InstructionTranslator, pdict: ParameterDictVar) -> list[str]:
+def _keys(tx: kinds.Translator, pdict: ParameterDictVar) -> list[str]:
     """The dict's keys in order (its ``_keys``, a dict read with its keys guarded)."""
     keys = tx.realize(tx.module_attr(pdict, "_keys"))
     assert isinstance(keys, DictVar)
@@ -100,14 +96,14 @@ def _keys(tx: InstructionTranslator, pdict: ParameterDictVar) -> list[str]:
 
 
 @kinds.subscript.register(ParameterDictVar)
-def _dict_subscript(tx: InstructionTranslator, pdict: ParameterDictVar, index: Var) -> Var:
+def _dict_subscript(tx: kinds.Translator, pdict: ParameterDictVar, index: Var) -> Var:
     key = tx.output.to_value(index)
     if not isinstance(key, str) or key not in _keys(tx, pdict):
         raise Unsupported(f"ParameterDict has no key {key!r} (eager raises)")
     return tx.module_attr(pdict, key)
 
 
-def _rebuild_slice(r: Rebuild, part: ParameterSliceVar) -> str:
+def _rebuild_slice(r: kinds.RebuildWriter, part: ParameterSliceVar) -> str:
     return f"{r.g.ref(torch.nn.ParameterList, 'ParameterList')}([{r.items(part.items)}])"
 
 

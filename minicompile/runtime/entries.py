@@ -82,16 +82,6 @@ def _versions(cfg: Config) -> str:
     return cache.cache_key(cache.tool_versions(cfg.cxx), fingerprints.source_version())
 
 
-def _same_object(found: Any, digest: str, where: str) -> Any:
-    """``found`` if its fingerprint is ``digest`` (raises Miss)."""
-    try:
-        if fingerprints.object_digest(found) == digest:
-            return found
-    except NotStorable as e:
-        raise Miss(str(e)) from None
-    raise Miss(f"{where} changed since the entry was written")
-
-
 # -- writing -------------------------------------------------------------------------------
 
 

@@ -103,7 +103,7 @@ def _interleaving(sizes: tuple, space: Space, p: tuple, q: tuple) -> tuple | Non
     statistics is ``(q0, p0, q1, q2)``.  None unless exactly one order fits the sizes."""
     found: list[tuple] = []
 
-    def walk(i: int, j: int, order: tuple) -> None:
+    def extend(i: int, j: int, order: tuple) -> None:
         if len(found) > 1:
             return
         if i == len(p) and j == len(q):
@@ -111,11 +111,11 @@ def _interleaving(sizes: tuple, space: Space, p: tuple, q: tuple) -> tuple | Non
             return
         k = i + j
         if i < len(p) and sizes[k] == space.kept[i]:
-            walk(i + 1, j, order + (p[i],))
+            extend(i + 1, j, order + (p[i],))
         if j < len(q) and sizes[k] == space.reduced[j]:
-            walk(i, j + 1, order + (q[j],))
+            extend(i, j + 1, order + (q[j],))
 
-    walk(0, 0, ())
+    extend(0, 0, ())
     if len(found) != 1 or found[0] == q + p:
         return None  # ambiguous; or the reduced dims first: a column sum (passes/mix_order.py)
     return found[0]

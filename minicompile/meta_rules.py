@@ -19,7 +19,7 @@ from minicompile.op_table import COMPARISONS, LOGICAL, ROWS
 # Pointwise ops whose result metadata follows from PyTorch's promotion, broadcasting and
 # stride rules alone when every tensor is floating point (none of them refuses a float).
 FLOAT_POINTWISE = frozenset(row.name for row in ROWS if row.float_meta) | {
-    "relu", "silu", "gelu", "hardswish", "hardsigmoid"}  # (composites, decomposed later)
+    "relu", "silu", "gelu"}  # (composites, decomposed later)
 # Pointwise ops whose result metadata follows from the same rules on integer and bool
 # tensors too (their general path imports torch._dynamo: seconds of a cold start): the
 # promotion kind, and whether bool tensors and float operands are accepted (where eager

@@ -49,8 +49,7 @@ def _to_dtype(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 
 COMPOSITE: dict[str, Callable] = {"relu": torch.relu, "gelu": _gelu, "silu": F.silu,
-                                   "clamp": _clamp, "hardswish": F.hardswish,
-                                   "hardsigmoid": F.hardsigmoid}
+                                   "clamp": _clamp}
 
 # Views, in normalised form: non-negative dims, slice bounds clamped to the size.
 VIEW: dict[str, Callable] = {

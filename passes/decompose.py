@@ -1,5 +1,4 @@
-"""Rewrite composite pointwise ops (relu, gelu, silu, clamp, hardswish, hardsigmoid) into
-primitives.
+"""Rewrite composite pointwise ops (relu, gelu, silu, clamp) into primitives.
 
 Each decomposition computes as eager does: float16/bfloat16 inputs are upcast to float32
 ("opmath"), the formula runs in float32 and the result is cast back once, so the rounding
@@ -83,16 +82,6 @@ def _silu(b: _Builder, x: Node) -> Node:
     return b.restore(b("truediv", x, b("add", b("exp", b("neg", x)), 1.0)))
 
 
-def _hardsigmoid(b: _Builder, x: Node) -> Node:
-    x = b.opmath(x)  # min(max(x + 3, 0), 6) / 6, the formula of PyTorch's own kernels
-    return b.restore(b("truediv", _clamp(b, b("add", x, 3.0), 0.0, 6.0), 6.0))
-
-
-def _hardswish(b: _Builder, x: Node) -> Node:
-    x = b.opmath(x)  # x * min(max(x + 3, 0), 6) / 6
-    return b.restore(b("truediv", b("mul", x, _clamp(b, b("add", x, 3.0), 0.0, 6.0)), 6.0))
-
-
 def _clamp(b: _Builder, x: Node, min: Any = None, max: Any = None) -> Node:
     # Comparisons are false for NaN, so NaN passes through as torch.clamp lets it.
     out = x
@@ -114,8 +103,6 @@ DECOMPOSITIONS: dict[str, Callable[..., Node]] = {
     "gelu": _gelu,
     "silu": _silu,
     "clamp": _clamp,
-    "hardswish": _hardswish,
-    "hardsigmoid": _hardsigmoid,
 }
 
 

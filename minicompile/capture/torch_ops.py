@@ -160,43 +160,6 @@ register("torch.relu", "Tensor.relu", "F.relu")(_activation("relu", True))
 register("F.silu")(_activation("silu", True))
 
 
-def _cornered(op: str, eager: Callable) -> Handler:
-    """Activations with corners (hardswish, hardsigmoid), where eager's gradient at the
-    corner is a convention of its own backward kernel: fused where no gradient flows, the
-    library call (and its autograd rule) where one does."""
-    fused = _activation(op, True)
-
-    def handler(em: Emitter, fname: str, args: tuple, kwargs: dict) -> Any:
-        x = tensor_arg(fname, parse(fname, args, kwargs, ("input", "inplace"), inplace=False)[0])
-        if not x.meta.dtype.is_floating_point or (em.grad_enabled and x.meta.requires_grad):
-            return em.extern(eager, (x,), {})
-        return fused(em, fname, args, kwargs)
-
-    return handler
-
-
-register("F.hardswish")(_cornered("hardswish", F.hardswish))
-register("F.hardsigmoid")(_cornered("hardsigmoid", F.hardsigmoid))
-
-
-@register("F.hardtanh", "F.relu6")
-def _hardtanh(em: Emitter, fname: str, args: tuple, kwargs: dict) -> Any:
-    """A clamp where no gradient flows (hardtanh's gradient is zero at its bounds, clamp's
-    is not); the library call otherwise, and where eager refuses (min above max)."""
-    if fname.endswith("relu6"):
-        (x, _), lo, hi = parse(fname, args, kwargs, ("input", "inplace"), inplace=False), 0.0, 6.0
-    else:
-        x, lo, hi, _ = parse(fname, args, kwargs, ("input", "min_val", "max_val", "inplace"),
-                             min_val=-1.0, max_val=1.0, inplace=False)
-    x = tensor_arg(fname, x)
-    numbers = all(type(v) in (int, float) for v in (lo, hi))
-    if not (x.meta.dtype.is_floating_point and numbers and lo <= hi) or (
-            em.grad_enabled and x.meta.requires_grad):
-        return em.extern(F.relu6 if fname.endswith("relu6") else F.hardtanh,
-                         (x,) if fname.endswith("relu6") else (x, lo, hi), {})
-    return clamp(em, fname, x, lo, hi)
-
-
 @register("F.gelu")
 def _gelu(em: Emitter, fname: str, args: tuple, kwargs: dict) -> Any:
     x, approximate = parse(fname, args, kwargs, ("input", "approximate"), approximate="none")

@@ -19,54 +19,27 @@ if TYPE_CHECKING:
 
 
 class ContainersMixin:
-    def BUILD_TUPLE(self: InstructionTranslator, inst: Inst) -> None:
-        self.push(TupleVar(tuple(self.popn(inst.arg))))
-
-    def BUILD_LIST(self: InstructionTranslator, inst: Inst) -> None:
-        self.push(ListVar(self.popn(inst.arg)))
-
-    def BUILD_MAP(self: InstructionTranslator, inst: Inst) -> None:
-        flat = self.popn(2 * inst.arg)
-        keys = [self.output.to_value(k) for k in flat[0::2]]
-        self.push(DictVar(dict(zip(keys, flat[1::2]))))
-
-    def BUILD_CONST_KEY_MAP(self: InstructionTranslator, inst: Inst) -> None:
-        keys = self.output.to_value(self.pop())
-        self.push(DictVar(dict(zip(keys, self.popn(inst.arg)))))
-
-    def BUILD_SLICE(self: InstructionTranslator, inst: Inst) -> None:
-        parts = self.popn(inst.arg)
-        self.push(self.fold(slice, *parts, what="slice"))
-
-    def _mutable(self: InstructionTranslator, var: Var, what: str) -> Var:
+    def contents(self: InstructionTranslator, var: Var, what: str) -> list | dict:
+        """The items of a list or dict built in the trace, to add to."""
         if not isinstance(var, (ListVar, DictVar)) or not var.mutable:
             raise Unsupported(f"{what} on {var.describe()} from outside the trace (mutation)")
-        return var
+        return var.items
 
-    def LIST_APPEND(self: InstructionTranslator, inst: Inst) -> None:
-        item = self.pop()
-        self._mutable(self.stack[-inst.arg], "append").items.append(item)
-
-    def LIST_EXTEND(self: InstructionTranslator, inst: Inst) -> None:
-        items = self.iter_items(self.pop())
-        self._mutable(self.stack[-inst.arg], "extend").items.extend(items)
-
-    def MAP_ADD(self: InstructionTranslator, inst: Inst) -> None:
-        value, key = self.pop(), self.pop()
-        target = self._mutable(self.stack[-inst.arg], "dict comprehension")
-        target.items[self.output.to_value(key)] = value
-
-    def LIST_TO_TUPLE(self: InstructionTranslator, inst: Inst) -> None:  # 3.11
-        self.push(TupleVar(tuple(self.iter_items(self.pop()))))
+    def keywords(self: InstructionTranslator, kwargs: Var | None) -> dict[str, Var]:
+        if kwargs is None:
+            return {}
+        if not isinstance(kwargs, DictVar):
+            raise Unsupported(f"f(**{kwargs.describe()}) is not supported")
+        return {k: self.realize(v) for k, v in kwargs.items.items()}
 
     def DICT_MERGE(self: InstructionTranslator, inst: Inst) -> None:
         update = self.pop()
-        target = self._mutable(self.stack[-inst.arg], "dict merge")
+        target = self.contents(self.stack[-inst.arg], "dict merge")
         if not isinstance(update, DictVar):
             raise Unsupported(f"**{update.describe()} is not supported")
-        if inst.opname == "DICT_MERGE" and target.items.keys() & update.items.keys():
+        if inst.opname == "DICT_MERGE" and target.keys() & update.items.keys():
             raise Unsupported("duplicate keyword argument (eager raises TypeError)")
-        target.items.update(update.items)
+        target.update(update.items)
 
     DICT_UPDATE = DICT_MERGE
 
@@ -83,10 +56,6 @@ class ContainersMixin:
             raise Unsupported("not enough values to unpack (eager raises)")
         rest = ListVar(items[before : len(items) - after])
         self.stack.extend(reversed([*items[:before], rest, *items[len(items) - after :]]))
-
-    def BINARY_SUBSCR(self: InstructionTranslator, inst: Inst) -> None:
-        index, container = self.pop(), self.pop()
-        self.push(self.subscript(container, index))
 
     def subscript(self: InstructionTranslator, container: Var, index: Var) -> Var:
         return kinds.subscript(self, self.realize(container), index)
@@ -121,10 +90,6 @@ class ContainersMixin:
                 raise Unsupported(f"key {key!r} not found (eager raises KeyError)")
             return self.realize(container.items[key])
         return self.fold(lambda c, i: c[i], container, index, what="indexing")
-
-    def BINARY_SLICE(self: InstructionTranslator, inst: Inst) -> None:  # 3.12
-        end, start, container = self.pop(), self.pop(), self.pop()
-        self.push(self.subscript(container, self.fold(slice, start, end, what="slice")))
 
 
 kinds.subscript.register(NNModuleVar, lambda tx, m, index: tx.module_subscript(

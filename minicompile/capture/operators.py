@@ -11,10 +11,9 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from minicompile.capture import autocast, bytecode, kinds, mutation, records, torch_ops
-from minicompile.capture.bytecode import Inst
+from minicompile.capture import autocast, kinds, mutation, records, torch_ops
 from minicompile.capture.variables import (
-    ArrayVar, ConstantVar, DictVar, ListVar, NNModuleVar, RecordVar, TensorVar, TupleVar, Var,
+    ArrayVar, DictVar, ListVar, NNModuleVar, RecordVar, TensorVar, TupleVar, Var,
 )
 from minicompile.errors import Unsupported
 
@@ -23,11 +22,6 @@ if TYPE_CHECKING:
 
 
 class OperatorsMixin:
-    def BINARY_OP(self: InstructionTranslator, inst: Inst) -> None:
-        b, a = self.pop(), self.pop()
-        symbol, fn, inplace = bytecode.binary_op(inst)
-        self.push(self.binary(symbol, fn, a, b, inplace))
-
     def binary(self: InstructionTranslator, symbol: str, fn: Callable, a: Var, b: Var,
                inplace: bool = False) -> Var:
         if isinstance(self.realize(a), ArrayVar) or isinstance(self.realize(b), ArrayVar):
@@ -52,18 +46,11 @@ class OperatorsMixin:
             raise Unsupported(f"in-place operator {symbol}= on a list/dict (mutation)")
         return self.fold(fn, a, b, what=f"operator {symbol}")
 
-    def COMPARE_OP(self: InstructionTranslator, inst: Inst) -> None:
-        b, a = self.pop(), self.pop()
-        symbol = bytecode.compare_symbol(inst)
-        self.push(self.binary(symbol, bytecode.COMPARE_OPS[symbol], a, b))
+    def contains(self: InstructionTranslator, container: Var, item: Var) -> bool:
+        return kinds.contains(self, self.realize(container), item)
 
-    def IS_OP(self: InstructionTranslator, inst: Inst) -> None:
-        b, a = self.pop(), self.pop()
-        self.push(ConstantVar((a.identity() is b.identity()) != bool(inst.arg)))
-
-    def CONTAINS_OP(self: InstructionTranslator, inst: Inst) -> None:
-        container, item = self.realize(self.pop()), self.pop()
-        self.push(ConstantVar(kinds.contains(self, container, item) != bool(inst.arg)))
+    def unary(self: InstructionTranslator, x: Var, symbol: str, fn: Callable) -> Var:
+        return kinds.unary(self, x, symbol, fn)
 
     @kinds.unary.register(TensorVar)
     def tensor_unary(self: InstructionTranslator, x: TensorVar, symbol: str, fn: Callable):
@@ -82,30 +69,6 @@ class OperatorsMixin:
         if not isinstance(container.value, torch.nn.ModuleDict):
             return self.value_contains(container, item)
         return self.output.to_value(item) in [k.value for k in self.iter_items(container)]
-
-    def _unary(symbol: str, fn: Callable) -> Callable:  # noqa: N805 (a handler factory)
-        def handler(self: InstructionTranslator, inst: Inst) -> None:
-            self.push(kinds.unary(self, self.pop(), symbol, fn))
-
-        return handler
-
-    UNARY_NEGATIVE = _unary("-", lambda v: -v)
-    UNARY_INVERT = _unary("~", lambda v: ~v)
-    UNARY_POSITIVE = _unary("+", lambda v: +v)  # 3.11; 3.12 uses CALL_INTRINSIC_1
-
-    def UNARY_NOT(self: InstructionTranslator, inst: Inst) -> None:
-        self.push(ConstantVar(not self.truthy(self.pop())))
-
-    def TO_BOOL(self: InstructionTranslator, inst: Inst) -> None:  # 3.13
-        self.push(ConstantVar(self.truthy(self.pop())))
-
-    def CALL_INTRINSIC_1(self: InstructionTranslator, inst: Inst) -> None:  # 3.12
-        if inst.argval == "INTRINSIC_UNARY_POSITIVE" or inst.arg == 5:
-            self.UNARY_POSITIVE(inst)
-        elif inst.argval == "INTRINSIC_LIST_TO_TUPLE" or inst.arg == 6:
-            self.LIST_TO_TUPLE(inst)
-        else:
-            raise Unsupported(f"CALL_INTRINSIC_1 {inst.argval} is not supported")
 
 
 kinds.contains.register(RecordVar, lambda tx, record, item: (

@@ -117,6 +117,12 @@ class Frame(StackMachine):
     def subscript(self, container: Any, index: Any) -> Any:
         return container[index]
 
+    def iterate(self, value: Any) -> Any:
+        return iter(value)
+
+    def next_item(self, it: Any) -> Any:
+        return next(it, NULL)
+
     def load_attr(self, obj: Any, name: str) -> Any:
         return getattr(obj, name)
 
@@ -138,15 +144,10 @@ class Frame(StackMachine):
     def store_item(self, container: Any, key: Any, value: Any) -> None:
         container[key] = value
 
+    def eager_error(self, error: Exception) -> Exception:
+        return error  # raised where Python raises it
+
     # -- the opcodes that differ from the symbolic interpreter's ---------------------------
-
-    def LOAD_FAST(self, inst: Inst) -> None:
-        self.push(self.locals[inst.argval])
-
-    LOAD_FAST_CHECK = LOAD_FAST
-
-    def DELETE_FAST(self, inst: Inst) -> None:
-        self.locals.pop(inst.argval)
 
     def LOAD_DEREF(self, inst: Inst) -> None:
         name = inst.argval
@@ -167,34 +168,6 @@ class Frame(StackMachine):
         if inst.arg == 2:
             raise exc from cause
         raise exc
-
-    def GET_ITER(self, inst: Inst) -> None:
-        self.push(iter(self.pop()))
-
-    def FOR_ITER(self, inst: Inst) -> None:
-        try:
-            self.push(next(self.stack[-1]))
-        except StopIteration:
-            if bytecode.PY >= (3, 12):
-                self.push(None)  # END_FOR at the target pops it
-            else:
-                self.pop()
-            self.jump(inst)
-
-    def UNPACK_SEQUENCE(self, inst: Inst) -> None:
-        items = list(self.pop())
-        if len(items) != inst.arg:
-            raise ValueError(f"expected {inst.arg} values to unpack, got {len(items)}")
-        self.stack.extend(reversed(items))
-
-    def UNPACK_EX(self, inst: Inst) -> None:
-        before, after = inst.arg & 0xFF, inst.arg >> 8
-        items = list(self.pop())
-        if len(items) < before + after:
-            raise ValueError(f"not enough values to unpack (expected at least "
-                             f"{before + after}, got {len(items)})")
-        rest = items[before : len(items) - after]
-        self.stack.extend(reversed([*items[:before], rest, *items[len(items) - after :]]))
 
     def BUILD_SET(self, inst: Inst) -> None:
         self.push(set(self.popn(inst.arg)))

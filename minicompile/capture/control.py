@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 
 from minicompile.capture import autocast, kinds, mutation, records
-from minicompile.capture.bytecode import PY, Inst
+from minicompile.capture.bytecode import Inst
 from minicompile.capture.variables import (
     NULL, ConstantVar, DictVar, GradModeVar, IteratorVar, ModuleVar, ListVar, NNModuleVar,
     NewObjectVar, ObjectVar, RecordVar, SuperVar, TensorVar, TupleVar, UserObjectVar, Var,
@@ -75,22 +75,17 @@ class ControlMixin:
             return self.iter_items(self.call_function(self.load_attr(var, "__iter__"), [], {}))
         raise Unsupported(f"iterating over {var.describe()} is not supported")
 
-    def GET_ITER(self: InstructionTranslator, inst: Inst) -> None:
-        self.push(kinds.iterate(self, self.realize(self.pop())))
+    def iterate(self: InstructionTranslator, var: Var) -> Var:
+        return kinds.iterate(self, self.realize(var))
 
-    def FOR_ITER(self: InstructionTranslator, inst: Inst) -> None:
-        it = self.stack[-1]
+    def next_item(self: InstructionTranslator, it: Var) -> Var:
+        """The iterator's next item, NULL when it is exhausted."""
         if not isinstance(it, IteratorVar):
             raise Unsupported(f"FOR_ITER over {it.describe()}")
-        if it.pos < len(it.items):
-            it.pos += 1
-            self.push(self.realize(it.items[it.pos - 1]))
-            return
-        if PY >= (3, 12):
-            self.push(NULL)  # END_FOR at the target pops it (and the iterator on 3.12)
-        else:
-            self.pop()
-        self.ip = self.index_of[inst.argval]
+        if it.pos == len(it.items):
+            return NULL
+        it.pos += 1
+        return self.realize(it.items[it.pos - 1])
 
     # -- with ------------------------------------------------------------------------------
 

@@ -3,14 +3,14 @@
 An :class:`InstructionTranslator` walks one code object (:func:`bytecode.decode`) with a
 stack and locals of value trackers.  Tensor operations append nodes to the shared
 :class:`OutputGraph`, Python values are folded while tracing, and calls of user functions
-are inlined by a child translator.  Attributes and calls (:mod:`calls`,
-:mod:`python_calls`), loops, ``with`` and stores (:mod:`control`), operators and
-containers are mixins; this module keeps the driver and the opcodes of locals, globals,
-cells, calls, jumps, returns, f-strings and ``MAKE_FUNCTION``.  It never runs user code or
-mutates user objects, so raising :class:`Unsupported` is always safe.  Calls are laid out
+are inlined by a child translator.  The opcodes it shares with the concrete executor are
+:class:`opcodes.StackMachine`'s, asking the hooks here and in the mixins: attributes and
+calls (:mod:`calls`, :mod:`python_calls`), loops, ``with`` and stores (:mod:`control`),
+operators and containers (:mod:`operators`).  This module keeps the driver and the opcodes
+of locals, cells, generators and ``MAKE_FUNCTION``.  It never runs user code or mutates
+user objects, so raising :class:`Unsupported` is always safe.  Calls are laid out
 ``[NULL | callable, callable | self, *args]`` on 3.11/3.12 (method loads push
-``[NULL, method]``); 3.13 puts the NULL after the callable (see :mod:`bytecode`).
-"""
+``[NULL, method]``); 3.13 puts the NULL after the callable (see :mod:`bytecode`)."""
 
 from __future__ import annotations
 
@@ -23,7 +23,6 @@ from typing import Any
 from minicompile.capture import bytecode, kinds, pybuiltins
 from minicompile.capture.bytecode import PY, Inst
 from minicompile.capture.calls import CallsMixin
-from minicompile.capture.containers import ContainersMixin
 from minicompile.capture.python_calls import PythonCallsMixin
 from minicompile.capture.control import ControlMixin
 from minicompile.capture.opcodes import StackMachine
@@ -36,7 +35,7 @@ from minicompile.capture.variables import (
 from minicompile.errors import SourceLine, Unsupported
 
 class InstructionTranslator(
-    CallsMixin, PythonCallsMixin, ControlMixin, OperatorsMixin, ContainersMixin, StackMachine
+    CallsMixin, PythonCallsMixin, ControlMixin, OperatorsMixin, StackMachine
 ):
     """Interprets one frame (``parent``: the caller's translator when inlined, and
     ``parent_stack`` the user stack of the call site).  An instruction that raises
@@ -141,6 +140,9 @@ class InstructionTranslator(
     def make_dict(self, items: dict[Any, Var]) -> Var:
         return DictVar(items)
 
+    def eager_error(self, error: Exception) -> Exception:
+        return Unsupported(f"{error} (eager raises {type(error).__name__})")
+
     def truthy(self, var: Var) -> bool:
         """``bool(var)`` for a branch: Python values decide now (they are guarded, or derived
         from guarded tensor metadata); tensors would need their data."""
@@ -193,31 +195,6 @@ class InstructionTranslator(
             raise Unsupported(f"{what or fn.__name__} raised {type(e).__name__}: {e}") from e
 
     # -- locals, constants, globals, cells -------------------------------------------------
-
-    def LOAD_FAST(self, inst: Inst) -> None:
-        name = inst.argval
-        if name not in self.locals:
-            raise Unsupported(f"local variable {name!r} is unbound (eager raises)")
-        var = self.locals[name] = self.realize(self.locals[name])
-        self.push(var)
-
-    LOAD_FAST_CHECK = LOAD_FAST
-
-    def DELETE_FAST(self, inst: Inst) -> None:
-        self.locals.pop(inst.argval, None)
-
-    def LOAD_FAST_LOAD_FAST(self, inst: Inst) -> None:  # 3.13
-        for name in inst.argval:
-            self.LOAD_FAST(Inst("LOAD_FAST", None, name, inst.offset, inst.lineno))
-
-    def STORE_FAST_LOAD_FAST(self, inst: Inst) -> None:  # 3.13
-        store, load = inst.argval
-        self.locals[store] = self.pop()
-        self.LOAD_FAST(Inst("LOAD_FAST", None, load, inst.offset, inst.lineno))
-
-    def STORE_FAST_STORE_FAST(self, inst: Inst) -> None:  # 3.13: the first name takes TOS
-        for name in inst.argval:
-            self.locals[name] = self.pop()
 
     def load_global(self, name: str) -> Var:
         g = self.globals_name

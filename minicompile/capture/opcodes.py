@@ -1,14 +1,14 @@
 """What an opcode does to a frame, written once for both interpreters.
 
 :class:`StackMachine` holds the opcodes whose stack effect and meaning do not depend on
-what the values are: stack shuffles, jumps, returns, calls, operators, containers, stores
-and f-strings.  The symbolic interpreter (:class:`InstructionTranslator`, values are
-trackers) and the concrete executor (:class:`concrete.Frame`, real values at graph breaks)
-both inherit them and answer the questions they ask of values, the hooks:
+what the values are: locals, stack shuffles, jumps, loops, returns, calls, operators,
+containers, stores and f-strings.  The symbolic interpreter (:class:`InstructionTranslator`,
+values are trackers) and the concrete executor (:class:`concrete.Frame`, real values at
+graph breaks) both inherit them and answer what they ask of values, the hooks:
 ``realize value const identity truthy fold unary binary contains iter_items keywords
-make_tuple make_list make_dict contents subscript load_attr load_global call_function
-store_attr store_item``.  ``null`` is the NULL stack slot next to callables, ``Refused``
-the exception for what the machine does not model.
+make_tuple make_list make_dict contents subscript iterate next_item load_attr load_global
+call_function store_attr store_item eager_error``.  ``null`` is the NULL stack slot next
+to callables, ``Refused`` the exception for what the machine does not model.
 """
 
 from __future__ import annotations
@@ -58,6 +58,33 @@ class StackMachine:
         self.stack.extend([method, self.null] if NULL_AFTER_CALLABLE else [self.null, method])
 
     # -- locals, constants, globals, attributes --------------------------------------------
+
+    def LOAD_FAST(self, inst: Inst) -> None:
+        name = inst.argval
+        if name not in self.locals:
+            raise self.eager_error(UnboundLocalError(f"local variable {name!r} is unbound"))
+        value = self.locals[name] = self.realize(self.locals[name])
+        self.push(value)
+
+    LOAD_FAST_CHECK = LOAD_FAST
+
+    def LOAD_FAST_LOAD_FAST(self, inst: Inst) -> None:  # 3.13
+        for name in inst.argval:
+            self.LOAD_FAST(Inst("LOAD_FAST", None, name, inst.offset, inst.lineno))
+
+    def STORE_FAST_LOAD_FAST(self, inst: Inst) -> None:  # 3.13
+        store, load = inst.argval
+        self.locals[store] = self.pop()
+        self.LOAD_FAST(Inst("LOAD_FAST", None, load, inst.offset, inst.lineno))
+
+    def STORE_FAST_STORE_FAST(self, inst: Inst) -> None:  # 3.13: the first name takes TOS
+        for name in inst.argval:
+            self.locals[name] = self.pop()
+
+    def DELETE_FAST(self, inst: Inst) -> None:
+        if inst.argval not in self.locals:
+            raise self.eager_error(UnboundLocalError(f"local variable {inst.argval!r} is unbound"))
+        del self.locals[inst.argval]
 
     def LOAD_FAST_AND_CLEAR(self, inst: Inst) -> None:
         self.push(self.realize(self.locals.pop(inst.argval, self.null)))
@@ -186,6 +213,20 @@ class StackMachine:
 
     JUMP_BACKWARD = JUMP_BACKWARD_NO_INTERRUPT = JUMP_FORWARD
 
+    def GET_ITER(self, inst: Inst) -> None:
+        self.push(self.iterate(self.pop()))
+
+    def FOR_ITER(self, inst: Inst) -> None:
+        item = self.next_item(self.stack[-1])
+        if item is not self.null:
+            self.push(item)
+            return
+        if PY >= (3, 12):
+            self.push(self.null)  # END_FOR at the target pops it (and the iterator on 3.12)
+        else:
+            self.pop()
+        self.jump(inst)
+
     def END_FOR(self, inst: Inst) -> None:
         self.popn(2 if PY == (3, 12) else 1)
 
@@ -270,6 +311,22 @@ class StackMachine:
     def MAP_ADD(self, inst: Inst) -> None:
         value, key = self.pop(), self.pop()
         self.contents(self.stack[-inst.arg], "dict comprehension")[self.value(key)] = value
+
+    def UNPACK_SEQUENCE(self, inst: Inst) -> None:
+        items = self.iter_items(self.pop())
+        if len(items) != inst.arg:
+            raise self.eager_error(ValueError(
+                f"expected {inst.arg} values to unpack, got {len(items)}"))
+        self.stack.extend(reversed(items))
+
+    def UNPACK_EX(self, inst: Inst) -> None:  # a, *b, c = items
+        before, after = inst.arg & 0xFF, inst.arg >> 8
+        items = self.iter_items(self.pop())
+        if len(items) < before + after:
+            raise self.eager_error(ValueError("not enough values to unpack (expected at least "
+                                              f"{before + after}, got {len(items)})"))
+        rest = self.make_list(items[before : len(items) - after])
+        self.stack.extend(reversed([*items[:before], rest, *items[len(items) - after :]]))
 
     def BUILD_SLICE(self, inst: Inst) -> None:
         self.push(self.fold(slice, *self.popn(inst.arg), what="slice"))

@@ -69,6 +69,7 @@ def reset() -> None:
         fn.concrete_points.clear()
         fn.dynamic_dims.clear()
         fn.dynamic_ints.clear()
+        fn.dynamic_lengths.clear()
         fn.breaks.clear()
         fn.eager_reason = None
     build.forget()
@@ -103,6 +104,7 @@ class CompiledFunction(Resuming, AutoDynamic):
         # Automatic dynamic: per segment start, the dims of each input source seen to change.
         self.dynamic_dims: dict[ResumePoint, dict[str, frozenset[int]]] = {}
         self.dynamic_ints: dict[ResumePoint, set[str]] = {}  # int arguments seen to change
+        self.dynamic_lengths: dict[ResumePoint, set[int]] = {}  # sizes dims changed from
         # The signature of the code that runs: not the one functools.wraps advertises
         # (a `wrapper(*args, **kwargs)` binds its arguments into `args` and `kwargs`).
         self.signature = inspect.signature(self.fn, follow_wrapped=False)
@@ -181,7 +183,7 @@ class CompiledFunction(Resuming, AutoDynamic):
 
             self._root = root_point(self.fn.__code__)
             self.segments[self._root] = self.entries
-            for table in (self.dynamic_dims, self.dynamic_ints):  # (filled before: a warm
+            for table in (self.dynamic_dims, self.dynamic_ints, self.dynamic_lengths):  # (a warm
                 if None in table:  # entry was looked for, which computes no root)
                     table[self._root] = table.pop(None)
         return self._root

@@ -528,7 +528,29 @@ class OptimizedModule(torch.nn.Module):
         try:
             return super().__getattr__(name)
         except AttributeError:
-            return getattr(self._modules["_orig_mod"], name)
+            value = getattr(self._modules["_orig_mod"], name)
+        if (isinstance(value, types.MethodType) and value.__self__ is self._orig_mod
+                and name != "forward" and not hasattr(torch.nn.Module, name)):
+            return self._through_compiled_forward(value)
+        return value
+
+    def _through_compiled_forward(self, method: types.MethodType) -> Callable:
+        """A method of the module's own class (``generate``) whose calls of the module run
+        the compiled forward, as the user of ``compiled.generate(...)`` means: the compiled
+        function is the module's forward for the length of the call."""
+
+        @functools.wraps(method)
+        def run(*args: Any, **kwargs: Any) -> Any:
+            mod = self._orig_mod
+            if "forward" in mod.__dict__ or distributed.is_ddp(mod):  # patched: as in eager
+                return method(*args, **kwargs)
+            mod.__dict__["forward"] = self.__dict__["_compiled"]
+            try:
+                return method(*args, **kwargs)
+            finally:
+                del mod.__dict__["forward"]
+
+        return run
 
     def state_dict(self, *args: Any, **kwargs: Any) -> Any:
         return self._orig_mod.state_dict(*args, **kwargs)

@@ -13,6 +13,10 @@ A replay launches the recorded kernels with one call, on the same memory.
   still alive (reading one raises an error that says to ``clone()`` it); one that views
   an input is that view of the caller's tensor.
 - **Mutation.**  An input a kernel stores into is copied back after the replay.
+- **Static addresses.**  An input marked with ``torch._dynamo.mark_static_address``
+  (transformers' static KV cache) is read in place; a new one of the same sizes (the next
+  ``generate`` call's cache) records the graph again on it, instead of copying it in and
+  back at every replay.
 
 What cannot be recorded runs the ordinary path, with the reason logged once.
 """
@@ -79,10 +83,13 @@ class Recorded:
         self.copied = [k for k, x in enumerate(inputs)
                        if isinstance(x, torch.Tensor) and k not in static]
         self.mutated = [k for k in self.copied if k in mutated]
+        self.pinned = [k for k in self.copied if compat.static_address(inputs[k])]
         self.owned = owned  # buffers of its own (else the recording call's tensors)
         self.handed: list[Any] = []  # weak references to the storages handed out last
         self.buffers = list(inputs)
         for k in self.copied if owned else ():
+            if k in self.pinned:  # read in place, owned or not
+                continue
             x = inputs[k]
             self.buffers[k] = torch.empty_strided(x.shape, x.stride(), dtype=x.dtype,
                                                   device=x.device).copy_(x)
@@ -120,8 +127,14 @@ class Recorded:
                 return _Output(out, k, out.storage_offset() - buf.storage_offset())
         return _Output(out, None, out.storage_offset())
 
+    def moved_pinned(self, inputs: list) -> bool:
+        """Whether an input marked as a static address is another tensor than recorded."""
+        return any(inputs[k].data_ptr() != self.pointers[k] for k in self.pinned)
+
     def replay(self, inputs: list) -> tuple | None:
-        """Run the graph on ``inputs``; None when it cannot (then record on buffers of its own)."""
+        """Run the graph on ``inputs``; None when it cannot (then record again)."""
+        if self.moved_pinned(inputs):
+            return None
         buffers = self.buffers
         for k in self.copied:
             x, buf = inputs[k], buffers[k]
@@ -187,7 +200,7 @@ class GraphedCall:
             outs = graph.replay(inputs)
             if outs is not None:
                 return outs
-            return self.record(key, inputs, owned=True)
+            return self.record(key, inputs, owned=not graph.moved_pinned(inputs))
         if key not in self.warm:
             reason = why_not(inputs)
             if reason is not None:

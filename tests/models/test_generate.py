@@ -70,21 +70,25 @@ def test_generate_with_dynamic_cache_compiles_twice(name: str, how: str, backend
 def test_generate_with_static_cache(backend: str) -> None:
     """transformers' static cache (``cache_implementation="static"``), the forward compiled
     with ``mode="reduce-overhead"``: prefill and decode compile once each; on a GPU the
-    decode step is recorded as a CUDA graph and replayed each step after."""
+    decode step is recorded as a CUDA graph and replayed each step after, and the next
+    call's new cache records it again (it is marked as a static address)."""
     device = device_for(backend)
     model = hf_model("hf_llama", device)
     options = {"cache_implementation": "static", "disable_compile": True}  # not torch.compile
-    torch.manual_seed(1)
-    ids = torch.randint(1, 100, (2, 7), device=device)
+    calls = 2 if device.type == "cuda" else 1  # a second call's new cache: on a GPU
+    prompts = [torch.randint(1, 100, (2, 7), device=device) for _ in range(calls)]
     tokens = new_tokens(backend)[0]
-    want = generate(model, ids, tokens, **options)
+    wants = [generate(model, ids, tokens, **options) for ids in prompts]
     model.forward = minicompile.compile(model.forward, backend=backend, mode="reduce-overhead")
-    assert torch.equal(generate(model, ids, tokens, **options), want)
+    for ids, want in zip(prompts, wants):
+        assert torch.equal(generate(model, ids, tokens, **options), want)
     assert_compiled_twice()
     if device.type == "cuda":
         decode = model.forward.entries[0].call  # the newest entry: the decode step
         assert isinstance(decode, cudagraphs.GraphedCall), decode
         assert decode.off is None and len(decode.recorded) == 1
+        (graph,) = decode.recorded.values()
+        assert graph.pinned  # the cache's tensors, read in place
 
 
 @torch.no_grad()

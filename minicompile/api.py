@@ -183,8 +183,9 @@ class CompiledFunction(Resuming, AutoDynamic):
 
             self._root = root_point(self.fn.__code__)
             self.segments[self._root] = self.entries
-            for table in (self.dynamic_dims, self.dynamic_ints, self.dynamic_lengths):  # (a warm
-                if None in table:  # entry was looked for, which computes no root)
+            # (tables filled before: a warm entry was looked for, which computes no root)
+            for table in (self.dynamic_dims, self.dynamic_ints, self.dynamic_lengths):
+                if None in table:
                     table[self._root] = table.pop(None)
         return self._root
 

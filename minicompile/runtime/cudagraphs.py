@@ -100,12 +100,18 @@ class Recorded:
         device = next((b.device for b in self.buffers if isinstance(b, torch.Tensor)
                        and b.is_cuda), torch.device("cuda", torch.cuda.current_device()))
         rng = torch.cuda.get_rng_state(device)
+        # What the warm-up run stores into the caller's own tensors is put back: the call's
+        # update (a cache's length += 1) happens once, at the replay that follows.
+        kept = [(self.buffers[k], self.buffers[k].clone()) for k in self.mutated
+                if self.buffers[k] is inputs[k]]
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):  # the warm-up run on the graph's own buffers
             call(list(self.buffers))
         torch.cuda.current_stream().wait_stream(stream)
         torch.cuda.synchronize()
+        for buf, before in kept:
+            buf.copy_(before)
         torch.cuda.set_rng_state(rng, device)
         self.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.graph, pool=torch.cuda.graph_pool_handle()):

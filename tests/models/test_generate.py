@@ -70,8 +70,8 @@ def test_generate_with_dynamic_cache_compiles_twice(name: str, how: str, backend
 def test_generate_with_static_cache(backend: str) -> None:
     """transformers' static cache (``cache_implementation="static"``), the forward compiled
     with ``mode="reduce-overhead"``: prefill and decode compile once each; on a GPU the
-    decode step is recorded as a CUDA graph and replayed each step after, and the next
-    call's new cache records it again (it is marked as a static address)."""
+    decode step is recorded as a CUDA graph and replayed each step after, the next call's
+    new cache too."""
     device = device_for(backend)
     model = hf_model("hf_llama", device)
     options = {"cache_implementation": "static", "disable_compile": True}  # not torch.compile
@@ -87,8 +87,6 @@ def test_generate_with_static_cache(backend: str) -> None:
         decode = model.forward.entries[0].call  # the newest entry: the decode step
         assert isinstance(decode, cudagraphs.GraphedCall), decode
         assert decode.off is None and len(decode.recorded) == 1
-        (graph,) = decode.recorded.values()
-        assert graph.pinned  # the cache's tensors, read in place
 
 
 @torch.no_grad()

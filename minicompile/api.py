@@ -69,6 +69,7 @@ def reset() -> None:
         fn.concrete_points.clear()
         fn.dynamic_dims.clear()
         fn.dynamic_ints.clear()
+        fn.dynamic_lengths.clear()
         fn.breaks.clear()
         fn.eager_reason = None
     build.forget()
@@ -103,6 +104,7 @@ class CompiledFunction(Resuming, AutoDynamic):
         # Automatic dynamic: per segment start, the dims of each input source seen to change.
         self.dynamic_dims: dict[ResumePoint, dict[str, frozenset[int]]] = {}
         self.dynamic_ints: dict[ResumePoint, set[str]] = {}  # int arguments seen to change
+        self.dynamic_lengths: dict[ResumePoint, set[int]] = {}  # sizes dims changed from
         # The signature of the code that runs: not the one functools.wraps advertises
         # (a `wrapper(*args, **kwargs)` binds its arguments into `args` and `kwargs`).
         self.signature = inspect.signature(self.fn, follow_wrapped=False)
@@ -181,8 +183,9 @@ class CompiledFunction(Resuming, AutoDynamic):
 
             self._root = root_point(self.fn.__code__)
             self.segments[self._root] = self.entries
-            for table in (self.dynamic_dims, self.dynamic_ints):  # (filled before: a warm
-                if None in table:  # entry was looked for, which computes no root)
+            # (tables filled before: a warm entry was looked for, which computes no root)
+            for table in (self.dynamic_dims, self.dynamic_ints, self.dynamic_lengths):
+                if None in table:
                     table[self._root] = table.pop(None)
         return self._root
 
@@ -526,7 +529,29 @@ class OptimizedModule(torch.nn.Module):
         try:
             return super().__getattr__(name)
         except AttributeError:
-            return getattr(self._modules["_orig_mod"], name)
+            value = getattr(self._modules["_orig_mod"], name)
+        if (isinstance(value, types.MethodType) and value.__self__ is self._orig_mod
+                and name != "forward" and not hasattr(torch.nn.Module, name)):
+            return self._through_compiled_forward(value)
+        return value
+
+    def _through_compiled_forward(self, method: types.MethodType) -> Callable:
+        """A method of the module's own class (``generate``) whose calls of the module run
+        the compiled forward, as the user of ``compiled.generate(...)`` means: the compiled
+        function is the module's forward for the length of the call."""
+
+        @functools.wraps(method)
+        def run(*args: Any, **kwargs: Any) -> Any:
+            mod = self._orig_mod
+            if "forward" in mod.__dict__ or distributed.is_ddp(mod):  # patched: as in eager
+                return method(*args, **kwargs)
+            mod.__dict__["forward"] = self.__dict__["_compiled"]
+            try:
+                return method(*args, **kwargs)
+            finally:
+                del mod.__dict__["forward"]
+
+        return run
 
     def state_dict(self, *args: Any, **kwargs: Any) -> Any:
         return self._orig_mod.state_dict(*args, **kwargs)

@@ -26,7 +26,7 @@ PARAMS = ("input", "weight", "bias", "stride", "padding", "dilation", "groups")
 DEFAULTS = {"bias": None, "stride": 1, "padding": 0, "dilation": 1, "groups": 1}
 
 
-def _pair(value: object) -> tuple[int, int] | None:
+def pair(value: object) -> tuple[int, int] | None:
     """An int or a pair of ints as a pair; None for anything else (a string padding)."""
     if isinstance(value, int):
         return value, value
@@ -48,10 +48,10 @@ def as_product(node: Node) -> tuple[Node, Node, Node | None, tuple[int, int]] | 
     if not all(isinstance(t, Node) and isinstance(t.meta, TensorMeta) and static(t.meta)
                for t in tensors) or not isinstance(meta, TensorMeta) or not static(meta):
         return None
-    stride = _pair(bound["stride"])
+    stride = pair(bound["stride"])
     if (meta.device.type != "cpu" or meta.dtype not in DTYPES or x.meta.ndim != 4
             or tuple(int(s) for s in w.meta.shape[2:]) != (1, 1) or stride is None
-            or _pair(bound["padding"]) != (0, 0) or _pair(bound["dilation"]) != (1, 1)
+            or pair(bound["padding"]) != (0, 0) or pair(bound["dilation"]) != (1, 1)
             or bound["groups"] != 1):
         return None
     if not all(contiguous(m) for m in (x.meta, meta)):

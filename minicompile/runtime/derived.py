@@ -55,6 +55,8 @@ class WithDerived:
 
 def _laid_out(value: torch.Tensor, meta: Any) -> torch.Tensor:
     """``value`` where it has the strides the graph's metadata says, else a copy that has."""
+    if value.layout != torch.strided:
+        return value  # a weight packed for oneDNN (runtime/onednn.py): it has no strides
     shape, stride = meta.concrete_shape(), meta.concrete_stride()
     if (value.dtype == meta.dtype and tuple(value.shape) == shape
             and all(n == 1 or s == t for n, s, t in zip(shape, value.stride(), stride))):

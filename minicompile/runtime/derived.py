@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from minicompile.graph import Graph
-from minicompile.ops import run_graph
+from minicompile.ops import OPS, extern_op, resolve_path, run_graph
 
 _version = operator.attrgetter("_version")
 
@@ -30,6 +30,9 @@ class WithDerived:
         self.graph = graph
         self.positions = positions
         self.metas = [n.meta for n in graph.outputs]
+        for node in graph.calls():  # (a graph read from disk: its library calls by name)
+            if node.target not in OPS:
+                extern_op(resolve_path(node.target))
         self.sources: list[torch.Tensor] = []  # the tensors the values were computed from
         self.versions: list[int] = []
         self.pointers: list[int] = []

@@ -64,17 +64,35 @@ def wants_channels_last(graph: Graph, state: frozenset[int]) -> bool:
     return bool(convs) and all(packable(c, params) is not None for c in convs)
 
 
+def _relu_of(conv: Node) -> Node | None:
+    """The ``where(lt(conv, 0), 0, conv)`` a ReLU of ``conv`` decomposes to, where nothing
+    else reads ``conv`` (oneDNN then applies it as the convolution writes), else None."""
+    users = set(conv.users)
+    where = next((u for u in users if u.target == "where"), None)
+    if len(users) != 2 or len(conv.users) != 2 or where is None:
+        return None
+    (lt,) = users - {where}
+    if (lt.target != "lt" or lt.args != (conv, 0) or lt.users != [where] or lt.kwargs
+            or where.args != (lt, 0, conv) or where.kwargs):
+        return None
+    return where
+
+
 def pack_convolutions(graph: Graph, state: frozenset[int]) -> tuple[Graph, str]:
-    """``graph`` with its packable channels-last convolutions on packed weights (or
-    ``graph`` itself), and what was done, for the logs ("" where nothing)."""
+    """``graph`` with its packable channels-last convolutions on packed weights, a ReLU
+    after one applied by it (or ``graph`` itself), and what was done, for the logs (""
+    where nothing)."""
     params = parameter_values(graph, state)
     found = {n: a for n in graph.calls() if (a := packable(n, params)) is not None
              and _channels_last(a["input"].meta) and _channels_last(n.meta)}
     if not found:
         return graph, ""
+    relus = {where: conv for conv in found if (where := _relu_of(conv)) is not None}
     pack, conv = ops.extern_op(onednn.pack_conv2d_weight), ops.extern_op(onednn.conv2d)
 
     def rewrite(new: Graph, node: Node, remap: Callable) -> Node | None:
+        if node in relus:
+            return remap(relus[node])  # (the convolution applies it)
         if node not in found:
             return None
         a = found[node]
@@ -84,7 +102,10 @@ def pack_convolutions(graph: Graph, state: frozenset[int]) -> tuple[Graph, str]:
         input_size = tuple(int(s) for s in a["input"].meta.shape)
         packed = new.call(pack, (remap(a["weight"]), *sizes, input_size), {},
                           TensorMeta(w.shape, contiguous, w.dtype, w.device), node.stack)
-        return new.call(conv, (remap(a["input"]), packed, remap(a["bias"]), *sizes), {},
+        attr = "relu" if node in relus.values() else "none"
+        return new.call(conv, (remap(a["input"]), packed, remap(a["bias"]), *sizes, attr), {},
                         node.meta, node.stack)
 
-    return copy_graph(graph, rewrite), f"{len(found)} convolutions on packed oneDNN weights"
+    lts = [where.args[0] for where in relus]
+    return (copy_graph(graph, rewrite, drop=lts),
+            f"{len(found)} convolutions on packed oneDNN weights, {len(relus)} with their ReLU")

@@ -75,7 +75,7 @@ def test_block_matches_eager_before_and_after_parameter_changes(
     err = capsys.readouterr().err
     main = err.split("after passes ========")[1]
     if device.type == "cpu" and ONEDNN:
-        assert "5 convolutions on packed oneDNN weights" in err
+        assert "5 convolutions on packed oneDNN weights, 2 with their ReLU" in err
         assert "oneDNN's convolutions on packed weights are fastest channels-last" in err
         assert main.count(CONV) == 5 and "torch.nn.functional.conv2d" not in main, main
         assert PACK not in main  # packed once, outside the graph (passes/hoist_params.py)

@@ -6,7 +6,11 @@ what it measured): the deep stages of a CNN on small images (resnext50's 2x2 pix
 Only for float32 and float64 on the CPU, static sizes, a contiguous input and result
 (channels-last ones are passes/layout.py's), no gradient; any other convolution stays the
 call it was.  From 16 pixels on the convolution was the faster (by 4-90%, 13 shapes
-measured on one thread), so the rule stops below.
+measured on one thread), so the rule stops below; on one pixel an image (a squeeze-excite
+block's convolutions) it was too (0.010-0.016 ms against 0.017-0.022 for 576 <-> 144
+channels, one thread), so the rule starts above.  A convolution of a parameter in float32
+runs on a packed oneDNN weight instead where it can (passes/onednn_conv.py, which is
+faster still: 0.11 ms against 0.31 for 1024 channels on 2x2 pixels).
 """
 
 from __future__ import annotations
@@ -57,7 +61,9 @@ def as_product(node: Node) -> tuple[Node, Node, Node | None, tuple[int, int]] | 
     if not all(contiguous(m) for m in (x.meta, meta)):
         return None  # channels-last (passes/layout.py chose it for oneDNN): left to it
     n, _, h, width = (int(s) for s in meta.shape)
-    return (x, w, bound["bias"], stride) if 0 < n * h * width <= MAX_PIXELS else None
+    if not 1 < h * width <= n * h * width <= MAX_PIXELS:
+        return None  # one pixel an image, or too many
+    return x, w, bound["bias"], stride
 
 
 def convs_as_products(graph: Graph) -> tuple[Graph, str]:

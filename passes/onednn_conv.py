@@ -9,7 +9,9 @@ on the CPU in float32 with static sizes and no gradient, its weight is computed 
 parameters and buffers alone (a folded batch norm's, say), and its padding, stride and
 dilation are numbers.  oneDNN is fastest on channels-last activations: passes/layout.py
 lays a graph out channels-last on the CPU where :func:`wants_channels_last`, and this pass
-packs only convolutions whose input and result are channels-last.
+packs only convolutions whose input and result are channels-last, and not those of one
+pixel an image (a squeeze-excite block's), where ``F.conv2d`` was the faster (0.010-0.016 ms
+against 0.032-0.037, 576 <-> 144 channels, one thread).
 """
 
 from __future__ import annotations
@@ -84,7 +86,8 @@ def pack_convolutions(graph: Graph, state: frozenset[int]) -> tuple[Graph, str]:
     where nothing)."""
     params = parameter_values(graph, state)
     found = {n: a for n in graph.calls() if (a := packable(n, params)) is not None
-             and _channels_last(a["input"].meta) and _channels_last(n.meta)}
+             and _channels_last(a["input"].meta) and _channels_last(n.meta)
+             and n.meta.shape[2] * n.meta.shape[3] > 1}
     if not found:
         return graph, ""
     relus = {where: conv for conv in found if (where := _relu_of(conv)) is not None}

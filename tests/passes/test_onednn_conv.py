@@ -103,6 +103,7 @@ def test_what_is_not_packed(capsys: pytest.CaptureFixture) -> None:
 
     x = torch.randn(2, 3, 8, 8)
     assert counted(conv, x) == 1
+    assert counted(nn.Conv2d(3, 4, 8).eval(), x) == 0  # one pixel an image: F.conv2d's
     assert counted(lambda x, w: F.conv2d(x, w), x, torch.randn(4, 3, 3, 3)) == 0
     assert counted(conv.double(), x.double()) == 0
     assert counted(conv.float(), x, onednn=False) == 0
@@ -135,3 +136,9 @@ def test_a_graph_read_from_disk_packs_weights() -> None:
         got = onednn.conv2d(x, packed_weight, None, (1, 1), (1, 1), (1, 1), 1)
         torch.testing.assert_close(got, F.conv2d(x, weight, padding=1), rtol=1e-4, atol=1e-4)
         assert got.is_contiguous(memory_format=torch.channels_last)
+
+
+def test_the_switch_and_the_build() -> None:
+    assert config.from_env({}).onednn is True
+    assert config.from_env({"MINICOMPILE_ONEDNN": "0"}).onednn is False
+    assert ONEDNN == torch.backends.mkldnn.is_available()

@@ -66,36 +66,69 @@ def wants_channels_last(graph: Graph, state: frozenset[int]) -> bool:
     return bool(convs) and all(packable(c, params) is not None for c in convs)
 
 
-def _relu_of(conv: Node) -> Node | None:
-    """The ``where(lt(conv, 0), 0, conv)`` a ReLU of ``conv`` decomposes to, where nothing
-    else reads ``conv`` (oneDNN then applies it as the convolution writes), else None."""
-    users = set(conv.users)
-    where = next((u for u in users if u.target == "where"), None)
-    if len(users) != 2 or len(conv.users) != 2 or where is None:
+HARDTANH = ("input", "min_val", "max_val", "inplace")
+
+
+def _number(v: object) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _library_activation(conv: Node) -> tuple[Node, str, list, list[Node]] | None:
+    """F.hardswish or F.hardtanh (ReLU6 is one) of ``conv``, its only reader."""
+    (u,) = conv.users
+    if u.target == "torch.nn.functional.hardswish" and u.args == (conv,) and (
+            u.kwargs in ({}, {"inplace": False})):
+        return u, "hardswish", [], []
+    if u.target == "torch.nn.functional.hardtanh" and len(u.args) <= 4:
+        b = bind(u.args, u.kwargs, HARDTANH, {"min_val": -1.0, "max_val": 1.0, "inplace": False})
+        if (set(b) == set(HARDTANH) and b["input"] is conv and b["inplace"] is False
+                and _number(b["min_val"]) and _number(b["max_val"])):
+            return u, "hardtanh", [float(b["min_val"]), float(b["max_val"])], []
+    return None
+
+
+def _activation(conv: Node) -> tuple[Node, str, list, list[Node]] | None:
+    """The activation that alone reads ``conv``, for oneDNN to apply as the convolution
+    writes: (the node it stands for, oneDNN's name for it, its scalars, the nodes of it
+    that go), else None.  ReLU and SiLU come decomposed: ``where(lt(conv, 0), 0, conv)``,
+    ``truediv(conv, add(exp(neg(conv)), 1.0))``."""
+    users = conv.users
+    if len(users) == 1:
+        return _library_activation(conv)
+    if len(users) != 2 or len(set(users)) != 2 or any(u.kwargs for u in users):
         return None
-    (lt,) = users - {where}
-    if (lt.target != "lt" or lt.args != (conv, 0) or lt.users != [where] or lt.kwargs
-            or where.args != (lt, 0, conv) or where.kwargs):
-        return None
-    return where
+    by_op = {u.target: u for u in users}
+    if set(by_op) == {"lt", "where"}:
+        lt, where = by_op["lt"], by_op["where"]
+        if lt.args == (conv, 0) and lt.users == [where] and where.args == (lt, 0, conv):
+            return where, "relu", [], [lt]
+    if set(by_op) == {"neg", "truediv"} and len(by_op["neg"].users) == 1:
+        neg, div = by_op["neg"], by_op["truediv"]
+        (exp,) = neg.users
+        add = exp.users[0] if exp.target == "exp" and len(exp.users) == 1 else None
+        if (add is not None and add.target == "add" and add.args == (exp, 1.0)
+                and add.users == [div] and div.args == (conv, add) and not add.kwargs):
+            return div, "swish", [], [neg, exp, add]
+    return None
 
 
 def pack_convolutions(graph: Graph, state: frozenset[int]) -> tuple[Graph, str]:
-    """``graph`` with its packable channels-last convolutions on packed weights, a ReLU
-    after one applied by it (or ``graph`` itself), and what was done, for the logs (""
-    where nothing)."""
+    """``graph`` with its packable channels-last convolutions on packed weights, the
+    activation after one applied by it (or ``graph`` itself), and what was done, for the
+    logs ("" where nothing)."""
     params = parameter_values(graph, state)
     found = {n: a for n in graph.calls() if (a := packable(n, params)) is not None
              and _channels_last(a["input"].meta) and _channels_last(n.meta)
              and n.meta.shape[2] * n.meta.shape[3] > 1}
     if not found:
         return graph, ""
-    relus = {where: conv for conv in found if (where := _relu_of(conv)) is not None}
+    acts = {conv: act for conv in found if (act := _activation(conv)) is not None}
+    applied = {act[0]: conv for conv, act in acts.items()}
     pack, conv = ops.extern_op(onednn.pack_conv2d_weight), ops.extern_op(onednn.conv2d)
 
     def rewrite(new: Graph, node: Node, remap: Callable) -> Node | None:
-        if node in relus:
-            return remap(relus[node])  # (the convolution applies it)
+        if node in applied:
+            return remap(applied[node])  # (the convolution applies it)
         if node not in found:
             return None
         a = found[node]
@@ -105,10 +138,12 @@ def pack_convolutions(graph: Graph, state: frozenset[int]) -> tuple[Graph, str]:
         input_size = tuple(int(s) for s in a["input"].meta.shape)
         packed = new.call(pack, (remap(a["weight"]), *sizes, input_size), {},
                           TensorMeta(w.shape, contiguous, w.dtype, w.device), node.stack)
-        attr = "relu" if node in relus.values() else "none"
-        return new.call(conv, (remap(a["input"]), packed, remap(a["bias"]), *sizes, attr), {},
-                        node.meta, node.stack)
+        _, attr, scalars, _ = acts.get(node, (None, "none", [], []))
+        args = (remap(a["input"]), packed, remap(a["bias"]), *sizes, attr, tuple(scalars))
+        return new.call(conv, args, {}, node.meta, node.stack)
 
-    lts = [where.args[0] for where in relus]
-    return (copy_graph(graph, rewrite, drop=lts),
-            f"{len(found)} convolutions on packed oneDNN weights, {len(relus)} with their ReLU")
+    gone = [n for act in acts.values() for n in act[3]]
+    names = ", ".join(sorted({act[1] for act in acts.values()}))
+    return (copy_graph(graph, rewrite, drop=gone),
+            f"{len(found)} convolutions on packed oneDNN weights, {len(acts)} applying the "
+            f"activation after them{f' ({names})' if names else ''}")

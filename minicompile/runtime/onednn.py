@@ -30,12 +30,13 @@ def pack_conv2d_weight(weight: torch.Tensor, padding: tuple[int, int], stride: t
 
 def conv2d(input: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None,
            padding: tuple[int, int], stride: tuple[int, int], dilation: tuple[int, int],
-           groups: int, attr: str = "none") -> torch.Tensor:
+           groups: int, attr: str = "none", scalars: tuple[float, ...] = ()) -> torch.Tensor:
     """``F.conv2d(input, weight, bias, stride, padding, dilation, groups)`` of a
     channels-last ``input``, ``packed`` from ``weight`` by :func:`pack_conv2d_weight`,
-    and ``attr`` ("relu") applied to it; the result channels-last (as eager's convolution of
-    a channels-last input)."""
+    and oneDNN's activation ``attr`` ("relu", "swish", "hardswish", "hardtanh" with its
+    bounds as ``scalars``) applied to it; the result channels-last (as eager's convolution
+    of a channels-last input)."""
     _, convolve = compat.onednn_convolution()
     out = convolve(input, packed, bias, list(padding), list(stride), list(dilation), groups,
-                   attr, [], "")
+                   attr, list(scalars), "")
     return out.contiguous(memory_format=torch.channels_last)  # (a no-op: it is already)

@@ -22,7 +22,8 @@ ONEDNN = compat.onednn_convolution() is not None
 
 class Block(nn.Module):
     """A ResNeXt bottleneck: 1x1, grouped 3x3 with a stride, depthwise dilated 3x3, 1x1 and a
-    strided 1x1 projection, batch norms and a residual add."""
+    strided 1x1 projection, batch norms and a residual add; then convolutions followed by
+    SiLU, hardswish and ReLU6."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -33,10 +34,13 @@ class Block(nn.Module):
         self.depthwise = nn.Conv2d(16, 16, 3, padding=2, dilation=2, groups=16)
         self.expand = nn.Sequential(nn.Conv2d(16, 12, 1, bias=False), nn.BatchNorm2d(12))
         self.project = nn.Conv2d(8, 12, 1, stride=2)
+        self.activations = nn.Sequential(  # (MobileNet's and EfficientNet's)
+            nn.Conv2d(12, 12, 3, padding=1), nn.SiLU(), nn.Conv2d(12, 12, 1), nn.Hardswish(),
+            nn.Conv2d(12, 12, 3, groups=12), nn.ReLU6())
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         y = self.depthwise(self.grouped(self.reduce(x)))
-        return torch.relu(self.expand(y) + self.project(x)), y
+        return self.activations(torch.relu(self.expand(y) + self.project(x)) - 0.5), y
 
 
 def _model(device: torch.device) -> nn.Module:
@@ -75,9 +79,11 @@ def test_block_matches_eager_before_and_after_parameter_changes(
     err = capsys.readouterr().err
     main = err.split("after passes ========")[1]
     if device.type == "cpu" and ONEDNN:
-        assert "5 convolutions on packed oneDNN weights, 2 with their ReLU" in err
+        assert ("8 convolutions on packed oneDNN weights, 5 applying the activation after "
+                "them (hardswish, hardtanh, relu, swish)") in err
         assert "oneDNN's convolutions on packed weights are fastest channels-last" in err
-        assert main.count(CONV) == 5 and "torch.nn.functional.conv2d" not in main, main
+        assert main.count(CONV) == 8, main
+        assert "functional.hardtanh" not in main and "functional.conv2d" not in main, main
         assert PACK not in main  # packed once, outside the graph (passes/hoist_params.py)
     else:
         assert CONV not in err

@@ -102,6 +102,10 @@ class Config:
     # (passes/fold_batch_norm.py; the folded weight is computed once, passes/hoist_params.py).
     # MINICOMPILE_FOLD_BN=0 turns it off.
     fold_batch_norm: bool = True
+    # In inference graphs on the CPU, 2-d float32 convolutions of parameters run through
+    # oneDNN on weights packed once, channels-last (passes/onednn_conv.py), where PyTorch
+    # was built with it.  MINICOMPILE_ONEDNN=0 turns it off.
+    onednn: bool = True
     # A backward's column sums over the rows a row kernel reads (layer-norm weight and bias,
     # a linear's bias) computed in that kernel (passes/mix_order.py); off, split_reductions
     # splits those sums as any other.  Off by default: on an H200 the nanoGPT train step
@@ -137,6 +141,7 @@ def from_env(env: dict[str, str] | os._Environ = os.environ) -> Config:
         check=_flag(env.get("MINICOMPILE_CHECK")),
         warm_entries=_on_unless_off(env.get("MINICOMPILE_WARM_ENTRIES")),
         fold_batch_norm=_on_unless_off(env.get("MINICOMPILE_FOLD_BN")),
+        onednn=_on_unless_off(env.get("MINICOMPILE_ONEDNN")),
         mix_order=_flag(env.get("MINICOMPILE_MIX_ORDER")),
     )
     if env.get("MINICOMPILE_COMPILE_THREADS", "").strip():

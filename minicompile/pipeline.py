@@ -87,8 +87,11 @@ def graph_passes(work: Work, logs: list[Log]) -> Work:
 def layout(work: Work, logs: list[Log]) -> Work:
     """Before the backward is derived: it then sees the layouts the forward chose."""
     from minicompile.passes.layout import optimize_layout
+    from minicompile.passes.onednn_conv import wants_channels_last
 
-    return _rewritten(work, logs, "layout", *optimize_layout(work.graph, work.cfg.layout_opt))
+    packed = onednn(work) and wants_channels_last(work.graph, work.state)
+    return _rewritten(work, logs, "layout",
+                      *optimize_layout(work.graph, work.cfg.layout_opt, packed))
 
 
 def gemm_padding(work: Work, logs: list[Log]) -> Work:
@@ -101,6 +104,12 @@ def conv_gemm(work: Work, logs: list[Log]) -> Work:
     from minicompile.passes.conv_gemm import convs_as_products
 
     return _rewritten(work, logs, "library calls", *convs_as_products(work.graph))
+
+
+def onednn_convolutions(work: Work, logs: list[Log]) -> Work:
+    from minicompile.passes.onednn_conv import pack_convolutions
+
+    return _rewritten(work, logs, "library calls", *pack_convolutions(work.graph, work.state))
 
 
 def hoist_params(work: Work, logs: list[Log]) -> Work:
@@ -117,6 +126,11 @@ def hoist_params(work: Work, logs: list[Log]) -> Work:
 def inference(work: Work) -> bool:
     """A capture's graph that takes no gradient, with parameters or buffers to read."""
     return work.role == "graph" and bool(work.state) and not trains(work)
+
+
+def onednn(work: Work) -> bool:
+    """An inference graph whose CPU convolutions may run on packed oneDNN weights."""
+    return work.cfg.onednn and inference(work)
 
 
 def trains(work: Work) -> bool:
@@ -229,6 +243,7 @@ STAGES: tuple[Stage, ...] = (
     Stage("layout", "passes", layout, lambda w: w.role == "graph"),
     Stage("gemm padding", "passes", gemm_padding, lambda w: w.role == "graph"),
     Stage("1x1 convolutions as products", "passes", conv_gemm, lambda w: w.role == "graph"),
+    Stage("oneDNN convolutions", "passes", onednn_convolutions, onednn),
     Stage("hoist parameter values", "passes", hoist_params, inference),
     Stage("autograd", "passes", autograd, trains),
     Stage("split reductions", "lowering", split_reductions),

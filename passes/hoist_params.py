@@ -27,7 +27,8 @@ from minicompile.library_layouts import CONVOLUTIONS
 FRESH = frozenset({"unary", "binary", "ternary", "composite", "reduction", "cast", "index",
                    "iota"})
 ALIASES = frozenset({"view", "tuple"})  # a view of an input, an element of a tuple result
-OWN_HELPERS = ("minicompile.runtime.gemm.",)  # pure library calls of minicompile's own
+# Pure library calls of minicompile's own.
+OWN_HELPERS = ("minicompile.runtime.gemm.", "minicompile.runtime.onednn.")
 # Library calls whose result is new memory, whatever their arguments (others, such as
 # ``torch.Tensor.to``, may return their argument itself).
 FRESH_EXTERNS = CONVOLUTIONS | frozenset(
@@ -78,13 +79,13 @@ def _escaping(graph: Graph) -> set[Node]:
     return escaping
 
 
-def _cut(graph: Graph, state: frozenset[int]) -> tuple[set[Node], list[Node]]:
-    """The nodes computed from the state alone, and of those the ones to hoist whose
-    value the rest of the graph reads (the cut), in graph order."""
+def _constants(graph: Graph, state: frozenset[int]) -> tuple[set[Node], set[Node], set[Node]]:
+    """The nodes computed from the state and constants alone; of those, the ones that read
+    the state; and of those, the ones that do work beyond views of the state."""
     placeholders = graph.placeholders
-    const = {placeholders[k] for k in state}  # computed from the state and constants alone
-    stateful = set(const)  # of those, the ones that read the state
-    computes: set[Node] = set()  # of those, the ones that do work beyond views of the state
+    const = {placeholders[k] for k in state}
+    stateful = set(const)
+    computes: set[Node] = set()
     for node in graph.calls():
         inputs = list(node.inputs())
         if all(i in const for i in inputs) and _pure(node):
@@ -94,6 +95,19 @@ def _cut(graph: Graph, state: frozenset[int]) -> tuple[set[Node], list[Node]]:
                 if (ops.OPS[node.target].family not in ALIASES
                         or any(i in computes for i in inputs)):
                     computes.add(node)
+    return const, stateful, computes
+
+
+def parameter_values(graph: Graph, state: frozenset[int]) -> set[Node]:
+    """The values computed from the parameters and buffers at ``state`` (and constants)
+    alone: work on them that this pass would take out of the graph, to be done once."""
+    return _constants(graph, state)[1]
+
+
+def _cut(graph: Graph, state: frozenset[int]) -> tuple[set[Node], list[Node]]:
+    """The nodes computed from the state alone, and of those the ones to hoist whose
+    value the rest of the graph reads (the cut), in graph order."""
+    const, _, computes = _constants(graph, state)
     escaping = _escaping(graph)
     hoisted = {n for n in computes if n not in escaping and isinstance(n.meta, TensorMeta)}
     cut = [n for n in graph.calls() if n in hoisted and any(u not in hoisted for u in n.users)]

@@ -46,8 +46,9 @@ def convolutions(graph: Graph) -> list[Node]:
                     and a.meta.dtype.is_floating_point for a in n.args[:2])]
 
 
-def decide(graph: Graph, mode: str) -> tuple[bool, str]:
-    """Whether to run ``graph``'s convolutions channels-last, and why (for the logs)."""
+def decide(graph: Graph, mode: str, packed: bool = False) -> tuple[bool, str]:
+    """Whether to run ``graph``'s convolutions channels-last, and why (for the logs).
+    ``packed``: every convolution will run on a packed oneDNN weight (passes/onednn_conv.py)."""
     if mode not in MODES:
         raise ValueError(f"layout_opt must be one of {MODES}, not {mode!r}")
     if mode == "off":
@@ -58,6 +59,8 @@ def decide(graph: Graph, mode: str) -> tuple[bool, str]:
     if mode == "channels_last":
         return True, "layout_opt is 'channels_last'"
     if any(c.meta.device.type != "cuda" for c in convs):
+        if packed:
+            return True, "oneDNN's convolutions on packed weights are fastest channels-last"
         return False, "convolutions on CPU keep eager's layout (layout_opt 'auto')"
     if len(graph.nodes) >= 300 * len(convs):
         return False, "few convolutions for the size of the graph"
@@ -231,11 +234,11 @@ class _Rewrite:
         return self.copy("to_eager_layout", (new, plain(old.meta.stride)), old.stack)
 
 
-def optimize_layout(graph: Graph, mode: str) -> tuple[Graph, str]:
+def optimize_layout(graph: Graph, mode: str, packed: bool = False) -> tuple[Graph, str]:
     """``graph`` with its convolutions run channels-last where :func:`decide` says so (else
     ``graph`` itself), and the reason, for the logs ("" where there is nothing to say:
     no convolution, or layout_opt 'off')."""
-    use, reason = decide(graph, mode)
+    use, reason = decide(graph, mode, packed)
     if not use:
         return graph, reason and f"eager layout: {reason}"
     try:

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from minicompile.graph import Graph
-from minicompile.ops import run_graph
+from minicompile.ops import OPS, extern_op, resolve_path, run_graph
 
 _version = operator.attrgetter("_version")
 
@@ -30,6 +30,9 @@ class WithDerived:
         self.graph = graph
         self.positions = positions
         self.metas = [n.meta for n in graph.outputs]
+        for node in graph.calls():  # (a graph read from disk: its library calls by name)
+            if node.target not in OPS:
+                extern_op(resolve_path(node.target))
         self.sources: list[torch.Tensor] = []  # the tensors the values were computed from
         self.versions: list[int] = []
         self.pointers: list[int] = []
@@ -55,6 +58,8 @@ class WithDerived:
 
 def _laid_out(value: torch.Tensor, meta: Any) -> torch.Tensor:
     """``value`` where it has the strides the graph's metadata says, else a copy that has."""
+    if value.layout != torch.strided:
+        return value  # a weight packed for oneDNN (runtime/onednn.py): it has no strides
     shape, stride = meta.concrete_shape(), meta.concrete_stride()
     if (value.dtype == meta.dtype and tuple(value.shape) == shape
             and all(n == 1 or s == t for n, s, t in zip(shape, value.stride(), stride))):

@@ -36,8 +36,11 @@ def _no_tf32() -> object:
 
 
 def forced() -> object:
-    """layout_opt forced on; the graphs and loop programs logged (read with capsys)."""
-    return config.patch(layout_opt="channels_last", logs=frozenset({"fusion", "graph"}))
+    """layout_opt forced on; the graphs and loop programs logged (read with capsys).  The
+    convolutions stay F.conv2d calls (not oneDNN's on packed weights: passes/onednn_conv.py,
+    tests/passes/test_onednn_conv.py)."""
+    return config.patch(layout_opt="channels_last", onednn=False,
+                        logs=frozenset({"fusion", "graph"}))
 
 
 def strides(t: torch.Tensor) -> tuple[int, ...]:
@@ -374,7 +377,8 @@ def test_resnet18_trains_channels_last(backend: str, capsys: pytest.CaptureFixtu
 
 
 def test_auto_leaves_cpu_graphs_unchanged(capsys: pytest.CaptureFixture) -> None:
-    with config.patch(layout_opt="auto", logs=frozenset({"fusion", "graph"})):
+    """(Without oneDNN's packed convolutions, which want channels-last on the CPU.)"""
+    with config.patch(layout_opt="auto", onednn=False, logs=frozenset({"fusion", "graph"})):
         run_inference(Residual(), "cpp", images((2, 4, 8, 8), (2, 4, 8, 8)))
     err = capsys.readouterr().err
     assert "eager layout: convolutions on CPU keep eager's layout" in err
@@ -387,8 +391,8 @@ def test_auto_leaves_cpu_graphs_unchanged(capsys: pytest.CaptureFixture) -> None
 
 def test_auto_follows_the_device(backend: str, capsys: pytest.CaptureFixture) -> None:
     """"auto": channels-last for CUDA tensors (the Triton backend on a GPU), eager's layout
-    for CPU ones."""
-    with config.patch(layout_opt="auto", logs=frozenset({"fusion", "graph"})):
+    for CPU ones (without oneDNN's packed convolutions)."""
+    with config.patch(layout_opt="auto", onednn=False, logs=frozenset({"fusion", "graph"})):
         run_inference(Residual(), backend, images((2, 4, 8, 8), (2, 4, 8, 8)))
     err = capsys.readouterr().err
     if device_for(backend).type == "cuda":
@@ -431,6 +435,12 @@ def conv_graph(device: str, cin: int, cout: int, groups: int = 1, grad: bool = F
 def test_decision(graph: object, mode: str, expected: bool) -> None:
     use, reason = decide(graph(), mode)  # type: ignore[operator]
     assert use == expected, reason
+
+
+def test_packed_cpu_convolutions_decide_channels_last() -> None:
+    """Convolutions that will run on packed oneDNN weights (passes/onednn_conv.py)."""
+    assert decide(conv_graph("cpu", 64, 128), "auto", packed=True)[0]
+    assert not decide(conv_graph("cpu", 64, 128), "off", packed=True)[0]
 
 
 def test_the_pass_names_its_copies() -> None:

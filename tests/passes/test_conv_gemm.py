@@ -31,12 +31,13 @@ def test_only_small_1x1_convolutions_become_products() -> None:
     assert PRODUCT not in _conv(4)  # 16 pixels: the convolution is as fast
     assert PRODUCT not in _conv(2, kernel=2)  # a 2x2 kernel
     assert PRODUCT not in _conv(2, groups=2)
+    assert PRODUCT not in _conv(2, stride=2)  # 1 output pixel: the convolution is faster
 
 
 def net(x: torch.Tensor, w1: torch.Tensor, b1: torch.Tensor, w2: torch.Tensor,
         w3: torch.Tensor) -> torch.Tensor:
     y = F.relu(F.conv2d(x, w1, b1))  # 2x2 pixels: a product
-    z = F.conv2d(x, w2, stride=2)  # 1x1 pixel: a product of every other pixel
+    z = F.conv2d(x, w2, stride=2)  # 1x1 pixel: the convolution is the faster
     return F.conv2d(y, w3, padding=1).sum() + z.sum(), y * 2, z
 
 

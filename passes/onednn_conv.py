@@ -1,0 +1,149 @@
+"""Inference 2-d convolutions of parameters on the CPU run through oneDNN on a weight packed
+once (Inductor's freezing does the same; minicompile/runtime/onednn.py says what it
+measured): ``F.conv2d(x, w, b, ...)`` becomes ``conv2d(x, pack_conv2d_weight(w, ...), b,
+...)``, and passes/hoist_params.py takes the packing out of the graph, to run again only
+when a parameter changes.
+
+A convolution is packable (:func:`packable`) where PyTorch has oneDNN, the convolution runs
+on the CPU in float32 with static sizes and no gradient, its weight is computed from
+parameters and buffers alone (a folded batch norm's, say), and its padding, stride and
+dilation are numbers.  oneDNN is fastest on channels-last activations: passes/layout.py
+lays a graph out channels-last on the CPU where :func:`wants_channels_last`, and this pass
+packs only convolutions whose input and result are channels-last, and not those of one
+pixel an image (a squeeze-excite block's), where ``F.conv2d`` was the faster (0.010-0.016 ms
+against 0.032-0.037, 576 <-> 144 channels, one thread).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from minicompile import compat, ops
+from minicompile.graph import Graph, Node, TensorMeta, copy_graph
+from minicompile.passes.conv_gemm import DEFAULTS, PARAMS, pair
+from minicompile.passes.decompose_reductions import bind
+from minicompile.passes.hoist_params import parameter_values
+from minicompile.passes.layout import (CHANNELS_LAST, CONV2D, convolutions, dense_strides,
+                                       same_layout, static)
+from minicompile.runtime import onednn
+
+
+def _channels_last(meta: TensorMeta) -> bool:
+    wanted = dense_strides(meta.shape, CHANNELS_LAST)
+    return same_layout(meta, TensorMeta(meta.shape, wanted, meta.dtype, meta.device))
+
+
+def packable(node: Node, params: set[Node]) -> dict[str, Any] | None:
+    """The convolution's arguments by name (padding, stride, dilation as pairs) where it
+    may run on a packed weight (see the module's docstring), else None."""
+    if (node.target not in CONV2D or node.requires_grad or len(node.args) > len(PARAMS)
+            or compat.onednn_convolution() is None):
+        return None
+    a = bind(node.args, node.kwargs, PARAMS, DEFAULTS)
+    if set(a) != set(PARAMS):
+        return None  # an argument this pass does not know
+    x, w, bias, meta = a["input"], a["weight"], a["bias"], node.meta
+    tensors = [x, w] + ([bias] if bias is not None else [])
+    if not all(isinstance(t, Node) and isinstance(t.meta, TensorMeta) and static(t.meta)
+               and t.meta.dtype == torch.float32 for t in tensors):
+        return None
+    if (not isinstance(meta, TensorMeta) or meta.device.type != "cpu" or x.meta.ndim != 4
+            or w.meta.ndim != 4 or w not in params or not isinstance(a["groups"], int)):
+        return None  # (a weight computed each call would be packed each call)
+    sizes = {k: pair(a[k]) for k in ("padding", "stride", "dilation")}
+    if None in sizes.values():
+        return None  # a string padding ("same")
+    return {**a, **sizes}
+
+
+def wants_channels_last(graph: Graph, state: frozenset[int]) -> bool:
+    """Whether ``graph`` has 2-d convolutions and oneDNN may run each on a packed weight."""
+    convs = convolutions(graph)
+    params = parameter_values(graph, state)
+    return bool(convs) and all(packable(c, params) is not None for c in convs)
+
+
+HARDTANH = ("input", "min_val", "max_val", "inplace")
+
+
+def _number(v: object) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _library_activation(conv: Node) -> tuple[Node, str, list, list[Node]] | None:
+    """F.hardswish or F.hardtanh (ReLU6 is one) of ``conv``, its only reader."""
+    (u,) = conv.users
+    if u.target == "torch.nn.functional.hardswish" and u.args == (conv,) and (
+            u.kwargs in ({}, {"inplace": False})):
+        return u, "hardswish", [], []
+    if u.target == "torch.nn.functional.hardtanh" and len(u.args) <= 4:
+        b = bind(u.args, u.kwargs, HARDTANH, {"min_val": -1.0, "max_val": 1.0, "inplace": False})
+        if (set(b) == set(HARDTANH) and b["input"] is conv and b["inplace"] is False
+                and _number(b["min_val"]) and _number(b["max_val"])):
+            return u, "hardtanh", [float(b["min_val"]), float(b["max_val"])], []
+    return None
+
+
+def _activation(conv: Node) -> tuple[Node, str, list, list[Node]] | None:
+    """The activation that alone reads ``conv``, for oneDNN to apply as the convolution
+    writes: (the node it stands for, oneDNN's name for it, its scalars, the nodes of it
+    that go), else None.  ReLU and SiLU come decomposed: ``where(lt(conv, 0), 0, conv)``,
+    ``truediv(conv, add(exp(neg(conv)), 1.0))``."""
+    users = conv.users
+    if len(users) == 1:
+        return _library_activation(conv)
+    if len(users) != 2 or len(set(users)) != 2 or any(u.kwargs for u in users):
+        return None
+    by_op = {u.target: u for u in users}
+    if set(by_op) == {"lt", "where"}:
+        lt, where = by_op["lt"], by_op["where"]
+        if lt.args == (conv, 0) and lt.users == [where] and where.args == (lt, 0, conv):
+            return where, "relu", [], [lt]
+    if set(by_op) == {"neg", "truediv"} and len(by_op["neg"].users) == 1:
+        neg, div = by_op["neg"], by_op["truediv"]
+        (exp,) = neg.users
+        add = exp.users[0] if exp.target == "exp" and len(exp.users) == 1 else None
+        if (add is not None and add.target == "add" and add.args == (exp, 1.0)
+                and add.users == [div] and div.args == (conv, add) and not add.kwargs):
+            return div, "swish", [], [neg, exp, add]
+    return None
+
+
+def pack_convolutions(graph: Graph, state: frozenset[int]) -> tuple[Graph, str]:
+    """``graph`` with its packable channels-last convolutions on packed weights, the
+    activation after one applied by it (or ``graph`` itself), and what was done, for the
+    logs ("" where nothing)."""
+    params = parameter_values(graph, state)
+    found = {n: a for n in graph.calls() if (a := packable(n, params)) is not None
+             and _channels_last(a["input"].meta) and _channels_last(n.meta)
+             and n.meta.shape[2] * n.meta.shape[3] > 1}
+    if not found:
+        return graph, ""
+    acts = {conv: act for conv in found if (act := _activation(conv)) is not None}
+    applied = {act[0]: conv for conv, act in acts.items()}
+    pack, conv = ops.extern_op(onednn.pack_conv2d_weight), ops.extern_op(onednn.conv2d)
+
+    def rewrite(new: Graph, node: Node, remap: Callable) -> Node | None:
+        if node in applied:
+            return remap(applied[node])  # (the convolution applies it)
+        if node not in found:
+            return None
+        a = found[node]
+        w = a["weight"].meta
+        contiguous = dense_strides(w.shape, tuple(range(4)))  # (the packed weight has none)
+        sizes = (a["padding"], a["stride"], a["dilation"], a["groups"])
+        input_size = tuple(int(s) for s in a["input"].meta.shape)
+        packed = new.call(pack, (remap(a["weight"]), *sizes, input_size), {},
+                          TensorMeta(w.shape, contiguous, w.dtype, w.device), node.stack)
+        _, attr, scalars, _ = acts.get(node, (None, "none", [], []))
+        args = (remap(a["input"]), packed, remap(a["bias"]), *sizes, attr, tuple(scalars))
+        return new.call(conv, args, {}, node.meta, node.stack)
+
+    gone = [n for act in acts.values() for n in act[3]]
+    names = ", ".join(sorted({act[1] for act in acts.values()}))
+    return (copy_graph(graph, rewrite, drop=gone),
+            f"{len(found)} convolutions on packed oneDNN weights, {len(acts)} applying the "
+            f"activation after them{f' ({names})' if names else ''}")

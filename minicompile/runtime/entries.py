@@ -153,8 +153,9 @@ def _payload(stored: Stored, cfg: Config) -> dict:
     anchors = [(guards.namespace[k], r) for k, r in namespace.items()]
     found, objects = _module_recipes(modules, guards)
     namespace.update(found)
-    namespace.update(_reach_recipes(unnamed, fn, anchors, modules.values()))
-    _check_codes_covered(capture.codes, keyed + objects)
+    owners: list = []
+    namespace.update(_reach_recipes(unnamed, fn, anchors, modules.values(), owners))
+    _check_codes_covered(capture.codes, keyed + objects + owners)
     loaded = stored.loaded
     return {
         "name": fn.__qualname__,
@@ -192,9 +193,11 @@ def size_symbols(capture: Any) -> list[str]:
 
 
 def _reach_recipes(unnamed: dict[str, Any], fn: types.FunctionType,
-                   named: list[tuple[Any, list]], modules: Any) -> dict[str, list]:
+                   named: list[tuple[Any, list]], modules: Any,
+                   owners: list) -> dict[str, list]:
     """Recipes for objects of no name of their own (runtime/reach.py): paths from the
-    compiled function, the functions and classes named, and the classes of the modules."""
+    compiled function, the functions and classes named, and the classes of the modules.
+    The functions whose cells they are go into ``owners`` (their code is keyed)."""
     if not unnamed:
         return {}
     anchors = [(fn, ["fn"]), *((o, r) for o, r in named
@@ -209,9 +212,16 @@ def _reach_recipes(unnamed: dict[str, Any], fn: types.FunctionType,
         found = reach.find(obj, anchors)
         if found is None:
             recipes.recipe(obj, fn)  # raises NotStorable, with its reason
-        digest = fingerprints.code_digest(obj) if isinstance(obj, types.CodeType) else (
-            "" if isinstance(obj, types.CellType) else fingerprints.object_digest(obj))
-        out[name] = ["reach", *found, digest]
+        root, recipe, steps = found
+        if isinstance(obj, types.CellType):  # keyed by the code of the function it closes
+            owner = reach.follow(root, steps[:-1])
+            owners.append(owner)
+            digest = fingerprints.code_digest(owner.__code__)
+        elif isinstance(obj, types.CodeType):
+            digest = fingerprints.code_digest(obj)
+        else:
+            digest = fingerprints.object_digest(obj)
+        out[name] = ["reach", recipe, steps, digest]
     return out
 
 

@@ -108,7 +108,8 @@ def save(stored: Stored, cfg: Config) -> Path | None:
     first where it has ``cache_max_entries`` already (runtime/cache_limits.py)."""
     name = stored.fn.__qualname__
     try:
-        payload = _payload(stored, cfg)
+        with fingerprints.remembering():
+            payload = _payload(stored, cfg)
     except NotStorable as e:
         trace.emit("cache", name, f"not stored on disk: {e}")
         return None
@@ -207,9 +208,9 @@ def _reach_recipes(unnamed: dict[str, Any], fn: types.FunctionType,
             anchors.append((cls, recipes.recipe(cls, fn)))
         except NotStorable:
             continue
-    out = {}
+    out, level = {}, reach.start(anchors)
     for name, obj in unnamed.items():
-        found = reach.find(obj, anchors)
+        found = reach.find(obj, level)
         if found is None:
             recipes.recipe(obj, fn)  # raises NotStorable, with its reason
         root, recipe, steps = found
@@ -385,7 +386,8 @@ def find(fn: types.FunctionType, cfg: Config, frame: tuple, skip: set[Path],
         if path in skip:
             continue
         try:
-            warm = _load(path, fn, cfg, frame, decide)
+            with fingerprints.remembering():
+                warm = _load(path, fn, cfg, frame, decide)
         except cache.CacheCorrupted as e:  # the entry, or a file it names
             cache.warn_corrupted(e.path)
             cache.discard(path)

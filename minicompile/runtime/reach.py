@@ -77,15 +77,22 @@ def _roots(cls: type) -> list[tuple[types.FunctionType, list]]:
     return found
 
 
-def find(obj: Any, anchors: list[tuple[Any, list]]) -> tuple[Any, list, list] | None:
-    """(the anchor, its recipe, the steps) of a shortest path from one of ``anchors``
-    (object, recipe) to ``obj``, or None."""
-    level: list[tuple[types.FunctionType, list, list]] = []
+def start(anchors: list[tuple[Any, list]]) -> list[tuple[types.FunctionType, tuple, list]]:
+    """Where :func:`find` starts from ``anchors`` (object, recipe): the functions, each with
+    its anchor and the steps to it (made once for all the objects to find)."""
+    level: list[tuple[types.FunctionType, tuple, list]] = []
     for root, recipe in anchors:
         if isinstance(root, type):
             level += [(f, (root, recipe), steps) for f, steps in _roots(root)]
         elif isinstance(root, types.FunctionType):
             level.append((root, (root, recipe), []))
+    return level
+
+
+def find(obj: Any, level: list[tuple[types.FunctionType, tuple, list]]
+         ) -> tuple[Any, list, list] | None:
+    """(the anchor, its recipe, the steps) of a shortest path to ``obj`` from the anchors
+    :func:`start` began ``level`` from, or None."""
     seen = {id(f) for f, _, _ in level}
     for _ in range(MAX_DEPTH):
         deeper = []

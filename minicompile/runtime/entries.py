@@ -221,7 +221,7 @@ def _reach_recipes(unnamed: dict[str, Any], fn: types.FunctionType,
         elif isinstance(obj, types.CodeType):
             digest = fingerprints.code_digest(obj)
         else:
-            digest = fingerprints.object_digest(obj)
+            digest = fingerprints.reached_digest(obj)
         out[name] = ["reach", recipe, steps, digest]
     return out
 

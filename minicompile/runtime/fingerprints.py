@@ -255,6 +255,16 @@ def object_digest(obj: Any) -> str:
     return _remembered(obj, "object", _object_digest)
 
 
+def reached_digest(obj: Any) -> str:
+    """A function or class found again by a path (runtime/reach.py), not by its name: as
+    :func:`object_digest`, but a function's closure cell that cannot be keyed stands as
+    its type, as a method's does (what the trace read through a cell is guarded: the cell
+    is an object of the guards, found again by a path of its own)."""
+    if isinstance(obj, types.FunctionType) and not versioned(obj.__code__.co_filename):
+        return _remembered(obj, "reached", functools.partial(function_digest, method=True))
+    return object_digest(obj)
+
+
 def _object_digest(obj: Any) -> str:
     _DIGESTING.add(id(obj))
     try:

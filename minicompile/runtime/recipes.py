@@ -113,7 +113,9 @@ def resolve(r: list, fn: types.FunctionType) -> Any:
             if fingerprints.code_digest(found) != r[3]:
                 raise Miss(f"code at {r[2]} changed since the entry was written")
             return found
-        return _same_object(found, r[3], str(steps))
+        if fingerprints.reached_digest(found) != r[3]:
+            raise Miss(f"{steps} changed since the entry was written")
+        return found
     if kind == "member":
         cls = resolve(r[1], fn)
         if not (isinstance(cls, enum.EnumMeta) and r[2] in cls.__members__):

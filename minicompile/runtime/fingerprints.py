@@ -208,13 +208,17 @@ def _class_part(klass: type) -> str:
 # The functions and classes whose digest is being computed: a method may close over its
 # own class (the ``__init__`` a decorator writes for a config class keeps it in a cell), a
 # function over itself; met again, one is stood for by its name (its contents are in the
-# digest under way).  _CYCLES: the ids of those met again so far, while still open.
+# digest under way).  _CYCLES: the ids of those met again so far, while still open;
+# _VISITED: the ids of those digested.
 _DIGESTING: set[int] = set()
 _CYCLES: list[int] = []
+_VISITED: list[int] = []
 # While an entry is written or read (:func:`remembering`), the digests of functions, classes
 # and MRO parts made so far (nothing changes them meanwhile): a model's classes share
-# their bases, and its recipes and module fingerprints meet the same classes again.
-_MEMO: dict[tuple[str, int], tuple[Any, str]] | None = None
+# their bases, and its recipes and module fingerprints meet the same classes again.  Each
+# is kept with the ids of the objects it digested: it is what a digest made now would be
+# when none of those is being digested around it (else that one would be a cycle).
+_MEMO: dict[tuple[str, int], tuple[Any, str, frozenset[int]]] | None = None
 
 
 @contextlib.contextmanager
@@ -226,6 +230,8 @@ def remembering() -> Iterator[None]:
         yield
     finally:
         _MEMO = outer
+        if outer is None:
+            del _VISITED[:]
 
 
 def _remembered(obj: Any, kind: str, digest: Callable[[Any], str]) -> str:
@@ -233,13 +239,17 @@ def _remembered(obj: Any, kind: str, digest: Callable[[Any], str]) -> str:
     being digested around it (then it depends on where it was asked)."""
     memo, key = _MEMO, (kind, id(obj))
     found = None if memo is None else memo.get(key)
-    if found is not None and found[0] is obj:
+    if found is not None and found[0] is obj and _DIGESTING.isdisjoint(found[2]):
+        _VISITED.extend(found[2])
         return found[1]
-    start = len(_CYCLES)
+    cycles, visited = len(_CYCLES), len(_VISITED)
     text = digest(obj)
-    _CYCLES[start:] = [c for c in _CYCLES[start:] if c != id(obj)]  # (closed here)
-    if memo is not None and len(_CYCLES) == start:
-        memo[key] = (obj, text)
+    if kind == "object":  # (closed here: it was being digested)
+        _CYCLES[cycles:] = [c for c in _CYCLES[cycles:] if c != id(obj)]
+    if memo is not None and len(_CYCLES) == cycles:
+        memo[key] = (obj, text, frozenset(_VISITED[visited:]))
+    if _MEMO is None:
+        del _VISITED[:]
     return text
 
 
@@ -266,6 +276,7 @@ def reached_digest(obj: Any) -> str:
 
 
 def _object_digest(obj: Any) -> str:
+    _VISITED.append(id(obj))
     _DIGESTING.add(id(obj))
     try:
         return function_digest(obj) if isinstance(obj, types.FunctionType) else class_digest(obj)

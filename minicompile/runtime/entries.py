@@ -478,12 +478,11 @@ def _load(path: Path, fn: types.FunctionType, cfg: Config, frame: tuple,
     if not p["interpret"]:
         build.ready_launches(loaded, p.get("builds"))
     call = profile.profiled(loaded.call, loaded.call, fn.__qualname__, cfg)
-    if p.get("derived"):  # (graph and ops, which import sympy, only for such entries)
-        from minicompile.graph import graph_from_json
+    if p.get("derived"):
         from minicompile.runtime.derived import WithDerived
 
         d = p["derived"]
-        call = WithDerived(call, graph_from_json(d["graph"]), tuple(d["positions"]))
+        call = WithDerived.from_json(call, d["graph"], tuple(d["positions"]))
     run = inference_runner(call, get_inputs, rebuild, p["no_grad"])
     return Warm(capture, run, call, [tuple(s) for s in p["sizes"]], p["kernels"], path,
                 (module, *libs))

@@ -6,6 +6,7 @@ fresh process, side by side, with where minicompile's cold call spends its time.
     python examples/bench_startup.py --zoo --compilers minicompile   # and the model zoo
     python examples/bench_startup.py --device cpu --workloads pointwise
     python examples/bench_startup.py --bytecode-cache /tmp/pyc   # Python without .pyc files
+    OMP_NUM_THREADS=1 python examples/bench_startup.py --cpu-time  # a shared, busy machine
     python examples/bench_startup.py --check chain,zoo --backend cpp  # one process, all of
     #   them compiled, called twice with fresh inputs and compared with eager: stats as JSON
 
@@ -219,18 +220,19 @@ def child(workload: str, compiler: str, device: str) -> dict:
     with torch.no_grad():
         expected = w.fn(*args, **kwargs)  # the eager warm-up
         sync()
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.thread_time()
         compiled = compile_fn(w.fn)
         out = compiled(*args, **kwargs)
         sync()
-        first = time.perf_counter() - start
-        start = time.perf_counter()
+        first, first_cpu = time.perf_counter() - start, time.thread_time() - cpu
+        start, cpu = time.perf_counter(), time.thread_time()
         again = compiled(*args, **kwargs)
         sync()
-        second = time.perf_counter() - start
+        second, second_cpu = time.perf_counter() - start, time.thread_time() - cpu
     # Checked against eager; a mismatch is reported beside the times, not raised.
     result = {"import_torch": import_torch, "import_compiler": import_compiler,
-              "first_call": first, "second_call": second,
+              "first_call": first, "second_call": second, "first_call_cpu": first_cpu,
+              "second_call_cpu": second_cpu,
               "matches": same(out, expected, w.tol) and same(again, expected, w.tol)}
     if compiler == "minicompile":
         from minicompile import perf
@@ -266,6 +268,7 @@ def check(names: list[str], backend: str, device: str) -> dict[str, dict]:
 
 
 BYTECODE: Path | None = None  # --bytecode-cache: Python's own .pyc files, kept there
+CPU_TIME = False  # --cpu-time: the calling thread's CPU time, not the wall clock's
 
 
 def child_env(cache: Path) -> dict[str, str]:
@@ -316,8 +319,10 @@ def measure(workload: str, compiler: str, device: str, repeat: int, timeout: flo
     def median(pick: Callable[[dict, dict], float]) -> float:
         return statistics.median(pick(a, b) for a, b in runs)
 
-    out = {"cold": median(lambda a, b: a["first_call"]), "warm": median(lambda a, b: b["first_call"]),
-           "call": median(lambda a, b: b["second_call"]),
+    first, second = ("first_call_cpu", "second_call_cpu") if CPU_TIME else (
+        "first_call", "second_call")
+    out = {"cold": median(lambda a, b: a[first]), "warm": median(lambda a, b: b[first]),
+           "call": median(lambda a, b: b[second]),
            "import": statistics.median(r["import_compiler"] for pair in runs for r in pair),
            "matches": all(a["matches"] and b["matches"] for a, b in runs)}
     if "stats" in runs[0][0]:
@@ -367,6 +372,9 @@ def main() -> None:
         "keep Python's .pyc files in DIR (PYTHONPYCACHEPREFIX), written by an untimed run "
         "of each cell first: for machines whose Python writes none (PYTHONDONTWRITEBYTECODE)"
         " and so compiles every imported module's source in every process"))
+    parser.add_argument("--cpu-time", action="store_true", help=(
+        "time the first calls by the calling thread's CPU time (a shared, busy machine; "
+        "with OMP_NUM_THREADS=1, as work on other threads is not counted)"))
     parser.add_argument("--check", metavar="NAMES", help="compile and compare NAMES in this "
                         "process, print their stats as JSON (tests/backends/test_warm_start.py)")
     parser.add_argument("--backend", default="auto", help="minicompile's backend for --check")
@@ -381,13 +389,15 @@ def main() -> None:
     if args.check:
         print(json.dumps(check(expand(args.check), args.backend, device)))
         return
-    global BYTECODE
+    global BYTECODE, CPU_TIME
     BYTECODE = Path(args.bytecode_cache).resolve() if args.bytecode_cache else None
+    CPU_TIME = args.cpu_time
     where = torch.cuda.get_device_name() if device == "cuda" else f"CPU ({os.cpu_count()} cores)"
     load = f"; load average {os.getloadavg()[0]:.1f}" if hasattr(os, "getloadavg") else ""
     print(f"start-up on {where}: PyTorch {torch.__version__}, Python "
           f"{sys.version.split()[0]}; medians of {args.repeat} pair(s) of fresh processes"
-          + (f"; Python bytecode cached in {BYTECODE}" if BYTECODE else "") + load)
+          + (f"; Python bytecode cached in {BYTECODE}" if BYTECODE else "")
+          + ("; first calls in CPU time" if CPU_TIME else "") + load)
     print("| workload | minicompile cold | its phases (ms) | warm first call | warm call "
           "itself | warm beyond the call | torch.compile cold | torch.compile warm | "
           "cold: torch.compile / minicompile | notes |")

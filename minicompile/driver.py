@@ -129,7 +129,7 @@ def compile_graph(
     if hoisted is not None:
         from minicompile.runtime.derived import WithDerived
 
-        call = derived = WithDerived(call, hoisted.derived, hoisted.positions)
+        call = derived = WithDerived.from_graph(call, hoisted.derived, hoisted.positions)
     call = checked(call, capture, cfg, name, backend, interpret)
     # Nothing here takes a gradient (grad mode is off): run without recording.
     no_grad = any(p.meta.requires_grad for p in capture.graph.placeholders)

@@ -311,14 +311,6 @@ def graph_to_json(graph: Graph) -> dict:
     return {"name": graph.name, "derived": graph.derived, "nodes": nodes}
 
 
-def graph_from_json(data: dict) -> Graph:
-    """The graph :func:`graph_to_json` encoded."""
-    graph = Graph(data["name"], derived=data["derived"])
-    for op, target, *rest in data["nodes"]:
-        graph._append(Node(op, target, *(_decode(v, graph.nodes) for v in rest)))
-    return graph
-
-
 def _encode(value: Any) -> Any:
     if isinstance(value, Node):
         return {"node": value.index}
@@ -342,30 +334,3 @@ def _encode(value: Any) -> Any:
                          _encode(value.dtype), str(value.device), value.requires_grad,
                          int(value.storage_offset)]}
     raise ValueError(f"a {type(value).__name__} ({value}) has no JSON form")
-
-
-def _decode(value: Any, nodes: list[Node]) -> Any:
-    if isinstance(value, list):
-        return [_decode(v, nodes) for v in value]
-    if not isinstance(value, dict):
-        return value
-    ((kind, item),) = value.items()
-    if kind == "node":
-        return nodes[item]
-    if kind == "float":
-        return float(item)
-    if kind == "device":
-        return torch.device(item)
-    if kind == "tuple":
-        return tuple(_decode(v, nodes) for v in item)
-    if kind == "dict":
-        return {k: _decode(v, nodes) for k, v in item.items()}
-    if kind == "meta":
-        shape, stride, dtype, device, requires_grad, offset = item
-        return TensorMeta(tuple(map(sympy.Integer, shape)), tuple(map(sympy.Integer, stride)),
-                          _decode(dtype, nodes), torch.device(device), requires_grad,
-                          sympy.Integer(offset))
-    found = getattr(torch, item, None)
-    if not isinstance(found, (torch.dtype, torch.layout, torch.memory_format)):
-        raise TypeError(f"torch.{item} is not a dtype, layout or memory format")
-    return found

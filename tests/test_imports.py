@@ -21,7 +21,8 @@ PACKAGES = {
 }
 # shapes.py: size symbols (wrapping PyTorch's ShapeEnv); errors.py: the exceptions they raise.
 # compat.py: PyTorch's internals, read in one place (below).
-IR_MODULES = ("graph.py", "ir.py", "sym.py", "ops.py", "op_table.py", "library_layouts.py",
+IR_MODULES = ("graph.py", "ir.py", "sym.py", "ops.py", "eager_ops.py", "op_table.py",
+              "library_layouts.py",
               "meta_rules.py", "meta_cache.py", "shapes.py", "errors.py", "compat.py")
 IR_NAMES = {f"minicompile.{Path(f).stem}" for f in IR_MODULES}
 STDLIB = set(sys.stdlib_module_names)

@@ -108,7 +108,8 @@ def save(stored: Stored, cfg: Config) -> Path | None:
     first where it has ``cache_max_entries`` already (runtime/cache_limits.py)."""
     name = stored.fn.__qualname__
     try:
-        payload = _payload(stored, cfg)
+        with fingerprints.remembering():
+            payload = _payload(stored, cfg)
     except NotStorable as e:
         trace.emit("cache", name, f"not stored on disk: {e}")
         return None
@@ -153,8 +154,9 @@ def _payload(stored: Stored, cfg: Config) -> dict:
     anchors = [(guards.namespace[k], r) for k, r in namespace.items()]
     found, objects = _module_recipes(modules, guards)
     namespace.update(found)
-    namespace.update(_reach_recipes(unnamed, fn, anchors, modules.values()))
-    _check_codes_covered(capture.codes, keyed + objects)
+    owners: list = []
+    namespace.update(_reach_recipes(unnamed, fn, anchors, modules.values(), owners))
+    _check_codes_covered(capture.codes, keyed + objects + owners)
     loaded = stored.loaded
     return {
         "name": fn.__qualname__,
@@ -192,9 +194,11 @@ def size_symbols(capture: Any) -> list[str]:
 
 
 def _reach_recipes(unnamed: dict[str, Any], fn: types.FunctionType,
-                   named: list[tuple[Any, list]], modules: Any) -> dict[str, list]:
+                   named: list[tuple[Any, list]], modules: Any,
+                   owners: list) -> dict[str, list]:
     """Recipes for objects of no name of their own (runtime/reach.py): paths from the
-    compiled function, the functions and classes named, and the classes of the modules."""
+    compiled function, the functions and classes named, and the classes of the modules.
+    The functions whose cells they are go into ``owners`` (their code is keyed)."""
     if not unnamed:
         return {}
     anchors = [(fn, ["fn"]), *((o, r) for o, r in named
@@ -204,14 +208,21 @@ def _reach_recipes(unnamed: dict[str, Any], fn: types.FunctionType,
             anchors.append((cls, recipes.recipe(cls, fn)))
         except NotStorable:
             continue
-    out = {}
+    out, level = {}, reach.start(anchors)
     for name, obj in unnamed.items():
-        found = reach.find(obj, anchors)
+        found = reach.find(obj, level)
         if found is None:
             recipes.recipe(obj, fn)  # raises NotStorable, with its reason
-        digest = fingerprints.code_digest(obj) if isinstance(obj, types.CodeType) else (
-            "" if isinstance(obj, types.CellType) else fingerprints.object_digest(obj))
-        out[name] = ["reach", *found, digest]
+        root, recipe, steps = found
+        if isinstance(obj, types.CellType):  # keyed by the code of the function it closes
+            owner = reach.follow(root, steps[:-1])
+            owners.append(owner)
+            digest = fingerprints.code_digest(owner.__code__)
+        elif isinstance(obj, types.CodeType):
+            digest = fingerprints.code_digest(obj)
+        else:
+            digest = fingerprints.reached_digest(obj)
+        out[name] = ["reach", recipe, steps, digest]
     return out
 
 
@@ -375,7 +386,8 @@ def find(fn: types.FunctionType, cfg: Config, frame: tuple, skip: set[Path],
         if path in skip:
             continue
         try:
-            warm = _load(path, fn, cfg, frame, decide)
+            with fingerprints.remembering():
+                warm = _load(path, fn, cfg, frame, decide)
         except cache.CacheCorrupted as e:  # the entry, or a file it names
             cache.warn_corrupted(e.path)
             cache.discard(path)
@@ -466,12 +478,11 @@ def _load(path: Path, fn: types.FunctionType, cfg: Config, frame: tuple,
     if not p["interpret"]:
         build.ready_launches(loaded, p.get("builds"))
     call = profile.profiled(loaded.call, loaded.call, fn.__qualname__, cfg)
-    if p.get("derived"):  # (graph and ops, which import sympy, only for such entries)
-        from minicompile.graph import graph_from_json
+    if p.get("derived"):
         from minicompile.runtime.derived import WithDerived
 
         d = p["derived"]
-        call = WithDerived(call, graph_from_json(d["graph"]), tuple(d["positions"]))
+        call = WithDerived.from_json(call, d["graph"], tuple(d["positions"]))
     run = inference_runner(call, get_inputs, rebuild, p["no_grad"])
     return Warm(capture, run, call, [tuple(s) for s in p["sizes"]], p["kernels"], path,
                 (module, *libs))

@@ -8,6 +8,7 @@ their versions, in the key.  What cannot be fingerprinted raises :class:`NotStor
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import functools
 import hashlib
@@ -15,6 +16,7 @@ import importlib.util
 import sys
 import sysconfig
 import types
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -77,12 +79,22 @@ _CODE_PARTS = ("co_argcount", "co_posonlyargcount", "co_kwonlyargcount", "co_sta
                "co_exceptiontable")
 
 
+# Code objects are immutable: each is digested once a process (kept with its digest, so
+# that its id is not another's).
+_CODES: dict[int, tuple[types.CodeType, str]] = {}
+
+
 def code_digest(code: types.CodeType) -> str:
     """Everything a code object is: bytecode, constants (nested code too), names, file
     name, first line and line table."""
+    found = _CODES.get(id(code))
+    if found is not None and found[0] is code:
+        return found[1]
     text = [repr(getattr(code, part, None)) for part in _CODE_PARTS]
     text += [constant_text(c) or "?" for c in code.co_consts]
-    return hashlib.sha256("\0".join(text).encode()).hexdigest()
+    digest = hashlib.sha256("\0".join(text).encode()).hexdigest()
+    _CODES[id(code)] = (code, digest)
+    return digest
 
 
 def constant_text(value: Any) -> str | None:
@@ -167,31 +179,78 @@ def class_functions(cls: type) -> list[types.FunctionType]:
 def class_digest(cls: type) -> str:
     h = hashlib.sha256()
     for klass in cls.__mro__:
-        if klass.__module__ == "builtins" or versioned(
-            getattr(sys.modules.get(klass.__module__), "__file__", None) or ""
-        ):
-            h.update(f"{klass.__module__}.{klass.__qualname__}".encode())
-            continue
-        for name, value in sorted(vars(klass).items()):  # (names are unique)
-            if isinstance(value, (staticmethod, classmethod)):
-                value = value.__func__
-            if isinstance(value, property):
-                text = "".join(code_digest(f.__code__) if isinstance(f, types.FunctionType)
-                               else "-" for f in (value.fget, value.fset, value.fdel))
-            elif isinstance(value, types.FunctionType):
-                text = function_digest(value, method=True)
-            else:
-                # (others are read by the trace only under guards of their own)
-                text = constant_text(value) or type(value).__qualname__
-            h.update(f"{name}:{text}\0".encode())
+        h.update(_remembered(klass, "class", _class_part).encode())
     return h.hexdigest()
+
+
+def _class_part(klass: type) -> str:
+    """One class of an MRO: its name for a versioned one, else every attribute."""
+    if klass.__module__ == "builtins" or versioned(
+        getattr(sys.modules.get(klass.__module__), "__file__", None) or ""
+    ):
+        return f"{klass.__module__}.{klass.__qualname__}"
+    parts = []
+    for name, value in sorted(vars(klass).items()):  # (names are unique)
+        if isinstance(value, (staticmethod, classmethod)):
+            value = value.__func__
+        if isinstance(value, property):
+            text = "".join(code_digest(f.__code__) if isinstance(f, types.FunctionType)
+                           else "-" for f in (value.fget, value.fset, value.fdel))
+        elif isinstance(value, types.FunctionType):
+            text = function_digest(value, method=True)
+        else:
+            # (others are read by the trace only under guards of their own)
+            text = constant_text(value) or type(value).__qualname__
+        parts.append(f"{name}:{text}\0")
+    return "".join(parts)
 
 
 # The functions and classes whose digest is being computed: a method may close over its
 # own class (the ``__init__`` a decorator writes for a config class keeps it in a cell), a
 # function over itself; met again, one is stood for by its name (its contents are in the
-# digest under way).
+# digest under way).  _CYCLES: the ids of those met again so far, while still open;
+# _VISITED: the ids of those digested.
 _DIGESTING: set[int] = set()
+_CYCLES: list[int] = []
+_VISITED: list[int] = []
+# While an entry is written or read (:func:`remembering`), the digests of functions, classes
+# and MRO parts made so far (nothing changes them meanwhile): a model's classes share
+# their bases, and its recipes and module fingerprints meet the same classes again.  Each
+# is kept with the ids of the objects it digested: it is what a digest made now would be
+# when none of those is being digested around it (else that one would be a cycle).
+_MEMO: dict[tuple[str, int], tuple[Any, str, frozenset[int]]] | None = None
+
+
+@contextlib.contextmanager
+def remembering() -> Iterator[None]:
+    global _MEMO
+    outer = _MEMO
+    _MEMO = {} if outer is None else outer
+    try:
+        yield
+    finally:
+        _MEMO = outer
+        if outer is None:
+            del _VISITED[:]
+
+
+def _remembered(obj: Any, kind: str, digest: Callable[[Any], str]) -> str:
+    """``digest(obj)``, remembered under :func:`remembering` unless it met an object still
+    being digested around it (then it depends on where it was asked)."""
+    memo, key = _MEMO, (kind, id(obj))
+    found = None if memo is None else memo.get(key)
+    if found is not None and found[0] is obj and _DIGESTING.isdisjoint(found[2]):
+        _VISITED.extend(found[2])
+        return found[1]
+    cycles, visited = len(_CYCLES), len(_VISITED)
+    text = digest(obj)
+    if kind == "object":  # (closed here: it was being digested)
+        _CYCLES[cycles:] = [c for c in _CYCLES[cycles:] if c != id(obj)]
+    if memo is not None and len(_CYCLES) == cycles:
+        memo[key] = (obj, text, frozenset(_VISITED[visited:]))
+    if _MEMO is None:
+        del _VISITED[:]
+    return text
 
 
 def object_digest(obj: Any) -> str:
@@ -201,7 +260,23 @@ def object_digest(obj: Any) -> str:
     if not isinstance(obj, (types.FunctionType, type)):
         return "builtin"  # C functions and objects of the versioned libraries
     if id(obj) in _DIGESTING:
+        _CYCLES.append(id(obj))
         return f"cycle {obj.__module__}.{obj.__qualname__}"
+    return _remembered(obj, "object", _object_digest)
+
+
+def reached_digest(obj: Any) -> str:
+    """A function or class found again by a path (runtime/reach.py), not by its name: as
+    :func:`object_digest`, but a function's closure cell that cannot be keyed stands as
+    its type, as a method's does (what the trace read through a cell is guarded: the cell
+    is an object of the guards, found again by a path of its own)."""
+    if isinstance(obj, types.FunctionType) and not versioned(obj.__code__.co_filename):
+        return _remembered(obj, "reached", functools.partial(function_digest, method=True))
+    return object_digest(obj)
+
+
+def _object_digest(obj: Any) -> str:
+    _VISITED.append(id(obj))
     _DIGESTING.add(id(obj))
     try:
         return function_digest(obj) if isinstance(obj, types.FunctionType) else class_digest(obj)

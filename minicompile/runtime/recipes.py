@@ -102,12 +102,20 @@ def resolve(r: list, fn: types.FunctionType) -> Any:
     if kind == "fn":
         return fn
     if kind == "reach":  # a cell, function or code object on a path from an anchor
-        found = reach.follow(resolve(r[1], fn), r[2])
+        root, steps = resolve(r[1], fn), r[2]
+        if steps and steps[-1][0] == "cell":  # keyed by the code of the function it closes
+            owner = reach.follow(root, steps[:-1])
+            if fingerprints.code_digest(owner.__code__) != r[3]:
+                raise Miss(f"the function at {steps[:-1]} changed since the entry was written")
+            return reach.follow(owner, steps[-1:])
+        found = reach.follow(root, steps)
         if isinstance(found, types.CodeType):
             if fingerprints.code_digest(found) != r[3]:
                 raise Miss(f"code at {r[2]} changed since the entry was written")
             return found
-        return found if isinstance(found, types.CellType) else _same_object(found, r[3], str(r[2]))
+        if fingerprints.reached_digest(found) != r[3]:
+            raise Miss(f"{steps} changed since the entry was written")
+        return found
     if kind == "member":
         cls = resolve(r[1], fn)
         if not (isinstance(cls, enum.EnumMeta) and r[2] in cls.__members__):

@@ -546,3 +546,38 @@ def test_entry_with_values_computed_from_parameters_loads(backend: str, device: 
     assert len(stored) == 2 and all('"positions": [' in text for text in stored), stored
     warm, _ = run_script(script, env, tmp_path)
     assert warm == {"conv_bn": 0, "gpt": 0}, warm
+
+
+TABLE_SOURCE = """
+import torch
+
+class Factor:
+    def __init__(self, value):
+        self.value = value
+
+def scaled(factor):
+    def scale(x):
+        return x * factor.value
+    return scale
+
+class Config:  # (huggingface_hub's strict dataclasses keep their validators so)
+    __validators__ = {"scale": [scaled(Factor(2.0))]}
+
+def f(x, y):
+    return torch.sin(x) + Config.__validators__["scale"][0](y)
+"""
+
+
+def test_closure_kept_in_a_class_table_is_stored(warm: Path, backend: str,
+                                                 device: torch.device) -> None:
+    """A closure over an object of no name, found again through the class's table and
+    keyed by its code: loaded where both are the same, never where either changed."""
+    m = load_source(TABLE_SOURCE)
+    assert call_twice(m.f, m, backend, device)["frames"] == 1
+    assert len(entry_files(warm)) == 1
+    m = load_source(TABLE_SOURCE)  # a new process: the same source
+    assert call_twice(m.f, m, backend, device)["frames"] == 0
+    m.Config.__validators__["scale"][0] = m.scaled(m.Factor(3.0))  # another value
+    assert call_twice(m.f, m, backend, device)["frames"] == 1
+    m = load_source(TABLE_SOURCE.replace("x * factor.value", "x * factor.value + 1"))
+    assert call_twice(m.f, m, backend, device)["frames"] == 1  # the closure's code

@@ -12,7 +12,8 @@ from torch import nn
 
 import minicompile
 from minicompile import ops
-from minicompile.graph import Graph, TensorMeta, graph_from_json, graph_to_json
+from minicompile.runtime.derived import WithDerived
+from minicompile.graph import Graph, TensorMeta, graph_to_json
 from minicompile.passes.hoist_params import hoist_parameter_values
 
 from devices import device_for
@@ -48,13 +49,15 @@ def test_what_is_hoisted_and_what_stays() -> None:
     got, want = ops.run_graph(hoisted.main, [*inputs, *derived]), ops.run_graph(graph, inputs)
     for a, e in zip(got[:4] + got[5:], want[:4] + want[5:], strict=True):
         torch.testing.assert_close(a, e)
-    # As a warm entry stores it (runtime/entries.py): the same graph, the same values.
-    loaded = graph_from_json(json.loads(json.dumps(graph_to_json(hoisted.derived))))
-    loaded.verify()
-    assert str(loaded) == str(hoisted.derived)
-    sources = [inputs[k] for k in hoisted.positions]
-    for a, e in zip(ops.run_graph(loaded, sources), derived, strict=True):
+    # As a warm entry stores and runs it (runtime/entries.py, derived.py): the same values,
+    # in the same layouts.
+    stored = json.loads(json.dumps(graph_to_json(hoisted.derived)))
+    loaded = WithDerived.from_json(lambda values: values, stored, hoisted.positions)
+    fresh = WithDerived.from_graph(lambda values: values, hoisted.derived, hoisted.positions)
+    assert loaded.metas == fresh.metas
+    for a, e in zip(loaded(inputs)[4:], fresh(inputs)[4:], strict=True):
         torch.testing.assert_close(a, e)
+        assert a.stride() == e.stride()
 
 
 def test_what_json_cannot_hold_is_refused() -> None:
@@ -82,8 +85,9 @@ def test_values_follow_compiled_optimizer_steps_and_outputs_are_never_the_cache(
     from minicompile.runtime import derived
 
     computed = []
-    real = derived.run_graph
-    monkeypatch.setattr(derived, "run_graph", lambda *a: computed.append(1) or real(*a))
+    real = derived.WithDerived.compute
+    monkeypatch.setattr(derived.WithDerived, "compute",
+                        lambda self, sources: computed.append(1) or real(self, sources))
     device = device_for(backend)
     torch.manual_seed(0)
     model = Scaled().to(device)

@@ -83,3 +83,42 @@ def test_traced_code_must_be_covered_by_a_keyed_object() -> None:
         entries._check_codes_covered(method | codes, [Block])
     versioned = frozenset([torch.nn.Linear.forward.__code__])  # keyed by torch's version
     entries._check_codes_covered(versioned, [])
+
+
+def _classes() -> list[type]:
+    """Classes whose digests meet one another: a method that closes over its own class (as
+    a decorator's ``__init__`` does), a subclass, and a function closing over both."""
+
+    def decorate(cls: type) -> type:
+        def __init__(self) -> None:
+            self.made_by = cls
+
+        cls.__init__ = __init__
+        return cls
+
+    @decorate
+    class Base:
+        def value(self) -> int:
+            return 1
+
+    class Child(Base):
+        def other(self) -> int:
+            return 2
+
+    def uses() -> tuple:
+        return Base, Child
+
+    return [Base, Child, uses]
+
+
+@pytest.mark.parametrize("order", [(0, 1, 2), (2, 1, 0), (1, 2, 0)])
+def test_remembered_digests_are_the_digests(order: tuple[int, ...]) -> None:
+    """Digests remembered while an entry is read (fingerprints.remembering) are the ones
+    each object has alone, whatever the order they are asked in."""
+    objects = _classes()
+    alone = [fingerprints.object_digest(o) for o in objects]
+    with fingerprints.remembering():
+        for i in order:
+            assert fingerprints.object_digest(objects[i]) == alone[i], i
+        for i in order:  # (again: from the memo)
+            assert fingerprints.object_digest(objects[i]) == alone[i], i

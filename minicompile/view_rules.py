@@ -14,8 +14,8 @@ from minicompile import ops
 from minicompile.errors import ShapeError, Unsupported
 from minicompile.graph import Node
 from minicompile.ir import Layout, dim_symbols
-from minicompile.shapes import ShapeContext, is_symbolic
-from minicompile.sym import FloorDiv, ModularIndexing, product
+from minicompile.shapes import MIN_DYNAMIC_SIZE, ShapeContext, is_symbolic
+from minicompile.sym import FloorDiv, ModularIndexing, product, size_symbols
 
 ZERO = sympy.Integer(0)
 
@@ -91,13 +91,24 @@ def view_mapping(node: Node, in_shape: tuple) -> dict:
 
 
 def _less(a: sympy.Expr, b: sympy.Expr) -> bool:
-    """a < b for sizes; symbolic ones compare by their ratio (s0 < 4*s0)."""
-    if a.is_Integer and b.is_Integer:
-        return int(a) < int(b)
-    ratio = sympy.simplify(b / a)
-    if ratio.is_Number:
-        return bool(ratio > 1)
+    """a < b for sizes, decided for every value the symbols may take: each size symbol is at
+    least MIN_DYNAMIC_SIZE (its guard), so ``s0 < s0*s1`` holds and ``s0 < s1`` is unknown."""
+    if _positive(b - a):
+        return True
+    if _positive(a - b):
+        return False
     raise ShapeError(f"cannot order the sizes {a} and {b} of a reshape")
+
+
+def _positive(expr: sympy.Expr) -> bool:
+    """Whether ``expr``, a polynomial in size symbols, is positive for every value they may
+    take: written over ``t = s - MIN_DYNAMIC_SIZE >= 0``, no coefficient is negative and
+    the constant term is positive."""
+    shifted = sympy.expand(expr.xreplace({s: s + MIN_DYNAMIC_SIZE for s in size_symbols([expr])}))
+    if not shifted.is_polynomial(*shifted.free_symbols):
+        return False
+    terms = shifted.as_coefficients_dict()
+    return all(c.is_Number and c >= 0 for c in terms.values()) and terms.get(sympy.S.One, 0) > 0
 
 
 def reshape_mapping(in_shape: tuple, out_shape: tuple) -> dict:
@@ -117,6 +128,8 @@ def reshape_mapping(in_shape: tuple, out_shape: tuple) -> dict:
         p_in = product(in_shape[k] for k in group_in)
         p_out = product(out_shape[k] for k in group_out)
         while p_in != p_out:
+            if i >= len(ins) and j >= len(outs):
+                raise ShapeError(f"the sizes {in_shape} and {out_shape} of a reshape differ")
             if (_less(p_in, p_out) and i < len(ins)) or j >= len(outs):
                 group_in.append(ins[i])
                 p_in *= in_shape[ins[i]]

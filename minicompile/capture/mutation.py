@@ -231,9 +231,9 @@ def mutate(out: Output, target: TensorVar, new: TensorVar, what: str) -> TensorV
     refuse_grad_input(out, target, what)
     if not isinstance(new, TensorVar):
         raise Unsupported(f"{what}: the result is not a tensor")
-    if new.meta.concrete_shape() != target.meta.concrete_shape():
-        raise Unsupported(f"{what}: result shape {new.meta.concrete_shape()} differs from the "
-                          f"tensor's {target.meta.concrete_shape()} (eager raises)")
+    if tuple(new.meta.shape) != tuple(target.meta.shape):  # symbolic sizes: as expressions
+        raise Unsupported(f"{what}: result shape {new.meta} differs from the "
+                          f"tensor's {target.meta} (eager raises)")
     if new.meta.dtype != target.meta.dtype:
         if not torch.can_cast(new.meta.dtype, target.meta.dtype):
             raise Unsupported(f"{what}: result type {new.meta.dtype} can't be cast to "

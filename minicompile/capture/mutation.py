@@ -249,7 +249,7 @@ def mutate(out: Output, target: TensorVar, new: TensorVar, what: str) -> TensorV
 def setitem(out: Output, x: TensorVar, key: Any, value: Any) -> None:
     """``x[key] = value``, functionalized."""
     what = "tensor item assignment (x[...] = v)"
-    steps = index_steps(key, x.meta.concrete_shape())
+    steps = index_steps(key, x.meta.sizes())  # (SymInts where symbolic, as externs.py)
     if steps is not None:
         region = x
         for step in steps:

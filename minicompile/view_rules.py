@@ -11,7 +11,7 @@ import sympy
 import torch
 
 from minicompile import ops
-from minicompile.errors import ShapeError, Unsupported
+from minicompile.errors import Unsupported
 from minicompile.graph import Node
 from minicompile.ir import Layout, dim_symbols
 from minicompile.shapes import MIN_DYNAMIC_SIZE, ShapeContext, is_symbolic
@@ -90,14 +90,16 @@ def view_mapping(node: Node, in_shape: tuple) -> dict:
     raise Unsupported(f"no lowering for view {target}", node.stack)
 
 
-def _less(a: sympy.Expr, b: sympy.Expr) -> bool:
-    """a < b for sizes, decided for every value the symbols may take: each size symbol is at
-    least MIN_DYNAMIC_SIZE (its guard), so ``s0 < s0*s1`` holds and ``s0 < s1`` is unknown."""
+def _less(a: sympy.Expr, b: sympy.Expr) -> bool | None:
+    """a < b for sizes, decided for every value the symbols may take (each size symbol is at
+    least MIN_DYNAMIC_SIZE, its guard): ``s0 < s0*s1`` holds; ``s0 < s1`` is None, unknown."""
+    if a.is_Integer and b.is_Integer:
+        return int(a) < int(b)
     if _positive(b - a):
         return True
     if _positive(a - b):
         return False
-    raise ShapeError(f"cannot order the sizes {a} and {b} of a reshape")
+    return None
 
 
 def _positive(expr: sympy.Expr) -> bool:
@@ -113,7 +115,8 @@ def _positive(expr: sympy.Expr) -> bool:
 
 def reshape_mapping(in_shape: tuple, out_shape: tuple) -> dict:
     """Input indices of a reshape, dims grouped where their sizes multiply to the same
-    number (so [B, T, C] -> [B*T, C] touches only the first two dims)."""
+    number (so [B, T, C] -> [B*T, C] touches only the first two dims).  Any grouping is
+    exact (the reshape keeps the number of elements); finer ones make simpler indices."""
     own = dim_symbols(len(in_shape))
     out = dim_symbols(len(out_shape))
     if any(size == 0 for size in in_shape):  # nothing is read (and sizes would divide by 0)
@@ -127,10 +130,12 @@ def reshape_mapping(in_shape: tuple, out_shape: tuple) -> dict:
         i, j = i + bool(group_in), j + bool(group_out)
         p_in = product(in_shape[k] for k in group_in)
         p_out = product(out_shape[k] for k in group_out)
-        while p_in != p_out:
-            if i >= len(ins) and j >= len(outs):
-                raise ShapeError(f"the sizes {in_shape} and {out_shape} of a reshape differ")
-            if (_less(p_in, p_out) and i < len(ins)) or j >= len(outs):
+        while p_in != p_out and (i < len(ins) or j < len(outs)):
+            less = _less(p_in, p_out)
+            if less is None:  # sizes not ordered for every value: the rest is one group,
+                group_in, group_out = group_in + ins[i:], group_out + outs[j:]  # exact
+                i, j = len(ins), len(outs)  # (a flat index), only less simple
+            elif (less and i < len(ins)) or j >= len(outs):
                 group_in.append(ins[i])
                 p_in *= in_shape[ins[i]]
                 i += 1

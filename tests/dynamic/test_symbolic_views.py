@@ -77,3 +77,12 @@ def test_reshape_orders_products_of_symbols() -> None:
     # s0 and s1 have no order: one group, through the flat index
     mapping = reshape_mapping((s0, s1), (s1, s0))
     assert str(mapping) == "{i0: FloorDiv(i0*s0 + i1, s1), i1: ModularIndexing(i0*s0 + i1, 1, s1)}"
+
+
+def test_index_printers_parenthesise_a_square_divisor() -> None:
+    from minicompile.codegen.printers import cpp_index, triton_index
+    from minicompile.sym import FloorDiv, ModularIndexing, index_symbol
+
+    x, s1 = index_symbol("x"), size_symbol(1)  # T5's [1, H, T, T] position bias
+    assert triton_index(FloorDiv(x, s1**2)) == "(x // (s1*s1))"
+    assert cpp_index(ModularIndexing(x, s1**2, 4)) == "((x / (s1*s1)) % 4)"

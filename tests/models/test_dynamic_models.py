@@ -20,12 +20,26 @@ import torch
 import minicompile
 
 from devices import device_for
-from model_zoo import MODELS, ModelCase
-from test_models import assert_same
+from model_zoo import MODELS, ModelCase, tensors_of
 
 ZOO = os.environ.get("MINICOMPILE_TEST_ZOO") == "1"
 CASES = [c for c in MODELS if ZOO or c.name in ("torchvision_squeezenet1_1", "hf_gpt2", "hf_t5")]
 AUTOMATIC = [c for c in MODELS if ZOO or c.name == "hf_gpt2"]
+
+
+def assert_close(actual: object, expected: object) -> None:
+    """Every returned tensor as test_models compares them, with the absolute tolerance
+    grown with the tensor's scale: timm's mobilenetv3 at 80x80 returns logits near 2000,
+    where eager's float32 itself is 0.01 off its float64 result."""
+    got, want = tensors_of(actual), tensors_of(expected)
+    assert len(got) == len(want)
+    for a, e in zip(got, want):
+        if isinstance(e, torch.Tensor) and e.is_floating_point() and e.numel():
+            torch.testing.assert_close(a, e, rtol=1e-3, atol=1e-4 + 1e-5 * e.abs().max())
+        elif isinstance(e, torch.Tensor):
+            torch.testing.assert_close(a, e)
+        else:
+            assert a == e
 
 
 def call_over_sizes(case: ModelCase, backend: str, dynamic: bool | None,
@@ -40,7 +54,7 @@ def call_over_sizes(case: ModelCase, backend: str, dynamic: bool | None,
         extra = {} if length is None else {"length": length}
         args, kwargs = case.inputs(device, batch=batch, **extra)
         with torch.no_grad():
-            assert_same(compiled(*args, **kwargs), model(*args, **kwargs), torch.float32)
+            assert_close(compiled(*args, **kwargs), model(*args, **kwargs))
     stats = minicompile.stats()
     assert stats["graph_breaks"] == 0 and stats["eager_fallbacks"] == 0, stats
     return stats

@@ -2,8 +2,8 @@
 sizes and lengths (image sizes for CNNs), with ``dynamic=True`` and with automatic dynamic
 shapes, each call checked against eager; and why a capture fell back to static sizes.
 
-    python examples/zoo_dynamic.py                       # every model, C++ backend
-    python examples/zoo_dynamic.py hf_gpt2 hf_t5 --backend triton
+    python examples/zoo_dynamic.py                       # every model, C++ backend (CPU)
+    python examples/zoo_dynamic.py hf_gpt2 hf_t5 --backend triton   # on the GPU if there is one
 """
 
 from __future__ import annotations
@@ -29,8 +29,9 @@ def _close(got: torch.Tensor, want: torch.Tensor) -> bool:
 def compiles(case: ModelCase, dynamic: bool | None, backend: str) -> tuple[dict, list[str]]:
     """The stats of calling ``case`` compiled over its sizes, and the static fallbacks and
     values that differ from eager's (more than rtol 1e-3, atol 1e-4 + 1e-5 * max |value|)."""
+    device = torch.device("cuda" if torch.cuda.is_available() and backend != "cpp" else "cpu")
     torch.manual_seed(0)
-    model = case.build().eval()
+    model = case.build().eval().to(device)
     compiled = minicompile.compile(model, backend=backend, dynamic=dynamic)
     minicompile.reset()
     log, differ = io.StringIO(), []
@@ -38,7 +39,7 @@ def compiles(case: ModelCase, dynamic: bool | None, backend: str) -> tuple[dict,
             contextlib.redirect_stderr(log):
         for batch, length in case.sizes:
             extra = {} if length is None else {"length": length}
-            args, kwargs = case.inputs(torch.device("cpu"), batch=batch, **extra)
+            args, kwargs = case.inputs(device, batch=batch, **extra)
             for got, want in zip(tensors_of(compiled(*args, **kwargs)),
                                  tensors_of(model(*args, **kwargs)), strict=True):
                 if isinstance(want, torch.Tensor) and not _close(got, want):

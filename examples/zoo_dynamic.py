@@ -56,7 +56,8 @@ def main() -> None:
     parser.add_argument("--backend", default="cpp")
     args = parser.parse_args()
     cases = [c for c in MODELS if not args.models or c.name in args.models]
-    print(f"{'model':<28}{'sizes':>6}{'dynamic=True':>14}{"automatic":>11}  static fallbacks; values that differ")
+    print(f"{'model':<28}{'sizes':>6}{'dynamic=True':>14}{'automatic':>11}  "
+          "static fallbacks; values that differ")
     for case in cases:
         counts, reasons = [], []
         for dynamic in (True, None):

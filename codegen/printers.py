@@ -61,9 +61,9 @@ class IndexPrinter:
 
     def operand(self, e: sympy.Expr) -> str:
         """The right operand of ``//`` or ``%``: a product needs parentheses there too
-        (``x // (32*s1)``; a symbolic size makes such divisors)."""
+        (``x // (32*s1)``, ``x // (s1*s1)``; a symbolic size makes such divisors)."""
         text = self.print(e)
-        return f"({text})" if isinstance(e, (sympy.Add, sympy.Mul)) else text
+        return f"({text})" if isinstance(e, (sympy.Add, sympy.Mul, sympy.Pow)) else text
 
     def atom(self, e: sympy.Expr) -> str:
         text = self.print(e)

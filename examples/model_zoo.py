@@ -30,13 +30,26 @@ class ModelCase:
     build: Callable[[], torch.nn.Module]
     inputs: Callable[..., Inputs]  # fresh random inputs on each call: (device, [batch, length])
     float_inputs: bool = True  # inputs to cast to a low-precision dtype with the model
+    # (batch, length) pairs it is called with under dynamic shapes; the length is an image's
+    # height and width, or None where the model fixes it (a ViT's patches, a mixer's MLP)
+    sizes: tuple[tuple[int, int | None], ...] = ((2, 12), (3, 12), (4, 16), (5, 9))
 
     def __str__(self) -> str:
         return self.name
 
 
-def _images(batch: int = 2, size: int = 64) -> Callable[[torch.device], Inputs]:
-    return lambda device: ((torch.randn(batch, 3, size, size, device=device),), {})
+def _images(size: int = 64) -> Callable[..., Inputs]:
+    """Images of ``length`` (default ``size``) pixels a side."""
+
+    def inputs(device: torch.device, batch: int = 2, length: int | None = None) -> Inputs:
+        side = length or size
+        return (torch.randn(batch, 3, side, side, device=device),), {}
+
+    return inputs
+
+
+IMAGE_SIZES = ((2, 64), (3, 64), (4, 80), (5, 72))  # (48 would end at 1x1, specialised)
+BATCHES_ONLY = ((2, None), (3, None), (4, None), (5, None))
 
 
 def _tokens(vocab: int, batch: int = 2, length: int = 12) -> torch.Tensor:
@@ -71,9 +84,9 @@ def _causal_lm_inputs(device: torch.device, batch: int = 2, length: int = 12) ->
     return (), {"input_ids": _tokens(100, batch, length).to(device)}
 
 
-def _seq2seq_inputs(device: torch.device) -> Inputs:
-    return (), {"input_ids": _tokens(100).to(device),
-                "decoder_input_ids": _tokens(100, length=7).to(device)}
+def _seq2seq_inputs(device: torch.device, batch: int = 2, length: int = 12) -> Inputs:
+    return (), {"input_ids": _tokens(100, batch, length).to(device),
+                "decoder_input_ids": _tokens(100, batch, length - 5).to(device)}
 
 
 def _torchvision_vit() -> torch.nn.Module:
@@ -210,20 +223,27 @@ def _mixtral() -> torch.nn.Module:
 
 
 MODELS: tuple[ModelCase, ...] = (
-    ModelCase("torchvision_resnet18", _torchvision("resnet18"), _images()),
-    ModelCase("torchvision_vit", _torchvision_vit, _images(size=32)),
-    ModelCase("timm_resnext26ts", _timm("resnext26ts", num_classes=2), _images()),
+    ModelCase("torchvision_resnet18", _torchvision("resnet18"), _images(), sizes=IMAGE_SIZES),
+    ModelCase("torchvision_vit", _torchvision_vit, _images(size=32), sizes=BATCHES_ONLY),
+    ModelCase("timm_resnext26ts", _timm("resnext26ts", num_classes=2), _images(),
+              sizes=IMAGE_SIZES),
     ModelCase("timm_vit_tiny", _timm("vit_tiny_patch16_224", img_size=64, num_classes=10),
-              _images()),
-    ModelCase("timm_efficientnet_b0", _timm("efficientnet_b0", num_classes=10), _images()),
-    ModelCase("torchvision_mobilenet_v2", _as_trained(_torchvision("mobilenet_v2")), _images()),
-    ModelCase("torchvision_squeezenet1_1", _torchvision("squeezenet1_1"), _images()),
-    ModelCase("timm_convnext_atto", _timm("convnext_atto", num_classes=10), _images()),
+              _images(), sizes=BATCHES_ONLY),
+    ModelCase("timm_efficientnet_b0", _timm("efficientnet_b0", num_classes=10), _images(),
+              sizes=IMAGE_SIZES),
+    ModelCase("torchvision_mobilenet_v2", _as_trained(_torchvision("mobilenet_v2")), _images(),
+              sizes=IMAGE_SIZES),
+    ModelCase("torchvision_squeezenet1_1", _torchvision("squeezenet1_1"), _images(),
+              sizes=IMAGE_SIZES),
+    ModelCase("timm_convnext_atto", _timm("convnext_atto", num_classes=10), _images(),
+              sizes=IMAGE_SIZES),
     ModelCase("timm_mobilenetv3_small_100",
-              _as_trained(_timm("mobilenetv3_small_100", num_classes=10)), _images()),
-    ModelCase("timm_densenet121", _timm("densenet121", num_classes=10), _images()),
+              _as_trained(_timm("mobilenetv3_small_100", num_classes=10)), _images(),
+              sizes=IMAGE_SIZES),
+    ModelCase("timm_densenet121", _timm("densenet121", num_classes=10), _images(),
+              sizes=IMAGE_SIZES),
     ModelCase("timm_mixer_s16", _as_trained(_timm("mixer_s16_224", img_size=64, num_classes=10)),
-              _images()),
+              _images(), sizes=BATCHES_ONLY),
     ModelCase("hf_bert", _bert, _bert_inputs, float_inputs=False),
     ModelCase("hf_roberta", _roberta, _roberta_inputs, float_inputs=False),
     ModelCase("hf_distilbert", _distilbert, _distilbert_inputs, float_inputs=False),

@@ -11,11 +11,11 @@ import sympy
 import torch
 
 from minicompile import ops
-from minicompile.errors import ShapeError, Unsupported
+from minicompile.errors import Unsupported
 from minicompile.graph import Node
 from minicompile.ir import Layout, dim_symbols
-from minicompile.shapes import ShapeContext, is_symbolic
-from minicompile.sym import FloorDiv, ModularIndexing, product
+from minicompile.shapes import MIN_DYNAMIC_SIZE, ShapeContext, is_symbolic
+from minicompile.sym import FloorDiv, ModularIndexing, product, size_symbols
 
 ZERO = sympy.Integer(0)
 
@@ -90,19 +90,33 @@ def view_mapping(node: Node, in_shape: tuple) -> dict:
     raise Unsupported(f"no lowering for view {target}", node.stack)
 
 
-def _less(a: sympy.Expr, b: sympy.Expr) -> bool:
-    """a < b for sizes; symbolic ones compare by their ratio (s0 < 4*s0)."""
+def _less(a: sympy.Expr, b: sympy.Expr) -> bool | None:
+    """a < b for sizes, decided for every value the symbols may take (each size symbol is at
+    least MIN_DYNAMIC_SIZE, its guard): ``s0 < s0*s1`` holds; ``s0 < s1`` is None, unknown."""
     if a.is_Integer and b.is_Integer:
         return int(a) < int(b)
-    ratio = sympy.simplify(b / a)
-    if ratio.is_Number:
-        return bool(ratio > 1)
-    raise ShapeError(f"cannot order the sizes {a} and {b} of a reshape")
+    if _positive(b - a):
+        return True
+    if _positive(a - b):
+        return False
+    return None
+
+
+def _positive(expr: sympy.Expr) -> bool:
+    """Whether ``expr``, a polynomial in size symbols, is positive for every value they may
+    take: written over ``t = s - MIN_DYNAMIC_SIZE >= 0``, no coefficient is negative and
+    the constant term is positive."""
+    shifted = sympy.expand(expr.xreplace({s: s + MIN_DYNAMIC_SIZE for s in size_symbols([expr])}))
+    if not shifted.is_polynomial(*shifted.free_symbols):
+        return False
+    terms = shifted.as_coefficients_dict()
+    return all(c.is_Number and c >= 0 for c in terms.values()) and terms.get(sympy.S.One, 0) > 0
 
 
 def reshape_mapping(in_shape: tuple, out_shape: tuple) -> dict:
     """Input indices of a reshape, dims grouped where their sizes multiply to the same
-    number (so [B, T, C] -> [B*T, C] touches only the first two dims)."""
+    number (so [B, T, C] -> [B*T, C] touches only the first two dims).  Any grouping is
+    exact (the reshape keeps the number of elements); finer ones make simpler indices."""
     own = dim_symbols(len(in_shape))
     out = dim_symbols(len(out_shape))
     if any(size == 0 for size in in_shape):  # nothing is read (and sizes would divide by 0)
@@ -116,8 +130,12 @@ def reshape_mapping(in_shape: tuple, out_shape: tuple) -> dict:
         i, j = i + bool(group_in), j + bool(group_out)
         p_in = product(in_shape[k] for k in group_in)
         p_out = product(out_shape[k] for k in group_out)
-        while p_in != p_out:
-            if (_less(p_in, p_out) and i < len(ins)) or j >= len(outs):
+        while p_in != p_out and (i < len(ins) or j < len(outs)):
+            less = _less(p_in, p_out)
+            if less is None:  # sizes not ordered for every value: the rest is one group,
+                group_in, group_out = group_in + ins[i:], group_out + outs[j:]  # exact
+                i, j = len(ins), len(outs)  # (a flat index), only less simple
+            elif (less and i < len(ins)) or j >= len(outs):
                 group_in.append(ins[i])
                 p_in *= in_shape[ins[i]]
                 i += 1

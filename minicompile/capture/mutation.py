@@ -189,8 +189,9 @@ def rebind(out: Output, root: TensorVar, new: TensorVar) -> None:
 
 def conform(out: Output, target: TensorVar, value: Any, what: str) -> TensorVar:
     """``value`` (a tensor or a Python number) as the new contents of ``target``: cast to its
-    dtype and broadcast to its shape, as in-place ops and ``copy_`` do."""
-    shape = target.meta.concrete_shape()
+    dtype and broadcast to its shape, as in-place ops and ``copy_`` do.  Sizes are SymInts
+    where symbolic: comparing them records the relations relied on as guards."""
+    shape = target.meta.sizes()
     if not isinstance(value, TensorVar):
         if type(value) not in (bool, int, float):
             raise Unsupported(f"{what}: value of type {type(value).__name__} is not supported")
@@ -199,7 +200,7 @@ def conform(out: Output, target: TensorVar, value: Any, what: str) -> TensorVar:
         raise Unsupported(f"{what}: copying between devices is not supported")
     if value.meta.dtype != target.meta.dtype:
         value = out.op("to_dtype", (value,), {"dtype": target.meta.dtype})
-    vshape = value.meta.concrete_shape()
+    vshape = value.meta.sizes()
     while len(vshape) > len(shape) and vshape[0] == 1:  # eager drops leading 1s
         value = out.op("squeeze", (value, 0), track=False)
         vshape = vshape[1:]
@@ -231,9 +232,9 @@ def mutate(out: Output, target: TensorVar, new: TensorVar, what: str) -> TensorV
     refuse_grad_input(out, target, what)
     if not isinstance(new, TensorVar):
         raise Unsupported(f"{what}: the result is not a tensor")
-    if new.meta.concrete_shape() != target.meta.concrete_shape():
-        raise Unsupported(f"{what}: result shape {new.meta.concrete_shape()} differs from the "
-                          f"tensor's {target.meta.concrete_shape()} (eager raises)")
+    if tuple(new.meta.shape) != tuple(target.meta.shape):  # symbolic sizes: as expressions
+        raise Unsupported(f"{what}: result shape {new.meta} differs from the "
+                          f"tensor's {target.meta} (eager raises)")
     if new.meta.dtype != target.meta.dtype:
         if not torch.can_cast(new.meta.dtype, target.meta.dtype):
             raise Unsupported(f"{what}: result type {new.meta.dtype} can't be cast to "
@@ -249,7 +250,7 @@ def mutate(out: Output, target: TensorVar, new: TensorVar, what: str) -> TensorV
 def setitem(out: Output, x: TensorVar, key: Any, value: Any) -> None:
     """``x[key] = value``, functionalized."""
     what = "tensor item assignment (x[...] = v)"
-    steps = index_steps(key, x.meta.concrete_shape())
+    steps = index_steps(key, x.meta.sizes())  # (SymInts where symbolic, as externs.py)
     if steps is not None:
         region = x
         for step in steps:

@@ -82,25 +82,6 @@ def test_model_compiles_whole_and_matches_eager(
     assert stats["kernels"] > 0
 
 
-@pytest.mark.parametrize("name", ["hf_bert", "hf_llama"])
-@torch.no_grad()
-def test_changing_batch_and_length_compile_at_most_three_times(name: str, backend: str) -> None:
-    """Automatic dynamic shapes on library code: a batch that changes, then a length, make
-    those dims symbols (static, batch symbolic, both symbolic: three compiles), and every
-    size after that reuses the symbolic code."""
-    case = next(c for c in MODELS if c.name == name)
-    device = device_for(backend)
-    torch.manual_seed(0)
-    model = case.build().eval().to(device)
-    compiled = minicompile.compile(model, backend=backend)
-    for batch, length in ((2, 12), (3, 12), (4, 12), (2, 16), (5, 20), (3, 9)):
-        args, kwargs = case.inputs(device, batch=batch, length=length)
-        assert_same(compiled(*args, **kwargs), model(*args, **kwargs), torch.float32)
-    stats = minicompile.stats()
-    assert stats["frames"] <= 3 and stats["graph_breaks"] == 0, stats
-    assert stats["eager_fallbacks"] == 0, stats
-
-
 @torch.no_grad()
 def test_mixtral_in_bfloat16_asks_transformers_version_probes_while_tracing(backend: str) -> None:
     """In bfloat16 Mixtral's experts ask transformers' is_torch_less_or_equal (a probe marked

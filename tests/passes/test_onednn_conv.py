@@ -11,7 +11,7 @@ from torch import nn
 
 import minicompile
 from minicompile import compat, config, ops
-from minicompile.graph import Graph, TensorMeta, graph_from_json, graph_to_json
+from minicompile.graph import Graph, TensorMeta, graph_to_json
 
 from devices import device_for
 
@@ -134,7 +134,7 @@ def test_a_graph_read_from_disk_packs_weights() -> None:
                                (2, 3, 8, 8)), {}, meta, ())
     graph.output((packed,))
     ops.OPS.pop(PACK, None)
-    derived = WithDerived(lambda inputs: inputs, graph_from_json(graph_to_json(graph)), (0,))
+    derived = WithDerived.from_json(lambda inputs: inputs, graph_to_json(graph), (0,))
     for _ in range(2):
         x = torch.randn(2, 3, 8, 8).contiguous(memory_format=torch.channels_last)
         _, packed_weight = derived([weight])

@@ -85,11 +85,15 @@ class AutoDynamic:
         seen = self.dynamic_dims.get(self._root, {})
         ints = self.dynamic_ints.get(self._root, set())
         marks = {}
+        sizes: set[int] = set()
         for source, t in zip(capture.input_sources, capture.get_inputs(*values)):
             dims = marked_dims(t) if isinstance(t, torch.Tensor) else ()
             if dims:
                 marks[source] = sorted(dims)
-        lengths = self.dynamic_lengths.get(self._root, set())
+            if isinstance(t, torch.Tensor):
+                sizes.update(t.shape)
+        # (only the moved lengths some input has: they alone can change what is symbolic)
+        lengths = self.dynamic_lengths.get(self._root, set()) & sizes
         return {"dims": {s: sorted(d) for s, d in seen.items() if d}, "ints": sorted(ints),
                 "marks": marks, "lengths": sorted(lengths)}
 

@@ -138,7 +138,10 @@ def test_random_draws_before_a_break_in_a_helper_happen_once(backend: str,
         torch.manual_seed(seed)
         torch.testing.assert_close(compiled(x), expected)
         torch.testing.assert_close(torch.rand(3, device=device), expected_next)
-    assert minicompile.stats()["eager_fallbacks"] == 0
+    # On a GPU the helper's segment compares a CPU draw (torch.rand([]) has no device):
+    # Triton's kernels run on the GPU, so that segment runs eagerly, with its warning.
+    cpu_draw_on_gpu = backend == "triton" and device.type == "cuda"
+    assert minicompile.stats()["eager_fallbacks"] == int(cpu_draw_on_gpu)
 
 
 def item_then_python(x):

@@ -146,11 +146,16 @@ def _hardsigmoid(b: _Builder, x: Node, inplace: bool = False) -> Node | None:
     return b.restore(out)
 
 
-DECOMPOSITIONS: dict[str, Callable[..., Node | None]] = {
+DECOMPOSITIONS: dict[str, Callable[..., Node]] = {  # the composite ops of minicompile/ops.py
     "relu": _relu,
     "gelu": _gelu,
     "silu": _silu,
     "clamp": _clamp,
+}
+# Library calls the capture keeps (their torch.nn.functional names) that are pointwise:
+# fused, where the library call would be a kernel of its own and, in training, recorded
+# for autograd with a backward call of its own.
+ACTIVATION_DECOMPOSITIONS: dict[str, Callable[..., Node | None]] = {
     "torch.nn.functional.hardtanh": _hardtanh,
     "torch.nn.functional.relu6": _relu6,
     "torch.nn.functional.hardswish": _hardswish,
@@ -173,6 +178,7 @@ def decompose(graph: Graph) -> Graph:
     def rewrite(new: Graph, node: Node, remap: Callable) -> Node | None:
         rule = (
             DECOMPOSITIONS.get(node.target)
+            or ACTIVATION_DECOMPOSITIONS.get(node.target)
             or REDUCTION_DECOMPOSITIONS.get(node.target)
             or LOSS_DECOMPOSITIONS.get(node.target)
             or VIEW_DECOMPOSITIONS.get(node.target)

@@ -13,6 +13,7 @@ compiler vectorises it."""
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 
 import sympy
 import torch
@@ -47,6 +48,8 @@ COLUMN_BLOCK = 64
 # Elements of the innermost reduced loop a float sum adds in float (one partial sum a SIMD
 # lane: 64-128 adds each) before adding them to its double total.
 SUM_BLOCK = 1024
+# Rows a column sum adds into each lane's float partial before adding it to the double.
+COLUMN_SUM_BLOCK = 256
 # Chunks of rows a kernel with column sums (mix-order reductions) splits its rows into.
 MIX_CHUNKS = 64
 
@@ -55,6 +58,11 @@ def accumulator_type(red: Reduce) -> str:
     if red.op in ("sum", "prod") and (red.dtype.is_floating_point):
         return "double"
     return CPP.compute(red.dtype)
+
+
+def _sums_in_blocks(red: Reduce, ctype: str) -> bool:
+    """Whether ``red`` adds float partial sums per block into its double accumulator."""
+    return red.op == "sum" and ctype == "double" and red.dtype != torch.float64
 
 
 def _identity(red: Reduce, ctype: str) -> str:
@@ -158,7 +166,7 @@ class CppReductionKernel(CppKernel):
         for red in batch:
             acc, ctype = self.accumulator(red)
             self.w.line(f"{ctype} {acc} = {_identity(red, ctype)};")
-            if red.op == "sum" and ctype == "double" and red.dtype != torch.float64:
+            if _sums_in_blocks(red, ctype):
                 blocked.append(acc)
                 acc, ctype = f"{acc}_part", "float"
             nan = None
@@ -205,20 +213,37 @@ class CppReductionKernel(CppKernel):
             with self.w.block(f"for (int64_t {r} = 0; {r} < {cpp_index(size)}; ++{r})"):
                 self.element_loops(depth + 1, body, clause, simd, blocked)
             return
-        start, stop = "0", cpp_index(size)
-        blocks = contextlib.nullcontext()
-        if not (size.is_Integer and int(size) <= SUM_BLOCK):  # else one block: no loop
-            blocks = self.w.block(f"for (int64_t {r}_block = 0; {r}_block < {stop}; "
-                                  f"{r}_block += {SUM_BLOCK})")
-            start, stop = f"{r}_block", f"std::min<int64_t>({stop}, {r}_block + {SUM_BLOCK})"
-        with blocks:
-            for acc in blocked:
-                self.w.line(f"float {acc}_part = 0.0f;")
+
+        def inner(start: str, stop: str) -> None:
             self.w.line("#pragma omp simd" + (f" {clause}" if clause else ""))
             with self.w.block(f"for (int64_t {r} = {start}; {r} < {stop}; ++{r})"):
                 self.element_loops(depth + 1, body, clause, simd)
-            for acc in blocked:
-                self.w.line(f"{acc} += {acc}_part;")
+
+        self.sum_blocks(r, size, SUM_BLOCK, blocked, inner)
+
+    def sum_blocks(self, r: str, size: sympy.Expr, block: int, blocked: list[str],
+                   inner: Callable[[str, str], None]) -> None:
+        """The loop over ``r`` (``inner(start, stop)`` emits it) in blocks of ``block``
+        iterations (one block when ``size`` is at most that), each block's float partial
+        sums of ``blocked`` started before it and added to their double totals after."""
+        start, stop = "0", cpp_index(size)
+        blocks = contextlib.nullcontext()
+        if not (size.is_Integer and int(size) <= block):
+            blocks = self.w.block(f"for (int64_t {r}_block = 0; {r}_block < {stop}; "
+                                  f"{r}_block += {block})")
+            start, stop = f"{r}_block", f"std::min<int64_t>({stop}, {r}_block + {block})"
+        with blocks:
+            self.start_partials(blocked)
+            inner(start, stop)
+            self.add_partials(blocked)
+
+    def start_partials(self, blocked: list[str]) -> None:
+        for acc in blocked:
+            self.w.line(f"float {acc}_part = 0.0f;")
+
+    def add_partials(self, blocked: list[str]) -> None:
+        for acc in blocked:
+            self.w.line(f"{acc} += {acc}_part;")
 
 
 def _final_text(red: Reduce, acc: str, nan: str | None) -> str:
@@ -298,14 +323,34 @@ class CppColumnReductionKernel(CppReductionKernel):
             body()
             self.names = saved  # per-column values end with the loop
 
-    def element_loops(self, depth: int, body, clause: str | None, simd: bool) -> None:
+    def element_loops(self, depth: int, body, clause: str | None, simd: bool,
+                      blocked: list[str] = ()) -> None:
+        """The reduced loops, the block's lanes inside; float sums of ``blocked`` add
+        per-lane float partials over :data:`COLUMN_SUM_BLOCK` iterations of the innermost
+        reduced loop into their double accumulators."""
         p = self.plan
         if depth == len(p.rvars):
             self.lanes(body)
             return
-        r = p.rvars[depth]
-        with self.w.block(f"for (int64_t {r} = 0; {r} < {cpp_index(p.rranges[depth])}; ++{r})"):
-            self.element_loops(depth + 1, body, clause, simd)
+        r, size = p.rvars[depth], p.rranges[depth]
+
+        def inner(start: str, stop: str) -> None:
+            with self.w.block(f"for (int64_t {r} = {start}; {r} < {stop}; ++{r})"):
+                self.element_loops(depth + 1, body, clause, simd,
+                                   () if depth == len(p.rvars) - 1 else blocked)
+
+        if depth == len(p.rvars) - 1 and blocked:
+            self.sum_blocks(r, size, COLUMN_SUM_BLOCK, blocked, inner)
+        else:
+            inner("0", cpp_index(size))
+
+    def start_partials(self, blocked: list[str]) -> None:
+        self.lanes(lambda: [self.w.line(f"{acc}_part[lane] = 0.0f;") for acc in blocked],
+                   indexed=False)
+
+    def add_partials(self, blocked: list[str]) -> None:
+        self.lanes(lambda: [self.w.line(f"{acc}[lane] += {acc}_part[lane];")
+                            for acc in blocked], indexed=False)
 
     def hoist(self, exprs: list) -> None:
         """Nothing is computed once a block: values vary along its columns."""
@@ -314,10 +359,14 @@ class CppColumnReductionKernel(CppReductionKernel):
         """One pass over the reduced dims accumulating every reduction of ``batch`` into
         its array of per-column accumulators."""
         accs = []
+        blocked = []  # float sums: float partials per block of rows (see element_loops)
         for red in batch:
             acc, ctype = self.accumulator(red)
             self.w.line(f"{ctype} {acc}[{COLUMN_BLOCK}];")
             accs.append((red, acc, ctype))
+            if _sums_in_blocks(red, ctype):
+                blocked.append(acc)
+                self.w.line(f"float {acc}_part[{COLUMN_BLOCK}];")
 
         def start() -> None:
             for red, acc, ctype in accs:
@@ -326,6 +375,8 @@ class CppColumnReductionKernel(CppReductionKernel):
         def body() -> None:
             for red, acc, ctype in accs:
                 v = self.value(red.x)
+                if acc in blocked:
+                    acc, ctype = f"{acc}_part", "float"
                 combined = COLUMN_COMBINE[red.op].format(acc=f"{acc}[lane]", v=v, t=ctype)
                 self.w.line(f"{acc}[lane] = {combined};")
 
@@ -334,7 +385,7 @@ class CppColumnReductionKernel(CppReductionKernel):
                 self.w.line(f"{out}[lane] = {_final_text(red, f'{acc}[lane]', None)};")
 
         self.lanes(start, indexed=False)
-        self.element_loops(0, body, None, simd=True)
+        self.element_loops(0, body, None, simd=True, blocked=blocked)
         outs = []
         for red, *_ in accs:
             outs.append(f"tmp{self.count}")

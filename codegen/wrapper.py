@@ -165,6 +165,7 @@ def _triton_kernels(w: CodeWriter, program: LoopProgram, plans: list, tuned: dic
 def _cpp_bindings(w: CodeWriter, plans: list) -> None:
     """The ctypes bindings of the C++ kernels."""
     w.line("import ctypes")
+    w.line("from ctypes import addressof, c_int32")
     w.line()
     w.line("import torch")
     w.line()
@@ -549,7 +550,7 @@ def emit_launch(w: CodeWriter, program: LoopProgram, plan: KernelPlan | combo.Co
         else:
             launch = f"{plan.name}_launch({grid}, {', '.join(args + sizes + extents)})"
     else:
-        pointers = [a + ".data_ptr()" for a in args + errs]
+        pointers = [a + ".data_ptr()" for a in args] + ["addressof(err)" for _ in errs]
         launch = f"{plan.name}({', '.join(pointers + sizes)})"
     if errs:
         dev = f"device{devices.index(str(program.buffer(plan.outputs[0]).layout.device))}"
@@ -557,9 +558,12 @@ def emit_launch(w: CodeWriter, program: LoopProgram, plan: KernelPlan | combo.Co
         error, what = ("IndexError", "index out of range") if not divides_integers(plan) else (
             "RuntimeError", "integer division by zero") if not checks_indices(plan) else (
             "RuntimeError", "index out of range or integer division by zero")
-        w.line(f"err = torch.zeros((1,), dtype=torch.int32, device={dev})  # {what}?")
+        # A C++ kernel sets a C int (a tenth of a zeroed tensor's cost); Triton's, a tensor.
+        flag, test = (("c_int32(0)", "err.value") if backend == "cpp" else
+                      (f"torch.zeros((1,), dtype=torch.int32, device={dev})", "err[0]"))
+        w.line(f"err = {flag}  # {what}?")
     w.line(launch)
     if errs:
-        w.line("if err[0]:")
+        w.line(f"if {test}:")
         with w.indent():
             w.line(f'raise {error}("{what} in {plan.name} ({", ".join(plan.origins)})")')

@@ -4,7 +4,8 @@
     python examples/bench_host.py hf_bert hf_gpt2          # some models
     python examples/bench_host.py --profile hf_bert        # and cProfile's top entries
 
-For each model, compiled whole (eval, no_grad), the time per call of: the guard check (its
+For each model, compiled whole (eval, no_grad), the time per call of: binding the call's
+arguments to the frame (minicompile/binder.py); the guard check (its
 tensor metadata checks in one C++ call, minicompile/runtime/tensor_checks.py) and the same
 checks all in Python (as they ran before: one comparison each); ``get_inputs`` (reading
 parameters off the modules); the generated ``call()`` (allocations, library calls, kernel
@@ -73,12 +74,13 @@ def bench(name: str, device: torch.device, calls: int, rounds: int, profile: boo
         compiled(*args, **kwargs)
         function = compiled.__dict__["_compiled"]
         (entry,) = function.entries
-        frame = function.bind((model, *args), kwargs)
+        frame = function.bind(model, *args, **kwargs)
         capture, guards = entry.capture, entry.capture.guards
         inputs = capture.get_inputs(*frame)
         slow = python_guards(guards)
         assert guards.check(*frame) and slow(*frame)
         rows = {
+            "bind (arguments -> frame)": lambda: function.bind(model, *args, **kwargs),
             "guards (tensors in C++)": lambda: guards.check(*frame),
             "guards (all Python)": lambda: slow(*frame),
             "get_inputs": lambda: capture.get_inputs(*frame),

@@ -26,7 +26,7 @@ import torch  # noqa: E402
 
 import minicompile  # noqa: E402
 from model_zoo import MODELS, tensors_of  # noqa: E402
-from timing import host_and_device_ms, median_seconds  # noqa: E402
+from timing import host_and_device_ms, interleaved_ms  # noqa: E402
 
 TOL = {torch.float32: dict(rtol=1e-3, atol=1e-4), torch.bfloat16: dict(rtol=3e-2, atol=3e-2)}
 # float32 convolutions and products in TF32 (PyTorch's default for cuDNN): eager's own
@@ -99,16 +99,17 @@ def step(model, args, kwargs, train: bool):  # noqa: ANN001, ANN201
     return run
 
 
-def timed(fn, cuda: bool) -> str:  # noqa: ANN001
-    """Median ms of a call; on CUDA also its host and device ms and which bounds it."""
-    ms = median_seconds(fn, cuda) * 1e3
+def host_device(fn, cuda: bool) -> str:  # noqa: ANN001
+    """On CUDA: the host and device ms of a call and which bounds it."""
     if not cuda:
-        return f"{ms:9.3f}"
+        return ""
     host, device = host_and_device_ms(fn)
-    return f"{ms:9.3f} {host:7.3f} {device:7.3f} {'host' if host > device else 'gpu':>5s}"
+    return f" {host:7.3f} {device:7.3f} {'host' if host > device else 'gpu':>5s}"
 
 
 def bench(case, dtype: torch.dtype, device: torch.device, train: bool) -> str:  # noqa: ANN001
+    """One row: both compilers' first calls, then eager, minicompile and torch.compile
+    timed in turns (timing.interleaved_ms)."""
     cuda = device.type == "cuda"
     torch.manual_seed(0)
     model = case.build().to(device=device, dtype=dtype)
@@ -122,22 +123,23 @@ def bench(case, dtype: torch.dtype, device: torch.device, train: bool) -> str:  
     cold, out = first_call(step(compiled, args, kwargs, train), cuda)
     flags = [checked("mc", out, expected, dtype, train)]
     stats = minicompile.stats()
-    eager_ms = median_seconds(step(model, args, kwargs, train), cuda) * 1e3
-    mc = timed(step(compiled, args, kwargs, train), cuda)
+    fns = {"eager": step(model, args, kwargs, train), "mc": step(compiled, args, kwargs, train)}
     try:
         torch._dynamo.reset()
         inductor = torch.compile(model)
         tc_cold, tc_out = first_call(step(inductor, args, kwargs, train), cuda)
         flags.append(checked("tc", tc_out, expected, dtype, train))
-        tc_ms = median_seconds(step(inductor, args, kwargs, train), cuda) * 1e3
-        tc = f"{tc_ms:9.3f} {tc_cold:8.1f} {float(mc.split()[0]) / tc_ms:6.2f}"
+        fns["tc"] = step(inductor, args, kwargs, train)
     except Exception as e:  # no toolchain for Inductor here, say
-        tc = f"  skipped ({type(e).__name__})"
+        tc_skipped = f"  skipped ({type(e).__name__})"
+    ms = interleaved_ms(fns, cuda)
+    tc = (f"{ms['tc']:9.3f} {tc_cold:8.1f} {ms['mc'] / ms['tc']:6.2f}" if "tc" in ms
+          else tc_skipped)
     mode = "train" if train else "eval"
     name = f"{case.name} {mode} {str(dtype).removeprefix('torch.')}"
     return (f"{name:36s} {stats['graphs']:6d} {stats['graph_breaks']:6d} {stats['kernels']:7d} "
-            f"{stats['eager_fallbacks']:9d} {cold:8.2f} {eager_ms:9.3f} {tc} {mc}"
-            + "".join(f for f in flags if f))
+            f"{stats['eager_fallbacks']:9d} {cold:8.2f} {ms['eager']:9.3f} {tc} "
+            f"{ms['mc']:9.3f}{host_device(fns['mc'], cuda)}" + "".join(f for f in flags if f))
 
 
 def main() -> None:
@@ -149,8 +151,8 @@ def main() -> None:
     modes = only or ["eval", "train"]
     wanted = {a for a in sys.argv[1:] if not a.startswith("--")}
     where = torch.cuda.get_device_name() if cuda else "CPU"
-    print(f"{where}, torch {torch.__version__}; ms are medians of one call (eval: forward "
-          "under no_grad; train: forward, loss and backward)")
+    print(f"{where}, torch {torch.__version__}; ms are medians of one call, the three timed "
+          "in turns (eval: forward under no_grad; train: forward, loss and backward)")
     host = f" {'host ms':>7s} {'gpu ms':>7s} {'bound':>5s}" if cuda else ""
     print(f"{'model':36s} {'graphs':>6s} {'breaks':>6s} {'kernels':>7s} {'fallbacks':>9s} "
           f"{'cold s':>8s} {'eager ms':>9s} {'tc ms':>9s} {'tc cold':>8s} {'mc/tc':>6s} "

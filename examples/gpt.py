@@ -95,3 +95,13 @@ class GPT(nn.Module):
             x = block(x)
         x = self.transformer.ln_f(x)
         return self.lm_head(x)
+
+    @torch.no_grad()
+    def generate(self, idx: torch.Tensor, max_new_tokens: int) -> torch.Tensor:
+        """nanoGPT's decode loop, greedy: the whole (cropped) sequence goes in each step, one
+        token longer than the last (a compiled model traces the length as a symbol)."""
+        for _ in range(max_new_tokens):
+            idx_cond = idx[:, -self.config.block_size:]  # the last block_size tokens
+            logits = self(idx_cond)[:, -1, :]
+            idx = torch.cat((idx, logits.argmax(dim=-1, keepdim=True)), dim=1)
+        return idx

@@ -5,6 +5,9 @@
     python examples/nanogpt.py --backends            # also torch.compile(backend="minicompile")
                                                      # beside backend="inductor": time per
                                                      # call and first call (compiling)
+    python examples/nanogpt.py --generate            # GPT.generate, nanoGPT's decode loop, on
+                                                     # the compiled model: eager's tokens,
+                                                     # two compiles (the length a symbol)
 
 For cold first calls, give both compilers empty caches:
 ``MINICOMPILE_CACHE_DIR=$(mktemp -d) TORCHINDUCTOR_CACHE_DIR=$(mktemp -d) python ...``.
@@ -46,10 +49,31 @@ def compare_backends(model: torch.nn.Module, idx: torch.Tensor, cuda: bool) -> N
         print(f"| {name} | {ms:.3f} | {first:.2f} |")
 
 
+def generate(model: torch.nn.Module, idx: torch.Tensor, new_tokens: int, cuda: bool) -> None:
+    """``compiled.generate``: the loop feeds a sequence one token longer each step; the
+    first length compiles static, the second makes it a symbol, and no step after that
+    compiles again.  Checks eager's tokens and the compile count; prints tokens/s."""
+    compiled = minicompile.compile(model)
+    want = model.generate(idx, new_tokens)
+    got = compiled.generate(idx, new_tokens)
+    if not torch.equal(got, want):
+        raise SystemExit("minicompile's tokens differ from eager's")
+    compiles = minicompile.stats()["frames"]
+    if compiles > 2:
+        raise SystemExit(f"{compiles} compiles for one decode loop (at most 2 expected)")
+    tokens = idx.shape[0] * new_tokens
+    for name, fn in (("eager", model), ("minicompile", compiled)):
+        s = median_seconds(lambda fn=fn: fn.generate(idx, new_tokens), cuda, reps=3)
+        print(f"{name}: {tokens / s:.0f} tokens/s")
+    print(f"generate: eager's {new_tokens} tokens, {compiles} compiles")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--backends", action="store_true",
                         help='torch.compile(backend="minicompile") beside "inductor"')
+    parser.add_argument("--generate", action="store_true",
+                        help="GPT.generate on the compiled model: tokens, compiles, tokens/s")
     args = parser.parse_args()
     cuda = torch.cuda.is_available()
     device = "cuda" if cuda else "cpu"
@@ -57,6 +81,9 @@ def main() -> None:
     config = GPTConfig(n_layer=4 if cuda else 2, n_embd=256 if cuda else 128)
     model = GPT(config).to(device).eval()
     idx = torch.randint(0, config.vocab_size, (8, config.block_size), device=device)
+    if args.generate:
+        generate(model, idx[:, :8], 32, cuda)
+        return
     if args.backends:
         print(f"GPT forward ({config.n_layer} layers, {config.n_embd} wide, 8 x "
               f"{config.block_size} tokens) on {device}")

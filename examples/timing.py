@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 
 def median_seconds(fn: Callable[[], object], cuda: bool, reps: int = 20,
-                   clock: Callable[[], float] = time.perf_counter) -> float:
+                   clock: Callable[[], float] = time.perf_counter, rep_ms: int = 200) -> float:
     """Median time of ``fn`` after warm-up: CUDA events through Triton's do_bench on the
     GPU, ``clock`` on the CPU (the wall clock; ``time.thread_time`` counts only this
     thread's CPU time: on one thread, a shared machine's waits left out)."""
@@ -17,13 +17,26 @@ def median_seconds(fn: Callable[[], object], cuda: bool, reps: int = 20,
     if cuda:
         from triton.testing import do_bench
 
-        return do_bench(fn, warmup=25, rep=200, return_mode="median") / 1e3
+        return do_bench(fn, warmup=25, rep=rep_ms, return_mode="median") / 1e3
     times = []
     for _ in range(reps):
         start = clock()
         fn()
         times.append(clock() - start)
     return statistics.median(times)
+
+
+def interleaved_ms(fns: dict[str, Callable[[], object]], cuda: bool,
+                   rounds: int = 5) -> dict[str, float]:
+    """Median milliseconds of each of ``fns``, timed in turns: ``rounds`` rounds, each
+    timing every function once (:func:`median_seconds`), and the median of each one's
+    round medians.  A shared host's load and clocks drift over seconds; timed in turns,
+    the drift falls on every function alike instead of on whichever ran during it."""
+    per: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            per[name].append(median_seconds(fn, cuda, reps=max(5, 20 // rounds), rep_ms=60))
+    return {name: statistics.median(times) * 1e3 for name, times in per.items()}
 
 
 def host_and_device_ms(fn: Callable[[], object], reps: int = 20) -> tuple[float, float]:

@@ -23,6 +23,7 @@ import torch
 
 from minicompile import config, distributed, heap, optim, perf, trace
 from minicompile.auto_dynamic import AutoDynamic
+from minicompile.binder import binder
 from minicompile.config import Config
 from minicompile.errors import BackendCompilerFailed, Unsupported
 from minicompile.driver import Entry, compile_graph
@@ -69,6 +70,7 @@ def reset() -> None:
         fn.concrete_points.clear()
         fn.dynamic_dims.clear()
         fn.dynamic_ints.clear()
+        fn.dynamic_lengths.clear()
         fn.breaks.clear()
         fn.eager_reason = None
     build.forget()
@@ -103,9 +105,11 @@ class CompiledFunction(Resuming, AutoDynamic):
         # Automatic dynamic: per segment start, the dims of each input source seen to change.
         self.dynamic_dims: dict[ResumePoint, dict[str, frozenset[int]]] = {}
         self.dynamic_ints: dict[ResumePoint, set[str]] = {}  # int arguments seen to change
-        # The signature of the code that runs: not the one functools.wraps advertises
-        # (a `wrapper(*args, **kwargs)` binds its arguments into `args` and `kwargs`).
-        self.signature = inspect.signature(self.fn, follow_wrapped=False)
+        self.dynamic_lengths: dict[ResumePoint, set[int]] = {}  # sizes dims changed from
+        # The frame's parameters from the call's arguments, as the code that runs binds them
+        # (not as functools.wraps advertises: a `wrapper(*args, **kwargs)` binds its
+        # arguments into `args` and `kwargs`).
+        self.bind = binder(self.fn)
         code = self.fn.__code__
         self.n_params = code.co_argcount + code.co_kwonlyargcount
         varargs = code.co_flags & (inspect.CO_VARARGS | inspect.CO_VARKEYWORDS)
@@ -121,7 +125,7 @@ class CompiledFunction(Resuming, AutoDynamic):
         if self.eager_reason is not None:
             return self.fn(*args, **kwargs)
         simple = not kwargs and self.simple and len(args) == self.n_params
-        frame = args if simple else self.bind(args, kwargs)
+        frame = args if simple else self.bind(*args, **kwargs)
         for entry in self.entries:
             if entry.capture.guards.check(*frame):
                 return self.run_root(entry, frame, args, kwargs)
@@ -181,25 +185,11 @@ class CompiledFunction(Resuming, AutoDynamic):
 
             self._root = root_point(self.fn.__code__)
             self.segments[self._root] = self.entries
-            for table in (self.dynamic_dims, self.dynamic_ints):  # (filled before: a warm
-                if None in table:  # entry was looked for, which computes no root)
+            # (tables filled before: a warm entry was looked for, which computes no root)
+            for table in (self.dynamic_dims, self.dynamic_ints, self.dynamic_lengths):
+                if None in table:
                     table[self._root] = table.pop(None)
         return self._root
-
-    def bind(self, args: tuple, kwargs: dict[str, Any]) -> tuple:
-        """The frame's parameter values in co_varnames order (then *args, then **kwargs)."""
-        bound = self.signature.bind(*args, **kwargs)
-        bound.apply_defaults()
-        code = self.fn.__code__
-        names = code.co_varnames[: self.n_params]
-        values = [bound.arguments[n] for n in names]
-        flags = code.co_flags
-        if flags & inspect.CO_VARARGS:
-            values.append(tuple(bound.arguments.get(code.co_varnames[self.n_params], ())))
-        if flags & inspect.CO_VARKEYWORDS:
-            index = self.n_params + bool(flags & inspect.CO_VARARGS)
-            values.append(dict(bound.arguments.get(code.co_varnames[index], {})))
-        return tuple(values)
 
     # -- the miss path ----------------------------------------------------------------------
 
@@ -504,7 +494,7 @@ class OptimizedModule(torch.nn.Module):
         self.__dict__["_cfg"] = cfg
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        mod = self._orig_mod
+        mod = self._modules["_orig_mod"]  # (not through nn.Module.__getattr__: 1-5 us a call)
         if distributed.is_ddp(mod):
             return distributed.ddp_forward(mod, self.__dict__["_compiled"], args, kwargs)
         if mod._forward_hooks or mod._forward_pre_hooks or "forward" in mod.__dict__:
@@ -526,7 +516,29 @@ class OptimizedModule(torch.nn.Module):
         try:
             return super().__getattr__(name)
         except AttributeError:
-            return getattr(self._modules["_orig_mod"], name)
+            value = getattr(self._modules["_orig_mod"], name)
+        if (isinstance(value, types.MethodType) and value.__self__ is self._orig_mod
+                and name != "forward" and not hasattr(torch.nn.Module, name)):
+            return self._through_compiled_forward(value)
+        return value
+
+    def _through_compiled_forward(self, method: types.MethodType) -> Callable:
+        """A method of the module's own class (``generate``) whose calls of the module run
+        the compiled forward, as the user of ``compiled.generate(...)`` means: the compiled
+        function is the module's forward for the length of the call."""
+
+        @functools.wraps(method)
+        def run(*args: Any, **kwargs: Any) -> Any:
+            mod = self._orig_mod
+            if "forward" in mod.__dict__ or distributed.is_ddp(mod):  # patched: as in eager
+                return method(*args, **kwargs)
+            mod.__dict__["forward"] = self.__dict__["_compiled"]
+            try:
+                return method(*args, **kwargs)
+            finally:
+                del mod.__dict__["forward"]
+
+        return run
 
     def state_dict(self, *args: Any, **kwargs: Any) -> Any:
         return self._orig_mod.state_dict(*args, **kwargs)

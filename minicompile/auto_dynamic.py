@@ -38,7 +38,9 @@ class AutoDynamic:
         if mode is not None:
             return DynamicPolicy(mode)
         seen, ints = self.note_changes(point, values, entries)
-        return DynamicPolicy(None, dict(seen), frozenset(ints))
+        lengths = frozenset(self.dynamic_lengths.get(point, ()))
+        known = frozenset(s for e in entries for s in e.capture.input_sources)
+        return DynamicPolicy(None, dict(seen), frozenset(ints), lengths, known)
 
     def note_changes(self, point: ResumePoint | None, values: tuple,
                      entries: list[Entry]) -> tuple[dict[str, frozenset[int]], set[str]]:
@@ -47,6 +49,7 @@ class AutoDynamic:
         what an entry was traced with added.  Looking at the same call again adds nothing."""
         seen = self.dynamic_dims.setdefault(point, {})
         ints = self.dynamic_ints.setdefault(point, set())
+        lengths = self.dynamic_lengths.setdefault(point, set())
         for entry in entries:
             for source, (before, after) in entry.capture.guards.changed_ints(*values).items():
                 if source not in ints:
@@ -61,6 +64,7 @@ class AutoDynamic:
                 if len(before) != len(after):
                     continue
                 changed = {d for d, (a, b) in enumerate(zip(before, after)) if a != b}
+                lengths.update(before[d] for d in changed)
                 new = changed - seen.get(source, frozenset())
                 if new:
                     seen[source] = frozenset(seen.get(source, frozenset()) | new)
@@ -85,8 +89,9 @@ class AutoDynamic:
             dims = marked_dims(t) if isinstance(t, torch.Tensor) else ()
             if dims:
                 marks[source] = sorted(dims)
+        lengths = self.dynamic_lengths.get(self._root, set())
         return {"dims": {s: sorted(d) for s, d in seen.items() if d}, "ints": sorted(ints),
-                "marks": marks}
+                "marks": marks, "lengths": sorted(lengths)}
 
     def capture(
         self, point: ResumePoint, values: tuple, entries: list[Entry], name: str,

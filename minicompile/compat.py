@@ -96,6 +96,13 @@ def cuda_stream_functions() -> tuple[Callable | None, Callable | None]:
             getattr(torch._C, "_cuda_getDevice", None))
 
 
+def static_address(t: torch.Tensor) -> bool:
+    """Whether ``torch._dynamo.mark_static_address`` marked ``t``: its memory stays put
+    for as long as it lives (transformers' static KV cache), so CUDA graphs read it in
+    place and record again when a new one comes."""
+    return getattr(t, "_dynamo_static_input_type", None) is not None
+
+
 def storage_functions() -> tuple[Callable | None, Callable | None, Callable | None]:
     """What CUDA graphs use to guard and rebuild output storages: (set the error a freed
     storage's access raises, a storage from a data pointer, a storage's use count)."""

@@ -127,9 +127,7 @@ def _embedding(b: Builder, *args: Any, **kwargs: Any) -> Node | None:
     a = dict(zip(names, args), **kwargs)
     if a.get("max_norm") is not None or a.get("sparse"):
         return None  # max_norm renormalises the weight in place
-    if a["weight"].meta.requires_grad and (
-        a.get("padding_idx") is not None or a.get("scale_grad_by_freq")
-    ):
+    if b.requires_grad and (a.get("padding_idx") is not None or a.get("scale_grad_by_freq")):
         return None  # their gradients differ: PyTorch's own backward gives them
     return b("embedding", a["weight"], a["input"])
 

@@ -100,9 +100,7 @@ class AutocastVar(Var):
     device_type: str = "cpu"
     mode: Mode = Mode(False, torch.float32)
     entered: bool = False
-
-    def describe(self) -> str:
-        return f"torch.autocast({self.device_type!r}, enabled={self.mode.enabled})"
+    phrase = "torch.autocast({0.device_type!r}, enabled={0.mode.enabled})"
 
     def enter(self, out: Output) -> None:
         if self.entered:

@@ -29,7 +29,7 @@ from minicompile.capture import (
 from minicompile.capture.bytecode import builtins_of
 from minicompile.capture.frame_values import is_trusted_namespace
 from minicompile.capture.variables import (
-    NULL, ArrayVar, BoundMethodVar, BuiltinVar, ConstantVar, DictVar, GradModeVar, IteratorVar,
+    ArrayVar, BoundMethodVar, BuiltinVar, ConstantVar, DictVar, GradModeVar, IteratorVar,
     ListVar, MethodVar, NestedFunctionVar, NewObjectVar, NNModuleVar, ObjectSlotVar, ObjectVar,
     PartialVar, OpaqueVar, ReadMethodVar, Source, StructSeqVar, SuperVar, TensorVar,
     TorchFunctionVar, TupleVar, UserFunctionVar, UserObjectVar, Var, WithExitVar, closure_cell,
@@ -525,13 +525,6 @@ class CallsMixin:
         # qualname (every `wrapper` of one decorator), never a cell.
         ref = self.output.guards.ref(cell, f"cell_{func.__name__}_{name}")
         return Source(f"{ref}.cell_contents", f"{ref}.cell_contents", ref)
-
-    def _call(self: InstructionTranslator, fn: Var, self_arg: Var, args: list, names: tuple):
-        if self_arg is not NULL:
-            args = [self_arg, *args]
-        split = len(args) - len(names)
-        kwargs = dict(zip(names, args[split:]))
-        self.push(self.call_function(fn, args[:split], kwargs))
 
 
 kinds.call.register(PartialVar, lambda tx, fn, args, kwargs: tx.call_function(

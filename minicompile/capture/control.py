@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 
 from minicompile.capture import autocast, kinds, mutation, records
-from minicompile.capture.bytecode import PY, Inst
+from minicompile.capture.bytecode import Inst
 from minicompile.capture.variables import (
     NULL, ConstantVar, DictVar, GradModeVar, IteratorVar, ModuleVar, ListVar, NNModuleVar,
     NewObjectVar, ObjectVar, RecordVar, SuperVar, TensorVar, TupleVar, UserObjectVar, Var,
@@ -75,25 +75,17 @@ class ControlMixin:
             return self.iter_items(self.call_function(self.load_attr(var, "__iter__"), [], {}))
         raise Unsupported(f"iterating over {var.describe()} is not supported")
 
-    def GET_ITER(self: InstructionTranslator, inst: Inst) -> None:
-        self.push(kinds.iterate(self, self.realize(self.pop())))
+    def iterate(self: InstructionTranslator, var: Var) -> Var:
+        return kinds.iterate(self, self.realize(var))
 
-    def FOR_ITER(self: InstructionTranslator, inst: Inst) -> None:
-        it = self.stack[-1]
+    def next_item(self: InstructionTranslator, it: Var) -> Var:
+        """The iterator's next item, NULL when it is exhausted."""
         if not isinstance(it, IteratorVar):
             raise Unsupported(f"FOR_ITER over {it.describe()}")
-        if it.pos < len(it.items):
-            it.pos += 1
-            self.push(self.realize(it.items[it.pos - 1]))
-            return
-        if PY >= (3, 12):
-            self.push(NULL)  # END_FOR at the target pops it (and the iterator on 3.12)
-        else:
-            self.pop()
-        self.ip = self.index_of[inst.argval]
-
-    def END_FOR(self: InstructionTranslator, inst: Inst) -> None:
-        self.popn(2 if PY == (3, 12) else 1)
+        if it.pos == len(it.items):
+            return NULL
+        it.pos += 1
+        return self.realize(it.items[it.pos - 1])
 
     # -- with ------------------------------------------------------------------------------
 
@@ -148,10 +140,6 @@ class ControlMixin:
             raise Unsupported("assignment to a frozen dataclass (eager raises)")
         self.output.side_effects.store_attr(obj, name, value)
 
-    def STORE_ATTR(self: InstructionTranslator, inst: Inst) -> None:
-        obj = self.pop()
-        self.store_attr(obj, inst.argval, self.pop())
-
     def DELETE_ATTR(self: InstructionTranslator, inst: Inst) -> None:
         obj = self.realize(self.pop())
         if not isinstance(obj, NewObjectVar):
@@ -164,12 +152,8 @@ class ControlMixin:
             raise Unsupported("global write from a function without globals")
         self.output.side_effects.store_global(self.f_globals, self.globals_name, inst.argval, value)
 
-    def STORE_SUBSCR(self: InstructionTranslator, inst: Inst) -> None:
-        key, container, value = self.pop(), self.realize(self.pop()), self.pop()
-        self.store_item(container, key, value)
-
     def store_item(self: InstructionTranslator, container: Var, key: Var, value: Var) -> None:
-        kinds.store_item(self, container, key, value)
+        kinds.store_item(self, self.realize(container), key, value)
 
     @kinds.store_item.register(TensorVar)
     def tensor_store(self: InstructionTranslator, container: TensorVar, key: Var, value: Var):
@@ -193,11 +177,6 @@ class ControlMixin:
         self.output.side_effects.mutate_container(container, "item assignment")
         container.items[_hashable(self.output.to_value(key))] = value
 
-    def STORE_SLICE(self: InstructionTranslator, inst: Inst) -> None:  # 3.12
-        end, start = self.pop(), self.pop()
-        container, value = self.realize(self.pop()), self.pop()
-        self.store_item(container, self.fold(slice, start, end, what="slice"), value)
-
     def DELETE_SUBSCR(self: InstructionTranslator, inst: Inst) -> None:
         key, container = self.pop(), self.realize(self.pop())
         if not isinstance(container, (ListVar, DictVar)):
@@ -208,13 +187,6 @@ class ControlMixin:
             del container.items[index]
         except (IndexError, KeyError, TypeError) as e:
             raise Unsupported(f"del raised {type(e).__name__}: {e}") from e
-
-    def STORE_FAST(self: InstructionTranslator, inst: Inst) -> None:
-        value = self.pop()
-        if value is NULL:  # 3.12 comprehensions restore an unset local
-            self.locals.pop(inst.argval, None)
-        else:
-            self.locals[inst.argval] = value
 
     def STORE_DEREF(self: InstructionTranslator, inst: Inst) -> None:
         self.output.side_effects.store_cell(self.cells[inst.argval], self.pop())

@@ -4,6 +4,11 @@ As PyTorch 2's automatic dynamic shapes (CAPTURE.md §3): ``dynamic=False`` keep
 constant; ``True`` makes every dim of every input a symbol (not module parameters and
 buffers); ``None`` compiles static first, then makes a dim whose change caused a recompile
 a symbol; ``mark_dynamic(t, dim)`` marks one ahead.  Sizes 0 and 1 are never symbols.
+
+A length that moves: when a dim changed from n, a dim of size n in an input that no earlier
+entry had is a symbol too.  A decode step's KV cache holds the prompt's length, which the
+prefill's ``input_ids`` had; the cache grows by one each step, so it is symbolic from its
+first compile (decode loops compile twice: prefill, decode).
 """
 
 from __future__ import annotations
@@ -37,6 +42,8 @@ class DynamicPolicy:
     mode: bool | None = None  # the `dynamic` option
     automatic: Mapping[str, frozenset[int]] = dataclasses.field(default_factory=dict)
     ints: frozenset[str] = frozenset()  # automatic: Python int arguments seen to change
+    lengths: frozenset[int] = frozenset()  # automatic: the sizes dims changed from
+    known: frozenset[str] = frozenset()  # automatic: the input sources earlier entries had
 
     def wants_int(self, source_name: str, value: int) -> bool:
         """Whether a Python int read at ``source_name`` is traced as a size symbol: an
@@ -53,6 +60,9 @@ class DynamicPolicy:
             wanted = set(range(t.dim()))
         else:
             wanted = set(self.automatic.get(source_name, ())) | marked_dims(t)
+            if self.lengths and source_name not in self.known and not _is_module_state(
+                    source_name, t):  # a length that moved (see the module docstring)
+                wanted.update(d for d in range(t.dim()) if t.shape[d] in self.lengths)
         return tuple(sorted(d for d in wanted if d < t.dim() and t.shape[d] >= MIN_DYNAMIC_SIZE))
 
 

@@ -3,14 +3,14 @@
 An :class:`InstructionTranslator` walks one code object (:func:`bytecode.decode`) with a
 stack and locals of value trackers.  Tensor operations append nodes to the shared
 :class:`OutputGraph`, Python values are folded while tracing, and calls of user functions
-are inlined by a child translator.  Attributes and calls (:mod:`calls`,
-:mod:`python_calls`), loops, ``with`` and stores (:mod:`control`), operators and
-containers are mixins; this module keeps the driver and the opcodes of locals, globals,
-cells, calls, jumps, returns, f-strings and ``MAKE_FUNCTION``.  It never runs user code or
-mutates user objects, so raising :class:`Unsupported` is always safe.  Calls are laid out
+are inlined by a child translator.  The opcodes it shares with the concrete executor are
+:class:`opcodes.StackMachine`'s, asking the hooks here and in the mixins: attributes and
+calls (:mod:`calls`, :mod:`python_calls`), loops, ``with`` and stores (:mod:`control`),
+operators and containers (:mod:`operators`).  This module keeps the driver and the opcodes
+of locals, cells, generators and ``MAKE_FUNCTION``.  It never runs user code or mutates
+user objects, so raising :class:`Unsupported` is always safe.  Calls are laid out
 ``[NULL | callable, callable | self, *args]`` on 3.11/3.12 (method loads push
-``[NULL, method]``); 3.13 puts the NULL after the callable (see :mod:`bytecode`).
-"""
+``[NULL, method]``); 3.13 puts the NULL after the callable (see :mod:`bytecode`)."""
 
 from __future__ import annotations
 
@@ -21,11 +21,11 @@ from collections.abc import Callable
 from typing import Any
 
 from minicompile.capture import bytecode, kinds, pybuiltins
-from minicompile.capture.bytecode import NULL_AFTER_CALLABLE, PY, Inst
+from minicompile.capture.bytecode import PY, Inst
 from minicompile.capture.calls import CallsMixin
-from minicompile.capture.containers import ContainersMixin
 from minicompile.capture.python_calls import PythonCallsMixin
 from minicompile.capture.control import ControlMixin
+from minicompile.capture.opcodes import StackMachine
 from minicompile.capture.operators import OperatorsMixin
 from minicompile.capture.output import MAX_INSTRUCTIONS, OutputGraph
 from minicompile.capture.variables import (
@@ -35,7 +35,7 @@ from minicompile.capture.variables import (
 from minicompile.errors import SourceLine, Unsupported
 
 class InstructionTranslator(
-    CallsMixin, PythonCallsMixin, ControlMixin, OperatorsMixin, ContainersMixin
+    CallsMixin, PythonCallsMixin, ControlMixin, OperatorsMixin, StackMachine
 ):
     """Interprets one frame (``parent``: the caller's translator when inlined, and
     ``parent_stack`` the user stack of the call site).  An instruction that raises
@@ -44,6 +44,8 @@ class InstructionTranslator(
     ``stop_before`` (offset, reason): an instruction to break at before running it."""
 
     stop_before: tuple[int, Unsupported] | None = None
+    null = NULL
+    Refused = Unsupported
 
     def __init__(
         self, output: OutputGraph, code: types.CodeType, f_globals: dict[str, Any],
@@ -74,8 +76,6 @@ class InstructionTranslator(
         self.stack: list[Var] = []
         self.ip = 0
         self.inst: Inst = self.insts[0]
-        self.kw_names: tuple[str, ...] = ()
-        self.result: Var | None = None
 
     # -- driver ----------------------------------------------------------------------------
 
@@ -84,7 +84,7 @@ class InstructionTranslator(
         out = self.output
         saved, out.tx = out.tx, self
         try:
-            while self.result is None:
+            while not self.returned:
                 self.inst = self.insts[self.ip]
                 self.ip += 1
                 snapshot = self.stack[:]
@@ -117,26 +117,31 @@ class InstructionTranslator(
         here = SourceLine(self.code.co_filename, lineno, self.code.co_name, text)
         return (*self.parent_stack, here)
 
-    # -- stack helpers ---------------------------------------------------------------------
-
-    def push(self, var: Var) -> None:
-        self.stack.append(var)
-
-    def pop(self) -> Var:
-        return self.stack.pop()
-
-    def popn(self, n: int) -> list[Var]:
-        items = self.stack[len(self.stack) - n:]  # (-n would take all of it for n == 0)
-        del self.stack[len(self.stack) - n:]
-        return items
-
-    def jump(self, inst: Inst) -> None:
-        self.ip = self.index_of[inst.argval]
-
-    # -- values ----------------------------------------------------------------------------
+    # -- values: the hooks of StackMachine (the rest are in the mixins) --------------------
 
     def realize(self, var: Var) -> Var:
         return self.output.realize(var)
+
+    def value(self, var: Var) -> Any:
+        return self.output.to_value(var)
+
+    def const(self, value: Any) -> Var:
+        return self.output.from_value(value)
+
+    def identity(self, var: Var) -> Any:
+        return var.identity()  # (None only for a constant None)
+
+    def make_tuple(self, items: list[Var]) -> Var:
+        return TupleVar(tuple(items))
+
+    def make_list(self, items: list[Var]) -> Var:
+        return ListVar(list(items))
+
+    def make_dict(self, items: dict[Any, Var]) -> Var:
+        return DictVar(items)
+
+    def eager_error(self, error: Exception) -> Exception:
+        return Unsupported(f"{error} (eager raises {type(error).__name__})")
 
     def truthy(self, var: Var) -> bool:
         """``bool(var)`` for a branch: Python values decide now (they are guarded, or derived
@@ -191,45 +196,6 @@ class InstructionTranslator(
 
     # -- locals, constants, globals, cells -------------------------------------------------
 
-    def LOAD_FAST(self, inst: Inst) -> None:
-        name = inst.argval
-        if name not in self.locals:
-            raise Unsupported(f"local variable {name!r} is unbound (eager raises)")
-        var = self.locals[name] = self.realize(self.locals[name])
-        self.push(var)
-
-    LOAD_FAST_CHECK = LOAD_FAST
-
-    def LOAD_FAST_AND_CLEAR(self, inst: Inst) -> None:
-        self.push(self.realize(self.locals.pop(inst.argval, NULL)))
-
-    def DELETE_FAST(self, inst: Inst) -> None:
-        self.locals.pop(inst.argval, None)
-
-    def LOAD_FAST_LOAD_FAST(self, inst: Inst) -> None:  # 3.13
-        for name in inst.argval:
-            self.LOAD_FAST(Inst("LOAD_FAST", None, name, inst.offset, inst.lineno))
-
-    def STORE_FAST_LOAD_FAST(self, inst: Inst) -> None:  # 3.13
-        store, load = inst.argval
-        self.locals[store] = self.pop()
-        self.LOAD_FAST(Inst("LOAD_FAST", None, load, inst.offset, inst.lineno))
-
-    def STORE_FAST_STORE_FAST(self, inst: Inst) -> None:  # 3.13: the first name takes TOS
-        for name in inst.argval:
-            self.locals[name] = self.pop()
-
-    def LOAD_CONST(self, inst: Inst) -> None:
-        self.push(self.output.from_value(inst.argval))
-
-    def LOAD_GLOBAL(self, inst: Inst) -> None:
-        push_null = bool(inst.arg & 1)
-        if push_null and not NULL_AFTER_CALLABLE:
-            self.push(NULL)
-        self.push(self.load_global(inst.argval))
-        if push_null and NULL_AFTER_CALLABLE:
-            self.push(NULL)
-
     def load_global(self, name: str) -> Var:
         g = self.globals_name
         pending = self.output.side_effects.load_global(self.f_globals, name)
@@ -260,111 +226,6 @@ class InstructionTranslator(
     def LOAD_CLOSURE(self, inst: Inst) -> None:
         self.push(self.cells[inst.argval])
 
-    # -- attributes and calls --------------------------------------------------------------
-
-    def push_method(self, method: Var) -> None:
-        if NULL_AFTER_CALLABLE:
-            self.push(method)
-            self.push(NULL)
-        else:
-            self.push(NULL)
-            self.push(method)
-
-    def LOAD_ATTR(self, inst: Inst) -> None:
-        value = self.load_attr(self.pop(), inst.argval)
-        if bytecode.LOAD_ATTR_HAS_METHOD_BIT and inst.arg & 1:
-            self.push_method(value)
-        else:
-            self.push(value)
-
-    def LOAD_METHOD(self, inst: Inst) -> None:  # 3.11
-        self.push_method(self.load_attr(self.pop(), inst.argval))
-
-    def PUSH_NULL(self, inst: Inst) -> None:
-        self.push(NULL)
-
-    def KW_NAMES(self, inst: Inst) -> None:  # 3.11, 3.12
-        self.kw_names = bytecode.kw_names(self.code, inst)
-
-    def CALL(self, inst: Inst) -> None:
-        args = self.popn(inst.arg)
-        names, self.kw_names = self.kw_names, ()
-        a, b = self.popn(2)
-        if NULL_AFTER_CALLABLE:
-            self._call(a, b, args, names)
-        elif a is NULL:
-            self._call(b, NULL, args, names)
-        else:
-            self._call(a, b, args, names)
-
-    def CALL_KW(self, inst: Inst) -> None:  # 3.13: the names tuple is on the stack
-        names = self.output.to_value(self.pop())
-        args = self.popn(inst.arg)
-        fn, self_arg = self.popn(2)
-        self._call(fn, self_arg, args, names)
-
-    def CALL_FUNCTION_EX(self, inst: Inst) -> None:
-        kwargs = self.pop() if inst.arg & 1 else DictVar({})
-        args = self.pop()
-        if NULL_AFTER_CALLABLE:
-            fn, _null = self.popn(2)
-        else:
-            _null, fn = self.popn(2)
-        if not isinstance(kwargs, DictVar):
-            raise Unsupported(f"f(**{kwargs.describe()}) is not supported")
-        kw = {k: self.realize(v) for k, v in kwargs.items.items()}
-        self.push(self.call_function(fn, self.iter_items(args), kw))
-
-    # -- stack shuffles, jumps, returns ----------------------------------------------------
-
-    def POP_TOP(self, inst: Inst) -> None:
-        self.pop()
-
-    def COPY(self, inst: Inst) -> None:
-        self.push(self.stack[-inst.arg])
-
-    def SWAP(self, inst: Inst) -> None:
-        self.stack[-1], self.stack[-inst.arg] = self.stack[-inst.arg], self.stack[-1]
-
-    def _noop(self, inst: Inst) -> None:
-        pass
-
-    NOP = RESUME = PRECALL = EXTENDED_ARG = COPY_FREE_VARS = CACHE = _noop
-
-    def _pop_jump(test: Callable[[InstructionTranslator, Var], bool]) -> Callable:  # noqa: N805
-        def handler(self: InstructionTranslator, inst: Inst) -> None:
-            if test(self, self.pop()):
-                self.jump(inst)
-
-        return handler
-
-    POP_JUMP_IF_TRUE = _pop_jump(lambda self, v: self.truthy(v))
-    POP_JUMP_IF_FALSE = _pop_jump(lambda self, v: not self.truthy(v))
-    POP_JUMP_IF_NONE = _pop_jump(lambda self, v: v.identity() is None)  # (only a constant)
-    POP_JUMP_IF_NOT_NONE = _pop_jump(lambda self, v: v.identity() is not None)
-    # 3.11 spells the direction out; backward jumps are loops and refused by jump().
-    POP_JUMP_FORWARD_IF_TRUE = POP_JUMP_BACKWARD_IF_TRUE = POP_JUMP_IF_TRUE
-    POP_JUMP_FORWARD_IF_FALSE = POP_JUMP_BACKWARD_IF_FALSE = POP_JUMP_IF_FALSE
-    POP_JUMP_FORWARD_IF_NONE = POP_JUMP_BACKWARD_IF_NONE = POP_JUMP_IF_NONE
-    POP_JUMP_FORWARD_IF_NOT_NONE = POP_JUMP_BACKWARD_IF_NOT_NONE = POP_JUMP_IF_NOT_NONE
-
-    def JUMP_IF_TRUE_OR_POP(self, inst: Inst) -> None:  # 3.11
-        if self.truthy(self.stack[-1]):
-            self.jump(inst)
-        else:
-            self.pop()
-
-    def JUMP_IF_FALSE_OR_POP(self, inst: Inst) -> None:  # 3.11
-        if not self.truthy(self.stack[-1]):
-            self.jump(inst)
-        else:
-            self.pop()
-
-    def JUMP_FORWARD(self, inst: Inst) -> None:
-        self.jump(inst)
-
-    JUMP_BACKWARD = JUMP_BACKWARD_NO_INTERRUPT = JUMP_FORWARD  # refused by jump()
-
     def _refuse(reason: str) -> Callable:  # noqa: N805 (a handler factory)
         def handler(self: InstructionTranslator, inst: Inst) -> None:
             raise Unsupported(reason)
@@ -376,32 +237,6 @@ class InstructionTranslator(
     DELETE_GLOBAL = DELETE_DEREF = _refuse("del of a global/cell")
     BEFORE_ASYNC_WITH = _refuse("async with is not supported")
 
-    # -- f-strings on constants ------------------------------------------------------------
-
-    def FORMAT_VALUE(self, inst: Inst) -> None:  # 3.11, 3.12
-        spec = self.output.to_value(self.pop()) if inst.arg & 0x04 else ""
-        convert = {0: None, 1: str, 2: repr, 3: ascii}[inst.arg & 0x03]
-        value = self.pop()
-        self.push(self.fold(lambda v: format(convert(v) if convert else v, spec), value, text=True))
-
-    def CONVERT_VALUE(self, inst: Inst) -> None:  # 3.13
-        convert = {1: str, 2: repr, 3: ascii}[inst.arg]
-        self.push(self.fold(convert, self.pop(), text=True))
-
-    def FORMAT_SIMPLE(self, inst: Inst) -> None:  # 3.13
-        self.push(self.fold(format, self.pop(), text=True))
-
-    def FORMAT_WITH_SPEC(self, inst: Inst) -> None:  # 3.13
-        spec = self.pop()
-        self.push(self.fold(format, self.pop(), spec, text=True))
-
-    def BUILD_STRING(self, inst: Inst) -> None:
-        parts = self.popn(inst.arg)
-        self.push(self.fold(lambda *p: "".join(p), *parts, what="f-string", text=True))
-
-    def RETURN_VALUE(self, inst: Inst) -> None:
-        self.result = self.pop()
-
     def RETURN_GENERATOR(self, inst: Inst) -> None:  # the generator object, popped next
         self.push(ConstantVar(None))
 
@@ -410,9 +245,6 @@ class InstructionTranslator(
             raise Unsupported("yield outside a generator")
         self.generated.append(self.pop())
         self.push(ConstantVar(None))  # what the consumer sends back: next() sends None
-
-    def RETURN_CONST(self, inst: Inst) -> None:  # 3.12
-        self.result = self.output.from_value(inst.argval)
 
     # -- functions -------------------------------------------------------------------------
 

@@ -1,7 +1,9 @@
-"""Operators for the interpreter (a mixin of InstructionTranslator): ``BINARY_OP``,
-``COMPARE_OP``, ``IS_OP``, ``CONTAINS_OP``, the unary operators and 3.12's
-``CALL_INTRINSIC_1``.  On tensors an operator becomes a node (``x += y`` an in-place op),
-lists and tuples concatenate as trackers, other Python values are folded.
+"""Operators and containers on trackers, for the interpreter (a mixin of
+InstructionTranslator): what :class:`opcodes.StackMachine`'s operator and container opcodes
+ask of values (``binary``, ``unary``, ``contains``, ``subscript``, ``contents``,
+``keywords``), and ``**`` merging.  On tensors an operator becomes a node (``x += y`` an
+in-place op), lists and tuples concatenate as trackers, other Python values are folded.
+Lists and dicts built in the trace are mutable trackers; stores are in :mod:`control`.
 """
 
 from __future__ import annotations
@@ -11,10 +13,10 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from minicompile.capture import autocast, bytecode, kinds, mutation, records, torch_ops
+from minicompile.capture import autocast, kinds, mutation, records, torch_ops
 from minicompile.capture.bytecode import Inst
 from minicompile.capture.variables import (
-    ArrayVar, ConstantVar, DictVar, ListVar, NNModuleVar, RecordVar, TensorVar, TupleVar, Var,
+    ArrayVar, DictVar, ListVar, NNModuleVar, RecordVar, TensorVar, TupleVar, Var,
 )
 from minicompile.errors import Unsupported
 
@@ -23,11 +25,6 @@ if TYPE_CHECKING:
 
 
 class OperatorsMixin:
-    def BINARY_OP(self: InstructionTranslator, inst: Inst) -> None:
-        b, a = self.pop(), self.pop()
-        symbol, fn, inplace = bytecode.binary_op(inst)
-        self.push(self.binary(symbol, fn, a, b, inplace))
-
     def binary(self: InstructionTranslator, symbol: str, fn: Callable, a: Var, b: Var,
                inplace: bool = False) -> Var:
         if isinstance(self.realize(a), ArrayVar) or isinstance(self.realize(b), ArrayVar):
@@ -52,18 +49,11 @@ class OperatorsMixin:
             raise Unsupported(f"in-place operator {symbol}= on a list/dict (mutation)")
         return self.fold(fn, a, b, what=f"operator {symbol}")
 
-    def COMPARE_OP(self: InstructionTranslator, inst: Inst) -> None:
-        b, a = self.pop(), self.pop()
-        symbol = bytecode.compare_symbol(inst)
-        self.push(self.binary(symbol, bytecode.COMPARE_OPS[symbol], a, b))
+    def contains(self: InstructionTranslator, container: Var, item: Var) -> bool:
+        return kinds.contains(self, self.realize(container), item)
 
-    def IS_OP(self: InstructionTranslator, inst: Inst) -> None:
-        b, a = self.pop(), self.pop()
-        self.push(ConstantVar((a.identity() is b.identity()) != bool(inst.arg)))
-
-    def CONTAINS_OP(self: InstructionTranslator, inst: Inst) -> None:
-        container, item = self.realize(self.pop()), self.pop()
-        self.push(ConstantVar(kinds.contains(self, container, item) != bool(inst.arg)))
+    def unary(self: InstructionTranslator, x: Var, symbol: str, fn: Callable) -> Var:
+        return kinds.unary(self, x, symbol, fn)
 
     @kinds.unary.register(TensorVar)
     def tensor_unary(self: InstructionTranslator, x: TensorVar, symbol: str, fn: Callable):
@@ -83,32 +73,70 @@ class OperatorsMixin:
             return self.value_contains(container, item)
         return self.output.to_value(item) in [k.value for k in self.iter_items(container)]
 
-    def _unary(symbol: str, fn: Callable) -> Callable:  # noqa: N805 (a handler factory)
-        def handler(self: InstructionTranslator, inst: Inst) -> None:
-            self.push(kinds.unary(self, self.pop(), symbol, fn))
+    # -- containers ----------------------------------------------------------------------
 
-        return handler
+    def contents(self: InstructionTranslator, var: Var, what: str) -> list | dict:
+        """The items of a list or dict built in the trace, to add to."""
+        if not isinstance(var, (ListVar, DictVar)) or not var.mutable:
+            raise Unsupported(f"{what} on {var.describe()} from outside the trace (mutation)")
+        return var.items
 
-    UNARY_NEGATIVE = _unary("-", lambda v: -v)
-    UNARY_INVERT = _unary("~", lambda v: ~v)
-    UNARY_POSITIVE = _unary("+", lambda v: +v)  # 3.11; 3.12 uses CALL_INTRINSIC_1
+    def keywords(self: InstructionTranslator, kwargs: Var | None) -> dict[str, Var]:
+        if kwargs is None:
+            return {}
+        if not isinstance(kwargs, DictVar):
+            raise Unsupported(f"f(**{kwargs.describe()}) is not supported")
+        return {k: self.realize(v) for k, v in kwargs.items.items()}
 
-    def UNARY_NOT(self: InstructionTranslator, inst: Inst) -> None:
-        self.push(ConstantVar(not self.truthy(self.pop())))
+    def DICT_MERGE(self: InstructionTranslator, inst: Inst) -> None:
+        update = self.pop()
+        target = self.contents(self.stack[-inst.arg], "dict merge")
+        if not isinstance(update, DictVar):
+            raise Unsupported(f"**{update.describe()} is not supported")
+        if inst.opname == "DICT_MERGE" and target.keys() & update.items.keys():
+            raise Unsupported("duplicate keyword argument (eager raises TypeError)")
+        target.update(update.items)
 
-    def TO_BOOL(self: InstructionTranslator, inst: Inst) -> None:  # 3.13
-        self.push(ConstantVar(self.truthy(self.pop())))
+    DICT_UPDATE = DICT_MERGE
 
-    def CALL_INTRINSIC_1(self: InstructionTranslator, inst: Inst) -> None:  # 3.12
-        if inst.argval == "INTRINSIC_UNARY_POSITIVE" or inst.arg == 5:
-            self.UNARY_POSITIVE(inst)
-        elif inst.argval == "INTRINSIC_LIST_TO_TUPLE" or inst.arg == 6:
-            self.LIST_TO_TUPLE(inst)
-        else:
-            raise Unsupported(f"CALL_INTRINSIC_1 {inst.argval} is not supported")
+    def subscript(self: InstructionTranslator, container: Var, index: Var) -> Var:
+        return kinds.subscript(self, self.realize(container), index)
+
+    @kinds.subscript.register(TensorVar)
+    def tensor_subscript(self: InstructionTranslator, container: TensorVar, index: Var) -> Var:
+        key = self.output.to_value(index)
+        keys = key if isinstance(key, tuple) else (key,)
+        if any(isinstance(k, TensorVar) and k.meta.dtype == torch.bool for k in keys):
+            raise Unsupported("indexing with a bool mask has a data-dependent shape")
+        return self.output.extern(torch.Tensor.__getitem__, (container, key), {})
+
+    @kinds.subscript.register(Var)
+    def value_subscript(self: InstructionTranslator, container: Var, index: Var) -> Var:
+        if self.has_python_method(container, "__getitem__"):  # a user mapping or sequence
+            return self.call_function(self.load_attr(container, "__getitem__"), [index], {})
+        if isinstance(index, TensorVar):
+            raise Unsupported("indexing with a tensor is not supported")
+        if isinstance(container, (TupleVar, ListVar)):
+            i = self.output.to_value(index)
+            try:
+                picked = container.items[i]
+            except (IndexError, TypeError) as e:
+                raise Unsupported(f"indexing raised {type(e).__name__}: {e}") from e
+            if not isinstance(i, slice):
+                return self.realize(picked)
+            cls = type(container)  # (a slice of a torch.Size is one)
+            return ListVar(list(picked)) if cls is ListVar else cls(tuple(picked))
+        if isinstance(container, DictVar):
+            key = self.output.to_value(index)
+            if key not in container.items:
+                raise Unsupported(f"key {key!r} not found (eager raises KeyError)")
+            return self.realize(container.items[key])
+        return self.fold(lambda c, i: c[i], container, index, what="indexing")
 
 
 kinds.contains.register(RecordVar, lambda tx, record, item: (
     tx.output.to_value(item) in records.keys_of(record)))
 kinds.contains.register(DictVar, lambda tx, d, item: tx.output.to_value(item) in d.items)
 kinds.unary.register(Var, lambda tx, x, symbol, fn: tx.fold(fn, x, what=f"unary {symbol}"))
+kinds.subscript.register(NNModuleVar, lambda tx, m, index: tx.module_subscript(
+    m, tx.output.to_value(index)))

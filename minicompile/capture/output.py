@@ -30,6 +30,7 @@ from minicompile.capture.variables import (
 )
 from minicompile.errors import ShapeError, SourceLine, Unsupported
 from minicompile.graph import Graph, Node, TensorMeta
+from minicompile.runtime import guard_render
 from minicompile.runtime.guards import Guards
 
 
@@ -279,10 +280,7 @@ class OutputGraph(FrameValuesMixin):
         if self.graph.shapes is not None:
             shapes = self.graph.shapes
             scalars = [shapes.sources[s].expr for s in shapes.scalar_symbols()]
-        inputs_src = (
-            f"def get_inputs({', '.join(self.params)}):\n"
-            f"    return [{', '.join(self.input_exprs + scalars)}]\n"
-        )
+        inputs_src = inputs_source(self.params, self.input_exprs + scalars)
         guards = g.build()  # the namespace is final now
         ns = guards.namespace
         exec(compile(rebuild_src, "<minicompile rebuild>", "exec"), ns)
@@ -349,3 +347,14 @@ for _kind in (TupleVar, ListVar):
     kinds.require_pinned.register(_kind, lambda out, var, what: out.require_pinned(var.items, what))
 kinds.require_pinned.register(DictVar, lambda out, var, what: out.require_pinned(
     var.items.values(), what))
+
+
+def inputs_source(params: list[str], exprs: list[str]) -> str:
+    """``get_inputs(*params)``: the list of ``exprs``, each path several read (a model's
+    parameters: ``L_self._modules['encoder']...``) read once into a local."""
+    lines = [f"def get_inputs({', '.join(params)}):"]
+    items = []
+    for expr, assignments in guard_render.hoist(exprs):
+        lines += [f"    {local} = {value}" for local, value in assignments]
+        items.append(expr)
+    return "\n".join([*lines, f"    return [{', '.join(items)}]\n"])

@@ -43,9 +43,7 @@ class ParameterSliceVar(Var):
     """``plist[i:j]``: the items of the new ``ParameterList`` eager makes."""
 
     items: list[Var]
-
-    def describe(self) -> str:
-        return "a slice of a ParameterList"
+    phrase = "a slice of a ParameterList"
 
 
 def _index(tx: kinds.Translator, index: Var) -> int | slice:

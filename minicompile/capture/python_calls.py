@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from minicompile.capture import kinds, pybuiltins, records
 from minicompile.capture.variables import (
-    ArrayVar, BoundMethodVar, ConstantVar, DictVar, IteratorVar, ListVar, MethodVar,
+    NULL, ArrayVar, BoundMethodVar, ConstantVar, DictVar, IteratorVar, ListVar, MethodVar,
     NestedFunctionVar, NewObjectVar, NNModuleVar, ObjectVar, PartialVar, ReadMethodVar, RecordVar,
     Source, StructSeqVar, SuperVar, TensorVar, TupleVar, UserObjectVar, Var,
 )
@@ -214,10 +214,9 @@ class PythonCallsMixin:
         if fn is iter and len(args) == 1:
             return IteratorVar(self.iter_items(args[0]))
         if fn is next and 1 <= len(args) <= 2 and isinstance(args[0], IteratorVar):
-            it = args[0]
-            if it.pos < len(it.items):
-                it.pos += 1
-                return self.realize(it.items[it.pos - 1])
+            item = self.next_item(args[0])
+            if item is not NULL:
+                return item
             if len(args) == 2:
                 return args[1]
             raise Unsupported("next() on an exhausted iterator (eager raises StopIteration)")

@@ -26,7 +26,7 @@ from minicompile.errors import Unsupported
 RESUMABLE = frozenset(
     {"CALL", "CALL_FUNCTION_EX", "BINARY_SUBSCR", "BINARY_OP", "COMPARE_OP", "CONTAINS_OP",
      "UNARY_NOT", "FORMAT_VALUE", "GET_ITER"}
-    | {name for name in concrete.HANDLERS if "JUMP" in name and "IF" in name})
+    | {name for name in concrete.OPCODES if "JUMP" in name and "IF" in name})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,7 +108,7 @@ def why_not_concrete(code: types.CodeType, offset: int) -> str | None:
             continue
         seen.add(k)
         inst = insts[k]
-        if inst.opname not in concrete.HANDLERS:
+        if inst.opname not in concrete.OPCODES:
             return f"{inst.opname} after the break cannot run outside a compiled segment"
         if any(start <= inst.offset < end for start, end in protected):
             return "a try or with block after the break"

@@ -56,11 +56,12 @@ class Var:
     """Base class of value trackers."""
 
     source: Source | None = None
-    phrase = ""  # what describe() says, where it is one phrase for the kind
+    # What describe() says, where it is one phrase for the kind; ``{0}`` is the tracker.
+    phrase = ""
 
     def describe(self) -> str:
         """A short phrase for error messages ("a tensor", "an int")."""
-        return self.phrase or type(self).__name__
+        return self.phrase.format(self) if self.phrase else type(self).__name__
 
     def identity(self) -> Any:
         """What ``is`` compares: the value a tracker stands for where it is known."""
@@ -213,9 +214,7 @@ class NestedFunctionVar(Var):
     kwdefaults: dict[str, Var] = dataclasses.field(default_factory=dict)
     closure: tuple[CellVar, ...] = ()
     source: Source | None = None
-
-    def describe(self) -> str:
-        return f"nested function {self.code.co_name}"
+    phrase = "nested function {0.code.co_name}"
 
 
 @dataclasses.dataclass(eq=False)
@@ -240,9 +239,7 @@ class MethodVar(Var):
     obj: Var
     name: str
     source: Source | None = None
-
-    def describe(self) -> str:
-        return f"method {self.name}"
+    phrase = "method {0.name}"
 
 
 @dataclasses.dataclass(eq=False)
@@ -253,9 +250,7 @@ class BoundMethodVar(Var):
     func: types.FunctionType
     self_var: Var
     source: Source | None = None
-
-    def describe(self) -> str:
-        return f"method {self.func.__qualname__}"
+    phrase = "method {0.func.__qualname__}"
 
 
 @dataclasses.dataclass(eq=False)
@@ -271,9 +266,7 @@ class RecordVar(Var):
     keys: list[str] | None = None
     writes: list[tuple[str, str, Var]] = dataclasses.field(default_factory=list)
     source: Source | None = None
-
-    def describe(self) -> str:
-        return f"a {self.cls.__name__}"
+    phrase = "a {0.cls.__name__}"
 
 
 @dataclasses.dataclass(eq=False)
@@ -285,9 +278,7 @@ class NewObjectVar(Var):
     cls: type
     attrs: dict[str, Var] = dataclasses.field(default_factory=dict)
     source: Source | None = None
-
-    def describe(self) -> str:
-        return f"a new {self.cls.__name__}"
+    phrase = "a new {0.cls.__name__}"
 
 
 @dataclasses.dataclass(eq=False)
@@ -299,9 +290,7 @@ class ObjectSlotVar(Var):
     name: str
     obj: Var
     source: Source | None = None
-
-    def describe(self) -> str:
-        return f"object.{self.name}"
+    phrase = "object.{0.name}"
 
 
 @dataclasses.dataclass(eq=False)
@@ -313,9 +302,7 @@ class ReadMethodVar(Var):
     descriptor: Any
     self_var: Var
     source: Source | None = None
-
-    def describe(self) -> str:
-        return f"method {self.descriptor.__name__}"
+    phrase = "method {0.descriptor.__name__}"
 
 
 @dataclasses.dataclass(eq=False)
@@ -324,9 +311,7 @@ class SuperVar(Var):
 
     cls: type
     obj: Var
-
-    def describe(self) -> str:
-        return f"super({self.cls.__name__})"
+    phrase = "super({0.cls.__name__})"
 
 
 @dataclasses.dataclass(eq=False)
@@ -347,9 +332,7 @@ class GradModeVar(Var):
     enabled: bool
     prev: bool | None = None
     entered: bool = False
-
-    def describe(self) -> str:
-        return f"grad mode context ({self.enabled})"
+    phrase = "grad mode context ({0.enabled})"
 
     def enter(self, out: Any) -> None:
         if self.entered:

@@ -13,6 +13,10 @@ A replay launches the recorded kernels with one call, on the same memory.
   still alive (reading one raises an error that says to ``clone()`` it); one that views
   an input is that view of the caller's tensor.
 - **Mutation.**  An input a kernel stores into is copied back after the replay.
+- **Static addresses.**  An input marked with ``torch._dynamo.mark_static_address``
+  (transformers' static KV cache) is read in place; a new one of the same sizes (the next
+  ``generate`` call's cache) records the graph again on it, instead of copying it in and
+  back at every replay.
 
 What cannot be recorded runs the ordinary path, with the reason logged once.
 """
@@ -79,10 +83,13 @@ class Recorded:
         self.copied = [k for k, x in enumerate(inputs)
                        if isinstance(x, torch.Tensor) and k not in static]
         self.mutated = [k for k in self.copied if k in mutated]
+        self.pinned = [k for k in self.copied if compat.static_address(inputs[k])]
         self.owned = owned  # buffers of its own (else the recording call's tensors)
         self.handed: list[Any] = []  # weak references to the storages handed out last
         self.buffers = list(inputs)
         for k in self.copied if owned else ():
+            if k in self.pinned:  # read in place, owned or not
+                continue
             x = inputs[k]
             self.buffers[k] = torch.empty_strided(x.shape, x.stride(), dtype=x.dtype,
                                                   device=x.device).copy_(x)
@@ -93,12 +100,18 @@ class Recorded:
         device = next((b.device for b in self.buffers if isinstance(b, torch.Tensor)
                        and b.is_cuda), torch.device("cuda", torch.cuda.current_device()))
         rng = torch.cuda.get_rng_state(device)
+        # What the warm-up run stores into the caller's own tensors is put back: the call's
+        # update (a cache's length += 1) happens once, at the replay that follows.
+        kept = [(self.buffers[k], self.buffers[k].clone()) for k in self.mutated
+                if self.buffers[k] is inputs[k]]
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):  # the warm-up run on the graph's own buffers
             call(list(self.buffers))
         torch.cuda.current_stream().wait_stream(stream)
         torch.cuda.synchronize()
+        for buf, before in kept:
+            buf.copy_(before)
         torch.cuda.set_rng_state(rng, device)
         self.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.graph, pool=torch.cuda.graph_pool_handle()):
@@ -120,8 +133,14 @@ class Recorded:
                 return _Output(out, k, out.storage_offset() - buf.storage_offset())
         return _Output(out, None, out.storage_offset())
 
+    def moved_pinned(self, inputs: list) -> bool:
+        """Whether an input marked as a static address is another tensor than recorded."""
+        return any(inputs[k].data_ptr() != self.pointers[k] for k in self.pinned)
+
     def replay(self, inputs: list) -> tuple | None:
-        """Run the graph on ``inputs``; None when it cannot (then record on buffers of its own)."""
+        """Run the graph on ``inputs``; None when it cannot (then record again)."""
+        if self.moved_pinned(inputs):
+            return None
         buffers = self.buffers
         for k in self.copied:
             x, buf = inputs[k], buffers[k]
@@ -187,7 +206,7 @@ class GraphedCall:
             outs = graph.replay(inputs)
             if outs is not None:
                 return outs
-            return self.record(key, inputs, owned=True)
+            return self.record(key, inputs, owned=not graph.moved_pinned(inputs))
         if key not in self.warm:
             reason = why_not(inputs)
             if reason is not None:

@@ -503,6 +503,8 @@ def _decided(d: dict | None) -> str:
     said = [f"{s} dim(s) {dims} had changed" for s, dims in d["dims"].items()]
     said += [f"{s} had changed" for s in d["ints"]]
     said += [f"{s} dim(s) {dims} were marked dynamic" for s, dims in d["marks"].items()]
+    if d.get("lengths"):
+        said.append(f"dims had changed from sizes {d['lengths']}")
     return ", ".join(said) or "no size had changed"
 
 

@@ -57,8 +57,20 @@ class _Template(NamedTuple):
 def render(params: list[str], checks: list[Any], name: str = "check") -> str:
     """``def <name>(*params)``; ``checks``: GuardChecks (their ``expr``, ``source`` and
     ``kind``)."""
-    cut = _Parser().cut_all([c.expr for c in checks])
-    keys: list[str] = []  # each check's, once each
+    lines = [f"def {name}({', '.join(params)}):"]
+    for c, (expr, assignments) in zip(checks, hoist([c.expr for c in checks])):
+        for local, value in assignments:
+            lines.append(f"    {local} = {value}")
+        lines.append(f"    if not ({expr}):  # {c.source} {c.kind}\n        return False")
+    lines.append("    return True\n")
+    return "\n".join(lines)
+
+
+def hoist(exprs: list[str]) -> list[tuple[str, list[tuple[str, str]]]]:
+    """Each of ``exprs``, evaluated in order, reading the locals (``p0``, ``p1``, ...) of
+    the paths several of them read, and the assignments of the locals it reads first."""
+    cut = _Parser().cut_all(exprs)
+    keys: list[str] = []  # each expression's, once each
     for paths, template in cut:
         slots = template.slots
         if len(slots) == 1:  # most checks: one path, whose keys differ
@@ -68,15 +80,10 @@ def render(params: list[str], checks: list[Any], name: str = "check") -> str:
             keys += {k for s in slots if paths[s.path].root not in s.bound
                      for k in paths[s.path].keys}
     shared = {k for k, n in Counter(keys).items() if n > 1}
-    hoist = _Hoister(shared)
-    lines = [f"def {name}({', '.join(params)}):"]
-    for c, (paths, template) in zip(checks, cut):
-        expr, assignments = hoist.rewrite(c.expr, paths, template) if shared else (c.expr, [])
-        for name, value in assignments:
-            lines.append(f"    {name} = {value}")
-        lines.append(f"    if not ({expr}):  # {c.source} {c.kind}\n        return False")
-    lines.append("    return True\n")
-    return "\n".join(lines)
+    if not shared:
+        return [(e, []) for e in exprs]
+    hoister = _Hoister(shared)
+    return [hoister.rewrite(e, paths, template) for e, (paths, template) in zip(exprs, cut)]
 
 
 class _Hoister:

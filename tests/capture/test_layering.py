@@ -9,7 +9,7 @@ import ast
 from pathlib import Path
 
 CAPTURE = Path(__file__).resolve().parents[2] / "minicompile" / "capture"
-MIXINS = {"interpreter", "calls", "containers", "control", "operators", "python_calls"}
+MIXINS = {"interpreter", "calls", "control", "operators", "python_calls"}
 ISINSTANCE_BUDGET = 150
 
 

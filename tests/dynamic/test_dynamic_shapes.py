@@ -229,6 +229,31 @@ def test_python_int_argument_becomes_a_symbol(backend: str, device: torch.device
         compiled(torch.randn(10, device=device), 3)
 
 
+def test_a_length_that_moves_into_a_new_input_is_a_symbol(backend: str,
+                                                         device: torch.device) -> None:
+    """A decode loop: the prompt (length 7) comes first with no cache; then one token with
+    a cache of the prompt's length, one longer each step.  The cache is a new input whose
+    dim has the size the prompt's dim changed from: a symbol from its first compile."""
+
+    def step(ids, cache=None):
+        h = ids.float().unsqueeze(-1) * 0.5
+        if cache is None:
+            return h, h
+        cache = torch.cat([cache, h], 1)
+        return torch.softmax(h * cache.sum(1, keepdim=True), -1), cache
+
+    compiled = minicompile.compile(step, backend=backend)
+    ids = torch.randint(0, 9, (2, 7), device=device)
+    _, cache = compiled(ids)
+    for _ in range(4):
+        ids = torch.randint(0, 9, (2, 1), device=device)
+        got, want = compiled(ids, cache), step(ids, cache)
+        torch.testing.assert_close(got, want, **TOL)
+        cache = want[1]
+    assert len(compiled.entries) == 2
+    assert symbols(compiled.entries[0]) == ["L['cache'].shape[1]"]
+
+
 def test_sizes_returned_and_kept_across_a_graph_break(backend: str, device: torch.device) -> None:
     """Sizes leave the compiled code as Python ints computed from the call's tensors."""
 

@@ -8,6 +8,9 @@ recompile.  bfloat16 runs on the GPU, where the Triton backend runs real kernels
 
 from __future__ import annotations
 
+import copy
+from collections.abc import Callable
+
 import pytest
 import torch
 
@@ -20,14 +23,30 @@ DTYPES = (torch.float32, torch.bfloat16) if CUDA else (torch.float32,)
 TOLERANCES = {torch.float32: {"rtol": 1e-3, "atol": 1e-4}, torch.bfloat16: {"rtol": 3e-2, "atol": 3e-2}}
 
 
-def assert_same(actual: object, expected: object, dtype: torch.dtype) -> None:
+def assert_same(actual: object, expected: object, dtype: torch.dtype,
+                exact: Callable[[], object] | None = None) -> None:
+    """``actual`` within TOLERANCES of eager's ``expected``.  In bfloat16, a deep network's
+    eager result is itself far from the exact one (mobilenet_v2: 0.13 root-mean-square off
+    float64's, on logits of size 1), and another rounding order lands elsewhere in that
+    cloud: where the tolerance fails, ``exact()`` (the model in float64) decides, as
+    PyTorch's own accuracy checks do: the compiled error at most twice eager's."""
     got, want = tensors_of(actual), tensors_of(expected)
     assert len(got) == len(want)
-    for a, e in zip(got, want):
-        if isinstance(e, torch.Tensor):
-            torch.testing.assert_close(a, e, **TOLERANCES[dtype])
-        else:
+    truth = None
+    for i, (a, e) in enumerate(zip(got, want)):
+        if not isinstance(e, torch.Tensor):
             assert a == e
+            continue
+        try:
+            torch.testing.assert_close(a, e, **TOLERANCES[dtype])
+        except AssertionError:
+            if dtype != torch.bfloat16 or exact is None or not e.is_floating_point():
+                raise
+            truth = tensors_of(exact()) if truth is None else truth
+
+            def rms(t: torch.Tensor) -> float:
+                return (t.double() - truth[i]).square().mean().sqrt().item()
+            assert rms(a) <= 2 * rms(e) + 1e-3, (i, rms(a), rms(e))
 
 
 # CI time: models checked on the C++ backend only where Triton's interpreter (no GPU)
@@ -45,14 +64,18 @@ def test_model_compiles_whole_and_matches_eager(
     if backend == "triton" and not CUDA and case.name in INTERPRETER_TOO_SLOW:
         pytest.skip(INTERPRETER_TOO_SLOW[case.name])
     torch.manual_seed(0)
-    model = case.build().eval().to(device=device, dtype=dtype)
+    model = case.build().eval().to(device=device)
+    exact_model = copy.deepcopy(model).double() if dtype == torch.bfloat16 else None
+    model = model.to(dtype)
     compiled = minicompile.compile(model, backend=backend, fullgraph=True)
     for seed in (1, 2):
         torch.manual_seed(seed)
         args, kwargs = case.inputs(device)
+        exact = (lambda a=args: exact_model(*(t.double() for t in a), **kwargs)) if (
+            exact_model is not None and case.float_inputs) else None
         if case.float_inputs:
             args = tuple(a.to(dtype) for a in args)
-        assert_same(compiled(*args, **kwargs), model(*args, **kwargs), dtype)
+        assert_same(compiled(*args, **kwargs), model(*args, **kwargs), dtype, exact)
     stats = minicompile.stats()
     assert (stats["graphs"], stats["graph_breaks"]) == (1, 0), stats
     assert (stats["eager_fallbacks"], stats["recompiles"]) == (0, 0), stats

@@ -8,6 +8,8 @@ import textwrap
 import pytest
 import torch
 
+import minicompile
+
 from minicompile import ops
 from minicompile.errors import SourceLine
 from minicompile.graph import Graph
@@ -295,3 +297,31 @@ def test_graph_text_is_stable() -> None:
     assert str(mixed_graph()) == str(mixed_graph())
     g = mixed_graph()
     assert [n.index for n in g.nodes] == list(range(len(g.nodes)))
+
+
+def test_embedding_with_padding_idx_is_a_gather_without_gradient(backend: str) -> None:
+    """nn.Embedding(padding_idx=...) (RoBERTa's word and position embeddings): in inference
+    a gather fused into the kernel after it; where the weight takes a gradient, the library
+    call (the padding row's gradient is zero in eager's backward)."""
+    from devices import device_for
+
+    device = device_for(backend)
+    emb = torch.nn.Embedding(11, 6, padding_idx=1).to(device)
+
+    def fn(ids, x):  # noqa: ANN001, ANN202
+        return emb(ids) * 2 + x
+
+    compiled = minicompile.compile(fn, backend=backend)
+    with torch.no_grad():
+        for _ in range(2):
+            ids, x = torch.randint(0, 11, (3, 4), device=device), torch.randn(3, 4, 6, device=device)
+            torch.testing.assert_close(compiled(ids, x), fn(ids, x))
+    stats = minicompile.stats()
+    assert (stats["kernels"], stats["eager_fallbacks"]) == (1, 0), stats
+    trained = minicompile.compile(fn, backend=backend)
+    ids, x = torch.tensor([[1, 2, 1]], device=device), torch.randn(1, 3, 6, device=device)
+    trained(ids, x).sum().backward()
+    got, emb.weight.grad = emb.weight.grad, None
+    fn(ids, x).sum().backward()
+    torch.testing.assert_close(got, emb.weight.grad)
+    assert got[1].abs().sum() == 0  # the padding row

@@ -265,3 +265,32 @@ def test_training_graphs_run_without_cuda_graphs():
         model(x).square().sum().backward()
         torch.testing.assert_close(grad, model.weight.grad)
         model.weight.grad = None
+
+
+@cuda
+def test_a_static_address_is_read_in_place_and_a_new_one_records_again():
+    """transformers' static KV cache: marked with torch._dynamo.mark_static_address,
+    written in place at one position each step with its length counted up, and a new one
+    for each ``generate`` call.  Each cache is read and written where it is (no copy in or
+    back), every update happens once (the recording's warm-up run is undone), and a new
+    cache records again."""
+
+    @minicompile.compile(mode="reduce-overhead")
+    def step(x, pos, cache, length):
+        cache.index_copy_(0, pos, x)
+        length.add_(1)
+        return cache.sum(0) * 2
+
+    for _ in range(2):
+        cache, length = torch.zeros(8, 32, device="cuda"), torch.zeros((), device="cuda")
+        torch._dynamo.mark_static_address(cache)
+        torch._dynamo.mark_static_address(length)
+        want = torch.zeros(8, 32, device="cuda")
+        for i in range(5):
+            x, pos = torch.randn(1, 32, device="cuda"), torch.tensor([i], device="cuda")
+            want[i] = x[0]
+            torch.testing.assert_close(step(x, pos, cache, length), want.sum(0) * 2)
+            torch.testing.assert_close(cache, want)
+            assert length.item() == i + 1
+        (graph,) = graphed(step).recorded.values()
+        assert {id(graph.buffers[k]) for k in graph.pinned} == {id(cache), id(length)}

@@ -1,0 +1,181 @@
+"""Decode tokens per second of transformers' ``generate`` (greedy): eager, torch.compile and
+minicompile, at batch 1 and 8, on GPT-2 small and a Llama-shaped model of about 100M
+parameters (random init, bf16) on the GPU; on the CPU, the model zoo's tiny configs in float32.
+
+    python examples/bench_decode.py                          # the GPU table
+    python examples/bench_decode.py --threads 1 --cpu-time   # CPU: one thread's CPU time
+    python examples/bench_decode.py --no-inductor            # leave torch.compile out
+
+Rows (each a fresh copy of the model, the compiled code warmed by two ``generate`` calls):
+
+- ``eager``: the default dynamic cache;
+- ``torch.compile``: its recommended setup, ``cache_implementation="static"`` with
+  ``model.forward = torch.compile(model.forward, mode="reduce-overhead", fullgraph=True)``;
+- ``minicompile``: the same static cache, ``model.forward = minicompile.compile(model.forward,
+  mode="reduce-overhead")`` (each decode step a CUDA graph replay);
+- ``minicompile dynamic``: the default dynamic cache, ``minicompile.compile(model.forward)``
+  (the cache length a symbol: two compiles).
+
+Decode tokens/s: the batch over the median time of one decode step (a streamer notes when
+each step's tokens reach the host), over every step of every repetition; prefill is left
+out.  ``same``: the share of generated tokens equal to eager's (1.00 in float32; bf16
+rounding differs between implementations, so a greedy path may part after some steps).
+``compiles``: graphs the compiler built (minicompile.stats, or Dynamo's frame count).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from model_zoo import _gpt2, _llama  # noqa: E402
+
+import minicompile  # noqa: E402
+
+STATIC = {"cache_implementation": "static", "disable_compile": True}  # the compile is ours
+
+
+def gpt2_small() -> torch.nn.Module:
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    return GPT2LMHeadModel(GPT2Config())  # 124M parameters: 12 layers, 768 wide
+
+
+def llama_100m() -> torch.nn.Module:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    return LlamaForCausalLM(LlamaConfig(
+        vocab_size=32000, hidden_size=768, intermediate_size=2048, num_hidden_layers=8,
+        num_attention_heads=12, num_key_value_heads=4, max_position_embeddings=2048))
+
+
+GPU_MODELS = {"gpt2": gpt2_small, "llama": llama_100m}
+CPU_MODELS = {"gpt2": _gpt2, "llama": _llama}
+
+
+class StepClock:
+    """A streamer (transformers' BaseStreamer protocol) that notes the time of each put:
+    the prompt, then each step's tokens (copied to the host, so the device has finished)."""
+
+    def __init__(self, clock: Callable[[], float]) -> None:
+        self.clock, self.times = clock, []
+
+    def put(self, value: torch.Tensor) -> None:
+        self.times.append(self.clock())
+
+    def end(self) -> None:
+        pass
+
+    def decode_steps(self) -> list[float]:
+        return [b - a for a, b in zip(self.times[1:], self.times[2:])]  # after the prefill
+
+
+def setups(no_inductor: bool) -> dict[str, tuple[Callable[[torch.nn.Module], None], dict]]:
+    """name -> (what it does to a fresh model, generate's options)."""
+
+    def inductor(m: torch.nn.Module) -> None:
+        m.forward = torch.compile(m.forward, mode="reduce-overhead", fullgraph=True)
+
+    def ours(m: torch.nn.Module) -> None:
+        m.forward = minicompile.compile(m.forward, mode="reduce-overhead")
+
+    def ours_dynamic(m: torch.nn.Module) -> None:
+        m.forward = minicompile.compile(m.forward)
+
+    rows = {"eager": (lambda m: None, {})}
+    if not no_inductor:
+        rows["torch.compile"] = (inductor, STATIC)
+    rows["minicompile"] = (ours, STATIC)
+    rows["minicompile dynamic"] = (ours_dynamic, {})
+    return rows
+
+
+def compiles(name: str) -> int | None:
+    if name.startswith("minicompile"):
+        s = minicompile.stats()
+        return s["graphs"] + s["warm_entries"]
+    if name == "torch.compile":
+        from torch._dynamo.utils import counters
+
+        return counters["stats"]["unique_graphs"]
+    return None
+
+
+def run(model: torch.nn.Module, ids: torch.Tensor, tokens: int, options: dict,
+        clock: Callable[[], float]) -> tuple[torch.Tensor, list[float]]:
+    streamer = StepClock(clock)
+    out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=tokens,
+                         min_new_tokens=tokens, do_sample=False, pad_token_id=0,
+                         streamer=streamer, **options)
+    return out[:, ids.shape[1]:], streamer.decode_steps()
+
+
+def row(name: str, base: torch.nn.Module, ids: torch.Tensor, a: argparse.Namespace,
+        setup: tuple[Callable, dict], want: torch.Tensor | None, clock: Callable) -> tuple:
+    minicompile.reset()
+    torch._dynamo.reset()
+    model = copy.deepcopy(base)
+    prepare, options = setup
+    prepare(model)
+    with torch.no_grad():
+        for _ in range(2):  # compiles, records CUDA graphs
+            got, _ = run(model, ids, a.new_tokens, options, clock)
+        steps = []
+        for _ in range(a.reps):
+            got, times = run(model, ids, a.new_tokens, options, clock)
+            steps += times
+    same = 1.0 if want is None else (got == want).float().mean().item()
+    return ids.shape[0] / statistics.median(steps), same, compiles(name), got
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--models", default="gpt2,llama")
+    parser.add_argument("--batches", default="1,8")
+    parser.add_argument("--prompt", type=int, default=16, help="prompt length")
+    parser.add_argument("--new-tokens", type=int, default=None,
+                        help="tokens generated per call (default: 128 on the GPU, 16 on the CPU)")
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--no-inductor", action="store_true", help="leave torch.compile out")
+    parser.add_argument("--threads", type=int, default=None, help="CPU threads")
+    parser.add_argument("--cpu-time", action="store_true",
+                        help="time this thread's CPU time (CPU, with --threads 1 only)")
+    a = parser.parse_args()
+    cuda = torch.cuda.is_available()
+    if a.threads is not None:
+        torch.set_num_threads(a.threads)
+    if a.cpu_time and (cuda or torch.get_num_threads() != 1):
+        parser.error("--cpu-time counts one thread's time on the CPU: use it with --threads 1")
+    a.new_tokens = a.new_tokens or (128 if cuda else 16)
+    clock = time.thread_time if a.cpu_time else time.perf_counter
+    device, dtype = ("cuda", torch.bfloat16) if cuda else ("cpu", torch.float32)
+    builds = GPU_MODELS if cuda else CPU_MODELS
+    print(f"decode tokens/s on {torch.cuda.get_device_name() if cuda else 'CPU'} ({dtype}), "
+          f"torch {torch.__version__}; prompt {a.prompt}, {a.new_tokens} new tokens, "
+          f"median decode step of {a.reps} calls{' (CPU time)' if a.cpu_time else ''}")
+    print("| model | batch | setup | tokens/s | vs eager | same | compiles |")
+    print("|---|---|---|---|---|---|---|")
+    for model_name in a.models.split(","):
+        torch.manual_seed(0)
+        base = builds[model_name]().eval().to(device=device, dtype=dtype)
+        for batch in (int(b) for b in a.batches.split(",")):
+            ids = torch.randint(1, base.config.vocab_size, (batch, a.prompt), device=device)
+            want, eager_rate = None, None
+            for name, setup in setups(a.no_inductor).items():
+                rate, same, n, got = row(name, base, ids, a, setup, want, clock)
+                want, eager_rate = (got, rate) if want is None else (want, eager_rate)
+                print(f"| {model_name} | {batch} | {name} | {rate:.0f} | "
+                      f"{rate / eager_rate:.2f} | {same:.2f} | {'' if n is None else n} |",
+                      flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,49 @@
+"""A function's call arguments as its frame's parameter values, bound by Python itself.
+
+``inspect.Signature.bind`` is pure Python: 5 µs a call for a transformers model's
+``forward(self, *args, **kwargs)``, 20 µs with the caches cold after the model ran.
+:func:`binder` makes a function with the same parameters, defaults and keyword-only
+defaults as ``fn`` whose body returns them as a tuple in ``co_varnames`` order (then the
+``*args`` tuple, then the ``**kwargs`` dict): CPython's own argument binding, at a tenth of
+the cost, raising the same TypeError for a call that does not fit.
+"""
+
+from __future__ import annotations
+
+import inspect
+import types
+from collections.abc import Callable
+
+
+def binder(fn: types.FunctionType) -> Callable[..., tuple]:
+    """``binder(fn)(*args, **kwargs)``: the tuple of ``fn``'s frame parameters (see the module)."""
+    code = fn.__code__
+    names = code.co_varnames[: code.co_argcount + code.co_kwonlyargcount]
+    positional = list(names[: code.co_argcount])
+    if code.co_posonlyargcount:
+        positional.insert(code.co_posonlyargcount, "/")
+    params = positional
+    rest = list(names[code.co_argcount:])  # keyword-only
+    extra = code.co_argcount + code.co_kwonlyargcount
+    returned = list(names)
+    if code.co_flags & inspect.CO_VARARGS:
+        params.append(f"*{code.co_varnames[extra]}")
+        returned.append(code.co_varnames[extra])
+        extra += 1
+    elif rest:
+        params.append("*")
+    params += rest
+    if code.co_flags & inspect.CO_VARKEYWORDS:
+        params.append(f"**{code.co_varnames[extra]}")
+        returned.append(code.co_varnames[extra])
+    # (The names are the function's own, so keyword arguments match as in a real call.)
+    body = f"({', '.join(returned)},)" if returned else "()"
+    namespace: dict = {}
+    exec(f"def bind({', '.join(params)}):\n    return {body}\n", namespace)  # noqa: S102
+    bind = namespace["bind"]
+    bind.__defaults__ = fn.__defaults__
+    bind.__kwdefaults__ = fn.__kwdefaults__
+    # A call that does not fit raises the TypeError eager raises, naming the function.
+    bind.__code__ = bind.__code__.replace(co_name=code.co_name, co_qualname=code.co_qualname)
+    bind.__name__, bind.__qualname__ = fn.__name__, fn.__qualname__
+    return bind

@@ -4,6 +4,7 @@ torch.compile with ``--inductor``: its first compile takes ~20 s a case on a sma
 
     python examples/bench_cpu_kernels.py                 # torch.get_num_threads() threads
     python examples/bench_cpu_kernels.py --threads 1 --dtype bfloat16
+    python examples/bench_cpu_kernels.py --threads 1 --cpu-time --shape 64,1024  # in cache
 
 Prints the median milliseconds of each version over ``--reps`` calls, each checked against
 eager first.
@@ -12,6 +13,7 @@ eager first.
 from __future__ import annotations
 
 import argparse
+import time
 
 import torch
 
@@ -45,16 +47,21 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--inductor", action="store_true", help="time torch.compile too")
+    parser.add_argument("--shape", default="4096,1024", help="rows,columns")
+    parser.add_argument("--cpu-time", action="store_true",
+                        help="time this thread's CPU time (a shared machine; --threads 1)")
     args = parser.parse_args()
+    shape = tuple(int(n) for n in args.shape.split(","))
+    clock = time.thread_time if args.cpu_time else time.perf_counter
     if args.threads:
         torch.set_num_threads(args.threads)
     dtype = getattr(torch, args.dtype)
-    print(f"[4096, 1024] {args.dtype}, {torch.get_num_threads()} threads, median ms of "
+    print(f"{list(shape)} {args.dtype}, {torch.get_num_threads()} threads, median ms of "
           f"{args.reps}")
     heads = ["eager", "minicompile"] + (["torch.compile"] if args.inductor else [])
     print(f"{'case':<28}" + "".join(f"{h:>15}" for h in heads))
     for label, fn, arity in CASES:
-        inputs = [torch.randn(4096, 1024, dtype=dtype) for _ in range(arity)]
+        inputs = [torch.randn(*shape, dtype=dtype) for _ in range(arity)]
         versions = [fn, minicompile.compile(fn, backend="cpp")]
         if args.inductor:
             versions.append(torch.compile(fn))
@@ -64,7 +71,8 @@ def main() -> None:
         row = f"{label:<28}"
         for version in versions:
             torch.testing.assert_close(version(*inputs), fn(*inputs), **tol)
-            seconds = median_seconds(lambda: version(*inputs), False, args.reps)  # noqa: B023
+            seconds = median_seconds(lambda: version(*inputs), False, args.reps,  # noqa: B023
+                                     clock=clock)
             row += f"{seconds * 1e3:>15.3f}"
         print(row, flush=True)
 

@@ -1,4 +1,5 @@
-"""Rewrite composite pointwise ops (relu, gelu, silu, clamp) into primitives.
+"""Rewrite composite pointwise ops (relu, gelu, silu, clamp, the hard activations) into
+primitives.
 
 Each decomposition computes as eager does: float16/bfloat16 inputs are upcast to float32
 ("opmath"), the formula runs in float32 and the result is cast back once, so the rounding
@@ -98,11 +99,67 @@ def _clamp(b: _Builder, x: Node, min: Any = None, max: Any = None) -> Node:
     return out
 
 
-DECOMPOSITIONS: dict[str, Callable[..., Node]] = {
+def _hardtanh(b: _Builder, x: Node, min_val: float = -1.0, max_val: float = 1.0,
+              inplace: bool = False) -> Node | None:
+    """``F.hardtanh`` (nn.ReLU6's call): clamp, with the gradient of eager's vectorised
+    kernel: one strictly between the bounds, else zero (NaN too; its scalar tail loop
+    passes NaN's gradient)."""
+    if not x.meta.dtype.is_floating_point:  # type: ignore[union-attr]
+        return None
+    lo, hi = float(min_val), float(max_val)
+    out = b("where", b("lt", x, lo), lo, b("where", b("gt", x, hi), hi, x))
+    if b.requires_grad:
+        out = b("where", b("logical_and", b("gt", x, lo), b("lt", x, hi)), out, b("detach", out))
+    return out
+
+
+def _relu6(b: _Builder, x: Node, inplace: bool = False) -> Node | None:
+    return _hardtanh(b, x, 0.0, 6.0)
+
+
+def _hardswish(b: _Builder, x: Node, inplace: bool = False) -> Node | None:
+    """``x * clamp(x + 3, 0, 6) / 6`` as eager computes it, one branch of its backward's
+    (zero up to -3, ``x / 3 + 1/2`` below 3, one from 3 and through NaN) per interval."""
+    if not x.meta.dtype.is_floating_point:  # type: ignore[union-attr]
+        return None
+    x = b.opmath(x)
+    low = b("truediv", b("mul", x, 0.0), 6.0)  # (-inf gives NaN, as eager's)
+    inside = b("logical_and", b("gt", x, -3.0), b("lt", x, 3.0))
+    # the middle branch's gradient (0 where not taken) times an infinite x would be NaN
+    xm = b("where", inside, x, 0.0) if b.requires_grad else x
+    mid = b("truediv", b("mul", xm, b("add", xm, 3.0)), 6.0)
+    high = b("truediv", b("mul", x, 6.0), 6.0)
+    out = b("where", b("le", x, -3.0), low, b("where", inside, mid, high))
+    return b.restore(out)
+
+
+def _hardsigmoid(b: _Builder, x: Node, inplace: bool = False) -> Node | None:
+    """``clamp(x + 3, 0, 6) / 6``; its gradient is 1/6 strictly between -3 and 3, else
+    zero (NaN too)."""
+    if not x.meta.dtype.is_floating_point:  # type: ignore[union-attr]
+        return None
+    x = b.opmath(x)
+    out = b("where", b("le", x, -3.0), 0.0,
+            b("where", b("ge", x, 3.0), 1.0, b("truediv", b("add", x, 3.0), 6.0)))
+    if b.requires_grad:
+        out = b("where", b("ne", x, x), b("detach", out), out)
+    return b.restore(out)
+
+
+DECOMPOSITIONS: dict[str, Callable[..., Node]] = {  # the composite ops of minicompile/ops.py
     "relu": _relu,
     "gelu": _gelu,
     "silu": _silu,
     "clamp": _clamp,
+}
+# Library calls the capture keeps (their torch.nn.functional names) that are pointwise:
+# fused, where the library call would be a kernel of its own and, in training, recorded
+# for autograd with a backward call of its own.
+ACTIVATION_DECOMPOSITIONS: dict[str, Callable[..., Node | None]] = {
+    "torch.nn.functional.hardtanh": _hardtanh,
+    "torch.nn.functional.relu6": _relu6,
+    "torch.nn.functional.hardswish": _hardswish,
+    "torch.nn.functional.hardsigmoid": _hardsigmoid,
 }
 
 
@@ -121,6 +178,7 @@ def decompose(graph: Graph) -> Graph:
     def rewrite(new: Graph, node: Node, remap: Callable) -> Node | None:
         rule = (
             DECOMPOSITIONS.get(node.target)
+            or ACTIVATION_DECOMPOSITIONS.get(node.target)
             or REDUCTION_DECOMPOSITIONS.get(node.target)
             or LOSS_DECOMPOSITIONS.get(node.target)
             or VIEW_DECOMPOSITIONS.get(node.target)

@@ -136,6 +136,9 @@ UNARY: list[tuple[str, Callable, str]] = [
     ("gelu", lambda x: F.gelu(x), "any"),
     ("gelu_tanh", lambda x: F.gelu(x, approximate="tanh"), "any"),
     ("silu", lambda x: F.silu(x), "any"),
+    ("hardswish", lambda x: F.hardswish(x * 4), "any"),
+    ("hardsigmoid", lambda x: F.hardsigmoid(x * 4), "any"),
+    ("relu6", lambda x: F.relu6(x * 8), "any"),
     ("erf", lambda x: torch.erf(x), "any"),
     ("atan", lambda x: torch.atan(x), "any"),
 ]

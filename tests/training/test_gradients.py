@@ -114,7 +114,7 @@ def test_gradients_match_eager(case: Any, backend: str, request: pytest.FixtureR
 
 
 # Values where a piecewise op's derivative is a convention: its kinks (0 for relu and abs,
-# the bounds for clamp and hardtanh), signed zeros, NaN, and ties of maximum.
+# the bounds for clamp, hardtanh and the hard activations), signed zeros, NaN, and ties of maximum.
 KINK_VALUES = [-1.0, -0.5, -0.0, 0.0, 0.5, 1.0, float("nan"), 0.0, 0.0, -0.5]
 KINKS = {
     "relu": lambda x: torch.relu(x),
@@ -128,6 +128,9 @@ KINKS = {
     "maximum_ties": lambda x: torch.maximum(x, x.roll(1, 0)),
     "hardtanh": lambda x: torch.nn.functional.hardtanh(x, -0.5, 0.5),
     "leaky_relu": lambda x: torch.nn.functional.leaky_relu(x, 0.1),
+    "relu6": lambda x: torch.nn.functional.relu6(x * 6.0),  # (bounds at -1 and 1)
+    "hardswish": lambda x: torch.nn.functional.hardswish(x * 3.0),
+    "hardsigmoid": lambda x: torch.nn.functional.hardsigmoid(x * 3.0),
 }
 
 

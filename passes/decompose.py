@@ -155,12 +155,28 @@ DECOMPOSITIONS: dict[str, Callable[..., Node]] = {  # the composite ops of minic
 # Library calls the capture keeps (their torch.nn.functional names) that are pointwise:
 # fused, where the library call would be a kernel of its own and, in training, recorded
 # for autograd with a backward call of its own.
-ACTIVATION_DECOMPOSITIONS: dict[str, Callable[..., Node | None]] = {
+_ACTIVATIONS: dict[str, Callable[..., Node | None]] = {
     "torch.nn.functional.hardtanh": _hardtanh,
     "torch.nn.functional.relu6": _relu6,
     "torch.nn.functional.hardswish": _hardswish,
     "torch.nn.functional.hardsigmoid": _hardsigmoid,
 }
+
+
+def _on_cpu_or_without_gradient(rule: Callable[..., Node | None]) -> Callable[..., Node | None]:
+    """The hard activations' gradients above are the CPU kernels' conventions at their
+    corners and NaN; CUDA's kernels and older releases differ there (PyTorch 2.11 on an
+    H200: hardtanh passes NaN's gradient).  Where a gradient flows off the CPU, the
+    library call keeps the device's own."""
+    def decompose(b: _Builder, x: Node, *args: Any, **kwargs: Any) -> Node | None:
+        if b.requires_grad and x.meta.device.type != "cpu":  # type: ignore[union-attr]
+            return None
+        return rule(b, x, *args, **kwargs)
+    return decompose
+
+
+ACTIVATION_DECOMPOSITIONS = {name: _on_cpu_or_without_gradient(rule)
+                             for name, rule in _ACTIVATIONS.items()}
 
 
 def _lay_out_as(out: Node, meta: TensorMeta, start: int) -> None:

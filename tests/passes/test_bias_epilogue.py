@@ -47,6 +47,18 @@ def into_softmax(x, w, b):  # noqa: ANN001, ANN201 (a reduction reads it: kept)
     return torch.softmax(F.linear(x, w, b), -1)
 
 
+def _check_splits(cases: list, backend: str, seen: list, **tol: float) -> None:
+    """Each case's compiled function against eager twice with fresh inputs, and the
+    number of products the pass left without their bias."""
+    for fn, make, splits in cases:
+        seen.clear()
+        compiled = minicompile.compile(fn, backend=backend)
+        for _ in range(2):
+            args = make()
+            torch.testing.assert_close(compiled(*args), fn(*args), **tol)
+        assert seen == [splits], fn.__name__
+
+
 def test_bias_adds_join_pointwise_readers(backend: str, device, on_every_device) -> None:
     f32 = dict(device=device)
     cases = [
@@ -58,13 +70,7 @@ def test_bias_adds_join_pointwise_readers(backend: str, device, on_every_device)
         (into_softmax, lambda: (torch.randn(3, 8, **f32), torch.randn(5, 8, **f32),
                                 torch.randn(5, **f32)), 0),
     ]
-    for fn, make, splits in cases:
-        on_every_device.clear()
-        compiled = minicompile.compile(fn, backend=backend)
-        for _ in range(2):
-            args = make()
-            torch.testing.assert_close(compiled(*args), fn(*args))
-        assert on_every_device == [splits], fn.__name__
+    _check_splits(cases, backend, on_every_device)
 
 
 def test_layers_that_take_a_gradient_keep_their_bias(backend: str, device,
@@ -104,13 +110,7 @@ def test_convolution_biases_join_their_readers(backend: str, device, on_every_de
         (conv_out, lambda: (torch.randn(1, 3, 6, 6, **f32), torch.randn(2, 3, 1, 1, **f32),
                             torch.randn(2, **f32)), 0),
     ]
-    for fn, make, splits in cases:
-        on_every_device.clear()
-        compiled = minicompile.compile(fn, backend=backend)
-        for _ in range(2):
-            args = make()
-            torch.testing.assert_close(compiled(*args), fn(*args), rtol=1e-4, atol=1e-4)
-        assert on_every_device == [splits], fn.__name__
+    _check_splits(cases, backend, on_every_device, rtol=1e-4, atol=1e-4)
 
 
 def test_folded_batch_norm_bias_joins_the_activation(backend: str, device,

@@ -232,7 +232,10 @@ def mutate(out: Output, target: TensorVar, new: TensorVar, what: str) -> TensorV
     refuse_grad_input(out, target, what)
     if not isinstance(new, TensorVar):
         raise Unsupported(f"{what}: the result is not a tensor")
-    if tuple(new.meta.shape) != tuple(target.meta.shape):  # symbolic sizes: as expressions
+    # Symbolic sizes compare as SymInts: a size is equal only where the shape environment
+    # proves it (a relation the op's own meta check recorded, kept as a guard), never by
+    # its traced value alone.
+    if new.meta.sizes() != target.meta.sizes():
         raise Unsupported(f"{what}: result shape {new.meta} differs from the "
                           f"tensor's {target.meta} (eager raises)")
     if new.meta.dtype != target.meta.dtype:

@@ -254,6 +254,34 @@ def test_a_length_that_moves_into_a_new_input_is_a_symbol(backend: str,
     assert symbols(compiled.entries[0]) == ["L['cache'].shape[1]"]
 
 
+def test_in_place_op_on_a_size_equal_to_a_moved_length(backend: str,
+                                                      device: torch.device) -> None:
+    """transformers' static cache with a prompt as long as a head (16): the cache made in the
+    prefill is a new input whose head dim has the size the prompt's length moved from, so
+    that dim is a symbol; ``index_copy_`` of a static-size head into it compiles (the op
+    proves the sizes equal; a guard keeps it), no graph break."""
+
+    def step(ids, cache=None):
+        h = ids.float().unsqueeze(-1).expand(*ids.shape, 16) * 0.5
+        if cache is None:
+            return h, torch.zeros(2, 24, 16, device=ids.device)
+        at = torch.arange(ids.shape[1], device=ids.device) + 16
+        cache.index_copy_(1, at, h)
+        return torch.softmax(cache.sum(1), -1), cache
+
+    compiled = minicompile.compile(step, backend=backend)
+    ids = torch.randint(0, 9, (2, 16), device=device)
+    _, cache = compiled(ids)
+    for _ in range(2):
+        ids = torch.randint(0, 9, (2, 1), device=device)
+        mine = cache.clone()
+        got, want = compiled(ids, mine), step(ids, cache)
+        torch.testing.assert_close(got, want, **TOL)
+        assert got[1] is mine
+    assert minicompile.stats()["graph_breaks"] == 0
+    assert len(compiled.entries) == 2
+
+
 def test_sizes_returned_and_kept_across_a_graph_break(backend: str, device: torch.device) -> None:
     """Sizes leave the compiled code as Python ints computed from the call's tensors."""
 

@@ -205,7 +205,7 @@ def _emit_call(w: CodeWriter, program: LoopProgram, groups: list, backend: str, 
             if plans_pending and group.extern.op in CONVOLUTIONS:
                 w.line("library_plans.wait()  # (the first convolution waits for them)")
                 plans_pending = False
-            emit_extern(w, group.extern)
+            emit_extern(w, group.extern, in_place.get(group.extern.name))
             made = [group.extern.name]
         else:
             plan = plan_of[group.key]
@@ -393,7 +393,9 @@ def _extern_arg(value: object) -> str:
     return repr(value)
 
 
-def emit_extern(w: CodeWriter, ext: ExternKernel) -> None:
+def emit_extern(w: CodeWriter, ext: ExternKernel, into: str | None = None) -> None:
+    """``into``: the input the call stores into in place (passes/inplace.py): its in-place
+    variant (the name with ``_``) is called on it."""
     args = [_extern_arg(a) for a in ext.args]
     args += [f"{k}={_extern_arg(v)}" for k, v in ext.kwargs.items()]
     call = f"{ext.op}({', '.join(args)})"
@@ -403,6 +405,10 @@ def emit_extern(w: CodeWriter, ext: ExternKernel) -> None:
     if ext.sources:
         comment += f"  ({ext.sources[0]})"
     w.line(f"# {comment}")
+    if into is not None:
+        w.line(f"{ext.op}_({', '.join(args)})  # in place: rebuild's write-back copies nothing")
+        w.line(f"{ext.name} = {into}")
+        return
     if isinstance(ext.layout, tuple):
         w.line(f"{ext.name} = {call}")
     else:

@@ -133,6 +133,14 @@ def onednn(work: Work) -> bool:
     return work.cfg.onednn and inference(work)
 
 
+def stores_into_inputs(work: Work) -> bool:
+    """Outputs written back into inputs may be stored there: a kernel's in an optimizer
+    step, a library call's (a KV cache's ``index_copy_``) in a capture's graph, unless
+    MINICOMPILE_CHECK runs eager on the same inputs after it."""
+    return bool(work.writebacks) and (
+        work.cfg.store_in_place or work.role == "graph" and not work.cfg.check)
+
+
 def trains(work: Work) -> bool:
     from minicompile.passes.autograd import requires_grad
 
@@ -196,7 +204,8 @@ def stores_in_place(work: Work, logs: list[Log]) -> Work:
     from minicompile.passes.inplace import stores_in_place as in_place
 
     fusion_log = list(work.fusion_log)
-    chosen = in_place(work.program, work.groups, work.writebacks, fusion_log)
+    chosen = in_place(work.program, work.groups, work.writebacks, fusion_log,
+                      pointwise=work.cfg.store_in_place)
     return dataclasses.replace(work, in_place=chosen, fusion_log=tuple(fusion_log))
 
 
@@ -250,8 +259,7 @@ STAGES: tuple[Stage, ...] = (
     Stage("lowering", "lowering", lowering),
     Stage("fusion", "fusion", fusion),
     Stage("mix-order reductions", "fusion", mix_order_reductions, lambda w: w.cfg.mix_order),
-    Stage("stores in place", "fusion", stores_in_place,
-          lambda w: w.cfg.store_in_place and bool(w.writebacks)),
+    Stage("stores in place", "fusion", stores_in_place, stores_into_inputs),
     Stage("horizontal fusion", "fusion", horizontal_fusion, lambda w: w.cfg.horizontal_fusion),
     Stage("code generation", "codegen", code_generation),
     Stage("build and load", None, build_and_load),

@@ -12,7 +12,9 @@ A replay launches the recorded kernels with one call, on the same memory.
 - **Outputs** live in the graph's pool until its next replay, which invalidates those
   still alive (reading one raises an error that says to ``clone()`` it); one that views
   an input is that view of the caller's tensor.
-- **Mutation.**  An input a kernel stores into is copied back after the replay.
+- **Mutation.**  An input a kernel stores into is copied back after the replay.  An
+  output that is a whole input (a library call stored into it in place) is handed out as
+  the caller's tensor itself.
 - **Static addresses.**  An input marked with ``torch._dynamo.mark_static_address``
   (transformers' static KV cache) is read in place; a new one of the same sizes (the next
   ``generate`` call's cache) records the graph again on it, instead of copying it in and
@@ -73,6 +75,7 @@ class _Output:
     tensor: torch.Tensor  # the graph's own (pool memory, or a view of an input buffer)
     input: int | None  # the input whose memory it views, or None: pool memory
     offset: int  # storage offset relative to that input's
+    whole: bool = False  # the input itself (a library call stored into it in place)
 
 
 class Recorded:
@@ -130,7 +133,10 @@ class Recorded:
         ptr = out.untyped_storage().data_ptr()
         for k, buf in enumerate(self.buffers):
             if isinstance(buf, torch.Tensor) and buf.untyped_storage().data_ptr() == ptr:
-                return _Output(out, k, out.storage_offset() - buf.storage_offset())
+                whole = out is buf or (out.shape == buf.shape and out.stride() == buf.stride()
+                                       and out.storage_offset() == buf.storage_offset()
+                                       and out.dtype == buf.dtype)
+                return _Output(out, k, out.storage_offset() - buf.storage_offset(), whole)
         return _Output(out, None, out.storage_offset())
 
     def moved_pinned(self, inputs: list) -> bool:
@@ -169,6 +175,8 @@ class Recorded:
         t = out.tensor
         if out.input is not None:  # a view of an input: of the caller's tensor
             x = inputs[out.input]
+            if out.whole:  # (the key holds its sizes and strides: the view is x)
+                return x  # rebuild's write-back then finds the input itself
             return x.as_strided(t.shape, t.stride(), x.storage_offset() + out.offset)
         storage = t.untyped_storage()
         fresh = _storage_at(storage.data_ptr(), t.device, storage.nbytes())

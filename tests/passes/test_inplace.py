@@ -61,7 +61,7 @@ def value_also_returned(b: GraphBuilder) -> None:
 
 REFUSED = [
     (read_by_a_library_call, "copy buf1 back into arg0: library call buf0 reads the input"),
-    (kernel_with_a_reduction, "copy buf1 back into arg0: not made by a pointwise kernel"),
+    (kernel_with_a_reduction, "copy buf1 back into arg0: not made by a pointwise kernel or a library call"),
     (read_of_other_elements, "copy buf0 back into arg0: buf0 reads other elements of the input"),
     (value_also_returned, "copy buf0 back into arg0: the value is also returned"),
 ]
@@ -71,5 +71,41 @@ REFUSED = [
 def test_write_backs_that_keep_the_copy(build, reason: str) -> None:
     b = GraphBuilder()
     build(b)
+    _, _, chosen, log = planned(b, ((0, 0),))
+    assert chosen == {} and log == [reason]
+
+
+def cache_update(b: GraphBuilder, read_after: bool = False, source_is_cache: bool = False):
+    """A KV cache's ``cache.index_copy_(1, at, k)``, then attention-like reads of the new
+    cache (``read_after``: of the old one too, after the update)."""
+    cache, at = b.input("L_cache", (2, 6, 4)), b.input("L_at", (1,), torch.int64)
+    k = b.input("L_k", (2, 1, 4))
+    src = b(ops.extern_op(torch.narrow), cache, 1, 0, 1) if source_is_cache else k
+    new = b(ops.extern_op(torch.Tensor.index_copy), cache, 1, at, src)
+    scores = b(ops.extern_op(torch.bmm), k, b("permute", new, [0, 2, 1]))
+    if read_after:
+        scores = b("add", scores, b("sum", b(ops.extern_op(torch.bmm), k,
+                                            b("permute", cache, [0, 2, 1])), [2], True))
+    b.output(new, scores)
+
+
+def test_a_library_update_is_called_in_place_on_the_input() -> None:
+    b = GraphBuilder()
+    cache_update(b)
+    program, groups, chosen, log = planned(b, ((0, 0),))
+    assert chosen == {"buf0": "arg0"} and log == ["store buf0 into arg0"]
+    module = generate(program, groups, "cpp", in_place=chosen).module
+    assert "torch.Tensor.index_copy_(arg0, 1, arg1, arg2)  # in place" in module
+    assert "buf0 = arg0" in module and "torch.Tensor.index_copy(" not in module
+
+
+@pytest.mark.parametrize(("options", "reason"), [
+    ({"read_after": True}, "copy buf0 back into arg0: buf2 reads the input after the library call"),
+    ({"source_is_cache": True},
+     "copy buf0 back into arg0: the library call reads the input in another argument too"),
+])
+def test_library_updates_that_keep_the_copy(options: dict, reason: str) -> None:
+    b = GraphBuilder()
+    cache_update(b, **options)
     _, _, chosen, log = planned(b, ((0, 0),))
     assert chosen == {} and log == [reason]

@@ -83,6 +83,12 @@ def test_generate_with_static_cache(backend: str) -> None:
     for ids, want in zip(prompts, wants):
         assert torch.equal(generate(model, ids, tokens, **options), want)
     assert_compiled_twice()
+    # The cache update (index_copy_ of keys and values, each layer) runs in place on the
+    # cache: no out-of-place copy of the cache, and rebuild's write-back copies nothing.
+    source = model.forward.entries[0].artefact[0].module_path.read_text()
+    layers = model.config.num_hidden_layers
+    assert source.count("torch.Tensor.index_copy_(") == 2 * layers, source
+    assert "torch.Tensor.index_copy(" not in source
     if device.type == "cuda":
         decode = model.forward.entries[0].call  # the newest entry: the decode step
         assert isinstance(decode, cudagraphs.GraphedCall), decode

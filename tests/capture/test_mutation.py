@@ -252,3 +252,42 @@ def test_inplace_activation_modules_train_compiled(backend: str, device: torch.d
         for p, q in zip(model.parameters(), twin.parameters()):
             torch.testing.assert_close(q.grad, p.grad, rtol=1e-4, atol=1e-5)
     assert minicompile.stats()["eager_fallbacks"] == 0
+
+
+def cache_step(cache, at, k):
+    """A KV cache's update: read the old cache, write a row with index_copy_ (or
+    index_put_: ``cache[at] = k``), then read the new cache."""
+    before = cache.sum(0)
+    cache.index_copy_(0, at, k)
+    return torch.softmax(cache, -1) + before
+
+
+def index_put_step(cache, at, k):
+    before = cache.sum(0)
+    cache[at] = k * 2
+    return torch.softmax(cache, -1) + before
+
+
+def cache_step_reading_the_old_value_later(cache, at, k):
+    old = cache * 1  # nothing orders it before the update: it may run after
+    cache.index_copy_(0, at, k)
+    return old + cache
+
+
+@pytest.mark.parametrize("fn", [cache_step, index_put_step,
+                                cache_step_reading_the_old_value_later])
+def test_library_updates_of_inputs_match_eager(fn, backend: str, device: torch.device) -> None:
+    """Library calls that update an input run in place on it (passes/inplace.py) where
+    every read of the old value comes before; values and the caller's tensor are eager's."""
+    import minicompile
+
+    compiled = minicompile.compile(fn, backend=backend)
+    for step in range(2):
+        cache = torch.randn(8, 4, device=device)
+        at = torch.tensor([step + 2], device=device)
+        k = torch.randn(1, 4, device=device)
+        mine = cache.clone()
+        torch.testing.assert_close(compiled(mine, at, k), fn(cache, at, k))
+        torch.testing.assert_close(mine, cache)
+    stats = minicompile.stats()
+    assert stats["graph_breaks"] == 0 and stats["eager_fallbacks"] == 0, stats

@@ -175,7 +175,7 @@ class Recorded:
         t = out.tensor
         if out.input is not None:  # a view of an input: of the caller's tensor
             x = inputs[out.input]
-            if out.whole:  # (the key holds its sizes and strides: the view is x)
+            if out.whole and not x.requires_grad:  # (the key holds its sizes and strides)
                 return x  # rebuild's write-back then finds the input itself
             return x.as_strided(t.shape, t.stride(), x.storage_offset() + out.offset)
         storage = t.untyped_storage()

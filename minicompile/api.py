@@ -495,10 +495,18 @@ class OptimizedModule(torch.nn.Module):
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         mod = self._modules["_orig_mod"]  # (not through nn.Module.__getattr__: 1-5 us a call)
-        if distributed.is_ddp(mod):
-            return distributed.ddp_forward(mod, self.__dict__["_compiled"], args, kwargs)
-        if mod._forward_hooks or mod._forward_pre_hooks or "forward" in mod.__dict__:
-            return mod(*args, **kwargs)  # hooks and patched forwards run as in eager
+        if distributed.is_ddp(mod):  # DDP's forward as in eager, the wrapped one's compiled
+            return distributed.call_with_forward(mod.module, self.__dict__["_compiled"], mod,
+                                                 args, kwargs)
+        if "forward" in mod.__dict__:
+            return mod(*args, **kwargs)  # a patched forward runs as written
+        if distributed.has_hooks(mod):  # hooks (FSDP2's) as in eager, around the compiled forward
+            return distributed.call_with_forward(mod, self._forward_now(mod), mod, args, kwargs)
+        return self._forward_now(mod)(*args, **kwargs)
+
+    def _forward_now(self, mod: torch.nn.Module) -> Callable[..., Any]:
+        """The compiled forward for this call: of the class's forward, or of the one capture
+        traces in its place (a training BatchNorm without momentum)."""
         traced = None
         if isinstance(mod, torch.nn.modules.batchnorm._BatchNorm):  # capture's import is
             from minicompile.capture import training_ops  # costly: only where it can apply
@@ -509,8 +517,8 @@ class OptimizedModule(torch.nn.Module):
             if traced not in compiled:
                 compiled[traced] = CompiledFunction(types.MethodType(traced, mod),
                                                     self.__dict__["_cfg"])
-            return compiled[traced](*args, **kwargs)
-        return self.__dict__["_compiled"](*args, **kwargs)
+            return compiled[traced]
+        return self.__dict__["_compiled"]
 
     def __getattr__(self, name: str) -> Any:
         try:
@@ -530,13 +538,10 @@ class OptimizedModule(torch.nn.Module):
         @functools.wraps(method)
         def run(*args: Any, **kwargs: Any) -> Any:
             mod = self._orig_mod
-            if "forward" in mod.__dict__ or distributed.is_ddp(mod):  # patched: as in eager
+            if distributed.is_ddp(mod):
                 return method(*args, **kwargs)
-            mod.__dict__["forward"] = self.__dict__["_compiled"]
-            try:
-                return method(*args, **kwargs)
-            finally:
-                del mod.__dict__["forward"]
+            return distributed.call_with_forward(mod, self.__dict__["_compiled"], method, args,
+                                                 kwargs)
 
         return run
 

@@ -25,7 +25,7 @@ from minicompile import config, distributed, heap, optim, perf, trace
 from minicompile.auto_dynamic import AutoDynamic
 from minicompile.binder import binder
 from minicompile.config import Config
-from minicompile.errors import BackendCompilerFailed, Unsupported
+from minicompile.errors import BackendCompilerFailed, HookedModuleCall, Unsupported
 from minicompile.driver import Entry, compile_graph
 from minicompile.driver import counters as _stats
 from minicompile.resume import Resuming, _callee_wrappers, _compiled_steps
@@ -101,6 +101,7 @@ class CompiledFunction(Resuming, AutoDynamic):
         self._root: ResumePoint | None = None
         self.concrete_points: set[ResumePoint] = set()  # the rest of the frame runs for real
         self.eager_reason: str | None = None
+        self.calls_compiled = False  # running for real, calls of hooked modules compiled
         self.breaks: list[Break | Unsupported] = []  # every break met, for explain()
         # Automatic dynamic: per segment start, the dims of each input source seen to change.
         self.dynamic_dims: dict[ResumePoint, dict[str, frozenset[int]]] = {}
@@ -123,7 +124,7 @@ class CompiledFunction(Resuming, AutoDynamic):
         if self.bound_self is not None:
             args = (self.bound_self, *args)
         if self.eager_reason is not None:
-            return self.fn(*args, **kwargs)
+            return self.run_eagerly(args, kwargs)
         simple = not kwargs and self.simple and len(args) == self.n_params
         frame = args if simple else self.bind(*args, **kwargs)
         for entry in self.entries:
@@ -240,7 +241,7 @@ class CompiledFunction(Resuming, AutoDynamic):
             log.info("minicompile: running %s eagerly: %s", name, reason)
             if isinstance(failed, Unsupported) and failed.raises:
                 return self.run_eagerly_once(reason, args, kwargs)
-            return self.give_up(reason, args, kwargs)
+            return self.give_up(reason, args, kwargs, isinstance(failed, HookedModuleCall))
         self.entries.insert(0, entry)
         result = self.run_root(entry, frame, args, kwargs)
         if cfg.warm_entries:  # after the first run: Triton builds a kernel at its launch
@@ -349,10 +350,30 @@ class CompiledFunction(Resuming, AutoDynamic):
 
     # -- building entries, eager fallbacks --------------------------------------------------
 
-    def give_up(self, reason: str, args: tuple, kwargs: dict[str, Any]) -> Any:
+    def give_up(self, reason: str, args: tuple, kwargs: dict[str, Any],
+                hooked_call: bool = False) -> Any:
+        """From now on the frame runs for real (:meth:`run_eagerly`); ``hooked_call``: it
+        could not be captured for a call of a module with hooks."""
+        from minicompile.capture.segments import why_not_concrete
+
         self.eager_reason = reason
+        self.calls_compiled = hooked_call and why_not_concrete(self.fn.__code__, 0) is None
         _stats["eager_fallbacks"] += 1
-        return self.fn(*args, **kwargs)
+        return self.run_eagerly(args, kwargs)
+
+    def run_eagerly(self, args: tuple, kwargs: dict[str, Any]) -> Any:
+        """The frame, for real: the function itself, or, where it calls modules with hooks
+        (a model sharded per block with FSDP2 whose blocks are called in a loop), its
+        bytecode run by the concrete executor with those calls compiled as frames of their
+        own, as Dynamo compiles the frames a skipped frame calls."""
+        if not self.calls_compiled:
+            return self.fn(*args, **kwargs)
+        from minicompile.capture import concrete
+
+        frame = self.bind(*args, **kwargs)
+        f = concrete.Frame.at(self.fn, 0, dict(zip(self.root.local_names, frame)), [])
+        f.call = self.call_at_break
+        return self.run_concretely(f)
 
     def run_graph_eagerly(self, entry: Entry, reason: str) -> None:
         """From now on ``entry`` evaluates its graph with PyTorch ops; guards, write-backs

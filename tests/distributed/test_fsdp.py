@@ -110,12 +110,13 @@ def check_against(results: list[dict], kind: str) -> None:
     "graphs under Triton's interpreter, which a GPU machine's test run leaves off "
     "(tests/conftest.py), so there they run eagerly by design"))])
 def test_fsdp_matches_eager_fsdp(backend: str, tmp_path: Path) -> None:
-    kinds = ("eager", "compiled_inside", "compiled_outside", "patched")
+    kinds = ("eager", "compiled_inside", "compiled_outside", "patched", "whole")
     if backend == "triton":  # (the interpreter is slow: the two orders of the common pattern)
         kinds = kinds[:3]
     results = run_ranks(backend, kinds, tmp_path, run=train)
     for kind in kinds[1:]:
         check_against(results, kind)
         stats = results[0][kind]["stats"]
-        # one graph per block (the root's forward is eager, or broke at each block)
-        assert stats["graphs"] == CONFIG.n_layer and stats["eager_fallbacks"] == 0, stats
+        assert stats["graphs"] == CONFIG.n_layer, stats  # one per block: GPT.forward's
+        # loop over the blocks broke at each (not resumable in a loop): it runs for real
+        assert stats["eager_fallbacks"] == (kind == "whole"), stats

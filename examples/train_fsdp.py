@@ -27,11 +27,11 @@ import os
 
 import torch
 import torch.distributed as dist
+from gpt import GPT, GPTConfig
 from torch.distributed.fsdp import fully_shard
+from train_ddp import batches, make_model, train
 
 import minicompile
-from gpt import GPT, GPTConfig
-from train_ddp import batches, make_model, train
 
 
 def shard(model: GPT, mode: str, backend: str = "auto") -> torch.nn.Module:
@@ -84,7 +84,7 @@ def main() -> None:
     args = parser.parse_args()
     cuda = torch.cuda.is_available()
     if cuda:
-        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
         torch.cuda.set_device(device)
         config, batch = GPTConfig(n_layer=6, n_embd=512, n_head=8, block_size=256,
                                   vocab_size=8192), 16

@@ -25,12 +25,11 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
+from gpt import GPT, GPTConfig
 from test_ddp import compiled_node, run_ranks
+from train_fsdp import shard
 
 import minicompile
-
-from gpt import GPT, GPTConfig
-from train_fsdp import shard
 
 STEPS = 10
 CONFIG = GPTConfig(block_size=8, vocab_size=64, n_layer=2, n_head=2, n_embd=32, bias=False)

@@ -117,8 +117,8 @@ def main() -> None:
         print("| | ms/step | peak MiB per GPU | first call s | max |loss - eager FSDP| |")
         print("|---|---|---|---|---|")
         for mode, per_step, peaks, first, diff, _ in rows:
-            print(f"| {mode} | {per_step * 1e3:.2f} | {' / '.join(f'{p:,.0f}' for p in peaks)} "
-                  f"| {first:.1f} | {diff:.2e} |")
+            memory = " / ".join(f"{p:,.0f}" for p in peaks) if cuda else "(CPU)"
+            print(f"| {mode} | {per_step * 1e3:.2f} | {memory} | {first:.1f} | {diff:.2e} |")
         for mode, *_, stats in rows:
             if mode.startswith("minicompile"):
                 print(f"{mode}: graphs {stats['graphs']}, kernels {stats['kernels']}, graph "

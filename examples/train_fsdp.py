@@ -15,7 +15,7 @@ the root, as FSDP's docs recommend (:func:`shard`), in each arrangement:
 - torch.compile: ``fully_shard(torch.compile(block))`` per block (Inductor).
 
 One table: step time (the slowest rank's, over steps run back to back after warm-up), peak
-memory allocated on each GPU, the first call's time (compiling) and the largest loss
+memory allocated on each GPU (above what was allocated before), the first call's time (compiling) and the largest loss
 difference from eager FSDP.  The optimizer step is eager AdamW in every row.
 """
 
@@ -23,13 +23,13 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import os
+import gc
 
 import torch
 import torch.distributed as dist
 from gpt import GPT, GPTConfig
 from torch.distributed.fsdp import fully_shard
-from train_ddp import batches, make_model, train
+from train_ddp import batches, device_and_config, make_model, train
 
 import minicompile
 
@@ -59,13 +59,16 @@ def run(mode: str, config: GPTConfig, data: list, device: torch.device,
     torch._dynamo.reset()
     minicompile.reset()
     cuda = device.type == "cuda"
+    held = 0  # (earlier arrangements' models may live on in their compilers' caches)
     if cuda:
+        gc.collect()
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
+        held = torch.cuda.memory_allocated(device)
     model = make_model(config, device)
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     first, per_step, losses = train(shard(model, mode), data, sync, warmup)
-    peak = torch.cuda.max_memory_allocated(device) / 2**20 if cuda else 0.0
+    peak = (torch.cuda.max_memory_allocated(device) - held) / 2**20 if cuda else 0.0
     peaks = [torch.zeros((), dtype=torch.float64, device=device)
              for _ in range(dist.get_world_size())]
     dist.all_gather(peaks, torch.tensor(peak, dtype=torch.float64, device=device))
@@ -83,15 +86,7 @@ def main() -> None:
     parser.add_argument("--embd", type=int, default=None)
     args = parser.parse_args()
     cuda = torch.cuda.is_available()
-    if cuda:
-        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
-        torch.cuda.set_device(device)
-        config, batch = GPTConfig(n_layer=6, n_embd=512, n_head=8, block_size=256,
-                                  vocab_size=8192), 16
-    else:
-        device = torch.device("cpu")
-        config, batch = GPTConfig(n_layer=2, n_embd=64, n_head=4, block_size=32,
-                                  vocab_size=128), 4
+    device, config, batch = device_and_config()
     config.n_layer = args.layers or config.n_layer
     config.n_embd = args.embd or config.n_embd
     batch = args.batch or batch

@@ -73,6 +73,7 @@ def reset() -> None:
         fn.dynamic_lengths.clear()
         fn.breaks.clear()
         fn.eager_reason = None
+        fn.calls_compiled = False
     build.forget()
     profile.forget()
     _callee_wrappers.clear()

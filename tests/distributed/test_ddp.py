@@ -195,10 +195,13 @@ def check_against(results: list[dict], kind: str, reference: str, adam: bool = F
         torch.testing.assert_close(p, q, rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("backend", ["cpp", pytest.param("triton", marks=pytest.mark.skipif(
-    torch.cuda.is_available(), reason="CPU tensors on gloo: the Triton backend runs CPU "
-    "graphs under Triton's interpreter, which a GPU machine's test run leaves off "
-    "(tests/conftest.py), so there they run eagerly by design"))])
+# CPU tensors on gloo: the Triton backend runs CPU graphs under Triton's interpreter, which a
+# GPU machine's test run leaves off (tests/conftest.py), so there they run eagerly by design.
+GLOO_BACKENDS = ["cpp", pytest.param("triton", marks=pytest.mark.skipif(
+    torch.cuda.is_available(), reason="CPU graphs on a GPU machine run eagerly by design"))]
+
+
+@pytest.mark.parametrize("backend", GLOO_BACKENDS)
 def test_ddp_matches_eager_ddp(backend: str, tmp_path: Path) -> None:
     kinds = ("eager", "compiled_inside", "mesh", "compiled_outside", "dynamo")
     results = run_ranks(backend, kinds, tmp_path)

@@ -26,7 +26,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from gpt import GPT, GPTConfig
-from test_ddp import compiled_node, run_ranks
+from test_ddp import GLOO_BACKENDS, compiled_node, run_ranks
 from train_fsdp import shard
 
 import minicompile
@@ -89,10 +89,7 @@ def check_against(results: list[dict], kind: str) -> None:
     assert r0["losses"] != r1["losses"]  # ranks saw different data
 
 
-@pytest.mark.parametrize("backend", ["cpp", pytest.param("triton", marks=pytest.mark.skipif(
-    torch.cuda.is_available(), reason="CPU tensors on gloo: the Triton backend runs CPU "
-    "graphs under Triton's interpreter, which a GPU machine's test run leaves off "
-    "(tests/conftest.py), so there they run eagerly by design"))])
+@pytest.mark.parametrize("backend", GLOO_BACKENDS)
 def test_fsdp_matches_eager_fsdp(backend: str, tmp_path: Path) -> None:
     kinds = ("eager", "compiled_outside", "minicompile", "patched", "minicompile (model)")
     if backend == "triton":  # (the interpreter is slow: one arrangement)

@@ -11,7 +11,9 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import re
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import sympy
 import torch
@@ -68,6 +70,14 @@ class CodeWriter:
 
     def text(self) -> str:
         return "\n".join(self.lines) + "\n"
+
+
+def text_sections(filename: str) -> dict[str, str]:
+    """The sections of a C++ file of this folder, by name, in file order: each runs from
+    its ``//! section NAME`` line to the next (the file's own comment comes before)."""
+    parts = re.split(r"^//! section (\w+)\n", (Path(__file__).parent / filename).read_text(),
+                     flags=re.MULTILINE)
+    return dict(zip(parts[1::2], parts[2::2]))
 
 
 @dataclasses.dataclass(frozen=True)

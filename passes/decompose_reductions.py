@@ -27,11 +27,7 @@ NOT_HANDLED = None
 
 def bind(args: tuple, kwargs: dict, names: Sequence[str], defaults: dict[str, Any]) -> dict:
     """Arguments by parameter name, as Python would bind them (positional, then keyword)."""
-    bound = dict(defaults)
-    for name, value in zip(names, args):
-        bound[name] = value
-    bound.update(kwargs)
-    return bound
+    return {**defaults, **dict(zip(names, args)), **kwargs}
 
 
 def _dims(dim: Any, ndim: int) -> tuple[int, ...]:

@@ -217,10 +217,7 @@ def _emit_checks(w: CodeWriter, program: LoopProgram, arg_of: list[int | None],
 
 def _emit_extern(w: CodeWriter, ext: ExternKernel, calls: dict[str, str],
                  tuples: set[str]) -> None:
-    comment = ", ".join(ext.origins)
-    if ext.sources:
-        comment += f"  ({ext.sources[0]})"
-    w.line(f"// {comment}")
+    w.line(f"// {wrapper.extern_comment(ext)}")
     if ext.op == "operator.getitem":
         source, index = ext.args
         if not isinstance(source, BufferRef) or source.name not in tuples:

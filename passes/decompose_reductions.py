@@ -388,8 +388,7 @@ def _group_norm(b: Builder, *args: Any, **kwargs: Any) -> Node | None:
                              lambda t: _per_channel(b, t, len(shape))))
 
 
-REDUCTION_DECOMPOSITIONS: dict[str, Callable[..., Node | None]] = {}
-for _names, _rule in (
+REDUCTION_DECOMPOSITIONS: dict[str, Callable[..., Node | None]] = {name: rule for names, rule in (
     (("torch.sum", "torch.Tensor.sum"), _plain("sum", takes_dtype=True)),
     (("torch.mean", "torch.Tensor.mean"), _mean),
     (("torch.amax", "torch.Tensor.amax"), _plain("amax", _empty)),  # (eager raises there)
@@ -413,6 +412,4 @@ for _names, _rule in (
     (("torch.nn.functional.rms_norm",), _rms_norm),
     (("torch.nn.functional.batch_norm",), _batch_norm),  # torch.batch_norm orders args apart
     (("torch.nn.functional.group_norm", "torch.group_norm"), _group_norm),
-):
-    for _name in _names:
-        REDUCTION_DECOMPOSITIONS[_name] = _rule
+) for name in names}

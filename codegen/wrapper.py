@@ -393,16 +393,18 @@ def _extern_arg(value: object) -> str:
     return repr(value)
 
 
+def extern_comment(ext: ExternKernel) -> str:
+    """The graph nodes a library call computes, and the user's first source line of them."""
+    return ", ".join(ext.origins) + (f"  ({ext.sources[0]})" if ext.sources else "")
+
+
 def emit_extern(w: CodeWriter, ext: ExternKernel) -> None:
     args = [_extern_arg(a) for a in ext.args]
     args += [f"{k}={_extern_arg(v)}" for k, v in ext.kwargs.items()]
     call = f"{ext.op}({', '.join(args)})"
     if ext.op == "operator.getitem":
         call = f"{args[0]}[{args[1]}]"
-    comment = ", ".join(ext.origins)
-    if ext.sources:
-        comment += f"  ({ext.sources[0]})"
-    w.line(f"# {comment}")
+    w.line(f"# {extern_comment(ext)}")
     if isinstance(ext.layout, tuple):
         w.line(f"{ext.name} = {call}")
     else:

@@ -198,13 +198,13 @@ _MEMORY_FORMATS = {
 
 
 def _option(typ: str, v: object) -> str:
-    """A tensor option: a CPU device (the library runs on CPU), a layout, a memory format."""
+    """A tensor option: a device (the library's, ``mc_device``), a layout, a memory format."""
     if typ == "Device":
         if isinstance(v, str):
             v = torch.device(v)
-        if not isinstance(v, torch.device) or v.type != "cpu":
+        if not isinstance(v, torch.device) or v.type not in ("cpu", "cuda"):
             raise _NoFit
-        return "at::Device(at::kCPU)"
+        return "mc_device"
     table = _LAYOUTS if typ == "Layout" else _MEMORY_FORMATS
     if v not in table:  # type: ignore[operator]
         raise _NoFit

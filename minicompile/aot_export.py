@@ -15,9 +15,11 @@ arguments are baked into ``model.weights``.  runtime/aot.py builds and loads.
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import inspect
 import os
+import re
 import shutil
 import types
 from collections.abc import Callable, Sequence
@@ -148,7 +150,8 @@ def _returns(capture: Any, frame: tuple, args: tuple) -> tuple[list[tuple[str, i
     """What the function returns, from its output recipe: a tensor or a tuple/list of
     tensors, each a graph output or an argument as given."""
     lines = [ln.strip() for ln in capture.rebuild_source.strip().splitlines()[1:]]
-    if len(lines) != 2 or not lines[0].startswith("ret = ") or lines[1] != "return ret":
+    if (len(lines) < 2 or not lines[0].startswith("ret = ") or lines[-1] != "return ret"
+            or not _writes_nothing_new(capture, frame, lines[1:-1])):
         raise Unsupported("export: the function mutates its inputs or has side effects "
                           "(attribute, global or container writes), which an exported library "
                           "does not replay")
@@ -173,6 +176,33 @@ def _returns(capture: Any, frame: tuple, args: tuple) -> tuple[list[tuple[str, i
     if not returns:
         raise Unsupported("export: the function must return at least one tensor")
     return returns, structure
+
+
+_CONSTANT = re.compile(r"^(_v\d+) = (None|True|False|-?\d+)$")
+_ATTRIBUTE_WRITE = re.compile(r"^(.+)\.(\w+) = (_v\d+)$")
+
+
+def _writes_nothing_new(capture: Any, frame: tuple, lines: list[str]) -> bool:
+    """Whether the output recipe's side effects (``lines``) only write, to attributes,
+    constants they hold already: a context's state reset at the end of the call
+    (transformers' output capturing does), which a library need not replay."""
+    constants = [_CONSTANT.match(ln) for ln in lines]
+    writes = [_ATTRIBUTE_WRITE.match(ln) for ln, c in zip(lines, constants) if c is None]
+    if any(w is None for w in writes):
+        return False
+    values = {c.group(1): ast.literal_eval(c.group(2)) for c in constants if c is not None}
+    params = capture.rebuild_source.split("(", 1)[1].split(")", 1)[0].split(", ")[1:]
+    scope = dict(capture.rebuild.__globals__) | dict(zip(params, frame))
+    for w in writes:
+        assert w is not None
+        try:
+            held = getattr(eval(w.group(1), scope), w.group(2))  # noqa: S307 (our recipe)
+        except Exception:  # noqa: BLE001 (what cannot be read is a side effect)
+            return False
+        value = values.get(w.group(3), held)
+        if w.group(3) not in values or type(held) is not type(value) or held != value:
+            return False
+    return True
 
 
 def export(fn_or_module: Callable | torch.nn.Module, example_args: tuple | torch.Tensor,

@@ -80,6 +80,9 @@ def extern_call(ext: ExternKernel, value: Callable[[object], str]) -> ExternCall
     argument (a BufferRef, or an AliasOutput view)."""
     if ext.op == "torch.Tensor.__getitem__":
         return _index(ext, value)
+    if ext.kwargs.get("return_indices") is False:  # (Python's flag: aten's max_poolNd has none)
+        ext = dataclasses.replace(ext, kwargs={k: v for k, v in ext.kwargs.items()
+                                               if k != "return_indices"})
     name = aten_name(ext.op)
     packet = getattr(torch.ops.aten, name, None) if name else None
     if packet is None or not hasattr(packet, "overloads"):

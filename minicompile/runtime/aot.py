@@ -113,7 +113,10 @@ def write_weights(path: Path, weights: list[torch.Tensor]) -> None:
         for w in weights:
             w = w.detach()
             laid = torch.empty_strided(w.shape, w.stride(), dtype=w.dtype).copy_(w)
-            data = bytes(laid.untyped_storage()) if laid.untyped_storage().nbytes() else b""
+            storage = laid.untyped_storage()  # (its bytes through NumPy: bytes() of a
+            # storage reads it element by element, minutes for a ResNet's weights)
+            data = (torch.empty(0, dtype=torch.uint8).set_(storage).numpy().tobytes()
+                    if storage.nbytes() else b"")
             f.write(len(data).to_bytes(8, "little"))
             f.write(data)
 

@@ -63,8 +63,8 @@ def emit_launch(w: CodeWriter, program: LoopProgram, plan: KernelPlan, index: in
     """Launch kernel ``index`` of the cubins file (the outputs allocated already)."""
     block = _options(program, plan)["XBLOCK"]
     numel = plan.numel
-    grid = (str(-(-int(numel) // block)) if numel.is_Integer
-            else f"({cpp_index(numel)} + {block - 1}) / {block}")
+    grid = (str(-(-int(numel) // block)) if numel.is_Integer else cpp_index(numel)
+            if block == 1 else f"({cpp_index(numel)} + {block - 1}) / {block}")
     tensors = [b for b, _ in plan.inputs] + list(plan.outputs)
     args = [f"mc_pointer({t})" for t in tensors]
     args += [f"int64_t{{{cpp_index(n)}}}" for n in _ints(plan) if n != 1]

@@ -208,8 +208,19 @@ McCudaRun mc_cuda_begin(const c10::Device& device) {
         }
     }
     mc_cuda_check(d.cuCtxSetCurrent(slot.first), "cuCtxSetCurrent");
+    // The default stream (id 0) is CUDA's null stream; another, its handle.
     c10::Stream stream = c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->getStream(device);
-    return {&slot.second, stream.native_handle()};
+    void* handle = nullptr;
+    if (stream.id() != 0) {
+        try {
+            handle = stream.native_handle();
+        } catch (const c10::Error& e) {
+            throw std::runtime_error(std::string("cannot launch on the current CUDA stream (use "
+                                     "the default one with this PyTorch): ") +
+                                     e.what_without_backtrace());
+        }
+    }
+    return {&slot.second, handle};
 }
 
 int64_t mc_pointer(const at::Tensor& t) {

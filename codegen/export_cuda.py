@@ -161,7 +161,7 @@ std::vector<McCubin> mc_read_cubins(const std::string& path) {
         c.codes = blob();
         c.data = blob();
         if (!f || c.name != kKernelNames[k]) {
-            throw std::runtime_error("the cubins file " + path + " does not belong to this library");
+            throw std::runtime_error("the cubins file " + path + " does not belong here");
         }
     }
     return out;

@@ -162,8 +162,9 @@ def _emit_run(w: CodeWriter, program: LoopProgram, groups: list, plan_of: dict,
                        f"{ATEN_DTYPES[lay.dtype]})));  // {buf.name}")
         w.line("return out;")
     w.line()
+    weights = "cpu_weights" if cuda is not None else "weights"
     with w.block("std::vector<at::Tensor> run(std::vector<at::Tensor>& inputs, "
-                 f"const std::vector<at::Tensor>& {'cpu_weights' if cuda is not None else 'weights'})"):
+                 f"const std::vector<at::Tensor>& {weights})"):
         if cuda is not None:
             first = arg_names[0] if arg_names else ""
             w.line(f'const c10::Device mc_device = mc_cuda_device(inputs, "{first}");')
@@ -431,7 +432,9 @@ ENTRY_POINTS = r"""
 static const std::vector<at::Tensor>& mc_weights() {
     static std::once_flag once;
     static std::vector<at::Tensor> weights;
-    std::call_once(once, [] { weights = mc_read_weights(mc_file_beside(".weights"), weight_layouts()); });
+    std::call_once(once, [] {
+        weights = mc_read_weights(mc_file_beside(".weights"), weight_layouts());
+    });
     return weights;
 }
 

@@ -217,9 +217,9 @@ def export(fn_or_module: Callable | torch.nn.Module, example_args: tuple | torch
     a GPU, from the graph traced on the CPU (for checking the build where there is none).
     Raises :class:`Unsupported` for what cannot be exported (a graph break, naming its
     line), before anything is built."""
-    from minicompile import api, perf, trace
+    from minicompile import api, trace
     from minicompile.codegen import export_wrapper
-    from minicompile.runtime import aot, cubins
+    from minicompile.runtime import cubins
 
     _check_torch_version()
     args = (example_args,) if isinstance(example_args, torch.Tensor) else tuple(example_args)
@@ -278,22 +278,31 @@ def export(fn_or_module: Callable | torch.nn.Module, example_args: tuple | torch
                                 _same_names(program, arg_of, labels, names), cuda)
     trace.emit("output_code", f"{fn.__qualname__} exported wrapper (C++)", code.wrapper,
                f"{fn.__name__}.export.cpp")
-    library = Path(path).resolve()
+    target = (cuda_target or cubins.device_target(next(iter(devices)))) if cuda else None
+    return _write(code, Path(path).resolve(), weights, cfg, target)
+
+
+def _write(code: Any, library: Path, weights: list[torch.Tensor], cfg: config.Config,
+           target: tuple | None) -> Exported:
+    """Build the library (``target``: its cubins' GPU, None for C++ kernels) and write it,
+    its sources, weights (and cubins) and the runner."""
+    from minicompile import perf
+    from minicompile.runtime import aot, cubins
+
     library.parent.mkdir(parents=True, exist_ok=True)
     stem = library.name[:-3] if library.name.endswith(".so") else library.name
     sources = (library.with_name(f"{stem}.wrapper.cpp"),
-               library.with_name(f"{stem}.kernels.{'py' if cuda else 'cpp'}"))
+               library.with_name(f"{stem}.kernels.{'py' if target else 'cpp'}"))
     sources[0].write_text(code.wrapper)
     sources[1].write_text(code.kernels)
     cubins_file = None
     with perf.phase("build"):
-        if cuda:
-            target = cuda_target or cubins.device_target(next(iter(devices)))
+        if target is not None:
             cubins_file = aot.beside(library, ".cubins")
             built = cubins.build(code.kernels, [cubins.KernelBuild(*b) for b in code.builds],
                                  target)
             cubins.write(cubins_file, built)
-        aot.build_library(None if cuda else code.kernels, code.wrapper, library, cfg)
+        aot.build_library(None if target else code.kernels, code.wrapper, library, cfg)
         weights_file = aot.beside(library, ".weights")
         aot.write_weights(weights_file, weights)
         runner = library.with_name("minicompile_runner")

@@ -2,8 +2,8 @@
 the runner program (runner.cpp) that runs one without Python.
 
 An exported model is ``model.so`` (kernels and C++ wrapper), ``model.weights`` (read on
-its first call), for CUDA ``model.cubins`` (its Triton kernels) and ``minicompile_runner``, built once per PyTorch install and compiler
-(cached) and copied beside each library::
+its first call), for CUDA ``model.cubins`` (its Triton kernels) and ``minicompile_runner``,
+built once per PyTorch install and compiler (cached) and copied beside each library::
 
     minicompile_runner model.so inputs.pt outputs.pt
 """

@@ -25,12 +25,13 @@ thread_local std::string last_error;
 // library's iostreams and the process's need not be the same build of libstdc++).
 std::string mc_input(const char* name) { return std::string("input ") + name; }
 
-void mc_check_tensor(const at::Tensor& t, const char* name, at::ScalarType dtype, int64_t dim) {
+void mc_check_tensor(const at::Tensor& t, const char* name, const c10::Device& device,
+                     at::ScalarType dtype, int64_t dim) {
     if (!t.defined()) {
         throw std::invalid_argument(mc_input(name) + " is an undefined tensor");
-    } else if (!t.device().is_cpu()) {
+    } else if (t.device() != device) {
         throw std::invalid_argument(mc_input(name) + " is on " + t.device().str() +
-                                    "; the library runs on CPU tensors");
+                                    "; the library runs on " + device.str() + " tensors");
     } else if (t.scalar_type() != dtype) {
         throw std::invalid_argument(mc_input(name) + " has dtype " +
                                     c10::toString(t.scalar_type()) + ", expected " +
@@ -68,15 +69,29 @@ void mc_check_layout(const at::Tensor& t, const char* name, std::vector<int64_t>
     }
 }
 
-// A library call may choose other strides than eager's; kernels index by eager's.
+// A library call may choose other strides than eager's; kernels index by eager's (and
+// Triton's cubins read 16-byte aligned addresses).
 at::Tensor mc_with_layout(const at::Tensor& t, std::vector<int64_t> size,
                           std::vector<int64_t> stride) {
-    bool same = true;
+    bool same = !t.is_cuda() || reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0;
     for (size_t d = 0; d < size.size(); ++d) {
         same = same && (size[d] <= 1 || t.stride(d) == stride[d]);
     }
     if (same) return t;
     return at::empty_strided(size, stride, t.options()).copy_(t);
+}
+
+// A file beside this library: its path with ".so" replaced by ``suffix``.
+std::string mc_file_beside(const char* suffix) {
+    Dl_info info;
+    if (dladdr(reinterpret_cast<void*>(&mc_file_beside), &info) == 0 || !info.dli_fname) {
+        throw std::runtime_error("cannot find the path of this library");
+    }
+    std::string path = info.dli_fname;
+    if (path.size() > 3 && path.compare(path.size() - 3, 3, ".so") == 0) {
+        path.resize(path.size() - 3);
+    }
+    return path + suffix;
 }
 
 // The weights file: "MCWEIGHTS1", the count, then per tensor its byte count and bytes
@@ -112,32 +127,22 @@ std::vector<at::Tensor> mc_read_weights(const std::string& path,
 }  // namespace
 //! section entry_points
 
-// The weights file beside this library: its path with ".so" replaced by ".weights".
-static std::string mc_weights_path() {
-    Dl_info info;
-    if (dladdr(reinterpret_cast<void*>(&mc_weights_path), &info) == 0 || !info.dli_fname) {
-        throw std::runtime_error("cannot find the path of this library");
-    }
-    std::string path = info.dli_fname;
-    if (path.size() > 3 && path.compare(path.size() - 3, 3, ".so") == 0) {
-        path.resize(path.size() - 3);
-    }
-    return path + ".weights";
-}
-
 static const std::vector<at::Tensor>& mc_weights() {
     static std::once_flag once;
     static std::vector<at::Tensor> weights;
-    std::call_once(once, [] { weights = mc_read_weights(mc_weights_path(), weight_layouts()); });
+    std::call_once(once, [] {
+        weights = mc_read_weights(mc_file_beside(".weights"), weight_layouts());
+    });
     return weights;
 }
 
 extern "C" const char* mc_last_error() { return last_error.c_str(); }
 
-// Read the weights now (mc_run reads them on its first call otherwise): 0, or 1 and the reason.
+// Read the weights (and cubins) now (else the first mc_run does): 0, or 1 and the reason.
 extern "C" int mc_init() {
     try {
         mc_weights();
+        mc_prepare();
         return 0;
     } catch (const std::exception& e) {
         last_error = e.what();
@@ -146,6 +151,7 @@ extern "C" int mc_init() {
 }
 extern "C" int64_t mc_num_inputs() { return kNumInputs; }
 extern "C" int64_t mc_num_outputs() { return kNumOutputs; }
+extern "C" const char* mc_device_type() { return kDeviceType; }
 
 extern "C" int mc_run(void** inputs, int64_t n_in, void** outputs, int64_t n_out) {
     std::vector<at::Tensor> args;

@@ -27,7 +27,7 @@ from minicompile.ir import AliasOutput, BufferRef, ExternKernel, LoopProgram
 from minicompile.shapes import MIN_DYNAMIC_SIZE
 from minicompile.sym import FloorDiv, ModularIndexing
 
-from minicompile.codegen import combo, wrapper
+from minicompile.codegen import combo, export_cuda, wrapper
 from minicompile.codegen.common import CodeWriter, KernelPlan, checks_indices, text_sections
 from minicompile.codegen.cpp import CPP_DTYPES
 from minicompile.codegen.cpp_externs import ATEN_DTYPES, extern_call
@@ -43,9 +43,11 @@ _SIGNATURE = re.compile(r'^extern "C" void \w+\([^)]*\)', re.MULTILINE)
 
 @dataclasses.dataclass(frozen=True)
 class ExportedCode:
-    kernels: str  # the kernels' translation unit (as the C++ backend builds it)
+    kernels: str  # the kernels' C++ translation unit, or (CUDA) their Triton source
     wrapper: str  # the wrapper's translation unit (ATen's C++ API)
     kernel_names: tuple[str, ...]
+    # CUDA: per kernel, what runtime/cubins.py builds ((name, parameters, arguments, options))
+    builds: tuple = ()
 
 
 def _shape(values: tuple) -> str:
@@ -70,24 +72,31 @@ def _relation(rel: sympy.Basic) -> str:
 
 def generate(program: LoopProgram, groups: list, graph_name: str, arg_of: list[int | None],
              arg_names: list[str], returns: list[tuple[str, int]], signature: dict,
-             relations: tuple = (), equal: list | tuple = ()) -> ExportedCode:
+             relations: tuple = (), equal: list | tuple = (), cuda: bool = False) -> ExportedCode:
     """``arg_of[k]``: the position among the caller's arguments of ``program.inputs[k]``,
     or None for a weight (read from the weights file); ``arg_names``: the caller's names
     of the arguments, for error messages; ``returns``: what the call returns, in order,
     each ("output", k) (the graph's output k) or ("input", j) (argument j, as given);
     ``signature``: a JSON-able description ``mc_signature()`` returns; ``relations``: the
     size relations the trace relied on; ``equal``: (size, size, why) pairs of sizes the
-    caller declared equal (dims of one name)."""
+    caller declared equal (dims of one name); ``cuda``: the kernels are Triton's, launched
+    from cubins (codegen/export_cuda.py), and the library runs on CUDA tensors."""
     if any(isinstance(g, ComboGroup) for g in groups):
         raise Unsupported("export: combo kernels (optimizer steps) are not exported")
     if program.scalar_sizes:
         raise Unsupported("export: Python int arguments are not exported (pass tensors)")
-    plans, plan_of = plan_kernels(program, groups, "cpp", {})
-    kernels = cpp_unit(plans)
+    plans, plan_of = plan_kernels(program, groups, "triton" if cuda else "cpp", {})
+    builds: list = []
+    if cuda:
+        kernels, builds = export_cuda.kernel_builds(program, plans)
+    else:
+        kernels = cpp_unit(plans)
     w = CodeWriter()
-    w.line(f"// minicompile: exported wrapper for {graph_name} (C++ kernels, ATen library calls)")
+    w.line(f"// minicompile: exported wrapper for {graph_name} "
+           f"({'Triton kernels as cubins' if cuda else 'C++ kernels'}, ATen library calls)")
     w.line("#define TORCH_ASSERT_ONLY_METHOD_OPERATORS")
-    headers = {"ATen/core/Tensor.h", "ATen/ops/empty_strided.h", "c10/core/GradMode.h"}
+    headers = {"ATen/core/Tensor.h", "ATen/ops/empty_strided.h", "c10/core/GradMode.h",
+               *(export_cuda.CUDA_HEADERS if cuda else ())}
     calls: dict[str, str] = {}
     tuples: set[str] = set()
     for g in groups:
@@ -103,22 +112,31 @@ def generate(program: LoopProgram, groups: list, graph_name: str, arg_of: list[i
         w.line(f"#include <{h}>")
     w.lines_from(SECTIONS["preamble"])
     w.line()
-    for proto in _SIGNATURE.findall(kernels):
-        w.line(f"{proto};")
+    if cuda:
+        names = ", ".join(f'"{b[0]}"' for b in builds)
+        w.line(f"constexpr int64_t kNumKernels = {len(builds)};")
+        w.line(f"const char* const kKernelNames[] = {{{names}{'' if builds else 'nullptr'}}};")
+        w.lines_from(export_cuda.CUDA_PREAMBLE)
+    else:
+        for proto in _SIGNATURE.findall(kernels):
+            w.line(f"{proto};")
+        w.line("namespace { void mc_prepare() {} }")
     w.line()
+    launch_index = {b[0]: k for k, b in enumerate(builds)}
     with w.block("namespace"):
         _emit_run(w, program, groups, plan_of, arg_of, arg_names, relations, equal, calls,
-                  tuples)
+                  tuples, launch_index if cuda else None)
     w.line()
     w.line(f"constexpr int64_t kNumInputs = {len(arg_names)};")
     w.line(f"constexpr int64_t kNumOutputs = {len(returns)};")
+    w.line(f'constexpr const char* kDeviceType = "{"cuda" if cuda else "cpu"}";')
     table = ", ".join(f"{{{int(kind == 'input')}, {k}}}" for kind, k in returns)
     w.line(f"constexpr int64_t kReturns[][2] = {{{table}}};  // {{0: output / 1: argument, "
            f"index}}")
     text = json.dumps(json.dumps(signature))  # JSON, as a C string literal
     w.line(f'extern "C" const char* mc_signature() {{ return {text}; }}')
     w.lines_from(SECTIONS["entry_points"])
-    return ExportedCode(kernels, w.text(), tuple(p.name for p in plans))
+    return ExportedCode(kernels, w.text(), tuple(p.name for p in plans), tuple(builds))
 
 
 def _tensor_arg(v: object) -> str:
@@ -131,7 +149,9 @@ def _tensor_arg(v: object) -> str:
 
 def _emit_run(w: CodeWriter, program: LoopProgram, groups: list, plan_of: dict,
               arg_of: list[int | None], arg_names: list[str], relations: tuple,
-              equal: list | tuple, calls: dict[str, str], tuples: set[str]) -> None:
+              equal: list | tuple, calls: dict[str, str], tuples: set[str],
+              cuda: dict[str, int] | None) -> None:
+    """``cuda``: the index of each Triton kernel in the cubins file (None: C++ kernels)."""
     with w.block("std::vector<at::Tensor> weight_layouts()"):
         w.line("std::vector<at::Tensor> out;")
         for buf, arg in zip(program.inputs, arg_of):
@@ -144,8 +164,18 @@ def _emit_run(w: CodeWriter, program: LoopProgram, groups: list, plan_of: dict,
                        f"{ATEN_DTYPES[lay.dtype]})));  // {buf.name}")
         w.line("return out;")
     w.line()
+    weights = "cpu_weights" if cuda is not None else "weights"
     with w.block("std::vector<at::Tensor> run(std::vector<at::Tensor>& inputs, "
-                 "const std::vector<at::Tensor>& weights)"):
+                 f"const std::vector<at::Tensor>& {weights})"):
+        if cuda is not None:
+            first = arg_names[0] if arg_names else ""
+            w.line(f'const c10::Device mc_device = mc_cuda_device(inputs, "{first}");')
+            w.line("c10::DeviceGuard mc_guard(mc_device);")
+            w.line("const McCudaRun mc_cuda = mc_cuda_begin(mc_device);")
+            w.line("const std::vector<at::Tensor>& weights = mc_weights_on(mc_device, "
+                   "cpu_weights);")
+        else:
+            w.line("const c10::Device mc_device(at::kCPU);")
         n_weight = 0
         for buf, arg in zip(program.inputs, arg_of):
             if buf.layout.offset != 0:
@@ -157,6 +187,11 @@ def _emit_run(w: CodeWriter, program: LoopProgram, groups: list, plan_of: dict,
                 n_weight += 1
         w.line("inputs.clear();  // ours now: each is released after its last use")
         _emit_checks(w, program, arg_of, arg_names, relations)
+        if cuda is not None:
+            for buf, arg in zip(program.inputs, arg_of):
+                if arg is not None:
+                    w.line(f"{buf.name} = mc_aligned(std::move({buf.name}));  // the cubins' "
+                           f"alignment")
         for a, b, why in equal:
             w.line(f"MC_CHECK({cpp_index(a)} == {cpp_index(b)}, {json.dumps(why)});")
         last_use = last_reads(groups)
@@ -170,7 +205,7 @@ def _emit_run(w: CodeWriter, program: LoopProgram, groups: list, plan_of: dict,
                 made = [group.extern.name]
             else:
                 plan = plan_of[group.key]
-                _emit_kernel(w, program, plan, reuse)
+                _emit_kernel(w, program, plan, reuse, cuda)
                 made = list(plan.outputs)
             live.update(made)
             dead = sorted(n for n in live if last_use.get(n, -1) <= k and n not in keep)
@@ -191,7 +226,7 @@ def _emit_checks(w: CodeWriter, program: LoopProgram, arg_of: list[int | None],
     found: set = set()
     for buf, name in user:
         lay = buf.layout
-        w.line(f'mc_check_tensor({buf.name}, "{name}", {ATEN_DTYPES[lay.dtype]}, '
+        w.line(f'mc_check_tensor({buf.name}, "{name}", mc_device, {ATEN_DTYPES[lay.dtype]}, '
                f"{len(lay.shape)});")
         for d, size in enumerate(lay.shape):
             if size.is_Symbol and size not in found:
@@ -234,7 +269,7 @@ def _emit_extern(w: CodeWriter, ext: ExternKernel, calls: dict[str, str],
 
 
 def _emit_kernel(w: CodeWriter, program: LoopProgram, plan: KernelPlan,
-                 reuse: dict[str, str]) -> None:
+                 reuse: dict[str, str], cuda: dict[str, int] | None) -> None:
     assert not isinstance(plan, combo.ComboPlan)
     for name in plan.outputs:
         if name in reuse:
@@ -243,11 +278,15 @@ def _emit_kernel(w: CodeWriter, program: LoopProgram, plan: KernelPlan,
             continue
         lay = program.buffer(name).layout
         w.line(f"at::Tensor {name} = at::empty_strided({_shape(lay.shape)}, "
-               f"{_shape(lay.stride)}, at::TensorOptions().dtype({ATEN_DTYPES[lay.dtype]}));")
+               f"{_shape(lay.stride)}, at::TensorOptions().dtype({ATEN_DTYPES[lay.dtype]})"
+               f".device(mc_device));")
     if plan.numel == 0:
         w.line(f"// {plan.name}: nothing to compute for an empty tensor")
         return
     w.line(f"// {', '.join(plan.origins)}")
+    if cuda is not None:
+        export_cuda.emit_launch(w, program, plan, cuda[plan.name])
+        return
     args = [f"static_cast<const {CPP_DTYPES[dtype]}*>({name}.data_ptr())"
             for name, dtype in plan.inputs]
     args += [f"static_cast<{CPP_DTYPES[st.dtype]}*>({st.buffer}.data_ptr())"

@@ -11,7 +11,9 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import re
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import sympy
 import torch
@@ -68,6 +70,14 @@ class CodeWriter:
 
     def text(self) -> str:
         return "\n".join(self.lines) + "\n"
+
+
+def text_sections(filename: str) -> dict[str, str]:
+    """The sections of a C++ file of this folder, by name, in file order: each runs from
+    its ``//! section NAME`` line to the next (the file's own comment comes before)."""
+    parts = re.split(r"^//! section (\w+)\n", (Path(__file__).parent / filename).read_text(),
+                     flags=re.MULTILINE)
+    return dict(zip(parts[1::2], parts[2::2]))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -287,11 +297,9 @@ def _merge(order: list[int], sizes: tuple, table: list) -> list[list[int]]:
     return runs
 
 
-def plan_kernel(
-    group: FusedGroup, name: str, needed: set[str] | None = None, hints: dict | None = None
-) -> KernelPlan:
+def plan_kernel(group: FusedGroup, name: str, needed: set[str], hints: dict) -> KernelPlan:
     """Plan the kernel of ``group``.  ``needed``: the members the rest of the program reads
-    (stored); None stores every member.  ``hints``: traced values of size symbols."""
+    (stored); ``hints``: traced values of size symbols."""
     space = group.space
     places = group.placements()
     assert places is not None, f"group {group.name} does not fit one iteration space"
@@ -344,7 +352,7 @@ def plan_kernel(
         return Store(b.name, reindex(store_at[b.name]), values[b.name], b.layout.dtype,
                      "xr" if kind == "xr" else "x")
 
-    stores = tuple(store(b) for b in members if needed is None or b.name in needed)
+    stores = tuple(store(b) for b in members if b.name in needed)
     inputs: dict[str, torch.dtype] = {}
     for st in stores:
         for e in walk(st.value):
@@ -355,7 +363,7 @@ def plan_kernel(
     ranges = tuple(product([space.kept[k] for k in run]) for run in x_runs)
     rranges = tuple(product([space.reduced[k] for k in run]) for run in r_runs)
     return KernelPlan(name, ranges, loop_vars, tuple(inputs.items()), stores, origins, sources,
-                      rranges, rvars, hints or {})
+                      rranges, rvars, hints)
 
 
 def _reindexer(sets: tuple) -> Callable[[sympy.Expr], sympy.Expr]:

@@ -50,6 +50,11 @@ _PREFIXES = (
 )
 
 
+# ATen operators that are Tensor methods only (no at:: function).
+_METHODS_ONLY = frozenset({"new_ones", "new_zeros", "new_empty", "new_full",
+                           "new_empty_strided"})
+
+
 class _NoFit(Exception):
     """A value does not fit the schema argument at hand (try the next overload)."""
 
@@ -73,6 +78,11 @@ def aten_name(op: str) -> str | None:
 def extern_call(ext: ExternKernel, value: Callable[[object], str]) -> ExternCall:
     """``ext`` as a call of ATen's C++ API.  ``value(arg)`` is the C++ text of a tensor
     argument (a BufferRef, or an AliasOutput view)."""
+    if ext.op == "torch.Tensor.__getitem__":
+        return _index(ext, value)
+    if ext.kwargs.get("return_indices") is False:  # (Python's flag: aten's max_poolNd has none)
+        ext = dataclasses.replace(ext, kwargs={k: v for k, v in ext.kwargs.items()
+                                               if k != "return_indices"})
     name = aten_name(ext.op)
     packet = getattr(torch.ops.aten, name, None) if name else None
     if packet is None or not hasattr(packet, "overloads"):
@@ -88,10 +98,24 @@ def extern_call(ext: ExternKernel, value: Callable[[object], str]) -> ExternCall
         except _NoFit:
             continue
         returns_tuple = len(schema.returns) > 1
-        return ExternCall(f"at::{name}({', '.join(args)})", f"ATen/ops/{name}.h", returns_tuple)
+        call = (f"{args[0]}.{name}({', '.join(args[1:])})" if name in _METHODS_ONLY
+                else f"at::{name}({', '.join(args)})")
+        return ExternCall(call, f"ATen/ops/{name}.h", returns_tuple)
     raise Unsupported(
         f"export: the library call {ext.op} ({', '.join(ext.origins)}) with these arguments "
         f"fits no schema of aten::{name} that C++ can call")
+
+
+def _index(ext: ExternKernel, value: Callable[[object], str]) -> ExternCall:
+    """``x[i, j]`` by index tensors (advanced indexing, as eager's ``aten::index``)."""
+    source, index = ext.args
+    tensors = index if isinstance(index, (tuple, list)) else (index,)
+    if ext.kwargs or not all(isinstance(t, (BufferRef, AliasOutput))
+                             for t in (source, *tensors)):
+        raise Unsupported(f"export: the library call {ext.op} ({', '.join(ext.origins)}) "
+                          f"indexes by other than tensors, which C++ does not call")
+    indices = ", ".join(f"std::optional<at::Tensor>({value(t)})" for t in tensors)
+    return ExternCall(f"at::index({value(source)}, {{{indices}}})", "ATen/ops/index.h", False)
 
 
 def _callable_from_cpp(overload: str, schema: torch.FunctionSchema) -> bool:
@@ -198,13 +222,13 @@ _MEMORY_FORMATS = {
 
 
 def _option(typ: str, v: object) -> str:
-    """A tensor option: a CPU device (the library runs on CPU), a layout, a memory format."""
+    """A tensor option: a device (the library's, ``mc_device``), a layout, a memory format."""
     if typ == "Device":
         if isinstance(v, str):
             v = torch.device(v)
-        if not isinstance(v, torch.device) or v.type != "cpu":
+        if not isinstance(v, torch.device) or v.type not in ("cpu", "cuda"):
             raise _NoFit
-        return "at::Device(at::kCPU)"
+        return "mc_device"
     table = _LAYOUTS if typ == "Layout" else _MEMORY_FORMATS
     if v not in table:  # type: ignore[operator]
         raise _NoFit

@@ -27,8 +27,8 @@ from minicompile.ir import AliasOutput, BufferRef, ExternKernel, LoopProgram
 from minicompile.shapes import MIN_DYNAMIC_SIZE
 from minicompile.sym import FloorDiv, ModularIndexing
 
-from minicompile.codegen import combo, wrapper
-from minicompile.codegen.common import CodeWriter, KernelPlan, checks_indices
+from minicompile.codegen import combo, export_cuda, wrapper
+from minicompile.codegen.common import CodeWriter, KernelPlan, checks_indices, text_sections
 from minicompile.codegen.cpp import CPP_DTYPES
 from minicompile.codegen.cpp_externs import ATEN_DTYPES, extern_call
 from minicompile.codegen.printers import cpp_index
@@ -36,14 +36,18 @@ from minicompile.codegen.memory_reuse import last_reads, reuse_memory
 from minicompile.codegen.wrapper import cpp_unit, plan_kernels
 from minicompile.spaces import ComboGroup
 
+# The C++ text around the generated code: export_wrapper.h.
+SECTIONS = text_sections("export_wrapper.h")
 _SIGNATURE = re.compile(r'^extern "C" void \w+\([^)]*\)', re.MULTILINE)
 
 
 @dataclasses.dataclass(frozen=True)
 class ExportedCode:
-    kernels: str  # the kernels' translation unit (as the C++ backend builds it)
+    kernels: str  # the kernels' C++ translation unit, or (CUDA) their Triton source
     wrapper: str  # the wrapper's translation unit (ATen's C++ API)
     kernel_names: tuple[str, ...]
+    # CUDA: per kernel, what runtime/cubins.py builds ((name, parameters, arguments, options))
+    builds: tuple = ()
 
 
 def _shape(values: tuple) -> str:
@@ -68,24 +72,31 @@ def _relation(rel: sympy.Basic) -> str:
 
 def generate(program: LoopProgram, groups: list, graph_name: str, arg_of: list[int | None],
              arg_names: list[str], returns: list[tuple[str, int]], signature: dict,
-             relations: tuple = (), equal: list | tuple = ()) -> ExportedCode:
+             relations: tuple = (), equal: list | tuple = (), cuda: bool = False) -> ExportedCode:
     """``arg_of[k]``: the position among the caller's arguments of ``program.inputs[k]``,
     or None for a weight (read from the weights file); ``arg_names``: the caller's names
     of the arguments, for error messages; ``returns``: what the call returns, in order,
     each ("output", k) (the graph's output k) or ("input", j) (argument j, as given);
     ``signature``: a JSON-able description ``mc_signature()`` returns; ``relations``: the
     size relations the trace relied on; ``equal``: (size, size, why) pairs of sizes the
-    caller declared equal (dims of one name)."""
+    caller declared equal (dims of one name); ``cuda``: the kernels are Triton's, launched
+    from cubins (codegen/export_cuda.py), and the library runs on CUDA tensors."""
     if any(isinstance(g, ComboGroup) for g in groups):
         raise Unsupported("export: combo kernels (optimizer steps) are not exported")
     if program.scalar_sizes:
         raise Unsupported("export: Python int arguments are not exported (pass tensors)")
-    plans, plan_of = plan_kernels(program, groups, "cpp", {})
-    kernels = cpp_unit(plans)
+    plans, plan_of = plan_kernels(program, groups, "triton" if cuda else "cpp", {})
+    builds: list = []
+    if cuda:
+        kernels, builds = export_cuda.kernel_builds(program, plans)
+    else:
+        kernels = cpp_unit(plans)
     w = CodeWriter()
-    w.line(f"// minicompile: exported wrapper for {graph_name} (C++ kernels, ATen library calls)")
+    w.line(f"// minicompile: exported wrapper for {graph_name} "
+           f"({'Triton kernels as cubins' if cuda else 'C++ kernels'}, ATen library calls)")
     w.line("#define TORCH_ASSERT_ONLY_METHOD_OPERATORS")
-    headers = {"ATen/core/Tensor.h", "ATen/ops/empty_strided.h", "c10/core/GradMode.h"}
+    headers = {"ATen/core/Tensor.h", "ATen/ops/empty_strided.h", "c10/core/GradMode.h",
+               *(export_cuda.CUDA_HEADERS if cuda else ())}
     calls: dict[str, str] = {}
     tuples: set[str] = set()
     for g in groups:
@@ -99,24 +110,33 @@ def generate(program: LoopProgram, groups: list, graph_name: str, arg_of: list[i
             tuples.add(ext.name)
     for h in sorted(headers):
         w.line(f"#include <{h}>")
-    w.lines_from(PREAMBLE)
+    w.lines_from(SECTIONS["preamble"])
     w.line()
-    for proto in _SIGNATURE.findall(kernels):
-        w.line(f"{proto};")
+    if cuda:
+        names = ", ".join(f'"{b[0]}"' for b in builds)
+        w.line(f"constexpr int64_t kNumKernels = {len(builds)};")
+        w.line(f"const char* const kKernelNames[] = {{{names}{'' if builds else 'nullptr'}}};")
+        w.lines_from(export_cuda.CUDA_PREAMBLE)
+    else:
+        for proto in _SIGNATURE.findall(kernels):
+            w.line(f"{proto};")
+        w.line("namespace { void mc_prepare() {} }")
     w.line()
+    launch_index = {b[0]: k for k, b in enumerate(builds)}
     with w.block("namespace"):
         _emit_run(w, program, groups, plan_of, arg_of, arg_names, relations, equal, calls,
-                  tuples)
+                  tuples, launch_index if cuda else None)
     w.line()
     w.line(f"constexpr int64_t kNumInputs = {len(arg_names)};")
     w.line(f"constexpr int64_t kNumOutputs = {len(returns)};")
+    w.line(f'constexpr const char* kDeviceType = "{"cuda" if cuda else "cpu"}";')
     table = ", ".join(f"{{{int(kind == 'input')}, {k}}}" for kind, k in returns)
     w.line(f"constexpr int64_t kReturns[][2] = {{{table}}};  // {{0: output / 1: argument, "
            f"index}}")
     text = json.dumps(json.dumps(signature))  # JSON, as a C string literal
     w.line(f'extern "C" const char* mc_signature() {{ return {text}; }}')
-    w.lines_from(ENTRY_POINTS)
-    return ExportedCode(kernels, w.text(), tuple(p.name for p in plans))
+    w.lines_from(SECTIONS["entry_points"])
+    return ExportedCode(kernels, w.text(), tuple(p.name for p in plans), tuple(builds))
 
 
 def _tensor_arg(v: object) -> str:
@@ -129,7 +149,9 @@ def _tensor_arg(v: object) -> str:
 
 def _emit_run(w: CodeWriter, program: LoopProgram, groups: list, plan_of: dict,
               arg_of: list[int | None], arg_names: list[str], relations: tuple,
-              equal: list | tuple, calls: dict[str, str], tuples: set[str]) -> None:
+              equal: list | tuple, calls: dict[str, str], tuples: set[str],
+              cuda: dict[str, int] | None) -> None:
+    """``cuda``: the index of each Triton kernel in the cubins file (None: C++ kernels)."""
     with w.block("std::vector<at::Tensor> weight_layouts()"):
         w.line("std::vector<at::Tensor> out;")
         for buf, arg in zip(program.inputs, arg_of):
@@ -142,8 +164,18 @@ def _emit_run(w: CodeWriter, program: LoopProgram, groups: list, plan_of: dict,
                        f"{ATEN_DTYPES[lay.dtype]})));  // {buf.name}")
         w.line("return out;")
     w.line()
+    weights = "cpu_weights" if cuda is not None else "weights"
     with w.block("std::vector<at::Tensor> run(std::vector<at::Tensor>& inputs, "
-                 "const std::vector<at::Tensor>& weights)"):
+                 f"const std::vector<at::Tensor>& {weights})"):
+        if cuda is not None:
+            first = arg_names[0] if arg_names else ""
+            w.line(f'const c10::Device mc_device = mc_cuda_device(inputs, "{first}");')
+            w.line("c10::DeviceGuard mc_guard(mc_device);")
+            w.line("const McCudaRun mc_cuda = mc_cuda_begin(mc_device);")
+            w.line("const std::vector<at::Tensor>& weights = mc_weights_on(mc_device, "
+                   "cpu_weights);")
+        else:
+            w.line("const c10::Device mc_device(at::kCPU);")
         n_weight = 0
         for buf, arg in zip(program.inputs, arg_of):
             if buf.layout.offset != 0:
@@ -155,6 +187,11 @@ def _emit_run(w: CodeWriter, program: LoopProgram, groups: list, plan_of: dict,
                 n_weight += 1
         w.line("inputs.clear();  // ours now: each is released after its last use")
         _emit_checks(w, program, arg_of, arg_names, relations)
+        if cuda is not None:
+            for buf, arg in zip(program.inputs, arg_of):
+                if arg is not None:
+                    w.line(f"{buf.name} = mc_aligned(std::move({buf.name}));  // the cubins' "
+                           f"alignment")
         for a, b, why in equal:
             w.line(f"MC_CHECK({cpp_index(a)} == {cpp_index(b)}, {json.dumps(why)});")
         last_use = last_reads(groups)
@@ -168,7 +205,7 @@ def _emit_run(w: CodeWriter, program: LoopProgram, groups: list, plan_of: dict,
                 made = [group.extern.name]
             else:
                 plan = plan_of[group.key]
-                _emit_kernel(w, program, plan, reuse)
+                _emit_kernel(w, program, plan, reuse, cuda)
                 made = list(plan.outputs)
             live.update(made)
             dead = sorted(n for n in live if last_use.get(n, -1) <= k and n not in keep)
@@ -189,7 +226,7 @@ def _emit_checks(w: CodeWriter, program: LoopProgram, arg_of: list[int | None],
     found: set = set()
     for buf, name in user:
         lay = buf.layout
-        w.line(f'mc_check_tensor({buf.name}, "{name}", {ATEN_DTYPES[lay.dtype]}, '
+        w.line(f'mc_check_tensor({buf.name}, "{name}", mc_device, {ATEN_DTYPES[lay.dtype]}, '
                f"{len(lay.shape)});")
         for d, size in enumerate(lay.shape):
             if size.is_Symbol and size not in found:
@@ -215,10 +252,7 @@ def _emit_checks(w: CodeWriter, program: LoopProgram, arg_of: list[int | None],
 
 def _emit_extern(w: CodeWriter, ext: ExternKernel, calls: dict[str, str],
                  tuples: set[str]) -> None:
-    comment = ", ".join(ext.origins)
-    if ext.sources:
-        comment += f"  ({ext.sources[0]})"
-    w.line(f"// {comment}")
+    w.line(f"// {wrapper.extern_comment(ext)}")
     if ext.op == "operator.getitem":
         source, index = ext.args
         if not isinstance(source, BufferRef) or source.name not in tuples:
@@ -235,7 +269,7 @@ def _emit_extern(w: CodeWriter, ext: ExternKernel, calls: dict[str, str],
 
 
 def _emit_kernel(w: CodeWriter, program: LoopProgram, plan: KernelPlan,
-                 reuse: dict[str, str]) -> None:
+                 reuse: dict[str, str], cuda: dict[str, int] | None) -> None:
     assert not isinstance(plan, combo.ComboPlan)
     for name in plan.outputs:
         if name in reuse:
@@ -244,11 +278,15 @@ def _emit_kernel(w: CodeWriter, program: LoopProgram, plan: KernelPlan,
             continue
         lay = program.buffer(name).layout
         w.line(f"at::Tensor {name} = at::empty_strided({_shape(lay.shape)}, "
-               f"{_shape(lay.stride)}, at::TensorOptions().dtype({ATEN_DTYPES[lay.dtype]}));")
+               f"{_shape(lay.stride)}, at::TensorOptions().dtype({ATEN_DTYPES[lay.dtype]})"
+               f".device(mc_device));")
     if plan.numel == 0:
         w.line(f"// {plan.name}: nothing to compute for an empty tensor")
         return
     w.line(f"// {', '.join(plan.origins)}")
+    if cuda is not None:
+        export_cuda.emit_launch(w, program, plan, cuda[plan.name])
+        return
     args = [f"static_cast<const {CPP_DTYPES[dtype]}*>({name}.data_ptr())"
             for name, dtype in plan.inputs]
     args += [f"static_cast<{CPP_DTYPES[st.dtype]}*>({st.buffer}.data_ptr())"
@@ -262,181 +300,3 @@ def _emit_kernel(w: CodeWriter, program: LoopProgram, plan: KernelPlan,
     if errs:
         w.line(f'MC_CHECK({plan.name}_err == 0, "index out of range in {plan.name} '
                f'({", ".join(plan.origins)})");')
-
-
-PREAMBLE = r"""
-#include <cstdint>
-#include <cstdlib>
-#include <cstring>
-#include <dlfcn.h>
-#include <fstream>
-#include <limits>
-#include <mutex>
-#include <stdexcept>
-#include <string>
-#include <vector>
-
-#define MC_CHECK(cond, what) \
-    do { if (!(cond)) throw std::invalid_argument(what); } while (0)
-
-namespace {
-
-thread_local std::string last_error;
-
-// Messages are plain strings, made only on a failure (no stream is ever constructed: the
-// library's iostreams and the process's need not be the same build of libstdc++).
-std::string mc_input(const char* name) { return std::string("input ") + name; }
-
-void mc_check_tensor(const at::Tensor& t, const char* name, at::ScalarType dtype, int64_t dim) {
-    if (!t.defined()) {
-        throw std::invalid_argument(mc_input(name) + " is an undefined tensor");
-    } else if (!t.device().is_cpu()) {
-        throw std::invalid_argument(mc_input(name) + " is on " + t.device().str() +
-                                    "; the library runs on CPU tensors");
-    } else if (t.scalar_type() != dtype) {
-        throw std::invalid_argument(mc_input(name) + " has dtype " +
-                                    c10::toString(t.scalar_type()) + ", expected " +
-                                    c10::toString(dtype));
-    } else if (t.dim() != dim) {
-        throw std::invalid_argument(mc_input(name) + " has " + std::to_string(t.dim()) +
-                                    " dimensions, expected " + std::to_string(dim));
-    }
-}
-
-void mc_check_dynamic(int64_t size, const char* name, int64_t dim, int64_t least) {
-    if (size >= least) return;
-    throw std::invalid_argument(
-        mc_input(name) + " has size " + std::to_string(size) + " at dynamic dim " +
-        std::to_string(dim) + "; dynamic sizes are at least " + std::to_string(least) +
-        " (sizes 0 and 1 are specialised: export with an example of that size)");
-}
-
-void mc_check_layout(const at::Tensor& t, const char* name, std::vector<int64_t> sizes,
-                     std::vector<int64_t> strides) {
-    for (size_t d = 0; d < sizes.size(); ++d) {
-        if (t.size(d) != sizes[d]) {
-            throw std::invalid_argument(
-                mc_input(name) + " has size " + std::to_string(t.size(d)) + " at dim " +
-                std::to_string(d) + ", expected " + std::to_string(sizes[d]));
-        }
-    }
-    for (size_t d = 0; d < sizes.size(); ++d) {
-        if (sizes[d] != 1 && t.stride(d) != strides[d]) {
-            throw std::invalid_argument(
-                mc_input(name) + " has stride " + std::to_string(t.stride(d)) + " at dim " +
-                std::to_string(d) + ", expected " + std::to_string(strides[d]) +
-                " (pass the layout of the example input, e.g. .contiguous())");
-        }
-    }
-}
-
-// A library call may choose other strides than eager's; kernels index by eager's.
-at::Tensor mc_with_layout(const at::Tensor& t, std::vector<int64_t> size,
-                          std::vector<int64_t> stride) {
-    bool same = true;
-    for (size_t d = 0; d < size.size(); ++d) {
-        same = same && (size[d] <= 1 || t.stride(d) == stride[d]);
-    }
-    if (same) return t;
-    return at::empty_strided(size, stride, t.options()).copy_(t);
-}
-
-// The weights file: "MCWEIGHTS1", the count, then per tensor its byte count and bytes
-// (its storage in the layout the kernels were generated for).
-std::vector<at::Tensor> mc_read_weights(const std::string& path,
-                                        const std::vector<at::Tensor>& shapes) {
-    std::ifstream f(path, std::ios::binary);
-    if (!f) throw std::runtime_error("cannot open the weights file " + path);
-    char magic[10];
-    int64_t count = 0;
-    f.read(magic, 10);
-    f.read(reinterpret_cast<char*>(&count), 8);
-    if (!f || std::memcmp(magic, "MCWEIGHTS1", 10) != 0 ||
-        count != static_cast<int64_t>(shapes.size())) {
-        throw std::runtime_error("the weights file " + path +
-                                 " does not belong to this library");
-    }
-    std::vector<at::Tensor> out;
-    for (const at::Tensor& t : shapes) {
-        int64_t nbytes = 0;
-        f.read(reinterpret_cast<char*>(&nbytes), 8);
-        if (!f || nbytes != static_cast<int64_t>(t.storage().nbytes())) {
-            throw std::runtime_error("the weights file " + path +
-                                     " does not belong to this library");
-        }
-        f.read(static_cast<char*>(t.data_ptr()), nbytes);
-        if (!f) throw std::runtime_error("the weights file " + path + " is truncated");
-        out.push_back(t);
-    }
-    return out;
-}
-
-}  // namespace
-"""
-
-ENTRY_POINTS = r"""
-// The weights file beside this library: its path with ".so" replaced by ".weights".
-static std::string mc_weights_path() {
-    Dl_info info;
-    if (dladdr(reinterpret_cast<void*>(&mc_weights_path), &info) == 0 || !info.dli_fname) {
-        throw std::runtime_error("cannot find the path of this library");
-    }
-    std::string path = info.dli_fname;
-    if (path.size() > 3 && path.compare(path.size() - 3, 3, ".so") == 0) {
-        path.resize(path.size() - 3);
-    }
-    return path + ".weights";
-}
-
-static const std::vector<at::Tensor>& mc_weights() {
-    static std::once_flag once;
-    static std::vector<at::Tensor> weights;
-    std::call_once(once, [] { weights = mc_read_weights(mc_weights_path(), weight_layouts()); });
-    return weights;
-}
-
-extern "C" const char* mc_last_error() { return last_error.c_str(); }
-
-// Read the weights now (mc_run reads them on its first call otherwise): 0, or 1 and the reason.
-extern "C" int mc_init() {
-    try {
-        mc_weights();
-        return 0;
-    } catch (const std::exception& e) {
-        last_error = e.what();
-    }
-    return 1;
-}
-extern "C" int64_t mc_num_inputs() { return kNumInputs; }
-extern "C" int64_t mc_num_outputs() { return kNumOutputs; }
-
-extern "C" int mc_run(void** inputs, int64_t n_in, void** outputs, int64_t n_out) {
-    std::vector<at::Tensor> args;
-    for (int64_t k = 0; k < n_in; ++k) {  // ours: the handles are deleted here
-        at::Tensor* handle = static_cast<at::Tensor*>(inputs[k]);
-        args.push_back(std::move(*handle));
-        delete handle;
-    }
-    try {
-        if (n_in != kNumInputs || n_out != kNumOutputs) {
-            throw std::invalid_argument(
-                "called with " + std::to_string(n_in) + " inputs and " + std::to_string(n_out) +
-                " outputs; the model takes " + std::to_string(kNumInputs) + " and returns " +
-                std::to_string(kNumOutputs));
-        }
-        c10::AutoGradMode no_grad(false);
-        std::vector<at::Tensor> given = args;  // for arguments returned as they are
-        std::vector<at::Tensor> results = run(args, mc_weights());
-        for (int64_t k = 0; k < n_out; ++k) {
-            const int64_t* r = kReturns[k];
-            outputs[k] = new at::Tensor(r[0] == 0 ? results[r[1]] : given[r[1]]);
-        }
-        return 0;
-    } catch (const c10::Error& e) {
-        last_error = e.what_without_backtrace();
-    } catch (const std::exception& e) {
-        last_error = e.what();
-    }
-    return 1;
-}
-"""

@@ -53,9 +53,5 @@ def reuse_memory(
 
 def last_reads(groups: list[FusedGroup]) -> dict[str, int]:
     """For each buffer, the position of the last group that reads it."""
-    last: dict[str, int] = {}
-    for k, group in enumerate(groups):
-        for buf in group.buffers:
-            for name in buf.reads():
-                last[name] = k
-    return last
+    return {name: k for k, group in enumerate(groups) for buf in group.buffers
+            for name in buf.reads()}

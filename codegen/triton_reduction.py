@@ -10,9 +10,7 @@ output).  Masked lanes enter each reduction as its identity.
 
 from __future__ import annotations
 
-
 import sympy
-
 import torch
 
 from minicompile.ir import IndirectLoad, Load, Reduce, walk
@@ -193,7 +191,6 @@ class TritonReductionKernel(TritonKernel):
             self.emit_rindex("roffset + rbase")
 
     # -- looped reductions ------------------------------------------------------------------
-
 
     def emit_loop(self, batch: list[Reduce]) -> None:
         w = self.w

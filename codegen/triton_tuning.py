@@ -1,12 +1,10 @@
 """Launch configurations to try for a Triton kernel under ``mode="max-autotune"``.
 
-:func:`tune_plan` lists a few candidates around the heuristic's (which comes first): XBLOCK
-and num_warps doubled and halved; for a persistent reduction also the looped kernel with
-RBLOCK a half and a quarter of the row; for a looped one RBLOCK doubled and halved,
-num_stages 1 and 4, and the persistent kernel where a static row fits.  Each kind's kernel
-text is emitted once with the masks every candidate of that kind needs, so all compute the
-same values.  Invalid or pointless candidates are left out (:func:`_valid`); under the
-interpreter only blocks vary.  The runtime times them (minicompile/runtime/autotune.py).
+:func:`tune_plan` lists a few candidates around the heuristic's, which comes first (blocks,
+warps and stages doubled and halved; the other kind of reduction kernel; under the
+interpreter only blocks).  Each kind's kernel text is emitted once with the masks every
+candidate of that kind needs, so all compute the same values; :func:`_valid` leaves out
+the invalid and pointless ones.  The runtime times them (minicompile/runtime/autotune.py).
 """
 
 from __future__ import annotations

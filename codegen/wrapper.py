@@ -393,6 +393,11 @@ def _extern_arg(value: object) -> str:
     return repr(value)
 
 
+def extern_comment(ext: ExternKernel) -> str:
+    """The graph nodes a library call computes, and the user's first source line of them."""
+    return ", ".join(ext.origins) + (f"  ({ext.sources[0]})" if ext.sources else "")
+
+
 def emit_extern(w: CodeWriter, ext: ExternKernel, into: str | None = None) -> None:
     """``into``: the input the call stores into in place (passes/inplace.py): its in-place
     variant (the name with ``_``) is called on it."""
@@ -401,10 +406,7 @@ def emit_extern(w: CodeWriter, ext: ExternKernel, into: str | None = None) -> No
     call = f"{ext.op}({', '.join(args)})"
     if ext.op == "operator.getitem":
         call = f"{args[0]}[{args[1]}]"
-    comment = ", ".join(ext.origins)
-    if ext.sources:
-        comment += f"  ({ext.sources[0]})"
-    w.line(f"# {comment}")
+    w.line(f"# {extern_comment(ext)}")
     if into is not None:
         w.line(f"{ext.op}_({', '.join(args)})  # in place: rebuild's write-back copies nothing")
         w.line(f"{ext.name} = {into}")
@@ -426,15 +428,16 @@ def _grid(numel: sympy.Expr, block: int) -> str:
 
 
 def triton_launch(
-    program: LoopProgram, plan: KernelPlan | combo.ComboPlan,
+    program: LoopProgram, plan: KernelPlan | combo.ComboPlan, gpu: bool = False,
 ) -> tuple[str, list[str], str]:
     """A Triton kernel's launch: its grid (an expression of the sizes), the extents it takes
-    after its pointers and size symbols, and its keyword options (constexprs and such)."""
-    interpret = _interpreted(program, plan)
+    after its pointers and size symbols, and its keyword options (constexprs and such).
+    ``gpu``: a launch on a GPU, whatever the program's device (an export's cubins)."""
+    interpret = not gpu and _interpreted(program, plan)
     if isinstance(plan, combo.ComboPlan):
         block = combo.block_size(plan, interpret)
         return str(sum(combo.program_counts(plan, block))), [], f"XBLOCK={block}"
-    numel, debug = plan.numel, _debug_options(program, plan)
+    numel, debug = plan.numel, _debug_options(plan, interpret)
     if plan.is_reduction:
         xblock, rblock, warps, _ = triton_reduction.plan_blocks(plan, interpret)
         grid, split = _grid(numel, xblock), ""
@@ -459,7 +462,7 @@ def autotuner_lines(program: LoopProgram, plan: KernelPlan, tuned: triton_tuning
         return triton_tuning.autotuner_lines(tuned, written, None, "")
     pointers, sizes = _changing_args(program, plan, in_place)
     launcher = f"({pointers}, {sizes}, {_example(program, plan)})"
-    return triton_tuning.autotuner_lines(tuned, written, launcher, _debug_options(program, plan))
+    return triton_tuning.autotuner_lines(tuned, written, launcher, _debug_options(plan, False))
 
 
 def _changing_args(program: LoopProgram, plan: KernelPlan | combo.ComboPlan,
@@ -491,12 +494,12 @@ def _example(program: LoopProgram, plan: KernelPlan | combo.ComboPlan) -> str:
     return _tuple(items)
 
 
-def _debug_options(program: LoopProgram, plan: KernelPlan) -> str:
+def _debug_options(plan: KernelPlan, interpret: bool) -> str:
     """The launch options of a Triton kernel that checks indices on a GPU: it stops on a
     device-side assert (Triton's debug option, without its overflow checks), so the host
     never waits to read a flag.  Elsewhere (C++, Triton's interpreter) the wrapper reads an
     error flag after the kernel."""
-    if _interpreted(program, plan) or not checks_indices(plan):
+    if interpret or not checks_indices(plan):
         return ""
     return ", debug=True, sanitize_overflow=False"
 

@@ -52,6 +52,18 @@ def wrap(mode: str, model: torch.nn.Module, ddp: bool, device: torch.device) -> 
     return torch.compile(DDP(model, device_ids=ids) if ddp else model)
 
 
+def device_and_config() -> tuple[torch.device, GPTConfig, int]:
+    """This rank's device (its GPU, made current, else the CPU), the GPT and the sequences
+    per device per step: 6 layers x 512 on a GPU, a small one on the CPU."""
+    if torch.cuda.is_available():
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(device)
+        return device, GPTConfig(n_layer=6, n_embd=512, n_head=8, block_size=256,
+                                 vocab_size=8192), 16
+    return torch.device("cpu"), GPTConfig(n_layer=2, n_embd=64, n_head=4, block_size=32,
+                                          vocab_size=128), 4
+
+
 def batches(config: GPTConfig, batch: int, device: torch.device, n: int, seed: int) -> list:
     g = torch.Generator().manual_seed(seed)
     out = []
@@ -98,15 +110,7 @@ def main() -> None:
     args = parser.parse_args()
     cuda = torch.cuda.is_available()
     rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
-    if cuda:
-        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
-        torch.cuda.set_device(device)
-        config, batch = GPTConfig(n_layer=6, n_embd=512, n_head=8, block_size=256,
-                                  vocab_size=8192), 16
-    else:
-        device = torch.device("cpu")
-        config, batch = GPTConfig(n_layer=2, n_embd=64, n_head=4, block_size=32,
-                                  vocab_size=128), 4
+    device, config, batch = device_and_config()
     batch = args.batch or batch
     # The other ranks wait while rank 0 compiles alone (Inductor: minutes on a cold cache).
     dist.init_process_group("nccl" if cuda else "gloo", timeout=datetime.timedelta(minutes=30))

@@ -25,7 +25,7 @@ from minicompile import config, distributed, heap, optim, perf, trace
 from minicompile.auto_dynamic import AutoDynamic
 from minicompile.binder import binder
 from minicompile.config import Config
-from minicompile.errors import BackendCompilerFailed, Unsupported
+from minicompile.errors import BackendCompilerFailed, HookedModuleCall, Unsupported
 from minicompile.driver import Entry, compile_graph
 from minicompile.driver import counters as _stats
 from minicompile.resume import Resuming, _callee_wrappers, _compiled_steps
@@ -73,6 +73,7 @@ def reset() -> None:
         fn.dynamic_lengths.clear()
         fn.breaks.clear()
         fn.eager_reason = None
+        fn.calls_compiled = False
     build.forget()
     profile.forget()
     _callee_wrappers.clear()
@@ -101,6 +102,7 @@ class CompiledFunction(Resuming, AutoDynamic):
         self._root: ResumePoint | None = None
         self.concrete_points: set[ResumePoint] = set()  # the rest of the frame runs for real
         self.eager_reason: str | None = None
+        self.calls_compiled = False  # running for real, calls of hooked modules compiled
         self.breaks: list[Break | Unsupported] = []  # every break met, for explain()
         # Automatic dynamic: per segment start, the dims of each input source seen to change.
         self.dynamic_dims: dict[ResumePoint, dict[str, frozenset[int]]] = {}
@@ -123,7 +125,7 @@ class CompiledFunction(Resuming, AutoDynamic):
         if self.bound_self is not None:
             args = (self.bound_self, *args)
         if self.eager_reason is not None:
-            return self.fn(*args, **kwargs)
+            return self.run_eagerly(args, kwargs)
         simple = not kwargs and self.simple and len(args) == self.n_params
         frame = args if simple else self.bind(*args, **kwargs)
         for entry in self.entries:
@@ -240,7 +242,7 @@ class CompiledFunction(Resuming, AutoDynamic):
             log.info("minicompile: running %s eagerly: %s", name, reason)
             if isinstance(failed, Unsupported) and failed.raises:
                 return self.run_eagerly_once(reason, args, kwargs)
-            return self.give_up(reason, args, kwargs)
+            return self.give_up(reason, args, kwargs, isinstance(failed, HookedModuleCall))
         self.entries.insert(0, entry)
         result = self.run_root(entry, frame, args, kwargs)
         if cfg.warm_entries:  # after the first run: Triton builds a kernel at its launch
@@ -349,10 +351,30 @@ class CompiledFunction(Resuming, AutoDynamic):
 
     # -- building entries, eager fallbacks --------------------------------------------------
 
-    def give_up(self, reason: str, args: tuple, kwargs: dict[str, Any]) -> Any:
+    def give_up(self, reason: str, args: tuple, kwargs: dict[str, Any],
+                hooked_call: bool = False) -> Any:
+        """From now on the frame runs for real (:meth:`run_eagerly`); ``hooked_call``: it
+        could not be captured for a call of a module with hooks."""
+        from minicompile.capture.segments import why_not_concrete
+
         self.eager_reason = reason
+        self.calls_compiled = hooked_call and why_not_concrete(self.fn.__code__, 0) is None
         _stats["eager_fallbacks"] += 1
-        return self.fn(*args, **kwargs)
+        return self.run_eagerly(args, kwargs)
+
+    def run_eagerly(self, args: tuple, kwargs: dict[str, Any]) -> Any:
+        """The frame, for real: the function itself, or, where it calls modules with hooks
+        (a model sharded per block with FSDP2 whose blocks are called in a loop), its
+        bytecode run by the concrete executor with those calls compiled as frames of their
+        own, as Dynamo compiles the frames a skipped frame calls."""
+        if not self.calls_compiled:
+            return self.fn(*args, **kwargs)
+        from minicompile.capture import concrete
+
+        frame = self.bind(*args, **kwargs)
+        f = concrete.Frame.at(self.fn, 0, dict(zip(self.root.local_names, frame)), [])
+        f.call = self.call_at_break
+        return self.run_concretely(f)
 
     def run_graph_eagerly(self, entry: Entry, reason: str) -> None:
         """From now on ``entry`` evaluates its graph with PyTorch ops; guards, write-backs
@@ -495,10 +517,18 @@ class OptimizedModule(torch.nn.Module):
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         mod = self._modules["_orig_mod"]  # (not through nn.Module.__getattr__: 1-5 us a call)
-        if distributed.is_ddp(mod):
-            return distributed.ddp_forward(mod, self.__dict__["_compiled"], args, kwargs)
-        if mod._forward_hooks or mod._forward_pre_hooks or "forward" in mod.__dict__:
-            return mod(*args, **kwargs)  # hooks and patched forwards run as in eager
+        if distributed.is_ddp(mod):  # DDP's forward as in eager, the wrapped one's compiled
+            return distributed.call_with_forward(mod.module, self.__dict__["_compiled"], mod,
+                                                 args, kwargs)
+        if "forward" in mod.__dict__:
+            return mod(*args, **kwargs)  # a patched forward runs as written
+        if distributed.has_hooks(mod):  # hooks (FSDP2's) as in eager, around the compiled forward
+            return distributed.call_with_forward(mod, self._forward_now(mod), mod, args, kwargs)
+        return self._forward_now(mod)(*args, **kwargs)
+
+    def _forward_now(self, mod: torch.nn.Module) -> Callable[..., Any]:
+        """The compiled forward for this call: of the class's forward, or of the one capture
+        traces in its place (a training BatchNorm without momentum)."""
         traced = None
         if isinstance(mod, torch.nn.modules.batchnorm._BatchNorm):  # capture's import is
             from minicompile.capture import training_ops  # costly: only where it can apply
@@ -509,8 +539,8 @@ class OptimizedModule(torch.nn.Module):
             if traced not in compiled:
                 compiled[traced] = CompiledFunction(types.MethodType(traced, mod),
                                                     self.__dict__["_cfg"])
-            return compiled[traced](*args, **kwargs)
-        return self.__dict__["_compiled"](*args, **kwargs)
+            return compiled[traced]
+        return self.__dict__["_compiled"]
 
     def __getattr__(self, name: str) -> Any:
         try:
@@ -530,13 +560,10 @@ class OptimizedModule(torch.nn.Module):
         @functools.wraps(method)
         def run(*args: Any, **kwargs: Any) -> Any:
             mod = self._orig_mod
-            if "forward" in mod.__dict__ or distributed.is_ddp(mod):  # patched: as in eager
+            if distributed.is_ddp(mod):
                 return method(*args, **kwargs)
-            mod.__dict__["forward"] = self.__dict__["_compiled"]
-            try:
-                return method(*args, **kwargs)
-            finally:
-                del mod.__dict__["forward"]
+            return distributed.call_with_forward(mod, self.__dict__["_compiled"], method, args,
+                                                 kwargs)
 
         return run
 

@@ -58,6 +58,12 @@ class ShapeError(Unsupported):
                          raises)
 
 
+class HookedModuleCall(Unsupported):
+    """A call of a module with hooks (FSDP2's all-gather and reshard): capture traces no
+    hooks, so the call runs outside the graph, its hooks as in eager and its forward
+    compiled as a frame of its own (minicompile/distributed.py)."""
+
+
 class BackendCompilerFailed(Exception):
     """A kernel did not build; the frame falls back to eager unless strict mode is on.
     ``warned``: the cause (a tool that does not work) was warned about once already, so

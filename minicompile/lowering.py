@@ -77,9 +77,8 @@ def broadcast_to(v: Value, shape: tuple[sympy.Expr, ...]) -> Expr:
     lead = len(shape) - len(v.shape)
     own = dim_symbols(len(v.shape))
     out = dim_symbols(len(shape))
-    mapping = {}
-    for k, size in enumerate(v.shape):
-        mapping[own[k]] = ZERO if (size == 1 and shape[lead + k] != 1) else out[lead + k]
+    mapping = {own[k]: ZERO if size == 1 and shape[lead + k] != 1 else out[lead + k]
+               for k, size in enumerate(v.shape)}
     return substitute_index(v.expr, {a: b for a, b in mapping.items() if a != b})
 
 

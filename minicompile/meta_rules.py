@@ -123,6 +123,15 @@ def _plain(v: Any, dtype: torch.dtype | None = None) -> TensorMeta | None:
     return None
 
 
+def _fits(v: Any, x: TensorMeta, shape: tuple) -> bool:
+    """Whether the optional ``v`` (a weight, a bias) is None, or plain with ``x``'s dtype
+    and device and the sizes ``shape``."""
+    if v is None:
+        return True
+    meta = _plain(v, x.dtype)
+    return meta is not None and meta.device == x.device and meta.concrete_shape() == shape
+
+
 def _contiguous(meta: TensorMeta, shape: tuple, device: torch.device) -> TensorMeta:
     stride = torch.empty(tuple(int(n) for n in shape), device="meta").stride()
     return TensorMeta(shape=tuple(sympy.Integer(int(n)) for n in shape),
@@ -147,11 +156,8 @@ def _linear_meta(args: tuple, kwargs: dict[str, Any], device: torch.device) -> T
         return None
     if x.stride != _contiguous(x, x.shape, device).stride or x.shape[-1] != w.shape[1]:
         return None
-    b = bound.get("bias")
-    if b is not None:
-        b = _plain(b, x.dtype)
-        if b is None or b.device != x.device or tuple(b.shape) != (w.shape[0],):
-            return None
+    if not _fits(bound.get("bias"), x, (int(w.shape[0]),)):
+        return None
     return _contiguous(x, (*x.shape[:-1], w.shape[0]), device)
 
 
@@ -168,12 +174,8 @@ def _layer_norm_meta(args: tuple, kwargs: dict[str, Any],
             and tuple(int(n) for n in x.shape[len(x.shape) - len(normalized):]) == tuple(normalized)
             and type(bound.get("eps", 1e-5)) in (int, float)):
         return None
-    for key in ("weight", "bias"):
-        v = bound.get(key)
-        if v is not None:
-            v = _plain(v, x.dtype)
-            if v is None or v.device != x.device or tuple(int(n) for n in v.shape) != tuple(normalized):
-                return None
+    if not all(_fits(bound.get(key), x, tuple(normalized)) for key in ("weight", "bias")):
+        return None
     return _contiguous(x, x.shape, device)
 
 
@@ -213,11 +215,8 @@ def _conv2d_meta(args: tuple, kwargs: dict[str, Any],
     (n, c_in, h, wd), (c_out, c_per_group, kh, kw) = x.concrete_shape(), w.concrete_shape()
     if min(n, c_in, c_out, kh, kw) < 1 or c_in != c_per_group * groups or c_out % groups:
         return None
-    b = bound.get("bias")
-    if b is not None:
-        b = _plain(b, x.dtype)
-        if b is None or b.device != x.device or b.concrete_shape() != (c_out,):
-            return None
+    if not _fits(bound.get("bias"), x, (c_out,)):
+        return None
     stride, padding = _pair(bound.get("stride", 1), 1), _pair(bound.get("padding", 0), 0)
     dilation = _pair(bound.get("dilation", 1), 1)
     if stride is None or padding is None or dilation is None:

@@ -10,14 +10,17 @@ import types
 import weakref
 from typing import TYPE_CHECKING, Any
 
-from minicompile import optim, trace
+import torch
+
+from minicompile import distributed, optim, trace
 from minicompile.driver import Entry
 from minicompile.driver import counters as _stats
 
 if TYPE_CHECKING:
     from minicompile.capture import Break, Capture, ResumePoint, concrete
 
-# User functions a frame broke at, compiled as frames of their own: fn -> {cfg: wrapper}.
+# User functions a frame broke at, compiled as frames of their own: fn -> {cfg: wrapper};
+# modules with hooks a frame broke at: module -> {cfg: {forward: wrapper}}.
 _callee_wrappers: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 # Optimizer steps called inside compiled frames: optimizer -> {(step, cfg): CompiledStep}.
 _compiled_steps: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -112,7 +115,8 @@ class Resuming:
     def call_at_break(self, fn: Any, args: list, kwargs: dict) -> Any:
         """A call the frame broke at.  When it is a function of the user's (the break was
         inside it), it runs compiled as a frame of its own, as PEP 523 would give it; an
-        optimizer's ``step`` runs as ``minicompile.compile(opt.step)`` runs it."""
+        optimizer's ``step`` runs as ``minicompile.compile(opt.step)`` runs it; a module with
+        hooks (capture traces none) runs them as eager does around its compiled forward."""
         opt = optim.recognise(fn)
         if opt is not None:
             steps = _compiled_steps.setdefault(opt, {})
@@ -126,6 +130,10 @@ class Resuming:
             if wrapper is None:
                 wrapper = wrappers[self.cfg] = type(self)(fn, self.cfg)
             return wrapper(*args, **kwargs)
+        if isinstance(fn, torch.nn.Module) and distributed.has_hooks(fn):
+            wrappers = _callee_wrappers.setdefault(fn, {}).setdefault(self.cfg, {})
+            return distributed.compiled_call(fn, wrappers, lambda f: type(self)(f, self.cfg),
+                                             args, kwargs)
         return fn(*args, **kwargs)
 
     def segment(self, point: ResumePoint, values: tuple) -> Entry | None:

@@ -25,14 +25,10 @@ def _class_dim(x: Node) -> int:
     return 0 if x.meta.ndim == 1 else 1
 
 
-def _all_dims(x: Node) -> tuple[int, ...]:
-    return tuple(range(x.meta.ndim))
-
-
 def _total(b: Builder, x: Node) -> Node:
     """``x.sum()`` as ATen writes it: in x's dtype (bool sums to int64; float16/bfloat16
     accumulate in float32 and round once); a 0-dim tensor is its own sum."""
-    return x if x.meta.ndim == 0 else b("sum", x, _all_dims(x), False)
+    return x if x.meta.ndim == 0 else b("sum", x, tuple(range(x.meta.ndim)), False)
 
 
 def _sum_all(b: Builder, x: Node) -> Node:

@@ -27,11 +27,7 @@ NOT_HANDLED = None
 
 def bind(args: tuple, kwargs: dict, names: Sequence[str], defaults: dict[str, Any]) -> dict:
     """Arguments by parameter name, as Python would bind them (positional, then keyword)."""
-    bound = dict(defaults)
-    for name, value in zip(names, args):
-        bound[name] = value
-    bound.update(kwargs)
-    return bound
+    return {**defaults, **dict(zip(names, args)), **kwargs}
 
 
 def _dims(dim: Any, ndim: int) -> tuple[int, ...]:
@@ -392,8 +388,7 @@ def _group_norm(b: Builder, *args: Any, **kwargs: Any) -> Node | None:
                              lambda t: _per_channel(b, t, len(shape))))
 
 
-REDUCTION_DECOMPOSITIONS: dict[str, Callable[..., Node | None]] = {}
-for _names, _rule in (
+REDUCTION_DECOMPOSITIONS: dict[str, Callable[..., Node | None]] = {name: rule for names, rule in (
     (("torch.sum", "torch.Tensor.sum"), _plain("sum", takes_dtype=True)),
     (("torch.mean", "torch.Tensor.mean"), _mean),
     (("torch.amax", "torch.Tensor.amax"), _plain("amax", _empty)),  # (eager raises there)
@@ -417,6 +412,4 @@ for _names, _rule in (
     (("torch.nn.functional.rms_norm",), _rms_norm),
     (("torch.nn.functional.batch_norm",), _batch_norm),  # torch.batch_norm orders args apart
     (("torch.nn.functional.group_norm", "torch.group_norm"), _group_norm),
-):
-    for _name in _names:
-        REDUCTION_DECOMPOSITIONS[_name] = _rule
+) for name in names}

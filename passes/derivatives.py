@@ -64,26 +64,18 @@ UNARY_RULES: dict[str, Rule] = {
 }
 
 
-def _both(node: Node) -> tuple[Any, Any]:
-    return node.args[0], node.args[1]
-
-
 def _binary(fa: Callable | None, fb: Callable | None) -> Rule:
     """A rule for y = op(a, b); ``fa(d, a, b, y, g)`` / ``fb(...)`` give the gradients
     before un-broadcasting (a, b, y are thunks of forward values; numbers stay numbers)."""
 
     def rule(d: Any, node: Node, g: Node) -> tuple:
-        a, b = _both(node)
+        a, b = node.args[0], node.args[1]
         va = (lambda: d.fwd(a)) if isinstance(a, Node) else (lambda: a)
         vb = (lambda: d.fwd(b)) if isinstance(b, Node) else (lambda: b)
         vy = lambda: d.fwd(node)  # noqa: E731
-        out = []
-        for arg, f in ((a, fa), (b, fb)):
-            if isinstance(arg, Node) and f is not None and d.needs(arg):
-                out.append(sum_to(d, f(d, va, vb, vy, g), arg.meta.shape))
-            else:
-                out.append(None)
-        return tuple(out)
+        return tuple(sum_to(d, f(d, va, vb, vy, g), arg.meta.shape)
+                     if isinstance(arg, Node) and f is not None and d.needs(arg) else None
+                     for arg, f in ((a, fa), (b, fb)))
 
     return rule
 

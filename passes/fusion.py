@@ -2,12 +2,11 @@
 
 The buffers form a DAG (an edge for every buffer one body loads from another; passes/dag.py
 keeps what reaches what, so the cycle check is a few bit tests).  Two groups fuse when it is
-legal (:func:`can_fuse`: same device, every member fits one iteration space (see
-minicompile/spaces.py), loads between members stay at the same point of that space, and
-merging keeps the DAG acyclic) and worth it (:func:`score_fusion`: the loads they would
-share).  Pointwise producers were already
-inlined by lowering, so what fuses here are sibling outputs, and reductions with their
-prologues and epilogues (a softmax or a layer norm is one group).
+legal (:func:`can_fuse`, which says why not: every member in one iteration space of
+minicompile/spaces.py, no cycle) and worth it (:func:`score_fusion`: the loads they would
+share).  Pointwise producers were already inlined by lowering, so what fuses here are
+sibling outputs, and reductions with their prologues and epilogues (a softmax or a layer
+norm is one group).
 """
 
 from __future__ import annotations

@@ -148,11 +148,8 @@ def _main_graph(graph: Graph, cut: list[Node], computed: set[Node]) -> Graph:
     """``graph`` reading the cut's values from new placeholders after its own; the calls
     of ``computed`` (the derived graph's) that nothing else reads are dropped."""
     main = Graph(graph.name, graph.shapes, graph.derived)
-    env: dict[Node, Node] = {}
-    for node in graph.placeholders:
-        env[node] = main.placeholder(node.target, node.meta)
-    for k, node in enumerate(cut):
-        env[node] = main.placeholder(f"derived_{k}", node.meta)
+    env = {node: main.placeholder(node.target, node.meta) for node in graph.placeholders}
+    env.update((node, main.placeholder(f"derived_{k}", node.meta)) for k, node in enumerate(cut))
     kept: set[Node] = set(graph.outputs)
     for node in reversed(graph.nodes):  # what the main graph still reads
         if node.op == "call" and node not in env and (node not in computed or node in kept):

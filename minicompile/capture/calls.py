@@ -34,7 +34,7 @@ from minicompile.capture.variables import (
     PartialVar, OpaqueVar, ReadMethodVar, Source, StructSeqVar, SuperVar, TensorVar,
     TorchFunctionVar, TupleVar, UserFunctionVar, UserObjectVar, Var, WithExitVar, closure_cell,
 )
-from minicompile.errors import Unsupported
+from minicompile.errors import HookedModuleCall, Unsupported
 
 # nn.Module's generators of its submodules (modelled: submodules).
 _SUBMODULES = (torch.nn.Module.children, torch.nn.Module.named_children, torch.nn.Module.modules,
@@ -462,7 +462,8 @@ class CallsMixin:
         hooks = torch.nn.modules.module
         if (m._forward_hooks or m._forward_pre_hooks or hooks._global_forward_hooks
                 or hooks._global_forward_pre_hooks):
-            raise Unsupported(f"forward hooks on {type(m).__name__} are not supported yet")
+            raise HookedModuleCall(f"a call of {type(m).__name__}, a module with hooks: its "
+                                   "hooks run as in eager, its forward as a frame of its own")
         if "forward" in m.__dict__:
             raise Unsupported(f"{type(m).__name__} instance with its own forward attribute")
         self.output.guards.module_match(mod.source, m)

@@ -2,8 +2,8 @@
 the runner program (runner.cpp) that runs one without Python.
 
 An exported model is ``model.so`` (kernels and C++ wrapper), ``model.weights`` (read on
-its first call) and ``minicompile_runner``, built once per PyTorch install and compiler
-(cached) and copied beside each library::
+its first call), for CUDA ``model.cubins`` (its Triton kernels) and ``minicompile_runner``,
+built once per PyTorch install and compiler (cached) and copied beside each library::
 
     minicompile_runner model.so inputs.pt outputs.pt
 """
@@ -55,25 +55,28 @@ def _run(cmd: list[str], what: str) -> None:
             f"building {what} failed ({' '.join(cmd)}):\n{proc.stderr.strip()[-4000:]}")
 
 
-def build_library(kernels: str, wrapper: str, out: Path, cfg: Config) -> None:
-    """Compile the kernels' and the wrapper's units at once, and link them into ``out``."""
+def build_library(kernels: str | None, wrapper: str, out: Path, cfg: Config) -> None:
+    """Compile the kernels' and the wrapper's units at once, and link them into ``out``
+    (``kernels`` None: the wrapper alone, whose kernels are cubins)."""
     compile_flags, link_flags = torch_flags()
     mvec = vector_math_flags()
     base = [f for f in cfg.cxx_flags if f != "-shared"]
     with tempfile.TemporaryDirectory(prefix="minicompile-export-") as folder:
         tmp = Path(folder)
-        (tmp / "kernels.cpp").write_text(kernels)
+        (tmp / "kernels.cpp").write_text(kernels or "")
         (tmp / "wrapper.cpp").write_text(wrapper)
         kernel_cmd = [cfg.cxx, *base, *[f for f in mvec if not f.startswith("-l")], "-c",
                       str(tmp / "kernels.cpp"), "-o", str(tmp / "kernels.o")]
         wrapper_cmd = [cfg.cxx, "-O2", "-fPIC", *compile_flags, "-c", str(tmp / "wrapper.cpp"),
                        "-o", str(tmp / "wrapper.o")]
         with ThreadPoolExecutor(2) as pool:
-            done = [pool.submit(_run, kernel_cmd, "the kernels"),
-                    pool.submit(_run, wrapper_cmd, "the wrapper")]
+            done = [pool.submit(_run, wrapper_cmd, "the wrapper")]
+            if kernels is not None:
+                done.append(pool.submit(_run, kernel_cmd, "the kernels"))
             for job in done:
                 job.result()
-        link = [cfg.cxx, "-shared", "-fopenmp", str(tmp / "kernels.o"), str(tmp / "wrapper.o"),
+        objects = [str(tmp / "kernels.o")] if kernels is not None else []
+        link = [cfg.cxx, "-shared", "-fopenmp", *objects, str(tmp / "wrapper.o"),
                 "-o", str(tmp / "model.so"), *link_flags,
                 *[f for f in mvec if f.startswith("-l")], "-ldl"]
         _run(link, "the library")
@@ -95,10 +98,11 @@ def runner(cfg: Config) -> Path:
     return put_in_place(tmp, f"{key}.bin")
 
 
-def weights_path(library: Path) -> Path:
-    """Where a library finds its weights: its path with ``.so`` replaced by ``.weights``."""
+def beside(library: Path, suffix: str) -> Path:
+    """A file the library reads beside it (``.weights``, ``.cubins``): its path with ``.so``
+    replaced by ``suffix``."""
     name = library.name[:-3] if library.name.endswith(".so") else library.name
-    return library.with_name(name + ".weights")
+    return library.with_name(name + suffix)
 
 
 def write_weights(path: Path, weights: list[torch.Tensor]) -> None:
@@ -109,7 +113,10 @@ def write_weights(path: Path, weights: list[torch.Tensor]) -> None:
         for w in weights:
             w = w.detach()
             laid = torch.empty_strided(w.shape, w.stride(), dtype=w.dtype).copy_(w)
-            data = bytes(laid.untyped_storage()) if laid.untyped_storage().nbytes() else b""
+            storage = laid.untyped_storage()  # (its bytes through NumPy: bytes() of a
+            # storage reads it element by element, minutes for a ResNet's weights)
+            data = (torch.empty(0, dtype=torch.uint8).set_(storage).numpy().tobytes()
+                    if storage.nbytes() else b"")
             f.write(len(data).to_bytes(8, "little"))
             f.write(data)
 
@@ -171,8 +178,9 @@ def load(path: str | os.PathLike) -> ExportedModel:
     if _stamps.setdefault(path, stamp) != stamp:
         target = Path(tempfile.mkdtemp(prefix="minicompile-load-")) / path.name
         shutil.copyfile(path, target)
-        if weights_path(path).exists():
-            shutil.copyfile(weights_path(path), weights_path(target))
+        for suffix in (".weights", ".cubins"):
+            if beside(path, suffix).exists():
+                shutil.copyfile(beside(path, suffix), beside(target, suffix))
     try:
         lib = ctypes.CDLL(str(target))
     except OSError as e:

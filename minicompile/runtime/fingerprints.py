@@ -36,7 +36,8 @@ class Miss(Exception):
 
 @functools.lru_cache(maxsize=None)
 def source_version() -> str:
-    """A hash of minicompile's own source files (the package, passes/ and codegen/)."""
+    """A hash of minicompile's own source files (the package, passes/ and codegen/: Python,
+    and the C++ text the emitters include, codegen/*.h and runtime/runner.cpp)."""
     import minicompile
 
     folders = [Path(minicompile.__file__).parent]
@@ -45,7 +46,7 @@ def source_version() -> str:
         folders += [Path(p) for p in (spec.submodule_search_locations or [])] if spec else []
     h = hashlib.sha256()
     for folder in folders:
-        for path in sorted(folder.rglob("*.py")):
+        for path in sorted(p for p in folder.rglob("*") if p.suffix in (".py", ".h", ".cpp")):
             h.update(str(path.relative_to(folder)).encode())
             h.update(path.read_bytes())
     return h.hexdigest()

@@ -2,8 +2,11 @@
 //   minicompile_runner model.so inputs.pt outputs.pt [repeats]
 // inputs.pt: a tensor, or a list or tuple of tensors, saved with torch.save;
 // outputs.pt: the model's outputs as a tuple, for torch.load.  With repeats, the model
-// runs that many more times and the median time of a run is printed.
+// runs that many more times and the median time of a run is printed.  A CUDA library
+// runs on GPU 0 (the inputs are copied there, on the default stream; each timed run waits
+// for the GPU), and its outputs are saved as CPU tensors.
 #include <ATen/core/ivalue.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <torch/csrc/jit/serialization/pickle.h>
 
 #include <dlfcn.h>
@@ -14,6 +17,7 @@
 #include <fstream>
 #include <iostream>
 #include <iterator>
+#include <string>
 #include <vector>
 
 using RunFn = int (*)(void**, int64_t, void**, int64_t);
@@ -58,6 +62,24 @@ int main(int argc, char** argv) {
                   << "\n";
         return 1;
     }
+    auto device_type = reinterpret_cast<const char* (*)()>(dlsym(lib, "mc_device_type"));
+    const bool cuda = device_type && std::string(device_type()) == "cuda";
+    const c10::Device gpu(c10::DeviceType::CUDA, 0);
+    try {
+        if (cuda) {  // (PyTorch's CUDA half, if libtorch did not load it)
+            dlopen("libtorch_cuda.so", RTLD_NOW | RTLD_GLOBAL);
+            for (at::Tensor& t : tensors) t = t.to(at::TensorOptions().device(gpu));
+        }
+    } catch (const std::exception& e) {
+        std::cerr << "cannot copy the inputs to the GPU: " << e.what() << "\n";
+        return 1;
+    }
+    auto wait = [&]() {
+        if (cuda) {
+            const auto* impl = c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA);
+            impl->synchronizeStream(impl->getStream(gpu));
+        }
+    };
     std::vector<void*> outputs(num_outputs());
     auto run_once = [&]() {  // mc_run takes over (deletes) the input handles
         std::vector<void*> inputs;
@@ -77,6 +99,7 @@ int main(int argc, char** argv) {
             std::cerr << "the model failed: " << last_error() << "\n";
             return 1;
         }
+        wait();
         times.push_back(std::chrono::duration<double, std::milli>(
             std::chrono::steady_clock::now() - start).count());
     }
@@ -88,7 +111,7 @@ int main(int argc, char** argv) {
     std::vector<c10::IValue> results;
     for (void* handle : outputs) {
         at::Tensor* t = static_cast<at::Tensor*>(handle);
-        results.emplace_back(*t);
+        results.emplace_back(cuda ? t->cpu() : *t);
         delete t;
     }
     auto tuple = c10::ivalue::Tuple::create(std::move(results));

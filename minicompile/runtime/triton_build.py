@@ -349,19 +349,23 @@ def stop_workers() -> None:
         _workers.clear()
 
 
-def build_all(prepared: list[Prepared], threads: int) -> list[str | None]:
-    """Build each in up to ``threads`` workers (or here): for each, None or why not built."""
+def build_all(prepared: list, threads: int, here: bool = True) -> list[str | None]:
+    """Build each (a :class:`Prepared`, or anything with its ``job()``) in up to ``threads``
+    workers, or here: for each, None or why not built.  ``here=False``: in workers only
+    (this process may run Triton's interpreter, whose ``triton.jit`` compiles nothing)."""
     with _workers_lock:
         started = _workers_pid == os.getpid() and any(w.alive() for w in _workers)
-    if (len(prepared) == 1 and not started) or threads <= 1:
+    if here and ((len(prepared) == 1 and not started) or threads <= 1):
         return [build_in_process(p) for p in prepared]  # (no worker to start for one)
     jobs: queue.Queue = queue.Queue()
     for i, p in enumerate(prepared):
         jobs.put((i, p.job()))
-    start_workers(min(threads, len(prepared)))
+    start_workers(min(max(threads, 1), len(prepared)))
     with _workers_lock:
         workers = [w for w in _workers if w.alive()]
     if not workers:
+        if not here:
+            return ["no Triton build worker could start"] * len(prepared)
         return [build_in_process(p) for p in prepared]
     results: list[str | None] = ["not built"] * len(prepared)
     start = time.perf_counter()

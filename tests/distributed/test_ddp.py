@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import os
 import socket
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -144,7 +145,8 @@ def train(kind: str, rank: int, backend: str) -> dict:
             "grad_fns": grad_fns, "stats": minicompile.stats()}
 
 
-def worker(rank: int, port: int, backend: str, kinds: tuple[str, ...], out: str) -> None:
+def worker(rank: int, port: int, run: Callable, backend: str, kinds: tuple[str, ...],
+           out: str) -> None:
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
     torch.set_num_threads(1)
@@ -153,14 +155,16 @@ def worker(rank: int, port: int, backend: str, kinds: tuple[str, ...], out: str)
         results = {}
         for kind in kinds:
             minicompile.reset()
-            results[kind] = train(kind, rank, backend)
+            results[kind] = run(kind, rank, backend)
         torch.save(results, Path(out) / f"rank{rank}.pt")
     finally:
         dist.destroy_process_group()
 
 
-def run_ranks(backend: str, kinds: tuple[str, ...], tmp_path: Path) -> list[dict]:
-    mp.spawn(worker, args=(free_port(), backend, kinds, str(tmp_path)), nprocs=2)
+def run_ranks(backend: str, kinds: tuple[str, ...], tmp_path: Path,
+              run: Callable = train) -> list[dict]:
+    """``run(kind, rank, backend)`` for each kind on 2 ranks (gloo): each rank's results."""
+    mp.spawn(worker, args=(free_port(), run, backend, kinds, str(tmp_path)), nprocs=2)
     return [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in (0, 1)]
 
 
@@ -191,10 +195,13 @@ def check_against(results: list[dict], kind: str, reference: str, adam: bool = F
         torch.testing.assert_close(p, q, rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("backend", ["cpp", pytest.param("triton", marks=pytest.mark.skipif(
-    torch.cuda.is_available(), reason="CPU tensors on gloo: the Triton backend runs CPU "
-    "graphs under Triton's interpreter, which a GPU machine's test run leaves off "
-    "(tests/conftest.py), so there they run eagerly by design"))])
+# CPU tensors on gloo: the Triton backend runs CPU graphs under Triton's interpreter, which a
+# GPU machine's test run leaves off (tests/conftest.py), so there they run eagerly by design.
+GLOO_BACKENDS = ["cpp", pytest.param("triton", marks=pytest.mark.skipif(
+    torch.cuda.is_available(), reason="CPU graphs on a GPU machine run eagerly by design"))]
+
+
+@pytest.mark.parametrize("backend", GLOO_BACKENDS)
 def test_ddp_matches_eager_ddp(backend: str, tmp_path: Path) -> None:
     kinds = ("eager", "compiled_inside", "mesh", "compiled_outside", "dynamo")
     results = run_ranks(backend, kinds, tmp_path)

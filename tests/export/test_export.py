@@ -37,7 +37,7 @@ class MLP(torch.nn.Module):
 
 def conv_block() -> torch.nn.Module:
     block = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.BatchNorm2d(8),
-                                torch.nn.ReLU())
+                                torch.nn.ReLU(), torch.nn.MaxPool2d(2))
     block[1].running_mean.normal_()
     block[1].running_var.uniform_(0.5, 2.0)
     return block.eval()
@@ -55,10 +55,21 @@ WEIGHT_T = torch.randn(6, 5).t()  # a non-contiguous tensor, baked in its own la
 TABLE = torch.randn(10, 6)
 
 
+class Context:
+    active = None  # set during a call and reset after it (as transformers' output capturing)
+
+
+CONTEXT = Context()
+
+
 def mixed(x: torch.Tensor, s: torch.Tensor, h: torch.Tensor, idx: torch.Tensor):
     y = (x @ WEIGHT_T).relu() * s + F.embedding(idx, TABLE)
     top, where = torch.topk(y, 2, dim=-1)  # a library call with a tuple result
-    return [y.to(torch.bfloat16) + h, s * 2, y.sum(), top * 2, where]
+    CONTEXT.active = None  # what it holds already: nothing for the library to replay
+    # Indexing by index tensors (aten::index), a method-only operator (new_ones).
+    picked = (y > 0)[idx[:, None] % 3, idx[None, :] % 6]
+    return [y.to(torch.bfloat16) + h, s * 2, y.sum(), top * 2, where,
+            picked & picked.new_ones(())]
 
 
 def run_runner(exported: Exported, inputs: object, tmp: Path) -> tuple:
@@ -170,7 +181,7 @@ def test_load_after_exporting_again_to_the_same_path(mlp: tuple, conv: tuple,
         torch.testing.assert_close(minicompile.load(path)(x), model(x))
 
 
-def test_conv_batchnorm_relu_matches_eager(conv: tuple, tmp_path: Path) -> None:
+def test_conv_batchnorm_relu_pool_matches_eager(conv: tuple, tmp_path: Path) -> None:
     model, exported = conv
     lib = minicompile.load(exported.library)
     for _ in range(2):

@@ -172,3 +172,47 @@ def test_two_instances_do_not_share_compiled_parameters(backend: str, device: to
     x = torch.randn(3, 8, device=device)
     torch.testing.assert_close(ca(x), a(x))
     torch.testing.assert_close(cb(x), b(x))
+
+
+class Stack(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(nn.Linear(8, 8) for _ in range(3))
+
+    def forward(self, x):
+        for block in self.blocks:  # a break here cannot be resumed: the frame runs for real
+            x = torch.tanh(block(x))
+        return x * 2
+
+
+@torch.no_grad()
+def test_hooked_blocks_in_a_loop_run_hooks_around_compiled_forwards(
+        backend: str, device: torch.device) -> None:
+    """FSDP2's pattern in one process: each block's pre-hook sets a new weight object (its
+    all-gather), its hook puts the stored one back (reshard).  The compiled model runs both
+    hooks every call and each block's forward compiled, reading the weight of the call."""
+    torch.manual_seed(0)
+    model = Stack().to(device)
+    scale, seen = [1.0], []
+
+    def unshard(m: nn.Module, args: tuple) -> None:
+        seen.append(m)
+        m.stored = m.weight
+        m.weight = nn.Parameter(m.stored * scale[0])
+
+    def reshard(m: nn.Module, args: tuple, out: torch.Tensor) -> None:
+        m.weight = m.stored
+
+    for block in model.blocks:
+        block.register_forward_pre_hook(unshard)
+        block.register_forward_hook(reshard)
+    compiled = minicompile.compile(model, backend=backend)
+    minicompile.reset()
+    for scale[0] in (1.0, 0.5, 2.0):
+        x = torch.randn(4, 8, device=device)
+        expected = model(x)
+        torch.testing.assert_close(compiled(x), expected)
+    assert len(seen) == 6 * 3
+    stats = minicompile.stats()
+    assert stats["graphs"] == 3 and stats["recompiles"] == 0, stats  # one per block
+    assert all(isinstance(b.weight, nn.Parameter) and b.weight is b.stored for b in model.blocks)

@@ -77,9 +77,42 @@ def _select(b: Builder, x: Node, dim: int, index: int) -> Node | None:
     return b("select", x, dim, index % int(size))
 
 
+def _static(*nodes: Node) -> list[tuple[int, ...]] | None:
+    shapes = [n.meta.shape for n in nodes]
+    if any(not s.is_Integer or s == 0 for shape in shapes for s in shape):
+        return None
+    return [tuple(int(s) for s in shape) for shape in shapes]
+
+
+def _tensor_index(b: Builder, x: Node, key: tuple[Node, ...]) -> Node | None:
+    """``x[i0, i1, ...]`` with integer tensors for its leading dims (static sizes): one
+    gather per index over ``x`` broadcast to the indices' shape, negative indices wrapped
+    as eager wraps them.  Lowering reads positions that come from an ``iota``
+    (transformers' ``padding_mask[batch_idx, kv_idx]``) directly."""
+    shapes = _static(x, b.origin, *key)
+    if shapes is None or not 0 < len(key) <= x.meta.ndim or any(
+            k.meta.dtype not in (torch.int64, torch.int32) for k in key):
+        return None
+    (sizes, out, *_), k = shapes, len(key)
+    lead = out[:len(out) - (len(sizes) - k)]  # the indices' broadcast shape
+    m = len(lead)
+    y = b("expand", b("reshape", x, (1,) * m + sizes), lead + sizes)
+    for j, index in enumerate(key):
+        if index.meta.dtype != torch.int64:
+            index = b("to_dtype", index, dtype=torch.int64)
+        index = b("where", b("lt", index, 0), b("add", index, sizes[j]), index)
+        tail = sizes[j + 1:]
+        index = b("reshape", b("expand", index, lead), lead + (1,) * (1 + len(tail)))
+        y = b("gather", y, m, b("expand", index, lead + (1,) + tail))
+        y = b("reshape", y, lead + tail)
+    return y
+
+
 def _index(b: Builder, x: Node, key: Any) -> Node | None:
-    """Basic indexing: ints, slices, None and one Ellipsis (no tensors)."""
+    """Basic indexing: ints, slices, None and one Ellipsis; or integer tensors alone."""
     key = key if isinstance(key, tuple) else (key,)
+    if key and all(isinstance(k, Node) for k in key):
+        return _tensor_index(b, x, key)
     if any(isinstance(k, (Node, torch.Tensor, list, bool)) for k in key):
         return None
     if sum(k is Ellipsis for k in key) > 1:

@@ -171,9 +171,8 @@ DECOMPOSITIONS: dict[str, Callable[..., Node]] = {  # the composite ops of minic
     "gelu": _gelu,
     "silu": _silu,
     "clamp": _clamp,
-    "torch.Tensor.new_ones": _filled(True),
-    "torch.Tensor.new_zeros": _filled(False),
 }
+FILLED = {"torch.Tensor.new_ones": _filled(True), "torch.Tensor.new_zeros": _filled(False)}
 # Library calls the capture keeps (their torch.nn.functional names) that are pointwise:
 # fused, where the library call would be a kernel of its own and, in training, recorded
 # for autograd with a backward call of its own.
@@ -220,6 +219,7 @@ def decompose(graph: Graph) -> Graph:
             or REDUCTION_DECOMPOSITIONS.get(node.target)
             or LOSS_DECOMPOSITIONS.get(node.target)
             or VIEW_DECOMPOSITIONS.get(node.target)
+            or FILLED.get(node.target)
         )
         if rule is None:
             return None

@@ -30,8 +30,7 @@ from minicompile.capture.operators import OperatorsMixin
 from minicompile.capture.output import MAX_INSTRUCTIONS, OutputGraph
 from minicompile.capture.variables import (
     specialized, NULL, CellVar, ConstantVar, DictVar, ListVar, MethodVar, NestedFunctionVar,
-    NewObjectVar, ObjectVar, PartialVar, Source, TensorVar, TupleVar, UserFunctionVar,
-    UserObjectVar, Var,
+    NewObjectVar, ObjectVar, PartialVar, Source, TensorVar, TupleVar, UserFunctionVar, Var,
 )
 from minicompile.errors import SourceLine, Unsupported
 
@@ -136,10 +135,9 @@ class InstructionTranslator(
         """``a is b``.  Between two objects the answer is their identities: a user object
         (guarded by its type, as its attributes are read) is then guarded by identity
         (``mode is Action.NONE``); against a constant its type decides."""
-        if not isinstance(a, ConstantVar) and not isinstance(b, ConstantVar):
-            for v in (a, b):
-                if isinstance(v, UserObjectVar) and v.source is not None:
-                    self.output.guards.identity_match(v.source, v.value)
+        if not a.constant and not b.constant:
+            a.pin_identity(self.output.guards)
+            b.pin_identity(self.output.guards)
         return self.identity(a) is self.identity(b)
 
     def make_tuple(self, items: list[Var]) -> Var:

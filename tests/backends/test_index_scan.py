@@ -89,3 +89,20 @@ def test_integer_cumsum_is_a_reduction(backend: str, device: torch.device,
     code = _compiled_code(positions, make, backend, capsys)
     assert len(_library_calls(code, "cumsum")) == 1  # the float one
     assert not _library_calls(code, "new_zeros")
+
+
+def indexed_loss(x: torch.Tensor, idx: torch.Tensor, j: torch.Tensor) -> torch.Tensor:
+    return (x[idx] * 2).sum() + x[idx[:, None], j].pow(2).sum() + torch.cumsum(j, 0).sum()
+
+
+def test_gradients_flow_through_tensor_indices(backend: str, device: torch.device) -> None:
+    """The gathers' backward (a scatter-add, repeated rows summed) gives eager's gradient."""
+    compiled = minicompile.compile(indexed_loss, backend=backend)
+    for _ in range(2):
+        x = torch.randn(12, 5, device=device, requires_grad=True)
+        idx = torch.randint(-12, 12, (7,), device=device)
+        j = torch.randint(-5, 5, (3,), device=device)
+        x2 = x.detach().clone().requires_grad_()
+        compiled(x, idx, j).backward()
+        indexed_loss(x2, idx, j).backward()
+        torch.testing.assert_close(x.grad, x2.grad)

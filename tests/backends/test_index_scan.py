@@ -12,7 +12,7 @@ import minicompile
 from minicompile import config
 
 
-def _compiled_code(fn, make_args, backend: str, capsys: pytest.CaptureFixture) -> str:  # noqa: ANN001
+def _compiled_code(fn, make_args, backend: str, capsys: pytest.CaptureFixture) -> str:
     """Compile ``fn``, check two calls on fresh inputs against eager; the generated code."""
     capsys.readouterr()
     with config.patch(logs=frozenset({"output_code"})):

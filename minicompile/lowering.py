@@ -288,7 +288,9 @@ class Lowering:
         symbol = index_symbol(f"ind{self.indirect}")
         self.indirect += 1
         source = node.args[0]  # embedding's weight; index_select's, gather's input
-        if any(isinstance(e, (Cat, IndirectLoad)) for e in walk(self.values[source].expr)):
+        direct = None if node.target == "embedding" else self.direct_index(node)
+        read = walk(self.values[source].expr)
+        if direct is None and any(isinstance(e, (Cat, IndirectLoad)) for e in read):
             # A Cat's position may not stand for data, and a load binds one index value
             # (x.index_select(0, i).index_select(1, j) would need two): read the source
             # from memory.
@@ -311,6 +313,10 @@ class Lowering:
         at = _cast(substitute_index(idx.expr, at_map), torch.int64)
         size = src.shape[dim]
         expr = substitute_index(src.expr, src_map)
+        origins = tuple(dict.fromkeys(src.origins + idx.origins + (node,)))
+        if direct is not None:  # positions known in range (x[arange(n)]): a plain load
+            return Value(node.meta.shape, node.meta.dtype,
+                         substitute_index(expr, {symbol: direct}), origins=origins)
 
         def bind(ld: Load | IndexExpr) -> Expr:
             if isinstance(ld, IndexExpr):
@@ -323,8 +329,27 @@ class Lowering:
                 return IndirectLoad(ld.buffer, ld.index, ld.dtype, at, symbol, size)
             return ld
 
-        origins = tuple(dict.fromkeys(src.origins + idx.origins + (node,)))
         return Value(node.meta.shape, node.meta.dtype, map_loads(expr, bind), origins=origins)
+
+    def direct_index(self, node: Node) -> sympy.Expr | None:
+        """index_select's or gather's index values as an expression of the output's
+        position, where they are one (positions from an ``iota``: transformers' masks,
+        ``x[torch.arange(n)]``) and provably in range: None where they read data."""
+        source, dim, index = node.args
+        shape = node.meta.shape
+        if not all(s.is_Integer for s in shape) or not source.meta.shape[dim].is_Integer:
+            return None
+        idx = self.values[index]
+        out = dim_symbols(len(shape))
+        if node.target == "index_select":
+            at_map = {dim_symbols(1)[0]: out[dim]} if idx.shape else {}
+        else:
+            at_map = dict(zip(dim_symbols(len(idx.shape)), out))
+        ranges = {s: (0, int(n) - 1) for s, n in zip(out, shape)}
+        known = affine_index(substitute_index(idx.expr, at_map), ranges)
+        if known is None or not 0 <= known[1] <= known[2] < int(source.meta.shape[dim]):
+            return None
+        return known[0]
 
     def lower_iota(self, node: Node) -> Value:
         """Each element's index along ``dim``, as an int64 value computed in the kernel
@@ -436,6 +461,47 @@ def _piece_mapping(ndim: int, out: tuple, dim: int, start: sympy.Expr, stack: bo
 # elements (Inductor's realize_reads_threshold): each consumer then loads one value instead
 # of recomputing the expression, and chains such as a residual stream stay short.
 REALIZE_READS = 3
+
+
+def affine_index(e: Expr, ranges: dict) -> tuple[sympy.Expr, int, int] | None:
+    """``e`` (an integer value) as an affine expression of the index symbols with its least
+    and greatest value over ``ranges`` (symbol -> (lo, hi)), where it is one: index
+    expressions, integer constants, ``+ - *`` and the wrap of negative indices
+    (``where(a < 0, a + n, a)`` with ``a`` never negative); else None."""
+    if isinstance(e, IndexExpr) or (isinstance(e, Constant) and not isinstance(e.value, float)):
+        value = sympy.expand(e.index) if isinstance(e, IndexExpr) else sympy.Integer(e.value)
+        if not all(s in ranges for s in value.free_symbols) or not (
+                value.is_polynomial() and sympy.Poly(value, *ranges).total_degree() <= 1):
+            return None
+        lo = hi = value.subs({s: 0 for s in ranges})
+        for s in value.free_symbols:
+            c = value.coeff(s)
+            lo, hi = lo + min(0, c * ranges[s][1]), hi + max(0, c * ranges[s][1])
+        return value, int(lo), int(hi)
+    if isinstance(e, Cast) and e.dtype == torch.int64 and not e.x.dtype.is_floating_point:
+        return affine_index(e.x, ranges)
+    if not isinstance(e, Op) or e.dtype.is_floating_point:
+        return None
+    if e.op == "where" and isinstance(e.args[0], Op) and e.args[0].op == "lt":
+        a, zero = e.args[0].args
+        known = affine_index(a, ranges)
+        if known is not None and known[1] >= 0 and zero == Constant(0, a.dtype):
+            return affine_index(e.args[2], ranges)  # the wrap never applies
+        return None
+    if e.op not in ("add", "sub", "mul"):
+        return None
+    parts = [affine_index(a, ranges) for a in e.args]
+    if None in parts:
+        return None
+    (x, xlo, xhi), (y, ylo, yhi) = parts
+    if e.op == "mul":
+        if x.free_symbols and y.free_symbols:
+            return None
+        ends = [p * q for p in (xlo, xhi) for q in (ylo, yhi)]
+        return sympy.expand(x * y), min(ends), max(ends)
+    if e.op == "add":
+        return x + y, xlo + ylo, xhi + yhi
+    return x - y, xlo - yhi, xhi - ylo
 
 
 def should_realize(node: Node, value: Value) -> bool:

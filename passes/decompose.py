@@ -146,12 +146,33 @@ def _hardsigmoid(b: _Builder, x: Node, inplace: bool = False) -> Node | None:
     return b.restore(out)
 
 
+def _filled(value: bool) -> Callable[..., Node | None]:
+    """``x.new_ones(size)`` / ``x.new_zeros(size)`` of static sizes (transformers' mask
+    helpers start from ``q_idx.new_ones((), dtype=torch.bool)``): values made in the kernels
+    that read them, from an ``iota`` compared with 0, instead of a library call."""
+
+    def rule(b: _Builder, x: Node, *size: Any, **kwargs: Any) -> Node | None:
+        meta = b.origin.meta
+        if set(kwargs) - {"dtype", "device"} or any(not s.is_Integer or s == 0
+                                                    for s in meta.shape):
+            return None
+        shape = tuple(int(s) for s in meta.shape) or (1,)
+        position = b("iota", shape, 0, meta.device)
+        filled = b("ge" if value else "lt", position, 0)
+        if not meta.shape:
+            filled = b("reshape", filled, ())
+        return b.restore(filled)
+
+    return rule
+
+
 DECOMPOSITIONS: dict[str, Callable[..., Node]] = {  # the composite ops of minicompile/ops.py
     "relu": _relu,
     "gelu": _gelu,
     "silu": _silu,
     "clamp": _clamp,
 }
+FILLED = {"torch.Tensor.new_ones": _filled(True), "torch.Tensor.new_zeros": _filled(False)}
 # Library calls the capture keeps (their torch.nn.functional names) that are pointwise:
 # fused, where the library call would be a kernel of its own and, in training, recorded
 # for autograd with a backward call of its own.
@@ -198,6 +219,7 @@ def decompose(graph: Graph) -> Graph:
             or REDUCTION_DECOMPOSITIONS.get(node.target)
             or LOSS_DECOMPOSITIONS.get(node.target)
             or VIEW_DECOMPOSITIONS.get(node.target)
+            or FILLED.get(node.target)
         )
         if rule is None:
             return None

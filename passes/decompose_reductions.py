@@ -388,6 +388,30 @@ def _group_norm(b: Builder, *args: Any, **kwargs: Any) -> Node | None:
                              lambda t: _per_channel(b, t, len(shape))))
 
 
+MAX_SCAN = 1024  # the longest row a cumsum sums as masked rows (work: its square)
+
+
+def _cumsum(b: Builder, *args: Any, **kwargs: Any) -> Node | None:
+    """An integer ``cumsum`` of a short row (RoBERTa's positions, an MoE's expert offsets)
+    as sums of the row masked to ``k <= j``: one reduction, fused with its neighbours,
+    exact in integers (floats stay the library call: another summation order)."""
+    a = bind(args, kwargs, ("input", "dim", "dtype"), {"dtype": None})
+    x, out = a["input"], b.origin.meta
+    if set(a) != {"input", "dim", "dtype"} or not isinstance(a["dim"], int) or x.meta.ndim == 0:
+        return NOT_HANDLED
+    if out.dtype.is_floating_point or out.dtype.is_complex or out.dtype == torch.bool:
+        return NOT_HANDLED
+    if any(not s.is_Integer or s == 0 for s in x.meta.shape):
+        return NOT_HANDLED
+    dim, shape = a["dim"] % x.meta.ndim, tuple(int(s) for s in x.meta.shape)
+    if shape[dim] > MAX_SCAN:
+        return NOT_HANDLED
+    rows = shape[:dim] + (shape[dim],) + shape[dim:]  # (..., j, k, ...)
+    spread = b("expand", b("unsqueeze", b.restore(x, out.dtype), dim), rows)
+    keep = b("le", b("iota", rows, dim + 1, out.device), b("iota", rows, dim, out.device))
+    return b.restore(b("sum", b("where", keep, spread, 0), (dim + 1,), False))
+
+
 REDUCTION_DECOMPOSITIONS: dict[str, Callable[..., Node | None]] = {name: rule for names, rule in (
     (("torch.sum", "torch.Tensor.sum"), _plain("sum", takes_dtype=True)),
     (("torch.mean", "torch.Tensor.mean"), _mean),
@@ -412,4 +436,5 @@ REDUCTION_DECOMPOSITIONS: dict[str, Callable[..., Node | None]] = {name: rule fo
     (("torch.nn.functional.rms_norm",), _rms_norm),
     (("torch.nn.functional.batch_norm",), _batch_norm),  # torch.batch_norm orders args apart
     (("torch.nn.functional.group_norm", "torch.group_norm"), _group_norm),
+    (("torch.cumsum", "torch.Tensor.cumsum"), _cumsum),
 ) for name in names}

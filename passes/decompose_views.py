@@ -6,6 +6,7 @@ nodes' metadata (PyTorch's own rules); forms not handled stay library calls (Non
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -77,9 +78,49 @@ def _select(b: Builder, x: Node, dim: int, index: int) -> Node | None:
     return b("select", x, dim, index % int(size))
 
 
+def _static(*nodes: Node) -> list[tuple[int, ...]] | None:
+    shapes = [n.meta.shape for n in nodes]
+    if any(not s.is_Integer or s == 0 for shape in shapes for s in shape):
+        return None
+    return [tuple(int(s) for s in shape) for shape in shapes]
+
+
+def _tensor_index(b: Builder, x: Node, key: tuple[Node, ...]) -> Node | None:
+    """``x[i0, i1, ...]`` with integer tensors for its leading dims (static sizes): an
+    index_select of the rows of ``i0``, broadcast to the indices' shape, then a gather per
+    further index; negative indices wrapped as eager wraps them.  Lowering reads positions
+    that come from an ``iota`` (transformers' ``padding_mask[batch_idx, kv_idx]``)
+    directly."""
+    shapes = _static(x, b.origin, *key)
+    if shapes is None or not 0 < len(key) <= x.meta.ndim or any(
+            k.meta.dtype not in (torch.int64, torch.int32) for k in key):
+        return None
+    (sizes, out, *indices), k = shapes, len(key)
+    lead = out[:len(out) - (len(sizes) - k)]  # the indices' broadcast shape
+    m = len(lead)
+
+    def wrapped(j: int) -> Node:
+        index = key[j]
+        if index.meta.dtype != torch.int64:
+            index = b("to_dtype", index, dtype=torch.int64)
+        return b("where", b("lt", index, 0), b("add", index, sizes[j]), index)
+
+    rows = b("index_select", x, 0, b("reshape", wrapped(0), (math.prod(indices[0]),)))
+    rows = b("reshape", rows, (1,) * (m - len(indices[0])) + indices[0] + sizes[1:])
+    y = b("expand", rows, lead + sizes[1:])
+    for j in range(1, k):
+        index, tail = wrapped(j), sizes[j + 1:]
+        index = b("reshape", b("expand", index, lead), lead + (1,) * (1 + len(tail)))
+        y = b("gather", y, m, b("expand", index, lead + (1,) + tail))
+        y = b("reshape", y, lead + tail)
+    return y
+
+
 def _index(b: Builder, x: Node, key: Any) -> Node | None:
-    """Basic indexing: ints, slices, None and one Ellipsis (no tensors)."""
+    """Basic indexing: ints, slices, None and one Ellipsis; or integer tensors alone."""
     key = key if isinstance(key, tuple) else (key,)
+    if key and all(isinstance(k, Node) for k in key):
+        return _tensor_index(b, x, key)
     if any(isinstance(k, (Node, torch.Tensor, list, bool)) for k in key):
         return None
     if sum(k is Ellipsis for k in key) > 1:

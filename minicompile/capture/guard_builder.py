@@ -39,7 +39,8 @@ class GuardBuilder:
         self.checks: list[GuardCheck] = []
         self.namespace: dict[str, Any] = {"torch": torch, "Tensor": torch.Tensor}
         self._refs: dict[Any, str] = {id(torch): "torch", id(torch.Tensor): "Tensor"}
-        self._seen: set[str] = set()
+        self._seen: set[Any] = set()  # exprs, and (source, singleton) of ``is`` checks
+        self._types: dict[str, int] = {}  # source -> position of its type check
 
     def ref(self, obj: Any, hint: str = "obj") -> str:
         key: Any = ("device", str(obj)) if isinstance(obj, torch.device) else id(obj)
@@ -57,9 +58,15 @@ class GuardBuilder:
 
     def add(self, source: str, kind: str, expr: str, actual: str, expected: Any,
             tensor: str = "") -> None:
-        if expr in self._seen:
+        # One predicate once, however spelled: ``m.training is False`` (module_match) and
+        # ``getattr(m, 'training', None) is False`` (the attribute read) are one check.
+        same = (source, expected) if kind == "value" and (
+            expected is None or isinstance(expected, bool)) else expr
+        if expr in self._seen or same in self._seen:
             return
-        self._seen.add(expr)
+        self._seen.update((expr, same))
+        if kind == "type":
+            self._types[source] = len(self.checks)
         self.checks.append(GuardCheck(source, kind, expr, actual, expected, tensor))
 
     # -- one method per kind of guard ------------------------------------------------------
@@ -168,7 +175,13 @@ class GuardBuilder:
     def identity_match(self, src: Source, obj: Any) -> None:
         """The very object the trace saw (modules, functions, classes reached by name)."""
         name = self.ref(obj, getattr(obj, "__name__", type(obj).__name__))
-        self.add(src.name, "identity", f"{src.first_expr} is {name}", src.first_expr, obj)
+        expr = f"{src.first_expr} is {name}"
+        k = self._types.pop(src.name, None)
+        if k is not None and expr not in self._seen:  # the object implies its type: there
+            self._seen.add(expr)
+            self.checks[k] = GuardCheck(src.name, "identity", expr, src.first_expr, obj)
+            return
+        self.add(src.name, "identity", expr, src.first_expr, obj)
 
     def type_match(self, src: Source, obj: Any) -> None:
         """Instances of user classes: the class, not the object (attributes read are

@@ -131,6 +131,15 @@ class InstructionTranslator(
     def identity(self, var: Var) -> Any:
         return var.identity()  # (None only for a constant None)
 
+    def same_object(self, a: Var, b: Var) -> bool:
+        """``a is b``.  Between two objects the answer is their identities: a user object
+        (guarded by its type, as its attributes are read) is then guarded by identity
+        (``mode is Action.NONE``); against a constant its type decides."""
+        if not a.constant and not b.constant:
+            a.pin_identity(self.output.guards)
+            b.pin_identity(self.output.guards)
+        return self.identity(a) is self.identity(b)
+
     def make_tuple(self, items: list[Var]) -> Var:
         return TupleVar(tuple(items))
 

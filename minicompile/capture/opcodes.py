@@ -250,7 +250,7 @@ class StackMachine:
 
     def IS_OP(self, inst: Inst) -> None:
         b, a = self.pop(), self.pop()
-        self.push(self.const((self.identity(a) is self.identity(b)) != bool(inst.arg)))
+        self.push(self.const(self.same_object(a, b) != bool(inst.arg)))
 
     def CONTAINS_OP(self, inst: Inst) -> None:
         container, item = self.pop(), self.pop()

@@ -58,6 +58,7 @@ class Var:
     source: Source | None = None
     # What describe() says, where it is one phrase for the kind; ``{0}`` is the tracker.
     phrase = ""
+    constant = False  # a Python constant (None, a number, a string): no identity to guard
 
     def describe(self) -> str:
         """A short phrase for error messages ("a tensor", "an int")."""
@@ -66,6 +67,10 @@ class Var:
     def identity(self) -> Any:
         """What ``is`` compares: the value a tracker stands for where it is known."""
         return self
+
+    def pin_identity(self, guards: Any) -> None:
+        """Guard the identity that an ``is`` against another object read (nothing: a
+        tracker guarded by identity already, or made in the trace)."""
 
 
 @dataclasses.dataclass(eq=False)
@@ -109,6 +114,8 @@ class ArrayVar(Var):
 class ConstantVar(Var):
     value: Any
     source: Source | None = None
+
+    constant = True
 
     def describe(self) -> str:
         return f"a {type(self.value).__name__} ({self.value!r})"
@@ -184,6 +191,10 @@ class NNModuleVar(ObjectVar):
 class UserObjectVar(ObjectVar):
     """An instance of a user class (a dataclass, a config object): attributes are read as
     guarded values, methods and properties are inlined, attribute writes are logged."""
+
+    def pin_identity(self, guards: Any) -> None:
+        if self.source is not None:  # guarded by its type, as its attributes are read
+            guards.identity_match(self.source, self.value)
 
 
 class UserFunctionVar(ObjectVar):

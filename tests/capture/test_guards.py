@@ -215,3 +215,57 @@ def test_get_inputs_is_generated_flat_code() -> None:
 
 
 WEIGHT = torch.ones(2)
+
+
+
+class _Flag:
+    pass
+
+
+class _Modes:  # (transformers' deprecation Action enum: members read, compared with `is`)
+    ON = _Flag()
+    OFF = _Flag()
+
+
+def _by_mode(x):
+    mode = _Modes.ON
+    return x - 1 if mode is _Modes.OFF else x + 1
+
+
+class _Drop(torch.nn.Module):
+    def forward(self, x):
+        return torch.nn.functional.dropout(x, 0.5, self.training) * 2
+
+
+def test_is_guards_identities_and_each_predicate_is_checked_once() -> None:
+    """``a is b`` between two objects guards both by identity, in place of their type
+    checks (before, only the types: making OFF the same object as ON went unnoticed, a
+    wrong answer); a singleton read through two spellings (``m.training`` by the module
+    check and by the forward) is checked once, and a flipped flag still recompiles."""
+    import minicompile
+
+    g = minicompile.compile(_by_mode, backend="cpp")
+    x = torch.randn(3)
+    torch.testing.assert_close(g(x), x + 1)
+    (checks,) = [e.capture.guards.checks for e in g.entries]
+    assert [c.kind for c in checks if c.source.endswith((".ON", ".OFF"))] == ["identity"] * 2
+    old = _Modes.OFF
+    try:
+        _Modes.OFF = _Modes.ON  # eager now takes the other branch
+        torch.testing.assert_close(g(x), _by_mode(x))
+    finally:
+        _Modes.OFF = old
+    torch.testing.assert_close(g(x), x + 1)
+
+    m = _Drop().eval()
+    c = minicompile.compile(m, backend="cpp")
+    torch.testing.assert_close(c(x), x * 2)
+    (checks,) = [e.capture.guards.checks for e in c.__dict__["_compiled"].entries]
+    assert len([ch for ch in checks if ch.source.endswith(".training")]) == 1
+    m.train()
+    y = torch.ones(64)
+    torch.manual_seed(0)
+    out = c(y)
+    torch.manual_seed(0)
+    torch.testing.assert_close(out, m(y))
+    assert (out == 0).any()  # dropout ran: the flipped flag was noticed

@@ -1,14 +1,9 @@
 """Frame capture: a Python function's frame -> a graph, guards and an output recipe.
 
 The API calls :func:`capture_frame` (or :func:`capture_segment`) on a cache miss with the
-frame values in layout order (:func:`frame_args`: the parameters, then ``*args``, then
-``**kwargs``).  Anything capture does not model raises :class:`~minicompile.errors.Unsupported`
-with a reason and the user's source stack; tracing has no side effects, so giving up
-changes nothing.  On later calls ``guards.check(*layout)`` says whether the capture may be
-reused, ``get_inputs(*layout)`` gives the placeholder tensors in graph order, and
-``rebuild(outputs, *layout)`` (exactly once a call) copies new contents into mutated input
-tensors, replays the logged side effects and returns the function's value.  The guards
-assume the same function object between calls (closure cells are checked through it).
+frame values in layout order (:func:`frame_args`).  What capture does not model raises
+:class:`~minicompile.errors.Unsupported` with a reason; tracing has no side effects, so
+giving up changes nothing.  ``guards.check``, ``get_inputs`` and ``rebuild`` serve later calls.
 """
 
 from __future__ import annotations

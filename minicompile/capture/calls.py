@@ -1,12 +1,9 @@
 """Attribute reads and calls for the interpreter (a mixin of InstructionTranslator).
 
-- attributes: tensors (metadata, methods), ``nn.Module`` (``_modules`` -> ``_parameters`` ->
-  ``_buffers`` -> ``__dict__`` -> the class), user objects (``__dict__`` then the class:
-  methods, properties, static and class methods), ``super()``, Python modules and classes;
-- calls: user functions, methods and ``forward`` of modules are inlined by a child
-  translator; torch callables go to :mod:`torch_ops` or become extern ops
-  (:mod:`externs`); builtins are folded or modelled; list and dict methods mutate the
-  trackers (and log a side effect when the container existed before the call).
+Attributes follow each kind's own lookup order (``nn.Module``: ``_modules`` ->
+``_parameters`` -> ``_buffers`` -> ``__dict__`` -> the class).  User functions, methods and
+module ``forward`` are inlined by a child translator; torch callables go to :mod:`torch_ops`
+or become extern ops (:mod:`externs`); builtins are folded or modelled.
 """
 
 from __future__ import annotations

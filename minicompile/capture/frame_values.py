@@ -1,10 +1,9 @@
 """Frame values to trackers, for :class:`OutputGraph` (a mixin of it).
 
 :meth:`wrap` turns a value read at a source into a tracker and installs the guards the
-trace relies on: tensors become placeholders (size symbols where the dynamic policy says,
-or views of an input they share storage with), constants are guarded by value, containers
-by structure (items wrapped lazily), other objects by type or identity.  Each source and
-each object is wrapped once.  The state lives in ``OutputGraph.__init__``.
+trace relies on: tensors become placeholders, constants are guarded by value, containers by
+structure (items wrapped lazily), other objects by type or identity.  Each source and each
+object is wrapped once.
 """
 
 from __future__ import annotations

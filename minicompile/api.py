@@ -47,15 +47,10 @@ _compiled: list[CompiledFunction] = []  # every wrapper, so reset() can clear th
 
 def stats() -> dict[str, int]:
     """Counters since the last :func:`reset`: frames captured, graphs compiled, warm
-    entries loaded from disk in their place (``warm_entries``), graph breaks, recompiles
-    (calls no entry matched, of a function that had entries: answered by a compile or by
-    an entry from disk), kernels in the compiled code (built, or loaded from the cache),
-    cache hits (graphs whose code was found on disk or in memory), eager fallbacks,
-    bytecode instructions traced (``instructions``) and run by the concrete executor
-    (``concrete_instructions``: breaking instructions, and frames finished for real).
-
-    A full cache directory changes only how the work is done, never what is decided:
-    ``graphs + warm_entries``, ``recompiles``, ``graph_breaks``, ``kernels`` and
+    entries loaded from disk, graph breaks, recompiles, kernels, cache hits, eager
+    fallbacks, bytecode instructions traced (``instructions``) and run for real
+    (``concrete_instructions``).  A cache on disk changes how the work is done, never what is
+    decided: ``graphs + warm_entries``, ``recompiles``, ``graph_breaks``, ``kernels`` and
     ``eager_fallbacks`` are the same with an empty one."""
     return dict(_stats)
 

@@ -354,16 +354,12 @@ class Warm:
 
 def find(fn: types.FunctionType, cfg: Config, frame: tuple, skip: set[Path],
          decide: Callable[[WarmCapture], dict | None]) -> Warm | None:
-    """The newest entry of ``fn`` on disk (not in ``skip``: those loaded already) that
-    ``frame``, the call in hand, can use, loaded; None when there is none.  An entry is
-    used where it was written by this version under these options, its recipes find their
-    objects (the modules those of ``frame``), its guards pass on ``frame``, and it was
-    compiled under the dynamic-shape decision this call would be (``decide``, from
-    AutoDynamic.decision), so that what a process compiles, loads and counts is the same
-    with or without the cache.  Every entry passed over says why under
-    ``MINICOMPILE_LOGS=cache``; one that does not read back whole is removed with a
-    warning.  The entry used is marked used (cache_limits.py): the newest is the one used
-    last, and the first looked at next time."""
+    """The newest entry of ``fn`` on disk (not in ``skip``) that ``frame`` can use, loaded;
+        None when there is none.  An entry is used where it was written by this version under
+        these options, its recipes find their objects, its guards pass on ``frame``, and its
+        dynamic-shape decision is this call's (``decide``).  Every entry passed over says why
+        under ``MINICOMPILE_LOGS=cache``; one that does not read back whole is removed with a
+        warning.  The entry used is marked used (cache_limits.py)."""
     name = fn.__qualname__
     found = _entry_files(cfg, ("entries", function_key(fn)))
     for path in sorted(found, key=lambda p: cache.last_used(p) or 0.0, reverse=True):

@@ -1,10 +1,9 @@
-"""Recipes: how a new process finds again an object a warm entry's code refers to
-(runtime/entries.py).  A recipe is JSON: a module by name, a function or class by module and
-qualified name with the digest of its code (fingerprints.py), a device by its string, the
-function's own globals or closure cells...  :func:`recipe` writes one (NotStorable when the
-object is known only by identity); :func:`resolve` follows one in this process (Miss when
-it finds nothing, or something changed).  Recipes only look objects up in modules already
-imported: nothing is unpickled or imported.
+"""Recipes: how a new process finds again an object a warm entry's code refers to.
+
+A recipe is JSON (a module by name, a function or class by qualified name with the digest of
+its code, a device by its string...).  :func:`recipe` writes one (NotStorable for objects
+known only by identity); :func:`resolve` follows one (Miss when something changed).  Nothing
+is unpickled or imported.
 """
 
 from __future__ import annotations

@@ -355,11 +355,11 @@ class Warm:
 def find(fn: types.FunctionType, cfg: Config, frame: tuple, skip: set[Path],
          decide: Callable[[WarmCapture], dict | None]) -> Warm | None:
     """The newest entry of ``fn`` on disk (not in ``skip``) that ``frame`` can use, loaded;
-        None when there is none.  An entry is used where it was written by this version under
-        these options, its recipes find their objects, its guards pass on ``frame``, and its
-        dynamic-shape decision is this call's (``decide``).  Every entry passed over says why
-        under ``MINICOMPILE_LOGS=cache``; one that does not read back whole is removed with a
-        warning.  The entry used is marked used (cache_limits.py)."""
+    None when there is none.  An entry is used where it was written by this version under
+    these options, its recipes find their objects, its guards pass on ``frame``, and its
+    dynamic-shape decision is this call's (``decide``).  Every entry passed over says why
+    under ``MINICOMPILE_LOGS=cache``; one that does not read back whole is removed with a
+    warning.  The entry used is marked used (cache_limits.py)."""
     name = fn.__qualname__
     found = _entry_files(cfg, ("entries", function_key(fn)))
     for path in sorted(found, key=lambda p: cache.last_used(p) or 0.0, reverse=True):

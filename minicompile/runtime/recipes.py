@@ -85,14 +85,10 @@ def resolve(r: list, fn: types.FunctionType) -> Any:
         return torch.device(r[1])
     if kind == "float":
         return float(r[1])
-    if kind == "module":
+    if kind in ("module", "module_dict"):
         if r[1] not in sys.modules:
             raise Miss(f"module {r[1]} is not imported")
-        return sys.modules[r[1]]
-    if kind == "module_dict":
-        if r[1] not in sys.modules:
-            raise Miss(f"module {r[1]} is not imported")
-        return vars(sys.modules[r[1]])
+        return sys.modules[r[1]] if kind == "module" else vars(sys.modules[r[1]])
     if kind == "torch":
         found = getattr(torch, r[1], None)
         if not isinstance(found, (torch.dtype, torch.layout, torch.memory_format)):

@@ -67,9 +67,6 @@ def target(device: int) -> tuple[str, int, int]:
     return ("cuda", major * 10 + minor, 32)
 
 
-
-
-
 def source(fn: Any) -> str:
     """The source of function ``fn``, decorators included, read from its file's lines by
     the code object's positions (``inspect.getsource`` tokenizes the whole file: a

@@ -135,11 +135,9 @@ def _constant_query(tx: Translator, fn: Any, args: list, kwargs: dict) -> Var:
     return ConstantVar(value)
 
 
-@_register(*_maybe("overrides.has_torch_function", "overrides.has_torch_function_unary",
-                   "overrides.has_torch_function_variadic"))
-def _has_torch_function(tx: Translator, fn: Any, args: list, kwargs: dict) -> Var:
-    """False: the tensors a trace holds are plain tensors (a subclass is never traced)."""
-    return ConstantVar(False)
+# False: the tensors a trace holds are plain tensors (a subclass is never traced).
+_register(*_maybe("overrides.has_torch_function", "overrides.has_torch_function_unary",
+                  "overrides.has_torch_function_variadic"))(_constant(False))
 
 
 # PyTorch's own Python helpers that library modules call on the way to their kernels

@@ -9,13 +9,13 @@ giving up changes nothing.  ``guards.check``, ``get_inputs`` and ``rebuild`` ser
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import types
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
+from minicompile.binder import binder
 from minicompile.capture import autocast, bytecode
 # Providers: importing them fills torch_ops' tables and their kinds rules.  NumPy's modules
 # load with the first NumPy value of a trace (numpy_kind, imported where one enters).
@@ -69,17 +69,7 @@ class Capture:
 def frame_args(fn: types.FunctionType, args: tuple, kwargs: dict[str, Any]) -> tuple:
     """Bind a call's arguments to the frame layout :func:`capture_frame` and the generated
     functions take (defaults applied).  Raises TypeError like the call would."""
-    bound = inspect.signature(fn, follow_wrapped=False).bind(*args, **kwargs)
-    bound.apply_defaults()
-    code = fn.__code__
-    index = code.co_argcount + code.co_kwonlyargcount
-    out = [bound.arguments[n] for n in code.co_varnames[:index]]
-    if code.co_flags & inspect.CO_VARARGS:
-        out.append(tuple(bound.arguments.get(code.co_varnames[index], ())))
-        index += 1
-    if code.co_flags & inspect.CO_VARKEYWORDS:
-        out.append(dict(bound.arguments.get(code.co_varnames[index], {})))
-    return tuple(out)
+    return binder(fn)(*args, **kwargs)
 
 
 def _bases_first(output: OutputGraph, local_vars: dict[str, Any]) -> None:

@@ -83,9 +83,8 @@ class CompiledFunction(Resuming, AutoDynamic):
         else:
             self.fn, self.bound_self = fn, None
         if not isinstance(self.fn, types.FunctionType):
-            raise TypeError(
-                f"minicompile.compile expects a Python function or method, got {type(fn).__name__}"
-            )
+            raise TypeError("minicompile.compile expects a Python function or method, got "
+                            f"{type(fn).__name__}")
         self.original = fn
         self.cfg = cfg
         # The compiled versions of the frame's first segment, newest first.
@@ -205,11 +204,9 @@ class CompiledFunction(Resuming, AutoDynamic):
                 return self.run_root(entry, frame, args, kwargs)
         # Entries loaded from disk cost no compile: only compiled ones use up the limit.
         if sum(not e.warm for e in self.entries) >= cfg.recompile_limit:
-            warnings.warn(
-                f"minicompile: {name} hit the recompile limit ({cfg.recompile_limit}); "
-                f"it runs eagerly from now on. Last guard failure: {reasons[0]}",
-                stacklevel=3,
-            )
+            warnings.warn(f"minicompile: {name} hit the recompile limit ({cfg.recompile_limit}); "
+                          f"it runs eagerly from now on. Last guard failure: {reasons[0]}",
+                          stacklevel=3)
             return self.give_up(f"recompile limit ({cfg.recompile_limit}) reached", args, kwargs)
         self.count_recompile(reasons, "compiling")
         _stats["frames"] += 1
@@ -433,14 +430,8 @@ def _is_build_failure(e: Exception) -> bool:
     return module.startswith("triton") or isinstance(e, BackendCompilerFailed)
 
 
-def compile(
-    fn: Callable | None = None,
-    *,
-    backend: str = "auto",
-    dynamic: bool | None = None,
-    fullgraph: bool = False,
-    mode: str | None = None,
-) -> Any:
+def compile(fn: Callable | None = None, *, backend: str = "auto", dynamic: bool | None = None,
+            fullgraph: bool = False, mode: str | None = None) -> Any:
     """Compile ``fn`` (a function, a method, an optimizer's ``step``, or an ``nn.Module``:
     then an :class:`OptimizedModule` sharing its parameters); bare or with options.
 
@@ -457,13 +448,8 @@ def compile(
     if dynamic not in (None, True, False):
         raise ValueError("minicompile.compile: dynamic must be None, True or False")
     base = config.get()
-    cfg = dataclasses.replace(
-        base,
-        backend=backend if backend != "auto" else base.backend,
-        dynamic=dynamic,
-        fullgraph=fullgraph,
-        mode=mode,
-    )
+    cfg = dataclasses.replace(base, backend=backend if backend != "auto" else base.backend,
+                              dynamic=dynamic, fullgraph=fullgraph, mode=mode)
     if fn is None:
         return lambda f: compile(f, backend=backend, dynamic=dynamic, fullgraph=fullgraph,
                                  mode=mode)

@@ -97,11 +97,10 @@ def capture_frame(fn: types.FunctionType, args: tuple) -> Capture:
     return capture
 
 
-def capture_segment(
-    fn: types.FunctionType, point: ResumePoint, values: tuple, allow_break: bool = True,
-    dynamic: DynamicPolicy = STATIC,
-    stop_before: tuple[int, Unsupported] | None = None,
-) -> tuple[Capture, Break | None]:
+def capture_segment(fn: types.FunctionType, point: ResumePoint, values: tuple,
+                    allow_break: bool = True, dynamic: DynamicPolicy = STATIC,
+                    stop_before: tuple[int, Unsupported] | None = None
+                    ) -> tuple[Capture, Break | None]:
     """Trace ``fn`` from ``point`` with the frame values ``values`` (``point.layout()``) to
     where the frame returns (no Break; ``rebuild`` gives the return value) or, when
     ``allow_break``, to a resumable graph break (``rebuild`` gives ``(locals, stack)`` at

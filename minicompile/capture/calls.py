@@ -167,13 +167,9 @@ class CallsMixin:
             if name in d.get(table, ()):
                 if src is None:
                     raise Unsupported(f"module attribute {name!r} reached without a source")
-                source = Source(
-                    f"{src.name}.{table}[{name!r}]",
-                    f"{src.expr}.{table}[{name!r}]",
-                    f"{src.ident}_{name}",
-                    src.trusted,
-                    safe_expr=f"{src.expr}.{table}.get({name!r})",
-                )
+                source = Source(f"{src.name}.{table}[{name!r}]", f"{src.expr}.{table}[{name!r}]",
+                                f"{src.ident}_{name}", src.trusted,
+                                safe_expr=f"{src.expr}.{table}.get({name!r})")
                 return self.output.wrap(d[table][name], source)
         if name in d:
             return self.output.wrap(d[name], src.attr(name) if src else None)
@@ -206,9 +202,8 @@ class CallsMixin:
             return ReadMethodVar(getattr(cls, name), obj)
         return self.class_attr(obj, cls, name)
 
-    def class_attr(
-        self: InstructionTranslator, obj: ObjectVar, cls: type, name: str, after: type | None = None
-    ) -> Var:
+    def class_attr(self: InstructionTranslator, obj: ObjectVar, cls: type, name: str,
+                   after: type | None = None) -> Var:
         """``name`` found on the class of ``obj`` (after ``after`` in the MRO for super())."""
         mro = cls.__mro__
         if after is not None:

@@ -38,10 +38,8 @@ def split(source: str, parts: int) -> Units:
     distinct = sorted(bodies)
     count = max(1, min(parts, len(distinct)))
     unit_of = {symbol: k % count for k, symbol in enumerate(distinct)}
-    sources = tuple(
-        prefix + "\n\n".join(bodies[s] for s in distinct if unit_of[s] == k) + "\n"
-        for k in range(count)
-    )
+    sources = tuple(prefix + "\n\n".join(bodies[s] for s in distinct if unit_of[s] == k) + "\n"
+                    for k in range(count))
     return Units(sources, {name: (unit_of[s], s) for name, s in symbols.items()})
 
 

@@ -179,11 +179,8 @@ class GraphedCall:
         self.off: str | None = None  # why this graph runs the ordinary path from now on
 
     def key(self, inputs: list) -> tuple:
-        return tuple([
-            (x.data_ptr() if k in self.static else (x.shape, x.stride()))
-            if isinstance(x, torch.Tensor) else x
-            for k, x in enumerate(inputs)
-        ])
+        return tuple([(x.data_ptr() if k in self.static else (x.shape, x.stride()))
+                      if isinstance(x, torch.Tensor) else x for k, x in enumerate(inputs)])
 
     def __call__(self, inputs: list) -> tuple:
         if self.off is not None:

@@ -314,25 +314,18 @@ class CompiledFunction(Resuming, AutoDynamic):
 
     def store_warm(self, entry: Entry, frame: tuple) -> None:
         """Write a whole-frame entry to disk for later processes, where it can be."""
-        name = self.fn.__qualname__
-        if entry.stop is not None or entry.eager_reason is not None:
-            why = "it breaks the graph" if entry.stop is not None else "it runs eagerly"
-            trace.emit("cache", name, f"not stored on disk: {why}")
-            return
-        if entry.artefact is None:
-            trace.emit("cache", name, "not stored on disk: it has a backward graph")
-            return
-        if self.cfg.mode == "reduce-overhead":  # its call is recorded and replayed
-            trace.emit("cache", name, "not stored on disk: mode='reduce-overhead'")
-            return
-        if self.cfg.check:  # its call runs beside eager (minicompile/check.py)
-            trace.emit("cache", name, "not stored on disk: MINICOMPILE_CHECK")
-            return
+        why = ("it breaks the graph" if entry.stop is not None
+               else "it runs eagerly" if entry.eager_reason is not None
+               else "it has a backward graph" if entry.artefact is None
+               # (a CUDA graph's call is recorded and replayed; a checked one runs beside eager)
+               else "mode='reduce-overhead'" if self.cfg.mode == "reduce-overhead"
+               else "MINICOMPILE_CHECK" if self.cfg.check else None)
         try:
-            decided = self.decision(frame, entry.capture)
+            decided = None if why else self.decision(frame, entry.capture)
         except Exception as e:  # the call changed its arguments' structure
-            trace.emit("cache", name, f"not stored on disk: its inputs cannot be read again "
-                       f"({type(e).__name__}: {e})")
+            why = f"its inputs cannot be read again ({type(e).__name__}: {e})"
+        if why:
+            trace.emit("cache", self.fn.__qualname__, f"not stored on disk: {why}")
             return
         loaded, interpret, no_grad, derived = entry.artefact
         stored = entries.Stored(self.fn, entry.capture, loaded, interpret, no_grad,

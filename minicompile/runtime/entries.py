@@ -94,11 +94,9 @@ def save(stored: Stored, cfg: Config) -> Path | None:
     try:
         with fingerprints.remembering():
             payload = _payload(stored, cfg)
-    except NotStorable as e:
-        trace.emit("cache", name, f"not stored on disk: {e}")
-        return None
     except Exception as e:  # never the user's call's problem: it ran already
-        trace.emit("cache", name, f"not stored on disk: {type(e).__name__}: {e}")
+        why = e if isinstance(e, NotStorable) else f"{type(e).__name__}: {e}"
+        trace.emit("cache", name, f"not stored on disk: {why}")
         return None
     text = json.dumps(payload, sort_keys=True).encode()
     checksum = cache.sha256_bytes(text)

@@ -47,15 +47,10 @@ _compiled: list[CompiledFunction] = []  # every wrapper, so reset() can clear th
 
 def stats() -> dict[str, int]:
     """Counters since the last :func:`reset`: frames captured, graphs compiled, warm
-    entries loaded from disk in their place (``warm_entries``), graph breaks, recompiles
-    (calls no entry matched, of a function that had entries: answered by a compile or by
-    an entry from disk), kernels in the compiled code (built, or loaded from the cache),
-    cache hits (graphs whose code was found on disk or in memory), eager fallbacks,
-    bytecode instructions traced (``instructions``) and run by the concrete executor
-    (``concrete_instructions``: breaking instructions, and frames finished for real).
-
-    A full cache directory changes only how the work is done, never what is decided:
-    ``graphs + warm_entries``, ``recompiles``, ``graph_breaks``, ``kernels`` and
+    entries loaded from disk, graph breaks, recompiles, kernels, cache hits, eager
+    fallbacks, bytecode instructions traced (``instructions``) and run for real
+    (``concrete_instructions``).  A cache on disk changes how the work is done, never what is
+    decided: ``graphs + warm_entries``, ``recompiles``, ``graph_breaks``, ``kernels`` and
     ``eager_fallbacks`` are the same with an empty one."""
     return dict(_stats)
 
@@ -89,9 +84,8 @@ class CompiledFunction(Resuming, AutoDynamic):
         else:
             self.fn, self.bound_self = fn, None
         if not isinstance(self.fn, types.FunctionType):
-            raise TypeError(
-                f"minicompile.compile expects a Python function or method, got {type(fn).__name__}"
-            )
+            raise TypeError("minicompile.compile expects a Python function or method, got "
+                            f"{type(fn).__name__}")
         self.original = fn
         self.cfg = cfg
         # The compiled versions of the frame's first segment, newest first.
@@ -212,11 +206,9 @@ class CompiledFunction(Resuming, AutoDynamic):
                 return self.run_root(entry, frame, args, kwargs)
         # Entries loaded from disk cost no compile: only compiled ones use up the limit.
         if sum(not e.warm for e in self.entries) >= cfg.recompile_limit:
-            warnings.warn(
-                f"minicompile: {name} hit the recompile limit ({cfg.recompile_limit}); "
-                f"it runs eagerly from now on. Last guard failure: {reasons[0]}",
-                stacklevel=3,
-            )
+            warnings.warn(f"minicompile: {name} hit the recompile limit ({cfg.recompile_limit}); "
+                          f"it runs eagerly from now on. Last guard failure: {reasons[0]}",
+                          stacklevel=3)
             return self.give_up(f"recompile limit ({cfg.recompile_limit}) reached", args, kwargs)
         self.count_recompile(reasons, "compiling")
         _stats["frames"] += 1
@@ -324,25 +316,18 @@ class CompiledFunction(Resuming, AutoDynamic):
 
     def store_warm(self, entry: Entry, frame: tuple) -> None:
         """Write a whole-frame entry to disk for later processes, where it can be."""
-        name = self.fn.__qualname__
-        if entry.stop is not None or entry.eager_reason is not None:
-            why = "it breaks the graph" if entry.stop is not None else "it runs eagerly"
-            trace.emit("cache", name, f"not stored on disk: {why}")
-            return
-        if entry.artefact is None:
-            trace.emit("cache", name, "not stored on disk: it has a backward graph")
-            return
-        if self.cfg.mode == "reduce-overhead":  # its call is recorded and replayed
-            trace.emit("cache", name, "not stored on disk: mode='reduce-overhead'")
-            return
-        if self.cfg.check:  # its call runs beside eager (minicompile/check.py)
-            trace.emit("cache", name, "not stored on disk: MINICOMPILE_CHECK")
-            return
+        why = ("it breaks the graph" if entry.stop is not None
+               else "it runs eagerly" if entry.eager_reason is not None
+               else "it has a backward graph" if entry.artefact is None
+               # (a CUDA graph's call is recorded and replayed; a checked one runs beside eager)
+               else "mode='reduce-overhead'" if self.cfg.mode == "reduce-overhead"
+               else "MINICOMPILE_CHECK" if self.cfg.check else None)
         try:
-            decided = self.decision(frame, entry.capture)
+            decided = None if why else self.decision(frame, entry.capture)
         except Exception as e:  # the call changed its arguments' structure
-            trace.emit("cache", name, f"not stored on disk: its inputs cannot be read again "
-                       f"({type(e).__name__}: {e})")
+            why = f"its inputs cannot be read again ({type(e).__name__}: {e})"
+        if why:
+            trace.emit("cache", self.fn.__qualname__, f"not stored on disk: {why}")
             return
         loaded, interpret, no_grad, derived = entry.artefact
         stored = entries.Stored(self.fn, entry.capture, loaded, interpret, no_grad,
@@ -460,14 +445,8 @@ def _is_build_failure(e: Exception) -> bool:
     return module.startswith("triton") or isinstance(e, BackendCompilerFailed)
 
 
-def compile(
-    fn: Callable | None = None,
-    *,
-    backend: str = "auto",
-    dynamic: bool | None = None,
-    fullgraph: bool = False,
-    mode: str | None = None,
-) -> Any:
+def compile(fn: Callable | None = None, *, backend: str = "auto", dynamic: bool | None = None,
+            fullgraph: bool = False, mode: str | None = None) -> Any:
     """Compile ``fn`` (a function, a method, an optimizer's ``step``, or an ``nn.Module``:
     then an :class:`OptimizedModule` sharing its parameters); bare or with options.
 
@@ -484,13 +463,8 @@ def compile(
     if dynamic not in (None, True, False):
         raise ValueError("minicompile.compile: dynamic must be None, True or False")
     base = config.get()
-    cfg = dataclasses.replace(
-        base,
-        backend=backend if backend != "auto" else base.backend,
-        dynamic=dynamic,
-        fullgraph=fullgraph,
-        mode=mode,
-    )
+    cfg = dataclasses.replace(base, backend=backend if backend != "auto" else base.backend,
+                              dynamic=dynamic, fullgraph=fullgraph, mode=mode)
     if fn is None:
         return lambda f: compile(f, backend=backend, dynamic=dynamic, fullgraph=fullgraph,
                                  mode=mode)

@@ -97,10 +97,8 @@ class AutoDynamic:
         return {"dims": {s: sorted(d) for s, d in seen.items() if d}, "ints": sorted(ints),
                 "marks": marks, "lengths": sorted(lengths)}
 
-    def capture(
-        self, point: ResumePoint, values: tuple, entries: list[Entry], name: str,
-        allow_break: bool = True,
-    ) -> tuple[Capture, Break | None]:
+    def capture(self, point: ResumePoint, values: tuple, entries: list[Entry], name: str,
+                allow_break: bool = True) -> tuple[Capture, Break | None]:
         """Trace a segment, with symbolic sizes where the policy asks for them; what
         cannot be traced (or compiled) with symbols is traced again with static sizes."""
         from minicompile.capture import capture_segment

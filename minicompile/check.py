@@ -1,12 +1,9 @@
 """``MINICOMPILE_CHECK=1``: run every compiled graph beside eager and name the first graph
 node whose value differs.
 
-Each call also runs the captured graph eagerly (``ops.run_graph``) and compares every
-output within its dtype's tolerance.  On a difference, the graph cut after each node the
-output depends on (graph order) is compiled the same way and compared, and the first that
-differs is reported with the user's source line, as a ``CheckFailed`` warning; the call
-returns eager's values.  A debugging mode: an eager run per call, a compile per node
-searched.  Not checked: random ops, training graphs, in-place optimizer steps.
+Each call also runs the graph eagerly and compares every output; on a difference the graph
+cut after each node is compiled and compared, and the first that differs is reported with
+its source line (a ``CheckFailed`` warning); the call returns eager's values.
 """
 
 from __future__ import annotations

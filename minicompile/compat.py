@@ -2,24 +2,12 @@
 fake tensors and symbolic shapes, ``torch._prims_common``, the custom-op registry, the shape
 of ``torch.autograd.Function``); nothing else imports a private module or tests a version.
 
-Tested on 2.11 (GPU machine), 2.12 and 2.15 (by hand), 2.13 and 2.14 (CI;
-``tests/test_compat.py`` checks every entry on the running version).  What differs:
-
-- ``Function.apply``: a Python classmethod up to 2.13, a C ``classmethod_descriptor`` from
-  2.14 (a new bound method at each access): :func:`autograd_function_of` finds it
-  statically, right for both; guards check what a C method is bound to, not its identity
-  (capture/frame_values.py), or every call on 2.14 recompiled.
-- CUDA entry points exist only in CUDA builds (the 2.13 CPU build lacks them): each is None
-  where missing, and callers also ask ``torch.cuda.is_available()``; ``_load_kernel``
-  returns one more value from 2.12 (:func:`load_cubin_function`).
-- ``clamp``'s gradient at its bounds: 1 up to 2.13, 0 from 2.14
-  (:func:`clamp_gradient_at_bounds`); a clamp by tensor bounds taking a gradient is a
-  library call (capture/torch_ops.py).  2.15's ``F.linear`` meta kernel refuses a bias that
-  does not broadcast, as eager does.
-- ``Source.name``: a method in older releases, a property in 2.11-2.14 (:func:`source_class`).
-
-The fake-tensor and shape entries import torch._dynamo's machinery (most of a second), so
-they import on first use, never at minicompile's import.
+Tested on 2.11 to 2.15 (``tests/test_compat.py`` checks every entry on the running version).
+What differs: ``Function.apply`` is a C ``classmethod_descriptor`` from 2.14 (a new bound
+method at each access, so guards check what a C method is bound to, not its identity);
+CUDA entry points are None in CPU builds; ``_load_kernel`` returns one more value from 2.12;
+``clamp``'s gradient at its bounds is 1 up to 2.13, 0 from 2.14.  The fake-tensor and shape
+entries import torch._dynamo's machinery (most of a second) on first use only.
 """
 
 from __future__ import annotations

@@ -1,16 +1,10 @@
 """The torch.compile front door: ``torch.compile(model, backend="minicompile")``.
 
-Dynamo hands a backend one ``torch.fx.GraphModule`` per frame (parameters lifted to inputs,
-symbolic sizes as ``SymInt`` inputs); :func:`minicompile_backend` returns a callable on the
-graph's inputs.  It is registered under the ``torch_dynamo_backends`` entry point
-(setup.cfg), and ``import minicompile`` does not import it.
-
-The GraphModule's ``forward`` is generated Python, the same calls user code makes, so it is
-compiled as any function: capture's tables translate each node, unknown torch callables
-become extern nodes, anything else is a graph break run for real.  Nothing here raises where
-the GraphModule would not.  Sizes Dynamo made symbolic are symbols of the first compile, and
-the floats Dynamo passes as 0-d tensors are constants of one graph per set of values
-(:class:`SpecializedScalars`).
+Dynamo hands a backend one ``torch.fx.GraphModule`` per frame; :func:`minicompile_backend`
+compiles its generated ``forward`` as any function (registered under the
+``torch_dynamo_backends`` entry point; ``import minicompile`` does not import it).  Sizes
+Dynamo made symbolic are symbols of the first compile; floats passed as 0-d tensors are
+constants of one graph per set of values (:class:`SpecializedScalars`).
 """
 
 from __future__ import annotations

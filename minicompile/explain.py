@@ -91,10 +91,8 @@ def explain(fn: Callable | torch.nn.Module) -> Callable[..., ExplainOutput]:
         for b in wrapper.breaks:
             e = b if isinstance(b, Unsupported) else b.reason
             where = e.stack[-1] if e.stack else None
-            reasons.append(BreakReason(
-                e.reason, where.filename if where else None, where.lineno if where else None,
-                e.hint,
-            ))
+            reasons.append(BreakReason(e.reason, where.filename if where else None,
+                                       where.lineno if where else None, e.hint))
         return ExplainOutput(graphs, reasons, eager_frames=int(wrapper.eager_reason is not None))
 
     return run

@@ -1,12 +1,8 @@
 """The graph IR: an FX-like list of nodes in topological order.
 
-``placeholder`` nodes (inputs), ``call`` nodes (one op of :mod:`minicompile.ops` each) and
-one ``output``; every tensor-valued node carries a :class:`TensorMeta` (sympy sizes and
-strides), and nodes keep their ``users`` up to date.  ``str(graph)`` is the canonical text:
-
-    graph(x: f32[8, 8], y: f32[8, 8]):
-        %0 = placeholder x : f32[8, 8]
-        %2 = sin(%0) : f32[8, 8]    # trig.py:9  a = torch.sin(x)
+``placeholder``, ``call`` (one op of :mod:`minicompile.ops`) and one ``output`` node; each
+tensor-valued node carries a :class:`TensorMeta`, and nodes keep their ``users`` up to date.
+``str(graph)`` is the canonical text (``%2 = sin(%0) : f32[8, 8]    # trig.py:9  ...``).
 """
 
 from __future__ import annotations

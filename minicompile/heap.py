@@ -1,10 +1,9 @@
 """Keep Python's cyclic garbage collector off the heap that exists before a compile.
 
-A cold compile allocates hundreds of thousands of objects, so CPython runs full collections
-during it, each walking every object in the process (nanoGPT's cold call: three, 0.28 s on
-two cores).  :func:`frozen` moves what is alive at the start into the permanent generation
-(``gc.freeze``) and back at the end: collections walk only what the compile made.  A
-process that froze its own heap, or disabled the collector, is left alone.
+A cold compile allocates hundreds of thousands of objects, and each full collection walks
+every object in the process (nanoGPT's cold call: three, 0.28 s).  :func:`frozen` freezes
+what is alive at the start (``gc.freeze``) and unfreezes it at the end; a process that froze
+its own heap, or disabled the collector, is left alone.
 """
 
 from __future__ import annotations

@@ -1,21 +1,12 @@
 """Compiled optimizer steps: ``minicompile.compile(opt.step)`` for SGD, Adam and AdamW.
 
-Why not trace ``torch.optim``'s own ``step``, as Dynamo does?  It opens a profiler range,
-runs hooks, creates state lazily, reads every ``state["step"]`` with ``.item()`` and passes
-the learning rate as a Python float (baked in: every scheduler step would recompile); each
-would be a special case in capture.  Instead the bound ``step`` is recognised and an update
-written below in torch ops (PyTorch's single-tensor formulas, op for op, in place) goes
-through the ordinary pipeline, plus in-place stores and combo kernels.
-
-Per step, on the host as eager does it: the CPU ``step`` counters are incremented and every
-scalar eager computes in Python (bias corrections, ``-lr / bc1``) is computed in double and
-put in one small table of the parameters' dtype, one row per parameter, which the kernels
-read: changing ``lr`` or any hyperparameter never recompiles.  Only the structure is guarded
-(which parameters have gradients, their shapes, per-parameter flags).  ``opt.state`` keeps
-eager's tensors.  Adam's state is created here as eager creates it; eager runs (the reason
-logged): SGD's momentum-creating step, step hooks, ``differentiable``/``capturable``/
-``fused`` groups, tensor hyperparameters, complex or sparse gradients, mixed devices or
-dtypes, dtypes other than float32/float64, and a gradient scaler's ``grad_scale``.
+``torch.optim``'s own ``step`` is not traced (profiler ranges, hooks, lazy state, ``.item()``
+on ``state["step"]``, ``lr`` as a baked-in float).  Instead the bound ``step`` is recognised
+and an update written below in torch ops (PyTorch's single-tensor formulas, in place) goes
+through the ordinary pipeline.  Every scalar eager computes in Python is computed on the
+host in double and put in one small table the kernels read, so changing a hyperparameter
+never recompiles.  What :func:`unsupported` names (hooks, ``differentiable``/``capturable``/
+``fused`` groups, tensor hyperparameters, grad scalers...) runs eagerly, the reason logged.
 """
 
 from __future__ import annotations

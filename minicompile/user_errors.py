@@ -1,11 +1,9 @@
 """The user's exceptions stay the user's: raised where eager raises them, with eager's type,
 message and a traceback that ends at the user's line.
 
-An exception leaving compiled code (a wrapper, the concrete executor, a kernel) gets a
-traceback whose innermost entries are the user's lines (one per inlined call) and then what
-the user's code called, as eager's shows them; minicompile's frames are dropped.  A frame
-for a user line is made as Jinja2 makes template frames: a ``raise`` compiled with the
-user's file name, line number and function name.
+An exception leaving compiled code gets a traceback of the user's lines (one per inlined
+call), minicompile's frames dropped; a user line's frame is made as Jinja2 makes template
+frames, a ``raise`` compiled with the user's file name, line number and function name.
 """
 
 from __future__ import annotations

@@ -1,26 +1,21 @@
 """Frame capture: a Python function's frame -> a graph, guards and an output recipe.
 
 The API calls :func:`capture_frame` (or :func:`capture_segment`) on a cache miss with the
-frame values in layout order (:func:`frame_args`: the parameters, then ``*args``, then
-``**kwargs``).  Anything capture does not model raises :class:`~minicompile.errors.Unsupported`
-with a reason and the user's source stack; tracing has no side effects, so giving up
-changes nothing.  On later calls ``guards.check(*layout)`` says whether the capture may be
-reused, ``get_inputs(*layout)`` gives the placeholder tensors in graph order, and
-``rebuild(outputs, *layout)`` (exactly once a call) copies new contents into mutated input
-tensors, replays the logged side effects and returns the function's value.  The guards
-assume the same function object between calls (closure cells are checked through it).
+frame values in layout order (:func:`frame_args`).  What capture does not model raises
+:class:`~minicompile.errors.Unsupported` with a reason; tracing has no side effects, so
+giving up changes nothing.  ``guards.check``, ``get_inputs`` and ``rebuild`` serve later calls.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import types
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
+from minicompile.binder import binder
 from minicompile.capture import autocast, bytecode
 # Providers: importing them fills torch_ops' tables and their kinds rules.  NumPy's modules
 # load with the first NumPy value of a trace (numpy_kind, imported where one enters).
@@ -74,17 +69,7 @@ class Capture:
 def frame_args(fn: types.FunctionType, args: tuple, kwargs: dict[str, Any]) -> tuple:
     """Bind a call's arguments to the frame layout :func:`capture_frame` and the generated
     functions take (defaults applied).  Raises TypeError like the call would."""
-    bound = inspect.signature(fn, follow_wrapped=False).bind(*args, **kwargs)
-    bound.apply_defaults()
-    code = fn.__code__
-    index = code.co_argcount + code.co_kwonlyargcount
-    out = [bound.arguments[n] for n in code.co_varnames[:index]]
-    if code.co_flags & inspect.CO_VARARGS:
-        out.append(tuple(bound.arguments.get(code.co_varnames[index], ())))
-        index += 1
-    if code.co_flags & inspect.CO_VARKEYWORDS:
-        out.append(dict(bound.arguments.get(code.co_varnames[index], {})))
-    return tuple(out)
+    return binder(fn)(*args, **kwargs)
 
 
 def _bases_first(output: OutputGraph, local_vars: dict[str, Any]) -> None:
@@ -112,11 +97,10 @@ def capture_frame(fn: types.FunctionType, args: tuple) -> Capture:
     return capture
 
 
-def capture_segment(
-    fn: types.FunctionType, point: ResumePoint, values: tuple, allow_break: bool = True,
-    dynamic: DynamicPolicy = STATIC,
-    stop_before: tuple[int, Unsupported] | None = None,
-) -> tuple[Capture, Break | None]:
+def capture_segment(fn: types.FunctionType, point: ResumePoint, values: tuple,
+                    allow_break: bool = True, dynamic: DynamicPolicy = STATIC,
+                    stop_before: tuple[int, Unsupported] | None = None
+                    ) -> tuple[Capture, Break | None]:
     """Trace ``fn`` from ``point`` with the frame values ``values`` (``point.layout()``) to
     where the frame returns (no Break; ``rebuild`` gives the return value) or, when
     ``allow_break``, to a resumable graph break (``rebuild`` gives ``(locals, stack)`` at

@@ -1,14 +1,9 @@
 """``torch.autocast`` regions, traced as explicit casts in the graph (as Dynamo does).
 
-The traced state (:class:`AutocastState`) starts as the state the compiled code is called
-in (guarded when first relied on) and changes at ``with torch.autocast(...)`` blocks
-(:class:`AutocastVar`, every spelling and decorator use alike).  While it is on for the
-device of a call's tensors, :func:`call` casts the inputs with ``to_dtype`` nodes.  The
-policy is asked of PyTorch, not tabled: the call runs on fake tensors with autocast on
-under a dispatch mode that records the casts reaching ATen, and the same call on inputs
-cast that way, autocast off, must reach ATen alike (or with the same result dtypes, for
-ops given an fp32 ``dtype=``).  Otherwise it is Unsupported: never a silent dtype
-difference.  While tracing, PyTorch's real autocast is off (:func:`suspended`).
+The traced :class:`AutocastState` starts as the caller's (guarded when relied on) and
+changes at ``with torch.autocast(...)`` blocks.  The policy is asked of PyTorch, not tabled:
+:func:`call` records the casts a fake-tensor run reaches ATen with, and anything it cannot
+reproduce exactly is Unsupported, never a silent dtype difference.
 """
 
 from __future__ import annotations

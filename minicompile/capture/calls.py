@@ -1,12 +1,9 @@
 """Attribute reads and calls for the interpreter (a mixin of InstructionTranslator).
 
-- attributes: tensors (metadata, methods), ``nn.Module`` (``_modules`` -> ``_parameters`` ->
-  ``_buffers`` -> ``__dict__`` -> the class), user objects (``__dict__`` then the class:
-  methods, properties, static and class methods), ``super()``, Python modules and classes;
-- calls: user functions, methods and ``forward`` of modules are inlined by a child
-  translator; torch callables go to :mod:`torch_ops` or become extern ops
-  (:mod:`externs`); builtins are folded or modelled; list and dict methods mutate the
-  trackers (and log a side effect when the container existed before the call).
+Attributes follow each kind's own lookup order (``nn.Module``: ``_modules`` ->
+``_parameters`` -> ``_buffers`` -> ``__dict__`` -> the class).  User functions, methods and
+module ``forward`` are inlined by a child translator; torch callables go to :mod:`torch_ops`
+or become extern ops (:mod:`externs`); builtins are folded or modelled.
 """
 
 from __future__ import annotations
@@ -170,13 +167,9 @@ class CallsMixin:
             if name in d.get(table, ()):
                 if src is None:
                     raise Unsupported(f"module attribute {name!r} reached without a source")
-                source = Source(
-                    f"{src.name}.{table}[{name!r}]",
-                    f"{src.expr}.{table}[{name!r}]",
-                    f"{src.ident}_{name}",
-                    src.trusted,
-                    safe_expr=f"{src.expr}.{table}.get({name!r})",
-                )
+                source = Source(f"{src.name}.{table}[{name!r}]", f"{src.expr}.{table}[{name!r}]",
+                                f"{src.ident}_{name}", src.trusted,
+                                safe_expr=f"{src.expr}.{table}.get({name!r})")
                 return self.output.wrap(d[table][name], source)
         if name in d:
             return self.output.wrap(d[name], src.attr(name) if src else None)
@@ -209,9 +202,8 @@ class CallsMixin:
             return ReadMethodVar(getattr(cls, name), obj)
         return self.class_attr(obj, cls, name)
 
-    def class_attr(
-        self: InstructionTranslator, obj: ObjectVar, cls: type, name: str, after: type | None = None
-    ) -> Var:
+    def class_attr(self: InstructionTranslator, obj: ObjectVar, cls: type, name: str,
+                   after: type | None = None) -> Var:
         """``name`` found on the class of ``obj`` (after ``after`` in the MRO for super())."""
         mro = cls.__mro__
         if after is not None:

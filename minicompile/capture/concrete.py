@@ -1,10 +1,8 @@
 """Running bytecode for real, one instruction at a time, with real values.
 
-At a graph break the breaking instruction runs here, between two compiled segments; when
-the rest of a frame cannot be compiled after segments of it ran, the frame finishes here
-(its side effects happened, so it cannot restart eagerly).  A :class:`Frame` holds the
-locals, the stack and the instruction pointer; opcodes outside ordinary function bodies
-raise :class:`NotConcrete`.
+At a graph break the breaking instruction runs here, between two compiled segments; a frame
+whose rest cannot be compiled after segments of it ran finishes here.  Opcodes outside
+ordinary function bodies raise :class:`NotConcrete`.
 """
 
 from __future__ import annotations

@@ -1,9 +1,7 @@
 """Loops, ``with`` blocks, ``super``, stores and imports, for the interpreter (a mixin).
 
-Loops are unrolled: ``GET_ITER`` makes an :class:`IteratorVar` of a Python iterable of
-known length, ``FOR_ITER`` takes the next item or jumps out (the traced instructions are
-capped).  ``with`` grad-mode and autocast blocks set the traced state, restored by the
-normal exit; ``try`` needs nothing (symbolic code never raises).  Stores to objects that
+Loops are unrolled over iterables of known length (the traced instructions are capped);
+grad-mode and autocast ``with`` blocks set the traced state.  Stores to objects that
 existed before the call are logged (:mod:`side_effects`); stores into tensors are
 functionalized (:mod:`mutation`).
 """

@@ -1,14 +1,9 @@
 """Which tensor dimensions a capture makes symbolic, and how the guards read them.
 
-As PyTorch 2's automatic dynamic shapes (CAPTURE.md §3): ``dynamic=False`` keeps every size
-constant; ``True`` makes every dim of every input a symbol (not module parameters and
-buffers); ``None`` compiles static first, then makes a dim whose change caused a recompile
-a symbol; ``mark_dynamic(t, dim)`` marks one ahead.  Sizes 0 and 1 are never symbols.
-
-A length that moves: when a dim changed from n, a dim of size n in an input that no earlier
-entry had is a symbol too.  A decode step's KV cache holds the prompt's length, which the
-prefill's ``input_ids`` had; the cache grows by one each step, so it is symbolic from its
-first compile (decode loops compile twice: prefill, decode).
+As PyTorch 2's automatic dynamic shapes: ``dynamic=False`` keeps sizes constant, ``True``
+makes every input dim a symbol (not parameters and buffers), ``None`` makes a dim symbolic
+after it caused a recompile; sizes 0 and 1 never are.  A dim of size n in a new input, after
+a dim changed from n, is a symbol too (a decode step's growing KV cache: two compiles).
 """
 
 from __future__ import annotations

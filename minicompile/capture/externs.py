@@ -1,12 +1,9 @@
 """PyTorch functions beyond the pointwise and view tables: extern graph ops.
 
-A public ``torch.*`` (``nn.functional``, ``special``, ``linalg``, ``fft``) function, a
-``Tensor`` method :mod:`torch_ops` does not map, or an operator whose schema says it only
-computes tensors becomes one ``extern`` node with metadata from a run on meta tensors (a
-tuple result adds one ``getitem`` node per element).  In-place ops and ``out=`` are
-functionalized (:func:`inplace_method`, :func:`with_out`).  Refused with a reason: random
-ops other than ``ops.RANDOM_FUNCTIONS`` / ``RANDOM_IN_PLACE`` and dropout, data-dependent
-output shapes, reads of tensor data into Python, side effects outside the tensors.
+A public ``torch.*`` function, an unmapped ``Tensor`` method, or an operator whose schema
+says it only computes tensors becomes one ``extern`` node with metadata from a meta run.
+In-place ops and ``out=`` are functionalized.  Refused with a reason: unlisted random ops,
+data-dependent output shapes, reads of tensor data into Python, side effects.
 """
 
 from __future__ import annotations

@@ -1,10 +1,9 @@
 """Frame values to trackers, for :class:`OutputGraph` (a mixin of it).
 
 :meth:`wrap` turns a value read at a source into a tracker and installs the guards the
-trace relies on: tensors become placeholders (size symbols where the dynamic policy says,
-or views of an input they share storage with), constants are guarded by value, containers
-by structure (items wrapped lazily), other objects by type or identity.  Each source and
-each object is wrapped once.  The state lives in ``OutputGraph.__init__``.
+trace relies on: tensors become placeholders, constants are guarded by value, containers by
+structure (items wrapped lazily), other objects by type or identity.  Each source and each
+object is wrapped once.
 """
 
 from __future__ import annotations
@@ -197,9 +196,8 @@ class FrameValuesMixin:
         self.guards.tensor_match(source, t, meta)
         return self.add_input(t, source, meta, source.expr)
 
-    def input_meta(
-        self: Output, t: torch.Tensor, source: Source
-    ) -> tuple[TensorMeta, tuple[int, ...]]:
+    def input_meta(self: Output, t: torch.Tensor,
+                   source: Source) -> tuple[TensorMeta, tuple[int, ...]]:
         """The metadata of an input's placeholder (with a size symbol for each dim the
         dynamic policy picks) and those dims."""
         # Placeholders describe the tensor from its data pointer: storage offsets are not
@@ -210,9 +208,8 @@ class FrameValuesMixin:
             meta = self._symbolic_meta(t, source, dims, meta)
         return meta, dims
 
-    def add_input(
-        self: Output, t: torch.Tensor, source: Source, meta: TensorMeta, expr: str
-    ) -> TensorVar:
+    def add_input(self: Output, t: torch.Tensor, source: Source, meta: TensorMeta,
+                  expr: str) -> TensorVar:
         """A placeholder for the input ``t`` read at ``source``; ``expr`` gives it in the
         generated get_inputs (guards are the caller's)."""
         node = self.graph.placeholder(self._ident(source.ident), meta)
@@ -247,9 +244,8 @@ class FrameValuesMixin:
             self.graph.shapes = ShapeContext()
         return self.graph.shapes
 
-    def _symbolic_meta(
-        self: Output, t: torch.Tensor, source: Source, dims: tuple[int, ...], meta: TensorMeta
-    ) -> TensorMeta:
+    def _symbolic_meta(self: Output, t: torch.Tensor, source: Source, dims: tuple[int, ...],
+                       meta: TensorMeta) -> TensorMeta:
         """``t``'s metadata with a size symbol for each of ``dims``."""
         shapes = self._shape_context()
         shape = list(meta.shape)

@@ -1,11 +1,9 @@
 """Building guards while tracing: the checks that decide whether a captured graph may be
 reused (minicompile/runtime/guards.py runs them and says why one failed).
 
-A :class:`GuardBuilder` collects one :class:`GuardCheck` per fact the trace relied on, one
-method per kind of guard, and :meth:`GuardBuilder.build` renders them into one generated
-Python function of the frame's parameters (minicompile/runtime/guard_render.py), which
-returns False at the first check that fails.  Objects the checks compare against are held
-by reference in the function's namespace, never by ``id()``.
+One :class:`GuardCheck` per fact the trace relied on, one method per kind of guard, rendered
+into one generated Python function (runtime/guard_render.py) that returns False at the
+first failing check.  Compared objects are held by reference, never by ``id()``.
 """
 
 from __future__ import annotations

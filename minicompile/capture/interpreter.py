@@ -1,16 +1,9 @@
 """The symbolic bytecode interpreter: one method per opcode, named after it.
 
-An :class:`InstructionTranslator` walks one code object (:func:`bytecode.decode`) with a
-stack and locals of value trackers.  Tensor operations append nodes to the shared
-:class:`OutputGraph`, Python values are folded while tracing, and calls of user functions
-are inlined by a child translator.  The opcodes it shares with the concrete executor are
-:class:`opcodes.StackMachine`'s, asking the hooks here and in the mixins: attributes and
-calls (:mod:`calls`, :mod:`python_calls`), loops, ``with`` and stores (:mod:`control`),
-operators and containers (:mod:`operators`).  This module keeps the driver and the opcodes
-of locals, cells, generators and ``MAKE_FUNCTION``.  It never runs user code or mutates
-user objects, so raising :class:`Unsupported` is always safe.  Calls are laid out
-``[NULL | callable, callable | self, *args]`` on 3.11/3.12 (method loads push
-``[NULL, method]``); 3.13 puts the NULL after the callable (see :mod:`bytecode`)."""
+An :class:`InstructionTranslator` walks one code object with a stack and locals of value
+trackers; shared opcodes are :class:`opcodes.StackMachine`'s, the value hooks are here and
+in the mixins.  It never runs user code or mutates user objects, so raising
+:class:`Unsupported` is always safe.  Call layout per Python version: see :mod:`bytecode`."""
 
 from __future__ import annotations
 

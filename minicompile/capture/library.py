@@ -1,13 +1,9 @@
 """The Python that library model code calls around its tensors, answered by capture.
 
-Model libraries ask the runtime questions and check inputs in plain Python; each call has
-a known meaning, answered as Dynamo does instead of breaking the graph: checks
-(``torch._assert``, ``torch._check*``) on Python values are decided now, and a failing one
-is Unsupported so eager raises the library's error; ``is_compiling()`` is True,
-``is_scripting()`` / ``is_tracing()`` False; warnings and logs with constant text are
-emitted once, while tracing; ``torch.finfo``, ``inspect.signature`` and questions fixed
-for the process (device capability, version probes) fold to guarded constants; autocast
-is :mod:`autocast`'s.  :func:`handler_for` maps a callable to its handler, or None.
+Each call has a known meaning, answered as Dynamo does instead of breaking the graph:
+checks on Python values are decided now (a failing one is Unsupported, so eager raises),
+``is_compiling()`` is True, constant warnings are emitted once, and process-wide questions
+fold to guarded constants.  :func:`handler_for` maps a callable to its handler, or None.
 """
 
 from __future__ import annotations
@@ -139,11 +135,9 @@ def _constant_query(tx: Translator, fn: Any, args: list, kwargs: dict) -> Var:
     return ConstantVar(value)
 
 
-@_register(*_maybe("overrides.has_torch_function", "overrides.has_torch_function_unary",
-                   "overrides.has_torch_function_variadic"))
-def _has_torch_function(tx: Translator, fn: Any, args: list, kwargs: dict) -> Var:
-    """False: the tensors a trace holds are plain tensors (a subclass is never traced)."""
-    return ConstantVar(False)
+# False: the tensors a trace holds are plain tensors (a subclass is never traced).
+_register(*_maybe("overrides.has_torch_function", "overrides.has_torch_function_unary",
+                  "overrides.has_torch_function_variadic"))(_constant(False))
 
 
 # PyTorch's own Python helpers that library modules call on the way to their kernels

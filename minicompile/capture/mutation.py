@@ -1,12 +1,9 @@
 """In-place tensor ops and views, functionalized while tracing.
 
-An in-place op becomes its out-of-place form and the mutated tensor's tracker is rebound to
-the new node (:class:`TensorVar` is the one mutable tracker).  Each view records its root
-``base`` and the :class:`ViewStep` chain from it: mutating a view scatters the new value
-into the root through the chain, then every live view of the root is replayed from it.  A
-mutated graph input is written back after the graph runs (:meth:`OutputGraph.finish`).
-Views that cannot be inverted (``expand``, ``unfold``...) are replayed, but mutating one is
-Unsupported.
+An in-place op becomes its out-of-place form and the tracker is rebound to the new node.
+Each view records its root and :class:`ViewStep` chain: mutating a view scatters into the
+root, then replays every live view.  Mutated graph inputs are written back after the graph
+runs; mutating a view that cannot be inverted (``expand``, ``unfold``) is Unsupported.
 """
 
 from __future__ import annotations

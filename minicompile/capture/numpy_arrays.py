@@ -1,14 +1,9 @@
-"""NumPy arrays under compile (as in PyTorch 2.1): an ndarray traced as a tensor with NumPy's
-semantics.
+"""NumPy arrays under compile (as in PyTorch 2.1): an ndarray traced as a tensor with
+NumPy's semantics (NEP 50 dtype rules at trace time).
 
-An input array (or NumPy scalar) is a placeholder fed by ``torch.from_numpy`` (no copy),
-guarded on type, dtype, writability, sizes and strides.  An :class:`ArrayVar` holds the
-tensor; operators, attributes, methods and indexing are here, ``np.*`` functions in
-:mod:`numpy_functions` and :mod:`numpy_shapes`, with NumPy 2's dtype rules (NEP 50)
-applied at trace time.  The rebuild turns each ArrayVar into an ``np.ndarray`` or NumPy
-scalar, and input arrays mutated in place get their new contents.  Arrays are computed on
-``torch.get_default_device()`` (guarded).  NumPy 1.x, object or complex arrays, negative
-strides and arrays mixed with tensors in one operator are Unsupported.
+An input array is a placeholder fed by ``torch.from_numpy``, guarded on type, dtype,
+writability, sizes and strides; results are rebuilt as arrays or NumPy scalars.  NumPy 1.x,
+object or complex arrays, negative strides and arrays mixed with tensors are Unsupported.
 """
 
 from __future__ import annotations

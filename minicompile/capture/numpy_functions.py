@@ -1,10 +1,8 @@
 """NumPy functions under compile: ``np.*`` calls and ndarray methods as torch graph ops.
 
-NumPy itself says at trace time what each result is: for ufuncs, ``ufunc.resolve_dtypes``
-gives the loop's dtypes (operands cast to them, the result cast to the output dtype, a 0-d
-result a NumPy scalar), and a run on 0-d samples rejects what NumPy rejects; other
-functions run on one-element samples of the arguments' dtypes and ranks.  Integer ``//``
-and ``%`` by zero give 0, as in NumPy.  Any other NumPy callable is a graph break naming it.
+NumPy itself says at trace time what each result is (``ufunc.resolve_dtypes``, or a run on
+small samples); integer ``//`` and ``%`` by zero give 0, as in NumPy.  Any other NumPy
+callable is a graph break naming it.
 """
 
 from __future__ import annotations

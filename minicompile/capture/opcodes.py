@@ -1,14 +1,9 @@
 """What an opcode does to a frame, written once for both interpreters.
 
-:class:`StackMachine` holds the opcodes whose stack effect and meaning do not depend on
-what the values are: locals, stack shuffles, jumps, loops, returns, calls, operators,
-containers, stores and f-strings.  The symbolic interpreter (:class:`InstructionTranslator`,
-values are trackers) and the concrete executor (:class:`concrete.Frame`, real values at
-graph breaks) both inherit them and answer what they ask of values, the hooks:
-``realize value const identity truthy fold unary binary contains iter_items keywords
-make_tuple make_list make_dict contents subscript iterate next_item load_attr load_global
-call_function store_attr store_item eager_error``.  ``null`` is the NULL stack slot next
-to callables, ``Refused`` the exception for what the machine does not model.
+:class:`StackMachine` holds the opcodes whose meaning does not depend on what the values
+are.  The symbolic :class:`InstructionTranslator` and the concrete :class:`concrete.Frame`
+inherit them and answer the value hooks (``realize``, ``truthy``, ``binary``, ...).
+``null`` is the NULL stack slot next to callables, ``Refused`` what the machine does not model.
 """
 
 from __future__ import annotations

@@ -1,9 +1,7 @@
 """Operators and containers on trackers, for the interpreter (a mixin of
-InstructionTranslator): what :class:`opcodes.StackMachine`'s operator and container opcodes
-ask of values (``binary``, ``unary``, ``contains``, ``subscript``, ``contents``,
-``keywords``), and ``**`` merging.  On tensors an operator becomes a node (``x += y`` an
-in-place op), lists and tuples concatenate as trackers, other Python values are folded.
-Lists and dicts built in the trace are mutable trackers; stores are in :mod:`control`.
+InstructionTranslator): the ``binary``, ``unary``, ``contains``, ``subscript``,
+``contents`` and ``keywords`` hooks.  On tensors an operator becomes a node, lists and
+tuples concatenate as trackers, other Python values are folded.
 """
 
 from __future__ import annotations

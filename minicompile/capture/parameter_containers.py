@@ -1,13 +1,9 @@
-"""``nn.ParameterList`` and ``nn.ParameterDict`` read in a traced ``forward``: indexing
-(ints, negative ints, slices; keys), ``len``, iteration, ``in`` and, through the classes'
-own Python (``keys``, ``values``, ``items``, ``get``, inlined), the mapping methods.
+"""``nn.ParameterList`` and ``nn.ParameterDict`` read in a traced ``forward``.
 
-Each item is read as the module attribute it is (``_parameters['0']``): a parameter is a
-graph input read by reference, as ``self.weight`` is, so an in-place edit or an optimizer
-step between calls is seen and gradients reach it.  What the trace relied on is guarded:
-a list's length, a dict's keys (its ``_keys``, in order).  A slice is what eager makes, a
-new ``ParameterList`` of the same parameters, when it leaves the compiled region; inside
-it can be indexed, sliced, measured and iterated, and anything else is a graph break.
+Each item is read as the module attribute it is (``_parameters['0']``), so in-place edits
+between calls are seen and gradients reach it; a list's length and a dict's keys are
+guarded.  Indexing, slicing, ``len``, ``in`` and iteration are modelled; anything else is a
+graph break.
 """
 
 from __future__ import annotations

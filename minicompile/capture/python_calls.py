@@ -1,10 +1,6 @@
 """Calls of Python builtins, list and dict methods, and the protocols of user objects, for
-the interpreter (a mixin of InstructionTranslator).
-
-Builtins that need the trace (``getattr``, ``zip``, ``map``, ``len`` of containers of
-tensors, ``super()``) are modelled here, the rest folded by :mod:`pybuiltins`; list and
-dict methods mutate the trackers (logged when the container existed before the call);
-user objects answer ``obj[k]``, ``in`` and ``len`` through their own methods, inlined.
+the interpreter (a mixin of InstructionTranslator).  Builtins that need the trace are
+modelled here, the rest folded by :mod:`pybuiltins`; container methods mutate the trackers.
 """
 
 from __future__ import annotations

@@ -1,15 +1,9 @@
 """Objects created inside the trace: model outputs, records and plain user objects.
 
-A :class:`RecordVar` models a dataclass instance (transformers' ``ModelOutput``, which is
-also an ordered dict of its non-None fields, or a plain ``@dataclass``): construction binds
-the fields as the generated ``__init__`` does, writes are applied and logged in order, and
-runtime/values.py's ``build_record`` makes the real object where it leaves the compiled code (constructor,
-then the writes replayed), so it is the one eager builds.  Instances of other plain classes
-(``object.__new__``, no builtin base: transformers' ``DynamicCache``) are
-:class:`NewObjectVar`: ``__init__`` is inlined, attributes live in ``attrs`` (through the
-class's own Python ``__getattribute__`` / ``__setattr__`` / ``__delattr__``), and
-runtime/values.py's ``new_object`` makes the real one.  ``copy.copy`` / ``copy.deepcopy`` of such objects
-read from the frame make NewObjectVars whose attributes are the original's.
+A :class:`RecordVar` models a dataclass instance (transformers' ``ModelOutput``); a
+:class:`NewObjectVar` an instance of a plain class (``DynamicCache``), ``__init__`` inlined.
+Writes are logged in order, and runtime/values.py builds the real object where it leaves
+the compiled code, so it is the one eager builds.
 """
 
 from __future__ import annotations

@@ -1,12 +1,9 @@
 """Graph breaks that resume: a frame as a chain of compiled segments (Dynamo's resume
 functions, as data: no bytecode is generated).
 
-A segment starts at a :class:`ResumePoint` (an offset, the bound locals, the stack depth)
-and is traced until the frame returns or a break; there its ``rebuild`` returns the real
-locals and stack, minicompile/api.py runs the breaking instruction for real (concrete.py)
-and continues with the segment after it.  Breaks are not resumed inside a loop, ``try`` or
-``with`` block, in frames with cell variables, or where the concrete executor could not
-finish the frame.  Values made at a break are inputs of the next segment, guarded.
+A segment is traced from a :class:`ResumePoint` to a return or a break; minicompile/api.py
+runs the breaking instruction for real and continues with the next segment.  No resuming
+inside loops, ``try`` or ``with`` blocks, or in frames with cell variables.
 """
 
 from __future__ import annotations

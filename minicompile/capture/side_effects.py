@@ -1,12 +1,9 @@
 """Side effects on Python state, and the generated glue that replays them.
 
 Tracing never mutates user objects: writes to objects that existed before the call are
-logged in :class:`SideEffects`, and later reads in the trace see them.  The generated
-``rebuild(outs, *frame)`` first evaluates the return value and every value to store
-(before anything changes), then copies the new contents of mutated input tensors into the
-caller's, replays the final value of each attribute, global, cell and container (``lst[:]
-= ...`` keeps the caller's list), and returns the value, built from the caller's own
-objects where the frame returned them.
+logged in :class:`SideEffects`.  The generated ``rebuild(outs, *frame)`` evaluates every
+value first, then copies mutated input tensors, replays the final state of attributes,
+globals, cells and containers, and returns the value (built from the caller's objects).
 """
 
 from __future__ import annotations

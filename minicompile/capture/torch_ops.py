@@ -1,11 +1,8 @@
 """From PyTorch's many spellings to the graph ops of :mod:`minicompile.ops`.
 
-``torch.sin(x)``, ``x.sin()``, ``torch.Tensor.sin(x)`` and ``torch.special.sin`` are one
-``sin`` node.  Handlers see values (a :class:`TensorVar` for a tensor, plain Python for the
-rest) and return a TensorVar or a constant; nodes are made through an :class:`Emitter`.
-Anything not modelled exactly as eager does, eager's own errors included, is Unsupported.
-Tables: ``FUNCTIONS`` (callable -> handler), ``METHODS`` (tensor method name -> handler,
-the tensor first), ``ATTRIBUTES`` (tensor attribute name -> handler).
+``torch.sin(x)``, ``x.sin()`` and ``torch.special.sin`` are one ``sin`` node.  Tables:
+``FUNCTIONS`` (callable -> handler), ``METHODS`` (method name -> handler, the tensor first),
+``ATTRIBUTES``.  Anything not modelled exactly as eager does, errors included, is Unsupported.
 """
 
 from __future__ import annotations

@@ -1,14 +1,8 @@
 """The functions whose meaning depends on training mode: batch norm and dropout.
 
-Batch norm in evaluation mode is one extern call.  In training mode eager updates the
-running statistics in place, which an extern must not do, so the trace spells it out:
-``sum`` reductions for the mean and biased variance, and a functional update written back
-after the graph (:func:`mutation.mutate`) as ATen computes it, ``running = (1 - momentum)
-* running + momentum * stat`` with the unbiased variance.  :func:`module_forward` gives
-``nn.BatchNorm*`` with ``momentum=None`` a forward that keeps its factor a tensor (eager's
-``1.0 / float(num_batches_tracked)`` would read data into Python).  Dropout without
-training or with ``p == 0`` is its input; otherwise it stays PyTorch's own op, one extern
-that draws from PyTorch's generator as eager does (``ops.RANDOM_EXTERNS``).
+Training-mode batch norm is spelled out (``sum`` reductions, then the running statistics
+updated functionally and written back, as ATen computes them); eval mode is one extern.
+Dropout is its input without training or with ``p == 0``, else PyTorch's own op.
 """
 
 from __future__ import annotations

@@ -1,10 +1,7 @@
 """Value trackers (``Var``): what the symbolic interpreter keeps on its stack and in its
-locals, one per Python value of the user's frame: tensors (graph nodes with metadata),
-NumPy arrays, constants, containers of trackers, objects known by identity, functions and
-methods, and plumbing (NULL, cells, lazy frame values).  Trackers never hold real tensors
-and are immutable except the interpreter-owned boxes (trace-built lists and dicts, cells).
-A :class:`Source` says where a frame value lives: readable (``L['t'][0]``), as an
-expression of the generated guards (``L_t[0]``) and as an identifier (``L_t_0``).
+locals, one per Python value of the user's frame.  Trackers never hold real tensors and are
+immutable except interpreter-owned boxes (trace-built lists and dicts, cells).  A
+:class:`Source` says where a frame value lives, as text, guard expression and identifier.
 """
 
 from __future__ import annotations

@@ -137,14 +137,10 @@ class CompiledGraphFunction(torch.autograd.Function):
                      for k, where in enumerate(step.input_grads) if where == "zero"}
         # Values the forward made with autograd on (library results) leave detached: this
         # Function is their only history.
-        results = tuple(
-            o.detach() if isinstance(o, torch.Tensor) and o.requires_grad else o
-            for o in outs[:n]
-        )
-        ctx.mark_non_differentiable(*[
-            o for o, diff in zip(results, step.differentiable)
-            if not diff and isinstance(o, torch.Tensor)
-        ])
+        results = tuple(o.detach() if isinstance(o, torch.Tensor) and o.requires_grad else o
+                        for o in outs[:n])
+        ctx.mark_non_differentiable(*[o for o, diff in zip(results, step.differentiable)
+                                      if not diff and isinstance(o, torch.Tensor)])
         return results
 
     @staticmethod

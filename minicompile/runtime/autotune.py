@@ -1,13 +1,10 @@
 """Autotuning of Triton launch configurations under ``mode="max-autotune"``.
 
-An :class:`Autotuner` holds a kernel's candidate configurations, the heuristic's first
-(codegen/triton_tuning.py).  At the first launch of each *size class* (element counts
-rounded up to powers of two) it reads the choice from this process or the disk, or else
-times every candidate on the call's arguments (the tensors it stores into replaced by
-copies: tuning never changes a value the program sees), keeps the fastest and writes it
-to ``<cache>/autotune`` (keyed by source, candidates, size class, device and Triton).  A
-failing candidate is skipped, never the heuristic's; while a CUDA graph records, the
-heuristic's configuration runs and the class is tuned later.
+An :class:`Autotuner` holds a kernel's candidates (codegen/triton_tuning.py), the
+heuristic's first.  At the first launch of each *size class* it reads the choice from memory
+or ``<cache>/autotune``, or times every candidate on copies of the stored-into arguments and
+keeps the fastest.  A failing candidate is skipped; while a CUDA graph records, the
+heuristic's configuration runs.
 """
 
 from __future__ import annotations

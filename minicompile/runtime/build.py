@@ -145,9 +145,6 @@ def _read_text(path: Path) -> str | None:
         return None
 
 
-
-
-
 def load(code: GeneratedCode, cfg: Config, interpret: bool) -> Loaded:
     """Build (or find) the artefacts of ``code`` and import its wrapper module."""
     if interpret and not cfg.triton_interpret:

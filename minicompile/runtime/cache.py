@@ -1,11 +1,7 @@
 """The on-disk cache: generated code, built libraries and warm entries, keyed by a hash of
-their source and the tool versions, written atomically so concurrent processes never see
-half a file, and verified (sha256) before anything read back is used.
-
-The cache is an optimisation, never a reason to fail: a cache directory that is a file,
-read-only, on a full disk or deleted while running gives one warning, and the process goes
-on with a private temporary directory of its own (what it builds is then not shared).
-Directories are created private to the user (0700).
+their source and the tool versions, written atomically, verified (sha256) when read back.
+Never a reason to fail: a cache directory that cannot be used gives one warning, and the
+process goes on with a private temporary directory.  Directories are private (0700).
 """
 
 from __future__ import annotations

@@ -1,21 +1,12 @@
 """Bounds on the on-disk cache, and what ``minicompile.cache_info()`` / ``clear_cache()``
 report and do.
 
-Two bounds, each evicting the least recently used first: at most ``cache_max_entries`` warm
-entries per function (checked before an entry is written), and at most ``cache_max_bytes``
-over the whole cache directory (checked at a process's first stored entry and every
-``CHECK_EVERY`` entries after: a walk of a large cache costs tens of milliseconds).
-
-*Used* is a file's access time, set when a warm entry and the files it names are loaded
-(runtime/entries.py) and when a compile finds a file in the cache (cache.find), or its
-modification time if later (when it was written).  Files go by *group*, the files of one key in one
-folder (``key.cpp``, ``key.so``, ``key.sum``; ``mc_key.py`` and its ``.code``; a Triton
-build's ``key.json``, ``key.py`` and ``key/``), so no half of a build is left behind.
-
-Other processes use the same directory at the same time: a file may vanish between listing
-and removing it (another process evicted it first), which is no error; a file being written
-(``.name.*.tmp``, renamed into place when whole) is neither counted nor removed until it is
-an hour old (left by a process that died).
+Least recently used first: at most ``cache_max_entries`` warm entries per function, and
+``cache_max_bytes`` over the whole directory (checked every ``CHECK_EVERY`` stored entries:
+a walk costs tens of milliseconds).  *Used* is a file's access time, set when it is loaded or
+found, or its modification time if later.  Files go by *group* (the files of one key in one
+folder), so no half of a build is left behind.  Concurrent processes: a file that vanishes
+is no error, and one being written (``.name.*.tmp``) is left alone until it is an hour old.
 """
 
 from __future__ import annotations

@@ -1,10 +1,7 @@
 """A graph's C++ translation unit, split into units the compiler can build at once, with
-identical kernels built once.
-
-:func:`split` drops each kernel's comment lines, names each distinct kernel body after its
-digest (``mc_<digest>``: 12 identical blocks build their kernels once) and deals them out
-to at most ``parts`` units (one compiler process each); ``symbols`` maps each kernel's own
-name to (unit, symbol).
+identical kernels built once: :func:`split` names each distinct kernel body after its
+digest (``mc_<digest>``) and deals them out to at most ``parts`` units; ``symbols`` maps
+each kernel's own name to (unit, symbol).
 """
 
 from __future__ import annotations
@@ -41,10 +38,8 @@ def split(source: str, parts: int) -> Units:
     distinct = sorted(bodies)
     count = max(1, min(parts, len(distinct)))
     unit_of = {symbol: k % count for k, symbol in enumerate(distinct)}
-    sources = tuple(
-        prefix + "\n\n".join(bodies[s] for s in distinct if unit_of[s] == k) + "\n"
-        for k in range(count)
-    )
+    sources = tuple(prefix + "\n\n".join(bodies[s] for s in distinct if unit_of[s] == k) + "\n"
+                    for k in range(count))
     return Units(sources, {name: (unit_of[s], s) for name, s in symbols.items()})
 
 

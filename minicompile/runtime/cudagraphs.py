@@ -1,26 +1,13 @@
 """``mode="reduce-overhead"``: a compiled graph recorded as a CUDA graph and replayed.
 
-A replay launches the recorded kernels with one call, on the same memory.
-:class:`GraphedCall` wraps a generated ``call(inputs)`` and keeps that true:
-
-- **Inputs.**  Parameters and buffers are used in place, their addresses in the key (with
-  every input's sizes and strides).  Another input is read from the memory of the tensor
-  recorded with: the same memory copies nothing; another tensor is copied in if nothing
-  else holds the recorded one, else the graph records again on buffers of its own.
-- **Warm-up, limit.**  A new key's first call runs the ordinary path, its second records;
-  at most ``LIMIT`` graphs (sets of sizes), then the ordinary path.
-- **Outputs** live in the graph's pool until its next replay, which invalidates those
-  still alive (reading one raises an error that says to ``clone()`` it); one that views
-  an input is that view of the caller's tensor.
-- **Mutation.**  An input a kernel stores into is copied back after the replay.  An
-  output that is a whole input (a library call stored into it in place) is handed out as
-  the caller's tensor itself.
-- **Static addresses.**  An input marked with ``torch._dynamo.mark_static_address``
-  (transformers' static KV cache) is read in place; a new one of the same sizes (the next
-  ``generate`` call's cache) records the graph again on it, instead of copying it in and
-  back at every replay.
-
-What cannot be recorded runs the ordinary path, with the reason logged once.
+:class:`GraphedCall` wraps a generated ``call(inputs)``.  Parameters, buffers and inputs
+marked with ``mark_static_address`` are read in place (a new static one records again);
+other inputs are copied into the recorded memory, or the graph records again on its own
+buffers.  A key's first call runs the ordinary path, its second records, at most ``LIMIT``
+graphs.  Outputs live in the graph's pool until its next replay, which invalidates those
+still alive; inputs a kernel stores into are copied back; an output that is a whole input (a
+library call stored into it in place) is handed out as the caller's tensor itself.  What
+cannot be recorded runs the ordinary path, with the reason logged once.
 """
 
 from __future__ import annotations
@@ -199,11 +186,8 @@ class GraphedCall:
         self.off: str | None = None  # why this graph runs the ordinary path from now on
 
     def key(self, inputs: list) -> tuple:
-        return tuple([
-            (x.data_ptr() if k in self.static else (x.shape, x.stride()))
-            if isinstance(x, torch.Tensor) else x
-            for k, x in enumerate(inputs)
-        ])
+        return tuple([(x.data_ptr() if k in self.static else (x.shape, x.stride()))
+                      if isinstance(x, torch.Tensor) else x for k, x in enumerate(inputs)])
 
     def __call__(self, inputs: list) -> tuple:
         if self.off is not None:

@@ -1,10 +1,9 @@
 """Values computed from a module's parameters and buffers once, and reused while those stay.
 
-passes/hoist_params.py moves an inference graph's work on parameters and buffers alone
-(a folded batch norm, a weight copied channels-last) into a graph of its own, whose
-results the compiled graph takes as extra last inputs.  :class:`WithDerived` recomputes
-them before a call whenever a source is another tensor, at another ``_version`` or on
-other memory (a write through ``p.data`` is the one change PyTorch does not count).
+passes/hoist_params.py moves an inference graph's work on parameters alone into a graph of
+its own, whose results the compiled graph takes as extra last inputs.  :class:`WithDerived`
+recomputes them whenever a source is another tensor, at another ``_version`` or on other
+memory (a write through ``p.data`` is the one change PyTorch does not count).
 """
 
 from __future__ import annotations

@@ -1,34 +1,18 @@
 """Warm entries: whole compiled entries on disk, loaded by a new process without capture.
 
-When a frame compiles whole (no graph break, no backward graph), its entry is written under
-``<cache>/entries/<function key>/``: the guard checks (plain Python), ``get_inputs`` and
-``rebuild`` (plain Python), the objects their namespace refers to as *recipes* (how to find
-them again: a module by name, a function by module and qualified name, a device by its
-string...), the wrapper module and C++ library with their sha256, and the cache key of each
-GPU kernel's cubin (so that loading it hashes no kernel text).  A later process whose call
-no entry in memory matches looks there, newest entry first (:func:`find`): it rebuilds an
-entry's namespace, re-evaluates its guards on the call, and on a pass imports the wrapper
-and runs, with no bytecode interpreted, no metadata inferred and nothing built.  Only the
-entry the call needs is loaded: the disk is a cache, and what a process decides and counts
-is the same with or without it.
+A frame compiled whole (no graph break, no backward graph) is written under
+``<cache>/entries/<function key>/`` as JSON: the guard checks, ``get_inputs`` and ``rebuild``
+(plain Python), *recipes* for the objects their namespace refers to (runtime/recipes.py),
+the wrapper module and C++ library with their sha256, and each GPU kernel's cubin key.  A
+later process whose call no entry in memory matches looks there, newest first (:func:`find`),
+re-evaluates an entry's guards on the call and, on a pass, runs its wrapper: nothing is
+interpreted, inferred or built.  What a process decides and counts is the same without it.
 
-The function key (the folder) covers the function's code (``marshal`` of the code object:
-bytecode, constants, names, file and line table); each entry's header holds the options it
-was compiled under, and the tool versions (:func:`~minicompile.runtime.cache.tool_versions`)
-with minicompile's own source, so that an entry of other options or an older version is
-passed over with the reason said, and goes when its function's folder is full
-(runtime/cache_limits.py).  Every other function the trace inlined must be found again by
-a recipe (runtime/recipes.py) that checks its code (functions by their code and defaults,
-classes by the code of their methods), or live in PyTorch, Triton or the standard library
-(covered by the versions).  Anything else is not
-stored, with the reason under ``MINICOMPILE_LOGS=cache``: modules, parameters or other
-objects known only by identity, functions made at run time.  When unsure, miss.
-
-Nothing is unpickled: an entry is JSON, its code is the generated source minicompile
-wrote (the guard function also compiled, as ``marshal`` data like Python's own ``.pyc``
-files), and recipes only look objects up in modules already imported.  An entry that does
-not match its checksum (truncated, half-written, edited) gives one warning and is
-rebuilt, never loaded.
+The folder is keyed by the function's code; each entry's header holds its options, the tool
+versions and minicompile's source, so another entry is passed over with the reason said.
+Objects known only by identity (modules, parameters, functions made at run time) are not
+stored, with the reason under ``MINICOMPILE_LOGS=cache``: when unsure, miss.  Nothing is
+unpickled; an entry that fails its checksum gives one warning and is rebuilt, never loaded.
 """
 
 from __future__ import annotations
@@ -110,11 +94,9 @@ def save(stored: Stored, cfg: Config) -> Path | None:
     try:
         with fingerprints.remembering():
             payload = _payload(stored, cfg)
-    except NotStorable as e:
-        trace.emit("cache", name, f"not stored on disk: {e}")
-        return None
     except Exception as e:  # never the user's call's problem: it ran already
-        trace.emit("cache", name, f"not stored on disk: {type(e).__name__}: {e}")
+        why = e if isinstance(e, NotStorable) else f"{type(e).__name__}: {e}"
+        trace.emit("cache", name, f"not stored on disk: {why}")
         return None
     text = json.dumps(payload, sort_keys=True).encode()
     checksum = cache.sha256_bytes(text)
@@ -370,16 +352,12 @@ class Warm:
 
 def find(fn: types.FunctionType, cfg: Config, frame: tuple, skip: set[Path],
          decide: Callable[[WarmCapture], dict | None]) -> Warm | None:
-    """The newest entry of ``fn`` on disk (not in ``skip``: those loaded already) that
-    ``frame``, the call in hand, can use, loaded; None when there is none.  An entry is
-    used where it was written by this version under these options, its recipes find their
-    objects (the modules those of ``frame``), its guards pass on ``frame``, and it was
-    compiled under the dynamic-shape decision this call would be (``decide``, from
-    AutoDynamic.decision), so that what a process compiles, loads and counts is the same
-    with or without the cache.  Every entry passed over says why under
-    ``MINICOMPILE_LOGS=cache``; one that does not read back whole is removed with a
-    warning.  The entry used is marked used (cache_limits.py): the newest is the one used
-    last, and the first looked at next time."""
+    """The newest entry of ``fn`` on disk (not in ``skip``) that ``frame`` can use, loaded;
+    None when there is none.  An entry is used where it was written by this version under
+    these options, its recipes find their objects, its guards pass on ``frame``, and its
+    dynamic-shape decision is this call's (``decide``).  Every entry passed over says why
+    under ``MINICOMPILE_LOGS=cache``; one that does not read back whole is removed with a
+    warning.  The entry used is marked used (cache_limits.py)."""
     name = fn.__qualname__
     found = _entry_files(cfg, ("entries", function_key(fn)))
     for path in sorted(found, key=lambda p: cache.last_used(p) or 0.0, reverse=True):

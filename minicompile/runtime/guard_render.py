@@ -1,12 +1,9 @@
 """The source of a guard function: its checks in order, shared access paths read once.
 
-An *access path* is a name followed by attributes and constant subscripts, and each of its
-prefixes.  A path several checks read is read once into a local (``p0 = ...``) before the
-first check that reads it unconditionally; a conditional read (after the first operand of
-``and`` / ``or`` or a chained comparison, in an ``if`` expression's branches, a lambda or
-comprehension) is never hoisted: a check must not read what eager's short-circuit would
-not.  For speed, one regular expression cuts all checks into paths and *templates*, each
-template parsed once; a check it cannot cut safely is parsed whole, with the same result.
+A path several checks read is read once into a local (``p0 = ...``) before the first check
+that reads it unconditionally; a conditional read (after ``and`` / ``or``, in a branch, a
+lambda or comprehension) is never hoisted: a check must not read what eager's short-circuit
+would not.  One regular expression cuts checks into paths and templates, parsed once each.
 """
 
 from __future__ import annotations

@@ -16,10 +16,8 @@ from minicompile.runtime import tensor_checks
 from minicompile.runtime.guard_render import render
 
 # nn.Module's global forward hooks (registered with register_module_forward_hook).
-GLOBAL_MODULE_HOOKS = (
-    torch.nn.modules.module._global_forward_hooks,
-    torch.nn.modules.module._global_forward_pre_hooks,
-)
+GLOBAL_MODULE_HOOKS = (torch.nn.modules.module._global_forward_hooks,
+                       torch.nn.modules.module._global_forward_pre_hooks)
 
 
 GUARDS_FILENAME = "<minicompile guards>"

@@ -1,11 +1,8 @@
-"""Cheap launches of compiled Triton kernels on a GPU.
-
-``kernel[grid](*args)`` costs about 14 µs on an H100 host.  A :class:`Launcher` keys its
-launches by what Triton specializes on (each pointer's alignment, each integer's class,
-the device) and launches the key's cubin from minicompile's cache (runtime/triton_build.py)
-through PyTorch's static CUDA launcher, else the compiled kernel through Triton's launcher
-after one launch through ``triton.jit``.  A new key is built again: no launch uses a
-kernel compiled for other arguments.
+"""Cheap launches of compiled Triton kernels on a GPU (``kernel[grid](*args)`` costs about
+14 µs on an H100 host).  A :class:`Launcher` keys its launches by what Triton specializes on
+(pointer alignment, integer classes, the device) and launches the key's cubin through
+PyTorch's static CUDA launcher, else through Triton's launcher.  A new key is built again:
+no launch uses a kernel compiled for other arguments.
 """
 
 from __future__ import annotations

@@ -1,13 +1,11 @@
 """Library plans ahead: a generated module's convolutions, prepared in parallel threads
 while the module finishes loading.
 
-cuDNN prepares a plan for each convolution problem at its first call in a process
-(0.12-0.14 s of resnet50's first call on an H100).  Running each problem once on scratch
-tensors in up to eight threads pays the part of that cost cuDNN keeps for the process
-(resnet50's first warm call: 50-90 ms of convolutions instead of 120-130).  Nothing here
-changes a result: outputs are dropped, failures ignored, and the first call waits for the
-threads.  Skipped under ``cudnn.benchmark`` (threads would skew its timings), while a CUDA
-graph is captured, and for problems over :data:`MAX_BYTES`.
+cuDNN prepares a plan per convolution problem at its first call in a process (0.12-0.14 s of
+resnet50's first call on an H100); running each problem once on scratch tensors in threads
+pays that ahead (first warm call: 50-90 ms of convolutions instead of 120-130).  Nothing
+here changes a result.  Skipped under ``cudnn.benchmark``, CUDA graph capture, and for
+problems over :data:`MAX_BYTES`.
 """
 
 from __future__ import annotations

@@ -1,14 +1,11 @@
 """oneDNN's CPU convolution on a weight packed once: the two library calls that
 passes/onednn_conv.py puts in place of an inference ``F.conv2d`` of a parameter.
 
-PyTorch's ``F.conv2d`` reorders the weight into oneDNN's blocked layout on every call (or
-takes a slower path); Inductor's freezing packs it once and calls
-``mkldnn._convolution_pointwise``.  :func:`pack_conv2d_weight` runs in the graph of values
-computed from the parameters (passes/hoist_params.py, again after a parameter changes);
-its result is an opaque ``torch._mkldnn`` tensor that only :func:`conv2d` reads.  One thread,
-channels-last input (resnext50 at 64x64, each time against ``F.conv2d``'s best layout): a
-1x1 convolution of 2048 to 1024 channels on 2x2 pixels 0.20 ms against 0.66, the grouped
-3x3 ones 0.05-0.09 ms against 0.07-0.13, a depthwise 3x3 0.041 against 0.050.
+``F.conv2d`` reorders the weight into oneDNN's layout on every call; like Inductor's
+freezing, :func:`pack_conv2d_weight` packs it once (passes/hoist_params.py) and
+:func:`conv2d` calls ``mkldnn._convolution_pointwise``.  One thread, resnext50 at 64x64: a
+1x1 2048->1024 convolution on 2x2 pixels 0.20 ms against 0.66, grouped 3x3 ones 0.05-0.09
+against 0.07-0.13.
 """
 
 from __future__ import annotations

@@ -1,12 +1,9 @@
 """``MINICOMPILE_LOGS=profile``: where the time of each compiled graph goes.
 
-:func:`profiled` wraps a graph's ``call`` in a :class:`Profiled` (with the part off, it
-returns ``call``: no cost).  After the warm-up, calls take turns at three variants that
-compute the same values: ``host`` (the wall clock), ``device`` (CUDA events, behind a GPU
-sleep) and ``steps`` (``call`` recompiled with a timer around each kernel launch and
-library call, named by codegen's comments; not inside a CUDA graph replay).  The report,
-set against the roofline (runtime/roofline.py), is printed after :data:`REPORT_AT` calls
-or at exit; :func:`profile_report` returns it.
+:func:`profiled` wraps a graph's ``call`` (with the part off, it returns ``call``).  After
+the warm-up, calls take turns at three variants that compute the same values: ``host``
+(wall clock), ``device`` (CUDA events) and ``steps`` (a timer around each kernel launch and
+library call).  The report, against the roofline, is printed after :data:`REPORT_AT` calls.
 """
 
 from __future__ import annotations

@@ -2,18 +2,10 @@
 from an *anchor*: an object a recipe finds (the compiled function, a function or class
 found by its name, the class of a module of the frame).
 
-What decorators leave behind is like that: the closure cells of the functions the trace
-inlined (a wrapper's ``func``), the functions in those cells (transformers' ``forward``
-under three decorators, whose ``__qualname__`` names the outermost wrapper) and their
-code objects (``func.__code__ == ...``), and functions a class keeps in a table
-(huggingface_hub's strict dataclasses: ``BartConfig.__validators__["d_model"][0]``, a
-closure over its field).  A path is a list of steps, each a list: ``["method", name]`` (a
-class's function, as attribute lookup finds it along the MRO), ``["attr", name]`` (a
-class's dict, list or tuple, likewise), ``["item", key]`` (an entry of one),
-``["cell", name]`` (a function's closure cell), ``["contents"]`` (a cell's contents),
-``["code"]`` (a function's code).  runtime/entries.py checks what a path finds: a
-function or class by its fingerprint, a code object by its digest, a cell by the code of
-the function it closes (a cell is only a place the guards read through).
+Such are what decorators leave behind: closure cells of inlined functions and the functions
+and code objects in them, and functions a class keeps in a table.  A path is a list of steps:
+``["method", name]``, ``["attr", name]``, ``["item", key]``, ``["cell", name]``,
+``["contents"]``, ``["code"]``.  runtime/entries.py checks what a path finds by fingerprint.
 """
 
 from __future__ import annotations

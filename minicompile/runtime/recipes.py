@@ -1,10 +1,9 @@
-"""Recipes: how a new process finds again an object a warm entry's code refers to
-(runtime/entries.py).  A recipe is JSON: a module by name, a function or class by module and
-qualified name with the digest of its code (fingerprints.py), a device by its string, the
-function's own globals or closure cells...  :func:`recipe` writes one (NotStorable when the
-object is known only by identity); :func:`resolve` follows one in this process (Miss when
-it finds nothing, or something changed).  Recipes only look objects up in modules already
-imported: nothing is unpickled or imported.
+"""Recipes: how a new process finds again an object a warm entry's code refers to.
+
+A recipe is JSON (a module by name, a function or class by qualified name with the digest of
+its code, a device by its string...).  :func:`recipe` writes one (NotStorable for objects
+known only by identity); :func:`resolve` follows one (Miss when something changed).  Nothing
+is unpickled or imported.
 """
 
 from __future__ import annotations
@@ -86,14 +85,10 @@ def resolve(r: list, fn: types.FunctionType) -> Any:
         return torch.device(r[1])
     if kind == "float":
         return float(r[1])
-    if kind == "module":
+    if kind in ("module", "module_dict"):
         if r[1] not in sys.modules:
             raise Miss(f"module {r[1]} is not imported")
-        return sys.modules[r[1]]
-    if kind == "module_dict":
-        if r[1] not in sys.modules:
-            raise Miss(f"module {r[1]} is not imported")
-        return vars(sys.modules[r[1]])
+        return sys.modules[r[1]] if kind == "module" else vars(sys.modules[r[1]])
     if kind == "torch":
         found = getattr(torch, r[1], None)
         if not isinstance(found, (torch.dtype, torch.layout, torch.memory_format)):

@@ -1,10 +1,9 @@
 """The metadata checks of a model's tensors in one C++ call.
 
-:func:`split` takes the checks of every tensor that is not a bare parameter of the frame
-(a third to a half of a guard function's time) out of the guard function, which calls a
-:class:`TensorChecks` for them at its end: PyTorch's ``TensorGuards`` (compat.py), built
-from tensors that passed, and where it fails the checks in Python (``check_tensors``),
-after which the fast path is built again.  So the answer is always the Python checks'.
+:func:`split` takes the checks of every tensor but bare parameters (a third to half of a
+guard function's time) out of the guard function, which calls a :class:`TensorChecks` at
+its end: PyTorch's ``TensorGuards``, and where that fails the same checks in Python, after
+which the fast path is rebuilt.  So the answer is always the Python checks'.
 """
 
 from __future__ import annotations

@@ -1,11 +1,7 @@
 """Whether the build tools work here: Triton (it imports) and the C++ compiler (it builds a
 trivial shared library with our flags); one warning per process for one that does not.
-
-Triton is not imported to probe it (a tenth of a second a warm process never pays);
-instead an import that raises something other than ImportError is made to raise
-ImportError, whoever imports it (:func:`guard_triton_import`), so that PyTorch's checks
-and ours see "not installed" instead of crashing.  The C++ compiler is probed only after
-a build fails, to tell a broken compiler (no later builds) from a kernel it rejects.
+Triton is not imported to probe it (:func:`guard_triton_import` makes a broken import raise
+ImportError instead); the C++ compiler is probed only after a build fails.
 """
 
 from __future__ import annotations

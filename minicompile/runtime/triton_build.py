@@ -1,12 +1,9 @@
 """Triton kernels built ahead of their first launch, in parallel, into cubins in
 minicompile's cache, and loaded for launches that bypass Triton.
 
-A build is keyed (:func:`digest`) by the kernel's source with its helpers (identical
-kernels under other names share one), Triton's specialization of its arguments, options,
-Triton version and GPU.  :func:`precompile` builds a new module's kernels in worker
-processes (runtime/triton_worker.py); :func:`find_or_build` is the launch-time path.  A
-cubin is launched with ``torch._C._StaticCudaLauncher`` (no Triton import in a warm
-process); what this path cannot do answers None, and the kernel goes through ``triton.jit``.
+A build is keyed (:func:`digest`) by source, argument specialization, options, Triton
+version and GPU.  :func:`precompile` builds in worker processes (runtime/triton_worker.py),
+:func:`find_or_build` at launch; what this path cannot do answers None (then ``triton.jit``).
 """
 
 from __future__ import annotations
@@ -68,9 +65,6 @@ def target(device: int) -> tuple[str, int, int]:
     """Triton's GPUTarget of ``device``: backend, architecture, warp size."""
     major, minor = torch.cuda.get_device_capability(device)
     return ("cuda", major * 10 + minor, 32)
-
-
-
 
 
 def source(fn: Any) -> str:

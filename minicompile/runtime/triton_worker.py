@@ -1,10 +1,8 @@
 """Build one Triton kernel to a cubin: the job of runtime/triton_build.py's worker processes.
 
-Run as a script (``python triton_worker.py [target]``), it imports Triton and nothing of
-minicompile or PyTorch, writes a line once Triton imported and one once warmed up, then
-answers each JSON job line on stdin with a result line.  A build writes ``<out>.cubin``,
-then ``<out>.json`` (what a launch needs): a reader that finds the JSON finds the cubin
-complete.  The launching process calls :func:`build` in-process for a single kernel.
+Run as a script, it imports Triton and nothing of minicompile or PyTorch and answers each
+JSON job line on stdin with a result line.  A build writes ``<out>.cubin`` then
+``<out>.json``: a reader that finds the JSON finds the cubin complete.
 """
 
 from __future__ import annotations

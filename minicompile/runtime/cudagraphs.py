@@ -6,8 +6,10 @@ other inputs are copied into the recorded memory, or the graph records again on 
 buffers.  A key's first call runs the ordinary path, its second records, at most ``LIMIT``
 graphs.  Outputs live in the graph's pool until its next replay, which invalidates those
 still alive; inputs a kernel stores into are copied back; an output that is a whole input (a
-library call stored into it in place) is handed out as the caller's tensor itself.  What
-cannot be recorded runs the ordinary path, with the reason logged once.
+library call stored into it in place) is handed out as the caller's tensor itself.  An
+updated input read in place over several replays is state (a KV cache): a new one records
+again, in place.  What cannot be recorded runs the ordinary path, with the reason logged
+once.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import torch
 from minicompile import compat, trace
 
 LIMIT = 8  # recorded graphs per compiled graph (one per set of sizes)
+STATE = 2  # replays on the recorded tensors after which an updated input is state (a KV cache)
 STALE = ("minicompile: this tensor is an output of a CUDA graph (mode='reduce-overhead') that a "
          "later call of the same compiled function has overwritten; clone() an output to keep it "
          "past the next call")
@@ -75,6 +78,7 @@ class Recorded:
         self.mutated = [k for k in self.copied if k in mutated]
         self.pinned = [k for k in self.copied if compat.static_address(inputs[k])]
         self.owned = owned  # buffers of its own (else the recording call's tensors)
+        self.in_place = 0  # replays that updated the recorded tensors themselves
         self.handed: list[Any] = []  # weak references to the storages handed out last
         self.buffers = list(inputs)
         for k in self.copied if owned else ():
@@ -130,9 +134,17 @@ class Recorded:
         """Whether an input marked as a static address is another tensor than recorded."""
         return any(inputs[k].data_ptr() != self.pointers[k] for k in self.pinned)
 
+    def moved_state(self, inputs: list) -> bool:
+        """Whether an input the graph updates in place, and read in place over ``STATE``
+        replays, is another tensor now: state such as the next ``generate`` call's KV
+        cache, which the graph records again on, rather than copy it in and back at every
+        replay (a function handed a new tensor to update at each call gets copies)."""
+        return not self.owned and self.in_place >= STATE and any(
+            inputs[k].data_ptr() != self.pointers[k] for k in self.mutated)
+
     def replay(self, inputs: list) -> tuple | None:
         """Run the graph on ``inputs``; None when it cannot (then record again)."""
-        if self.moved_pinned(inputs):
+        if self.moved_pinned(inputs) or self.moved_state(inputs):
             return None
         buffers = self.buffers
         for k in self.copied:
@@ -145,9 +157,10 @@ class Recorded:
                 buf.copy_(x)
         self._invalidate_handed()
         self.graph.replay()
-        for k in self.mutated:
-            if inputs[k].data_ptr() != self.pointers[k]:
-                inputs[k].copy_(buffers[k])
+        moved = [k for k in self.mutated if inputs[k].data_ptr() != self.pointers[k]]
+        for k in moved:
+            inputs[k].copy_(buffers[k])
+        self.in_place += not moved
         return tuple([self._hand_out(o, inputs) for o in self.outputs])
 
     def _invalidate_handed(self) -> None:
@@ -198,7 +211,8 @@ class GraphedCall:
             outs = graph.replay(inputs)
             if outs is not None:
                 return outs
-            return self.record(key, inputs, owned=not graph.moved_pinned(inputs))
+            moved = graph.moved_pinned(inputs) or graph.moved_state(inputs)
+            return self.record(key, inputs, owned=not moved)
         if key not in self.warm:
             reason = why_not(inputs)
             if reason is not None:

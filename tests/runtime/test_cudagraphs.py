@@ -294,3 +294,40 @@ def test_a_static_address_is_read_in_place_and_a_new_one_records_again():
             assert length.item() == i + 1
         (graph,) = graphed(step).recorded.values()
         assert {id(graph.buffers[k]) for k in graph.pinned} == {id(cache), id(length)}
+
+
+@cuda
+def test_an_updated_input_read_over_replays_is_state_and_a_new_one_records_again():
+    """A KV cache made inside a compiled prefill is not marked static (transformers marks
+    only caches it allocates eagerly): updated in place and read in place over replays, it
+    is state, and the next cache records again on itself, never copied in and back each
+    step.  A tensor handed in new at every call keeps the copies (no recording per call)."""
+
+    @minicompile.compile(mode="reduce-overhead")
+    def step(x, pos, cache):
+        cache.index_copy_(0, pos, x)
+        return cache.sum(0) * 2
+
+    for _ in range(3):
+        cache, want = torch.zeros(8, 32, device="cuda"), torch.zeros(8, 32, device="cuda")
+        for i in range(6):
+            x, pos = torch.randn(1, 32, device="cuda"), torch.tensor([i], device="cuda")
+            want[i] = x[0]
+            torch.testing.assert_close(step(x, pos, cache), want.sum(0) * 2)
+            torch.testing.assert_close(cache, want)
+        (graph,) = graphed(step).recorded.values()
+        assert not graph.owned and graph.buffers[2] is cache
+
+    @minicompile.compile(mode="reduce-overhead")
+    def bump(x, acc):
+        acc.add_(x)
+        return acc * 2
+
+    recordings = set()
+    for _ in range(8):
+        x, acc = torch.randn(16, device="cuda"), torch.randn(16, device="cuda")
+        want = acc + x
+        torch.testing.assert_close(bump(x, acc), want * 2)
+        torch.testing.assert_close(acc, want)
+        recordings |= {id(g) for g in graphed(bump).recorded.values()}
+    assert len(recordings) == 1  # copied in and back: one recording, not one per call

@@ -28,6 +28,7 @@ import gc
 import torch
 import torch.distributed as dist
 from gpt import GPT, GPTConfig
+from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 from train_ddp import batches, device_and_config, make_model, train
 
@@ -38,6 +39,10 @@ def shard(model: GPT, mode: str, backend: str = "auto") -> torch.nn.Module:
     """``model`` sharded per block, then the root, in arrangement ``mode``; what to call.
     Besides the table's: "compiled_outside" compiles blocks already sharded (their hooks run
     as in eager around the compiled forward), "patched" sets a compiled ``block.forward``."""
+    # The mesh on the model's device: fully_shard's default takes the GPU where there is one
+    # (a CPU model on gloo, as in the tests, would move there).
+    device = next(model.parameters()).device.type
+    mesh = init_device_mesh(device, (dist.get_world_size(),))
     blocks = model.transformer.h
     for i, block in enumerate(blocks):
         if mode == "minicompile":
@@ -46,10 +51,10 @@ def shard(model: GPT, mode: str, backend: str = "auto") -> torch.nn.Module:
             block.forward = minicompile.compile(block.forward, backend=backend)
         elif mode == "torch.compile":
             blocks[i] = block = torch.compile(block)
-        fully_shard(block)
+        fully_shard(block, mesh=mesh)
         if mode == "compiled_outside":
             blocks[i] = minicompile.compile(block, backend=backend)
-    fully_shard(model)
+    fully_shard(model, mesh=mesh)
     return minicompile.compile(model, backend=backend) if mode == "minicompile (model)" else model
 
 

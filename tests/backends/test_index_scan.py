@@ -66,6 +66,8 @@ def test_tensor_indices_match_eager(backend: str, device: torch.device, length: 
 
     code = _compiled_code(routing, make, backend, capsys)
     assert not _library_calls(code, "__getitem__")
+    if device.type == "cuda":  # a device-side assert, as eager's: it would leave the
+        return  # process's CUDA context unusable (test_reductions checks it in a process)
     compiled = minicompile.compile(routing, backend=backend)
     x, idx, j = make()
     with pytest.raises(IndexError):  # as eager: an index out of range raises

@@ -316,7 +316,7 @@ def test_an_updated_input_read_over_replays_is_state_and_a_new_one_records_again
             torch.testing.assert_close(step(x, pos, cache), want.sum(0) * 2)
             torch.testing.assert_close(cache, want)
         (graph,) = graphed(step).recorded.values()
-        assert not graph.owned and graph.buffers[2] is cache
+        assert not graph.owned and any(b is cache for b in graph.buffers)
 
     @minicompile.compile(mode="reduce-overhead")
     def bump(x, acc):

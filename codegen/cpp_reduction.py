@@ -2,7 +2,9 @@
 the reduced elements per batch of independent reductions, then a pass for the outputs that
 are per element.  A float sum accumulates in float over blocks of :data:`SUM_BLOCK`
 elements of the innermost reduced loop (the full SIMD width, no conversions) and adds each
-block's sum into a double: as accurate as a double accumulator, twice as fast in cache.
+block's sum into a double, as eager's CPU batch norm adds each plane's float sum into a
+double: as accurate as a double accumulator and, with GCC 12, 2-20x faster (20x for a
+batch-norm backward's four sums at once).
 
 A reduction whose inputs are contiguous along the innermost kept dim instead (``x.sum(0)``
 of a row-major matrix, a bias gradient) reduces blocks of columns: the reduced loops

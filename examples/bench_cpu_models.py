@@ -15,6 +15,8 @@ then share the compiled code (minicompile's kernels run on ``torch.get_num_threa
 threads at call time, as eager does).  Every result is checked against eager's first (a
 difference is printed, the row still timed).
 Ratios below 1 mean faster than eager (``mc/eager``) or than torch.compile (``mc/tc``).
+Eager, minicompile and torch.compile are timed in turns (``timing.interleaved_ms``: 5
+rounds, the median of round medians), so that a shared machine's drift falls on all alike.
 ``--cpu-time`` times the calling thread's CPU time (``time.thread_time``) instead of the wall
 clock: on one thread, where all the work runs on it, a machine shared with other jobs then
 gives steady numbers (their time slices are not counted).
@@ -37,7 +39,7 @@ import minicompile  # noqa: E402
 from bench_models import check, step, without_dropout  # noqa: E402
 from minicompile import config  # noqa: E402
 from model_zoo import MODELS  # noqa: E402
-from timing import median_seconds  # noqa: E402
+from timing import interleaved_ms  # noqa: E402
 
 SPLIT = ("kernels_s", "library_s", "python_s")
 
@@ -95,7 +97,7 @@ def row(case, mode: str, steps: dict, split, threads: list[int], clock) -> str: 
     for n in threads:
         torch.set_num_threads(n)
         with torch.set_grad_enabled(mode == "train"):
-            ms = {k: median_seconds(s, False, clock=clock) * 1e3 for k, s in steps.items()}
+            ms = interleaved_ms(steps, False, clock=clock)
             shares = time_split(*split) if "mc" in ms else ""
         eager, mc, tc = ms["eager"], ms.get("mc"), ms.get("tc")
         cells.append(f"{num(eager)} {num(mc)} {num(tc)} {ratio(mc, eager)} {ratio(mc, tc)} "

@@ -26,8 +26,8 @@ def median_seconds(fn: Callable[[], object], cuda: bool, reps: int = 20,
     return statistics.median(times)
 
 
-def interleaved_ms(fns: dict[str, Callable[[], object]], cuda: bool,
-                   rounds: int = 5) -> dict[str, float]:
+def interleaved_ms(fns: dict[str, Callable[[], object]], cuda: bool, rounds: int = 5,
+                   clock: Callable[[], float] = time.perf_counter) -> dict[str, float]:
     """Median milliseconds of each of ``fns``, timed in turns: ``rounds`` rounds, each
     timing every function once (:func:`median_seconds`), and the median of each one's
     round medians.  A shared host's load and clocks drift over seconds; timed in turns,
@@ -35,7 +35,8 @@ def interleaved_ms(fns: dict[str, Callable[[], object]], cuda: bool,
     per: dict[str, list[float]] = {name: [] for name in fns}
     for _ in range(rounds):
         for name, fn in fns.items():
-            per[name].append(median_seconds(fn, cuda, reps=max(5, 20 // rounds), rep_ms=60))
+            per[name].append(median_seconds(fn, cuda, reps=max(5, 20 // rounds), clock=clock,
+                                            rep_ms=60))
     return {name: statistics.median(times) * 1e3 for name, times in per.items()}
 
 

@@ -9,7 +9,7 @@ the ordinary road; ``minicompile/runtime/autograd.py`` runs them as an autograd.
 The partition (AOTAutograd's min-cut idea): graph inputs are saved by reference;
 reductions, index ops and library calls are saved; cheap pointwise and view values are
 recomputed in the backward kernels when that reads at most ``MAX_RECOMPUTE_READS`` large
-tensors.  Library calls are differentiated by PyTorch: the forward calls them through
+tensors, except, on the CPU, a library call's inputs (written out by the forward anyway).  Library calls are differentiated by PyTorch: the forward calls them through
 ``record`` and the backward calls ``vjp`` on the saved result; concatenation is the
 exception (its gradient is slices of the incoming one, fused like any view).
 """
@@ -254,7 +254,7 @@ def plan_recompute(graph: Graph) -> dict[Node, bool]:
     for node in graph.nodes:
         if node.op != "call" or isinstance(node.meta, tuple):
             continue
-        if ops.OPS[node.target].family not in RECOMPUTABLE:
+        if ops.OPS[node.target].family not in RECOMPUTABLE or _library_input(node):
             plan[node] = False
             continue
         size = _elements(node.meta, graph)
@@ -266,6 +266,16 @@ def plan_recompute(graph: Graph) -> dict[Node, bool]:
         plan[node] = len(reads) <= MAX_RECOMPUTE_READS
         large[node] = frozenset(reads)
     return plan
+
+
+def _library_input(node: Node) -> bool:
+    """Whether ``node`` is a CPU value that a library call of the forward reads: the forward
+    writes it out anyway, so saving it costs memory only, while recomputing it cost the
+    backward a kernel that reads its sources and writes it again (on the GPU, where memory
+    binds first, it is recomputed as before)."""
+    meta = node.meta
+    return meta.device.type == "cpu" and meta.ndim > 0 and any(
+        u.op == "call" and ops.OPS[u.target].family == "extern" for u in node.users)
 
 
 def _legacy_empty(t: Node) -> bool:

@@ -76,7 +76,10 @@ def batch_norm(em: Emitter, fname: str, x: Any, mean: Any, var: Any, weight: Any
         else x
     batch_mean = em.op("truediv", (em.op("sum", (xf, dims, True)), n))
     centred = em.op("sub", (xf, batch_mean))
-    squares = em.op("sum", (em.op("mul", (centred, centred)), dims, True))
+    # The variance reads the mean detached: its derivative there, -2 * mean(x - mean), is 0,
+    # and spelled out it cost the backward a third pass over x (eager's kernel takes two).
+    apart = em.op("sub", (xf, em.op("detach", (batch_mean,), track=False)))
+    squares = em.op("sum", (em.op("mul", (apart, apart)), dims, True))
     biased = em.op("truediv", (squares, n))
     out = em.op("mul", (centred, em.op("rsqrt", (em.op("add", (biased, float(eps))),))))
     if weight is not None:
@@ -138,8 +141,11 @@ def _per_channel(em: Emitter, t: TensorVar, ndim: int) -> TensorVar:
 
 def _update_running(em: Emitter, fname: str, running: TensorVar, stat: TensorVar,
                     momentum: Any, channels: Any) -> None:
-    """``running = (1 - momentum) * running + momentum * stat``, written back in place."""
-    stat = em.op("reshape", (stat, (channels,)), track=False)
+    """``running = (1 - momentum) * running + momentum * stat``, written back in place.
+    No gradient flows into the update (eager's kernel makes it under no_grad): a
+    differentiable one made the backward take, and autograd zero-fill, a gradient per
+    running statistic, and fold it into the batch statistics' gradients."""
+    stat = em.op("detach", (em.op("reshape", (stat, (channels,)), track=False),), track=False)
     current = running
     if running.meta.dtype in _LOW_PRECISION:  # computed in float32, rounded once
         current = em.op("to_dtype", (running,), {"dtype": torch.float32})

@@ -133,6 +133,11 @@ class CompiledGraphFunction(torch.autograd.Function):
                 saved.extend(leaves)
         ctx.save_for_backward(*saved)
         ctx.step = step
+        # No zeros made for the outputs no gradient reached (running statistics, say): the
+        # backward makes those it reads itself.
+        ctx.set_materialize_grads(False)
+        ctx.outputs = [(o.shape, o.dtype, o.device) if isinstance(o, torch.Tensor) else None
+                       for o in outs[:n]]
         ctx.zeros = {k: (inputs[k].shape, inputs[k].dtype, inputs[k].device)
                      for k, where in enumerate(step.input_grads) if where == "zero"}
         # Values the forward made with autograd on (library results) leave detached: this
@@ -159,6 +164,9 @@ class CompiledGraphFunction(torch.autograd.Function):
         for kind, k in step.backward_inputs:
             if kind == "grad":
                 g = grads[k]
+                if g is None:
+                    shape, dtype, device = ctx.outputs[k]
+                    g = torch.zeros(shape, dtype=dtype, device=device)
                 values.append(g if g.is_contiguous() else g.contiguous())
             else:
                 values.append(next(saved))

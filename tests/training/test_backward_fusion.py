@@ -86,7 +86,8 @@ def test_nanogpt_train_step_backward(backend: str, capsys: pytest.CaptureFixture
     gradients (1); the GELU recomputed, and its gradient (2); the bias gradients of the
     wider MLP and attention input projections, no row kernel beside them (2); the
     attention gradient's q/k/v (1); the embeddings' gradients (3).  Before: 15, the
-    column sums in a kernel of their own."""
+    column sums in a kernel of their own.  On the CPU 12: the layer norms' outputs and the
+    GELU's, read by matrix products, are saved, not recomputed (passes/autograd.py)."""
     device = device_for(backend)
     torch.manual_seed(0)
     model = GPT(GPTConfig(n_layer=1, n_embd=16, n_head=2, block_size=8, vocab_size=32))
@@ -110,4 +111,5 @@ def test_nanogpt_train_step_backward(backend: str, capsys: pytest.CaptureFixture
             ref_opt.step()
             opt.zero_grad(set_to_none=True)
             ref_opt.zero_grad(set_to_none=True)
-    assert kernels_of(capsys.readouterr().err, "loss_fn_backward", backend) == 14
+    assert kernels_of(capsys.readouterr().err, "loss_fn_backward", backend) == (
+        12 if device.type == "cpu" else 14)

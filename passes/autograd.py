@@ -9,7 +9,8 @@ the ordinary road; ``minicompile/runtime/autograd.py`` runs them as an autograd.
 The partition (AOTAutograd's min-cut idea): graph inputs are saved by reference;
 reductions, index ops and library calls are saved; cheap pointwise and view values are
 recomputed in the backward kernels when that reads at most ``MAX_RECOMPUTE_READS`` large
-tensors, except, on the CPU, a library call's inputs (written out by the forward anyway).  Library calls are differentiated by PyTorch: the forward calls them through
+tensors, except, on the CPU, a library call's inputs (written out by the forward anyway).
+Library calls are differentiated by PyTorch: the forward calls them through
 ``record`` and the backward calls ``vjp`` on the saved result; concatenation is the
 exception (its gradient is slices of the incoming one, fused like any view).
 """

@@ -16,7 +16,8 @@ Two kinds (:func:`why_not`):
 
 from __future__ import annotations
 
-from minicompile.ir import AliasOutput, Buffer, BufferRef, ComputedBuffer, ExternKernel, Load, LoopProgram, walk
+from minicompile.ir import (AliasOutput, Buffer, BufferRef, ComputedBuffer, ExternKernel, Load,
+                            LoopProgram, walk)
 from minicompile.spaces import FusedGroup, canonical, store_index
 
 # Library calls (as lowering names them) whose in-place variant, the name with ``_``,

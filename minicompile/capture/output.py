@@ -39,7 +39,8 @@ _VIEW_OPS = frozenset({"permute", "expand", "unsqueeze", "squeeze"})
 # Ops whose results never require grad, whatever their inputs (eager's autograd agrees).
 NON_DIFFERENTIABLE = frozenset({
     "detach", "torch.Tensor.detach", "torch.detach", "torch.argmax", "torch.argmin",
-    "torch.Tensor.argmax", "torch.Tensor.argmin", "torch.zeros_like", "torch.ones_like", "torch.empty_like",
+    "torch.Tensor.argmax", "torch.Tensor.argmin", "torch.zeros_like", "torch.ones_like",
+    "torch.empty_like",
     "torch.Tensor.new_zeros", "torch.Tensor.new_ones", "torch.Tensor.new_empty",
     "torch.rand_like", "torch.randn_like", "torch.randint_like", "torch.full_like",
     "torch.Tensor.new_full"})

@@ -136,8 +136,8 @@ class CompiledGraphFunction(torch.autograd.Function):
         # No zeros made for the outputs no gradient reached (running statistics, say): the
         # backward makes those it reads itself.
         ctx.set_materialize_grads(False)
-        ctx.outputs = [(o.shape, o.dtype, o.device) if isinstance(o, torch.Tensor) else None
-                       for o in outs[:n]]
+        ctx.outputs = {k: (outs[k].shape, outs[k].dtype, outs[k].device)
+                       for kind, k in step.backward_inputs if kind == "grad"}
         ctx.zeros = {k: (inputs[k].shape, inputs[k].dtype, inputs[k].device)
                      for k, where in enumerate(step.input_grads) if where == "zero"}
         # Values the forward made with autograd on (library results) leave detached: this

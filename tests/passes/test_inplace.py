@@ -61,7 +61,8 @@ def value_also_returned(b: GraphBuilder) -> None:
 
 REFUSED = [
     (read_by_a_library_call, "copy buf1 back into arg0: library call buf0 reads the input"),
-    (kernel_with_a_reduction, "copy buf1 back into arg0: not made by a pointwise kernel or a library call"),
+    (kernel_with_a_reduction,
+     "copy buf1 back into arg0: not made by a pointwise kernel or a library call"),
     (read_of_other_elements, "copy buf0 back into arg0: buf0 reads other elements of the input"),
     (value_also_returned, "copy buf0 back into arg0: the value is also returned"),
 ]

@@ -72,18 +72,9 @@ class _Job:
 
     def job(self) -> dict:
         k = self.kernel
-        signature: dict[str, str] = {}
-        constexprs: list = []
-        attrs: list = []
-        for i, name in enumerate(k.params):
-            ty, spec = _spec(k.args[i]) if i < len(k.args) else ("constexpr", k.options[name])
-            signature[name] = ty
-            (constexprs if ty == "constexpr" else attrs).append([[i], spec])
-        options = {key: v for key, v in k.options.items() if key not in k.params}
-        options.setdefault("debug", False)
-        return {"kernel_file": str(self.kernel_file), "name": k.name, "signature": signature,
-                "constexprs": constexprs, "attrs": attrs, "options": options,
-                "target": list(self.target), "out": str(self.out)}
+        return triton_build.worker_job(self.kernel_file, k.name, k.params,
+                                       [_spec(a) for a in k.args], k.options, self.target,
+                                       self.out)
 
 
 def device_target(device: torch.device) -> tuple[str, int, int]:

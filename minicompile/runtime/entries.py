@@ -30,7 +30,7 @@ import torch
 
 from minicompile import trace
 from minicompile.config import Config
-from minicompile.runtime import build, cache, cache_limits, fingerprints, profile, reach, recipes
+from minicompile.runtime import build, cache, cache_limits, fingerprints, profile, recipes
 from minicompile.runtime import values  # noqa: F401 (what generated rebuilds call, found by
 # recipes in a process that never captured)
 from minicompile.runtime.fingerprints import Miss, NotStorable
@@ -137,7 +137,7 @@ def _payload(stored: Stored, cfg: Config) -> dict:
     found, objects = _module_recipes(modules, guards)
     namespace.update(found)
     owners: list = []
-    namespace.update(_reach_recipes(unnamed, fn, anchors, modules.values(), owners))
+    namespace.update(recipes.reached(unnamed, fn, anchors, modules.values(), owners))
     _check_codes_covered(capture.codes, keyed + objects + owners)
     loaded = stored.loaded
     return {
@@ -173,39 +173,6 @@ def size_symbols(capture: Any) -> list[str]:
         return capture.size_symbols
     shapes = capture.graph.shapes
     return [] if shapes is None else [where.name for where in shapes.sources.values()]
-
-
-def _reach_recipes(unnamed: dict[str, Any], fn: types.FunctionType,
-                   named: list[tuple[Any, list]], modules: Any,
-                   owners: list) -> dict[str, list]:
-    """Recipes for objects of no name of their own (runtime/reach.py): paths from the
-    compiled function, the functions and classes named, and the classes of the modules.
-    The functions whose cells they are go into ``owners`` (their code is keyed)."""
-    if not unnamed:
-        return {}
-    anchors = [(fn, ["fn"]), *((o, r) for o, r in named
-                               if isinstance(o, (types.FunctionType, type)))]
-    for cls in {type(m): None for m in modules}:
-        try:
-            anchors.append((cls, recipes.recipe(cls, fn)))
-        except NotStorable:
-            continue
-    out, level = {}, reach.start(anchors)
-    for name, obj in unnamed.items():
-        found = reach.find(obj, level)
-        if found is None:
-            recipes.recipe(obj, fn)  # raises NotStorable, with its reason
-        root, recipe, steps = found
-        if isinstance(obj, types.CellType):  # keyed by the code of the function it closes
-            owner = reach.follow(root, steps[:-1])
-            owners.append(owner)
-            digest = fingerprints.code_digest(owner.__code__)
-        elif isinstance(obj, types.CodeType):
-            digest = fingerprints.code_digest(obj)
-        else:
-            digest = fingerprints.reached_digest(obj)
-        out[name] = ["reach", recipe, steps, digest]
-    return out
 
 
 def _derived_payload(derived: Any) -> dict | None:
@@ -291,14 +258,9 @@ def _jsonable(value: Any) -> Any:
         return value
     if isinstance(value, (tuple, list, torch.Size)) and all(type(v) is int for v in value):
         return list(value)
-    return ["shown", repr(value) if not isinstance(value, (torch.dtype, torch.device, type))
-            else _shown(value)]
-
-
-def _shown(value: Any) -> str:
     if isinstance(value, type):
-        return f"{value.__module__}.{value.__qualname__}"
-    return str(value)
+        return ["shown", f"{value.__module__}.{value.__qualname__}"]
+    return ["shown", str(value) if isinstance(value, (torch.dtype, torch.device)) else repr(value)]
 
 
 class _Shown(str):

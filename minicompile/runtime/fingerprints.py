@@ -162,26 +162,13 @@ def function_digest(fn: types.FunctionType, method: bool = False) -> str:
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()
 
 
-def class_functions(cls: type) -> list[types.FunctionType]:
-    """The Python functions of a class and its bases (methods, static, class, properties)."""
-    found = []
-    for klass in cls.__mro__:
-        for value in vars(klass).values():
-            if isinstance(value, (staticmethod, classmethod)):
-                value = value.__func__
-            if isinstance(value, property):
-                found += [f for f in (value.fget, value.fset, value.fdel)
-                          if isinstance(f, types.FunctionType)]
-            elif isinstance(value, types.FunctionType):
-                found.append(value)
-    return found
-
-
-def class_digest(cls: type) -> str:
-    h = hashlib.sha256()
-    for klass in cls.__mro__:
-        h.update(_remembered(klass, "class", _class_part).encode())
-    return h.hexdigest()
+def _functions(value: Any) -> list[types.FunctionType]:
+    """The Python functions of a class attribute: a function, a static or class method's, a
+    property's accessors."""
+    if isinstance(value, (staticmethod, classmethod)):
+        value = value.__func__
+    found = [value.fget, value.fset, value.fdel] if isinstance(value, property) else [value]
+    return [f for f in found if isinstance(f, types.FunctionType)]
 
 
 def _class_part(klass: type) -> str:
@@ -267,7 +254,7 @@ def object_digest(obj: Any) -> str:
 
 
 def reached_digest(obj: Any) -> str:
-    """A function or class found again by a path (runtime/reach.py), not by its name: as
+    """A function or class found again by a path (a recipes.py path), not by its name: as
     :func:`object_digest`, but a function's closure cell that cannot be keyed stands as
     its type, as a method's does (what the trace read through a cell is guarded: the cell
     is an object of the guards, found again by a path of its own)."""
@@ -280,7 +267,10 @@ def _object_digest(obj: Any) -> str:
     _VISITED.append(id(obj))
     _DIGESTING.add(id(obj))
     try:
-        return function_digest(obj) if isinstance(obj, types.FunctionType) else class_digest(obj)
+        if isinstance(obj, types.FunctionType):
+            return function_digest(obj)
+        parts = [_remembered(klass, "class", _class_part) for klass in obj.__mro__]
+        return hashlib.sha256("".join(parts).encode()).hexdigest()
     finally:
         _DIGESTING.discard(id(obj))
 
@@ -290,7 +280,8 @@ def codes_of(obj: Any) -> list[types.CodeType]:
     if isinstance(obj, types.FunctionType):
         roots = [obj.__code__]
     elif isinstance(obj, type):
-        roots = [f.__code__ for f in class_functions(obj)]
+        roots = [f.__code__ for klass in obj.__mro__ for value in vars(klass).values()
+                 for f in _functions(value)]
     else:
         return []
     found = []

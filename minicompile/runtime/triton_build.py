@@ -196,25 +196,30 @@ class Prepared:
         options)."""
         path = cache.store(self.cache_dir, self.parts, f"{self.key}.py", self.text)
         self.out = path.parent / self.key  # where the store went (the private fallback)
-        args, options = self.args, self.options
-        specs = [specialization(a) for a in args]
+        specs = [specialization(a) for a in self.args]
         if None in specs:
-            specs = _tritons_specialization(args, self.device)
-        names = self.kernel.arg_names
-        signature: dict[str, str] = {}
-        constexprs: list = []
-        attrs: list = []
-        for i, name in enumerate(names):
-            # (past the arguments: a tl.constexpr parameter, given as an option)
-            ty, spec = specs[i] if i < len(args) else ("constexpr", options[name])
-            signature[name] = ty
-            (constexprs if ty == "constexpr" else attrs).append([[i], spec])
-        compile_options = {k: v for k, v in options.items() if k not in names}
-        compile_options.setdefault("debug", False)
-        return {"kernel_file": str(path), "name": self.kernel.fn.__name__,
-                "signature": signature, "constexprs": constexprs, "attrs": attrs,
-                "options": compile_options, "target": list(target(self.device)),
-                "out": str(self.out)}
+            specs = _tritons_specialization(self.args, self.device)
+        return worker_job(path, self.kernel.fn.__name__, self.kernel.arg_names, specs,
+                          self.options, target(self.device), self.out)
+
+
+def worker_job(kernel_file: Path, name: str, params: Sequence[str], specs: list,
+               options: dict, target: tuple, out: Path) -> dict:
+    """A worker's job (triton_worker.build): kernel ``name`` of ``kernel_file`` with
+    arguments specialized as ``specs`` (Triton's (type, attribute) of each) and keyword
+    ``options`` (constexprs, given past the arguments, and compile options)."""
+    signature: dict[str, str] = {}
+    constexprs: list = []
+    attrs: list = []
+    for i, param in enumerate(params):
+        ty, spec = specs[i] if i < len(specs) else ("constexpr", options[param])
+        signature[param] = ty
+        (constexprs if ty == "constexpr" else attrs).append([[i], spec])
+    compile_options = {k: v for k, v in options.items() if k not in params}
+    compile_options.setdefault("debug", False)
+    return {"kernel_file": str(kernel_file), "name": name, "signature": signature,
+            "constexprs": constexprs, "attrs": attrs, "options": compile_options,
+            "target": list(target), "out": str(out)}
 
 
 def build_in_process(prepared: Prepared) -> str | None:

@@ -118,19 +118,16 @@ def resolve(r: list, fn: types.FunctionType) -> Any:
         if not (isinstance(cls, enum.EnumMeta) and r[2] in cls.__members__):
             raise Miss(f"{cls!r} has no member {r[2]}")
         return cls[r[2]]
-    if kind == "object":
-        return _same_object(lookup(r[1], r[2]), r[3], f"{r[1]}.{r[2]}")
-    raise Miss(f"unknown recipe {kind!r}")
-
-
-def _same_object(found: Any, digest: str, where: str) -> Any:
-    """``found`` if its fingerprint is ``digest`` (raises Miss)."""
+    if kind != "object":
+        raise Miss(f"unknown recipe {kind!r}")
+    found = lookup(r[1], r[2])
     try:
-        if fingerprints.object_digest(found) == digest:
-            return found
+        same = fingerprints.object_digest(found) == r[3]
     except NotStorable as e:
         raise Miss(str(e)) from None
-    raise Miss(f"{where} changed since the entry was written")
+    if not same:
+        raise Miss(f"{r[1]}.{r[2]} changed since the entry was written")
+    return found
 
 
 # -- paths -----------------------------------------------------------------------------------

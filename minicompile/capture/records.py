@@ -119,6 +119,19 @@ def _model_output_keys(cls: type, fields: dict[str, Var]) -> list[str]:
     return [n for n in names if not _is_none(fields[n])]
 
 
+def plain_model_output(record: RecordVar) -> bool:
+    """Whether ``record`` is a ModelOutput that runtime/values.py's ``model_output`` builds
+    as its constructor does: ModelOutput's own ``__setattr__``, ``__setitem__`` and
+    ``__post_init__``, every field an argument of ``__init__`` and none renamed by them
+    (``past_key_values``), nothing written after construction."""
+    cls = record.cls
+    return (record.keys is not None and not record.writes
+            and all(getattr(getattr(cls, m, None), "__qualname__", "") == f"ModelOutput.{m}"
+                    for m in ("__setattr__", "__setitem__", "__post_init__"))
+            and all(f.init for f in dataclasses.fields(cls))
+            and not {"past_key_values", "cache_params"} & record.fields.keys())
+
+
 def _is_none(var: Var) -> bool:
     return var.identity() is None  # (only a constant stands for None)
 

@@ -235,6 +235,10 @@ def _new_object(r: Rebuild, v: NewObjectVar) -> str:
 
 @kinds.rebuild.register(RecordVar)
 def _record(r: Rebuild, v: RecordVar) -> str:
+    if records.plain_model_output(v):
+        fields = ", ".join(f"{k!r}: {r.expr(i)}" for k, i in v.fields.items())
+        build = r.g.ref(values.model_output, "model_output")
+        return f"{build}({r.g.ref(v.cls, v.cls.__name__)}, {{{fields}}}, {tuple(v.keys)!r})"
     init = ", ".join(f"{k!r}: {r.expr(i)}" for k, i in v.init.items())
     writes = "".join(f"({kind!r}, {name!r}, {r.expr(i)}), " for kind, name, i in v.writes)
     build = r.g.ref(values.build_record, "build_record")

@@ -308,6 +308,29 @@ def test_model_output_built_indexed_and_returned() -> None:
                                                         "pooled"]
 
 
+def test_model_output_built_plainly_as_eager_builds_it() -> None:
+    """A ModelOutput returned as built (runtime/values.py: model_output): after the first
+    call, made without its constructor; its items, attributes, pytree leaves and a write
+    after the call are eager's."""
+
+    def f(x, extra):
+        return Output(last_hidden_state=x.sin(), hidden_states=extra)
+
+    compiled = minicompile.compile(f, backend="cpp", fullgraph=True)
+    for _ in range(3):
+        x, extra = torch.randn(3, 4), torch.randn(2)
+        got, want = compiled(x, extra), f(x, extra)
+        assert type(got) is Output and list(got.keys()) == list(want.keys())
+        assert list(vars(got)) == list(vars(want)) and got.pooled is None
+        torch.testing.assert_close(got.to_tuple(), want.to_tuple())
+        assert got["hidden_states"] is extra and got.hidden_states is extra
+        leaves = torch.utils._pytree.tree_leaves(got)
+        assert len(leaves) == 2 and leaves[1] is extra
+        got.pooled = x  # ModelOutput.__setattr__: a new item
+        assert list(got.keys()) == ["last_hidden_state", "hidden_states", "pooled"]
+    assert minicompile.stats()["graphs"] == 1
+
+
 def test_model_output_read_from_the_frame() -> None:
     """A ModelOutput the frame is given (an encoder's result handed over at a graph break,
     as in BART's forward): read through its own ``__getitem__`` (``to_tuple()``,

@@ -76,8 +76,10 @@ def alias_text(out: AliasOutput, shape: Callable[[tuple], str] = _shape,
 def generate(
     program: LoopProgram, groups: list[FusedGroup], backend: str, graph_name: str = "graph",
     in_place: dict[str, str] | None = None, takes_inputs: bool = False, autotune: bool = False,
+    copies_back: dict[str, str] | None = None,
 ) -> GeneratedCode:
-    """``in_place``: output buffers stored into inputs (passes/inplace.py).
+    """``in_place``: output buffers stored into inputs; ``copies_back``: output buffers
+    copied into inputs after the last kernel, the input returned (passes/inplace.py).
     ``takes_inputs``: ``call`` empties the list it is given and frees each input after its
     last use (a backward's saved tensors: the caller keeps no other reference).
     ``autotune`` (mode="max-autotune"): Triton kernels launch with the configuration timed
@@ -119,6 +121,7 @@ def generate(
     with w.indent():
         _emit_call(w, program, groups, backend, plans, plan_of, devices, in_place, takes_inputs,
                    frozenset(tuned), bool(plans_ahead))
+        _emit_return(w, program, copies_back or {})
     return GeneratedCode(backend, w.text(), cpp_source, tuple(p.name for p in plans))
 
 
@@ -218,7 +221,13 @@ def _emit_call(w: CodeWriter, program: LoopProgram, groups: list, backend: str, 
         if dead:  # free memory as soon as no later kernel reads it (a long backward)
             w.line(f"del {', '.join(dead)}")
     columns.sum(w, None)
-    outs = [o if isinstance(o, str) else alias_text(o) for o in program.outputs]
+
+
+def _emit_return(w: CodeWriter, program: LoopProgram, copies_back: dict[str, str]) -> None:
+    for out, inp in copies_back.items():
+        w.line(f"{inp}.copy_({out})  # rebuild's write-back, in the call (a CUDA graph replays it)")
+    outs = [copies_back.get(o, o) if isinstance(o, str) else alias_text(o)
+            for o in program.outputs]
     w.line(f"return {_tuple(outs)}")
 
 

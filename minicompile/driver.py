@@ -157,8 +157,8 @@ def graphed(work: pipeline.Work, static: frozenset[int]) -> build.Loaded:
     if cfg.store_in_place:  # an optimizer step: its gradients are new tensors every step
         trace.emit("cudagraphs", work.name, "optimizer steps run without CUDA graphs")
         return loaded
-    mutated = frozenset(k for k, b in enumerate(work.program.inputs)
-                        if b.name in work.in_place.values())
+    written = {*work.in_place.values(), *work.copies_back.values()}
+    mutated = frozenset(k for k, b in enumerate(work.program.inputs) if b.name in written)
     return dataclasses.replace(loaded, call=cudagraphs.GraphedCall(loaded.call, work.name,
                                                                    static, mutated))
 

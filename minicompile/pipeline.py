@@ -49,6 +49,7 @@ class Work:
     program: Any = None  # ir.LoopProgram
     groups: list | None = None  # passes.fusion.FusedGroup (and combo groups)
     in_place: dict[str, str] = dataclasses.field(default_factory=dict)
+    copies_back: dict[str, str] = dataclasses.field(default_factory=dict)  # passes/inplace.py
     fusion_log: tuple[str, ...] = ()
     code: Any = None  # codegen.wrapper.GeneratedCode
     loaded: Any = None  # runtime.build.Loaded
@@ -201,12 +202,18 @@ def mix_order_reductions(work: Work, logs: list[Log]) -> Work:
 
 
 def stores_in_place(work: Work, logs: list[Log]) -> Work:
-    from minicompile.passes.inplace import stores_in_place as in_place
+    """Write-backs stored in place; under mode="reduce-overhead" (CUDA graphs; on the CPU
+    too, where it costs what rebuild's copy costs) the others copied at the end of the call."""
+    from minicompile.passes.inplace import copies_back, stores_in_place as in_place
 
     fusion_log = list(work.fusion_log)
     chosen = in_place(work.program, work.groups, work.writebacks, fusion_log,
                       pointwise=work.cfg.store_in_place)
-    return dataclasses.replace(work, in_place=chosen, fusion_log=tuple(fusion_log))
+    copies = {}
+    if work.cfg.mode == "reduce-overhead" and not work.takes_inputs:
+        copies = copies_back(work.program, work.writebacks, chosen, fusion_log)
+    return dataclasses.replace(work, in_place=chosen, copies_back=copies,
+                               fusion_log=tuple(fusion_log))
 
 
 def horizontal_fusion(work: Work, logs: list[Log]) -> Work:
@@ -224,7 +231,7 @@ def code_generation(work: Work, logs: list[Log]) -> Work:
 
     name, program, groups = work.name, work.program, work.groups
     code = generate(program, groups, work.backend, graph_name=name, in_place=work.in_place,
-                    takes_inputs=work.takes_inputs, autotune=work.cfg.mode == "max-autotune")
+                    copies_back=work.copies_back, takes_inputs=work.takes_inputs, autotune=work.cfg.mode == "max-autotune")
     graph = work.graph
     logs.append(("graph", f"{name} after passes", lambda: str(graph), None))
     logs.append(("fusion", name, lambda: "\n".join(

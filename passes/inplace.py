@@ -12,6 +12,11 @@ Two kinds (:func:`why_not`):
   ``index_copy_``) whose first argument is the input itself: the wrapper calls the variant
   on the input, so every other read of the input must come before it, and the input may
   be no other argument of the call.
+
+Under CUDA graphs the write-backs left are copied at the end of ``call`` (:func:`copies_back`):
+a copy the graph replays, not one that rebuild launches from the host at each call (a
+static cache's ``cumulative_length += 1``, computed in a reduction kernel whose other
+programs still read the old value: 12 launches a GPT-2 decode step).
 """
 
 from __future__ import annotations
@@ -124,4 +129,24 @@ def stores_in_place(
                        else f"copy {out} back into {inp}: {reason}")
         if reason is None:
             chosen[out] = inp
+    return chosen
+
+
+def copies_back(program: LoopProgram, writebacks: tuple[tuple[int, int], ...],
+                stored: dict[str, str], log: list[str] | None = None) -> dict[str, str]:
+    """Output buffer -> the input that ``call`` copies it into after its last kernel (every
+    read of the input's old value done), returning the input in its place, for the
+    write-backs not ``stored`` in place whose output and input are returned nowhere else."""
+    names = [_returned(o) for o in program.outputs]
+    inputs = {b.name for b in program.inputs}
+    chosen: dict[str, str] = {}
+    for k, j in writebacks:
+        out, inp = names[k], program.inputs[j].name
+        if (out is None or out in stored or out in inputs or names.count(out) != 1
+                or inp in names or inp in stored.values() or inp in chosen.values()
+                or any(not isinstance(o, str) and o.input == inp for o in program.outputs)):
+            continue
+        chosen[out] = inp
+        if log is not None:
+            log.append(f"copy {out} into {inp} at the end of the call")
     return chosen

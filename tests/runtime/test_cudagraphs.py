@@ -331,3 +331,34 @@ def test_an_updated_input_read_over_replays_is_state_and_a_new_one_records_again
         torch.testing.assert_close(acc, want)
         recordings |= {id(g) for g in graphed(bump).recorded.values()}
     assert len(recordings) == 1  # copied in and back: one recording, not one per call
+
+
+def test_a_write_back_is_copied_at_the_end_of_the_call(backend: str, device: torch.device,
+                                                       capsys: pytest.CaptureFixture) -> None:
+    """A 0-d length counted up beside a reduction that reads its old value (a static cache's
+    ``cumulative_length``, which no kernel may store in place: another program of the
+    reduction may still read it): under mode="reduce-overhead" ``call`` copies the new value
+    into it after its last kernel (a copy the CUDA graph replays), rebuild none.  A view the
+    caller holds sees each update, the output is a tensor of its own, and a new length (the
+    next ``generate`` call's cache) is updated, not the old one."""
+    from minicompile import config
+
+    def step(x, length):
+        pos = torch.arange(x.shape[1], device=x.device) + length
+        length.add_(1)
+        return (x * pos).sum(-1) + length
+
+    compiled = minicompile.compile(step, backend=backend, mode="reduce-overhead")
+    with config.patch(logs=frozenset({"output_code"})):
+        for _ in range(2):  # a second length: another cache
+            length, mirror = torch.tensor(3, device=device), torch.tensor(3, device=device)
+            view = length.view(1)
+            for _ in range(4):
+                x = torch.randn(2, 5, device=device)
+                got, want = compiled(x, length), step(x, mirror)
+                torch.testing.assert_close(got, want)
+                assert length.item() == mirror.item() and view.item() == mirror.item()
+                assert got.untyped_storage().data_ptr() != length.untyped_storage().data_ptr()
+    err = capsys.readouterr().err
+    assert err.count("# rebuild's write-back, in the call") == 1, err
+    assert minicompile.stats()["graphs"] == 1

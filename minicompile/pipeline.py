@@ -231,7 +231,8 @@ def code_generation(work: Work, logs: list[Log]) -> Work:
 
     name, program, groups = work.name, work.program, work.groups
     code = generate(program, groups, work.backend, graph_name=name, in_place=work.in_place,
-                    copies_back=work.copies_back, takes_inputs=work.takes_inputs, autotune=work.cfg.mode == "max-autotune")
+                    copies_back=work.copies_back, takes_inputs=work.takes_inputs,
+                    autotune=work.cfg.mode == "max-autotune")
     graph = work.graph
     logs.append(("graph", f"{name} after passes", lambda: str(graph), None))
     logs.append(("fusion", name, lambda: "\n".join(

@@ -15,6 +15,7 @@ once.
 from __future__ import annotations
 
 import dataclasses
+import operator
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -44,6 +45,18 @@ def static_positions(sources: list[str]) -> frozenset[int]:
     """Inputs whose memory stays put between calls: a module's parameters and buffers."""
     return frozenset(i for i, s in enumerate(sources)
                      if "._parameters[" in s or "._buffers[" in s)
+
+
+def picker(positions: list[int]) -> Callable[[list], tuple]:
+    """``picker(positions)(xs)``: the tuple of ``xs`` at ``positions``, in one C call."""
+    if len(positions) == 1:
+        k = positions[0]
+        return lambda xs: (xs[k],)
+    return operator.itemgetter(*positions) if positions else lambda xs: ()
+
+
+_data_ptr, _stride = torch.Tensor.data_ptr, torch.Tensor.stride
+_shape = operator.attrgetter("shape")
 
 
 def why_not(inputs: list) -> str | None:
@@ -111,6 +124,23 @@ class Recorded:
         with torch.cuda.graph(self.graph, pool=torch.cuda.graph_pool_handle()):
             outs = call(list(self.buffers))
         self.outputs = [self._describe(o) for o in outs]
+        self._plan_replay()
+
+    def _plan_replay(self) -> None:
+        """What each replay does, as lists (no per-call walks of the inputs and outputs):
+        the pinned inputs' addresses to check, the inputs to copy in and the updated ones to
+        copy back (a pinned input is where it was recorded: nothing to copy), and outputs
+        by how they are handed out."""
+        pinned = set(self.pinned)
+        self.pick_pinned = picker(self.pinned)
+        self.pinned_at = tuple(self.pointers[k] for k in self.pinned)
+        self.copy_in = [k for k in self.copied if k not in pinned]
+        self.copy_out = [k for k in self.mutated if k not in pinned]
+        self.template = [None if isinstance(o, _Output) else o for o in self.outputs]
+        self.wholes = [(i, o.input) for i, o in enumerate(self.outputs)
+                       if isinstance(o, _Output) and o.whole]
+        self.others = [(i, o) for i, o in enumerate(self.outputs)
+                       if isinstance(o, _Output) and not o.whole]
 
     def __del__(self) -> None:  # the pool goes: no handed-out output may read it
         try:
@@ -132,7 +162,7 @@ class Recorded:
 
     def moved_pinned(self, inputs: list) -> bool:
         """Whether an input marked as a static address is another tensor than recorded."""
-        return any(inputs[k].data_ptr() != self.pointers[k] for k in self.pinned)
+        return tuple(map(_data_ptr, self.pick_pinned(inputs))) != self.pinned_at
 
     def moved_state(self, inputs: list) -> bool:
         """Whether an input the graph updates in place, and read in place over ``STATE``
@@ -140,28 +170,34 @@ class Recorded:
         cache, which the graph records again on, rather than copy it in and back at every
         replay (a function handed a new tensor to update at each call gets copies)."""
         return not self.owned and self.in_place >= STATE and any(
-            inputs[k].data_ptr() != self.pointers[k] for k in self.mutated)
+            inputs[k].data_ptr() != self.pointers[k] for k in self.copy_out)
 
     def replay(self, inputs: list) -> tuple | None:
         """Run the graph on ``inputs``; None when it cannot (then record again)."""
         if self.moved_pinned(inputs) or self.moved_state(inputs):
             return None
-        buffers = self.buffers
-        for k in self.copied:
+        buffers, pointers = self.buffers, self.pointers
+        for k in self.copy_in:
             x, buf = inputs[k], buffers[k]
-            if buf.data_ptr() != self.pointers[k]:  # set_() or resize_() moved it
+            if buf.data_ptr() != pointers[k]:  # set_() or resize_() moved it
                 return None
-            if x.data_ptr() != self.pointers[k]:
+            if x.data_ptr() != pointers[k]:
                 if not self.owned and not alone(buf, ours=2):  # the list, the local
                     return None
                 buf.copy_(x)
         self._invalidate_handed()
         self.graph.replay()
-        moved = [k for k in self.mutated if inputs[k].data_ptr() != self.pointers[k]]
+        moved = [k for k in self.copy_out if inputs[k].data_ptr() != pointers[k]]
         for k in moved:
             inputs[k].copy_(buffers[k])
         self.in_place += not moved
-        return tuple([self._hand_out(o, inputs) for o in self.outputs])
+        result = list(self.template)
+        for i, k in self.wholes:  # the input itself (the key holds its sizes and strides);
+            x = inputs[k]  # rebuild's write-back then finds it
+            result[i] = x if not x.requires_grad else self._hand_out(self.outputs[i], inputs)
+        for i, out in self.others:
+            result[i] = self._hand_out(out, inputs)
+        return tuple(result)
 
     def _invalidate_handed(self) -> None:
         for ref in self.handed:
@@ -169,14 +205,10 @@ class Recorded:
                 _invalidate(ref.cdata, STALE)
         self.handed = []
 
-    def _hand_out(self, out: _Output | Any, inputs: list) -> Any:
-        if not isinstance(out, _Output):
-            return out
+    def _hand_out(self, out: _Output, inputs: list) -> Any:
         t = out.tensor
         if out.input is not None:  # a view of an input: of the caller's tensor
             x = inputs[out.input]
-            if out.whole and not x.requires_grad:  # (the key holds its sizes and strides)
-                return x  # rebuild's write-back then finds the input itself
             return x.as_strided(t.shape, t.stride(), x.storage_offset() + out.offset)
         storage = t.untyped_storage()
         fresh = _storage_at(storage.data_ptr(), t.device, storage.nbytes())
@@ -197,10 +229,20 @@ class GraphedCall:
         self.recorded: dict[tuple, Recorded] = {}
         self.warm: set[tuple] = set()
         self.off: str | None = None  # why this graph runs the ordinary path from now on
+        # The static tensors, the other tensors and the rest (sizes), picked from the inputs
+        # (whose kinds the entry's guards keep): set at the first call.
+        self.picks: tuple[Callable[[list], tuple], ...] | None = None
 
     def key(self, inputs: list) -> tuple:
-        return tuple([(x.data_ptr() if k in self.static else (x.shape, x.stride()))
-                      if isinstance(x, torch.Tensor) else x for k, x in enumerate(inputs)])
+        """The static inputs' addresses, the others' sizes and strides, the rest's values."""
+        if self.picks is None:
+            tensors = [k for k, x in enumerate(inputs) if isinstance(x, torch.Tensor)]
+            self.picks = (picker([k for k in tensors if k in self.static]),
+                          picker([k for k in tensors if k not in self.static]),
+                          picker([k for k, x in enumerate(inputs) if k not in tensors]))
+        static, tensors, rest = [pick(inputs) for pick in self.picks]
+        return (tuple(map(_data_ptr, static)), tuple(map(_shape, tensors)),
+                tuple(map(_stride, tensors)), rest)
 
     def __call__(self, inputs: list) -> tuple:
         if self.off is not None:

@@ -34,6 +34,21 @@ def test_parameters_and_buffers_are_static_inputs():
     assert cudagraphs.static_positions(sources) == frozenset({1, 2})
 
 
+def test_the_key_is_static_addresses_and_other_sizes():
+    """A graph is recorded per key: the static inputs' addresses (a parameter moved by
+    ``.data =`` records again), the other tensors' sizes and strides (not their memory,
+    copied in), the other inputs' values."""
+    call = cudagraphs.GraphedCall(lambda inputs: (), "f", frozenset({1, 2}))
+    weight, bias = torch.randn(4, 3), torch.randn(4)
+    key = call.key([torch.randn(2, 3), weight, bias, 5])
+    assert call.key([torch.randn(2, 3), weight, bias, 5]) == key
+    assert call.key([torch.randn(3, 2).t(), weight, bias, 5]) != key
+    assert call.key([torch.randn(2, 4), weight, bias, 5]) != key
+    assert call.key([torch.randn(2, 3), weight, bias, 6]) != key
+    bias.data = torch.randn(4)
+    assert call.key([torch.randn(2, 3), weight, bias, 5]) != key
+
+
 def test_alone_sees_every_other_holder():
     keep = [torch.randn(10)]
 

@@ -509,9 +509,11 @@ def inference_runner(
     then rebuild.  ``no_grad``: inputs require grad but grad mode is off in the trace, so
     nothing is recorded."""
     if no_grad:
-        off = torch.no_grad
+        off, grad_enabled = torch.no_grad, torch.is_grad_enabled
 
         def run(frame: tuple) -> Any:
+            if not grad_enabled():  # (generate's decode steps: no context manager to enter)
+                return rebuild(call(get_inputs(*frame)), *frame)
             with off():
                 outs = call(get_inputs(*frame))
             return rebuild(outs, *frame)

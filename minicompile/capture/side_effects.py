@@ -140,23 +140,20 @@ def generate_rebuild(out: kinds.Output, result: Var) -> tuple[list[Node], str]:
     r = Rebuild(out)
     r.lines.append(f"    ret = {r.expr(result)}")
     replays = _replays(r, out.side_effects)
-    dsts: list[str] = []
-    srcs: list[str] = []
+    writebacks: list[str] = []
     needs_no_grad = False
     for var in out.mutated_inputs.values():
         if var.node is out.input_nodes[id(var)]:
             continue  # written, but with its own value
         assert var.source is not None
-        dsts.append(var.source.expr)
-        srcs.append(r.output(var.node))
+        writebacks.append(f"{r.g.ref(write_back, 'write_back')}({var.source.expr}, "
+                          f"{r.output(var.node)})")
         needs_no_grad = needs_no_grad or var.meta.requires_grad
-    if dsts:
-        indent = "    "
-        if needs_no_grad:
-            r.lines.append(f"    with {r.g.ref(torch.no_grad, 'no_grad')}():")
-            indent += "    "
-        r.lines.append(f"{indent}{r.g.ref(write_back, 'write_back')}(({', '.join(dsts)},), "
-                       f"({', '.join(srcs)},))")
+    if needs_no_grad:
+        r.lines.append(f"    with {r.g.ref(torch.no_grad, 'no_grad')}():")
+        r.lines.extend(f"        {w}" for w in writebacks)
+    else:
+        r.lines.extend(f"    {w}" for w in writebacks)
     r.lines.extend(replays)
     r.lines.append("    return ret")
     params = ", ".join(["outs", *out.params])

@@ -13,19 +13,16 @@ from typing import Any
 import torch
 
 
-def write_back(dsts: tuple, srcs: tuple) -> None:
-    """Inputs mutated in the graph (tensors, or NumPy arrays) get their new values, unless
-    the kernels stored them there (passes/inplace.py: ``src is dst``; then their version
-    counters move on, as an in-place op's would: autograd and runtime/derived.py read them),
-    in one call for all (a static KV cache's 36 a GPT-2 decode step)."""
-    stored = []
-    for dst, src in zip(dsts, srcs):
-        if src is dst:
-            stored.append(dst)
-        else:
-            (dst if isinstance(dst, torch.Tensor) else torch.from_numpy(dst)).copy_(src)
-    if stored:
-        torch.autograd.graph.increment_version(stored)
+def write_back(dst: Any, src: torch.Tensor) -> None:
+    """An input mutated in the graph (a tensor, or a NumPy array) gets its new value, unless
+    the kernels stored it there (passes/inplace.py: ``src is dst``; then its version counter
+    moves on, as an in-place op's would: autograd and runtime/derived.py read it)."""
+    if not isinstance(dst, torch.Tensor):
+        dst = torch.from_numpy(dst)
+    if src is not dst:
+        dst.copy_(src)
+    else:
+        torch.autograd.graph.increment_version(dst)
 
 
 def to_tensor(a: Any, device: torch.device | None = None) -> torch.Tensor:

@@ -96,14 +96,17 @@ class CallsMixin:
     @kinds.load_attr.register(ObjectVar)
     def value_attr(self: InstructionTranslator, obj: ObjectVar, name: str) -> Var:
         """``obj.name`` read from the object (a Python module, a class, a torch callable)."""
+        return self.read_attr(obj, name, "", trusted=is_trusted_namespace(obj.value))
+
+    def read_attr(self: InstructionTranslator, obj: ObjectVar, name: str, note: str,
+                  trusted: bool = False) -> Var:
+        """``getattr(obj.value, name)``, wrapped with its source; ``note`` ends the reason
+        of the AttributeError's graph break."""
         try:
             value = getattr(obj.value, name)
         except AttributeError as e:
-            raise Unsupported(f"attribute error: {e}") from e
-        source = None
-        if obj.source is not None:
-            source = obj.source.attr(name, trusted=is_trusted_namespace(obj.value))
-        return self.output.wrap(value, source)
+            raise Unsupported(f"attribute error: {e}{note}") from e
+        return self.output.wrap(value, obj.source.attr(name, trusted) if obj.source else None)
 
     @kinds.load_attr.register(StructSeqVar)
     def struct_seq_attr(self: InstructionTranslator, obj: StructSeqVar, name: str) -> Var:
@@ -137,11 +140,7 @@ class CallsMixin:
         fn = obj.value
         if name not in _FUNCTION_ATTRIBUTES and name not in fn.__dict__:
             raise Unsupported(f"attribute {name!r} of function {fn.__qualname__} is not supported")
-        try:
-            value = getattr(fn, name)
-        except AttributeError as e:
-            raise Unsupported(f"attribute error: {e} (eager raises)") from e
-        return self.output.wrap(value, obj.source.attr(name) if obj.source else None)
+        return self.read_attr(obj, name, " (eager raises)")
 
     def has_attr(self: InstructionTranslator, obj: Var, name: str) -> bool:
         return kinds.has_attr(self, self.realize(obj), name)
@@ -187,11 +186,7 @@ class CallsMixin:
             cls.__getattribute__ is not object.__getattribute__
             or (hasattr(cls, "__getattr__") and (d is None or name not in d))
         ):  # computed by the class (transformers' config attribute_map): the guard reads
-            try:  # it the same way, through the class's own lookup
-                value = getattr(obj.value, name)
-            except AttributeError as e:
-                raise Unsupported(f"attribute error: {e} (eager raises)") from e
-            return self.output.wrap(value, obj.source.attr(name))
+            return self.read_attr(obj, name, " (eager raises)")  # it through that lookup too
         if d is not None and name in d:
             return self.output.wrap(d[name], obj.source.attr(name) if obj.source else None)
         if isinstance(obj.value, logging.Logger) and callable(getattr(obj.value, name, None)):

@@ -20,8 +20,8 @@ import torch
 
 from minicompile import compat
 from minicompile.capture import (
-    autocast, autograd_functions, externs, kinds, library, mutation, pybuiltins, records, torch_ops,
-    training_ops,
+    autocast, autograd_functions, externs, kinds, library, mutation, python_calls, records,
+    torch_ops, training_ops,
 )
 from minicompile.capture.bytecode import builtins_of
 from minicompile.capture.frame_values import is_trusted_namespace
@@ -30,6 +30,7 @@ from minicompile.capture.variables import (
     ListVar, MethodVar, NestedFunctionVar, NewObjectVar, NNModuleVar, ObjectSlotVar, ObjectVar,
     PartialVar, OpaqueVar, ReadMethodVar, Source, StructSeqVar, SuperVar, TensorVar,
     TorchFunctionVar, TupleVar, UserFunctionVar, UserObjectVar, Var, WithExitVar, closure_cell,
+    contains_tensor,
 )
 from minicompile.errors import HookedModuleCall, Unsupported
 
@@ -352,7 +353,7 @@ class CallsMixin:
         if isinstance(fn.value, type) and not issubclass(fn.value, BaseException):
             raise Unsupported(f"creating {fn.value.__qualname__} objects is not supported")
         if isinstance(fn.value, type):
-            return pybuiltins.call_builtin(self.output, fn.value, args, kwargs)
+            return python_calls.fold_builtin(self.output, fn.value, args, kwargs)
         owner = getattr(fn.value, "__self__", None)
         if _OPTIM.match(type(owner).__module__):
             raise Unsupported(f"{type(owner).__name__}.{fn.value.__name__}() runs at a graph break "
@@ -433,7 +434,7 @@ class CallsMixin:
         method = getattr(out.to_value(obj), name)
         out.require_pinned([*args, *kwargs.values()], f"{name}()")  # "{}".format(array)
         values, kw = self.output.to_values(args, kwargs)
-        if any(pybuiltins.contains_tensor(v) for v in (*values, *kw.values())):
+        if any(contains_tensor(v) for v in (*values, *kw.values())):
             raise Unsupported(f"method {name}() with tensor arguments is not supported")
         try:
             return out.from_value(method(*values, **kw))

@@ -21,9 +21,8 @@ import torch
 
 from minicompile.capture import records
 from minicompile.capture.kinds import Translator
-from minicompile.capture.pybuiltins import contains_tensor
 from minicompile.capture.variables import (
-    ArrayVar, BoundMethodVar, ConstantVar, ObjectVar, TensorVar, Var, specialized,
+    ArrayVar, BoundMethodVar, ConstantVar, ObjectVar, TensorVar, Var, contains_tensor, specialized,
 )
 from minicompile.errors import Unsupported
 

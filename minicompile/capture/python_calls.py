@@ -133,11 +133,17 @@ class PythonCallsMixin:
             self.output.side_effects.mutate_container(d, f"dict.{name}")
         items = d.items
         const = self.output.to_value
-        if name == "get" and 1 <= len(args) <= 2:
+        if name in ("get", "pop", "setdefault") and 1 <= len(args) <= 2:
             key = const(args[0])
             if key in items:
-                return self.realize(items[key])
-            return args[1] if len(args) == 2 else ConstantVar(None)
+                return self.realize(items.pop(key) if name == "pop" else items[key])
+            if name == "pop" and len(args) == 1:
+                raise Unsupported(f"key {key!r} not found (eager raises KeyError)")
+            default = args[1] if len(args) == 2 else ConstantVar(None)
+            if name == "setdefault":
+                items[key] = default
+                return self.realize(default)
+            return default
         if name == "keys" and not args:  # a view of plain keys: sets ops, `in`, iteration
             return ConstantVar(dict.fromkeys(items).keys())
         if name == "values" and not args:
@@ -154,18 +160,6 @@ class PythonCallsMixin:
                 items.update(other.items)
             items.update(kw)
             return ConstantVar(None)
-        if name == "pop" and 1 <= len(args) <= 2:
-            key = const(args[0])
-            if key in items:
-                return self.realize(items.pop(key))
-            if len(args) == 2:
-                return args[1]
-            raise Unsupported(f"key {key!r} not found (eager raises KeyError)")
-        if name == "setdefault" and 1 <= len(args) <= 2:
-            key = const(args[0])
-            if key not in items:
-                items[key] = args[1] if len(args) == 2 else ConstantVar(None)
-            return self.realize(items[key])
         if name == "clear" and not args:
             items.clear()
             return ConstantVar(None)

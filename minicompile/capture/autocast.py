@@ -352,13 +352,9 @@ def _plain(value: Any) -> Any:
 def _fake(v: TensorVar) -> torch.Tensor:
     """A fake tensor (of the active FakeTensorMode) like ``v``, on its device."""
     meta = v.meta
-    if meta.is_symbolic:
-        shapes = meta.shapes
-        size = [shapes.hint(s) for s in meta.shape]
-        stride = [shapes.hint(s) for s in meta.stride]
-    else:
-        size, stride = list(meta.concrete_shape()), list(meta.concrete_stride())
-    return torch.empty_strided(size, stride, dtype=meta.dtype, device=meta.device)
+    hint = meta.shapes.hint if meta.is_symbolic else int  # (the traced sizes)
+    return torch.empty_strided([hint(s) for s in meta.shape], [hint(s) for s in meta.stride],
+                               dtype=meta.dtype, device=meta.device)
 
 
 def _hint(out: Output, v: Any) -> Any:

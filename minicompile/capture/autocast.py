@@ -187,7 +187,7 @@ def _exit_region(tx: Translator, fn: Any, args: list, kwargs: dict) -> Var:
     return ConstantVar(None)
 
 
-library.register(torch.is_autocast_cache_enabled)(library.global_query)
+library.register(torch.is_autocast_cache_enabled)(library.constant_query)
 
 
 # -- the casting policy --------------------------------------------------------------------

@@ -89,19 +89,10 @@ register(*maybe("_C._get_tracing_state"))(_constant(None))
 register(*maybe("nn.modules.activation._is_make_fx_tracing"))(_constant(False))
 
 
-@register(*maybe("backends.mha.get_fastpath_enabled"))
-def global_query(tx: Translator, fn: Any, args: list, kwargs: dict) -> Var:
-    """A switch of PyTorch's read by library code (``nn.MultiheadAttention`` asks whether
-    its fused fast path is on): answered now, guarded."""
-    if args or kwargs:
-        raise Unsupported(f"{fn.__name__}() with arguments is not supported")
-    value = fn()
-    tx.output.guards.global_call(fn, (), {}, value)
-    return ConstantVar(value)
-
-
-_PROCESS_QUERIES = maybe("cuda.is_available", "cuda.device_count",
-                          "cuda.get_device_capability", "cuda.get_device_name")
+# Questions answered now and guarded by asking again: facts of the process, and switches
+# library code reads (``nn.MultiheadAttention`` asks whether its fused fast path is on).
+_PROCESS_QUERIES = maybe("cuda.is_available", "cuda.device_count", "cuda.get_device_capability",
+                         "cuda.get_device_name", "backends.mha.get_fastpath_enabled")
 _PLAIN = (bool, int, float, str, type(None))
 
 
@@ -114,8 +105,8 @@ def _marked_constant(fn: Any) -> bool:
 
 
 @register(*_PROCESS_QUERIES)
-def _constant_query(tx: Translator, fn: Any, args: list, kwargs: dict) -> Var:
-    """A question whose answer is fixed for the process (``torch.cuda.get_device_capability
+def constant_query(tx: Translator, fn: Any, args: list, kwargs: dict) -> Var:
+    """A question whose answer the guards can ask again (``torch.cuda.get_device_capability
     (device)``, a marked library probe such as transformers' ``is_torch_less_or_equal``),
     asked of constants: answered now, and guarded by asking again."""
     values = [tx.realize(v) for v in (*args, *kwargs.values())]
@@ -270,5 +261,5 @@ def handler_for(fn: Any) -> Handler | None:
             and (fn.__module__, fn.__qualname__) == _DYNAMO_IS_COMPILING):
         return _is_compiling
     if found is None and _marked_constant(fn):
-        return _constant_query
+        return constant_query
     return found

@@ -278,10 +278,10 @@ def with_out(out: Output, result: Any, target: Any, fname: str) -> Any:
     return mutation.mutate(out, target, result, f"{fname}(out=...)")
 
 
-def view_steps(fn: Any, short: str, x: TensorVar, fake_x: torch.Tensor, res: torch.Tensor,
-               args: tuple, kwargs: dict, index: int | None) -> tuple:
-    """The view steps from ``x`` to the extern's result ``res`` (element ``index`` of a
-    tuple result), found on meta tensors: ``fake_x`` stood for ``x``."""
+def view_steps(fn: Any, short: str, fake_x: torch.Tensor, res: torch.Tensor, args: tuple,
+               kwargs: dict, index: int | None) -> tuple:
+    """The view steps from the argument ``fake_x`` stood for (on meta tensors) to the
+    extern's result ``res`` (element ``index`` of a tuple result)."""
     if res is fake_x:
         return (mutation.ViewStep("alias"),)
     shape = tuple(res.shape)

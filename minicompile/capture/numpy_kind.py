@@ -11,7 +11,9 @@ import numpy as np
 
 from minicompile.capture import kinds, numpy_arrays, numpy_functions, numpy_shapes
 from minicompile.capture.numpy_arrays import assign, getitem, numpy_dtype, rows, setitem
-from minicompile.capture.variables import ArrayVar, ConstantVar, MethodVar, ObjectVar, TensorVar, Var
+from minicompile.capture.variables import (
+    ArrayVar, ConstantVar, MethodVar, ObjectVar, TensorVar, Var,
+)
 from minicompile.errors import Unsupported
 from minicompile.runtime import values
 

@@ -123,10 +123,6 @@ def _is_none(var: Var) -> bool:
     return var.identity() is None  # (only a constant stands for None)
 
 
-def _key_error(record: RecordVar, key: Any) -> Unsupported:
-    return Unsupported(f"{record.cls.__name__} has no key {key!r} (eager raises KeyError)")
-
-
 @kinds.load_attr.register(RecordVar)
 def attr(tx: kinds.Translator, record: RecordVar, name: str) -> Var:
     """``record.name``: a field or a written attribute, a mapping method, or whatever the
@@ -176,14 +172,9 @@ def get_item(tx: kinds.Translator, record: RecordVar, key: Var) -> Var:
     k = tx.output.to_value(key)
     if isinstance(k, str):
         if k not in record.keys:
-            raise _key_error(record, k)
+            raise Unsupported(f"{record.cls.__name__} has no key {k!r} (eager raises KeyError)")
         return tx.realize(record.fields[k])
-    values = to_tuple(tx, record)
-    try:
-        picked = values.items[k]
-    except (IndexError, TypeError) as e:
-        raise Unsupported(f"{record.cls.__name__}[{k!r}] raised {type(e).__name__}") from e
-    return TupleVar(tuple(picked)) if isinstance(k, slice) else picked
+    return kinds.subscript(tx, to_tuple(tx, record), key)  # an int or a slice: to_tuple's
 
 
 def to_tuple(tx: kinds.Translator, record: RecordVar) -> TupleVar:

@@ -234,9 +234,7 @@ def inplace_method(out: Output, x: TensorVar, name: str, args: tuple, kwargs: di
         draws = out.op(ops.extern_op(ops.random_in_place_draws), (x, name, *args), kwargs,
                        track=False)
         return mutation.mutate(out, x, draws, f"{fname}()")
-    if name.rstrip("_") in RANDOM or name in RANDOM:
-        raise Unsupported(f"{fname}: random ops are not compiled yet")
-    if name == "zero_":
+    if name == "zero_":  # (random ops: check_callable refused them before)
         if args or kwargs:
             raise Unsupported(f"{fname}() takes no arguments")
         new = out.extern(torch.zeros_like, (x,), {}, track=False)

@@ -14,7 +14,12 @@ import torch
 
 from minicompile import compat
 from minicompile.graph import Node, TensorMeta
-from minicompile.library_layouts import ATTENTION, ATTENTION_ARGS, conv_layout, cpu_layout
+from minicompile.library_layouts import (
+    ATTENTION,
+    ATTENTION_ARGS,
+    conv_layout,
+    cpu_layout,
+)
 from minicompile.op_table import COMPARISONS, LOGICAL, ROWS
 
 # Pointwise ops whose result metadata follows from PyTorch's promotion, broadcasting and

@@ -214,7 +214,7 @@ def test_attention_rule_matches_the_meta_path_and_eager(monkeypatch) -> None:
         b, h, length, s, e = (rng.choice(n) for n in ([1, 2], [1, 4], [1, 5, 16], [1, 5, 16],
                                                       [8, 16]))
 
-        def make(*shape: int) -> torch.Tensor:
+        def make(*shape: int, dtype: torch.dtype = dtype) -> torch.Tensor:
             if rng.random() < 0.5:  # (batch, length, heads, dim) transposed, as in GPT
                 return torch.randn(shape[0], shape[2], shape[1], shape[3], dtype=dtype
                                    ).transpose(1, 2)

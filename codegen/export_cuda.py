@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import ast
 
-import sympy
-
 from minicompile.errors import Unsupported
 from minicompile.ir import LoopProgram
 
@@ -39,16 +37,10 @@ def kernel_builds(program: LoopProgram, plans: list[KernelPlan]) -> tuple[str, l
         fn = next(n for n in ast.parse(text).body
                   if isinstance(n, ast.FunctionDef) and n.name == plan.name)
         params = tuple(a.arg for a in fn.args.args)
-        dtypes = [d for _, d in plan.inputs] + [program.buffer(b).layout.dtype
-                                                for b in plan.outputs]
-        ints = [int(n) if n.is_Integer else None for n in _ints(plan)]
-        builds.append((plan.name, params, (*dtypes, *ints), _options(program, plan)))
+        ints = [int(n) if n.is_Integer else None for n in wrapper.launch_ints(plan)]
+        builds.append((plan.name, params, (*wrapper.tensor_dtypes(program, plan), *ints),
+                       _options(program, plan)))
     return "\n\n\n".join(triton.helpers_for(texts) + texts), builds
-
-
-def _ints(plan: KernelPlan) -> list[sympy.Expr]:
-    """The integer arguments of a launch: the size symbols, then the extents."""
-    return [*plan.size_args, plan.numel] + ([plan.rnumel] if plan.is_reduction else [])
 
 
 def _options(program: LoopProgram, plan: KernelPlan) -> dict:
@@ -61,13 +53,10 @@ def _options(program: LoopProgram, plan: KernelPlan) -> dict:
 
 def emit_launch(w: CodeWriter, program: LoopProgram, plan: KernelPlan, index: int) -> None:
     """Launch kernel ``index`` of the cubins file (the outputs allocated already)."""
-    block = _options(program, plan)["XBLOCK"]
-    numel = plan.numel
-    grid = (str(-(-int(numel) // block)) if numel.is_Integer else cpp_index(numel)
-            if block == 1 else f"({cpp_index(numel)} + {block - 1}) / {block}")
+    grid = wrapper.launch_grid(plan.numel, _options(program, plan)["XBLOCK"], cpp_index, "/")
     tensors = [b for b, _ in plan.inputs] + list(plan.outputs)
     args = [f"mc_pointer({t})" for t in tensors]
-    args += [f"int64_t{{{cpp_index(n)}}}" for n in _ints(plan) if n != 1]
+    args += [f"int64_t{{{cpp_index(n)}}}" for n in wrapper.launch_ints(plan) if n != 1]
     w.line(f"mc_launch(mc_cuda, {index}, {grid}, {{{', '.join(args)}}});  // {plan.name}")
 
 

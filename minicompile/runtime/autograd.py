@@ -119,7 +119,9 @@ class TrainingStep:
         # What the forward saves: (True, input k) or (False, forward result k).
         self.saved = tuple((kind == "input", k if kind == "input" else n + k)
                            for kind, k in self.backward_inputs if kind != "grad")
-        self.grad_outputs = tuple(k for kind, k in self.backward_inputs if kind == "grad")
+        # (place in the backward's inputs, output k) of each output's gradient it reads
+        self.grad_slots = tuple((at, k) for at, (kind, k) in enumerate(self.backward_inputs)
+                                if kind == "grad")
         self.zero_inputs = tuple(k for k, where in enumerate(self.input_grads) if where == "zero")
         # (input k, the backward's result or "zero") for every input that gets a gradient.
         self.gradients = tuple((k, where) for k, where in enumerate(self.input_grads)
@@ -150,7 +152,7 @@ class CompiledGraphFunction(torch.autograd.Function):
         # backward makes those it reads itself.
         ctx.set_materialize_grads(False)
         ctx.outputs = {k: (outs[k].shape, outs[k].dtype, outs[k].device)
-                       for k in step.grad_outputs}
+                       for _, k in step.grad_slots}
         ctx.zeros = {k: (inputs[k].shape, inputs[k].dtype, inputs[k].device)
                      for k in step.zero_inputs}
         # Values the forward made with autograd on (library results) leave detached: this
@@ -171,19 +173,15 @@ class CompiledGraphFunction(torch.autograd.Function):
         for k, count in ctx.leaves:
             tensors[k]._minicompile_leaves = tensors[start:start + count]
             start += count
-        saved = iter(tensors[:end])
+        values = list(tensors[:end] if ctx.leaves else tensors)
         del tensors
-        values = []
-        for kind, k in step.backward_inputs:
-            if kind == "grad":
-                g = grads[k]
-                if g is None:
-                    shape, dtype, device = ctx.outputs[k]
-                    g = torch.zeros(shape, dtype=dtype, device=device)
-                values.append(g if g.is_contiguous() else g.contiguous())
-            else:
-                values.append(next(saved))
-        del saved, grads
+        for at, k in step.grad_slots:  # (in order: each lands at its place in the list)
+            g = grads[k]
+            if g is None:
+                shape, dtype, device = ctx.outputs[k]
+                g = torch.zeros(shape, dtype=dtype, device=device)
+            values.insert(at, g if g.is_contiguous() else g.contiguous())
+        del grads
         # Without retain_graph the saved tensors are ours now: the compiled backward frees
         # each after its last use (it empties ``values``), not all at its end.
         clear = getattr(ctx, "maybe_clear_saved_tensors", None)

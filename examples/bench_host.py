@@ -5,6 +5,7 @@
     python examples/bench_host.py --profile hf_bert        # and cProfile's top entries
     python examples/bench_host.py --train                  # train steps (see below)
     python examples/bench_host.py --train nanogpt timm_vit_tiny
+    python examples/bench_host.py --train --backend triton nanogpt   # launches only
 
 For each model, compiled whole (eval, no_grad), the time per call of: binding the call's
 arguments to the frame (minicompile/binder.py); the guard check (its
@@ -121,14 +122,19 @@ def main() -> None:
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--threads", type=int, default=1, help="CPU threads of PyTorch")
     parser.add_argument("--train", action="store_true", help="train steps (bench_host_train)")
+    parser.add_argument("--backend", default="auto",
+                        help="with --train and not auto: only count the launches")
     a = parser.parse_args()
     torch.set_num_threads(a.threads)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if a.train:
-        from bench_host_train import bench_train
+        from bench_host_train import bench_train, count_launches
 
         for name in a.models or TRAIN_DEFAULT:
-            bench_train(name, device, a.calls, a.rounds, a.profile)
+            if a.backend != "auto":
+                count_launches(name, device, a.backend)
+            else:
+                bench_train(name, device, a.calls, a.rounds, a.profile)
         return
     for name in a.models or DEFAULT:
         bench(name, device, a.calls, a.rounds, a.profile)

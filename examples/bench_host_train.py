@@ -36,7 +36,8 @@ def forward_loss(model: torch.nn.Module, idx: torch.Tensor, targets: torch.Tenso
     return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
 
 
-def build(name: str, device: torch.device) -> tuple[Callable, Callable, Callable, Callable]:
+def build(name: str, device: torch.device,
+          backend: str = "auto") -> tuple[Callable, Callable, Callable, Callable]:
     """(compiled step, eager step, its compiled function, the loss's eager forward and
     backward on the compiled forward's outputs) of model ``name``."""
     torch.manual_seed(0)
@@ -45,7 +46,7 @@ def build(name: str, device: torch.device) -> tuple[Callable, Callable, Callable
         model = GPT(config).to(device).train()
         idx, targets = (torch.randint(0, 128, (2, 32), device=device) for _ in range(2))
         params = list(model.parameters())
-        compiled = minicompile.compile(forward_loss)
+        compiled = minicompile.compile(forward_loss, backend=backend)
 
         def train(fn: Callable) -> Callable:
             return lambda: torch.autograd.grad(fn(model, idx, targets), params)
@@ -54,7 +55,7 @@ def build(name: str, device: torch.device) -> tuple[Callable, Callable, Callable
     case = {m.name: m for m in MODELS}[name]
     model = without_dropout(case.build().to(device).train())
     args, kwargs = case.inputs(device)
-    compiled = minicompile.compile(model)
+    compiled = minicompile.compile(model, backend=backend)
     outs = [t.detach().requires_grad_() for t in tensors_of(compiled(*args, **kwargs))
             if isinstance(t, torch.Tensor) and t.is_floating_point()]
 
@@ -85,11 +86,8 @@ def python_of(generated: Callable, values: list, calls: int) -> tuple[float, str
     made = instrument(generated)
     if made is None:
         return float("nan"), "?"
-    call, steps, namespace = made
+    call, _, namespace = made
     namespace["_mc_profile"] = recorder = Steps()
-    # (a library call's result unpacked, ``buf3[0]``, is a step of the profile, no launch)
-    steps = [s for s in steps if not re.fullmatch(r"\w+\[\d+\]", s.name)]
-    library = sum(s.library for s in steps)
     runtime_autograd._recorded.calls = []  # (what a forward's record() calls append to)
     call(list(values))
     recorder.busy = 0.0
@@ -97,7 +95,7 @@ def python_of(generated: Callable, values: list, calls: int) -> tuple[float, str
     for _ in range(calls):
         call(list(values))
     total = time.thread_time() - start
-    return (total - recorder.busy) / calls * 1e6, f"{len(steps) - library} + {library}"
+    return (total - recorder.busy) / calls * 1e6, launches(generated)
 
 
 def parts(function: minicompile.api.CompiledFunction, whole: Callable) -> dict[str, Callable]:
@@ -147,6 +145,29 @@ def parts(function: minicompile.api.CompiledFunction, whole: Callable) -> dict[s
             "forward call()": forward_call,
             "backward call()": lambda: backward(list(seen["backward"][0])),
             "step, calls stubbed": stubbed}, calls
+
+
+def count_launches(name: str, device: torch.device, backend: str) -> None:
+    """Only the launches of each generated call, compiled for ``backend`` (``--backend
+    triton`` on a CPU: one step under Triton's interpreter, nothing timed)."""
+    minicompile.reset()
+    compiled, _, function, _ = build(name, device, backend)
+    compiled()
+    (entry,) = function.entries
+    train = inspect.getclosurevars(entry.run).nonlocals["step"]
+    print(f"{name} train step ({backend}): launches (kernels + library calls): forward "
+          f"{launches(train.forward)}, backward {launches(train.backward)}")
+
+
+def launches(generated: Callable) -> str:
+    """'kernels + library calls' of a generated call, each statement once (a library
+    result's unpacking, ``buf3[0]``, is a step of the profile but no launch)."""
+    made = instrument(generated)
+    if made is None:
+        return "?"
+    steps = [s for s in made[1] if not re.fullmatch(r"\w+\[\d+\]", s.name)]
+    library = sum(s.library for s in steps)
+    return f"{len(steps) - library} + {library}"
 
 
 def bench_train(name: str, device: torch.device, calls: int, rounds: int,

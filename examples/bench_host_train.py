@@ -21,14 +21,14 @@ from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
-
-import minicompile
 from bench_host import time_rows
 from bench_models import step, without_dropout
 from gpt import GPT, GPTConfig
+from model_zoo import MODELS, tensors_of
+
+import minicompile
 from minicompile.runtime import autograd as runtime_autograd
 from minicompile.runtime.profile import instrument
-from model_zoo import MODELS, tensors_of
 
 
 def forward_loss(model: torch.nn.Module, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

@@ -17,7 +17,7 @@ import torch
 
 from minicompile.capture import concrete, kinds, records
 from minicompile.runtime import values
-from minicompile.runtime.values import write_back
+from minicompile.runtime.values import write_back, write_backs
 from minicompile.capture.variables import (
     BoundMethodVar, CellVar, ConstantVar, DictVar, ListVar, MethodVar, SYMBOLIC_TYPES, NullVar,
     NewObjectVar, ObjectVar, PartialVar, RecordVar, SizeVar, StructSeqVar, TensorVar, TupleVar, Var,
@@ -144,15 +144,18 @@ def generate_rebuild(out: kinds.Output, result: Var) -> tuple[list[Node], str]:
     r = Rebuild(out)
     r.lines.append(f"    ret = {r.expr(result)}")
     replays = _replays(r, out.side_effects)
-    writebacks: list[str] = []
+    pairs: list[tuple[str, str]] = []
     needs_no_grad = False
     for var in out.mutated_inputs.values():
         if var.node is out.input_nodes[id(var)]:
             continue  # written, but with its own value
         assert var.source is not None
-        writebacks.append(f"{r.g.ref(write_back, 'write_back')}({var.source.expr}, "
-                          f"{r.output(var.node)})")
+        pairs.append((var.source.expr, r.output(var.node)))
         needs_no_grad = needs_no_grad or var.meta.requires_grad
+    writebacks = [f"{r.g.ref(write_back, 'write_back')}({', '.join(p)})" for p in pairs]
+    if len(pairs) > 1:  # one call: the copies batched (values.write_backs)
+        dsts, srcs = ("".join(f"{x}, " for x in xs) for xs in zip(*pairs))
+        writebacks = [f"{r.g.ref(write_backs, 'write_backs')}(({dsts}), ({srcs}))"]
     if needs_no_grad:
         r.lines.append(f"    with {r.g.ref(torch.no_grad, 'no_grad')}():")
         r.lines.extend(f"        {w}" for w in writebacks)

@@ -153,10 +153,12 @@ class CppReductionKernel(CppKernel):
 
         if elem or sums:
             self.element_loops(0, body, None, simd=True)
-        for store in p.stores:
-            if store.level == "x":
-                self.emit_body_store(store)
+        self.row_stores([s for s in p.stores if s.level == "x"])
 
+    def row_stores(self, stores: list) -> None:
+        """The stores of one value per kept point, after the row's loops."""
+        for store in stores:
+            self.emit_body_store(store)
 
     def reduce_batch(self, batch: list[Reduce]) -> None:
         """One pass over the row accumulating every reduction of ``batch``.  Each has an
@@ -302,16 +304,9 @@ class CppColumnReductionKernel(CppReductionKernel):
                         f"{size} - {x}_base);")
             self.row_body()
 
-    def row_body(self) -> None:
-        self.names = {}
-        for batch in reduction_batches(self.plan):
-            self.reduce_batch(batch)
-        elem = [s for s in self.plan.stores if s.level == "xr"]
-        if elem:
-            self.element_loops(0, lambda: [self.emit_body_store(s) for s in elem], None, simd=True)
-        rest = [s for s in self.plan.stores if s.level == "x"]
-        if rest:
-            self.lanes(lambda: [self.emit_body_store(s) for s in rest])
+    def row_stores(self, stores: list) -> None:
+        if stores:  # (a column kernel has no column sums: emit_reduction_kernel)
+            self.lanes(lambda: [self.emit_body_store(s) for s in stores])
 
     def lanes(self, body, indexed: bool = True) -> None:
         """The simd loop over the block's columns, ``body`` inside it (``indexed``: with

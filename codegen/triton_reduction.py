@@ -10,10 +10,13 @@ output).  Masked lanes enter each reduction as its identity.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 import sympy
 import torch
 
-from minicompile.ir import IndirectLoad, Load, Reduce, walk
+from minicompile.ir import Expr, IndirectLoad, Load, Reduce, walk
 
 from minicompile.codegen.common import KernelPlan, reduction_batches
 from minicompile.codegen.emitter import compute_dtype, reduction_identity
@@ -139,13 +142,9 @@ class TritonReductionKernel(TritonKernel):
             for batch in reduction_batches(self.plan):
                 self.emit_loop(batch)
             if elem_stores:
-                self.hoist([st.value for st in elem_stores])
-                self.open_loop()
-                saved = dict(self.names)
-                with w.indent():
+                with self.row_loop([st.value for st in elem_stores]):
                     for store in elem_stores:
                         self.emit_store(store, frozenset({"x", "r"}))
-                self.names = saved
         for store in (s for s in p.stores if s.level == "x"):
             self.emit_store(store, frozenset({"x"}))
 
@@ -185,10 +184,18 @@ class TritonReductionKernel(TritonKernel):
             self.w.line("rmask = rindex < rnumel")
         self.emit_vars("rindex", self.plan.rvars, self.plan.rranges)
 
-    def open_loop(self) -> None:
+    @contextlib.contextmanager
+    def row_loop(self, hoisted: list[Expr]) -> Iterator[None]:
+        """The loop over a row RBLOCK elements at a time, the row-invariant parts of
+        ``hoisted`` computed before it; values computed inside are per element: not
+        visible after it."""
+        self.hoist(hoisted)
         self.w.line("for roffset in range(0, rnumel, RBLOCK):")
+        saved = dict(self.names)
         with self.w.indent():
             self.emit_rindex("roffset + rbase")
+            yield
+        self.names = saved
 
     # -- looped reductions ------------------------------------------------------------------
 
@@ -200,15 +207,11 @@ class TritonReductionKernel(TritonKernel):
             dtype = self.dialect.compute(red.dtype)
             identity = _identity(red)
             w.line(f"{acc} = tl.full([XBLOCK, RBLOCK], {identity}, {dtype})")
-        self.hoist([red.x for red in batch])
-        self.open_loop()
-        saved = dict(self.names)
-        with w.indent():
+        with self.row_loop([red.x for red in batch]):
             for red in batch:
                 operand = self.masked_operand(red)
                 acc = self.accumulators[red]
                 w.line(f"{acc} = {COMBINE[red.op].format(acc, operand)}")
-        self.names = saved  # values inside the loop are per element: not visible after it
         for red in batch:
             self.names[red] = self.finish(red, self.accumulators[red])
 

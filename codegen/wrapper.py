@@ -427,13 +427,25 @@ def emit_extern(w: CodeWriter, ext: ExternKernel, into: str | None = None) -> No
         w.line(f"{ext.name} = with_layout({call}, {_shape(lay.shape)}, {_shape(lay.stride)})")
 
 
-def _grid(numel: sympy.Expr, block: int) -> str:
-    """Programs to launch: a number, or an expression of the sizes."""
+def launch_grid(numel: sympy.Expr, block: int, expr: Callable[[sympy.Expr], str] = python_expr,
+                div: str = "//") -> str:
+    """Programs to launch: a number, or an expression of the sizes (printed by ``expr``,
+    divided by ``div``: Python's by default, C++'s for an export's cubins)."""
     if numel.is_Integer:
         return str(-(-int(numel) // block))
     if block == 1:
-        return python_expr(numel)
-    return f"({python_expr(numel)} + {block - 1}) // {block}"
+        return expr(numel)
+    return f"({expr(numel)} + {block - 1}) {div} {block}"
+
+
+def launch_ints(plan: KernelPlan) -> list[sympy.Expr]:
+    """The integer arguments of a launch: the size symbols, then the extents."""
+    return [*plan.size_args, plan.numel] + ([plan.rnumel] if plan.is_reduction else [])
+
+
+def tensor_dtypes(program: LoopProgram, plan: KernelPlan | combo.ComboPlan) -> list:
+    """The dtypes of a kernel's pointer arguments: its inputs', then its outputs'."""
+    return [d for _, d in plan.inputs] + [program.buffer(b).layout.dtype for b in plan.outputs]
 
 
 def triton_launch(
@@ -449,7 +461,7 @@ def triton_launch(
     numel, debug = plan.numel, _debug_options(plan, interpret)
     if plan.is_reduction:
         xblock, rblock, warps, _ = triton_reduction.plan_blocks(plan, interpret)
-        grid, split = _grid(numel, xblock), ""
+        grid, split = launch_grid(numel, xblock), ""
         if plan.column_sums:  # a program a chunk of rows
             grid = str(triton_reduction.column_partials(plan, interpret))
             split = f", RSPLIT={triton_reduction.chunk_rows(plan, interpret)}"
@@ -457,7 +469,7 @@ def triton_launch(
                 f"XBLOCK={xblock}, RBLOCK={rblock}{split}, num_warps={warps}{debug}")
     block = triton.block_size(triton.planning_size(numel, plan.hints), interpret)
     warps = "" if interpret else f", num_warps={triton.POINTWISE_WARPS}"
-    return _grid(numel, block), [python_expr(numel)], f"XBLOCK={block}{warps}{debug}"
+    return launch_grid(numel, block), [python_expr(numel)], f"XBLOCK={block}{warps}{debug}"
 
 
 def autotuner_lines(program: LoopProgram, plan: KernelPlan, tuned: triton_tuning.TunedKernel,
@@ -485,19 +497,16 @@ def _changing_args(program: LoopProgram, plan: KernelPlan | combo.ComboPlan,
                      if name not in allocated or name in in_place)
     if isinstance(plan, combo.ComboPlan):
         return pointers, ()
-    ints = [*plan.size_args, plan.numel] + ([plan.rnumel] if plan.is_reduction else [])
-    return pointers, tuple(len(tensors) + k for k, n in enumerate(ints) if not n.is_Integer)
+    return pointers, tuple(len(tensors) + k for k, n in enumerate(launch_ints(plan))
+                           if not n.is_Integer)
 
 
 def _example(program: LoopProgram, plan: KernelPlan | combo.ComboPlan) -> str:
     """What a call of ``plan``'s launcher passes, for building the kernel ahead of it: each
     tensor's dtype and each size's value (a dynamic size's traced hint; None if none)."""
-    dtypes = [d for _, d in plan.inputs] + [program.buffer(b).layout.dtype
-                                            for b in plan.outputs]
-    items = [str(d) for d in dtypes]
+    items = [str(d) for d in tensor_dtypes(program, plan)]
     if not isinstance(plan, combo.ComboPlan):
-        ints = [*plan.size_args, plan.numel] + ([plan.rnumel] if plan.is_reduction else [])
-        for n in ints:
+        for n in launch_ints(plan):
             value = n.xreplace({s: sympy.Integer(v) for s, v in plan.hints.items()})
             items.append(str(int(value)) if value.is_Integer else "None")
     return _tuple(items)

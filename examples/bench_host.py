@@ -3,6 +3,9 @@
     python examples/bench_host.py                          # hf_bert, resnet18, vit_tiny
     python examples/bench_host.py hf_bert hf_gpt2          # some models
     python examples/bench_host.py --profile hf_bert        # and cProfile's top entries
+    python examples/bench_host.py --train                  # train steps (see below)
+    python examples/bench_host.py --train nanogpt timm_vit_tiny
+    python examples/bench_host.py --train --backend triton nanogpt   # launches only
 
 For each model, compiled whole (eval, no_grad), the time per call of: binding the call's
 arguments to the frame (minicompile/binder.py); the guard check (its
@@ -15,6 +18,15 @@ machine slows every row alike.  On the CPU the time is this thread's CPU time (P
 one thread, ``--threads``), steady on a machine that other work shares; on CUDA it is wall
 time, each loop ending with a synchronisation (``examples/bench_models.py`` says whether
 the host or the GPU bounds each model).
+
+``--train``: the train step of ``examples/bench_models.py`` (forward, a loss over the
+outputs, ``torch.autograd.grad`` of the parameters), of the zoo's models and of ``nanogpt``
+(examples/gpt.py, 2 layers, 64 wide, 2 x 32 tokens, the cross-entropy loss in the compiled
+graph).  Its parts: the forward's guards and ``get_inputs``; the generated forward and
+backward ``call()``s (their kernels' work included on the CPU); the loss's eager forward and
+backward; the rest of the whole step (the autograd.Function's forward and backward
+wrappers, PyTorch's autograd engine) and the whole step; and the launches of each
+generated call (kernels, library calls).
 """
 
 from __future__ import annotations
@@ -33,6 +45,8 @@ from minicompile.runtime.guard_render import render
 from model_zoo import MODELS
 
 DEFAULT = ("hf_bert", "torchvision_resnet18", "timm_vit_tiny")
+TRAIN_DEFAULT = ("torchvision_resnet18", "timm_resnext26ts", "timm_vit_tiny",
+                 "timm_efficientnet_b0", "nanogpt")
 
 
 def python_guards(guards) -> Callable:  # noqa: ANN001
@@ -102,15 +116,27 @@ def bench(name: str, device: torch.device, calls: int, rounds: int, profile: boo
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("models", nargs="*", default=DEFAULT)
+    parser.add_argument("models", nargs="*")
     parser.add_argument("--calls", type=int, default=50)
     parser.add_argument("--rounds", type=int, default=11)
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--threads", type=int, default=1, help="CPU threads of PyTorch")
+    parser.add_argument("--train", action="store_true", help="train steps (bench_host_train)")
+    parser.add_argument("--backend", default="auto",
+                        help="with --train and not auto: only count the launches")
     a = parser.parse_args()
     torch.set_num_threads(a.threads)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    for name in a.models:
+    if a.train:
+        from bench_host_train import bench_train, count_launches
+
+        for name in a.models or TRAIN_DEFAULT:
+            if a.backend != "auto":
+                count_launches(name, device, a.backend)
+            else:
+                bench_train(name, device, a.calls, a.rounds, a.profile)
+        return
+    for name in a.models or DEFAULT:
         bench(name, device, a.calls, a.rounds, a.profile)
 
 

@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, Any
 
 from minicompile import pipeline, trace
 from minicompile.config import Config
-from minicompile.errors import BackendCompilerFailed, Unsupported
-from minicompile.runtime import build, cudagraphs, entries, toolchain, triton_build
+from minicompile.errors import Unsupported
+from minicompile.runtime import build, cudagraphs, entries, toolchain
 
 if TYPE_CHECKING:
     from minicompile.capture import Break, Capture
@@ -63,17 +63,13 @@ def pick_backend(cfg: Config, capture: Capture) -> tuple[str, bool]:
     backend = cfg.backend
     if backend == "auto":
         backend = "triton" if device == "cuda" else "cpp"
-    problem = None
-    if backend == "triton":  # (the build workers know whether it imports: they did)
-        problem = (triton_build.import_problem() if device == "cuda"
-                   else toolchain.triton_problem())
-    if problem is not None:
-        toolchain.warn_once("triton", (
-            f"minicompile: Triton is not available ({problem}); graphs on CPU tensors compile "
-            f"with the C++ backend instead, graphs on GPU tensors run eagerly."))
-        if device != "cpu":
-            raise BackendCompilerFailed(f"Triton is not available: {problem}", warned=True)
-        backend = "cpp"
+    # On GPU tensors, whether Triton imports is asked at the build (build.load), of the
+    # build workers, which are importing it while this graph is compiled.
+    if backend == "triton" and device == "cpu":
+        problem = toolchain.triton_problem()
+        if problem is not None:
+            toolchain.warn_triton_missing(problem)
+            backend = "cpp"
     if backend == "cpp" and device != "cpu":
         raise Unsupported(f"backend='cpp' compiles CPU tensors; these are on {device}")
     return backend, backend == "triton" and device == "cpu"

@@ -71,7 +71,7 @@ def run_on_device(fn: Callable[..., Any], args: tuple, kwargs: dict[str, Any]) -
 # Library calls whose CPU kernels lay their result out by a rule the meta device does not
 # follow (its rule is the CUDA kernels'): see cpu_layout.
 BATCH_NORMS = frozenset({"torch.nn.functional.batch_norm", "torch.batch_norm"})
-_ATTENTION_ARGS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale",
+ATTENTION_ARGS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale",
                    "enable_gqa")
 
 
@@ -86,11 +86,11 @@ def cpu_layout(name: str, out: Any, args: tuple, kwargs: dict[str, Any],
         if isinstance(first, torch.Tensor) and isinstance(out, torch.Tensor):
             return out.contiguous(memory_format=suggest_memory_format(first))
         return out
-    a = dict(zip(_ATTENTION_ARGS, fake_args), **fake_kwargs)
+    a = dict(zip(ATTENTION_ARGS, fake_args), **fake_kwargs)
     if a.get("enable_gqa") or not isinstance(out, torch.Tensor):
         return out  # (grouped heads: the kernel's own handling, not reproduced here)
-    real = dict(zip(_ATTENTION_ARGS, args), **kwargs)
-    q, k, v, mask = (uninitialised(real.get(n)) for n in _ATTENTION_ARGS[:4])
+    real = dict(zip(ATTENTION_ARGS, args), **kwargs)
+    q, k, v, mask = (uninitialised(real.get(n)) for n in ATTENTION_ARGS[:4])
     dropout, causal, scale = a.get("dropout_p", 0.0), a.get("is_causal", False), a.get("scale")
     from torch.nn.attention import SDPBackend
 

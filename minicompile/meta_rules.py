@@ -6,6 +6,7 @@ general path."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import sympy
@@ -13,7 +14,12 @@ import torch
 
 from minicompile import compat
 from minicompile.graph import Node, TensorMeta
-from minicompile.library_layouts import conv_layout
+from minicompile.library_layouts import (
+    ATTENTION,
+    ATTENTION_ARGS,
+    conv_layout,
+    cpu_layout,
+)
 from minicompile.op_table import COMPARISONS, LOGICAL, ROWS
 
 # Pointwise ops whose result metadata follows from PyTorch's promotion, broadcasting and
@@ -87,16 +93,68 @@ def pointwise_meta(name: str, args: tuple, kwargs: dict[str, Any],
     # result; others, PyTorch's general rule (whose size checks import its symbolic-shapes
     # module: 50 ms of a cold start).
     if any(t.shape != shape or t.stride() != stride for t in tensors):
-        try:
-            shape = torch.broadcast_shapes(*(t.shape for t in tensors))
-        except RuntimeError:
+        shape = broadcast(*(t.shape for t in tensors))
+        if shape is None:
             return None  # eager's own error message, from the slow path
-        perm, _ = pc.compute_elementwise_output_logical_to_physical_perm(
-            *(t.expand(shape) for t in tensors))
+        perm = dimension_order([t.expand(shape) for t in tensors])
         stride = torch.empty_permuted(shape, perm, dtype=dtype, device="meta").stride()
     return TensorMeta(shape=tuple(sympy.Integer(s) for s in shape),
                       stride=tuple(sympy.Integer(s) for s in stride), dtype=dtype,
                       device=device)
+
+
+def broadcast(*shapes: Sequence[int]) -> tuple[int, ...] | None:
+    """The broadcast of static sizes, as ``torch.broadcast_shapes`` gives it (whose
+    implementation, torch._refs, imports PyTorch's symbolic-shapes module), or None where
+    they do not broadcast."""
+    out = [1] * max(map(len, shapes))
+    for shape in shapes:
+        for i, n in enumerate(shape, len(out) - len(shape)):
+            if n != 1:
+                if out[i] not in (1, n):
+                    return None
+                out[i] = n
+    return tuple(out)
+
+
+def dimension_order(tensors: list[torch.Tensor]) -> list[int]:
+    """The order of dimensions (outermost first) of a pointwise result over ``tensors``
+    (static, of one shape), as PyTorch's
+    ``prims_common.compute_elementwise_output_logical_to_physical_perm`` finds it (whose
+    first line imports PyTorch's symbolic-shapes module): contiguous, channels-last, or
+    the operands' stride order, earlier operands first."""
+    ndim, shape = tensors[0].ndim, tensors[0].shape
+    contiguous = all(t.is_contiguous() for t in tensors)
+    channels_last = all(t.is_contiguous(memory_format=torch.channels_last) for t in tensors
+                        ) if ndim == 4 else False
+    if ndim <= 1 or (contiguous and not channels_last):
+        return list(range(ndim))
+    if channels_last and not contiguous:
+        return [0, *range(2, ndim), 1]
+
+    def should_swap(a: int, b: int) -> int:  # (sizes and strides are at least 0)
+        for t in tensors:
+            stride_a, stride_b = t.stride()[a], t.stride()[b]
+            if stride_a == 0 or stride_b == 0:
+                continue
+            if stride_a == stride_b:
+                if shape[a] == 0 or (shape[b] != 0 and shape[b] >= shape[a]):
+                    continue
+                return 1
+            return -1 if stride_b >= stride_a else 1
+        return 0
+
+    perm = list(reversed(range(ndim)))  # sorted back to front, by insertion
+    for i in range(1, ndim):
+        right = i
+        for left in reversed(range(i)):
+            order = should_swap(perm[left], perm[right])
+            if order > 0:
+                perm[left], perm[right] = perm[right], perm[left]
+                right = left
+            elif order < 0:
+                break
+    return perm[::-1]
 
 
 _NO_NUMBER = frozenset({"maximum", "minimum", *LOGICAL})  # (eager takes tensors only)
@@ -232,10 +290,61 @@ def _conv2d_meta(args: tuple, kwargs: dict[str, Any],
                       device=device)
 
 
-# Library calls whose result metadata is computed here where the arguments are plain.
+def _reduction_meta(args: tuple, kwargs: dict[str, Any],
+                    device: torch.device) -> TensorMeta | None:
+    """A float sum, amax or amin (ops.REDUCTION's ``name(x, dims, keepdim)``) of a static,
+    non-empty input: contiguous, the reduced sizes, the input's dtype.  (PyTorch's rule,
+    torch._refs, imports its symbolic-shapes module at its first size check: tens of ms of
+    a cold start.)"""
+    x = _plain(args[0]) if len(args) == 3 and not kwargs else None
+    dims, keepdim = args[1:] if x is not None else ((), None)
+    shape = x.concrete_shape() if x is not None else (0,)
+    if (type(keepdim) is not bool or type(dims) is not tuple or not dims or 0 in shape
+            or len(set(dims)) != len(dims)
+            or not all(type(d) is int and 0 <= d < len(shape) for d in dims)):
+        return None
+    return _contiguous(x, tuple(1 if i in dims else n for i, n in enumerate(shape)
+                                if keepdim or i not in dims), device)
+
+
+def _attention_meta(args: tuple, kwargs: dict[str, Any],
+                    device: torch.device) -> TensorMeta | None:
+    """``F.scaled_dot_product_attention``'s result metadata on CPU tensors where it is plain
+    (static, non-empty 4-d float query, key and value of one dtype whose sizes fit, no mask,
+    no dropout, no grouped heads): the math path's contiguous result, in the CPU flash
+    kernel's layout where that kernel runs (cpu_layout).  The math path's meta functions
+    import torch._dynamo (two seconds of a cold start).  On CUDA the call itself decides
+    (library_layouts.DEVICE_RULES)."""
+    bound = _bind(ATTENTION_ARGS, args, kwargs)
+    q, k, v = (_plain(bound.get(name)) for name in ATTENTION_ARGS[:3])
+    if device.type != "cpu" or q is None or k is None or v is None:
+        return None
+    (*batch, length, e), (*k_batch, s, k_e), (*v_batch, v_s, _) = (
+        m.concrete_shape() for m in (q, k, v))
+    scale = bound.get("scale")
+    if not (len(batch) == 2 and batch == k_batch == v_batch and e == k_e and s == v_s
+            and min(q.concrete_shape() + k.concrete_shape() + v.concrete_shape()) > 0
+            and q.dtype == k.dtype == v.dtype and q.device == k.device == v.device == device
+            and bound.get("attn_mask") is None and bound.get("dropout_p", 0.0) == 0.0
+            and type(bound.get("is_causal", False)) is bool
+            and (scale is None or type(scale) is float)
+            and bound.get("enable_gqa", False) is False):
+        return None
+    out = _contiguous(q, (*batch, length, v.concrete_shape()[-1]), device)
+    rest = {key: value for key, value in bound.items() if key not in ATTENTION_ARGS[:3]}
+    laid = cpu_layout("torch.nn.functional.scaled_dot_product_attention", out.fake(), args,
+                      kwargs, (q.fake(), k.fake(), v.fake()), rest)
+    return TensorMeta(shape=out.shape, stride=tuple(sympy.Integer(n) for n in laid.stride()),
+                      dtype=q.dtype, device=device)
+
+
+# Library calls (and reductions) whose result metadata is computed here where the
+# arguments are plain.
 LIBRARY = {"torch.nn.functional.layer_norm": _layer_norm_meta,
            "torch.nn.functional.linear": _linear_meta, "gelu": _gelu_meta,
-           "torch.nn.functional.conv2d": _conv2d_meta, "torch.conv2d": _conv2d_meta}
+           "torch.nn.functional.conv2d": _conv2d_meta, "torch.conv2d": _conv2d_meta,
+           "sum": _reduction_meta, "amax": _reduction_meta, "amin": _reduction_meta,
+           **{name: _attention_meta for name in ATTENTION}}
 
 
 def _encoder_layer_meta(args: tuple, kwargs: dict[str, Any],

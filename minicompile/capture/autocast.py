@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from minicompile import compat
+from minicompile.capture import library
 from minicompile.capture.kinds import Output, Translator
 from minicompile.capture.variables import ConstantVar, ListVar, TensorVar, TupleVar, Var, map_leaves
 from minicompile.errors import Unsupported
@@ -26,11 +27,8 @@ DEVICE_TYPES = ("cpu", "cuda")
 # torch.autocast (also torch.amp.autocast), then the deprecated per-device subclasses
 # torch.cuda.amp.autocast and torch.cpu.amp.autocast where this PyTorch has them.
 _BASE = torch.autocast
-_AUTOCAST_CLASSES = tuple(dict.fromkeys(
-    c for c in (_BASE, getattr(getattr(torch, "amp", None), "autocast", None),
-                getattr(getattr(getattr(torch, "cuda", None), "amp", None), "autocast", None),
-                getattr(getattr(getattr(torch, "cpu", None), "amp", None), "autocast", None))
-    if isinstance(c, type)))
+_AUTOCAST_CLASSES = tuple(dict.fromkeys(c for c in library.maybe(
+    "autocast", "amp.autocast", "cuda.amp.autocast", "cpu.amp.autocast") if isinstance(c, type)))
 _CASTABLE = (torch.float16, torch.bfloat16, torch.float32)  # autocast leaves float64 alone
 
 
@@ -123,6 +121,7 @@ def region_of(obj: Any) -> AutocastVar:
     return AutocastVar(device_type=device, mode=Mode(bool(obj._enabled), obj.fast_dtype))
 
 
+@library.register(*_AUTOCAST_CLASSES)
 def _make_region(tx: Translator, cls: Any, args: list, kwargs: dict) -> Var:
     """``torch.autocast(device_type, dtype=None, enabled=True, cache_enabled=None)`` (or a
     device-specific subclass): PyTorch's own constructor checks the arguments (and disables
@@ -146,6 +145,8 @@ def _make_region(tx: Translator, cls: Any, args: list, kwargs: dict) -> Var:
     return region_of(obj)
 
 
+@library.register(torch.is_autocast_enabled, *library.maybe("is_autocast_cpu_enabled",
+                                                           "get_autocast_dtype"))
 def _query(tx: Translator, fn: Any, args: list, kwargs: dict) -> Var:
     """``torch.is_autocast_enabled(device)`` / ``torch.get_autocast_dtype(device)`` and the
     older per-device spellings: the traced state (the entry state is guarded)."""
@@ -167,12 +168,7 @@ def _query(tx: Translator, fn: Any, args: list, kwargs: dict) -> Var:
     return ConstantVar(mode.dtype if wants_dtype else mode.enabled)
 
 
-def _cache_query(tx: Translator, fn: Any, args: list, kwargs: dict) -> Var:
-    value = torch.is_autocast_cache_enabled()
-    tx.output.guards.global_call(fn, (), {}, value)
-    return ConstantVar(value)
-
-
+@library.register(*library.maybe("amp.autocast_mode._enter_autocast"))
 def _enter_region(tx: Translator, fn: Any, args: list, kwargs: dict) -> Var:
     """``_enter_autocast(device_type, dtype, enabled, cache_enabled)``: how the code of
     Dynamo's FX graphs (``torch.compile(backend="minicompile")``) enters a region."""
@@ -181,6 +177,7 @@ def _enter_region(tx: Translator, fn: Any, args: list, kwargs: dict) -> Var:
     return region
 
 
+@library.register(*library.maybe("amp.autocast_mode._exit_autocast"))
 def _exit_region(tx: Translator, fn: Any, args: list, kwargs: dict) -> Var:
     """``_exit_autocast(region)``: the end of a region ``_enter_autocast`` entered."""
     region = tx.realize(args[0]) if len(args) == 1 and not kwargs else None
@@ -190,17 +187,7 @@ def _exit_region(tx: Translator, fn: Any, args: list, kwargs: dict) -> Var:
     return ConstantVar(None)
 
 
-HANDLERS: dict[Any, Callable[..., Var]] = {cls: _make_region for cls in _AUTOCAST_CLASSES}
-_MODULE = getattr(getattr(torch, "amp", None), "autocast_mode", None)
-for _fn, _handler in ((getattr(_MODULE, "_enter_autocast", None), _enter_region),
-                      (getattr(_MODULE, "_exit_autocast", None), _exit_region)):
-    if _fn is not None:
-        HANDLERS[_fn] = _handler
-for _fn in (torch.is_autocast_enabled, getattr(torch, "is_autocast_cpu_enabled", None),
-            getattr(torch, "get_autocast_dtype", None)):
-    if _fn is not None:
-        HANDLERS[_fn] = _query
-HANDLERS[torch.is_autocast_cache_enabled] = _cache_query
+library.register(torch.is_autocast_cache_enabled)(library.constant_query)
 
 
 # -- the casting policy --------------------------------------------------------------------
@@ -365,13 +352,9 @@ def _plain(value: Any) -> Any:
 def _fake(v: TensorVar) -> torch.Tensor:
     """A fake tensor (of the active FakeTensorMode) like ``v``, on its device."""
     meta = v.meta
-    if meta.is_symbolic:
-        shapes = meta.shapes
-        size = [shapes.hint(s) for s in meta.shape]
-        stride = [shapes.hint(s) for s in meta.stride]
-    else:
-        size, stride = list(meta.concrete_shape()), list(meta.concrete_stride())
-    return torch.empty_strided(size, stride, dtype=meta.dtype, device=meta.device)
+    hint = meta.shapes.hint if meta.is_symbolic else int  # (the traced sizes)
+    return torch.empty_strided([hint(s) for s in meta.shape], [hint(s) for s in meta.stride],
+                               dtype=meta.dtype, device=meta.device)
 
 
 def _hint(out: Output, v: Any) -> Any:

@@ -20,8 +20,8 @@ import torch
 
 from minicompile import compat
 from minicompile.capture import (
-    autocast, autograd_functions, externs, kinds, library, mutation, pybuiltins, records, torch_ops,
-    training_ops,
+    autocast, autograd_functions, externs, kinds, library, mutation, python_calls, records,
+    torch_ops, training_ops,
 )
 from minicompile.capture.bytecode import builtins_of
 from minicompile.capture.frame_values import is_trusted_namespace
@@ -30,6 +30,7 @@ from minicompile.capture.variables import (
     ListVar, MethodVar, NestedFunctionVar, NewObjectVar, NNModuleVar, ObjectSlotVar, ObjectVar,
     PartialVar, OpaqueVar, ReadMethodVar, Source, StructSeqVar, SuperVar, TensorVar,
     TorchFunctionVar, TupleVar, UserFunctionVar, UserObjectVar, Var, WithExitVar, closure_cell,
+    contains_tensor,
 )
 from minicompile.errors import HookedModuleCall, Unsupported
 
@@ -96,14 +97,17 @@ class CallsMixin:
     @kinds.load_attr.register(ObjectVar)
     def value_attr(self: InstructionTranslator, obj: ObjectVar, name: str) -> Var:
         """``obj.name`` read from the object (a Python module, a class, a torch callable)."""
+        return self.read_attr(obj, name, "", trusted=is_trusted_namespace(obj.value))
+
+    def read_attr(self: InstructionTranslator, obj: ObjectVar, name: str, note: str,
+                  trusted: bool = False) -> Var:
+        """``getattr(obj.value, name)``, wrapped with its source; ``note`` ends the reason
+        of the AttributeError's graph break."""
         try:
             value = getattr(obj.value, name)
         except AttributeError as e:
-            raise Unsupported(f"attribute error: {e}") from e
-        source = None
-        if obj.source is not None:
-            source = obj.source.attr(name, trusted=is_trusted_namespace(obj.value))
-        return self.output.wrap(value, source)
+            raise Unsupported(f"attribute error: {e}{note}") from e
+        return self.output.wrap(value, obj.source.attr(name, trusted) if obj.source else None)
 
     @kinds.load_attr.register(StructSeqVar)
     def struct_seq_attr(self: InstructionTranslator, obj: StructSeqVar, name: str) -> Var:
@@ -137,11 +141,7 @@ class CallsMixin:
         fn = obj.value
         if name not in _FUNCTION_ATTRIBUTES and name not in fn.__dict__:
             raise Unsupported(f"attribute {name!r} of function {fn.__qualname__} is not supported")
-        try:
-            value = getattr(fn, name)
-        except AttributeError as e:
-            raise Unsupported(f"attribute error: {e} (eager raises)") from e
-        return self.output.wrap(value, obj.source.attr(name) if obj.source else None)
+        return self.read_attr(obj, name, " (eager raises)")
 
     def has_attr(self: InstructionTranslator, obj: Var, name: str) -> bool:
         return kinds.has_attr(self, self.realize(obj), name)
@@ -187,11 +187,7 @@ class CallsMixin:
             cls.__getattribute__ is not object.__getattribute__
             or (hasattr(cls, "__getattr__") and (d is None or name not in d))
         ):  # computed by the class (transformers' config attribute_map): the guard reads
-            try:  # it the same way, through the class's own lookup
-                value = getattr(obj.value, name)
-            except AttributeError as e:
-                raise Unsupported(f"attribute error: {e} (eager raises)") from e
-            return self.output.wrap(value, obj.source.attr(name))
+            return self.read_attr(obj, name, " (eager raises)")  # it through that lookup too
         if d is not None and name in d:
             return self.output.wrap(d[name], obj.source.attr(name) if obj.source else None)
         if isinstance(obj.value, logging.Logger) and callable(getattr(obj.value, name, None)):
@@ -357,7 +353,7 @@ class CallsMixin:
         if isinstance(fn.value, type) and not issubclass(fn.value, BaseException):
             raise Unsupported(f"creating {fn.value.__qualname__} objects is not supported")
         if isinstance(fn.value, type):
-            return pybuiltins.call_builtin(self.output, fn.value, args, kwargs)
+            return python_calls.fold_builtin(self.output, fn.value, args, kwargs)
         owner = getattr(fn.value, "__self__", None)
         if _OPTIM.match(type(owner).__module__):
             raise Unsupported(f"{type(owner).__name__}.{fn.value.__name__}() runs at a graph break "
@@ -438,7 +434,7 @@ class CallsMixin:
         method = getattr(out.to_value(obj), name)
         out.require_pinned([*args, *kwargs.values()], f"{name}()")  # "{}".format(array)
         values, kw = self.output.to_values(args, kwargs)
-        if any(pybuiltins.contains_tensor(v) for v in (*values, *kw.values())):
+        if any(contains_tensor(v) for v in (*values, *kw.values())):
             raise Unsupported(f"method {name}() with tensor arguments is not supported")
         try:
             return out.from_value(method(*values, **kw))

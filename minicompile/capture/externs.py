@@ -234,9 +234,7 @@ def inplace_method(out: Output, x: TensorVar, name: str, args: tuple, kwargs: di
         draws = out.op(ops.extern_op(ops.random_in_place_draws), (x, name, *args), kwargs,
                        track=False)
         return mutation.mutate(out, x, draws, f"{fname}()")
-    if name.rstrip("_") in RANDOM or name in RANDOM:
-        raise Unsupported(f"{fname}: random ops are not compiled yet")
-    if name == "zero_":
+    if name == "zero_":  # (random ops: check_callable refused them before)
         if args or kwargs:
             raise Unsupported(f"{fname}() takes no arguments")
         new = out.extern(torch.zeros_like, (x,), {}, track=False)
@@ -278,10 +276,10 @@ def with_out(out: Output, result: Any, target: Any, fname: str) -> Any:
     return mutation.mutate(out, target, result, f"{fname}(out=...)")
 
 
-def view_steps(fn: Any, short: str, x: TensorVar, fake_x: torch.Tensor, res: torch.Tensor,
-               args: tuple, kwargs: dict, index: int | None) -> tuple:
-    """The view steps from ``x`` to the extern's result ``res`` (element ``index`` of a
-    tuple result), found on meta tensors: ``fake_x`` stood for ``x``."""
+def view_steps(fn: Any, short: str, fake_x: torch.Tensor, res: torch.Tensor, args: tuple,
+               kwargs: dict, index: int | None) -> tuple:
+    """The view steps from the argument ``fake_x`` stood for (on meta tensors) to the
+    extern's result ``res`` (element ``index`` of a tuple result)."""
     if res is fake_x:
         return (mutation.ViewStep("alias"),)
     shape = tuple(res.shape)

@@ -13,7 +13,7 @@ import types
 from collections.abc import Callable
 from typing import Any
 
-from minicompile.capture import bytecode, kinds, pybuiltins
+from minicompile.capture import bytecode, kinds
 from minicompile.capture.bytecode import PY, Inst
 from minicompile.capture.calls import CallsMixin
 from minicompile.capture.python_calls import PythonCallsMixin
@@ -22,8 +22,9 @@ from minicompile.capture.opcodes import StackMachine
 from minicompile.capture.operators import OperatorsMixin
 from minicompile.capture.output import MAX_INSTRUCTIONS, OutputGraph
 from minicompile.capture.variables import (
-    specialized, NULL, CellVar, ConstantVar, DictVar, ListVar, MethodVar, NestedFunctionVar,
-    NewObjectVar, ObjectVar, PartialVar, Source, TensorVar, TupleVar, UserFunctionVar, Var,
+    NULL, CellVar, ConstantVar, DictVar, ListVar, MethodVar, NestedFunctionVar, NewObjectVar,
+    ObjectVar, PartialVar, Source, TensorVar, TupleVar, UserFunctionVar, Var, contains_tensor,
+    specialized,
 )
 from minicompile.errors import SourceLine, Unsupported
 
@@ -187,7 +188,7 @@ class InstructionTranslator(
         values = [self.output.to_value(a) for a in args]
         if text or any(isinstance(v, str) for v in values):  # "%s" % n, "n=" + str(n)
             values = [specialized(v) for v in values]
-        if any(pybuiltins.contains_tensor(v) for v in values):
+        if any(contains_tensor(v) for v in values):
             raise Unsupported(f"{what or fn.__name__} on a tuple/list holding tensors")
         try:
             return self.output.from_value(fn(*values))

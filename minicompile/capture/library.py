@@ -19,11 +19,10 @@ from typing import Any
 
 import torch
 
-from minicompile.capture import autocast, records
+from minicompile.capture import records
 from minicompile.capture.kinds import Translator
-from minicompile.capture.pybuiltins import contains_tensor
 from minicompile.capture.variables import (
-    ArrayVar, BoundMethodVar, ConstantVar, ObjectVar, TensorVar, Var, specialized,
+    ArrayVar, BoundMethodVar, ConstantVar, ObjectVar, TensorVar, Var, contains_tensor, specialized,
 )
 from minicompile.errors import Unsupported
 
@@ -32,7 +31,7 @@ Handler = Callable[["Translator", Any, list, dict], Var]
 _HANDLERS: dict[Any, Handler] = {}
 
 
-def _register(*fns: Any) -> Callable[[Handler], Handler]:
+def register(*fns: Any) -> Callable[[Handler], Handler]:
     def deco(handler: Handler) -> Handler:
         for fn in fns:
             if fn is not None:
@@ -42,7 +41,7 @@ def _register(*fns: Any) -> Callable[[Handler], Handler]:
     return deco
 
 
-def _maybe(*paths: str) -> tuple:
+def maybe(*paths: str) -> tuple:
     """``torch.a.b`` for each path ``"a.b"``, None where this PyTorch lacks it (also when
     reading it fails: ``torch._dynamo`` imports Triton, and a broken install raises there)."""
     return tuple(_lookup(path) for path in paths)
@@ -73,7 +72,7 @@ def _constant(value: Any) -> Handler:
 _ENCODER_CODE = getattr(getattr(torch.nn, "TransformerEncoder", None), "forward", None)
 
 
-@_register(*_maybe("compiler.is_compiling", "compiler.is_dynamo_compiling", "_utils.is_compiling"))
+@register(*maybe("compiler.is_compiling", "compiler.is_dynamo_compiling", "_utils.is_compiling"))
 def _is_compiling(tx: Translator, fn: Any, args: list, kwargs: dict) -> Var:
     if _ENCODER_CODE is not None and tx.code is _ENCODER_CODE.__code__:
         raise Unsupported("nn.TransformerEncoder with a padding mask: eager takes its "
@@ -83,26 +82,17 @@ def _is_compiling(tx: Translator, fn: Any, args: list, kwargs: dict) -> Var:
 # torch._dynamo.is_compiling is its own function, but reading ``torch._dynamo`` imports the
 # Dynamo stack (half a second): it is recognised by name in handler_for instead.
 _DYNAMO_IS_COMPILING = ("torch._dynamo.external_utils", "is_compiling")
-_register(*_maybe("jit.is_scripting", "jit.is_tracing", "compiler.is_exporting",
+register(*maybe("jit.is_scripting", "jit.is_tracing", "compiler.is_exporting",
                   "_jit_internal.is_scripting"))(_constant(False))
-_register(*_maybe("_C._get_tracing_state"))(_constant(None))
+register(*maybe("_C._get_tracing_state"))(_constant(None))
 # nn.MultiheadAttention's question whether make_fx traces it: not under minicompile.
-_register(*_maybe("nn.modules.activation._is_make_fx_tracing"))(_constant(False))
+register(*maybe("nn.modules.activation._is_make_fx_tracing"))(_constant(False))
 
 
-@_register(*_maybe("backends.mha.get_fastpath_enabled"))
-def _global_query(tx: Translator, fn: Any, args: list, kwargs: dict) -> Var:
-    """A switch of PyTorch's read by library code (``nn.MultiheadAttention`` asks whether
-    its fused fast path is on): answered now, guarded."""
-    if args or kwargs:
-        raise Unsupported(f"{fn.__name__}() with arguments is not supported")
-    value = fn()
-    tx.output.guards.global_call(fn, (), {}, value)
-    return ConstantVar(value)
-
-
-_PROCESS_QUERIES = _maybe("cuda.is_available", "cuda.device_count",
-                          "cuda.get_device_capability", "cuda.get_device_name")
+# Questions answered now and guarded by asking again: facts of the process, and switches
+# library code reads (``nn.MultiheadAttention`` asks whether its fused fast path is on).
+_PROCESS_QUERIES = maybe("cuda.is_available", "cuda.device_count", "cuda.get_device_capability",
+                         "cuda.get_device_name", "backends.mha.get_fastpath_enabled")
 _PLAIN = (bool, int, float, str, type(None))
 
 
@@ -114,9 +104,9 @@ def _marked_constant(fn: Any) -> bool:
     return getattr(target, "_dynamo_marked_constant", False) is True
 
 
-@_register(*_PROCESS_QUERIES)
-def _constant_query(tx: Translator, fn: Any, args: list, kwargs: dict) -> Var:
-    """A question whose answer is fixed for the process (``torch.cuda.get_device_capability
+@register(*_PROCESS_QUERIES)
+def constant_query(tx: Translator, fn: Any, args: list, kwargs: dict) -> Var:
+    """A question whose answer the guards can ask again (``torch.cuda.get_device_capability
     (device)``, a marked library probe such as transformers' ``is_torch_less_or_equal``),
     asked of constants: answered now, and guarded by asking again."""
     values = [tx.realize(v) for v in (*args, *kwargs.values())]
@@ -136,7 +126,7 @@ def _constant_query(tx: Translator, fn: Any, args: list, kwargs: dict) -> Var:
 
 
 # False: the tensors a trace holds are plain tensors (a subclass is never traced).
-_register(*_maybe("overrides.has_torch_function", "overrides.has_torch_function_unary",
+register(*maybe("overrides.has_torch_function", "overrides.has_torch_function_unary",
                   "overrides.has_torch_function_variadic"))(_constant(False))
 
 
@@ -144,7 +134,7 @@ _register(*_maybe("overrides.has_torch_function", "overrides.has_torch_function_
 # (nn.MultiheadAttention's mask checks and its Python path, the causal mask users make for
 # nn.TransformerEncoderLayer), inlined as user code: torch ops and metadata checks.
 # (Every other torch callable is a library call or unsupported.)
-INLINED_HELPERS = frozenset(f for f in _maybe(
+INLINED_HELPERS = frozenset(f for f in maybe(
     "nn.functional._none_or_dtype", "nn.functional._canonical_mask",
     "nn.modules.activation._check_arg_device", "nn.modules.activation._arg_requires_grad",
     "nn.functional.multi_head_attention_forward", "nn.functional._mha_shape_check",
@@ -155,8 +145,8 @@ INLINED_HELPERS = frozenset(f for f in _maybe(
 ) if isinstance(f, types.FunctionType))
 
 
-@_register(
-    torch._assert, *_maybe("_check", "_check_value", "_check_type", "_check_index", "_check_with",
+@register(
+    torch._assert, *maybe("_check", "_check_value", "_check_type", "_check_index", "_check_with",
                            "_check_is_size"))
 def _check(tx: Translator, fn: Any, args: list, kwargs: dict) -> Var:
     """A check on Python values, decided now; the frame runs eagerly if it fails."""
@@ -176,7 +166,7 @@ def _check(tx: Translator, fn: Any, args: list, kwargs: dict) -> Var:
     return ConstantVar(None)
 
 
-@_register(torch._C._set_grad_enabled)
+@register(torch._C._set_grad_enabled)
 def _set_grad_enabled(tx: Translator, fn: Any, args: list, kwargs: dict) -> Var:
     """How the code of Dynamo's FX graphs spells ``with torch.no_grad():`` (a call before
     the block, one after it).  Grad mode must be back as it was when the trace ends."""
@@ -187,7 +177,7 @@ def _set_grad_enabled(tx: Translator, fn: Any, args: list, kwargs: dict) -> Var:
     return ConstantVar(None)
 
 
-@_register(torch.finfo, torch.iinfo, torch.device)
+@register(torch.finfo, torch.iinfo, torch.device)
 def _type_info(tx: Translator, fn: Any, args: list, kwargs: dict) -> Var:
     """Immutable descriptions made from constants (``torch.finfo(x.dtype)``, and
     ``torch.device("cpu")``, which FX's generated code spells ``device(type='cpu')``)."""
@@ -201,7 +191,7 @@ def _type_info(tx: Translator, fn: Any, args: list, kwargs: dict) -> Var:
     return ConstantVar(info)
 
 
-@_register(inspect.signature)
+@register(inspect.signature)
 def _signature(tx: Translator, fn: Any, args: list, kwargs: dict) -> Var:
     """``inspect.signature(f)`` of a function the trace knows: its code decides it."""
     if len(args) != 1:
@@ -217,14 +207,14 @@ def _signature(tx: Translator, fn: Any, args: list, kwargs: dict) -> Var:
     return ConstantVar(inspect.signature(real, **kw))
 
 
-@_register(copy.copy, copy.deepcopy)
+@register(copy.copy, copy.deepcopy)
 def _copy(tx: Translator, fn: Any, args: list, kwargs: dict) -> Var:
     if len(args) != 1 or kwargs:
         raise Unsupported(f"copy.{fn.__name__}() with a memo is not supported")
     return records.copy_value(tx, args[0], deep=fn is copy.deepcopy)
 
 
-@_register(warnings.warn)
+@register(warnings.warn)
 def _warn(tx: Translator, fn: Any, args: list, kwargs: dict) -> Var:
     values, kw = _message_args(tx, args, kwargs, "warnings.warn")
     kw["stacklevel"] = 1
@@ -239,7 +229,7 @@ def is_log_call(fn: Any) -> bool:
 
 # PyTorch's usage log (nn.Module.__init__ calls it; Dynamo keeps it in the graphs it hands
 # to torch.compile backends): a logging call like the others.
-@_register(*_maybe("_C._log_api_usage_once"))
+@register(*maybe("_C._log_api_usage_once"))
 def log_call(tx: Translator, fn: Any, args: list, kwargs: dict) -> Var:
     values, kw = _message_args(tx, args, kwargs, "a logging call")
     fn(*values, **kw)
@@ -264,12 +254,12 @@ def context_factory(fn: Any) -> Any:
 
 def handler_for(fn: Any) -> Handler | None:
     try:
-        found = _HANDLERS.get(fn) or autocast.HANDLERS.get(fn)
+        found = _HANDLERS.get(fn)
     except TypeError:  # unhashable
         return None
     if (found is None and isinstance(fn, types.FunctionType)
             and (fn.__module__, fn.__qualname__) == _DYNAMO_IS_COMPILING):
         return _is_compiling
     if found is None and _marked_constant(fn):
-        return _constant_query
+        return constant_query
     return found

@@ -86,11 +86,10 @@ def wrap_input(out: Output, value: Any, source: Source | None) -> ArrayVar:
     t = to_tensor(value)
     meta, _ = out.input_meta(t, source)
     device = array_device(out)
-    expr = f"{out.guards.ref(to_tensor, 'to_tensor')}({source.expr})"
-    if device.type != "cpu":
+    where = "" if device.type == "cpu" else f", {out.guards.ref(device, 'dev')}"
+    if where:
         meta = dataclasses.replace(meta, device=device)
-        expr = f"{out.guards.ref(to_tensor, 'to_tensor')}({source.expr}, " \
-               f"{out.guards.ref(device, 'dev')})"
+    expr = f"{out.guards.ref(to_tensor, 'to_tensor')}({source.expr}{where})"
     out.guards.array_match(source, value, meta, scalar)
     var = out.add_input(t, source, meta, expr)
     out.array_inputs[id(var)] = value

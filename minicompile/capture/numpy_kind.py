@@ -12,7 +12,7 @@ import numpy as np
 from minicompile.capture import kinds, numpy_arrays, numpy_functions, numpy_shapes
 from minicompile.capture.numpy_arrays import assign, getitem, numpy_dtype, rows, setitem
 from minicompile.capture.variables import (
-    ArrayVar, ConstantVar, MethodVar, ObjectVar, TensorVar, TupleVar, Var,
+    ArrayVar, ConstantVar, MethodVar, ObjectVar, TensorVar, Var,
 )
 from minicompile.errors import Unsupported
 from minicompile.runtime import values
@@ -81,12 +81,8 @@ def unary(tx: kinds.Translator, x: ArrayVar, symbol: str, fn: Any) -> ArrayVar:
 @kinds.load_attr.register(ArrayVar)
 def attribute(tx: kinds.Translator, arr: ArrayVar, name: str) -> Var:
     out, meta = tx.output, arr.tensor.meta
-    if name == "shape":
-        return TupleVar(tuple(ConstantVar(s) for s in meta.sizes()))
-    if name == "ndim":
-        return ConstantVar(meta.ndim)
-    if name == "size":
-        return ConstantVar(math.prod(meta.sizes()))
+    if name in ("shape", "ndim", "size"):
+        return out.from_value(numpy_shapes.metadata(out, f"numpy.ndarray.{name}", (arr,), {}))
     if name == "dtype":
         return ObjectVar(numpy_dtype(arr))
     if name == "itemsize":

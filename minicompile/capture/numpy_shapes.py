@@ -172,7 +172,7 @@ def _stack(out: Output, fname: str, args: tuple, kwargs: dict) -> ArrayVar:
 
 
 @function("shape", "ndim", "size")
-def _metadata(out: Output, fname: str, args: tuple, kwargs: dict) -> Any:
+def metadata(out: Output, fname: str, args: tuple, kwargs: dict) -> Any:
     (a,) = parse(fname, args, kwargs, ("a",))
     sizes = as_array(out, fname, a).tensor.meta.sizes()
     name = fname.rpartition(".")[2]

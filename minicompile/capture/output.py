@@ -250,7 +250,7 @@ class OutputGraph(FrameValuesMixin):
             if src is None:
                 continue
             index = k if isinstance(result, TupleVar) else None
-            steps = externs.view_steps(fn, short, src, fakes[id(src)], r, args, kwargs, index)
+            steps = externs.view_steps(fn, short, fakes[id(src)], r, args, kwargs, index)
             mutation.register_view(self, var, src, steps)
 
     def note_mutation(self, root: TensorVar) -> None:

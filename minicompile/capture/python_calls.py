@@ -1,20 +1,26 @@
-"""Calls of Python builtins, list and dict methods, and the protocols of user objects, for
-the interpreter (a mixin of InstructionTranslator).  Builtins that need the trace are
-modelled here, the rest folded by :mod:`pybuiltins`; container methods mutate the trackers.
+"""Calls of Python builtins and ``math`` functions, list and dict methods, and the protocols
+of user objects, for the interpreter (a mixin of InstructionTranslator).  Builtins that need
+the trace are modelled by the mixin; pure ones on constants are folded (``max(a, 2)``,
+``math.sqrt(d)``), on tensors answered from metadata (``len(x)``) or made graph ops
+(``abs(x)``), by :func:`fold_builtin`.  Everything else, ``print`` first, is Unsupported.
+Container methods mutate the trackers.
 """
 
 from __future__ import annotations
 
-import collections
+import builtins
+import collections.abc
 import inspect
 import operator
 from typing import TYPE_CHECKING, Any
 
-from minicompile.capture import kinds, pybuiltins, records
+from minicompile.capture import kinds, records
+from minicompile.capture.kinds import Output
 from minicompile.capture.variables import (
     NULL, ArrayVar, BoundMethodVar, ConstantVar, DictVar, IteratorVar, ListVar, MethodVar,
     NestedFunctionVar, NewObjectVar, NNModuleVar, ObjectVar, PartialVar, ReadMethodVar, RecordVar,
-    Source, StructSeqVar, SuperVar, TensorVar, TupleVar, UserObjectVar, Var,
+    Source, StructSeqVar, SuperVar, TensorVar, TupleVar, UserObjectVar, Var, contains_tensor,
+    python_type_of, specialized,
 )
 from minicompile.errors import Unsupported
 
@@ -127,11 +133,17 @@ class PythonCallsMixin:
             self.output.side_effects.mutate_container(d, f"dict.{name}")
         items = d.items
         const = self.output.to_value
-        if name == "get" and 1 <= len(args) <= 2:
+        if name in ("get", "pop", "setdefault") and 1 <= len(args) <= 2:
             key = const(args[0])
             if key in items:
-                return self.realize(items[key])
-            return args[1] if len(args) == 2 else ConstantVar(None)
+                return self.realize(items.pop(key) if name == "pop" else items[key])
+            if name == "pop" and len(args) == 1:
+                raise Unsupported(f"key {key!r} not found (eager raises KeyError)")
+            default = args[1] if len(args) == 2 else ConstantVar(None)
+            if name == "setdefault":
+                items[key] = default
+                return self.realize(default)
+            return default
         if name == "keys" and not args:  # a view of plain keys: sets ops, `in`, iteration
             return ConstantVar(dict.fromkeys(items).keys())
         if name == "values" and not args:
@@ -148,18 +160,6 @@ class PythonCallsMixin:
                 items.update(other.items)
             items.update(kw)
             return ConstantVar(None)
-        if name == "pop" and 1 <= len(args) <= 2:
-            key = const(args[0])
-            if key in items:
-                return self.realize(items.pop(key))
-            if len(args) == 2:
-                return args[1]
-            raise Unsupported(f"key {key!r} not found (eager raises KeyError)")
-        if name == "setdefault" and 1 <= len(args) <= 2:
-            key = const(args[0])
-            if key not in items:
-                items[key] = args[1] if len(args) == 2 else ConstantVar(None)
-            return self.realize(items[key])
         if name == "clear" and not args:
             items.clear()
             return ConstantVar(None)
@@ -239,7 +239,7 @@ class PythonCallsMixin:
         args = [ListVar(self.iter_items(a)) if isinstance(a, (IteratorVar, NewObjectVar)) or (
             isinstance(a, UserObjectVar) and hasattr(type(a.value), "__iter__")) else a
             for a in args]
-        return pybuiltins.call_builtin(self.output, fn, args, kwargs)
+        return fold_builtin(self.output, fn, args, kwargs)
 
     @kinds.length.register(ObjectVar)
     @kinds.length.register(NewObjectVar)
@@ -280,3 +280,86 @@ for _kind in (TupleVar, ListVar, DictVar):  # (items may be objects of the trace
     kinds.length.register(_kind, lambda tx, var: ConstantVar(len(var.items)))
 kinds.length.register(RecordVar, lambda tx, var: ConstantVar(len(records.keys_of(var))))
 kinds.length.register(NNModuleVar, lambda tx, var: ConstantVar(len(tx.module_items(var))))
+
+
+# Builtins without side effects, folded when no argument is a tensor.
+FOLDABLE: frozenset[Any] = frozenset({
+    abs, all, any, bool, callable, complex, divmod, float, hash, int, isinstance, issubclass,
+    len, max, min, pow, range, repr, round, slice, sorted, str, sum, tuple, type})
+_TENSOR_TO_PYTHON = (bool, int, float, complex)
+
+
+# Builtins that compute with symbolic sizes as they are (and record relations they decide).
+_SYMBOLIC_SAFE = frozenset({abs, min, max, int, float, bool, round, divmod, pow, sum, len})
+
+
+def fold_builtin(out: Output, fn: Any, args: list[Var], kwargs: dict[str, Var]) -> Var:
+    """``fn(*args, **kwargs)`` for a builtin or math function ``fn``."""
+    name = getattr(fn, "__name__", repr(fn))
+    if fn is print:
+        raise Unsupported("print() is not traceable (side effect)", hint="remove the print")
+    if fn is builtins.getattr and len(args) in (2, 3):
+        raise Unsupported("getattr() is not supported yet")
+    if fn in (tuple, list) and len(args) == 1 and not kwargs:
+        return _sequence(fn, args[0])
+    pairs = args[0].items if args and isinstance(args[0], (TupleVar, ListVar)) else None
+    if fn is dict and len(args) == 1 and not kwargs and pairs is not None and all(
+            isinstance(p, TupleVar) and len(p.items) == 2 for p in pairs):  # dict(o.items())
+        return DictVar({out.to_value(p.items[0]): p.items[1] for p in pairs})
+    values = [out.to_value(a) for a in args]
+    kw = {k: out.to_value(v) for k, v in kwargs.items()}
+    if any(contains_tensor(v) for v in (*values, *kw.values())):
+        return _with_tensors(out, fn, name, values, kw)
+    exception_class = isinstance(fn, type) and issubclass(fn, BaseException)
+    if fn not in (isinstance, type, issubclass, callable):  # these need only the type
+        out.require_pinned([*args, *kwargs.values()], f"{name}()")
+    if fn in (isinstance, type, issubclass, callable):
+        values = [python_type_of(v) for v in values]  # a symbolic size is an int
+    elif fn not in _SYMBOLIC_SAFE:  # str(n), hash(n), format(n): the number, guarded
+        values, kw = specialized(values), specialized(kw)
+    if fn in FOLDABLE or exception_class or getattr(fn, "__module__", None) == "math":
+        try:
+            return out.from_value(fn(*values, **kw))
+        except Exception as e:
+            raise Unsupported(f"{name}() raised {type(e).__name__}: {e}") from e
+    raise Unsupported(f"builtin {name}() is not supported")
+
+
+def _sequence(fn: Any, arg: Var) -> Var:
+    if isinstance(arg, (TupleVar, ListVar)):
+        items = tuple(arg.items)
+    elif isinstance(arg, ConstantVar) and isinstance(arg.value, (
+            str, bytes, set, frozenset, collections.abc.KeysView)):
+        items = tuple(ConstantVar(c) for c in arg.value)
+    elif isinstance(arg, DictVar):
+        items = tuple(ConstantVar(k) for k in arg.items)
+    else:
+        raise Unsupported(f"{fn.__name__}() of {arg.describe()} is not supported yet")
+    return TupleVar(items) if fn is tuple else ListVar(list(items))
+
+
+def _with_tensors(out: Output, fn: Any, name: str, values: list, kw: dict) -> Var:
+    x = values[0] if values else None
+    if isinstance(x, ArrayVar):
+        from minicompile.capture import numpy_kind
+
+        return numpy_kind.builtin(out, fn, values)
+    if isinstance(x, TensorVar) and len(values) == 1 + (fn is isinstance) and (
+            fn in (abs, len, isinstance, type)):
+        if fn is abs:
+            return out.op("abs", (x,))
+        if fn is len and x.meta.ndim == 0:
+            raise Unsupported("len() of a 0-d tensor (eager raises)")
+        if fn is len:
+            return ConstantVar(x.meta.sizes()[0])
+        if fn is isinstance:
+            return ConstantVar(issubclass(x.python_type, values[1]))
+        return ObjectVar(x.python_type)
+    if fn is len and isinstance(x, (tuple, list, dict)):
+        return ConstantVar(len(x))
+    if fn is isinstance and len(values) == 2:
+        return ConstantVar(isinstance(x, values[1]))
+    if fn in _TENSOR_TO_PYTHON:
+        raise Unsupported(f"{name}() of a tensor reads its data into Python; not supported",
+                          hint="keep the value a tensor (graph break)")
+    raise Unsupported(f"builtin {name}() on tensors is not supported")

@@ -136,10 +136,6 @@ def _is_none(var: Var) -> bool:
     return var.identity() is None  # (only a constant stands for None)
 
 
-def _key_error(record: RecordVar, key: Any) -> Unsupported:
-    return Unsupported(f"{record.cls.__name__} has no key {key!r} (eager raises KeyError)")
-
-
 @kinds.load_attr.register(RecordVar)
 def attr(tx: kinds.Translator, record: RecordVar, name: str) -> Var:
     """``record.name``: a field or a written attribute, a mapping method, or whatever the
@@ -189,14 +185,9 @@ def get_item(tx: kinds.Translator, record: RecordVar, key: Var) -> Var:
     k = tx.output.to_value(key)
     if isinstance(k, str):
         if k not in record.keys:
-            raise _key_error(record, k)
+            raise Unsupported(f"{record.cls.__name__} has no key {k!r} (eager raises KeyError)")
         return tx.realize(record.fields[k])
-    values = to_tuple(tx, record)
-    try:
-        picked = values.items[k]
-    except (IndexError, TypeError) as e:
-        raise Unsupported(f"{record.cls.__name__}[{k!r}] raised {type(e).__name__}") from e
-    return TupleVar(tuple(picked)) if isinstance(k, slice) else picked
+    return kinds.subscript(tx, to_tuple(tx, record), key)  # an int or a slice: to_tuple's
 
 
 def to_tuple(tx: kinds.Translator, record: RecordVar) -> TupleVar:
@@ -207,25 +198,14 @@ def to_tuple(tx: kinds.Translator, record: RecordVar) -> TupleVar:
 @kinds.call_method.register(RecordVar)
 def call_method(tx: kinds.Translator, record: RecordVar, name: str, args: list,
                 kwargs: dict) -> Var:
-    """The mapping methods of a ModelOutput."""
+    """The mapping methods of a ModelOutput: ``to_tuple``, and dict's on its items."""
     assert record.keys is not None
-    if kwargs or (name != "get" and args):
+    if kwargs or len(args) not in ((1, 2) if name == "get" else (0,)):
         raise Unsupported(f"{record.cls.__name__}.{name}() with these arguments")
     if name == "to_tuple":
         return to_tuple(tx, record)
-    if name == "keys":
-        return ListVar([ConstantVar(k) for k in record.keys])
-    if name == "values":
-        return ListVar(list(to_tuple(tx, record).items))
-    if name == "items":
-        return ListVar([TupleVar((ConstantVar(k), tx.realize(record.fields[k])))
-                        for k in record.keys])
-    if name == "get" and 1 <= len(args) <= 2:
-        k = tx.output.to_value(args[0])
-        if k in record.keys:
-            return tx.realize(record.fields[k])
-        return args[1] if len(args) == 2 else ConstantVar(None)
-    raise Unsupported(f"{record.cls.__name__}.{name}() is not supported")
+    items = DictVar({k: record.fields[k] for k in record.keys})
+    return kinds.call_method(tx, items, name, args, kwargs)
 
 
 def keys_of(record: RecordVar) -> list[str]:

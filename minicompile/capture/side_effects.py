@@ -17,7 +17,7 @@ import torch
 
 from minicompile.capture import concrete, kinds, records
 from minicompile.runtime import values
-from minicompile.runtime.values import write_back
+from minicompile.runtime.values import write_back, write_backs
 from minicompile.capture.variables import (
     BoundMethodVar, CellVar, ConstantVar, DictVar, ListVar, MethodVar, SYMBOLIC_TYPES, NullVar,
     NewObjectVar, ObjectVar, PartialVar, RecordVar, SizeVar, StructSeqVar, TensorVar, TupleVar, Var,
@@ -102,6 +102,10 @@ class Rebuild:
     def items(self, items: Any) -> str:
         return ", ".join(self.expr(i) for i in items)
 
+    def mapping(self, items: dict) -> str:
+        """A dict display of ``items``: keys spelled by :meth:`key`, values by :meth:`expr`."""
+        return "{" + ", ".join(f"{self.key(k)}: {self.expr(i)}" for k, i in items.items()) + "}"
+
     def value_text(self, value: Any) -> str:
         """A Python value of the trace as source: symbolic sizes as expressions of the
         frame's tensors' shapes, sequences item by item."""
@@ -140,15 +144,18 @@ def generate_rebuild(out: kinds.Output, result: Var) -> tuple[list[Node], str]:
     r = Rebuild(out)
     r.lines.append(f"    ret = {r.expr(result)}")
     replays = _replays(r, out.side_effects)
-    writebacks: list[str] = []
+    pairs: list[tuple[str, str]] = []
     needs_no_grad = False
     for var in out.mutated_inputs.values():
         if var.node is out.input_nodes[id(var)]:
             continue  # written, but with its own value
         assert var.source is not None
-        writebacks.append(f"{r.g.ref(write_back, 'write_back')}({var.source.expr}, "
-                          f"{r.output(var.node)})")
+        pairs.append((var.source.expr, r.output(var.node)))
         needs_no_grad = needs_no_grad or var.meta.requires_grad
+    writebacks = [f"{r.g.ref(write_back, 'write_back')}({', '.join(p)})" for p in pairs]
+    if len(pairs) > 1:  # one call: the copies batched (values.write_backs)
+        dsts, srcs = ("".join(f"{x}, " for x in xs) for xs in zip(*pairs))
+        writebacks = [f"{r.g.ref(write_backs, 'write_backs')}(({dsts}), ({srcs}))"]
     if needs_no_grad:
         r.lines.append(f"    with {r.g.ref(torch.no_grad, 'no_grad')}():")
         r.lines.extend(f"        {w}" for w in writebacks)
@@ -170,8 +177,7 @@ def _replays(r: Rebuild, fx: SideEffects) -> list[str]:
             replays.append(f"    {var.source.expr}[:] = {items}")
         else:
             assert isinstance(var, DictVar)
-            body = ", ".join(f"{r.key(k)}: {r.expr(i)}" for k, i in var.items.items())
-            items = r.temp("{" + body + "}")
+            items = r.temp(r.mapping(var.items))
             replays.append(f"    {var.source.expr}.clear()")
             replays.append(f"    {var.source.expr}.update({items})")
     for obj, writes in fx.attrs.values():
@@ -228,21 +234,20 @@ def _new_object(r: Rebuild, v: NewObjectVar) -> str:
     if id(v) not in r.made:
         r.made[id(v)] = name = r.temp(f"{r.g.ref(values.new_object, 'new_object')}("
                                       f"{r.g.ref(v.cls, v.cls.__name__)}, {{}})")
-        attrs = ", ".join(f"{k!r}: {r.expr(i)}" for k, i in v.attrs.items())
-        r.lines.append(f"    {name}.__dict__.update({{{attrs}}})")
+        r.lines.append(f"    {name}.__dict__.update({r.mapping(v.attrs)})")
     return r.made[id(v)]
 
 
 @kinds.rebuild.register(RecordVar)
 def _record(r: Rebuild, v: RecordVar) -> str:
     if records.plain_model_output(v):
-        fields = ", ".join(f"{k!r}: {r.expr(i)}" for k, i in v.fields.items())
         build = r.g.ref(values.model_output, "model_output")
-        return f"{build}({r.g.ref(v.cls, v.cls.__name__)}, {{{fields}}}, {tuple(v.keys)!r})"
-    init = ", ".join(f"{k!r}: {r.expr(i)}" for k, i in v.init.items())
+        return (f"{build}({r.g.ref(v.cls, v.cls.__name__)}, {r.mapping(v.fields)}, "
+                f"{tuple(v.keys)!r})")
+    init = r.mapping(v.init)
     writes = "".join(f"({kind!r}, {name!r}, {r.expr(i)}), " for kind, name, i in v.writes)
     build = r.g.ref(values.build_record, "build_record")
-    return f"{build}({r.g.ref(v.cls, v.cls.__name__)}, {{{init}}}, ({writes}))"
+    return f"{build}({r.g.ref(v.cls, v.cls.__name__)}, {init}, ({writes}))"
 
 
 @kinds.rebuild.register(ListVar)
@@ -252,7 +257,7 @@ def _container(r: Rebuild, v: ListVar | DictVar) -> str:
         return v.source.expr  # the caller's own object (mutations are replayed on it)
     if isinstance(v, ListVar):
         return f"[{r.items(v.items)}]"
-    return "{" + ", ".join(f"{r.key(k)}: {r.expr(i)}" for k, i in v.items.items()) + "}"
+    return r.mapping(v.items)
 
 
 @kinds.rebuild.register(ObjectVar)
@@ -272,9 +277,8 @@ def _partial(r: Rebuild, v: PartialVar) -> str:
     if v.source is not None:
         return v.source.expr
     args = "".join(f", {r.expr(a)}" for a in v.args)
-    kwargs = ", ".join(f"{k!r}: {r.expr(i)}" for k, i in v.kwargs.items())
-    return (f"{r.g.ref(functools.partial, 'partial')}({r.expr(v.func)}{args}"
-            f"{f', **{{{kwargs}}}' if kwargs else ''})")
+    kwargs = f", **{r.mapping(v.kwargs)}" if v.kwargs else ""
+    return f"{r.g.ref(functools.partial, 'partial')}({r.expr(v.func)}{args}{kwargs})"
 
 
 @kinds.rebuild.register(BoundMethodVar)

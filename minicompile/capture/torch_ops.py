@@ -140,9 +140,9 @@ def _round(em: Emitter, fname: str, args: tuple, kwargs: dict) -> Any:
     return em.op("round", (tensor_arg(fname, x),))
 
 
-def _activation(op: str, has_inplace: bool) -> Handler:
+def _activation(op: str) -> Handler:
     def handler(em: Emitter, fname: str, args: tuple, kwargs: dict) -> Any:
-        if has_inplace and fname.startswith("torch.nn.functional"):
+        if fname.startswith("torch.nn.functional"):  # F.relu(x, inplace=False)
             x, inplace = parse(fname, args, kwargs, ("input", "inplace"), inplace=False)
             if inplace:
                 raise Unsupported(f"{fname}(inplace=True) is not supported (in-place op)")
@@ -153,8 +153,8 @@ def _activation(op: str, has_inplace: bool) -> Handler:
     return handler
 
 
-register("torch.relu", "Tensor.relu", "F.relu")(_activation("relu", True))
-register("F.silu")(_activation("silu", True))
+register("torch.relu", "Tensor.relu", "F.relu")(_activation("relu"))
+register("F.silu")(_activation("silu"))
 
 
 @register("F.gelu")

@@ -6,6 +6,7 @@ the input when it is contiguous; metadata is answered from the guarded traced me
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
@@ -27,12 +28,9 @@ def cast(em: Emitter, x: TensorVar, dtype: torch.dtype | None) -> Any:
 
 def same_device(fname: str, x: TensorVar, device: Any) -> None:
     """Device changes are not modelled; naming the tensor's own device is fine."""
-    if device is None:
-        return
-    want = torch.device(device)
-    have = x.meta.device
-    if want.type != have.type or (want.index is not None and want.index != have.index):
-        raise Unsupported(f"{fname}() moving a tensor from {have} to {want} is not supported")
+    if device is not None and _moves(x, torch.device(device)):
+        raise Unsupported(f"{fname}() moving a tensor from {x.meta.device} to "
+                          f"{torch.device(device)} is not supported")
 
 
 @register("Tensor.to")
@@ -85,10 +83,12 @@ def _full_device(device: torch.device) -> torch.device:
     return device
 
 
-def _cast_method(dtype: torch.dtype):
+def _of_tensor(answer: Any):
+    """The handler of ``f(x)``, a function of the one tensor ``x``: ``answer(em, x)``."""
+
     def handler(em: Emitter, fname: str, args: tuple, kwargs: dict) -> Any:
         (x,) = parse(fname, args, kwargs, ("input",))
-        return cast(em, tensor_arg(fname, x), dtype)
+        return answer(em, tensor_arg(fname, x))
 
     return handler
 
@@ -97,7 +97,7 @@ for _name, _dtype in {
     "float": torch.float32, "half": torch.float16, "bfloat16": torch.bfloat16,
     "double": torch.float64, "int": torch.int32, "long": torch.int64, "short": torch.int16,
     "char": torch.int8, "byte": torch.uint8, "bool": torch.bool}.items():
-    register(f"Tensor.{_name}")(_cast_method(_dtype))
+    register(f"Tensor.{_name}")(_of_tensor(functools.partial(cast, dtype=_dtype)))
 
 
 @register("Tensor.type")
@@ -249,26 +249,18 @@ def _size_or_stride(em: Emitter, fname: str, args: tuple, kwargs: dict) -> Any:
     return values[normalize_dim(fname, dim, len(values))]
 
 
-def _numel(x: TensorVar) -> Any:
+def _numel(em: Emitter, x: TensorVar) -> Any:
     n = x.meta.numel()
     return x.meta.shapes.to_symint(n) if x.meta.is_symbolic else int(n)
 
 
-def _query(answer: Any):
-    def handler(em: Emitter, fname: str, args: tuple, kwargs: dict) -> Any:
-        (x,) = parse(fname, args, kwargs, ("input",))
-        return answer(tensor_arg(fname, x))
-
-    return handler
-
-
-register("Tensor.dim", "Tensor.ndimension")(_query(lambda x: x.meta.ndim))
-register("Tensor.numel", "Tensor.nelement", "torch.numel")(_query(_numel))
-register("Tensor.is_floating_point", "torch.is_floating_point")(_query(
-    lambda x: x.meta.dtype.is_floating_point))
-register("Tensor.is_complex", "torch.is_complex")(_query(lambda x: x.meta.dtype.is_complex))
-register("Tensor.element_size")(_query(lambda x: x.meta.dtype.itemsize))
-register("Tensor.is_contiguous")(_query(lambda x: x.meta.fake().is_contiguous()))
+register("Tensor.numel", "Tensor.nelement", "torch.numel")(_of_tensor(_numel))
+register("Tensor.is_floating_point", "torch.is_floating_point")(_of_tensor(
+    lambda em, x: x.meta.dtype.is_floating_point))
+register("Tensor.is_complex", "torch.is_complex")(_of_tensor(
+    lambda em, x: x.meta.dtype.is_complex))
+register("Tensor.element_size")(_of_tensor(lambda em, x: x.meta.dtype.itemsize))
+register("Tensor.is_contiguous")(_of_tensor(lambda em, x: x.meta.fake().is_contiguous()))
 
 
 @register("torch.is_tensor")
@@ -306,3 +298,4 @@ ATTRIBUTES.update({
     "is_quantized": lambda em, x: False,
     "T": lambda em, x: em.op("permute", (x, tuple(reversed(range(x.meta.ndim))))),
     "mT": _mT})
+register("Tensor.dim", "Tensor.ndimension")(_of_tensor(ATTRIBUTES["ndim"]))

@@ -447,6 +447,11 @@ def leaves(value: Any) -> list:
     return [value]
 
 
+def contains_tensor(value: Any) -> bool:
+    """A tensor (or a NumPy array: traced as one) in a value or its items."""
+    return any(isinstance(v, (TensorVar, ArrayVar)) for v in leaves(value))
+
+
 def map_leaves(value: Any, fn: Callable[[Any], Any]) -> Any:
     """``value`` with ``fn`` applied to each item of its nested tuples, lists and dicts."""
     if isinstance(value, (tuple, list)):

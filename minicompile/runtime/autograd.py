@@ -104,7 +104,8 @@ def conv_backward(grad: torch.Tensor, x: torch.Tensor, w: torch.Tensor, bias: bo
 
 @dataclasses.dataclass
 class TrainingStep:
-    """One graph's compiled forward and backward (fields: see passes.autograd.Joint)."""
+    """One graph's compiled forward and backward (fields: see passes.autograd.Joint), and
+    what each call reads of those fields, worked out once (``__post_init__``)."""
 
     forward: Callable[[list], tuple]
     backward: Callable[[list], tuple]
@@ -112,6 +113,21 @@ class TrainingStep:
     backward_inputs: tuple[tuple[str, int], ...]
     input_grads: tuple[int | str | None, ...]
     differentiable: tuple[bool, ...]
+
+    def __post_init__(self) -> None:
+        n = self.num_outputs
+        # What the forward saves: (True, input k) or (False, forward result k).
+        self.saved = tuple((kind == "input", k if kind == "input" else n + k)
+                           for kind, k in self.backward_inputs if kind != "grad")
+        # (place in the backward's inputs, output k) of each output's gradient it reads
+        self.grad_slots = tuple((at, k) for at, (kind, k) in enumerate(self.backward_inputs)
+                                if kind == "grad")
+        self.zero_inputs = tuple(k for k, where in enumerate(self.input_grads) if where == "zero")
+        # (input k, the backward's result or "zero") for every input that gets a gradient.
+        self.gradients = tuple((k, where) for k, where in enumerate(self.input_grads)
+                               if where is not None)
+        self.non_differentiable = tuple(k for k, diff in enumerate(self.differentiable)
+                                        if not diff)
 
 
 class CompiledGraphFunction(torch.autograd.Function):
@@ -122,30 +138,29 @@ class CompiledGraphFunction(torch.autograd.Function):
             outs = step.forward(list(inputs))
         finally:
             calls, _recorded.calls = _recorded.calls, None
-        n = step.num_outputs
-        saved = [inputs[k] if kind == "input" else outs[n + k]
-                 for kind, k in step.backward_inputs if kind != "grad"]
-        ids = {id(t): k for k, t in enumerate(saved)}
+        saved = [inputs[k] if is_input else outs[k] for is_input, k in step.saved]
         ctx.leaves = []
-        for out, leaves in calls:
-            if id(out) in ids:
-                ctx.leaves.append((ids[id(out)], len(leaves)))
-                saved.extend(leaves)
+        if calls:
+            ids = {id(t): k for k, t in enumerate(saved)}
+            for out, leaves in calls:
+                if id(out) in ids:
+                    ctx.leaves.append((ids[id(out)], len(leaves)))
+                    saved.extend(leaves)
         ctx.save_for_backward(*saved)
         ctx.step = step
         # No zeros made for the outputs no gradient reached (running statistics, say): the
         # backward makes those it reads itself.
         ctx.set_materialize_grads(False)
         ctx.outputs = {k: (outs[k].shape, outs[k].dtype, outs[k].device)
-                       for kind, k in step.backward_inputs if kind == "grad"}
+                       for _, k in step.grad_slots}
         ctx.zeros = {k: (inputs[k].shape, inputs[k].dtype, inputs[k].device)
-                     for k, where in enumerate(step.input_grads) if where == "zero"}
+                     for k in step.zero_inputs}
         # Values the forward made with autograd on (library results) leave detached: this
         # Function is their only history.
         results = tuple(o.detach() if isinstance(o, torch.Tensor) and o.requires_grad else o
-                        for o in outs[:n])
-        ctx.mark_non_differentiable(*[o for o, diff in zip(results, step.differentiable)
-                                      if not diff and isinstance(o, torch.Tensor)])
+                        for o in outs[:step.num_outputs])
+        ctx.mark_non_differentiable(*[results[k] for k in step.non_differentiable
+                                      if isinstance(results[k], torch.Tensor)])
         return results
 
     @staticmethod
@@ -158,36 +173,31 @@ class CompiledGraphFunction(torch.autograd.Function):
         for k, count in ctx.leaves:
             tensors[k]._minicompile_leaves = tensors[start:start + count]
             start += count
-        saved = iter(tensors[:end])
+        values = list(tensors[:end] if ctx.leaves else tensors)
         del tensors
-        values = []
-        for kind, k in step.backward_inputs:
-            if kind == "grad":
-                g = grads[k]
-                if g is None:
-                    shape, dtype, device = ctx.outputs[k]
-                    g = torch.zeros(shape, dtype=dtype, device=device)
-                values.append(g if g.is_contiguous() else g.contiguous())
-            else:
-                values.append(next(saved))
-        del saved, grads
+        for at, k in step.grad_slots:  # (in order: each lands at its place in the list)
+            g = grads[k]
+            if g is None:
+                shape, dtype, device = ctx.outputs[k]
+                g = torch.zeros(shape, dtype=dtype, device=device)
+            values.insert(at, g if g.is_contiguous() else g.contiguous())
+        del grads
         # Without retain_graph the saved tensors are ours now: the compiled backward frees
         # each after its last use (it empties ``values``), not all at its end.
         clear = getattr(ctx, "maybe_clear_saved_tensors", None)
         if clear is not None:
             clear()
         results = step.backward(values) if values or step.input_grads else ()
-        out: list = [None]
-        inputs = ctx.needs_input_grad[1:]
-        for k, where in enumerate(step.input_grads):
-            if where is None or not inputs[k]:
-                out.append(None)
-            elif where == "zero":  # eager's gradient through floor, sign, round: zeros
+        needs = ctx.needs_input_grad  # (the step first, then the inputs; sizes passed as ints)
+        out: list = [None] * len(needs)
+        for k, where in step.gradients:
+            if not needs[k + 1]:
+                continue
+            if where == "zero":  # eager's gradient through floor, sign, round: zeros
                 shape, dtype, device = ctx.zeros[k]
-                out.append(torch.zeros(shape, dtype=dtype, device=device))
+                out[k + 1] = torch.zeros(shape, dtype=dtype, device=device)
             else:
-                out.append(results[where])
-        out += [None] * (len(ctx.needs_input_grad) - len(out))  # sizes passed as ints
+                out[k + 1] = results[where]
         return tuple(out)
 
 

@@ -151,6 +151,8 @@ def load(code: GeneratedCode, cfg: Config, interpret: bool) -> Loaded:
         raise BackendCompilerFailed("backend='triton' on CPU tensors runs under Triton's "
                                     "interpreter: set TRITON_INTERPRET=1 in the environment "
                                     "before Python starts")
+    if code.kernels and code.cpp_source is None and not interpret:  # GPU kernels
+        triton_build.require()
     key = cache_key(code.module, code.cpp_source or "", tool_versions(cfg.cxx), str(interpret))
     if key in _loaded:
         return dataclasses.replace(_loaded[key], from_cache=True)

@@ -28,6 +28,12 @@ def warn_once(key: str, message: str) -> None:
         warnings.warn(message, stacklevel=2)
 
 
+def warn_triton_missing(problem: str) -> None:
+    warn_once("triton", (
+        f"minicompile: Triton is not available ({problem}); graphs on CPU tensors compile "
+        f"with the C++ backend instead, graphs on GPU tensors run eagerly."))
+
+
 _triton_failure: str | None = None  # why Triton's import failed, once it has
 
 

@@ -29,6 +29,7 @@ from typing import Any
 import torch
 
 from minicompile import compat, config, perf
+from minicompile.errors import BackendCompilerFailed
 from minicompile.runtime import cache, toolchain
 
 WORKER = Path(__file__).with_name("triton_worker.py")
@@ -338,6 +339,16 @@ def import_problem() -> str | None:
             toolchain.triton_broken(first.problem)
             return first.problem
     return toolchain.triton_problem()
+
+
+def require() -> None:
+    """Raise BackendCompilerFailed (warned once) where Triton does not import: asked before
+    a GPU module's first build, not when its backend is chosen, so that compiling the graph
+    does not wait for the first worker's import of Triton."""
+    problem = import_problem()
+    if problem is not None:
+        toolchain.warn_triton_missing(problem)
+        raise BackendCompilerFailed(f"Triton is not available: {problem}", warned=True)
 
 
 def stop_workers() -> None:

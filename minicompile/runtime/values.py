@@ -25,6 +25,22 @@ def write_back(dst: Any, src: torch.Tensor) -> None:
         torch.autograd.graph.increment_version(dst)
 
 
+def write_backs(dsts: tuple, srcs: tuple) -> None:
+    """:func:`write_back` of each pair, the tensors' copies in one ``_foreach_copy_`` per
+    dtype (one kernel on a GPU, not one a tensor: a network's batch-norm statistics).
+    Mutated inputs share no memory (capture guards it), so the copies' order is free."""
+    copies: dict[torch.dtype, tuple[list, list]] = {}
+    for dst, src in zip(dsts, srcs):
+        if src is dst or not isinstance(dst, torch.Tensor):
+            write_back(dst, src)
+        else:
+            to, of = copies.setdefault(dst.dtype, ([], []))
+            to.append(dst)
+            of.append(src)
+    for to, of in copies.values():
+        torch._foreach_copy_(to, of)
+
+
 def to_tensor(a: Any, device: torch.device | None = None) -> torch.Tensor:
     """An input array (or NumPy scalar) as a tensor: its memory on the CPU, a copy on ``device``."""
     import numpy as np

@@ -65,6 +65,21 @@ def test_comprehensions_and_generated_containers() -> None:
     check_matches_eager(f, x48())
 
 
+def test_dict_methods_with_keys_and_defaults() -> None:
+    def f(x, d):
+        d = {**d}  # a dict of the trace: get, pop and setdefault with and without defaults
+        a = d.get("a") * d.get("zz", 2) + (d.get("zz") is None)
+        b = d.pop("b") + d.pop("zz", x)
+        c = d.setdefault("c", x * 3) + d.setdefault("a", x)
+        return a, b, c, d.setdefault("n"), list(d)
+
+    for seed in (0, 1):
+        torch.manual_seed(seed)
+        check_matches_eager(f, x48(), {"a": torch.randn(4, 8), "b": torch.randn(4, 8)})
+    with pytest.raises(Unsupported, match="key 'zz' not found"):
+        capture(lambda d: {**d}.pop("zz"), {"a": x48()})
+
+
 def test_args_kwargs_closures_lambdas() -> None:
     def f(x, *args, scale=2.0, **kw):
         def inner(t, k=kw.get("b", 1)):

@@ -66,6 +66,16 @@ def test_batch_norm_backward_structure() -> None:
     assert activation.op == "placeholder", str(joint.backward)
 
 
+def test_running_statistics_written_back_in_one_call() -> None:
+    """The running statistics and batch counts of every batch norm go back into the buffers
+    in one call (runtime/values.write_backs: a ``_foreach_copy_`` per dtype, one kernel
+    each on a GPU), not one copy a buffer: three launches a layer a step before."""
+    model = nn.Sequential(ConvBlock(), nn.BatchNorm2d(4)).train()
+    cap = capture(_loss, model, torch.randn(2, 3, 8, 8))[0]
+    assert cap.rebuild_source.count("write_backs(") == 1, cap.rebuild_source
+    assert "write_back(" not in cap.rebuild_source, cap.rebuild_source
+
+
 def test_batch_norm_training_matches_eager(backend: str) -> None:
     device = device_for(backend)
     torch.manual_seed(0)

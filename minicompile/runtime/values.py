@@ -30,8 +30,11 @@ def write_backs(dsts: tuple, srcs: tuple) -> None:
     dtype (one kernel on a GPU, not one a tensor: a network's batch-norm statistics).
     Mutated inputs share no memory (capture guards it), so the copies' order is free."""
     copies: dict[torch.dtype, tuple[list, list]] = {}
+    stored = []  # their version counters moved on in one call (a static KV cache's 24)
     for dst, src in zip(dsts, srcs):
-        if src is dst or not isinstance(dst, torch.Tensor):
+        if src is dst:
+            stored.append(dst)
+        elif not isinstance(dst, torch.Tensor):
             write_back(dst, src)
         else:
             to, of = copies.setdefault(dst.dtype, ([], []))
@@ -39,6 +42,8 @@ def write_backs(dsts: tuple, srcs: tuple) -> None:
             of.append(src)
     for to, of in copies.values():
         torch._foreach_copy_(to, of)
+    if stored:
+        torch.autograd.graph.increment_version(stored)
 
 
 def to_tensor(a: Any, device: torch.device | None = None) -> torch.Tensor:

@@ -1,0 +1,288 @@
+"""Dict-version gates: the checks of a guard function that read only through dicts, skipped
+while those dicts are unchanged.
+
+PEP 509 gives each dict a version tag that every write into it changes (compat.DICT_VERSION).
+A check is *covered* when it starts from an object the guards hold (a name of their
+namespace: the function's globals, a module) or a parameter checked by identity
+(``L_s is M``), walks only steps whose result a dict fixes: a key of a dict
+(``_modules['lin']``, ``G['x']``, ``.get(k)``), an attribute found in an instance's
+``__dict__`` with no data descriptor of its class in front of it, an item of a tuple; and
+compares what it reads by identity (``is``, ``type()``), or by content where that is an
+immutable value or a dict.  When the whole guard function passes, :class:`DictGate` records
+the version of every dict the covered checks read; while each still has it, the covered
+checks hold as they did, and a call runs only the others (the identities of parameters,
+tensor metadata, values in lists or in objects without ``__dict__``, attributes of classes,
+calls such as the grad mode), passing the parameters and buffers read through dicts as held
+at that check.  A version that moved runs the whole function again, which records anew.
+
+Not seen, as in Dynamo: ``obj.__dict__ = other`` or ``obj.__class__ = other`` on an object a
+check reached, and a data descriptor added to a class over an instance attribute read.
+"""
+
+from __future__ import annotations
+
+import ast
+import builtins
+import re
+from collections import OrderedDict
+from typing import Any
+
+import torch
+
+from minicompile import compat
+from minicompile.runtime.guard_render import render
+
+DICTS = (dict, OrderedDict)
+IMMUTABLE = frozenset({type(None), bool, int, float, complex, str, bytes, range, torch.dtype,
+                       torch.device, torch.Size, torch.layout, torch.memory_format})
+HELD = "__held__"  # the tensors read through dicts, in the namespace of the fast function
+RECORDS = 16  # whole-function passes after which a gate whose dicts keep changing gives up
+IDENTITY, KEYS, VALUE = 0, 1, 2  # what of a value a check reads
+_IS = re.compile(r"(\w+) is (\w+)")
+
+Path = tuple[str, tuple[tuple[str, Any], ...]]  # root name, steps ("attr" | "item" | "get", key)
+
+
+class NotCovered(Exception):
+    pass
+
+
+class DictGate:
+    """``check(*args)``: the guard function's answer, the covered checks skipped while the
+    dicts they read keep the versions of the last pass.  ``run_checks``: the guard
+    function's checks in order; ``tensors``: its TensorChecks (or None)."""
+
+    def __init__(self, guards: Any) -> None:
+        self.guards = guards
+        self.full = guards.check
+        self.reads: list[list[tuple[Path, int]] | None] | None = None
+        self.records = 0
+        self.dicts: tuple = ()
+        self.versions: tuple | None = None
+        self.fast: Any = None
+        self.held: list = []
+        self.functions: dict[tuple, Any] = {}
+
+    def check(self, *args: Any) -> bool:
+        if tuple(map(compat.DICT_VERSION, self.dicts)) == self.versions:
+            return self.fast(*args)
+        if not self.full(*args):
+            return False
+        self.record(args)
+        return True
+
+    def record(self, args: tuple) -> None:
+        """After a pass of the whole function: the dicts of the covered checks and their
+        versions, or give up (the guard function runs alone) where none or too many moved."""
+        self.records += 1
+        self.versions = None
+        g = self.guards
+        if self.reads is None:
+            self.reads = [analyse(c.expr, g.params, g.namespace) for c in g.run_checks]
+        reader = Reader(g.namespace, g.params,
+                        gated_params(g.run_checks, g.params, g.namespace), args)
+        covered, dicts = [], {}
+        for i, reads in enumerate(self.reads):
+            got = reader.cover(reads) if reads is not None else None
+            if got is not None:
+                covered.append(i)
+                dicts.update((id(d), d) for d in got)
+        held = [reader.held(p) for p in (g.tensors.paths if g.tensors is not None else ())]
+        if not dicts or self.records > RECORDS or HELD in g.namespace:
+            g.check = self.full
+            return
+        key = (tuple(covered), tuple(h is not None for h in held))
+        if key not in self.functions:
+            self.functions[key] = self.render(set(covered), held)
+        self.fast, self.dicts = self.functions[key], tuple(dicts.values())
+        self.held[:] = [h[0] for h in held if h is not None]
+        self.versions = tuple(map(compat.DICT_VERSION, self.dicts))
+
+    def render(self, covered: set[int], held: list) -> Any:
+        """The function of the checks not covered; the tensor checks read the held tensors."""
+        g = self.guards
+        checks = []
+        for i, c in enumerate(g.run_checks):
+            if g.tensors is not None and c.expr == g.tensors.call:
+                n = iter(range(len(held)))
+                args = [f"{HELD}[{next(n)}]" if h is not None else p
+                        for h, p in zip(held, g.tensors.paths)]
+                c = type(c)(c.source, c.kind, f"{c.expr.split('(')[0]}({', '.join(args)})",
+                            c.actual, c.expected)
+            elif i in covered:
+                continue
+            checks.append(c)
+        scope = {**g.namespace, HELD: self.held}
+        exec(compile(render(g.params, checks), "<minicompile guards, dicts unchanged>", "exec"),
+             scope)
+        return scope["check"]
+
+
+def gated_params(checks: list, params: list[str], namespace: dict) -> set[str]:
+    """The parameters whose identity a check fixes (``L_s is M``)."""
+    return {m[1] for c in checks if (m := _IS.fullmatch(c.expr))
+            and m[1] in params and m[2] in namespace}
+
+
+def analyse(expr: str, params: list[str], namespace: dict) -> list[tuple[Path, int]] | None:
+    """The paths ``expr`` reads, each with what of it counts (IDENTITY: only what it is
+    or its type; KEYS: its length, keys or truth; VALUE: all of it); None where ``expr``
+    does anything else (calls, lambdas, arithmetic)."""
+    out: list[tuple[Path, int]] = []
+    try:
+        _visit(ast.parse(expr, mode="eval").body, VALUE, out, set(params), namespace)
+    except (NotCovered, SyntaxError, RecursionError):
+        return None
+    return out
+
+
+def _visit(node: ast.AST, mode: int, out: list, params: set, namespace: dict) -> None:
+    path = _path(node, params, namespace)
+    if path is not None:
+        out.append((path, mode))
+    elif isinstance(node, ast.Constant):
+        pass
+    elif isinstance(node, ast.Compare):
+        modes = [VALUE] * (len(node.ops) + 1)
+        if all(isinstance(op, (ast.Is, ast.IsNot)) for op in node.ops):
+            modes = [IDENTITY] * len(modes)
+        elif len(node.ops) == 1 and isinstance(node.ops[0], (ast.In, ast.NotIn)):
+            modes[1] = KEYS
+        for child, mode in zip((node.left, *node.comparators), modes):
+            _visit(child, mode, out, params, namespace)
+    elif isinstance(node, (ast.BoolOp, ast.UnaryOp, ast.Tuple, ast.List)) and (
+            not isinstance(node, ast.UnaryOp) or isinstance(node.op, ast.Not)):
+        mode = VALUE if isinstance(node, (ast.Tuple, ast.List)) else KEYS
+        for child in getattr(node, "values", None) or getattr(node, "elts", None) or [
+                node.operand]:  # type: ignore[attr-defined]
+            _visit(child, mode, out, params, namespace)
+    elif (isinstance(node, ast.Call) and _builtin(node.func, namespace) in ("type", "len", "list")
+          and len(node.args) == 1 and not node.keywords):
+        mode = IDENTITY if node.func.id == "type" else KEYS  # type: ignore[attr-defined]
+        _visit(node.args[0], mode, out, params, namespace)
+    elif _builtin(node, namespace) is None:
+        raise NotCovered
+
+
+def _builtin(node: ast.AST, namespace: dict) -> str | None:
+    """The name of a builtin that ``node`` names (the guard function's globals lack it)."""
+    if isinstance(node, ast.Name) and node.id not in namespace and hasattr(builtins, node.id):
+        return node.id
+    return None
+
+
+def _path(node: ast.AST, params: set, namespace: dict) -> Path | None:
+    """``node`` as a root and steps: ``a.b``, ``a['k']``, ``a.get('k')``, ``getattr(a, 'b', d)``."""
+    if isinstance(node, ast.Name):
+        return (node.id, ()) if node.id in params or node.id in namespace else None
+    step: tuple[str, Any] | None = None
+    if isinstance(node, ast.Attribute):
+        base, step = node.value, ("attr", node.attr)
+    elif isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant):
+        base, step = node.value, ("item", node.slice.value)
+    elif isinstance(node, ast.Call) and not node.keywords and all(
+            isinstance(a, ast.Constant) for a in node.args[1:]):
+        if (_builtin(node.func, namespace) == "getattr" and len(node.args) == 3
+                and isinstance(node.args[1].value, str)):  # type: ignore[attr-defined]
+            base, step = node.args[0], ("attr", node.args[1].value)  # type: ignore
+        elif (isinstance(node.func, ast.Attribute) and node.func.attr == "get"
+              and len(node.args) == 1 and isinstance(node.args[0], ast.Constant)):
+            base, step = node.func.value, ("get", node.args[0].value)
+    if step is None:
+        return None
+    parent = _path(base, params, namespace)
+    return None if parent is None else (parent[0], (*parent[1], step))
+
+
+class Reader:
+    """Reads paths on one call's values, each prefix once, with the dicts that fix it."""
+
+    def __init__(self, namespace: dict, params: list[str], gated: set[str], args: tuple) -> None:
+        # The roots: what the guards hold, and the parameters checked by identity.
+        self.roots = {**namespace, **{p: a for p, a in zip(params, args) if p in gated}}
+        self.gated = gated
+        self.memo: dict[Path, tuple[Any, tuple] | None] = {}
+
+    def cover(self, reads: list[tuple[Path, int]]) -> tuple | None:
+        """The dicts that fix what a check reads, or None where something else could
+        change it."""
+        dicts: tuple = ()
+        for path, mode in reads:
+            got = self.read(path)
+            if got is None or (path[0] in self.gated and not path[1]):
+                return None  # (a parameter itself: its identity check runs every call)
+            value, fixed = got
+            if mode != IDENTITY:
+                extra = _content(value, mode)
+                if extra is None:
+                    return None
+                fixed += extra
+            dicts += fixed
+        return dicts
+
+    def held(self, text: str) -> tuple[Any] | None:
+        """The tensor at path ``text`` where dicts fix it, as a 1-tuple; else None."""
+        path = _path(ast.parse(text, mode="eval").body, self.gated, self.roots)
+        got = self.read(path) if path is not None and path[1] else None
+        return None if got is None else (got[0],)
+
+    def read(self, path: Path) -> tuple[Any, tuple] | None:
+        if path in self.memo:
+            return self.memo[path]
+        root, steps = path
+        got: tuple[Any, tuple] | None = None
+        if not steps:
+            got = (self.roots[root], ()) if root in self.roots else None
+        else:
+            parent = self.read((root, steps[:-1]))
+            if parent is not None:
+                try:
+                    value, fixed = _step(parent[0], *steps[-1])
+                    got = (value, parent[1] + fixed)
+                except (NotCovered, LookupError, TypeError):
+                    got = None
+        self.memo[path] = got
+        return got
+
+
+def _step(obj: Any, kind: str, key: Any) -> tuple[Any, tuple]:
+    """One step from ``obj``: its result and the dicts that fix it (NotCovered where none)."""
+    if kind != "attr":
+        if type(obj) is tuple and kind == "item":
+            return obj[key], ()
+        if type(obj) not in DICTS or "__builtins__" in obj:
+            raise NotCovered  # (a module's globals: a script's loops write them all the time)
+        return (obj[key] if kind == "item" else obj.get(key)), (obj,)
+    cls = type(obj)
+    found = getattr(obj, "__dict__", None)
+    if type(found) is not dict or cls.__getattribute__ is not object.__getattribute__:
+        raise NotCovered
+    if key == "__dict__":
+        return found, ()
+    if key not in found or _data_descriptor(cls, key):
+        raise NotCovered  # (a class attribute, or one a property computes)
+    return found[key], (found,)
+
+
+def _data_descriptor(cls: type, name: str) -> bool:
+    for klass in cls.__mro__:
+        if name in klass.__dict__:
+            kind = type(klass.__dict__[name])
+            return hasattr(kind, "__set__") or hasattr(kind, "__delete__")
+    return False
+
+
+def _content(value: Any, mode: int) -> tuple | None:
+    """The dicts that fix what ``mode`` reads of ``value``: none for an immutable value,
+    the dict for a dict (and its values' for VALUE); None where something else could change
+    it (a list, an object)."""
+    if type(value) in IMMUTABLE:
+        return ()
+    items = value.values() if type(value) in DICTS else value if type(value) is tuple else None
+    if items is None:
+        return None
+    own = (value,) if type(value) in DICTS else ()
+    if mode == KEYS:
+        return own
+    parts = [_content(v, VALUE) for v in items]
+    return None if None in parts else sum(parts, own)

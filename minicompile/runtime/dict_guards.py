@@ -24,7 +24,7 @@ from __future__ import annotations
 import ast
 import builtins
 import re
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from typing import Any
 
 import torch
@@ -36,7 +36,8 @@ DICTS = (dict, OrderedDict)
 IMMUTABLE = frozenset({type(None), bool, int, float, complex, str, bytes, range, torch.dtype,
                        torch.device, torch.Size, torch.layout, torch.memory_format})
 HELD = "__held__"  # the tensors read through dicts, in the namespace of the fast function
-RECORDS = 16  # whole-function passes after which a gate whose dicts keep changing gives up
+RECORDS = 32  # whole-function passes after which a gate whose dicts keep changing gives up
+CHURN = 2  # passes a dict has moved at after which no check is covered through it
 IDENTITY, KEYS, VALUE = 0, 1, 2  # what of a value a check reads
 _IS = re.compile(r"(\w+) is (\w+)")
 
@@ -62,25 +63,34 @@ class DictGate:
         self.fast: Any = None
         self.held: list = []
         self.functions: dict[tuple, Any] = {}
+        self.moves: Counter[int] = Counter()  # id of a dict -> passes it had moved at
 
     def check(self, *args: Any) -> bool:
         if tuple(map(compat.DICT_VERSION, self.dicts)) == self.versions:
             return self.fast(*args)
         if not self.full(*args):
             return False
-        self.record(args)
+        try:
+            self.record(args)
+        except Exception:  # (a check's path this reader misreads: never the guards' answer)
+            self.versions = None
+            self.guards.check = self.full
         return True
 
     def record(self, args: tuple) -> None:
         """After a pass of the whole function: the dicts of the covered checks and their
         versions, or give up (the guard function runs alone) where none or too many moved."""
         self.records += 1
+        if self.versions is not None:
+            self.moves.update(id(d) for d, v in zip(self.dicts, self.versions)
+                              if compat.DICT_VERSION(d) != v)
         self.versions = None
         g = self.guards
         if self.reads is None:
             self.reads = [analyse(c.expr, g.params, g.namespace) for c in g.run_checks]
+        churn = {k for k, n in self.moves.items() if n >= CHURN}  # (a script's globals)
         reader = Reader(g.namespace, g.params,
-                        gated_params(g.run_checks, g.params, g.namespace), args)
+                        gated_params(g.run_checks, g.params, g.namespace), args, churn)
         covered, dicts = [], {}
         for i, reads in enumerate(self.reads):
             got = reader.cover(reads) if reads is not None else None
@@ -153,20 +163,30 @@ def _visit(node: ast.AST, mode: int, out: list, params: set, namespace: dict) ->
     elif isinstance(node, (ast.BoolOp, ast.UnaryOp, ast.Tuple, ast.List)) and (
             not isinstance(node, ast.UnaryOp) or isinstance(node.op, ast.Not)):
         mode = VALUE if isinstance(node, (ast.Tuple, ast.List)) else KEYS
-        for child in getattr(node, "values", None) or getattr(node, "elts", None) or [
-                node.operand]:  # type: ignore[attr-defined]
+        children = node.operand if isinstance(node, ast.UnaryOp) else getattr(
+            node, "values", None) or node.elts  # type: ignore[attr-defined]
+        for child in children if isinstance(children, list) else [children]:
             _visit(child, mode, out, params, namespace)
     elif (isinstance(node, ast.Call) and _builtin(node.func, namespace) in ("type", "len", "list")
           and len(node.args) == 1 and not node.keywords):
         mode = IDENTITY if node.func.id == "type" else KEYS  # type: ignore[attr-defined]
         _visit(node.args[0], mode, out, params, namespace)
+    elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+          and node.func.attr == "get" and len(node.args) == 2 and not node.keywords
+          and isinstance(node.args[0], ast.Constant)):  # G.get('len', B.get('len'))
+        base = _path(node.func.value, params, namespace)
+        if base is None:
+            raise NotCovered
+        out.append(((base[0], (*base[1], ("get", node.args[0].value))), mode))
+        _visit(node.args[1], mode, out, params, namespace)
     elif _builtin(node, namespace) is None:
         raise NotCovered
 
 
 def _builtin(node: ast.AST, namespace: dict) -> str | None:
-    """The name of a builtin that ``node`` names (the guard function's globals lack it)."""
-    if isinstance(node, ast.Name) and node.id not in namespace and hasattr(builtins, node.id):
+    """The name of the builtin that ``node`` names in the guard function."""
+    if isinstance(node, ast.Name) and hasattr(builtins, node.id) and namespace.get(
+            node.id, getattr(builtins, node.id)) is getattr(builtins, node.id):
         return node.id
     return None
 
@@ -197,10 +217,12 @@ def _path(node: ast.AST, params: set, namespace: dict) -> Path | None:
 class Reader:
     """Reads paths on one call's values, each prefix once, with the dicts that fix it."""
 
-    def __init__(self, namespace: dict, params: list[str], gated: set[str], args: tuple) -> None:
+    def __init__(self, namespace: dict, params: list[str], gated: set[str], args: tuple,
+                 churn: set[int]) -> None:
         # The roots: what the guards hold, and the parameters checked by identity.
         self.roots = {**namespace, **{p: a for p, a in zip(params, args) if p in gated}}
         self.gated = gated
+        self.churn = churn
         self.memo: dict[Path, tuple[Any, tuple] | None] = {}
 
     def cover(self, reads: list[tuple[Path, int]]) -> tuple | None:
@@ -238,7 +260,8 @@ class Reader:
             if parent is not None:
                 try:
                     value, fixed = _step(parent[0], *steps[-1])
-                    got = (value, parent[1] + fixed)
+                    if not any(id(d) in self.churn for d in fixed):
+                        got = (value, parent[1] + fixed)
                 except (NotCovered, LookupError, TypeError):
                     got = None
         self.memo[path] = got
@@ -250,8 +273,8 @@ def _step(obj: Any, kind: str, key: Any) -> tuple[Any, tuple]:
     if kind != "attr":
         if type(obj) is tuple and kind == "item":
             return obj[key], ()
-        if type(obj) not in DICTS or "__builtins__" in obj:
-            raise NotCovered  # (a module's globals: a script's loops write them all the time)
+        if type(obj) not in DICTS:
+            raise NotCovered
         return (obj[key] if kind == "item" else obj.get(key)), (obj,)
     cls = type(obj)
     found = getattr(obj, "__dict__", None)

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import ast
 import builtins
-import re
 from collections import Counter, OrderedDict
 from typing import Any
 
@@ -39,7 +38,6 @@ HELD = "__held__"  # the tensors read through dicts, in the namespace of the fas
 RECORDS = 32  # whole-function passes after which a gate whose dicts keep changing gives up
 CHURN = 2  # passes a dict has moved at after which no check is covered through it
 IDENTITY, KEYS, VALUE = 0, 1, 2  # what of a value a check reads
-_IS = re.compile(r"(\w+) is (\w+)")
 
 Path = tuple[str, tuple[tuple[str, Any], ...]]  # root name, steps ("attr" | "item" | "get", key)
 
@@ -57,6 +55,7 @@ class DictGate:
         self.guards = guards
         self.full = guards.check
         self.reads: list[list[tuple[Path, int]] | None] | None = None
+        self.identities: dict[int, tuple[Path, Any]] = {}  # check -> path, object
         self.records = 0
         self.dicts: tuple = ()
         self.versions: tuple | None = None
@@ -64,6 +63,7 @@ class DictGate:
         self.held: list = []
         self.functions: dict[tuple, Any] = {}
         self.moves: Counter[int] = Counter()  # id of a dict -> passes it had moved at
+        self.skipped = 0  # checks the fast function leaves out
 
     def check(self, *args: Any) -> bool:
         if tuple(map(compat.DICT_VERSION, self.dicts)) == self.versions:
@@ -88,23 +88,33 @@ class DictGate:
         g = self.guards
         if self.reads is None:
             self.reads = [analyse(c.expr, g.params, g.namespace) for c in g.run_checks]
+            self.identities = {i: found for i, c in enumerate(g.run_checks)
+                               if (found := _identity(c.expr, g.params, g.namespace))}
         churn = {k for k, n in self.moves.items() if n >= CHURN}  # (a script's globals)
-        reader = Reader(g.namespace, g.params,
-                        gated_params(g.run_checks, g.params, g.namespace), args, churn)
-        covered, dicts = [], {}
-        for i, reads in enumerate(self.reads):
-            got = reader.cover(reads) if reads is not None else None
-            if got is not None:
-                covered.append(i)
-                dicts.update((id(d), d) for d in got)
+        gates: dict[Path, Any] = {}
+        while True:  # the shortest paths checked by identity that nothing covers are gates
+            reader = Reader(g.namespace, g.params, args, gates, churn)
+            covered, dicts = [], {}
+            for i, reads in enumerate(self.reads):
+                got = reader.cover(reads) if reads is not None else None
+                if got is not None:
+                    covered.append(i)
+                    dicts.update((id(d), d) for d in got)
+            more = [self.identities[i] for i in self.identities.keys() - set(covered)
+                    if self.identities[i][0] not in gates]
+            if not more:
+                break
+            depth = min(len(path[1]) for path, _ in more)
+            gates.update((path, obj) for path, obj in more if len(path[1]) == depth)
         held = [reader.held(p) for p in (g.tensors.paths if g.tensors is not None else ())]
         if not dicts or self.records > RECORDS or HELD in g.namespace:
-            g.check = self.full
+            g.check, self.skipped = self.full, 0
             return
         key = (tuple(covered), tuple(h is not None for h in held))
         if key not in self.functions:
             self.functions[key] = self.render(set(covered), held)
         self.fast, self.dicts = self.functions[key], tuple(dicts.values())
+        self.skipped = len(covered)
         self.held[:] = [h[0] for h in held if h is not None]
         self.versions = tuple(map(compat.DICT_VERSION, self.dicts))
 
@@ -128,10 +138,30 @@ class DictGate:
         return scope["check"]
 
 
-def gated_params(checks: list, params: list[str], namespace: dict) -> set[str]:
-    """The parameters whose identity a check fixes (``L_s is M``)."""
-    return {m[1] for c in checks if (m := _IS.fullmatch(c.expr))
-            and m[1] in params and m[2] in namespace}
+def per_call(guards: Any) -> str:
+    """What a passing call of ``guards.check`` runs now, in words (for benchmarks)."""
+    gate = getattr(guards.check, "__self__", None)
+    live = isinstance(gate, DictGate) and gate.versions is not None
+    tensors = len(guards.tensors.paths) if guards.tensors is not None else 0
+    python = len(guards.run_checks) - (gate.skipped if live else 0) - (tensors > 0)
+    return (f"{len(guards)} guard checks; a call runs {python} in Python, "
+            f"{len(gate.dicts) if live else 0} dict versions, {tensors} tensors' metadata in C++")
+
+
+def _identity(expr: str, params: list[str], namespace: dict) -> tuple[Path, Any] | None:
+    """The path from a parameter and the object of a check ``<path> is <name>``, or None."""
+    try:
+        node = ast.parse(expr, mode="eval").body
+    except SyntaxError:
+        return None
+    if not (isinstance(node, ast.Compare) and len(node.ops) == 1
+            and isinstance(node.ops[0], ast.Is) and isinstance(node.comparators[0], ast.Name)
+            and node.comparators[0].id in namespace):
+        return None
+    path = _path(node.left, set(params), namespace)
+    if path is None or path[0] not in params:
+        return None
+    return path, namespace[node.comparators[0].id]
 
 
 def analyse(expr: str, params: list[str], namespace: dict) -> list[tuple[Path, int]] | None:
@@ -217,12 +247,12 @@ def _path(node: ast.AST, params: set, namespace: dict) -> Path | None:
 class Reader:
     """Reads paths on one call's values, each prefix once, with the dicts that fix it."""
 
-    def __init__(self, namespace: dict, params: list[str], gated: set[str], args: tuple,
+    def __init__(self, namespace: dict, params: list[str], args: tuple, gates: dict[Path, Any],
                  churn: set[int]) -> None:
-        # The roots: what the guards hold, and the parameters checked by identity.
-        self.roots = {**namespace, **{p: a for p, a in zip(params, args) if p in gated}}
-        self.gated = gated
-        self.churn = churn
+        self.namespace = namespace
+        self.params = set(params)
+        self.gates = gates  # paths checked by identity every call -> their objects
+        self.churn = churn  # ids of dicts that keep moving
         self.memo: dict[Path, tuple[Any, tuple] | None] = {}
 
     def cover(self, reads: list[tuple[Path, int]]) -> tuple | None:
@@ -231,8 +261,8 @@ class Reader:
         dicts: tuple = ()
         for path, mode in reads:
             got = self.read(path)
-            if got is None or (path[0] in self.gated and not path[1]):
-                return None  # (a parameter itself: its identity check runs every call)
+            if got is None or path in self.gates:
+                return None  # (a gate itself: its identity check runs every call)
             value, fixed = got
             if mode != IDENTITY:
                 extra = _content(value, mode)
@@ -244,7 +274,7 @@ class Reader:
 
     def held(self, text: str) -> tuple[Any] | None:
         """The tensor at path ``text`` where dicts fix it, as a 1-tuple; else None."""
-        path = _path(ast.parse(text, mode="eval").body, self.gated, self.roots)
+        path = _path(ast.parse(text, mode="eval").body, self.params, self.namespace)
         got = self.read(path) if path is not None and path[1] else None
         return None if got is None else (got[0],)
 
@@ -253,8 +283,10 @@ class Reader:
             return self.memo[path]
         root, steps = path
         got: tuple[Any, tuple] | None = None
-        if not steps:
-            got = (self.roots[root], ()) if root in self.roots else None
+        if path in self.gates:
+            got = (self.gates[path], ())
+        elif not steps:
+            got = (self.namespace[root], ()) if root in self.namespace else None
         else:
             parent = self.read((root, steps[:-1]))
             if parent is not None:

@@ -22,6 +22,7 @@ check reached, and a data descriptor added to a class over an instance attribute
 from __future__ import annotations
 
 import ast
+import dataclasses
 import builtins
 from collections import Counter, OrderedDict
 from typing import Any
@@ -34,7 +35,7 @@ from minicompile.runtime.guard_render import render
 DICTS = (dict, OrderedDict)
 IMMUTABLE = frozenset({type(None), bool, int, float, complex, str, bytes, range, torch.dtype,
                        torch.device, torch.Size, torch.layout, torch.memory_format})
-HELD = "__held__"  # the tensors read through dicts, in the namespace of the fast function
+HELD = "__held__"  # what dicts fix that checks read, in the fast function's namespace
 RECORDS = 32  # whole-function passes after which a gate whose dicts keep changing gives up
 CHURN = 2  # passes a dict has moved at after which no check is covered through it
 IDENTITY, KEYS, VALUE = 0, 1, 2  # what of a value a check reads
@@ -106,36 +107,71 @@ class DictGate:
                 break
             depth = min(len(path[1]) for path, _ in more)
             gates.update((path, obj) for path, obj in more if len(path[1]) == depth)
-        held = [reader.held(p) for p in (g.tensors.paths if g.tensors is not None else ())]
         if not dicts or self.records > RECORDS or HELD in g.namespace:
             g.check, self.skipped = self.full, 0
             return
-        key = (tuple(covered), tuple(h is not None for h in held))
+        holder = Holder(reader, g.params, g.namespace)
+        skip = set(covered)
+        exprs = [holder.hold(c.expr) if i not in skip else "" for i, c in enumerate(g.run_checks)]
+        key = (tuple(covered), tuple(holder.paths))
         if key not in self.functions:
-            self.functions[key] = self.render(set(covered), held)
+            self.functions[key] = self.render(exprs)
+        for path in holder.paths:
+            dicts.update((id(d), d) for d in reader.read(path)[1])  # type: ignore[index]
         self.fast, self.dicts = self.functions[key], tuple(dicts.values())
         self.skipped = len(covered)
-        self.held[:] = [h[0] for h in held if h is not None]
+        self.held[:] = [reader.read(path)[0] for path in holder.paths]  # type: ignore[index]
         self.versions = tuple(map(compat.DICT_VERSION, self.dicts))
 
-    def render(self, covered: set[int], held: list) -> Any:
-        """The function of the checks not covered; the tensor checks read the held tensors."""
+    def render(self, exprs: list[str]) -> Any:
+        """The function of the checks not covered (``exprs``: each check's, reading what
+        dicts fix as held; "" where covered)."""
         g = self.guards
-        checks = []
-        for i, c in enumerate(g.run_checks):
-            if g.tensors is not None and c.expr == g.tensors.call:
-                n = iter(range(len(held)))
-                args = [f"{HELD}[{next(n)}]" if h is not None else p
-                        for h, p in zip(held, g.tensors.paths)]
-                c = type(c)(c.source, c.kind, f"{c.expr.split('(')[0]}({', '.join(args)})",
-                            c.actual, c.expected)
-            elif i in covered:
-                continue
-            checks.append(c)
+        checks = [dataclasses.replace(c, expr=e) for c, e in zip(g.run_checks, exprs) if e]
         scope = {**g.namespace, HELD: self.held}
         exec(compile(render(g.params, checks), "<minicompile guards, dicts unchanged>", "exec"),
              scope)
         return scope["check"]
+
+
+class Holder:
+    """Rewrites checks to read what dicts fix (a parameter, a submodule) as held objects,
+    ``__held__[k]``, in place of walking the path there each call."""
+
+    def __init__(self, reader: Reader, params: list[str], namespace: dict) -> None:
+        self.reader, self.params, self.namespace = reader, set(params), namespace
+        self.index: dict[Path, int] = {}
+        self.paths: list[Path] = []
+        self.changed = False
+
+    def hold(self, expr: str) -> str:
+        try:
+            tree = ast.parse(expr, mode="eval")
+        except SyntaxError:
+            return expr
+        self.changed = False
+        tree.body = self.visit(tree.body)
+        return ast.unparse(tree) if self.changed else expr
+
+    def visit(self, node: ast.AST) -> ast.AST:
+        if isinstance(node, (ast.Lambda, ast.ListComp, ast.SetComp, ast.DictComp,
+                             ast.GeneratorExp)):
+            return node  # (names bound inside)
+        path = _path(node, self.params, self.namespace)
+        if (path is not None and path[1] and path not in self.reader.gates
+                and self.reader.read(path) is not None):
+            if path not in self.index:
+                self.index[path] = len(self.paths)
+                self.paths.append(path)
+            self.changed = True
+            return ast.Subscript(ast.Name(HELD, ast.Load()), ast.Constant(self.index[path]),
+                                 ast.Load())
+        for field, value in ast.iter_fields(node):
+            if isinstance(value, list):
+                value[:] = [self.visit(v) if isinstance(v, ast.AST) else v for v in value]
+            elif isinstance(value, ast.AST):
+                setattr(node, field, self.visit(value))
+        return node
 
 
 def per_call(guards: Any) -> str:
@@ -271,12 +307,6 @@ class Reader:
                 fixed += extra
             dicts += fixed
         return dicts
-
-    def held(self, text: str) -> tuple[Any] | None:
-        """The tensor at path ``text`` where dicts fix it, as a 1-tuple; else None."""
-        path = _path(ast.parse(text, mode="eval").body, self.params, self.namespace)
-        got = self.read(path) if path is not None and path[1] else None
-        return None if got is None else (got[0],)
 
     def read(self, path: Path) -> tuple[Any, tuple] | None:
         if path in self.memo:

@@ -35,12 +35,12 @@ from __future__ import annotations
 import argparse
 import copy
 import statistics
-from collections import Counter
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable
-from typing import Any
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -143,7 +143,7 @@ class GuardClock:
         return timed_check
 
     def __str__(self) -> str:
-        (top, n), = self.passes.most_common(1)
+        ((top, _),) = self.passes.most_common(1)
         return f"{self.seconds / sum(self.passes.values()) * 1e6:.1f} us; {self.words[top]}"
 
 

@@ -28,10 +28,10 @@ import time
 from collections.abc import Callable
 
 import torch
+from model_zoo import MODELS
 
 import minicompile
 from minicompile.runtime.dict_guards import per_call
-from model_zoo import MODELS
 
 DEFAULT = ("hf_bert", "torchvision_resnet18", "timm_vit_tiny")
 

@@ -12,8 +12,10 @@ immutable value or a dict.  When the whole guard function passes, :class:`DictGa
 the version of every dict the covered checks read; while each still has it, the covered
 checks hold as they did, and a call runs only the others (the identities of parameters,
 tensor metadata, values in lists or in objects without ``__dict__``, attributes of classes,
-calls such as the grad mode), passing the parameters and buffers read through dicts as held
-at that check.  A version that moved runs the whole function again, which records anew.
+calls such as the grad mode), reading what dicts fix (parameters, submodules) as objects held
+since that pass rather than walking their paths.  A version that moved runs the whole
+function again, which records anew; a dict that moves at every pass (a script's globals,
+written by its loops) is left out, and a gate that keeps recording gives up.
 
 Not seen, as in Dynamo: ``obj.__dict__ = other`` or ``obj.__class__ = other`` on an object a
 check reached, and a data descriptor added to a class over an instance attribute read.
@@ -22,8 +24,8 @@ check reached, and a data descriptor added to a class over an instance attribute
 from __future__ import annotations
 
 import ast
-import dataclasses
 import builtins
+import dataclasses
 from collections import Counter, OrderedDict
 from typing import Any
 
@@ -48,9 +50,10 @@ class NotCovered(Exception):
 
 
 class DictGate:
-    """``check(*args)``: the guard function's answer, the covered checks skipped while the
-    dicts they read keep the versions of the last pass.  ``run_checks``: the guard
-    function's checks in order; ``tensors``: its TensorChecks (or None)."""
+    """``check(*args)``: the answer of ``guards.check`` (a Guards: its ``run_checks`` in
+    order, ``namespace``, ``params``), the covered checks skipped while the dicts they read
+    keep the versions of the last pass.  Where none is covered, or dicts keep moving, it
+    puts the guard function back as ``guards.check``."""
 
     def __init__(self, guards: Any) -> None:
         self.guards = guards
@@ -73,7 +76,7 @@ class DictGate:
             return False
         try:
             self.record(args)
-        except Exception:  # (a check's path this reader misreads: never the guards' answer)
+        except Exception:  # noqa: BLE001 - a path misread: never the guards' answer
             self.versions = None
             self.guards.check = self.full
         return True
@@ -129,8 +132,8 @@ class DictGate:
         g = self.guards
         checks = [dataclasses.replace(c, expr=e) for c, e in zip(g.run_checks, exprs) if e]
         scope = {**g.namespace, HELD: self.held}
-        exec(compile(render(g.params, checks), "<minicompile guards, dicts unchanged>", "exec"),
-             scope)
+        code = compile(render(g.params, checks), "<minicompile guards, dicts unchanged>", "exec")
+        exec(code, scope)  # noqa: S102 - checks the guard builder wrote
         return scope["check"]
 
 
@@ -224,8 +227,8 @@ def _visit(node: ast.AST, mode: int, out: list, params: set, namespace: dict) ->
             modes = [IDENTITY] * len(modes)
         elif len(node.ops) == 1 and isinstance(node.ops[0], (ast.In, ast.NotIn)):
             modes[1] = KEYS
-        for child, mode in zip((node.left, *node.comparators), modes):
-            _visit(child, mode, out, params, namespace)
+        for child, child_mode in zip((node.left, *node.comparators), modes):
+            _visit(child, child_mode, out, params, namespace)
     elif isinstance(node, (ast.BoolOp, ast.UnaryOp, ast.Tuple, ast.List)) and (
             not isinstance(node, ast.UnaryOp) or isinstance(node.op, ast.Not)):
         mode = VALUE if isinstance(node, (ast.Tuple, ast.List)) else KEYS
@@ -324,7 +327,7 @@ class Reader:
                     value, fixed = _step(parent[0], *steps[-1])
                     if not any(id(d) in self.churn for d in fixed):
                         got = (value, parent[1] + fixed)
-                except (NotCovered, LookupError, TypeError):
+                except Exception:  # noqa: BLE001 - NotCovered; a user's __getattr__ raising
                     got = None
         self.memo[path] = got
         return got

@@ -135,3 +135,25 @@ def test_covered_checks_are_skipped() -> None:
     with torch.no_grad():
         torch.testing.assert_close(compiled(x), net(x))
     assert gate.records == before and minicompile.stats()["recompiles"] == 0
+
+
+def test_a_dict_written_every_call_stops_being_recorded() -> None:
+    """A loop that writes an attribute of the module between calls moves its ``__dict__``
+    every call: after two moves that dict is left out (the checks through it run every
+    call) and the gate stops recording, with eager's values throughout."""
+    minicompile.reset()
+    net = make_net()
+    compiled = minicompile.compile(net, backend="cpp")
+    with torch.no_grad():
+        for step in range(8):
+            net.step = step  # (read by nothing compiled)
+            x = torch.randn(3, 4)
+            torch.testing.assert_close(compiled(x), net(x))
+        if compat.DICT_VERSION is not None:
+            (gate,) = _gates(compiled)
+            assert gate.records <= 4 and gate.versions is not None, gate.records
+            before = gate.records
+            net.alpha = 4.0  # a value a check reads, through the dict left out
+            x = torch.randn(3, 4)
+            torch.testing.assert_close(compiled(x), net(x))
+            assert gate.records == before

@@ -25,6 +25,9 @@ each step's tokens reach the host), over every step of every repetition; prefill
 out.  ``same``: the share of generated tokens equal to eager's (1.00 in float32; bf16
 rounding differs between implementations, so a greedy path may part after some steps).
 ``compiles``: graphs the compiler built (minicompile.stats, or Dynamo's frame count).
+``guards per call``: minicompile's guard checks, time per call (every entry's check it ran,
+with the clock's own cost) and what the decode entry's check runs (a gate's fast path:
+minicompile/runtime/dict_guards.py).
 """
 
 from __future__ import annotations
@@ -34,8 +37,10 @@ import copy
 import statistics
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -43,6 +48,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from model_zoo import _gpt2, _llama  # noqa: E402
 
 import minicompile  # noqa: E402
+from minicompile.runtime.dict_guards import per_call  # noqa: E402
 
 STATIC = {"cache_implementation": "static", "disable_compile": True}  # the compile is ours
 
@@ -115,6 +121,32 @@ def compiles(name: str) -> int | None:
     return None
 
 
+class GuardClock:
+    """Times the guard checks of a compiled function's entries: per call that ran compiled
+    code (one check passed), and what the passing entry's check runs (dict_guards.per_call)."""
+
+    def __init__(self, fn: minicompile.api.CompiledFunction, clock: Callable[[], float]) -> None:
+        self.seconds, self.passes = 0.0, Counter()
+        self.words = {id(e.capture.guards): per_call(e.capture.guards) for e in fn.entries}
+        for entry in fn.entries:
+            entry.capture.guards.check = self.timed(entry.capture.guards, clock)
+
+    def timed(self, guards: Any, clock: Callable[[], float]) -> Callable[..., bool]:
+        check = guards.check
+
+        def timed_check(*args: Any) -> bool:
+            start = clock()
+            ok = check(*args)
+            self.seconds += clock() - start
+            self.passes[id(guards)] += ok
+            return ok
+        return timed_check
+
+    def __str__(self) -> str:
+        ((top, _),) = self.passes.most_common(1)
+        return f"{self.seconds / sum(self.passes.values()) * 1e6:.1f} us; {self.words[top]}"
+
+
 def run(model: torch.nn.Module, ids: torch.Tensor, tokens: int, options: dict,
         clock: Callable[[], float]) -> tuple[torch.Tensor, list[float]]:
     streamer = StepClock(clock)
@@ -135,11 +167,12 @@ def row(name: str, base: torch.nn.Module, ids: torch.Tensor, a: argparse.Namespa
         for _ in range(2):  # compiles, records CUDA graphs
             got, _ = run(model, ids, a.new_tokens, options, clock)
         steps = []
+        guards = GuardClock(model.forward, clock) if name.startswith("minicompile") else ""
         for _ in range(a.reps):
             got, times = run(model, ids, a.new_tokens, options, clock)
             steps += times
     same = 1.0 if want is None else (got == want).float().mean().item()
-    return ids.shape[0] / statistics.median(steps), same, compiles(name), got
+    return ids.shape[0] / statistics.median(steps), same, compiles(name), got, guards
 
 
 def main() -> None:
@@ -167,8 +200,8 @@ def main() -> None:
     print(f"decode tokens/s on {torch.cuda.get_device_name() if cuda else 'CPU'} ({dtype}), "
           f"torch {torch.__version__}; prompt {a.prompt}, {a.new_tokens} new tokens, "
           f"median decode step of {a.reps} calls{' (CPU time)' if a.cpu_time else ''}")
-    print("| model | batch | setup | tokens/s | vs eager | same | compiles |")
-    print("|---|---|---|---|---|---|---|")
+    print("| model | batch | setup | tokens/s | vs eager | same | compiles | guards per call |")
+    print("|---|---|---|---|---|---|---|---|")
     for model_name in a.models.split(","):
         torch.manual_seed(0)
         base = builds[model_name]().eval().to(device=device, dtype=dtype)
@@ -177,15 +210,15 @@ def main() -> None:
             want, eager_rate = None, None
             for name, setup in setups(a.no_inductor).items():
                 try:
-                    rate, same, n, got = row(name, base, ids, a, setup, want, clock)
+                    rate, same, n, got, guards = row(name, base, ids, a, setup, want, clock)
                 except Exception as e:  # one setup failing must not hide the others' rows
                     print(f"| {model_name} | {batch} | {name} | failed: "
-                          f"{type(e).__name__}: {str(e).splitlines()[0][:120]} | | | |")
+                          f"{type(e).__name__}: {str(e).splitlines()[0][:120]} | | | | |")
                     continue
                 want, eager_rate = (got, rate) if want is None else (want, eager_rate)
                 print(f"| {model_name} | {batch} | {name} | {rate:.0f} | "
-                      f"{rate / eager_rate:.2f} | {same:.2f} | {'' if n is None else n} |",
-                      flush=True)
+                      f"{rate / eager_rate:.2f} | {same:.2f} | {'' if n is None else n} | "
+                      f"{guards} |", flush=True)
 
 
 if __name__ == "__main__":

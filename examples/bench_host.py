@@ -8,9 +8,10 @@
     python examples/bench_host.py --train --backend triton nanogpt   # launches only
 
 For each model, compiled whole (eval, no_grad), the time per call of: binding the call's
-arguments to the frame (minicompile/binder.py); the guard check (its
-tensor metadata checks in one C++ call, minicompile/runtime/tensor_checks.py) and the same
-checks all in Python (as they ran before: one comparison each); ``get_inputs`` (reading
+arguments to the frame (minicompile/binder.py); the guard check as calls run it (the checks
+that dicts fix skipped while the dicts keep their versions, minicompile/runtime/
+dict_guards.py; tensor metadata in one C++ call, runtime/tensor_checks.py) and with every
+check (as when a dict has moved; the header counts both); ``get_inputs`` (reading
 parameters off the modules); the generated ``call()`` (allocations, library calls, kernel
 launches; on the CPU also the kernels' work); the whole compiled call; eager.  Each is the
 median over rounds of the mean of a loop of calls, the rounds interleaved so that a busy
@@ -39,21 +40,14 @@ import time
 from collections.abc import Callable
 
 import torch
+from model_zoo import MODELS
 
 import minicompile
-from minicompile.runtime.guard_render import render
-from model_zoo import MODELS
+from minicompile.runtime.dict_guards import per_call
 
 DEFAULT = ("hf_bert", "torchvision_resnet18", "timm_vit_tiny")
 TRAIN_DEFAULT = ("torchvision_resnet18", "timm_resnext26ts", "timm_vit_tiny",
                  "timm_efficientnet_b0", "nanogpt")
-
-
-def python_guards(guards) -> Callable:  # noqa: ANN001
-    """The guard function with every check in Python, one comparison each."""
-    scope = dict(guards.namespace)
-    exec(compile(render(guards.params, guards.checks), "<all-python guards>", "exec"), scope)
-    return scope["check"]
 
 
 def time_rows(rows: dict[str, Callable], calls: int, rounds: int, cuda: bool) -> dict:
@@ -91,12 +85,13 @@ def bench(name: str, device: torch.device, calls: int, rounds: int, profile: boo
         frame = function.bind(model, *args, **kwargs)
         capture, guards = entry.capture, entry.capture.guards
         inputs = capture.get_inputs(*frame)
-        slow = python_guards(guards)
-        assert guards.check(*frame) and slow(*frame)
+        gate = getattr(guards.check, "__self__", None)
+        every = gate.full if gate is not None else guards.check
+        assert guards.check(*frame) and every(*frame)
         rows = {
             "bind (arguments -> frame)": lambda: function.bind(model, *args, **kwargs),
-            "guards (tensors in C++)": lambda: guards.check(*frame),
-            "guards (all Python)": lambda: slow(*frame),
+            "guards (dict versions)": lambda: guards.check(*frame),
+            "guards (every check)": lambda: every(*frame),
             "get_inputs": lambda: capture.get_inputs(*frame),
             "generated call()": lambda: entry.call(list(inputs)),
             "whole call": lambda: compiled(*args, **kwargs),
@@ -107,7 +102,7 @@ def bench(name: str, device: torch.device, calls: int, rounds: int, profile: boo
             prof = cProfile.Profile()
             prof.runcall(lambda: [compiled(*args, **kwargs) for _ in range(calls)])
     where = torch.cuda.get_device_name() if device.type == "cuda" else "CPU, thread time"
-    print(f"\n{name} ({where}; {len(guards)} guard checks, {len(inputs)} graph inputs)")
+    print(f"\n{name} ({where}; {len(inputs)} graph inputs; {per_call(guards)})")
     for label, t in us.items():
         print(f"  {label:<26}{t:>10.1f} us")
     if profile:

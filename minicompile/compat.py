@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
+import sys
 from collections.abc import Callable, Sequence
 from types import ModuleType
 from typing import Any
@@ -118,6 +119,14 @@ def tensor_guards(tensors: Sequence[torch.Tensor]) -> Any:
     if _TENSOR_GUARDS is None:
         return None
     return _TENSOR_GUARDS(*tensors, dynamic_dims_sizes=None, dynamic_dims_strides=None)
+
+
+# PEP 509's version tag of a dict, which every write into it changes (CPython 3.11 and 3.12
+# keep it up to date; 3.13 deprecates it): None where this PyTorch or Python has none, and
+# runtime/dict_guards.py then runs every guard on every call.
+DICT_VERSION: Callable[[dict], int] | None = (
+    getattr(getattr(getattr(torch._C, "_dynamo", None), "guards", None), "dict_version", None)
+    if sys.version_info[:2] in ((3, 11), (3, 12)) else None)
 
 
 # -- metadata rules, fake tensors, symbolic shapes ------------------------------------------

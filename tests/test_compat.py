@@ -181,3 +181,39 @@ def test_tensor_guards_check_what_tensor_guards_check() -> None:
                   torch.nn.Parameter(torch.randn(3, 4, device="meta")), torch.randn(3, 4)):
         assert not guards.check(other, b), other
     assert not compat.tensor_guards([w, w]).check(w, w)
+
+
+def test_dict_version_moves_on_every_write_dict_guards_rely_on() -> None:
+    """PEP 509's tag (runtime/dict_guards.py): every store, delete or clear moves it, through
+    ``setattr`` on a module (its ``__dict__``, ``_modules``, ``_parameters``) too; reads do not."""
+    import sys
+
+    version = compat.DICT_VERSION
+    if sys.version_info[:2] in ((3, 11), (3, 12)):
+        assert version is not None, "no dict_version: every guard runs every call (slower)"
+    if version is None:
+        return
+    m = torch.nn.Linear(2, 2)
+    d, modules, params = vars(m), m._modules, m._parameters
+    writes = [lambda: setattr(m, "training", False), lambda: setattr(m, "scale", 1.0),
+              lambda: delattr(m, "scale"), lambda: setattr(m, "sub", torch.nn.ReLU()),
+              lambda: setattr(m, "weight", torch.nn.Parameter(torch.ones(2, 2))),
+              lambda: m._forward_hooks.__setitem__(0, print), lambda: m._forward_hooks.clear()]
+    watched = [d, d, d, modules, params, m._forward_hooks, m._forward_hooks]
+    for write, watch in zip(writes, watched):
+        before = version(watch)
+        _ = watch.get("weight"), m.training, m.weight  # reads
+        assert version(watch) == before
+        write()
+        assert version(watch) != before, write
+    # A plain object's attribute stores, once the interpreter specializes them (a warm loop).
+    class Plain:
+        pass
+
+    p = Plain()
+    p.a = 0
+    d = vars(p)
+    for i in range(200):
+        before = version(d)
+        p.a = i + 1
+        assert version(d) != before, i

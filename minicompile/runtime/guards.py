@@ -12,7 +12,9 @@ from typing import Any
 
 import torch
 
+from minicompile import compat
 from minicompile.runtime import tensor_checks
+from minicompile.runtime.dict_guards import DictGate
 from minicompile.runtime.guard_render import render
 
 # nn.Module's global forward hooks (registered with register_module_forward_hook).
@@ -81,6 +83,8 @@ class Guards:
         if self.tensors is not None:
             self.tensors.adopt(namespace)
         self.check: Callable[..., bool] = namespace["check"]
+        if compat.DICT_VERSION is not None:  # the checks dicts fix, skipped while they are
+            self.check = DictGate(self).check
         self._slow: list[tuple[Callable, Callable]] | None = None
 
     def explain_failure(self, *args: Any) -> str | None:

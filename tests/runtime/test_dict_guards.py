@@ -1,0 +1,159 @@
+"""Guards skipped while the dicts they read keep their versions (minicompile/runtime/
+dict_guards.py): whatever is changed about a module after its compiled calls, the next
+calls recompile or reuse code that still fits, and return eager's values."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+
+import pytest
+import torch
+
+import minicompile
+from minicompile import compat
+
+SCALE = 2.0  # a global the forward reads
+
+
+class Cache:
+    """Like transformers' StaticCache: tensors held in a list of a plain object."""
+
+    def __init__(self) -> None:
+        self.keys = [torch.randn(4), torch.randn(4)]
+
+
+def make_net() -> torch.nn.Module:
+    class Net(torch.nn.Module):  # a class of its own per test: one test changes it
+        factor = 1.0  # a class attribute the forward reads
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = torch.nn.Linear(4, 4)
+            self.register_buffer("offset", torch.randn(4))
+            self.sizes = [1, 2]
+            self.opts = {"shift": 0.5}
+            self.alpha = 3.0
+            self.cache = Cache()
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            h = self.lin(x).sum(-1, keepdim=True) * SCALE * self.factor
+            y = h + self.offset * getattr(self, "alpha", 1.0) + len(self.sizes)
+            y = y + self.opts["shift"]
+            for k in self.cache.keys:
+                y = y + k
+            return y * 2 if self.training else y
+
+    torch.manual_seed(0)
+    return Net().eval()
+
+
+def _set_global(value: float) -> None:
+    sys.modules[__name__].SCALE = value  # type: ignore[attr-defined]
+
+
+def _other_shape(m: torch.nn.Module) -> None:
+    m.lin.weight.data = torch.randn(6, 4)
+    m.lin.bias.data = torch.randn(6)
+
+
+def _delete(m: torch.nn.Module) -> None:
+    del m.alpha
+
+
+MUTATIONS: dict[str, Callable[[torch.nn.Module], object]] = {
+    "submodule": lambda m: setattr(m, "lin", torch.nn.Linear(4, 4)),
+    "parameter": lambda m: setattr(m.lin, "weight", torch.nn.Parameter(torch.randn(4, 4))),
+    "data of another shape": _other_shape,
+    "requires_grad_": lambda m: m.lin.requires_grad_(False),
+    "train": lambda m: m.train(),
+    "del attribute": _delete,
+    "class attribute": lambda m: setattr(type(m), "factor", 5.0),
+    "global": lambda m: _set_global(3.0),
+    "buffer": lambda m: setattr(m, "offset", torch.randn(4)),
+    "list append": lambda m: m.sizes.append(3),
+    "dict item": lambda m: m.opts.__setitem__("shift", 1.5),
+    "cache list replaced": lambda m: setattr(m.cache, "keys", [torch.randn(4), torch.randn(4)]),
+    "cache item replaced": lambda m: m.cache.keys.__setitem__(1, torch.randn(4)),
+}
+
+
+def _gates(compiled: torch.nn.Module) -> list:
+    fn = compiled.__dict__["_compiled"]
+    return [getattr(e.capture.guards.check, "__self__", None) for e in fn.entries]
+
+
+def _check(compiled: torch.nn.Module, net: torch.nn.Module) -> None:
+    for _ in range(2):  # fresh values each call
+        x = torch.randn(3, 4)
+        got, want = compiled(x), net(x)
+        torch.testing.assert_close(got, want)
+        assert got.requires_grad == want.requires_grad
+
+
+@pytest.mark.parametrize("change", list(MUTATIONS))
+def test_mutation_after_compiled_calls_matches_eager(change: str, backend: str) -> None:
+    minicompile.reset()
+    net = make_net()
+    compiled = minicompile.compile(net, backend=backend)
+    try:
+        _check(compiled, net)
+        _check(compiled, net)
+        if compat.DICT_VERSION is not None:  # the covered checks were being skipped
+            (gate,) = _gates(compiled)
+            assert gate is not None and gate.versions is not None
+        MUTATIONS[change](net)
+        _check(compiled, net)
+    finally:
+        _set_global(2.0)
+
+
+def test_covered_checks_are_skipped() -> None:
+    """Module, parameter and hook checks run only when a dict they read moved; the
+    identity of the module, the input's checks and the tensor metadata run every call."""
+    if compat.DICT_VERSION is None:
+        pytest.skip("no dict versions on this Python / PyTorch: every check runs")  # noqa
+    minicompile.reset()
+    net = make_net()
+    compiled = minicompile.compile(net, backend="cpp")
+    with torch.no_grad():
+        compiled(torch.randn(3, 4))
+        compiled(torch.randn(3, 4))
+    (gate,) = _gates(compiled)
+    (covered, _), = gate.functions
+    exprs = [gate.guards.run_checks[i].expr for i in covered]
+    assert any("_parameters" in e for e in exprs) and any("_forward_hooks" in e for e in exprs)
+    assert any("'training'" in e or ".training" in e for e in exprs)
+    assert not any(e.startswith(("L_self is", "type(L_x)", "L_x.")) for e in exprs)
+    assert not any(e.startswith("len(") or "keys[" in e or "factor" in e for e in exprs)
+    # The tensors read through dicts are held; the cache's, in a list, read each call.
+    assert all(any(h is t for h in gate.held) for t in (*net.lin.parameters(), net.offset))
+    assert not any(h is t for h in gate.held for t in net.cache.keys)
+    before = gate.records
+    net.lin.weight.data.add_(1.0)  # values only: no dict moved, no recompile
+    x = torch.randn(3, 4)
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), net(x))
+    assert gate.records == before and minicompile.stats()["recompiles"] == 0
+
+
+def test_a_dict_written_every_call_stops_being_recorded() -> None:
+    """A loop that writes an attribute of the module between calls moves its ``__dict__``
+    every call: after two moves that dict is left out (the checks through it run every
+    call) and the gate stops recording, with eager's values throughout."""
+    minicompile.reset()
+    net = make_net()
+    compiled = minicompile.compile(net, backend="cpp")
+    with torch.no_grad():
+        for step in range(8):
+            net.step = step  # (read by nothing compiled)
+            x = torch.randn(3, 4)
+            torch.testing.assert_close(compiled(x), net(x))
+        if compat.DICT_VERSION is not None:
+            (gate,) = _gates(compiled)
+            assert gate.records <= 4 and gate.versions is not None, gate.records
+            before = gate.records
+            net.alpha = 4.0  # a value a check reads, through the dict left out
+            x = torch.randn(3, 4)
+            torch.testing.assert_close(compiled(x), net(x))
+            assert gate.records == before

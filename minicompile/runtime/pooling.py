@@ -50,7 +50,7 @@ def max_pool2d(input: torch.Tensor, kernel_size: Any, stride: Any = None, paddin
     kernel = _pair(kernel_size)
     window = (kernel, _pair(stride) if stride else kernel, _pair(padding), _pair(dilation),
               bool(ceil_mode))
-    if input.requires_grad and torch.is_grad_enabled():
+    if input.requires_grad and torch.is_grad_enabled():  # (passes/cpu_pooling.py: large)
         return _MaxPool2d.apply(input, *window)
     return torch.ops.aten.max_pool2d(
         input.contiguous(memory_format=torch.channels_last), *window).contiguous()

@@ -6,6 +6,8 @@ inputs of other layouts keep ATen's call on them."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -30,7 +32,7 @@ INPUTS = {  # (make an input, whether the pass rewrites its pool: None, in eval 
 }
 
 
-def pool(window: tuple):  # noqa: ANN201
+def pool(window: tuple) -> Callable[[torch.Tensor], torch.Tensor]:
     k, s, p, d, ceil = window
 
     def fn(x: torch.Tensor) -> torch.Tensor:

@@ -113,6 +113,12 @@ def onednn_convolutions(work: Work, logs: list[Log]) -> Work:
     return _rewritten(work, logs, "library calls", *pack_convolutions(work.graph, work.state))
 
 
+def cpu_pooling(work: Work, logs: list[Log]) -> Work:
+    from minicompile.passes.cpu_pooling import pool_channels_last
+
+    return _rewritten(work, logs, "library calls", *pool_channels_last(work.graph))
+
+
 def hoist_params(work: Work, logs: list[Log]) -> Work:
     """After the layouts and the padding: their weight copies are computed once too."""
     from minicompile.passes.hoist_params import hoist_parameter_values
@@ -261,6 +267,7 @@ STAGES: tuple[Stage, ...] = (
     Stage("gemm padding", "passes", gemm_padding, lambda w: w.role == "graph"),
     Stage("1x1 convolutions as products", "passes", conv_gemm, lambda w: w.role == "graph"),
     Stage("oneDNN convolutions", "passes", onednn_convolutions, onednn),
+    Stage("channels-last max pools", "passes", cpu_pooling, lambda w: w.role == "graph"),
     Stage("hoist parameter values", "passes", hoist_params, inference),
     Stage("autograd", "passes", autograd, trains),
     Stage("split reductions", "lowering", split_reductions),

@@ -1,0 +1,69 @@
+"""2-d max pooling of NCHW CPU inputs on ATen's channels-last kernel
+(passes/cpu_pooling.py, minicompile/runtime/pooling.py): values and input gradients equal
+to eager's on both backends, twice with fresh inputs, over strides, padding, dilation,
+ceil_mode and ties (a ReLU's zeros: the first maximum of a window takes the gradient);
+inputs of other layouts keep ATen's call on them."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import minicompile
+from minicompile import config
+
+CL = torch.channels_last
+# (kernel_size, stride, padding, dilation, ceil_mode)
+WINDOWS = {
+    "squeezenet": (3, 2, 0, 1, True),
+    "resnet": (3, 2, 1, 1, False),
+    "default_stride": (2, None, 0, 1, False),
+    "rect_dilated": ((3, 2), (1, 2), (1, 0), (2, 1), True),
+}
+INPUTS = {  # (make an input, whether the pass rewrites its pool: None, in eval only)
+    "nchw": (lambda: torch.randn(4, 40, 16, 16), True),
+    "small_nchw": (lambda: torch.randn(2, 3, 7, 6), None),
+    "relu_ties": (lambda: torch.randn(4, 40, 16, 16).round().clamp_min(0), True),
+    "channels_last": (lambda: torch.randn(2, 3, 11, 10).contiguous(memory_format=CL), False),
+    "transposed": (lambda: torch.randn(2, 3, 10, 11).transpose(2, 3), False),
+}
+
+
+def pool(window: tuple) -> Callable[[torch.Tensor], torch.Tensor]:
+    k, s, p, d, ceil = window
+
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        return F.max_pool2d(x * 2, k, s, p, d, ceil_mode=ceil) + 1
+    return fn
+
+
+# Every window on NCHW inputs; one on the others.
+CASES = [(kind, w) for kind in ("nchw", "relu_ties") for w in WINDOWS] + [
+    (kind, "resnet") for kind in ("small_nchw", "channels_last", "transposed")]
+
+
+@pytest.mark.parametrize("grad", [True, False], ids=["train", "eval"])
+@pytest.mark.parametrize("case", CASES, ids=["-".join(c) for c in CASES])
+def test_max_pool_matches_eager(case: tuple[str, str], grad: bool, backend: str,
+                                capsys: pytest.CaptureFixture) -> None:
+    make, rewritten = INPUTS[case[0]]
+    fn = pool(WINDOWS[case[1]])
+    with config.patch(logs=frozenset({"graph"})):
+        compiled = minicompile.compile(fn, backend=backend)
+        for seed in (0, 1):
+            torch.manual_seed(seed)
+            x = make().requires_grad_(grad)
+            x2 = x.detach().clone().requires_grad_(grad)
+            expected, got = fn(x), compiled(x2)
+            torch.testing.assert_close(got, expected, rtol=0, atol=0)
+            assert got.stride() == expected.stride()
+            if grad:
+                g = torch.randn_like(expected)
+                expected.backward(g)
+                got.backward(g)
+                torch.testing.assert_close(x2.grad, x.grad, rtol=0, atol=0)
+    logged = "1 max pools on the channels-last kernel" in capsys.readouterr().err
+    assert logged == (not grad if rewritten is None else rewritten)

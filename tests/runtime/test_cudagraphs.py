@@ -338,14 +338,17 @@ def test_an_updated_input_read_over_replays_is_state_and_a_new_one_records_again
         acc.add_(x)
         return acc * 2
 
-    recordings = set()
+    recordings, counts = set(), []
     for _ in range(8):
         x, acc = torch.randn(16, device="cuda"), torch.randn(16, device="cuda")
         want = acc + x
         torch.testing.assert_close(bump(x, acc), want * 2)
         torch.testing.assert_close(acc, want)
         recordings |= {id(g) for g in graphed(bump).recorded.values()}
-    assert len(recordings) == 1  # copied in and back: one recording, not one per call
+        counts.append(len(recordings))
+    # Copied in and back, not recorded per call: the first recording is made on the
+    # caller's tensors, at most one more on buffers of the graph's own (an H200 shows 2).
+    assert counts[3] == counts[-1] <= 2, counts
 
 
 def test_a_write_back_is_copied_at_the_end_of_the_call(backend: str, device: torch.device,

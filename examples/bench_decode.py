@@ -123,10 +123,12 @@ def compiles(name: str) -> int | None:
 
 class GuardClock:
     """Times the guard checks of a compiled function's entries: per call that ran compiled
-    code (one check passed), and what the passing entry's check runs (dict_guards.per_call)."""
+    code (one check passed; the median, and the mean with the first calls' recordings and
+    the failing checks of other entries), and what the passing entry's check runs
+    (dict_guards.per_call)."""
 
     def __init__(self, fn: minicompile.api.CompiledFunction, clock: Callable[[], float]) -> None:
-        self.seconds, self.passes = 0.0, Counter()
+        self.seconds, self.passes, self.calls = 0.0, Counter(), []
         self.words = {id(e.capture.guards): per_call(e.capture.guards) for e in fn.entries}
         for entry in fn.entries:
             entry.capture.guards.check = self.timed(entry.capture.guards, clock)
@@ -138,13 +140,16 @@ class GuardClock:
             start = clock()
             ok = check(*args)
             self.seconds += clock() - start
+            self.calls.append(clock() - start)
             self.passes[id(guards)] += ok
             return ok
         return timed_check
 
     def __str__(self) -> str:
         ((top, _),) = self.passes.most_common(1)
-        return f"{self.seconds / sum(self.passes.values()) * 1e6:.1f} us; {self.words[top]}"
+        mean = self.seconds / sum(self.passes.values()) * 1e6
+        median = statistics.median(self.calls) * 1e6
+        return f"{median:.1f} us median, {mean:.1f} mean; {self.words[top]}"
 
 
 def run(model: torch.nn.Module, ids: torch.Tensor, tokens: int, options: dict,

@@ -15,7 +15,8 @@ tensor metadata, values in lists or in objects without ``__dict__``, attributes 
 calls such as the grad mode), reading what dicts fix (parameters, submodules) as objects held
 since that pass rather than walking their paths.  A version that moved runs the whole
 function again, which records anew; a dict that moves at every pass (a script's globals,
-written by its loops) is left out, and a gate that keeps recording gives up.
+written by its loops) is left out, and a gate that keeps recording gives up; a record that
+served ``RECORDS`` calls or more clears both counts.
 
 Not seen, as in Dynamo: ``obj.__dict__ = other`` or ``obj.__class__ = other`` on an object a
 check reached, and a data descriptor added to a class over an instance attribute read.
@@ -38,8 +39,8 @@ DICTS = (dict, OrderedDict)
 IMMUTABLE = frozenset({type(None), bool, int, float, complex, str, bytes, range, torch.dtype,
                        torch.device, torch.Size, torch.layout, torch.memory_format})
 HELD = "__held__"  # what dicts fix that checks read, in the fast function's namespace
-RECORDS = 32  # whole-function passes after which a gate whose dicts keep changing gives up
-CHURN = 2  # passes a dict has moved at after which no check is covered through it
+RECORDS = 32  # records in a row, each after fewer fast calls than this, before giving up
+CHURN = 2  # such records a dict has moved at after which no check is covered through it
 IDENTITY, KEYS, VALUE = 0, 1, 2  # what of a value a check reads
 
 Path = tuple[str, tuple[tuple[str, Any], ...]]  # root name, steps ("attr" | "item" | "get", key)
@@ -60,7 +61,8 @@ class DictGate:
         self.full = guards.check
         self.reads: list[list[tuple[Path, int]] | None] | None = None
         self.identities: dict[int, tuple[Path, Any]] = {}  # check -> path, object
-        self.records = 0
+        self.records = 0  # records since one that RECORDS fast calls or more paid for
+        self.hits = 0  # fast calls since the last record
         self.dicts: tuple = ()
         self.versions: tuple | None = None
         self.fast: Any = None
@@ -71,6 +73,7 @@ class DictGate:
 
     def check(self, *args: Any) -> bool:
         if tuple(map(compat.DICT_VERSION, self.dicts)) == self.versions:
+            self.hits += 1
             return self.fast(*args)
         if not self.full(*args):
             return False
@@ -84,7 +87,10 @@ class DictGate:
     def record(self, args: tuple) -> None:
         """After a pass of the whole function: the dicts of the covered checks and their
         versions, or give up (the guard function runs alone) where none or too many moved."""
-        self.records += 1
+        if self.hits >= RECORDS:  # the last record paid: a model put in eval() each epoch,
+            self.records = 0  # or an attribute generate() writes, is no churn
+            self.moves.clear()
+        self.records, self.hits = self.records + 1, 0
         if self.versions is not None:
             self.moves.update(id(d) for d, v in zip(self.dicts, self.versions)
                               if compat.DICT_VERSION(d) != v)

@@ -46,7 +46,7 @@ def _pooled_nchw(node: Node) -> bool:
 def pool_channels_last(graph: Graph) -> tuple[Graph, str]:
     """``graph`` with its CPU NCHW max pools on the channels-last kernel (or ``graph``
     itself), and what was done, for the logs ("" where nothing)."""
-    found = [n for n in graph.calls() if _pooled_nchw(n)]
+    found = {n for n in graph.calls() if _pooled_nchw(n)}
     if not found:
         return graph, ""
     target = ops.extern_op(pooling.max_pool2d)

@@ -8,8 +8,8 @@ graphs.  Outputs live in the graph's pool until its next replay, which invalidat
 still alive; inputs a kernel stores into are copied back; an output that is a whole input (a
 library call stored into it in place) is handed out as the caller's tensor itself.  An
 updated input read in place over several replays is state (a KV cache): a new one records
-again, in place.  What cannot be recorded runs the ordinary path, with the reason logged
-once.
+again, in place, and a graph recorded again on buffers of its own keeps reading it in
+place.  What cannot be recorded runs the ordinary path, with the reason logged once.
 """
 
 from __future__ import annotations
@@ -85,17 +85,20 @@ class Recorded:
     """One CUDA graph: its input buffers, its outputs, and what the last replay handed out."""
 
     def __init__(self, call: Callable[[list], tuple], inputs: list, static: frozenset[int],
-                 mutated: frozenset[int], owned: bool = False) -> None:
+                 mutated: frozenset[int], own: frozenset[int] = frozenset(),
+                 state: frozenset[int] = frozenset()) -> None:
         self.copied = [k for k, x in enumerate(inputs)
                        if isinstance(x, torch.Tensor) and k not in static]
         self.mutated = [k for k in self.copied if k in mutated]
         self.pinned = [k for k in self.copied if compat.static_address(inputs[k])]
-        self.owned = owned  # buffers of its own (else the recording call's tensors)
+        self.own = own  # inputs on buffers of its own (the others: the recording call's)
+        self.owned = bool(own)
+        self.state = state  # inputs known to be state: read in place, a new one records
         self.in_place = 0  # replays that updated the recorded tensors themselves
         self.handed: list[Any] = []  # weak references to the storages handed out last
         self.buffers = list(inputs)
-        for k in self.copied if owned else ():
-            if k in self.pinned:  # read in place, owned or not
+        for k in self.copied:
+            if k not in own or k in self.pinned:  # pinned ones are read in place
                 continue
             x = inputs[k]
             self.buffers[k] = torch.empty_strided(x.shape, x.stride(), dtype=x.dtype,
@@ -136,6 +139,7 @@ class Recorded:
         self.pinned_at = tuple(self.pointers[k] for k in self.pinned)
         self.copy_in = [k for k in self.copied if k not in pinned]
         self.copy_out = [k for k in self.mutated if k not in pinned]
+        self.settled = frozenset(k for k in self.copy_out if k not in self.own)
         self.template = [None if isinstance(o, _Output) else o for o in self.outputs]
         self.wholes = [(i, o.input) for i, o in enumerate(self.outputs)
                        if isinstance(o, _Output) and o.whole]
@@ -169,8 +173,19 @@ class Recorded:
         replays, is another tensor now: state such as the next ``generate`` call's KV
         cache, which the graph records again on, rather than copy it in and back at every
         replay (a function handed a new tensor to update at each call gets copies)."""
-        return not self.owned and self.in_place >= STATE and any(
-            inputs[k].data_ptr() != self.pointers[k] for k in self.copy_out)
+        return any(inputs[k].data_ptr() != self.pointers[k] for k in self.learned_state())
+
+    def to_own(self, inputs: list) -> frozenset[int]:
+        """The inputs a graph recorded again on these gets buffers of its own for: all but
+        the updated ones that are still the tensors recorded here (read in place)."""
+        mutated = set(self.mutated)
+        return frozenset(k for k in self.copied
+                         if k not in mutated or inputs[k].data_ptr() != self.pointers[k])
+
+    def learned_state(self) -> frozenset[int]:
+        """The inputs known to be state: read in place over ``STATE`` replays here, or in
+        an earlier graph of the same call."""
+        return self.settled if self.in_place >= STATE else self.state
 
     def replay(self, inputs: list) -> tuple | None:
         """Run the graph on ``inputs``; None when it cannot (then record again)."""
@@ -182,7 +197,7 @@ class Recorded:
             if buf.data_ptr() != pointers[k]:  # set_() or resize_() moved it
                 return None
             if x.data_ptr() != pointers[k]:
-                if not self.owned and not alone(buf, ours=2):  # the list, the local
+                if k not in self.own and not alone(buf, ours=2):  # the list, the local
                     return None
                 buf.copy_(x)
         self._invalidate_handed()
@@ -229,6 +244,7 @@ class GraphedCall:
         self.recorded: dict[tuple, Recorded] = {}
         self.warm: set[tuple] = set()
         self.off: str | None = None  # why this graph runs the ordinary path from now on
+        self.state: frozenset[int] = frozenset()  # updated inputs read in place (a KV cache)
         # The static tensors, the other tensors and the rest (sizes), picked from the inputs
         # (whose kinds the entry's guards keep): set at the first call.
         self.picks: tuple[Callable[[list], tuple], ...] | None = None
@@ -253,8 +269,13 @@ class GraphedCall:
             outs = graph.replay(inputs)
             if outs is not None:
                 return outs
+            # A new static or state input records again on the caller's tensors; else the
+            # graph gets buffers of its own for all but the updated inputs that are still
+            # the recorded tensors (a KV cache is not copied in and back at each step
+            # because a token's tensor from the recording call is still held).
+            self.state |= graph.learned_state()
             moved = graph.moved_pinned(inputs) or graph.moved_state(inputs)
-            return self.record(key, inputs, owned=not moved)
+            return self.record(key, inputs, frozenset() if moved else graph.to_own(inputs))
         if key not in self.warm:
             reason = why_not(inputs)
             if reason is not None:
@@ -265,20 +286,20 @@ class GraphedCall:
             trace.emit("cudagraphs", self.name,
                        f"{LIMIT} graphs recorded already: these sizes run without CUDA graphs")
             return self.call(inputs)
-        return self.record(key, inputs, owned=False)
+        return self.record(key, inputs, frozenset())
 
-    def record(self, key: tuple, inputs: list, owned: bool) -> tuple:
+    def record(self, key: tuple, inputs: list, own: frozenset[int]) -> tuple:
         old = self.recorded.pop(key, None)
         if old is not None:
             old._invalidate_handed()
         try:
-            graph = Recorded(self.call, inputs, self.static, self.mutated, owned)
+            graph = Recorded(self.call, inputs, self.static, self.mutated, own, self.state)
         except RuntimeError as e:  # e.g. a library call that synchronizes while recording
             return self.turn_off(f"recording failed: {str(e).splitlines()[0]}", inputs)
         self.recorded[key] = graph
-        where = "buffers of its own" if owned else "the recording call's tensors"
         trace.emit("cudagraphs", self.name, f"recorded graph {len(self.recorded)}: "
-                   f"{len(graph.copied)} inputs read from {where}, "
+                   f"{len(graph.copied) - len(own)} inputs read from the recording call's "
+                   f"tensors, {len(own)} from buffers of its own, "
                    f"{len(inputs) - len(graph.copied)} (parameters, buffers) in place")
         outs = graph.replay(inputs)
         assert outs is not None  # just recorded on these inputs

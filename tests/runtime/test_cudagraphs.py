@@ -333,6 +333,24 @@ def test_an_updated_input_read_over_replays_is_state_and_a_new_one_records_again
         (graph,) = graphed(step).recorded.values()
         assert not graph.owned and any(b is cache for b in graph.buffers)
 
+    # A recording call's tensor the caller still holds at the next call (transformers keeps
+    # some between ``generate`` calls) records again: on buffers of its own for the other
+    # inputs, the cache still read in place and never copied back.
+    (first,) = graphed(step).recorded.values()
+    at = {k: first.buffers[k] for k in first.copied}
+    (kc,) = [k for k, b in at.items() if b is cache]
+    (kx,) = [k for k, b in at.items() if b is not cache and b.is_floating_point()]
+    held = at[kx]
+    for i in range(6):
+        x, pos = torch.randn(1, 32, device="cuda"), torch.tensor([i], device="cuda")
+        want[i] = x[0]
+        torch.testing.assert_close(step(x, pos, cache), want.sum(0) * 2)
+        torch.testing.assert_close(cache, want)
+    (graph,) = graphed(step).recorded.values()
+    assert graph is not first and graph.buffers[kc] is cache, (graph.own, graph.copied)
+    assert graph.own == set(at) - {kc} and held.shape == (1, 32)
+    assert graph.in_place >= 5, graph.in_place  # no step copied the cache back
+
     @minicompile.compile(mode="reduce-overhead")
     def bump(x, acc):
         acc.add_(x)

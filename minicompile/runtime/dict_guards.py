@@ -33,6 +33,7 @@ from typing import Any
 import torch
 
 from minicompile import compat
+from minicompile.runtime import dict_versions
 from minicompile.runtime.guard_render import render
 
 DICTS = (dict, OrderedDict)
@@ -65,6 +66,7 @@ class DictGate:
         self.hits = 0  # fast calls since the last record
         self.dicts: tuple = ()
         self.versions: tuple | None = None
+        self.packed: Any = None  # the versions as dict_versions.unchanged compares them
         self.fast: Any = None
         self.held: list = []
         self.functions: dict[tuple, Any] = {}
@@ -72,7 +74,7 @@ class DictGate:
         self.skipped = 0  # checks the fast function leaves out
 
     def check(self, *args: Any) -> bool:
-        if tuple(map(compat.DICT_VERSION, self.dicts)) == self.versions:
+        if self.packed is not None and dict_versions.unchanged(self.dicts, self.packed):
             self.hits += 1
             return self.fast(*args)
         if not self.full(*args):
@@ -80,7 +82,7 @@ class DictGate:
         try:
             self.record(args)
         except Exception:  # noqa: BLE001 - a path misread: never the guards' answer
-            self.versions = None
+            self.versions = self.packed = None
             self.guards.check = self.full
         return True
 
@@ -94,7 +96,7 @@ class DictGate:
         if self.versions is not None:
             self.moves.update(id(d) for d, v in zip(self.dicts, self.versions)
                               if compat.DICT_VERSION(d) != v)
-        self.versions = None
+        self.versions = self.packed = None
         g = self.guards
         if self.reads is None:
             self.reads = [analyse(c.expr, g.params, g.namespace) for c in g.run_checks]
@@ -131,6 +133,7 @@ class DictGate:
         self.skipped = len(covered)
         self.held[:] = [reader.read(path)[0] for path in holder.paths]  # type: ignore[index]
         self.versions = tuple(map(compat.DICT_VERSION, self.dicts))
+        self.packed = dict_versions.snapshot(self.dicts)
 
     def render(self, exprs: list[str]) -> Any:
         """The function of the checks not covered (``exprs``: each check's, reading what

@@ -5,6 +5,8 @@ parameters (random init, bf16) on the GPU; on the CPU, the model zoo's tiny conf
     python examples/bench_decode.py                          # the GPU table
     python examples/bench_decode.py --threads 1 --cpu-time   # CPU: one thread's CPU time
     python examples/bench_decode.py --no-inductor            # leave torch.compile out
+    python examples/bench_decode.py --real-sizes --threads 1 --cpu-time --new-tokens 8
+                                      # the GPU's models (GPT-2 small, Llama 100M) on the CPU
 
 Rows (each a fresh copy of the model, the compiled code warmed by two ``generate`` calls):
 
@@ -189,6 +191,8 @@ def main() -> None:
                         help="tokens generated per call (default: 128 on the GPU, 16 on the CPU)")
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--no-inductor", action="store_true", help="leave torch.compile out")
+    parser.add_argument("--real-sizes", action="store_true",
+                        help="on the CPU too, the GPU's models (GPT-2 small, Llama 100M)")
     parser.add_argument("--threads", type=int, default=None, help="CPU threads")
     parser.add_argument("--cpu-time", action="store_true",
                         help="time this thread's CPU time (CPU, with --threads 1 only)")
@@ -201,7 +205,7 @@ def main() -> None:
     a.new_tokens = a.new_tokens or (128 if cuda else 16)
     clock = time.thread_time if a.cpu_time else time.perf_counter
     device, dtype = ("cuda", torch.bfloat16) if cuda else ("cpu", torch.float32)
-    builds = GPU_MODELS if cuda else CPU_MODELS
+    builds = GPU_MODELS if cuda or a.real_sizes else CPU_MODELS
     print(f"decode tokens/s on {torch.cuda.get_device_name() if cuda else 'CPU'} ({dtype}), "
           f"torch {torch.__version__}; prompt {a.prompt}, {a.new_tokens} new tokens, "
           f"median decode step of {a.reps} calls{' (CPU time)' if a.cpu_time else ''}")

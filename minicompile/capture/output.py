@@ -17,7 +17,7 @@ from typing import Any
 import sympy
 import torch
 
-from minicompile import ops
+from minicompile import compat, ops
 from minicompile.capture import externs, kinds, mutation
 from minicompile.capture.autocast import AutocastState
 from minicompile.capture.dynamic import STATIC, DynamicPolicy
@@ -307,8 +307,7 @@ class OutputGraph(FrameValuesMixin):
         graph treats inputs as independent.  Refused now, guarded for later calls."""
         tensors = [(t, e) for t, e, v in zip(self.input_values, self.input_exprs, self.input_vars)
                    if id(v) not in self.array_inputs]  # arrays: numpy_arrays checks them
-        storages = [t.untyped_storage()._cdata for t, _ in tensors]
-        if len(set(storages)) != len(storages):
+        if compat.storage_count(tuple(t for t, _ in tensors)) != len(tensors):
             raise Unsupported("an input mutated in place shares memory with another input")
         self.guards.distinct_storages([e for _, e in tensors])
 

@@ -69,7 +69,7 @@ def _native() -> Callable[[Any, Any], int] | None:
 
         if not include.is_file():
             return None
-        path, _ = build.build_unit(_SOURCE.format(include=include), config.get())
+        path, _ = build.build_unit(_SOURCE.format(include=include), config.get(), "helpers")
         function = ctypes.PyDLL(str(path)).mc_dict_versions_equal
     except Exception:  # noqa: BLE001 - any failure leaves the Python form
         return None

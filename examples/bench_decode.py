@@ -47,6 +47,7 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from model_report import import_torchvision  # noqa: E402
 from model_zoo import _gpt2, _llama  # noqa: E402
 
 import minicompile  # noqa: E402
@@ -197,6 +198,7 @@ def main() -> None:
     parser.add_argument("--cpu-time", action="store_true",
                         help="time this thread's CPU time (CPU, with --threads 1 only)")
     a = parser.parse_args()
+    import_torchvision()  # transformers imports it
     cuda = torch.cuda.is_available()
     if a.threads is not None:
         torch.set_num_threads(a.threads)

@@ -30,7 +30,7 @@ from minicompile.capture.variables import (
 )
 from minicompile.errors import ShapeError, SourceLine, Unsupported
 from minicompile.graph import Graph, Node, TensorMeta
-from minicompile.runtime import guard_render
+from minicompile.runtime.guard_render import inputs_source
 from minicompile.runtime.guards import Guards
 
 
@@ -286,8 +286,9 @@ class OutputGraph(FrameValuesMixin):
         ns = guards.namespace
         exec(compile(rebuild_src, "<minicompile rebuild>", "exec"), ns)
         exec(compile(inputs_src, "<minicompile inputs>", "exec"), ns)
+        get_inputs = guards.reading(ns["get_inputs"], inputs_src)
         return Finished(
-            graph=self.graph, input_sources=list(self.input_sources), get_inputs=ns["get_inputs"],
+            graph=self.graph, input_sources=list(self.input_sources), get_inputs=get_inputs,
             get_inputs_source=inputs_src, guards=guards, rebuild=ns["rebuild"],
             rebuild_source=rebuild_src, writebacks=self._writebacks(outputs, rebuild_src))
 
@@ -347,14 +348,3 @@ for _kind in (TupleVar, ListVar):
     kinds.require_pinned.register(_kind, lambda out, var, what: out.require_pinned(var.items, what))
 kinds.require_pinned.register(DictVar, lambda out, var, what: out.require_pinned(
     var.items.values(), what))
-
-
-def inputs_source(params: list[str], exprs: list[str]) -> str:
-    """``get_inputs(*params)``: the list of ``exprs``, each path several read (a model's
-    parameters: ``L_self._modules['encoder']...``) read once into a local."""
-    lines = [f"def get_inputs({', '.join(params)}):"]
-    items = []
-    for expr, assignments in guard_render.hoist(exprs):
-        lines += [f"    {local} = {value}" for local, value in assignments]
-        items.append(expr)
-    return "\n".join([*lines, f"    return [{', '.join(items)}]\n"])

@@ -27,6 +27,7 @@ from __future__ import annotations
 import ast
 import builtins
 import dataclasses
+import operator
 from collections import Counter, OrderedDict
 from typing import Any
 
@@ -34,7 +35,7 @@ import torch
 
 from minicompile import compat
 from minicompile.runtime import dict_versions
-from minicompile.runtime.guard_render import render
+from minicompile.runtime.guard_render import inputs_items, inputs_source, render
 
 DICTS = (dict, OrderedDict)
 IMMUTABLE = frozenset({type(None), bool, int, float, complex, str, bytes, range, torch.dtype,
@@ -72,11 +73,20 @@ class DictGate:
         self.functions: dict[tuple, Any] = {}
         self.moves: Counter[int] = Counter()  # id of a dict -> passes it had moved at
         self.skipped = 0  # checks the fast function leaves out
+        # get_inputs, and its items reading what is held (after a record), with the
+        # arguments of the last call the fast function passed (DictGate.inputs).
+        self.slow_inputs: Any = None
+        self.items: list[str] | None = None
+        self.fast_inputs: Any = None
+        self.passed: tuple | None = None
 
     def check(self, *args: Any) -> bool:
         if self.packed is not None and dict_versions.unchanged(self.dicts, self.packed):
             self.hits += 1
-            return self.fast(*args)
+            ok = self.fast(*args)
+            self.passed = args if ok else None
+            return ok
+        self.passed = None
         if not self.full(*args):
             return False
         try:
@@ -96,7 +106,7 @@ class DictGate:
         if self.versions is not None:
             self.moves.update(id(d) for d, v in zip(self.dicts, self.versions)
                               if compat.DICT_VERSION(d) != v)
-        self.versions = self.packed = None
+        self.versions = self.packed = self.fast_inputs = None
         g = self.guards
         if self.reads is None:
             self.reads = [analyse(c.expr, g.params, g.namespace) for c in g.run_checks]
@@ -124,16 +134,47 @@ class DictGate:
         holder = Holder(reader, g.params, g.namespace)
         skip = set(covered)
         exprs = [holder.hold(c.expr) if i not in skip else "" for i, c in enumerate(g.run_checks)]
+        items = [holder.hold(e) for e in self.items or ()]
         key = (tuple(covered), tuple(holder.paths))
         if key not in self.functions:
-            self.functions[key] = self.render(exprs)
+            self.functions[key] = self.render(exprs), self.render_inputs(items)
         for path in holder.paths:
             dicts.update((id(d), d) for d in reader.read(path)[1])  # type: ignore[index]
-        self.fast, self.dicts = self.functions[key], tuple(dicts.values())
+        (self.fast, self.fast_inputs), self.dicts = self.functions[key], tuple(dicts.values())
         self.skipped = len(covered)
         self.held[:] = [reader.read(path)[0] for path in holder.paths]  # type: ignore[index]
         self.versions = tuple(map(compat.DICT_VERSION, self.dicts))
         self.packed = dict_versions.snapshot(self.dicts)
+
+    def reading(self, get_inputs: Any, source: str) -> Any:
+        """:meth:`inputs`, ``get_inputs`` (of ``source``) reading what is held after a fast
+        pass; ``get_inputs`` itself where its items cannot be read back."""
+        self.items = inputs_items(source)
+        if self.items is None:
+            return get_inputs
+        self.slow_inputs, self.functions = get_inputs, {}
+        self.versions = self.packed = None  # (a warm entry's first check recorded: again)
+        return self.inputs
+
+    def inputs(self, *args: Any) -> list:
+        """The graph's inputs from the frame ``args``: the parameters as held since the last
+        record where the call's check passed the fast function on these very arguments and
+        the dicts still have their versions (nothing ran between), else by their paths."""
+        passed, self.passed = self.passed, None  # (no references kept past the call)
+        if (passed is not None and self.fast_inputs is not None and len(passed) == len(args)
+                and all(map(operator.is_, passed, args))
+                and dict_versions.unchanged(self.dicts, self.packed)):
+            return self.fast_inputs(*args)
+        return self.slow_inputs(*args)
+
+    def render_inputs(self, items: list[str]) -> Any:
+        if self.items is None:
+            return None
+        scope = {**self.guards.namespace, HELD: self.held}
+        code = compile(inputs_source(self.guards.params, items),
+                       "<minicompile inputs, dicts unchanged>", "exec")
+        exec(code, scope)  # noqa: S102 - the items capture wrote, reading what is held
+        return scope["get_inputs"]
 
     def render(self, exprs: list[str]) -> Any:
         """The function of the checks not covered (``exprs``: each check's, reading what

@@ -43,6 +43,7 @@ IMMUTABLE = frozenset({type(None), bool, int, float, complex, str, bytes, range,
 HELD = "__held__"  # what dicts fix that checks read, in the fast function's namespace
 RECORDS = 32  # records in a row, each after fewer fast calls than this, before giving up
 CHURN = 2  # such records a dict has moved at after which no check is covered through it
+NATIVE_AFTER = 64  # fast calls after which the versions are compared in C (dict_versions)
 IDENTITY, KEYS, VALUE = 0, 1, 2  # what of a value a check reads
 
 Path = tuple[str, tuple[tuple[str, Any], ...]]  # root name, steps ("attr" | "item" | "get", key)
@@ -65,6 +66,7 @@ class DictGate:
         self.identities: dict[int, tuple[Path, Any]] = {}  # check -> path, object
         self.records = 0  # records since one that RECORDS fast calls or more paid for
         self.hits = 0  # fast calls since the last record
+        self.fast_calls = 0  # since the gate was made
         self.dicts: tuple = ()
         self.versions: tuple | None = None
         self.packed: Any = None  # the versions as dict_versions.unchanged compares them
@@ -82,7 +84,9 @@ class DictGate:
 
     def check(self, *args: Any) -> bool:
         if self.packed is not None and dict_versions.unchanged(self.dicts, self.packed):
-            self.hits += 1
+            self.hits, self.fast_calls = self.hits + 1, self.fast_calls + 1
+            if self.fast_calls == NATIVE_AFTER:  # a loop: the version tags compared in C
+                self.packed = dict_versions.pack(self.versions, build=True)
             ok = self.fast(*args)
             self.passed = args if ok else None
             return ok
@@ -144,7 +148,7 @@ class DictGate:
         self.skipped = len(covered)
         self.held[:] = [reader.read(path)[0] for path in holder.paths]  # type: ignore[index]
         self.versions = tuple(map(compat.DICT_VERSION, self.dicts))
-        self.packed = dict_versions.snapshot(self.dicts)
+        self.packed = dict_versions.pack(self.versions)
 
     def reading(self, get_inputs: Any, source: str) -> Any:
         """:meth:`inputs`, ``get_inputs`` (of ``source``) reading what is held after a fast

@@ -6,14 +6,15 @@ GPT-2-small decode step: 584, module dicts).  In Python, ``tuple(map(dict_versio
 dict's ``ma_version_tag`` in C, under 1 us.  It is a small library built once with the C++
 compiler (cached on disk like a kernel) and called through ctypes with the GIL held; where
 it cannot be built or loaded, or answers otherwise than :data:`compat.DICT_VERSION` on a
-test at load, :func:`snapshot` and :func:`unchanged` fall back to the Python form.
+test at load, :func:`pack` and :func:`unchanged` keep the Python form.  A gate asks for it
+after ``NATIVE_AFTER`` fast calls (dict_guards.py): a function called a few times never
+builds it.
 """
 
 from __future__ import annotations
 
 import array
 import ctypes
-import functools
 import sysconfig
 from collections.abc import Callable
 from pathlib import Path
@@ -43,39 +44,44 @@ extern "C" int mc_dict_versions_equal(PyObject* dicts, PyObject* versions) {{
 """
 
 
-def snapshot(dicts: tuple) -> Any:
-    """The version tags of ``dicts`` now, in the form :func:`unchanged` compares."""
-    versions = tuple(map(compat.DICT_VERSION, dicts))
-    return versions if _native() is None else array.array("Q", versions).tobytes()
+def pack(versions: tuple, build: bool = False) -> Any:
+    """``versions`` (the tags of dicts, in order) in the form :func:`unchanged` compares:
+    bytes for the C loop where this process has it (``build``: build or load it now, which
+    takes a compile the first time in a cache directory), else the tuple itself."""
+    if _native is None and build:
+        _load()
+    return versions if not _native else array.array("Q", versions).tobytes()
 
 
-def unchanged(dicts: tuple, versions: Any) -> bool:
-    """Whether each of ``dicts`` still has its tag in ``versions`` (a :func:`snapshot`)."""
-    native = _native()
-    if native is None:
-        return tuple(map(compat.DICT_VERSION, dicts)) == versions
-    return native(dicts, versions) == 1
+def unchanged(dicts: tuple, packed: Any) -> bool:
+    """Whether each of ``dicts`` still has its tag in ``packed`` (from :func:`pack`)."""
+    if type(packed) is bytes:
+        return _native(dicts, packed) == 1  # type: ignore[misc]
+    return tuple(map(compat.DICT_VERSION, dicts)) == packed
 
 
-@functools.cache
-def _native() -> Callable[[Any, Any], int] | None:
-    """The C loop, or None where it cannot be had (no dict versions, no compiler, no
-    Python headers) or answers wrongly on a test."""
-    if compat.DICT_VERSION is None:
-        return None
+_native: Any = None  # the C loop; None: not tried yet; False: cannot be had here
+
+
+def _load() -> None:
+    """Build (or find in the cache) and load the C loop; False where it cannot be had (no
+    dict versions, no compiler, no Python headers) or answers wrongly on a test."""
+    global _native
+    _native = False
     include = Path(sysconfig.get_paths()["include"]) / "Python.h"
+    if compat.DICT_VERSION is None or not include.is_file():
+        return
     try:
         from minicompile.runtime import build
 
-        if not include.is_file():
-            return None
         path, _ = build.build_unit(_SOURCE.format(include=include), config.get(), "helpers")
         function = ctypes.PyDLL(str(path)).mc_dict_versions_equal
     except Exception:  # noqa: BLE001 - any failure leaves the Python form
-        return None
+        return
     function.argtypes = [ctypes.py_object, ctypes.py_object]
     function.restype = ctypes.c_int
-    return function if _answers_right(function) else None
+    if _answers_right(function):
+        _native = function
 
 
 def _answers_right(function: Callable[[Any, Any], int]) -> bool:

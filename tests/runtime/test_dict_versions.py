@@ -11,19 +11,31 @@ import torch
 
 import minicompile
 from minicompile import compat
-from minicompile.runtime import dict_versions
+from minicompile.runtime import dict_guards, dict_versions
 
 pytestmark = pytest.mark.skipif(compat.DICT_VERSION is None, reason="no dict version tags")
+
+
+def _native() -> object:
+    if dict_versions._native is None:
+        dict_versions._load()
+    if not dict_versions._native:
+        pytest.fail("the C loop could not be built here (a C++ compiler and Python.h)")
+    return dict_versions._native
 
 
 @pytest.fixture(params=["native", "python"])
 def form(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     if request.param == "native":
-        if dict_versions._native() is None:
-            pytest.fail("the C loop could not be built here (a C++ compiler and Python.h)")
+        _native()
     else:
-        monkeypatch.setattr(dict_versions, "_native", lambda: None)
+        monkeypatch.setattr(dict_versions, "_native", False)
     return request.param
+
+
+def snapshot(dicts: tuple) -> object:
+    packed = dict_versions.pack(tuple(map(compat.DICT_VERSION, dicts)))
+    return packed
 
 
 def test_every_write_is_seen(form: str) -> None:
@@ -38,37 +50,42 @@ def test_every_write_is_seen(form: str) -> None:
               lambda d: d.__setitem__("y", object())]
     for i in (0, 17, 49, 50, 51):
         for write in writes:
-            snap = dict_versions.snapshot(dicts)
+            snap = snapshot(dicts)
             assert dict_versions.unchanged(dicts, snap)
             write(dicts[i])
             assert not dict_versions.unchanged(dicts, snap)
-    snap = dict_versions.snapshot(dicts)
+    snap = snapshot(dicts)
     obj.a = 2  # an attribute set: the instance dict
     assert not dict_versions.unchanged(dicts, snap)
 
 
 def test_wrong_arguments_never_pass() -> None:
-    native = dict_versions._native()
-    if native is None:
-        pytest.fail("the C loop could not be built here (a C++ compiler and Python.h)")
+    native = _native()
     dicts = ({}, {})
-    snap = dict_versions.snapshot(dicts)
-    assert native(dicts, snap) == 1
+    snap = snapshot(dicts)
+    assert type(snap) is bytes and native(dicts, snap) == 1
     assert native(list(dicts), snap) == 0  # not a tuple
     assert native(dicts[:1], snap) == 0  # other lengths
     assert native(({}, [], {}), snap + snap[:8]) == 0  # not a dict
     assert native(dicts, bytearray(snap)) == 0  # not bytes
 
 
-def test_module_changed_between_calls(form: str, backend: str) -> None:
+def test_module_changed_between_calls(form: str, backend: str,
+                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(dict_guards, "NATIVE_AFTER", 2)
+    minicompile.reset()
     torch.manual_seed(0)
     net = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 4))
     compiled = minicompile.compile(net, backend=backend)
-    for step in range(6):
+    for step in range(8):
         x = torch.randn(3, 8)
-        if step == 3:  # a parameter replaced: the module's _parameters dict moves
+        if step == 4:  # a parameter replaced: the module's _parameters dict moves
             net[2].weight = torch.nn.Parameter(torch.randn(4, 8))
-        if step == 4:  # a submodule swapped
+        if step == 6:  # a submodule swapped
             net[1] = torch.nn.Tanh()
         with torch.no_grad():
             torch.testing.assert_close(compiled(x), net(x))
+        if step == 3:  # the versions compared in C after NATIVE_AFTER fast calls
+            (entry,) = compiled.__dict__["_compiled"].entries
+            gate = entry.capture.guards.check.__self__
+            assert type(gate.packed) is (bytes if form == "native" else tuple), gate.packed

@@ -13,10 +13,12 @@ the version of every dict the covered checks read; while each still has it, the 
 checks hold as they did, and a call runs only the others (the identities of parameters,
 tensor metadata, values in lists or in objects without ``__dict__``, attributes of classes,
 calls such as the grad mode), reading what dicts fix (parameters, submodules) as objects held
-since that pass rather than walking their paths.  A version that moved runs the whole
-function again, which records anew; a dict that moves at every pass (a script's globals,
-written by its loops) is left out, and a gate that keeps recording gives up; a record that
-served ``RECORDS`` calls or more clears both counts.
+since that pass rather than walking their paths; so does ``get_inputs`` on the arguments
+a fast pass has just checked (:meth:`DictGate.inputs`).  The versions are compared in one C
+call once a gate has served ``NATIVE_AFTER`` fast calls (runtime/dict_versions.py).  A
+version that moved runs the whole function again, which records anew; a dict that moves at
+every pass (a script's globals, written by its loops) is left out, and a gate that keeps
+recording gives up; a record that served ``RECORDS`` calls or more clears both counts.
 
 Not seen, as in Dynamo: ``obj.__dict__ = other`` or ``obj.__class__ = other`` on an object a
 check reached, and a data descriptor added to a class over an instance attribute read.

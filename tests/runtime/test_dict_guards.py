@@ -190,7 +190,7 @@ def test_inputs_read_what_is_held_only_right_after_a_fast_pass() -> None:
     just passed the fast function, the dicts unchanged since: a parameter replaced in
     between, or other arguments, are read by their paths."""
     if compat.DICT_VERSION is None:
-        pytest.skip("no dict versions on this Python / PyTorch: every check runs")  # noqa
+        pytest.skip("no dict versions on this Python / PyTorch: every check runs")
     minicompile.reset()
     net = make_net()
     compiled = minicompile.compile(net, backend="cpp")

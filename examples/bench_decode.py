@@ -5,6 +5,9 @@ parameters (random init, bf16) on the GPU; on the CPU, the model zoo's tiny conf
     python examples/bench_decode.py                          # the GPU table
     python examples/bench_decode.py --threads 1 --cpu-time   # CPU: one thread's CPU time
     python examples/bench_decode.py --no-inductor            # leave torch.compile out
+    python examples/bench_decode.py --real-sizes --threads 1 --cpu-time --new-tokens 8
+                                      # the GPU's models (GPT-2 small, Llama 100M) on the CPU
+    python examples/bench_decode.py --parts      # minicompile's host time per part of a call
 
 Rows (each a fresh copy of the model, the compiled code warmed by two ``generate`` calls):
 
@@ -45,6 +48,7 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from model_report import import_torchvision  # noqa: E402
 from model_zoo import _gpt2, _llama  # noqa: E402
 
 import minicompile  # noqa: E402
@@ -152,6 +156,61 @@ class GuardClock:
         return f"{median:.1f} us median, {mean:.1f} mean; {self.words[top]}"
 
 
+class PartClock:
+    """``--parts``: the host time of each part of minicompile's compiled calls, the median
+    per call that ran an entry: the guard checks (every entry's checks the call ran),
+    ``get_inputs``, the generated ``call`` (on the GPU under reduce-overhead, the CUDA
+    graph's replay: its key, input copies, launch and outputs; on the CPU the kernels too),
+    ``rebuild`` (the output, write-backs), and the whole call."""
+
+    def __init__(self, fn: minicompile.api.CompiledFunction, clock: Callable[[], float]) -> None:
+        self.clock, self.times = clock, {k: [] for k in ("guards", "get_inputs", "call",
+                                                         "rebuild", "whole call")}
+        self.guards = 0.0
+        for entry in fn.entries:
+            entry.capture.guards.check = self.timed_check(entry.capture.guards.check)
+            entry.run = self.timed_run(entry)
+        whole = type(fn).__call__
+
+        def timed_whole(this: Any, *args: Any, **kwargs: Any) -> Any:
+            self.guards, start = 0.0, clock()
+            out = whole(this, *args, **kwargs)
+            self.times["whole call"].append(clock() - start)
+            return out
+        fn.__class__ = type("Timed", (type(fn),), {"__call__": timed_whole})
+
+    def timed_check(self, check: Callable[..., bool]) -> Callable[..., bool]:
+        def timed(*args: Any) -> bool:
+            start = self.clock()
+            ok = check(*args)
+            self.guards += self.clock() - start
+            return ok
+        return timed
+
+    def timed_run(self, entry: Any) -> Callable[[tuple], Any]:
+        run, capture, call, clock = entry.run, entry.capture, entry.call, self.clock
+
+        def timed(frame: tuple) -> Any:
+            if torch.is_grad_enabled() or call is None:
+                return run(frame)
+            t0 = clock()
+            inputs = capture.get_inputs(*frame)
+            t1 = clock()
+            outs = call(inputs)
+            t2 = clock()
+            out = capture.rebuild(outs, *frame)
+            t3 = clock()
+            for k, t in zip(("guards", "get_inputs", "call", "rebuild"),
+                            (self.guards, t1 - t0, t2 - t1, t3 - t2)):
+                self.times[k].append(t)
+            return out
+        return timed
+
+    def __str__(self) -> str:
+        return ", ".join(f"{k} {statistics.median(v) * 1e6:.0f}" for k, v in self.times.items()
+                         if v) + " us"
+
+
 def run(model: torch.nn.Module, ids: torch.Tensor, tokens: int, options: dict,
         clock: Callable[[], float]) -> tuple[torch.Tensor, list[float]]:
     streamer = StepClock(clock)
@@ -172,7 +231,9 @@ def row(name: str, base: torch.nn.Module, ids: torch.Tensor, a: argparse.Namespa
         for _ in range(2):  # compiles, records CUDA graphs
             got, _ = run(model, ids, a.new_tokens, options, clock)
         steps = []
-        guards = GuardClock(model.forward, clock) if name.startswith("minicompile") else ""
+        guards: Any = ""
+        if name.startswith("minicompile"):
+            guards = (PartClock if a.parts else GuardClock)(model.forward, clock)
         for _ in range(a.reps):
             got, times = run(model, ids, a.new_tokens, options, clock)
             steps += times
@@ -189,10 +250,16 @@ def main() -> None:
                         help="tokens generated per call (default: 128 on the GPU, 16 on the CPU)")
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--no-inductor", action="store_true", help="leave torch.compile out")
+    parser.add_argument("--parts", action="store_true",
+                        help="minicompile's host time per part of a call (PartClock), in place "
+                             "of the guard column")
+    parser.add_argument("--real-sizes", action="store_true",
+                        help="on the CPU too, the GPU's models (GPT-2 small, Llama 100M)")
     parser.add_argument("--threads", type=int, default=None, help="CPU threads")
     parser.add_argument("--cpu-time", action="store_true",
                         help="time this thread's CPU time (CPU, with --threads 1 only)")
     a = parser.parse_args()
+    import_torchvision()  # transformers imports it
     cuda = torch.cuda.is_available()
     if a.threads is not None:
         torch.set_num_threads(a.threads)
@@ -201,7 +268,7 @@ def main() -> None:
     a.new_tokens = a.new_tokens or (128 if cuda else 16)
     clock = time.thread_time if a.cpu_time else time.perf_counter
     device, dtype = ("cuda", torch.bfloat16) if cuda else ("cpu", torch.float32)
-    builds = GPU_MODELS if cuda else CPU_MODELS
+    builds = GPU_MODELS if cuda or a.real_sizes else CPU_MODELS
     print(f"decode tokens/s on {torch.cuda.get_device_name() if cuda else 'CPU'} ({dtype}), "
           f"torch {torch.__version__}; prompt {a.prompt}, {a.new_tokens} new tokens, "
           f"median decode step of {a.reps} calls{' (CPU time)' if a.cpu_time else ''}")

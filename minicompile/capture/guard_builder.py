@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from minicompile import compat
 from minicompile.capture.variables import Source
 from minicompile.runtime.guards import GLOBAL_MODULE_HOOKS, GuardCheck, Guards
 from minicompile.runtime.tensor_checks import PYTHON_CHECKS, TENSOR_CHECKS
@@ -198,9 +199,9 @@ class GuardBuilder:
         """Tensor inputs do not share memory (needed when one is mutated in place)."""
         if len(exprs) < 2:
             return
-        ids = ", ".join(f"{e}.untyped_storage()._cdata" for e in exprs)
-        self.add("tensor inputs", "distinct storages", f"len({{{ids}}}) == {len(exprs)}",
-                 f"len({{{ids}}})", len(exprs))
+        count = f"{self.ref(compat.storage_count, 'storage_count')}(({', '.join(exprs)},))"
+        self.add("tensor inputs", "distinct storages", f"{count} == {len(exprs)}", count,
+                 len(exprs))
 
     def alias_of(self, src: Source, base: Source, view: tuple) -> None:
         """``src`` is ``base.as_strided(*view)``: the same storage, from a base that is

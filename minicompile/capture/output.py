@@ -17,7 +17,7 @@ from typing import Any
 import sympy
 import torch
 
-from minicompile import ops
+from minicompile import compat, ops
 from minicompile.capture import externs, kinds, mutation
 from minicompile.capture.autocast import AutocastState
 from minicompile.capture.dynamic import STATIC, DynamicPolicy
@@ -30,7 +30,7 @@ from minicompile.capture.variables import (
 )
 from minicompile.errors import ShapeError, SourceLine, Unsupported
 from minicompile.graph import Graph, Node, TensorMeta
-from minicompile.runtime import guard_render
+from minicompile.runtime.guard_render import inputs_source
 from minicompile.runtime.guards import Guards
 
 
@@ -286,8 +286,9 @@ class OutputGraph(FrameValuesMixin):
         ns = guards.namespace
         exec(compile(rebuild_src, "<minicompile rebuild>", "exec"), ns)
         exec(compile(inputs_src, "<minicompile inputs>", "exec"), ns)
+        get_inputs = guards.reading(ns["get_inputs"], inputs_src)
         return Finished(
-            graph=self.graph, input_sources=list(self.input_sources), get_inputs=ns["get_inputs"],
+            graph=self.graph, input_sources=list(self.input_sources), get_inputs=get_inputs,
             get_inputs_source=inputs_src, guards=guards, rebuild=ns["rebuild"],
             rebuild_source=rebuild_src, writebacks=self._writebacks(outputs, rebuild_src))
 
@@ -307,8 +308,7 @@ class OutputGraph(FrameValuesMixin):
         graph treats inputs as independent.  Refused now, guarded for later calls."""
         tensors = [(t, e) for t, e, v in zip(self.input_values, self.input_exprs, self.input_vars)
                    if id(v) not in self.array_inputs]  # arrays: numpy_arrays checks them
-        storages = [t.untyped_storage()._cdata for t, _ in tensors]
-        if len(set(storages)) != len(storages):
+        if compat.storage_count(tuple(t for t, _ in tensors)) != len(tensors):
             raise Unsupported("an input mutated in place shares memory with another input")
         self.guards.distinct_storages([e for _, e in tensors])
 
@@ -348,14 +348,3 @@ for _kind in (TupleVar, ListVar):
     kinds.require_pinned.register(_kind, lambda out, var, what: out.require_pinned(var.items, what))
 kinds.require_pinned.register(DictVar, lambda out, var, what: out.require_pinned(
     var.items.values(), what))
-
-
-def inputs_source(params: list[str], exprs: list[str]) -> str:
-    """``get_inputs(*params)``: the list of ``exprs``, each path several read (a model's
-    parameters: ``L_self._modules['encoder']...``) read once into a local."""
-    lines = [f"def get_inputs({', '.join(params)}):"]
-    items = []
-    for expr, assignments in guard_render.hoist(exprs):
-        lines += [f"    {local} = {value}" for local, value in assignments]
-        items.append(expr)
-    return "\n".join([*lines, f"    return [{', '.join(items)}]\n"])

@@ -88,8 +88,9 @@ def build_cpp(source: str, cfg: Config) -> tuple[tuple[Path, ...], dict, bool]:
     return tuple(p for p, _ in built), units.symbols, all(c for _, c in built)
 
 
-def build_unit(source: str, cfg: Config) -> tuple[Path, bool]:
-    """Compile ``source`` to a shared library: its path, and whether it was cached."""
+def build_unit(source: str, cfg: Config, folder: str = "cpp") -> tuple[Path, bool]:
+    """Compile ``source`` to a shared library: its path, and whether it was cached
+    (``folder``: where in the cache directory; a runtime helper's is not a kernel's)."""
     flags = [*cfg.cxx_flags, *vector_math_flags()]
     if toolchain.cxx_problem.cache_info().currsize:  # probed after an earlier failure
         problem = toolchain.cxx_problem(cfg.cxx, tuple(flags))
@@ -97,7 +98,7 @@ def build_unit(source: str, cfg: Config) -> tuple[Path, bool]:
             raise BackendCompilerFailed(f"the C++ compiler {cfg.cxx!r} does not work: "
                                         f"{problem}", warned=True)
     key = cache_key(source, " ".join(flags), tool_versions(cfg.cxx))
-    parts = ("cpp", key[:2])
+    parts = (folder, key[:2])
     lib = cache.find(cfg.cache_dir, parts, f"{key}.so")
     if lib is not None:
         if intact(lib):

@@ -13,10 +13,12 @@ the version of every dict the covered checks read; while each still has it, the 
 checks hold as they did, and a call runs only the others (the identities of parameters,
 tensor metadata, values in lists or in objects without ``__dict__``, attributes of classes,
 calls such as the grad mode), reading what dicts fix (parameters, submodules) as objects held
-since that pass rather than walking their paths.  A version that moved runs the whole
-function again, which records anew; a dict that moves at every pass (a script's globals,
-written by its loops) is left out, and a gate that keeps recording gives up; a record that
-served ``RECORDS`` calls or more clears both counts.
+since that pass rather than walking their paths; so does ``get_inputs`` on the arguments
+a fast pass has just checked (:meth:`DictGate.inputs`).  The versions are compared in one C
+call once a gate has served ``NATIVE_AFTER`` fast calls (runtime/dict_versions.py).  A
+version that moved runs the whole function again, which records anew; a dict that moves at
+every pass (a script's globals, written by its loops) is left out, and a gate that keeps
+recording gives up; a record that served ``RECORDS`` calls or more clears both counts.
 
 Not seen, as in Dynamo: ``obj.__dict__ = other`` or ``obj.__class__ = other`` on an object a
 check reached, and a data descriptor added to a class over an instance attribute read.
@@ -27,13 +29,15 @@ from __future__ import annotations
 import ast
 import builtins
 import dataclasses
+import operator
 from collections import Counter, OrderedDict
 from typing import Any
 
 import torch
 
 from minicompile import compat
-from minicompile.runtime.guard_render import render
+from minicompile.runtime import dict_versions
+from minicompile.runtime.guard_render import inputs_items, inputs_source, render
 
 DICTS = (dict, OrderedDict)
 IMMUTABLE = frozenset({type(None), bool, int, float, complex, str, bytes, range, torch.dtype,
@@ -41,6 +45,7 @@ IMMUTABLE = frozenset({type(None), bool, int, float, complex, str, bytes, range,
 HELD = "__held__"  # what dicts fix that checks read, in the fast function's namespace
 RECORDS = 32  # records in a row, each after fewer fast calls than this, before giving up
 CHURN = 2  # such records a dict has moved at after which no check is covered through it
+NATIVE_AFTER = 64  # fast calls after which the versions are compared in C (dict_versions)
 IDENTITY, KEYS, VALUE = 0, 1, 2  # what of a value a check reads
 
 Path = tuple[str, tuple[tuple[str, Any], ...]]  # root name, steps ("attr" | "item" | "get", key)
@@ -63,24 +68,37 @@ class DictGate:
         self.identities: dict[int, tuple[Path, Any]] = {}  # check -> path, object
         self.records = 0  # records since one that RECORDS fast calls or more paid for
         self.hits = 0  # fast calls since the last record
+        self.fast_calls = 0  # since the gate was made
         self.dicts: tuple = ()
         self.versions: tuple | None = None
+        self.packed: Any = None  # the versions as dict_versions.unchanged compares them
         self.fast: Any = None
         self.held: list = []
         self.functions: dict[tuple, Any] = {}
         self.moves: Counter[int] = Counter()  # id of a dict -> passes it had moved at
         self.skipped = 0  # checks the fast function leaves out
+        # get_inputs, and its items reading what is held (after a record), with the
+        # arguments of the last call the fast function passed (DictGate.inputs).
+        self.slow_inputs: Any = None
+        self.items: list[str] | None = None
+        self.fast_inputs: Any = None
+        self.passed: tuple | None = None
 
     def check(self, *args: Any) -> bool:
-        if tuple(map(compat.DICT_VERSION, self.dicts)) == self.versions:
-            self.hits += 1
-            return self.fast(*args)
+        if self.packed is not None and dict_versions.unchanged(self.dicts, self.packed):
+            self.hits, self.fast_calls = self.hits + 1, self.fast_calls + 1
+            if self.fast_calls == NATIVE_AFTER:  # a loop: the version tags compared in C
+                self.packed = dict_versions.pack(self.versions, build=True)
+            ok = self.fast(*args)
+            self.passed = args if ok else None
+            return ok
+        self.passed = None
         if not self.full(*args):
             return False
         try:
             self.record(args)
         except Exception:  # noqa: BLE001 - a path misread: never the guards' answer
-            self.versions = None
+            self.versions = self.packed = None
             self.guards.check = self.full
         return True
 
@@ -94,7 +112,7 @@ class DictGate:
         if self.versions is not None:
             self.moves.update(id(d) for d, v in zip(self.dicts, self.versions)
                               if compat.DICT_VERSION(d) != v)
-        self.versions = None
+        self.versions = self.packed = self.fast_inputs = None
         g = self.guards
         if self.reads is None:
             self.reads = [analyse(c.expr, g.params, g.namespace) for c in g.run_checks]
@@ -122,15 +140,47 @@ class DictGate:
         holder = Holder(reader, g.params, g.namespace)
         skip = set(covered)
         exprs = [holder.hold(c.expr) if i not in skip else "" for i, c in enumerate(g.run_checks)]
+        items = [holder.hold(e) for e in self.items or ()]
         key = (tuple(covered), tuple(holder.paths))
         if key not in self.functions:
-            self.functions[key] = self.render(exprs)
+            self.functions[key] = self.render(exprs), self.render_inputs(items)
         for path in holder.paths:
             dicts.update((id(d), d) for d in reader.read(path)[1])  # type: ignore[index]
-        self.fast, self.dicts = self.functions[key], tuple(dicts.values())
+        (self.fast, self.fast_inputs), self.dicts = self.functions[key], tuple(dicts.values())
         self.skipped = len(covered)
         self.held[:] = [reader.read(path)[0] for path in holder.paths]  # type: ignore[index]
         self.versions = tuple(map(compat.DICT_VERSION, self.dicts))
+        self.packed = dict_versions.pack(self.versions)
+
+    def reading(self, get_inputs: Any, source: str) -> Any:
+        """:meth:`inputs`, ``get_inputs`` (of ``source``) reading what is held after a fast
+        pass; ``get_inputs`` itself where its items cannot be read back."""
+        self.items = inputs_items(source)
+        if self.items is None:
+            return get_inputs
+        self.slow_inputs, self.functions = get_inputs, {}
+        self.versions = self.packed = None  # (a warm entry's first check recorded: again)
+        return self.inputs
+
+    def inputs(self, *args: Any) -> list:
+        """The graph's inputs from the frame ``args``: the parameters as held since the last
+        record where the call's check passed the fast function on these very arguments and
+        the dicts still have their versions (nothing ran between), else by their paths."""
+        passed, self.passed = self.passed, None  # (no references kept past the call)
+        if (passed is not None and self.fast_inputs is not None and len(passed) == len(args)
+                and all(map(operator.is_, passed, args))
+                and dict_versions.unchanged(self.dicts, self.packed)):
+            return self.fast_inputs(*args)
+        return self.slow_inputs(*args)
+
+    def render_inputs(self, items: list[str]) -> Any:
+        if self.items is None:
+            return None
+        scope = {**self.guards.namespace, HELD: self.held}
+        code = compile(inputs_source(self.guards.params, items),
+                       "<minicompile inputs, dicts unchanged>", "exec")
+        exec(code, scope)  # noqa: S102 - the items capture wrote, reading what is held
+        return scope["get_inputs"]
 
     def render(self, exprs: list[str]) -> Any:
         """The function of the checks not covered (``exprs``: each check's, reading what

@@ -403,7 +403,8 @@ def _load(path: Path, fn: types.FunctionType, cfg: Config, frame: tuple,
         raise Miss(f"guard failed: {guards.explain_failure(*frame) or 'the guard function'}")
     exec(compile(p["rebuild"], "<minicompile rebuild>", "exec"), namespace)
     exec(compile(p["get_inputs"], "<minicompile inputs>", "exec"), namespace)
-    get_inputs, rebuild = namespace["get_inputs"], namespace["rebuild"]
+    get_inputs = guards.reading(namespace["get_inputs"], p["get_inputs"])
+    rebuild = namespace["rebuild"]
     capture = WarmCapture(guards, get_inputs, rebuild, p["input_sources"], p["get_inputs"],
                           p["rebuild"], handlers=p["handlers"], size_symbols=p["size_symbols"])
     decided = decide(capture)

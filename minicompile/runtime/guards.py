@@ -87,6 +87,12 @@ class Guards:
             self.check = DictGate(self).check
         self._slow: list[tuple[Callable, Callable]] | None = None
 
+    def reading(self, get_inputs: Callable[..., list], source: str) -> Callable[..., list]:
+        """``get_inputs`` (of ``source``), reading what the dict-version gate holds (the
+        parameters) after a call its fast path passed (DictGate.inputs)."""
+        gate = getattr(self.check, "__self__", None)
+        return gate.reading(get_inputs, source) if isinstance(gate, DictGate) else get_inputs
+
     def explain_failure(self, *args: Any) -> str | None:
         """The first failing check, with the traced and the current value (slow: on a miss)."""
         if self._slow is None:

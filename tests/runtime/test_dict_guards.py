@@ -183,3 +183,45 @@ def test_a_dict_written_now_and_then_stays_covered() -> None:
     if compat.DICT_VERSION is not None:
         assert gate.versions is not None and skipped[0] > 0, skipped
         assert skipped == [skipped[0]] * len(skipped)
+
+
+def test_inputs_read_what_is_held_only_right_after_a_fast_pass() -> None:
+    """get_inputs reads the parameters the gate holds only on the arguments whose check
+    just passed the fast function, the dicts unchanged since: a parameter replaced in
+    between, or other arguments, are read by their paths."""
+    if compat.DICT_VERSION is None:
+        pytest.skip("no dict versions on this Python / PyTorch: every check runs")
+    minicompile.reset()
+    net = make_net()
+    compiled = minicompile.compile(net, backend="cpp")
+    x = torch.randn(3, 4)
+    torch.set_grad_enabled(False)
+    try:
+        _held_inputs(compiled, net, x)
+    finally:
+        torch.set_grad_enabled(True)
+
+
+def _held_inputs(compiled: torch.nn.Module, net: torch.nn.Module, x: torch.Tensor) -> None:
+    for _ in range(3):
+        compiled(torch.randn(3, 4))
+    function = compiled.__dict__["_compiled"]
+    (entry,) = function.entries
+    guards, get_inputs = entry.capture.guards, entry.capture.get_inputs
+    (gate,) = _gates(compiled)
+    frame = function.bind(net, x)
+    slow = gate.slow_inputs(*frame)
+    assert guards.check(*frame)
+    gate.slow_inputs = None  # (the held parameters alone answer)
+    fast = get_inputs(*frame)
+    assert len(fast) == len(slow) and all(a is b for a, b in zip(fast, slow))
+    gate.slow_inputs = entry.capture.guards.namespace["get_inputs"]
+    assert guards.check(*frame)
+    net.lin.weight = torch.nn.Parameter(torch.randn(4, 4))  # between check and inputs
+    assert any(t is net.lin.weight for t in get_inputs(*frame))
+    assert guards.check(*frame)
+    other = function.bind(net, torch.randn(3, 4))
+    assert get_inputs(*other)[slow.index(next(t for t in slow if t is x))] is other[1]
+    for _ in range(2):
+        y = torch.randn(3, 4)
+        torch.testing.assert_close(compiled(y), net(y))

@@ -135,6 +135,9 @@ def canonical(expr_index: sympy.Expr, placement: Placement) -> sympy.Expr:
 class FusedGroup:
     key: int  # its vertex in the dependency DAG
     buffers: list[Buffer]  # ComputedBuffers, or one ExternKernel
+    # A pointwise group that took column sums (passes/mix_order.py): the rows and the
+    # columns it walks, as a row reduction's space (its members placed "xr").
+    rows: Space | None = None
 
     @property
     def extern(self) -> ExternKernel | None:
@@ -161,7 +164,9 @@ class FusedGroup:
     @property
     def space(self) -> Space:
         """The canonical space: a reduction's, or for pointwise groups the (non-1) dims of
-        the shape, all kept."""
+        the shape, all kept; or the row space a pointwise group was given (``rows``)."""
+        if self.rows is not None:
+            return self.rows
         for b in self.buffers:
             if isinstance(b, ComputedBuffer) and b.is_reduction:
                 return space_of(b)

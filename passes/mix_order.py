@@ -5,7 +5,11 @@ weight and bias gradients).  Vertical fusion keeps them apart (their iteration s
 each other's transpose); here a column-sum group joins the row group it reads alongside
 (Inductor's mix-order reductions): the row kernel adds each chunk of rows into column
 partial sums, summed at the end (codegen/triton_reduction.py, codegen/cpp_reduction.py).
-The column members are placed "column" in the row group's space (minicompile/spaces.py).
+A pointwise group over [rows, columns] is a row group too (a GELU's backward, whose
+columns sum to a linear's bias gradient): it takes the column sum's rows and columns as
+its space (``FusedGroup.rows``), its members placed "xr", so one kernel writes the values
+and sums them.  The column members are placed "column" in the row group's space
+(minicompile/spaces.py).
 Legality (:func:`can_mix`) and profitability (:func:`worth_mixing`) are separate; the groups
 come back in dependency order.
 """
@@ -16,12 +20,14 @@ import sympy
 import torch
 
 from minicompile.ir import ComputedBuffer, Load, Reduce, walk
-from minicompile.spaces import FusedGroup, canonical, place, reduced_symbols
+from minicompile.spaces import (FusedGroup, Space, canonical, place, reduced_symbols,
+                                space_of, store_index)
 
 from minicompile.passes.fusion import Memo, dependency_graph
 
 MAX_COLUMNS = 4096  # the row kernel keeps a whole row in registers (a persistent kernel)
 MAX_PARTS = 8  # column sums one row kernel accumulates
+MIN_ROWS = 16  # fewer rows: the column sums keep their own kernel (nothing to split)
 
 
 def _static(sizes: tuple) -> bool:
@@ -40,24 +46,44 @@ def _dense(buf: ComputedBuffer) -> bool:
 
 def reads_along_rows(row: FusedGroup) -> bool:
     """Whether some reduction of the group reads its rows' elements side by side (unit
-    stride along the reduced dim): a row kernel, not a sum over columns."""
+    stride along the reduced dim), or some output of a pointwise row group is written so:
+    a row kernel, not a sum over columns."""
     q = reduced_symbols(1)[0]
     for b in row.buffers:
         placed = place(b, row.space)  # type: ignore[arg-type]
-        if placed is None or placed.kind != "reduction":
+        if placed is not None and placed.kind == "reduction":
+            indices = [canonical(e.index, placed) for e in walk(b.body)  # type: ignore[union-attr]
+                       if isinstance(e, Load)]
+        elif placed is not None and placed.kind == "xr" and row.rows is not None:
+            indices = [store_index(b, placed)]  # type: ignore[arg-type]
+        else:
             continue
-        for e in walk(b.body):  # type: ignore[union-attr]
-            if isinstance(e, Load) and sympy.expand(canonical(e.index, placed)).coeff(q) == 1:
-                return True
+        if any(sympy.expand(index).coeff(q) == 1 for index in indices):
+            return True
     return False
+
+
+def as_rows(group: FusedGroup, col: ComputedBuffer) -> FusedGroup | None:
+    """``group`` as a row group whose columns ``col`` sums, or None: a group with
+    reductions as it is; a pointwise group over [rows, columns] given them as its space
+    (sharing its member list)."""
+    if not group.buffers or group.extern is not None or not col.is_reduction:
+        return None
+    if group.has_reduction:
+        placed = place(col, group.space)  # type: ignore[arg-type]
+        return group if placed is not None and placed.kind == "column" else None
+    columns = space_of(col)
+    if group.space.kept != columns.reduced + columns.kept:
+        return None
+    return FusedGroup(group.key, group.buffers, rows=Space(columns.reduced, columns.kept))
 
 
 def can_mix(row: FusedGroup, col: FusedGroup, dag, memo: Memo) -> tuple[bool, str]:
     """Whether the column sums of ``col`` may run inside ``row``'s kernel; why not."""
     if row.extern is not None or col.extern is not None:
         return False, "a library call runs on its own"
-    if row.device != col.device or not row.has_reduction:
-        return False, "not a row reduction of the same device"
+    if row.device != col.device or not (row.has_reduction or row.rows is not None):
+        return False, "not a row group of the same device"
     space = row.space
     if not (_static(space.kept + space.reduced) and space.kept and space.reduced):
         return False, "symbolic sizes"
@@ -95,8 +121,8 @@ def can_mix(row: FusedGroup, col: FusedGroup, dag, memo: Memo) -> tuple[bool, st
 
 def worth_mixing(row: FusedGroup, col: FusedGroup) -> int:
     """What mixing saves: the buffers ``col`` reads that ``row`` reads or makes (read
-    once, or kept in registers), or 0 (do not mix) when the rows are fewer
-    than the columns or the row kernel would accumulate more than MAX_PARTS sums."""
+    once, or kept in registers), or 0 (do not mix) when the rows are fewer than
+    MIN_ROWS or the row kernel would accumulate more than MAX_PARTS sums."""
     space = row.space
     if len(space.reduced) != 1 or not _static(space.kept + space.reduced):
         return 0
@@ -105,7 +131,7 @@ def worth_mixing(row: FusedGroup, col: FusedGroup) -> int:
         rows *= int(s)
     columns = [b for b in row.buffers + col.buffers
                if getattr(place(b, space), "kind", None) == "column"]  # type: ignore[arg-type]
-    if rows < int(space.reduced[0]) or len(columns) > MAX_PARTS:
+    if rows < MIN_ROWS or len(columns) > MAX_PARTS:
         return 0
     reads = {name for b in row.buffers for name in b.reads()} | {b.name for b in row.buffers}
     return sum(len(b.reads() & reads) for b in col.buffers)
@@ -123,9 +149,8 @@ def mix(groups: list[FusedGroup], log: list[str] | None = None) -> list[FusedGro
     for col in [g for g in groups if g.extern is None and g.has_reduction]:
         for buf in list(col.buffers):
             single = FusedGroup(next_key, [buf])
-            rows = [g for g in groups if g is not col and g.buffers and g.extern is None
-                    and g.has_reduction
-                    and getattr(place(buf, g.space), "kind", None) == "column"]  # type: ignore[arg-type]
+            rows = [r for g in groups if g is not col
+                    for r in [as_rows(g, buf)] if r is not None]  # type: ignore[arg-type]
             scored = sorted(((worth_mixing(r, single), -k, r) for k, r in enumerate(rows)),
                             key=lambda t: t[:2], reverse=True)
             scored = [(score, r) for score, _, r in scored if score > 0]
@@ -142,7 +167,9 @@ def mix(groups: list[FusedGroup], log: list[str] | None = None) -> list[FusedGro
                 if log is not None:
                     log.append(f"{'mix' if ok else 'keep apart'} {row.name} {buf.name}: {reason}")
                 if ok:
-                    row.buffers.append(buf)
+                    owner = next(g for g in groups if g.key == row.key)
+                    owner.rows = row.rows  # (a pointwise group's new space; else None)
+                    row.buffers.append(buf)  # (the owner's list)
                     col.buffers.remove(buf)
                     break
     groups = [g for g in groups if g.buffers]

@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from minicompile import ops
 from minicompile.graph import Node
 from minicompile.op_table import ROWS, ZERO
 
@@ -248,9 +249,33 @@ def _embedding(d: Any, node: Node, g: Node) -> tuple:
     weight, indices = node.args
     width = weight.meta.shape[1]
     flat = d("reshape", g, (-1, width)) if g.meta.ndim != 2 else g
+    if _counts_rows(indices, weight.meta.shape[0]):  # each row read once, in order
+        return (flat, None)
     idx = d("reshape", d.fwd(indices), (-1,))
     base = d.extern(torch.Tensor.new_zeros, g, tuple(weight.meta.shape))
     return (d.extern(torch.index_add, base, 0, idx, flat), None)
+
+
+def _counts_rows(x: Node, rows: Any) -> bool:
+    """Whether ``x`` holds 0, 1, ..., rows - 1 in order: ``torch.arange(rows)``, maybe
+    reshaped (a position embedding's indices)."""
+    while x.op == "call" and x.target in ("reshape", "unsqueeze", "squeeze"):
+        x = x.args[0]
+    return (x.op == "call" and x.target == "iota" and len(x.args[0]) == 1
+            and x.args[0][0] == rows)
+
+
+def add_gradients(d: Any, a: Node, b: Node) -> Node:
+    """``a + b``, two gradients of one value; where one is an index_add into zeros (an
+    embedding's, a tied weight's), the other is the base it adds into (no zeros, no add)."""
+    scatter = ops.extern_op(torch.index_add)
+    zeros = ops.extern_op(torch.Tensor.new_zeros)
+    for x, y in ((a, b), (b, a)):
+        if (x.op == "call" and x.target == scatter and isinstance(x.args[0], Node)
+                and x.args[0].target == zeros
+                and x.meta.dtype == y.meta.dtype and len(x.users) == 0):
+            return d.extern(torch.index_add, y, *x.args[1:])
+    return d("add", a, b)
 
 
 def _index_select(d: Any, node: Node, g: Node) -> tuple:

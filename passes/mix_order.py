@@ -94,22 +94,18 @@ def can_mix(row: FusedGroup, col: FusedGroup, dag, memo: Memo) -> tuple[bool, st
     if not reads_along_rows(row):
         return False, "the group does not read along its rows"
     for b in col.buffers:
-        if not (isinstance(b, ComputedBuffer) and isinstance(b.body, Reduce)
-                and b.body.op == "sum" and b.body.dtype == torch.float32
-                and not any(isinstance(e, Reduce) for e in walk(b.body.x))):
-            return False, f"{b.name} is not a float32 sum"
-        placed = place(b, space)
-        if placed is None or placed.kind != "column":
-            return False, f"{b.name} does not reduce the group's rows"
-        if not _dense(b):
-            return False, f"{b.name} is not contiguous"
+        problem = _column_problem(b, space)  # type: ignore[arg-type]
+        if problem is not None:
+            return False, problem
     names = {b.name for b in col.buffers}
-    if any(memo.reads_of(b) & names for b in row.buffers + col.buffers):
+    sums = {b.name for b in col.buffers if b.is_reduction}  # type: ignore[union-attr]
+    if any(memo.reads_of(b) & names for b in row.buffers) or any(
+            memo.reads_of(b) & sums for b in col.buffers):
         return False, "a member reads a column sum (known only at the end)"
     places = memo.placements(row.buffers + col.buffers, space)
     if places is None:
         return False, "a buffer does not fit the iteration space"
-    members = {b.name: b for b in row.buffers}
+    members = {b.name: b for b in row.buffers + col.buffers}
     for reader in col.buffers:
         for name in memo.reads_of(reader) & members.keys():
             if not memo.is_aligned(reader, members[name], space, places):
@@ -117,6 +113,22 @@ def can_mix(row: FusedGroup, col: FusedGroup, dag, memo: Memo) -> tuple[bool, st
     if dag.contraction_makes_cycle(row.key, col.key):
         return False, "mixing would create a cycle"
     return True, "column sums of the group's rows"
+
+
+def _column_problem(b: ComputedBuffer, space: Space) -> str | None:
+    """Why ``b`` may not join a row kernel of ``space`` with a column sum (None: it may):
+    a column sum must be a contiguous float32 sum over the rows, and a member it reads
+    (its group's pointwise work) pointwise over the rows and columns."""
+    placed = place(b, space)
+    if not b.is_reduction:
+        return None if placed is not None and placed.kind == "xr" else (
+            f"{b.name} is not pointwise over the group's rows and columns")
+    if not (isinstance(b.body, Reduce) and b.body.op == "sum" and b.body.dtype == torch.float32
+            and not any(isinstance(e, Reduce) for e in walk(b.body.x))):
+        return f"{b.name} is not a float32 sum"
+    if placed is None or placed.kind != "column":
+        return f"{b.name} does not reduce the group's rows"
+    return None if _dense(b) else f"{b.name} is not contiguous"
 
 
 def worth_mixing(row: FusedGroup, col: FusedGroup) -> int:
@@ -137,9 +149,25 @@ def worth_mixing(row: FusedGroup, col: FusedGroup) -> int:
     return sum(len(b.reads() & reads) for b in col.buffers)
 
 
+def _with_prologue(buf: ComputedBuffer, members: list[ComputedBuffer]) -> list[ComputedBuffer]:
+    """``buf`` and the pointwise members of its group it reads, directly or not (the end
+    of a layer norm's input gradient that fusion put beside the bias gradient summing
+    it), in the group's order (dependency order)."""
+    by_name = {b.name: b for b in members}
+    unit, todo = {buf.name}, [buf]
+    while todo:
+        for name in todo.pop().reads():
+            m = by_name.get(name)
+            if m is not None and name not in unit and not m.is_reduction:
+                unit.add(name)
+                todo.append(m)
+    return [b for b in members if b.name in unit]
+
+
 def mix(groups: list[FusedGroup], log: list[str] | None = None) -> list[FusedGroup]:
-    """Move each column sum into the row group it saves most with, if any may take it
-    (groups in dependency order in, and out).  Column sums come one at a time: fusion
+    """Move each column sum (with the pointwise members of its group it reads) into the
+    row group it saves most with, if any may take it (groups in dependency order in, and
+    out).  Column sums come one at a time: fusion
     may have put the sums of several layers into one group (one iteration space), and
     each belongs with its own layer's row kernel.  Taking a member out of a group makes
     no cycle when it neither reads nor feeds another member: a cycle through outside
@@ -147,8 +175,9 @@ def mix(groups: list[FusedGroup], log: list[str] | None = None) -> list[FusedGro
     memo = Memo()
     next_key = max((g.key for g in groups), default=-1) + 1
     for col in [g for g in groups if g.extern is None and g.has_reduction]:
-        for buf in list(col.buffers):
-            single = FusedGroup(next_key, [buf])
+        for buf in [b for b in col.buffers if b.is_reduction]:  # type: ignore[union-attr]
+            unit = _with_prologue(buf, col.buffers)  # type: ignore[arg-type]
+            single = FusedGroup(next_key, unit)
             rows = [r for g in groups if g is not col
                     for r in [as_rows(g, buf)] if r is not None]  # type: ignore[arg-type]
             scored = sorted(((worth_mixing(r, single), -k, r) for k, r in enumerate(rows)),
@@ -156,9 +185,10 @@ def mix(groups: list[FusedGroup], log: list[str] | None = None) -> list[FusedGro
             scored = [(score, r) for score, _, r in scored if score > 0]
             if not scored:
                 continue
-            rest = [b for b in col.buffers if b is not buf]
-            names = {b.name for b in rest}
-            if memo.reads_of(buf) & names or any(buf.name in memo.reads_of(b) for b in rest):
+            rest = [b for b in col.buffers if b not in unit]
+            names, taken = {b.name for b in rest}, {b.name for b in unit}
+            if any(memo.reads_of(b) & names for b in unit) or any(
+                    memo.reads_of(b) & taken for b in rest):
                 continue  # (taken out, it would read or feed its group: a cycle, maybe)
             split = [g if g is not col else FusedGroup(col.key, rest) for g in groups]
             dag = dependency_graph([g for g in split if g.buffers] + [single])
@@ -169,8 +199,8 @@ def mix(groups: list[FusedGroup], log: list[str] | None = None) -> list[FusedGro
                 if ok:
                     owner = next(g for g in groups if g.key == row.key)
                     owner.rows = row.rows  # (a pointwise group's new space; else None)
-                    row.buffers.append(buf)  # (the owner's list)
-                    col.buffers.remove(buf)
+                    row.buffers.extend(unit)  # (the owner's list)
+                    col.buffers[:] = rest
                     break
     groups = [g for g in groups if g.buffers]
     dag = dependency_graph(groups)

@@ -116,3 +116,54 @@ def test_nanogpt_train_step_backward(backend: str, capsys: pytest.CaptureFixture
             ref_opt.zero_grad(set_to_none=True)
     assert kernels_of(capsys.readouterr().err, "loss_fn_backward", backend) == (
         11 if device.type == "cpu" else 13)
+
+
+class Conv1D(nn.Module):
+    """GPT-2's linear layer: ``addmm`` on the input viewed as rows (dims merged)."""
+
+    def __init__(self, nin: int, nout: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(nin, nout) * 0.1)
+        self.bias = nn.Parameter(torch.randn(nout) * 0.1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = torch.addmm(self.bias, x.view(-1, x.size(-1)), self.weight)
+        return out.view(*x.shape[:-1], -1)
+
+
+class MLPBlock(nn.Module):
+    def __init__(self, width: int, hidden: int) -> None:
+        super().__init__()
+        self.ln = nn.LayerNorm(width)
+        self.fc = nn.Linear(width, hidden)
+        self.proj = Conv1D(hidden, width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.proj(F.gelu(self.fc(self.ln(x)), approximate="tanh"))
+
+
+def test_mlp_block_backward_fuses_bias_gradients(backend: str,
+                                                 capsys: pytest.CaptureFixture) -> None:
+    """A transformer's MLP block, 3 x 13 rows (odd: no block size divides them) of 24, 40
+    hidden.  Its backward's kernels: the GELU's gradient, summed there into the first
+    linear's bias gradient (a pointwise kernel over [rows, columns] with a column sum);
+    the layer norm's row kernel, with its weight and bias gradients and the second
+    linear's bias gradient (read through GPT-2's ``view(-1, C)``: dims merged).  Before:
+    5 on the CPU (4 with mix-order reductions: the bias gradients kernels of their own)."""
+    device = device_for(backend)
+    torch.manual_seed(0)
+    model = MLPBlock(24, 40).to(device)
+    ref = copy.deepcopy(model)
+    with config.patch(logs=frozenset({"output_code"}), mix_order=True):
+        compiled = minicompile.compile(model, backend=backend)
+        for _ in range(2):
+            x = torch.randn(3, 13, 24, device=device, requires_grad=True)
+            x_ref = x.detach().clone().requires_grad_()
+            grad = torch.randn(3, 13, 24, device=device)
+            compiled(x).backward(grad)
+            ref(x_ref).backward(grad)
+            check_grads(model, ref)
+            torch.testing.assert_close(x.grad, x_ref.grad, rtol=1e-4, atol=1e-5)
+            model.zero_grad(set_to_none=True)
+            ref.zero_grad(set_to_none=True)
+    assert kernels_of(capsys.readouterr().err, "MLPBlock.forward_backward", backend) == 2

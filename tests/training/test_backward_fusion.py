@@ -79,18 +79,18 @@ def test_linear_layer_norm_gelu_backward(backend: str, capsys: pytest.CaptureFix
 
 
 def test_nanogpt_train_step_backward(backend: str, capsys: pytest.CaptureFixture) -> None:
-    """A one-layer GPT's forward and loss, backward and AdamW step.  Its backward's 13
+    """A one-layer GPT's forward and loss, backward and AdamW step.  Its backward's 10
     kernels: the cross-entropy gradient (2); the three layer norms' row kernels, each with
     its weight and bias gradients, ln_f's and ln_2's also with the bias gradient of the
     projection before them (3); the layer norms' outputs recomputed for the weight
     gradients (1); the GELU recomputed, and its gradient with the MLP input projection's
     bias gradient (2); the attention gradient's q/k/v with the attention input
-    projection's bias gradient (1); the embeddings' gradients (3); the zeros the second
-    embedding gradient is added into (1: ``new_zeros`` is a kernel, not a library call,
-    since passes/decompose.py's new_* rules; the first one's joins a reduction's kernel).
-    Before: 15, those two bias gradients in kernels of their own.  On the CPU 11: the layer
-    norms' outputs and the GELU's, read by matrix products, are saved, not recomputed
-    (passes/autograd.py)."""
+    projection's bias gradient (1); the position embedding's gradient, a sum over the
+    batch (1: positions 0..7 of 8 rows, no index_add; the token embedding's index_add adds
+    into the tied LM head's gradient, no zeros, no add).  Before: 15, those two bias
+    gradients in kernels of their own, the embeddings' gradients 3 and their zeros 1.  On
+    the CPU 8: the layer norms' outputs and the GELU's, read by matrix products, are saved,
+    not recomputed (passes/autograd.py)."""
     device = device_for(backend)
     torch.manual_seed(0)
     model = GPT(GPTConfig(n_layer=1, n_embd=16, n_head=2, block_size=8, vocab_size=32))
@@ -115,7 +115,7 @@ def test_nanogpt_train_step_backward(backend: str, capsys: pytest.CaptureFixture
             opt.zero_grad(set_to_none=True)
             ref_opt.zero_grad(set_to_none=True)
     assert kernels_of(capsys.readouterr().err, "loss_fn_backward", backend) == (
-        11 if device.type == "cpu" else 13)
+        8 if device.type == "cpu" else 10)
 
 
 class Conv1D(nn.Module):

@@ -44,38 +44,47 @@ def check_grads(model: nn.Module, ref: nn.Module) -> None:
         torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5, msg=name)
 
 
-def loss_fn(model: nn.Module, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    logits = model(idx)
-    return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
-
-
-@pytest.mark.parametrize("rows, mix_order, backward_kernels",
-                         [(48, True, 1), (8, True, 2), (48, False, 2)],
-                         ids=["mixed", "few_rows", "mix_order_off"])
-def test_linear_layer_norm_gelu_backward(backend: str, capsys: pytest.CaptureFixture, rows: int,
-                                         mix_order: bool, backward_kernels: int) -> None:
-    """48 rows of 24: the layer norm's row-wise backward, its weight and bias gradients
-    and the linear bias gradient are one kernel (the weight gradients are matrix
-    products).  8 rows of 24: fewer rows than columns, the column sums keep a kernel; so
-    they do with ``cfg.mix_order`` off (the default: MINICOMPILE_MIX_ORDER=1 turns it on)."""
+def backward_kernels(model: nn.Module, shape: tuple, backend: str, mix_order: bool,
+                     capsys: pytest.CaptureFixture) -> int:
+    """Train ``model`` compiled twice on fresh inputs of ``shape``, its gradients and the
+    input's checked against eager's; the kernels of its compiled backward."""
     device = device_for(backend)
     torch.manual_seed(0)
-    model = Block(24).to(device)
+    model = model.to(device)
     ref = copy.deepcopy(model)
     with config.patch(logs=frozenset({"output_code"}), mix_order=mix_order):
         compiled = minicompile.compile(model, backend=backend)
         for _ in range(2):
-            x = torch.randn(rows, 24, device=device, requires_grad=True)
+            x = torch.randn(shape, device=device, requires_grad=True)
             x_ref = x.detach().clone().requires_grad_()
-            grad = torch.randn(rows, 24, device=device)
+            grad = torch.randn(shape, device=device)
             compiled(x).backward(grad)
             ref(x_ref).backward(grad)
             check_grads(model, ref)
             torch.testing.assert_close(x.grad, x_ref.grad, rtol=1e-4, atol=1e-5)
             model.zero_grad(set_to_none=True)
             ref.zero_grad(set_to_none=True)
-    assert kernels_of(capsys.readouterr().err, "Block.forward_backward", backend) == (
-        backward_kernels)
+    return kernels_of(capsys.readouterr().err, f"{type(model).__name__}.forward_backward",
+                      backend)
+
+
+def loss_fn(model: nn.Module, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    logits = model(idx)
+    return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
+
+
+@pytest.mark.parametrize("rows, mix_order, backward_kernels_wanted",
+                         [(48, True, 1), (8, True, 2), (48, False, 2)],
+                         ids=["mixed", "few_rows", "mix_order_off"])
+def test_linear_layer_norm_gelu_backward(backend: str, capsys: pytest.CaptureFixture, rows: int,
+                                         mix_order: bool, backward_kernels_wanted: int) -> None:
+    """48 rows of 24: the layer norm's row-wise backward, its weight and bias gradients
+    and the linear bias gradient are one kernel (the weight gradients are matrix
+    products).  8 rows of 24: fewer rows than mix_order.MIN_ROWS, the column sums keep a
+    kernel; so they do with ``cfg.mix_order`` off (Triton's default)."""
+    torch.manual_seed(0)
+    assert backward_kernels(Block(24), (rows, 24), backend, mix_order, capsys) == (
+        backward_kernels_wanted)
 
 
 def test_nanogpt_train_step_backward(backend: str, capsys: pytest.CaptureFixture) -> None:
@@ -150,20 +159,5 @@ def test_mlp_block_backward_fuses_bias_gradients(backend: str,
     the layer norm's row kernel, with its weight and bias gradients and the second
     linear's bias gradient (read through GPT-2's ``view(-1, C)``: dims merged).  Before:
     5 on the CPU (4 with mix-order reductions: the bias gradients kernels of their own)."""
-    device = device_for(backend)
     torch.manual_seed(0)
-    model = MLPBlock(24, 40).to(device)
-    ref = copy.deepcopy(model)
-    with config.patch(logs=frozenset({"output_code"}), mix_order=True):
-        compiled = minicompile.compile(model, backend=backend)
-        for _ in range(2):
-            x = torch.randn(3, 13, 24, device=device, requires_grad=True)
-            x_ref = x.detach().clone().requires_grad_()
-            grad = torch.randn(3, 13, 24, device=device)
-            compiled(x).backward(grad)
-            ref(x_ref).backward(grad)
-            check_grads(model, ref)
-            torch.testing.assert_close(x.grad, x_ref.grad, rtol=1e-4, atol=1e-5)
-            model.zero_grad(set_to_none=True)
-            ref.zero_grad(set_to_none=True)
-    assert kernels_of(capsys.readouterr().err, "MLPBlock.forward_backward", backend) == 2
+    assert backward_kernels(MLPBlock(24, 40), (3, 13, 24), backend, True, capsys) == 2

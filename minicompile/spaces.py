@@ -87,9 +87,11 @@ def _merged(sizes: tuple, symbols: tuple, targets: tuple, target_sizes: tuple) -
         if k < len(targets) and size == target_sizes[k]:
             mapping[sym], k = targets[k], k + 1
             continue
+        if not getattr(size, "is_Integer", False):
+            return None
         expr, covered = ZERO, 1
-        while k < len(targets) and covered < size:
-            if not (getattr(size, "is_Integer", False) and target_sizes[k].is_Integer):
+        while k < len(targets) and covered < int(size):
+            if not target_sizes[k].is_Integer:
                 return None
             expr, covered, k = expr * target_sizes[k] + targets[k], covered * target_sizes[k], k + 1
         if covered != size:

@@ -12,6 +12,7 @@ from minicompile.passes.fusion import fuse
 from minicompile.passes.mix_order import mix
 from minicompile.passes.pipeline import run_graph_passes
 from minicompile.passes.split_reductions import split_reductions
+from minicompile.sym import FloorDiv, ModularIndexing, index_symbol, simplify_bounded
 
 from graph_builder import GraphBuilder
 
@@ -66,3 +67,21 @@ def test_what_does_not_mix_keeps_its_kernel() -> None:
     _, groups = groups_of(b.output(b("sum", square, (0,), False), b("sum", square, (1,), False)),
                           log)
     assert len(groups) == 2 and any("not read along its rows" in line for line in log), log
+
+
+def test_a_reshape_that_merges_rows_joins_the_row_kernel() -> None:
+    """GPT-2's ``x.view(-1, C)``: the layer norm's input gradient over [2, 12, 64] read as
+    [24, 64], then summed over its rows (a bias gradient): placed with the merged row
+    index ``12 * p0 + p1`` (the view's floor division and modulus worked out from the
+    bounds), the sum joins the row kernel.  A bound the divisor does not cover stays."""
+    b = GraphBuilder()
+    grad, xhat = b.input("L_grad", (2, 12, 64)), b.input("L_xhat", (2, 12, 64))
+    row = b("sum", b("mul", grad, xhat), (2,), True)
+    rows = b("reshape", b("sub", grad, b("mul", xhat, row)), (24, 64))
+    _, groups = groups_of(b.output(rows, b("sum", rows, (0,), False)))
+    assert len(groups) == 1, [g.name for g in groups]
+    p0, p1 = index_symbol("p0"), index_symbol("p1")
+    flat = 12 * p0 + p1
+    read = 768 * FloorDiv(flat, 12) + 64 * ModularIndexing(flat, 1, 12)
+    assert simplify_bounded(read, {p0: 2, p1: 12}) == 768 * p0 + 64 * p1
+    assert simplify_bounded(FloorDiv(flat, 12), {p0: 2, p1: 13}) == FloorDiv(flat, 12)

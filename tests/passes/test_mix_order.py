@@ -47,6 +47,10 @@ def test_cuda_layer_norm_backward_is_one_kernel_and_one_sum() -> None:
     assert "RSPLIT=16" in module and "launch(256, " in module
     assert "colpart0 = empty_strided((2, 256, 512), (131072, 512, 1)" in module
     assert module.count("colpart0[0:2].sum(1)") == 1
+    # 100 rows: one program walks them all and stores the sums itself (no partials).
+    program, groups = groups_of(layer_norm_backward("cuda", rows=100))
+    module = generate(program, groups, "triton").module
+    assert "RSPLIT=128" in module and "launch(1, " in module and "colpart" not in module
 
 
 def test_what_does_not_mix_keeps_its_kernel() -> None:

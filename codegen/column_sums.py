@@ -1,9 +1,10 @@
 """The column sums of a graph's Triton kernels that walk rows (mix-order reductions,
 passes/mix_order.py): such a kernel writes each column sum as one row of partials per
-program.  Every column sum gets a slot of one float32 workspace per (programs, columns)
-shape, allocated when the call starts; the slots written so far are summed with one call
-just before a kernel reads one, or before the graph returns (a transformer's backward sums
-all its layer-norm and bias gradients with one call).
+program (a kernel of one program writes the sums themselves: no slot).  Every column sum
+gets a slot of one float32 workspace per (programs, columns) shape, allocated when the call
+starts; the slots written so far are summed with one call just before a kernel reads one,
+or before the graph returns (a transformer's backward sums all its layer-norm and bias
+gradients with one call).
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ class ColumnPartials:
             if not isinstance(plan, KernelPlan) or not plan.column_sums:
                 continue
             device = program.buffer(plan.outputs[0]).layout.device
+            if column_partials(plan, device.type == "cpu") == 1:
+                continue
             key = (column_partials(plan, device.type == "cpu"), int(plan.rnumel),
                    f"device{devices.index(str(device))}")
             names = self.spaces.setdefault(key, [])

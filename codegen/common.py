@@ -308,8 +308,7 @@ def plan_kernel(group: FusedGroup, name: str, needed: set[str], hints: dict) -> 
     members: list[ComputedBuffer] = group.buffers  # type: ignore[assignment]
 
     def to_space(e: Expr, buf: ComputedBuffer) -> Expr:
-        mapping = places[buf.name].mapping
-        return reindex_expr(e, lambda index: sympy.expand(index.xreplace(mapping)))
+        return reindex_expr(e, places[buf.name].apply)
 
     bodies = {b.name: to_space(b.body, b) for b in members}
     store_at = {b.name: store_index(b, places[b.name]) for b in members}

@@ -52,8 +52,10 @@ COLUMN_BLOCK = 64
 SUM_BLOCK = 1024
 # Rows a column sum adds into each lane's float partial before adding it to the double.
 COLUMN_SUM_BLOCK = 256
-# Chunks of rows a kernel with column sums (mix-order reductions) splits its rows into.
+# Chunks of rows a kernel with column sums (mix-order reductions) splits its rows into, at
+# most; each of MIX_ROWS rows at least, so that adding up the partials costs little.
 MIX_CHUNKS = 64
+MIX_ROWS = 8
 
 
 def accumulator_type(red: Reduce) -> str:
@@ -94,7 +96,7 @@ class CppReductionKernel(CppKernel):
         same result for any number of threads (passes/mix_order.py)."""
         p, w = self.plan, self.w
         rows, columns = int(p.numel), int(p.rnumel)
-        chunks = min(rows, MIX_CHUNKS)
+        chunks = max(1, min(rows // MIX_ROWS, MIX_CHUNKS))
         size = -(-rows // chunks)
         chunks = -(-rows // size)
         sums = p.column_sums

@@ -44,6 +44,7 @@ REDUCE_ROWS = {
 MIN_PROGRAMS = 512  # a persistent reduction's programs, at least (about four per SM of an H100)
 PERSISTENT_LIMIT = 4096  # widest row kept in registers (interpreter: INTERPRET_PERSISTENT)
 INTERPRET_PERSISTENT = 1 << 16
+ONE_PROGRAM = 128  # rows a kernel with column sums walks in one program, at most
 
 
 def _pow2_floor(n: int) -> int:
@@ -251,10 +252,13 @@ def _identity(red: Reduce) -> str:
 def chunk_rows(plan: KernelPlan, interpret: bool) -> int:
     """RSPLIT, the rows a program of a kernel with column sums walks (a multiple of its
     XBLOCK): on a GPU 16 to 128, about eight programs a multiprocessor, as Inductor's
-    mix-order reductions; the interpreter, one block."""
+    mix-order reductions, or all of at most ONE_PROGRAM rows (one program stores the sums
+    itself: no partials to add up); the interpreter, one block."""
     xblock = plan_blocks(plan, interpret)[0]
     if interpret:
         return xblock
+    if int(plan.numel) <= ONE_PROGRAM:
+        return max(xblock, pow2(int(plan.numel)))
     return max(xblock, min(128, max(16, _pow2_floor(max(int(plan.numel) // 1024, 1)))))
 
 

@@ -108,10 +108,11 @@ class Config:
     onednn: bool = True
     # A backward's column sums over the rows a row kernel reads (layer-norm weight and bias,
     # a linear's bias) computed in that kernel (passes/mix_order.py); off, split_reductions
-    # splits those sums as any other.  Off by default: on an H200 the nanoGPT train step
-    # (examples/train_nanogpt.py --bench) took 20.9 ms with it, 15.8 without (torch.compile
-    # 15.2).  MINICOMPILE_MIX_ORDER=1 turns it on.
-    mix_order: bool = False
+    # splits those sums as any other.  Unset (None), on for the C++ backend and off for
+    # Triton: on an H200 the nanoGPT train step (examples/train_nanogpt.py --bench) took
+    # 20.9 ms with it, 15.8 without (torch.compile 15.2).  MINICOMPILE_MIX_ORDER=1 turns it
+    # on for both, =0 off for both.
+    mix_order: bool | None = None
 
     def __post_init__(self) -> None:
         for name in ("cache_dir", "trace_dir"):  # a str given for a folder (patch, replace)
@@ -142,7 +143,8 @@ def from_env(env: dict[str, str] | os._Environ = os.environ) -> Config:
         warm_entries=_on_unless_off(env.get("MINICOMPILE_WARM_ENTRIES")),
         fold_batch_norm=_on_unless_off(env.get("MINICOMPILE_FOLD_BN")),
         onednn=_on_unless_off(env.get("MINICOMPILE_ONEDNN")),
-        mix_order=_flag(env.get("MINICOMPILE_MIX_ORDER")),
+        mix_order=(None if env.get("MINICOMPILE_MIX_ORDER") is None
+                   else _flag(env.get("MINICOMPILE_MIX_ORDER"))),
     )
     if env.get("MINICOMPILE_COMPILE_THREADS", "").strip():
         threads = int(env["MINICOMPILE_COMPILE_THREADS"])

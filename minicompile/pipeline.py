@@ -179,10 +179,15 @@ def describe_saved(joint: Any) -> str:
             f"inputs ({joint.saved_input_bytes / 2**20:.2f} MiB) saved for the backward")
 
 
+def mixes_order(work: Work) -> bool:
+    """Whether mix-order reductions run: as configured; unset, on the C++ backend only."""
+    return work.cfg.mix_order if work.cfg.mix_order is not None else work.backend == "cpp"
+
+
 def split_reductions(work: Work, logs: list[Log]) -> Work:
     from minicompile.passes.split_reductions import split_reductions as split
 
-    return dataclasses.replace(work, split=split(work.graph, mix_order=work.cfg.mix_order))
+    return dataclasses.replace(work, split=split(work.graph, mix_order=mixes_order(work)))
 
 
 def lowering(work: Work, logs: list[Log]) -> Work:
@@ -273,7 +278,7 @@ STAGES: tuple[Stage, ...] = (
     Stage("split reductions", "lowering", split_reductions),
     Stage("lowering", "lowering", lowering),
     Stage("fusion", "fusion", fusion),
-    Stage("mix-order reductions", "fusion", mix_order_reductions, lambda w: w.cfg.mix_order),
+    Stage("mix-order reductions", "fusion", mix_order_reductions, mixes_order),
     Stage("stores in place", "fusion", stores_in_place, stores_into_inputs),
     Stage("horizontal fusion", "fusion", horizontal_fusion, lambda w: w.cfg.horizontal_fusion),
     Stage("code generation", "codegen", code_generation),

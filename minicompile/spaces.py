@@ -18,7 +18,7 @@ import sympy
 
 from minicompile.ir import (Buffer, ComputedBuffer, ExternKernel, Load, dim_symbols,
                             reduction_symbols, walk)
-from minicompile.sym import index_symbol
+from minicompile.sym import index_symbol, simplify_bounded
 
 ZERO = sympy.Integer(0)
 
@@ -43,6 +43,14 @@ class Space:
 class Placement:
     kind: str  # "reduction" | "x" | "xr" | "column"
     mapping: dict  # own symbol -> canonical expression (p's, q's or 0)
+    # Where a dim covers several of the space's (_merged): each canonical symbol's size, to
+    # work out the floor divisions and moduli of the indices mapped.
+    bounds: dict = dataclasses.field(default_factory=dict)
+
+    def apply(self, index: sympy.Expr) -> sympy.Expr:
+        """``index`` (over the member's own symbols) over the canonical symbols."""
+        out = sympy.expand(index.xreplace(self.mapping))
+        return simplify_bounded(out, self.bounds) if self.bounds else out
 
 
 def space_of(buf: ComputedBuffer) -> Space:
@@ -66,6 +74,32 @@ def _onto(sizes: tuple, symbols: tuple, targets: tuple) -> dict | None:
     return mapping
 
 
+def _merged(sizes: tuple, symbols: tuple, targets: tuple, target_sizes: tuple) -> dict | None:
+    """As :func:`_onto`, where a size may also cover a run of consecutive targets whose
+    static sizes multiply to it: a reshape that merged dims (GPT-2's ``x.view(-1, C)`` of a
+    [2, 32, 64] value reads it as [64, 64]: its row index is ``32 * p0 + p1``)."""
+    mapping: dict = {}
+    k = 0
+    for size, sym in zip(sizes, symbols):
+        if size == 1:
+            mapping[sym] = ZERO
+            continue
+        if k < len(targets) and size == target_sizes[k]:
+            mapping[sym], k = targets[k], k + 1
+            continue
+        if not getattr(size, "is_Integer", False):
+            return None
+        expr, covered = ZERO, 1
+        while k < len(targets) and covered < int(size):
+            if not target_sizes[k].is_Integer:
+                return None
+            expr, covered, k = expr * target_sizes[k] + targets[k], covered * target_sizes[k], k + 1
+        if covered != size:
+            return None
+        mapping[sym] = expr
+    return mapping if k == len(targets) else None
+
+
 def place(buf: ComputedBuffer, space: Space) -> Placement | None:
     """Where ``buf`` sits in ``space``, or None when it does not fit."""
     p = kept_symbols(len(space.kept))
@@ -74,12 +108,11 @@ def place(buf: ComputedBuffer, space: Space) -> Placement | None:
     own = dim_symbols(len(shape))
     if buf.is_reduction:
         rsyms = reduction_symbols(len(buf.reduction_ranges))
-        if space_of(buf) != space and space_of(buf) == Space(space.reduced, space.kept):
-            kept, reduced = _onto(shape, own, q), _onto(buf.reduction_ranges, rsyms, p)
-            return (Placement("column", {**kept, **reduced})
-                    if kept is not None and reduced is not None else None)
-        if space_of(buf) != space:
-            return None
+        if space_of(buf) != space:  # a column sum (dims merged as reshapes do), or no fit
+            kept = _merged(shape, own, q, space.reduced)
+            reduced = _merged(buf.reduction_ranges, rsyms, p, space.kept)
+            return (Placement("column", {**kept, **reduced}, _bounds(space, p, q))
+                    if kept is not None and reduced is not None and space.reduced else None)
         kept = _onto(shape, own, p)
         reduced = _onto(buf.reduction_ranges, rsyms, q)
         return Placement("reduction", {**kept, **reduced}) if kept is not None else None
@@ -94,7 +127,16 @@ def place(buf: ComputedBuffer, space: Space) -> Placement | None:
     if non_one == space.kept:
         mapping = _onto(shape, own, p)
         return Placement("x", mapping) if mapping is not None else None
-    return None
+    mapping = _merged(shape, own, p + q, space.kept + space.reduced) if space.reduced else None
+    if mapping is not None:
+        return Placement("xr", mapping, _bounds(space, p, q))
+    mapping = _merged(shape, own, p, space.kept)
+    return Placement("x", mapping, _bounds(space, p, q)) if mapping is not None else None
+
+
+def _bounds(space: Space, p: tuple, q: tuple) -> dict:
+    """The static sizes of the canonical symbols (for Placement.bounds)."""
+    return {s: n for s, n in zip(p + q, space.kept + space.reduced) if n.is_Integer}
 
 
 def _interleaving(sizes: tuple, space: Space, p: tuple, q: tuple) -> tuple | None:
@@ -123,18 +165,20 @@ def _interleaving(sizes: tuple, space: Space, p: tuple, q: tuple) -> tuple | Non
 
 def store_index(buf: ComputedBuffer, placement: Placement) -> sympy.Expr:
     """Where ``buf``'s element at a point of the space is stored, in canonical symbols."""
-    own = dim_symbols(len(buf.layout.shape))
-    return sympy.expand(buf.layout.index(own).xreplace(placement.mapping))
+    return placement.apply(buf.layout.index(dim_symbols(len(buf.layout.shape))))
 
 
 def canonical(expr_index: sympy.Expr, placement: Placement) -> sympy.Expr:
-    return sympy.expand(expr_index.xreplace(placement.mapping))
+    return placement.apply(expr_index)
 
 
 @dataclasses.dataclass
 class FusedGroup:
     key: int  # its vertex in the dependency DAG
     buffers: list[Buffer]  # ComputedBuffers, or one ExternKernel
+    # A pointwise group that took column sums (passes/mix_order.py): the rows and the
+    # columns it walks, as a row reduction's space (its members placed "xr").
+    rows: Space | None = None
 
     @property
     def extern(self) -> ExternKernel | None:
@@ -161,7 +205,9 @@ class FusedGroup:
     @property
     def space(self) -> Space:
         """The canonical space: a reduction's, or for pointwise groups the (non-1) dims of
-        the shape, all kept."""
+        the shape, all kept; or the row space a pointwise group was given (``rows``)."""
+        if self.rows is not None:
+            return self.rows
         for b in self.buffers:
             if isinstance(b, ComputedBuffer) and b.is_reduction:
                 return space_of(b)

@@ -77,6 +77,45 @@ class ModularIndexing(sympy.Function):
         return None
 
 
+def simplify_bounded(expr: sympy.Expr, bounds: dict) -> sympy.Expr:
+    """``expr`` with each FloorDiv and ModularIndexing worked out where the symbols'
+    ``bounds`` (symbol -> its static size: values 0 .. size - 1) allow: ``(12*p0 + p1) // 12``
+    is ``p0`` and ``(12*p0 + p1) % 12`` is ``p1`` when ``p1 < 12`` (an index that a reshape
+    split, read over dims that a reshape merged)."""
+
+    def divide(base: sympy.Expr, divisor: sympy.Expr) -> tuple | None:
+        """(quotient, remainder) of ``base`` by ``divisor`` when the bounds fix them."""
+        if not divisor.is_Integer or int(divisor) <= 0:
+            return None
+        d, low, high = int(divisor), 0, 0
+        quotient, remainder = [], []
+        for term in sympy.Add.make_args(sympy.expand(base)):
+            coeff, rest = term.as_coeff_Mul()
+            if not coeff.is_Integer or not (rest == 1 or rest in bounds):
+                return None
+            if int(coeff) % d == 0:
+                quotient.append(term / d)
+                continue
+            remainder.append(term)
+            span = int(coeff) * (int(bounds[rest]) - 1 if rest != 1 else 1)
+            low, high = low + min(span, 0), high + max(span, 0)
+        if low < 0 or high >= d:
+            return None
+        return sympy.Add(*quotient), sympy.Add(*remainder)
+
+    def floor_div(base: sympy.Expr, divisor: sympy.Expr) -> sympy.Expr:
+        split = divide(base, divisor)
+        return split[0] if split is not None else FloorDiv(base, divisor)
+
+    def modular(base: sympy.Expr, divisor: sympy.Expr, modulus: sympy.Expr) -> sympy.Expr:
+        split = divide(floor_div(base, divisor), modulus)
+        return split[1] if split is not None else ModularIndexing(base, divisor, modulus)
+
+    if not expr.has(FloorDiv, ModularIndexing):
+        return expr
+    return sympy.expand(expr.replace(FloorDiv, floor_div).replace(ModularIndexing, modular))
+
+
 def _is_poly_int(expr: sympy.Expr) -> bool:
     """Whether every coefficient of ``expr`` is an integer (so it is exact to divide)."""
     return all(c.is_Integer for c in sympy.Poly(expr).coeffs()) if expr.free_symbols else True

@@ -27,7 +27,7 @@ from minicompile import ops
 from minicompile.errors import Unsupported
 from minicompile.graph import Graph, Node, TensorMeta, copy_graph, flatten_nodes, map_nodes
 
-from minicompile.passes.derivatives import LIBRARY_RULES, RULES, cat_rule
+from minicompile.passes.derivatives import LIBRARY_RULES, RULES, add_gradients, cat_rule
 from minicompile.passes.layout import overlaps, static
 
 RECORD = "minicompile.runtime.autograd.record"
@@ -74,7 +74,7 @@ def differentiate(graph: Graph) -> Joint:
             return
         if g.meta.dtype != node.meta.dtype and node.meta.dtype.is_floating_point:
             g = d("to_dtype", g, dtype=node.meta.dtype)
-        grads[node] = d("add", grads[node], g) if node in grads else g
+        grads[node] = add_gradients(d, grads[node], g) if node in grads else g
 
     for i, out in enumerate(graph.outputs):
         if out.requires_grad:

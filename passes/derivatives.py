@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from minicompile import ops
 from minicompile.graph import Node
 from minicompile.op_table import ROWS, ZERO
 
@@ -248,9 +249,38 @@ def _embedding(d: Any, node: Node, g: Node) -> tuple:
     weight, indices = node.args
     width = weight.meta.shape[1]
     flat = d("reshape", g, (-1, width)) if g.meta.ndim != 2 else g
+    count = _arange_length(indices)
+    rows = weight.meta.shape[0]
+    if count is not None and getattr(rows, "is_Integer", False) and count <= int(rows):
+        return (_pad_along(d, flat, 0, 0, rows), None)  # rows 0..count-1 read once each
     idx = d("reshape", d.fwd(indices), (-1,))
     base = d.extern(torch.Tensor.new_zeros, g, tuple(weight.meta.shape))
     return (d.extern(torch.index_add, base, 0, idx, flat), None)
+
+
+def _arange_length(x: Node) -> int | None:
+    """``n`` if ``x`` holds 0, 1, ..., n - 1 in order (``torch.arange(n)``, maybe reshaped
+    or plus 0: a position embedding's indices), else None."""
+    while x.op == "call" and (x.target in ("reshape", "unsqueeze", "squeeze") or (
+            x.target == "add" and x.args[1] == 0 and not isinstance(x.args[1], bool))):
+        x = x.args[0]
+    if x.op == "call" and x.target == "iota" and len(x.args[0]) == 1:
+        n = x.args[0][0]
+        return int(n) if isinstance(n, int) or getattr(n, "is_Integer", False) else None
+    return None
+
+
+def add_gradients(d: Any, a: Node, b: Node) -> Node:
+    """``a + b``, two gradients of one value; where one is an index_add into zeros (an
+    embedding's, a tied weight's), the other is the base it adds into (no zeros, no add)."""
+    scatter = ops.extern_op(torch.index_add)
+    zeros = ops.extern_op(torch.Tensor.new_zeros)
+    for x, y in ((a, b), (b, a)):
+        if (x.op == "call" and x.target == scatter and isinstance(x.args[0], Node)
+                and x.args[0].target == zeros
+                and x.meta.dtype == y.meta.dtype and len(x.users) == 0):
+            return d.extern(torch.index_add, y, *x.args[1:])
+    return d("add", a, b)
 
 
 def _index_select(d: Any, node: Node, g: Node) -> tuple:

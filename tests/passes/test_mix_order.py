@@ -12,6 +12,7 @@ from minicompile.passes.fusion import fuse
 from minicompile.passes.mix_order import mix
 from minicompile.passes.pipeline import run_graph_passes
 from minicompile.passes.split_reductions import split_reductions
+from minicompile.sym import FloorDiv, ModularIndexing, index_symbol, simplify_bounded
 
 from graph_builder import GraphBuilder
 
@@ -46,23 +47,45 @@ def test_cuda_layer_norm_backward_is_one_kernel_and_one_sum() -> None:
     assert "RSPLIT=16" in module and "launch(256, " in module
     assert "colpart0 = empty_strided((2, 256, 512), (131072, 512, 1)" in module
     assert module.count("colpart0[0:2].sum(1)") == 1
+    # 100 rows: one program walks them all and stores the sums itself (no partials).
+    program, groups = groups_of(layer_norm_backward("cuda", rows=100))
+    module = generate(program, groups, "triton").module
+    assert "RSPLIT=128" in module and "launch(1, " in module and "colpart" not in module
 
 
 def test_what_does_not_mix_keeps_its_kernel() -> None:
     """bfloat16 gradients (their sums round: no float32 partials), fewer rows than
-    columns, and a row sum offered to a column sum's kernel (which reads across rows)
+    mix_order.MIN_ROWS, and a row sum offered to a column sum's kernel (which reads across rows)
     stay apart."""
     log: list[str] = []
     _, groups = groups_of(layer_norm_backward("cpu", dtype=torch.bfloat16), log)
     assert len(groups) == 2 and any("not a float32 sum" in line for line in log), log
-    _, groups = groups_of(layer_norm_backward("cpu", rows=256))
+    _, groups = groups_of(layer_norm_backward("cpu", rows=8))
     assert len(groups) == 2
     _, groups = groups_of(layer_norm_backward("cpu"))
     assert len(groups) == 1
     b = GraphBuilder()
-    x = b.input("L_x", (16, 64))
+    x = b.input("L_x", (8, 64))
     square = b("mul", x, x)
     log.clear()
     _, groups = groups_of(b.output(b("sum", square, (0,), False), b("sum", square, (1,), False)),
                           log)
     assert len(groups) == 2 and any("not read along its rows" in line for line in log), log
+
+
+def test_a_reshape_that_merges_rows_joins_the_row_kernel() -> None:
+    """GPT-2's ``x.view(-1, C)``: the layer norm's input gradient over [2, 12, 64] read as
+    [24, 64], then summed over its rows (a bias gradient): placed with the merged row
+    index ``12 * p0 + p1`` (the view's floor division and modulus worked out from the
+    bounds), the sum joins the row kernel.  A bound the divisor does not cover stays."""
+    b = GraphBuilder()
+    grad, xhat = b.input("L_grad", (2, 12, 64)), b.input("L_xhat", (2, 12, 64))
+    row = b("sum", b("mul", grad, xhat), (2,), True)
+    rows = b("reshape", b("sub", grad, b("mul", xhat, row)), (24, 64))
+    _, groups = groups_of(b.output(rows, b("sum", rows, (0,), False)))
+    assert len(groups) == 1, [g.name for g in groups]
+    p0, p1 = index_symbol("p0"), index_symbol("p1")
+    flat = 12 * p0 + p1
+    read = 768 * FloorDiv(flat, 12) + 64 * ModularIndexing(flat, 1, 12)
+    assert simplify_bounded(read, {p0: 2, p1: 12}) == 768 * p0 + 64 * p1
+    assert simplify_bounded(FloorDiv(flat, 12), {p0: 2, p1: 13}) == FloorDiv(flat, 12)

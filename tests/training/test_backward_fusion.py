@@ -44,53 +44,62 @@ def check_grads(model: nn.Module, ref: nn.Module) -> None:
         torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5, msg=name)
 
 
-def loss_fn(model: nn.Module, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    logits = model(idx)
-    return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
-
-
-@pytest.mark.parametrize("rows, mix_order, backward_kernels",
-                         [(48, True, 1), (8, True, 2), (48, False, 2)],
-                         ids=["mixed", "few_rows", "mix_order_off"])
-def test_linear_layer_norm_gelu_backward(backend: str, capsys: pytest.CaptureFixture, rows: int,
-                                         mix_order: bool, backward_kernels: int) -> None:
-    """48 rows of 24: the layer norm's row-wise backward, its weight and bias gradients
-    and the linear bias gradient are one kernel (the weight gradients are matrix
-    products).  8 rows of 24: fewer rows than columns, the column sums keep a kernel; so
-    they do with ``cfg.mix_order`` off (the default: MINICOMPILE_MIX_ORDER=1 turns it on)."""
+def backward_kernels(model: nn.Module, shape: tuple, backend: str, mix_order: bool,
+                     capsys: pytest.CaptureFixture) -> int:
+    """Train ``model`` compiled twice on fresh inputs of ``shape``, its gradients and the
+    input's checked against eager's; the kernels of its compiled backward."""
     device = device_for(backend)
     torch.manual_seed(0)
-    model = Block(24).to(device)
+    model = model.to(device)
     ref = copy.deepcopy(model)
     with config.patch(logs=frozenset({"output_code"}), mix_order=mix_order):
         compiled = minicompile.compile(model, backend=backend)
         for _ in range(2):
-            x = torch.randn(rows, 24, device=device, requires_grad=True)
+            x = torch.randn(shape, device=device, requires_grad=True)
             x_ref = x.detach().clone().requires_grad_()
-            grad = torch.randn(rows, 24, device=device)
+            grad = torch.randn(shape, device=device)
             compiled(x).backward(grad)
             ref(x_ref).backward(grad)
             check_grads(model, ref)
             torch.testing.assert_close(x.grad, x_ref.grad, rtol=1e-4, atol=1e-5)
             model.zero_grad(set_to_none=True)
             ref.zero_grad(set_to_none=True)
-    assert kernels_of(capsys.readouterr().err, "Block.forward_backward", backend) == (
-        backward_kernels)
+    return kernels_of(capsys.readouterr().err, f"{type(model).__name__}.forward_backward",
+                      backend)
+
+
+def loss_fn(model: nn.Module, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    logits = model(idx)
+    return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
+
+
+@pytest.mark.parametrize("rows, mix_order, backward_kernels_wanted",
+                         [(48, True, 1), (8, True, 2), (48, False, 2)],
+                         ids=["mixed", "few_rows", "mix_order_off"])
+def test_linear_layer_norm_gelu_backward(backend: str, capsys: pytest.CaptureFixture, rows: int,
+                                         mix_order: bool, backward_kernels_wanted: int) -> None:
+    """48 rows of 24: the layer norm's row-wise backward, its weight and bias gradients
+    and the linear bias gradient are one kernel (the weight gradients are matrix
+    products).  8 rows of 24: fewer rows than mix_order.MIN_ROWS, the column sums keep a
+    kernel; so they do with ``cfg.mix_order`` off (Triton's default)."""
+    torch.manual_seed(0)
+    assert backward_kernels(Block(24), (rows, 24), backend, mix_order, capsys) == (
+        backward_kernels_wanted)
 
 
 def test_nanogpt_train_step_backward(backend: str, capsys: pytest.CaptureFixture) -> None:
-    """A one-layer GPT's forward and loss, backward and AdamW step.  Its backward's 15
+    """A one-layer GPT's forward and loss, backward and AdamW step.  Its backward's 10
     kernels: the cross-entropy gradient (2); the three layer norms' row kernels, each with
     its weight and bias gradients, ln_f's and ln_2's also with the bias gradient of the
     projection before them (3); the layer norms' outputs recomputed for the weight
-    gradients (1); the GELU recomputed, and its gradient (2); the bias gradients of the
-    wider MLP and attention input projections, no row kernel beside them (2); the
-    attention gradient's q/k/v (1); the embeddings' gradients (3); the zeros the second
-    embedding gradient is added into (1: ``new_zeros`` is a kernel, not a library call,
-    since passes/decompose.py's new_* rules; the first one's joins a reduction's kernel).
-    Before: 15, the column sums in a kernel of their own.  On the CPU 13: the layer norms'
-    outputs and the GELU's, read by matrix products, are saved, not recomputed
-    (passes/autograd.py)."""
+    gradients (1); the GELU recomputed, and its gradient with the MLP input projection's
+    bias gradient (2); the attention gradient's q/k/v with the attention input
+    projection's bias gradient (1); the position embedding's gradient, a sum over the
+    batch (1: positions 0..7 of 8 rows, no index_add; the token embedding's index_add adds
+    into the tied LM head's gradient, no zeros, no add).  Before: 15, those two bias
+    gradients in kernels of their own, the embeddings' gradients 3 and their zeros 1.  On
+    the CPU 8: the layer norms' outputs and the GELU's, read by matrix products, are saved,
+    not recomputed (passes/autograd.py)."""
     device = device_for(backend)
     torch.manual_seed(0)
     model = GPT(GPTConfig(n_layer=1, n_embd=16, n_head=2, block_size=8, vocab_size=32))
@@ -115,4 +124,40 @@ def test_nanogpt_train_step_backward(backend: str, capsys: pytest.CaptureFixture
             opt.zero_grad(set_to_none=True)
             ref_opt.zero_grad(set_to_none=True)
     assert kernels_of(capsys.readouterr().err, "loss_fn_backward", backend) == (
-        13 if device.type == "cpu" else 15)
+        8 if device.type == "cpu" else 10)
+
+
+class Conv1D(nn.Module):
+    """GPT-2's linear layer: ``addmm`` on the input viewed as rows (dims merged)."""
+
+    def __init__(self, nin: int, nout: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(nin, nout) * 0.1)
+        self.bias = nn.Parameter(torch.randn(nout) * 0.1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = torch.addmm(self.bias, x.view(-1, x.size(-1)), self.weight)
+        return out.view(*x.shape[:-1], -1)
+
+
+class MLPBlock(nn.Module):
+    def __init__(self, width: int, hidden: int) -> None:
+        super().__init__()
+        self.ln = nn.LayerNorm(width)
+        self.fc = nn.Linear(width, hidden)
+        self.proj = Conv1D(hidden, width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.proj(F.gelu(self.fc(self.ln(x)), approximate="tanh"))
+
+
+def test_mlp_block_backward_fuses_bias_gradients(backend: str,
+                                                 capsys: pytest.CaptureFixture) -> None:
+    """A transformer's MLP block, 3 x 13 rows (odd: no block size divides them) of 24, 40
+    hidden.  Its backward's kernels: the GELU's gradient, summed there into the first
+    linear's bias gradient (a pointwise kernel over [rows, columns] with a column sum);
+    the layer norm's row kernel, with its weight and bias gradients and the second
+    linear's bias gradient (read through GPT-2's ``view(-1, C)``: dims merged).  Before:
+    5 on the CPU (4 with mix-order reductions: the bias gradients kernels of their own)."""
+    torch.manual_seed(0)
+    assert backward_kernels(MLPBlock(24, 40), (3, 13, 24), backend, True, capsys) == 2

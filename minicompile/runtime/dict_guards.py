@@ -70,6 +70,9 @@ class DictGate:
         self.hits = 0  # fast calls since the last record
         self.fast_calls = 0  # since the gate was made
         self.dicts: tuple = ()
+        # Dicts empty at the record: checked for staying empty, not by version (PyTorch's
+        # tags on CPython 3.12+ miss an update() into an empty dict: the CLONED event).
+        self.empties: tuple = ()
         self.versions: tuple | None = None
         self.packed: Any = None  # the versions as dict_versions.unchanged compares them
         self.fast: Any = None
@@ -85,7 +88,8 @@ class DictGate:
         self.passed: tuple | None = None
 
     def check(self, *args: Any) -> bool:
-        if self.packed is not None and dict_versions.unchanged(self.dicts, self.packed):
+        if (self.packed is not None and dict_versions.unchanged(self.dicts, self.packed)
+                and not any(self.empties)):
             self.hits, self.fast_calls = self.hits + 1, self.fast_calls + 1
             if self.fast_calls == NATIVE_AFTER:  # a loop: the version tags compared in C
                 self.packed = dict_versions.pack(self.versions, build=True)
@@ -112,6 +116,7 @@ class DictGate:
         if self.versions is not None:
             self.moves.update(id(d) for d, v in zip(self.dicts, self.versions)
                               if compat.DICT_VERSION(d) != v)
+            self.moves.update(id(d) for d in self.empties if d)
         self.versions = self.packed = self.fast_inputs = None
         g = self.guards
         if self.reads is None:
@@ -146,7 +151,9 @@ class DictGate:
             self.functions[key] = self.render(exprs), self.render_inputs(items)
         for path in holder.paths:
             dicts.update((id(d), d) for d in reader.read(path)[1])  # type: ignore[index]
-        (self.fast, self.fast_inputs), self.dicts = self.functions[key], tuple(dicts.values())
+        self.fast, self.fast_inputs = self.functions[key]
+        self.dicts = tuple(d for d in dicts.values() if d)
+        self.empties = tuple(d for d in dicts.values() if not d)
         self.skipped = len(covered)
         self.held[:] = [reader.read(path)[0] for path in holder.paths]  # type: ignore[index]
         self.versions = tuple(map(compat.DICT_VERSION, self.dicts))
@@ -169,7 +176,7 @@ class DictGate:
         passed, self.passed = self.passed, None  # (no references kept past the call)
         if (passed is not None and self.fast_inputs is not None and len(passed) == len(args)
                 and all(map(operator.is_, passed, args))
-                and dict_versions.unchanged(self.dicts, self.packed)):
+                and dict_versions.unchanged(self.dicts, self.packed) and not any(self.empties)):
             return self.fast_inputs(*args)
         return self.slow_inputs(*args)
 

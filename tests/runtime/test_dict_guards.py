@@ -225,3 +225,26 @@ def _held_inputs(compiled: torch.nn.Module, net: torch.nn.Module, x: torch.Tenso
     for _ in range(2):
         y = torch.randn(3, 4)
         torch.testing.assert_close(compiled(y), net(y))
+
+
+SETTINGS: dict = {}
+
+
+def test_an_empty_dict_filled_by_update_is_seen(backend: str, device: torch.device) -> None:
+    """A value read from a dict that was empty (``SETTINGS.get``): PyTorch's version tags on
+    CPython 3.12+ miss an ``update()`` into an empty dict (the CLONED event), so the gate
+    checks a dict empty at its record for staying empty, not by its tag."""
+    SETTINGS.clear()
+
+    def f(x):
+        return x * SETTINGS.get("scale", 1.0)
+
+    compiled = minicompile.compile(f, backend=backend)
+    for _ in range(3):
+        x = torch.randn(8, device=device)
+        torch.testing.assert_close(compiled(x), f(x))
+    SETTINGS.update(scale=3.0)
+    for _ in range(2):
+        x = torch.randn(8, device=device)
+        torch.testing.assert_close(compiled(x), x * 3.0)
+    SETTINGS.clear()

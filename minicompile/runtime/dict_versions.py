@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import array
 import ctypes
+import sys
 import sysconfig
 from collections.abc import Callable
 from pathlib import Path
@@ -69,8 +70,8 @@ def _load() -> None:
     global _native
     _native = False
     include = Path(sysconfig.get_paths()["include"]) / "Python.h"
-    if compat.DICT_VERSION is None or not include.is_file():
-        return
+    if compat.DICT_VERSION is None or not include.is_file() or sys.version_info >= (3, 12):
+        return  # (3.12+: PyTorch's tags are a dict watcher's counts, not ``ma_version_tag``)
     try:
         from minicompile.runtime import build
 

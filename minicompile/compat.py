@@ -52,6 +52,26 @@ def autograd_function_of(value: Any) -> type | None:
     return owner if found is _FUNCTION_APPLY else None
 
 
+_C_APPLY = torch._C._FunctionBase.__dict__["apply"]
+
+
+def function_apply(cls: type) -> Callable:
+    """``cls.apply`` (an autograd.Function without ``setup_context``) as the C
+    ``_FunctionBase.apply`` where the release wraps that in Python (up to 2.13: the wrapper
+    unwraps functorch's dead wrappers from every argument, half a microsecond each, 180 us a
+    train step of a network's 360 inputs); the wrapper still runs while functorch
+    transforms are active (its path for them).  From 2.14 ``cls.apply`` is the C one."""
+    if _FUNCTION_APPLY is _C_APPLY:
+        return cls.apply
+    fast, wrapped = _C_APPLY.__get__(None, cls), cls.apply
+    active = torch._C._are_functorch_transforms_active
+
+    def apply(*args: Any) -> Any:
+        return wrapped(*args) if active() else fast(*args)
+
+    return apply
+
+
 @functools.cache
 def clamp_gradient_at_bounds() -> bool:
     """Whether ``x.clamp(min, max)`` with number bounds passes the gradient where ``x``

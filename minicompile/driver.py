@@ -110,7 +110,8 @@ def compile_graph(
         step = TrainingStep(profile.profiled(call, call, name, cfg),
                             profile.profiled(backward_call, backward_call, name, cfg,
                                              "_backward"), joint.num_outputs,
-                            joint.backward_inputs, joint.input_grads, joint.differentiable)
+                            joint.backward_inputs, joint.input_grads, joint.differentiable,
+                            tuple(k for k, _ in capture.writebacks if not joint.differentiable[k]))
         run = make_runner(step, get_inputs, rebuild)
         log.debug("minicompile: compiled %s (forward and backward) in %.3fs", name,
                   time.perf_counter() - start)

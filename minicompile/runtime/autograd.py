@@ -16,7 +16,9 @@ from typing import Any
 
 import torch
 
+from minicompile import compat
 from minicompile.ops import resolve_path
+from minicompile.runtime.values import picker
 
 # The (result, leaves) of every record() call of the forward running now: the Function
 # saves the leaves beside the results and attaches them to what the backward unpacks
@@ -105,7 +107,12 @@ def conv_backward(grad: torch.Tensor, x: torch.Tensor, w: torch.Tensor, bias: bo
 @dataclasses.dataclass
 class TrainingStep:
     """One graph's compiled forward and backward (fields: see passes.autograd.Joint), and
-    what each call reads of those fields, worked out once (``__post_init__``)."""
+    what each call reads of those fields, worked out once (``__post_init__``).
+
+    ``written``: the user outputs that rebuild only writes back into inputs (a batch
+    norm's running statistics) and that take no gradient.  They are no outputs of the
+    Function (each output costs autograd its bookkeeping: 147 of efficientnet_b0's 148):
+    the runner hands them to rebuild beside the Function's outputs."""
 
     forward: Callable[[list], tuple]
     backward: Callable[[list], tuple]
@@ -113,54 +120,71 @@ class TrainingStep:
     backward_inputs: tuple[tuple[str, int], ...]
     input_grads: tuple[int | str | None, ...]
     differentiable: tuple[bool, ...]
+    written: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
-        n = self.num_outputs
-        # What the forward saves: (True, input k) or (False, forward result k).
-        self.saved = tuple((kind == "input", k if kind == "input" else n + k)
-                           for kind, k in self.backward_inputs if kind != "grad")
-        # (place in the backward's inputs, output k) of each output's gradient it reads
-        self.grad_slots = tuple((at, k) for at, (kind, k) in enumerate(self.backward_inputs)
-                                if kind == "grad")
+        n, m = self.num_outputs, len(self.input_grads)
+        written = frozenset(self.written)
+        assert not any(self.differentiable[k] for k in written), "a written output takes grads"
+        # The user outputs the Function returns; output k is the Function's place[k].
+        self.returned = tuple(k for k in range(n) if k not in written)
+        place = {k: i for i, k in enumerate(self.returned)}
+        # What the forward saves, picked from inputs + forward results in one call.
+        self.pick_saved = picker([k if kind == "input" else m + n + k
+                                   for kind, k in self.backward_inputs if kind != "grad"])
+        # (place in the backward's inputs, the Function's output) of each gradient it reads
+        self.grad_slots = tuple((at, place[k]) for at, (kind, k)
+                                in enumerate(self.backward_inputs) if kind == "grad")
         self.zero_inputs = tuple(k for k, where in enumerate(self.input_grads) if where == "zero")
-        # (input k, the backward's result or "zero") for every input that gets a gradient.
-        self.gradients = tuple((k, where) for k, where in enumerate(self.input_grads)
-                               if where is not None)
-        self.non_differentiable = tuple(k for k, diff in enumerate(self.differentiable)
-                                        if not diff)
+        # The backward's return, picked from (None, *the compiled backward's results): one
+        # item for the step, the holder and each input (None: the input takes no gradient).
+        self.pick_grads = picker([0, 0] + [where + 1 if isinstance(where, int) else 0
+                                            for where in self.input_grads])
+        self.non_differentiable = tuple(place[k] for k in self.returned
+                                        if not self.differentiable[k])
 
 
 class CompiledGraphFunction(torch.autograd.Function):
+    """``apply(step, holder, *inputs)``: ``holder`` (a list, or None where the step writes
+    nothing back) receives the forward's results for the runner's rebuild."""
+
     @staticmethod
-    def forward(ctx: Any, step: TrainingStep, *inputs: Any) -> tuple:  # type: ignore[override]
+    def forward(ctx: Any, step: TrainingStep, holder: list | None,  # type: ignore[override]
+                *inputs: Any) -> tuple:
         _recorded.calls = []
         try:
             outs = step.forward(list(inputs))
         finally:
             calls, _recorded.calls = _recorded.calls, None
-        saved = [inputs[k] if is_input else outs[k] for is_input, k in step.saved]
-        ctx.leaves = []
+        if holder is not None:
+            holder.append(outs)
+        saved = step.pick_saved(inputs + tuple(outs))
+        ctx.leaves = ()
         if calls:
+            saved = list(saved)
             ids = {id(t): k for k, t in enumerate(saved)}
+            ctx.leaves = []
             for out, leaves in calls:
                 if id(out) in ids:
                     ctx.leaves.append((ids[id(out)], len(leaves)))
                     saved.extend(leaves)
         ctx.save_for_backward(*saved)
         ctx.step = step
-        # No zeros made for the outputs no gradient reached (running statistics, say): the
-        # backward makes those it reads itself.
+        # No zeros made for the outputs no gradient reached: the backward makes those it
+        # reads itself.
         ctx.set_materialize_grads(False)
-        ctx.outputs = {k: (outs[k].shape, outs[k].dtype, outs[k].device)
-                       for _, k in step.grad_slots}
-        ctx.zeros = {k: (inputs[k].shape, inputs[k].dtype, inputs[k].device)
-                     for k in step.zero_inputs}
         # Values the forward made with autograd on (library results) leave detached: this
         # Function is their only history.
         results = tuple(o.detach() if isinstance(o, torch.Tensor) and o.requires_grad else o
-                        for o in outs[:step.num_outputs])
-        ctx.mark_non_differentiable(*[results[k] for k in step.non_differentiable
-                                      if isinstance(results[k], torch.Tensor)])
+                        for o in (outs[k] for k in step.returned))
+        ctx.outputs = {k: (results[k].shape, results[k].dtype, results[k].device)
+                       for _, k in step.grad_slots}
+        if step.zero_inputs:
+            ctx.zeros = {k: (inputs[k].shape, inputs[k].dtype, inputs[k].device)
+                         for k in step.zero_inputs}
+        if step.non_differentiable:
+            ctx.mark_non_differentiable(*[results[k] for k in step.non_differentiable
+                                          if isinstance(results[k], torch.Tensor)])
         return results
 
     @staticmethod
@@ -188,24 +212,32 @@ class CompiledGraphFunction(torch.autograd.Function):
         if clear is not None:
             clear()
         results = step.backward(values) if values or step.input_grads else ()
-        needs = ctx.needs_input_grad  # (the step first, then the inputs; sizes passed as ints)
-        out: list = [None] * len(needs)
-        for k, where in step.gradients:
-            if not needs[k + 1]:
-                continue
-            if where == "zero":  # eager's gradient through floor, sign, round: zeros
-                shape, dtype, device = ctx.zeros[k]
-                out[k + 1] = torch.zeros(shape, dtype=dtype, device=device)
-            else:
-                out[k + 1] = results[where]
+        out = step.pick_grads((None, *results))
+        if not step.zero_inputs:
+            return out
+        out = list(out)
+        for k in step.zero_inputs:  # eager's gradient through floor, sign, round: zeros
+            shape, dtype, device = ctx.zeros[k]
+            out[k + 2] = torch.zeros(shape, dtype=dtype, device=device)
         return tuple(out)
 
 
 def make_runner(step: TrainingStep, get_inputs: Callable, rebuild: Callable) -> Callable:
     """The entry's runner: frame values -> the user's return value."""
-    apply = CompiledGraphFunction.apply
+    apply = compat.function_apply(CompiledGraphFunction)
+    if not step.written:
+        def run(frame: tuple) -> Any:
+            return rebuild(apply(step, None, *get_inputs(*frame)), *frame)
 
-    def run(frame: tuple) -> Any:
-        return rebuild(apply(step, *get_inputs(*frame)), *frame)
+        return run
+    returned = step.returned
 
-    return run
+    def run_writing_back(frame: tuple) -> Any:
+        holder: list = []
+        results = apply(step, holder, *get_inputs(*frame))
+        outs = list(holder[0])  # rebuild writes the written outputs back
+        for k, value in zip(returned, results):
+            outs[k] = value
+        return rebuild(outs, *frame)
+
+    return run_writing_back

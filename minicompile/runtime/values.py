@@ -6,8 +6,11 @@ captured.  NumPy is not imported here: the arrays passed in come from it.
 
 from __future__ import annotations
 
+import functools
+import operator
 import warnings
 from collections import OrderedDict
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -28,7 +31,45 @@ def write_back(dst: Any, src: torch.Tensor) -> None:
 def write_backs(dsts: tuple, srcs: tuple) -> None:
     """:func:`write_back` of each pair, the tensors' copies in one ``_foreach_copy_`` per
     dtype (one kernel on a GPU, not one a tensor: a network's batch-norm statistics).
-    Mutated inputs share no memory (capture guards it), so the copies' order is free."""
+    Mutated inputs share no memory (capture guards it), so the copies' order is free.
+    Where no output was stored in place, the pairs of each dtype are picked as planned
+    for those dtypes (:func:`_by_dtype`): 20 us, not 120, for efficientnet_b0's 147."""
+    if any(map(operator.is_, dsts, srcs)):
+        _write_backs_some_stored(dsts, srcs)
+        return
+    for pick, tensors in _by_dtype(tuple(map(_DTYPE, dsts))):
+        to, of = pick(dsts), pick(srcs)
+        if tensors:
+            torch._foreach_copy_(to, of)
+        else:
+            for dst, src in zip(to, of):
+                write_back(dst, src)
+
+
+_DTYPE = operator.attrgetter("dtype")
+
+
+@functools.lru_cache(maxsize=256)
+def _by_dtype(dtypes: tuple) -> tuple[tuple[Callable[[tuple], tuple], bool], ...]:
+    """(a picker of the pairs of one dtype, whether they are tensors) for each dtype of the
+    destinations (NumPy arrays' dtypes: not tensors)."""
+    groups: dict[Any, list[int]] = {}
+    for k, dtype in enumerate(dtypes):
+        groups.setdefault(dtype, []).append(k)
+    return tuple((picker(ks), isinstance(dtype, torch.dtype)) for dtype, ks in groups.items())
+
+
+def picker(indices: list[int]) -> Callable[[tuple], tuple]:
+    """``lambda values: tuple(values[k] for k in indices)``, in one C call."""
+    if len(indices) > 1:
+        return operator.itemgetter(*indices)
+    if indices:
+        (k,) = indices
+        return lambda values: (values[k],)
+    return lambda values: ()
+
+
+def _write_backs_some_stored(dsts: tuple, srcs: tuple) -> None:
     copies: dict[torch.dtype, tuple[list, list]] = {}
     stored = []  # their version counters moved on in one call (a static KV cache's 24)
     for dst, src in zip(dsts, srcs):

@@ -11,6 +11,7 @@ import copy
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 import torch.nn as nn
 
@@ -94,4 +95,64 @@ def test_batch_norm_training_matches_eager(backend: str) -> None:
             torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
         model.zero_grad(set_to_none=True)
         ref.zero_grad(set_to_none=True)
+    assert minicompile.stats()["eager_fallbacks"] == 0
+
+
+def _outputs_of_the_function(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The number of outputs each call of the training autograd.Function returns."""
+    from minicompile.runtime.autograd import CompiledGraphFunction
+
+    counts: list[int] = []
+    forward = CompiledGraphFunction.forward
+
+    def counting(ctx: object, *args: object) -> tuple:
+        results = forward(ctx, *args)
+        counts.append(len(results))
+        return results
+
+    monkeypatch.setattr(CompiledGraphFunction, "forward", staticmethod(counting))
+    return counts
+
+
+@pytest.mark.parametrize("returns_statistic", [False, True])
+def test_running_statistics_are_written_back_not_returned_by_the_function(
+        backend: str, returns_statistic: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The Function returns only what autograd needs, the loss (rebuild returns a buffer
+    the user gets back as the buffer itself): the running statistics go into the same buffer tensors, with eager's values,
+    seen through aliases the user keeps between steps."""
+    counts = _outputs_of_the_function(monkeypatch)
+    device = device_for(backend)
+    torch.manual_seed(0)
+    model = nn.Sequential(ConvBlock(), nn.BatchNorm2d(4)).to(device).train()
+    ref = copy.deepcopy(model)
+
+    def step(m: nn.Module, x: torch.Tensor) -> tuple:
+        loss = _loss(m, x)
+        return (loss, m[1].running_mean) if returns_statistic else (loss,)
+
+    compiled = minicompile.compile(step, backend=backend)
+    buffers = dict(model.named_buffers())
+    aliases = [model[0].bn.running_var, model[1].running_mean[1:3]]  # the user's own views
+    for _ in range(2):
+        before = [b._version for b in model.buffers()], [b._version for b in ref.buffers()]
+        x = torch.randn(2, 3, 8, 8, device=device)
+        got, want = compiled(model, x), step(ref, x)
+        torch.testing.assert_close(got[0], want[0], rtol=1e-5, atol=1e-6)
+        if returns_statistic:
+            assert got[1] is model[1].running_mean  # eager returns the buffer itself
+        grads = torch.autograd.grad(got[0], list(model.parameters()))
+        for g, w in zip(grads, torch.autograd.grad(want[0], list(ref.parameters()))):
+            torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-5)
+        assert dict(model.named_buffers()) == buffers  # the same tensors, written in place
+        for (name, a), b in zip(model.named_buffers(), ref.buffers()):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=name)
+        torch.testing.assert_close(aliases[0], ref[0].bn.running_var, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(aliases[1], ref[1].running_mean[1:3], rtol=1e-5, atol=1e-6)
+        # One write-back a buffer a step: eager's count for num_batches_tracked (add_); eager
+        # leaves the running statistics' counters (native_batch_norm declares no mutation),
+        # torch.compile's copy_ moves them as minicompile's does.
+        mine, eager = ([b._version - v for b, v in zip(bs, vs)]
+                       for bs, vs in zip((model.buffers(), ref.buffers()), before))
+        assert mine == [1] * len(mine) and all(e <= 1 for e in eager), (mine, eager)
+    assert counts == [1, 1], counts  # the loss (a returned buffer is the buffer itself)
     assert minicompile.stats()["eager_fallbacks"] == 0

@@ -116,6 +116,9 @@ def main() -> None:
                         help="time this thread's CPU time (with --threads 1 only)")
     a = parser.parse_args()
     threads = sorted({int(n) for n in a.threads.split(",")})
+    unknown = set(a.models) - {case.name for case in MODELS}
+    if unknown:
+        parser.error(f"no such model: {', '.join(sorted(unknown))} (see examples/model_zoo.py)")
     if a.cpu_time and threads != [1]:
         parser.error("--cpu-time counts one thread's time: use it with --threads 1")
     clock = time.thread_time if a.cpu_time else time.perf_counter

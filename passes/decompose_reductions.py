@@ -91,6 +91,27 @@ def _mean(b: Builder, *args: Any, **kwargs: Any) -> Node | None:
     return b.restore(out)
 
 
+def _global_avg_pool(rank: int) -> Callable[..., Node | None]:
+    """``F.adaptive_avg_pool{rank}d(x, 1)``, every CNN's global average pool: a mean over
+    the last ``rank`` dims, kept (ATen computes it as that mean, too).  In training its
+    backward is then a broadcast divide fused into its consumer, not a library call
+    recorded for PyTorch's autograd.  Other output sizes stay library calls."""
+
+    def rule(b: Builder, *args: Any, **kwargs: Any) -> Node | None:
+        a = bind(args, kwargs, ("input", "output_size"), {})
+        x, size = a.get("input"), a.get("output_size")
+        sizes = tuple(size) if isinstance(size, (tuple, list)) else (size,) * rank
+        if set(a) != {"input", "output_size"} or sizes != (1,) * rank:
+            return NOT_HANDLED
+        if x.meta.ndim not in (rank + 1, rank + 2) or not x.meta.dtype.is_floating_point:
+            return NOT_HANDLED  # eager raises: let it
+        if _empty(b, x):
+            return NOT_HANDLED
+        return _mean(b, x, tuple(range(x.meta.ndim - rank, x.meta.ndim)), True)
+
+    return rule
+
+
 def _max_or_min(op: str) -> Callable[..., Node | tuple[Node, Node] | None]:
     """torch.max / torch.min: over everything (a 0-dim value), or along a dim as
     (values, indices), the tuple whose getitem users decompose.py rewires."""
@@ -437,4 +458,8 @@ REDUCTION_DECOMPOSITIONS: dict[str, Callable[..., Node | None]] = {name: rule fo
     (("torch.nn.functional.batch_norm",), _batch_norm),  # torch.batch_norm orders args apart
     (("torch.nn.functional.group_norm", "torch.group_norm"), _group_norm),
     (("torch.cumsum", "torch.Tensor.cumsum"), _cumsum),
+    (("torch.nn.functional.adaptive_avg_pool1d", "torch.adaptive_avg_pool1d"),
+     _global_avg_pool(1)),
+    (("torch.nn.functional.adaptive_avg_pool2d",), _global_avg_pool(2)),
+    (("torch.nn.functional.adaptive_avg_pool3d",), _global_avg_pool(3)),
 ) for name in names}

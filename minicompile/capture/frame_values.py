@@ -142,7 +142,9 @@ class FrameValuesMixin:
                 g.constant_match(source.attr("__name__"), value.__name__)
             return self.object_var(value, source)
         if guard:
-            if is_user_object(value) and not isinstance(value, torch.nn.Module):
+            # (a union, ``int | None``, is a value: guarded equal, not by type alone)
+            if is_user_object(value) and not isinstance(value, (torch.nn.Module,
+                                                                types.UnionType)):
                 g.type_match(source, value)
             else:
                 g.identity_match(source, value)

@@ -12,6 +12,7 @@ import builtins
 import keyword
 import math
 import re
+import types
 from collections.abc import Callable
 from typing import Any
 
@@ -174,6 +175,10 @@ class GuardBuilder:
     def identity_match(self, src: Source, obj: Any) -> None:
         """The very object the trace saw (modules, functions, classes reached by name)."""
         name = self.ref(obj, getattr(obj, "__name__", type(obj).__name__))
+        if isinstance(obj, types.UnionType):  # ``int | None`` is made anew where it is
+            self.type_match(src, obj)  # written: an equal one, not the same object
+            self.add(src.name, "value", f"{src.expr} == {name}", src.expr, obj)
+            return
         expr = f"{src.first_expr} is {name}"
         k = self._types.pop(src.name, None)
         if k is not None and expr not in self._seen:  # the object implies its type: there

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import builtins
 import enum
+import functools
+import operator
 import sys
 import types
 from typing import Any
@@ -56,6 +58,8 @@ def recipe(obj: Any, fn: types.FunctionType) -> list:
         raise NotStorable("a dict known by identity (not a module's globals)")
     if isinstance(obj, (torch.dtype, torch.layout, torch.memory_format)):
         return ["torch", str(obj).removeprefix("torch.")]
+    if isinstance(obj, types.UnionType):  # ``int | None``: rebuilt from its members
+        return ["union", [recipe(a, fn) for a in obj.__args__]]
     if isinstance(obj, enum.Enum):  # a member (``mode is Action.NONE``): its class's, by name
         return ["member", recipe(type(obj), fn), obj.name]
     module, qualname = getattr(obj, "__module__", None), getattr(obj, "__qualname__", None)
@@ -113,6 +117,8 @@ def resolve(r: list, fn: types.FunctionType) -> Any:
         if digest != r[3]:
             raise Miss(f"what {steps} lead to changed since the entry was written")
         return follow(found, steps[-1:]) if steps and steps[-1][0] == "cell" else found
+    if kind == "union":
+        return functools.reduce(operator.or_, [resolve(a, fn) for a in r[1]])
     if kind == "member":
         cls = resolve(r[1], fn)
         if not (isinstance(cls, enum.EnumMeta) and r[2] in cls.__members__):

@@ -107,6 +107,18 @@ def test_changed_guarded_value_misses(warm: Path, backend: str, device: torch.de
     assert stats["frames"] == 0, stats
 
 
+def test_union_type_read_by_the_trace_is_stored(warm: Path, backend: str,
+                                                 device: torch.device) -> None:
+    """``int | None`` is made anew where it is written: equal, never the same object."""
+    text = SOURCE + "OPTIONAL = int | None\n\ndef g(x, y):\n    return f(x, y) if " \
+        "isinstance(K, OPTIONAL) else x\n"
+    m = load_source(text)
+    assert call_twice(m.g, m, backend, device)["frames"] == 1
+    assert call_twice(m.g, m, backend, device)["warm_entries"] == 1
+    m = load_source(text.replace("int | None", "float | None"))  # another union: a miss
+    assert call_twice(m.g, m, backend, device)["frames"] == 1
+
+
 @pytest.mark.parametrize("what", ["torch", "minicompile"])
 def test_changed_version_misses(warm: Path, backend: str, device: torch.device,
                                 monkeypatch: pytest.MonkeyPatch, what: str) -> None:

@@ -323,13 +323,16 @@ def test_an_updated_input_read_over_replays_is_state_and_a_new_one_records_again
         cache.index_copy_(0, pos, x)
         return cache.sum(0) * 2
 
-    for _ in range(3):
-        cache, want = torch.zeros(8, 32, device="cuda"), torch.zeros(8, 32, device="cuda")
+    def six_steps(cache: torch.Tensor, want: torch.Tensor) -> None:
         for i in range(6):
             x, pos = torch.randn(1, 32, device="cuda"), torch.tensor([i], device="cuda")
             want[i] = x[0]
             torch.testing.assert_close(step(x, pos, cache), want.sum(0) * 2)
             torch.testing.assert_close(cache, want)
+
+    for _ in range(3):
+        cache, want = torch.zeros(8, 32, device="cuda"), torch.zeros(8, 32, device="cuda")
+        six_steps(cache, want)
         (graph,) = graphed(step).recorded.values()
         assert not graph.owned and any(b is cache for b in graph.buffers)
 
@@ -341,11 +344,7 @@ def test_an_updated_input_read_over_replays_is_state_and_a_new_one_records_again
     (kc,) = [k for k, b in at.items() if b is cache]
     (kx,) = [k for k, b in at.items() if b is not cache and b.is_floating_point()]
     held = at[kx]
-    for i in range(6):
-        x, pos = torch.randn(1, 32, device="cuda"), torch.tensor([i], device="cuda")
-        want[i] = x[0]
-        torch.testing.assert_close(step(x, pos, cache), want.sum(0) * 2)
-        torch.testing.assert_close(cache, want)
+    six_steps(cache, want)
     (graph,) = graphed(step).recorded.values()
     assert graph is not first and graph.buffers[kc] is cache, (graph.own, graph.copied)
     assert graph.own == set(at) - {kc} and held.shape == (1, 32)

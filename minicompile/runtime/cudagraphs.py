@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from minicompile import compat, trace
+from minicompile.runtime.values import picker
 
 LIMIT = 8  # recorded graphs per compiled graph (one per set of sizes)
 STATE = 2  # replays on the recorded tensors after which an updated input is state (a KV cache)
@@ -45,14 +46,6 @@ def static_positions(sources: list[str]) -> frozenset[int]:
     """Inputs whose memory stays put between calls: a module's parameters and buffers."""
     return frozenset(i for i, s in enumerate(sources)
                      if "._parameters[" in s or "._buffers[" in s)
-
-
-def picker(positions: list[int]) -> Callable[[list], tuple]:
-    """``picker(positions)(xs)``: the tuple of ``xs`` at ``positions``, in one C call."""
-    if len(positions) == 1:
-        k = positions[0]
-        return lambda xs: (xs[k],)
-    return operator.itemgetter(*positions) if positions else lambda xs: ()
 
 
 _data_ptr, _stride = torch.Tensor.data_ptr, torch.Tensor.stride
@@ -92,7 +85,6 @@ class Recorded:
         self.mutated = [k for k in self.copied if k in mutated]
         self.pinned = [k for k in self.copied if compat.static_address(inputs[k])]
         self.own = own  # inputs on buffers of its own (the others: the recording call's)
-        self.owned = bool(own)
         self.state = state  # inputs known to be state: read in place, a new one records
         self.in_place = 0  # replays that updated the recorded tensors themselves
         self.handed: list[Any] = []  # weak references to the storages handed out last
@@ -163,6 +155,11 @@ class Recorded:
                                        and out.dtype == buf.dtype)
                 return _Output(out, k, out.storage_offset() - buf.storage_offset(), whole)
         return _Output(out, None, out.storage_offset())
+
+    @property
+    def owned(self) -> bool:
+        """Whether some input is read from a buffer of the graph's own."""
+        return bool(self.own)
 
     def moved_pinned(self, inputs: list) -> bool:
         """Whether an input marked as a static address is another tensor than recorded."""

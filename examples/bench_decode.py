@@ -9,7 +9,9 @@ parameters (random init, bf16) on the GPU; on the CPU, the model zoo's tiny conf
                                       # the GPU's models (GPT-2 small, Llama 100M) on the CPU
     python examples/bench_decode.py --parts      # minicompile's host time per part of a call
 
-Rows (each a fresh copy of the model, the compiled code warmed by two ``generate`` calls):
+Rows (each a fresh copy of the model, the compiled code warmed by two ``generate`` calls; all
+of a model and batch prepared first, then timed in turns, one ``generate`` call of each
+setup per turn, ``--reps`` turns):
 
 - ``eager``: the default dynamic cache;
 - ``torch.compile``: transformers' recommended setup, ``cache_implementation="static"``, with
@@ -114,10 +116,9 @@ def setups(no_inductor: bool) -> dict[str, tuple[Callable[[torch.nn.Module], Non
     return rows
 
 
-def compiles(name: str) -> int | None:
+def compiles(name: str, model: torch.nn.Module) -> int | None:
     if name.startswith("minicompile"):
-        s = minicompile.stats()
-        return s["graphs"] + s["warm_entries"]
+        return len(model.forward.entries)  # this copy's graphs, compiled or loaded warm
     if name == "torch.compile":
         from torch._dynamo.utils import counters
 
@@ -220,25 +221,63 @@ def run(model: torch.nn.Module, ids: torch.Tensor, tokens: int, options: dict,
     return out[:, ids.shape[1]:], streamer.decode_steps()
 
 
-def row(name: str, base: torch.nn.Module, ids: torch.Tensor, a: argparse.Namespace,
-        setup: tuple[Callable, dict], want: torch.Tensor | None, clock: Callable) -> tuple:
-    minicompile.reset()
+class Row:
+    """One setup on a fresh copy of the model: compiled and warmed by two ``generate`` calls
+    (:meth:`prepare`), then timed a repetition at a time (:meth:`rep`)."""
+
+    def __init__(self, name: str, setup: tuple[Callable, dict]) -> None:
+        self.name, (self.prepare_model, self.options) = name, setup
+        self.steps: list[float] = []
+        self.model: Any = None
+        self.got: torch.Tensor | None = None
+        self.clock: Any = ""
+        self.compiles: int | None = None
+
+    def prepare(self, base: torch.nn.Module, ids: torch.Tensor, a: argparse.Namespace,
+                clock: Callable) -> None:
+        if self.name == "torch.compile":
+            torch._dynamo.reset()  # before any setup of this model and batch is timed
+        self.model = copy.deepcopy(base)
+        self.prepare_model(self.model)
+        with torch.no_grad():
+            for _ in range(2):  # compiles, records CUDA graphs
+                self.got, _ = run(self.model, ids, a.new_tokens, self.options, clock)
+        self.compiles = compiles(self.name, self.model)
+        if self.name.startswith("minicompile"):
+            self.clock = (PartClock if a.parts else GuardClock)(self.model.forward, clock)
+
+    def rep(self, ids: torch.Tensor, a: argparse.Namespace, clock: Callable) -> None:
+        with torch.no_grad():
+            self.got, times = run(self.model, ids, a.new_tokens, self.options, clock)
+        self.steps += times
+
+    def rate(self) -> float:
+        return self.got.shape[0] / statistics.median(self.steps)  # type: ignore[union-attr]
+
+
+def table_rows(model_name: str, base: torch.nn.Module, ids: torch.Tensor,
+               a: argparse.Namespace, clock: Callable) -> None:
+    """Every setup prepared, then timed in turns (a repetition of each, ``--reps`` times), so
+    that a slow spell of the machine falls on all of them alike."""
+    rows, batch = [], ids.shape[0]
+    for name, setup in setups(a.no_inductor).items():
+        row = Row(name, setup)
+        try:
+            row.prepare(base, ids, a, clock)
+            rows.append(row)
+        except Exception as e:  # one setup failing must not hide the others' rows
+            print(f"| {model_name} | {batch} | {name} | failed: "
+                  f"{type(e).__name__}: {str(e).splitlines()[0][:120]} | | | | |")
+    for _ in range(a.reps):
+        for row in rows:
+            row.rep(ids, a, clock)
+    eager = rows[0] if rows and rows[0].name == "eager" else None
+    for row in rows:
+        same = 1.0 if eager is None else (row.got == eager.got).float().mean().item()
+        vs = "" if eager is None else f"{row.rate() / eager.rate():.2f}"
+        print(f"| {model_name} | {batch} | {row.name} | {row.rate():.0f} | {vs} | {same:.2f} | "
+              f"{'' if row.compiles is None else row.compiles} | {row.clock} |", flush=True)
     torch._dynamo.reset()
-    model = copy.deepcopy(base)
-    prepare, options = setup
-    prepare(model)
-    with torch.no_grad():
-        for _ in range(2):  # compiles, records CUDA graphs
-            got, _ = run(model, ids, a.new_tokens, options, clock)
-        steps = []
-        guards: Any = ""
-        if name.startswith("minicompile"):
-            guards = (PartClock if a.parts else GuardClock)(model.forward, clock)
-        for _ in range(a.reps):
-            got, times = run(model, ids, a.new_tokens, options, clock)
-            steps += times
-    same = 1.0 if want is None else (got == want).float().mean().item()
-    return ids.shape[0] / statistics.median(steps), same, compiles(name), got, guards
 
 
 def main() -> None:
@@ -279,18 +318,8 @@ def main() -> None:
         base = builds[model_name]().eval().to(device=device, dtype=dtype)
         for batch in (int(b) for b in a.batches.split(",")):
             ids = torch.randint(1, base.config.vocab_size, (batch, a.prompt), device=device)
-            want, eager_rate = None, None
-            for name, setup in setups(a.no_inductor).items():
-                try:
-                    rate, same, n, got, guards = row(name, base, ids, a, setup, want, clock)
-                except Exception as e:  # one setup failing must not hide the others' rows
-                    print(f"| {model_name} | {batch} | {name} | failed: "
-                          f"{type(e).__name__}: {str(e).splitlines()[0][:120]} | | | | |")
-                    continue
-                want, eager_rate = (got, rate) if want is None else (want, eager_rate)
-                print(f"| {model_name} | {batch} | {name} | {rate:.0f} | "
-                      f"{rate / eager_rate:.2f} | {same:.2f} | {'' if n is None else n} | "
-                      f"{guards} |", flush=True)
+            minicompile.reset()
+            table_rows(model_name, base, ids, a, clock)
 
 
 if __name__ == "__main__":

@@ -88,6 +88,8 @@ contains = Rule(lambda v, _: f"`in` on {v} is not supported")  # (item) -> bool 
 store_attr = Rule(lambda v, *_: f"attribute write on {v} is not supported")  # (name, value)
 has_attr = Rule(lambda v, _: f"hasattr() on {v} is not supported")  # (name) -> bool
 require_pinned = Rule(lambda v, _: f"{v} is not pinned")  # (what): see OutputGraph's
+# (fn, values) -> Var: a builtin whose first argument (var, a tensor or an array) decides it
+builtin = Rule(lambda v, fn, _: f"builtin {getattr(fn, '__name__', fn)}() on {v} is not supported")
 length = Rule(lambda v: f"len() of {v} is not supported")  # () -> Var | None (the builtin)
 copy = Rule(lambda v: f"copy.copy() of {v} is not supported")  # () -> Var
 deepcopy = Rule(lambda v, _: f"copy.deepcopy() of {v} is not supported")  # (memo) -> Var

@@ -104,9 +104,9 @@ def python_type(arr: ArrayVar) -> type:
     return numpy_dtype(arr).type if arr.scalar else np.ndarray
 
 
-def builtin(out: kinds.Output, fn: Any, values: list) -> Var:
+@kinds.builtin.register(ArrayVar)
+def _builtin(out: kinds.Output, x: ArrayVar, fn: Any, values: list) -> Var:
     """A builtin called with a NumPy array first (``len(a)``, ``abs(a)``, ``isinstance``)."""
-    x = values[0]
     if fn is len and len(values) == 1:
         if x.tensor.meta.ndim == 0:
             raise Unsupported("len() of a 0-d array (NumPy raises)", raises=True)

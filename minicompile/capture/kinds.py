@@ -85,6 +85,7 @@ subscript = Rule(lambda v, _: f"indexing {v} is not supported")  # (index) -> Va
 store_item = Rule(lambda v, *_: f"item assignment on {v} is not supported")  # (key, value)
 unary = Rule(lambda v, symbol, _: f"unary {symbol} on {v} is not supported")  # (symbol, fn)
 contains = Rule(lambda v, _: f"`in` on {v} is not supported")  # (item) -> bool (Var: fold)
+delete_attr = Rule(lambda v, _: f"del of an attribute of {v} is not supported")  # (name)
 store_attr = Rule(lambda v, *_: f"attribute write on {v} is not supported")  # (name, value)
 has_attr = Rule(lambda v, _: f"hasattr() on {v} is not supported")  # (name) -> bool
 require_pinned = Rule(lambda v, _: f"{v} is not pinned")  # (what): see OutputGraph's

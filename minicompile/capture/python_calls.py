@@ -183,8 +183,8 @@ class PythonCallsMixin:
             n = kinds.length(self, args[0])
             if n is not None:
                 return n
-        if fn is delattr and len(args) == 2 and isinstance(args[0], NewObjectVar):
-            records.del_object_attr(self, args[0], self.output.to_value(args[1]))
+        if fn is delattr and len(args) == 2:
+            kinds.delete_attr(self, args[0], self.output.to_value(args[1]))
             return ConstantVar(None)
         if fn is setattr and len(args) == 3:
             self.store_attr(args[0], self.output.to_value(args[1]), args[2])

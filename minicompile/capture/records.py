@@ -288,6 +288,7 @@ def set_object_attr(tx: kinds.Translator, obj: NewObjectVar, name: str, value: V
         obj.attrs[name] = value  # a new object: nothing outside sees it yet
 
 
+@kinds.delete_attr.register(NewObjectVar)
 def del_object_attr(tx: kinds.Translator, obj: NewObjectVar, name: str) -> None:
     if obj.cls.__delattr__ is not object.__delattr__:
         tx.call_function(UserFunctionVar(obj.cls.__delattr__), [obj, ConstantVar(name)], {})

@@ -83,6 +83,7 @@ truthy = Rule(lambda v: f"truth value of {v} is not supported")  # () -> bool, f
 to_value = Rule(lambda v: f"{v} cannot be used as a value here")  # (): what folding works on
 subscript = Rule(lambda v, _: f"indexing {v} is not supported")  # (index) -> Var
 store_item = Rule(lambda v, *_: f"item assignment on {v} is not supported")  # (key, value)
+binary = Rule(lambda v, s, *_: f"operator {s} on {v} is not supported")  # (s, a, b, inplace)
 unary = Rule(lambda v, symbol, _: f"unary {symbol} on {v} is not supported")  # (symbol, fn)
 contains = Rule(lambda v, _: f"`in` on {v} is not supported")  # (item) -> bool (Var: fold)
 delete_attr = Rule(lambda v, _: f"del of an attribute of {v} is not supported")  # (name)

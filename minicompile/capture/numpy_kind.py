@@ -53,7 +53,8 @@ def call_method(tx: kinds.Translator, arr: ArrayVar, name: str, args: list, kwar
     return out.from_value(method(out, f"numpy.ndarray.{name}", (arr, *pos), kw))
 
 
-def binary(tx: kinds.Translator, symbol: str, a: Var, b: Var, inplace: bool) -> Var:
+@kinds.binary.register(ArrayVar)
+def binary(tx: kinds.Translator, _: ArrayVar, symbol: str, a: Var, b: Var, inplace: bool) -> Var:
     """``a <symbol> b`` (``a <symbol>= b`` when ``inplace``) with a NumPy array on one side."""
     out = tx.output
     av, bv = out.to_value(a), out.to_value(b)

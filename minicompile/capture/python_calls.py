@@ -35,12 +35,9 @@ class PythonCallsMixin:
     def has_python_method(self: InstructionTranslator, var: Var, name: str) -> bool:
         """``var`` is an object of a user class whose ``name`` (``__getitem__``,
         ``__len__``...) is Python code the trace can inline."""
-        if isinstance(var, NewObjectVar):
-            cls = var.cls
-        elif isinstance(var, UserObjectVar):
-            cls = type(var.value)
-        else:
+        if not isinstance(var, (NewObjectVar, UserObjectVar)):
             return False
+        cls = records.python_class(var) or type(var.value)
         return inspect.isfunction(getattr(cls, name, None))
 
     def user_contains(self: InstructionTranslator, container: Var, item: Var) -> bool:

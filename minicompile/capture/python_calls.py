@@ -19,7 +19,7 @@ from minicompile.capture.kinds import Output
 from minicompile.capture.variables import (
     NULL, BoundMethodVar, ConstantVar, DictVar, IteratorVar, ListVar, MethodVar,
     NestedFunctionVar, NewObjectVar, NNModuleVar, ObjectVar, PartialVar, ReadMethodVar, RecordVar,
-    Source, StructSeqVar, SuperVar, TensorVar, TupleVar, UserObjectVar, Var, contains_tensor,
+    Source, SuperVar, TensorVar, TupleVar, UserObjectVar, Var, contains_tensor,
     python_type_of, specialized,
 )
 from minicompile.errors import Unsupported
@@ -222,8 +222,6 @@ class PythonCallsMixin:
                 return ConstantVar(issubclass(cls, self.output.to_value(args[1])))
             if fn is type and len(args) == 1:
                 return self.output.wrap(cls, None)
-        if fn is isinstance and len(args) == 2 and isinstance(args[0], StructSeqVar):
-            return ConstantVar(issubclass(args[0].cls or tuple, self.output.to_value(args[1])))
         if fn is sum and 1 <= len(args) <= 2 and not kwargs:
             items = self.iter_items(args[0])
             if contains_tensor(items):

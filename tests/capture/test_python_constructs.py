@@ -193,6 +193,15 @@ def test_deleting_attributes_of_objects() -> None:
         capture(lambda x, o: delattr(o, "c") or x, x48(), Box(x48()))
 
 
+def test_type_of_a_torch_return_types_tuple() -> None:
+    def f(x):
+        r = x.max(0)
+        return type(r) is tuple, isinstance(r, tuple), type(r).__name__, r.values * 2
+
+    for x in (x48(), x48() + 1):
+        check_matches_eager(f, x)
+
+
 def test_python_312_bytecode_shapes() -> None:
     """The 3.12 opcodes the interpreter relies on (no torch there: check with dis)."""
     py312 = os.path.expanduser("~/.pyenv/versions/3.12.1/bin/python3.12")

@@ -131,7 +131,7 @@ class CallsMixin:
         if _OPTIM.match(type(obj.value).__module__) and (
             obj.source is not None and callable(getattr(obj.value, name, None))
         ):  # opt.step(), sched.step(): called at a graph break (api.call_at_break)
-            return OpaqueVar(getattr(obj.value, name), obj.source.attr(name))
+            return OpaqueVar(getattr(obj.value, name), source=obj.source.attr(name))
         raise Unsupported(f"attribute {name!r} of {obj.describe()} is not supported yet")
 
     @kinds.load_attr.register(UserFunctionVar)

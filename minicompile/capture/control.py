@@ -139,10 +139,7 @@ class ControlMixin:
         self.output.side_effects.store_attr(obj, name, value)
 
     def DELETE_ATTR(self: InstructionTranslator, inst: Inst) -> None:
-        obj = self.realize(self.pop())
-        if not isinstance(obj, NewObjectVar):
-            raise Unsupported(f"del of an attribute of {obj.describe()} is not supported")
-        records.del_object_attr(self, obj, inst.argval)
+        kinds.delete_attr(self, self.realize(self.pop()), inst.argval)
 
     def STORE_GLOBAL(self: InstructionTranslator, inst: Inst) -> None:
         value = self.pop()

@@ -110,17 +110,17 @@ class FrameValuesMixin:
         if is_constant_value(value):
             if guard:
                 g.constant_match(source, value)
-            return ConstantVar(value, source)
+            return ConstantVar(value, source=source)
         if type(value) is torch.Size:
             if guard:
                 g.constant_match(source, value)
-            return SizeVar(tuple(ConstantVar(python_size(s)) for s in value), source)
+            return SizeVar(tuple(ConstantVar(python_size(s)) for s in value), source=source)
         if type(value) in (tuple, list):
             if guard:
                 g.sequence_match(source, value)
             items = [self._item(v, source, i) for i, v in enumerate(value)]
             if type(value) is tuple:
-                return TupleVar(tuple(items), source)
+                return TupleVar(tuple(items), source=source)
             return ListVar(items, mutable=False, source=source)
         if type(value) is dict and all(type(k) in (str, int) or _is_class(k) for k in value):
             if guard:
@@ -162,14 +162,14 @@ class FrameValuesMixin:
             self.realize(self.wrap(v, source.attr(name) if source is not None else None))
             for name, v in (("func", p.func), ("args", p.args), ("keywords", p.keywords)))
         assert isinstance(args, TupleVar) and isinstance(keywords, DictVar)
-        return PartialVar(func, args.items, dict(keywords.items), source)
+        return PartialVar(func, args.items, dict(keywords.items), source=source)
 
     def _item(self: Output, value: Any, source: Source | None, key: int | str) -> Var:
         """Items of containers read from the frame are wrapped when first used."""
         if source is None:
             return self._wrap(value, None)
         key_expr = "" if type(key) in (str, int) else self.guards.ref(key, "key")
-        return LazyVar(value, source.item(key, key_expr))
+        return LazyVar(value, source=source.item(key, key_expr))
 
     def realize(self: Output, var: Var) -> Var:
         if isinstance(var, LazyVar):
@@ -217,7 +217,7 @@ class FrameValuesMixin:
         node = self.graph.placeholder(self._ident(source.ident), meta)
         self.input_sources.append(source.name)
         self.input_exprs.append(expr)
-        var = TensorVar(node, type(t), source)
+        var = TensorVar(node, type(t), source=source)
         self.input_values.append(t)
         self.input_vars.append(var)
         self.input_nodes[id(var)] = node
@@ -264,7 +264,7 @@ class FrameValuesMixin:
         where = SymbolSource(source.name, source.expr, is_tensor_size=False)
         symbol = shapes.symbol(value, where)
         self.guards.symbolic_int(source, value, str(symbol))
-        return ConstantVar(shapes.to_symint(symbol), source)
+        return ConstantVar(shapes.to_symint(symbol), source=source)
 
     def sizes_to_sympy(self: Output, value: Any) -> Any:
         """Node arguments hold sizes as sympy expressions over our symbols, not SymInts."""
@@ -293,26 +293,27 @@ class FrameValuesMixin:
     def object_var(self: Output, value: Any, source: Source | None) -> ObjectVar:
         """The kind of tracker for a non-constant object (no guards: callers guard)."""
         if isinstance(value, types.ModuleType):
-            return ModuleVar(value, source)
+            return ModuleVar(value, source=source)
         if isinstance(value, torch.nn.Module):
-            return parameter_containers.MODULE_KINDS.get(type(value), NNModuleVar)(value, source)
+            kind = parameter_containers.MODULE_KINDS.get(type(value), NNModuleVar)
+            return kind(value, source=source)
         try:
             in_torch_table = value in torch_ops.FUNCTIONS
         except TypeError:  # unhashable
             in_torch_table = False
         if in_torch_table:
-            return TorchFunctionVar(value, source)
+            return TorchFunctionVar(value, source=source)
         module = getattr(value, "__module__", None) or ""
         if isinstance(value, types.FunctionType) and value in library.INLINED_HELPERS:
-            return UserFunctionVar(value, source)
+            return UserFunctionVar(value, source=source)
         if callable(value) and not isinstance(value, type) and module.split(".")[0] == "torch":
-            return TorchFunctionVar(value, source)  # unsupported torch callables
+            return TorchFunctionVar(value, source=source)  # unsupported torch callables
         if isinstance(value, types.FunctionType):
-            return UserFunctionVar(value, source)
+            return UserFunctionVar(value, source=source)
         if isinstance(value, (types.BuiltinFunctionType, type)) and module in ("builtins", "math"):
-            return BuiltinVar(value, source)
+            return BuiltinVar(value, source=source)
         if is_user_object(value):
-            return UserObjectVar(value, source)
+            return UserObjectVar(value, source=source)
         if isinstance(value, type) or callable(value):
-            return ObjectVar(value, source)
-        return OpaqueVar(value, source)
+            return ObjectVar(value, source=source)
+        return OpaqueVar(value, source=source)

@@ -83,11 +83,15 @@ truthy = Rule(lambda v: f"truth value of {v} is not supported")  # () -> bool, f
 to_value = Rule(lambda v: f"{v} cannot be used as a value here")  # (): what folding works on
 subscript = Rule(lambda v, _: f"indexing {v} is not supported")  # (index) -> Var
 store_item = Rule(lambda v, *_: f"item assignment on {v} is not supported")  # (key, value)
+binary = Rule(lambda v, s, *_: f"operator {s} on {v} is not supported")  # (s, a, b, inplace)
 unary = Rule(lambda v, symbol, _: f"unary {symbol} on {v} is not supported")  # (symbol, fn)
 contains = Rule(lambda v, _: f"`in` on {v} is not supported")  # (item) -> bool (Var: fold)
+delete_attr = Rule(lambda v, _: f"del of an attribute of {v} is not supported")  # (name)
 store_attr = Rule(lambda v, *_: f"attribute write on {v} is not supported")  # (name, value)
 has_attr = Rule(lambda v, _: f"hasattr() on {v} is not supported")  # (name) -> bool
 require_pinned = Rule(lambda v, _: f"{v} is not pinned")  # (what): see OutputGraph's
+# (fn, values) -> Var: a builtin whose first argument (var, a tensor or an array) decides it
+builtin = Rule(lambda v, fn, _: f"builtin {getattr(fn, '__name__', fn)}() on {v} is not supported")
 length = Rule(lambda v: f"len() of {v} is not supported")  # () -> Var | None (the builtin)
 copy = Rule(lambda v: f"copy.copy() of {v} is not supported")  # () -> Var
 deepcopy = Rule(lambda v, _: f"copy.deepcopy() of {v} is not supported")  # (memo) -> Var

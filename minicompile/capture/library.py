@@ -22,7 +22,7 @@ import torch
 from minicompile.capture import records
 from minicompile.capture.kinds import Translator
 from minicompile.capture.variables import (
-    ArrayVar, BoundMethodVar, ConstantVar, ObjectVar, TensorVar, Var, contains_tensor, specialized,
+    BoundMethodVar, ConstantVar, ObjectVar, TensorVar, Var, contains_tensor, specialized,
 )
 from minicompile.errors import Unsupported
 
@@ -153,7 +153,7 @@ def _check(tx: Translator, fn: Any, args: list, kwargs: dict) -> Var:
     position = 1 if fn is getattr(torch, "_check_with", None) else 0  # (error_type, cond)
     var = args[position] if len(args) > position else kwargs.get("cond", ConstantVar(True))
     cond = tx.output.to_value(tx.realize(var))  # the message (a lambda, often) stays unread
-    if isinstance(cond, (TensorVar, ArrayVar)):
+    if isinstance(cond, Var):  # (a plain value's only trackers: a tensor, a NumPy array)
         raise Unsupported("a check on a tensor's value (torch._assert / torch._check)")
     if isinstance(cond, (int, bool, torch.SymInt, torch.SymBool)):
         if isinstance(cond, torch.SymInt):  # _check_is_size(n): n >= 0

@@ -93,7 +93,7 @@ def wrap_input(out: Output, value: Any, source: Source | None) -> ArrayVar:
     out.guards.array_match(source, value, meta, scalar)
     var = out.add_input(t, source, meta, expr)
     out.array_inputs[id(var)] = value
-    return ArrayVar(var, scalar, source)
+    return ArrayVar(var, scalar, source=source)
 
 
 def check_mutated_inputs(out: Output) -> None:

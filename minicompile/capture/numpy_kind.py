@@ -53,7 +53,8 @@ def call_method(tx: kinds.Translator, arr: ArrayVar, name: str, args: list, kwar
     return out.from_value(method(out, f"numpy.ndarray.{name}", (arr, *pos), kw))
 
 
-def binary(tx: kinds.Translator, symbol: str, a: Var, b: Var, inplace: bool) -> Var:
+@kinds.binary.register(ArrayVar)
+def binary(tx: kinds.Translator, _: ArrayVar, symbol: str, a: Var, b: Var, inplace: bool) -> Var:
     """``a <symbol> b`` (``a <symbol>= b`` when ``inplace``) with a NumPy array on one side."""
     out = tx.output
     av, bv = out.to_value(a), out.to_value(b)
@@ -104,9 +105,9 @@ def python_type(arr: ArrayVar) -> type:
     return numpy_dtype(arr).type if arr.scalar else np.ndarray
 
 
-def builtin(out: kinds.Output, fn: Any, values: list) -> Var:
+@kinds.builtin.register(ArrayVar)
+def _builtin(out: kinds.Output, x: ArrayVar, fn: Any, values: list) -> Var:
     """A builtin called with a NumPy array first (``len(a)``, ``abs(a)``, ``isinstance``)."""
-    x = values[0]
     if fn is len and len(values) == 1:
         if x.tensor.meta.ndim == 0:
             raise Unsupported("len() of a 0-d array (NumPy raises)", raises=True)

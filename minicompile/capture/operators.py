@@ -14,7 +14,7 @@ import torch
 from minicompile.capture import autocast, kinds, mutation, records, torch_ops
 from minicompile.capture.bytecode import Inst
 from minicompile.capture.variables import (
-    ArrayVar, DictVar, ListVar, NNModuleVar, RecordVar, TensorVar, TupleVar, Var,
+    DictVar, ListVar, NNModuleVar, RecordVar, TensorVar, TupleVar, Var,
 )
 from minicompile.errors import Unsupported
 
@@ -25,10 +25,10 @@ if TYPE_CHECKING:
 class OperatorsMixin:
     def binary(self: InstructionTranslator, symbol: str, fn: Callable, a: Var, b: Var,
                inplace: bool = False) -> Var:
-        if isinstance(self.realize(a), ArrayVar) or isinstance(self.realize(b), ArrayVar):
-            from minicompile.capture import numpy_kind
-
-            return numpy_kind.binary(self, symbol, a, b, inplace)
+        for side in (a, b):  # an operand's kind may own the operator (a NumPy array does)
+            result = kinds.binary(self, self.realize(side), symbol, a, b, inplace)
+            if result is not None:
+                return result
         if isinstance(a, TensorVar) or isinstance(b, TensorVar):
             av, bv = self.output.to_value(a), self.output.to_value(b)
             result = autocast.call(self.output, fn, (av, bv), {}, lambda p, k: (
@@ -136,5 +136,6 @@ kinds.contains.register(RecordVar, lambda tx, record, item: (
     tx.output.to_value(item) in records.keys_of(record)))
 kinds.contains.register(DictVar, lambda tx, d, item: tx.output.to_value(item) in d.items)
 kinds.unary.register(Var, lambda tx, x, symbol, fn: tx.fold(fn, x, what=f"unary {symbol}"))
+kinds.binary.register(Var, lambda tx, var, *_: None)  # (None: binary goes on, tensors first)
 kinds.subscript.register(NNModuleVar, lambda tx, m, index: tx.module_subscript(
     m, tx.output.to_value(index)))

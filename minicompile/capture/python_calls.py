@@ -17,9 +17,9 @@ from typing import TYPE_CHECKING, Any
 from minicompile.capture import kinds, records
 from minicompile.capture.kinds import Output
 from minicompile.capture.variables import (
-    NULL, ArrayVar, BoundMethodVar, ConstantVar, DictVar, IteratorVar, ListVar, MethodVar,
+    NULL, BoundMethodVar, ConstantVar, DictVar, IteratorVar, ListVar, MethodVar,
     NestedFunctionVar, NewObjectVar, NNModuleVar, ObjectVar, PartialVar, ReadMethodVar, RecordVar,
-    Source, StructSeqVar, SuperVar, TensorVar, TupleVar, UserObjectVar, Var, contains_tensor,
+    Source, SuperVar, TensorVar, TupleVar, UserObjectVar, Var, contains_tensor,
     python_type_of, specialized,
 )
 from minicompile.errors import Unsupported
@@ -35,12 +35,9 @@ class PythonCallsMixin:
     def has_python_method(self: InstructionTranslator, var: Var, name: str) -> bool:
         """``var`` is an object of a user class whose ``name`` (``__getitem__``,
         ``__len__``...) is Python code the trace can inline."""
-        if isinstance(var, NewObjectVar):
-            cls = var.cls
-        elif isinstance(var, UserObjectVar):
-            cls = type(var.value)
-        else:
+        if not isinstance(var, (NewObjectVar, UserObjectVar)):
             return False
+        cls = records.python_class(var) or type(var.value)
         return inspect.isfunction(getattr(cls, name, None))
 
     def user_contains(self: InstructionTranslator, container: Var, item: Var) -> bool:
@@ -183,8 +180,8 @@ class PythonCallsMixin:
             n = kinds.length(self, args[0])
             if n is not None:
                 return n
-        if fn is delattr and len(args) == 2 and isinstance(args[0], NewObjectVar):
-            records.del_object_attr(self, args[0], self.output.to_value(args[1]))
+        if fn is delattr and len(args) == 2:
+            kinds.delete_attr(self, args[0], self.output.to_value(args[1]))
             return ConstantVar(None)
         if fn is setattr and len(args) == 3:
             self.store_attr(args[0], self.output.to_value(args[1]), args[2])
@@ -225,11 +222,9 @@ class PythonCallsMixin:
                 return ConstantVar(issubclass(cls, self.output.to_value(args[1])))
             if fn is type and len(args) == 1:
                 return self.output.wrap(cls, None)
-        if fn is isinstance and len(args) == 2 and isinstance(args[0], StructSeqVar):
-            return ConstantVar(issubclass(args[0].cls or tuple, self.output.to_value(args[1])))
         if fn is sum and 1 <= len(args) <= 2 and not kwargs:
             items = self.iter_items(args[0])
-            if any(isinstance(i, (TensorVar, ArrayVar)) for i in items):
+            if contains_tensor(items):
                 total = args[1] if len(args) == 2 else ConstantVar(0)
                 for item in items:
                     total = self.binary("+", operator.add, total, item)
@@ -309,7 +304,7 @@ def fold_builtin(out: Output, fn: Any, args: list[Var], kwargs: dict[str, Var]) 
     values = [out.to_value(a) for a in args]
     kw = {k: out.to_value(v) for k, v in kwargs.items()}
     if any(contains_tensor(v) for v in (*values, *kw.values())):
-        return _with_tensors(out, fn, name, values, kw)
+        return _with_tensors(out, fn, values)
     exception_class = isinstance(fn, type) and issubclass(fn, BaseException)
     if fn not in (isinstance, type, issubclass, callable):  # these need only the type
         out.require_pinned([*args, *kwargs.values()], f"{name}()")
@@ -338,28 +333,35 @@ def _sequence(fn: Any, arg: Var) -> Var:
     return TupleVar(items) if fn is tuple else ListVar(list(items))
 
 
-def _with_tensors(out: Output, fn: Any, name: str, values: list, kw: dict) -> Var:
+def _with_tensors(out: Output, fn: Any, values: list) -> Var:
     x = values[0] if values else None
-    if isinstance(x, ArrayVar):
-        from minicompile.capture import numpy_kind
-
-        return numpy_kind.builtin(out, fn, values)
-    if isinstance(x, TensorVar) and len(values) == 1 + (fn is isinstance) and (
-            fn in (abs, len, isinstance, type)):
-        if fn is abs:
-            return out.op("abs", (x,))
-        if fn is len and x.meta.ndim == 0:
-            raise Unsupported("len() of a 0-d tensor (eager raises)")
-        if fn is len:
-            return ConstantVar(x.meta.sizes()[0])
-        if fn is isinstance:
-            return ConstantVar(issubclass(x.python_type, values[1]))
-        return ObjectVar(x.python_type)
+    if isinstance(x, Var):  # a tensor or a NumPy array first: its kind's rule
+        return kinds.builtin(out, x, fn, values)
     if fn is len and isinstance(x, (tuple, list, dict)):
         return ConstantVar(len(x))
     if fn is isinstance and len(values) == 2:
         return ConstantVar(isinstance(x, values[1]))
+    raise _on_tensors(fn)
+
+
+@kinds.builtin.register(TensorVar)
+def _tensor_builtin(out: Output, x: TensorVar, fn: Any, values: list) -> Var:
+    if len(values) != 1 + (fn is isinstance) or fn not in (abs, len, isinstance, type):
+        raise _on_tensors(fn)
+    if fn is abs:
+        return out.op("abs", (x,))
+    if fn is len and x.meta.ndim == 0:
+        raise Unsupported("len() of a 0-d tensor (eager raises)")
+    if fn is len:
+        return ConstantVar(x.meta.sizes()[0])
+    if fn is isinstance:
+        return ConstantVar(issubclass(x.python_type, values[1]))
+    return ObjectVar(x.python_type)
+
+
+def _on_tensors(fn: Any) -> Unsupported:
+    name = getattr(fn, "__name__", repr(fn))
     if fn in _TENSOR_TO_PYTHON:
-        raise Unsupported(f"{name}() of a tensor reads its data into Python; not supported",
-                          hint="keep the value a tensor (graph break)")
-    raise Unsupported(f"builtin {name}() on tensors is not supported")
+        return Unsupported(f"{name}() of a tensor reads its data into Python; not supported",
+                           hint="keep the value a tensor (graph break)")
+    return Unsupported(f"builtin {name}() on tensors is not supported")

@@ -16,8 +16,8 @@ from typing import Any
 from minicompile.capture import kinds
 from minicompile.capture.variables import (
     ConstantVar, DictVar, ListVar, LazyVar, MethodVar, ModuleVar, NewObjectVar, ObjectSlotVar,
-    ObjectVar, RecordVar, Source, TensorVar, TupleVar, UserFunctionVar, UserObjectVar, Var,
-    is_constant_value,
+    ObjectVar, RecordVar, Source, StructSeqVar, TensorVar, TupleVar, UserFunctionVar,
+    UserObjectVar, Var, is_constant_value,
 )
 from minicompile.errors import Unsupported
 
@@ -288,6 +288,7 @@ def set_object_attr(tx: kinds.Translator, obj: NewObjectVar, name: str, value: V
         obj.attrs[name] = value  # a new object: nothing outside sees it yet
 
 
+@kinds.delete_attr.register(NewObjectVar)
 def del_object_attr(tx: kinds.Translator, obj: NewObjectVar, name: str) -> None:
     if obj.cls.__delattr__ is not object.__delattr__:
         tx.call_function(UserFunctionVar(obj.cls.__delattr__), [obj, ConstantVar(name)], {})
@@ -352,8 +353,8 @@ def _copy_object(tx: kinds.Translator, var: UserObjectVar, copy: Any) -> NewObje
 
 
 def python_class(var: Var) -> type | None:
-    """The class of an object the trace made (None for other trackers)."""
-    return var.cls if isinstance(var, (NewObjectVar, RecordVar)) else None
+    """The class of an object the trace made or of a torch.return_types tuple, else None."""
+    return var.cls if isinstance(var, (NewObjectVar, RecordVar, StructSeqVar)) else None
 
 
 kinds.copy.register(ListVar, lambda tx, var: ListVar(list(var.items)))

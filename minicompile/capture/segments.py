@@ -143,9 +143,10 @@ def frame_state(tx: Any) -> tuple[TupleVar, tuple[str, ...]]:
 def initial_values(point: ResumePoint, values: tuple) -> tuple[dict[str, Var], list[Var]]:
     """Trackers for a segment's starting locals and stack (inputs read on demand)."""
     n = len(point.local_names)
-    local_vars: dict[str, Var] = {name: LazyVar(v, Source(f"L[{name!r}]", f"L_{name}", f"L_{name}"))
-                                  for name, v in zip(point.local_names, values[:n])}
+    local_vars: dict[str, Var] = {
+        name: LazyVar(v, source=Source(f"L[{name!r}]", f"L_{name}", f"L_{name}"))
+        for name, v in zip(point.local_names, values[:n])}
     stack: list[Var] = [
-        NULL_VAR if v is concrete.NULL else LazyVar(v, Source(f"S[{k}]", f"S_{k}", f"S_{k}"))
+        NULL_VAR if v is concrete.NULL else LazyVar(v, source=Source(f"S[{k}]", f"S_{k}", f"S_{k}"))
         for k, v in enumerate(values[n:])]
     return local_vars, stack

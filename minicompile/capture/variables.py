@@ -49,10 +49,12 @@ class Source:
                       self.trusted)
 
 
+@dataclasses.dataclass(eq=False)
 class Var:
-    """Base class of value trackers."""
+    """Base class of value trackers; ``source``, where a frame value lives, is given by
+    keyword."""
 
-    source: Source | None = None
+    source: Source | None = dataclasses.field(default=None, kw_only=True)
     # What describe() says, where it is one phrase for the kind; ``{0}`` is the tracker.
     phrase = ""
     constant = False  # a Python constant (None, a number, a string): no identity to guard
@@ -79,7 +81,6 @@ class TensorVar(Var):
 
     node: Node
     python_type: type = torch.Tensor
-    source: Source | None = None
     base: TensorVar | None = None
     view: tuple[Any, ...] = ()  # ViewSteps from ``base``
     phrase = "a tensor"
@@ -101,7 +102,6 @@ class ArrayVar(Var):
 
     tensor: TensorVar
     scalar: bool = False
-    source: Source | None = None
 
     def describe(self) -> str:
         return "a NumPy scalar" if self.scalar else "a NumPy array"
@@ -110,7 +110,6 @@ class ArrayVar(Var):
 @dataclasses.dataclass(eq=False)
 class ConstantVar(Var):
     value: Any
-    source: Source | None = None
 
     constant = True
 
@@ -124,7 +123,6 @@ class ConstantVar(Var):
 @dataclasses.dataclass(eq=False)
 class TupleVar(Var):
     items: tuple[Var, ...]
-    source: Source | None = None
     phrase = "a tuple"
 
 
@@ -149,7 +147,6 @@ class ListVar(Var):
     # ``mutable``: built by the trace.  Lists read from the frame (``mutable=False``, with
     # a source) may be mutated too; the side-effect log replays their final contents.
     mutable: bool = True
-    source: Source | None = None
     phrase = "a list"
 
 
@@ -157,7 +154,6 @@ class ListVar(Var):
 class DictVar(Var):
     items: dict[Any, Var]
     mutable: bool = True
-    source: Source | None = None
     phrase = "a dict"
 
 
@@ -167,7 +163,6 @@ class ObjectVar(Var):
     cover).  Attribute reads give wrapped attributes; calling one is not supported."""
 
     value: Any
-    source: Source | None = None
 
     def describe(self) -> str:
         return f"{type(self.value).__name__} {getattr(self.value, '__name__', '')}".strip()
@@ -221,7 +216,6 @@ class NestedFunctionVar(Var):
     defaults: tuple[Var, ...] = ()
     kwdefaults: dict[str, Var] = dataclasses.field(default_factory=dict)
     closure: tuple[CellVar, ...] = ()
-    source: Source | None = None
     phrase = "nested function {0.code.co_name}"
 
 
@@ -234,7 +228,6 @@ class PartialVar(Var):
     func: Var
     args: tuple[Var, ...] = ()
     kwargs: dict[str, Var] = dataclasses.field(default_factory=dict)
-    source: Source | None = None
 
     def describe(self) -> str:
         return f"functools.partial of {self.func.describe()}"
@@ -246,7 +239,6 @@ class MethodVar(Var):
 
     obj: Var
     name: str
-    source: Source | None = None
     phrase = "method {0.name}"
 
 
@@ -257,7 +249,6 @@ class BoundMethodVar(Var):
 
     func: types.FunctionType
     self_var: Var
-    source: Source | None = None
     phrase = "method {0.func.__qualname__}"
 
 
@@ -273,7 +264,6 @@ class RecordVar(Var):
     init: dict[str, Var]
     keys: list[str] | None = None
     writes: list[tuple[str, str, Var]] = dataclasses.field(default_factory=list)
-    source: Source | None = None
     phrase = "a {0.cls.__name__}"
 
 
@@ -285,7 +275,6 @@ class NewObjectVar(Var):
 
     cls: type
     attrs: dict[str, Var] = dataclasses.field(default_factory=dict)
-    source: Source | None = None
     phrase = "a new {0.cls.__name__}"
 
 
@@ -297,7 +286,6 @@ class ObjectSlotVar(Var):
 
     name: str
     obj: Var
-    source: Source | None = None
     phrase = "object.{0.name}"
 
 
@@ -309,7 +297,6 @@ class ReadMethodVar(Var):
 
     descriptor: Any
     self_var: Var
-    source: Source | None = None
     phrase = "method {0.descriptor.__name__}"
 
 
@@ -379,13 +366,12 @@ class CellVar(Var):
 
     contents: Var | None
     local: bool = True
-    source: Source | None = None
 
 
 def closure_cell(cell: Any, source: Source) -> CellVar:
     """The read-only tracker of a real closure cell (its contents read when used)."""
     try:
-        return CellVar(LazyVar(cell.cell_contents, source), local=False, source=source)
+        return CellVar(LazyVar(cell.cell_contents, source=source), local=False, source=source)
     except ValueError:  # empty cell
         return CellVar(None, local=False, source=source)
 
@@ -396,7 +382,6 @@ class LazyVar(Var):
     the guards only cover what the trace used."""
 
     value: Any
-    source: Source
 
 
 CONSTANT_TYPES: tuple[type, ...] = (

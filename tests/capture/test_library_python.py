@@ -121,6 +121,9 @@ def test_asserts_and_checks_on_python_values() -> None:
     lenient = minicompile.compile(f, backend="cpp")
     with pytest.raises(AssertionError, match="expected 2-D input"):
         lenient(torch.randn(8))  # the frame runs eagerly, and raises eager's error
+    on_data = minicompile.compile(lambda x: torch._check(x.sum() > -1e9) or x, fullgraph=True)
+    with pytest.raises(minicompile.Unsupported, match="a check on a tensor's value"):
+        on_data(torch.randn(4))
 
 
 def test_compile_state_queries() -> None:

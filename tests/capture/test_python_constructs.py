@@ -175,6 +175,33 @@ def test_super_in_user_classes() -> None:
     check_matches_eager(lambda x, b: b.f(x), x48(), B())
 
 
+def test_deleting_attributes_of_objects() -> None:
+    """``del o.a`` and ``delattr`` on an object the trace made; on a frame object a break."""
+    class Box:
+        def __init__(self, x):
+            self.a, self.b, self.c = x, x * 2, x * 3
+
+    def f(x):
+        o = Box(x)
+        del o.a
+        delattr(o, "b")
+        return o.c, hasattr(o, "a"), hasattr(o, "b")
+
+    for x in (x48(), x48() * 2):
+        check_matches_eager(f, x)
+    with pytest.raises(Unsupported, match="del of an attribute of"):
+        capture(lambda x, o: delattr(o, "c") or x, x48(), Box(x48()))
+
+
+def test_type_of_a_torch_return_types_tuple() -> None:
+    def f(x):
+        r = x.max(0)
+        return type(r) is tuple, isinstance(r, tuple), type(r).__name__, r.values * 2
+
+    for x in (x48(), x48() + 1):
+        check_matches_eager(f, x)
+
+
 def test_python_312_bytecode_shapes() -> None:
     """The 3.12 opcodes the interpreter relies on (no torch there: check with dis)."""
     py312 = os.path.expanduser("~/.pyenv/versions/3.12.1/bin/python3.12")

@@ -42,6 +42,8 @@ _GENERATOR = torch.Generator()  # (draws from a generator of their own are not c
         (lambda x: x.sum().item(), "Tensor.item() reads tensor data into Python", None),
         (lambda x: x.tolist(), "Tensor.tolist() reads tensor data into Python", None),
         (lambda x: x.numpy().item(), "numpy.ndarray.item() reads the array's data", None),
+        (lambda x: x + x.numpy(), "between a NumPy array and a torch tensor", None),
+        (lambda x: len(x.sum()), "len() of a 0-d tensor", None),
         (lambda x: bool(x.sum()), "bool() of a tensor reads its data into Python", None),
         (lambda x: os.getpid() + x, "call to posix.getpid is not supported", None),
         (lambda x: x.to("meta"), "moving a tensor from cpu to meta is not supported", None),

@@ -14,7 +14,8 @@ checks hold as they did, and a call runs only the others (the identities of para
 tensor metadata, values in lists or in objects without ``__dict__``, attributes of classes,
 calls such as the grad mode), reading what dicts fix (parameters, submodules) as objects held
 since that pass rather than walking their paths; so does ``get_inputs`` on the arguments
-a fast pass has just checked (:meth:`DictGate.inputs`).  The versions are compared in one C
+a fast pass has just checked (:meth:`DictGate.inputs`; an entry's run takes the pass as
+its token, :meth:`DictGate.inputs_right_after_check`).  The versions are compared in one C
 call once a gate has served ``NATIVE_AFTER`` fast calls (runtime/dict_versions.py).  A
 version that moved runs the whole function again, which records anew; a dict that moves at
 every pass (a script's globals, written by its loops) is left out, and a gate that keeps
@@ -173,12 +174,23 @@ class DictGate:
         """The graph's inputs from the frame ``args``: the parameters as held since the last
         record where the call's check passed the fast function on these very arguments and
         the dicts still have their versions (nothing ran between), else by their paths."""
-        passed, self.passed = self.passed, None  # (no references kept past the call)
-        if (passed is not None and self.fast_inputs is not None and len(passed) == len(args)
-                and all(map(operator.is_, passed, args))
-                and dict_versions.unchanged(self.dicts, self.packed) and not any(self.empties)):
+        if self._passed(args) and dict_versions.unchanged(self.dicts, self.packed) and not any(
+                self.empties):
             return self.fast_inputs(*args)
         return self.slow_inputs(*args)
+
+    def inputs_right_after_check(self, *args: Any) -> list:
+        """:meth:`inputs` for an entry's run, which the API calls right after this check
+        passed with nothing of the caller's run in between: the check's pass on these very
+        arguments is the token, the dicts' versions are not compared again (25 us on 3.12
+        for GPT-2 small's 584 dicts).  (A check's own reads write nothing into the model.)"""
+        return self.fast_inputs(*args) if self._passed(args) else self.slow_inputs(*args)
+
+    def _passed(self, args: tuple) -> bool:
+        """Whether the last check passed the fast function on ``args`` (taken: once)."""
+        passed, self.passed = self.passed, None  # (no references kept past the call)
+        return (passed is not None and self.fast_inputs is not None and len(passed) == len(args)
+                and all(map(operator.is_, passed, args)))
 
     def render_inputs(self, items: list[str]) -> Any:
         if self.items is None:
@@ -238,6 +250,13 @@ class Holder:
             elif isinstance(value, ast.AST):
                 setattr(node, field, self.visit(value))
         return node
+
+
+def right_after_check(get_inputs: Any) -> Any:
+    """``get_inputs`` of an entry's run (called right after the entry's check passed): a
+    gate's :meth:`DictGate.inputs_right_after_check` where it is a gate's inputs."""
+    gate = getattr(get_inputs, "__self__", None)
+    return gate.inputs_right_after_check if isinstance(gate, DictGate) else get_inputs
 
 
 def per_call(guards: Any) -> str:

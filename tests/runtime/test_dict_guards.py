@@ -12,7 +12,7 @@ import torch
 
 import minicompile
 from minicompile import compat
-from minicompile.runtime.dict_guards import CHURN, RECORDS
+from minicompile.runtime.dict_guards import CHURN, RECORDS, right_after_check
 
 SCALE = 2.0  # a global the forward reads
 
@@ -225,6 +225,38 @@ def _held_inputs(compiled: torch.nn.Module, net: torch.nn.Module, x: torch.Tenso
     for _ in range(2):
         y = torch.randn(3, 4)
         torch.testing.assert_close(compiled(y), net(y))
+
+
+def test_a_run_reads_what_is_held_on_its_own_check_pass_only() -> None:
+    """An entry's run, which the API calls right after its check passed, reads the held
+    parameters on that pass alone (the versions are not compared again); a run after no
+    pass of its own reads by paths; a parameter replaced between calls is read anew."""
+    if compat.DICT_VERSION is None:
+        pytest.skip("no dict versions on this Python / PyTorch: every check runs")
+    minicompile.reset()
+    net = make_net()
+    compiled = minicompile.compile(net, backend="cpp")
+    with torch.no_grad():
+        for _ in range(3):
+            compiled(torch.randn(3, 4))
+        function = compiled.__dict__["_compiled"]
+        (entry,) = function.entries
+        (gate,) = _gates(compiled)
+        run_inputs = right_after_check(entry.capture.get_inputs)
+        frame = function.bind(net, torch.randn(3, 4))
+        slow, read = gate.slow_inputs, []
+        gate.slow_inputs = lambda *a: read.append(a) or slow(*a)
+        assert entry.capture.guards.check(*frame)
+        held = run_inputs(*frame)
+        assert not read and any(t is net.lin.weight for t in held)
+        run_inputs(*frame)  # (the token was taken)
+        assert len(read) == 1
+        gate.slow_inputs = slow
+        for _ in range(2):
+            net.lin.weight = torch.nn.Parameter(torch.randn(4, 4))
+            for _ in range(2):
+                x = torch.randn(3, 4)
+                torch.testing.assert_close(compiled(x), net(x))
 
 
 SETTINGS: dict = {}

@@ -48,6 +48,8 @@ RECORDS = 32  # records in a row, each after fewer fast calls than this, before 
 CHURN = 2  # such records a dict has moved at after which no check is covered through it
 NATIVE_AFTER = 64  # fast calls after which the versions are compared in C (dict_versions)
 IDENTITY, KEYS, VALUE = 0, 1, 2  # what of a value a check reads
+ARGUMENTS_PAY = 4  # fast calls a record on a new argument's object must serve (else churn)
+_GATES = -1  # where in the held list the objects held from the arguments are
 
 Path = tuple[str, tuple[tuple[str, Any], ...]]  # root name, steps ("attr" | "item" | "get", key)
 
@@ -81,6 +83,7 @@ class DictGate:
         self.functions: dict[tuple, Any] = {}
         self.moves: Counter[int] = Counter()  # id of a dict -> passes it had moved at
         self.skipped = 0  # checks the fast function leaves out
+        self.arguments_moved = 0  # records after few calls because an argument's object moved
         # get_inputs, and its items reading what is held (after a record), with the
         # arguments of the last call the fast function passed (DictGate.inputs).
         self.slow_inputs: Any = None
@@ -94,9 +97,15 @@ class DictGate:
             self.hits, self.fast_calls = self.hits + 1, self.fast_calls + 1
             if self.fast_calls == NATIVE_AFTER:  # a loop: the version tags compared in C
                 self.packed = dict_versions.pack(self.versions, build=True)
-            ok = self.fast(*args)
-            self.passed = args if ok else None
-            return ok
+            try:
+                ok = self.fast(*args)
+            except Exception:  # noqa: BLE001 - an argument's object read in another shape
+                ok = None
+            if ok is not None:
+                self.passed = args if ok else None
+                return ok
+            if self.hits < ARGUMENTS_PAY:  # an argument's object new at (almost) every call
+                self.arguments_moved += 1
         self.passed = None
         if not self.full(*args):
             return False
@@ -111,8 +120,8 @@ class DictGate:
         """After a pass of the whole function: the dicts of the covered checks and their
         versions, or give up (the guard function runs alone) where none or too many moved."""
         if self.hits >= RECORDS:  # the last record paid: a model put in eval() each epoch,
-            self.records = 0  # or an attribute generate() writes, is no churn
-            self.moves.clear()
+            self.records = self.arguments_moved = 0  # or an attribute generate() writes, is
+            self.moves.clear()  # no churn
         self.records, self.hits = self.records + 1, 0
         if self.versions is not None:
             self.moves.update(id(d) for d, v in zip(self.dicts, self.versions)
@@ -126,20 +135,27 @@ class DictGate:
                                if (found := _identity(c.expr, g.params, g.namespace))}
         churn = {k for k, n in self.moves.items() if n >= CHURN}  # (a script's globals)
         gates: dict[Path, Any] = {}
+        promoted: list[Path] = []  # gates on objects reached from the arguments, shortest first
         while True:  # the shortest paths checked by identity that nothing covers are gates
             reader = Reader(g.namespace, g.params, args, gates, churn)
             covered, dicts = [], {}
             for i, reads in enumerate(self.reads):
-                got = reader.cover(reads) if reads is not None else None
+                gate = i in self.identities and self.identities[i][0] in gates
+                got = reader.cover(reads) if reads is not None and not gate else None
                 if got is not None:
                     covered.append(i)
                     dicts.update((id(d), d) for d in got)
             more = [self.identities[i] for i in self.identities.keys() - set(covered)
                     if self.identities[i][0] not in gates]
+            arguments = not more and self.arguments_moved < CHURN
+            if arguments:  # (identities first: what they cover needs no gate of ours)
+                more = _of_arguments(self.reads, covered, reader, g.params, args)
             if not more:
                 break
             depth = min(len(path[1]) for path, _ in more)
-            gates.update((path, obj) for path, obj in more if len(path[1]) == depth)
+            new = [(path, obj) for path, obj in more if len(path[1]) == depth]
+            gates.update(new)
+            promoted += [path for path, _ in new] if arguments else []
         if not dicts or self.records > RECORDS or HELD in g.namespace:
             g.check, self.skipped = self.full, 0
             return
@@ -148,8 +164,11 @@ class DictGate:
         exprs = [holder.hold(c.expr) if i not in skip else "" for i, c in enumerate(g.run_checks)]
         items = [holder.hold(e) for e in self.items or ()]
         key = (tuple(covered), tuple(holder.paths))
+        first = [holder.hold(f"{_text(path)} is {HELD}[{_GATES}][{k}]")
+                 for k, path in enumerate(promoted)]
+        key = (*key, tuple(first))
         if key not in self.functions:
-            self.functions[key] = self.render(exprs), self.render_inputs(items)
+            self.functions[key] = self.render(exprs, first), self.render_inputs(items)
         for path in holder.paths:
             dicts.update((id(d), d) for d in reader.read(path)[1])  # type: ignore[index]
         self.fast, self.fast_inputs = self.functions[key]
@@ -157,6 +176,7 @@ class DictGate:
         self.empties = tuple(d for d in dicts.values() if not d)
         self.skipped = len(covered)
         self.held[:] = [reader.read(path)[0] for path in holder.paths]  # type: ignore[index]
+        self.held.append([gates[path] for path in promoted])
         self.versions = tuple(map(compat.DICT_VERSION, self.dicts))
         self.packed = dict_versions.pack(self.versions)
 
@@ -201,13 +221,17 @@ class DictGate:
         exec(code, scope)  # noqa: S102 - the items capture wrote, reading what is held
         return scope["get_inputs"]
 
-    def render(self, exprs: list[str]) -> Any:
+    def render(self, exprs: list[str], first: list[str]) -> Any:
         """The function of the checks not covered (``exprs``: each check's, reading what
-        dicts fix as held; "" where covered)."""
+        dicts fix as held; "" where covered), after ``first``: the identities of the objects
+        held from the arguments (a KV cache), each None where it fails (then the whole
+        function runs, and records anew)."""
         g = self.guards
         checks = [dataclasses.replace(c, expr=e) for c, e in zip(g.run_checks, exprs) if e]
         scope = {**g.namespace, HELD: self.held}
-        code = compile(render(g.params, checks), "<minicompile guards, dicts unchanged>", "exec")
+        head, body = render(g.params, checks).split("\n", 1)
+        text = "\n".join([head, *(f"    if not ({e}):\n        return None" for e in first), body])
+        code = compile(text, "<minicompile guards, dicts unchanged>", "exec")
         exec(code, scope)  # noqa: S102 - checks the guard builder wrote
         return scope["check"]
 
@@ -382,8 +406,8 @@ class Reader:
         dicts: tuple = ()
         for path, mode in reads:
             got = self.read(path)
-            if got is None or path in self.gates:
-                return None  # (a gate itself: its identity check runs every call)
+            if got is None or (path in self.gates and mode != IDENTITY):
+                return None  # (a gate: its identity, which runs every call, fixes only that)
             value, fixed = got
             if mode != IDENTITY:
                 extra = _content(value, mode)
@@ -456,3 +480,66 @@ def _content(value: Any, mode: int) -> tuple | None:
         return own
     parts = [_content(v, VALUE) for v in items]
     return None if None in parts else sum(parts, own)
+
+
+def _of_arguments(reads: list, covered: list[int], reader: Reader, params: list[str],
+                  args: tuple) -> list[tuple[Path, Any]]:
+    """Gates on objects reached from the arguments (a KV cache passed at each decode step,
+    its layers in a list): for each read of a check not covered, the shortest prefix that
+    nothing fixes and whose object is a plain instance (its attributes in its ``__dict__``),
+    with that object; its identity is then checked first at each call."""
+    found: dict[Path, Any] = {}
+    done = set(covered)
+    for i, check_reads in enumerate(reads):
+        if i in done or check_reads is None:
+            continue
+        for (root, steps), _ in check_reads:
+            if root not in params:
+                continue
+            obj = args[params.index(root)]
+            for j, step in enumerate(steps):
+                obj = _walk(obj, *step)
+                path = (root, steps[:j + 1])
+                if obj is _NOTHING:
+                    break
+                if path not in reader.gates and reader.read(path) is None and _plain(obj):
+                    found[path] = obj
+                    break
+    return list(found.items())
+
+
+_NOTHING = object()
+
+
+def _walk(obj: Any, kind: str, key: Any) -> Any:
+    """One step from an argument, running no code of the user's (_NOTHING where it would)."""
+    if kind == "attr":
+        found = getattr(obj, "__dict__", None)
+        if (type(found) is not dict or type(obj).__getattribute__ is not object.__getattribute__
+                or key not in found or _data_descriptor(type(obj), key)):
+            return _NOTHING
+        return found[key]
+    if type(obj) in (*DICTS, list, tuple):
+        try:
+            return obj[key] if kind == "item" else obj.get(key, _NOTHING)
+        except (LookupError, TypeError, AttributeError):
+            return _NOTHING
+    return _NOTHING
+
+
+def _plain(obj: Any) -> bool:
+    """An instance whose attributes are its ``__dict__``'s (not a tensor, not a module:
+    new tensors come at every call, and modules are held by the guards already)."""
+    return (type(getattr(obj, "__dict__", None)) is dict and not isinstance(
+        obj, (torch.Tensor, torch.nn.Module, type)) and type(obj).__getattribute__ is
+        object.__getattribute__)
+
+
+def _text(path: Path) -> str:
+    """A path as the expression that reads it."""
+    root, steps = path
+    text = root
+    for kind, key in steps:
+        text += f".{key}" if kind == "attr" else f"[{key!r}]" if kind == "item" else \
+            f".get({key!r})"
+    return text

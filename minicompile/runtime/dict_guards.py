@@ -8,7 +8,11 @@ namespace: the function's globals, a module) or a parameter checked by identity
 (``_modules['lin']``, ``G['x']``, ``.get(k)``), an attribute found in an instance's
 ``__dict__`` with no data descriptor of its class in front of it, an item of a tuple; and
 compares what it reads by identity (``is``, ``type()``), or by content where that is an
-immutable value or a dict.  When the whole guard function passes, :class:`DictGate` records
+immutable value or a dict.  Objects reached from the arguments that nothing fixes, plain
+instances (a static KV cache passed at each decode step, each of its layers in a list), are
+held the same way: their identities are checked first at each call, and another object there
+(the next ``generate`` call's cache) runs the whole function, which records anew; until
+then the gate keeps the last ones alive, as a CUDA graph recorded on them does.  When the whole guard function passes, :class:`DictGate` records
 the version of every dict the covered checks read; while each still has it, the covered
 checks hold as they did, and a call runs only the others (the identities of parameters,
 tensor metadata, values in lists or in objects without ``__dict__``, attributes of classes,

@@ -12,8 +12,8 @@ immutable value or a dict.  Objects reached from the arguments that nothing fixe
 instances (a static KV cache passed at each decode step, each of its layers in a list), are
 held the same way: their identities are checked first at each call, and another object there
 (the next ``generate`` call's cache) runs the whole function, which records anew; until
-then the gate keeps the last ones alive, as a CUDA graph recorded on them does.  When the whole guard function passes, :class:`DictGate` records
-the version of every dict the covered checks read; while each still has it, the covered
+then the gate keeps the last ones alive, as a CUDA graph recorded on them does.  When the
+whole guard function passes, :class:`DictGate` records the version of every dict the covered checks read; while each still has it, the covered
 checks hold as they did, and a call runs only the others (the identities of parameters,
 tensor metadata, values in lists or in objects without ``__dict__``, attributes of classes,
 calls such as the grad mode), reading what dicts fix (parameters, submodules) as objects held
@@ -87,7 +87,8 @@ class DictGate:
         self.functions: dict[tuple, Any] = {}
         self.moves: Counter[int] = Counter()  # id of a dict -> passes it had moved at
         self.skipped = 0  # checks the fast function leaves out
-        self.arguments_moved = 0  # records after few calls because an argument's object moved
+        self.promoted = 0  # objects held from the arguments since the last record
+        self.arguments_moved = 0  # records after fewer than ARGUMENTS_PAY calls with some
         # get_inputs, and its items reading what is held (after a record), with the
         # arguments of the last call the fast function passed (DictGate.inputs).
         self.slow_inputs: Any = None
@@ -96,6 +97,7 @@ class DictGate:
         self.passed: tuple | None = None
 
     def check(self, *args: Any) -> bool:
+        moved = False  # an object held from the arguments is another one (no dict churn)
         if (self.packed is not None and dict_versions.unchanged(self.dicts, self.packed)
                 and not any(self.empties)):
             self.hits, self.fast_calls = self.hits + 1, self.fast_calls + 1
@@ -108,25 +110,28 @@ class DictGate:
             if ok is not None:
                 self.passed = args if ok else None
                 return ok
-            if self.hits < ARGUMENTS_PAY:  # an argument's object new at (almost) every call
-                self.arguments_moved += 1
+            moved = True
         self.passed = None
         if not self.full(*args):
             return False
         try:
-            self.record(args)
+            self.record(args, counted=not moved)
         except Exception:  # noqa: BLE001 - a path misread: never the guards' answer
             self.versions = self.packed = None
             self.guards.check = self.full
         return True
 
-    def record(self, args: tuple) -> None:
+    def record(self, args: tuple, counted: bool = True) -> None:
         """After a pass of the whole function: the dicts of the covered checks and their
-        versions, or give up (the guard function runs alone) where none or too many moved."""
+        versions, or give up (the guard function runs alone) where none or too many moved
+        (``counted``: this record is one of those; not where only an object held from the
+        arguments was another)."""
         if self.hits >= RECORDS:  # the last record paid: a model put in eval() each epoch,
             self.records = self.arguments_moved = 0  # or an attribute generate() writes, is
             self.moves.clear()  # no churn
-        self.records, self.hits = self.records + 1, 0
+        if self.promoted and self.hits < ARGUMENTS_PAY:  # held from the arguments, and
+            self.arguments_moved += 1  # recorded anew at (almost) every call: stop that
+        self.records, self.hits = self.records + counted, 0
         if self.versions is not None:
             self.moves.update(id(d) for d, v in zip(self.dicts, self.versions)
                               if compat.DICT_VERSION(d) != v)
@@ -181,6 +186,7 @@ class DictGate:
         self.skipped = len(covered)
         self.held[:] = [reader.read(path)[0] for path in holder.paths]  # type: ignore[index]
         self.held.append([gates[path] for path in promoted])
+        self.promoted = len(promoted)
         self.versions = tuple(map(compat.DICT_VERSION, self.dicts))
         self.packed = dict_versions.pack(self.versions)
 
@@ -518,9 +524,10 @@ _NOTHING = object()
 def _walk(obj: Any, kind: str, key: Any) -> Any:
     """One step from an argument, running no code of the user's (_NOTHING where it would)."""
     if kind == "attr":
+        if type(obj).__getattribute__ is not object.__getattribute__:
+            return _NOTHING
         found = getattr(obj, "__dict__", None)
-        if (type(found) is not dict or type(obj).__getattribute__ is not object.__getattribute__
-                or key not in found or _data_descriptor(type(obj), key)):
+        if type(found) is not dict or key not in found or _data_descriptor(type(obj), key):
             return _NOTHING
         return found[key]
     if type(obj) in (*DICTS, list, tuple):
@@ -534,9 +541,9 @@ def _walk(obj: Any, kind: str, key: Any) -> Any:
 def _plain(obj: Any) -> bool:
     """An instance whose attributes are its ``__dict__``'s (not a tensor, not a module:
     new tensors come at every call, and modules are held by the guards already)."""
-    return (type(getattr(obj, "__dict__", None)) is dict and not isinstance(
-        obj, (torch.Tensor, torch.nn.Module, type)) and type(obj).__getattribute__ is
-        object.__getattribute__)
+    return (type(obj).__getattribute__ is object.__getattribute__ and not isinstance(
+        obj, (torch.Tensor, torch.nn.Module, type)) and type(getattr(obj, "__dict__", None))
+        is dict)
 
 
 def _text(path: Path) -> str:

@@ -310,6 +310,32 @@ def test_objects_held_from_an_argument_are_seen_changed(backend: str,
     assert minicompile.stats()["graphs"] == 4  # (one per new value of a scale)
 
 
+def test_objects_new_at_every_call_are_not_held() -> None:
+    """An argument's object new at every call is held no more after a few records, and the
+    gate over the module's dicts keeps serving (it never gives up for that)."""
+    if compat.DICT_VERSION is None:
+        pytest.skip("no dict versions on this Python / PyTorch: every check runs")
+    minicompile.reset()
+    lin = torch.nn.Linear(4, 4)
+
+    class CacheNet(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = lin
+
+        def forward(self, x: torch.Tensor, cache: ArgCache) -> torch.Tensor:
+            return _through_cache(self.lin(x), cache)
+
+    net = CacheNet()
+    compiled = minicompile.compile(net, backend="cpp")
+    with torch.no_grad():
+        for _ in range(RECORDS + 2):
+            x, cache = torch.randn(4), ArgCache(torch.device("cpu"))
+            torch.testing.assert_close(compiled(x, cache), net(x, cache))
+    (gate,) = _gates(compiled)
+    assert gate.versions is not None and gate.held[-1] == [] and gate.records <= 4
+
+
 SETTINGS: dict = {}
 
 

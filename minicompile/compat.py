@@ -127,7 +127,7 @@ _ADDRESSES_EQUAL: Callable[[list, list, list], bool] | None = getattr(
 def addresses_equal(values: list, addresses: list, indices: list[int]) -> bool:
     """Whether ``values[k].data_ptr() == addresses[k]`` for each ``k`` of ``indices``: in
     one C++ call where PyTorch has it (a CUDA build), not one Python call a tensor."""
-    if _ADDRESSES_EQUAL is not None:
+    if _ADDRESSES_EQUAL is not None and type(values) is list:  # (it takes lists alone)
         return _ADDRESSES_EQUAL(values, addresses, indices)
     return all(values[k].data_ptr() == addresses[k] for k in indices)
 

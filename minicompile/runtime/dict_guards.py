@@ -458,8 +458,10 @@ def _step(obj: Any, kind: str, key: Any) -> tuple[Any, tuple]:
             raise NotCovered
         return (obj[key] if kind == "item" else obj.get(key)), (obj,)
     cls = type(obj)
+    if cls.__getattribute__ is not object.__getattribute__:
+        raise NotCovered  # (before reading ``__dict__``: no code of the user's runs)
     found = getattr(obj, "__dict__", None)
-    if type(found) is not dict or cls.__getattribute__ is not object.__getattribute__:
+    if type(found) is not dict:
         raise NotCovered
     if key == "__dict__":
         return found, ()
@@ -522,20 +524,14 @@ _NOTHING = object()
 
 
 def _walk(obj: Any, kind: str, key: Any) -> Any:
-    """One step from an argument, running no code of the user's (_NOTHING where it would)."""
-    if kind == "attr":
-        if type(obj).__getattribute__ is not object.__getattribute__:
-            return _NOTHING
-        found = getattr(obj, "__dict__", None)
-        if type(found) is not dict or key not in found or _data_descriptor(type(obj), key):
-            return _NOTHING
-        return found[key]
-    if type(obj) in (*DICTS, list, tuple):
-        try:
-            return obj[key] if kind == "item" else obj.get(key, _NOTHING)
-        except (LookupError, TypeError, AttributeError):
-            return _NOTHING
-    return _NOTHING
+    """One step from an argument, running no code of the user's (_NOTHING where it would):
+    :func:`_step`'s, and an item of a list."""
+    try:
+        if type(obj) is list and kind == "item":
+            return obj[key]
+        return _step(obj, kind, key)[0]
+    except Exception:  # noqa: BLE001 - NotCovered, a key or an index not there
+        return _NOTHING
 
 
 def _plain(obj: Any) -> bool:

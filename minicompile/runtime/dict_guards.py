@@ -298,7 +298,8 @@ def per_call(guards: Any) -> str:
     gate = getattr(guards.check, "__self__", None)
     live = isinstance(gate, DictGate) and gate.versions is not None
     tensors = len(guards.tensors.paths) if guards.tensors is not None else 0
-    python = len(guards.run_checks) - (gate.skipped if live else 0) - (tensors > 0)
+    python = len(guards.run_checks) - (gate.skipped - gate.promoted if live else 0) - (
+        tensors > 0)  # (the identities of the objects held from the arguments run too)
     return (f"{len(guards)} guard checks; a call runs {python} in Python, "
             f"{len(gate.dicts) if live else 0} dict versions, {tensors} tensors' metadata in C++")
 

@@ -120,6 +120,18 @@ def storage_functions() -> tuple[Callable | None, Callable | None, Callable | No
             getattr(torch._C, "_storage_Use_Count", None))
 
 
+_ADDRESSES_EQUAL: Callable[[list, list, list], bool] | None = getattr(
+    torch._C, "_tensors_data_ptrs_at_indices_equal", None)  # (CUDA builds: cudagraph trees')
+
+
+def addresses_equal(values: list, addresses: list, indices: list[int]) -> bool:
+    """Whether ``values[k].data_ptr() == addresses[k]`` for each ``k`` of ``indices``: in
+    one C++ call where PyTorch has it (a CUDA build), not one Python call a tensor."""
+    if _ADDRESSES_EQUAL is not None and type(values) is list:  # (it takes lists alone)
+        return _ADDRESSES_EQUAL(values, addresses, indices)
+    return all(values[k].data_ptr() == addresses[k] for k in indices)
+
+
 _STORAGE_ID: Callable[[torch.Tensor], int] | None = getattr(torch._C, "_storage_id", None)
 
 

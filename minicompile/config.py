@@ -113,6 +113,10 @@ class Config:
     # 20.9 ms with it, 15.8 without (torch.compile 15.2).  MINICOMPILE_MIX_ORDER=1 turns it
     # on for both, =0 off for both.
     mix_order: bool | None = None
+    # Compare a dict-version gate's version tags in one C call (runtime/dict_versions.py)
+    # where this Python allows; MINICOMPILE_DICT_VERSIONS_C=0 keeps the Python loop (what
+    # CPython 3.12+ runs), to measure that path on 3.11.
+    dict_versions_c: bool = True
 
     def __post_init__(self) -> None:
         for name in ("cache_dir", "trace_dir"):  # a str given for a folder (patch, replace)
@@ -143,6 +147,7 @@ def from_env(env: dict[str, str] | os._Environ = os.environ) -> Config:
         warm_entries=_on_unless_off(env.get("MINICOMPILE_WARM_ENTRIES")),
         fold_batch_norm=_on_unless_off(env.get("MINICOMPILE_FOLD_BN")),
         onednn=_on_unless_off(env.get("MINICOMPILE_ONEDNN")),
+        dict_versions_c=_on_unless_off(env.get("MINICOMPILE_DICT_VERSIONS_C")),
         mix_order=(None if env.get("MINICOMPILE_MIX_ORDER") is None
                    else _flag(env.get("MINICOMPILE_MIX_ORDER"))),
     )

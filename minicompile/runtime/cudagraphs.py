@@ -127,7 +127,7 @@ class Recorded:
         copy back (a pinned input is where it was recorded: nothing to copy), and outputs
         by how they are handed out."""
         pinned = set(self.pinned)
-        self.pick_pinned = picker(self.pinned)
+        self.pick_copied = picker(self.copied)
         self.pinned_at = tuple(self.pointers[k] for k in self.pinned)
         self.copy_in = [k for k in self.copied if k not in pinned]
         self.copy_out = [k for k in self.mutated if k not in pinned]
@@ -161,45 +161,51 @@ class Recorded:
         """Whether some input is read from a buffer of the graph's own."""
         return bool(self.own)
 
-    def moved_pinned(self, inputs: list) -> bool:
-        """Whether an input marked as a static address is another tensor than recorded."""
-        return tuple(map(_data_ptr, self.pick_pinned(inputs))) != self.pinned_at
+    def addresses(self, inputs: list) -> dict[int, int]:
+        """The copied inputs' addresses, by position: read once a call, for every use."""
+        return dict(zip(self.copied, map(_data_ptr, self.pick_copied(inputs))))
 
-    def moved_state(self, inputs: list) -> bool:
+    def moved_pinned(self, now: dict[int, int]) -> bool:
+        """Whether an input marked as a static address is another tensor than recorded
+        (``now``: :meth:`addresses`)."""
+        return tuple(map(now.__getitem__, self.pinned)) != self.pinned_at
+
+    def moved_state(self, now: dict[int, int]) -> bool:
         """Whether an input the graph updates in place, and read in place over ``STATE``
         replays, is another tensor now: state such as the next ``generate`` call's KV
         cache, which the graph records again on, rather than copy it in and back at every
         replay (a function handed a new tensor to update at each call gets copies)."""
-        return any(inputs[k].data_ptr() != self.pointers[k] for k in self.learned_state())
+        pointers = self.pointers
+        return any(now[k] != pointers[k] for k in self.learned_state())
 
-    def to_own(self, inputs: list) -> frozenset[int]:
+    def to_own(self, now: dict[int, int]) -> frozenset[int]:
         """The inputs a graph recorded again on these gets buffers of its own for: all but
         the updated ones that are still the tensors recorded here (read in place)."""
         mutated = set(self.mutated)
-        return frozenset(k for k in self.copied
-                         if k not in mutated or inputs[k].data_ptr() != self.pointers[k])
+        return frozenset(k for k in self.copied if k not in mutated or now[k] != self.pointers[k])
 
     def learned_state(self) -> frozenset[int]:
         """The inputs known to be state: read in place over ``STATE`` replays here, or in
         an earlier graph of the same call."""
         return self.settled if self.in_place >= STATE else self.state
 
-    def replay(self, inputs: list) -> tuple | None:
-        """Run the graph on ``inputs``; None when it cannot (then record again)."""
-        if self.moved_pinned(inputs) or self.moved_state(inputs):
+    def replay(self, inputs: list, now: dict[int, int]) -> tuple | None:
+        """Run the graph on ``inputs`` (``now``: their :meth:`addresses`); None when it
+        cannot (then record again)."""
+        if self.moved_pinned(now) or self.moved_state(now):
             return None
-        buffers, pointers = self.buffers, self.pointers
+        buffers, pointers, own = self.buffers, self.pointers, self.own
         for k in self.copy_in:
-            x, buf = inputs[k], buffers[k]
-            if buf.data_ptr() != pointers[k]:  # set_() or resize_() moved it
+            if now[k] == pointers[k]:  # the recorded tensor itself: nothing to copy
+                continue
+            buf = buffers[k]  # the recording call's tensor may have been moved (set_(),
+            if k not in own and (buf.data_ptr() != pointers[k]  # resize_()) or be held
+                                 or not alone(buf, ours=2)):  # (the list, the local)
                 return None
-            if x.data_ptr() != pointers[k]:
-                if k not in self.own and not alone(buf, ours=2):  # the list, the local
-                    return None
-                buf.copy_(x)
+            buf.copy_(inputs[k])
         self._invalidate_handed()
         self.graph.replay()
-        moved = [k for k in self.copy_out if inputs[k].data_ptr() != pointers[k]]
+        moved = [k for k in self.copy_out if now[k] != pointers[k]]
         for k in moved:
             inputs[k].copy_(buffers[k])
         self.in_place += not moved
@@ -243,19 +249,37 @@ class GraphedCall:
         self.off: str | None = None  # why this graph runs the ordinary path from now on
         self.state: frozenset[int] = frozenset()  # updated inputs read in place (a KV cache)
         # The static tensors, the other tensors and the rest (sizes), picked from the inputs
-        # (whose kinds the entry's guards keep): set at the first call.
+        # (whose kinds the entry's guards keep), and the static ones' positions: set at the
+        # first call.
         self.picks: tuple[Callable[[list], tuple], ...] | None = None
+        self.static_at: list[int] = []
+        # The last key's other parts, its static addresses, and those by input position.
+        self.last: tuple[tuple, tuple, list] | None = None
 
     def key(self, inputs: list) -> tuple:
-        """The static inputs' addresses, the others' sizes and strides, the rest's values."""
+        """The static inputs' addresses, the others' sizes and strides, the rest's values.
+        The addresses (a model's parameters: 148 for GPT-2 small) are compared with the last
+        key's in one C++ call (compat.addresses_equal), read one by one only where one
+        moved (``.data =``)."""
         if self.picks is None:
             tensors = [k for k, x in enumerate(inputs) if isinstance(x, torch.Tensor)]
-            self.picks = (picker([k for k in tensors if k in self.static]),
+            self.static_at = [k for k in tensors if k in self.static]
+            self.picks = (picker(self.static_at),
                           picker([k for k in tensors if k not in self.static]),
                           picker([k for k, x in enumerate(inputs) if k not in tensors]))
-        static, tensors, rest = [pick(inputs) for pick in self.picks]
-        return (tuple(map(_data_ptr, static)), tuple(map(_shape, tensors)),
-                tuple(map(_stride, tensors)), rest)
+        static, tensors, rest = self.picks
+        tensors = tensors(inputs)
+        other = (tuple(map(_shape, tensors)), tuple(map(_stride, tensors)), rest(inputs))
+        last = self.last
+        if last is not None and last[0] == other and compat.addresses_equal(
+                inputs, last[2], self.static_at):
+            return (last[1], *other)
+        addresses = tuple(map(_data_ptr, static(inputs)))
+        at: list = [None] * len(inputs)
+        for k, address in zip(self.static_at, addresses):
+            at[k] = address
+        self.last = (other, addresses, at)
+        return (addresses, *other)
 
     def __call__(self, inputs: list) -> tuple:
         if self.off is not None:
@@ -263,7 +287,8 @@ class GraphedCall:
         key = self.key(inputs)
         graph = self.recorded.get(key)
         if graph is not None:
-            outs = graph.replay(inputs)
+            now = graph.addresses(inputs)
+            outs = graph.replay(inputs, now)
             if outs is not None:
                 return outs
             # A new static or state input records again on the caller's tensors; else the
@@ -271,8 +296,8 @@ class GraphedCall:
             # the recorded tensors (a KV cache is not copied in and back at each step
             # because a token's tensor from the recording call is still held).
             self.state |= graph.learned_state()
-            moved = graph.moved_pinned(inputs) or graph.moved_state(inputs)
-            return self.record(key, inputs, frozenset() if moved else graph.to_own(inputs))
+            moved = graph.moved_pinned(now) or graph.moved_state(now)
+            return self.record(key, inputs, frozenset() if moved else graph.to_own(now))
         if key not in self.warm:
             reason = why_not(inputs)
             if reason is not None:
@@ -298,7 +323,7 @@ class GraphedCall:
                    f"{len(graph.copied) - len(own)} inputs read from the recording call's "
                    f"tensors, {len(own)} from buffers of its own, "
                    f"{len(inputs) - len(graph.copied)} (parameters, buffers) in place")
-        outs = graph.replay(inputs)
+        outs = graph.replay(inputs, graph.addresses(inputs))
         assert outs is not None  # just recorded on these inputs
         return outs
 

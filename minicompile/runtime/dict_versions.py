@@ -70,7 +70,8 @@ def _load() -> None:
     global _native
     _native = False
     include = Path(sysconfig.get_paths()["include"]) / "Python.h"
-    if compat.DICT_VERSION is None or not include.is_file() or sys.version_info >= (3, 12):
+    if (compat.DICT_VERSION is None or not include.is_file() or sys.version_info >= (3, 12)
+            or not config.get().dict_versions_c):
         return  # (3.12+: PyTorch's tags are a dict watcher's counts, not ``ma_version_tag``)
     try:
         from minicompile.runtime import build

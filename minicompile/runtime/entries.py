@@ -33,6 +33,7 @@ from minicompile.config import Config
 from minicompile.runtime import build, cache, cache_limits, fingerprints, profile, recipes
 from minicompile.runtime import values  # noqa: F401 (what generated rebuilds call, found by
 # recipes in a process that never captured)
+from minicompile.runtime.dict_guards import right_after_check
 from minicompile.runtime.fingerprints import Miss, NotStorable
 from minicompile.runtime.guards import GUARDS_FILENAME, GuardCheck, Guards
 from minicompile.runtime.tensor_checks import PYTHON_CHECKS, TENSOR_CHECKS
@@ -508,7 +509,9 @@ def inference_runner(
 ) -> Callable[[tuple], Any]:
     """The entry's run(frame) for a graph without a backward: inputs, the generated call,
     then rebuild.  ``no_grad``: inputs require grad but grad mode is off in the trace, so
-    nothing is recorded."""
+    nothing is recorded.  The API runs an entry right after its check passed: the inputs
+    read what a dict-version gate holds without asking it again (right_after_check)."""
+    get_inputs = right_after_check(get_inputs)
     if no_grad:
         off, grad_enabled = torch.no_grad, torch.is_grad_enabled
 

@@ -46,7 +46,13 @@ def test_the_key_is_static_addresses_and_other_sizes():
     assert call.key([torch.randn(2, 4), weight, bias, 5]) != key
     assert call.key([torch.randn(2, 3), weight, bias, 6]) != key
     bias.data = torch.randn(4)
-    assert call.key([torch.randn(2, 3), weight, bias, 5]) != key
+    moved = call.key([torch.randn(2, 3), weight, bias, 5])
+    assert moved != key and moved[0][1] == bias.data_ptr()
+    assert call.key([torch.randn(2, 3), weight, bias, 5]) == moved
+    assert call.key([torch.randn(2, 4), weight, bias, 5])[0] == moved[0]
+    weight.data = torch.randn(4, 3)  # (the last key's sizes differ from this call's)
+    assert call.key([torch.randn(2, 3), weight, bias, 5])[0] == (weight.data_ptr(),
+                                                                 bias.data_ptr())
 
 
 def test_alone_sees_every_other_holder():

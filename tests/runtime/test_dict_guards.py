@@ -12,7 +12,7 @@ import torch
 
 import minicompile
 from minicompile import compat
-from minicompile.runtime.dict_guards import CHURN, RECORDS
+from minicompile.runtime.dict_guards import CHURN, RECORDS, right_after_check
 
 SCALE = 2.0  # a global the forward reads
 
@@ -121,7 +121,7 @@ def test_covered_checks_are_skipped() -> None:
         compiled(torch.randn(3, 4))
         compiled(torch.randn(3, 4))
     (gate,) = _gates(compiled)
-    (covered, _), = gate.functions
+    (covered, *_), = gate.functions
     exprs = [gate.guards.run_checks[i].expr for i in covered]
     assert any("_parameters" in e for e in exprs) and any("_forward_hooks" in e for e in exprs)
     assert any("'training'" in e or ".training" in e for e in exprs)
@@ -225,6 +225,115 @@ def _held_inputs(compiled: torch.nn.Module, net: torch.nn.Module, x: torch.Tenso
     for _ in range(2):
         y = torch.randn(3, 4)
         torch.testing.assert_close(compiled(y), net(y))
+
+
+def test_a_run_reads_what_is_held_on_its_own_check_pass_only() -> None:
+    """An entry's run, which the API calls right after its check passed, reads the held
+    parameters on that pass alone (the versions are not compared again); a run after no
+    pass of its own reads by paths; a parameter replaced between calls is read anew."""
+    if compat.DICT_VERSION is None:
+        pytest.skip("no dict versions on this Python / PyTorch: every check runs")
+    minicompile.reset()
+    net = make_net()
+    compiled = minicompile.compile(net, backend="cpp")
+    with torch.no_grad():
+        for _ in range(3):
+            compiled(torch.randn(3, 4))
+        function = compiled.__dict__["_compiled"]
+        (entry,) = function.entries
+        (gate,) = _gates(compiled)
+        run_inputs = right_after_check(entry.capture.get_inputs)
+        frame = function.bind(net, torch.randn(3, 4))
+        slow, read = gate.slow_inputs, []
+        gate.slow_inputs = lambda *a: read.append(a) or slow(*a)
+        assert entry.capture.guards.check(*frame)
+        held = run_inputs(*frame)
+        assert not read and any(t is net.lin.weight for t in held)
+        run_inputs(*frame)  # (the token was taken)
+        assert len(read) == 1
+        gate.slow_inputs = slow
+        for _ in range(2):
+            net.lin.weight = torch.nn.Parameter(torch.randn(4, 4))
+            for _ in range(2):
+                x = torch.randn(3, 4)
+                torch.testing.assert_close(compiled(x), net(x))
+
+
+class ArgLayer:
+    def __init__(self, scale: float, device: torch.device) -> None:
+        self.scale = scale
+        self.offset = torch.randn(4, device=device)
+
+
+class ArgCache:
+    """Like transformers' StaticCache passed at each decode step: layers in a list."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.layers = [ArgLayer(1.0, device), ArgLayer(2.0, device)]
+
+
+def _through_cache(x: torch.Tensor, cache: ArgCache) -> torch.Tensor:
+    for layer in cache.layers:
+        x = x * layer.scale + layer.offset
+    return x
+
+
+def test_objects_held_from_an_argument_are_seen_changed(backend: str,
+                                                         device: torch.device) -> None:
+    """Objects reached from an argument (a cache's layers, in a list) are held by identity
+    while the same ones come back, their checks skipped: a value changed in one, a layer
+    replaced in the list, a new cache, each is seen (eager's values)."""
+    minicompile.reset()
+    compiled = minicompile.compile(_through_cache, backend=backend)
+    cache = ArgCache(device)
+
+    def same(calls: int = 2) -> None:
+        for _ in range(calls):
+            x = torch.randn(4, device=device)
+            torch.testing.assert_close(compiled(x, cache), _through_cache(x, cache))
+
+    same(4)
+    if compat.DICT_VERSION is not None:
+        (entry,) = compiled.entries
+        gate = entry.capture.guards.check.__self__
+        assert gate.held[-1] == cache.layers, gate.held[-1]  # (held by identity)
+    cache.layers[1].scale = 5.0  # read by a check through the layer's dict
+    same()
+    cache.layers[0] = ArgLayer(3.0, device)  # the list's item: another object
+    same()
+    cache = ArgCache(device)  # a new cache (the next generate call)
+    cache.layers[0].scale = 7.0
+    same()
+    for _ in range(2):  # new caches with the first one's values: its entry, no compile
+        cache = ArgCache(device)
+        same()
+    assert minicompile.stats()["graphs"] == 4  # (one per new value of a scale)
+
+
+def test_objects_new_at_every_call_are_not_held() -> None:
+    """An argument's object new at every call is held no more after a few records, and the
+    gate over the module's dicts keeps serving (it never gives up for that)."""
+    if compat.DICT_VERSION is None:
+        pytest.skip("no dict versions on this Python / PyTorch: every check runs")
+    minicompile.reset()
+    lin = torch.nn.Linear(4, 4)
+
+    class CacheNet(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = lin
+
+        def forward(self, x: torch.Tensor, cache: ArgCache) -> torch.Tensor:
+            return _through_cache(self.lin(x), cache)
+
+    net = CacheNet()
+    compiled = minicompile.compile(net, backend="cpp")
+    with torch.no_grad():
+        for _ in range(RECORDS + 2):
+            x, cache = torch.randn(4), ArgCache(torch.device("cpu"))
+            torch.testing.assert_close(compiled(x, cache), net(x, cache))
+    (gate,) = _gates(compiled)
+    assert gate.versions is not None and gate.held[-1] == [] and gate.records <= 4
 
 
 SETTINGS: dict = {}

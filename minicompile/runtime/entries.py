@@ -147,6 +147,7 @@ def _payload(stored: Stored, cfg: Config) -> dict:
                    for c in guards.checks],
         # The guard function compiled (its source is rendered from the checks again).
         "guard_code": base64.b64encode(marshal.dumps(guards.code)).decode(),
+        "guard_paths": guards.analysis.to_json(),  # (no parse of the checks when loaded)
         "get_inputs": capture.get_inputs_source,
         "rebuild": capture.rebuild_source,
         "namespace": namespace,
@@ -398,12 +399,13 @@ def _load(path: Path, fn: types.FunctionType, cfg: Config, frame: tuple,
     code = marshal.loads(base64.b64decode(p["guard_code"]))
     if not isinstance(code, types.CodeType) or code.co_filename != GUARDS_FILENAME:
         raise cache.CacheCorrupted(path, "holds no guard function")
-    guards = Guards(p["params"], checks, namespace, code)
+    guards = Guards(p["params"], checks, namespace, code, p["guard_paths"])
+    exec(compile(p["get_inputs"], "<minicompile inputs>", "exec"), namespace)
+    # (before the first check, whose record then renders get_inputs' fast form too)
+    get_inputs = guards.reading(namespace["get_inputs"], p["get_inputs"])
     if not guards.check(*frame):
         raise Miss(f"guard failed: {guards.explain_failure(*frame) or 'the guard function'}")
     exec(compile(p["rebuild"], "<minicompile rebuild>", "exec"), namespace)
-    exec(compile(p["get_inputs"], "<minicompile inputs>", "exec"), namespace)
-    get_inputs = guards.reading(namespace["get_inputs"], p["get_inputs"])
     rebuild = namespace["rebuild"]
     capture = WarmCapture(guards, get_inputs, rebuild, p["input_sources"], p["get_inputs"],
                           p["rebuild"], handlers=p["handlers"], size_symbols=p["size_symbols"])

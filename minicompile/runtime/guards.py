@@ -15,6 +15,7 @@ import torch
 from minicompile import compat
 from minicompile.runtime import tensor_checks
 from minicompile.runtime.dict_guards import DictGate
+from minicompile.runtime.guard_paths import Analysis
 from minicompile.runtime.guard_render import render
 
 # nn.Module's global forward hooks (registered with register_module_forward_hook).
@@ -67,7 +68,7 @@ class Guards:
     last, in one C++ call where it can (runtime/tensor_checks.py)."""
 
     def __init__(self, params: list[str], checks: list[GuardCheck], namespace: dict,
-                 code: types.CodeType | None = None) -> None:
+                 code: types.CodeType | None = None, analysis: dict | None = None) -> None:
         self.params = params
         self.checks = checks
         self.namespace = namespace
@@ -80,6 +81,9 @@ class Guards:
         self._source = None if code is not None else self._render()
         self.code = code or compile(self._source, GUARDS_FILENAME, "exec")
         exec(self.code, namespace)
+        # What each check reads (runtime/guard_paths.py), for the dict-version gate and a
+        # warm entry: read from the entry (``analysis``: its JSON), else worked out when asked.
+        self._analysis = Analysis.from_json(analysis, len(self.run_checks))
         if self.tensors is not None:
             self.tensors.adopt(namespace)
         self.check: Callable[..., bool] = namespace["check"]
@@ -126,6 +130,14 @@ class Guards:
             if type(now) is int and now != c.expected:
                 out[c.source] = (c.expected, now)
         return out
+
+    @property
+    def analysis(self) -> Analysis:
+        """What each of ``run_checks`` reads (runtime/guard_paths.py)."""
+        if self._analysis is None:
+            exprs = [c.expr for c in self.run_checks]
+            self._analysis = Analysis.of(exprs, self.params, self.namespace)
+        return self._analysis
 
     @property
     def source(self) -> str:

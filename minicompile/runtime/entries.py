@@ -149,6 +149,7 @@ def _payload(stored: Stored, cfg: Config) -> dict:
         "guard_code": base64.b64encode(marshal.dumps(guards.code)).decode(),
         "guard_paths": guards.analysis.to_json(),  # (no parse of the checks when loaded)
         "get_inputs": capture.get_inputs_source,
+        "input_items": guards.input_items,  # (what get_inputs lists)
         "rebuild": capture.rebuild_source,
         "namespace": namespace,
         "input_sources": list(capture.input_sources),
@@ -261,6 +262,8 @@ def _jsonable(value: Any) -> Any:
         return list(value)
     if isinstance(value, type):
         return ["shown", f"{value.__module__}.{value.__qualname__}"]
+    if isinstance(value, torch.nn.Module):  # (resnet50's reprs: 1 MB of its entry's 2)
+        return ["shown", f"<{type(value).__qualname__} module>"]
     return ["shown", str(value) if isinstance(value, (torch.dtype, torch.device)) else repr(value)]
 
 
@@ -402,7 +405,7 @@ def _load(path: Path, fn: types.FunctionType, cfg: Config, frame: tuple,
     guards = Guards(p["params"], checks, namespace, code, p["guard_paths"])
     exec(compile(p["get_inputs"], "<minicompile inputs>", "exec"), namespace)
     # (before the first check, whose record then renders get_inputs' fast form too)
-    get_inputs = guards.reading(namespace["get_inputs"], p["get_inputs"])
+    get_inputs = guards.reading(namespace["get_inputs"], p["input_items"])
     if not guards.check(*frame):
         raise Miss(f"guard failed: {guards.explain_failure(*frame) or 'the guard function'}")
     exec(compile(p["rebuild"], "<minicompile rebuild>", "exec"), namespace)

@@ -90,12 +90,15 @@ class Guards:
         if compat.DICT_VERSION is not None:  # the checks dicts fix, skipped while they are
             self.check = DictGate(self).check
         self._slow: list[tuple[Callable, Callable]] | None = None
+        self.input_items: list[str] = []
 
-    def reading(self, get_inputs: Callable[..., list], source: str) -> Callable[..., list]:
-        """``get_inputs`` (of ``source``), reading what the dict-version gate holds (the
-        parameters) after a call its fast path passed (DictGate.inputs)."""
+    def reading(self, get_inputs: Callable[..., list], items: list[str]) -> Callable[..., list]:
+        """``get_inputs`` (guard_render.inputs_source of ``items``), reading what the
+        dict-version gate holds (the parameters) after a call its fast path passed
+        (DictGate.inputs)."""
+        self.input_items = items  # (a warm entry stores them)
         gate = getattr(self.check, "__self__", None)
-        return gate.reading(get_inputs, source) if isinstance(gate, DictGate) else get_inputs
+        return gate.reading(get_inputs, items) if isinstance(gate, DictGate) else get_inputs
 
     def explain_failure(self, *args: Any) -> str | None:
         """The first failing check, with the traced and the current value (slow: on a miss)."""

@@ -51,7 +51,7 @@ def warm_bytecode(names: list[str], device: str) -> None:
     import compileall
 
     import torch
-    import torch._dynamo  # noqa: F401
+    import torch._dynamo
     import torch._inductor
 
     import minicompile

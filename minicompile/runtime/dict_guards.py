@@ -46,6 +46,8 @@ HELD = "__held__"  # what dicts fix that checks read, in the fast function's nam
 RECORDS = 32  # records in a row, each after fewer fast calls than this, before giving up
 CHURN = 2  # such records a dict has moved at after which no check is covered through it
 NATIVE_AFTER = 64  # fast calls after which the versions are compared in C (dict_versions)
+
+
 class DictGate:
     """``check(*args)``: the answer of ``guards.check`` (a Guards: its ``run_checks`` in
     order, ``namespace``, ``params``), the covered checks skipped while the dicts they read

@@ -36,6 +36,7 @@ allows (runtime/fingerprints.py); the notes say when one was traced again.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import os
@@ -44,7 +45,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -200,8 +201,32 @@ def same(got: Any, want: Any, tol: float) -> bool:
 # -- the children --------------------------------------------------------------------------
 
 
+LOCK_ENV = "BENCH_STARTUP_LOCK"  # a file: the timed calls hold it (examples/startup_table.py)
+CPUS_ENV = "BENCH_STARTUP_CPUS"  # the cores a child runs on, "0,1,..."
+
+
+@contextlib.contextmanager
+def alone() -> Iterator[None]:
+    """The timed part of a child, where ``LOCK_ENV`` names a lock file: while no other
+    child holds it (children overlap only in what is not timed)."""
+    path = os.environ.get(LOCK_ENV)
+    if not path:
+        yield
+        return
+    import fcntl
+
+    with open(path, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
 def child(workload: str, compiler: str, device: str) -> dict:
     """One first call in a fresh process: times, stats and minicompile's phases."""
+    if os.environ.get(CPUS_ENV):  # (before torch starts its threads, and its compilers theirs)
+        os.sched_setaffinity(0, {int(c) for c in os.environ[CPUS_ENV].split(",")})
     start = time.perf_counter()
     import torch
 
@@ -217,7 +242,7 @@ def child(workload: str, compiler: str, device: str) -> dict:
     w = make_workload(workload, device)
     args, kwargs = w.inputs(0)
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
-    with torch.no_grad():
+    with torch.no_grad(), alone():
         expected = w.fn(*args, **kwargs)  # the eager warm-up
         sync()
         start, cpu = time.perf_counter(), time.thread_time()
@@ -286,8 +311,10 @@ def child_env(cache: Path) -> dict[str, str]:
     return env
 
 
-def run_child(workload: str, compiler: str, device: str, cache: Path, timeout: float) -> dict:
-    env = child_env(cache)
+def run_child(workload: str, compiler: str, device: str, cache: Path, timeout: float,
+              extra: dict[str, str] | None = None) -> dict:
+    """A child's results (``extra``: more of its environment), or {"error": why}."""
+    env = {**child_env(cache), **(extra or {})}
     env["MINICOMPILE_LOGS"] = "perf"
     cmd = [sys.executable, str(Path(__file__).resolve()), "--child", workload, compiler, device]
     try:

@@ -266,18 +266,18 @@ def custom_op_has_fake_kernel(overload: Any) -> bool:
 
 @functools.cache
 def onednn_convolution() -> tuple[Callable, Callable] | None:
-    """oneDNN's 2-d convolution on a packed weight, where this build has oneDNN: (pack: a
-    weight as ``torch._mkldnn`` tensor, padding, stride, dilation, groups and input size to
-    that weight reordered for the kernel; convolve: ``mkldnn._convolution_pointwise``,
-    Inductor's freezing's call).  None without oneDNN."""
+    """oneDNN's 2-d convolution on a packed weight, where this build has oneDNN: (pack:
+    ``mkldnn._reorder_convolution_weight``, a dense weight, padding, stride, dilation, groups
+    and input size to that weight reordered for the kernel, as a ``torch._mkldnn`` tensor;
+    convolve: ``mkldnn._convolution_pointwise``, Inductor's freezing's call).  None without
+    oneDNN."""
     if not torch.backends.mkldnn.is_available():
         return None
-    pack = getattr(torch._C._nn, "mkldnn_reorder_conv2d_weight", None)
     try:
-        convolve = torch.ops.mkldnn._convolution_pointwise
+        return (torch.ops.mkldnn._reorder_convolution_weight,
+                torch.ops.mkldnn._convolution_pointwise)
     except (AttributeError, RuntimeError):
         return None
-    return (pack, convolve) if pack is not None else None
 
 
 def aoti() -> ModuleType:

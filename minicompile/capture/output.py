@@ -281,12 +281,13 @@ class OutputGraph(FrameValuesMixin):
         if self.graph.shapes is not None:
             shapes = self.graph.shapes
             scalars = [shapes.sources[s].expr for s in shapes.scalar_symbols()]
-        inputs_src = inputs_source(self.params, self.input_exprs + scalars)
+        items = self.input_exprs + scalars
+        inputs_src = inputs_source(self.params, items)
         guards = g.build()  # the namespace is final now
         ns = guards.namespace
         exec(compile(rebuild_src, "<minicompile rebuild>", "exec"), ns)
         exec(compile(inputs_src, "<minicompile inputs>", "exec"), ns)
-        get_inputs = guards.reading(ns["get_inputs"], inputs_src)
+        get_inputs = guards.reading(ns["get_inputs"], items)
         return Finished(
             graph=self.graph, input_sources=list(self.input_sources), get_inputs=get_inputs,
             get_inputs_source=inputs_src, guards=guards, rebuild=ns["rebuild"],

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import functools
 import operator
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -56,7 +56,13 @@ class WithDerived:
         for out in nodes[-1][2]["tuple"][0]["tuple"]:  # (the output node's tuple of nodes)
             shape, stride, dtype = nodes[out["node"]][4]["meta"][:3]
             metas.append((tuple(shape), tuple(stride), _decoded(dtype, [])))
-        return cls(call, functools.partial(_run_json, nodes), metas, positions)
+        last = {}  # each value's last reader: it is freed after that (ops.run_graph's reason)
+        for i, (_, _, args, kwargs, _) in enumerate(nodes):
+            last.update((k, i) for k in _reads([args, kwargs]))
+        frees: dict[int, list[int]] = {}
+        for k, i in last.items():
+            frees.setdefault(i, []).append(k)
+        return cls(call, functools.partial(_run_json, nodes, frees), metas, positions)
 
     def __call__(self, inputs: list) -> tuple:
         sources = [inputs[k] for k in self.positions]
@@ -88,19 +94,35 @@ def _laid_out(value: torch.Tensor, shape: tuple, stride: tuple,
     return out.copy_(value)
 
 
-def _run_json(nodes: list, inputs: list) -> tuple:
+def _run_json(nodes: list, frees: dict[int, list[int]], inputs: list) -> tuple:
     """ops.run_graph over a graph's JSON form (graph.graph_to_json): placeholders take
-    ``inputs`` in order, calls run their eager function, the output is returned."""
+    ``inputs`` in order, calls run their eager function (``frees``: the values each is the
+    last to read, dropped after it), the output is returned."""
     env: list = []
     values = iter(inputs)
-    for op, target, args, kwargs, _meta in nodes:
+    for i, (op, target, args, kwargs, _meta) in enumerate(nodes):
         if op == "placeholder":
             env.append(next(values))
         elif op == "call":
             env.append(run_eager(target, _decoded(args, env), _decoded(kwargs, env)))
+            for k in frees.get(i, ()):
+                env[k] = None
         else:
             return _decoded(args, env)[0]
     return ()
+
+
+def _reads(value: Any) -> Iterator[int]:
+    """The nodes a value of graph_to_json's form refers to."""
+    if isinstance(value, list):
+        for v in value:
+            yield from _reads(v)
+    elif isinstance(value, dict):
+        ((kind, item),) = value.items()
+        if kind == "node":
+            yield item
+        elif kind in ("tuple", "dict"):
+            yield from _reads(list(item.values()) if kind == "dict" else item)
 
 
 def _decoded(value: Any, env: list) -> Any:

@@ -32,7 +32,6 @@ check reached, and a data descriptor added to a class over an instance attribute
 from __future__ import annotations
 
 import ast
-import builtins
 import dataclasses
 import operator
 from collections import Counter, OrderedDict
@@ -42,7 +41,15 @@ import torch
 
 from minicompile import compat
 from minicompile.runtime import dict_versions
-from minicompile.runtime.guard_render import inputs_items, inputs_source, render
+from minicompile.runtime.guard_paths import (
+    IDENTITY,
+    KEYS,
+    VALUE,
+    NotCovered,
+    Path,
+    path_of,
+)
+from minicompile.runtime.guard_render import inputs_source, render
 
 DICTS = (dict, OrderedDict)
 IMMUTABLE = frozenset({type(None), bool, int, float, complex, str, bytes, range, torch.dtype,
@@ -51,15 +58,8 @@ HELD = "__held__"  # what dicts fix that checks read, in the fast function's nam
 RECORDS = 32  # records in a row, each after fewer fast calls than this, before giving up
 CHURN = 2  # such records a dict has moved at after which no check is covered through it
 NATIVE_AFTER = 64  # fast calls after which the versions are compared in C (dict_versions)
-IDENTITY, KEYS, VALUE = 0, 1, 2  # what of a value a check reads
 ARGUMENTS_PAY = 4  # fast calls a record on a new argument's object must serve (else churn)
 _GATES = -1  # where in the held list the objects held from the arguments are
-
-Path = tuple[str, tuple[tuple[str, Any], ...]]  # root name, steps ("attr" | "item" | "get", key)
-
-
-class NotCovered(Exception):
-    pass
 
 
 class DictGate:
@@ -138,10 +138,10 @@ class DictGate:
             self.moves.update(id(d) for d in self.empties if d)
         self.versions = self.packed = self.fast_inputs = None
         g = self.guards
-        if self.reads is None:
-            self.reads = [analyse(c.expr, g.params, g.namespace) for c in g.run_checks]
-            self.identities = {i: found for i, c in enumerate(g.run_checks)
-                               if (found := _identity(c.expr, g.params, g.namespace))}
+        if self.reads is None:  # (a warm entry's guards come with their analysis)
+            self.reads = g.analysis.reads
+            self.identities = {i: (path, g.namespace[name])
+                               for i, (path, name) in g.analysis.identities.items()}
         churn = {k for k, n in self.moves.items() if n >= CHURN}  # (a script's globals)
         gates: dict[Path, Any] = {}
         promoted: list[Path] = []  # gates on objects reached from the arguments, shortest first
@@ -190,14 +190,12 @@ class DictGate:
         self.versions = tuple(map(compat.DICT_VERSION, self.dicts))
         self.packed = dict_versions.pack(self.versions)
 
-    def reading(self, get_inputs: Any, source: str) -> Any:
-        """:meth:`inputs`, ``get_inputs`` (of ``source``) reading what is held after a fast
-        pass; ``get_inputs`` itself where its items cannot be read back."""
-        self.items = inputs_items(source)
-        if self.items is None:
-            return get_inputs
+    def reading(self, get_inputs: Any, items: list[str]) -> Any:
+        """:meth:`inputs`, ``get_inputs`` (the list of ``items``, expressions of the
+        parameters) reading what is held after a fast pass."""
+        self.items = items
         self.slow_inputs, self.functions = get_inputs, {}
-        self.versions = self.packed = None  # (a warm entry's first check recorded: again)
+        self.versions = self.packed = None  # (a record made before: again, with the items)
         return self.inputs
 
     def inputs(self, *args: Any) -> list:
@@ -254,28 +252,35 @@ class Holder:
         self.reader, self.params, self.namespace = reader, set(params), namespace
         self.index: dict[Path, int] = {}
         self.paths: list[Path] = []
-        self.changed = False
+        self.spans: list[tuple[int, int, int]] = []  # (start, end, k) of each path held
 
     def hold(self, expr: str) -> str:
         try:
             tree = ast.parse(expr, mode="eval")
         except SyntaxError:
             return expr
-        self.changed = False
+        self.spans = []
         tree.body = self.visit(tree.body)
-        return ast.unparse(tree) if self.changed else expr
+        if not self.spans:
+            return expr
+        if not expr.isascii() or "\n" in expr:  # (offsets count bytes, on lines)
+            return ast.unparse(tree)
+        for start, end, k in sorted(self.spans, reverse=True):  # each path for its object
+            expr = f"{expr[:start]}{HELD}[{k}]{expr[end:]}"  # (ast.unparse: 4x slower)
+        return expr
 
     def visit(self, node: ast.AST) -> ast.AST:
         if isinstance(node, (ast.Lambda, ast.ListComp, ast.SetComp, ast.DictComp,
                              ast.GeneratorExp)):
             return node  # (names bound inside)
-        path = _path(node, self.params, self.namespace)
+        path = path_of(node, self.params, self.namespace)
         if (path is not None and path[1] and path not in self.reader.gates
                 and self.reader.read(path) is not None):
             if path not in self.index:
                 self.index[path] = len(self.paths)
                 self.paths.append(path)
-            self.changed = True
+            self.spans.append((node.col_offset, node.end_col_offset,  # type: ignore[arg-type]
+                               self.index[path]))
             return ast.Subscript(ast.Name(HELD, ast.Load()), ast.Constant(self.index[path]),
                                  ast.Load())
         for field, value in ast.iter_fields(node):
@@ -302,102 +307,6 @@ def per_call(guards: Any) -> str:
         tensors > 0)  # (the identities of the objects held from the arguments run too)
     return (f"{len(guards)} guard checks; a call runs {python} in Python, "
             f"{len(gate.dicts) if live else 0} dict versions, {tensors} tensors' metadata in C++")
-
-
-def _identity(expr: str, params: list[str], namespace: dict) -> tuple[Path, Any] | None:
-    """The path from a parameter and the object of a check ``<path> is <name>``, or None."""
-    try:
-        node = ast.parse(expr, mode="eval").body
-    except SyntaxError:
-        return None
-    if not (isinstance(node, ast.Compare) and len(node.ops) == 1
-            and isinstance(node.ops[0], ast.Is) and isinstance(node.comparators[0], ast.Name)
-            and node.comparators[0].id in namespace):
-        return None
-    path = _path(node.left, set(params), namespace)
-    if path is None or path[0] not in params:
-        return None
-    return path, namespace[node.comparators[0].id]
-
-
-def analyse(expr: str, params: list[str], namespace: dict) -> list[tuple[Path, int]] | None:
-    """The paths ``expr`` reads, each with what of it counts (IDENTITY: only what it is
-    or its type; KEYS: its length, keys or truth; VALUE: all of it); None where ``expr``
-    does anything else (calls, lambdas, arithmetic)."""
-    out: list[tuple[Path, int]] = []
-    try:
-        _visit(ast.parse(expr, mode="eval").body, VALUE, out, set(params), namespace)
-    except (NotCovered, SyntaxError, RecursionError):
-        return None
-    return out
-
-
-def _visit(node: ast.AST, mode: int, out: list, params: set, namespace: dict) -> None:
-    path = _path(node, params, namespace)
-    if path is not None:
-        out.append((path, mode))
-    elif isinstance(node, ast.Constant):
-        pass
-    elif isinstance(node, ast.Compare):
-        modes = [VALUE] * (len(node.ops) + 1)
-        if all(isinstance(op, (ast.Is, ast.IsNot)) for op in node.ops):
-            modes = [IDENTITY] * len(modes)
-        elif len(node.ops) == 1 and isinstance(node.ops[0], (ast.In, ast.NotIn)):
-            modes[1] = KEYS
-        for child, child_mode in zip((node.left, *node.comparators), modes):
-            _visit(child, child_mode, out, params, namespace)
-    elif isinstance(node, (ast.BoolOp, ast.UnaryOp, ast.Tuple, ast.List)) and (
-            not isinstance(node, ast.UnaryOp) or isinstance(node.op, ast.Not)):
-        mode = VALUE if isinstance(node, (ast.Tuple, ast.List)) else KEYS
-        children = node.operand if isinstance(node, ast.UnaryOp) else getattr(
-            node, "values", None) or node.elts  # type: ignore[attr-defined]
-        for child in children if isinstance(children, list) else [children]:
-            _visit(child, mode, out, params, namespace)
-    elif (isinstance(node, ast.Call) and _builtin(node.func, namespace) in ("type", "len", "list")
-          and len(node.args) == 1 and not node.keywords):
-        mode = IDENTITY if node.func.id == "type" else KEYS  # type: ignore[attr-defined]
-        _visit(node.args[0], mode, out, params, namespace)
-    elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
-          and node.func.attr == "get" and len(node.args) == 2 and not node.keywords
-          and isinstance(node.args[0], ast.Constant)):  # G.get('len', B.get('len'))
-        base = _path(node.func.value, params, namespace)
-        if base is None:
-            raise NotCovered
-        out.append(((base[0], (*base[1], ("get", node.args[0].value))), mode))
-        _visit(node.args[1], mode, out, params, namespace)
-    elif _builtin(node, namespace) is None:
-        raise NotCovered
-
-
-def _builtin(node: ast.AST, namespace: dict) -> str | None:
-    """The name of the builtin that ``node`` names in the guard function."""
-    if isinstance(node, ast.Name) and hasattr(builtins, node.id) and namespace.get(
-            node.id, getattr(builtins, node.id)) is getattr(builtins, node.id):
-        return node.id
-    return None
-
-
-def _path(node: ast.AST, params: set, namespace: dict) -> Path | None:
-    """``node`` as a root and steps: ``a.b``, ``a['k']``, ``a.get('k')``, ``getattr(a, 'b', d)``."""
-    if isinstance(node, ast.Name):
-        return (node.id, ()) if node.id in params or node.id in namespace else None
-    step: tuple[str, Any] | None = None
-    if isinstance(node, ast.Attribute):
-        base, step = node.value, ("attr", node.attr)
-    elif isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant):
-        base, step = node.value, ("item", node.slice.value)
-    elif isinstance(node, ast.Call) and not node.keywords and all(
-            isinstance(a, ast.Constant) for a in node.args[1:]):
-        if (_builtin(node.func, namespace) == "getattr" and len(node.args) == 3
-                and isinstance(node.args[1].value, str)):  # type: ignore[attr-defined]
-            base, step = node.args[0], ("attr", node.args[1].value)  # type: ignore
-        elif (isinstance(node.func, ast.Attribute) and node.func.attr == "get"
-              and len(node.args) == 1 and isinstance(node.args[0], ast.Constant)):
-            base, step = node.func.value, ("get", node.args[0].value)
-    if step is None:
-        return None
-    parent = _path(base, params, namespace)
-    return None if parent is None else (parent[0], (*parent[1], step))
 
 
 class Reader:

@@ -148,7 +148,9 @@ def _payload(stored: Stored, cfg: Config) -> dict:
                    for c in guards.checks],
         # The guard function compiled (its source is rendered from the checks again).
         "guard_code": base64.b64encode(marshal.dumps(guards.code)).decode(),
+        "guard_paths": guards.analysis.to_json(),  # (no parse of the checks when loaded)
         "get_inputs": capture.get_inputs_source,
+        "input_items": guards.input_items,  # (what get_inputs lists)
         "rebuild": capture.rebuild_source,
         "namespace": namespace,
         "input_sources": list(capture.input_sources),
@@ -261,6 +263,8 @@ def _jsonable(value: Any) -> Any:
         return list(value)
     if isinstance(value, type):
         return ["shown", f"{value.__module__}.{value.__qualname__}"]
+    if isinstance(value, torch.nn.Module):  # (a model's repr, its submodules' in it: 45 KB)
+        return ["shown", f"<{type(value).__qualname__} module>"]
     return ["shown", str(value) if isinstance(value, (torch.dtype, torch.device)) else repr(value)]
 
 
@@ -399,12 +403,13 @@ def _load(path: Path, fn: types.FunctionType, cfg: Config, frame: tuple,
     code = marshal.loads(base64.b64decode(p["guard_code"]))
     if not isinstance(code, types.CodeType) or code.co_filename != GUARDS_FILENAME:
         raise cache.CacheCorrupted(path, "holds no guard function")
-    guards = Guards(p["params"], checks, namespace, code)
+    guards = Guards(p["params"], checks, namespace, code, p["guard_paths"])
+    exec(compile(p["get_inputs"], "<minicompile inputs>", "exec"), namespace)
+    # (before the first check, whose record then renders get_inputs' fast form too)
+    get_inputs = guards.reading(namespace["get_inputs"], p["input_items"])
     if not guards.check(*frame):
         raise Miss(f"guard failed: {guards.explain_failure(*frame) or 'the guard function'}")
     exec(compile(p["rebuild"], "<minicompile rebuild>", "exec"), namespace)
-    exec(compile(p["get_inputs"], "<minicompile inputs>", "exec"), namespace)
-    get_inputs = guards.reading(namespace["get_inputs"], p["get_inputs"])
     rebuild = namespace["rebuild"]
     capture = WarmCapture(guards, get_inputs, rebuild, p["input_sources"], p["get_inputs"],
                           p["rebuild"], handlers=p["handlers"], size_symbols=p["size_symbols"])

@@ -74,30 +74,6 @@ def inputs_source(params: list[str], exprs: list[str]) -> str:
     return "\n".join([*lines, f"    return [{', '.join(items)}]\n"])
 
 
-def inputs_items(source: str) -> list[str] | None:
-    """The items of an :func:`inputs_source`, its locals put back in (each an expression
-    of the parameters); None for any other source."""
-    try:
-        (function,) = ast.parse(source).body
-    except (SyntaxError, ValueError):
-        return None
-    values: dict[str, ast.expr] = {}
-
-    class Inline(ast.NodeTransformer):
-        def visit_Name(self, node: ast.Name) -> ast.expr:
-            return values.get(node.id, node)
-
-    for stmt in getattr(function, "body", ()):
-        if (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1
-                and isinstance(stmt.targets[0], ast.Name)):
-            values[stmt.targets[0].id] = Inline().visit(stmt.value)
-        elif isinstance(stmt, ast.Return) and isinstance(stmt.value, ast.List):
-            return [ast.unparse(Inline().visit(item)) for item in stmt.value.elts]
-        else:
-            return None
-    return None
-
-
 def hoist(exprs: list[str]) -> list[tuple[str, list[tuple[str, str]]]]:
     """Each of ``exprs``, evaluated in order, reading the locals (``p0``, ``p1``, ...) of
     the paths several of them read, and the assignments of the locals it reads first."""

@@ -15,6 +15,7 @@ import torch
 from minicompile import compat
 from minicompile.runtime import tensor_checks
 from minicompile.runtime.dict_guards import DictGate
+from minicompile.runtime.guard_paths import Analysis
 from minicompile.runtime.guard_render import render
 
 # nn.Module's global forward hooks (registered with register_module_forward_hook).
@@ -67,7 +68,7 @@ class Guards:
     last, in one C++ call where it can (runtime/tensor_checks.py)."""
 
     def __init__(self, params: list[str], checks: list[GuardCheck], namespace: dict,
-                 code: types.CodeType | None = None) -> None:
+                 code: types.CodeType | None = None, analysis: dict | None = None) -> None:
         self.params = params
         self.checks = checks
         self.namespace = namespace
@@ -80,18 +81,24 @@ class Guards:
         self._source = None if code is not None else self._render()
         self.code = code or compile(self._source, GUARDS_FILENAME, "exec")
         exec(self.code, namespace)
+        # What each check reads (runtime/guard_paths.py), for the dict-version gate and a
+        # warm entry: read from the entry (``analysis``: its JSON), else worked out when asked.
+        self._analysis = Analysis.from_json(analysis, len(self.run_checks))
         if self.tensors is not None:
             self.tensors.adopt(namespace)
         self.check: Callable[..., bool] = namespace["check"]
         if compat.DICT_VERSION is not None:  # the checks dicts fix, skipped while they are
             self.check = DictGate(self).check
         self._slow: list[tuple[Callable, Callable]] | None = None
+        self.input_items: list[str] = []
 
-    def reading(self, get_inputs: Callable[..., list], source: str) -> Callable[..., list]:
-        """``get_inputs`` (of ``source``), reading what the dict-version gate holds (the
-        parameters) after a call its fast path passed (DictGate.inputs)."""
+    def reading(self, get_inputs: Callable[..., list], items: list[str]) -> Callable[..., list]:
+        """``get_inputs`` (guard_render.inputs_source of ``items``), reading what the
+        dict-version gate holds (the parameters) after a call its fast path passed
+        (DictGate.inputs)."""
+        self.input_items = items  # (a warm entry stores them)
         gate = getattr(self.check, "__self__", None)
-        return gate.reading(get_inputs, source) if isinstance(gate, DictGate) else get_inputs
+        return gate.reading(get_inputs, items) if isinstance(gate, DictGate) else get_inputs
 
     def explain_failure(self, *args: Any) -> str | None:
         """The first failing check, with the traced and the current value (slow: on a miss)."""
@@ -126,6 +133,14 @@ class Guards:
             if type(now) is int and now != c.expected:
                 out[c.source] = (c.expected, now)
         return out
+
+    @property
+    def analysis(self) -> Analysis:
+        """What each of ``run_checks`` reads (runtime/guard_paths.py)."""
+        if self._analysis is None:
+            exprs = [c.expr for c in self.run_checks]
+            self._analysis = Analysis.of(exprs, self.params, self.namespace)
+        return self._analysis
 
     @property
     def source(self) -> str:

@@ -21,7 +21,7 @@ import torch
 
 import minicompile
 from minicompile import config
-from minicompile.runtime import cache, fingerprints
+from minicompile.runtime import cache, fingerprints, guard_paths
 from minicompile.runtime.entries import size_symbols
 
 from devices import CUDA
@@ -379,6 +379,35 @@ def test_module_entry_needs_the_same_module(warm: Path) -> None:
     changed = load_source(MODULE_SOURCE.replace("* self.scale", "* self.scale + 1"))
     stats = call_module_twice(changed.Block(8, 2.0).eval())  # the class's code
     assert stats["frames"] == 1, stats
+
+
+def test_warm_guards_read_what_their_checks_read_from_the_entry(
+    warm: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A loaded entry's dict-version gate records from the paths its entry stored (no
+    check parsed again), skips what they cover on the next call, and still sees a module
+    changed afterwards."""
+    m = load_source(MODULE_SOURCE)
+    call_module_twice(m.Block(8, 2.0).eval())
+    (entry,) = entry_files(warm)
+    stored = json.loads(entry.read_bytes().split(b"\n", 1)[1])["guard_paths"]
+    assert stored is not None and any(stored["reads"]), stored
+    parsed = []
+    monkeypatch.setattr(guard_paths.Analysis, "of", lambda *a: parsed.append(a))
+    block = m.Block(8, 2.0).eval()
+    minicompile.reset()
+    compiled = minicompile.compile(block)
+    with torch.no_grad():
+        for seed in (0, 1):
+            x = torch.randn(4, 8)
+            torch.testing.assert_close(compiled(x), block(x), rtol=1e-5, atol=1e-5)
+        assert minicompile.stats()["frames"] == 0 and not parsed
+        (entry,) = compiled.__dict__["_compiled"].entries
+        gate = entry.capture.guards.check.__self__
+        assert gate.skipped > 0 and gate.versions is not None
+        block.scale = 3.0  # an attribute a covered check reads
+        x = torch.randn(4, 8)
+        torch.testing.assert_close(compiled(x), block(x), rtol=1e-5, atol=1e-5)
 
 
 def test_module_with_an_unkeyable_attribute_is_not_stored(

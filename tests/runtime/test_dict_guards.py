@@ -4,6 +4,7 @@ calls recompile or reuse code that still fits, and return eager's values."""
 
 from __future__ import annotations
 
+import json
 import sys
 from collections.abc import Callable
 
@@ -13,6 +14,7 @@ import torch
 import minicompile
 from minicompile import compat
 from minicompile.runtime.dict_guards import CHURN, RECORDS, right_after_check
+from minicompile.runtime.guard_paths import Analysis
 
 SCALE = 2.0  # a global the forward reads
 
@@ -113,7 +115,7 @@ def test_covered_checks_are_skipped() -> None:
     """Module, parameter and hook checks run only when a dict they read moved; the
     identity of the module, the input's checks and the tensor metadata run every call."""
     if compat.DICT_VERSION is None:
-        pytest.skip("no dict versions on this Python / PyTorch: every check runs")  # noqa
+        pytest.skip("no dict versions on this Python / PyTorch: every check runs")
     minicompile.reset()
     net = make_net()
     compiled = minicompile.compile(net, backend="cpp")
@@ -357,3 +359,19 @@ def test_an_empty_dict_filled_by_update_is_seen(backend: str, device: torch.devi
         x = torch.randn(8, device=device)
         torch.testing.assert_close(compiled(x), x * 3.0)
     SETTINGS.clear()
+
+
+def test_what_checks_read_survives_json() -> None:
+    """runtime/guard_paths.py: the paths and modes of each check, and the identity checks,
+    read back from JSON as worked out; a key JSON cannot keep stores nothing."""
+    namespace = {"M": object(), "G": {}, "T": int}
+    exprs = ["L_self._modules['fc'].training == False", "L_self._modules['fc'] is M",
+             "G.get('k', G.get('j')) is None", "type(getattr(L_self, 'alpha', 1.0)) is T",
+             "len(L_self.sizes[0]) == 2", "L_self.f(1) == 2", "not L_self.opts"]
+    analysis = Analysis.of(exprs, ["L_self"], namespace)
+    assert analysis.reads[5] is None and analysis.identities == {
+        1: (("L_self", (("attr", "_modules"), ("item", "fc"))), "M")}
+    back = Analysis.from_json(json.loads(json.dumps(analysis.to_json())), len(exprs))
+    assert back == analysis
+    assert Analysis.from_json(analysis.to_json(), len(exprs) + 1) is None
+    assert Analysis.of(["L_self._modules[b'fc'] is M"], ["L_self"], namespace).to_json() is None

@@ -92,7 +92,7 @@ class DictGate:
                 and not any(self.empties)):
             self.hits, self.fast_calls = self.hits + 1, self.fast_calls + 1
             if self.fast_calls == NATIVE_AFTER:  # a loop: the version tags compared in C
-                self.packed = dict_versions.pack(self.versions, build=True)
+                self.packed = dict_versions.pack(self.dicts, self.versions, build=True)
             ok = self.fast(*args)
             self.passed = args if ok else None
             return ok
@@ -157,7 +157,7 @@ class DictGate:
         self.skipped = len(covered)
         self.held[:] = [reader.read(path)[0] for path in holder.paths]  # type: ignore[index]
         self.versions = tuple(map(compat.DICT_VERSION, self.dicts))
-        self.packed = dict_versions.pack(self.versions)
+        self.packed = dict_versions.pack(self.dicts, self.versions)
 
     def reading(self, get_inputs: Any, source: str) -> Any:
         """:meth:`inputs`, ``get_inputs`` (of ``source``) reading what is held after a fast

@@ -114,8 +114,8 @@ class Config:
     # on for both, =0 off for both.
     mix_order: bool | None = None
     # Compare a dict-version gate's version tags in one C call (runtime/dict_versions.py)
-    # where this Python allows; MINICOMPILE_DICT_VERSIONS_C=0 keeps the Python loop (what
-    # CPython 3.12+ runs), to measure that path on 3.11.
+    # where this Python allows (3.11, 3.12, with Python.h); MINICOMPILE_DICT_VERSIONS_C=0
+    # keeps the Python loop (what a Python without the C loop runs).
     dict_versions_c: bool = True
 
     def __post_init__(self) -> None:

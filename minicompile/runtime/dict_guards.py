@@ -102,7 +102,7 @@ class DictGate:
                 and not any(self.empties)):
             self.hits, self.fast_calls = self.hits + 1, self.fast_calls + 1
             if self.fast_calls == NATIVE_AFTER:  # a loop: the version tags compared in C
-                self.packed = dict_versions.pack(self.versions, build=True)
+                self.packed = dict_versions.pack(self.dicts, self.versions, build=True)
             try:
                 ok = self.fast(*args)
             except Exception:  # noqa: BLE001 - an argument's object read in another shape
@@ -188,7 +188,7 @@ class DictGate:
         self.held.append([gates[path] for path in promoted])
         self.promoted = len(promoted)
         self.versions = tuple(map(compat.DICT_VERSION, self.dicts))
-        self.packed = dict_versions.pack(self.versions)
+        self.packed = dict_versions.pack(self.dicts, self.versions)
 
     def reading(self, get_inputs: Any, items: list[str]) -> Any:
         """:meth:`inputs`, ``get_inputs`` (the list of ``items``, expressions of the

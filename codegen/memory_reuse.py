@@ -18,12 +18,14 @@ FRESH_RESULTS = frozenset({"torch.matmul", "torch.mm", "torch.bmm", "torch.addmm
 
 def reuse_memory(
     program: LoopProgram, groups: list, plan_of: dict, keep: set[str], in_place: dict[str, str],
+    own: frozenset[str] = frozenset(),
 ) -> dict[str, str]:
     """Kernel output -> a dead buffer of the same layout whose tensor it takes over, as
     Inductor's wrapper reuses buffers: no allocation on the host, and the memory is known
     to be free (kernels run in order on one stream).  Only buffers this wrapper allocated
     or matrix products made, and only kernels and matrix products read: another library
-    call may return a view of its argument or keep it (for its backward, say)."""
+    call may return a view of its argument or keep it (for its backward, say).  ``own``:
+    outputs that keep memory of their own (a backward's pooled gradients)."""
     last_use = last_reads(groups)
     seen_by_library = {n for g in groups if g.extern is not None
                        and g.extern.op not in FRESH_RESULTS for n in g.extern.reads()}
@@ -37,7 +39,7 @@ def reuse_memory(
             plan = plan_of[group.key]
             sums = {s.buffer for s in getattr(plan, "column_sums", ())}  # made by a sum
             for name in plan.outputs:
-                if name in in_place or name in sums:
+                if name in in_place or name in sums or name in own:
                     continue
                 pool = free.get(program.buffer(name).layout)
                 if pool:

@@ -108,6 +108,11 @@ def generate(
     for k, dev in enumerate(devices):
         w.line(f"device{k} = {_device_literal(torch.device(dev))}")
     w.line("empty_strided = torch.empty_strided")
+    pooled = pooled_outputs(program, groups, plans, {**in_place, **(copies_back or {})}) \
+        if takes_inputs else {}
+    if pooled:  # a backward's gradients: their memory is kept across calls
+        w.line("from minicompile.runtime.output_pool import OutputPool")
+        w.line(f"pool = OutputPool({len(program.outputs)})")
     blocks = [LAYOUT_HELPER] if externs else []
     if plans_ahead:
         blocks.append("\n".join(plans_ahead))
@@ -120,7 +125,7 @@ def generate(
     w.line("def call(args):")
     with w.indent():
         _emit_call(w, program, groups, backend, plans, plan_of, devices, in_place, takes_inputs,
-                   frozenset(tuned), bool(plans_ahead))
+                   frozenset(tuned), bool(plans_ahead), pooled)
         _emit_return(w, program, copies_back or {})
     return GeneratedCode(backend, w.text(), cpp_source, tuple(p.name for p in plans))
 
@@ -185,9 +190,9 @@ def _cpp_bindings(w: CodeWriter, plans: list) -> None:
 
 def _emit_call(w: CodeWriter, program: LoopProgram, groups: list, backend: str, plans: list,
                plan_of: dict, devices: list[str], in_place: dict[str, str], takes_inputs: bool,
-               tuned: frozenset[str], plans_pending: bool) -> None:
+               tuned: frozenset[str], plans_pending: bool, pooled: dict[str, int]) -> None:
     """The body of ``call(args)``: kernels and library calls in order, each buffer freed
-    after its last read."""
+    after its last read; the ``pooled`` outputs (at their places) taken from the pool."""
     names = [b.name for b in program.inputs] + [str(s) for s in program.scalar_sizes]
     if names:
         w.line(f"{', '.join(names)}, = args")
@@ -199,7 +204,7 @@ def _emit_call(w: CodeWriter, program: LoopProgram, groups: list, backend: str, 
     live: set[str] = {b.name for b in program.inputs} if takes_inputs else set()
     if not takes_inputs:
         keep |= {b.name for b in program.inputs}
-    reuse = reuse_memory(program, groups, plan_of, keep, in_place)
+    reuse = reuse_memory(program, groups, plan_of, keep, in_place, frozenset(pooled))
     columns = ColumnPartials(program, plans, backend, devices)
     columns.allocate(w)
     for k, group in enumerate(groups):
@@ -208,11 +213,13 @@ def _emit_call(w: CodeWriter, program: LoopProgram, groups: list, backend: str, 
             if plans_pending and group.extern.op in CONVOLUTIONS:
                 w.line("library_plans.wait()  # (the first convolution waits for them)")
                 plans_pending = False
-            emit_extern(w, group.extern, in_place.get(group.extern.name))
+            emit_extern(w, group.extern, in_place.get(group.extern.name),
+                        _take(program, group.extern.name, pooled, devices))
             made = [group.extern.name]
         else:
             plan = plan_of[group.key]
-            emit_launch(w, program, plan, backend, devices, in_place, reuse, tuned, columns)
+            emit_launch(w, program, plan, backend, devices, in_place, reuse, tuned, columns,
+                        pooled)
             made = [name for name in plan.outputs if name not in columns.slot]
         live.update(made)
         dead = sorted(n for n in live if last_use.get(n, -1) <= k and n not in keep)
@@ -302,6 +309,39 @@ def plan_combo(
     parts = tuple(plan_group(program, part, f"{name}_part{k}", in_place, needed)
                   for k, part in enumerate(group.parts))
     return combo.ComboPlan(name, parts)
+
+
+# Matrix products that write into a given tensor (``out=``): a pooled output's memory.
+OUT_PRODUCTS = frozenset({"torch.matmul", "torch.mm", "torch.bmm", "torch.addmm"})
+
+
+def pooled_outputs(program: LoopProgram, groups: list, plans: list,
+                   elsewhere: dict[str, str]) -> dict[str, int]:
+    """A backward's outputs (its gradients) whose memory its pool keeps across calls
+    (runtime/output_pool.py), each at its first place in the outputs: the CPU tensors its
+    kernels or a matrix product make (returned, or a view of them returned) (not stored ``elsewhere``: into an input, say).  A
+    caching allocator does this for GPU tensors; convolutions' gradients are ATen's own."""
+    sums = {s.buffer for p in plans for s in getattr(p, "column_sums", ())}
+    made = {n for p in plans for n in p.outputs if n not in sums and n not in elsewhere}
+    made |= {g.extern.name for g in groups if g.extern is not None
+             and g.extern.op in OUT_PRODUCTS and g.extern.name not in elsewhere}
+    pooled: dict[str, int] = {}
+    for k, out in enumerate(program.outputs):
+        out = out if isinstance(out, str) else out.input  # (a view of the buffer: its base)
+        if out in made and out not in pooled:
+            lay = program.buffer(out).layout
+            if isinstance(lay, Layout) and lay.device.type == "cpu" and lay.offset == 0:
+                pooled[out] = k
+    return pooled
+
+
+def _take(program: LoopProgram, name: str, pooled: dict[str, int],
+          devices: list[str]) -> str | None:
+    if name not in pooled:
+        return None
+    lay = program.buffer(name).layout
+    return (f"pool.take({pooled[name]}, {_shape(lay.shape)}, {_shape(lay.stride)}, "
+            f"{lay.dtype}, device{devices.index(str(lay.device))})")
 
 
 def needed_outside(program: LoopProgram, groups: list) -> Callable[[FusedGroup], set[str]]:
@@ -407,11 +447,17 @@ def extern_comment(ext: ExternKernel) -> str:
     return ", ".join(ext.origins) + (f"  ({ext.sources[0]})" if ext.sources else "")
 
 
-def emit_extern(w: CodeWriter, ext: ExternKernel, into: str | None = None) -> None:
+def emit_extern(w: CodeWriter, ext: ExternKernel, into: str | None = None,
+                out: str | None = None) -> None:
     """``into``: the input the call stores into in place (passes/inplace.py): its in-place
-    variant (the name with ``_``) is called on it."""
+    variant (the name with ``_``) is called on it.  ``out``: the tensor (an expression) a
+    matrix product writes its result into (``out=``, in its layout)."""
     args = [_extern_arg(a) for a in ext.args]
     args += [f"{k}={_extern_arg(v)}" for k, v in ext.kwargs.items()]
+    if out is not None:
+        w.line(f"# {extern_comment(ext)}")
+        w.line(f"{ext.name} = {ext.op}({', '.join([*args, f'out={out}'])})")
+        return
     call = f"{ext.op}({', '.join(args)})"
     if ext.op == "operator.getitem":
         call = f"{args[0]}[{args[1]}]"
@@ -529,13 +575,17 @@ def _interpreted(program: LoopProgram, plan: KernelPlan) -> bool:
 
 def emit_launch(w: CodeWriter, program: LoopProgram, plan: KernelPlan | combo.ComboPlan,
                 backend: str, devices: list[str], in_place: dict[str, str],
-                reuse: dict[str, str], tuned: frozenset[str], columns: ColumnPartials) -> None:
+                reuse: dict[str, str], tuned: frozenset[str], columns: ColumnPartials,
+                pooled: dict[str, int]) -> None:
     """``tuned``: the kernels launched through their Autotuner (mode="max-autotune").
-    ``columns``: where a Triton kernel's column sums go (their slots of partials)."""
+    ``columns``: where a Triton kernel's column sums go (their slots of partials).
+    ``pooled``: the outputs whose memory the pool keeps across calls (their places)."""
     for name in plan.outputs:
         if name in columns.slot:
             continue
-        if name in in_place:
+        if name in pooled:
+            w.line(f"{name} = {_take(program, name, pooled, devices)}")
+        elif name in in_place:
             w.line(f"{name} = {in_place[name]}  # stored in place (rebuild writes it back)")
         elif name in reuse:
             w.line(f"{name} = {reuse[name]}  # the memory of {reuse[name]}, no longer read")

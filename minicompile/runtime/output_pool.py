@@ -29,23 +29,30 @@ class OutputPool:
     memory of one of the last ``KEEP`` made for it that only the pool still holds."""
 
     def __init__(self, outputs: int) -> None:
-        self.kept: list[list[tuple[tuple, torch.UntypedStorage]]] = [[] for _ in range(outputs)]
+        # Per output: (size, strides, dtype), a tensor and its storage.  Only ``detach()``ed
+        # aliases of the tensor leave (a TensorImpl of their own, which AccumulateGrad takes
+        # as ``p.grad``); each alias, view or other tensor of the memory counts in its
+        # storage's use count.
+        self.kept: list[list[tuple[tuple, torch.Tensor, torch.UntypedStorage]]] = [
+            [] for _ in range(outputs)]
         self.lock = threading.Lock()  # (two threads never get one storage)
 
     def take(self, k: int, size: tuple, stride: tuple, dtype: torch.dtype,
              device: torch.device) -> torch.Tensor:
-        key = (tuple(size), tuple(stride), dtype)
+        key = (size, stride, dtype)
         kept = self.kept[k]
         with self.lock:
-            for have, storage in kept:
-                # The Python references: kept's tuple, the loop's name, getrefcount's argument.
-                if have == key and sys.getrefcount(storage) == 3 \
-                        and _use_count(storage._cdata) == 1:
-                    return torch.empty(0, dtype=dtype, device=device).set_(
-                        storage, 0, size, stride)
+            for have, t, storage in kept:
+                # Python references: kept's tuple, the loop's name, getrefcount's argument
+                # and the storage's own (PyTorch keeps a storage's Python object alive while
+                # a tensor uses it); its users: the kept tensor and storage object.
+                if have == key and sys.getrefcount(storage) == 4 \
+                        and _use_count(storage._cdata) == 2:
+                    return t.detach()
             t = torch.empty_strided(size, stride, dtype=dtype, device=device)
-            if _use_count is not None:
-                if len(kept) == KEEP:
-                    del kept[0]
-                kept.append((key, t.untyped_storage()))
-            return t
+            if _use_count is None:
+                return t
+            if len(kept) == KEEP:
+                del kept[0]
+            kept.append((key, t, t.untyped_storage()))
+            return t.detach()

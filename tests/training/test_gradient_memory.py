@@ -48,6 +48,7 @@ def test_kept_gradients_are_never_overwritten(backend: str, device: torch.device
         values.append([g.clone() for g in grads])
         for p, q in zip(model.parameters(), ref.parameters()):
             p.grad = q.grad = None
+        x = torch.randn(5, 8, device=device)
         got = torch.autograd.grad(loss_of(compiled, x), list(model.parameters()))
         want = torch.autograd.grad(loss_of(ref, x), list(ref.parameters()))
         torch.testing.assert_close(got, want, **TOL)
@@ -59,6 +60,25 @@ def test_kept_gradients_are_never_overwritten(backend: str, device: torch.device
         torch.testing.assert_close(g, v.view(-1), rtol=0, atol=0)
     for g, v in returned:
         torch.testing.assert_close(g, v, rtol=0, atol=0)
+
+
+def test_a_kept_storage_is_never_overwritten(backend: str, device: torch.device) -> None:
+    """Only a gradient's storage kept (its Python object: the pool's own), the tensor
+    dropped."""
+    minicompile.reset()
+    model = make(device)
+    compiled = minicompile.compile(model, backend=backend)
+    kept = []
+    for step in range(4):
+        loss_of(compiled, torch.randn(5, 8, device=device)).backward()
+        if step == 1:
+            kept = [(p.grad.untyped_storage(), p.grad.storage_offset(), p.grad.shape,
+                     p.grad.stride(), p.grad.clone()) for p in model.parameters()]
+        for p in model.parameters():
+            p.grad = None
+    for storage, *where, value in kept:
+        g = torch.empty(0, dtype=value.dtype, device=device).set_(storage, *where)
+        torch.testing.assert_close(g, value, rtol=0, atol=0)
 
 
 def test_dropped_gradients_memory_is_taken_again(backend: str, device: torch.device) -> None:

@@ -454,9 +454,10 @@ def emit_extern(w: CodeWriter, ext: ExternKernel, into: str | None = None,
     matrix product writes its result into (``out=``, in its layout)."""
     args = [_extern_arg(a) for a in ext.args]
     args += [f"{k}={_extern_arg(v)}" for k, v in ext.kwargs.items()]
-    if out is not None:
+    if out is not None:  # (the tensor taken first: the profile reads the call's arguments)
+        w.line(f"{ext.name} = {out}")
         w.line(f"# {extern_comment(ext)}")
-        w.line(f"{ext.name} = {ext.op}({', '.join([*args, f'out={out}'])})")
+        w.line(f"{ext.name} = {ext.op}({', '.join([*args, f'out={ext.name}'])})")
         return
     call = f"{ext.op}({', '.join(args)})"
     if ext.op == "operator.getitem":

@@ -81,7 +81,8 @@ def generate(
     """``in_place``: output buffers stored into inputs; ``copies_back``: output buffers
     copied into inputs after the last kernel, the input returned (passes/inplace.py).
     ``takes_inputs``: ``call`` empties the list it is given and frees each input after its
-    last use (a backward's saved tensors: the caller keeps no other reference).
+    last use (a backward's saved tensors: the caller keeps no other reference); its
+    outputs on the CPU take their memory from a pool kept across calls (pooled_outputs).
     ``autotune`` (mode="max-autotune"): Triton kernels launch with the configuration timed
     fastest at their first run (codegen/triton_tuning.py, runtime/autotune.py)."""
     in_place = in_place or {}

@@ -23,7 +23,9 @@ from minicompile.sym import size_symbols
 
 from minicompile.codegen import combo, cpp, cpp_reduction, triton, triton_reduction, triton_tuning
 from minicompile.codegen.column_sums import ColumnPartials
-from minicompile.codegen.memory_reuse import last_reads, reuse_memory
+from minicompile.codegen.memory_reuse import (
+    last_reads, needed_outside, pooled_outputs, reuse_memory,
+)
 from minicompile.codegen.common import (
     CodeWriter,
     KernelPlan,
@@ -109,8 +111,8 @@ def generate(
     for k, dev in enumerate(devices):
         w.line(f"device{k} = {_device_literal(torch.device(dev))}")
     w.line("empty_strided = torch.empty_strided")
-    pooled = pooled_outputs(program, groups, plans, {**in_place, **(copies_back or {})}) \
-        if takes_inputs else {}
+    pooled = pooled_outputs(program, groups, plans, {**in_place, **(copies_back or {})},
+                            _shape, devices) if takes_inputs else {}
     if pooled:  # a backward's gradients: their memory is kept across calls
         w.line("from minicompile.runtime.output_pool import OutputPool")
         w.line(f"pool = OutputPool({len(program.outputs)})")
@@ -191,9 +193,9 @@ def _cpp_bindings(w: CodeWriter, plans: list) -> None:
 
 def _emit_call(w: CodeWriter, program: LoopProgram, groups: list, backend: str, plans: list,
                plan_of: dict, devices: list[str], in_place: dict[str, str], takes_inputs: bool,
-               tuned: frozenset[str], plans_pending: bool, pooled: dict[str, int]) -> None:
+               tuned: frozenset[str], plans_pending: bool, pooled: dict[str, str]) -> None:
     """The body of ``call(args)``: kernels and library calls in order, each buffer freed
-    after its last read; the ``pooled`` outputs (at their places) taken from the pool."""
+    after its last read; the ``pooled`` outputs taken from the pool."""
     names = [b.name for b in program.inputs] + [str(s) for s in program.scalar_sizes]
     if names:
         w.line(f"{', '.join(names)}, = args")
@@ -214,8 +216,10 @@ def _emit_call(w: CodeWriter, program: LoopProgram, groups: list, backend: str, 
             if plans_pending and group.extern.op in CONVOLUTIONS:
                 w.line("library_plans.wait()  # (the first convolution waits for them)")
                 plans_pending = False
-            emit_extern(w, group.extern, in_place.get(group.extern.name),
-                        _take(program, group.extern.name, pooled, devices))
+            out = group.extern.name if group.extern.name in pooled else None
+            if out:  # (taken before the call's comment: the profile reads its arguments)
+                w.line(f"{out} = {pooled[out]}")
+            emit_extern(w, group.extern, in_place.get(group.extern.name), out)
             made = [group.extern.name]
         else:
             plan = plan_of[group.key]
@@ -312,59 +316,6 @@ def plan_combo(
     return combo.ComboPlan(name, parts)
 
 
-# Matrix products that write into a given tensor (``out=``): a pooled output's memory.
-OUT_PRODUCTS = frozenset({"torch.matmul", "torch.mm", "torch.bmm", "torch.addmm"})
-
-
-def pooled_outputs(program: LoopProgram, groups: list, plans: list,
-                   elsewhere: dict[str, str]) -> dict[str, int]:
-    """A backward's outputs (its gradients) whose memory its pool keeps across calls
-    (runtime/output_pool.py), each at its first place in the outputs: the CPU tensors its
-    kernels or a matrix product make (returned, or a view of them returned) (not stored ``elsewhere``: into an input, say).  A
-    caching allocator does this for GPU tensors; convolutions' gradients are ATen's own."""
-    sums = {s.buffer for p in plans for s in getattr(p, "column_sums", ())}
-    made = {n for p in plans for n in p.outputs if n not in sums and n not in elsewhere}
-    made |= {g.extern.name for g in groups if g.extern is not None
-             and g.extern.op in OUT_PRODUCTS and g.extern.name not in elsewhere}
-    pooled: dict[str, int] = {}
-    for k, out in enumerate(program.outputs):
-        out = out if isinstance(out, str) else out.input  # (a view of the buffer: its base)
-        if out in made and out not in pooled:
-            lay = program.buffer(out).layout
-            if isinstance(lay, Layout) and lay.device.type == "cpu" and lay.offset == 0:
-                pooled[out] = k
-    return pooled
-
-
-def _take(program: LoopProgram, name: str, pooled: dict[str, int],
-          devices: list[str]) -> str | None:
-    if name not in pooled:
-        return None
-    lay = program.buffer(name).layout
-    return (f"pool.take({pooled[name]}, {_shape(lay.shape)}, {_shape(lay.stride)}, "
-            f"{lay.dtype}, device{devices.index(str(lay.device))})")
-
-
-def needed_outside(program: LoopProgram, groups: list) -> Callable[[FusedGroup], set[str]]:
-    """``needed(group)``: the members of ``group`` that outlive its kernel: returned, read by
-    another group (each part of a combo kernel counts as a group of its own), or read by
-    none (lowering realizes those only to check their indices)."""
-    returned = {o if isinstance(o, str) else o.input for o in program.outputs}
-    read_by: dict[str, set[int]] = {}
-    for g in groups:
-        for part in g.parts if isinstance(g, ComboGroup) else [g]:
-            for buf in part.buffers:
-                for name in buf.reads():
-                    read_by.setdefault(name, set()).add(id(part))
-
-    def needed(group: FusedGroup) -> set[str]:
-        # A buffer nothing reads is there for its index checks (an unused embedding).
-        return {b.name for b in group.buffers if b.name in returned or b.name not in read_by
-                or read_by[b.name] - {id(group)}}
-
-    return needed
-
-
 def layouts(buf: Buffer) -> tuple[Layout, ...]:
     layout = buf.layout
     return layout if isinstance(layout, tuple) else (layout,)
@@ -455,11 +406,7 @@ def emit_extern(w: CodeWriter, ext: ExternKernel, into: str | None = None,
     matrix product writes its result into (``out=``, in its layout)."""
     args = [_extern_arg(a) for a in ext.args]
     args += [f"{k}={_extern_arg(v)}" for k, v in ext.kwargs.items()]
-    if out is not None:  # (the tensor taken first: the profile reads the call's arguments)
-        w.line(f"{ext.name} = {out}")
-        w.line(f"# {extern_comment(ext)}")
-        w.line(f"{ext.name} = {ext.op}({', '.join([*args, f'out={ext.name}'])})")
-        return
+    args += [f"out={out}"] if out else []
     call = f"{ext.op}({', '.join(args)})"
     if ext.op == "operator.getitem":
         call = f"{args[0]}[{args[1]}]"
@@ -578,15 +525,15 @@ def _interpreted(program: LoopProgram, plan: KernelPlan) -> bool:
 def emit_launch(w: CodeWriter, program: LoopProgram, plan: KernelPlan | combo.ComboPlan,
                 backend: str, devices: list[str], in_place: dict[str, str],
                 reuse: dict[str, str], tuned: frozenset[str], columns: ColumnPartials,
-                pooled: dict[str, int]) -> None:
+                pooled: dict[str, str]) -> None:
     """``tuned``: the kernels launched through their Autotuner (mode="max-autotune").
     ``columns``: where a Triton kernel's column sums go (their slots of partials).
-    ``pooled``: the outputs whose memory the pool keeps across calls (their places)."""
+    ``pooled``: outputs taken from the pool (by the expressions that take them)."""
     for name in plan.outputs:
         if name in columns.slot:
             continue
         if name in pooled:
-            w.line(f"{name} = {_take(program, name, pooled, devices)}")
+            w.line(f"{name} = {pooled[name]}")
         elif name in in_place:
             w.line(f"{name} = {in_place[name]}  # stored in place (rebuild writes it back)")
         elif name in reuse:

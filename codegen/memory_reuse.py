@@ -1,29 +1,35 @@
-"""Buffer reuse in a generated wrapper: a kernel's output takes over the tensor of a dead
-buffer of the same layout (Inductor's wrapper does the same), so the host allocates less
-and the memory is known to be free (kernels run in order on one stream).  Shared by the
-Python wrapper (codegen/wrapper.py) and the exported library's (codegen/export_wrapper.py).
+"""Buffers' memory in a generated wrapper: which buffers outlive their kernel, a kernel
+output that takes over the tensor of a dead buffer of the same layout (Inductor's wrapper
+does the same), so the host allocates less and the memory is known to be free (kernels run
+in order on one stream), and a backward's outputs kept across calls.  Shared by the Python
+wrapper (codegen/wrapper.py) and the exported library's (codegen/export_wrapper.py).
 """
 
 from __future__ import annotations
 
-from minicompile.ir import Layout, LoopProgram
-from minicompile.spaces import FusedGroup
+from collections.abc import Callable
 
+from minicompile.ir import Layout, LoopProgram
+from minicompile.spaces import ComboGroup, FusedGroup
 
 # Library calls whose result is a new tensor nothing else holds, and which keep no
 # reference to their arguments: their arguments' and results' memory may be reused.
 FRESH_RESULTS = frozenset({"torch.matmul", "torch.mm", "torch.bmm", "torch.addmm",
                            "torch.nn.functional.linear"})
+# Those that write into a given tensor (``out=``): a pooled output's memory.
+OUT_PRODUCTS = FRESH_RESULTS - {"torch.nn.functional.linear"}
 
 
 def reuse_memory(
     program: LoopProgram, groups: list, plan_of: dict, keep: set[str], in_place: dict[str, str],
+    own: frozenset[str] = frozenset(),
 ) -> dict[str, str]:
     """Kernel output -> a dead buffer of the same layout whose tensor it takes over, as
     Inductor's wrapper reuses buffers: no allocation on the host, and the memory is known
     to be free (kernels run in order on one stream).  Only buffers this wrapper allocated
     or matrix products made, and only kernels and matrix products read: another library
-    call may return a view of its argument or keep it (for its backward, say)."""
+    call may return a view of its argument or keep it (for its backward, say).  ``own``:
+    outputs that keep memory of their own (a backward's pooled gradients)."""
     last_use = last_reads(groups)
     seen_by_library = {n for g in groups if g.extern is not None
                        and g.extern.op not in FRESH_RESULTS for n in g.extern.reads()}
@@ -37,7 +43,7 @@ def reuse_memory(
             plan = plan_of[group.key]
             sums = {s.buffer for s in getattr(plan, "column_sums", ())}  # made by a sum
             for name in plan.outputs:
-                if name in in_place or name in sums:
+                if name in in_place or name in sums or name in own:
                     continue
                 pool = free.get(program.buffer(name).layout)
                 if pool:
@@ -55,3 +61,45 @@ def last_reads(groups: list[FusedGroup]) -> dict[str, int]:
     """For each buffer, the position of the last group that reads it."""
     return {name: k for k, group in enumerate(groups) for buf in group.buffers
             for name in buf.reads()}
+
+
+def pooled_outputs(program: LoopProgram, groups: list, plans: list, elsewhere: dict[str, str],
+                   shape: Callable[[tuple], str], devices: list[str]) -> dict[str, str]:
+    """A backward's outputs (its gradients) whose memory its pool keeps across calls
+    (runtime/output_pool.py), each by the expression that takes it, at its first place in
+    the outputs: the CPU tensors its kernels or a matrix product make (returned, or a view
+    of them), not stored ``elsewhere`` (into an input, say).  A caching allocator does
+    this for GPU tensors; convolutions' gradients are ATen's own."""
+    sums = {s.buffer for p in plans for s in getattr(p, "column_sums", ())}
+    made = {n for p in plans for n in p.outputs if n not in sums}
+    made |= {g.extern.name for g in groups if g.extern is not None
+             and g.extern.op in OUT_PRODUCTS}
+    pooled: dict[str, str] = {}
+    for k, out in enumerate(program.outputs):
+        out = out if isinstance(out, str) else out.input  # (a view of the buffer: its base)
+        lay = program.buffer(out).layout if out in made and out not in elsewhere else None
+        if isinstance(lay, Layout) and lay.device.type == "cpu" and lay.offset == 0 \
+                and out not in pooled:
+            pooled[out] = (f"pool.take({k}, {shape(lay.shape)}, {shape(lay.stride)}, "
+                           f"{lay.dtype}, device{devices.index(str(lay.device))})")
+    return pooled
+
+
+def needed_outside(program: LoopProgram, groups: list) -> Callable[[FusedGroup], set[str]]:
+    """``needed(group)``: the members of ``group`` that outlive its kernel: returned, read by
+    another group (each part of a combo kernel counts as a group of its own), or read by
+    none (lowering realizes those only to check their indices)."""
+    returned = {o if isinstance(o, str) else o.input for o in program.outputs}
+    read_by: dict[str, set[int]] = {}
+    for g in groups:
+        for part in g.parts if isinstance(g, ComboGroup) else [g]:
+            for buf in part.buffers:
+                for name in buf.reads():
+                    read_by.setdefault(name, set()).add(id(part))
+
+    def needed(group: FusedGroup) -> set[str]:
+        # A buffer nothing reads is there for its index checks (an unused embedding).
+        return {b.name for b in group.buffers if b.name in returned or b.name not in read_by
+                or read_by[b.name] - {id(group)}}
+
+    return needed

@@ -23,7 +23,9 @@ from minicompile.sym import size_symbols
 
 from minicompile.codegen import combo, cpp, cpp_reduction, triton, triton_reduction, triton_tuning
 from minicompile.codegen.column_sums import ColumnPartials
-from minicompile.codegen.memory_reuse import last_reads, reuse_memory
+from minicompile.codegen.memory_reuse import (
+    last_reads, needed_outside, pooled_outputs, reuse_memory,
+)
 from minicompile.codegen.common import (
     CodeWriter,
     KernelPlan,
@@ -81,7 +83,8 @@ def generate(
     """``in_place``: output buffers stored into inputs; ``copies_back``: output buffers
     copied into inputs after the last kernel, the input returned (passes/inplace.py).
     ``takes_inputs``: ``call`` empties the list it is given and frees each input after its
-    last use (a backward's saved tensors: the caller keeps no other reference).
+    last use (a backward's saved tensors: the caller keeps no other reference); its
+    outputs on the CPU take their memory from a pool kept across calls (pooled_outputs).
     ``autotune`` (mode="max-autotune"): Triton kernels launch with the configuration timed
     fastest at their first run (codegen/triton_tuning.py, runtime/autotune.py)."""
     in_place = in_place or {}
@@ -108,6 +111,11 @@ def generate(
     for k, dev in enumerate(devices):
         w.line(f"device{k} = {_device_literal(torch.device(dev))}")
     w.line("empty_strided = torch.empty_strided")
+    pooled = pooled_outputs(program, groups, plans, {**in_place, **(copies_back or {})},
+                            _shape, devices) if takes_inputs else {}
+    if pooled:  # a backward's gradients: their memory is kept across calls
+        w.line("from minicompile.runtime.output_pool import OutputPool")
+        w.line(f"pool = OutputPool({len(program.outputs)})")
     blocks = [LAYOUT_HELPER] if externs else []
     if plans_ahead:
         blocks.append("\n".join(plans_ahead))
@@ -120,7 +128,7 @@ def generate(
     w.line("def call(args):")
     with w.indent():
         _emit_call(w, program, groups, backend, plans, plan_of, devices, in_place, takes_inputs,
-                   frozenset(tuned), bool(plans_ahead))
+                   frozenset(tuned), bool(plans_ahead), pooled)
         _emit_return(w, program, copies_back or {})
     return GeneratedCode(backend, w.text(), cpp_source, tuple(p.name for p in plans))
 
@@ -185,9 +193,9 @@ def _cpp_bindings(w: CodeWriter, plans: list) -> None:
 
 def _emit_call(w: CodeWriter, program: LoopProgram, groups: list, backend: str, plans: list,
                plan_of: dict, devices: list[str], in_place: dict[str, str], takes_inputs: bool,
-               tuned: frozenset[str], plans_pending: bool) -> None:
+               tuned: frozenset[str], plans_pending: bool, pooled: dict[str, str]) -> None:
     """The body of ``call(args)``: kernels and library calls in order, each buffer freed
-    after its last read."""
+    after its last read; the ``pooled`` outputs taken from the pool."""
     names = [b.name for b in program.inputs] + [str(s) for s in program.scalar_sizes]
     if names:
         w.line(f"{', '.join(names)}, = args")
@@ -199,7 +207,7 @@ def _emit_call(w: CodeWriter, program: LoopProgram, groups: list, backend: str, 
     live: set[str] = {b.name for b in program.inputs} if takes_inputs else set()
     if not takes_inputs:
         keep |= {b.name for b in program.inputs}
-    reuse = reuse_memory(program, groups, plan_of, keep, in_place)
+    reuse = reuse_memory(program, groups, plan_of, keep, in_place, frozenset(pooled))
     columns = ColumnPartials(program, plans, backend, devices)
     columns.allocate(w)
     for k, group in enumerate(groups):
@@ -208,11 +216,15 @@ def _emit_call(w: CodeWriter, program: LoopProgram, groups: list, backend: str, 
             if plans_pending and group.extern.op in CONVOLUTIONS:
                 w.line("library_plans.wait()  # (the first convolution waits for them)")
                 plans_pending = False
-            emit_extern(w, group.extern, in_place.get(group.extern.name))
+            out = group.extern.name if group.extern.name in pooled else None
+            if out:  # (taken before the call's comment: the profile reads its arguments)
+                w.line(f"{out} = {pooled[out]}")
+            emit_extern(w, group.extern, in_place.get(group.extern.name), out)
             made = [group.extern.name]
         else:
             plan = plan_of[group.key]
-            emit_launch(w, program, plan, backend, devices, in_place, reuse, tuned, columns)
+            emit_launch(w, program, plan, backend, devices, in_place, reuse, tuned, columns,
+                        pooled)
             made = [name for name in plan.outputs if name not in columns.slot]
         live.update(made)
         dead = sorted(n for n in live if last_use.get(n, -1) <= k and n not in keep)
@@ -304,26 +316,6 @@ def plan_combo(
     return combo.ComboPlan(name, parts)
 
 
-def needed_outside(program: LoopProgram, groups: list) -> Callable[[FusedGroup], set[str]]:
-    """``needed(group)``: the members of ``group`` that outlive its kernel: returned, read by
-    another group (each part of a combo kernel counts as a group of its own), or read by
-    none (lowering realizes those only to check their indices)."""
-    returned = {o if isinstance(o, str) else o.input for o in program.outputs}
-    read_by: dict[str, set[int]] = {}
-    for g in groups:
-        for part in g.parts if isinstance(g, ComboGroup) else [g]:
-            for buf in part.buffers:
-                for name in buf.reads():
-                    read_by.setdefault(name, set()).add(id(part))
-
-    def needed(group: FusedGroup) -> set[str]:
-        # A buffer nothing reads is there for its index checks (an unused embedding).
-        return {b.name for b in group.buffers if b.name in returned or b.name not in read_by
-                or read_by[b.name] - {id(group)}}
-
-    return needed
-
-
 def layouts(buf: Buffer) -> tuple[Layout, ...]:
     layout = buf.layout
     return layout if isinstance(layout, tuple) else (layout,)
@@ -407,11 +399,14 @@ def extern_comment(ext: ExternKernel) -> str:
     return ", ".join(ext.origins) + (f"  ({ext.sources[0]})" if ext.sources else "")
 
 
-def emit_extern(w: CodeWriter, ext: ExternKernel, into: str | None = None) -> None:
+def emit_extern(w: CodeWriter, ext: ExternKernel, into: str | None = None,
+                out: str | None = None) -> None:
     """``into``: the input the call stores into in place (passes/inplace.py): its in-place
-    variant (the name with ``_``) is called on it."""
+    variant (the name with ``_``) is called on it.  ``out``: the tensor (an expression) a
+    matrix product writes its result into (``out=``, in its layout)."""
     args = [_extern_arg(a) for a in ext.args]
     args += [f"{k}={_extern_arg(v)}" for k, v in ext.kwargs.items()]
+    args += [f"out={out}"] if out else []
     call = f"{ext.op}({', '.join(args)})"
     if ext.op == "operator.getitem":
         call = f"{args[0]}[{args[1]}]"
@@ -529,13 +524,17 @@ def _interpreted(program: LoopProgram, plan: KernelPlan) -> bool:
 
 def emit_launch(w: CodeWriter, program: LoopProgram, plan: KernelPlan | combo.ComboPlan,
                 backend: str, devices: list[str], in_place: dict[str, str],
-                reuse: dict[str, str], tuned: frozenset[str], columns: ColumnPartials) -> None:
+                reuse: dict[str, str], tuned: frozenset[str], columns: ColumnPartials,
+                pooled: dict[str, str]) -> None:
     """``tuned``: the kernels launched through their Autotuner (mode="max-autotune").
-    ``columns``: where a Triton kernel's column sums go (their slots of partials)."""
+    ``columns``: where a Triton kernel's column sums go (their slots of partials).
+    ``pooled``: outputs taken from the pool (by the expressions that take them)."""
     for name in plan.outputs:
         if name in columns.slot:
             continue
-        if name in in_place:
+        if name in pooled:
+            w.line(f"{name} = {pooled[name]}")
+        elif name in in_place:
             w.line(f"{name} = {in_place[name]}  # stored in place (rebuild writes it back)")
         elif name in reuse:
             w.line(f"{name} = {reuse[name]}  # the memory of {reuse[name]}, no longer read")

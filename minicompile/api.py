@@ -16,6 +16,7 @@ import logging
 import time
 import types
 import warnings
+import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -42,7 +43,9 @@ log = logging.getLogger("minicompile")
 BACKENDS = ("auto", "cpp", "triton")
 MODES = (None, "default", "reduce-overhead", "max-autotune")
 
-_compiled: list[CompiledFunction] = []  # every wrapper, so reset() can clear them
+# Every wrapper still in use, so reset() can clear them (weak: a compiled function the program
+# dropped, its model and its kernels' kept memory go with it, as eager's would).
+_compiled: weakref.WeakSet[CompiledFunction] = weakref.WeakSet()
 
 
 def stats() -> dict[str, int]:
@@ -111,7 +114,7 @@ class CompiledFunction(Resuming, AutoDynamic):
         varargs = code.co_flags & (inspect.CO_VARARGS | inspect.CO_VARKEYWORDS)
         self.simple = not varargs and code.co_kwonlyargcount == 0
         functools.update_wrapper(self, self.fn)  # type: ignore[arg-type]
-        _compiled.append(self)
+        _compiled.add(self)
 
     # -- the per-call path ------------------------------------------------------------------
 

@@ -103,6 +103,7 @@ def compile_graph(
     get_inputs, rebuild = capture.get_inputs, capture.rebuild
     if done[0].joint is not None:  # a forward and its backward
         from minicompile.runtime.autograd import TrainingStep, make_runner
+        from minicompile.runtime.output_pool import release_with
 
         (forward, backward), joint = done, done[0].joint
         call = forward.loaded.call
@@ -112,6 +113,7 @@ def compile_graph(
                                              "_backward"), joint.num_outputs,
                             joint.backward_inputs, joint.input_grads, joint.differentiable,
                             tuple(k for k, _ in capture.writebacks if not joint.differentiable[k]))
+        release_with(step, backward_call)  # the gradients' memory kept while the step lives
         run = make_runner(step, get_inputs, rebuild)
         log.debug("minicompile: compiled %s (forward and backward) in %.3fs", name,
                   time.perf_counter() - start)

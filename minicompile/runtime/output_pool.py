@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import sys
 import threading
+import weakref
 
 import torch
 
@@ -56,3 +57,19 @@ class OutputPool:
                 del kept[0]
             kept.append((key, t, t.untyped_storage()))
             return t.detach()
+
+    def clear(self) -> None:
+        """Drops every kept storage (a training step whose backward this is was freed: the
+        generated module outlives it in the build cache; another step of the same code
+        only makes its buffers again)."""
+        with self.lock:
+            for kept in self.kept:
+                kept.clear()
+
+
+def release_with(owner: object, backward: object) -> None:
+    """The pool of the generated ``backward`` (its module's ``pool``), emptied when
+    ``owner`` is freed."""
+    pool = getattr(backward, "__globals__", {}).get("pool")
+    if isinstance(pool, OutputPool):
+        weakref.finalize(owner, pool.clear)

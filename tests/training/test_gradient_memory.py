@@ -120,3 +120,25 @@ def test_gradient_accumulation_over_two_backward_calls(backend: str,
             loss_of(ref, x).backward()
         for p, q in zip(model.parameters(), ref.parameters()):
             torch.testing.assert_close(p.grad, q.grad, **TOL)
+
+
+def test_the_kept_memory_goes_with_the_compiled_function() -> None:
+    """The generated module outlives a compiled function in the build cache; the memory its
+    backward's pool keeps does not."""
+    import gc
+
+    minicompile.reset()
+    model = make(torch.device("cpu"))
+    compiled = minicompile.compile(model, backend="cpp")
+    for _ in range(2):
+        loss_of(compiled, torch.randn(5, 8)).backward()
+        model.zero_grad(set_to_none=True)
+    (entry,) = compiled.__dict__["_compiled"].entries
+    pools = [c.cell_contents for c in (entry.run.__closure__ or ())
+             if hasattr(c.cell_contents, "backward")]
+    assert pools, "the entry's run holds its training step"
+    pool = pools[0].backward.__globals__["pool"]
+    assert any(pool.kept), "the backward kept its gradients' memory"
+    del compiled, entry, pools, model
+    gc.collect()
+    assert not any(pool.kept), "the memory outlived the compiled function"

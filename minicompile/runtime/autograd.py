@@ -18,6 +18,7 @@ import torch
 
 from minicompile import compat
 from minicompile.ops import resolve_path
+from minicompile.runtime.dict_guards import right_after_check
 from minicompile.runtime.values import picker
 
 # The (result, leaves) of every record() call of the forward running now: the Function
@@ -223,7 +224,10 @@ class CompiledGraphFunction(torch.autograd.Function):
 
 
 def make_runner(step: TrainingStep, get_inputs: Callable, rebuild: Callable) -> Callable:
-    """The entry's runner: frame values -> the user's return value."""
+    """The entry's runner: frame values -> the user's return value.  As an inference
+    entry's, its inputs read what a dict-version gate holds on the check's own pass
+    (dict_guards.right_after_check: the API runs an entry right after its check)."""
+    get_inputs = right_after_check(get_inputs)
     apply = compat.function_apply(CompiledGraphFunction)
     if not step.written:
         def run(frame: tuple) -> Any:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 import torch
@@ -49,6 +50,16 @@ def make_net() -> torch.nn.Module:
 
     torch.manual_seed(0)
     return Net().eval()
+
+
+def compiled_net(needs_versions: bool = False) -> tuple[torch.nn.Module, Any]:
+    """A fresh :func:`make_net` and its compiled form (C++ backend), after a reset;
+    ``needs_versions``: the test is skipped where there are no dict versions."""
+    if needs_versions and compat.DICT_VERSION is None:
+        pytest.skip("no dict versions on this Python / PyTorch: every check runs")
+    minicompile.reset()
+    net = make_net()
+    return net, minicompile.compile(net, backend="cpp")
 
 
 def _set_global(value: float) -> None:
@@ -114,11 +125,7 @@ def test_mutation_after_compiled_calls_matches_eager(change: str, backend: str) 
 def test_covered_checks_are_skipped() -> None:
     """Module, parameter and hook checks run only when a dict they read moved; the
     identity of the module, the input's checks and the tensor metadata run every call."""
-    if compat.DICT_VERSION is None:
-        pytest.skip("no dict versions on this Python / PyTorch: every check runs")
-    minicompile.reset()
-    net = make_net()
-    compiled = minicompile.compile(net, backend="cpp")
+    net, compiled = compiled_net(needs_versions=True)
     with torch.no_grad():
         compiled(torch.randn(3, 4))
         compiled(torch.randn(3, 4))
@@ -144,9 +151,7 @@ def test_a_dict_written_every_call_stops_being_recorded() -> None:
     """A loop that writes an attribute of the module between calls moves its ``__dict__``
     every call: after two moves that dict is left out (the checks through it run every
     call) and the gate stops recording, with eager's values throughout."""
-    minicompile.reset()
-    net = make_net()
-    compiled = minicompile.compile(net, backend="cpp")
+    net, compiled = compiled_net()
     with torch.no_grad():
         for step in range(8):
             net.step = step  # (read by nothing compiled)
@@ -166,9 +171,7 @@ def test_a_dict_written_now_and_then_stays_covered() -> None:
     """An attribute written once per many calls (an epoch's ``eval()``, what ``generate``
     sets per call) moves the module's ``__dict__`` now and then: each record pays for
     itself, so the dict is never counted as churning and its checks stay covered."""
-    minicompile.reset()
-    net = make_net()
-    compiled = minicompile.compile(net, backend="cpp")
+    net, compiled = compiled_net()
     skipped = []
     with torch.no_grad():
         for epoch in range(CHURN + 2):
@@ -191,11 +194,7 @@ def test_inputs_read_what_is_held_only_right_after_a_fast_pass() -> None:
     """get_inputs reads the parameters the gate holds only on the arguments whose check
     just passed the fast function, the dicts unchanged since: a parameter replaced in
     between, or other arguments, are read by their paths."""
-    if compat.DICT_VERSION is None:
-        pytest.skip("no dict versions on this Python / PyTorch: every check runs")
-    minicompile.reset()
-    net = make_net()
-    compiled = minicompile.compile(net, backend="cpp")
+    net, compiled = compiled_net(needs_versions=True)
     x = torch.randn(3, 4)
     torch.set_grad_enabled(False)
     try:
@@ -233,11 +232,7 @@ def test_a_run_reads_what_is_held_on_its_own_check_pass_only() -> None:
     """An entry's run, which the API calls right after its check passed, reads the held
     parameters on that pass alone (the versions are not compared again); a run after no
     pass of its own reads by paths; a parameter replaced between calls is read anew."""
-    if compat.DICT_VERSION is None:
-        pytest.skip("no dict versions on this Python / PyTorch: every check runs")
-    minicompile.reset()
-    net = make_net()
-    compiled = minicompile.compile(net, backend="cpp")
+    net, compiled = compiled_net(needs_versions=True)
     with torch.no_grad():
         for _ in range(3):
             compiled(torch.randn(3, 4))

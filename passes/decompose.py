@@ -9,6 +9,7 @@ matches PyTorch's own kernels.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Callable
 from typing import Any
@@ -101,16 +102,22 @@ def _clamp(b: _Builder, x: Node, min: Any = None, max: Any = None) -> Node:
 
 def _hardtanh(b: _Builder, x: Node, min_val: float = -1.0, max_val: float = 1.0,
               inplace: bool = False) -> Node | None:
-    """``F.hardtanh`` (nn.ReLU6's call): clamp, with the gradient of eager's vectorised
-    kernel: one strictly between the bounds, else zero (NaN too; its scalar tail loop
-    passes NaN's gradient)."""
+    """``F.hardtanh`` (nn.ReLU6's call): clamp, with the gradient of eager's kernel: one
+    strictly between the bounds, zero at them (clamp's is one) and beyond; at NaN, the
+    device's convention (zero in the CPU's vectorised kernel, one on CUDA)."""
     if not x.meta.dtype.is_floating_point:  # type: ignore[union-attr]
         return None
     lo, hi = float(min_val), float(max_val)
     out = b("where", b("lt", x, lo), lo, b("where", b("gt", x, hi), hi, x))
-    if b.requires_grad:
-        out = b("where", b("logical_and", b("gt", x, lo), b("lt", x, hi)), out, b("detach", out))
-    return out
+    if not b.requires_grad:
+        return out
+    at_lo, at_hi, at_nan = _corner_gradients(b, "hardtanh", (lo, hi), (0.0, 0.0, 0.0))
+    if at_lo not in (0.0, 1.0) or at_hi not in (0.0, 1.0) or at_nan not in (0.0, 1.0):
+        return None
+    passes = b("logical_and", b("ge" if at_lo else "gt", x, lo), b("le" if at_hi else "lt", x, hi))
+    if at_nan:
+        passes = b("logical_or", passes, b("ne", x, x))
+    return b("where", passes, out, b("detach", out))
 
 
 def _relu6(b: _Builder, x: Node, inplace: bool = False) -> Node | None:
@@ -118,32 +125,69 @@ def _relu6(b: _Builder, x: Node, inplace: bool = False) -> Node | None:
 
 
 def _hardswish(b: _Builder, x: Node, inplace: bool = False) -> Node | None:
-    """``x * clamp(x + 3, 0, 6) / 6`` as eager computes it, one branch of its backward's
-    (zero up to -3, ``x / 3 + 1/2`` below 3, one from 3 and through NaN) per interval."""
+    """``x * clamp(x + 3, 0, 6) / 6`` as eager computes it: zero below -3, ``x (x + 3) / 6``
+    between, ``x`` above, each corner's and NaN's gradient the device's convention (the
+    CPU's vectorised kernel and PyTorch 2.11's CUDA kernel: zero at -3, one at 3 and at NaN;
+    PyTorch's main branch on CUDA: -1/2 at -3, 3/2 at 3)."""
     if not x.meta.dtype.is_floating_point:  # type: ignore[union-attr]
         return None
+    at_lo, at_hi, at_nan = _corner_gradients(b, "hardswish", (), (0.0, 1.0, 1.0))
+    if at_lo not in (0.0, -0.5) or at_hi not in (1.0, 1.5) or at_nan not in (0.0, 1.0):
+        return None
     x = b.opmath(x)
-    low = b("truediv", b("mul", x, 0.0), 6.0)  # (-inf gives NaN, as eager's)
-    inside = b("logical_and", b("gt", x, -3.0), b("lt", x, 3.0))
-    # the middle branch's gradient (0 where not taken) times an infinite x would be NaN
+    low = b("le" if at_lo == 0 else "lt", x, -3.0)
+    inside = b("logical_and", b("gt" if at_lo == 0 else "ge", x, -3.0),
+               b("lt" if at_hi == 1 else "le", x, 3.0))  # (NaN is in no piece: the last)
+    # the middle piece's gradient (0 where not taken) times an infinite x would be NaN
     xm = b("where", inside, x, 0.0) if b.requires_grad else x
-    mid = b("truediv", b("mul", xm, b("add", xm, 3.0)), 6.0)
-    high = b("truediv", b("mul", x, 6.0), 6.0)
-    out = b("where", b("le", x, -3.0), low, b("where", inside, mid, high))
+    out = b("where", low, b("truediv", b("mul", x, 0.0), 6.0),  # (-inf gives NaN, as eager's)
+            b("where", inside, b("truediv", b("mul", xm, b("add", xm, 3.0)), 6.0),
+              b("truediv", b("mul", x, 6.0), 6.0)))
+    if b.requires_grad and at_nan == 0:
+        out = b("where", b("ne", x, x), b("detach", out), out)
     return b.restore(out)
 
 
 def _hardsigmoid(b: _Builder, x: Node, inplace: bool = False) -> Node | None:
-    """``clamp(x + 3, 0, 6) / 6``; its gradient is 1/6 strictly between -3 and 3, else
-    zero (NaN too)."""
+    """``clamp(x + 3, 0, 6) / 6``; its gradient is 1/6 strictly between -3 and 3 and zero
+    beyond; at the corners and NaN, the device's convention (zero on the CPU and CUDA)."""
     if not x.meta.dtype.is_floating_point:  # type: ignore[union-attr]
         return None
+    sixth = torch.tensor(1 / 6).item()  # (as float32 rounds it: the probe's value)
+    at_lo, at_hi, at_nan = _corner_gradients(b, "hardsigmoid", (), (0.0, 0.0, 0.0))
+    if not {at_lo, at_hi, at_nan} <= {0.0, sixth}:
+        return None
     x = b.opmath(x)
-    out = b("where", b("le", x, -3.0), 0.0,
-            b("where", b("ge", x, 3.0), 1.0, b("truediv", b("add", x, 3.0), 6.0)))
-    if b.requires_grad:
+    out = b("where", b("le" if at_lo == 0 else "lt", x, -3.0), 0.0,
+            b("where", b("ge" if at_hi == 0 else "gt", x, 3.0), 1.0,
+              b("truediv", b("add", x, 3.0), 6.0)))
+    if b.requires_grad and at_nan == 0:
         out = b("where", b("ne", x, x), b("detach", out), out)
     return b.restore(out)
+
+
+_CORNERS = {"hardtanh": lambda lo, hi: (lo, hi), "hardswish": lambda: (-3.0, 3.0),
+            "hardsigmoid": lambda: (-3.0, 3.0)}
+
+
+def _corner_gradients(b: _Builder, name: str, args: tuple, cpu: tuple[float, ...]
+                      ) -> tuple[float, ...]:
+    """Eager's gradient of ``F.<name>(x, *args)`` at its two corners and at NaN, on the
+    decomposed node's device.  These are each kernel's own conventions: the CPU's vectorised
+    kernels, CUDA's and each release's differ.  On the CPU they are ``cpu`` (a probe of
+    three values would run the scalar tail loop instead)."""
+    device = b.origin.meta.device  # type: ignore[union-attr]
+    if not b.requires_grad or device.type == "cpu":
+        return cpu
+    return _probe(name, str(device), args)
+
+
+@functools.cache
+def _probe(name: str, device: str, args: tuple) -> tuple[float, ...]:
+    x = torch.tensor([*_CORNERS[name](*args), math.nan], device=device, requires_grad=True)
+    with torch.enable_grad():
+        getattr(torch.nn.functional, name)(x, *args).sum().backward()
+    return tuple(x.grad.tolist())  # type: ignore[union-attr]
 
 
 def _filled(value: bool) -> Callable[..., Node | None]:
@@ -176,28 +220,12 @@ FILLED = {"torch.Tensor.new_ones": _filled(True), "torch.Tensor.new_zeros": _fil
 # Library calls the capture keeps (their torch.nn.functional names) that are pointwise:
 # fused, where the library call would be a kernel of its own and, in training, recorded
 # for autograd with a backward call of its own.
-_ACTIVATIONS: dict[str, Callable[..., Node | None]] = {
+ACTIVATION_DECOMPOSITIONS: dict[str, Callable[..., Node | None]] = {
     "torch.nn.functional.hardtanh": _hardtanh,
     "torch.nn.functional.relu6": _relu6,
     "torch.nn.functional.hardswish": _hardswish,
     "torch.nn.functional.hardsigmoid": _hardsigmoid,
 }
-
-
-def _on_cpu_or_without_gradient(rule: Callable[..., Node | None]) -> Callable[..., Node | None]:
-    """The hard activations' gradients above are the CPU kernels' conventions at their
-    corners and NaN; CUDA's kernels and older releases differ there (PyTorch 2.11 on an
-    H200: hardtanh passes NaN's gradient).  Where a gradient flows off the CPU, the
-    library call keeps the device's own."""
-    def decompose(b: _Builder, x: Node, *args: Any, **kwargs: Any) -> Node | None:
-        if b.requires_grad and x.meta.device.type != "cpu":  # type: ignore[union-attr]
-            return None
-        return rule(b, x, *args, **kwargs)
-    return decompose
-
-
-ACTIVATION_DECOMPOSITIONS = {name: _on_cpu_or_without_gradient(rule)
-                             for name, rule in _ACTIVATIONS.items()}
 
 
 def _lay_out_as(out: Node, meta: TensorMeta, start: int) -> None:

@@ -1,8 +1,9 @@
 """hardtanh, relu6, hardswish and hardsigmoid (passes/decompose.py; mobilenet_v2's
 nn.ReLU6, mobilenetv3's nn.Hardswish and its squeeze-excite gate): pointwise ops fused into
-one kernel with their neighbours, and eager's gradients at the corners (zero at hardtanh's
-bounds, where clamp's is one).  Values against eager on both backends, corners, NaN and
-infinities included, twice with fresh inputs."""
+one kernel with their neighbours, with a gradient too, and eager's gradients at the corners
+and NaN (each device's kernels have their own there; zero at hardtanh's bounds, where
+clamp's is one).  Values against eager on both backends, corners, NaN and infinities
+included, twice with fresh inputs."""
 
 from __future__ import annotations
 
@@ -67,6 +68,9 @@ def test_gradient_is_eagers_at_the_corners(name: str, backend: str) -> None:
         g = torch.randn_like(ref)
         torch.testing.assert_close(torch.autograd.grad(out, x, g)[0],
                                    torch.autograd.grad(ref, x_ref, g)[0])
+    # fused with a gradient too, on every device (no library call recorded for autograd):
+    # one forward kernel, one backward kernel
+    assert minicompile.stats()["kernels"] == 2, minicompile.stats()
 
 
 def test_hardtanh_bounds_eager_refuses_are_refused_at_the_call(backend: str) -> None:

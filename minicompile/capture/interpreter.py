@@ -153,6 +153,9 @@ class InstructionTranslator(
 
     @kinds.truthy.register(TensorVar)
     def tensor_truthy(self, var: TensorVar) -> bool:
+        decided = _decided_by_range(var.node)
+        if decided is not None:
+            return decided
         raise Unsupported("data-dependent branch: `if` on a tensor value is not supported",
                           hint="use torch.where")
 
@@ -282,3 +285,30 @@ for _kind in (TupleVar, ListVar, DictVar):
     kinds.truthy.register(_kind, lambda tx, var: len(var.items) > 0)
 for _kind in (NestedFunctionVar, MethodVar, PartialVar):
     kinds.truthy.register(_kind, lambda tx, var: True)
+
+
+# Ops whose every value lies in a known closed range (torch.rand's [0, 1), closed for
+# the low-precision roundings that reach 1).
+_RANGES = {"torch.rand": (0.0, 1.0), "torch.rand_like": (0.0, 1.0)}
+# comparison: (true for every value in [lo, hi] against c, false for every one)
+_COMPARE = {"lt": (lambda lo, hi, c: hi < c, lambda lo, hi, c: lo >= c),
+            "le": (lambda lo, hi, c: hi <= c, lambda lo, hi, c: lo > c),
+            "gt": (lambda lo, hi, c: lo > c, lambda lo, hi, c: hi <= c),
+            "ge": (lambda lo, hi, c: lo >= c, lambda lo, hi, c: hi < c)}
+
+
+def _decided_by_range(node: Any) -> bool | None:
+    """The truth of a one-element comparison of a random draw with a Python number that its
+    range decides for every draw, else None: transformers' LayerDrop, ``if torch.rand([]) <
+    self.layerdrop`` with ``layerdrop == 0.0``, never skips a layer (Dynamo breaks there).
+    The draw stays in the graph, so the random stream is eager's."""
+    if node.target not in _COMPARE or len(node.args) != 2 or node.kwargs:
+        return None
+    draw, bound = node.args
+    if (getattr(draw, "target", None) not in _RANGES or isinstance(bound, bool)
+            or not isinstance(bound, (int, float)) or any(s != 1 for s in node.meta.shape)):
+        return None
+    always, never = _COMPARE[node.target]
+    lo, hi = _RANGES[draw.target]
+    return True if always(lo, hi, bound) else False if never(lo, hi, bound) else None
+

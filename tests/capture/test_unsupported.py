@@ -92,6 +92,34 @@ def test_if_on_tensor() -> None:
     assert e.stack[-1].text == "if x > 0:"
 
 
+@pytest.mark.parametrize("layerdrop", [0.0, -0.5, 1.0, 2.0])
+def test_layerdrop_branch_on_a_draw_its_range_decides(layerdrop: float) -> None:
+    """transformers' LayerDrop (BART, 5.17): ``torch.rand([]) < layerdrop`` is decided by
+    the draw's range where it can be (0.0: never skip), with eager's random stream; a bound
+    inside the range (or at its end, 1.0) is a data-dependent branch, as before."""
+    import minicompile
+
+    def layers(x):
+        kept = x
+        for _ in range(2):
+            if torch.rand([]) < layerdrop:  # skip the layer
+                continue
+            kept = kept * 2 + 1
+        return kept + torch.rand(3)  # the stream after the draws is eager's
+
+    minicompile.reset()
+    compiled = minicompile.compile(layers)
+    for seed in (1, 2, 3):
+        x = torch.randn(3)
+        torch.manual_seed(seed)
+        got = compiled(x)
+        torch.manual_seed(seed)
+        torch.testing.assert_close(got, layers(x))
+    stats = minicompile.stats()
+    whole = (stats["graphs"], stats["graph_breaks"], stats["eager_fallbacks"]) == (1, 0, 0)
+    assert whole == (layerdrop <= 0.0 or layerdrop > 1.0), stats
+
+
 def test_shape_error_runs_eagerly() -> None:
     e = unsupported(lambda a, b: a + b, torch.ones(2, 3), torch.ones(4))
     assert e.reason.startswith("add: eager PyTorch raises RuntimeError")

@@ -23,7 +23,7 @@ from minicompile.graph import Node
 from minicompile.op_table import ROWS, ZERO
 
 from minicompile.passes.layout import overlaps, plain, same_layout
-from minicompile.runtime.autograd import conv_backward
+from minicompile.runtime.autograd import conv_backward, embedding_backward, max_pool2d_backward
 
 Rule = Callable[..., tuple]
 
@@ -428,6 +428,53 @@ def conv_rule(d: Any, node: Node, g: Node) -> list | None:
     return [(arg, d.item(call, j)) for j, arg in enumerate(needed)]
 
 
+def _ints(v: Any, n: int) -> list[int] | None:
+    """A window argument as ``n`` ints (``3`` -> ``[3, 3]``), None if it is anything else."""
+    v = list(v) if isinstance(v, (tuple, list)) else [v] * n
+    return v if len(v) == n and all(type(i) is int for i in v) else None
+
+
+def max_pool2d_rule(d: Any, node: Node, g: Node) -> list | None:
+    """F.max_pool2d(x, kernel, stride, padding, dilation, ceil_mode) without indices: ATen's
+    backward kernel, its indices found again from x (runtime/autograd.max_pool2d_backward)."""
+    names = ("input", "kernel_size", "stride", "padding", "dilation", "ceil_mode",
+             "return_indices")
+    bound = {"stride": None, "padding": 0, "dilation": 1, "ceil_mode": False,
+             **dict(zip(names, node.args)), **node.kwargs}
+    x = bound.get("input")
+    kernel = _ints(bound.get("kernel_size"), 2)
+    window = [kernel, _ints(bound["stride"] or bound.get("kernel_size"), 2),
+              _ints(bound["padding"], 2), _ints(bound["dilation"], 2)]
+    if (not isinstance(x, Node) or bound.get("return_indices") or None in window
+            or not isinstance(bound["ceil_mode"], bool)):
+        return None
+    return [(x, d.extern(max_pool2d_backward, g, d.fwd(x), *window, bound["ceil_mode"]))]
+
+
+def embedding_rule(d: Any, node: Node, g: Node) -> list | None:
+    """F.embedding(indices, weight, padding_idx, ...): ATen's dense backward for the weight
+    (runtime/autograd.embedding_backward); None (PyTorch's autograd) for max_norm (it
+    renormalises the weight in place), sparse gradients or a symbolic row count."""
+    names = ("input", "weight", "padding_idx", "max_norm", "norm_type", "scale_grad_by_freq",
+             "sparse")
+    bound = {"padding_idx": None, "max_norm": None, "scale_grad_by_freq": False,
+             "sparse": False, **dict(zip(names, node.args)), **node.kwargs}
+    indices, w, pad = bound.get("input"), bound.get("weight"), bound["padding_idx"]
+    if not (isinstance(indices, Node) and isinstance(w, Node)) or w.meta.ndim != 2:
+        return None
+    rows = w.meta.shape[0]
+    if (bound["max_norm"] is not None or bound["sparse"] is not False or not rows.is_Integer
+            or not (pad is None or type(pad) is int)
+            or not isinstance(bound["scale_grad_by_freq"], bool)):
+        return None
+    rows = int(rows)
+    pad = -1 if pad is None else pad + rows if pad < 0 else pad  # (as F.embedding passes it)
+    if not d.needs(w):
+        return []
+    return [(w, d.extern(embedding_backward, g, d.fwd(indices), rows, pad,
+                         bound["scale_grad_by_freq"]))]
+
+
 LIBRARY_RULES: dict[str, Callable[..., list | None]] = {
     "torch.matmul": matmul_rule,
     "torch.Tensor.matmul": matmul_rule,
@@ -441,6 +488,9 @@ LIBRARY_RULES: dict[str, Callable[..., list | None]] = {
     "torch.Tensor.addmm": addmm_rule,
     **{f"{prefix}.conv{n}d": conv_rule
        for prefix in ("torch.nn.functional", "torch") for n in (1, 2, 3)},
+    "torch.nn.functional.max_pool2d": max_pool2d_rule,
+    "torch.max_pool2d": max_pool2d_rule,
+    "torch.nn.functional.embedding": embedding_rule,
 }
 
 

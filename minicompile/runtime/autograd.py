@@ -105,6 +105,22 @@ def conv_backward(grad: torch.Tensor, x: torch.Tensor, w: torch.Tensor, bias: bo
     return tuple(g for g, wanted in zip(grads, mask) if wanted)
 
 
+def max_pool2d_backward(grad: torch.Tensor, x: torch.Tensor, *window: Any) -> torch.Tensor:
+    """The gradient of ``F.max_pool2d(x, *window)`` by ATen's backward kernel (eager's), its
+    indices found again from ``x`` (one pooling kernel): no forward recorded for autograd
+    and no nested backward (on a GPU host, record + vjp cost more than the pooling)."""
+    _, indices = torch.ops.aten.max_pool2d_with_indices(x, *window)
+    return torch.ops.aten.max_pool2d_with_indices_backward(grad, x, *window, indices)
+
+
+def embedding_backward(grad: torch.Tensor, indices: torch.Tensor, rows: int, padding_idx: int,
+                       scale_grad_by_freq: bool) -> torch.Tensor:
+    """The weight's gradient of ``F.embedding(indices, weight)``: ATen's dense backward,
+    the kernel eager's backward runs."""
+    return torch.ops.aten.embedding_dense_backward(grad, indices, rows, padding_idx,
+                                                   scale_grad_by_freq)
+
+
 @dataclasses.dataclass
 class TrainingStep:
     """One graph's compiled forward and backward (fields: see passes.autograd.Joint), and

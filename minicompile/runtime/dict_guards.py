@@ -51,6 +51,7 @@ from minicompile.runtime.guard_paths import (
     plain_path,
 )
 from minicompile.runtime.guard_render import inputs_source, render
+from minicompile.runtime.tensor_checks import TENSOR_CHECKS
 
 DICTS = (dict, OrderedDict)
 IMMUTABLE = frozenset({type(None), bool, int, float, complex, str, bytes, range, torch.dtype,
@@ -170,7 +171,8 @@ class DictGate:
             return
         holder = Holder(reader, g.params, g.namespace)
         skip = set(covered)
-        exprs = [holder.hold(c.expr) if i not in skip else "" for i, c in enumerate(g.run_checks)]
+        exprs = [holder.hold_check(c.expr, g.tensors) if i not in skip else ""
+                 for i, c in enumerate(g.run_checks)]
         items = [holder.hold(e) for e in self.items or ()]
         key = (tuple(covered), tuple(holder.paths))
         first = [holder.hold(f"{_text(path)} is {HELD}[{_GATES}][{k}]")
@@ -272,6 +274,13 @@ class Holder:
             expr = f"{expr[:start]}{HELD}[{k}]{expr[end:]}"  # (ast.unparse: 4x slower)
         return expr
 
+    def hold_check(self, expr: str, tensors: Any) -> str:
+        """:meth:`hold`; the call of the TensorChecks ``tensors`` (or None) path by path (a
+        model's: hundreds of paths, read plainly, not parsed as one call)."""
+        if tensors is None or expr != tensors.call:
+            return self.hold(expr)
+        return f"{TENSOR_CHECKS}({', '.join(self.hold(path) for path in tensors.paths)})"
+
     def visit(self, node: ast.AST) -> ast.AST:
         if isinstance(node, (ast.Lambda, ast.ListComp, ast.SetComp, ast.DictComp,
                              ast.GeneratorExp)):
@@ -331,14 +340,20 @@ class Reader:
         self.memo: dict[Path, tuple[Any, Any] | None] = {}
         self.roots = {root for root, _ in gates}  # (other paths from a parameter read nothing)
         self.gathered: set[int] = set()  # chains (kept alive by the memo) gathered already
+        # id(path) -> the path (alive while it is here), its read, whether it is a gate:
+        # found without hashing the path, as the memo must.
+        self.by_id: dict[int, tuple[Path, Any, bool]] = {}
 
     def cover(self, reads: list[tuple[Path, int]], dicts: dict[int, Any]) -> bool:
         """Whether the dicts fix what a check reads (False where something else could
         change it); if so they go into ``dicts`` (by id)."""
         chains, extras = [], []
         for path, mode in reads:
-            got = self.read(path)
-            if got is None or (mode != IDENTITY and path in self.gates):
+            seen = self.by_id.get(id(path))  # (a warm entry's checks share their paths)
+            if seen is None or seen[0] is not path:
+                seen = self.by_id[id(path)] = (path, self.read(path), path in self.gates)
+            _, got, gate = seen
+            if got is None or (mode != IDENTITY and gate):
                 return False  # (a gate: its identity, which runs every call, fixes only that)
             value, chain = got
             chains.append(chain)

@@ -255,8 +255,15 @@ class Holder:
         self.index: dict[Path, int] = {}
         self.paths: list[Path] = []
         self.spans: list[tuple[int, int, int]] = []  # (start, end, k) of each path held
+        self.done: dict[str, str] = {}  # each expression held: the same each time
 
     def hold(self, expr: str) -> str:
+        done = self.done.get(expr)  # (a model's parameters: inputs, and in tensor checks)
+        if done is None:
+            done = self.done[expr] = self._hold(expr)
+        return done
+
+    def _hold(self, expr: str) -> str:
         path = plain_path(expr, self.params, self.namespace)  # (a model's inputs: most)
         if path is not None and self.held(path):
             return f"{HELD}[{self.index[path]}]"

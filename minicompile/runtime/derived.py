@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import functools
 import operator
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -112,17 +112,23 @@ def _run_json(nodes: list, frees: dict[int, list[int]], inputs: list) -> tuple:
     return ()
 
 
-def _reads(value: Any) -> Iterator[int]:
-    """The nodes a value of graph_to_json's form refers to."""
-    if isinstance(value, list):
-        for v in value:
-            yield from _reads(v)
-    elif isinstance(value, dict):
-        ((kind, item),) = value.items()
-        if kind == "node":
-            yield item
-        elif kind in ("tuple", "dict"):
-            yield from _reads(list(item.values()) if kind == "dict" else item)
+def _reads(value: Any) -> list[int]:
+    """The nodes a value of graph_to_json's form refers to (a loop, not nested generators:
+    a warm entry of densenet121 has 2,700 nodes' arguments to look through)."""
+    found, stack = [], [value]
+    while stack:
+        value = stack.pop()
+        if type(value) is list:
+            stack += reversed(value)
+        elif type(value) is dict:
+            ((kind, item),) = value.items()
+            if kind == "node":
+                found.append(item)
+            elif kind == "tuple":
+                stack += reversed(item)
+            elif kind == "dict":
+                stack += reversed(item.values())
+    return found
 
 
 def _decoded(value: Any, env: list) -> Any:

@@ -48,8 +48,10 @@ from minicompile.runtime.guard_paths import (
     NotCovered,
     Path,
     path_of,
+    plain_path,
 )
 from minicompile.runtime.guard_render import inputs_source, render
+from minicompile.runtime.tensor_checks import TENSOR_CHECKS
 
 DICTS = (dict, OrderedDict)
 IMMUTABLE = frozenset({type(None), bool, int, float, complex, str, bytes, range, torch.dtype,
@@ -60,6 +62,7 @@ CHURN = 2  # such records a dict has moved at after which no check is covered th
 NATIVE_AFTER = 64  # fast calls after which the versions are compared in C (dict_versions)
 ARGUMENTS_PAY = 4  # fast calls a record on a new argument's object must serve (else churn)
 _GATES = -1  # where in the held list the objects held from the arguments are
+_NOTHING = object()  # (no value: not read yet, or a step that would run code)
 
 
 class DictGate:
@@ -148,12 +151,14 @@ class DictGate:
         while True:  # the shortest paths checked by identity that nothing covers are gates
             reader = Reader(g.namespace, g.params, args, gates, churn)
             covered, dicts = [], {}
-            for i, reads in enumerate(self.reads):
+            # Without gates no identity is covered (each reads from a parameter): where there
+            # are some, this pass only finds them all, and they are known (a model: 0.01 s).
+            known = not gates and self.identities and not any(
+                path[0] in g.namespace for path, _ in self.identities.values())
+            for i, reads in enumerate(() if known else self.reads):
                 gate = i in self.identities and self.identities[i][0] in gates
-                got = reader.cover(reads) if reads is not None and not gate else None
-                if got is not None:
+                if reads is not None and not gate and reader.cover(reads, dicts):
                     covered.append(i)
-                    dicts.update((id(d), d) for d in got)
             more = [self.identities[i] for i in self.identities.keys() - set(covered)
                     if self.identities[i][0] not in gates]
             arguments = not more and self.arguments_moved < CHURN
@@ -170,7 +175,8 @@ class DictGate:
             return
         holder = Holder(reader, g.params, g.namespace)
         skip = set(covered)
-        exprs = [holder.hold(c.expr) if i not in skip else "" for i, c in enumerate(g.run_checks)]
+        exprs = [holder.hold_check(c.expr, g.tensors) if i not in skip else ""
+                 for i, c in enumerate(g.run_checks)]
         items = [holder.hold(e) for e in self.items or ()]
         key = (tuple(covered), tuple(holder.paths))
         first = [holder.hold(f"{_text(path)} is {HELD}[{_GATES}][{k}]")
@@ -179,7 +185,7 @@ class DictGate:
         if key not in self.functions:
             self.functions[key] = self.render(exprs, first), self.render_inputs(items)
         for path in holder.paths:
-            dicts.update((id(d), d) for d in reader.read(path)[1])  # type: ignore[index]
+            reader.gather(reader.read(path)[1], dicts)  # type: ignore[index]
         self.fast, self.fast_inputs = self.functions[key]
         self.dicts = tuple(d for d in dicts.values() if d)
         self.empties = tuple(d for d in dicts.values() if not d)
@@ -253,8 +259,18 @@ class Holder:
         self.index: dict[Path, int] = {}
         self.paths: list[Path] = []
         self.spans: list[tuple[int, int, int]] = []  # (start, end, k) of each path held
+        self.done: dict[str, str] = {}  # each expression held: the same each time
 
     def hold(self, expr: str) -> str:
+        done = self.done.get(expr)  # (a model's parameters: inputs, and in tensor checks)
+        if done is None:
+            done = self.done[expr] = self._hold(expr)
+        return done
+
+    def _hold(self, expr: str) -> str:
+        path = plain_path(expr, self.params, self.namespace)  # (a model's inputs: most)
+        if path is not None and self.held(path):
+            return f"{HELD}[{self.index[path]}]"
         try:
             tree = ast.parse(expr, mode="eval")
         except SyntaxError:
@@ -269,16 +285,19 @@ class Holder:
             expr = f"{expr[:start]}{HELD}[{k}]{expr[end:]}"  # (ast.unparse: 4x slower)
         return expr
 
+    def hold_check(self, expr: str, tensors: Any) -> str:
+        """:meth:`hold`; the call of the TensorChecks ``tensors`` (or None) path by path (a
+        model's: hundreds of paths, read plainly, not parsed as one call)."""
+        if tensors is None or expr != tensors.call:
+            return self.hold(expr)
+        return f"{TENSOR_CHECKS}({', '.join(self.hold(path) for path in tensors.paths)})"
+
     def visit(self, node: ast.AST) -> ast.AST:
         if isinstance(node, (ast.Lambda, ast.ListComp, ast.SetComp, ast.DictComp,
                              ast.GeneratorExp)):
             return node  # (names bound inside)
         path = path_of(node, self.params, self.namespace)
-        if (path is not None and path[1] and path not in self.reader.gates
-                and self.reader.read(path) is not None):
-            if path not in self.index:
-                self.index[path] = len(self.paths)
-                self.paths.append(path)
+        if path is not None and self.held(path):
             self.spans.append((node.col_offset, node.end_col_offset,  # type: ignore[arg-type]
                                self.index[path]))
             return ast.Subscript(ast.Name(HELD, ast.Load()), ast.Constant(self.index[path]),
@@ -289,6 +308,15 @@ class Holder:
             elif isinstance(value, ast.AST):
                 setattr(node, field, self.visit(value))
         return node
+
+    def held(self, path: Path) -> bool:
+        """Whether ``path`` reads what dicts fix (then it is held, as ``__held__[index]``)."""
+        if not path[1] or path in self.reader.gates or self.reader.read(path) is None:
+            return False
+        if path not in self.index:
+            self.index[path] = len(self.paths)
+            self.paths.append(path)
+        return True
 
 
 def right_after_check(get_inputs: Any) -> Any:
@@ -310,7 +338,9 @@ def per_call(guards: Any) -> str:
 
 
 class Reader:
-    """Reads paths on one call's values, each prefix once, with the dicts that fix it."""
+    """Reads paths on one call's values, each prefix once, with the dicts that fix it: a
+    chain, ``(dicts of the last step, the parent's chain)`` or None, so that the dicts of
+    thousands of paths sharing prefixes are gathered once each (:meth:`gather`)."""
 
     def __init__(self, namespace: dict, params: list[str], args: tuple, gates: dict[Path, Any],
                  churn: set[int]) -> None:
@@ -318,41 +348,62 @@ class Reader:
         self.params = set(params)
         self.gates = gates  # paths checked by identity every call -> their objects
         self.churn = churn  # ids of dicts that keep moving
-        self.memo: dict[Path, tuple[Any, tuple] | None] = {}
+        self.memo: dict[Path, tuple[Any, Any] | None] = {}
+        self.roots = {root for root, _ in gates}  # (other paths from a parameter read nothing)
+        self.gathered: set[int] = set()  # chains (kept alive by the memo) gathered already
+        # id(path) -> the path (alive while it is here), its read, whether it is a gate:
+        # found without hashing the path, as the memo must.
+        self.by_id: dict[int, tuple[Path, Any, bool]] = {}
 
-    def cover(self, reads: list[tuple[Path, int]]) -> tuple | None:
-        """The dicts that fix what a check reads, or None where something else could
-        change it."""
-        dicts: tuple = ()
+    def cover(self, reads: list[tuple[Path, int]], dicts: dict[int, Any]) -> bool:
+        """Whether the dicts fix what a check reads (False where something else could
+        change it); if so they go into ``dicts`` (by id)."""
+        chains, extras = [], []
         for path, mode in reads:
-            got = self.read(path)
-            if got is None or (path in self.gates and mode != IDENTITY):
-                return None  # (a gate: its identity, which runs every call, fixes only that)
-            value, fixed = got
+            seen = self.by_id.get(id(path))  # (a warm entry's checks share their paths)
+            if seen is None or seen[0] is not path:
+                seen = self.by_id[id(path)] = (path, self.read(path), path in self.gates)
+            _, got, gate = seen
+            if got is None or (mode != IDENTITY and gate):
+                return False  # (a gate: its identity, which runs every call, fixes only that)
+            value, chain = got
+            chains.append(chain)
             if mode != IDENTITY:
                 extra = _content(value, mode)
                 if extra is None:
-                    return None
-                fixed += extra
-            dicts += fixed
-        return dicts
+                    return False
+                extras += extra
+        for chain in chains:
+            self.gather(chain, dicts)
+        dicts.update((id(d), d) for d in extras)
+        return True
 
-    def read(self, path: Path) -> tuple[Any, tuple] | None:
-        if path in self.memo:
-            return self.memo[path]
+    def gather(self, chain: Any, dicts: dict[int, Any]) -> None:
+        """The dicts of a chain :meth:`read` made into ``dicts``."""
+        while chain is not None and id(chain) not in self.gathered:
+            self.gathered.add(id(chain))
+            fixed, chain = chain
+            dicts.update((id(d), d) for d in fixed)
+
+    def read(self, path: Path) -> tuple[Any, Any] | None:
+        got = self.memo.get(path, _NOTHING)
+        if got is not _NOTHING:
+            return got
         root, steps = path
-        got: tuple[Any, tuple] | None = None
-        if path in self.gates:
-            got = (self.gates[path], ())
+        got = None
+        if root not in self.roots and root not in self.namespace:
+            pass  # (a parameter no gate is on, at once: the first record has no gates)
+        elif path in self.gates:
+            got = (self.gates[path], None)
         elif not steps:
-            got = (self.namespace[root], ()) if root in self.namespace else None
+            got = (self.namespace[root], None) if root in self.namespace else None
         else:
             parent = self.read((root, steps[:-1]))
             if parent is not None:
                 try:
                     value, fixed = _step(parent[0], *steps[-1])
-                    if not any(id(d) in self.churn for d in fixed):
-                        got = (value, parent[1] + fixed)
+                    if not (self.churn and any(id(d) in self.churn for d in fixed)):
+                        got = (value, (fixed, parent[1]) if fixed else parent[1])
                 except Exception:  # noqa: BLE001 - NotCovered; a user's __getattr__ raising
                     got = None
         self.memo[path] = got
@@ -429,8 +480,6 @@ def _of_arguments(reads: list, covered: list[int], reader: Reader, params: list[
                     break
     return list(found.items())
 
-
-_NOTHING = object()
 
 
 def _walk(obj: Any, kind: str, key: Any) -> Any:

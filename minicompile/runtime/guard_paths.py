@@ -14,11 +14,18 @@ from __future__ import annotations
 import ast
 import builtins
 import dataclasses
+import keyword
+import re
 from typing import Any
 
 IDENTITY, KEYS, VALUE = 0, 1, 2  # what of a value a check reads
 
 Path = tuple[str, tuple[tuple[str, Any], ...]]  # root name, steps ("attr" | "item" | "get", key)
+# A path written plainly: a name, then ``.attr``, ``['key']`` (printable ASCII, no quote or
+# backslash) or ``[int]`` steps, each ASCII and without spaces (what plain_path reads).
+_NAME = r"[A-Za-z_][A-Za-z0-9_]*"
+_PLAIN = re.compile(rf"{_NAME}(?:\.{_NAME}|\['[ -&(-\[\]-~]*'\]|\[(?:0|[1-9][0-9]*)\])*")
+_STEP = re.compile(rf"\.({_NAME})|\['([ -&(-\[\]-~]*)'\]|\[([0-9]+)\]")
 Reads = list[tuple[Path, int]]
 
 
@@ -161,6 +168,26 @@ def _builtin(node: ast.AST, namespace: dict) -> str | None:
             node.id, getattr(builtins, node.id)) is getattr(builtins, node.id):
         return node.id
     return None
+
+
+def plain_path(expr: str, params: set, namespace: dict) -> Path | None:
+    """``path_of(ast.parse(expr, mode="eval").body)`` for an ``expr`` that is a path written
+    plainly (a parameter's ``L_self._modules['fc']._parameters['weight']``: most of what a
+    model's entry reads), without parsing it (a tenth of the time); None for any other
+    ``expr``, which the caller parses."""
+    if not _PLAIN.fullmatch(expr):
+        return None
+    root = re.match(_NAME, expr).group()  # type: ignore[union-attr]
+    if keyword.iskeyword(root) or (root not in params and root not in namespace):
+        return None
+    steps = []
+    for m in _STEP.finditer(expr, len(root)):
+        attr, key, index = m.groups()
+        if attr is not None and keyword.iskeyword(attr):
+            return None
+        steps.append(("attr", attr) if attr is not None else ("item", key) if key is not None
+                     else ("item", int(index)))
+    return root, tuple(steps)
 
 
 def path_of(node: ast.AST, params: set, namespace: dict) -> Path | None:

@@ -200,7 +200,10 @@ class _Parser:
 
 def _step(m: re.Match) -> str:
     """A step as ast.unparse writes it: by value (``["a"]`` is ``['a']``)."""
-    return f".{m[1]}" if m[1] else f"[{ast.literal_eval(m[2])!r}]"
+    if m[1]:
+        return f".{m[1]}"
+    # (an int is written as literal_eval's repr writes it already: _INT has no leading 0)
+    return f"[{m[2]}]" if m[2][0].isdigit() else f"[{ast.literal_eval(m[2])!r}]"
 
 
 def _prefixes(root: str, steps: Iterable[str]) -> tuple[str, ...]:

@@ -4,6 +4,7 @@ calls recompile or reuse code that still fits, and return eager's values."""
 
 from __future__ import annotations
 
+import ast
 import json
 import sys
 from collections.abc import Callable
@@ -15,7 +16,7 @@ import torch
 import minicompile
 from minicompile import compat
 from minicompile.runtime.dict_guards import CHURN, RECORDS, right_after_check
-from minicompile.runtime.guard_paths import Analysis
+from minicompile.runtime.guard_paths import Analysis, path_of, plain_path
 
 SCALE = 2.0  # a global the forward reads
 
@@ -370,3 +371,20 @@ def test_what_checks_read_survives_json() -> None:
     assert back == analysis
     assert Analysis.from_json(analysis.to_json(), len(exprs) + 1) is None
     assert Analysis.of(["L_self._modules[b'fc'] is M"], ["L_self"], namespace).to_json() is None
+
+
+def test_paths_written_plainly_are_read_without_parsing() -> None:
+    """guard_paths.plain_path: a path written plainly is what ``ast`` makes of it; anything
+    else (other spellings, keywords, escapes, names the guards do not know) is left to it."""
+    params, namespace = {"L_self", "L_x"}, {"G": {}}
+    plain = ["L_self._modules['features']._modules['conv0']._parameters['weight']", "L_x",
+             "G['a b'][0].c", "L_self['a]b']['']", "L_self.match[10]"]
+    other = ["L_self[00]", "L_self[-1]", "L_self.None", "True.x", r"L_self['a\'b']",
+             "L_self['é']", "L_self .a", 'L_self["a"]', "H.x", "L_self[0x1]", "L_self[1_0]",
+             "L_self.f(1)", "L_self._modules['fc'] is G"]
+    for expr in plain + other:
+        got = plain_path(expr, params, namespace)
+        if expr in other:
+            assert got is None, expr
+        else:
+            assert got == path_of(ast.parse(expr, mode="eval").body, params, namespace), expr

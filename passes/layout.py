@@ -137,11 +137,6 @@ def overlaps(meta: TensorMeta, hints: dict) -> bool:
     return False
 
 
-def static(meta: TensorMeta) -> bool:
-    """Whether every size and stride of ``meta`` is a number."""
-    return all(sympy.sympify(v).is_Integer for v in (*meta.shape, *meta.stride))
-
-
 def same_layout(a: TensorMeta, b: TensorMeta) -> bool:
     """Equal strides along every dim longer than 1 (the others are never stepped along)."""
     return all(n == 1 or sympy.expand(x - y) == 0

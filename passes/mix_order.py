@@ -16,6 +16,8 @@ come back in dependency order.
 
 from __future__ import annotations
 
+import math
+
 import sympy
 import torch
 
@@ -138,9 +140,7 @@ def worth_mixing(row: FusedGroup, col: FusedGroup) -> int:
     space = row.space
     if len(space.reduced) != 1 or not _static(space.kept + space.reduced):
         return 0
-    rows = 1
-    for s in space.kept:
-        rows *= int(s)
+    rows = math.prod(int(s) for s in space.kept)
     columns = [b for b in row.buffers + col.buffers
                if getattr(place(b, space), "kind", None) == "column"]  # type: ignore[arg-type]
     if rows < MIN_ROWS or len(columns) > MAX_PARTS:

@@ -270,6 +270,18 @@ class Graph:
         return "\n".join(lines)
 
 
+def ancestors(nodes: Iterable[Node]) -> set[Node]:
+    """``nodes`` and every node they depend on."""
+    found: set[Node] = set()
+    todo = list(nodes)
+    while todo:
+        node = todo.pop()
+        if node not in found:
+            found.add(node)
+            todo.extend(node.inputs())
+    return found
+
+
 def copy_graph(graph: Graph, rewrite: Callable[[Graph, Node, Callable], Node | None],
                drop: Collection[Node] = ()) -> Graph:
     """Copy ``graph``; ``rewrite(new_graph, node, remap)`` may emit nodes and return the one

@@ -22,8 +22,7 @@ import sympy
 import torch
 
 from minicompile.ir import ComputedBuffer, Load, Reduce, walk
-from minicompile.spaces import (FusedGroup, Space, canonical, place, reduced_symbols,
-                                space_of, store_index)
+from minicompile.spaces import FusedGroup, Space, place, reduced_symbols, space_of, store_index
 
 from minicompile.passes.fusion import Memo, dependency_graph
 
@@ -54,7 +53,7 @@ def reads_along_rows(row: FusedGroup) -> bool:
     for b in row.buffers:
         placed = place(b, row.space)  # type: ignore[arg-type]
         if placed is not None and placed.kind == "reduction":
-            indices = [canonical(e.index, placed) for e in walk(b.body)  # type: ignore[union-attr]
+            indices = [placed.apply(e.index) for e in walk(b.body)  # type: ignore[union-attr]
                        if isinstance(e, Load)]
         elif placed is not None and placed.kind == "xr" and row.rows is not None:
             indices = [store_index(b, placed)]  # type: ignore[arg-type]

@@ -312,13 +312,8 @@ def _write(code: Any, library: Path, weights: list[torch.Tensor], cfg: config.Co
     return Exported(library, weights_file, runner, sources, cubins_file)
 
 
-# The oldest PyTorch export runs on.  The library reaches libtorch's C++ API and its
-# tensor handles (torch._C._aoti) directly.  tests/export passes on 2.13 and 2.14, and on
-# the GPU machine's 2.11 (Python 3.12) since the two failures seen there were fixed: a
-# dynamic linear's meta read numel() of symbolic sizes (meta rules now run under PyTorch's
-# Python dispatcher), and the segfault inside the loaded library was an iostream made on
-# every call (the library now builds its messages as plain strings, only on a failure).
-# tests/export/test_export_cuda.py runs there too; older releases get Unsupported.
+# The oldest PyTorch export runs on (tests/export passes on 2.11 to 2.14): the library
+# reaches libtorch's C++ API and its tensor handles (torch._C._aoti) directly.
 OLDEST_TORCH = (2, 11)
 
 

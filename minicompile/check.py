@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from minicompile.graph import Graph, Node, map_nodes
+from minicompile.graph import Graph, Node, ancestors, map_nodes
 from minicompile.ops import RANDOM_EXTERNS, run_graph
 from minicompile.user_errors import raise_at_node
 
@@ -68,22 +68,10 @@ def difference(actual: Any, expected: Any) -> str | None:
             f"{gap:.3g}, tolerance {tolerance:.3g})")
 
 
-def _ancestors(nodes: list[Node]) -> set[Node]:
-    """The calls ``nodes`` depend on, themselves included."""
-    needed: set[Node] = set()
-    todo = list(nodes)
-    while todo:
-        n = todo.pop()
-        if n not in needed and n.op == "call":
-            needed.add(n)
-            todo.extend(n.inputs())
-    return needed
-
-
 def prefix(graph: Graph, node: Node) -> Graph:
     """The part of ``graph`` that ``node`` depends on (every placeholder kept, in order),
     with ``node`` as its one output."""
-    needed = _ancestors([node])
+    needed = ancestors([node])
     cut = Graph(f"{graph.name}_to_{node.index}", graph.shapes)
     env: dict[Node, Node] = {}
     for n in graph.nodes:
@@ -100,7 +88,7 @@ def first_wrong_node(graph: Graph, outputs: list[Node], inputs: list, build: Bui
                      ) -> tuple[Node, str] | None:
     """The first node (graph order) among those ``outputs`` depend on whose compiled value
     differs from eager's, and how; None if each agrees when it is the graph's output."""
-    needed = _ancestors(outputs)
+    needed = ancestors(outputs)
     for node in graph.calls():
         if node not in needed or isinstance(node.meta, tuple):
             continue

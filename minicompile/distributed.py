@@ -65,9 +65,8 @@ def compiled_call(mod: torch.nn.Module, wrappers: dict, make: Callable[[Callable
     from minicompile.capture import training_ops  # (a break: capture is loaded already)
 
     forward = training_ops.module_forward(mod) or type(mod).forward
-    if not isinstance(forward, types.FunctionType) or "forward" in mod.__dict__:
-        return mod(*args, **kwargs)
-    if forward.__module__.split(".")[0] == "minicompile":  # an OptimizedModule: compiled
+    if (not isinstance(forward, types.FunctionType) or "forward" in mod.__dict__
+            or forward.__module__.split(".")[0] == "minicompile"):  # (OptimizedModule's)
         return mod(*args, **kwargs)
     if forward not in wrappers:
         trace.emit("graph_breaks", type(mod).__qualname__,

@@ -25,20 +25,12 @@ class OpDef:
     eager: Callable[..., Any]
 
 
-def _clamp(x: torch.Tensor, min: Any = None, max: Any = None) -> torch.Tensor:
-    return torch.clamp(x, min, max)
-
-
 def _gelu(x: torch.Tensor, approximate: str = "none") -> torch.Tensor:
     return F.gelu(x, approximate=approximate)
 
 
-def _to_dtype(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    return x.to(dtype)
-
-
 COMPOSITE: dict[str, Callable] = {"relu": torch.relu, "gelu": _gelu, "silu": F.silu,
-                                   "clamp": _clamp}
+                                   "clamp": torch.clamp}
 
 # Views, in normalised form: non-negative dims, slice bounds clamped to the size.
 VIEW: dict[str, Callable] = {
@@ -79,7 +71,7 @@ for _family, _table in (("composite", COMPOSITE), ("reduction", REDUCTION)):
         OPS[_name] = OpDef(_name, _family, _fn)
 # x.contiguous(): x itself when it already is, else a copy in row-major order.
 OPS["contiguous"] = OpDef("contiguous", "copy", lambda x: x.contiguous())
-OPS["to_dtype"] = OpDef("to_dtype", "cast", _to_dtype)
+OPS["to_dtype"] = OpDef("to_dtype", "cast", torch.Tensor.to)
 # detach(x): x's values, through which no gradient flows (the max that softmax subtracts).
 OPS["detach"] = OpDef("detach", "copy", torch.detach)
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import dataclasses
 import os.path
+from collections.abc import Callable
+from typing import Any
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,6 +48,17 @@ class Unsupported(Exception):
         if self.hint:
             text += f"\n  hint: {self.hint}"
         return text
+
+
+def attempt(what: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """``fn(*args, **kwargs)`` on the trace's values: an error it raises (eager's too) is
+    Unsupported, ``what`` naming the call."""
+    try:
+        return fn(*args, **kwargs)
+    except Unsupported:
+        raise
+    except Exception as e:
+        raise Unsupported(f"{what} raised {type(e).__name__}: {e}") from e
 
 
 class ShapeError(Unsupported):

@@ -50,15 +50,12 @@ class ExplainOutput:
         return sum(len(ops) for ops in self.ops_per_graph)
 
     def __str__(self) -> str:
-        lines = [
+        return "\n".join([
             f"Graph Count: {self.graph_count}   Graph Break Count: {self.graph_break_count}   "
-            f"Op Count: {self.op_count}   Eager Frames: {self.eager_frames}"
-        ]
-        for k, r in enumerate(self.break_reasons, 1):
-            lines.append(f"Break {k}  {r}")
-        for k, ops in enumerate(self.ops_per_graph):
-            lines.append(f"Graph {k}  ops: {', '.join(ops) or '(none)'}")
-        return "\n".join(lines)
+            f"Op Count: {self.op_count}   Eager Frames: {self.eager_frames}",
+            *(f"Break {k}  {r}" for k, r in enumerate(self.break_reasons, 1)),
+            *(f"Graph {k}  ops: {', '.join(ops) or '(none)'}"
+              for k, ops in enumerate(self.ops_per_graph))])
 
 
 def explain(fn: Callable | torch.nn.Module) -> Callable[..., ExplainOutput]:

@@ -250,9 +250,8 @@ class Graph:
         params = ", ".join(f"{n.target}: {n.meta}" for n in self.placeholders)
         lines = [f"{self.name}({params}):"]
         if self.shapes is not None:  # the size symbols, where they come from
-            for symbol, where in self.shapes.sources.items():
-                lines.append(f"    # {symbol} = {where.name}  (dynamic; traced with "
-                             f"{self.shapes.hints[symbol]})")
+            lines += [f"    # {s} = {where.name}  (dynamic; traced with {self.shapes.hints[s]})"
+                      for s, where in self.shapes.sources.items()]
         for n in self.nodes:
             if n.op == "placeholder":
                 lines.append(f"    %{n.index} = placeholder {n.target} : {n.meta}")
@@ -268,6 +267,18 @@ class Graph:
             else:
                 lines.append(f"    return {format_arg(n.args[0])}")
         return "\n".join(lines)
+
+
+def ancestors(nodes: Iterable[Node]) -> set[Node]:
+    """``nodes`` and every node they depend on."""
+    found: set[Node] = set()
+    todo = list(nodes)
+    while todo:
+        node = todo.pop()
+        if node not in found:
+            found.add(node)
+            todo.extend(node.inputs())
+    return found
 
 
 def copy_graph(graph: Graph, rewrite: Callable[[Graph, Node, Callable], Node | None],

@@ -41,11 +41,9 @@ def _part(value: Any) -> Any:
         return (dict, tuple((k, _part(v)) for k, v in value.items()))
     if isinstance(value, slice):
         return (slice, _part(value.start), _part(value.stop), _part(value.step))
-    if isinstance(value, (torch.SymInt, torch.SymFloat)):
-        raise _Uncacheable
     if isinstance(value, sympy.Integer):  # a static size
         return (sympy.Integer, int(value))
-    raise _Uncacheable  # a device (a copy to it), a symbolic size, anything else
+    raise _Uncacheable  # a device (a copy to it), a symbolic size or SymInt, anything else
 
 
 def key(name: str, args: tuple, kwargs: dict[str, Any], device: torch.device) -> tuple | None:

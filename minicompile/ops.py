@@ -276,10 +276,7 @@ def symbolic_context(values: Any) -> Any:
     if isinstance(values, TensorMeta):
         return values.shapes if values.is_symbolic else None
     if isinstance(values, (tuple, list)):
-        for v in values:
-            found = symbolic_context(v)
-            if found is not None:
-                return found
+        return next((found for v in values if (found := symbolic_context(v)) is not None), None)
     if isinstance(values, dict):
         return symbolic_context(tuple(values.values()))
     return None

@@ -61,17 +61,9 @@ def space_of(buf: ComputedBuffer) -> Space:
 
 def _onto(sizes: tuple, symbols: tuple, targets: tuple) -> dict | None:
     """Map the non-1 ``sizes`` (with ``symbols``) onto ``targets`` in order; 1s map to 0."""
-    mapping: dict = {}
-    k = 0
-    for size, sym in zip(sizes, symbols):
-        if size == 1:
-            mapping[sym] = ZERO
-        else:
-            mapping[sym] = targets[k] if k < len(targets) else None
-            k += 1
-    if k != len(targets) or any(v is None for v in mapping.values()):
-        return None
-    return mapping
+    rest = iter(targets)
+    mapping = {sym: ZERO if size == 1 else next(rest, None) for size, sym in zip(sizes, symbols)}
+    return None if next(rest, None) is not None or None in mapping.values() else mapping
 
 
 def _merged(sizes: tuple, symbols: tuple, targets: tuple, target_sizes: tuple) -> dict | None:
@@ -168,10 +160,6 @@ def store_index(buf: ComputedBuffer, placement: Placement) -> sympy.Expr:
     return placement.apply(buf.layout.index(dim_symbols(len(buf.layout.shape))))
 
 
-def canonical(expr_index: sympy.Expr, placement: Placement) -> sympy.Expr:
-    return placement.apply(expr_index)
-
-
 @dataclasses.dataclass
 class FusedGroup:
     key: int  # its vertex in the dependency DAG
@@ -216,13 +204,8 @@ class FusedGroup:
     def placements(self, space: Space | None = None) -> dict[str, Placement] | None:
         """Each member's placement in ``space`` (default: the group's), or None."""
         space = space or self.space
-        out = {}
-        for b in self.buffers:
-            placed = place(b, space)  # type: ignore[arg-type]
-            if placed is None:
-                return None
-            out[b.name] = placed
-        return out
+        out = {b.name: place(b, space) for b in self.buffers}  # type: ignore[arg-type]
+        return None if None in out.values() else out
 
 
 def aligned(reader: ComputedBuffer, reader_place: Placement,
@@ -232,7 +215,7 @@ def aligned(reader: ComputedBuffer, reader_place: Placement,
     want = store_index(writer, writer_place)
     for e in walk(reader.body):
         if isinstance(e, Load) and e.buffer == writer.name:
-            got = canonical(e.index, reader_place)
+            got = reader_place.apply(e.index)
             if got.free_symbols - want.free_symbols:
                 return False  # reads across the reduced dims of a row-level value
             if sympy.expand(got - want) != 0:

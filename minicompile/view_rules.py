@@ -5,8 +5,6 @@ value's index symbols through a view (reshape included) when there is no buffer 
 
 from __future__ import annotations
 
-from typing import Any
-
 import sympy
 import torch
 
@@ -37,7 +35,7 @@ def view_layout(base: Layout, node: Node, shapes: ShapeContext | None = None
         span = 1 + sum((n - 1) * abs(st) for n, st in zip(shape, stride)) if all(shape) else 1
         fake = torch.empty(offset + span, dtype=base.dtype, device="meta")
         fake = fake.as_strided(shape, stride, offset)
-        run, number = _call, sympy.Integer
+        run, number = (lambda fn, *a: fn(*a)), sympy.Integer
     try:
         if node.target == "reshape":
             out = run(fake.view, args[0])
@@ -47,10 +45,6 @@ def view_layout(base: Layout, node: Node, shapes: ShapeContext | None = None
         return None
     return Layout(tuple(map(number, out.shape)), tuple(map(number, out.stride())), base.dtype,
                   base.device, number(out.storage_offset()))
-
-
-def _call(fn: Any, *args: Any) -> Any:
-    return fn(*args)
 
 
 def view_mapping(node: Node, in_shape: tuple) -> dict:

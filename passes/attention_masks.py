@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from minicompile.graph import Graph, Node, copy_graph, map_nodes
+from minicompile.graph import Graph, Node, ancestors, copy_graph, map_nodes
 from minicompile.ops import RANDOM_EXTERNS, run_eager
 
 SDPA = "torch.nn.functional.scaled_dot_product_attention"
@@ -34,15 +34,9 @@ def _argument(node: Node, name: str, default: Any = None) -> Any:
 def _constant(mask: Node, needed: dict[Node, None]) -> torch.Tensor | None:
     """The value of ``mask`` if it depends on no input and no random draw (else None);
     ``needed`` gets the calls it was computed from."""
-    todo = [mask]
-    while todo:
-        n = todo.pop()
-        if n in needed:
-            continue
-        if n.op != "call" or n.target in RANDOM_EXTERNS:
-            return None
-        needed[n] = None
-        todo += list(n.inputs())
+    needed.update(dict.fromkeys(ancestors([mask])))
+    if any(n.op != "call" or n.target in RANDOM_EXTERNS for n in needed):
+        return None
     values: dict[Node, Any] = {}
     try:
         for n in sorted(needed, key=lambda n: n.index):

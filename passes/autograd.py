@@ -28,7 +28,7 @@ from minicompile.errors import Unsupported
 from minicompile.graph import Graph, Node, TensorMeta, copy_graph, flatten_nodes, map_nodes
 
 from minicompile.passes.derivatives import LIBRARY_RULES, RULES, add_gradients, cat_rule
-from minicompile.passes.layout import overlaps, static
+from minicompile.passes.layout import overlaps
 
 RECORD = "minicompile.runtime.autograd.record"
 VJP = "minicompile.runtime.autograd.vjp"
@@ -192,7 +192,7 @@ class Differentiator:
         cat = ops.cat_arguments(node) if node.target in ops.CAT_OPS else None
         stack = node.target == "torch.stack"
         if cat is not None and all(t.meta.ndim == node.meta.ndim - stack or not stack
-                                   and _legacy_empty(t) and not t.requires_grad
+                                   and tuple(t.meta.shape) == (0,) and not t.requires_grad
                                    for t in cat[0]):
             # (a legacy empty 1-d piece, which torch.cat skips, is ours if it takes no
             # gradient: a KV cache's first step; else PyTorch's)
@@ -279,16 +279,12 @@ def _library_input(node: Node) -> bool:
         u.op == "call" and ops.OPS[u.target].family == "extern" for u in node.users)
 
 
-def _legacy_empty(t: Node) -> bool:
-    return tuple(t.meta.shape) == (0,)
-
-
 def _grad_stride(meta: Any) -> tuple:
     """The strides a library call's gradient is read with: its input's, which PyTorch's
     backward kernels usually give it (attention's q, k, v gradients are slices of one
     buffer, as q, k, v are), or row-major where those overlap (an expanded input).  The
     wrapper copies a gradient that comes in other strides (``with_layout``)."""
-    if not static(meta) or overlaps(meta, {}):  # symbolic, or an expanded input
+    if meta.is_symbolic or overlaps(meta, {}):  # symbolic, or an expanded input
         return _row_major(meta.shape)
     return tuple(meta.stride)
 

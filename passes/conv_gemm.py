@@ -21,7 +21,7 @@ import torch
 
 from minicompile import ops
 from minicompile.graph import Graph, Node, TensorMeta, copy_graph
-from minicompile.passes.layout import CONV2D, contiguous, static
+from minicompile.passes.layout import CONV2D, contiguous
 from minicompile.runtime import conv_gemm
 
 MAX_PIXELS = 8  # output pixels (batch x height x width)
@@ -49,8 +49,8 @@ def as_product(node: Node) -> tuple[Node, Node, Node | None, tuple[int, int]] | 
         return None  # an argument this pass does not know
     x, w, meta = bound["input"], bound["weight"], node.meta
     tensors = [x, w] + ([bound["bias"]] if bound["bias"] is not None else [])
-    if not all(isinstance(t, Node) and isinstance(t.meta, TensorMeta) and static(t.meta)
-               for t in tensors) or not isinstance(meta, TensorMeta) or not static(meta):
+    if not all(isinstance(t, Node) and isinstance(t.meta, TensorMeta) and not t.meta.is_symbolic
+               for t in tensors) or not isinstance(meta, TensorMeta) or meta.is_symbolic:
         return None
     stride = pair(bound["stride"])
     if (meta.device.type != "cpu" or meta.dtype not in DTYPES or x.meta.ndim != 4

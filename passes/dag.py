@@ -10,8 +10,10 @@ descendants.  :meth:`Dag.topological_order`: smallest ``key`` first among the re
 
 from __future__ import annotations
 
+import functools
 import heapq
 from collections.abc import Callable, Iterable, Iterator
+from operator import or_
 from typing import Any
 
 
@@ -146,14 +148,8 @@ class Dag:
             below: dict[int, int] = {}
             above: dict[int, int] = {}
             for n in reversed(order):
-                mask = 0
-                for s in self.succ[n]:
-                    mask |= below[s] | 1 << s
-                below[n] = mask
+                below[n] = functools.reduce(or_, (below[s] | 1 << s for s in self.succ[n]), 0)
             for n in order:
-                mask = 0
-                for p in self.pred[n]:
-                    mask |= above[p] | 1 << p
-                above[n] = mask
+                above[n] = functools.reduce(or_, (above[p] | 1 << p for p in self.pred[n]), 0)
             self._below, self._above = below, above
         return self._below, self._above

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from minicompile import compat
-from minicompile.graph import Graph, Node, TensorMeta, flatten_nodes
+from minicompile.graph import Graph, Node, TensorMeta, copy_graph, flatten_nodes
 from minicompile.ir import LOW_PRECISION
 from minicompile.ops import infer_meta
 
@@ -236,19 +236,15 @@ def _lay_out_as(out: Node, meta: TensorMeta, start: int) -> None:
         out.meta = dataclasses.replace(out.meta, stride=meta.stride)
 
 
+_RULES = {**DECOMPOSITIONS, **ACTIVATION_DECOMPOSITIONS, **REDUCTION_DECOMPOSITIONS,
+          **LOSS_DECOMPOSITIONS, **VIEW_DECOMPOSITIONS, **FILLED}
+
+
 def decompose(graph: Graph) -> Graph:
     """Return a copy of ``graph`` with every composite op replaced by primitives."""
-    from minicompile.graph import copy_graph
 
     def rewrite(new: Graph, node: Node, remap: Callable) -> Node | None:
-        rule = (
-            DECOMPOSITIONS.get(node.target)
-            or ACTIVATION_DECOMPOSITIONS.get(node.target)
-            or REDUCTION_DECOMPOSITIONS.get(node.target)
-            or LOSS_DECOMPOSITIONS.get(node.target)
-            or VIEW_DECOMPOSITIONS.get(node.target)
-            or FILLED.get(node.target)
-        )
+        rule = _RULES.get(node.target)
         if rule is None:
             return None
         # A rule returns None for forms it leaves to the library call.

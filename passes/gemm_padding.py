@@ -23,7 +23,7 @@ import torch
 from minicompile import ops
 from minicompile.config import GEMM_PADDINGS as MODES
 from minicompile.graph import Graph, Node, TensorMeta, copy_graph
-from minicompile.passes.layout import contiguous, static
+from minicompile.passes.layout import contiguous
 from minicompile.runtime import gemm
 
 LINEAR, ADDMM, MM, MATMUL = ("torch.nn.functional.linear", "torch.addmm", "torch.mm",
@@ -54,7 +54,7 @@ def _plain_call(node: Node) -> tuple[Node, ...] | None:
             return None  # (a batched product: bmm)
     else:
         return None
-    if not all(isinstance(a, Node) and isinstance(a.meta, TensorMeta) and static(a.meta)
+    if not all(isinstance(a, Node) and isinstance(a.meta, TensorMeta) and not a.meta.is_symbolic
                for a in tensors):
         return None
     x = tensors[1] if node.target == ADDMM else tensors[0]
@@ -67,7 +67,7 @@ def _pads(node: Node, mode: str) -> bool:
     """Whether ``node``'s result is written into padded rows (see the module's doc)."""
     meta = node.meta
     if (not isinstance(meta, TensorMeta) or node.requires_grad or meta.ndim < 2
-            or not meta.dtype.is_floating_point or not static(meta)):
+            or not meta.dtype.is_floating_point or meta.is_symbolic):
         return False
     if mode == "auto" and (meta.device.type != "cuda" or meta.dtype not in AUTO_DTYPES):
         return False  # (CPU BLAS and cuBLAS's float32 kernels: not measured)

@@ -20,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 
 from minicompile import ops
-from minicompile.graph import Graph, Node, TensorMeta, map_nodes
+from minicompile.graph import Graph, Node, TensorMeta, ancestors, map_nodes
 from minicompile.library_layouts import CONVOLUTIONS
 
 # Op families whose compiled result is always a new tensor, never memory of an input.
@@ -133,17 +133,6 @@ def _derived_graph(graph: Graph, needed: set[Node], cut: list[Node]
     return derived, tuple(positions)
 
 
-def _ancestors(cut: list[Node]) -> set[Node]:
-    needed: set[Node] = set()
-    todo = list(cut)
-    while todo:
-        node = todo.pop()
-        if node not in needed:
-            needed.add(node)
-            todo += list(node.inputs())
-    return needed
-
-
 def _main_graph(graph: Graph, cut: list[Node], computed: set[Node]) -> Graph:
     """``graph`` reading the cut's values from new placeholders after its own; the calls
     of ``computed`` (the derived graph's) that nothing else reads are dropped."""
@@ -172,7 +161,7 @@ def hoist_parameter_values(graph: Graph, state: frozenset[int]) -> tuple[Hoisted
     const, cut = _cut(graph, state)
     if not cut:
         return None, ""
-    needed = _ancestors(cut)
+    needed = ancestors(cut)
     derived, positions = _derived_graph(graph, needed, cut)
     main = _main_graph(graph, cut, needed & const)
     text = (f"{len(cut)} values computed once from {len(positions)} parameters and buffers:\n"

@@ -42,10 +42,7 @@ def can_join(group: FusedGroup) -> tuple[bool, str]:
 
 def pointers(group: FusedGroup) -> set[str]:
     """The buffers the group's kernel may take as arguments (an upper bound)."""
-    names = {b.name for b in group.buffers}
-    for b in group.buffers:
-        names |= b.reads()
-    return names
+    return {b.name for b in group.buffers}.union(*(b.reads() for b in group.buffers))
 
 
 def levels(groups: list[FusedGroup]) -> dict[int, int]:
@@ -66,9 +63,9 @@ def combine(
     buckets: dict[tuple, list[list[FusedGroup]]] = {}
     for g in groups:
         ok, reason = can_join(g)
-        if log is not None and not ok:
-            log.append(f"keep {g.name} alone: {reason}")
         if not ok:
+            if log is not None:
+                log.append(f"keep {g.name} alone: {reason}")
             continue
         chunks = buckets.setdefault((level[g.key], str(g.device)), [[]])
         args = set().union(*(pointers(part) for part in chunks[-1]), pointers(g))

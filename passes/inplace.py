@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from minicompile.ir import (AliasOutput, Buffer, BufferRef, ComputedBuffer, ExternKernel, Load,
                             LoopProgram, walk)
-from minicompile.spaces import FusedGroup, canonical, store_index
+from minicompile.spaces import FusedGroup, store_index
 
 # Library calls (as lowering names them) whose in-place variant, the name with ``_``,
 # called on the first argument with the same arguments, leaves in it what the call returns.
@@ -81,7 +81,7 @@ def why_not(program: LoopProgram, groups: list[FusedGroup], reads: Reads, out: s
             return f"library call {member.name} reads the input"
         if g is not group:
             return f"{member.name} in another kernel reads the input"
-        if canonical(load.index, places[member.name]) != want:
+        if places[member.name].apply(load.index) != want:
             return f"{member.name} reads other elements of the input"
     return None
 

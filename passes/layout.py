@@ -35,8 +35,8 @@ READS_STRIDES = frozenset({"torch.as_strided", "torch.Tensor.as_strided", "torch
                            "torch.Tensor.data_ptr", "torch.Tensor.stride"})
 CHANNELS_LAST = (0, 2, 3, 1)
 # Inductor's measured channels-last speedups (time ratio, < 1 faster) of convolution kinds
-# in inference, weighted by each kind's share of the graph's FLOPs.
-GROUPED, SMALL, IN_OUT, DEFAULT = 1.358, 0.783, 0.725, 0.823
+# in inference (by :func:`_kind`), weighted by each kind's share of the graph's FLOPs.
+SPEEDUPS = {"grouped": 1.358, "small": 0.783, "in_out": 0.725, "default": 0.823}
 
 
 def convolutions(graph: Graph) -> list[Node]:
@@ -72,8 +72,7 @@ def decide(graph: Graph, mode: str, packed: bool = False) -> tuple[bool, str]:
         # training keeps eager's layout unless asked ("channels_last").
         return False, "graphs with a backward keep eager's layout under 'auto'"
     flops = {c: _flops(c, hints) for c in convs}  # inference: weigh each kind by its FLOPs
-    weights = {"grouped": GROUPED, "small": SMALL, "in_out": IN_OUT, "default": DEFAULT}
-    weighted = sum(flops[c] * weights[kinds[c]] for c in convs)
+    weighted = sum(flops[c] * SPEEDUPS[kinds[c]] for c in convs)
     if weighted > sum(flops.values()):
         return False, "grouped convolutions would be slower channels-last"
     return True, "convolutions on CUDA run faster channels-last"
@@ -135,11 +134,6 @@ def overlaps(meta: TensorMeta, hints: dict) -> bool:
             return True
         span = _number(meta.stride[d], hints) * _number(meta.shape[d], hints)
     return False
-
-
-def static(meta: TensorMeta) -> bool:
-    """Whether every size and stride of ``meta`` is a number."""
-    return all(sympy.sympify(v).is_Integer for v in (*meta.shape, *meta.stride))
 
 
 def same_layout(a: TensorMeta, b: TensorMeta) -> bool:

@@ -16,12 +16,13 @@ come back in dependency order.
 
 from __future__ import annotations
 
+import math
+
 import sympy
 import torch
 
 from minicompile.ir import ComputedBuffer, Load, Reduce, walk
-from minicompile.spaces import (FusedGroup, Space, canonical, place, reduced_symbols,
-                                space_of, store_index)
+from minicompile.spaces import FusedGroup, Space, place, reduced_symbols, space_of, store_index
 
 from minicompile.passes.fusion import Memo, dependency_graph
 
@@ -52,7 +53,7 @@ def reads_along_rows(row: FusedGroup) -> bool:
     for b in row.buffers:
         placed = place(b, row.space)  # type: ignore[arg-type]
         if placed is not None and placed.kind == "reduction":
-            indices = [canonical(e.index, placed) for e in walk(b.body)  # type: ignore[union-attr]
+            indices = [placed.apply(e.index) for e in walk(b.body)  # type: ignore[union-attr]
                        if isinstance(e, Load)]
         elif placed is not None and placed.kind == "xr" and row.rows is not None:
             indices = [store_index(b, placed)]  # type: ignore[arg-type]
@@ -138,9 +139,7 @@ def worth_mixing(row: FusedGroup, col: FusedGroup) -> int:
     space = row.space
     if len(space.reduced) != 1 or not _static(space.kept + space.reduced):
         return 0
-    rows = 1
-    for s in space.kept:
-        rows *= int(s)
+    rows = math.prod(int(s) for s in space.kept)
     columns = [b for b in row.buffers + col.buffers
                if getattr(place(b, space), "kind", None) == "column"]  # type: ignore[arg-type]
     if rows < MIN_ROWS or len(columns) > MAX_PARTS:

@@ -27,7 +27,7 @@ from minicompile.passes.conv_gemm import DEFAULTS, PARAMS, pair
 from minicompile.passes.decompose_reductions import bind
 from minicompile.passes.hoist_params import parameter_values
 from minicompile.passes.layout import (CHANNELS_LAST, CONV2D, convolutions, dense_strides,
-                                       same_layout, static)
+                                       same_layout)
 from minicompile.runtime import onednn
 
 
@@ -47,7 +47,7 @@ def packable(node: Node, params: set[Node]) -> dict[str, Any] | None:
         return None  # an argument this pass does not know
     x, w, bias, meta = a["input"], a["weight"], a["bias"], node.meta
     tensors = [x, w] + ([bias] if bias is not None else [])
-    if not all(isinstance(t, Node) and isinstance(t.meta, TensorMeta) and static(t.meta)
+    if not all(isinstance(t, Node) and isinstance(t.meta, TensorMeta) and not t.meta.is_symbolic
                and t.meta.dtype == torch.float32 for t in tensors):
         return None
     if (not isinstance(meta, TensorMeta) or meta.device.type != "cpu" or x.meta.ndim != 4

@@ -52,9 +52,9 @@ def row_sums(graph: Graph) -> set[tuple[int, int]]:
             continue
         shape = node.args[0].meta.shape
         if shape and all(getattr(s, "is_Integer", False) for s in shape) and tuple(
-                d % len(shape) for d in node.args[1]) == (len(shape) - 1,):
-            if int(shape[-1]) <= MAX_COLUMNS:
-                out.add((math.prod(int(s) for s in shape[:-1]), int(shape[-1])))
+                d % len(shape) for d in node.args[1]) == (len(shape) - 1,) and (
+                int(shape[-1]) <= MAX_COLUMNS):
+            out.add((math.prod(int(s) for s in shape[:-1]), int(shape[-1])))
     return out
 
 

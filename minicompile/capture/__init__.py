@@ -8,9 +8,7 @@ giving up changes nothing.  ``guards.check``, ``get_inputs`` and ``rebuild`` ser
 
 from __future__ import annotations
 
-import dataclasses
 import types
-from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -23,47 +21,18 @@ from minicompile.capture import torch_views, training_ops  # noqa: F401
 from minicompile.capture.dynamic import STATIC, DynamicPolicy
 from minicompile.capture.bytecode import builtins_of
 from minicompile.capture.interpreter import InstructionTranslator
-from minicompile.capture.output import OutputGraph
+from minicompile.capture.output import Capture, OutputGraph
 from minicompile.capture.segments import (
-    Break, ResumePoint, frame_state, has_catching_handlers, initial_values, root_point,
-    why_not_resumable,
+    Break, ResumePoint, frame_state, initial_values, root_point, why_not_resumable,
 )
 from minicompile.capture.variables import CellVar, LazyVar, Source, closure_cell
 from minicompile.errors import ShapeError, SourceLine, Unsupported
-from minicompile.graph import Graph
 from minicompile.runtime.guards import Guards
 
 __all__ = [
     "Break", "Capture", "Guards", "ResumePoint", "capture_frame", "capture_segment",
     "frame_args", "root_point",
 ]
-
-
-@dataclasses.dataclass
-class Capture:
-    graph: Graph  # placeholders in input order, named after their sources ("L_x", "G_w")
-    input_sources: list[str]  # readable source per placeholder: "L['x']", "G['w']"
-    get_inputs: Callable[..., list[torch.Tensor]]  # get_inputs(*layout) -> placeholder tensors
-    guards: Guards
-    rebuild: Callable[..., Any]  # rebuild(graph outputs, *layout) -> return value
-    ops: int  # number of call nodes
-    get_inputs_source: str = ""
-    rebuild_source: str = ""
-    instructions: int = 0  # bytecode instructions interpreted to make it
-    compiled: Any = None  # (run, call) when the API built it already (dynamic shapes)
-    # (graph output, placeholder) index pairs that rebuild copies back (mutated inputs).
-    writebacks: tuple[tuple[int, int], ...] = ()
-    # Every code object the trace interpreted (the frame's and the functions it inlined):
-    # what a warm entry on disk is keyed by (minicompile/runtime/entries.py).
-    codes: frozenset[types.CodeType] = frozenset()
-    # Whether a try / except / finally / with in those codes may catch an exception the
-    # graph raises (which it raises outside those blocks: the API then runs the code for
-    # real, where they see it).
-    handlers: bool = False
-
-    def __str__(self) -> str:
-        return "\n".join(
-            [str(self.graph), "", str(self.guards), self.get_inputs_source, self.rebuild_source])
 
 
 def frame_args(fn: types.FunctionType, args: tuple, kwargs: dict[str, Any]) -> tuple:
@@ -146,11 +115,4 @@ def capture_segment(fn: types.FunctionType, point: ResumePoint, values: tuple,
             result, local_names = frame_state(tx)
             stop = Break(tx.insts[tx.ip].offset, local_names, len(tx.stack), e)
         output.at_break = stop is not None
-        done = output.finish(result)
-    capture = Capture(
-        graph=done.graph, input_sources=done.input_sources, get_inputs=done.get_inputs,
-        guards=done.guards, rebuild=done.rebuild, ops=sum(1 for _ in done.graph.calls()),
-        get_inputs_source=done.get_inputs_source, rebuild_source=done.rebuild_source,
-        instructions=output.instructions, writebacks=done.writebacks, codes=frozenset(output.codes),
-        handlers=any(has_catching_handlers(c) for c in output.codes))
-    return capture, stop
+        return output.finish(result), stop

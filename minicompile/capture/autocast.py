@@ -19,8 +19,10 @@ import torch
 from minicompile import compat
 from minicompile.capture import library
 from minicompile.capture.kinds import Output, Translator
-from minicompile.capture.variables import ConstantVar, ListVar, TensorVar, TupleVar, Var, map_leaves
-from minicompile.errors import Unsupported
+from minicompile.capture.variables import (
+    ConstantVar, ListVar, TensorVar, TupleVar, Var, leaves, map_leaves,
+)
+from minicompile.errors import Unsupported, attempt
 
 
 DEVICE_TYPES = ("cpu", "cuda")
@@ -157,10 +159,7 @@ def _query(tx: Translator, fn: Any, args: list, kwargs: dict) -> Var:
     if type(device) is not str:
         raise Unsupported(f"torch.{fn.__name__}() of a {type(device).__name__}")
     if device not in DEVICE_TYPES:
-        try:
-            value = fn(*values, **kw)
-        except Exception as e:
-            raise Unsupported(f"torch.{fn.__name__} raised {type(e).__name__}") from e
+        value = attempt(f"torch.{fn.__name__}", fn, *values, **kw)
         tx.output.guards.global_call(fn, tuple(values), kw, value)
         return ConstantVar(value)
     wants_dtype = fn is getattr(torch, "get_autocast_dtype", None)
@@ -378,13 +377,9 @@ def _key(fn: Any, device_type: str, dtype: torch.dtype, values: Any) -> Any:
 
 
 def _leaves(value: Any) -> list:
-    if isinstance(value, (tuple, list)):
-        return [x for v in value for x in _leaves(v)]
-    if isinstance(value, dict):
-        return [x for v in value.values() for x in _leaves(v)]
-    if isinstance(value, (TupleVar, ListVar)):  # a tuple result of an extern
-        return _leaves(list(value.items))
-    return [value]
+    """:func:`leaves`, also of the items of tuple trackers (an extern's tuple result)."""
+    return [x for v in leaves(value)
+            for x in (_leaves(v.items) if isinstance(v, (TupleVar, ListVar)) else [v])]
 
 
 def _name(fn: Any) -> str:

@@ -32,7 +32,7 @@ from minicompile.capture.variables import (
     TorchFunctionVar, TupleVar, UserFunctionVar, UserObjectVar, Var, WithExitVar, closure_cell,
     contains_tensor,
 )
-from minicompile.errors import HookedModuleCall, Unsupported
+from minicompile.errors import HookedModuleCall, Unsupported, attempt
 
 # nn.Module's generators of its submodules (modelled: submodules).
 _SUBMODULES = (torch.nn.Module.children, torch.nn.Module.named_children, torch.nn.Module.modules,
@@ -436,10 +436,7 @@ class CallsMixin:
         values, kw = self.output.to_values(args, kwargs)
         if any(contains_tensor(v) for v in (*values, *kw.values())):
             raise Unsupported(f"method {name}() with tensor arguments is not supported")
-        try:
-            return out.from_value(method(*values, **kw))
-        except Exception as e:
-            raise Unsupported(f"{name}() raised {type(e).__name__}: {e}") from e
+        return out.from_value(attempt(f"{name}()", method, *values, **kw))
 
     @kinds.call.register(NNModuleVar)
     def call_module(self: InstructionTranslator, mod: NNModuleVar, args: list, kwargs: dict):

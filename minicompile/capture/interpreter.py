@@ -26,7 +26,7 @@ from minicompile.capture.variables import (
     ObjectVar, PartialVar, Source, TensorVar, TupleVar, UserFunctionVar, Var, contains_tensor,
     specialized,
 )
-from minicompile.errors import SourceLine, Unsupported
+from minicompile.errors import SourceLine, Unsupported, attempt
 
 class InstructionTranslator(
     CallsMixin, PythonCallsMixin, ControlMixin, OperatorsMixin, StackMachine
@@ -193,12 +193,7 @@ class InstructionTranslator(
             values = [specialized(v) for v in values]
         if any(contains_tensor(v) for v in values):
             raise Unsupported(f"{what or fn.__name__} on a tuple/list holding tensors")
-        try:
-            return self.output.from_value(fn(*values))
-        except Unsupported:
-            raise
-        except Exception as e:
-            raise Unsupported(f"{what or fn.__name__} raised {type(e).__name__}: {e}") from e
+        return self.output.from_value(attempt(what or fn.__name__, fn, *values))
 
     # -- locals, constants, globals, cells -------------------------------------------------
 

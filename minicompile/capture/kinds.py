@@ -56,6 +56,20 @@ class RebuildWriter(Protocol):
     def items(self, values: Any) -> str: ...
 
 
+def registrar(table: dict) -> Callable[..., Callable[[Callable], Callable]]:
+    """``register = registrar(table)``: ``@register(*keys)`` files a handler under each key
+    of ``table`` (None, a callable this release lacks, skipped)."""
+
+    def register(*keys: Any) -> Callable[[Callable], Callable]:
+        def deco(handler: Callable) -> Callable:
+            table.update((k, handler) for k in keys if k is not None)
+            return handler
+
+        return deco
+
+    return register
+
+
 class Rule:
     """A table from tracker class to handler; ``rule(ctx, var, *args)`` calls
     ``handler(ctx, var, *args)`` (``ctx``: the translator, the output graph or the rebuild

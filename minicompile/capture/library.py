@@ -19,26 +19,19 @@ from typing import Any
 
 import torch
 
-from minicompile.capture import records
+from minicompile.capture import kinds, records
 from minicompile.capture.kinds import Translator
 from minicompile.capture.variables import (
     BoundMethodVar, ConstantVar, ObjectVar, TensorVar, Var, contains_tensor, specialized,
 )
-from minicompile.errors import Unsupported
+from minicompile.errors import Unsupported, attempt
 
 
 Handler = Callable[["Translator", Any, list, dict], Var]
 _HANDLERS: dict[Any, Handler] = {}
 
 
-def register(*fns: Any) -> Callable[[Handler], Handler]:
-    def deco(handler: Handler) -> Handler:
-        for fn in fns:
-            if fn is not None:
-                _HANDLERS[fn] = handler
-        return handler
-
-    return deco
+register = kinds.registrar(_HANDLERS)
 
 
 def maybe(*paths: str) -> tuple:
@@ -184,11 +177,7 @@ def _type_info(tx: Translator, fn: Any, args: list, kwargs: dict) -> Var:
     values, kw = tx.output.to_values(args, kwargs)
     if any(isinstance(v, TensorVar) for v in (*values, *kw.values())):
         raise Unsupported(f"{fn.__name__}() of a tensor is not supported")
-    try:
-        info = fn(*values, **kw)
-    except Exception as e:
-        raise Unsupported(f"torch.{fn.__name__} raised {type(e).__name__}: {e}") from e
-    return ConstantVar(info)
+    return ConstantVar(attempt(f"torch.{fn.__name__}", fn, *values, **kw))
 
 
 @register(inspect.signature)

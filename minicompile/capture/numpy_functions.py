@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from minicompile.capture import externs, torch_ops
-from minicompile.capture.kinds import Output
+from minicompile.capture.kinds import Output, registrar
 from minicompile.capture.numpy_arrays import (
     as_array, cast, copy, full, numpy_dtype, operand, result, torch_dtype,
 )
@@ -56,23 +56,8 @@ _INTEGER_DIVISIONS = frozenset({"floor_divide", "remainder", "fmod"})
 FOLDED = ("dtype", "issubdtype", "result_type", "promote_types", "can_cast", "finfo", "iinfo")
 
 
-def _register(table: dict[str, Handler], names: tuple[str, ...]) -> Callable[[Handler], Handler]:
-    def deco(handler: Handler) -> Handler:
-        for name in names:
-            table[name] = handler
-        return handler
-
-    return deco
-
-
-def function(*names: str) -> Callable[[Handler], Handler]:
-    """Register a handler for ``np.<name>`` (each name)."""
-    return _register(FUNCTIONS, names)
-
-
-def method(*names: str) -> Callable[[Handler], Handler]:
-    """Register a handler for ``ndarray.<name>`` (the array is its first argument)."""
-    return _register(METHODS, names)
+function = registrar(FUNCTIONS)  # @function(*names): the handler of np.<name>
+method = registrar(METHODS)  # @method(*names): of ndarray.<name>, the array first
 
 
 # -- dispatch --------------------------------------------------------------------------------

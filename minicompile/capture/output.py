@@ -23,6 +23,7 @@ from minicompile.capture.autocast import AutocastState
 from minicompile.capture.dynamic import STATIC, DynamicPolicy
 from minicompile.capture.frame_values import FrameValuesMixin, python_size
 from minicompile.capture.guard_builder import GuardBuilder
+from minicompile.capture.segments import has_catching_handlers
 from minicompile.capture.side_effects import SideEffects, generate_rebuild
 from minicompile.capture.variables import (
     ConstantVar, DictVar, ListVar, ObjectVar, SizeVar, StructSeqVar, TensorVar, TupleVar,
@@ -48,16 +49,30 @@ MAX_INSTRUCTIONS = 100_000
 
 
 @dataclasses.dataclass
-class Finished:
-    graph: Graph
-    input_sources: list[str]
-    get_inputs: Callable[..., list[torch.Tensor]]
-    get_inputs_source: str
+class Capture:
+    graph: Graph  # placeholders in input order, named after their sources ("L_x", "G_w")
+    input_sources: list[str]  # readable source per placeholder: "L['x']", "G['w']"
+    get_inputs: Callable[..., list[torch.Tensor]]  # get_inputs(*layout) -> placeholder tensors
     guards: Guards
-    rebuild: Callable[..., Any]
-    rebuild_source: str
-    # (graph output, placeholder) index pairs: rebuild copies that output into that input.
+    rebuild: Callable[..., Any]  # rebuild(graph outputs, *layout) -> return value
+    ops: int  # number of call nodes
+    get_inputs_source: str = ""
+    rebuild_source: str = ""
+    instructions: int = 0  # bytecode instructions interpreted to make it
+    compiled: Any = None  # (run, call) when the API built it already (dynamic shapes)
+    # (graph output, placeholder) index pairs that rebuild copies back (mutated inputs).
     writebacks: tuple[tuple[int, int], ...] = ()
+    # Every code object the trace interpreted (the frame's and the functions it inlined):
+    # what a warm entry on disk is keyed by (minicompile/runtime/entries.py).
+    codes: frozenset[types.CodeType] = frozenset()
+    # Whether a try / except / finally / with in those codes may catch an exception the
+    # graph raises (which it raises outside those blocks: the API then runs the code for
+    # real, where they see it).
+    handlers: bool = False
+
+    def __str__(self) -> str:
+        return "\n".join(
+            [str(self.graph), "", str(self.guards), self.get_inputs_source, self.rebuild_source])
 
 
 class OutputGraph(FrameValuesMixin):
@@ -260,7 +275,7 @@ class OutputGraph(FrameValuesMixin):
 
     # -- the end of the trace --------------------------------------------------------------
 
-    def finish(self, result: Var) -> Finished:
+    def finish(self, result: Var) -> Capture:
         """Close the graph on the value the frame returns and generate get_inputs and
         rebuild (flat Python, compiled once)."""
         if self.grad_enabled != self.initial_grad:
@@ -288,10 +303,12 @@ class OutputGraph(FrameValuesMixin):
         exec(compile(rebuild_src, "<minicompile rebuild>", "exec"), ns)
         exec(compile(inputs_src, "<minicompile inputs>", "exec"), ns)
         get_inputs = guards.reading(ns["get_inputs"], items)
-        return Finished(
+        return Capture(
             graph=self.graph, input_sources=list(self.input_sources), get_inputs=get_inputs,
-            get_inputs_source=inputs_src, guards=guards, rebuild=ns["rebuild"],
-            rebuild_source=rebuild_src, writebacks=self._writebacks(outputs, rebuild_src))
+            guards=guards, rebuild=ns["rebuild"], ops=sum(1 for _ in self.graph.calls()),
+            get_inputs_source=inputs_src, rebuild_source=rebuild_src,
+            instructions=self.instructions, writebacks=self._writebacks(outputs, rebuild_src),
+            codes=frozenset(self.codes), handlers=any(map(has_catching_handlers, self.codes)))
 
     def _writebacks(self, outputs: list[Node], rebuild_src: str) -> tuple[tuple[int, int], ...]:
         """Which graph output rebuild copies into which input (by placeholder position) and

@@ -22,7 +22,7 @@ from minicompile.capture.variables import (
     Source, SuperVar, TensorVar, TupleVar, UserObjectVar, Var, contains_tensor,
     python_type_of, specialized,
 )
-from minicompile.errors import Unsupported
+from minicompile.errors import Unsupported, attempt
 
 if TYPE_CHECKING:
     from minicompile.capture.interpreter import InstructionTranslator
@@ -313,10 +313,7 @@ def fold_builtin(out: Output, fn: Any, args: list[Var], kwargs: dict[str, Var]) 
     elif fn not in _SYMBOLIC_SAFE:  # str(n), hash(n), format(n): the number, guarded
         values, kw = specialized(values), specialized(kw)
     if fn in FOLDABLE or exception_class or getattr(fn, "__module__", None) == "math":
-        try:
-            return out.from_value(fn(*values, **kw))
-        except Exception as e:
-            raise Unsupported(f"{name}() raised {type(e).__name__}: {e}") from e
+        return out.from_value(attempt(f"{name}()", fn, *values, **kw))
     raise Unsupported(f"builtin {name}() is not supported")
 
 

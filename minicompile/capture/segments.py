@@ -54,13 +54,9 @@ def root_point(code: types.CodeType) -> ResumePoint:
 def loop_and_try_ranges(code: types.CodeType) -> list[tuple[int, int]]:
     """Offset ranges of loop bodies (a backward jump's target up to the jump) and of the
     code an exception handler protects."""
-    ranges = []
-    for inst in bytecode.decode(code):
-        if "JUMP" in inst.opname and bytecode.is_backward_jump(inst):
-            ranges.append((inst.argval, inst.offset))
-    for entry in dis.Bytecode(code).exception_entries:
-        ranges.append((entry.start, entry.end))
-    return ranges
+    return [(inst.argval, inst.offset) for inst in bytecode.decode(code)
+            if "JUMP" in inst.opname and bytecode.is_backward_jump(inst)] + [
+        (entry.start, entry.end) for entry in dis.Bytecode(code).exception_entries]
 
 
 # Instructions after which control does not fall through to the next one.

@@ -1,8 +1,10 @@
 """The model zoo (examples/model_zoo.py) on the CPU: per model, eval (no_grad) and a train
 step (forward, loss, backward: bench_models.step), the median call of eager, minicompile and
 torch.compile, on 2 threads and on all cores (``torch.set_num_threads``), side by side with
-the ratios, and where minicompile's call spends its time (kernels, library calls, Python:
-its ``MINICOMPILE_LOGS=profile`` report, from a second compiled copy).
+the ratios, and where minicompile's call spends its time (kernels, library calls, the
+generated code's Python: its ``MINICOMPILE_LOGS=profile`` report, from a second compiled
+copy; and the rest of the step, outside its compiled graphs: guards, autograd, the loss,
+code that runs eagerly after a graph break).
 
     python examples/bench_cpu_models.py                      # every model, eval and train
     python examples/bench_cpu_models.py --no-inductor hf_bert timm_resnext26ts
@@ -73,21 +75,22 @@ def versions(case, train: bool, inductor: bool) -> tuple[dict, object]:  # noqa:
         except AssertionError as e:  # timed all the same, and said
             print(f"  {case.name} {'train' if train else 'eval'}: {name} differs from eager "
                   f"beyond bench_models' tolerance: {str(e).splitlines()[-1].strip()}"[:160])
-    return steps, (model, profiled)
+    return steps, profiled
 
 
-def time_split(model: torch.nn.Module, profiled) -> str:  # noqa: ANN001
-    """Shares of minicompile's call in its kernels, library calls and Python (every graph
-    of the step: forward and backward), from minicompile.profile_report."""
+def time_split(profiled, step_ms: float) -> str:  # noqa: ANN001
+    """Shares of minicompile's step (``step_ms``) in its kernels, library calls and the
+    generated code's Python (every graph of the step: forward and backward, the segments
+    after a graph break and the frames a break compiled on their own), and the rest (the
+    step outside its graphs), from minicompile.profile_report: all its graphs, the profiled
+    copy being the only one compiled with the profile on since versions' reset."""
     with contextlib.redirect_stderr(io.StringIO()):  # (the report the log prints)
         for _ in range(12):  # the report's warm-up and samples of each variant
             profiled()
-    graphs = minicompile.profile_report(model)
+    graphs = minicompile.profile_report()
     seconds = [sum(getattr(g, part) for g in graphs) for part in SPLIT]
-    total = sum(seconds)
-    if not total:
-        return " ".join(f"{'-':>5s}" for _ in SPLIT)
-    return " ".join(f"{s / total:5.0%}" for s in seconds)
+    total = max(step_ms / 1e3, sum(seconds))  # (the graphs' wall time, the step's maybe CPU)
+    return " ".join(f"{s / total:5.0%}" for s in [*seconds, total - sum(seconds)])
 
 
 def row(case, mode: str, steps: dict, split, threads: list[int], clock) -> str:  # noqa: ANN001
@@ -98,7 +101,7 @@ def row(case, mode: str, steps: dict, split, threads: list[int], clock) -> str: 
         torch.set_num_threads(n)
         with torch.set_grad_enabled(mode == "train"):
             ms = interleaved_ms(steps, False, clock=clock)
-            shares = time_split(*split) if "mc" in ms else ""
+            shares = time_split(split, ms["mc"]) if "mc" in ms else ""
         eager, mc, tc = ms["eager"], ms.get("mc"), ms.get("tc")
         cells.append(f"{num(eager)} {num(mc)} {num(tc)} {ratio(mc, eager)} {ratio(mc, tc)} "
                      f"{shares}")
@@ -124,9 +127,10 @@ def main() -> None:
     clock = time.thread_time if a.cpu_time else time.perf_counter
     print(f"CPU, {os.cpu_count()} cores, torch {torch.__version__}; ms are medians of one call"
           f"{' of CPU time' if a.cpu_time else ''}; mc/eag, mc/tc below 1: minicompile "
-          "faster; kern, lib, py: minicompile's call in kernels, library calls, Python")
+          "faster; kern, lib, py, rest: minicompile's step in kernels, library calls, the "
+          "generated code's Python, outside its graphs")
     head = (f"{'eager':>8s} {'mc':>8s} {'tc':>8s} {'mc/eag':>6s} {'mc/tc':>6s} "
-            f"{'kern':>5s} {'lib':>5s} {'py':>5s}")
+            f"{'kern':>5s} {'lib':>5s} {'py':>5s} {'rest':>5s}")
     print(f"{'threads':28s} " + " | ".join(f"{n:<{len(head)}d}" for n in threads))
     print(f"{'model':22s} {'mode':5s} " + " | ".join(head for _ in threads))
     for case in MODELS:

@@ -139,11 +139,15 @@ def parts(function: minicompile.api.CompiledFunction, whole: Callable) -> dict[s
         finally:
             train.forward, train.backward = forward, backward
 
+    def backward_call() -> None:  # (autograd runs a once_differentiable backward so)
+        with torch.no_grad():
+            backward(list(seen["backward"][0]))
+
     calls = {"forward": (forward, seen["forward"][0]), "backward": (backward, seen["backward"][0])}
     return {"guards": lambda: check(*frame),
             "get_inputs": lambda: capture.get_inputs(*frame),
             "forward call()": forward_call,
-            "backward call()": lambda: backward(list(seen["backward"][0])),
+            "backward call()": backward_call,
             "step, calls stubbed": stubbed}, calls
 
 

@@ -1,16 +1,23 @@
-"""Inference 1x1 convolutions over at most :data:`MAX_PIXELS` output pixels on the CPU become
+"""1x1 convolutions over at most :data:`MAX_PIXELS` output pixels on the CPU become
 one matrix product of the pixels' rows (``minicompile/runtime/conv_gemm.py`` says why and
 what it measured): the deep stages of a CNN on small images (resnext50's 2x2 pixels of
 1024 and 2048 channels at 64x64 input) spend most of their time there.
 
 Only for float32 and float64 on the CPU, static sizes, a contiguous input and result
-(channels-last ones are passes/layout.py's), no gradient; any other convolution stays the
+(channels-last ones are passes/layout.py's); any other convolution stays the
 call it was.  From 16 pixels on the convolution was the faster (by 4-90%, 13 shapes
 measured on one thread), so the rule stops below; on one pixel an image (a squeeze-excite
 block's convolutions) it was too (0.010-0.016 ms against 0.017-0.022 for 576 <-> 144
 channels, one thread), so the rule starts above.  A convolution of a parameter in float32
 runs on a packed oneDNN weight instead where it can (passes/onednn_conv.py, which is
 faster still: 0.11 ms against 0.31 for 1024 channels on 2x2 pixels).
+
+A convolution that takes a gradient (stride 1) becomes the same product in graph ops
+instead (:func:`_rows_product`: its pixel rows, ``F.linear``, the result back in eager's
+layout), whose backward is derived as matrix products too (passes/derivatives.py's
+``linear_rule``): efficientnet_b0's 2x2-pixel stages at 64x64 input, one thread, took 0.9 ms
+a forward and 1.0-1.2 ms a backward as convolutions against 0.12 and 0.24 as products
+(1152 -> 320 channels on 2x2x2 pixels; 320 -> 1280 alike).
 """
 
 from __future__ import annotations
@@ -18,10 +25,12 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
+import torch.nn.functional as F
 
 from minicompile import ops
 from minicompile.graph import Graph, Node, TensorMeta, copy_graph
-from minicompile.passes.layout import CONV2D, contiguous
+from minicompile.passes.decompose import _Builder
+from minicompile.passes.layout import CONV2D, contiguous, plain
 from minicompile.runtime import conv_gemm
 
 MAX_PIXELS = 8  # output pixels (batch x height x width)
@@ -42,7 +51,7 @@ def pair(value: object) -> tuple[int, int] | None:
 
 def as_product(node: Node) -> tuple[Node, Node, Node | None, tuple[int, int]] | None:
     """(input, weight, bias, stride) where ``node`` is a convolution this pass rewrites."""
-    if node.target not in CONV2D or node.requires_grad or len(node.args) > len(PARAMS):
+    if node.target not in CONV2D or len(node.args) > len(PARAMS):
         return None
     bound = {**DEFAULTS, **dict(zip(PARAMS, node.args)), **node.kwargs}
     if set(bound) != set(PARAMS):
@@ -63,6 +72,8 @@ def as_product(node: Node) -> tuple[Node, Node, Node | None, tuple[int, int]] | 
     n, _, h, width = (int(s) for s in meta.shape)
     if not 1 < h * width <= n * h * width <= MAX_PIXELS:
         return None  # one pixel an image, or too many
+    if node.requires_grad and stride != (1, 1):
+        return None  # (its input's gradient would be a strided scatter)
     return x, w, bound["bias"], stride
 
 
@@ -78,8 +89,21 @@ def convs_as_products(graph: Graph) -> tuple[Graph, str]:
         if node not in found:
             return None
         x, w, bias, stride = found[node]
+        if node.requires_grad:
+            return _rows_product(_Builder(new, node), remap(x), remap(w), remap(bias))
         return new.call(op, (remap(x), remap(w), remap(bias), stride), {}, node.meta,
                         node.stack)
 
     names = ", ".join(f"{tuple(int(s) for s in n.meta.shape)}" for n in found)
     return copy_graph(graph, rewrite), f"1x1 convolutions as products of pixel rows: {names}"
+
+
+def _rows_product(b: _Builder, x: Node, w: Node, bias: Node | None) -> Node:
+    """``F.conv2d(x, w, bias)`` of a 1x1 ``w`` (stride 1) as graph ops: the pixels' rows of
+    ``x`` times ``w``'s matrix, the result laid out as the convolution's (contiguous)."""
+    n, c, h, width = (int(s) for s in x.meta.shape)
+    out = int(w.meta.shape[0])
+    rows = b("reshape", b("permute", x, (0, 2, 3, 1)), (n * h * width, c))
+    product = b(ops.extern_op(F.linear), rows, b("reshape", w, (out, c)), bias)
+    pixels = b("permute", b("reshape", product, (n, h, width, out)), (0, 3, 1, 2))
+    return b("to_eager_layout", pixels, plain(b.origin.meta.stride))

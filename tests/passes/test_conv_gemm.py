@@ -3,6 +3,8 @@ match eager, and every other convolution stays the call it was."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 import torch.nn.functional as F
 
@@ -56,3 +58,50 @@ def test_products_match_eager(backend: str, device: torch.device) -> None:
             for got, want in zip(compiled(*args), net(*args), strict=True):
                 torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-3)
                 assert strides(got) == strides(want)
+
+
+def block(x: torch.Tensor, w1: torch.Tensor, b1: torch.Tensor, w2: torch.Tensor,
+          w3: torch.Tensor) -> torch.Tensor:
+    """An inverted-residual tail on 2x2 pixels: 1x1 expand (bias), depthwise 3x3, 1x1
+    project; the 1x1s are products in training too, the 3x3 stays a convolution."""
+    y = F.silu(F.conv2d(x, w1, b1))
+    y = F.conv2d(y, w2, padding=1, groups=w2.shape[0])
+    return F.conv2d(y, w3) + x
+
+
+def test_products_take_gradients_as_eager() -> None:
+    """A train step: the 1x1 convolutions that take a gradient are pixel-row products
+    forward and backward (no convolution backward for them), values and gradients as
+    eager's on fresh values at each of two calls."""
+    shapes = ((2, 24, 2, 2), (96, 24, 1, 1), (96,), (96, 1, 3, 3), (24, 96, 1, 1))
+    compiled = minicompile.compile(block, backend="cpp")
+    for _ in range(2):
+        args = [torch.randn(s, requires_grad=True) for s in shapes]
+        got = compiled(*args)
+        want = block(*args)
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+        g = torch.randn_like(want)  # a gradient that differs at each element
+        for a, e in zip(torch.autograd.grad(got, args, g), torch.autograd.grad(want, args, g),
+                        strict=True):
+            torch.testing.assert_close(a, e, rtol=1e-4, atol=1e-4)
+
+
+def _trained_conv(image: int, stride: int = 1) -> str:
+    """The graph text after the pass, of one 1x1 convolution that takes a gradient."""
+    b = GraphBuilder(torch.device("cpu"))
+    x = b.input("L_x", (2, 64, image, image), torch.float32)
+    w = b.input("L_w", (128, 64, 1, 1), torch.float32)
+    conv = ops.extern_op(F.conv2d)
+    meta = dataclasses.replace(ops.infer_meta(conv, (x, w, None, (stride, stride)), {},
+                                              b.device), requires_grad=True)
+    b.output(b.graph.call(conv, (x, w, None, (stride, stride)), {}, meta))
+    return str(convs_as_products(b.graph)[0])
+
+
+def test_trained_products_are_graph_ops() -> None:
+    """Taking a gradient, the product is graph ops (rows, F.linear, eager's layout again),
+    which autograd derives as matrix products; a strided one stays a convolution."""
+    text = _trained_conv(2)
+    assert "torch.nn.functional.linear" in text and PRODUCT not in text
+    assert "to_eager_layout" in text and "conv2d" not in text
+    assert "conv2d" in _trained_conv(4, stride=2)  # its input's gradient: a strided scatter

@@ -69,10 +69,10 @@ def alias_text(out: AliasOutput, shape: Callable[[tuple], str] = _shape,
     if out.layout is None:
         return out.input
     lay: Layout = out.layout
-    offset = f"{out.input}.storage_offset()"
-    if lay.offset != 0:
-        offset += f" + {expr(lay.offset)}"
-    return f"{out.input}.as_strided({shape(lay.shape)}, {shape(lay.stride)}, {offset})"
+    view = f"{out.input}.as_strided({shape(lay.shape)}, {shape(lay.stride)}"
+    if lay.offset == 0:  # (as_strided keeps the input's storage offset when given none)
+        return view + ")"
+    return f"{view}, {out.input}.storage_offset() + {expr(lay.offset)})"
 
 
 def generate(

@@ -176,7 +176,7 @@ def test_alias_outputs_have_no_kernel(backend: str) -> None:
     b.output(x, b("permute", x, (1, 0)))
     c = compile_graph_text(b.graph, backend)
     assert c.code.kernels == ()
-    assert "return (arg0, arg0.as_strided((8, 4), (1, 8), arg0.storage_offset()))" in (
+    assert "return (arg0, arg0.as_strided((8, 4), (1, 8)))" in (
         c.code.module
     )
 

@@ -30,7 +30,8 @@ import torch
 
 from minicompile import trace
 from minicompile.config import Config
-from minicompile.runtime import build, cache, cache_limits, fingerprints, profile, recipes
+from minicompile.runtime import build, cache, cache_limits, check_table, fingerprints, profile
+from minicompile.runtime import recipes
 from minicompile.runtime import values  # noqa: F401 (what generated rebuilds call, found by
 # recipes in a process that never captured)
 from minicompile.runtime.dict_guards import right_after_check
@@ -38,7 +39,7 @@ from minicompile.runtime.fingerprints import Miss, NotStorable
 from minicompile.runtime.guards import GUARDS_FILENAME, GuardCheck, Guards
 from minicompile.runtime.tensor_checks import PYTHON_CHECKS, TENSOR_CHECKS
 
-FORMAT = "minicompile-entry-2"
+FORMAT = "minicompile-entry-3"
 _SKIP = frozenset({"__builtins__", "check", "get_inputs", "rebuild", TENSOR_CHECKS,
                    PYTHON_CHECKS})
 # The options an entry was compiled under (checked when it is read; ``dynamic`` among them).
@@ -144,12 +145,15 @@ def _payload(stored: Stored, cfg: Config) -> dict:
     return {
         "name": fn.__qualname__,
         "params": list(guards.params),
-        "checks": [[c.source, c.kind, c.expr, c.actual, _jsonable(c.expected), c.tensor]
-                   for c in guards.checks],
+        "checks": check_table.encode(  # (each access path once)
+            [[c.source, c.kind, c.expr, c.actual, _jsonable(c.expected), c.tensor]
+             for c in guards.checks], (0, 2, 3, 5)),
         # The guard function compiled (its source is rendered from the checks again).
-        "guard_code": base64.b64encode(marshal.dumps(guards.code)).decode(),
+        "guard_code": _code_text(guards.code),
         "guard_paths": guards.analysis.to_json(),  # (no parse of the checks when loaded)
         "get_inputs": capture.get_inputs_source,
+        # (compiled too, as guard_code: densenet121's takes 7 ms to compile)
+        "get_inputs_code": _code_text(guards.namespace["get_inputs"].__code__),
         "input_items": guards.input_items,  # (what get_inputs lists)
         "rebuild": capture.rebuild_source,
         "namespace": namespace,
@@ -399,12 +403,12 @@ def _load(path: Path, fn: types.FunctionType, cfg: Config, frame: tuple,
     if p["interpret"] and not cfg.triton_interpret:
         raise Miss("the entry runs under Triton's interpreter, which is off")
     namespace = _namespace(p, fn, frame)
-    checks = [GuardCheck(s, k, e, a, _expected(x), t) for s, k, e, a, x, t in p["checks"]]
-    code = marshal.loads(base64.b64decode(p["guard_code"]))
-    if not isinstance(code, types.CodeType) or code.co_filename != GUARDS_FILENAME:
-        raise cache.CacheCorrupted(path, "holds no guard function")
+    checks = [GuardCheck(s, k, e, a, _expected(x), t)
+              for s, k, e, a, x, t in check_table.decode(p["checks"])]
+    code = _code(path, p["guard_code"], GUARDS_FILENAME)
     guards = Guards(p["params"], checks, namespace, code, p["guard_paths"])
-    exec(compile(p["get_inputs"], "<minicompile inputs>", "exec"), namespace)
+    inputs = _code(path, p["get_inputs_code"], "<minicompile inputs>")
+    namespace["get_inputs"] = types.FunctionType(inputs, namespace, "get_inputs")
     # (before the first check, whose record then renders get_inputs' fast form too)
     get_inputs = guards.reading(namespace["get_inputs"], p["input_items"])
     if not guards.check(*frame):
@@ -433,6 +437,18 @@ def _load(path: Path, fn: types.FunctionType, cfg: Config, frame: tuple,
     run = inference_runner(call, get_inputs, rebuild, p["no_grad"])
     return Warm(capture, run, call, [tuple(s) for s in p["sizes"]], p["kernels"], path,
                 (module, *libs))
+
+
+def _code_text(code: types.CodeType) -> str:
+    return base64.b64encode(marshal.dumps(code)).decode()
+
+
+def _code(path: Path, text: str, filename: str) -> types.CodeType:
+    """The code object :func:`_code_text` wrote, compiled from ``filename``."""
+    code = marshal.loads(base64.b64decode(text))
+    if not isinstance(code, types.CodeType) or code.co_filename != filename:
+        raise cache.CacheCorrupted(path, f"holds no code of {filename}")
+    return code
 
 
 def _namespace(p: dict, fn: types.FunctionType, frame: tuple) -> dict[str, Any]:

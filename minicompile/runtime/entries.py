@@ -30,8 +30,7 @@ import torch
 
 from minicompile import trace
 from minicompile.config import Config
-from minicompile.runtime import build, cache, cache_limits, check_table, fingerprints, profile
-from minicompile.runtime import recipes
+from minicompile.runtime import build, cache, cache_limits, fingerprints, profile, recipes
 from minicompile.runtime import values  # noqa: F401 (what generated rebuilds call, found by
 # recipes in a process that never captured)
 from minicompile.runtime.dict_guards import right_after_check
@@ -145,9 +144,8 @@ def _payload(stored: Stored, cfg: Config) -> dict:
     return {
         "name": fn.__qualname__,
         "params": list(guards.params),
-        "checks": check_table.encode(  # (each access path once)
-            [[c.source, c.kind, c.expr, c.actual, _jsonable(c.expected), c.tensor]
-             for c in guards.checks], (0, 2, 3, 5)),
+        "checks": [[c.source, c.kind, c.expr, c.actual, _jsonable(c.expected), c.tensor]
+                   for c in guards.checks],
         # The guard function compiled (its source is rendered from the checks again).
         "guard_code": _code_text(guards.code),
         "guard_paths": guards.analysis.to_json(),  # (no parse of the checks when loaded)
@@ -403,8 +401,7 @@ def _load(path: Path, fn: types.FunctionType, cfg: Config, frame: tuple,
     if p["interpret"] and not cfg.triton_interpret:
         raise Miss("the entry runs under Triton's interpreter, which is off")
     namespace = _namespace(p, fn, frame)
-    checks = [GuardCheck(s, k, e, a, _expected(x), t)
-              for s, k, e, a, x, t in check_table.decode(p["checks"])]
+    checks = [GuardCheck(s, k, e, a, _expected(x), t) for s, k, e, a, x, t in p["checks"]]
     code = _code(path, p["guard_code"], GUARDS_FILENAME)
     guards = Guards(p["params"], checks, namespace, code, p["guard_paths"])
     inputs = _code(path, p["get_inputs_code"], "<minicompile inputs>")

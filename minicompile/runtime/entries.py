@@ -2,8 +2,9 @@
 
 A frame compiled whole (no graph break, no backward graph) is written under
 ``<cache>/entries/<function key>/`` as JSON: the guard checks, ``get_inputs`` and ``rebuild``
-(plain Python; the guard function and ``get_inputs`` compiled too), *recipes* for the objects their namespace refers to (runtime/recipes.py),
-the wrapper module and C++ library with their sha256, and each GPU kernel's cubin key.  A
+(plain Python; the guard function and ``get_inputs`` compiled too), *recipes* for the
+objects their namespace refers to (runtime/recipes.py), the wrapper module and C++ library
+with their sha256, and each GPU kernel's cubin key.  A
 later process whose call no entry in memory matches looks there, newest first (:func:`find`),
 re-evaluates an entry's guards on the call and, on a pass, runs its wrapper: nothing is
 interpreted, inferred or built.  What a process decides and counts is the same without it.

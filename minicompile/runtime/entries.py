@@ -2,8 +2,9 @@
 
 A frame compiled whole (no graph break, no backward graph) is written under
 ``<cache>/entries/<function key>/`` as JSON: the guard checks, ``get_inputs`` and ``rebuild``
-(plain Python), *recipes* for the objects their namespace refers to (runtime/recipes.py),
-the wrapper module and C++ library with their sha256, and each GPU kernel's cubin key.  A
+(plain Python; the guard function and ``get_inputs`` compiled too), *recipes* for the
+objects their namespace refers to (runtime/recipes.py), the wrapper module and C++ library
+with their sha256, and each GPU kernel's cubin key.  A
 later process whose call no entry in memory matches looks there, newest first (:func:`find`),
 re-evaluates an entry's guards on the call and, on a pass, runs its wrapper: nothing is
 interpreted, inferred or built.  What a process decides and counts is the same without it.
@@ -38,7 +39,7 @@ from minicompile.runtime.fingerprints import Miss, NotStorable
 from minicompile.runtime.guards import GUARDS_FILENAME, GuardCheck, Guards
 from minicompile.runtime.tensor_checks import PYTHON_CHECKS, TENSOR_CHECKS
 
-FORMAT = "minicompile-entry-2"
+FORMAT = "minicompile-entry-3"
 _SKIP = frozenset({"__builtins__", "check", "get_inputs", "rebuild", TENSOR_CHECKS,
                    PYTHON_CHECKS})
 # The options an entry was compiled under (checked when it is read; ``dynamic`` among them).
@@ -147,9 +148,11 @@ def _payload(stored: Stored, cfg: Config) -> dict:
         "checks": [[c.source, c.kind, c.expr, c.actual, _jsonable(c.expected), c.tensor]
                    for c in guards.checks],
         # The guard function compiled (its source is rendered from the checks again).
-        "guard_code": base64.b64encode(marshal.dumps(guards.code)).decode(),
+        "guard_code": _code_text(guards.code),
         "guard_paths": guards.analysis.to_json(),  # (no parse of the checks when loaded)
         "get_inputs": capture.get_inputs_source,
+        # (compiled too, as guard_code: densenet121's takes 7 ms to compile)
+        "get_inputs_code": _code_text(guards.namespace["get_inputs"].__code__),
         "input_items": guards.input_items,  # (what get_inputs lists)
         "rebuild": capture.rebuild_source,
         "namespace": namespace,
@@ -400,11 +403,10 @@ def _load(path: Path, fn: types.FunctionType, cfg: Config, frame: tuple,
         raise Miss("the entry runs under Triton's interpreter, which is off")
     namespace = _namespace(p, fn, frame)
     checks = [GuardCheck(s, k, e, a, _expected(x), t) for s, k, e, a, x, t in p["checks"]]
-    code = marshal.loads(base64.b64decode(p["guard_code"]))
-    if not isinstance(code, types.CodeType) or code.co_filename != GUARDS_FILENAME:
-        raise cache.CacheCorrupted(path, "holds no guard function")
+    code = _code(path, p["guard_code"], GUARDS_FILENAME)
     guards = Guards(p["params"], checks, namespace, code, p["guard_paths"])
-    exec(compile(p["get_inputs"], "<minicompile inputs>", "exec"), namespace)
+    inputs = _code(path, p["get_inputs_code"], "<minicompile inputs>")
+    namespace["get_inputs"] = types.FunctionType(inputs, namespace, "get_inputs")
     # (before the first check, whose record then renders get_inputs' fast form too)
     get_inputs = guards.reading(namespace["get_inputs"], p["input_items"])
     if not guards.check(*frame):
@@ -433,6 +435,18 @@ def _load(path: Path, fn: types.FunctionType, cfg: Config, frame: tuple,
     run = inference_runner(call, get_inputs, rebuild, p["no_grad"])
     return Warm(capture, run, call, [tuple(s) for s in p["sizes"]], p["kernels"], path,
                 (module, *libs))
+
+
+def _code_text(code: types.CodeType) -> str:
+    return base64.b64encode(marshal.dumps(code)).decode()
+
+
+def _code(path: Path, text: str, filename: str) -> types.CodeType:
+    """The code object :func:`_code_text` wrote, compiled from ``filename``."""
+    code = marshal.loads(base64.b64decode(text))
+    if not isinstance(code, types.CodeType) or code.co_filename != filename:
+        raise cache.CacheCorrupted(path, f"holds no code of {filename}")
+    return code
 
 
 def _namespace(p: dict, fn: types.FunctionType, frame: tuple) -> dict[str, Any]:

@@ -247,13 +247,15 @@ def _gelu_meta(args: tuple, kwargs: dict[str, Any], device: torch.device) -> Ten
     return out if x.stride == out.stride else None
 
 
-def _pair(value: Any, low: int) -> tuple[int, int] | None:
-    """A convolution's stride, padding or dilation as two ints of at least ``low``."""
-    pair = (value, value) if type(value) is int else value
-    if not (isinstance(pair, (tuple, list)) and len(pair) == 2
-            and all(type(v) is int and v >= low for v in pair)):
+def int_tuple(value: Any, n: int, low: int | None = None) -> tuple[int, ...] | None:
+    """A window argument (a convolution's or pooling's stride, padding, ...) as ``n`` ints,
+    each at least ``low``: one int for every dim, or ``n`` of them; None for anything else
+    (a string padding, a symbolic size)."""
+    items = (value,) * n if type(value) is int else value
+    if not (isinstance(items, (tuple, list)) and len(items) == n
+            and all(type(v) is int and (low is None or v >= low) for v in items)):
         return None
-    return pair[0], pair[1]
+    return tuple(items)
 
 
 def _conv2d_meta(args: tuple, kwargs: dict[str, Any],
@@ -275,8 +277,8 @@ def _conv2d_meta(args: tuple, kwargs: dict[str, Any],
         return None
     if not _fits(bound.get("bias"), x, (c_out,)):
         return None
-    stride, padding = _pair(bound.get("stride", 1), 1), _pair(bound.get("padding", 0), 0)
-    dilation = _pair(bound.get("dilation", 1), 1)
+    stride, dilation = (int_tuple(bound.get(k, 1), 2, 1) for k in ("stride", "dilation"))
+    padding = int_tuple(bound.get("padding", 0), 2, 0)
     if stride is None or padding is None or dilation is None:
         return None  # ("same" / "valid" padding, or a bad value: PyTorch's path decides)
     out_hw = [(size + 2 * p - d * (k - 1) - 1) // s + 1

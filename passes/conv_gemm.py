@@ -29,7 +29,9 @@ import torch.nn.functional as F
 
 from minicompile import ops
 from minicompile.graph import Graph, Node, TensorMeta, copy_graph
+from minicompile.meta_rules import int_tuple
 from minicompile.passes.decompose import _Builder
+from minicompile.passes.decompose_reductions import bind
 from minicompile.passes.layout import CONV2D, contiguous, plain
 from minicompile.runtime import conv_gemm
 
@@ -39,21 +41,11 @@ PARAMS = ("input", "weight", "bias", "stride", "padding", "dilation", "groups")
 DEFAULTS = {"bias": None, "stride": 1, "padding": 0, "dilation": 1, "groups": 1}
 
 
-def pair(value: object) -> tuple[int, int] | None:
-    """An int or a pair of ints as a pair; None for anything else (a string padding)."""
-    if isinstance(value, int):
-        return value, value
-    if isinstance(value, (tuple, list)) and len(value) == 2 and all(
-            isinstance(v, int) for v in value):
-        return tuple(value)
-    return None
-
-
 def as_product(node: Node) -> tuple[Node, Node, Node | None, tuple[int, int]] | None:
     """(input, weight, bias, stride) where ``node`` is a convolution this pass rewrites."""
     if node.target not in CONV2D or len(node.args) > len(PARAMS):
         return None
-    bound = {**DEFAULTS, **dict(zip(PARAMS, node.args)), **node.kwargs}
+    bound = bind(node.args, node.kwargs, PARAMS, DEFAULTS)
     if set(bound) != set(PARAMS):
         return None  # an argument this pass does not know
     x, w, meta = bound["input"], bound["weight"], node.meta
@@ -61,10 +53,10 @@ def as_product(node: Node) -> tuple[Node, Node, Node | None, tuple[int, int]] | 
     if not all(isinstance(t, Node) and isinstance(t.meta, TensorMeta) and not t.meta.is_symbolic
                for t in tensors) or not isinstance(meta, TensorMeta) or meta.is_symbolic:
         return None
-    stride = pair(bound["stride"])
+    stride = int_tuple(bound["stride"], 2)
     if (meta.device.type != "cpu" or meta.dtype not in DTYPES or x.meta.ndim != 4
             or tuple(int(s) for s in w.meta.shape[2:]) != (1, 1) or stride is None
-            or pair(bound["padding"]) != (0, 0) or pair(bound["dilation"]) != (1, 1)
+            or int_tuple(bound["padding"], 2) != (0, 0) or int_tuple(bound["dilation"], 2) != (1, 1)
             or bound["groups"] != 1):
         return None
     if not all(contiguous(m) for m in (x.meta, meta)):

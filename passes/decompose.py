@@ -111,7 +111,7 @@ def _hardtanh(b: _Builder, x: Node, min_val: float = -1.0, max_val: float = 1.0,
     out = b("where", b("lt", x, lo), lo, b("where", b("gt", x, hi), hi, x))
     if not b.requires_grad:
         return out
-    at_lo, at_hi, at_nan = _corner_gradients(b, "hardtanh", (lo, hi), (0.0, 0.0, 0.0))
+    at_lo, at_hi, at_nan = _corner_gradients(b, "hardtanh", (lo, hi), (lo, hi), (0.0, 0.0, 0.0))
     if at_lo not in (0.0, 1.0) or at_hi not in (0.0, 1.0) or at_nan not in (0.0, 1.0):
         return None
     passes = b("logical_and", b("ge" if at_lo else "gt", x, lo), b("le" if at_hi else "lt", x, hi))
@@ -131,7 +131,7 @@ def _hardswish(b: _Builder, x: Node, inplace: bool = False) -> Node | None:
     PyTorch's main branch on CUDA: -1/2 at -3, 3/2 at 3)."""
     if not x.meta.dtype.is_floating_point:  # type: ignore[union-attr]
         return None
-    at_lo, at_hi, at_nan = _corner_gradients(b, "hardswish", (), (0.0, 1.0, 1.0))
+    at_lo, at_hi, at_nan = _corner_gradients(b, "hardswish", (-3.0, 3.0), (), (0.0, 1.0, 1.0))
     if at_lo not in (0.0, -0.5) or at_hi not in (1.0, 1.5) or at_nan not in (0.0, 1.0):
         return None
     x = b.opmath(x)
@@ -154,7 +154,7 @@ def _hardsigmoid(b: _Builder, x: Node, inplace: bool = False) -> Node | None:
     if not x.meta.dtype.is_floating_point:  # type: ignore[union-attr]
         return None
     sixth = torch.tensor(1 / 6).item()  # (as float32 rounds it: the probe's value)
-    at_lo, at_hi, at_nan = _corner_gradients(b, "hardsigmoid", (), (0.0, 0.0, 0.0))
+    at_lo, at_hi, at_nan = _corner_gradients(b, "hardsigmoid", (-3.0, 3.0), (), (0.0, 0.0, 0.0))
     if not {at_lo, at_hi, at_nan} <= {0.0, sixth}:
         return None
     x = b.opmath(x)
@@ -166,25 +166,22 @@ def _hardsigmoid(b: _Builder, x: Node, inplace: bool = False) -> Node | None:
     return b.restore(out)
 
 
-_CORNERS = {"hardtanh": lambda lo, hi: (lo, hi), "hardswish": lambda: (-3.0, 3.0),
-            "hardsigmoid": lambda: (-3.0, 3.0)}
-
-
-def _corner_gradients(b: _Builder, name: str, args: tuple, cpu: tuple[float, ...]
-                      ) -> tuple[float, ...]:
-    """Eager's gradient of ``F.<name>(x, *args)`` at its two corners and at NaN, on the
+def _corner_gradients(b: _Builder, name: str, corners: tuple[float, float], args: tuple,
+                      cpu: tuple[float, ...]) -> tuple[float, ...]:
+    """Eager's gradient of ``F.<name>(x, *args)`` at its two ``corners`` and at NaN, on the
     decomposed node's device.  These are each kernel's own conventions: the CPU's vectorised
     kernels, CUDA's and each release's differ.  On the CPU they are ``cpu`` (a probe of
     three values would run the scalar tail loop instead)."""
     device = b.origin.meta.device  # type: ignore[union-attr]
     if not b.requires_grad or device.type == "cpu":
         return cpu
-    return _probe(name, str(device), args)
+    return _probe(name, str(device), corners, args)
 
 
 @functools.cache
-def _probe(name: str, device: str, args: tuple) -> tuple[float, ...]:
-    x = torch.tensor([*_CORNERS[name](*args), math.nan], device=device, requires_grad=True)
+def _probe(name: str, device: str, corners: tuple[float, float], args: tuple
+           ) -> tuple[float, ...]:
+    x = torch.tensor([*corners, math.nan], device=device, requires_grad=True)
     with torch.enable_grad():
         getattr(torch.nn.functional, name)(x, *args).sum().backward()
     return tuple(x.grad.tolist())  # type: ignore[union-attr]

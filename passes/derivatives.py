@@ -20,8 +20,10 @@ import torch
 
 from minicompile import ops
 from minicompile.graph import Node
+from minicompile.meta_rules import int_tuple
 from minicompile.op_table import ROWS, ZERO
 
+from minicompile.passes.decompose_reductions import bind
 from minicompile.passes.layout import overlaps, plain, same_layout
 from minicompile.runtime.autograd import conv_backward, embedding_backward, max_pool2d_backward
 
@@ -408,17 +410,15 @@ def conv_rule(d: Any, node: Node, g: Node) -> list | None:
     batch dim: one call of ATen's convolution backward for the gradients that are needed
     (runtime/autograd.conv_backward); None (PyTorch's autograd) for other forms."""
     names = ("input", "weight", "bias", "stride", "padding", "dilation", "groups")
-    bound = {"bias": None, "stride": 1, "padding": 0, "dilation": 1, "groups": 1,
-             **dict(zip(names, node.args)), **node.kwargs}
+    bound = bind(node.args, node.kwargs, names,
+                 {"bias": None, "stride": 1, "padding": 0, "dilation": 1, "groups": 1})
     x, w, bias = bound.get("input"), bound.get("weight"), bound["bias"]
     if not (isinstance(x, Node) and isinstance(w, Node)) or x.meta.ndim != w.meta.ndim:
         return None
-    if isinstance(bound["padding"], str) or not (bias is None or isinstance(bias, Node)):
+    if not (bias is None or isinstance(bias, Node)):
         return None
-    n = w.meta.ndim - 2
-    spatial = [tuple(v) if isinstance(v, (tuple, list)) else (v,) * n
-               for v in (bound["stride"], bound["padding"], bound["dilation"])]
-    if any(len(v) != n or not all(isinstance(i, int) for i in v) for v in spatial):
+    spatial = [int_tuple(bound[k], w.meta.ndim - 2) for k in ("stride", "padding", "dilation")]
+    if None in spatial:  # (a string padding too)
         return None
     wanted = [(x, d.needs(x)), (w, d.needs(w)), (bias, bias is not None and d.needs(bias))]
     mask = tuple(need for _, need in wanted)
@@ -428,23 +428,16 @@ def conv_rule(d: Any, node: Node, g: Node) -> list | None:
     return [(arg, d.item(call, j)) for j, arg in enumerate(needed)]
 
 
-def _ints(v: Any, n: int) -> list[int] | None:
-    """A window argument as ``n`` ints (``3`` -> ``[3, 3]``), None if it is anything else."""
-    v = list(v) if isinstance(v, (tuple, list)) else [v] * n
-    return v if len(v) == n and all(type(i) is int for i in v) else None
-
-
 def max_pool2d_rule(d: Any, node: Node, g: Node) -> list | None:
     """F.max_pool2d(x, kernel, stride, padding, dilation, ceil_mode) without indices: ATen's
     backward kernel, its indices found again from x (runtime/autograd.max_pool2d_backward)."""
     names = ("input", "kernel_size", "stride", "padding", "dilation", "ceil_mode",
              "return_indices")
-    bound = {"stride": None, "padding": 0, "dilation": 1, "ceil_mode": False,
-             **dict(zip(names, node.args)), **node.kwargs}
-    x = bound.get("input")
-    kernel = _ints(bound.get("kernel_size"), 2)
-    window = [kernel, _ints(bound["stride"] or bound.get("kernel_size"), 2),
-              _ints(bound["padding"], 2), _ints(bound["dilation"], 2)]
+    bound = bind(node.args, node.kwargs, names,
+                 {"stride": None, "padding": 0, "dilation": 1, "ceil_mode": False})
+    x, kernel = bound.get("input"), bound.get("kernel_size")
+    window = [int_tuple(v, 2) for v in (kernel, bound["stride"] or kernel, bound["padding"],
+                                         bound["dilation"])]
     if (not isinstance(x, Node) or bound.get("return_indices") or None in window
             or not isinstance(bound["ceil_mode"], bool)):
         return None
@@ -457,8 +450,8 @@ def embedding_rule(d: Any, node: Node, g: Node) -> list | None:
     renormalises the weight in place), sparse gradients or a symbolic row count."""
     names = ("input", "weight", "padding_idx", "max_norm", "norm_type", "scale_grad_by_freq",
              "sparse")
-    bound = {"padding_idx": None, "max_norm": None, "scale_grad_by_freq": False,
-             "sparse": False, **dict(zip(names, node.args)), **node.kwargs}
+    bound = bind(node.args, node.kwargs, names, {"padding_idx": None, "max_norm": None,
+                                                 "scale_grad_by_freq": False, "sparse": False})
     indices, w, pad = bound.get("input"), bound.get("weight"), bound["padding_idx"]
     if not (isinstance(indices, Node) and isinstance(w, Node)) or w.meta.ndim != 2:
         return None

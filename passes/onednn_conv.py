@@ -23,7 +23,8 @@ import torch
 
 from minicompile import compat, ops
 from minicompile.graph import Graph, Node, TensorMeta, copy_graph
-from minicompile.passes.conv_gemm import DEFAULTS, PARAMS, pair
+from minicompile.meta_rules import int_tuple
+from minicompile.passes.conv_gemm import DEFAULTS, PARAMS
 from minicompile.passes.decompose_reductions import bind
 from minicompile.passes.hoist_params import parameter_values
 from minicompile.passes.layout import (CHANNELS_LAST, CONV2D, convolutions, dense_strides,
@@ -53,7 +54,7 @@ def packable(node: Node, params: set[Node]) -> dict[str, Any] | None:
     if (not isinstance(meta, TensorMeta) or meta.device.type != "cpu" or x.meta.ndim != 4
             or w.meta.ndim != 4 or w not in params or not isinstance(a["groups"], int)):
         return None  # (a weight computed each call would be packed each call)
-    sizes = {k: pair(a[k]) for k in ("padding", "stride", "dilation")}
+    sizes = {k: int_tuple(a[k], 2) for k in ("padding", "stride", "dilation")}
     if None in sizes.values():
         return None  # a string padding ("same")
     return {**a, **sizes}

@@ -2,18 +2,20 @@
 
     python examples/bench_gpu.py                    # every row
     python examples/bench_gpu.py kernels overhead   # some groups: kernels, modules,
-                                                    # overhead, models
+                                                    # overhead, models, train
 
 Rows: memory-bound kernels (with the % of copy bandwidth minicompile reaches, the copy
 timed in the same run), nanoGPT modules in the default mode and with
 ``mode="reduce-overhead"`` (CUDA graphs, beside torch.compile's), the per-call overhead of
-a 16-element function, and whole models in bf16 (random init: timm resnet50 and ViT-B/16,
-transformers BERT-base and GPT-2 small).  Every compiled result is checked against eager
-before it is timed.  Medians from ``triton.testing.do_bench``.
+a 16-element function, whole models in bf16 (random init: timm resnet50 and ViT-B/16,
+transformers BERT-base and GPT-2 small at 16 x 512 tokens), and the GPT train step of
+examples/train_nanogpt.py (6 layers, 512 wide, fp32, with AdamW).  Every compiled result is
+checked against eager before it is timed.  Medians from ``triton.testing.do_bench``.
 """
 
 from __future__ import annotations
 
+import copy
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -87,17 +89,41 @@ def model_rows() -> list[Row]:
 
     torch.manual_seed(0)
     images = torch.randn(32, 3, 224, 224, device="cuda", dtype=torch.bfloat16)
-    tokens = torch.randint(0, 30000, (8, 128), device="cuda")
+    tokens = torch.randint(0, 30000, (16, 512), device="cuda")
     bert = transformers.BertModel(transformers.BertConfig())
     gpt2 = transformers.GPT2LMHeadModel(transformers.GPT2Config())
     return [
         ("timm resnet50 bf16, 32 x 224^2", bf16(timm.create_model("resnet50")), (images,),
          None, None),
-        ("transformers BERT-base bf16, 8 x 128", bf16(bert), (tokens,), None, None),
-        ("transformers GPT-2 small bf16, 8 x 128", bf16(gpt2), (tokens,), None, None),
+        ("transformers BERT-base bf16, 16 x 512", bf16(bert), (tokens,), None, None),
+        ("transformers GPT-2 small bf16, 16 x 512", bf16(gpt2), (tokens,), None, None),
         ("timm ViT-B/16 bf16, 32 x 224^2",
          bf16(timm.create_model("vit_base_patch16_224")), (images,), None, None),
     ]
+
+
+def train_row() -> str:
+    """The GPT (6 layers, 512 wide) train step of examples/train_nanogpt.py in fp32: forward,
+    loss, backward and AdamW, each compiler wrapping the loss and the optimizer step; the
+    first step's losses checked against eager's."""
+    from train_nanogpt import Trainer, batches
+
+    torch.manual_seed(0)
+    config = GPTConfig(n_layer=6, n_embd=512, n_head=8, block_size=256, vocab_size=8192)
+    base = GPT(config).cuda().train()
+    minicompile.reset()
+    torch._dynamo.reset()
+    trainers = [Trainer("eager", copy.deepcopy(base)),
+                Trainer("torch.compile", copy.deepcopy(base), torch.compile),
+                Trainer("minicompile", copy.deepcopy(base), minicompile.compile)]
+    idx, targets = batches(config, 16, "cuda", 1)[0]
+    losses = [t.step(idx, targets) for t in trainers]
+    torch.testing.assert_close(losses[2], losses[0], rtol=2e-4, atol=2e-4)
+    times = [median_seconds(lambda t=t: t.step(idx, targets), True) * 1e3 for t in trainers]
+    s = minicompile.stats()
+    return (f"{'GPT 6 x 512 train step fp32, 16 x 256 (AdamW)':58} {times[0]:8.3f} "
+            f"{times[1]:8.3f} {times[2]:8.3f} {times[2] / times[1]:6.2f} {'':>6} "
+            f"{s['kernels']:4d} {s['graphs']:3d} {s['graph_breaks']:3d}")
 
 
 def first_tensor(value: Any) -> torch.Tensor:
@@ -142,7 +168,7 @@ COPY_BYTES = 2 * 2**30  # the copy row: 1 GiB read, 1 GiB written
 
 
 def main() -> None:
-    groups = sys.argv[1:] or ["kernels", "modules", "overhead", "models"]
+    groups = sys.argv[1:] or ["kernels", "modules", "overhead", "models", "train"]
     torch.backends.cuda.matmul.allow_tf32 = False
     src = torch.empty(2**28, device="cuda")
     dst = torch.empty_like(src)
@@ -159,6 +185,10 @@ def main() -> None:
             us = [per_call_us(f, x) for f in (fn, torch.compile(fn), minicompile.compile(fn))]
             lines.append(f"{'16-element sin(x) + 1, us per call':58} {us[0]:8.1f} {us[1]:8.1f} "
                          f"{us[2]:8.1f} {us[2] / us[1]:6.2f}")
+            continue
+        if group == "train":
+            lines.append(train_row())
+            print(lines[-1], flush=True)
             continue
         for row in rows[group]():
             lines.append(run_row(row, copy_ms))

@@ -18,6 +18,7 @@ import torch
 
 from minicompile import compat
 from minicompile.ops import resolve_path
+from minicompile.runtime.attention_grads import attention_grads
 from minicompile.runtime.dict_guards import right_after_check
 from minicompile.runtime.values import picker
 
@@ -87,8 +88,10 @@ def vjp(out: Any, grad: Any) -> tuple[torch.Tensor, ...]:
     pairs = [(o, g) for o, g in zip(outs, grads_in) if o.grad_fn is not None]
     if not pairs:  # nothing of the output depends on its leaves
         return tuple(torch.zeros_like(t, memory_format=torch.contiguous_format) for t in leaves)
-    grads = torch.autograd.grad([o for o, _ in pairs], leaves, [g for _, g in pairs],
-                                retain_graph=True, allow_unused=True)
+    grads = attention_grads(pairs, leaves)
+    if grads is None:
+        grads = torch.autograd.grad([o for o, _ in pairs], leaves, [g for _, g in pairs],
+                                    retain_graph=True, allow_unused=True)
     return tuple(torch.zeros_like(t, memory_format=torch.contiguous_format) if g is None
                  else g for g, t in zip(grads, leaves))
 

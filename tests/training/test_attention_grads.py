@@ -1,0 +1,71 @@
+"""The backward of ``F.scaled_dot_product_attention`` calls its fused kernel's backward op
+directly (minicompile/runtime/attention_grads.py), not a nested ``torch.autograd.grad``.
+Values: gradients of query, key, value and the weights around them equal eager's, for
+``loss.backward()`` and for ``torch.autograd.grad(loss, some_inputs)`` (where the running
+graph task computes only what it was asked for), two calls with fresh inputs; masks, causal,
+one tensor as query, key and value, and a mask that takes a gradient (the engine's road)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import minicompile
+from minicompile.runtime import attention_grads, autograd
+
+from devices import device_for
+
+CASES = {
+    "plain": lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v),
+    "causal": lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, is_causal=True),
+    "bool_mask": lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=m > 0),
+    "float_mask": lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=m,
+                                                                    scale=0.3),
+    "self": lambda q, k, v, m: F.scaled_dot_product_attention(q, q, q),
+    "mask_takes_grad": lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v,
+                                                                         attn_mask=m * q[..., :1]),
+}
+
+
+def block(case: str):  # noqa: ANN201
+    """A projection in front of the attention, as in a model: its inputs are graph values."""
+    def f(x, w, m):  # noqa: ANN001, ANN202
+        q, k, v = (x @ w).unflatten(-1, (3, 3, 16)).unbind(2)  # 3 heads of 16
+        return CASES[case](q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), m).sum(1)
+    return f
+
+
+@pytest.mark.parametrize("how", ["backward", "grad_of_x"])
+@pytest.mark.parametrize("case", list(CASES))
+def test_attention_gradients(case: str, how: str, backend: str,
+                             monkeypatch: pytest.MonkeyPatch) -> None:
+    device = device_for(backend)
+    direct = []
+    real = attention_grads.attention_grads
+    monkeypatch.setattr(autograd, "attention_grads",
+                        lambda *a: direct.append(real(*a)) or direct[-1])
+    fn = block(case)
+    compiled = minicompile.compile(fn, backend=backend)
+    for _ in range(2):
+        x = torch.randn(2, 7, 48, device=device)
+        w = torch.randn(48, 3 * 48, device=device) / 7
+        m = torch.randn(7, 7, device=device)
+        grads = []
+        for f in (fn, compiled):
+            leaves = [t.clone().requires_grad_() for t in (x, w)]
+            out = f(*leaves, m)
+            loss = (out * torch.linspace(-1, 1, out.shape[-1], device=device)).sum()
+            if how == "backward":
+                loss.backward()
+                grads.append([t.grad for t in leaves])
+            else:
+                grads.append(list(torch.autograd.grad(loss, leaves[:1])))
+        for got, want in zip(grads[1], grads[0]):
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    assert minicompile.stats()["graph_breaks"] == 0
+    fused = [r for r in direct if r is not None]
+    if case == "mask_takes_grad":
+        assert not fused  # the mask's gradient: PyTorch's engine
+    else:
+        assert fused, "the attention's backward went through the engine"

@@ -5,7 +5,7 @@ language spells a dtype, a literal, a cast, a rounding and each op (a column of
 minicompile/op_table.py).  Decided here, for both: the walk over a body (loads, Cat pieces
 and reductions are the backend's); the spelling an op takes for its operand dtype
 (:func:`legal_op`: integer and bool variants, float32's IEEE division, float64's
-reciprocal, ``x ** 2`` as ``x * x``); float16/bfloat16 computed in float32
+reciprocal, ``x ** 2`` and ``x ** 3`` as products); float16/bfloat16 computed in float32
 (:func:`compute_dtype`), rounded at casts and, where the dialect says so, after every op.
 """
 
@@ -54,8 +54,8 @@ def legal_op(e: Op) -> str:
         return row.variants.get("int", e.op)
     exponent = e.args[-1]
     if e.op == "pow" and isinstance(exponent, Constant) and not isinstance(exponent.value, bool):
-        if exponent.value == 2:
-            return "square"
+        if exponent.value in (2, 3):
+            return "square" if exponent.value == 2 else "cube"
     return row.variants.get("f32" if compute_dtype(dtype) == torch.float32 else "f64", e.op)
 
 

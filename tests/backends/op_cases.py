@@ -193,6 +193,7 @@ case("remainder_i32", lambda x, y: x % y, rand(S, i32), rand(S, i32, "nonzero"))
 # pow: tensor ** scalar, scalar ** tensor, tensor ** tensor.
 for _dt in FLOATS:
     case(f"pow_square_{SHORT[_dt]}", lambda x: x**2, rand(S, _dt))
+    case(f"pow_cube_{SHORT[_dt]}", lambda x: x**3.0, rand(S, _dt))
 case("pow_half_f32", lambda x: x**0.5, rand(S, f32, "pos"))
 case("pow_tensor_f32", lambda x, y: torch.pow(x, y), rand(S, f32, "pos"), rand(S))
 case("rpow_f32", lambda x: 2**x, rand(S))

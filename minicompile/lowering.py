@@ -510,7 +510,13 @@ def should_realize(node: Node, value: Value) -> bool:
     if isinstance(value.expr, Load):
         return False
     loads = {(e.buffer, e.index) for e in walk(value.expr) if isinstance(e, Load)}
-    return len(loads) >= REALIZE_READS
+    if len(loads) < REALIZE_READS:
+        return False
+    # A value made only of broadcast reads (a one-hot from class indices and a scalar, a
+    # mask from positions) is recomputed where it is read: storing it writes and reads a
+    # full-size tensor (a cross entropy's backward stored its [tokens, vocabulary] one-hot).
+    varying = {s for s, n in zip(dim_symbols(len(node.meta.shape)), node.meta.shape) if n != 1}
+    return any(varying <= index.free_symbols for _, index in loads)
 
 
 def _origin(node: Node) -> str:

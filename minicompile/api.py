@@ -63,21 +63,17 @@ def reset() -> None:
     next call looks there, as a new process would (what it loads counts as
     ``warm_entries``)."""
     for fn in _compiled:
-        fn.entries.clear()
+        for table in (fn.entries, fn.concrete_points, fn.dynamic_dims, fn.dynamic_ints,
+                      fn.dynamic_lengths, fn.breaks):
+            table.clear()
         fn.segments = {} if fn._root is None else {fn._root: fn.entries}
-        fn.concrete_points.clear()
-        fn.dynamic_dims.clear()
-        fn.dynamic_ints.clear()
-        fn.dynamic_lengths.clear()
-        fn.breaks.clear()
         fn.eager_reason = None
         fn.calls_compiled = False
     build.forget()
     profile.forget()
     _callee_wrappers.clear()
     _compiled_steps.clear()
-    for key in _stats:
-        _stats[key] = 0
+    _stats.update(dict.fromkeys(_stats, 0))
 
 
 class CompiledFunction(Resuming, AutoDynamic):

@@ -207,22 +207,17 @@ def _filled(value: bool) -> Callable[..., Node | None]:
     return rule
 
 
-DECOMPOSITIONS: dict[str, Callable[..., Node]] = {  # the composite ops of minicompile/ops.py
-    "relu": _relu,
-    "gelu": _gelu,
-    "silu": _silu,
-    "clamp": _clamp,
-}
+# The composite ops of minicompile/ops.py.
+DECOMPOSITIONS: dict[str, Callable[..., Node]] = {"relu": _relu, "gelu": _gelu, "silu": _silu,
+                                                  "clamp": _clamp}
 FILLED = {"torch.Tensor.new_ones": _filled(True), "torch.Tensor.new_zeros": _filled(False)}
 # Library calls the capture keeps (their torch.nn.functional names) that are pointwise:
 # fused, where the library call would be a kernel of its own and, in training, recorded
 # for autograd with a backward call of its own.
 ACTIVATION_DECOMPOSITIONS: dict[str, Callable[..., Node | None]] = {
-    "torch.nn.functional.hardtanh": _hardtanh,
-    "torch.nn.functional.relu6": _relu6,
-    "torch.nn.functional.hardswish": _hardswish,
-    "torch.nn.functional.hardsigmoid": _hardsigmoid,
-}
+    f"torch.nn.functional.{name}": rule for name, rule in (
+        ("hardtanh", _hardtanh), ("relu6", _relu6), ("hardswish", _hardswish),
+        ("hardsigmoid", _hardsigmoid))}
 
 
 def _lay_out_as(out: Node, meta: TensorMeta, start: int) -> None:

@@ -193,23 +193,12 @@ def _gather(b: Builder, x: Node, dim: int, index: Node, sparse_grad: bool = Fals
 
 
 VIEW_DECOMPOSITIONS: dict[str, Callable[..., Node | None]] = {
-    name: _reshape
-    for name in (
-        "torch.Tensor.view", "torch.Tensor.reshape", "torch.reshape", "torch.Tensor.flatten",
-        "torch.flatten", "torch.Tensor.unflatten", "torch.Tensor.view_as",
-        "torch.Tensor.reshape_as",
-    )
-}
-VIEW_DECOMPOSITIONS.update({
-    "getitem": _getitem,
-    "torch.Tensor.narrow": _narrow,
-    "torch.narrow": _narrow,
-    "torch.Tensor.select": _select,
-    "torch.select": _select,
-    "torch.Tensor.__getitem__": _index,
+    **dict.fromkeys(("torch.Tensor.view", "torch.Tensor.reshape", "torch.reshape",
+                     "torch.Tensor.flatten", "torch.flatten", "torch.Tensor.unflatten",
+                     "torch.Tensor.view_as", "torch.Tensor.reshape_as"), _reshape),
+    **{f"{prefix}.{name}": rule for prefix in ("torch", "torch.Tensor") for name, rule in (
+        ("narrow", _narrow), ("select", _select), ("index_select", _index_select),
+        ("gather", _gather))},
+    "getitem": _getitem, "torch.Tensor.__getitem__": _index,
     "torch.nn.functional.embedding": _embedding,
-    "torch.index_select": _index_select,
-    "torch.Tensor.index_select": _index_select,
-    "torch.gather": _gather,
-    "torch.Tensor.gather": _gather,
-})
+}

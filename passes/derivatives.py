@@ -137,19 +137,9 @@ BINARY_RULES: dict[str, Rule] = {
 def _where(d: Any, node: Node, g: Node) -> tuple:
     cond, a, b = node.args
     c = d.fwd(cond)
-    ga = sum_to(d, d("where", c, g, 0.0), a.meta.shape) if (
-        isinstance(a, Node) and d.needs(a)) else None
-    gb = sum_to(d, d("where", c, 0.0, g), b.meta.shape) if (
-        isinstance(b, Node) and d.needs(b)) else None
-    return (None, ga, gb)
-
-
-def _to_dtype(d: Any, node: Node, g: Node) -> tuple:
-    return (d("to_dtype", g, dtype=node.args[0].meta.dtype),)
-
-
-def _contiguous(d: Any, node: Node, g: Node) -> tuple:
-    return (g,)
+    return (None, *(sum_to(d, d("where", c, *picks), x.meta.shape)
+                    if isinstance(x, Node) and d.needs(x) else None
+                    for x, picks in ((a, (g, 0.0)), (b, (0.0, g)))))
 
 
 def _copy_back(d: Any, node: Node, g: Node) -> tuple:
@@ -168,10 +158,6 @@ def _permute(d: Any, node: Node, g: Node) -> tuple:
     dims = node.args[1]
     inverse = tuple(sorted(range(len(dims)), key=lambda i: dims[i]))
     return (d("permute", g, inverse), None)
-
-
-def _expand(d: Any, node: Node, g: Node) -> tuple:
-    return (sum_to(d, g, node.args[0].meta.shape), None)
 
 
 def _reshape_back(d: Any, node: Node, g: Node) -> tuple:
@@ -233,11 +219,8 @@ def _sum(d: Any, node: Node, g: Node) -> tuple:
 
 def _extreme(d: Any, node: Node, g: Node) -> tuple:
     """amax/amin: the gradient split evenly among the elements equal to the extreme."""
-    x, dims, keepdim = node.args
-    y = d.fwd(node)
-    if not keepdim:
-        shape = tuple(1 if k in dims else s for k, s in enumerate(x.meta.shape))
-        y = d("reshape", y, shape)
+    x, dims, _ = node.args
+    y = _kept(d, node, d.fwd(node))
     maskf = d("to_dtype", d("eq", d.fwd(x), y), dtype=g.meta.dtype)
     count = d("sum", maskf, dims, True)
     # (g / count) * mask, as PyTorch's amax_backward: a NaN row gets NaN gradients
@@ -307,26 +290,14 @@ def _gather(d: Any, node: Node, g: Node) -> tuple:
 
 
 RULES: dict[str, Rule] = {
-    **UNARY_RULES,
-    **BINARY_RULES,
-    "where": _where,
-    "to_dtype": _to_dtype,
-    "contiguous": _contiguous,
-    "to_channels_last": _copy_back,
-    "to_eager_layout": _copy_back,
-    "permute": _permute,
-    "expand": _expand,
-    "unsqueeze": _reshape_back,
-    "squeeze": _reshape_back,
-    "reshape": _reshape_back,
-    "slice": _slice,
-    "select": _select,
-    "sum": _sum,
-    "amax": _extreme,
-    "amin": _extreme,
-    "embedding": _embedding,
-    "index_select": _index_select,
-    "gather": _gather,
+    **UNARY_RULES, **BINARY_RULES, "where": _where, "permute": _permute, "slice": _slice,
+    "to_dtype": lambda d, node, g: (d("to_dtype", g, dtype=node.args[0].meta.dtype),),
+    "contiguous": lambda d, node, g: (g,),
+    "expand": lambda d, node, g: (sum_to(d, g, node.args[0].meta.shape), None),
+    **dict.fromkeys(("to_channels_last", "to_eager_layout"), _copy_back),
+    **dict.fromkeys(("unsqueeze", "squeeze", "reshape"), _reshape_back),
+    "select": _select, "sum": _sum, "amax": _extreme, "amin": _extreme,
+    "embedding": _embedding, "index_select": _index_select, "gather": _gather,
 }
 
 
@@ -469,20 +440,13 @@ def embedding_rule(d: Any, node: Node, g: Node) -> list | None:
 
 
 LIBRARY_RULES: dict[str, Callable[..., list | None]] = {
-    "torch.matmul": matmul_rule,
-    "torch.Tensor.matmul": matmul_rule,
-    "torch.mm": matmul_rule,
-    "torch.Tensor.mm": matmul_rule,
-    "torch.bmm": matmul_rule,
-    "torch.Tensor.bmm": matmul_rule,
-    "operator.matmul": matmul_rule,
+    **{f"{prefix}.{op}": matmul_rule for prefix in ("torch", "torch.Tensor")
+       for op in ("matmul", "mm", "bmm")}, "operator.matmul": matmul_rule,
     "torch.nn.functional.linear": linear_rule,
-    "torch.addmm": addmm_rule,
-    "torch.Tensor.addmm": addmm_rule,
+    "torch.addmm": addmm_rule, "torch.Tensor.addmm": addmm_rule,
     **{f"{prefix}.conv{n}d": conv_rule
        for prefix in ("torch.nn.functional", "torch") for n in (1, 2, 3)},
-    "torch.nn.functional.max_pool2d": max_pool2d_rule,
-    "torch.max_pool2d": max_pool2d_rule,
+    "torch.nn.functional.max_pool2d": max_pool2d_rule, "torch.max_pool2d": max_pool2d_rule,
     "torch.nn.functional.embedding": embedding_rule,
 }
 

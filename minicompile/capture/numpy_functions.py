@@ -259,17 +259,33 @@ def _round(out: Output, fname: str, args: tuple, kwargs: dict) -> ArrayVar:
 
 
 _EXTREMES = {"max": torch.amax, "amax": torch.amax, "min": torch.amin, "amin": torch.amin}
+# The reductions by name: their parameters after ``a`` and ``axis``.
+_REDUCTIONS = {**dict.fromkeys(("sum", "prod", "mean"), ("dtype", "keepdims")),
+               **dict.fromkeys(("std", "var"), ("dtype", "ddof", "keepdims")),
+               **dict.fromkeys(("cumsum", "cumprod"), ("dtype",)),
+               **dict.fromkeys(("max", "min", "amax", "amin", "argmax", "argmin", "any",
+                                "all"), ("keepdims",))}
 
 
-def reduce(out: Output, fname: str, a: Any, axis: Any, keepdims: Any, **options: Any) -> ArrayVar:
-    """``np.<name>(a, axis, keepdims=..., **options)`` for the reductions below."""
+@function(*_REDUCTIONS)
+@method(*(name for name in _REDUCTIONS if name not in ("amax", "amin")))
+def reduce(out: Output, fname: str, args: tuple, kwargs: dict) -> ArrayVar:
+    """``np.<name>(a, axis, ...)`` for the reductions of :data:`_REDUCTIONS`."""
     name = fname.rpartition(".")[2]
-    a = as_array(out, fname, a)
+    names = ("a", "axis", *_REDUCTIONS[name])
+    options = dict(zip(names, parse(fname, args, kwargs, names, axis=None, dtype=None, ddof=0,
+                                    keepdims=False)))
+    axis, keepdims = options.pop("axis"), options.pop("keepdims", False)
+    if type(options.get("ddof", 0)) not in (int, float):
+        raise Unsupported(f"{fname}(ddof=...) must be a Python number here")
+    if name.startswith("cum") and axis is not None and type(axis) is not int:
+        raise Unsupported(f"{fname}(axis=...) must be an int")
+    a = as_array(out, fname, options.pop("a"))
     x, ndim = a.tensor, a.tensor.meta.ndim
     if type(keepdims) is not bool:
         raise Unsupported(f"{fname}(keepdims=...) must be a Python bool here")
     given = {k: v for k, v in options.items() if v is not None}
-    if name not in ("cumsum", "cumprod"):
+    if not name.startswith("cum"):
         given["keepdims"] = keepdims
     s = sample(fname, getattr(np, name), _sample_of(a), axis=axis, **given)
     dtype, scalar = np.asarray(s).dtype, not isinstance(s, np.ndarray)
@@ -295,9 +311,8 @@ def reduce(out: Output, fname: str, a: Any, axis: Any, keepdims: Any, **options:
     elif name == "mean":
         res = _torch(out, torch.mean, cast(out, x, td), dims, keepdims)
     elif name in ("std", "var"):
-        ddof = options.get("ddof") or 0
-        res = _torch(out, getattr(torch, name), cast(out, x, td), dims, correction=ddof,
-                     keepdim=keepdims)
+        res = _torch(out, getattr(torch, name), cast(out, x, td), dims,
+                     correction=options["ddof"] or 0, keepdim=keepdims)
     elif name in _EXTREMES:
         res = _torch(out, _EXTREMES[name], x, dims, keepdims)
     elif name in ("argmax", "argmin"):
@@ -315,42 +330,6 @@ def reduce(out: Output, fname: str, a: Any, axis: Any, keepdims: Any, **options:
             x, axis = _torch(out, torch.reshape, x, (-1,)), 0
         res = _torch(out, getattr(torch, name), x, axis, dtype=td)
     return result(out, res, dtype, scalar)
-
-
-@function("sum", "prod", "mean")
-@method("sum", "prod", "mean")
-def _sum(out: Output, fname: str, args: tuple, kwargs: dict) -> ArrayVar:
-    a, axis, dtype, keepdims = parse(fname, args, kwargs, ("a", "axis", "dtype", "keepdims"),
-                                     axis=None, dtype=None, keepdims=False)
-    return reduce(out, fname, a, axis, keepdims, dtype=dtype)
-
-
-@function("std", "var")
-@method("std", "var")
-def _var(out: Output, fname: str, args: tuple, kwargs: dict) -> ArrayVar:
-    a, axis, dtype, ddof, keepdims = parse(
-        fname, args, kwargs, ("a", "axis", "dtype", "ddof", "keepdims"),
-        axis=None, dtype=None, ddof=0, keepdims=False)
-    if type(ddof) not in (int, float):
-        raise Unsupported(f"{fname}(ddof=...) must be a Python number here")
-    return reduce(out, fname, a, axis, keepdims, dtype=dtype, ddof=ddof)
-
-
-@function("max", "min", "amax", "amin", "argmax", "argmin", "any", "all")
-@method("max", "min", "argmax", "argmin", "any", "all")
-def _extreme(out: Output, fname: str, args: tuple, kwargs: dict) -> ArrayVar:
-    a, axis, keepdims = parse(fname, args, kwargs, ("a", "axis", "keepdims"), axis=None,
-                              keepdims=False)
-    return reduce(out, fname, a, axis, keepdims)
-
-
-@function("cumsum", "cumprod")
-@method("cumsum", "cumprod")
-def _cumsum(out: Output, fname: str, args: tuple, kwargs: dict) -> ArrayVar:
-    a, axis, dtype = parse(fname, args, kwargs, ("a", "axis", "dtype"), axis=None, dtype=None)
-    if axis is not None and type(axis) is not int:
-        raise Unsupported(f"{fname}(axis=...) must be an int")
-    return reduce(out, fname, a, axis, False, dtype=dtype)
 
 
 def check_tables() -> None:

@@ -199,21 +199,14 @@ def _fill_value(fname: str, value: Any, dtype: np.dtype) -> Any:
     return sample(fname, lambda: np.array(value, dtype=dtype).item())
 
 
-@function("zeros", "ones", "empty")
-def _zeros(out: Output, fname: str, args: tuple, kwargs: dict) -> ArrayVar:
-    shape, dtype, order = parse(fname, args, kwargs, ("shape", "dtype", "order"), dtype=None,
-                                order="C")
-    dt = np.dtype(float if dtype is None else dtype)
-    fill = 1 if fname.endswith("ones") else 0  # np.empty's contents are unspecified
-    return _filled(out, _sizes(fname, shape), _fill_value(fname, fill, dt), dt)
-
-
-@function("full")
+@function("zeros", "ones", "empty", "full")
 def _full(out: Output, fname: str, args: tuple, kwargs: dict) -> ArrayVar:
-    shape, value, dtype, order = parse(fname, args, kwargs,
-                                       ("shape", "fill_value", "dtype", "order"), dtype=None,
-                                       order="C")
-    dt = np.dtype(dtype) if dtype is not None else _result_dtype([value])
+    full = fname.endswith("full")
+    names = ("shape", "fill_value", "dtype", "order") if full else ("shape", "dtype", "order")
+    shape, *value, dtype, _ = parse(fname, args, kwargs, names, dtype=None, order="C")
+    value = value[0] if full else int(fname.endswith("ones"))  # (np.empty's: unspecified)
+    dt = (np.dtype(dtype) if dtype is not None else _result_dtype([value]) if full
+          else np.dtype(float))
     return _filled(out, _sizes(fname, shape), _fill_value(fname, value, dt), dt)
 
 

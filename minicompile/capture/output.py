@@ -332,9 +332,8 @@ class OutputGraph(FrameValuesMixin):
 
 
 def _graph_constant(value: Any) -> bool:
-    if type(value) is torch.Size:
-        return True
-    return value is None or (is_constant_value(value) and not isinstance(value, types.CodeType))
+    return type(value) is torch.Size or value is None or (
+        is_constant_value(value) and not isinstance(value, types.CodeType))
 
 
 def _factory_meta(fn: Any, args: tuple, kwargs: dict) -> TensorMeta:

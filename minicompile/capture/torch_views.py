@@ -293,9 +293,7 @@ ATTRIBUTES.update({
     "requires_grad": lambda em, x: x.meta.requires_grad,
     "layout": lambda em, x: torch.strided,
     # (a traced tensor is a dense one: nested, sparse and quantized ones are not traced)
-    "is_nested": lambda em, x: False,
-    "is_sparse": lambda em, x: False,
-    "is_quantized": lambda em, x: False,
+    **dict.fromkeys(("is_nested", "is_sparse", "is_quantized"), lambda em, x: False),
     "T": lambda em, x: em.op("permute", (x, tuple(reversed(range(x.meta.ndim))))),
     "mT": _mT})
 register("Tensor.dim", "Tensor.ndimension")(_of_tensor(ATTRIBUTES["ndim"]))

@@ -16,8 +16,8 @@ import re
 import sympy
 import torch
 
-from minicompile.ir import (LOW_PRECISION, Cat, Expr, IndexExpr, IndirectLoad, Load, Op, Reduce,
-                            divides_by_values, walk)
+from minicompile.ir import (LOW_PRECISION, Cat, Expr, IndexExpr, IndirectLoad, Load, Op,
+                            divides_by_values)
 from minicompile.op_table import ROWS
 from minicompile.sym import FloorDiv, ModularIndexing
 
@@ -112,10 +112,7 @@ class TritonKernel(ExprEmitter):
 
     def emit_body(self) -> None:
         self.emit_xindex("")
-        for store in self.plan.stores:  # every value before any store: inputs stored in place
-            self.value(store.value)
-        for store in self.plan.stores:
-            self.emit_store(store, frozenset({"x"}))
+        self.emit_stores(lambda st: self.emit_store(st, frozenset({"x"})))
 
     def emit_xindex(self, shape: str, block: str = "XBLOCK", start: str = "") -> None:
         """``shape``: "" for a 1-D block, "[:, None]" for the rows of a 2-D one.  Program k
@@ -277,8 +274,6 @@ class TritonKernel(ExprEmitter):
         """Each piece computed under its condition (its loads masked by it, reading 0
         elsewhere, so no address outside the piece's input is read), then chosen by
         position with nested ``tl.where``."""
-        for red in (x for x in walk(e) if isinstance(x, Reduce)):
-            self.value(red)  # a whole row's value: computed outside every piece's condition
         position = triton_index(e.index)
         axes = self.axes_of(e.index)
         chosen: list[tuple[str, str]] = []

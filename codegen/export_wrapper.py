@@ -45,7 +45,6 @@ _SIGNATURE = re.compile(r'^extern "C" void \w+\([^)]*\)', re.MULTILINE)
 class ExportedCode:
     kernels: str  # the kernels' C++ translation unit, or (CUDA) their Triton source
     wrapper: str  # the wrapper's translation unit (ATen's C++ API)
-    kernel_names: tuple[str, ...]
     # CUDA: per kernel, what runtime/cubins.py builds ((name, parameters, arguments, options))
     builds: tuple = ()
 
@@ -136,7 +135,7 @@ def generate(program: LoopProgram, groups: list, graph_name: str, arg_of: list[i
     text = json.dumps(json.dumps(signature))  # JSON, as a C string literal
     w.line(f'extern "C" const char* mc_signature() {{ return {text}; }}')
     w.lines_from(SECTIONS["entry_points"])
-    return ExportedCode(kernels, w.text(), tuple(p.name for p in plans), tuple(builds))
+    return ExportedCode(kernels, w.text(), tuple(builds))
 
 
 def _tensor_arg(v: object) -> str:

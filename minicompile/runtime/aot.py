@@ -15,7 +15,6 @@ import dataclasses
 import json
 import os
 import shutil
-import subprocess
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -26,9 +25,8 @@ import torch
 from minicompile import compat
 from minicompile.config import Config
 from minicompile.errors import BackendCompilerFailed
-from minicompile.runtime import cache
-from minicompile.runtime.build import intact, put_in_place, vector_math_flags
-from minicompile.runtime.cache import cache_key, tool_versions
+from minicompile.runtime import toolchain
+from minicompile.runtime.build import cached_build, vector_math_flags
 
 RUNNER_SOURCE = Path(__file__).with_name("runner.cpp").read_text()
 
@@ -46,13 +44,9 @@ def torch_flags() -> tuple[list[str], list[str]]:
 
 
 def _run(cmd: list[str], what: str) -> None:
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
-    except (OSError, subprocess.SubprocessError) as e:
-        raise BackendCompilerFailed(f"could not run the C++ compiler for {what}: {e}") from e
-    if proc.returncode != 0:
-        raise BackendCompilerFailed(
-            f"building {what} failed ({' '.join(cmd)}):\n{proc.stderr.strip()[-4000:]}")
+    failure = toolchain.run(cmd, what)
+    if failure is not None:
+        raise BackendCompilerFailed(failure)
 
 
 def build_library(kernels: str | None, wrapper: str, out: Path, cfg: Config) -> None:
@@ -86,16 +80,10 @@ def build_library(kernels: str | None, wrapper: str, out: Path, cfg: Config) -> 
 def runner(cfg: Config) -> Path:
     """The runner program, built once for this PyTorch and compiler (cached on disk)."""
     compile_flags, link_flags = torch_flags()
-    cmd_flags = ["-O2", *compile_flags]
-    key = cache_key(RUNNER_SOURCE, " ".join(cmd_flags + link_flags), tool_versions(cfg.cxx))
-    parts = ("runner", key[:2])
-    found = cache.find(cfg.cache_dir, parts, f"{key}.bin")
-    if found is not None and intact(found):
-        return found
-    src = cache.store(cfg.cache_dir, parts, f"{key}.cpp", RUNNER_SOURCE)
-    tmp = cache.scratch(cfg.cache_dir, parts, key, ".bin")
-    _run([cfg.cxx, *cmd_flags, str(src), "-o", str(tmp), *link_flags, "-ldl"], "the runner")
-    return put_in_place(tmp, f"{key}.bin")
+    flags = ["-O2", *compile_flags]
+    return cached_build(RUNNER_SOURCE, " ".join(flags + link_flags), cfg, "runner", ".bin",
+                        lambda src, out: _run([cfg.cxx, *flags, str(src), "-o", str(out),
+                                               *link_flags, "-ldl"], "the runner"))[0]
 
 
 def beside(library: Path, suffix: str) -> Path:

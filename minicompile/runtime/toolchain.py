@@ -122,6 +122,17 @@ def command(cxx: str, flags: Sequence[str], src: Path, out: Path) -> list[str]:
     return [cxx, *[f for f in flags if not f.startswith("-l")], str(src), "-o", str(out), *libs]
 
 
+def run(cmd: list[str], what: str) -> str | None:
+    """Run the C++ compiler's command ``cmd`` building ``what``: None, or why it failed."""
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    except (OSError, subprocess.SubprocessError) as e:
+        return f"could not run the C++ compiler for {what}: {e}"
+    if proc.returncode != 0:
+        return f"building {what} failed ({' '.join(cmd)}):\n{proc.stderr.strip()[-4000:]}"
+    return None
+
+
 @functools.lru_cache(maxsize=None)
 def cxx_problem(cxx: str, flags: tuple[str, ...]) -> str | None:
     """None when ``cxx`` builds a trivial shared library with ``flags``; else why not."""

@@ -37,7 +37,7 @@ class TritonDialect(Dialect):
     kernel needs (float32, int32), and typed blocks where not."""
 
     dtypes = TRITON_DTYPES
-    ops = TRITON_OPS  # "{t}": the result's compute dtype; the mc_* helpers are in HELPERS
+    ops = TRITON_OPS  # "{t}": the result's compute dtype; mc_* helpers: triton_helpers.txt
     true, false = "1", "0"
 
     def __init__(self, interpret: bool) -> None:

@@ -24,7 +24,6 @@ import torch
 
 from minicompile import compat
 from minicompile.config import Config
-from minicompile.errors import BackendCompilerFailed
 from minicompile.runtime import toolchain
 from minicompile.runtime.build import cached_build, vector_math_flags
 
@@ -43,12 +42,6 @@ def torch_flags() -> tuple[list[str], list[str]]:
     return compile_flags, link + ["-ltorch", "-ltorch_cpu", "-lc10"]
 
 
-def _run(cmd: list[str], what: str) -> None:
-    failure = toolchain.run(cmd, what)
-    if failure is not None:
-        raise BackendCompilerFailed(failure)
-
-
 def build_library(kernels: str | None, wrapper: str, out: Path, cfg: Config) -> None:
     """Compile the kernels' and the wrapper's units at once, and link them into ``out``
     (``kernels`` None: the wrapper alone, whose kernels are cubins)."""
@@ -64,16 +57,16 @@ def build_library(kernels: str | None, wrapper: str, out: Path, cfg: Config) -> 
         wrapper_cmd = [cfg.cxx, "-O2", "-fPIC", *compile_flags, "-c", str(tmp / "wrapper.cpp"),
                        "-o", str(tmp / "wrapper.o")]
         with ThreadPoolExecutor(2) as pool:
-            done = [pool.submit(_run, wrapper_cmd, "the wrapper")]
+            done = [pool.submit(toolchain.run, wrapper_cmd, "the wrapper")]
             if kernels is not None:
-                done.append(pool.submit(_run, kernel_cmd, "the kernels"))
+                done.append(pool.submit(toolchain.run, kernel_cmd, "the kernels"))
             for job in done:
                 job.result()
         objects = [str(tmp / "kernels.o")] if kernels is not None else []
         link = [cfg.cxx, "-shared", "-fopenmp", *objects, str(tmp / "wrapper.o"),
                 "-o", str(tmp / "model.so"), *link_flags,
                 *[f for f in mvec if f.startswith("-l")], "-ldl"]
-        _run(link, "the library")
+        toolchain.run(link, "the library")
         shutil.move(str(tmp / "model.so"), str(out))  # (a rename where it can be)
 
 
@@ -82,8 +75,9 @@ def runner(cfg: Config) -> Path:
     compile_flags, link_flags = torch_flags()
     flags = ["-O2", *compile_flags]
     return cached_build(RUNNER_SOURCE, " ".join(flags + link_flags), cfg, "runner", ".bin",
-                        lambda src, out: _run([cfg.cxx, *flags, str(src), "-o", str(out),
-                                               *link_flags, "-ldl"], "the runner"))[0]
+                        lambda src, out: toolchain.run([cfg.cxx, *flags, str(src), "-o",
+                                                        str(out), *link_flags, "-ldl"],
+                                                       "the runner"))[0]
 
 
 def beside(library: Path, suffix: str) -> Path:

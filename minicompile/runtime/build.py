@@ -99,9 +99,10 @@ def build_unit(source: str, cfg: Config, folder: str = "cpp") -> tuple[Path, boo
                                         f"{problem}", warned=True)
 
     def compile_to(src: Path, out: Path) -> None:
-        failure = toolchain.run(toolchain.command(cfg.cxx, flags, src, out), "the kernels")
-        if failure is not None:
-            raise _compiler_failed(cfg, flags, failure)
+        try:
+            toolchain.run(toolchain.command(cfg.cxx, flags, src, out), "the C++ unit")
+        except BackendCompilerFailed as e:
+            raise _compiler_failed(cfg, flags, str(e)) from None
 
     return cached_build(source, " ".join(flags), cfg, folder, ".so", compile_to)
 

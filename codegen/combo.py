@@ -11,6 +11,7 @@ Sizes are static (passes/horizontal.py combines only those), so the grid is a nu
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import torch
 
@@ -105,10 +106,7 @@ def emit_triton(plan: ComboPlan, interpret: bool) -> str:
                     w.line(f"xmask = xindex < {numel}")
                 body = TritonPart(plan, part, w, wide, masked, count, interpret)
                 body.emit_vars("xindex", part.loop_vars, part.ranges)
-                for store in part.stores:  # every value before any store (in place)
-                    body.value(store.value)
-                for store in part.stores:
-                    body.emit_store(store, frozenset({"x"}))
+                body.emit_stores(functools.partial(body.emit_store, axes=frozenset({"x"})))
                 count = body.count  # tmp names stay unique across the parts
             start += n
     return w.text()

@@ -73,10 +73,11 @@ class CodeWriter:
 
 
 def text_sections(filename: str) -> dict[str, str]:
-    """The sections of a C++ file of this folder, by name, in file order: each runs from
-    its ``//! section NAME`` line to the next (the file's own comment comes before)."""
-    parts = re.split(r"^//! section (\w+)\n", (Path(__file__).parent / filename).read_text(),
-                     flags=re.MULTILINE)
+    """The sections of a text file of this folder (C++, or Python for Triton), by name, in
+    file order: each runs from its ``//! section NAME`` (``#! section NAME``) line to the next
+    (the file's own comment comes before)."""
+    text = (Path(__file__).parent / filename).read_text()
+    parts = re.split(r"^(?://|#)! section (\w+)\n", text, flags=re.MULTILINE)
     return dict(zip(parts[1::2], parts[2::2]))
 
 

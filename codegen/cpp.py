@@ -13,8 +13,8 @@ import math
 import sympy
 import torch
 
-from minicompile.ir import (LOW_PRECISION, Cat, Expr, IndexExpr, IndirectLoad, Load, Op, Reduce,
-                            divides_by_values, walk)
+from minicompile.ir import (LOW_PRECISION, Cat, Expr, IndexExpr, IndirectLoad, Load, Op,
+                            divides_by_values)
 from minicompile.op_table import ROWS
 
 from minicompile.codegen.common import CodeWriter, KernelPlan, Store, checks_values, text_sections
@@ -123,10 +123,7 @@ class CppKernel(ExprEmitter):
                 self.emit_body()
 
     def emit_body(self) -> None:
-        for store in self.plan.stores:  # every value before any store: inputs stored in place
-            self.value(store.value)
-        for store in self.plan.stores:
-            self.emit_body_store(store)
+        self.emit_stores(self.emit_body_store)
 
     def emit_body_store(self, store: Store) -> None:
         value = self.value(store.value)
@@ -177,8 +174,6 @@ class CppKernel(ExprEmitter):
     def emit_cat(self, e: Cat) -> str:
         """An if / else-if chain on the position: only the taken piece is evaluated, so no
         piece reads outside its input."""
-        for red in (x for x in walk(e) if isinstance(x, Reduce)):
-            self.value(red)  # a whole row's value: computed outside every piece's branch
         position = cpp_index(e.index)
         out = f"tmp{self.count}"
         self.count += 1

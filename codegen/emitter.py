@@ -12,14 +12,15 @@ reciprocal, ``x ** 2`` and ``x ** 3`` as products); float16/bfloat16 computed in
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 
 from minicompile.ir import (LOW_PRECISION, REDUCTION_IDENTITY, Cast, Cat, Constant, Expr,
-                            IndexExpr, Load, Op, Reduce)
+                            IndexExpr, Load, Op, Reduce, walk)
 from minicompile.op_table import BY_NAME, IDENTITY
 
-from minicompile.codegen.common import KernelPlan, pending, row_invariant
+from minicompile.codegen.common import KernelPlan, Store, pending, row_invariant
 
 
 # The dtypes kernels compute on, each backend's dialect names them.
@@ -121,6 +122,8 @@ class ExprEmitter:
         if isinstance(e, Reduce):
             return self.emit_reduce(e)
         if isinstance(e, Cat):
+            for red in (x for x in walk(e) if isinstance(x, Reduce)):
+                self.value(red)  # a whole row's value: computed outside every piece's condition
             return self.emit_cat(e)
         if isinstance(e, Cast):
             return self.emit_cast(e)
@@ -143,6 +146,14 @@ class ExprEmitter:
         if self.dialect.rounds_each_op and e.dtype in LOW_PRECISION:
             text = self.dialect.round(text, e.dtype)
         return self.define(text, e.dtype, args)
+
+    def emit_stores(self, store: Callable[[Store], None]) -> None:
+        """Every value before any store (an input may be stored into in place), then
+        ``store`` of each."""
+        for st in self.plan.stores:
+            self.value(st.value)
+        for st in self.plan.stores:
+            store(st)
 
     def hoist(self, exprs: list[Expr]) -> None:
         """Compute the row-invariant parts of ``exprs`` once, before the loop over a row."""

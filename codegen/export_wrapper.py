@@ -30,7 +30,7 @@ from minicompile.sym import FloorDiv, ModularIndexing
 from minicompile.codegen import combo, export_cuda, wrapper
 from minicompile.codegen.common import CodeWriter, KernelPlan, checks_indices, text_sections
 from minicompile.codegen.cpp import CPP_DTYPES
-from minicompile.codegen.cpp_externs import ATEN_DTYPES, extern_call
+from minicompile.codegen.cpp_externs import ATEN_DTYPES, ExternCall, extern_call
 from minicompile.codegen.printers import cpp_index
 from minicompile.codegen.memory_reuse import last_reads, reuse_memory
 from minicompile.codegen.wrapper import cpp_unit, plan_kernels
@@ -45,7 +45,6 @@ _SIGNATURE = re.compile(r'^extern "C" void \w+\([^)]*\)', re.MULTILINE)
 class ExportedCode:
     kernels: str  # the kernels' C++ translation unit, or (CUDA) their Triton source
     wrapper: str  # the wrapper's translation unit (ATen's C++ API)
-    kernel_names: tuple[str, ...]
     # CUDA: per kernel, what runtime/cubins.py builds ((name, parameters, arguments, options))
     builds: tuple = ()
 
@@ -97,17 +96,10 @@ def generate(program: LoopProgram, groups: list, graph_name: str, arg_of: list[i
     w.line("#define TORCH_ASSERT_ONLY_METHOD_OPERATORS")
     headers = {"ATen/core/Tensor.h", "ATen/ops/empty_strided.h", "c10/core/GradMode.h",
                *(export_cuda.CUDA_HEADERS if cuda else ())}
-    calls: dict[str, str] = {}
-    tuples: set[str] = set()
-    for g in groups:
-        ext = g.extern
-        if ext is None or ext.op == "operator.getitem":
-            continue
-        call = extern_call(ext, _tensor_arg)
-        headers.add(call.header)
-        calls[ext.name] = call.expr
-        if call.returns_tuple:
-            tuples.add(ext.name)
+    calls = {g.extern.name: extern_call(g.extern, _tensor_arg) for g in groups
+             if g.extern is not None and g.extern.op != "operator.getitem"}
+    headers |= {call.header for call in calls.values()}
+    tuples = {name for name, call in calls.items() if call.returns_tuple}
     for h in sorted(headers):
         w.line(f"#include <{h}>")
     w.lines_from(SECTIONS["preamble"])
@@ -136,7 +128,7 @@ def generate(program: LoopProgram, groups: list, graph_name: str, arg_of: list[i
     text = json.dumps(json.dumps(signature))  # JSON, as a C string literal
     w.line(f'extern "C" const char* mc_signature() {{ return {text}; }}')
     w.lines_from(SECTIONS["entry_points"])
-    return ExportedCode(kernels, w.text(), tuple(p.name for p in plans), tuple(builds))
+    return ExportedCode(kernels, w.text(), tuple(builds))
 
 
 def _tensor_arg(v: object) -> str:
@@ -149,7 +141,7 @@ def _tensor_arg(v: object) -> str:
 
 def _emit_run(w: CodeWriter, program: LoopProgram, groups: list, plan_of: dict,
               arg_of: list[int | None], arg_names: list[str], relations: tuple,
-              equal: list | tuple, calls: dict[str, str], tuples: set[str],
+              equal: list | tuple, calls: dict[str, ExternCall], tuples: set[str],
               cuda: dict[str, int] | None) -> None:
     """``cuda``: the index of each Triton kernel in the cubins file (None: C++ kernels)."""
     with w.block("std::vector<at::Tensor> weight_layouts()"):
@@ -250,7 +242,7 @@ def _emit_checks(w: CodeWriter, program: LoopProgram, arg_of: list[int | None],
                f'exported code relies on");')
 
 
-def _emit_extern(w: CodeWriter, ext: ExternKernel, calls: dict[str, str],
+def _emit_extern(w: CodeWriter, ext: ExternKernel, calls: dict[str, ExternCall],
                  tuples: set[str]) -> None:
     w.line(f"// {wrapper.extern_comment(ext)}")
     if ext.op == "operator.getitem":
@@ -259,7 +251,7 @@ def _emit_extern(w: CodeWriter, ext: ExternKernel, calls: dict[str, str],
             raise Unsupported(f"export: {ext.op} of {source} has no C++ form")
         call = f"std::get<{int(index)}>({source.name})"
     else:
-        call = calls[ext.name]
+        call = calls[ext.name].expr
     if isinstance(ext.layout, tuple):
         w.line(f"auto {ext.name} = {call};")
         return

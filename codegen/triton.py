@@ -16,12 +16,13 @@ import re
 import sympy
 import torch
 
-from minicompile.ir import (LOW_PRECISION, Cat, Expr, IndexExpr, IndirectLoad, Load, Op, Reduce,
-                            divides_by_values, walk)
+from minicompile.ir import (LOW_PRECISION, Cat, Expr, IndexExpr, IndirectLoad, Load, Op,
+                            divides_by_values)
 from minicompile.op_table import ROWS
 from minicompile.sym import FloorDiv, ModularIndexing
 
-from minicompile.codegen.common import CodeWriter, KernelPlan, Store, checks_values
+from minicompile.codegen.common import (CodeWriter, KernelPlan, Store, checks_values,
+                                        text_sections)
 from minicompile.codegen.emitter import DTYPES, Dialect, ExprEmitter, compute_dtype
 from minicompile.codegen.printers import triton_index
 
@@ -36,7 +37,7 @@ class TritonDialect(Dialect):
     kernel needs (float32, int32), and typed blocks where not."""
 
     dtypes = TRITON_DTYPES
-    ops = TRITON_OPS  # "{t}": the result's compute dtype; the mc_* helpers are in HELPERS
+    ops = TRITON_OPS  # "{t}": the result's compute dtype; mc_* helpers: triton_helpers.txt
     true, false = "1", "0"
 
     def __init__(self, interpret: bool) -> None:
@@ -112,10 +113,7 @@ class TritonKernel(ExprEmitter):
 
     def emit_body(self) -> None:
         self.emit_xindex("")
-        for store in self.plan.stores:  # every value before any store: inputs stored in place
-            self.value(store.value)
-        for store in self.plan.stores:
-            self.emit_store(store, frozenset({"x"}))
+        self.emit_stores(lambda st: self.emit_store(st, frozenset({"x"})))
 
     def emit_xindex(self, shape: str, block: str = "XBLOCK", start: str = "") -> None:
         """``shape``: "" for a 1-D block, "[:, None]" for the rows of a 2-D one.  Program k
@@ -277,8 +275,6 @@ class TritonKernel(ExprEmitter):
         """Each piece computed under its condition (its loads masked by it, reading 0
         elsewhere, so no address outside the piece's input is read), then chosen by
         position with nested ``tl.where``."""
-        for red in (x for x in walk(e) if isinstance(x, Reduce)):
-            self.value(red)  # a whole row's value: computed outside every piece's condition
         position = triton_index(e.index)
         axes = self.axes_of(e.index)
         chosen: list[tuple[str, str]] = []
@@ -358,90 +354,10 @@ def emit_kernel(plan: KernelPlan, interpret: bool, blocks: tuple[int, ...] = ())
     return TritonKernel(plan, wide_index=wide, masked=masked, interpret=interpret).emit()
 
 
-PREAMBLE = """\
-import torch
-import triton
-import triton.language as tl
-from triton.language.extra import libdevice
-"""
-
-# A module of GPU kernels only: stand-ins until a kernel must be built (runtime/lazy_triton).
-GPU_PREAMBLE = """\
-from __future__ import annotations
-
-import torch
-from minicompile.runtime.lazy_triton import libdevice, tl, triton
-"""
-
-# Helpers with PyTorch's exact semantics where Triton's operators differ; a module gets
-# the ones its kernels call.
-HELPERS: dict[str, str] = {
-    "mc_multiply": """\
-@triton.jit
-def mc_multiply(a, b):  # combines a product reduction
-    return a * b
-""",
-    "mc_maximum": """\
-@triton.jit
-def mc_maximum(a, b):  # NaN wins, as in torch.maximum
-    return tl.where((a > b) | (a != a), a, b)
-""",
-    "mc_minimum": """\
-@triton.jit
-def mc_minimum(a, b):
-    return tl.where((a < b) | (a != a), a, b)
-""",
-    "mc_round_bf16": """\
-@triton.jit
-def mc_round_bf16(x):  # round float32 to the nearest bfloat16 (ties to even), keep float32
-    u = x.to(tl.uint32, bitcast=True)
-    u = (u + (0x7FFF + ((u >> 16) & 1))) & 0xFFFF0000
-    return tl.where(x != x, x, u.to(tl.float32, bitcast=True))
-""",
-    "mc_pow_int": """\
-@triton.jit
-def mc_pow_int(a, b):  # square and multiply; negative exponents as torch's integer pow
-    one = a * 0 + b * 0 + 1
-    result = one
-    base = a + b * 0
-    e = b
-    for _ in tl.static_range(63):
-        result = tl.where((e & 1) != 0, result * base, result)
-        base = base * base
-        e = e >> 1
-    odd = (b & 1) != 0
-    negative = tl.where(a == 1, one, tl.where(a == -1, tl.where(odd, -one, one), one * 0))
-    return tl.where(b < 0, negative, result)
-""",
-    "mc_remainder": """\
-@triton.jit
-def mc_remainder(a, b):  # the sign of the divisor, as Python's %
-    r = libdevice.fmod(a, b)
-    return tl.where((r != 0) & ((r < 0) != (b < 0)), r + b, r)
-""",
-    "mc_remainder_int": """\
-@triton.jit
-def mc_remainder_int(a, b):
-    r = a % b
-    return tl.where((r != 0) & ((r < 0) != (b < 0)), r + b, r)
-""",
-    "mc_floordiv": """\
-@triton.jit
-def mc_floordiv(a, b):  # torch's div_floor for floating point
-    r = libdevice.fmod(a, b)
-    q = (a - r) / b
-    q = tl.where((r != 0) & ((b < 0) != (r < 0)), q - 1.0, q)
-    f = libdevice.floor(q)
-    f = tl.where(q - f > 0.5, f + 1.0, f)
-    return tl.where(b == 0, a / b, tl.where(q == 0, 0.0 * (a / b), f))
-""",
-    "mc_floordiv_int": """\
-@triton.jit
-def mc_floordiv_int(a, b):
-    q = a // b
-    return tl.where(((a % b) != 0) & ((a < 0) != (b < 0)), q - 1, q)
-""",
-}
+# Preambles (a module of GPU kernels only: stand-ins until a kernel must be built,
+# runtime/lazy_triton.py) and helpers, in triton_helpers.txt.
+HELPERS: dict[str, str] = text_sections("triton_helpers.txt")
+PREAMBLE, GPU_PREAMBLE = HELPERS.pop("preamble"), HELPERS.pop("gpu_preamble")
 
 
 def helpers_for(kernels: list[str]) -> list[str]:

@@ -24,7 +24,7 @@ from minicompile.codegen.printers import triton_index
 from minicompile.codegen.triton import TRITON, TritonKernel, planning_size, pow2
 
 # Combining two partial results elementwise (loop accumulators), and reducing a block
-# along its rows; the mc_* helpers are in codegen/triton.py's HELPERS.
+# along its rows; the mc_* helpers are in codegen/triton_helpers.txt.
 COMBINE = {
     "sum": "{0} + {1}",
     "prod": "{0} * {1}",

@@ -87,7 +87,7 @@ def generate(
     outputs on the CPU take their memory from a pool kept across calls (pooled_outputs).
     ``autotune`` (mode="max-autotune"): Triton kernels launch with the configuration timed
     fastest at their first run (codegen/triton_tuning.py, runtime/autotune.py)."""
-    in_place = in_place or {}
+    in_place, copies_back = in_place or {}, copies_back or {}
     plans, plan_of = plan_kernels(program, groups, backend, in_place)
     tuned = {p.name: triton_tuning.tune_plan(p, _interpreted(program, p)) for p in plans
              if autotune and backend == "triton" and not isinstance(p, combo.ComboPlan)
@@ -111,7 +111,7 @@ def generate(
     for k, dev in enumerate(devices):
         w.line(f"device{k} = {_device_literal(torch.device(dev))}")
     w.line("empty_strided = torch.empty_strided")
-    pooled = pooled_outputs(program, groups, plans, {**in_place, **(copies_back or {})},
+    pooled = pooled_outputs(program, groups, plans, {**in_place, **copies_back},
                             _shape, devices) if takes_inputs else {}
     if pooled:  # a backward's gradients: their memory is kept across calls
         w.line("from minicompile.runtime.output_pool import OutputPool")
@@ -129,7 +129,12 @@ def generate(
     with w.indent():
         _emit_call(w, program, groups, backend, plans, plan_of, devices, in_place, takes_inputs,
                    frozenset(tuned), bool(plans_ahead), pooled)
-        _emit_return(w, program, copies_back or {})
+        for out, inp in copies_back.items():
+            w.line(f"{inp}.copy_({out})  # rebuild's write-back, in the call (a CUDA graph "
+                   f"replays it)")
+        outs = [copies_back.get(o, o) if isinstance(o, str) else alias_text(o)
+                for o in program.outputs]
+        w.line(f"return {_tuple(outs)}")
     return GeneratedCode(backend, w.text(), cpp_source, tuple(p.name for p in plans))
 
 
@@ -235,24 +240,25 @@ def _emit_call(w: CodeWriter, program: LoopProgram, groups: list, backend: str, 
     columns.sum(w, None)
 
 
-def _emit_return(w: CodeWriter, program: LoopProgram, copies_back: dict[str, str]) -> None:
-    for out, inp in copies_back.items():
-        w.line(f"{inp}.copy_({out})  # rebuild's write-back, in the call (a CUDA graph replays it)")
-    outs = [copies_back.get(o, o) if isinstance(o, str) else alias_text(o)
-            for o in program.outputs]
-    w.line(f"return {_tuple(outs)}")
-
-
 def plan_kernels(
     program: LoopProgram, groups: list, backend: str, in_place: dict[str, str],
 ) -> tuple[list, dict]:
-    """The plan of each kernel group (in order), and the plans by group key."""
+    """The plan of each kernel group (in order), and the plans by group key; a combo
+    kernel's parts are each planned as its own kernel."""
     prefix = "triton_poi" if backend == "triton" else "cpp_poi"
-    kernel_groups = [g for g in groups if g.extern is None]
     needed = needed_outside(program, groups)
-    plans = [plan_group(program, g, kernel_name(prefix, g, k), in_place, needed)
-             if isinstance(g, FusedGroup) else plan_combo(program, g, prefix, k, in_place, needed)
-             for k, g in enumerate(kernel_groups)]
+
+    def plan(group: FusedGroup, name: str) -> KernelPlan:
+        return with_in_place(plan_kernel(group, name, needed(group), program.hints), in_place)
+
+    def plan_combo(group: ComboGroup, k: int) -> combo.ComboPlan:
+        name = kernel_name(prefix.replace("_poi", "_combo"), FusedGroup(-1, group.buffers), k)
+        return combo.ComboPlan(name, tuple(plan(part, f"{name}_part{j}")
+                                           for j, part in enumerate(group.parts)))
+
+    kernel_groups = [g for g in groups if g.extern is None]
+    plans = [plan(g, kernel_name(prefix, g, k)) if isinstance(g, FusedGroup)
+             else plan_combo(g, k) for k, g in enumerate(kernel_groups)]
     return plans, {g.key: p for g, p in zip(kernel_groups, plans)}
 
 
@@ -296,24 +302,6 @@ def emit_sizes(w: CodeWriter, program: LoopProgram) -> None:
     missing = [s for s in used if s not in found and s not in program.scalar_sizes]
     if missing:
         raise Unsupported(f"dynamic shapes: sizes {missing} are not a dimension of any input")
-
-
-def plan_group(
-    program: LoopProgram, group: FusedGroup, name: str, in_place: dict[str, str],
-    needed: Callable[[FusedGroup], set[str]],
-) -> KernelPlan:
-    return with_in_place(plan_kernel(group, name, needed(group), program.hints), in_place)
-
-
-def plan_combo(
-    program: LoopProgram, group: ComboGroup, prefix: str, index: int, in_place: dict[str, str],
-    needed: Callable[[FusedGroup], set[str]],
-) -> combo.ComboPlan:
-    """A combo kernel's plan: each part planned as its own kernel."""
-    name = kernel_name(prefix.replace("_poi", "_combo"), FusedGroup(-1, group.buffers), index)
-    parts = tuple(plan_group(program, part, f"{name}_part{k}", in_place, needed)
-                  for k, part in enumerate(group.parts))
-    return combo.ComboPlan(name, parts)
 
 
 def layouts(buf: Buffer) -> tuple[Layout, ...]:

@@ -15,7 +15,6 @@ import dataclasses
 import json
 import os
 import shutil
-import subprocess
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -25,10 +24,8 @@ import torch
 
 from minicompile import compat
 from minicompile.config import Config
-from minicompile.errors import BackendCompilerFailed
-from minicompile.runtime import cache
-from minicompile.runtime.build import intact, put_in_place, vector_math_flags
-from minicompile.runtime.cache import cache_key, tool_versions
+from minicompile.runtime import toolchain
+from minicompile.runtime.build import cached_build, vector_math_flags
 
 RUNNER_SOURCE = Path(__file__).with_name("runner.cpp").read_text()
 
@@ -43,16 +40,6 @@ def torch_flags() -> tuple[list[str], list[str]]:
     lib_dirs = cpp_extension.library_paths()
     link = [f"-L{p}" for p in lib_dirs] + [f"-Wl,-rpath,{p}" for p in lib_dirs]
     return compile_flags, link + ["-ltorch", "-ltorch_cpu", "-lc10"]
-
-
-def _run(cmd: list[str], what: str) -> None:
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
-    except (OSError, subprocess.SubprocessError) as e:
-        raise BackendCompilerFailed(f"could not run the C++ compiler for {what}: {e}") from e
-    if proc.returncode != 0:
-        raise BackendCompilerFailed(
-            f"building {what} failed ({' '.join(cmd)}):\n{proc.stderr.strip()[-4000:]}")
 
 
 def build_library(kernels: str | None, wrapper: str, out: Path, cfg: Config) -> None:
@@ -70,32 +57,27 @@ def build_library(kernels: str | None, wrapper: str, out: Path, cfg: Config) -> 
         wrapper_cmd = [cfg.cxx, "-O2", "-fPIC", *compile_flags, "-c", str(tmp / "wrapper.cpp"),
                        "-o", str(tmp / "wrapper.o")]
         with ThreadPoolExecutor(2) as pool:
-            done = [pool.submit(_run, wrapper_cmd, "the wrapper")]
+            done = [pool.submit(toolchain.run, wrapper_cmd, "the wrapper")]
             if kernels is not None:
-                done.append(pool.submit(_run, kernel_cmd, "the kernels"))
+                done.append(pool.submit(toolchain.run, kernel_cmd, "the kernels"))
             for job in done:
                 job.result()
         objects = [str(tmp / "kernels.o")] if kernels is not None else []
         link = [cfg.cxx, "-shared", "-fopenmp", *objects, str(tmp / "wrapper.o"),
                 "-o", str(tmp / "model.so"), *link_flags,
                 *[f for f in mvec if f.startswith("-l")], "-ldl"]
-        _run(link, "the library")
+        toolchain.run(link, "the library")
         shutil.move(str(tmp / "model.so"), str(out))  # (a rename where it can be)
 
 
 def runner(cfg: Config) -> Path:
     """The runner program, built once for this PyTorch and compiler (cached on disk)."""
     compile_flags, link_flags = torch_flags()
-    cmd_flags = ["-O2", *compile_flags]
-    key = cache_key(RUNNER_SOURCE, " ".join(cmd_flags + link_flags), tool_versions(cfg.cxx))
-    parts = ("runner", key[:2])
-    found = cache.find(cfg.cache_dir, parts, f"{key}.bin")
-    if found is not None and intact(found):
-        return found
-    src = cache.store(cfg.cache_dir, parts, f"{key}.cpp", RUNNER_SOURCE)
-    tmp = cache.scratch(cfg.cache_dir, parts, key, ".bin")
-    _run([cfg.cxx, *cmd_flags, str(src), "-o", str(tmp), *link_flags, "-ldl"], "the runner")
-    return put_in_place(tmp, f"{key}.bin")
+    flags = ["-O2", *compile_flags]
+    return cached_build(RUNNER_SOURCE, " ".join(flags + link_flags), cfg, "runner", ".bin",
+                        lambda src, out: toolchain.run([cfg.cxx, *flags, str(src), "-o",
+                                                        str(out), *link_flags, "-ldl"],
+                                                       "the runner"))[0]
 
 
 def beside(library: Path, suffix: str) -> Path:

@@ -14,9 +14,9 @@ import importlib.util
 import marshal
 import os
 import platform
-import subprocess
 import sys
 import types
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -97,33 +97,38 @@ def build_unit(source: str, cfg: Config, folder: str = "cpp") -> tuple[Path, boo
         if problem is not None:
             raise BackendCompilerFailed(f"the C++ compiler {cfg.cxx!r} does not work: "
                                         f"{problem}", warned=True)
-    key = cache_key(source, " ".join(flags), tool_versions(cfg.cxx))
+
+    def compile_to(src: Path, out: Path) -> None:
+        try:
+            toolchain.run(toolchain.command(cfg.cxx, flags, src, out), "the C++ unit")
+        except BackendCompilerFailed as e:
+            raise _compiler_failed(cfg, flags, str(e)) from None
+
+    return cached_build(source, " ".join(flags), cfg, folder, ".so", compile_to)
+
+
+def cached_build(source: str, flags: str, cfg: Config, folder: str, suffix: str,
+                 compile_to: Callable[[Path, Path], None]) -> tuple[Path, bool]:
+    """``source`` built into the cache by ``compile_to(source file, output)``, keyed by the
+    source, the ``flags`` and the compiler's version (or found there intact): its path, and
+    whether it was found."""
+    key = cache_key(source, flags, tool_versions(cfg.cxx))
     parts = (folder, key[:2])
-    lib = cache.find(cfg.cache_dir, parts, f"{key}.so")
-    if lib is not None:
-        if intact(lib):
-            return lib, True
-        cache.warn_corrupted(lib)
+    found = cache.find(cfg.cache_dir, parts, f"{key}{suffix}")
+    if found is not None:
+        if intact(found):
+            return found, True
+        cache.warn_corrupted(found)
     src = cache.store(cfg.cache_dir, parts, f"{key}.cpp", source)
-    tmp = cache.scratch(cfg.cache_dir, parts, key, ".so")
-    cmd = toolchain.command(cfg.cxx, flags, src, tmp)
+    tmp = cache.scratch(cfg.cache_dir, parts, key, suffix)
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-    except (OSError, subprocess.SubprocessError) as e:
-        tmp.unlink(missing_ok=True)
-        raise _compiler_failed(cfg, flags, f"could not run the C++ compiler {cfg.cxx!r}: {e}"
-                               ) from e
-    if proc.returncode != 0:
-        tmp.unlink(missing_ok=True)
-        raise _compiler_failed(
-            cfg, flags, f"C++ compilation failed ({' '.join(cmd)}):\n{proc.stderr.strip()[-4000:]}"
-        )
-    try:
-        return put_in_place(tmp, f"{key}.so"), False
+        compile_to(src, tmp)
+        return put_in_place(tmp, f"{key}{suffix}"), False
     except OSError as e:  # the directory went away or filled up under the compiler
-        tmp.unlink(missing_ok=True)
         raise BackendCompilerFailed(
-            f"could not store the built library {tmp.parent / f'{key}.so'}: {e}") from e
+            f"could not store the built file {tmp.parent / f'{key}{suffix}'}: {e}") from e
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def intact(path: Path) -> bool:

@@ -17,6 +17,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from minicompile.errors import BackendCompilerFailed
+
 _PROBE = 'extern "C" int mc_probe(int x) { return x + 1; }\n'
 _warned: set[str] = set()
 
@@ -120,6 +122,17 @@ def command(cxx: str, flags: Sequence[str], src: Path, out: Path) -> list[str]:
     """The compiler's command line: libraries after the source, for the linker."""
     libs = [f for f in flags if f.startswith("-l")]
     return [cxx, *[f for f in flags if not f.startswith("-l")], str(src), "-o", str(out), *libs]
+
+
+def run(cmd: list[str], what: str) -> None:
+    """Run the C++ compiler's command ``cmd`` building ``what`` (BackendCompilerFailed)."""
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    except (OSError, subprocess.SubprocessError) as e:
+        raise BackendCompilerFailed(f"could not run the C++ compiler for {what}: {e}") from e
+    if proc.returncode != 0:
+        raise BackendCompilerFailed(
+            f"building {what} failed ({' '.join(cmd)}):\n{proc.stderr.strip()[-4000:]}")
 
 
 @functools.lru_cache(maxsize=None)

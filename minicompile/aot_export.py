@@ -160,7 +160,13 @@ def _returns(capture: Any, frame: tuple, args: tuple) -> tuple[list[tuple[str, i
         def __init__(self, k: int) -> None:
             self.k = k
 
-    ret = capture.rebuild([Out(k) for k in range(len(capture.graph.outputs))], *frame)
+    try:
+        ret = capture.rebuild([Out(k) for k in range(len(capture.graph.outputs))], *frame)
+    except (AttributeError, TypeError) as e:  # the recipe works on a computed tensor
+        raise Unsupported(
+            "export: the function returns a view made of a computed tensor after the graph "
+            f"({lines[0][6:]}); an exported library returns computed tensors as they are: "
+            "return a copy (.clone()) or the tensor before the view") from e
     items, structure = ([ret], "tensor") if not isinstance(ret, (tuple, list)) else (
         list(ret), "tuple" if isinstance(ret, tuple) else "list")
     returns: list[tuple[str, int]] = []

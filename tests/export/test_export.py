@@ -301,6 +301,10 @@ def interpolates(x: torch.Tensor) -> torch.Tensor:
     return F.interpolate(x, scale_factor=2.0)
 
 
+def pooled_flat(x: torch.Tensor) -> torch.Tensor:  # (the flatten replays on the output)
+    return F.max_pool2d(torch.relu(x * 2), 2).flatten(1)
+
+
 @pytest.mark.parametrize(("fn", "args", "match"), [
     (breaks, (torch.randn(3),), r"print\(\) is not traceable.*\n  at .*test_export.py:\d+ in "
                                 r"breaks\n    print"),
@@ -309,7 +313,9 @@ def interpolates(x: torch.Tensor) -> torch.Tensor:
     (returns_dict, (torch.randn(3),), "returns dict"),
     (hooked(), (torch.randn(2, 3),), "forward hooks"),
     (interpolates, (torch.randn(1, 2, 3, 3),), "interpolate .* no ATen operator"),
-], ids=["graph break", "in-place input", "batch norm training", "dict", "hook", "library call"])
+    (pooled_flat, (torch.randn(2, 3, 4, 4),), r"returns a view .*\.view\(\(2, 12,?\)\).*clone"),
+], ids=["graph break", "in-place input", "batch norm training", "dict", "hook", "library call",
+        "view of an output"])
 def test_not_exportable(fn: object, args: tuple, match: str, tmp_path: Path) -> None:
     with pytest.raises(minicompile.Unsupported, match=match):
         minicompile.export(fn, args, tmp_path / "model.so")

@@ -34,8 +34,8 @@ COMBINE = {
     # NaN is tracked apart (see reduce_batch), so plain max/min vectorise here.
     "amax": "std::max({acc}, static_cast<{t}>({v}))",
     "amin": "std::min({acc}, static_cast<{t}>({v}))",
-    "any": "{acc} || {v}",
-    "all": "{acc} && {v}",
+    "any": "{acc} | {v}",
+    "all": "{acc} & {v}",
 }
 # A column reduction has no OpenMP reduction clause: max/min propagate NaN themselves.
 COLUMN_COMBINE = {
@@ -43,7 +43,7 @@ COLUMN_COMBINE = {
     "amax": "({v} > {acc} || {v} != {v}) ? static_cast<{t}>({v}) : {acc}",
     "amin": "({v} < {acc} || {v} != {v}) ? static_cast<{t}>({v}) : {acc}",
 }
-OMP_REDUCTION = {"sum": "+", "prod": "*", "any": "||", "all": "&&", "amax": "max", "amin": "min"}
+OMP_REDUCTION = {"sum": "+", "prod": "*", "any": "|", "all": "&", "amax": "max", "amin": "min"}
 # Columns one thread reduces at once in a column reduction: 64 double sums are 512 bytes of
 # accumulators, in L1 beside the rows' cache lines.
 COLUMN_BLOCK = 64
@@ -61,6 +61,8 @@ MIX_ROWS = 8
 def accumulator_type(red: Reduce) -> str:
     if red.op in ("sum", "prod") and (red.dtype.is_floating_point):
         return "double"
+    if red.op in ("any", "all"):
+        return "int"  # GCC 12 leaves a loop reducing a bool scalar (10x slower)
     return CPP.compute(red.dtype)
 
 
@@ -177,9 +179,9 @@ class CppReductionKernel(CppKernel):
                 acc, ctype = f"{acc}_part", "float"
             nan = None
             if red.op in ("amax", "amin") and red.dtype.is_floating_point:
-                nan = f"{acc}_nan"
-                self.w.line(f"bool {nan} = false;")
-                clauses.append(f"reduction(||:{nan})")
+                nan = f"{acc}_nan"  # an int: GCC 12 leaves a loop reducing a bool scalar
+                self.w.line(f"int {nan} = 0;")
+                clauses.append(f"reduction(|:{nan})")
             clauses.append(f"reduction({OMP_REDUCTION[red.op]}:{acc})")
             accs.append((red, acc, ctype, nan))
         self.hoist([red.x for red in batch])
@@ -189,7 +191,7 @@ class CppReductionKernel(CppKernel):
                 v = self.value(red.x)
                 self.w.line(f"{acc} = {COMBINE[red.op].format(acc=acc, v=v, t=ctype)};")
                 if nan is not None:
-                    self.w.line(f"{nan} = {nan} || ({v} != {v});")
+                    self.w.line(f"{nan} |= ({v} != {v});")
 
         self.element_loops(0, body, " ".join(clauses), simd=True, blocked=blocked)
         for red, acc, _, nan in accs:

@@ -1,8 +1,8 @@
-"""The C++ backend's kernels vectorise: a pointwise chain, row reductions and an
-outer-dimension reduction are built with the runtime's compiler flags plus GCC's
-vectorization report (``-fopt-info-vec-optimized``), and every innermost loop that reads
-an input must be reported vectorised and read its inputs along its own loop variable
-(unit stride: the contiguous dim, no strided gathers)."""
+"""The C++ backend's kernels vectorise: a pointwise chain, row reductions (sum, max, any,
+softmax's max and sum) and outer-dimension reductions (sum, max) are built with the
+runtime's compiler flags plus GCC's vectorization report (``-fopt-info-vec-optimized``),
+and every innermost loop that reads an input must be reported vectorised and read its
+inputs along its own loop variable (unit stride: the contiguous dim, no strided gathers)."""
 
 from __future__ import annotations
 
@@ -42,13 +42,19 @@ def softmax(dtype: torch.dtype) -> GraphBuilder:
     return b
 
 
-def reduction(dim: int):
+def reduction(dim: int, op: str = "sum"):
     def build_graph(dtype: torch.dtype) -> GraphBuilder:
         b = GraphBuilder()
-        b.output(b("sum", b.input("L_x", SHAPE, dtype), (dim,), False))
+        b.output(b(op, b.input("L_x", SHAPE, dtype), (dim,), False))
         return b
 
     return build_graph
+
+
+def any_positive(dtype: torch.dtype) -> GraphBuilder:
+    b = GraphBuilder()
+    b.output(b("any", b("gt", b.input("L_x", SHAPE, dtype), 0.0), (1,), False))
+    return b
 
 
 CASES = {
@@ -56,8 +62,11 @@ CASES = {
     "pointwise_chain_bf16": (chain, torch.bfloat16),
     "softmax_rows": (softmax, torch.float32),
     "sum_rows": (reduction(1), torch.float32),
+    "amax_rows": (reduction(1, "amax"), torch.float32),
+    "any_rows": (any_positive, torch.float32),
     "sum_outer_dim": (reduction(0), torch.float32),
     "sum_outer_dim_bf16": (reduction(0), torch.bfloat16),
+    "amax_outer_dim": (reduction(0, "amax"), torch.float32),
     "pointwise_chain_f16": (chain, torch.float16),
 }
 # Known not to vectorise, with why (xfail, not strict: a CPU with AVX512-FP16 may).

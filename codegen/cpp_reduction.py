@@ -170,18 +170,18 @@ class CppReductionKernel(CppKernel):
         per-element output of the same type contains: the reduction's pass stores each in
         that output, and the last pass reads it back instead of computing it again.  Not
         an output stored in place of an input: the passes read the input there."""
-        kept = {}
+        kept: dict[Expr, Store] = {}
         in_place = {out for _, out in self.plan.in_place}
         for red in (r for batch in reduction_batches(self.plan) for r in batch):
             x = red.x
-            if not any(isinstance(e, Op) and e.op in EXPENSIVE for e in walk(x)):
-                continue  # cheaper to compute again than to store and load
-            for s in elem:
-                if (s.dtype == x.dtype and x.dtype in (torch.float32, torch.float64)
-                        and s.buffer not in in_place and x not in kept
-                        and any(e == x for e in walk(s.value))):
-                    kept[x] = s
-                    break
+            if x in kept or not any(isinstance(e, Op) and e.op in EXPENSIVE for e in walk(x)):
+                continue  # (cheaper to compute again than to store and load)
+            fits = [s for s in elem if s.dtype == x.dtype and s.buffer not in in_place
+                    and x.dtype in (torch.float32, torch.float64)
+                    and all(s is not k for k in kept.values())  # one operand an output
+                    and any(e == x for e in walk(s.value))]
+            if fits:  # an output of the operand itself first: it needs no last pass
+                kept[x] = next((s for s in fits if s.value == x), fits[0])
         return kept
 
     def stored(self, store: Store) -> str:

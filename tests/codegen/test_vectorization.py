@@ -166,3 +166,10 @@ def test_inner_loops_vectorize_along_the_contiguous_dim(name: str, reports) -> N
         # that combines a reduction's lanes, also when the loop itself stays scalar.
         assert any(start <= n <= end for n in vectorized), f"not vectorised: {where}"
         assert unit_stride(body, variable), f"strided loads: {where}"
+
+
+def test_softmax_computes_exp_once(reports) -> None:
+    """The sum's pass stores exp(x - max) in the output; the last pass reads it back and
+    divides (cpp_reduction.kept_operands), as eager's softmax does."""
+    lines, _ = reports["softmax_rows"]
+    assert sum(line.count("std::exp(") for line in lines) == 1, "\n".join(lines)

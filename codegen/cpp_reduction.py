@@ -80,6 +80,7 @@ class CppReductionKernel(CppKernel):
     def __init__(self, plan: KernelPlan) -> None:
         super().__init__(plan)
         self.accs = 0
+        self.kept: dict[Expr, Store] = {}  # reduced operand -> the output it is stored in
 
     def emit_loops(self) -> None:
         p = self.plan

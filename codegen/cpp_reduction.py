@@ -20,11 +20,11 @@ from collections.abc import Callable
 import sympy
 import torch
 
-from minicompile.ir import LOW_PRECISION, Load, Reduce, walk
+from minicompile.ir import LOW_PRECISION, Expr, Load, Op, Reduce, walk
 
-from minicompile.codegen.common import KernelPlan, reduction_batches
+from minicompile.codegen.common import KernelPlan, Store, reduction_batches
 from minicompile.codegen.cpp import CPP, CppKernel
-from minicompile.codegen.cpp_threads import plan_parallel
+from minicompile.codegen.cpp_threads import EXPENSIVE, plan_parallel
 from minicompile.codegen.emitter import reduction_identity
 from minicompile.codegen.printers import cpp_index
 
@@ -34,8 +34,8 @@ COMBINE = {
     # NaN is tracked apart (see reduce_batch), so plain max/min vectorise here.
     "amax": "std::max({acc}, static_cast<{t}>({v}))",
     "amin": "std::min({acc}, static_cast<{t}>({v}))",
-    "any": "{acc} || {v}",
-    "all": "{acc} && {v}",
+    "any": "{acc} | {v}",
+    "all": "{acc} & {v}",
 }
 # A column reduction has no OpenMP reduction clause: max/min propagate NaN themselves.
 COLUMN_COMBINE = {
@@ -43,7 +43,7 @@ COLUMN_COMBINE = {
     "amax": "({v} > {acc} || {v} != {v}) ? static_cast<{t}>({v}) : {acc}",
     "amin": "({v} < {acc} || {v} != {v}) ? static_cast<{t}>({v}) : {acc}",
 }
-OMP_REDUCTION = {"sum": "+", "prod": "*", "any": "||", "all": "&&", "amax": "max", "amin": "min"}
+OMP_REDUCTION = {"sum": "+", "prod": "*", "any": "|", "all": "&", "amax": "max", "amin": "min"}
 # Columns one thread reduces at once in a column reduction: 64 double sums are 512 bytes of
 # accumulators, in L1 beside the rows' cache lines.
 COLUMN_BLOCK = 64
@@ -61,6 +61,8 @@ MIX_ROWS = 8
 def accumulator_type(red: Reduce) -> str:
     if red.op in ("sum", "prod") and (red.dtype.is_floating_point):
         return "double"
+    if red.op in ("any", "all"):
+        return "int"  # GCC 12 leaves a loop reducing a bool scalar (10x slower)
     return CPP.compute(red.dtype)
 
 
@@ -78,6 +80,7 @@ class CppReductionKernel(CppKernel):
     def __init__(self, plan: KernelPlan) -> None:
         super().__init__(plan)
         self.accs = 0
+        self.kept: dict[Expr, Store] = {}  # reduced operand -> the output it is stored in
 
     def emit_loops(self) -> None:
         p = self.plan
@@ -141,13 +144,19 @@ class CppReductionKernel(CppKernel):
     def row_body(self) -> None:
         p = self.plan
         self.names = {}
+        elem = [s for s in p.stores if s.level == "xr"]
+        self.kept = self.kept_operands(elem)
         for batch in reduction_batches(self.plan):
             self.reduce_batch(batch)
-        elem = [s for s in p.stores if s.level == "xr"]
+        # An output that is a kept operand itself was written by its reduction's pass.
+        elem = [s for s in elem if s.value not in self.kept or self.kept[s.value] is not s]
+        reread = {x: s for x, s in self.kept.items() if any(s is e for e in elem)}
         sums = p.column_sums
         self.hoist([s.value for s in elem + list(sums)])
 
         def body() -> None:
+            for x, store in reread.items():  # (stored by the reduction's pass)
+                self.names[x] = self.fresh(self.stored(store), CPP.compute(x.dtype))
             for s in elem:
                 self.emit_body_store(s)
             for k, s in enumerate(sums):  # (dense: its index is the column's)
@@ -156,6 +165,28 @@ class CppReductionKernel(CppKernel):
         if elem or sums:
             self.element_loops(0, body, None, simd=True)
         self.row_stores([s for s in p.stores if s.level == "x"])
+
+    def kept_operands(self, elem: list[Store]) -> dict[Expr, Store]:
+        """Reduced operands with a math function (softmax's ``exp(x - max)``) that a
+        per-element output of the same type contains: the reduction's pass stores each in
+        that output, and the last pass reads it back instead of computing it again.  Not
+        an output stored in place of an input: the passes read the input there."""
+        kept: dict[Expr, Store] = {}
+        in_place = {out for _, out in self.plan.in_place}
+        for red in (r for batch in reduction_batches(self.plan) for r in batch):
+            x = red.x
+            if x in kept or not any(isinstance(e, Op) and e.op in EXPENSIVE for e in walk(x)):
+                continue  # (cheaper to compute again than to store and load)
+            fits = [s for s in elem if s.dtype == x.dtype and s.buffer not in in_place
+                    and x.dtype in (torch.float32, torch.float64)
+                    and all(s is not k for k in kept.values())  # one operand an output
+                    and any(e == x for e in walk(s.value))]
+            if fits:  # an output of the operand itself first: it needs no last pass
+                kept[x] = next((s for s in fits if s.value == x), fits[0])
+        return kept
+
+    def stored(self, store: Store) -> str:
+        return f"{self.pointer(store.buffer)}[{cpp_index(store.index)}]"
 
     def row_stores(self, stores: list) -> None:
         """The stores of one value per kept point, after the row's loops."""
@@ -177,9 +208,9 @@ class CppReductionKernel(CppKernel):
                 acc, ctype = f"{acc}_part", "float"
             nan = None
             if red.op in ("amax", "amin") and red.dtype.is_floating_point:
-                nan = f"{acc}_nan"
-                self.w.line(f"bool {nan} = false;")
-                clauses.append(f"reduction(||:{nan})")
+                nan = f"{acc}_nan"  # an int: GCC 12 leaves a loop reducing a bool scalar
+                self.w.line(f"int {nan} = 0;")
+                clauses.append(f"reduction(|:{nan})")
             clauses.append(f"reduction({OMP_REDUCTION[red.op]}:{acc})")
             accs.append((red, acc, ctype, nan))
         self.hoist([red.x for red in batch])
@@ -188,8 +219,10 @@ class CppReductionKernel(CppKernel):
             for red, acc, ctype, nan in accs:
                 v = self.value(red.x)
                 self.w.line(f"{acc} = {COMBINE[red.op].format(acc=acc, v=v, t=ctype)};")
+                if red.x in self.kept:
+                    self.w.line(f"{self.stored(self.kept[red.x])} = {v};")
                 if nan is not None:
-                    self.w.line(f"{nan} = {nan} || ({v} != {v});")
+                    self.w.line(f"{nan} |= ({v} != {v});")
 
         self.element_loops(0, body, " ".join(clauses), simd=True, blocked=blocked)
         for red, acc, _, nan in accs:
@@ -353,6 +386,10 @@ class CppColumnReductionKernel(CppReductionKernel):
 
     def hoist(self, exprs: list) -> None:
         """Nothing is computed once a block: values vary along its columns."""
+
+    def kept_operands(self, elem: list[Store]) -> dict[Expr, Store]:
+        """None: values are arrays over the block's lanes here."""
+        return {}
 
     def reduce_batch(self, batch: list[Reduce]) -> None:
         """One pass over the reduced dims accumulating every reduction of ``batch`` into

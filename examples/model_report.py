@@ -1,6 +1,6 @@
 """What the library-model examples (hf_bert.py, timm_resnext.py) print for one model: its
 graphs and graph breaks (minicompile.explain), kernels, the cold first call, and the
-median call of eager PyTorch, minicompile and torch.compile."""
+median call of eager PyTorch, minicompile and torch.compile (timed in turns)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 import minicompile
-from timing import median_seconds
+from timing import interleaved_ms
 
 
 def import_torchvision() -> None:
@@ -63,18 +63,20 @@ def report(
           f"kernels {stats['kernels']}   eager fallbacks {stats['eager_fallbacks']}")
     for k, reason in enumerate(explained.break_reasons, 1):
         print(f"  break {k}: {reason}")
-    eager_s = median_seconds(lambda: model(**kwargs), cuda)
-    mc_s = median_seconds(lambda: compiled(**kwargs), cuda)
-    line = (f"cold first call {cold_s:.2f} s   eager {eager_s * 1e3:.3f} ms   "
-            f"minicompile {mc_s * 1e3:.3f} ms")
+    calls = {"eager": lambda: model(**kwargs), "minicompile": lambda: compiled(**kwargs)}
+    line = f"cold first call {cold_s:.2f} s"
     try:
         torch._dynamo.reset()
         inductor = torch.compile(model)
         tc_cold_s, tc_out = cold_seconds(lambda: inductor(**kwargs), cuda)
         check(tc_out, expected)
-        tc_s = median_seconds(lambda: inductor(**kwargs), cuda)
-        line += f"   torch.compile {tc_s * 1e3:.3f} ms (cold {tc_cold_s:.1f} s)"
+        calls["torch.compile"] = lambda: inductor(**kwargs)
     except Exception as e:  # no C++ toolchain or Triton for Inductor here, say
         first = str(e).strip().splitlines()[0] if str(e).strip() else ""
-        line += f"   torch.compile skipped ({type(e).__name__}: {first[:80]})"
+        tc_cold_s, skipped = None, f"({type(e).__name__}: {first[:80]})"
+    # Timed in turns: on a shared machine, load that comes and goes falls on all three.
+    for name, ms in interleaved_ms(calls, cuda).items():
+        line += f"   {name} {ms:.3f} ms"
+    line += (f" (cold {tc_cold_s:.1f} s)" if tc_cold_s is not None
+             else f"   torch.compile skipped {skipped}")
     print(line)

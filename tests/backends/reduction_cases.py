@@ -308,6 +308,13 @@ case("softmax_method", lambda x: x.softmax(-1), rand(MAT))
 case("torch_log_softmax", lambda x: torch.log_softmax(x, 1), rand(MAT))
 case("softmax_dtype_f32_of_f16", lambda x: F.softmax(x, -1, dtype=torch.float32), rand(MAT, f16))
 case("softmax_of_scaled", lambda x: F.softmax(x * 0.5 + 1, -1) * 3, rand(MAT))
+# The C++ backend stores a reduced operand with a math function in the output that contains
+# it, in the reduction's pass, and reads it back after (cpp_reduction.kept_operands).
+case("softmax_nan", lambda x: F.softmax(x, -1), rand(MAT, f32, "nan"))
+case("sigmoid_and_its_row_sum", lambda x: (x.sigmoid(), x.sigmoid().sum(-1)), rand(MAT))
+case("exp_over_its_sum_scaled",
+     lambda x: (x - x.amax(-1, True)).exp() * 3 / (x - x.amax(-1, True)).exp().sum(-1, True),
+     rand(CUBE))
 
 # -- normalisations -----------------------------------------------------------------------
 

@@ -280,12 +280,10 @@ class _Shown(str):
         return str(self)
 
 
-def _expected(value: Any) -> Any:
-    if isinstance(value, list):
-        if len(value) == 2 and value[0] == "shown":
-            return _Shown(value[1])
-        return tuple(value)
-    return value
+def _expected(value: list) -> Any:
+    if len(value) == 2 and value[0] == "shown":
+        return _Shown(value[1])
+    return tuple(value)
 
 
 # -- reading -------------------------------------------------------------------------------
@@ -419,7 +417,8 @@ def _load(path: Path, fn: types.FunctionType, cfg: Config, frame: tuple,
     if p["interpret"] and not cfg.triton_interpret:
         raise Miss("the entry runs under Triton's interpreter, which is off")
     namespace = _namespace(p, fn, frame)
-    checks = [GuardCheck(s, k, e, a, _expected(x), t) for s, k, e, a, x, t in p["checks"]]
+    checks = [GuardCheck(s, k, e, a, x if type(x) is not list else _expected(x), t)
+              for s, k, e, a, x, t in p["checks"]]
     code = _code(path, p["guard_code"], GUARDS_FILENAME)
     guards = Guards(p["params"], checks, namespace, code, p["guard_paths"])
     inputs = _code(path, p["get_inputs_code"], "<minicompile inputs>")

@@ -70,6 +70,25 @@ def wants_channels_last(graph: Graph, state: frozenset[int]) -> bool:
 HARDTANH = ("input", "min_val", "max_val", "inplace")
 
 
+def _scaled(weight: Node) -> tuple[Node, Node, list[Node]] | None:
+    """``weight`` as (w, scale, its nodes) where it is ``w * scale`` of float32, one scale
+    per output channel (a folded batch norm's), maybe copied channels-last, read by the
+    convolution alone: pack_conv2d_weight multiplies straight into its layout."""
+    nodes = [weight]
+    if weight.target == "to_channels_last" and len(weight.users) == 1:
+        weight = weight.args[0]
+        nodes.append(weight)
+    if (weight.target != "mul" or len(weight.users) != 1 or weight.kwargs
+            or not all(isinstance(a, Node) for a in weight.args)):
+        return None
+    w, scale = weight.args
+    shape = tuple(weight.meta.shape)
+    if (any(t.meta.dtype != torch.float32 for t in (w, scale, weight))
+            or tuple(w.meta.shape) != shape or tuple(scale.meta.shape) != (shape[0], 1, 1, 1)):
+        return None
+    return w, scale, nodes
+
+
 def _number(v: object) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
@@ -124,6 +143,7 @@ def pack_convolutions(graph: Graph, state: frozenset[int]) -> tuple[Graph, str]:
     if not found:
         return graph, ""
     acts = {conv: act for conv in found if (act := _activation(conv)) is not None}
+    scaled = {a["weight"]: s for a in found.values() if (s := _scaled(a["weight"])) is not None}
     applied = {act[0]: conv for conv, act in acts.items()}
     pack, conv = ops.extern_op(onednn.pack_conv2d_weight), ops.extern_op(onednn.conv2d)
 
@@ -137,13 +157,15 @@ def pack_convolutions(graph: Graph, state: frozenset[int]) -> tuple[Graph, str]:
         contiguous = dense_strides(w.shape, tuple(range(4)))  # (the packed weight has none)
         sizes = (a["padding"], a["stride"], a["dilation"], a["groups"])
         input_size = tuple(int(s) for s in a["input"].meta.shape)
-        packed = new.call(pack, (remap(a["weight"]), *sizes, input_size), {},
-                          TensorMeta(w.shape, contiguous, w.dtype, w.device), node.stack)
+        weight = (a["weight"],) if a["weight"] not in scaled else scaled[a["weight"]][:2]
+        packed = new.call(pack, (remap(weight[0]), *sizes, input_size, *map(remap, weight[1:])),
+                          {}, TensorMeta(w.shape, contiguous, w.dtype, w.device), node.stack)
         _, attr, scalars, _ = acts.get(node, (None, "none", [], []))
         args = (remap(a["input"]), packed, remap(a["bias"]), *sizes, attr, tuple(scalars))
         return new.call(conv, args, {}, node.meta, node.stack)
 
-    gone = [n for act in acts.values() for n in act[3]]
+    gone = [n for act in acts.values() for n in act[3]] + [n for s in scaled.values()
+                                                            for n in s[2]]
     names = ", ".join(sorted({act[1] for act in acts.values()}))
     return (copy_graph(graph, rewrite, drop=gone),
             f"{len(found)} convolutions on packed oneDNN weights, {len(acts)} applying the "

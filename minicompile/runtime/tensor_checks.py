@@ -8,7 +8,6 @@ which the fast path is rebuilt.  So the answer is always the Python checks'.
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 from minicompile import compat
@@ -44,7 +43,7 @@ class TensorChecks:
         """The checks in Python, over parameters t0, t1, ... (written when asked: a warm
         entry has them compiled already, and densenet121's 3,000 take 10 ms to rewrite)."""
         index = dict(zip(self.paths, self.params))  # (each check's text starts with its path)
-        checks = [dataclasses.replace(c, expr=index[c.tensor] + c.expr[len(c.tensor):])
+        checks = [c._replace(expr=index[c.tensor] + c.expr[len(c.tensor):])
                   for c in self.given]
         return render(self.params, checks, name=PYTHON_CHECKS)
 

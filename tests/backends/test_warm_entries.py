@@ -8,6 +8,7 @@ warm process imports and does not.  Every compiled call is compared with eager.
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import subprocess
@@ -435,6 +436,36 @@ def test_reset_looks_on_disk_again(warm: Path) -> None:
             x, y = torch.randn(4, 8), torch.randn(4, 8)
             torch.testing.assert_close(compiled(x, y), m.f(x, y))
         assert minicompile.stats()["frames"] == expect_frames
+
+
+@pytest.mark.parametrize("collector", ["on", "off"])
+def test_no_collection_while_an_entry_loads(warm: Path, monkeypatch: pytest.MonkeyPatch,
+                                            collector: str) -> None:
+    """The collector is off while an entry loads (it makes tens of thousands of objects that
+    live on) and as it was after it; a load that misses leaves it as it was too."""
+    from minicompile.runtime import entries
+
+    seen = []
+    load = entries._load
+
+    def watched(*args: object) -> object:
+        seen.append(gc.isenabled())
+        return load(*args)
+
+    monkeypatch.setattr(entries, "_load", watched)
+    m = load_source(SOURCE)
+    call_twice(m.f, m, "cpp", torch.device("cpu"))  # stored
+    (gc.enable if collector == "on" else gc.disable)()
+    try:
+        assert call_twice(m.f, m, "cpp", torch.device("cpu"))["warm_entries"] == 1
+        assert gc.isenabled() is (collector == "on")
+        m.K = 3  # (a guarded global: the entry's guard fails, and f compiles again)
+        stats = call_twice(m.f, m, "cpp", torch.device("cpu"))
+        assert stats["frames"] == 1 and stats["warm_entries"] == 0, stats
+        assert gc.isenabled() is (collector == "on")
+    finally:
+        gc.enable()
+    assert seen == [False, False], seen
 
 
 MUTATING_SOURCE = """

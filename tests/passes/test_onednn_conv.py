@@ -4,6 +4,8 @@ a parameter changes, and convolutions the pass must not touch stay ``F.conv2d``.
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -86,6 +88,12 @@ def test_block_matches_eager_before_and_after_parameter_changes(
         assert main.count(CONV) == 8, main
         assert "functional.hardtanh" not in main and "functional.conv2d" not in main, main
         assert PACK not in main  # packed once, outside the graph (passes/hoist_params.py)
+        # The three weights folded with a batch norm are multiplied as they are packed
+        # (by their scale, the argument after the input's size).
+        values = err.split("parameter values ========")[1].split("========")[0]
+        packs = [line for line in values.splitlines() if PACK in line]
+        assert len(packs) == 8 and sum(bool(re.search(r"\), %\d+\) : ", line))
+                                       for line in packs) == 3, values
     else:
         assert CONV not in err
     assert minicompile.stats()["recompiles"] == 0
@@ -123,26 +131,30 @@ def test_what_is_not_packed(capsys: pytest.CaptureFixture) -> None:
 @pytest.mark.skipif(not ONEDNN, reason="this PyTorch has no oneDNN")
 def test_a_graph_read_from_disk_packs_weights() -> None:
     """A warm entry's graph of parameter values (runtime/derived.py), read from disk by a
-    process that has not registered the packing helper, packs the weight: an opaque
-    oneDNN tensor, handed on as it is."""
+    process that has not registered the packing helper, packs the weight (and the weight
+    times a scale, a folded batch norm's): an opaque oneDNN tensor, handed on as it is."""
     from minicompile.runtime import onednn
     from minicompile.runtime.derived import WithDerived
 
-    weight = torch.randn(4, 3, 3, 3)
+    weight, scale = torch.randn(4, 3, 3, 3), torch.rand(4, 1, 1, 1) + 0.5
     meta = TensorMeta.of(weight)
     graph = Graph("forward_parameters")
-    packed = graph.call(PACK, (graph.placeholder("w", meta), (1, 1), (1, 1), (1, 1), 1,
-                               (2, 3, 8, 8)), {}, meta, ())
-    graph.output((packed,))
+    w, s = graph.placeholder("w", meta), graph.placeholder("s", TensorMeta.of(scale))
+    packed = graph.call(PACK, (w, (1, 1), (1, 1), (1, 1), 1, (2, 3, 8, 8)), {}, meta, ())
+    scaled = graph.call(PACK, (w, (1, 1), (1, 1), (1, 1), 1, (2, 3, 8, 8), s), {}, meta, ())
+    graph.output((packed, scaled))
     ops.OPS.pop(PACK, None)
-    derived = WithDerived.from_json(lambda inputs: inputs, graph_to_json(graph), (0,))
+    derived = WithDerived.from_json(lambda inputs: inputs, graph_to_json(graph), (0, 1))
     for _ in range(2):
         x = torch.randn(2, 3, 8, 8).contiguous(memory_format=torch.channels_last)
-        _, packed_weight = derived([weight])
-        assert packed_weight.layout == torch._mkldnn
-        got = onednn.conv2d(x, packed_weight, None, (1, 1), (1, 1), (1, 1), 1)
-        torch.testing.assert_close(got, F.conv2d(x, weight, padding=1), rtol=1e-4, atol=1e-4)
-        assert got.is_contiguous(memory_format=torch.channels_last)
+        _, _, packed_weight, scaled_weight = derived([weight, scale])
+        for got_weight, want_weight in ((packed_weight, weight), (scaled_weight, weight * scale)):
+            assert got_weight.layout == torch._mkldnn
+            got = onednn.conv2d(x, got_weight, None, (1, 1), (1, 1), (1, 1), 1)
+            torch.testing.assert_close(got, F.conv2d(x, want_weight, padding=1), rtol=1e-4,
+                                       atol=1e-4)
+            assert got.is_contiguous(memory_format=torch.channels_last)
+        weight.mul_(-0.5)  # (WithDerived packs again: a new version)
 
 
 def test_the_switch_and_the_build() -> None:

@@ -45,6 +45,9 @@ def reduction_identity(red: Reduce) -> bool | int | float:
     return value
 
 
+_PRODUCTS = {2: "square", 3: "cube"}  # x ** n as PyTorch's pow kernels compute it
+
+
 def legal_op(e: Op) -> str:
     """The op ``e`` is spelled as (a row of minicompile/op_table.py), for its operands'
     dtype; IDENTITY where the result is the first operand itself."""
@@ -54,9 +57,9 @@ def legal_op(e: Op) -> str:
     if not dtype.is_floating_point:
         return row.variants.get("int", e.op)
     exponent = e.args[-1]
-    if e.op == "pow" and isinstance(exponent, Constant) and not isinstance(exponent.value, bool):
-        if exponent.value in (2, 3):
-            return "square" if exponent.value == 2 else "cube"
+    if e.op == "pow" and isinstance(exponent, Constant) and not isinstance(exponent.value, bool) \
+            and exponent.value in _PRODUCTS:
+        return _PRODUCTS[exponent.value]
     return row.variants.get("f32" if compute_dtype(dtype) == torch.float32 else "f64", e.op)
 
 

@@ -82,8 +82,8 @@ def attention_grads(pairs: list, leaves: tuple) -> tuple | None:
     places = {id(t): k for k, t in enumerate(leaves)}
     slots = [None if edge is None else places.get(id(getattr(edge, "variable", None)), -1)
              for edge, _ in edges[:3]]
-    if -1 in slots or len({k for k in slots if k is not None}) < sum(k is not None
-                                                                    for k in slots):
+    taken = [k for k in slots if k is not None]
+    if -1 in slots or len(set(taken)) < len(taken):
         return None  # an input made inside the call's history, or one leaf twice
     try:
         grads = backward(node, g, [k is not None for k in slots])

@@ -75,6 +75,17 @@ def alias_text(out: AliasOutput, shape: Callable[[tuple], str] = _shape,
     return f"{view}, {out.input}.storage_offset() + {expr(lay.offset)})"
 
 
+def argument_view(out: AliasOutput) -> str:
+    """A view that a library call reads, as an argument: on the CPU a plain tensor over the
+    same memory (``compat.reinterpret``: half of ``as_strided``'s cost, and nothing autograd
+    needs, since the generated code runs without recording); elsewhere ``alias_text``."""
+    lay = out.layout
+    if lay is None or lay.device.type != "cpu":
+        return alias_text(out)
+    offset = "" if lay.offset == 0 else f", {python_expr(lay.offset)}"
+    return f"reinterpret({out.input}, {_shape(lay.shape)}, {_shape(lay.stride)}{offset})"
+
+
 def generate(
     program: LoopProgram, groups: list[FusedGroup], backend: str, graph_name: str = "graph",
     in_place: dict[str, str] | None = None, takes_inputs: bool = False, autotune: bool = False,
@@ -111,6 +122,8 @@ def generate(
     for k, dev in enumerate(devices):
         w.line(f"device{k} = {_device_literal(torch.device(dev))}")
     w.line("empty_strided = torch.empty_strided")
+    if any(torch.device(d).type == "cpu" for d in devices):
+        w.line("from minicompile.compat import empty_strided_cpu, reinterpret")
     pooled = pooled_outputs(program, groups, plans, {**in_place, **copies_back},
                             _shape, devices) if takes_inputs else {}
     if pooled:  # a backward's gradients: their memory is kept across calls
@@ -364,15 +377,15 @@ def library_plans(program: LoopProgram, externs: list[ExternKernel],
     return [*lines, "])"]
 
 
-def _extern_arg(value: object) -> str:
+def _extern_arg(value: object, views: Callable[[AliasOutput], str] = alias_text) -> str:
     if isinstance(value, BufferRef):
         return value.name
     if isinstance(value, AliasOutput):
-        return alias_text(value)
+        return views(value)
     if isinstance(value, tuple):
-        return _tuple([_extern_arg(v) for v in value])
+        return _tuple([_extern_arg(v, views) for v in value])
     if isinstance(value, list):
-        return "[" + ", ".join(_extern_arg(v) for v in value) + "]"
+        return "[" + ", ".join(_extern_arg(v, views) for v in value) + "]"
     if isinstance(value, (torch.dtype, torch.device)):
         return str(value) if isinstance(value, torch.dtype) else _device_literal(value)
     if isinstance(value, sympy.Basic):
@@ -392,8 +405,9 @@ def emit_extern(w: CodeWriter, ext: ExternKernel, into: str | None = None,
     """``into``: the input the call stores into in place (passes/inplace.py): its in-place
     variant (the name with ``_``) is called on it.  ``out``: the tensor (an expression) a
     matrix product writes its result into (``out=``, in its layout)."""
-    args = [_extern_arg(a) for a in ext.args]
-    args += [f"{k}={_extern_arg(v)}" for k, v in ext.kwargs.items()]
+    views = alias_text if into is not None else argument_view  # (in place: real views)
+    args = [_extern_arg(a, views) for a in ext.args]
+    args += [f"{k}={_extern_arg(v, views)}" for k, v in ext.kwargs.items()]
     args += [f"out={out}"] if out else []
     call = f"{ext.op}({', '.join(args)})"
     if ext.op == "operator.getitem":
@@ -505,6 +519,14 @@ def _debug_options(plan: KernelPlan, interpret: bool) -> str:
     return ", debug=True, sanitize_overflow=False"
 
 
+def allocation(lay: Layout, devices: list[str]) -> str:
+    """A new tensor of ``lay`` (on the CPU through ``compat.empty_strided_cpu``)."""
+    if lay.device.type == "cpu":
+        return f"empty_strided_cpu({_shape(lay.shape)}, {_shape(lay.stride)}, {lay.dtype})"
+    return (f"empty_strided({_shape(lay.shape)}, {_shape(lay.stride)}, dtype={lay.dtype}, "
+            f"device=device{devices.index(str(lay.device))})")
+
+
 def _interpreted(program: LoopProgram, plan: KernelPlan) -> bool:
     """Triton kernels over CPU tensors run under Triton's interpreter."""
     return program.buffer(plan.outputs[0]).layout.device.type == "cpu"
@@ -529,8 +551,7 @@ def emit_launch(w: CodeWriter, program: LoopProgram, plan: KernelPlan | combo.Co
             w.line(f"del {reuse[name]}")
         else:
             lay = program.buffer(name).layout
-            w.line(f"{name} = empty_strided({_shape(lay.shape)}, {_shape(lay.stride)}, "
-                   f"dtype={lay.dtype}, device=device{devices.index(str(lay.device))})")
+            w.line(f"{name} = {allocation(lay, devices)}")
     args = [b for b, _ in plan.inputs] + [columns.argument(b) for b in plan.outputs]
     if isinstance(plan, combo.ComboPlan):
         w.line(f"# combo kernel of {len(plan.parts)} parts: "

@@ -125,6 +125,23 @@ def test_cuda_entry_points_follow_the_build() -> None:
     assert callable(compat.GPU_SLEEP)  # (in every build; it runs on a GPU)
 
 
+
+def test_generated_code_allocations_and_views() -> None:
+    # PyTorch's fast paths where it has them (every tested release does), else the
+    # fallbacks; the same tensors either way, for a view with an offset of its own.
+    guards = torch._C._dynamo.guards
+    assert compat.empty_strided_cpu is guards._empty_strided_cpu
+    assert compat.reinterpret is guards._reinterpret_tensor
+    for empty, view in ((compat.empty_strided_cpu, compat.reinterpret),
+                        (compat._empty_strided_cpu, compat._reinterpret)):
+        t = empty((2, 3), (1, 2), torch.float16)
+        assert (t.shape, t.stride(), t.dtype, t.device.type) == ((2, 3), (1, 2),
+                                                                  torch.float16, "cpu")
+        base = torch.arange(24.0).reshape(2, 12)[:, 1:]  # storage offset 1
+        want = base.as_strided((2, 3), (12, 1), base.storage_offset() + 2)
+        assert torch.equal(view(base, (2, 3), (12, 1), 2), want)
+        assert torch.equal(view(base, (2, 3), (12, 1)), base[:, :3])
+
 def test_abi_and_export_handles() -> None:
     assert compat.cxx11_abi() in (0, 1)
     aoti = compat.aoti()

@@ -315,7 +315,7 @@ def step_of(stmt: ast.stmt, lines: list[str]) -> tuple[Step, ast.expr, ast.expr,
     value = stmt.value
     if _called(value) == "with_layout":
         value = value.args[0]  # type: ignore[attr-defined]
-    if _called(value) == "empty_strided":
+    if _called(value) in ("empty_strided", "empty_strided_cpu"):
         return None  # (an allocation under the comment of an empty tensor's kernel)
     if not isinstance(value, (ast.Call, ast.Subscript)):
         return None  # (a buffer's memory reused under an empty tensor's comment)

@@ -32,7 +32,7 @@ def test_dead_buffers_of_kernels_and_matrix_products_are_reused() -> None:
     # ...but cos's output goes to cumsum, a library call that might keep or return it:
     # exp's and tanh's outputs get new memory, not buf2's.
     assert "= buf2  #" not in module
-    assert module.count("empty_strided(") == 3, module
+    assert module.count("empty_strided_cpu(") == 2, module  # (buf0, buf5: CPU buffers)
 
 
 def test_reused_memory_gives_the_same_values(backend: str) -> None:

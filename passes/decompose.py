@@ -21,6 +21,7 @@ from minicompile.graph import Graph, Node, TensorMeta, copy_graph, flatten_nodes
 from minicompile.ir import LOW_PRECISION
 from minicompile.ops import infer_meta
 
+from minicompile.passes.decompose_attention import ATTENTION_DECOMPOSITIONS
 from minicompile.passes.decompose_losses import LOSS_DECOMPOSITIONS
 from minicompile.passes.decompose_reductions import REDUCTION_DECOMPOSITIONS
 from minicompile.passes.decompose_views import VIEW_DECOMPOSITIONS
@@ -229,7 +230,7 @@ def _lay_out_as(out: Node, meta: TensorMeta, start: int) -> None:
 
 
 _RULES = {**DECOMPOSITIONS, **ACTIVATION_DECOMPOSITIONS, **REDUCTION_DECOMPOSITIONS,
-          **LOSS_DECOMPOSITIONS, **VIEW_DECOMPOSITIONS, **FILLED}
+          **LOSS_DECOMPOSITIONS, **VIEW_DECOMPOSITIONS, **FILLED, **ATTENTION_DECOMPOSITIONS}
 
 
 def decompose(graph: Graph) -> Graph:

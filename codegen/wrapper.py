@@ -21,7 +21,8 @@ from minicompile.ops import extern_module
 from minicompile.shapes import python_expr
 from minicompile.sym import size_symbols
 
-from minicompile.codegen import combo, cpp, cpp_reduction, triton, triton_reduction, triton_tuning
+from minicompile.codegen import (combo, cpp, cpp_reduction, gemm_calls, triton, triton_reduction,
+                                 triton_tuning)
 from minicompile.codegen.column_sums import ColumnPartials
 from minicompile.codegen.memory_reuse import (
     last_reads, needed_outside, pooled_outputs, reuse_memory,
@@ -226,6 +227,7 @@ def _emit_call(w: CodeWriter, program: LoopProgram, groups: list, backend: str, 
     if not takes_inputs:
         keep |= {b.name for b in program.inputs}
     reuse = reuse_memory(program, groups, plan_of, keep, in_place, frozenset(pooled))
+    layout_of = {b.name: b.layout for b in (*program.inputs, *program.buffers)}
     columns = ColumnPartials(program, plans, backend, devices)
     columns.allocate(w)
     for k, group in enumerate(groups):
@@ -237,7 +239,15 @@ def _emit_call(w: CodeWriter, program: LoopProgram, groups: list, backend: str, 
             out = group.extern.name if group.extern.name in pooled else None
             if out:  # (taken before the call's comment: the profile reads its arguments)
                 w.line(f"{out} = {pooled[out]}")
-            emit_extern(w, group.extern, in_place.get(group.extern.name), out)
+            into = in_place.get(group.extern.name)
+            blas = None if into else gemm_calls.product_call(group.extern, layout_of, _shape)
+            if blas is not None:
+                if not out:
+                    w.line(f"{group.extern.name} = {allocation(group.extern.layout, devices)}")
+                w.line(f"# {extern_comment(group.extern)}")
+                w.line(blas)
+            else:
+                emit_extern(w, group.extern, into, out)
             made = [group.extern.name]
         else:
             plan = plan_of[group.key]

@@ -75,6 +75,11 @@ def attention_grads(pairs: list, leaves: tuple) -> tuple | None:
         return None
     (out, g), = pairs
     node = out.grad_fn
+    if type(node).__name__ == "CopyBackwards":  # record's copy into eager's strides (GQA):
+        edges = node.next_functions  # its gradient passes through unchanged (same dtype)
+        if len(edges) == 2 and edges[0][0] is None and edges[1][1] == 0 \
+                and edges[1][0] is not None:
+            node = edges[1][0]
     backward = BACKWARDS.get(type(node).__name__)
     edges = node.next_functions if backward is not None else ()
     if len(edges) < 3 or any(edge is not None for edge, _ in edges[3:]):

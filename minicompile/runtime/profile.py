@@ -297,6 +297,15 @@ def step_of(stmt: ast.stmt, lines: list[str]) -> tuple[Step, ast.expr, ast.expr,
     arguments; None for any other statement.  A kernel launch is a call statement; a
     library call an assignment right under a comment (codegen/wrapper.py's emit_extern)."""
     none = ast.Constant(None)
+    if isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call) \
+            and isinstance(stmt.value.func, ast.Attribute) \
+            and any(k.arg == "out" for k in stmt.value.keywords) \
+            and lines[stmt.lineno - 2].lstrip().startswith("#"):  # (codegen/gemm_calls.py)
+        call = stmt.value
+        out = next(k.value for k in call.keywords if k.arg == "out")
+        args = ast.Tuple([copy.deepcopy(a) for a in call.args], ast.Load())
+        step = Step(ast.unparse(call.func), True, *_comment(lines, stmt.lineno, 1))
+        return step, copy.deepcopy(out), args, ast.Dict([], [])
     if isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call):
         func = stmt.value.func
         func = func.value if isinstance(func, ast.Subscript) else func

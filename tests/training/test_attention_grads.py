@@ -75,3 +75,37 @@ def test_attention_gradients(case: str, how: str, dtype: torch.dtype, backend: s
         assert not fused  # the mask's gradient: PyTorch's engine
     else:
         assert fused, "the attention's backward went through the engine"
+
+
+@pytest.mark.parametrize("how", ["backward", "grad_of_x"])
+def test_grouped_query_attention_takes_the_direct_road(how: str, backend: str,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """Llama's grouped-query attention (``enable_gqa``): 4 query heads over 2 key/value
+    heads.  On the CPU the kernel's result has other strides than eager's meta says, so the
+    recorded call copies it (a CopyBackwards node over the attention's): its gradient passes
+    through that copy unchanged, and the fused kernel's backward is still called directly."""
+    device = device_for(backend)
+    direct = []
+    real = attention_grads.attention_grads
+    monkeypatch.setattr(autograd, "attention_grads",
+                        lambda *a: direct.append(real(*a)) or direct[-1])
+
+    def f(x, w):  # noqa: ANN001, ANN202
+        q, kv = (x @ w).split([64, 64], -1)
+        q = q.unflatten(-1, (4, 16)).transpose(1, 2)
+        k, v = kv.unflatten(-1, (2, 2, 16)).transpose(1, 3).unbind(2)
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+
+    compiled = minicompile.compile(f, backend=backend)
+    for _ in range(2):
+        x, w = torch.randn(2, 7, 32, device=device), torch.randn(32, 128, device=device) / 6
+        grads = []
+        for fn in (f, compiled):
+            leaves = [t.clone().requires_grad_() for t in (x, w)]
+            loss = (fn(*leaves) * torch.linspace(-1, 1, 16, device=device)).sum()
+            grads.append([t.grad for t in leaves] if how == "backward" and not loss.backward()
+                         else list(torch.autograd.grad(loss, leaves[:1])))
+        for got, want in zip(grads[1], grads[0]):
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    assert minicompile.stats()["graph_breaks"] == 0
+    assert direct and all(r is not None for r in direct)

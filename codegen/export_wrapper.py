@@ -27,7 +27,7 @@ from minicompile.ir import AliasOutput, BufferRef, ExternKernel, LoopProgram
 from minicompile.shapes import MIN_DYNAMIC_SIZE
 from minicompile.sym import FloorDiv, ModularIndexing
 
-from minicompile.codegen import combo, export_cuda, wrapper
+from minicompile.codegen import combo, export_cuda, extern_text, wrapper
 from minicompile.codegen.common import CodeWriter, KernelPlan, checks_indices, text_sections
 from minicompile.codegen.cpp import CPP_DTYPES
 from minicompile.codegen.cpp_externs import ATEN_DTYPES, ExternCall, extern_call
@@ -136,7 +136,7 @@ def _tensor_arg(v: object) -> str:
     if isinstance(v, BufferRef):
         return v.name
     assert isinstance(v, AliasOutput)
-    return wrapper.alias_text(v, _shape, cpp_index)
+    return extern_text.alias_text(v, _shape, cpp_index)
 
 
 def _emit_run(w: CodeWriter, program: LoopProgram, groups: list, plan_of: dict,
@@ -244,7 +244,7 @@ def _emit_checks(w: CodeWriter, program: LoopProgram, arg_of: list[int | None],
 
 def _emit_extern(w: CodeWriter, ext: ExternKernel, calls: dict[str, ExternCall],
                  tuples: set[str]) -> None:
-    w.line(f"// {wrapper.extern_comment(ext)}")
+    w.line(f"// {extern_text.extern_comment(ext)}")
     if ext.op == "operator.getitem":
         source, index = ext.args
         if not isinstance(source, BufferRef) or source.name not in tuples:

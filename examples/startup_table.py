@@ -24,7 +24,8 @@ processes (minicompile cold, then warm on its cache; torch.compile cold), and:
   machine), so the lanes do not slow each other's timed calls.
 
 Cells are handed out longest first (torch.compile's cold calls of the models); the table
-comes at the end, with the run's wall time.
+comes at the end, with the run's wall time, and each row goes to stderr as soon as both
+its cells are done (a run cut short keeps those).
 """
 
 from __future__ import annotations
@@ -104,7 +105,10 @@ def run_all(names: list[str], device: str, lanes: int, jobs: int,
             except queue.Empty:
                 return
             found[name, compiler] = cell(name, compiler, device, env, timeout)
-            print(f"done: {name} {compiler}", file=sys.stderr, flush=True)
+            mc, tc = found.get((name, "minicompile")), found.get((name, "torch.compile"))
+            # (a row as soon as it is whole: a run cut short by a time limit keeps them)
+            print(row(name, mc, tc) if mc and tc else f"done: {name} {compiler}",
+                  file=sys.stderr, flush=True)
 
     with tempfile.TemporaryDirectory(prefix="startup-locks-") as locks:
         threads = [threading.Thread(target=worker, args=(env,))

@@ -374,15 +374,20 @@ class Reader:
                 extras += extra
         for chain in chains:
             self.gather(chain, dicts)
-        dicts.update((id(d), d) for d in extras)
+        for d in extras:
+            dicts[id(d)] = d
         return True
 
     def gather(self, chain: Any, dicts: dict[int, Any]) -> None:
-        """The dicts of a chain :meth:`read` made into ``dicts``."""
-        while chain is not None and id(chain) not in self.gathered:
-            self.gathered.add(id(chain))
+        """The dicts of a chain :meth:`read` made into ``dicts``.  (Loops, not
+        ``dicts.update`` of a generator: a chain's step fixes one dict or two, and a
+        model's record gathers thousands.)"""
+        gathered = self.gathered
+        while chain is not None and id(chain) not in gathered:
+            gathered.add(id(chain))
             fixed, chain = chain
-            dicts.update((id(d), d) for d in fixed)
+            for d in fixed:
+                dicts[id(d)] = d
 
     def read(self, path: Path) -> tuple[Any, Any] | None:
         got = self.memo.get(path, _NOTHING)

@@ -341,23 +341,20 @@ class ModuleWalk:
     def _hash(self, start: int) -> str:
         return hashlib.sha256(("\0".join(self._parts[start:]) + "\0").encode()).hexdigest()
 
-    def _put(self, text: str) -> None:
-        self._parts.append(text)
-
     def _class(self, cls: type) -> None:
         text = self._classes.get(cls)
         if text is None:
             text = self._classes[cls] = (
                 f"class {cls.__module__}.{cls.__qualname__} {object_digest(cls)}")
             self.objects.append(cls)
-        self._put(text)
+        self._parts.append(text)
 
     def _value(self, value: Any, where: str) -> None:
         if type(value) in _SIMPLE:
-            self._put(f"{type(value).__name__}:{value!r}")
+            self._parts.append(f"{type(value).__name__}:{value!r}")
             return
         if isinstance(value, _TORCH_VALUES):
-            self._put(f"{type(value).__name__}:{value}")
+            self._parts.append(f"{type(value).__name__}:{value}")
             return
         first = self._seen.get(id(value))
         if first is not None:  # shared or cyclic: its place in the walk is enough
@@ -365,7 +362,7 @@ class ModuleWalk:
                 if stretch[0] <= first:
                     break
                 stretch[1] = False
-            self._put("seen")
+            self._parts.append("seen")
             return
         self._seen[id(value)] = len(self._parts)
         if self._inner and isinstance(value, torch.nn.Module):
@@ -379,40 +376,41 @@ class ModuleWalk:
         self._walk(value, where)
 
     def _walk(self, value: Any, where: str) -> None:
-        if isinstance(value, torch.Tensor):
-            self._class(type(value))
-            self._put(f"tensor {tuple(value.shape)} {value.stride()} {value.storage_offset()} "
-                      f"{value.dtype} {value.device} {value.requires_grad}")
-        elif isinstance(value, (tuple, list)):
-            self._class(type(value))
-            self._put(str(len(value)))
-            for v in value:
-                self._value(v, where)
-        elif isinstance(value, dict):
+        if isinstance(value, dict):  # (first: most of a model's values, hooks' dicts mostly)
             self._class(type(value))
             for k, v in value.items():  # in order: modules iterate their children so
                 self._value(k, where)
                 self._value(v, where)
+        elif isinstance(value, torch.Tensor):
+            self._class(type(value))
+            self._parts.append(f"tensor {tuple(value.shape)} {value.stride()} "
+                               f"{value.storage_offset()} {value.dtype} {value.device} "
+                               f"{value.requires_grad}")
+        elif isinstance(value, (tuple, list)):
+            self._class(type(value))
+            self._parts.append(str(len(value)))
+            for v in value:
+                self._value(v, where)
         elif isinstance(value, (set, frozenset)):
             self._class(type(value))
             for text in sorted(repr(v) for v in value):
-                self._put(text)
+                self._parts.append(text)
         elif isinstance(value, (types.FunctionType, type)):
             self.objects.append(value)
-            self._put(value_digest(value))
+            self._parts.append(value_digest(value))
         elif isinstance(value, enum.Enum):  # (timm's Format, a str): a member by name
             self._class(type(value))
-            self._put(value.name)
+            self._parts.append(value.name)
         elif isinstance(value, functools.partial):
             self._value((value.func, value.args, value.keywords), where)
         elif isinstance(value, (types.BuiltinFunctionType, types.MethodWrapperType)):
-            self._put(f"builtin {getattr(value, '__module__', '')}.{value.__qualname__}")
+            self._parts.append(f"builtin {getattr(value, '__module__', '')}.{value.__qualname__}")
         elif _python_object(value):
             self._class(type(value))  # modules, config objects, enums, plain objects
             for k, v in sorted(vars(value).items()):
                 if k in _PER_PROCESS:
                     continue
-                self._put(k)
+                self._parts.append(k)
                 self._value(v, f"{where}.{k}" if k != "_modules" else where)
         else:
             raise NotStorable(f"{where} is a {type(value).__qualname__}, which cannot be "

@@ -63,7 +63,7 @@ def call_over_sizes(case: ModelCase, backend: str, dynamic: bool | None,
 @pytest.mark.parametrize("case", CASES, ids=str)
 def test_dynamic_true_compiles_once(case: ModelCase, backend: str) -> None:
     stats = call_over_sizes(case, backend, dynamic=True)
-    expect_one_compile(stats["frames"], case.float_inputs, stats)  # (images: pooling)
+    expect_one_compile(case.float_inputs, stats)  # (images: pooling)
     assert stats["recompiles"] == 0, stats
 
 

@@ -54,8 +54,13 @@ def argument_view(out: AliasOutput) -> str:
     lay = out.layout
     if lay is None or lay.device.type != "cpu":
         return alias_text(out)
-    offset = "" if lay.offset == 0 else f", {python_expr(lay.offset)}"
-    return f"reinterpret({out.input}, {shape_text(lay.shape)}, {shape_text(lay.stride)}{offset})"
+    return reinterpret_text(out.input, lay.shape, lay.stride, lay.offset)
+
+
+def reinterpret_text(name: str, shape: tuple, stride: tuple, offset: sympy.Expr) -> str:
+    """``compat.reinterpret`` of the tensor ``name``: ``offset`` elements past its own."""
+    extra = "" if offset == 0 else f", {python_expr(offset)}"
+    return f"reinterpret({name}, {shape_text(shape)}, {shape_text(stride)}{extra})"
 
 
 # Kernels index an extern's result by the strides eager gives it; a library may choose

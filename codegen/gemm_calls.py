@@ -11,15 +11,15 @@ into the result's buffer (``out=``), as Inductor's wrapper does.  The same BLAS 
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from itertools import pairwise
 
 import sympy
 import torch
 
 from minicompile.ir import AliasOutput, BufferRef, ExternKernel, Layout
-from minicompile.shapes import python_expr
 from minicompile.sym import product
+
+from minicompile.codegen.extern_text import reinterpret_text
 
 PRODUCTS = frozenset({"torch.matmul", "torch.nn.functional.linear"})
 FLOATS = (torch.float32, torch.float64)
@@ -58,17 +58,15 @@ class Operand:
         lay = layouts.get(name) if name is not None else None
         return Operand(name, lay, sympy.Integer(0), True) if isinstance(lay, Layout) else None
 
-    def view(self, shape: tuple, stride: tuple, text: Callable[[tuple], str]) -> str:
+    def view(self, shape: tuple, stride: tuple) -> str:
         if self.own and (tuple(shape), tuple(stride)) == (self.layout.shape, self.layout.stride):
             return self.name
-        offset = "" if self.offset == 0 else f", {python_expr(self.offset)}"
-        return f"reinterpret({self.name}, {text(shape)}, {text(stride)}{offset})"
+        return reinterpret_text(self.name, shape, stride, self.offset)
 
 
-def product_call(ext: ExternKernel, layouts: dict[str, Layout],
-                 text: Callable[[tuple], str]) -> str | None:
+def product_call(ext: ExternKernel, layouts: dict[str, Layout]) -> str | None:
     """The statement computing ``ext`` into its (already allocated) buffer ``ext.name`` with
-    one BLAS call, or None where it stays the library call (``text`` prints a shape)."""
+    one BLAS call, or None where it stays the library call."""
     out = ext.layout
     if ext.op not in PRODUCTS or not isinstance(out, Layout) or out.device.type != "cpu" \
             or out.dtype not in FLOATS or out.offset != 0:
@@ -92,15 +90,15 @@ def product_call(ext: ExternKernel, layouts: dict[str, Layout],
         w_shape, w_stride = w.layout.shape[::-1], w.layout.stride[::-1]
     if 0 in w_stride or w_shape[0] != k or result[:2] != (rows, w_shape[1]):
         return None
-    a = x.view((rows, k), (rs, ks), text)
-    b = w.view(w_shape, w_stride, text)
+    a = x.view((rows, k), (rs, ks))
+    b = w.view(w_shape, w_stride)
     target = Operand(ext.name, out, sympy.Integer(0), True)
-    into = f"out={target.view((rows, w_shape[1]), result[2:], text)}"
+    into = f"out={target.view((rows, w_shape[1]), result[2:])}"
     if bias is None:
         return f"torch.mm({a}, {b}, {into})"
     bias_op = Operand.of(bias, layouts)
     if bias_op is None or tuple(bias_op.layout.shape) != (w_shape[1],) \
             or bias_op.layout.dtype != out.dtype:
         return None
-    return f"torch.addmm({bias_op.view(bias_op.layout.shape, bias_op.layout.stride, text)}, " \
+    return f"torch.addmm({bias_op.view(bias_op.layout.shape, bias_op.layout.stride)}, " \
            f"{a}, {b}, {into})"

@@ -203,7 +203,7 @@ def _emit_call(w: CodeWriter, program: LoopProgram, groups: list, backend: str, 
             if out:  # (taken before the call's comment: the profile reads its arguments)
                 w.line(f"{out} = {pooled[out]}")
             into = in_place.get(group.extern.name)
-            blas = None if into else gemm_calls.product_call(group.extern, layout_of, _shape)
+            blas = None if into else gemm_calls.product_call(group.extern, layout_of)
             if blas is not None:
                 if not out:
                     w.line(f"{group.extern.name} = {allocation(group.extern.layout, devices)}")

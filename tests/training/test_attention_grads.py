@@ -108,4 +108,8 @@ def test_grouped_query_attention_takes_the_direct_road(how: str, backend: str,
         for got, want in zip(grads[1], grads[0]):
             torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
     assert minicompile.stats()["graph_breaks"] == 0
-    assert direct and all(r is not None for r in direct)
+    # float32 grouped-query attention on CUDA runs eager's math path (no fused kernel takes
+    # it), whose gradient only the engine knows: there the call goes through vjp.
+    fused = type(f(x, w.requires_grad_()).grad_fn).__name__ in attention_grads.BACKWARDS
+    assert direct and all((r is not None) == fused for r in direct)
+    assert fused or device.type == "cuda"

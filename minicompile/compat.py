@@ -52,6 +52,18 @@ def autograd_function_of(value: Any) -> type | None:
     return owner if found is _FUNCTION_APPLY else None
 
 
+def is_function_node(node: Any) -> bool:
+    """Whether ``node`` (a ``grad_fn``) is a Python autograd.Function's context, whose
+    ``apply`` runs that Function's backward."""
+    return isinstance(node, torch.autograd.function.BackwardCFunction)
+
+
+def node_outputs(node: Any) -> int:
+    """How many outputs the forward of ``node`` (a ``grad_fn``) had: the gradients its
+    ``apply`` takes (one metadata record per output, private)."""
+    return len(node._input_metadata)
+
+
 _C_APPLY = torch._C._FunctionBase.__dict__["apply"]
 
 

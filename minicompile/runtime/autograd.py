@@ -20,6 +20,7 @@ from minicompile import compat
 from minicompile.ops import resolve_path
 from minicompile.runtime.attention_grads import attention_grads
 from minicompile.runtime.dict_guards import right_after_check
+from minicompile.runtime.function_grads import function_grads
 from minicompile.runtime.values import picker
 
 # The (result, leaves) of every record() call of the forward running now: the Function
@@ -89,6 +90,8 @@ def vjp(out: Any, grad: Any) -> tuple[torch.Tensor, ...]:
     if not pairs:  # nothing of the output depends on its leaves
         return tuple(torch.zeros_like(t, memory_format=torch.contiguous_format) for t in leaves)
     grads = attention_grads(pairs, leaves)
+    if grads is None:
+        grads = function_grads(pairs, leaves)
     if grads is None:
         grads = torch.autograd.grad([o for o, _ in pairs], leaves, [g for _, g in pairs],
                                     retain_graph=True, allow_unused=True)

@@ -121,3 +121,74 @@ def test_an_in_place_forward_and_a_local_class_break_with_a_reason() -> None:
             minicompile.compile(fn)(x).sum().backward()
             fn(x2).sum().backward()
             torch.testing.assert_close(x.grad, x2.grad)
+
+
+class CubeTimes(torch.autograd.Function):
+    """Every input a tensor and one result: the backward is called directly, not through a
+    nested engine call (runtime/function_grads.py)."""
+
+    @staticmethod
+    def forward(ctx, x, w):  # noqa: ANN001, ANN205
+        ctx.save_for_backward(x, w)
+        return x ** 3 * w
+
+    @staticmethod
+    def backward(ctx, grad):  # noqa: ANN001, ANN205
+        x, w = ctx.saved_tensors
+        return grad * w * x * 2.0, (grad * x).sum(0).double()  # not the derivative; float64
+
+
+@torch.library.custom_op("minicompile_test::rows_times", mutates_args=())
+def rows_times(x: torch.Tensor, w: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """A custom op shaped like transformers' MoE ``grouped_mm_fallback``: tensors only, an
+    integer tensor among them, a backward registered with torch.library."""
+    return x[rows] @ w
+
+
+@rows_times.register_fake
+def _(x, w, rows):  # noqa: ANN001, ANN202
+    return x.new_empty(rows.shape[0], w.shape[1])
+
+
+def _rows_times_context(ctx, inputs, output) -> None:  # noqa: ANN001
+    ctx.save_for_backward(inputs[0], inputs[1])
+    ctx.rows = inputs[2]
+
+
+def _rows_times_backward(ctx, grad):  # noqa: ANN001, ANN202
+    x, w = ctx.saved_tensors
+    grad_x = torch.zeros_like(x).index_add_(0, ctx.rows, grad @ w.T)
+    return grad_x * 3.0, x[ctx.rows].T @ grad, None  # x's: not the derivative
+
+
+rows_times.register_autograd(_rows_times_backward, setup_context=_rows_times_context)
+
+
+def roads(x, w, rows):  # noqa: ANN001, ANN201
+    a = CubeTimes.apply(x.tanh(), w) + ScaledSin.apply(x, 0.5)  # (a float input: engine)
+    w2 = w.unflatten(0, (5, 1)) * x[:1].T[:, :5] + 1
+    return torch.ops.minicompile_test.rows_times(a, w2, rows).sum(1)  # as transformers calls
+
+
+def test_functions_of_tensors_take_the_direct_road(backend: str, device: torch.device,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    from minicompile.runtime import autograd, function_grads
+
+    direct = []
+    monkeypatch.setattr(autograd, "function_grads", lambda *a: direct.append(
+        function_grads.function_grads(*a)) or direct[-1])
+    compiled = minicompile.compile(roads, backend=backend)
+    for _ in range(2):
+        x, w = torch.randn(4, 5, device=device), torch.randn(5, device=device)
+        rows = torch.randint(0, 4, (7,), device=device)
+        grads = []
+        for fn in (roads, compiled):
+            leaves = [x.clone().requires_grad_(), w.clone().requires_grad_()]
+            out = fn(*leaves, rows)
+            (out * torch.linspace(-1, 1, 7, device=device)[:, None]).sum().backward()
+            grads.append([out.detach(), *(t.grad for t in leaves)])
+        for got, want in zip(grads[1], grads[0]):
+            torch.testing.assert_close(got, want)
+    assert minicompile.stats()["graph_breaks"] == 0
+    roads_taken = sorted("direct" if r is not None else "engine" for r in direct)
+    assert roads_taken == ["direct"] * 4 + ["engine"] * 2  # 2 calls: CubeTimes, rows_times

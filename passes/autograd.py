@@ -27,7 +27,13 @@ from minicompile import ops
 from minicompile.errors import Unsupported
 from minicompile.graph import Graph, Node, TensorMeta, copy_graph, flatten_nodes, map_nodes
 
-from minicompile.passes.derivatives import LIBRARY_RULES, RULES, add_gradients, cat_rule
+from minicompile.passes.derivatives import (
+    LIBRARY_RULES,
+    RULES,
+    SELECTION_RULES,
+    add_gradients,
+    cat_rule,
+)
 from minicompile.passes.layout import overlaps
 
 RECORD = "minicompile.runtime.autograd.record"
@@ -200,6 +206,11 @@ class Differentiator:
         if node.target in LIBRARY_RULES and not isinstance(node.meta, tuple):
             pairs = LIBRARY_RULES[node.target](self, node, g)
             if pairs is not None:
+                return pairs
+        if node.target in SELECTION_RULES and isinstance(node.meta, tuple):
+            pairs = SELECTION_RULES[node.target](self, node, self.item_grads.get(node, {}))
+            if pairs is not None:
+                del self.item_grads[node]
                 return pairs
         if family == "extern":
             return self.library_call(node, g)

@@ -25,7 +25,12 @@ from minicompile.op_table import ROWS, ZERO
 
 from minicompile.passes.decompose_reductions import bind
 from minicompile.passes.layout import overlaps, plain, same_layout
-from minicompile.runtime.autograd import conv_backward, embedding_backward, max_pool2d_backward
+from minicompile.runtime.autograd import (
+    conv_backward,
+    embedding_backward,
+    max_pool2d_backward,
+    selected_backward,
+)
 
 Rule = Callable[..., tuple]
 
@@ -437,6 +442,27 @@ def embedding_rule(d: Any, node: Node, g: Node) -> list | None:
         return []
     return [(w, d.extern(embedding_backward, g, d.fwd(indices), rows, pad,
                          bound["scale_grad_by_freq"]))]
+
+
+def selection_rule(d: Any, node: Node, items: dict[int, Node]) -> list | None:
+    """torch.topk / torch.sort: the values are the input gathered at the indices along
+    ``dim``, so their gradient is scattered back there (runtime/autograd.selected_backward:
+    eager's kernels, no recorded call).  None (PyTorch's autograd) where the indices are
+    not a value of the graph, or for a symbolic or 0-dim input."""
+    topk = node.target.endswith("topk")
+    names = ("input", "k", "dim") if topk else ("input", "dim")
+    bound = bind(node.args, node.kwargs, names, {"dim": -1})
+    x, dim, g = bound.get("input"), bound["dim"], items.get(0)
+    indices = next((u for u in node.users if u.target == "getitem" and u.args[1] == 1), None)
+    if not isinstance(x, Node) or g is None or indices is None or type(dim) is not int \
+            or x.meta.ndim == 0 or not all(s.is_Integer for s in x.meta.shape):
+        return None
+    shape = tuple(int(s) for s in x.meta.shape)
+    return [(x, d.extern(selected_backward, g, d.fwd(indices), dim % len(shape), shape))]
+
+
+SELECTION_RULES = {f"{prefix}.{op}": selection_rule
+                   for prefix in ("torch", "torch.Tensor") for op in ("topk", "sort")}
 
 
 LIBRARY_RULES: dict[str, Callable[..., list | None]] = {

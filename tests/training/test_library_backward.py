@@ -171,3 +171,35 @@ def test_max_pool_gradient(window: tuple, backend: str, capsys: pytest.CaptureFi
             torch.testing.assert_close(torch.autograd.grad(out, x, g)[0],
                                        torch.autograd.grad(want, ref, g)[0])
     _no_nested_backward(capsys)
+
+
+@pytest.mark.parametrize("how", ["topk", "sort", "topk_method_kwargs"])
+def test_selection_gradient(how: str, backend: str, capsys: pytest.CaptureFixture) -> None:
+    """A mixture-of-experts router's ``torch.topk`` (and ``torch.sort``): the values'
+    gradient is scattered back to the input (runtime/autograd.selected_backward); the
+    indices are used as well, as a router uses them."""
+    device = device_for(backend)
+
+    def fn(x: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        probs = (x @ w).softmax(-1)
+        if how == "topk":
+            values, indices = torch.topk(probs, 2, -1)
+        elif how == "sort":
+            values, indices = torch.sort(probs, dim=0, descending=True)
+        else:
+            values, indices = probs.topk(k=3, dim=1, largest=False)
+        return values / values.sum(-1, keepdim=True), indices
+
+    with config.patch(logs=frozenset({"output_code"})):
+        compiled = minicompile.compile(fn, backend=backend)
+        for _ in range(2):
+            x, w = torch.randn(7, 5, device=device), torch.randn(5, 6, device=device)
+            leaves = [[t.clone().requires_grad_() for t in (x, w)] for _ in range(2)]
+            (got, got_i), (want, want_i) = compiled(*leaves[0]), fn(*leaves[1])
+            torch.testing.assert_close(got, want)
+            assert torch.equal(got_i, want_i)
+            g = torch.randn_like(want)
+            for a, b in zip(torch.autograd.grad(got, leaves[0], g),
+                            torch.autograd.grad(want, leaves[1], g)):
+                torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+    _no_nested_backward(capsys)

@@ -289,6 +289,23 @@ def source_class() -> type:
 # -- operators ------------------------------------------------------------------------------
 
 
+def custom_op_autograd(op: Any) -> tuple[Any, Callable, Callable] | None:
+    """(overload, backward, setup_context) of a ``torch.library.custom_op`` whose autograd
+    formula ``register_autograd`` gave (with a ``setup_context``); None for other operators
+    (an OpOverloadPacket or OpOverload ``op``)."""
+    try:
+        from torch._library.custom_ops import OPDEFS
+    except ImportError:
+        return None
+    packet = getattr(op, "overloadpacket", op)
+    opdef = OPDEFS.get(getattr(packet, "_qualified_op_name", None))
+    backward = getattr(opdef, "_backward_fn", None)
+    setup = getattr(opdef, "_setup_context_fn", None)
+    if backward is None or setup is None or op is not packet and op != opdef._opoverload:
+        return None
+    return opdef._opoverload, backward, setup
+
+
 def custom_op_has_fake_kernel(overload: Any) -> bool:
     """False for a ``torch.library.custom_op`` without a fake kernel (its meta kernel only
     raises); operators of other kinds have theirs, or fail on meta tensors as eager would."""

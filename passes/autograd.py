@@ -33,11 +33,13 @@ from minicompile.passes.derivatives import (
     SELECTION_RULES,
     add_gradients,
     cat_rule,
+    custom_op_rule,
 )
 from minicompile.passes.layout import overlaps
 
 RECORD = "minicompile.runtime.autograd.record"
 VJP = "minicompile.runtime.autograd.vjp"
+CUSTOM_OP = "minicompile.runtime.custom_op_grads.custom_op_grads"
 RECOMPUTABLE = frozenset({"unary", "binary", "ternary", "cast", "copy", "view", "iota"})
 MAX_RECOMPUTE_READS = 2
 
@@ -139,7 +141,8 @@ class Differentiator:
         self.item_grads: dict[Node, dict[int, Node]] = {}  # tuple results' items' gradients
         self.recompute = plan_recompute(graph)
         self.index = {id(n): k for k, n in enumerate(graph.placeholders)}
-        self.record, self.vjp = (ops.extern_op(ops.resolve_path(f)) for f in (RECORD, VJP))
+        self.record, self.vjp, self.custom_op = (
+            ops.extern_op(ops.resolve_path(f)) for f in (RECORD, VJP, CUSTOM_OP))
 
     # -- what rules call ----------------------------------------------------------------
 
@@ -213,7 +216,7 @@ class Differentiator:
                 del self.item_grads[node]
                 return pairs
         if family == "extern":
-            return self.library_call(node, g)
+            return custom_op_rule(self, node, g) or self.library_call(node, g)
         raise Unsupported(f"no derivative rule for {node.target}", node.stack)
 
     def library_call(self, node: Node, g: Node) -> list[tuple[Any, Node | None]]:
@@ -230,12 +233,19 @@ class Differentiator:
         tensors = flatten_nodes((node.args, node.kwargs))
         diff = tuple(k for k, t in enumerate(tensors) if t.requires_grad)
         self.recorded[node] = diff
-        metas = tuple(_no_grad(dataclasses.replace(
-            tensors[k].meta, stride=_grad_stride(tensors[k].meta),
-            storage_offset=sympy.Integer(0))) for k in diff)
         assert self.origin is not None
-        call = self.b.call(self.vjp, (result, g), {}, metas, self.origin.stack)
+        call = self.b.call(self.vjp, (result, g), {}, _grad_metas(tensors, diff),
+                           self.origin.stack)
         return [(tensors[k], self.item(call, j)) for j, k in enumerate(diff)]
+
+    def custom_op_grads(self, node: Node, diff: tuple[int, ...], g: Node) -> Node:
+        """The gradients of a custom op's call for its tensors at ``diff``, by the op's
+        own backward (runtime/custom_op_grads.py) on the saved arguments and result."""
+        assert self.origin is not None
+        args = (node.target, diff, g, self.fwd(node), *map_nodes(node.args, self.fwd))
+        metas = _grad_metas(flatten_nodes((node.args, node.kwargs)), diff)
+        return self.b.call(self.custom_op, args, map_nodes(node.kwargs, self.fwd), metas,
+                           self.origin.stack)
 
     # -- the forward ----------------------------------------------------------------------
 
@@ -307,6 +317,13 @@ def _row_major(shape: tuple) -> tuple:
         stride.append(running)
         running = running * (max(int(size), 1) if size.is_Integer else size)
     return tuple(reversed(stride))
+
+
+def _grad_metas(tensors: list[Node], diff: tuple[int, ...]) -> tuple:
+    """The metas of a library call's gradients for its tensors at ``diff``."""
+    return tuple(_no_grad(dataclasses.replace(
+        tensors[k].meta, stride=_grad_stride(tensors[k].meta),
+        storage_offset=sympy.Integer(0))) for k in diff)
 
 
 def _no_grad(meta: Any) -> Any:

@@ -18,13 +18,14 @@ from typing import Any
 
 import torch
 
-from minicompile import ops
-from minicompile.graph import Node
+from minicompile import compat, ops
+from minicompile.graph import Node, flatten_nodes, map_nodes
 from minicompile.meta_rules import int_tuple
 from minicompile.op_table import ROWS, ZERO
 
 from minicompile.passes.decompose_reductions import bind
 from minicompile.passes.layout import overlaps, plain, same_layout
+from minicompile.runtime import custom_op_grads
 from minicompile.runtime.autograd import (
     conv_backward,
     embedding_backward,
@@ -463,6 +464,30 @@ def selection_rule(d: Any, node: Node, items: dict[int, Node]) -> list | None:
 
 SELECTION_RULES = {f"{prefix}.{op}": selection_rule
                    for prefix in ("torch", "torch.Tensor") for op in ("topk", "sort")}
+
+
+def custom_op_rule(d: Any, node: Node, g: Node) -> list | None:
+    """A ``torch.library.custom_op`` with a registered backward and one tensor result: its
+    ``setup_context`` and ``backward`` run in the backward graph on the saved arguments
+    and result (runtime/custom_op_grads.py); None (recorded for PyTorch's autograd) for
+    other operators, keyword-only arguments, symbolic shapes, or a ``setup_context`` that
+    fails on meta tensors (it asks the context for more than ours has)."""
+    found = compat.custom_op_autograd(ops.OPS[node.target].eager)
+    if found is None or isinstance(node.meta, tuple) or node.meta.is_symbolic:
+        return None
+    op, _, setup = found
+    tensors = flatten_nodes((node.args, node.kwargs))
+    if any(a.kwarg_only for a in op._schema.arguments) or any(
+            not isinstance(t, Node) or t.meta.is_symbolic for t in tensors):
+        return None
+    diff = tuple(k for k, t in enumerate(tensors) if t.requires_grad)
+    probe = map_nodes((node.args, node.kwargs), lambda n: n.meta.fake())
+    try:
+        custom_op_grads.op_context(op, setup, node.meta.fake(), *probe, diff)
+    except Exception:  # noqa: BLE001  (whatever it asks of ours: PyTorch's road then)
+        return None
+    grads = d.custom_op_grads(node, diff, g)
+    return [(tensors[k], d.item(grads, j)) for j, k in enumerate(diff)]
 
 
 LIBRARY_RULES: dict[str, Callable[..., list | None]] = {

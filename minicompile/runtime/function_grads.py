@@ -1,16 +1,16 @@
 """The gradients of a recorded call whose result a Python ``autograd.Function`` made, by
 that Function's ``backward``, called directly.
 
-A torch.library custom op with a registered backward (transformers' MoE
-``grouped_mm_fallback``, say) or a library's own ``autograd.Function`` is recorded in the
-forward like any library call (runtime/autograd.record).  Its gradient by a nested
-``torch.autograd.grad`` costs a graph task on the engine per call, more than many of the
-calls themselves.  The node autograd recorded is the Function's context: its ``apply`` is
-what the engine calls (the user's ``backward`` with the context), and the engine then sends
-the i-th returned gradient to the i-th forward input.  This module does the same where that
-mapping is plain: every forward input is a tensor (a custom op's Function also takes its
-dispatch metadata last), the result is the Function's only output, and each input that
-takes a gradient is one of the call's leaves.  Anything else goes to the engine.
+A library's own ``autograd.Function`` (or a custom op that the compiler records:
+runtime/custom_op_grads.py takes most of those) is recorded in the forward like any
+library call (runtime/autograd.record).  Its gradient by a nested ``torch.autograd.grad``
+costs a graph task on the engine per call, more than many of the calls themselves.  The
+node autograd recorded is the Function's context: its ``apply`` is what the engine calls
+(the user's ``backward`` with the context), and the engine then sends the i-th returned
+gradient to the i-th forward input.  This module does the same where that mapping is
+plain: every forward input is a tensor (a custom op's Function also takes its dispatch
+metadata last), the result is the Function's only output, and each input that takes a
+gradient is one of the call's leaves.  Anything else goes to the engine.
 """
 
 from __future__ import annotations
@@ -67,3 +67,4 @@ def function_grads(pairs: list, leaves: tuple) -> tuple | None:
             return None  # the engine would sum it to the input's shape: leave that to it
         found[k] = grad.to(leaves[k].dtype)
     return tuple(found)
+

@@ -164,20 +164,60 @@ def _rows_times_backward(ctx, grad):  # noqa: ANN001, ANN202
 rows_times.register_autograd(_rows_times_backward, setup_context=_rows_times_context)
 
 
+@torch.library.custom_op("minicompile_test::rows_times_scaled", mutates_args=())
+def rows_times_scaled(x: torch.Tensor, w: torch.Tensor, rows: torch.Tensor, *,
+                      scale: float) -> torch.Tensor:
+    """rows_times with a keyword-only argument: recorded (its Function is called
+    directly, runtime/function_grads.py), not compiled through its backward."""
+    return x[rows] @ w * scale
+
+
+@rows_times_scaled.register_fake
+def _(x, w, rows, *, scale):  # noqa: ANN001, ANN202
+    return x.new_empty(rows.shape[0], w.shape[1])
+
+
+def _scaled_context(ctx, inputs, keyword_only_inputs, output) -> None:  # noqa: ANN001
+    _rows_times_context(ctx, inputs, output)
+    ctx.scale = keyword_only_inputs["scale"]
+
+
+def _scaled_backward(ctx, grad):  # noqa: ANN001, ANN202
+    grad_x, grad_w, _ = _rows_times_backward(ctx, grad * ctx.scale)
+    return grad_x, grad_w, None
+
+
+rows_times_scaled.register_autograd(_scaled_backward, setup_context=_scaled_context)
+
+
 def roads(x, w, rows):  # noqa: ANN001, ANN201
     a = CubeTimes.apply(x.tanh(), w) + ScaledSin.apply(x, 0.5)  # (a float input: engine)
     w2 = w.unflatten(0, (5, 1)) * x[:1].T[:, :5] + 1
-    return torch.ops.minicompile_test.rows_times(a, w2, rows).sum(1)  # as transformers calls
+    b = torch.ops.minicompile_test.rows_times(a, w2, rows)  # as transformers calls it
+    return (b + torch.ops.minicompile_test.rows_times_scaled(a, w2, rows, scale=0.5)).sum(1)
 
 
 def test_functions_of_tensors_take_the_direct_road(backend: str, device: torch.device,
-                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+                                                   monkeypatch: pytest.MonkeyPatch,
+                                                   capsys: pytest.CaptureFixture) -> None:
+    """CubeTimes' and rows_times_scaled's Functions are called directly, ScaledSin's (a
+    float input) goes through the engine, and rows_times (a custom op with a registered
+    backward) is not recorded: its setup_context and backward run in the backward graph
+    (runtime/custom_op_grads.py)."""
     from minicompile.runtime import autograd, function_grads
 
     direct = []
     monkeypatch.setattr(autograd, "function_grads", lambda *a: direct.append(
         function_grads.function_grads(*a)) or direct[-1])
     compiled = minicompile.compile(roads, backend=backend)
+    with minicompile.config.patch(logs=frozenset({"output_code"})):
+        compiled(torch.randn(4, 5, device=device, requires_grad=True),
+                 torch.randn(5, device=device), torch.zeros(7, dtype=torch.long, device=device))
+    code = capsys.readouterr().err
+    assert "custom_op_grads('torch.ops.minicompile_test.rows_times'" in code
+    assert "record('torch.ops.minicompile_test.rows_times'" not in code
+    assert "record('torch.ops.minicompile_test.rows_times_scaled'" in code
+    direct.clear()
     for _ in range(2):
         x, w = torch.randn(4, 5, device=device), torch.randn(5, device=device)
         rows = torch.randint(0, 4, (7,), device=device)
@@ -191,4 +231,4 @@ def test_functions_of_tensors_take_the_direct_road(backend: str, device: torch.d
             torch.testing.assert_close(got, want)
     assert minicompile.stats()["graph_breaks"] == 0
     roads_taken = sorted("direct" if r is not None else "engine" for r in direct)
-    assert roads_taken == ["direct"] * 4 + ["engine"] * 2  # 2 calls: CubeTimes, rows_times
+    assert roads_taken == ["direct"] * 4 + ["engine"] * 2  # 2 calls of each

@@ -289,6 +289,18 @@ def source_class() -> type:
 # -- operators ------------------------------------------------------------------------------
 
 
+def custom_op_of(value: Any) -> Any:
+    """The operator (``torch.ops.ns.name``'s packet) that a function decorated with
+    ``torch.library.custom_op`` calls, else None."""
+    try:
+        from torch._library.custom_ops import CustomOpDef
+    except ImportError:
+        return None
+    if not isinstance(value, CustomOpDef):
+        return None
+    return value._opoverload.overloadpacket
+
+
 def custom_op_autograd(op: Any) -> tuple[Any, Callable, Callable] | None:
     """(overload, backward, setup_context) of a ``torch.library.custom_op`` whose autograd
     formula ``register_autograd`` gave (with a ``setup_context``); None for other operators

@@ -110,6 +110,22 @@ def test_custom_op_fake_kernel_is_seen() -> None:
     assert compat.custom_op_has_fake_kernel(ops.faked.default)
     assert compat.custom_op_has_fake_kernel(torch.ops.aten.sin.default)
 
+    def backward(ctx, grad):  # noqa: ANN001, ANN202
+        return grad * 2
+
+    def setup(ctx, inputs, output) -> None:  # noqa: ANN001
+        pass
+
+    faked.register_autograd(backward, setup_context=setup)
+    assert compat.custom_op_of(faked) is ops.faked and compat.custom_op_of(torch.sin) is None
+    for op in (ops.faked, ops.faked.default):
+        assert compat.custom_op_autograd(op) == (ops.faked.default, backward, setup)
+    assert compat.custom_op_autograd(ops.plain) is None
+    assert compat.custom_op_autograd(torch.ops.aten.sin) is None
+    y = Double.apply(torch.ones(2, requires_grad=True))
+    assert compat.is_function_node(y.grad_fn) and compat.node_outputs(y.grad_fn) == 1
+    assert not compat.is_function_node(torch.ones(2, requires_grad=True).sin().grad_fn)
+
 
 def test_cuda_entry_points_follow_the_build() -> None:
     # CUDA builds have the launcher and the stream calls (also on a machine without a

@@ -328,6 +328,8 @@ class CallsMixin:
             return self.call_torch(factory, args, kwargs)
         if cls := compat.autograd_function_of(fn.value):
             return autograd_functions.call(self, cls, args, kwargs)
+        if op := compat.custom_op_of(fn.value):  # a @torch.library.custom_op function
+            return self.call_torch(op, args, kwargs)
         if fn.value in _GRAD_MODE_CLASSES:
             return self.call_torch(fn.value, args, kwargs)
         return None

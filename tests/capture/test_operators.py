@@ -113,15 +113,39 @@ def test_gradients_flow_through_a_custom_ops_own_backward(backend: str,
     assert minicompile.stats()["graph_breaks"] == minicompile.stats()["eager_fallbacks"] == 0
 
 
+def test_the_decorated_function_is_the_operator(backend: str, device: torch.device) -> None:
+    """``scale_add(...)``, the function ``@torch.library.custom_op`` returned, called as the
+    PyTorch tutorials call it: the same library call as ``torch.ops...scale_add``, and the
+    op's own backward (runtime/custom_op_grads.py)."""
+    def f(x, y):
+        z = scale_add(x.tanh(), y, -1.5)
+        lo, hi = min_max(z.detach())  # (it has no backward)
+        return (z.exp() * (hi - lo)[:, None]).sum()
+
+    compiled = minicompile.compile(f, backend=backend, fullgraph=True)
+    for _ in range(2):
+        x, y = (torch.randn(5, 3, device=device, requires_grad=True) for _ in range(2))
+        x2, y2 = (t.detach().clone().requires_grad_() for t in (x, y))
+        want, got = f(x, y), compiled(x2, y2)
+        torch.testing.assert_close(got, want)
+        want.backward()
+        got.backward()
+        torch.testing.assert_close(x2.grad, x.grad)
+        torch.testing.assert_close(y2.grad, y.grad)
+    assert minicompile.stats()["graph_breaks"] == minicompile.stats()["eager_fallbacks"] == 0
+
+
 @pytest.mark.parametrize("call, reason", [
     (lambda x: torch.ops.minicompile_test.bump(x), "writes to its arguments"),
     (lambda x: torch.ops.minicompile_test.no_fake(x), "no fake kernel"),
+    (lambda x: bump(x), "writes to its arguments"),
+    (lambda x: no_fake(x), "no fake kernel"),
     (lambda x: torch.ops.aten.add_.Tensor(x, 1.0), "writes to its arguments"),
     (lambda x: torch.ops.aten.bernoulli.default(x.sigmoid()), "random ops"),
     (lambda x: torch.ops.aten.nonzero(x), "depends on the data"),
     (lambda x: torch.ops.aten.view.default(x, [-1]), "returns a view"),
     (lambda x: torch.ops.aten.split.Tensor(x, 2), "view"),
-], ids=["mutates", "no-fake", "aten-in-place", "random", "data-dependent", "view", "split"])
+], ids=["mutates", "no-fake", "decorated-mutates", "decorated-no-fake", "aten-in-place", "random", "data-dependent", "view", "split"])
 def test_operators_that_are_not_library_calls_break_with_a_reason(call, reason: str) -> None:  # noqa: ANN001
     def f(x):
         y = x + 1

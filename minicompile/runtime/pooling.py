@@ -12,6 +12,7 @@ NaN counting as the maximum) and so the gradient is: the backward is ATen's
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
@@ -21,24 +22,28 @@ def _pair(v: Any) -> list[int]:
     return list(v) * (2 // len(v)) if isinstance(v, (tuple, list)) else [v, v]
 
 
-class _MaxPool2d(torch.autograd.Function):
-    """The pooled NCHW result; its indices kept NCHW for the backward."""
+@functools.cache
+def _max_pool2d_function(window: tuple) -> type:
+    """The autograd Function of one pooling window (kernel, stride, padding, dilation,
+    ceil_mode): the pooled NCHW result, its indices kept NCHW for the backward.  Its one
+    input is the tensor, so runtime/function_grads.py calls its backward directly."""
 
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, *window: Any) -> torch.Tensor:  # type: ignore[override]
-        out, indices = torch.ops.aten.max_pool2d_with_indices(
-            x.contiguous(memory_format=torch.channels_last), *window)
-        ctx.save_for_backward(x, indices.contiguous())
-        ctx.window = window
-        return out.contiguous()
+    class MaxPool2d(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+            out, indices = torch.ops.aten.max_pool2d_with_indices(
+                x.contiguous(memory_format=torch.channels_last), *window)
+            ctx.save_for_backward(x, indices.contiguous())
+            return out.contiguous()
 
-    @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple:  # type: ignore[override]
-        x, indices = ctx.saved_tensors
-        dx = torch.ops.aten.max_pool2d_with_indices_backward(
-            grad.contiguous(), x, *ctx.window, indices)
-        return (dx,) + (None,) * len(ctx.window)
+        @staticmethod
+        @torch.autograd.function.once_differentiable
+        def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+            x, indices = ctx.saved_tensors
+            return torch.ops.aten.max_pool2d_with_indices_backward(
+                grad.contiguous(), x, *window, indices)
+
+    return MaxPool2d
 
 
 def max_pool2d(input: torch.Tensor, kernel_size: Any, stride: Any = None, padding: Any = 0,
@@ -48,9 +53,9 @@ def max_pool2d(input: torch.Tensor, kernel_size: Any, stride: Any = None, paddin
     of an NCHW ``input``, computed channels-last and returned NCHW."""
     assert not return_indices, "max_pool2d with indices stays ATen's"
     kernel = _pair(kernel_size)
-    window = (kernel, _pair(stride) if stride else kernel, _pair(padding), _pair(dilation),
-              bool(ceil_mode))
+    window = (tuple(kernel), tuple(_pair(stride) if stride else kernel), tuple(_pair(padding)),
+              tuple(_pair(dilation)), bool(ceil_mode))
     if input.requires_grad and torch.is_grad_enabled():  # (passes/cpu_pooling.py: large)
-        return _MaxPool2d.apply(input, *window)
+        return _max_pool2d_function(window).apply(input)
     return torch.ops.aten.max_pool2d(
         input.contiguous(memory_format=torch.channels_last), *window).contiguous()

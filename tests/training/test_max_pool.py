@@ -48,7 +48,13 @@ CASES = [(kind, w) for kind in ("nchw", "relu_ties") for w in WINDOWS] + [
 @pytest.mark.parametrize("grad", [True, False], ids=["train", "eval"])
 @pytest.mark.parametrize("case", CASES, ids=["-".join(c) for c in CASES])
 def test_max_pool_matches_eager(case: tuple[str, str], grad: bool, backend: str,
-                                capsys: pytest.CaptureFixture) -> None:
+                                capsys: pytest.CaptureFixture,
+                                monkeypatch: pytest.MonkeyPatch) -> None:
+    from minicompile.runtime import autograd, function_grads
+
+    direct = []  # (the rewritten pool's backward is called directly: no nested engine call)
+    monkeypatch.setattr(autograd, "function_grads", lambda *a: direct.append(
+        function_grads.function_grads(*a)) or direct[-1])
     make, rewritten = INPUTS[case[0]]
     fn = pool(WINDOWS[case[1]])
     with config.patch(logs=frozenset({"graph"})):
@@ -67,3 +73,4 @@ def test_max_pool_matches_eager(case: tuple[str, str], grad: bool, backend: str,
                 torch.testing.assert_close(x2.grad, x.grad, rtol=0, atol=0)
     logged = "1 max pools on the channels-last kernel" in capsys.readouterr().err
     assert logged == (not grad if rewritten is None else rewritten)
+    assert all(r is not None for r in direct) and len(direct) == (2 if grad and logged else 0)

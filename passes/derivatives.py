@@ -421,6 +421,26 @@ def max_pool2d_rule(d: Any, node: Node, g: Node) -> list | None:
     return [(x, d.extern(max_pool2d_backward, g, d.fwd(x), *window, bound["ceil_mode"]))]
 
 
+def avg_pool2d_rule(d: Any, node: Node, g: Node) -> list | None:
+    """F.avg_pool2d(x, kernel, stride, padding, ceil_mode, count_include_pad,
+    divisor_override): ATen's backward kernel on the gradient (DenseNet's transitions),
+    not a recorded call with a nested engine call."""
+    names = ("input", "kernel_size", "stride", "padding", "ceil_mode", "count_include_pad",
+             "divisor_override")
+    bound = bind(node.args, node.kwargs, names, {
+        "stride": None, "padding": 0, "ceil_mode": False, "count_include_pad": True,
+        "divisor_override": None})
+    x, kernel = bound.get("input"), bound.get("kernel_size")
+    window = [int_tuple(v, 2) for v in (kernel, bound["stride"] or kernel, bound["padding"])]
+    flags = (bound["ceil_mode"], bound["count_include_pad"])
+    divisor = bound["divisor_override"]
+    if (not isinstance(x, Node) or None in window or not all(type(f) is bool for f in flags)
+            or not (divisor is None or type(divisor) is int)):
+        return None
+    return [(x, d.extern(torch.ops.aten.avg_pool2d_backward, g, d.fwd(x), *window, *flags,
+                         divisor))]
+
+
 def embedding_rule(d: Any, node: Node, g: Node) -> list | None:
     """F.embedding(indices, weight, padding_idx, ...): ATen's dense backward for the weight
     (runtime/autograd.embedding_backward); None (PyTorch's autograd) for max_norm (it
@@ -498,6 +518,7 @@ LIBRARY_RULES: dict[str, Callable[..., list | None]] = {
     **{f"{prefix}.conv{n}d": conv_rule
        for prefix in ("torch.nn.functional", "torch") for n in (1, 2, 3)},
     "torch.nn.functional.max_pool2d": max_pool2d_rule, "torch.max_pool2d": max_pool2d_rule,
+    "torch.nn.functional.avg_pool2d": avg_pool2d_rule,
     "torch.nn.functional.embedding": embedding_rule,
 }
 

@@ -203,3 +203,27 @@ def test_selection_gradient(how: str, backend: str, capsys: pytest.CaptureFixtur
                             torch.autograd.grad(want, leaves[1], g)):
                 torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
     _no_nested_backward(capsys)
+
+
+@pytest.mark.parametrize("window", [(2, None, 0, False, True, None), (3, 2, 1, True, False, None),
+                                    ((3, 2), (2, 1), (1, 0), False, True, 5)])
+def test_avg_pool_gradient(window: tuple, backend: str, capsys: pytest.CaptureFixture) -> None:
+    """DenseNet's transition pool (and padded, ceil-mode and divisor forms): ATen's
+    ``avg_pool2d_backward`` in the backward graph."""
+    device = device_for(backend)
+    k, s, p, ceil, count_pad, divisor = window
+
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        return F.avg_pool2d(torch.relu(x), k, s, p, ceil, count_pad, divisor) * 2
+
+    with config.patch(logs=frozenset({"output_code"})):
+        compiled = minicompile.compile(fn, backend=backend)
+        for _ in range(2):
+            x = torch.randn(2, 3, 9, 8, device=device).requires_grad_()
+            ref = x.detach().clone().requires_grad_()
+            out, want = compiled(x), fn(ref)
+            g = torch.randn_like(want)
+            torch.testing.assert_close(out, want)
+            torch.testing.assert_close(torch.autograd.grad(out, x, g)[0],
+                                       torch.autograd.grad(want, ref, g)[0])
+    _no_nested_backward(capsys)

@@ -354,10 +354,7 @@ _ATEN = torch.ops.aten
 
 def _saved_of(node: Any, *names: str) -> Any:
     """The node's saved value of the first of ``names`` it has (they differ by version)."""
-    for name in names:
-        if hasattr(node, name):
-            return getattr(node, name)
-    raise AttributeError(names[0])
+    return getattr(node, next((name for name in names if hasattr(node, name)), names[0]))
 
 
 def _sdpa_efficient(n: Any, g: torch.Tensor, needed: list[bool]) -> tuple:
@@ -370,9 +367,8 @@ def _sdpa_efficient(n: Any, g: torch.Tensor, needed: list[bool]) -> tuple:
 def _sdpa_flash(n: Any, g: torch.Tensor, needed: list[bool]) -> tuple:
     return _ATEN._scaled_dot_product_flash_attention_backward(
         g, n._saved_query, n._saved_key, n._saved_value, n._saved_output, n._saved_logsumexp,
-        n._saved_cum_seq_q, n._saved_cum_seq_k, n._saved_max_q, n._saved_max_k,
-        n._saved_dropout_p, n._saved_is_causal,
-        _saved_of(n, "_saved_philox_seed", "_saved_rng_state"),
+        n._saved_cum_seq_q, n._saved_cum_seq_k, n._saved_max_q, n._saved_max_k, n._saved_dropout_p,
+        n._saved_is_causal, _saved_of(n, "_saved_philox_seed", "_saved_rng_state"),
         _saved_of(n, "_saved_philox_offset", "_saved_unused"), scale=n._saved_scale)
 
 
@@ -391,9 +387,8 @@ def _sdpa_flash_cpu(n: Any, g: torch.Tensor, needed: list[bool]) -> tuple:
         scale=n._saved_scale)
 
 
-# By the name of the node autograd records for the kernel (runtime/attention_grads.py): its
-# backward op called on what the node saved; AttributeError where this version saves a name
-# under another.
+# By the name of the node autograd records for the kernel: its backward op called on what the
+# node saved (AttributeError for a name this version does not save; runtime/attention_grads).
 ATTENTION_BACKWARDS: dict[str, Callable[[Any, torch.Tensor, list[bool]], tuple]] = {
     "ScaledDotProductEfficientAttentionBackward0": _sdpa_efficient,
     "ScaledDotProductFlashAttentionBackward0": _sdpa_flash,

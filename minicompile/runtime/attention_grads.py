@@ -6,9 +6,8 @@ graph task on the engine for each call: 0.35 ms on a CPU for a 2 x 3 x 17 x 64 a
 more than its kernels, and more where a GPU's device thread takes the task.  For the fused
 attention kernels behind ``F.scaled_dot_product_attention`` (flash, memory-efficient,
 cuDNN, flash on the CPU) the node autograd recorded holds what their backward op reads;
-this module calls that op with it, as the node itself would (the ops and the node's saved
-names are private: ``compat.ATTENTION_BACKWARDS``).  (Calling the node is no answer: inside
-a backward it computes only what the running graph task asks for.)
+this module calls that op with it (``compat.ATTENTION_BACKWARDS``), as the node would.
+(Calling the node is no answer: inside a backward it computes only what the graph task asks for.)
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """The one place where minicompile reads PyTorch's internals (private ``torch._C`` names,
 fake tensors and symbolic shapes, ``torch._prims_common``, the custom-op registry, the shape
-of ``torch.autograd.Function``); nothing else imports a private module or tests a version.
+of ``torch.autograd.Function``, the fused attention kernels' backward ops and what their
+autograd nodes save); nothing else imports a private module or tests a version.
 
 Tested on 2.11 to 2.15 (``tests/test_compat.py`` checks every entry on the running version).
 What differs: ``Function.apply`` is a C ``classmethod_descriptor`` from 2.14 (a new bound
@@ -343,6 +344,57 @@ def onednn_convolution() -> tuple[Callable, Callable] | None:
                 torch.ops.mkldnn._convolution_pointwise)
     except (AttributeError, RuntimeError):
         return None
+
+
+# -- attention's fused kernels' backward ops -----------------------------------------------
+
+
+_ATEN = torch.ops.aten
+
+
+def _saved_of(node: Any, *names: str) -> Any:
+    """The node's saved value of the first of ``names`` it has (they differ by version)."""
+    return getattr(node, next((name for name in names if hasattr(node, name)), names[0]))
+
+
+def _sdpa_efficient(n: Any, g: torch.Tensor, needed: list[bool]) -> tuple:
+    return _ATEN._scaled_dot_product_efficient_attention_backward(
+        g, n._saved_query, n._saved_key, n._saved_value, n._saved_attn_bias, n._saved_output,
+        n._saved_log_sumexp, n._saved_philox_seed, n._saved_philox_offset, n._saved_dropout_p,
+        [*needed, False], n._saved_is_causal, scale=n._saved_scale)[:3]
+
+
+def _sdpa_flash(n: Any, g: torch.Tensor, needed: list[bool]) -> tuple:
+    return _ATEN._scaled_dot_product_flash_attention_backward(
+        g, n._saved_query, n._saved_key, n._saved_value, n._saved_output, n._saved_logsumexp,
+        n._saved_cum_seq_q, n._saved_cum_seq_k, n._saved_max_q, n._saved_max_k, n._saved_dropout_p,
+        n._saved_is_causal, _saved_of(n, "_saved_philox_seed", "_saved_rng_state"),
+        _saved_of(n, "_saved_philox_offset", "_saved_unused"), scale=n._saved_scale)
+
+
+def _sdpa_cudnn(n: Any, g: torch.Tensor, needed: list[bool]) -> tuple:
+    return _ATEN._scaled_dot_product_cudnn_attention_backward(
+        g, n._saved_query, n._saved_key, n._saved_value, n._saved_output, n._saved_logsumexp,
+        n._saved_philox_seed, n._saved_philox_offset, n._saved_attn_bias, n._saved_cum_seq_q,
+        n._saved_cum_seq_k, n._saved_max_q, n._saved_max_k, n._saved_dropout_p,
+        n._saved_is_causal, scale=n._saved_scale)
+
+
+def _sdpa_flash_cpu(n: Any, g: torch.Tensor, needed: list[bool]) -> tuple:
+    return _ATEN._scaled_dot_product_flash_attention_for_cpu_backward(
+        g, n._saved_query, n._saved_key, n._saved_value, n._saved_output, n._saved_logsumexp,
+        n._saved_dropout_p, n._saved_is_causal, attn_mask=n._saved_attn_mask,
+        scale=n._saved_scale)
+
+
+# By the name of the node autograd records for the kernel: its backward op called on what the
+# node saved (AttributeError for a name this version does not save; runtime/attention_grads).
+ATTENTION_BACKWARDS: dict[str, Callable[[Any, torch.Tensor, list[bool]], tuple]] = {
+    "ScaledDotProductEfficientAttentionBackward0": _sdpa_efficient,
+    "ScaledDotProductFlashAttentionBackward0": _sdpa_flash,
+    "ScaledDotProductCudnnAttentionBackward0": _sdpa_cudnn,
+    "ScaledDotProductFlashAttentionForCpuBackward0": _sdpa_flash_cpu,
+}
 
 
 def aoti() -> ModuleType:

@@ -201,6 +201,18 @@ def test_clamp_gradient_at_bounds_is_eagers() -> None:
     assert compat.clamp_gradient_at_bounds() == (compat.TORCH_VERSION < (2, 14))
 
 
+def test_attention_backward_is_the_nodes_own() -> None:
+    """The CPU's fused attention node is in the table, and its backward op called on what
+    the node saved gives autograd's gradients."""
+    q, k, v = (torch.randn(1, 2, 5, 8, requires_grad=True) for _ in range(3))
+    out = torch.nn.functional.scaled_dot_product_attention(q, k, v)
+    backward = compat.ATTENTION_BACKWARDS[type(out.grad_fn).__name__]
+    g = torch.randn_like(out)
+    for got, expected in zip(backward(out.grad_fn, g, [True] * 3),
+                             torch.autograd.grad(out, (q, k, v), g)):
+        torch.testing.assert_close(got, expected)
+
+
 def test_tensor_guards_check_what_tensor_guards_check() -> None:
     """The C++ check passes tensors with the metadata of those it was built from (other
     objects and values), and fails each change the Python guards see, and a tensor twice."""

@@ -6,65 +6,13 @@ graph task on the engine for each call: 0.35 ms on a CPU for a 2 x 3 x 17 x 64 a
 more than its kernels, and more where a GPU's device thread takes the task.  For the fused
 attention kernels behind ``F.scaled_dot_product_attention`` (flash, memory-efficient,
 cuDNN, flash on the CPU) the node autograd recorded holds what their backward op reads;
-this module calls that op with it, as the node itself would.  (Calling the node is no
-answer: inside a backward it computes only what the running graph task asks for.)
+this module calls that op with it (``compat.ATTENTION_BACKWARDS``), as the node would.
+(Calling the node is no answer: inside a backward it computes only what the graph task asks for.)
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
-
-import torch
-
-_ops = torch.ops.aten
-
-
-def _saved(node: Any, *names: str) -> Any:
-    """The node's saved value of the first of ``names`` it has (they differ by version)."""
-    for name in names:
-        if hasattr(node, name):
-            return getattr(node, name)
-    raise AttributeError(names[0])
-
-
-def _efficient(n: Any, g: torch.Tensor, needed: list[bool]) -> tuple:
-    return _ops._scaled_dot_product_efficient_attention_backward(
-        g, n._saved_query, n._saved_key, n._saved_value, n._saved_attn_bias, n._saved_output,
-        n._saved_log_sumexp, n._saved_philox_seed, n._saved_philox_offset, n._saved_dropout_p,
-        [*needed, False], n._saved_is_causal, scale=n._saved_scale)[:3]
-
-
-def _flash(n: Any, g: torch.Tensor, needed: list[bool]) -> tuple:
-    return _ops._scaled_dot_product_flash_attention_backward(
-        g, n._saved_query, n._saved_key, n._saved_value, n._saved_output, n._saved_logsumexp,
-        n._saved_cum_seq_q, n._saved_cum_seq_k, n._saved_max_q, n._saved_max_k,
-        n._saved_dropout_p, n._saved_is_causal, _saved(n, "_saved_philox_seed", "_saved_rng_state"),
-        _saved(n, "_saved_philox_offset", "_saved_unused"), scale=n._saved_scale)
-
-
-def _cudnn(n: Any, g: torch.Tensor, needed: list[bool]) -> tuple:
-    return _ops._scaled_dot_product_cudnn_attention_backward(
-        g, n._saved_query, n._saved_key, n._saved_value, n._saved_output, n._saved_logsumexp,
-        n._saved_philox_seed, n._saved_philox_offset, n._saved_attn_bias, n._saved_cum_seq_q,
-        n._saved_cum_seq_k, n._saved_max_q, n._saved_max_k, n._saved_dropout_p,
-        n._saved_is_causal, scale=n._saved_scale)
-
-
-def _flash_cpu(n: Any, g: torch.Tensor, needed: list[bool]) -> tuple:
-    return _ops._scaled_dot_product_flash_attention_for_cpu_backward(
-        g, n._saved_query, n._saved_key, n._saved_value, n._saved_output, n._saved_logsumexp,
-        n._saved_dropout_p, n._saved_is_causal, attn_mask=n._saved_attn_mask,
-        scale=n._saved_scale)
-
-
-# By the name of the node autograd records for the kernel.
-BACKWARDS: dict[str, Callable[[Any, torch.Tensor, list[bool]], tuple]] = {
-    "ScaledDotProductEfficientAttentionBackward0": _efficient,
-    "ScaledDotProductFlashAttentionBackward0": _flash,
-    "ScaledDotProductCudnnAttentionBackward0": _cudnn,
-    "ScaledDotProductFlashAttentionForCpuBackward0": _flash_cpu,
-}
+from minicompile import compat
 
 
 def attention_grads(pairs: list, leaves: tuple) -> tuple | None:
@@ -80,7 +28,7 @@ def attention_grads(pairs: list, leaves: tuple) -> tuple | None:
         if len(edges) == 2 and edges[0][0] is None and edges[1][1] == 0 \
                 and edges[1][0] is not None:
             node = edges[1][0]
-    backward = BACKWARDS.get(type(node).__name__)
+    backward = compat.ATTENTION_BACKWARDS.get(type(node).__name__)
     edges = node.next_functions if backward is not None else ()
     if len(edges) < 3 or any(edge is not None for edge, _ in edges[3:]):
         return None

@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 import minicompile
+from minicompile import compat
 from minicompile.runtime import attention_grads, autograd
 
 from devices import device_for
@@ -110,6 +111,6 @@ def test_grouped_query_attention_takes_the_direct_road(how: str, backend: str,
     assert minicompile.stats()["graph_breaks"] == 0
     # float32 grouped-query attention on CUDA runs eager's math path (no fused kernel takes
     # it), whose gradient only the engine knows: there the call goes through vjp.
-    fused = type(f(x, w.requires_grad_()).grad_fn).__name__ in attention_grads.BACKWARDS
+    fused = type(f(x, w.requires_grad_()).grad_fn).__name__ in compat.ATTENTION_BACKWARDS
     assert direct and all((r is not None) == fused for r in direct)
     assert fused or device.type == "cuda"

@@ -38,9 +38,7 @@ class Miss(Exception):
 def source_version() -> str:
     """A hash of minicompile's own source files (the package, passes/ and codegen/: Python,
     and the C++ text the emitters include, codegen/*.h and runtime/runner.cpp)."""
-    import minicompile
-
-    folders = [Path(minicompile.__file__).parent]
+    folders = [Path(__file__).resolve().parents[1]]  # minicompile/ (no import of the top)
     for sub in ("minicompile.passes", "minicompile.codegen"):
         spec = importlib.util.find_spec(sub)
         folders += [Path(p) for p in (spec.submodule_search_locations or [])] if spec else []

@@ -30,7 +30,6 @@ from minicompile.runtime.autograd import (
     conv_backward,
     embedding_backward,
     max_pool2d_backward,
-    selected_backward,
 )
 
 Rule = Callable[..., tuple]
@@ -290,9 +289,14 @@ def _gather(d: Any, node: Node, g: Node) -> tuple:
         position = d("iota", tuple(int(s) for s in shape), dim, x.meta.device)
         hit = d("eq", position, d("expand", d.fwd(index), shape))
         return (d("where", hit, d("expand", g, shape), 0.0), None, None)
+    return (scattered(d, g, x, dim, d.fwd(index)),) + (None,) * (len(node.args) - 1)
+
+
+def scattered(d: Any, g: Node, x: Node, dim: int, index: Node) -> Node:
+    """The gradient of ``x`` gathered at ``index`` along ``dim``: ``g`` added into zeros of
+    ``x``'s shape there (gather; topk and sort's values)."""
     base = d.extern(torch.Tensor.new_zeros, g, tuple(x.meta.shape))
-    return (d.extern(torch.scatter_add, base, dim, d.fwd(index), g),) + (None,) * (
-        len(node.args) - 1)
+    return d.extern(torch.scatter_add, base, dim, index, g)
 
 
 RULES: dict[str, Rule] = {
@@ -467,9 +471,9 @@ def embedding_rule(d: Any, node: Node, g: Node) -> list | None:
 
 def selection_rule(d: Any, node: Node, items: dict[int, Node]) -> list | None:
     """torch.topk / torch.sort: the values are the input gathered at the indices along
-    ``dim``, so their gradient is scattered back there (runtime/autograd.selected_backward:
-    eager's kernels, no recorded call).  None (PyTorch's autograd) where the indices are
-    not a value of the graph, or for a symbolic or 0-dim input."""
+    ``dim``, so their gradient is scattered back there (as gather's; no recorded call).
+    None (PyTorch's autograd) where the indices are not a value of the graph, or for a
+    symbolic or 0-dim input."""
     topk = node.target.endswith("topk")
     names = ("input", "k", "dim") if topk else ("input", "dim")
     bound = bind(node.args, node.kwargs, names, {"dim": -1})
@@ -478,8 +482,7 @@ def selection_rule(d: Any, node: Node, items: dict[int, Node]) -> list | None:
     if not isinstance(x, Node) or g is None or indices is None or type(dim) is not int \
             or x.meta.ndim == 0 or not all(s.is_Integer for s in x.meta.shape):
         return None
-    shape = tuple(int(s) for s in x.meta.shape)
-    return [(x, d.extern(selected_backward, g, d.fwd(indices), dim % len(shape), shape))]
+    return [(x, scattered(d, g, x, dim % x.meta.ndim, d.fwd(indices)))]
 
 
 SELECTION_RULES = {f"{prefix}.{op}": selection_rule

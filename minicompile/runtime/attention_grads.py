@@ -13,6 +13,7 @@ this module calls that op with it (``compat.ATTENTION_BACKWARDS``), as the node 
 from __future__ import annotations
 
 from minicompile import compat
+from minicompile.runtime.function_grads import leaf_slots
 
 
 def attention_grads(pairs: list, leaves: tuple) -> tuple | None:
@@ -32,12 +33,9 @@ def attention_grads(pairs: list, leaves: tuple) -> tuple | None:
     edges = node.next_functions if backward is not None else ()
     if len(edges) < 3 or any(edge is not None for edge, _ in edges[3:]):
         return None
-    places = {id(t): k for k, t in enumerate(leaves)}
-    slots = [None if edge is None else places.get(id(getattr(edge, "variable", None)), -1)
-             for edge, _ in edges[:3]]
-    taken = [k for k in slots if k is not None]
-    if -1 in slots or len(set(taken)) < len(taken):
-        return None  # an input made inside the call's history, or one leaf twice
+    slots = leaf_slots(edges[:3], leaves)
+    if slots is None:
+        return None
     try:
         grads = backward(node, g, [k is not None for k in slots])
     except AttributeError:  # a saved value under a name this version does not use

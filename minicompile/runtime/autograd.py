@@ -127,13 +127,6 @@ def embedding_backward(grad: torch.Tensor, indices: torch.Tensor, rows: int, pad
                                                    scale_grad_by_freq)
 
 
-def selected_backward(grad: torch.Tensor, indices: torch.Tensor, dim: int,
-                      shape: tuple[int, ...]) -> torch.Tensor:
-    """The input's gradient of ``torch.topk`` / ``torch.sort`` (the values are the input
-    at ``indices`` along ``dim``, each index once): ``grad`` scattered into zeros."""
-    return grad.new_zeros(shape).scatter_(dim, indices, grad)
-
-
 @dataclasses.dataclass
 class TrainingStep:
     """One graph's compiled forward and backward (fields: see passes.autograd.Joint), and

@@ -44,17 +44,19 @@ def bind_schema(schema: Any, args: tuple, kwargs: dict) -> tuple:
 
 
 def op_context(op: Any, setup: Any, output: Any, args: tuple, kwargs: dict,
-               diff: tuple[int, ...]) -> tuple[OpContext, tuple]:
+               diff: tuple[int, ...]) -> tuple[OpContext, tuple, list]:
     """The context ``setup`` (the op's ``setup_context``) fills from the call's
-    arguments, and those arguments in schema order; ``diff``: the positions, among the
-    call's tensors (flatten's order), of those that take gradients."""
+    arguments; per argument in schema order, its place in ``diff`` (the positions, among
+    the call's tensors in flatten's order, of those that take gradients) or None; and the
+    call's tensors."""
     tensors: list = []
     flatten((args, kwargs), tensors)
-    wanted = {id(tensors[k]) for k in diff}
+    place = {id(tensors[k]): j for j, k in enumerate(diff)}
     inputs = bind_schema(op._schema, args, kwargs)
-    ctx = OpContext(tuple(id(x) in wanted for x in inputs))
+    slots = tuple(place.get(id(x)) for x in inputs)
+    ctx = OpContext(tuple(j is not None for j in slots))
     setup(ctx=ctx, inputs=inputs, output=output)
-    return ctx, inputs
+    return ctx, tuple(zip(slots, inputs)), tensors
 
 
 def custom_op_grads(name: str, diff: tuple[int, ...], grad: torch.Tensor, output: Any, /,
@@ -63,18 +65,14 @@ def custom_op_grads(name: str, diff: tuple[int, ...], grad: torch.Tensor, output
     backward; its result ``output``) for its tensors at ``diff`` (flatten's order), from
     the gradient ``grad`` of its result: the op's ``setup_context`` and ``backward``."""
     op, backward, setup = compat.custom_op_autograd(_function(name))
-    ctx, inputs = op_context(op, setup, output, args, kwargs, diff)
+    ctx, inputs, tensors = op_context(op, setup, output, args, kwargs, diff)
     grads = backward(ctx, grad)
     grads = grads if isinstance(grads, tuple) else (grads,)
     if len(grads) != len(inputs):
         raise RuntimeError(f"the backward of {op.name()} returned {len(grads)} gradients "
                            f"for its {len(inputs)} inputs")
-    tensors: list = []
-    flatten((args, kwargs), tensors)
     found: list = [None] * len(diff)
-    place = {id(tensors[k]): j for j, k in enumerate(diff)}
-    for x, gx in zip(inputs, grads):
-        j = place.get(id(x))
+    for (j, x), gx in zip(inputs, grads):
         if j is None or gx is None:
             continue
         gx = gx.to(x.dtype) if gx.shape == x.shape else gx.sum_to_size(x.shape).to(x.dtype)

@@ -26,15 +26,23 @@ from minicompile import compat
 _CUSTOM_OP_FUNCTION = "GeneratedBackwardFor_"
 
 
-def _forward_inputs(node: Any) -> int | None:
-    """How many of the Function's forward inputs the node's edges stand for, one each in
-    order; None where a non-tensor input sits among them."""
+def _plain_inputs(node: Any) -> bool:
+    """Whether the node's edges stand for the Function's forward inputs one each, in
+    order: no non-tensor input sits among them."""
     inputs, edges = len(node.needs_input_grad), len(node.next_functions)
-    if inputs == edges:
-        return edges
-    if inputs == edges + 1 and type(node).__name__.startswith(_CUSTOM_OP_FUNCTION):
-        return edges
-    return None
+    return inputs == edges or inputs == edges + 1 and type(node).__name__.startswith(
+        _CUSTOM_OP_FUNCTION)
+
+
+def leaf_slots(edges: tuple, leaves: tuple) -> list | None:
+    """Per edge of a node (``next_functions``), the place in ``leaves`` of the leaf it
+    accumulates into, or None for an input that takes no gradient; None where an input
+    was made inside the call's history or one leaf is reached twice."""
+    places = {id(t): k for k, t in enumerate(leaves)}
+    slots = [None if edge is None else places.get(id(getattr(edge, "variable", None)), -1)
+             for edge, _ in edges]
+    taken = [k for k in slots if k is not None]
+    return None if -1 in slots or len(set(taken)) < len(taken) else slots
 
 
 def function_grads(pairs: list, leaves: tuple) -> tuple | None:
@@ -46,14 +54,11 @@ def function_grads(pairs: list, leaves: tuple) -> tuple | None:
     (out, g), = pairs
     node = out.grad_fn
     if not compat.is_function_node(node) or compat.node_outputs(node) != 1 \
-            or _forward_inputs(node) is None:
+            or not _plain_inputs(node):
         return None
-    places = {id(t): k for k, t in enumerate(leaves)}
-    slots = [None if edge is None else places.get(id(getattr(edge, "variable", None)), -1)
-             for edge, _ in node.next_functions]
-    taken = [k for k in slots if k is not None]
-    if -1 in slots or len(set(taken)) < len(taken):
-        return None  # an input made inside the call's history, or one leaf twice
+    slots = leaf_slots(node.next_functions, leaves)
+    if slots is None:
+        return None
     with torch.no_grad():  # as the engine runs a backward without create_graph
         grads = node.apply(g)
     grads = grads if isinstance(grads, tuple) else (grads,)

@@ -12,6 +12,7 @@ is decomposed into indexing)."""
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -154,29 +155,35 @@ def test_embedding_gradient(padding_idx: int | None, scale: bool, backend: str,
 
 @pytest.mark.parametrize("window", [(3, 2, 1, 1, False), (3, 2, 0, 1, True), (2, None, 0, 1, False)])
 def test_max_pool_gradient(window: tuple, backend: str, capsys: pytest.CaptureFixture) -> None:
-    device = device_for(backend)
     k, s, p, d, ceil = window
 
     def fn(x: torch.Tensor) -> torch.Tensor:
         return F.max_pool2d(torch.relu(x), k, s, p, d, ceil_mode=ceil) * 2
 
+    pool_matches_eager(fn, backend, lambda: torch.randn(2, 3, 9, 9).round())  # (ties)
+    _no_nested_backward(capsys)
+
+
+def pool_matches_eager(fn: Callable, backend: str, make: Callable) -> None:
+    """The pool's values and input gradient against eager's, twice with fresh inputs
+    (``make()``), its code logged for :func:`_no_nested_backward`."""
+    device = device_for(backend)
     with config.patch(logs=frozenset({"output_code"})):
         compiled = minicompile.compile(fn, backend=backend)
         for _ in range(2):
-            x = torch.randn(2, 3, 9, 9, device=device).round().requires_grad_()  # (ties)
+            x = make().to(device).requires_grad_()
             ref = x.detach().clone().requires_grad_()
             out, want = compiled(x), fn(ref)
             g = torch.randn_like(want)
             torch.testing.assert_close(out, want)
             torch.testing.assert_close(torch.autograd.grad(out, x, g)[0],
                                        torch.autograd.grad(want, ref, g)[0])
-    _no_nested_backward(capsys)
 
 
 @pytest.mark.parametrize("how", ["topk", "sort", "topk_method_kwargs"])
 def test_selection_gradient(how: str, backend: str, capsys: pytest.CaptureFixture) -> None:
     """A mixture-of-experts router's ``torch.topk`` (and ``torch.sort``): the values'
-    gradient is scattered back to the input (runtime/autograd.selected_backward); the
+    gradient is scattered back to the input (as gather's, passes/derivatives.scattered); the
     indices are used as well, as a router uses them."""
     device = device_for(backend)
 
@@ -210,20 +217,10 @@ def test_selection_gradient(how: str, backend: str, capsys: pytest.CaptureFixtur
 def test_avg_pool_gradient(window: tuple, backend: str, capsys: pytest.CaptureFixture) -> None:
     """DenseNet's transition pool (and padded, ceil-mode and divisor forms): ATen's
     ``avg_pool2d_backward`` in the backward graph."""
-    device = device_for(backend)
     k, s, p, ceil, count_pad, divisor = window
 
     def fn(x: torch.Tensor) -> torch.Tensor:
         return F.avg_pool2d(torch.relu(x), k, s, p, ceil, count_pad, divisor) * 2
 
-    with config.patch(logs=frozenset({"output_code"})):
-        compiled = minicompile.compile(fn, backend=backend)
-        for _ in range(2):
-            x = torch.randn(2, 3, 9, 8, device=device).requires_grad_()
-            ref = x.detach().clone().requires_grad_()
-            out, want = compiled(x), fn(ref)
-            g = torch.randn_like(want)
-            torch.testing.assert_close(out, want)
-            torch.testing.assert_close(torch.autograd.grad(out, x, g)[0],
-                                       torch.autograd.grad(want, ref, g)[0])
+    pool_matches_eager(fn, backend, lambda: torch.randn(2, 3, 9, 8))
     _no_nested_backward(capsys)

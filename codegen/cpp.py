@@ -8,13 +8,15 @@ does) and converted on store.  Emitters only return text: the runtime builds and
 
 from __future__ import annotations
 
+import dataclasses
 import math
+from itertools import pairwise
 
 import sympy
 import torch
 
 from minicompile.ir import (LOW_PRECISION, Cat, Expr, IndexExpr, IndirectLoad, Load, Op,
-                            divides_by_values)
+                            divides_by_values, map_loads, walk)
 from minicompile.op_table import ROWS
 
 from minicompile.codegen.common import CodeWriter, KernelPlan, Store, checks_values, text_sections
@@ -65,6 +67,24 @@ class CppDialect(Dialect):
 CPP = CppDialect()
 
 
+# More pieces than this (a cat of many thin slices) keep the branch: one loop per piece
+# would grow the kernel's text and its build time for little.
+MAX_SPANS = 8
+
+
+def cat_spans(plan: KernelPlan, x: sympy.Symbol, size: sympy.Expr) -> list | None:
+    """The innermost loop ``x`` (of ``size``) cut where the concatenations along it change
+    pieces, as ``(lo, hi)`` spans; None where there are none, or a boundary is symbolic.
+    Each span's loop then computes its pieces without the per-element branch, which keeps
+    the compiler from vectorising (a chunk's gradient: the pieces' values added)."""
+    cats = [e for st in plan.stores for e in walk(st.value) if isinstance(e, Cat) and e.index == x]
+    if not cats or not size.is_Integer or any(not s.is_Integer for c in cats for s in c.starts):
+        return None
+    cuts = sorted({int(s) for c in cats for s in c.starts if 0 < int(s) < int(size)})
+    edges = [0, *cuts, int(size)]
+    return list(pairwise(edges)) if 0 < len(cuts) < MAX_SPANS else None
+
+
 def signature(name: str, inputs: tuple, out_dtypes: list, rest: tuple | list = ()) -> str:
     """``extern "C" void name(...)``: the inputs' pointers, the outputs', then ``rest``."""
     params = [f"const {CPP_DTYPES[d]}* __restrict__ in_ptr{k}" for k, (_, d) in enumerate(inputs)]
@@ -110,17 +130,27 @@ class CppKernel(ExprEmitter):
     def _loops(self, depth: int, ranges: list[str]) -> None:
         x = self.plan.loop_vars[depth]
         innermost = depth == len(ranges) - 1
-        if depth == 0 and self.parallel.depth:
-            self.w.line(f"#pragma omp {self.parallel.pragma(simd=innermost)}")
-        elif innermost:
-            self.w.line("#pragma omp simd")
-        with self.w.block(f"for (int64_t {x} = 0; {x} < {ranges[depth]}; ++{x})"):
-            if depth + 1 < len(ranges):
-                self._loops(depth + 1, ranges)
-            else:
+        spans = cat_spans(self.plan, x, self.plan.ranges[depth]) if innermost else None
+        for lo, hi in spans or [(0, ranges[depth])]:
+            if depth == 0 and self.parallel.depth:
+                self.w.line(f"#pragma omp {self.parallel.pragma(simd=innermost)}")
+            elif innermost:
+                self.w.line("#pragma omp simd")
+            with self.w.block(f"for (int64_t {x} = {lo}; {x} < {hi}; ++{x})"):
+                if depth + 1 < len(ranges):
+                    self._loops(depth + 1, ranges)
+                    continue
                 self.names.clear()  # values are per element: define them inside the loop
                 self.count = 0
+                plan = self.plan
+                if spans:  # this span's piece of each cat along x, without a branch
+                    self.plan = dataclasses.replace(plan, stores=tuple(
+                        dataclasses.replace(st, value=map_loads(
+                            st.value, lambda e: e, index=lambda i, x=x, lo=lo: (
+                                sympy.Integer(lo) if i == x else i)))
+                        for st in plan.stores))
                 self.emit_body()
+                self.plan = plan
 
     def emit_body(self) -> None:
         self.emit_stores(self.emit_body_store)

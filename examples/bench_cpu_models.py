@@ -17,8 +17,9 @@ then share the compiled code (minicompile's kernels run on ``torch.get_num_threa
 threads at call time, as eager does).  Every result is checked against eager's first (a
 difference is printed, the row still timed).
 Ratios below 1 mean faster than eager (``mc/eager``) or than torch.compile (``mc/tc``).
-Eager, minicompile and torch.compile are timed in turns (``timing.interleaved_ms``: 5
-rounds, the median of round medians), so that a shared machine's drift falls on all alike.
+Eager, minicompile and torch.compile are timed in turns (``timing.interleaved_ms``: 7
+rounds of about 50 ms of calls each, the median of round medians), so that a shared
+machine's drift falls on all alike.
 ``--cpu-time`` times the calling thread's CPU time (``time.thread_time``) instead of the wall
 clock: on one thread, where all the work runs on it, a machine shared with other jobs then
 gives steady numbers (their time slices are not counted).

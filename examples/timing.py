@@ -26,17 +26,27 @@ def median_seconds(fn: Callable[[], object], cuda: bool, reps: int = 20,
     return statistics.median(times)
 
 
-def interleaved_ms(fns: dict[str, Callable[[], object]], cuda: bool, rounds: int = 5,
-                   clock: Callable[[], float] = time.perf_counter) -> dict[str, float]:
+def interleaved_ms(fns: dict[str, Callable[[], object]], cuda: bool, rounds: int = 7,
+                   clock: Callable[[], float] = time.perf_counter,
+                   round_ms: float = 50.0) -> dict[str, float]:
     """Median milliseconds of each of ``fns``, timed in turns: ``rounds`` rounds, each
     timing every function once (:func:`median_seconds`), and the median of each one's
     round medians.  A shared host's load and clocks drift over seconds; timed in turns,
-    the drift falls on every function alike instead of on whichever ran during it."""
+    the drift falls on every function alike instead of on whichever ran during it.  On
+    the CPU each round times a function's calls for about ``round_ms`` (at least 5 calls):
+    a 2 ms train step gets 25 calls a round, not 5."""
+    reps = {name: 4 for name in fns}
+    if not cuda:
+        for name, fn in fns.items():
+            fn()
+            start = clock()
+            fn()
+            took = max(clock() - start, 1e-6)
+            reps[name] = max(5, min(200, round(round_ms / 1e3 / took)))
     per: dict[str, list[float]] = {name: [] for name in fns}
     for _ in range(rounds):
         for name, fn in fns.items():
-            per[name].append(median_seconds(fn, cuda, reps=max(5, 20 // rounds), clock=clock,
-                                            rep_ms=60))
+            per[name].append(median_seconds(fn, cuda, reps=reps[name], clock=clock, rep_ms=60))
     return {name: statistics.median(times) * 1e3 for name, times in per.items()}
 
 

@@ -498,7 +498,7 @@ def custom_op_rule(d: Any, node: Node, g: Node) -> list | None:
     found = compat.custom_op_autograd(ops.OPS[node.target].eager)
     if found is None or isinstance(node.meta, tuple) or node.meta.is_symbolic:
         return None
-    op, _, setup = found
+    op = found[0]
     tensors = flatten_nodes((node.args, node.kwargs))
     if any(a.kwarg_only for a in op._schema.arguments) or any(
             not isinstance(t, Node) or t.meta.is_symbolic for t in tensors):
@@ -506,7 +506,7 @@ def custom_op_rule(d: Any, node: Node, g: Node) -> list | None:
     diff = tuple(k for k, t in enumerate(tensors) if t.requires_grad)
     probe = map_nodes((node.args, node.kwargs), lambda n: n.meta.fake())
     try:
-        custom_op_grads.op_context(op, setup, node.meta.fake(), *probe, diff)
+        custom_op_grads.op_context(node.target, node.meta.fake(), *probe, diff)
     except Exception:  # noqa: BLE001  (whatever it asks of ours: PyTorch's road then)
         return None
     grads = d.custom_op_grads(node, diff, g)

@@ -11,6 +11,7 @@ decides where: tensors and constants as arguments, one tensor as the result).
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
@@ -37,26 +38,33 @@ class OpContext:
         pass  # (the one result's gradient is always a tensor here)
 
 
-def bind_schema(schema: Any, args: tuple, kwargs: dict) -> tuple:
-    """The op's arguments in its schema's order, defaults filled in."""
-    return tuple(args[i] if i < len(args) else kwargs.get(a.name, a.default_value)
-                 for i, a in enumerate(schema.arguments))
+@functools.cache
+def _plan(name: str, n_args: int, kw_names: tuple[str, ...]) -> tuple:
+    """The op ``name`` (overload, backward, setup_context) and, per argument of its schema,
+    where a call with ``n_args`` positional arguments and the keywords ``kw_names`` has it:
+    ``(0, i)`` args[i], ``(1, key)`` kwargs[key], ``(2, value)`` the schema's default.
+    (Looked up once: reading ``_schema`` builds Python objects, ~30 us a call.)"""
+    op, backward, setup = compat.custom_op_autograd(_function(name))
+    where = tuple((0, i) if i < n_args else (1, a.name) if a.name in kw_names
+                  else (2, a.default_value) for i, a in enumerate(op._schema.arguments))
+    return op, backward, setup, where
 
 
-def op_context(op: Any, setup: Any, output: Any, args: tuple, kwargs: dict,
-               diff: tuple[int, ...]) -> tuple[OpContext, tuple, list]:
-    """The context ``setup`` (the op's ``setup_context``) fills from the call's
-    arguments; per argument in schema order, its place in ``diff`` (the positions, among
-    the call's tensors in flatten's order, of those that take gradients) or None; and the
-    call's tensors."""
+def op_context(name: str, output: Any, args: tuple, kwargs: dict,
+               diff: tuple[int, ...]) -> tuple[OpContext, tuple, list, Any]:
+    """The context the op ``name``'s ``setup_context`` fills from the call's arguments; per
+    argument in schema order, its place in ``diff`` (the positions, among the call's
+    tensors in flatten's order, of those that take gradients) or None, and the argument;
+    the call's tensors; and the op's backward."""
+    _, backward, setup, where = _plan(name, len(args), tuple(kwargs))
     tensors: list = []
     flatten((args, kwargs), tensors)
     place = {id(tensors[k]): j for j, k in enumerate(diff)}
-    inputs = bind_schema(op._schema, args, kwargs)
+    inputs = tuple(args[v] if k == 0 else kwargs[v] if k == 1 else v for k, v in where)
     slots = tuple(place.get(id(x)) for x in inputs)
     ctx = OpContext(tuple(j is not None for j in slots))
     setup(ctx=ctx, inputs=inputs, output=output)
-    return ctx, tuple(zip(slots, inputs)), tensors
+    return ctx, tuple(zip(slots, inputs)), tensors, backward
 
 
 def custom_op_grads(name: str, diff: tuple[int, ...], grad: torch.Tensor, output: Any, /,
@@ -64,18 +72,20 @@ def custom_op_grads(name: str, diff: tuple[int, ...], grad: torch.Tensor, output
     """The gradients of the call ``name(*args, **kwargs)`` (a custom op with a registered
     backward; its result ``output``) for its tensors at ``diff`` (flatten's order), from
     the gradient ``grad`` of its result: the op's ``setup_context`` and ``backward``."""
-    op, backward, setup = compat.custom_op_autograd(_function(name))
-    ctx, inputs, tensors = op_context(op, setup, output, args, kwargs, diff)
+    ctx, inputs, tensors, backward = op_context(name, output, args, kwargs, diff)
     grads = backward(ctx, grad)
     grads = grads if isinstance(grads, tuple) else (grads,)
     if len(grads) != len(inputs):
-        raise RuntimeError(f"the backward of {op.name()} returned {len(grads)} gradients "
+        raise RuntimeError(f"the backward of {name} returned {len(grads)} gradients "
                            f"for its {len(inputs)} inputs")
     found: list = [None] * len(diff)
     for (j, x), gx in zip(inputs, grads):
         if j is None or gx is None:
             continue
-        gx = gx.to(x.dtype) if gx.shape == x.shape else gx.sum_to_size(x.shape).to(x.dtype)
+        if gx.shape != x.shape:
+            gx = gx.sum_to_size(x.shape)
+        if gx.dtype != x.dtype:
+            gx = gx.to(x.dtype)
         found[j] = gx if found[j] is None else found[j] + gx  # (one tensor passed twice)
     return tuple(torch.zeros_like(tensors[k]) if g is None else g
                  for g, k in zip(found, diff))

@@ -129,6 +129,12 @@ case("cat_dim1_of_pointwise", lambda x, y: torch.cat([x.sin(), y], 1).relu(), ra
      rand((4, 5)))
 case("cat_dim_minus1_three", lambda x, y, z: torch.cat([x, y.cos(), z * 2], -1) - 1,
      rand((2, 3, 4)), rand((2, 3, 1)), rand((2, 3, 5)))
+# a chunk's gradient: two cats along the inner dim, each zero where the other is not (the
+# C++ backend cuts the inner loop at the pieces' edges: codegen/cpp.cat_spans)
+case("cat_halves_added", lambda x, y: torch.cat([x.exp(), torch.zeros_like(y)], -1)
+     + torch.cat([torch.zeros_like(x), y.sin()], -1), rand((5, 7)), rand((5, 9)))
+case("chunk_gate_inner_dim", lambda x: F.silu(x.chunk(2, -1)[0]) * x.chunk(2, -1)[1],
+     rand((6, 10)))
 case("cat_middle_dim_three", lambda x, y, z: torch.cat((x, y, z), dim=1).exp(),
      rand((2, 1, 4)), rand((2, 3, 4)), rand((2, 2, 4)))
 case("cat_negative_dim0", lambda x, y: torch.cat([x, y], -2) * 3, rand((2, 5)), rand((1, 5)))

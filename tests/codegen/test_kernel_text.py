@@ -358,8 +358,22 @@ def test_triton_cat_along_dim0_masks_the_row_condition() -> None:
 
 
 def test_cpp_cat_evaluates_only_the_taken_piece() -> None:
-    (kernel,) = cpp_kernels(compile_graph_text(cat_of_sin().graph, "cpp"))
-    assert "if (x1 < 3) {" in kernel and "else {" in kernel, kernel
-    branch = kernel[kernel.index("if (x1 < 3) {"):kernel.index("else {")]
-    assert "std::sin(in_ptr0" in branch or "in_ptr0[" in branch, kernel
+    # along the outer dim: an if / else on the position, each branch reading its input
+    (kernel,) = cpp_kernels(compile_graph_text(cat_of_sin(dim=0).graph, "cpp"))
+    assert "if (x0 < 4) {" in kernel and "else {" in kernel, kernel
+    branch = kernel[kernel.index("if (x0 < 4) {"):kernel.index("else {")]
+    assert "std::sin(" in branch and "in_ptr0[" in branch, kernel
     assert "in_ptr1" not in branch  # the second input is read in its own branch only
+
+
+def test_cpp_cat_along_the_inner_dim_splits_the_loop() -> None:
+    """A cat along the innermost loop is one loop per piece, without a branch (so the
+    compiler vectorises each); each loop reads only its piece's input."""
+    (kernel,) = cpp_kernels(compile_graph_text(cat_of_sin().graph, "cpp"))
+    assert "if (" not in kernel, kernel
+    first = kernel.index("for (int64_t x1 = 0; x1 < 3; ++x1)")
+    second = kernel.index("for (int64_t x1 = 3; x1 < 8; ++x1)")
+    assert "std::sin(in_ptr0" in kernel[first:second] or "in_ptr0[" in kernel[first:second]
+    assert "in_ptr1" not in kernel[first:second] and "in_ptr0" not in kernel[second:], kernel
+
+

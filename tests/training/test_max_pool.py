@@ -73,4 +73,8 @@ def test_max_pool_matches_eager(case: tuple[str, str], grad: bool, backend: str,
                 torch.testing.assert_close(x2.grad, x.grad, rtol=0, atol=0)
     logged = "1 max pools on the channels-last kernel" in capsys.readouterr().err
     assert logged == (not grad if rewritten is None else rewritten)
-    assert all(r is not None for r in direct) and len(direct) == (2 if grad and logged else 0)
+    # (Triton on CPU tensors without its interpreter, on a GPU machine: the graph is
+    # captured and logged, then runs eagerly, so no road of ours is taken)
+    ours = backend == "cpp" or config.get().triton_interpret
+    assert all(r is not None for r in direct) and len(direct) == (
+        2 if grad and logged and ours else 0)

@@ -6,7 +6,8 @@ has ``torch.get_num_threads()`` threads as read when it runs, as eager's kernels
 count is compiled in (tests/codegen/test_threads.py checks the runtime is shared).
 
 **Which loops** (Inductor's ``decide_parallel_depth``, with a cost per element): a kernel
-whose work is under ``MIN_PARALLEL_WORK`` runs on the calling thread; otherwise the outer
+whose work is under ``MIN_PARALLEL_WORK``, or under ``MIN_THREAD_WORK`` a thread, runs on
+the calling thread; otherwise the outer
 loops are collapsed into one parallel loop until it has an iteration for each thread the
 machine runs, no deeper than leaves ``MIN_CHUNK_WORK`` an iteration (static schedule).
 With symbolic sizes an ``if()`` clause decides at run time.
@@ -28,6 +29,11 @@ from minicompile.codegen.printers import cpp_index
 
 # A 32768-element copy (a load and a store an element): below it one thread is faster.
 MIN_PARALLEL_WORK = 65536
+# And each thread's share at least an 8192-element copy, as Inductor asks 4096 elements a
+# thread (cpp.min_chunk_size): on 16 threads, GPT-2's 24x256 GELU kernels (6,144 elements,
+# ~90k of work) ran in OpenMP regions of 16 and the zoo's kernels took 3x their one-thread
+# time.  On 2 threads MIN_PARALLEL_WORK is the larger bar: nothing changes there.
+MIN_THREAD_WORK = 16384
 # Work of one iteration of the parallel loop, below which collapsing deeper stops.
 MIN_CHUNK_WORK = 4096
 # Math functions cost about ten arithmetic ops an element (vectorised, libmvec).
@@ -91,8 +97,9 @@ def plan_parallel(plan: KernelPlan, loops: Sequence[sympy.Expr]) -> Parallel:
         return int(e) if e.is_Integer else UNKNOWN_SIZE
 
     total = value(work)
-    if work.is_Integer and total < MIN_PARALLEL_WORK:
-        return Parallel()  # too little work: one thread
+    bar = max(MIN_PARALLEL_WORK, threads * MIN_THREAD_WORK)
+    if work.is_Integer and total < bar:
+        return Parallel()  # too little work (for so many threads): one thread
     depth, par = 0, 1
     for trips in loops:
         if par >= 2 * threads or par == threads:
@@ -102,5 +109,5 @@ def plan_parallel(plan: KernelPlan, loops: Sequence[sympy.Expr]) -> Parallel:
         depth, par = depth + 1, par * value(trips)
     if par < 2:
         return Parallel()  # one iteration: nothing to share
-    condition = None if work.is_Integer else f"{cpp_index(work)} >= {MIN_PARALLEL_WORK}"
+    condition = None if work.is_Integer else f"{cpp_index(work)} >= {bar}"
     return Parallel(depth, condition)

@@ -62,6 +62,21 @@ def test_outer_loops_collapse_until_each_thread_has_work(monkeypatch) -> None:  
     assert kernel_text(broadcast_add(2)).count("#pragma omp simd") == 1
 
 
+def test_a_small_kernel_stays_on_one_thread_of_many(monkeypatch) -> None:  # noqa: ANN001
+    """GPT-2's GELU over 24x256 (a tanh an element): worth two threads, not sixteen (each
+    thread's share must be MIN_THREAD_WORK)."""
+    def gelu() -> GraphBuilder:
+        b = GraphBuilder()
+        x = b.input("L_x", (24, 256))
+        b.output(b("mul", x, b("tanh", b("add", x, b("mul", b("mul", x, x), x)))))
+        return b
+
+    monkeypatch.setattr(cpp_threads, "planned_threads", lambda: 2)
+    assert "#pragma omp parallel" in kernel_text(gelu())
+    monkeypatch.setattr(cpp_threads, "planned_threads", lambda: 16)
+    assert "#pragma omp parallel" not in kernel_text(gelu())
+
+
 def test_reduction_rows_and_columns_follow_the_policy(monkeypatch) -> None:  # noqa: ANN001
     monkeypatch.setattr(cpp_threads, "planned_threads", lambda: 16)
     for dim, shape, parallel in ((1, (8, 64), False), (1, (512, 512), True),

@@ -85,6 +85,17 @@ def cat_spans(plan: KernelPlan, x: sympy.Symbol, size: sympy.Expr) -> list | Non
     return list(pairwise(edges)) if 0 < len(cuts) < MAX_SPANS else None
 
 
+def pieces_at(plan: KernelPlan, x: sympy.Symbol, position: int) -> KernelPlan:
+    """``plan`` with each cat along ``x`` replaced by its piece at ``position`` (ir.make_cat
+    picks it for a constant position): the body of a :func:`cat_spans` span's loop."""
+    def at(index: sympy.Expr) -> sympy.Expr:
+        return sympy.Integer(position) if index == x else index
+
+    return dataclasses.replace(plan, stores=tuple(
+        dataclasses.replace(st, value=map_loads(st.value, lambda e: e, index=at))
+        for st in plan.stores))
+
+
 def signature(name: str, inputs: tuple, out_dtypes: list, rest: tuple | list = ()) -> str:
     """``extern "C" void name(...)``: the inputs' pointers, the outputs', then ``rest``."""
     params = [f"const {CPP_DTYPES[d]}* __restrict__ in_ptr{k}" for k, (_, d) in enumerate(inputs)]
@@ -142,15 +153,11 @@ class CppKernel(ExprEmitter):
                     continue
                 self.names.clear()  # values are per element: define them inside the loop
                 self.count = 0
-                plan = self.plan
+                whole = self.plan
                 if spans:  # this span's piece of each cat along x, without a branch
-                    self.plan = dataclasses.replace(plan, stores=tuple(
-                        dataclasses.replace(st, value=map_loads(
-                            st.value, lambda e: e, index=lambda i, x=x, lo=lo: (
-                                sympy.Integer(lo) if i == x else i)))
-                        for st in plan.stores))
+                    self.plan = pieces_at(whole, x, lo)
                 self.emit_body()
-                self.plan = plan
+                self.plan = whole
 
     def emit_body(self) -> None:
         self.emit_stores(self.emit_body_store)

@@ -7,9 +7,9 @@ count is compiled in (tests/codegen/test_threads.py checks the runtime is shared
 
 **Which loops** (Inductor's ``decide_parallel_depth``, with a cost per element): a kernel
 whose work is under ``MIN_PARALLEL_WORK``, or under ``MIN_THREAD_WORK`` a thread, runs on
-the calling thread; otherwise the outer
-loops are collapsed into one parallel loop until it has an iteration for each thread the
-machine runs, no deeper than leaves ``MIN_CHUNK_WORK`` an iteration (static schedule).
+the calling thread; otherwise the outer loops are collapsed into one parallel loop until it
+has an iteration for each thread the machine runs, no deeper than leaves
+``MIN_CHUNK_WORK`` an iteration (static schedule).
 With symbolic sizes an ``if()`` clause decides at run time.
 """
 

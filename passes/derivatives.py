@@ -23,6 +23,7 @@ from minicompile.graph import Node, flatten_nodes, map_nodes
 from minicompile.meta_rules import int_tuple
 from minicompile.op_table import ROWS, ZERO
 
+from minicompile.passes import depthwise_grad
 from minicompile.passes.decompose_reductions import bind
 from minicompile.passes.layout import overlaps, plain, same_layout
 from minicompile.runtime import custom_op_grads
@@ -401,12 +402,17 @@ def conv_rule(d: Any, node: Node, g: Node) -> list | None:
     spatial = [int_tuple(bound[k], w.meta.ndim - 2) for k in ("stride", "padding", "dilation")]
     if None in spatial:  # (a string padding too)
         return None
-    wanted = [(x, d.needs(x)), (w, d.needs(w)), (bias, bias is not None and d.needs(bias))]
+    ours = d.needs(w) and depthwise_grad.applies(g, x, w, bound["groups"], spatial)
+    wanted = [(x, d.needs(x)), (w, d.needs(w) and not ours),
+              (bias, bias is not None and d.needs(bias))]
+    grads = [(w, depthwise_grad.weight_grad(d, g, x, w, spatial))] if ours else []
     mask = tuple(need for _, need in wanted)
+    if not any(mask):
+        return grads
     call = d.extern(conv_backward, g, d.fwd(x), d.fwd(w), bias is not None, *spatial,
                     bound["groups"], mask)
     needed = [arg for arg, need in wanted if need]
-    return [(arg, d.item(call, j)) for j, arg in enumerate(needed)]
+    return grads + [(arg, d.item(call, j)) for j, arg in enumerate(needed)]
 
 
 def max_pool2d_rule(d: Any, node: Node, g: Node) -> list | None:

@@ -167,6 +167,10 @@ class Lowering:
             value = self.lower_cat(node)
             if value is not None:
                 return value
+        if family == "extern" and node.target == PAD:
+            value = self.lower_pad(node)
+            if value is not None:
+                return value
         lower = _LOWER_BY_FAMILY.get(family)
         if lower is not None:
             return lower(self, node)
@@ -394,6 +398,44 @@ class Lowering:
         origins = tuple(dict.fromkeys(o for t in tensors for o in self.values[t].origins))
         return Value(shape, meta.dtype, expr, origins=origins + (node,))
 
+    def lower_pad(self, node: Node) -> Value | None:
+        """``F.pad(x, pad, "constant", value)`` with non-negative pads as a Cat along each
+        padded dim (the value outside, ``x`` shifted into place inside), as Inductor lowers
+        ``constant_pad_nd``: consumers read ``x`` directly.  None (the library call) for
+        other modes, negative pads (crops), symbolic sizes, bool or complex values."""
+        bound = dict(zip(("input", "pad", "mode", "value"), node.args), **node.kwargs)
+        x, pad, value = bound.get("input"), bound.get("pad"), bound.get("value")
+        value = 0 if value is None else value
+        meta = node.meta
+        if (set(bound) - {"input", "pad", "mode", "value"} or bound.get("mode", "constant")
+                != "constant" or not isinstance(x, Node) or not isinstance(pad, (list, tuple))
+                or len(pad) % 2 or len(pad) // 2 > len(meta.shape)
+                or not all(type(p) is int and p >= 0 for p in pad)
+                or type(value) not in (int, float) or meta.dtype == torch.bool
+                or meta.dtype.is_complex or any(not s.is_Integer for s in meta.shape)
+                or product(x.meta.shape) == 0):
+            return None
+        out = dim_symbols(len(meta.shape))
+        # pad = (last dim's before, after, the one before it's before, after, ...)
+        sides = {len(meta.shape) - 1 - k: (pad[2 * k], pad[2 * k + 1])
+                 for k in range(len(pad) // 2) if pad[2 * k] or pad[2 * k + 1]}
+        x_value = self.values[x]
+        shifted = {own: out[d] - sides[d][0] for d, own in enumerate(dim_symbols(len(out)))
+                   if d in sides}
+        expr = _cast(substitute_index(x_value.expr, shifted), meta.dtype)
+        fill = Constant(value if meta.dtype.is_floating_point else int(value), meta.dtype)
+        for d, (before, after) in sorted(sides.items(), reverse=True):
+            inside = x_value.shape[d]
+            pieces, starts = [expr], []
+            if before:
+                pieces.insert(0, fill)
+                starts.append(sympy.Integer(before))
+            if after:
+                pieces.append(fill)
+                starts.append(before + inside)
+            expr = make_cat(out[d], tuple(starts), tuple(pieces), meta.dtype)
+        return Value(meta.shape, meta.dtype, expr, origins=x_value.origins + (node,))
+
     def tensor_arg(self, node: Node) -> BufferRef | AliasOutput:
         ref = self.realize(node)
         if isinstance(ref, str):
@@ -434,6 +476,7 @@ _LOWER_BY_FAMILY = {"view": Lowering.lower_view, "extern": Lowering.lower_extern
 # cat and stack, by every name capture records them under; they lower to a Cat expression
 # of at most this many pieces (more: the library call, which copies each input once).
 MAX_CAT_PIECES = 8
+PAD = ops.extern_op(torch.nn.functional.pad)  # lowered as cats of the fill value (lower_pad)
 
 
 def _fits(in_shape: tuple, out_shape: tuple, dim: int, stack: bool) -> bool:

@@ -135,6 +135,17 @@ case("cat_halves_added", lambda x, y: torch.cat([x.exp(), torch.zeros_like(y)], 
      + torch.cat([torch.zeros_like(x), y.sin()], -1), rand((5, 7)), rand((5, 9)))
 case("chunk_gate_inner_dim", lambda x: F.silu(x.chunk(2, -1)[0]) * x.chunk(2, -1)[1],
      rand((6, 10)))
+# F.pad with constant fill: a cat of the fill value along each padded dim (lower_pad),
+# fused into its consumers; crops and other modes stay the library call
+case("pad_constant_2d", lambda x: F.pad(x, (2, 1, 1, 0)) * 2, rand((2, 3, 4, 5)))
+case("pad_value_inner", lambda x: F.pad(x.sin(), (0, 3), value=-1.5) + 1, rand((3, 4)))
+case("pad_transposed_half", lambda x: F.pad(x, (1, 2)).exp(), transposed((4, 6), f16))
+case("pad_then_windows", lambda x, g: sum((g * F.pad(x, (1, 1, 1, 1))[:, :, i:i + 4, j:j + 4])
+                                          .sum((0, 2, 3)) for i in range(3) for j in range(3)),
+     rand((2, 3, 4, 4)), rand((2, 3, 4, 4)))
+case("pad_crop", lambda x: F.pad(x, (-1, 2)) + 1, rand((3, 5)))
+case("pad_reflect", lambda x: F.pad(x, (1, 1), mode="reflect") * 2, rand((2, 3, 5)))
+case("pad_int", lambda x: F.pad(x, (1, 1), value=7) + 1, rand((3, 4), i64, "small_int"))
 case("cat_middle_dim_three", lambda x, y, z: torch.cat((x, y, z), dim=1).exp(),
      rand((2, 1, 4)), rand((2, 3, 4)), rand((2, 2, 4)))
 case("cat_negative_dim0", lambda x, y: torch.cat([x, y], -2) * 3, rand((2, 5)), rand((1, 5)))

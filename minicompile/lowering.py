@@ -420,8 +420,7 @@ class Lowering:
         sides = {len(meta.shape) - 1 - k: (pad[2 * k], pad[2 * k + 1])
                  for k in range(len(pad) // 2) if pad[2 * k] or pad[2 * k + 1]}
         x_value = self.values[x]
-        shifted = {own: out[d] - sides[d][0] for d, own in enumerate(dim_symbols(len(out)))
-                   if d in sides}
+        shifted = {out[d]: out[d] - before for d, (before, _) in sides.items()}
         expr = _cast(substitute_index(x_value.expr, shifted), meta.dtype)
         fill = Constant(value if meta.dtype.is_floating_point else int(value), meta.dtype)
         for d, (before, after) in sorted(sides.items(), reverse=True):

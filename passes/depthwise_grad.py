@@ -1,7 +1,7 @@
 """The weight gradient of a depthwise 2-d convolution on the CPU, as graph ops.
 
 ATen's CPU weight gradient of a depthwise convolution (one filter per channel: MobileNet,
-EfficientNet) costs far more than its input gradient or its forward on few pixels: 0.8-1.3
+EfficientNet) costs far more than its input gradient or its forward on few pixels: 0.8-1.7
 ms against 0.05-0.09 for 1152 and 672 channels of 2x2 and 4x4 pixels, 5x5 filters (one
 thread, NCHW and channels-last alike), where the sums below took 0.44 and 0.32.
 It is ``kh * kw`` sums, one per filter tap, over (batch, rows, columns) of the output's
@@ -32,7 +32,7 @@ PIECES = MAX_CAT_PIECES  # (25 taps: 4 stacks of up to 8, then one cat of 4)
 # Output pixels (batch x rows x columns) up to which the taps' sums are the faster: 2-4x
 # at 8-32 (the shapes above, 3x3 to 7x7 filters); from 512 on ATen's was (0.10-0.23 ms
 # against 0.23-0.35 for 96-144 channels of 3x3 filters, one thread).  efficientnet_b0,
-# mobilenetv3_small_100 and mobilenet_v2 train steps took 5%, 10% and 3% less (one thread).
+# mobilenetv3_small_100 and mobilenet_v2 train steps took 5%, 6% and 6% less (two threads).
 MAX_PIXELS = 64
 
 
@@ -49,6 +49,14 @@ def applies(g: Node, x: Node, w: Node, groups: Any, spatial: list) -> bool:
     batch, _, rows, columns = (int(s) for s in g.meta.shape)
     return (len(spatial) == 3 and groups == channels == int(x.meta.shape[1]) and per_group == 1
             and kh * kw <= MAX_TAPS and batch * rows * columns <= MAX_PIXELS)
+
+
+def gradients(d: Any, g: Node, x: Node, w: Node, bias: Node | None, spatial: list) -> list:
+    """(value, gradient) pairs for the weight and, where it takes one, the bias."""
+    grads = [(w, weight_grad(d, g, x, w, spatial))]
+    if bias is not None and d.needs(bias):
+        grads.append((bias, d("sum", g, (0, 2, 3), False)))
+    return grads
 
 
 def weight_grad(d: Any, g: Node, x: Node, w: Node, spatial: list) -> Node:

@@ -402,13 +402,11 @@ def conv_rule(d: Any, node: Node, g: Node) -> list | None:
     spatial = [int_tuple(bound[k], w.meta.ndim - 2) for k in ("stride", "padding", "dilation")]
     if None in spatial:  # (a string padding too)
         return None
-    # (ATen's depthwise backward computes the weight's gradient for the bias's too)
+    # (a depthwise weight's and bias's gradients: passes/depthwise_grad.py's where it applies)
     ours = d.needs(w) and depthwise_grad.applies(g, x, w, bound["groups"], spatial)
+    grads = depthwise_grad.gradients(d, g, x, w, bias, spatial) if ours else []
     wanted = [(x, d.needs(x)), (w, d.needs(w) and not ours),
               (bias, bias is not None and d.needs(bias) and not ours)]
-    grads = [(w, depthwise_grad.weight_grad(d, g, x, w, spatial))] if ours else []
-    if ours and bias is not None and d.needs(bias):
-        grads.append((bias, d("sum", g, (0, 2, 3), False)))
     mask = tuple(need for _, need in wanted)
     if not any(mask):
         return grads

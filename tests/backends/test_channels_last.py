@@ -430,8 +430,14 @@ def conv_graph(device: str, cin: int, cout: int, groups: int = 1, grad: bool = F
     # inference: grouped convolutions weighed by their FLOPs
     (lambda: conv_graph("cuda", 128, 128, groups=2), "auto", False),
     (lambda: conv_graph("cuda", 128, 128, groups=128), "auto", True),
+    # the CPU: a mobile network's depthwise convolutions (layout.mobile), training too
+    (lambda: conv_graph("cpu", 64, 64, groups=64, grad=True), "auto", True),
+    (lambda: conv_graph("cpu", 64, 64, groups=64), "auto", True),
+    (lambda: conv_graph("cpu", 64, 64, groups=64), "off", False),
+    (lambda: conv_graph("cpu", 64, 64, groups=32, grad=True), "auto", False),
 ], ids=["cuda", "cpu", "forced", "off", "training", "training_forced", "grouped_inference",
-        "depthwise_inference"])
+        "depthwise_inference", "cpu_depthwise_training", "cpu_depthwise", "cpu_depthwise_off",
+        "cpu_grouped_training"])
 def test_decision(graph: object, mode: str, expected: bool) -> None:
     use, reason = decide(graph(), mode)  # type: ignore[operator]
     assert use == expected, reason

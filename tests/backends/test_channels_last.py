@@ -373,6 +373,40 @@ def test_resnet18_trains_channels_last(backend: str, capsys: pytest.CaptureFixtu
     assert minicompile.stats()["graphs"] == 1
 
 
+class SqueezeExcite(nn.Module):
+    """A depthwise convolution gated by a squeeze-excite block (MobileNetV3, EfficientNet):
+    its two convolutions read one pixel an image."""
+
+    def __init__(self, c: int = 16) -> None:
+        super().__init__()
+        self.dw = nn.Conv2d(c, c, 3, padding=1, groups=c, bias=False)
+        self.reduce, self.expand = nn.Conv2d(c, c // 4, 1), nn.Conv2d(c // 4, c, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = F.relu(self.dw(x))
+        gate = self.expand(F.relu(self.reduce(y.mean((2, 3), keepdim=True))))
+        return y * gate.sigmoid()
+
+
+def test_one_pixel_convolutions_get_channels_last_strides(
+        backend: str, capsys: pytest.CaptureFixture) -> None:
+    """A one-pixel tensor is both layouts, but PyTorch reads a convolution's layout off the
+    strides of every dim: the squeeze-excite's convolutions get their input and 1x1 weight
+    as channels-last views (no copies), or oneDNN would run them in NCHW with reorders.
+    "auto" chooses channels-last for this graph on the CPU (a depthwise convolution)."""
+    with config.patch(onednn=False, logs=frozenset({"graph", "output_code"})):
+        run_training(SqueezeExcite(), backend, images((2, 16, 8, 8), (2, 16, 8, 8)))
+    err = capsys.readouterr().err
+    if device_for(backend).type != "cpu":
+        return  # (CUDA training graphs keep eager's layout under "auto")
+    assert "oneDNN's depthwise convolutions are faster channels-last" in err
+    views = re.findall(r"reinterpret\(\w+, \((\d+), (\d+), 1, 1\), \((\d+), 1, (\d+), (\d+)\)\)",
+                       err)
+    assert {(int(o), int(i)) for o, i, *_ in views} == {(4, 16), (16, 4)}, views
+    assert all(int(a) == int(b) == int(c) for _, _, a, b, c in views), views
+    assert not re.search(r"to_channels_last\(%\d+\) : f32\[\d+, \d+, 1, 1\]", err)
+
+
 # -- the decision ---------------------------------------------------------------------------
 
 

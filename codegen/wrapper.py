@@ -20,8 +20,8 @@ from minicompile.ops import extern_module
 from minicompile.shapes import python_expr
 from minicompile.sym import size_symbols
 
-from minicompile.codegen import (combo, cpp, cpp_reduction, gemm_calls, triton, triton_reduction,
-                                 triton_tuning)
+from minicompile.codegen import (combo, cpp, cpp_column_split, gemm_calls, triton,
+                                 triton_reduction, triton_tuning)
 from minicompile.codegen.column_sums import ColumnPartials
 from minicompile.codegen.extern_text import (LAYOUT_HELPER, alias_text, device_literal,
                                              emit_extern, extern_comment, library_plans,
@@ -266,7 +266,7 @@ def kernel_text(plan: KernelPlan | combo.ComboPlan, backend: str, interpret: boo
         return combo.emit_triton(plan, interpret) if backend == "triton" else combo.emit_cpp(plan)
     if backend == "cpp":
         if plan.is_reduction:
-            return cpp_reduction.emit_reduction_kernel(plan)
+            return cpp_column_split.emit(plan)
         return cpp.CppKernel(plan).emit()
     if plan.is_reduction:
         return triton_reduction.TritonReductionKernel(plan, interpret).emit()

@@ -20,12 +20,12 @@ import sympy
 
 from minicompile.ir import Reduce
 
-from minicompile.codegen.common import KernelPlan, reduction_batches
+from minicompile.codegen import cpp_threads
+from minicompile.codegen.common import KernelPlan
 from minicompile.codegen.cpp_reduction import (COLUMN_BLOCK, COLUMN_COMBINE, COLUMN_SUM_BLOCK,
                                                CppColumnReductionKernel, _final_text, _identity,
                                                _sums_in_blocks, emit_reduction_kernel,
                                                reads_columns)
-from minicompile.codegen import cpp_threads
 from minicompile.codegen.cpp_threads import Parallel, plan_parallel
 
 CHUNKS = 64  # chunks of the reduced points, at most (fixed: results do not depend on threads)
@@ -87,17 +87,9 @@ class CppSplitColumnKernel(CppColumnReductionKernel):
                     w.line(f"float {acc}_part[{COLUMN_BLOCK}];")
             self.lanes(lambda: [w.line(f"{acc}[lane] = {_identity(red, ctype)};")
                                 for red, acc, ctype in accs], indexed=False)
-
-            def body() -> None:
-                for red, acc, ctype in accs:
-                    v = self.value(red.x)
-                    if acc in blocked:
-                        acc, ctype = f"{acc}_part", "float"
-                    combined = COLUMN_COMBINE[red.op].format(acc=f"{acc}[lane]", v=v, t=ctype)
-                    w.line(f"{acc}[lane] = {combined};")
-
             self.in_chunk = True
-            self.element_loops(0, body, None, simd=True, blocked=blocked)
+            self.element_loops(0, lambda: self.lane_updates(accs, blocked), None, simd=True,
+                               blocked=blocked)
             self.in_chunk = False
             self.lanes(lambda: [w.line(f"{acc}_chunks[chunk * {COLUMN_BLOCK} + lane] = "
                                        f"{acc}[lane];") for _, acc, _ in accs], indexed=False)

@@ -408,20 +408,13 @@ class CppColumnReductionKernel(CppReductionKernel):
             for red, acc, ctype in accs:
                 self.w.line(f"{acc}[lane] = {_identity(red, ctype)};")
 
-        def body() -> None:
-            for red, acc, ctype in accs:
-                v = self.value(red.x)
-                if acc in blocked:
-                    acc, ctype = f"{acc}_part", "float"
-                combined = COLUMN_COMBINE[red.op].format(acc=f"{acc}[lane]", v=v, t=ctype)
-                self.w.line(f"{acc}[lane] = {combined};")
-
         def finish() -> None:
             for (red, acc, _), out in zip(accs, outs):
                 self.w.line(f"{out}[lane] = {_final_text(red, f'{acc}[lane]', None)};")
 
         self.lanes(start, indexed=False)
-        self.element_loops(0, body, None, simd=True, blocked=blocked)
+        self.element_loops(0, lambda: self.lane_updates(accs, blocked), None, simd=True,
+                           blocked=blocked)
         outs = []
         for red, *_ in accs:
             outs.append(f"tmp{self.count}")
@@ -430,6 +423,17 @@ class CppColumnReductionKernel(CppReductionKernel):
         self.lanes(finish, indexed=False)
         for (red, *_), out in zip(accs, outs):
             self.names[red] = f"{out}[lane]"
+
+
+    def lane_updates(self, accs: list[tuple[Reduce, str, str]], blocked: list[str]) -> None:
+        """Each accumulator's lane combined with its value at this point (a float sum of
+        ``blocked`` into its float partial)."""
+        for red, acc, ctype in accs:
+            v = self.value(red.x)
+            if acc in blocked:
+                acc, ctype = f"{acc}_part", "float"
+            combined = COLUMN_COMBINE[red.op].format(acc=f"{acc}[lane]", v=v, t=ctype)
+            self.w.line(f"{acc}[lane] = {combined};")
 
 
 def emit_reduction_kernel(plan: KernelPlan) -> str:

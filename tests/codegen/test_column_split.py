@@ -10,16 +10,15 @@ import re
 import pytest
 import torch
 import torch.nn.functional as F
-
-import minicompile
+from graph_builder import GraphBuilder, compile_graph_text
 from minicompile.codegen import cpp_threads
 
-from graph_builder import GraphBuilder, compile_graph_text
+import minicompile
 
 
 def kernels(b: GraphBuilder) -> list[str]:
     source = compile_graph_text(b.graph, "cpp").code.cpp_source
-    return re.findall(r'extern "C" void \w+\(.*?\n\}\n', source, re.S)
+    return re.findall(r'extern "C" void \w+\(.*?\n\}\n', source, re.DOTALL)
 
 
 def column_sum(rows: int, columns: int) -> GraphBuilder:

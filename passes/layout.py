@@ -180,7 +180,7 @@ def _metas(meta: Any) -> tuple:
 class _Rewrite:
     def __init__(self, graph: Graph, packed: bool = False) -> None:
         self.graph = graph
-        self.packed = packed  # oneDNN packs the weights: their strides do not matter
+        self.packed = packed  # oneDNN packs the weights (passes/onednn_conv.py): keep them
         self.new = Graph(graph.name, graph.shapes, graph.derived)
         self.hints = graph.shapes.hints if graph.shapes is not None else {}
         self.moved: set[Node] = set()  # new nodes whose layout differs from the original's
@@ -197,12 +197,12 @@ class _Rewrite:
             self.copies[args] = self.new.call(op, args, {}, meta, stack)
         return self.copies[args]
 
-    def channels_last(self, x: Node, stack: tuple) -> Node:
+    def channels_last(self, x: Node, stack: tuple, weight: bool = False) -> Node:
         wanted = dense_strides(x.meta.shape, CHANNELS_LAST)
         if all(sympy.expand(a - b) == 0 for a, b in zip(x.meta.stride, wanted)):
             return x
         n, c, *spatial = x.meta.shape
-        if all(s == 1 for s in spatial) and c != 1 and not self.packed:
+        if all(s == 1 for s in spatial) and c != 1 and not (weight and self.packed):
             return self.pixel_rows(x, stack)
         if same_layout(x.meta, dataclasses.replace(x.meta, stride=wanted)):
             return x  # channels-last along every dim longer than 1
@@ -233,7 +233,7 @@ class _Rewrite:
         if convolution:
             # cuDNN's tensor-core kernels want NHWC input and weight.
             args = (self.channels_last(args[0], node.stack),
-                    self.channels_last(args[1], node.stack), *args[2:])
+                    self.channels_last(args[1], node.stack, weight=True), *args[2:])
         meta = node.meta
         moved = any(a in self.moved for a in flatten_nodes((args, kwargs)))
         if moved and node.target in READS_STRIDES:

@@ -84,12 +84,13 @@ def decide(graph: Graph, mode: str, packed: bool = False) -> tuple[bool, str]:
 def mobile(convs: list[Node], hints: dict) -> bool:
     """A mobile network's convolutions (MobileNet, EfficientNet): some depthwise (one filter
     a channel), the others depthwise, 1x1, or a stem (at most 4 input channels).  On the
-    CPU oneDNN runs those faster channels-last, by more the more threads: forced
-    channels-last, a train step of mobilenet_v2 took 0.66 of its time on 16 threads and
-    0.95 on 2, mobilenetv3_small 0.65-0.83 and 0.94-1.0, efficientnet_b0 0.96-1.11 and
-    0.99-1.06 (one thread's CPU time: 0.94-0.99).  Dense k x k convolutions lose there:
-    resnet18 1.6-1.9, resnext26ts 1.2-1.4, densenet121 1.2 (their weights are transposed
-    each step, and oneDNN's channels-last 3x3 on few pixels is slower)."""
+    CPU oneDNN runs those faster channels-last, by more the more threads.  A train step
+    with this rule over one without it (one process, interleaved): on 16 threads
+    mobilenetv3_small 0.55, efficientnet_b0 0.84, mobilenet_v2 0.66; on one thread (CPU
+    time) 0.98, 1.02, 0.97.  Forced channels-last, graphs with dense k x k convolutions
+    lost: resnet18 1.6-1.9 of its time, resnext26ts 1.2-1.4, densenet121 1.2 (their
+    weights are transposed each step, and oneDNN's channels-last 3x3 on few pixels is
+    slower)."""
     def kind(conv: Node) -> str:
         x, w = conv.args[0].meta, conv.args[1].meta
         c_in, per_group = _number(x.shape[1], hints), _number(w.shape[1], hints)

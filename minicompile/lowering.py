@@ -82,6 +82,12 @@ def broadcast_to(v: Value, shape: tuple[sympy.Expr, ...]) -> Expr:
     return substitute_index(v.expr, {a: b for a, b in mapping.items() if a != b})
 
 
+def _contiguous_dim(meta: TensorMeta) -> int | None:
+    """The dim of unit stride (among dims longer than 1) of a static layout, else None."""
+    dims = [d for d, (n, st) in enumerate(zip(meta.shape, meta.stride)) if n != 1 and st == 1]
+    return dims[-1] if dims else None
+
+
 def _cast(e: Expr, dtype: torch.dtype) -> Expr:
     if e.dtype == dtype:
         return e
@@ -419,6 +425,12 @@ class Lowering:
         # pad = (last dim's before, after, the one before it's before, after, ...)
         sides = {len(meta.shape) - 1 - k: (pad[2 * k], pad[2 * k + 1])
                  for k in range(len(pad) // 2) if pad[2 * k] or pad[2 * k + 1]}
+        if _contiguous_dim(x.meta) not in sides:
+            # Its readers loop over the padded dims outside their vectorised loop, and the
+            # cat is a branch inside it that GCC does not hoist: a channels-last depthwise
+            # weight gradient's taps (passes/depthwise_grad.py) took 1.04-1.10x the step
+            # time of the library call writing the padded tensor once (one thread).
+            return None
         x_value = self.values[x]
         shifted = {out[d]: out[d] - before for d, (before, _) in sides.items()}
         expr = _cast(substitute_index(x_value.expr, shifted), meta.dtype)

@@ -425,11 +425,12 @@ class Lowering:
         # pad = (last dim's before, after, the one before it's before, after, ...)
         sides = {len(meta.shape) - 1 - k: (pad[2 * k], pad[2 * k + 1])
                  for k in range(len(pad) // 2) if pad[2 * k] or pad[2 * k + 1]}
-        if _contiguous_dim(x.meta) not in sides:
+        if meta.device.type == "cpu" and _contiguous_dim(x.meta) not in sides:
             # Its readers loop over the padded dims outside their vectorised loop, and the
             # cat is a branch inside it that GCC does not hoist: a channels-last depthwise
             # weight gradient's taps (passes/depthwise_grad.py) took 1.04-1.10x the step
-            # time of the library call writing the padded tensor once (one thread).
+            # time of the library call writing the padded tensor once (one thread).  (A
+            # Triton kernel's cat is a select over masked loads, with no branch.)
             return None
         x_value = self.values[x]
         shifted = {out[d]: out[d] - before for d, (before, _) in sides.items()}

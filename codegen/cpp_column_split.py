@@ -70,7 +70,8 @@ class CppSplitColumnKernel(CppColumnReductionKernel):
 
     def reduce_batch(self, batch: list[Reduce]) -> None:
         """Each chunk (in parallel) accumulates the batch's reductions over its points
-        into its slice of ``part{k}``; then each column combines its chunks' partials."""
+        into its row of ``acc{k}_chunks``; then each column combines its chunks' partials
+        in chunk order (a chunk past the last point keeps the identity)."""
         w, chunks = self.w, self.chunks
         accs = []
         for red in batch:

@@ -6,11 +6,16 @@ what it measured): the deep stages of a CNN on small images (resnext50's 2x2 pix
 Only for float32 and float64 on the CPU, static sizes, a contiguous input and result
 (channels-last ones are passes/layout.py's); any other convolution stays the
 call it was.  From 16 pixels on the convolution was the faster (by 4-90%, 13 shapes
-measured on one thread), so the rule stops below; on one pixel an image (a squeeze-excite
-block's convolutions) it was too (0.010-0.016 ms against 0.017-0.022 for 576 <-> 144
-channels, one thread), so the rule starts above.  A convolution of a parameter in float32
+measured on one thread), so the rule stops below.  A convolution of a parameter in float32
 runs on a packed oneDNN weight instead where it can (passes/onednn_conv.py, which is
 faster still: 0.11 ms against 0.31 for 1024 channels on 2x2 pixels).
+
+One pixel an image (a squeeze-excite block's convolutions), in any layout and with any
+stride, is one ``F.linear`` between views (:func:`_pixel_product`), in inference too: on one
+thread the two were alike (4-15 us forward, 11-38 backward, 32 -> 8 up to 1152 -> 48
+channels), but from two threads on oneDNN's convolution took 33-60 us and its backward
+90-140, against 6-15 and 11-41 for the products; train steps on two threads took 0.73
+(mobilenetv3_small) and 0.87 (efficientnet_b0) of their time as convolutions.
 
 A convolution that takes a gradient (stride 1) becomes the same product in graph ops
 instead (:func:`_rows_product`: its pixel rows, ``F.linear``, the result back in eager's
@@ -59,11 +64,13 @@ def as_product(node: Node) -> tuple[Node, Node, Node | None, tuple[int, int]] | 
             or int_tuple(bound["padding"], 2) != (0, 0) or int_tuple(bound["dilation"], 2) != (1, 1)
             or bound["groups"] != 1):
         return None
+    n, _, h, width = (int(s) for s in meta.shape)
+    if tuple(int(s) for s in x.meta.shape[2:]) == (1, 1):
+        return x, w, bound["bias"], (1, 1)  # one pixel an image: any layout, any stride
     if not all(contiguous(m) for m in (x.meta, meta)):
         return None  # channels-last (passes/layout.py chose it for oneDNN): left to it
-    n, _, h, width = (int(s) for s in meta.shape)
     if not 1 < h * width <= n * h * width <= MAX_PIXELS:
-        return None  # one pixel an image, or too many
+        return None  # too many pixels
     if node.requires_grad and stride != (1, 1):
         return None  # (its input's gradient would be a strided scatter)
     return x, w, bound["bias"], stride
@@ -81,6 +88,8 @@ def convs_as_products(graph: Graph) -> tuple[Graph, str]:
         if node not in found:
             return None
         x, w, bias, stride = found[node]
+        if tuple(int(s) for s in x.meta.shape[2:]) == (1, 1):
+            return _pixel_product(_Builder(new, node), remap(x), remap(w), remap(bias))
         if node.requires_grad:
             return _rows_product(_Builder(new, node), remap(x), remap(w), remap(bias))
         return new.call(op, (remap(x), remap(w), remap(bias), stride), {}, node.meta,
@@ -99,3 +108,17 @@ def _rows_product(b: _Builder, x: Node, w: Node, bias: Node | None) -> Node:
     product = b(ops.extern_op(F.linear), rows, b("reshape", w, (out, c)), bias)
     pixels = b("permute", b("reshape", product, (n, h, width, out)), (0, 3, 1, 2))
     return b("to_eager_layout", pixels, plain(b.origin.meta.stride))
+
+
+def _pixel_product(b: _Builder, x: Node, w: Node, bias: Node | None) -> Node:
+    """``F.conv2d(x, w, bias)`` of a 1x1 ``w`` over one pixel an image (a squeeze-excite
+    block's) as views around one ``F.linear``, the result in the convolution's strides."""
+    n, c = (int(s) for s in x.meta.shape[:2])
+    out = int(w.meta.shape[0])
+    product = b(ops.extern_op(F.linear), b("reshape", x, (n, c)), b("reshape", w, (out, c)),
+                bias)
+    want = plain(b.origin.meta.stride)
+    if want == (out, 1, out, out):  # channels-last
+        return b("permute", b("reshape", product, (n, 1, 1, out)), (0, 3, 1, 2))
+    pixels = b("reshape", product, (n, out, 1, 1))
+    return pixels if want == (out, 1, 1, 1) else b("to_eager_layout", pixels, want)

@@ -4,6 +4,7 @@ match eager, and every other convolution stays the call it was."""
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import torch
 import torch.nn.functional as F
@@ -34,13 +35,18 @@ def test_only_small_1x1_convolutions_become_products() -> None:
     assert PRODUCT not in _conv(2, kernel=2)  # a 2x2 kernel
     assert PRODUCT not in _conv(2, groups=2)
     assert PRODUCT not in _conv(2, stride=2)  # 1 output pixel: the convolution is faster
+    for stride in (1, 2):  # one input pixel: a linear between views, in any layout
+        text = _conv(1, stride=stride)
+        assert "torch.nn.functional.linear" in text and "conv2d" not in text
+        assert PRODUCT not in text and "to_eager_layout" not in text
 
 
 def net(x: torch.Tensor, w1: torch.Tensor, b1: torch.Tensor, w2: torch.Tensor,
         w3: torch.Tensor) -> torch.Tensor:
     y = F.relu(F.conv2d(x, w1, b1))  # 2x2 pixels: a product
     z = F.conv2d(x, w2, stride=2)  # 1x1 pixel: the convolution is the faster
-    return F.conv2d(y, w3, padding=1).sum() + z.sum(), y * 2, z
+    gate = F.conv2d(x.mean((2, 3), keepdim=True), w1, b1)  # one pixel in: a linear
+    return F.conv2d(y, w3, padding=1).sum() + z.sum(), y * 2, z, gate
 
 
 def strides(t: torch.Tensor) -> list[int]:
@@ -61,11 +67,13 @@ def test_products_match_eager(backend: str, device: torch.device) -> None:
 
 
 def block(x: torch.Tensor, w1: torch.Tensor, b1: torch.Tensor, w2: torch.Tensor,
-          w3: torch.Tensor) -> torch.Tensor:
-    """An inverted-residual tail on 2x2 pixels: 1x1 expand (bias), depthwise 3x3, 1x1
-    project; the 1x1s are products in training too, the 3x3 stays a convolution."""
+          w3: torch.Tensor, w4: torch.Tensor) -> torch.Tensor:
+    """An inverted-residual tail on 2x2 pixels: 1x1 expand (bias), depthwise 3x3, a gate
+    from the pixels' mean (one pixel, 1x1), 1x1 project; the 1x1s are products in training
+    too, the 3x3 stays a convolution."""
     y = F.silu(F.conv2d(x, w1, b1))
     y = F.conv2d(y, w2, padding=1, groups=w2.shape[0])
+    y = y * F.conv2d(y.mean((2, 3), keepdim=True), w4).sigmoid()
     return F.conv2d(y, w3) + x
 
 
@@ -73,10 +81,12 @@ def test_products_take_gradients_as_eager() -> None:
     """A train step: the 1x1 convolutions that take a gradient are pixel-row products
     forward and backward (no convolution backward for them), values and gradients as
     eager's on fresh values at each of two calls."""
-    shapes = ((2, 24, 2, 2), (96, 24, 1, 1), (96,), (96, 1, 3, 3), (24, 96, 1, 1))
+    shapes = ((2, 24, 2, 2), (96, 24, 1, 1), (96,), (96, 1, 3, 3), (24, 96, 1, 1),
+              (96, 96, 1, 1))
     compiled = minicompile.compile(block, backend="cpp")
     for _ in range(2):
-        args = [torch.randn(s, requires_grad=True) for s in shapes]
+        # (weights at 1/sqrt(fan-in), as nn.Conv2d's: the float32 sums stay near 1)
+        args = [(torch.randn(s) / math.prod(s[1:]) ** 0.5).requires_grad_() for s in shapes]
         got = compiled(*args)
         want = block(*args)
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)

@@ -18,6 +18,7 @@ import torch
 from minicompile.ir import (LOW_PRECISION, Cat, Expr, IndexExpr, IndirectLoad, Load, Op,
                             divides_by_values, map_loads, walk)
 from minicompile.op_table import ROWS
+from minicompile.sym import FloorDiv, ModularIndexing, simplify_bounded
 
 from minicompile.codegen.common import CodeWriter, KernelPlan, Store, checks_values, text_sections
 from minicompile.codegen.cpp_threads import Parallel, plan_parallel
@@ -77,22 +78,46 @@ def cat_spans(plan: KernelPlan, x: sympy.Symbol, size: sympy.Expr) -> list | Non
     pieces, as ``(lo, hi)`` spans; None where there are none, or a boundary is symbolic.
     Each span's loop then computes its pieces without the per-element branch, which keeps
     the compiler from vectorising (a chunk's gradient: the pieces' values added)."""
-    cats = [e for st in plan.stores for e in walk(st.value) if isinstance(e, Cat) and e.index == x]
-    if not cats or not size.is_Integer or any(not s.is_Integer for c in cats for s in c.starts):
+    cats = [(e, step) for st in plan.stores for e in walk(st.value)
+            if isinstance(e, Cat) and (step := _cat_step(e.index, x))]
+    if not cats or not size.is_Integer or any(not s.is_Integer for c, _ in cats for s in c.starts):
         return None
-    cuts = sorted({int(s) for c in cats for s in c.starts if 0 < int(s) < int(size)})
+    cuts = sorted({int(s) * step for c, step in cats for s in c.starts
+                   if 0 < int(s) * step < int(size)})
     edges = [0, *cuts, int(size)]
     return list(pairwise(edges)) if 0 < len(cuts) < MAX_SPANS else None
 
 
-def pieces_at(plan: KernelPlan, x: sympy.Symbol, position: int) -> KernelPlan:
-    """``plan`` with each cat along ``x`` replaced by its piece at ``position`` (ir.make_cat
-    picks it for a constant position): the body of a :func:`cat_spans` span's loop."""
-    def at(index: sympy.Expr) -> sympy.Expr:
-        return sympy.Integer(position) if index == x else index
+def _cat_step(index: sympy.Expr, x: sympy.Symbol) -> int | None:
+    """How many steps of loop ``x`` one step of a cat's ``index`` is: 1 for ``x`` itself,
+    ``k`` for ``x // k`` (a cat along a dim that a reshape merged into the loop's, as the
+    stacked q, k and v gradients of a fused projection); None for any other index."""
+    if index == x:
+        return 1
+    if isinstance(index, FloorDiv) and index.args[0] == x and index.args[1].is_Integer:
+        return int(index.args[1])
+    return None
 
-    return dataclasses.replace(plan, stores=tuple(
-        dataclasses.replace(st, value=map_loads(st.value, lambda e: e, index=at))
+
+def pieces_at(plan: KernelPlan, x: sympy.Symbol, span: tuple[int, int]) -> KernelPlan:
+    """``plan`` with each cat along ``x`` replaced by its piece in ``span`` (ir.make_cat
+    picks it for a constant position): the body of a :func:`cat_spans` span's loop.  The
+    indices are worked out for ``x`` in the span: a q/k/v piece's ``(r0 % 64) + 64*((r0 //
+    64) % 3)`` over [192, 384) is ``r0 - 192``, a contiguous load the compiler vectorises."""
+    lo, hi = span
+
+    def at(index: sympy.Expr) -> sympy.Expr:
+        step = _cat_step(index, x)
+        return sympy.Integer(lo // step) if step else index
+
+    def within(e: Expr) -> Expr:
+        if isinstance(e, IndirectLoad) or not e.index.has(FloorDiv, ModularIndexing):
+            return e
+        index = simplify_bounded(e.index.xreplace({x: x + lo}), {x: hi - lo})
+        return e.with_index(sympy.expand(index.xreplace({x: x - lo})))
+
+    return dataclasses.replace(plan, stores=tuple(  # (a reduction spans every piece)
+        dataclasses.replace(st, value=map_loads(st.value, within, at, reductions=False))
         for st in plan.stores))
 
 
@@ -155,7 +180,7 @@ class CppKernel(ExprEmitter):
                 self.count = 0
                 whole = self.plan
                 if spans:  # this span's piece of each cat along x, without a branch
-                    self.plan = pieces_at(whole, x, lo)
+                    self.plan = pieces_at(whole, x, (lo, hi))
                 self.emit_body()
                 self.plan = whole
 

@@ -23,7 +23,7 @@ import torch
 from minicompile.ir import LOW_PRECISION, Expr, Load, Op, Reduce, walk
 
 from minicompile.codegen.common import KernelPlan, Store, reduction_batches
-from minicompile.codegen.cpp import CPP, CppKernel
+from minicompile.codegen.cpp import CPP, CppKernel, cat_spans, pieces_at
 from minicompile.codegen.cpp_threads import EXPENSIVE, plan_parallel
 from minicompile.codegen.emitter import reduction_identity
 from minicompile.codegen.printers import cpp_index
@@ -153,17 +153,21 @@ class CppReductionKernel(CppKernel):
         reread = {x: s for x, s in self.kept.items() if any(s is e for e in elem)}
         sums = p.column_sums
         self.hoist([s.value for s in elem + list(sums)])
+        position = {id(s): k for k, s in enumerate(p.stores)}
+        elem_at, sums_at = ([position[id(s)] for s in group] for group in (elem, sums))
 
         def body() -> None:
+            stores = self.plan.stores  # (in a cat span's loop, its pieces: element_loops)
             for x, store in reread.items():  # (stored by the reduction's pass)
                 self.names[x] = self.fresh(self.stored(store), CPP.compute(x.dtype))
-            for s in elem:
-                self.emit_body_store(s)
-            for k, s in enumerate(sums):  # (dense: its index is the column's)
-                self.w.line(f"col{k}[{cpp_index(s.index)}] += {self.value(s.value)};")
+            for k in elem_at:
+                self.emit_body_store(stores[k])
+            for j, k in enumerate(sums_at):  # (dense: its index is the column's)
+                s = stores[k]
+                self.w.line(f"col{j}[{cpp_index(s.index)}] += {self.value(s.value)};")
 
         if elem or sums:
-            self.element_loops(0, body, None, simd=True)
+            self.element_loops(0, body, None, simd=True, pieces=True)
         self.row_stores([s for s in p.stores if s.level == "x"])
 
     def kept_operands(self, elem: list[Store]) -> dict[Expr, Store]:
@@ -235,10 +239,12 @@ class CppReductionKernel(CppKernel):
         return f"acc{self.accs - 1}", accumulator_type(red)
 
     def element_loops(self, depth: int, body, clause: str | None, simd: bool,
-                      blocked: list[str] = ()) -> None:
+                      blocked: list[str] = (), pieces: bool = False) -> None:
         """The reduced loops around ``body``, the innermost ``omp simd`` with ``clause``;
         each float sum of ``blocked`` adds a float ``{acc}_part`` per :data:`SUM_BLOCK`
-        elements of the innermost loop into its double ``acc``."""
+        elements of the innermost loop into its double ``acc``.  ``pieces``: ``body``
+        reads its stores off ``self.plan``, so a cat along the innermost loop becomes one
+        loop per piece (``cpp.cat_spans``), without the per-element branch."""
         p = self.plan
         if depth == len(p.rvars):
             saved = dict(self.names)
@@ -246,11 +252,16 @@ class CppReductionKernel(CppKernel):
             self.names = saved  # per-element values end with the loop
             return
         r, size = p.rvars[depth], p.rranges[depth]
+        innermost = depth == len(p.rvars) - 1
         if depth < len(p.rvars) - 1 or not blocked:
-            if depth == len(p.rvars) - 1 and simd:
-                self.w.line("#pragma omp simd" + (f" {clause}" if clause else ""))
-            with self.w.block(f"for (int64_t {r} = 0; {r} < {cpp_index(size)}; ++{r})"):
-                self.element_loops(depth + 1, body, clause, simd, blocked)
+            spans = cat_spans(p, r, size) if innermost and pieces else None
+            for lo, hi in spans or [(0, cpp_index(size))]:
+                if innermost and simd:
+                    self.w.line("#pragma omp simd" + (f" {clause}" if clause else ""))
+                with self.w.block(f"for (int64_t {r} = {lo}; {r} < {hi}; ++{r})"):
+                    self.plan = pieces_at(p, r, (lo, hi)) if spans else p
+                    self.element_loops(depth + 1, body, clause, simd, blocked, pieces)
+                    self.plan = p
             return
 
         def inner(start: str, stop: str) -> None:
@@ -356,10 +367,11 @@ class CppColumnReductionKernel(CppReductionKernel):
             self.names = saved  # per-column values end with the loop
 
     def element_loops(self, depth: int, body, clause: str | None, simd: bool,
-                      blocked: list[str] = ()) -> None:
+                      blocked: list[str] = (), pieces: bool = False) -> None:
         """The reduced loops, the block's lanes inside; float sums of ``blocked`` add
         per-lane float partials over :data:`COLUMN_SUM_BLOCK` iterations of the innermost
-        reduced loop into their double accumulators."""
+        reduced loop into their double accumulators.  (``pieces`` is the row kernel's: here
+        a cat along a reduced loop branches outside the lanes, once per iteration.)"""
         p = self.plan
         if depth == len(p.rvars):
             self.lanes(body)

@@ -241,10 +241,12 @@ def map_loads(
     expr: Expr,
     fn: Callable[[Load | IndexExpr], Expr],
     index: Callable[[sympy.Expr], sympy.Expr] | None = None,
+    reductions: bool = True,
 ) -> Expr:
     """Rebuild ``expr`` with every Load and IndexExpr (the leaves that carry an index)
     replaced by ``fn(leaf)``, shared subtrees once; ``index`` re-expresses a Cat's position
-    (a caller that moves the loads' indices must pass the same re-indexing)."""
+    (a caller that moves the loads' indices must pass the same re-indexing).  Without
+    ``reductions``, a Reduce is kept whole (it spans every position of its loops)."""
     memo: dict[int, Expr] = {}
 
     def visit(e: Expr) -> Expr:
@@ -260,7 +262,7 @@ def map_loads(
             elif isinstance(e, Cast):
                 memo[key] = Cast(visit(e.x), e.dtype)
             elif isinstance(e, Reduce):
-                memo[key] = Reduce(e.op, visit(e.x), e.dtype)
+                memo[key] = Reduce(e.op, visit(e.x), e.dtype) if reductions else e
             elif isinstance(e, Cat):
                 where = index(e.index) if index is not None else e.index
                 memo[key] = make_cat(where, e.starts, tuple(visit(p) for p in e.pieces), e.dtype)

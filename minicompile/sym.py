@@ -113,7 +113,44 @@ def simplify_bounded(expr: sympy.Expr, bounds: dict) -> sympy.Expr:
 
     if not expr.has(FloorDiv, ModularIndexing):
         return expr
+    expr = merge_digits(sympy.expand(expr))
     return sympy.expand(expr.replace(FloorDiv, floor_div).replace(ModularIndexing, modular))
+
+
+def merge_digits(expr: sympy.Expr) -> sympy.Expr:
+    """``expr`` with neighbouring digits of one index merged: ``c*((b // d) % m) +
+    c*m*((b // (d*m)) % n)`` is ``c*((b // d) % (m*n))``, and ``c*m*(b // (d*m))`` in the
+    second term's place makes ``c*(b // d)`` (a dim a reshape split, read back merged:
+    ``(r % 64) + 64*((r // 64) % 3)`` is ``r % 192``)."""
+    terms = list(sympy.Add.make_args(expr))
+    merged = True
+    while merged:
+        merged = False
+        for i, j in ((i, j) for i in range(len(terms)) for j in range(len(terms)) if i != j):
+            both = _digit(terms[i]), _digit(terms[j])
+            if None in both:
+                continue
+            (c1, b1, d1, m1), (c2, b2, d2, m2) = both
+            if b1 != b2 or m1 is None or d2 != d1 * m1 or c2 != c1 * m1:
+                continue
+            whole = FloorDiv(b1, d1) if m2 is None else ModularIndexing(b1, d1, m1 * m2)
+            terms = [t for k, t in enumerate(terms) if k not in (i, j)] + [c1 * whole]
+            merged = True
+            break
+    return sympy.Add(*terms)
+
+
+def _digit(term: sympy.Expr) -> tuple | None:
+    """``term`` as (coefficient, base, divisor, modulus) of ``c*((b // d) % m)``, modulus
+    None for ``c*(b // d)``; None for a term of another form."""
+    coeff, rest = term.as_coeff_Mul()
+    if not coeff.is_Integer:
+        return None
+    if isinstance(rest, ModularIndexing) and rest.args[1].is_Integer and rest.args[2].is_Integer:
+        return int(coeff), rest.args[0], int(rest.args[1]), int(rest.args[2])
+    if isinstance(rest, FloorDiv) and rest.args[1].is_Integer:
+        return int(coeff), rest.args[0], int(rest.args[1]), None
+    return None
 
 
 def _is_poly_int(expr: sympy.Expr) -> bool:

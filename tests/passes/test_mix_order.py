@@ -12,7 +12,7 @@ from minicompile.passes.fusion import fuse
 from minicompile.passes.mix_order import mix
 from minicompile.passes.pipeline import run_graph_passes
 from minicompile.passes.split_reductions import split_reductions
-from minicompile.sym import FloorDiv, ModularIndexing, index_symbol, simplify_bounded
+from minicompile.sym import FloorDiv, ModularIndexing, index_symbol, merge_digits, simplify_bounded
 
 from graph_builder import GraphBuilder
 
@@ -89,3 +89,19 @@ def test_a_reshape_that_merges_rows_joins_the_row_kernel() -> None:
     read = 768 * FloorDiv(flat, 12) + 64 * ModularIndexing(flat, 1, 12)
     assert simplify_bounded(read, {p0: 2, p1: 12}) == 768 * p0 + 64 * p1
     assert simplify_bounded(FloorDiv(flat, 12), {p0: 2, p1: 13}) == FloorDiv(flat, 12)
+
+
+def test_neighbouring_digits_of_an_index_merge() -> None:
+    """``(r % 64) + 64*((r // 64) % 3)`` (a dim a reshape split, read back merged) is
+    ``r % 192``, which the bounds of a loop over [0, 192) make ``r``; with a floor division
+    in the second digit's place the whole is ``r // 1``, i.e. ``r``."""
+    r, x = index_symbol("r0"), index_symbol("x0")
+    split = ModularIndexing(r, 1, 64) + 64 * ModularIndexing(r, 64, 3)
+    assert merge_digits(split + 576 * x) == ModularIndexing(r, 1, 192) + 576 * x
+    assert simplify_bounded(split + 576 * x, {r: 192}) == r + 576 * x
+    assert merge_digits(2 * ModularIndexing(r, 4, 8) + 16 * FloorDiv(r, 32)) == 2 * FloorDiv(r, 4)
+    # digits of other strides, or of other bases, stay apart
+    other = 64 * ModularIndexing(x, 64, 3)
+    assert merge_digits(split + other) == ModularIndexing(r, 1, 192) + other
+    assert merge_digits(ModularIndexing(r, 1, 64) + 32 * ModularIndexing(r, 64, 3)) == \
+        ModularIndexing(r, 1, 64) + 32 * ModularIndexing(r, 64, 3)

@@ -115,10 +115,11 @@ class CppSplitColumnKernel(CppColumnReductionKernel):
             self.names[red] = f"{out}[lane]"
 
     def element_loops(self, depth: int, body, clause: str | None, simd: bool,
-                      blocked: list[str] = ()) -> None:
+                      blocked: list[str] = (), pieces: bool = False) -> None:
         """The flattened reduced points: a chunk's (in blocks of :data:`COLUMN_SUM_BLOCK`
         points for float sums), or all of them shared among threads; the reduced loop
-        variables from ``rflat``, the block's lanes inside."""
+        variables from ``rflat``, the block's lanes inside (``pieces``: as the column
+        kernel's)."""
         w = self.w
         if self.in_chunk:
             start = f"chunk * {self.size}"

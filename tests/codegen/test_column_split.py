@@ -87,6 +87,7 @@ def test_split_columns_match_eager(threads: int, monkeypatch: pytest.MonkeyPatch
                 for e, g in zip(*(v if isinstance(v, tuple) else (v,) for v in (expected, got))):
                     assert g.dtype == e.dtype and g.stride() == e.stride()
                     torch.testing.assert_close(g, e, equal_nan=True, rtol=1e-5, atol=1e-5)
+        assert minicompile.stats()["eager_fallbacks"] == 0  # (the values alone would pass)
     finally:
         torch.set_num_threads(saved)
 

@@ -160,7 +160,7 @@ class CppKernel(ExprEmitter):
             self.emit_body()
         else:
             # the innermost loop is the simd loop: shared only when it is the only one
-            self.parallel = plan_parallel(p, p.ranges[:-1] or p.ranges)
+            self.parallel = plan_parallel(p, p.ranges[:-1] or p.ranges, p.loop_vars)
             self._loops(0, ranges)
 
     def _loops(self, depth: int, ranges: list[str]) -> None:

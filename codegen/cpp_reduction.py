@@ -24,7 +24,7 @@ from minicompile.ir import LOW_PRECISION, Expr, Load, Op, Reduce, walk
 
 from minicompile.codegen.common import KernelPlan, Store, reduction_batches
 from minicompile.codegen.cpp import CPP, CppKernel, cat_spans, pieces_at
-from minicompile.codegen.cpp_threads import EXPENSIVE, plan_parallel
+from minicompile.codegen.cpp_threads import EXPENSIVE, line_iterations, plan_parallel
 from minicompile.codegen.emitter import reduction_identity
 from minicompile.codegen.printers import cpp_index
 
@@ -85,7 +85,7 @@ class CppReductionKernel(CppKernel):
     def emit_loops(self) -> None:
         p = self.plan
         ranges = [cpp_index(r) for r in p.ranges]
-        self.parallel = plan_parallel(p, self.shared_loops())
+        self.parallel = plan_parallel(p, self.shared_loops(), self.shared_vars())
         if p.column_sums:
             self.chunked_rows()
         elif ranges:
@@ -101,6 +101,8 @@ class CppReductionKernel(CppKernel):
         rows, columns = int(p.numel), int(p.rnumel)
         chunks = max(1, min(rows // MIX_ROWS, MIX_CHUNKS))
         size = -(-rows // chunks)
+        line = line_iterations(p, p.loop_vars[-1])  # (no two chunks write into one line)
+        size = -(-size // line) * line
         chunks = -(-rows // size)
         sums = p.column_sums
         w.line(f"double* part = new double[{len(sums) * chunks * columns}]();")
@@ -130,6 +132,11 @@ class CppReductionKernel(CppKernel):
     def shared_loops(self) -> list[sympy.Expr]:
         """The trip counts of the loops that may run in parallel: the kept (row) loops."""
         return list(self.plan.ranges)
+
+    def shared_vars(self) -> tuple[sympy.Symbol, ...]:
+        """The loop variables of the first of :meth:`shared_loops`, as far as they are
+        the plan's."""
+        return self.plan.loop_vars
 
     def row_loops(self, depth: int, ranges: list[str]) -> None:
         x = self.plan.loop_vars[depth]
@@ -333,6 +340,9 @@ class CppColumnReductionKernel(CppReductionKernel):
     def shared_loops(self) -> list[sympy.Expr]:
         *outer, columns = self.plan.ranges
         return [*outer, sympy.ceiling(columns / COLUMN_BLOCK)]
+
+    def shared_vars(self) -> tuple[sympy.Symbol, ...]:
+        return self.plan.loop_vars[:-1]  # (the last loop is over blocks of columns)
 
     def row_loops(self, depth: int, ranges: list[str]) -> None:
         if depth < len(ranges) - 1:

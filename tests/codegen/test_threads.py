@@ -87,6 +87,47 @@ def test_reduction_rows_and_columns_follow_the_policy(monkeypatch) -> None:  # n
         assert ("#pragma omp parallel for" in text) == parallel, (dim, shape, text)
 
 
+def transposed_layer_norm(tokens: int = 16) -> GraphBuilder:
+    """A layer norm of rows stored transposed (mlp_mixer's residual after its token mixer):
+    row i's elements ``tokens`` apart, so 16 rows share each cache line of the output."""
+    b = GraphBuilder()
+    mixed = b("permute", b.input("L_x", (8, 512, tokens)), (0, 2, 1))
+    x = b("add", mixed, b.input("L_y", (8, tokens, 512)))  # (in the mixed tokens' strides)
+    mean = b("truediv", b("sum", x, (2,), True), 512.0)
+    b.output(b("add", b("sub", x, mean), 1.0))
+    return b
+
+
+def test_threads_take_whole_cache_lines_of_their_rows(monkeypatch) -> None:  # noqa: ANN001
+    """128 rows on 16 threads would be eight a thread, and every thread would write into the
+    lines of the others (mlp_mixer's layer norms ran as slowly on 16 threads as on one): the
+    rows go 16 at a time.  A loop with more iterations than that a thread keeps the equal
+    shares, and so does a row stored contiguously."""
+    monkeypatch.setattr(cpp_threads, "planned_threads", lambda: 16)
+    assert "collapse(2) schedule(static, 16)" in kernel_text(transposed_layer_norm())
+    assert "schedule(" not in kernel_text(transposed_layer_norm(tokens=1024))
+    assert "schedule(" not in kernel_text(pointwise((256, 256)))
+    b = GraphBuilder()
+    x = b.input("L_x", (2, 16, 512))
+    b.output(b("sub", x, b("truediv", b("sum", x, (2,), True), 512.0)))
+    assert "schedule(" not in kernel_text(b)
+
+    def norm(a: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        x = a.transpose(1, 2) + y
+        return x - x.mean(2, keepdim=True) + 1.0
+
+    fn = minicompile.compile(norm, backend="cpp")
+    before = torch.get_num_threads()
+    try:
+        for n in (2, 1):  # fresh inputs each call
+            torch.set_num_threads(n)
+            a, y = torch.randn(8, 512, 16), torch.randn(8, 16, 512)
+            torch.testing.assert_close(fn(a, y), norm(a, y), rtol=1e-5, atol=1e-5)
+    finally:
+        torch.set_num_threads(before)
+    assert minicompile.stats()["eager_fallbacks"] == 0
+
+
 def test_openmp_team_is_torchs_thread_count(tmp_path) -> None:  # noqa: ANN001
     """The kernels' OpenMP runtime is torch's: set_num_threads sizes their teams."""
     source = ("#include <omp.h>\n"

@@ -270,7 +270,7 @@ STAGES: tuple[Stage, ...] = (
     Stage("graph passes", "passes", graph_passes),
     Stage("layout", "passes", layout, lambda w: w.role == "graph"),
     Stage("gemm padding", "passes", gemm_padding, lambda w: w.role == "graph"),
-    Stage("1x1 convolutions as products", "passes", conv_gemm, lambda w: w.role == "graph"),
+    Stage("convolutions as products", "passes", conv_gemm, lambda w: w.role == "graph"),
     Stage("oneDNN convolutions", "passes", onednn_convolutions, onednn),
     Stage("channels-last max pools", "passes", cpu_pooling, lambda w: w.role == "graph"),
     Stage("hoist parameter values", "passes", hoist_params, inference),

@@ -419,7 +419,7 @@ def test_one_pixel_convolutions_are_products_on_the_cpu(capsys: pytest.CaptureFi
         run_training(SqueezeExcite(), "cpp", images((2, 16, 8, 8), (2, 16, 8, 8)))
     err = capsys.readouterr().err
     assert "oneDNN's depthwise convolutions are faster channels-last" in err
-    assert "1x1 convolutions as products" in err
+    assert "convolutions as products of pixel rows" in err
     assert len(re.findall(r"torch\.nn\.functional\.linear\(", err)) >= 2
     assert len(re.findall(r"torch\.nn\.functional\.conv2d\(", err)) >= 1  # the depthwise
     assert not re.search(r"to_(channels_last|eager_layout)\(%\d+(, \(.*\))?\) : f32\[2, \d+, 1, 1\]",

@@ -115,3 +115,45 @@ def test_trained_products_are_graph_ops() -> None:
     assert "torch.nn.functional.linear" in text and PRODUCT not in text
     assert "to_eager_layout" in text and "conv2d" not in text
     assert "conv2d" in _trained_conv(4, stride=2)  # its input's gradient: a strided scatter
+
+
+def embed(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """A vision transformer's patch embedding: 4x4 patches, each a row of ``w``'s outputs."""
+    return F.conv2d(x, w, b, stride=4).flatten(2).transpose(1, 2).relu()
+
+
+def _patch_conv(image: int, kernel: int, stride: int, batch: int = 2) -> str:
+    b = GraphBuilder(torch.device("cpu"))
+    x = b.input("L_x", (batch, 3, image, image), torch.float32)
+    w = b.input("L_w", (32, 3, kernel, kernel), torch.float32)
+    b.output(b(ops.extern_op(F.conv2d), x, w, None, (stride, stride)))
+    return str(convs_as_products(b.graph)[0])
+
+
+def test_patch_embeddings_become_products() -> None:
+    """A convolution whose stride is its kernel over a whole number of patches is one
+    product of the patches' rows; overlapping windows, a remainder, or more patches than
+    MAX_PATCH_ROWS stay convolutions."""
+    text = _patch_conv(16, 4, 4)
+    assert "torch.nn.functional.linear" in text and "conv2d" not in text
+    assert "conv2d" in _patch_conv(16, 4, 2)  # windows overlap
+    assert "conv2d" in _patch_conv(18, 4, 4)  # 2 columns left over
+    assert "conv2d" in _patch_conv(64, 2, 2, batch=1)  # 1024 patches
+
+
+def test_patch_products_match_eager() -> None:
+    """Inference and a train step (the weight's and bias's gradients, and the image's),
+    two calls with fresh values each."""
+    compiled = minicompile.compile(embed, backend="cpp")
+    shapes = ((2, 3, 16, 16), (24, 3, 4, 4), (24,))
+    for _ in range(2):
+        args = [(torch.randn(s) / math.prod(s[1:]) ** 0.5).requires_grad_() for s in shapes]
+        with torch.no_grad():
+            torch.testing.assert_close(compiled(*args), embed(*args), rtol=1e-4, atol=1e-5)
+        got, want = compiled(*args), embed(*args)
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+        g = torch.randn_like(want)
+        for a, e in zip(torch.autograd.grad(got, args, g), torch.autograd.grad(want, args, g),
+                        strict=True):
+            torch.testing.assert_close(a, e, rtol=1e-4, atol=1e-5)
+    assert minicompile.stats()["eager_fallbacks"] == 0

@@ -101,3 +101,24 @@ def test_the_split_kernel_runs_in_the_model(monkeypatch: pytest.MonkeyPatch,
         x = torch.randn(2, 32, 32, 32).to(memory_format=torch.channels_last)
         compiled(x, torch.randn(32), torch.randn(32))
     assert "shared among threads; each chunk's partials combined" in capsys.readouterr().err
+
+
+def transposed_layer_norm(a: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return F.layer_norm(a.transpose(1, 2), (512,), w, b)
+
+
+def test_a_split_kernel_writes_its_per_element_output(monkeypatch: pytest.MonkeyPatch,
+                                                      capsys: pytest.CaptureFixture) -> None:
+    """A layer norm of rows stored transposed (mlp_mixer's first one): its statistics are
+    column sums over 2 x 1 blocks of columns, split on 16 planned threads, and the
+    normalised output is written in the same kernel, per element (a TypeError there once
+    made it run eagerly, with the right values)."""
+    monkeypatch.setattr(cpp_threads, "planned_threads", lambda: 16)
+    with minicompile.config.patch(logs=frozenset({"output_code"})):
+        compiled = minicompile.compile(transposed_layer_norm, backend="cpp")
+        for _ in range(2):  # fresh values each call
+            args = torch.randn(2, 512, 16), torch.randn(512), torch.randn(512)
+            torch.testing.assert_close(compiled(*args), transposed_layer_norm(*args),
+                                       rtol=1e-5, atol=1e-5)
+    assert minicompile.stats()["eager_fallbacks"] == 0
+    assert "shared among threads; each chunk's partials combined" in capsys.readouterr().err

@@ -26,7 +26,7 @@ a forward and 1.0-1.2 ms a backward as convolutions against 0.12 and 0.24 as pro
 
 A patch embedding (stride equal to the kernel, a vision transformer's 16x16 or a ConvNeXt
 stem's 4x4) of at most :data:`MAX_PATCH_ROWS` patches is the same product of the patches'
-rows (:func:`as_patches`).  Train steps, as products over as convolutions (``.gpu/ab.py``;
+rows (:func:`rewrite_of`).  Train steps, as products over as convolutions (``.gpu/ab.py``;
 one thread's CPU time, then two threads' wall time): torchvision's vit 0.82 and 0.90,
 vit_tiny 0.99 and 0.95, convnext_atto 0.98 and 0.98, mlp_mixer 0.99 and 1.00; inference:
 vit 0.65 and 0.81, the others 0.98-1.02 (convnext_atto's packed oneDNN stem 1.02 both).
@@ -35,6 +35,7 @@ On 224x224 images (1568 patches of 768) the convolution was the faster.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -77,66 +78,57 @@ def _convolution(node: Node) -> dict[str, Any] | None:
     return bound
 
 
-def as_product(node: Node) -> tuple[Node, Node, Node | None, tuple[int, int]] | None:
-    """(input, weight, bias, stride) where ``node`` is a 1x1 convolution this pass
-    rewrites."""
-    bound = _convolution(node)
-    if bound is None or tuple(int(s) for s in bound["weight"].meta.shape[2:]) != (1, 1):
-        return None
-    x, w, meta, stride = bound["input"], bound["weight"], node.meta, bound["stride"]
-    n, _, h, width = (int(s) for s in meta.shape)
-    if tuple(int(s) for s in x.meta.shape[2:]) == (1, 1):
-        return x, w, bound["bias"], (1, 1)  # one pixel an image: any layout, any stride
-    if not all(contiguous(m) for m in (x.meta, meta)):
-        return None  # channels-last (passes/layout.py chose it for oneDNN): left to it
-    if not 1 < h * width <= n * h * width <= MAX_PIXELS:
-        return None  # too many pixels
-    if node.requires_grad and stride != (1, 1):
-        return None  # (its input's gradient would be a strided scatter)
-    return x, w, bound["bias"], stride
-
-
-def as_patches(node: Node) -> tuple[Node, Node, Node | None, tuple[int, int]] | None:
-    """(input, weight, bias, kernel) where ``node`` cuts its image into patches (a vision
-    transformer's or an MLP-mixer's embedding, a ConvNeXt stem: stride and kernel equal,
-    the image a whole number of patches) of at most :data:`MAX_PATCH_ROWS` patches."""
+def rewrite_of(node: Node) -> tuple[Callable[..., Node], tuple] | None:
+    """How this pass rewrites ``node`` (a builder of the product and its graph operands),
+    or None where it stays the convolution it is."""
     bound = _convolution(node)
     if bound is None:
         return None
-    x, w = bound["input"], bound["weight"]
+    x, w, bias, stride = bound["input"], bound["weight"], bound["bias"], bound["stride"]
     kernel = tuple(int(s) for s in w.meta.shape[2:])
     n, _, h, width = (int(s) for s in x.meta.shape)
-    if (kernel != bound["stride"] or kernel == (1, 1) or h % kernel[0] or width % kernel[1]
-            or n * (h // kernel[0]) * (width // kernel[1]) > MAX_PATCH_ROWS):
-        return None
-    return x, w, bound["bias"], kernel
+    if kernel == (1, 1) and (h, width) == (1, 1):
+        return _pixel_product, (x, w, bias)  # one pixel an image: any layout, any stride
+    if kernel != (1, 1):  # a patch embedding, or a convolution this pass leaves
+        patches = (h // kernel[0]) * (width // kernel[1])
+        if (kernel != stride or h % kernel[0] or width % kernel[1]
+                or n * patches > MAX_PATCH_ROWS):
+            return None
+        return _rows_product, (x, w, bias, kernel)
+    pixels = math.prod(int(s) for s in node.meta.shape[2:])
+    if not all(contiguous(m) for m in (x.meta, node.meta)):
+        return None  # channels-last (passes/layout.py chose it for oneDNN): left to it
+    if not 1 < pixels <= n * pixels <= MAX_PIXELS:
+        return None  # too many pixels
+    if node.requires_grad:  # (a stride: its input's gradient would be a strided scatter)
+        return (_rows_product, (x, w, bias)) if stride == (1, 1) else None
+    return _library_product, (x, w, bias, stride)
 
 
 def convs_as_products(graph: Graph) -> tuple[Graph, str]:
     """``graph`` with its small 1x1 convolutions and its patch embeddings as products (or
     ``graph`` itself), and what was done, for the logs ("" where nothing)."""
-    found = {n: p for n in graph.calls() if (p := as_product(n)) is not None}
-    patches = {n: p for n in graph.calls() if (p := as_patches(n)) is not None}
-    if not found and not patches:
+    found = {n: r for n in graph.calls() if (r := rewrite_of(n)) is not None}
+    if not found:
         return graph, ""
-    op = ops.extern_op(conv_gemm.conv2d_1x1)
 
     def rewrite(new: Graph, node: Node, remap: Callable) -> Node | None:
-        if node in patches:
-            x, w, bias, kernel = patches[node]
-            return _rows_product(_Builder(new, node), remap(x), remap(w), remap(bias), kernel)
         if node not in found:
             return None
-        x, w, bias, stride = found[node]
-        if tuple(int(s) for s in x.meta.shape[2:]) == (1, 1):
-            return _pixel_product(_Builder(new, node), remap(x), remap(w), remap(bias))
-        if node.requires_grad:
-            return _rows_product(_Builder(new, node), remap(x), remap(w), remap(bias))
-        return new.call(op, (remap(x), remap(w), remap(bias), stride), {}, node.meta,
-                        node.stack)
+        build, operands = found[node]
+        return build(_Builder(new, node), *(remap(v) if isinstance(v, Node) else v
+                                           for v in operands))
 
-    names = ", ".join(f"{tuple(int(s) for s in n.meta.shape)}" for n in [*found, *patches])
+    names = ", ".join(f"{tuple(int(s) for s in n.meta.shape)}" for n in found)
     return copy_graph(graph, rewrite), f"convolutions as products of pixel rows: {names}"
+
+
+def _library_product(b: _Builder, x: Node, w: Node, bias: Node | None,
+                     stride: tuple[int, int]) -> Node:
+    """The product as one library call (runtime/conv_gemm.py), in inference."""
+    origin = b.origin
+    return b.graph.call(ops.extern_op(conv_gemm.conv2d_1x1), (x, w, bias, stride), {},
+                        origin.meta, origin.stack)
 
 
 def _rows_product(b: _Builder, x: Node, w: Node, bias: Node | None,
@@ -147,11 +139,8 @@ def _rows_product(b: _Builder, x: Node, w: Node, bias: Node | None,
     n, c, h, width = (int(s) for s in x.meta.shape)
     (kh, kw), out = kernel, int(w.meta.shape[0])
     h, width, depth = h // kh, width // kw, c * kh * kw
-    if kernel == (1, 1):
-        rows = b("reshape", b("permute", x, (0, 2, 3, 1)), (n * h * width, c))
-    else:
-        patches = b("reshape", x, (n, c, h, kh, width, kw))
-        rows = b("reshape", b("permute", patches, (0, 2, 4, 1, 3, 5)), (n * h * width, depth))
+    patches = b("reshape", x, (n, c, h, kh, width, kw))
+    rows = b("reshape", b("permute", patches, (0, 2, 4, 1, 3, 5)), (n * h * width, depth))
     product = b(ops.extern_op(F.linear), rows, b("reshape", w, (out, depth)), bias)
     pixels = b("permute", b("reshape", product, (n, h, width, out)), (0, 3, 1, 2))
     return b("to_eager_layout", pixels, plain(b.origin.meta.stride))

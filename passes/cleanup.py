@@ -1,4 +1,5 @@
-"""Common-subexpression and dead-code elimination on the graph IR."""
+"""Common-subexpression and dead-code elimination on the graph IR, and the cat pieces eager
+skips dropped first (so that what made them can be dead code)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from typing import Any
 import torch
 
 from minicompile.graph import Graph, Node, TensorMeta, copy_graph
+from minicompile import ops
 from minicompile.ops import CAT_OPS, OPS, RANDOM_EXTERNS, run_on_ones
 
 
@@ -89,6 +91,8 @@ def raises_on_metadata_only(node: Node) -> bool:
         return True
     if name == "torch.nn.functional.linear":
         plain = len(node.args) == 2 and node.kwargs.get("bias") is None
+    elif name == "torch.tensor":  # of constants alone: the run below is the call itself
+        plain = next(node.inputs(), None) is None
     else:
         plain = name in _RAISE_ON_METADATA
     metas = [i.meta for i in node.inputs() if isinstance(i.meta, TensorMeta)]
@@ -101,6 +105,31 @@ def raises_on_metadata_only(node: Node) -> bool:
     except Exception:
         return False
     return True
+
+
+def drop_skipped_cat_pieces(graph: Graph) -> Graph:
+    """A cat of tensors of two or more dims skips the legacy empty 1-d pieces (a KV cache's
+    ``torch.tensor([])`` before its first step): dropped, where each piece has the result's
+    dtype (none then counts in the type promotion), so that nothing reads them."""
+    found = {}
+    for node in graph.calls():
+        args = ops.cat_arguments(node) if node.target in CAT_OPS - {"torch.stack"} else None
+        if args is None or node.meta.ndim == 1:
+            continue
+        tensors, dim = args
+        kept = [t for t in tensors if tuple(t.meta.shape) != (0,)]
+        if kept and len(kept) < len(tensors) and all(
+                t.meta.dtype == node.meta.dtype for t in tensors):
+            found[node] = (kept, dim)
+    if not found:
+        return graph
+
+    def rewrite(new: Graph, node: Node, remap: Callable) -> Node | None:
+        if node not in found:
+            return None
+        return new.call("torch.cat", remap(found[node]), {}, node.meta, node.stack)
+
+    return copy_graph(graph, rewrite)
 
 
 def eliminate_dead_code(graph: Graph) -> Graph:

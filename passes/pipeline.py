@@ -10,13 +10,18 @@ from minicompile.graph import Graph
 
 from minicompile.passes.attention_masks import fold_attention_masks
 from minicompile.passes.bias_epilogue import split_bias_epilogues
-from minicompile.passes.cleanup import eliminate_common_subexpressions, eliminate_dead_code
+from minicompile.passes.cleanup import (
+    drop_skipped_cat_pieces,
+    eliminate_common_subexpressions,
+    eliminate_dead_code,
+)
 from minicompile.passes.decompose import decompose
 
 GRAPH_PASSES: tuple[Callable[[Graph], Graph], ...] = (
     fold_attention_masks,
     decompose,
     eliminate_common_subexpressions,
+    drop_skipped_cat_pieces,
     eliminate_dead_code,
     split_bias_epilogues,
 )

@@ -325,3 +325,27 @@ def test_embedding_with_padding_idx_is_a_gather_without_gradient(backend: str) -
     fn(ids, x).sum().backward()
     torch.testing.assert_close(got, emb.weight.grad)
     assert got[1].abs().sum() == 0  # the padding row
+
+
+def test_a_cat_drops_the_legacy_empty_piece_and_what_made_it(
+        capsys: pytest.CaptureFixture) -> None:
+    """transformers' DynamicLayer starts its keys as ``torch.tensor([])`` and cats the new
+    ones after it (eager's cat skips a legacy empty 1-d piece): the piece leaves the cat and
+    the ``torch.tensor`` call is dead code, not a library call each step.  A piece of
+    another dtype takes part in the type promotion: it stays."""
+    def f(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        keys = torch.tensor([], dtype=x.dtype, device=x.device)
+        wide = torch.tensor([], dtype=torch.float64)
+        return torch.cat([keys, x * 2], dim=-2), torch.cat([wide, x], dim=-1)
+
+    compiled = minicompile.compile(f, backend="cpp")
+    with minicompile.config.patch(logs=frozenset({"output_code"})):
+        for _ in range(2):
+            x = torch.randn(2, 3, 4)
+            for got, want in zip(compiled(x), f(x), strict=True):
+                torch.testing.assert_close(got, want)
+                assert got.dtype == want.dtype
+    calls = [line for line in capsys.readouterr().err.splitlines()
+             if "torch.tensor(" in line and not line.lstrip().startswith("#")]
+    assert len(calls) == 1 and "float64" in calls[0]  # the float64 piece's
+    assert minicompile.stats()["eager_fallbacks"] == 0

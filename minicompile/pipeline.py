@@ -119,6 +119,12 @@ def cpu_pooling(work: Work, logs: list[Log]) -> Work:
     return _rewritten(work, logs, "library calls", *pool_channels_last(work.graph))
 
 
+def cpu_attention(work: Work, logs: list[Log]) -> Work:
+    from minicompile.passes.cpu_attention import flash_attention_calls
+
+    return _rewritten(work, logs, "library calls", *flash_attention_calls(work.graph))
+
+
 def hoist_params(work: Work, logs: list[Log]) -> Work:
     """After the layouts and the padding: their weight copies are computed once too."""
     from minicompile.passes.hoist_params import hoist_parameter_values
@@ -274,6 +280,7 @@ STAGES: tuple[Stage, ...] = (
     Stage("oneDNN convolutions", "passes", onednn_convolutions, onednn),
     Stage("channels-last max pools", "passes", cpu_pooling, lambda w: w.role == "graph"),
     Stage("hoist parameter values", "passes", hoist_params, inference),
+    Stage("CPU flash attention", "passes", cpu_attention, trains),
     Stage("autograd", "passes", autograd, trains),
     Stage("split reductions", "lowering", split_reductions),
     Stage("lowering", "lowering", lowering),

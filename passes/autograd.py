@@ -30,7 +30,7 @@ from minicompile.graph import Graph, Node, TensorMeta, copy_graph, flatten_nodes
 from minicompile.passes.derivatives import (
     LIBRARY_RULES,
     RULES,
-    SELECTION_RULES,
+    TUPLE_RULES,
     add_gradients,
     cat_rule,
     custom_op_rule,
@@ -210,8 +210,8 @@ class Differentiator:
             pairs = LIBRARY_RULES[node.target](self, node, g)
             if pairs is not None:
                 return pairs
-        if node.target in SELECTION_RULES and isinstance(node.meta, tuple):
-            pairs = SELECTION_RULES[node.target](self, node, self.item_grads.get(node, {}))
+        if node.target in TUPLE_RULES and isinstance(node.meta, tuple):
+            pairs = TUPLE_RULES[node.target](self, node, self.item_grads.get(node, {}))
             if pairs is not None:
                 del self.item_grads[node]
                 return pairs

@@ -240,24 +240,28 @@ def _embedding(d: Any, node: Node, g: Node) -> tuple:
     weight, indices = node.args
     width = weight.meta.shape[1]
     flat = d("reshape", g, (-1, width)) if g.meta.ndim != 2 else g
-    count = _arange_length(indices)
+    span = _arange_span(indices)
     rows = weight.meta.shape[0]
-    if count is not None and getattr(rows, "is_Integer", False) and count <= int(rows):
-        return (_pad_along(d, flat, 0, 0, rows), None)  # rows 0..count-1 read once each
+    if span is not None and getattr(rows, "is_Integer", False) and 0 <= span[0] \
+            and sum(span) <= int(rows):  # rows start..start+count-1 read once each
+        return (_pad_along(d, flat, 0, span[0], rows), None)
     idx = d("reshape", d.fwd(indices), (-1,))
     base = d.extern(torch.Tensor.new_zeros, g, tuple(weight.meta.shape))
     return (d.extern(torch.index_add, base, 0, idx, flat), None)
 
 
-def _arange_length(x: Node) -> int | None:
-    """``n`` if ``x`` holds 0, 1, ..., n - 1 in order (``torch.arange(n)``, maybe reshaped
-    or plus 0: a position embedding's indices), else None."""
+def _arange_span(x: Node) -> tuple[int, int] | None:
+    """``(start, n)`` if ``x`` holds start, start + 1, ..., start + n - 1 in order
+    (``torch.arange(n)``, maybe reshaped or plus integers: a position embedding's indices,
+    BART's offset by 2), else None."""
+    start = 0
     while x.op == "call" and (x.target in ("reshape", "unsqueeze", "squeeze") or (
-            x.target == "add" and x.args[1] == 0 and not isinstance(x.args[1], bool))):
+            x.target == "add" and type(x.args[1]) is int)):
+        start += x.args[1] if x.target == "add" else 0
         x = x.args[0]
     if x.op == "call" and x.target == "iota" and len(x.args[0]) == 1:
         n = x.args[0][0]
-        return int(n) if isinstance(n, int) or getattr(n, "is_Integer", False) else None
+        return (start, int(n)) if isinstance(n, int) or getattr(n, "is_Integer", False) else None
     return None
 
 
@@ -492,8 +496,32 @@ def selection_rule(d: Any, node: Node, items: dict[int, Node]) -> list | None:
     return [(x, scattered(d, g, x, dim % x.meta.ndim, d.fwd(indices)))]
 
 
-SELECTION_RULES = {f"{prefix}.{op}": selection_rule
-                   for prefix in ("torch", "torch.Tensor") for op in ("topk", "sort")}
+FLASH_CPU_BACKWARD = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
+
+
+def flash_attention_rule(d: Any, node: Node, items: dict[int, Node]) -> list | None:
+    """The CPU flash attention kernel's call (passes/cpu_attention.py put it there): its
+    backward op on the saved query, key, value, output and log-sum-exp, as eager's autograd
+    calls it.  None (PyTorch's autograd) where the log-sum-exp is not a value of the graph."""
+    got = {u.args[1]: u for u in node.users if u.target == "getitem"}
+    g = items.get(0)
+    if g is None or 0 not in got or 1 not in got or 1 in items:
+        return None
+    q, k, v, dropout, causal = node.args
+    mask = node.kwargs.get("attn_mask")
+    call = d.extern(FLASH_CPU_BACKWARD, g, *(d.fwd(t) for t in (q, k, v, got[0], got[1])),
+                    dropout, causal, attn_mask=d.fwd(mask) if isinstance(mask, Node) else None,
+                    scale=node.kwargs.get("scale"))
+    return [(t, d.item(call, j)) for j, t in enumerate((q, k, v)) if d.needs(t)]
+
+
+# Calls with a tuple of results: ``rule(d, node, items)``, ``items`` the gradients of the
+# results that take one, by position.
+TUPLE_RULES = {
+    **{f"{prefix}.{op}": selection_rule
+       for prefix in ("torch", "torch.Tensor") for op in ("topk", "sort")},
+    "torch.ops.aten._scaled_dot_product_flash_attention_for_cpu": flash_attention_rule,
+}
 
 
 def custom_op_rule(d: Any, node: Node, g: Node) -> list | None:

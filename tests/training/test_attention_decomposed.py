@@ -90,5 +90,8 @@ def test_a_mask_without_a_gradient_stays_the_library_call(
                 results.append([out, *torch.autograd.grad(out.sum(), leaves)])
             for got, want in zip(results[1], results[0]):
                 torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
-    assert "record('torch.nn.functional.scaled_dot_product_attention'" in capsys.readouterr().err
+    # (the fused CPU kernel's own call, and its backward op: passes/cpu_attention.py)
+    code = capsys.readouterr().err
+    assert "torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(" in code
+    assert "torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(" in code
     assert minicompile.stats()["eager_fallbacks"] == 0

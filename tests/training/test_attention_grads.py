@@ -1,5 +1,7 @@
 """The backward of ``F.scaled_dot_product_attention`` calls its fused kernel's backward op
-directly (minicompile/runtime/attention_grads.py), not a nested ``torch.autograd.grad``.
+directly (minicompile/runtime/attention_grads.py), not a nested ``torch.autograd.grad``; on
+the CPU the training graph calls the flash kernel and its backward op itself
+(passes/cpu_attention.py), nothing recorded.
 Values: gradients of query, key, value and the weights around them equal eager's, for
 ``loss.backward()`` and for ``torch.autograd.grad(loss, some_inputs)`` (where the running
 graph task computes only what it was asked for), two calls with fresh inputs; masks, causal,
@@ -45,10 +47,12 @@ def test_attention_gradients(case: str, how: str, dtype: torch.dtype, backend: s
     """bfloat16 on a GPU runs the flash or cuDNN kernels (float32: memory-efficient)."""
     device = device_for(backend)
     tol = 1e-4 if dtype == torch.float32 else 3e-2
-    direct = []
+    direct, recorded = [], []
     real = attention_grads.attention_grads
     monkeypatch.setattr(autograd, "attention_grads",
                         lambda *a: direct.append(real(*a)) or direct[-1])
+    library = autograd._function
+    monkeypatch.setattr(autograd, "_function", lambda name: recorded.append(name) or library(name))
     fn = block(case)
     compiled = minicompile.compile(fn, backend=backend)
     for _ in range(2):
@@ -74,6 +78,8 @@ def test_attention_gradients(case: str, how: str, dtype: torch.dtype, backend: s
     fused = [r for r in direct if r is not None]
     if case == "mask_takes_grad":
         assert not fused  # the mask's gradient: PyTorch's engine
+    elif device.type == "cpu":
+        assert not direct and not recorded, "the CPU flash kernel's calls were not the graph's"
     else:
         assert fused, "the attention's backward went through the engine"
 

@@ -160,6 +160,32 @@ def test_embedding_gradient(padding_idx: int | None, scale: bool, backend: str,
     _no_nested_backward(capsys)
 
 
+@pytest.mark.parametrize("offset", [0, 2, 5])
+def test_position_embedding_gradient(offset: int, backend: str,
+                                     capsys: pytest.CaptureFixture) -> None:
+    """Positions ``arange(T) + offset`` (BART's learned positions start at 2) read rows
+    offset..offset+T-1 once each: their gradient is the incoming one placed there among
+    zero rows (a fused cat), no index_add and no zeros of the table."""
+    device = device_for(backend)
+
+    def fn(x: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+        positions = torch.arange(x.shape[1], device=x.device).unsqueeze(0) + offset
+        return x + F.embedding(positions, table)
+
+    with config.patch(logs=frozenset({"output_code"})):
+        compiled = minicompile.compile(fn, backend=backend)
+        for _ in range(2):
+            x, g = torch.randn(2, 5, 6, device=device), torch.randn(2, 5, 6, device=device)
+            table = torch.randn(12, 6, device=device, requires_grad=True)
+            ref = table.detach().clone().requires_grad_()
+            got = torch.autograd.grad(compiled(x, table), table, g)[0]
+            want = torch.autograd.grad(fn(x, ref), ref, g)[0]
+            torch.testing.assert_close(got, want)
+    code = capsys.readouterr().err
+    assert "index_add" not in code and "new_zeros" not in code
+    assert minicompile.stats()["eager_fallbacks"] == 0
+
+
 @pytest.mark.parametrize("window", [(3, 2, 1, 1, False), (3, 2, 0, 1, True), (2, None, 0, 1, False)])
 def test_max_pool_gradient(window: tuple, backend: str, capsys: pytest.CaptureFixture) -> None:
     k, s, p, d, ceil = window

@@ -12,9 +12,10 @@ thread that cost 26 us a forward and backward more than the two kernels alone (3
 hf_bart's size, 2 x 4 heads x 7 tokens x 16: six attentions, 3% of its train step.
 
 Only where the fused-kernel choice (``torch._fused_sdp_choice``, on uninitialised tensors of
-the operands' layouts) is the CPU flash kernel, which eager then runs too; static sizes; no
-dropout (its random numbers are the kernel's); no grouped-query heads; a mask that takes
-no gradient (one that does is passes/decompose_attention.py's).  Every other attention, and
+the operands' layouts) is the CPU flash kernel, which eager then runs too (grouped-query
+heads included: the kernel takes them as they are); static sizes; no dropout (its random
+numbers are the kernel's); a mask that takes no gradient (one that does is
+passes/decompose_attention.py's).  Every other attention, and
 every attention in inference (no log-sum-exp to keep), stays the call it was.
 """
 
@@ -51,19 +52,19 @@ def _operands(node: Node) -> dict | None:
                and not t.meta.is_symbolic for t in (*tensors, node)):
         return None
     if (q.meta.ndim != 4 or mask is not None and mask.requires_grad
-            or a["dropout_p"] != 0.0 or a["enable_gqa"] is not False
+            or a["dropout_p"] != 0.0 or type(a["enable_gqa"]) is not bool
             or type(a["is_causal"]) is not bool
             or not (a["scale"] is None or type(a["scale"]) is float)):
         return None
     choice = torch._fused_sdp_choice(*uninitialised((q, k, v, mask)), 0.0, a["is_causal"],
-                                     scale=a["scale"])
+                                     scale=a["scale"], enable_gqa=a["enable_gqa"])
     return a if choice == int(SDPBackend.FLASH_ATTENTION) else None
 
 
 def _flash_metas(node: Node, a: dict) -> tuple[TensorMeta, TensorMeta] | None:
     """The metadata of the flash kernel's output and log-sum-exp, from a run on
-    uninitialised tensors; None where the kernel refuses the call, or its output's layout
-    is not the one ``node`` has (what the graph after it was built for)."""
+    uninitialised tensors (the kernel takes grouped-query heads as they are, as eager's
+    call passes them); None where the kernel refuses the call."""
     q, mask = a["query"], a["attn_mask"]
     if mask is not None and mask.meta.dtype not in (torch.bool, q.meta.dtype):
         return None
@@ -74,10 +75,8 @@ def _flash_metas(node: Node, a: dict) -> tuple[TensorMeta, TensorMeta] | None:
                                  {"attn_mask": mask, "scale": a["scale"]})
     except RuntimeError:
         return None
-    meta, lse_meta = node.meta, TensorMeta.of(lse.detach())
-    if TensorMeta.of(out.detach()) != dataclasses.replace(meta, requires_grad=False):
-        return None
-    return meta, lse_meta
+    out_meta = dataclasses.replace(TensorMeta.of(out.detach()), requires_grad=True)
+    return out_meta, TensorMeta.of(lse.detach())
 
 
 def flash_attention_calls(graph: Graph) -> tuple[Graph, str]:
@@ -107,7 +106,11 @@ def flash_attention_calls(graph: Graph) -> tuple[Graph, str]:
         kwargs = {"attn_mask": mask, "scale": a["scale"]}
         call = new.call(target, args, kwargs, metas, node.stack)
         new.call("getitem", (call, 1), {}, metas[1], node.stack)  # (the backward's)
-        return new.call("getitem", (call, 0), {}, metas[0], node.stack)
+        out = new.call("getitem", (call, 0), {}, metas[0], node.stack)
+        if out.meta.stride == node.meta.stride:
+            return out
+        # (the layout the graph after it was built for: grouped-query heads' differs)
+        return _Builder(new, node)("to_eager_layout", out, tuple(int(s) for s in node.meta.stride))
 
     return copy_graph(graph, rewrite), (
         f"{len(found)} attentions on the CPU flash kernel, its log-sum-exp kept")

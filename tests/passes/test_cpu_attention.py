@@ -19,10 +19,12 @@ from graph_builder import GraphBuilder
 FLASH = "torch.ops.aten._scaled_dot_product_flash_attention_for_cpu"
 
 
-def _attention(grad: bool = True, mask: torch.dtype | None = None, **kwargs: object) -> str:
+def _attention(grad: bool = True, mask: torch.dtype | None = None, kv_heads: int = 3,
+               **kwargs: object) -> str:
     """The graph text after the pass, of one attention over 2 x 3 heads x 7 tokens x 16."""
     b = GraphBuilder()
-    q, k, v = (b.input(f"L_{n}", torch.empty(2, 3, 7, 16, device="meta", requires_grad=grad))
+    q, k, v = (b.input(f"L_{n}", torch.empty(2, 3 if n == "q" else kv_heads, 7, 16,
+                                             device="meta", requires_grad=grad))
                for n in "qkv")
     if mask is not None:
         kwargs["attn_mask"] = b.input("L_mask", (7, 7), mask)
@@ -33,8 +35,9 @@ def _attention(grad: bool = True, mask: torch.dtype | None = None, **kwargs: obj
 
 
 @pytest.mark.parametrize("kwargs", [{}, {"is_causal": True}, {"scale": 0.3},
-                                    {"mask": torch.bool}, {"mask": torch.float32}],
-                         ids=["plain", "causal", "scale", "bool_mask", "float_mask"])
+                                    {"mask": torch.bool}, {"mask": torch.float32},
+                                    {"enable_gqa": True, "kv_heads": 1}],
+                         ids=["plain", "causal", "scale", "bool_mask", "float_mask", "gqa"])
 def test_an_attention_that_takes_a_gradient_calls_the_flash_kernel(kwargs: dict) -> None:
     text = _attention(**kwargs)
     assert f"{FLASH}(" in text and "scaled_dot_product_attention(" not in text
@@ -42,8 +45,8 @@ def test_an_attention_that_takes_a_gradient_calls_the_flash_kernel(kwargs: dict)
     assert ("where" in text) == (kwargs.get("mask") == torch.bool)  # eager's float mask
 
 
-@pytest.mark.parametrize("kwargs", [{"grad": False}, {"dropout_p": 0.1}, {"enable_gqa": True}],
-                         ids=["inference", "dropout", "gqa"])
+@pytest.mark.parametrize("kwargs", [{"grad": False}, {"dropout_p": 0.1}],
+                         ids=["inference", "dropout"])
 def test_other_attentions_stay_the_library_call(kwargs: dict) -> None:
     text = _attention(**kwargs)
     assert FLASH not in text and "scaled_dot_product_attention(" in text

@@ -88,14 +88,19 @@ def test_attention_gradients(case: str, how: str, dtype: torch.dtype, backend: s
 def test_grouped_query_attention_takes_the_direct_road(how: str, backend: str,
                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     """Llama's grouped-query attention (``enable_gqa``): 4 query heads over 2 key/value
-    heads.  On the CPU the kernel's result has other strides than eager's meta says, so the
-    recorded call copies it (a CopyBackwards node over the attention's): its gradient passes
-    through that copy unchanged, and the fused kernel's backward is still called directly."""
+    heads.  On the CPU the graph calls the flash kernel, which takes the grouped heads as
+    they are, and its backward op (passes/cpu_attention.py); its result has other strides
+    than eager's meta says, so it is copied into those (a ``to_eager_layout`` whose
+    gradient is a copy back).  On CUDA the recorded call copies it (a CopyBackwards node
+    over the attention's): its gradient passes through that copy unchanged, and a fused
+    kernel's backward is still called directly."""
     device = device_for(backend)
-    direct = []
+    direct, recorded = [], []
     real = attention_grads.attention_grads
     monkeypatch.setattr(autograd, "attention_grads",
                         lambda *a: direct.append(real(*a)) or direct[-1])
+    library = autograd._function
+    monkeypatch.setattr(autograd, "_function", lambda name: recorded.append(name) or library(name))
 
     def f(x, w):  # noqa: ANN001, ANN202
         q, kv = (x @ w).split([64, 64], -1)
@@ -115,8 +120,10 @@ def test_grouped_query_attention_takes_the_direct_road(how: str, backend: str,
         for got, want in zip(grads[1], grads[0]):
             torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
     assert minicompile.stats()["graph_breaks"] == 0
+    if device.type == "cpu":
+        assert not direct and not recorded, "the CPU flash kernel's calls were not the graph's"
+        return
     # float32 grouped-query attention on CUDA runs eager's math path (no fused kernel takes
     # it), whose gradient only the engine knows: there the call goes through vjp.
     fused = type(f(x, w.requires_grad_()).grad_fn).__name__ in compat.ATTENTION_BACKWARDS
     assert direct and all((r is not None) == fused for r in direct)
-    assert fused or device.type == "cuda"

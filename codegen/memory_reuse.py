@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import sympy
+
 from minicompile.ir import Layout, LoopProgram
 from minicompile.spaces import ComboGroup, FusedGroup
 
@@ -18,6 +20,12 @@ FRESH_RESULTS = frozenset({"torch.matmul", "torch.mm", "torch.bmm", "torch.addmm
                            "torch.nn.functional.linear"})
 # Those that write into a given tensor (``out=``): a pooled output's memory.
 OUT_PRODUCTS = FRESH_RESULTS - {"torch.nn.functional.linear"}
+# Outputs smaller than this take no memory from the pool: glibc serves them from its heap,
+# whose freed blocks the next step takes again without faulting a page in (its default
+# mmap threshold, 128 KiB, is where it starts mapping fresh pages), and a take costs three
+# allocations' time (5 us against 1.6, a detach among it, one thread): a two-layer BERT or
+# BART takes 70 small gradients a step.
+MIN_POOLED_BYTES = 128 * 1024
 
 
 def reuse_memory(
@@ -68,8 +76,9 @@ def pooled_outputs(program: LoopProgram, groups: list, plans: list, elsewhere: d
     """A backward's outputs (its gradients) whose memory its pool keeps across calls
     (runtime/output_pool.py), each by the expression that takes it, at its first place in
     the outputs: the CPU tensors its kernels or a matrix product make (returned, or a view
-    of them), not stored ``elsewhere`` (into an input, say).  A caching allocator does
-    this for GPU tensors; convolutions' gradients are ATen's own."""
+    of them), not stored ``elsewhere`` (into an input, say), of at least
+    :data:`MIN_POOLED_BYTES` (or of unknown size).  A caching allocator does this for GPU
+    tensors; convolutions' gradients are ATen's own."""
     sums = {s.buffer for p in plans for s in getattr(p, "column_sums", ())}
     made = {n for p in plans for n in p.outputs if n not in sums}
     made |= {g.extern.name for g in groups if g.extern is not None
@@ -79,10 +88,16 @@ def pooled_outputs(program: LoopProgram, groups: list, plans: list, elsewhere: d
         out = out if isinstance(out, str) else out.input  # (a view of the buffer: its base)
         lay = program.buffer(out).layout if out in made and out not in elsewhere else None
         if isinstance(lay, Layout) and lay.device.type == "cpu" and lay.offset == 0 \
-                and out not in pooled:
+                and out not in pooled and not _small(lay):
             pooled[out] = (f"pool.take({k}, {shape(lay.shape)}, {shape(lay.stride)}, "
                            f"{lay.dtype}, device{devices.index(str(lay.device))})")
     return pooled
+
+
+def _small(lay: Layout) -> bool:
+    """Whether a buffer of layout ``lay`` is known to be under :data:`MIN_POOLED_BYTES`."""
+    numel = sympy.Mul(*lay.shape)
+    return bool(numel.is_Integer) and int(numel) * lay.dtype.itemsize < MIN_POOLED_BYTES
 
 
 def needed_outside(program: LoopProgram, groups: list) -> Callable[[FusedGroup], set[str]]:

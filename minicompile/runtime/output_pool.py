@@ -4,8 +4,10 @@ Eager's backward allocates each gradient anew, and so did ours: on the CPU, glib
 the freed gradients (47 MB of resnet18's) back to the OS after each step, and the next step
 faults every page in again (a third of a step's time).  A caching allocator spares eager
 this on GPUs; here the generated backward asks :class:`OutputPool` for each output it
-makes, and gets the memory of an earlier call's output back when nothing else holds it any
-more: no ``p.grad`` that was kept, no returned value, no view.  The pool keeps storages, not
+makes of 128 KiB or more (smaller ones come from glibc's heap without faults:
+codegen/memory_reuse.MIN_POOLED_BYTES), and gets the memory of an earlier call's output
+back when nothing else holds it any more: no ``p.grad`` that was kept, no returned value,
+no view.  The pool keeps storages, not
 tensors, so a gradient it hands out is a tensor nothing else refers to (autograd's
 AccumulateGrad then takes it as ``p.grad`` without a copy, as eager's).
 """

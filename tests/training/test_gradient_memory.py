@@ -12,8 +12,16 @@ import torch
 import torch.nn.functional as F
 
 import minicompile
+from minicompile.codegen import memory_reuse
 
 TOL = {"rtol": 1e-5, "atol": 1e-5}
+
+
+@pytest.fixture(autouse=True)
+def pool_every_output(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The small model's gradients through the pool too (by default it takes those of
+    ``MIN_POOLED_BYTES`` or more: see test_only_large_gradients_take_pooled_memory)."""
+    monkeypatch.setattr(memory_reuse, "MIN_POOLED_BYTES", 0)
 
 
 def make(device: torch.device) -> torch.nn.Module:
@@ -142,3 +150,25 @@ def test_the_kept_memory_goes_with_the_compiled_function() -> None:
     del compiled, entry, pools, model
     gc.collect()
     assert not any(pool.kept), "the memory outlived the compiled function"
+
+
+def test_only_large_gradients_take_pooled_memory(monkeypatch: pytest.MonkeyPatch,
+                                                 capsys: pytest.CaptureFixture) -> None:
+    """A gradient under ``MIN_POOLED_BYTES`` (glibc's heap gives its memory back without
+    faults) is a plain allocation; one of 128 KiB or more comes from the pool."""
+    monkeypatch.undo()
+    minicompile.reset()
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(256, 128), torch.nn.GELU(),
+                                torch.nn.Linear(128, 4))  # 128 KiB, 512 B, 2 KiB, 16 B
+    ref = copy.deepcopy(model)
+    compiled = minicompile.compile(model, backend="cpp")
+    with minicompile.config.patch(logs=frozenset({"output_code"})):
+        for _ in range(2):
+            x = torch.randn(5, 256)
+            loss_of(compiled, x).backward()
+            loss_of(ref, x).backward()
+    for p, q in zip(model.parameters(), ref.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, **TOL)
+    takes = [line for line in capsys.readouterr().err.splitlines() if "pool.take(" in line]
+    assert len(takes) == 1 and "(128, 256)" in takes[0]

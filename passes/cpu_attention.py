@@ -61,7 +61,7 @@ def _operands(node: Node) -> dict | None:
     return a if choice == int(SDPBackend.FLASH_ATTENTION) else None
 
 
-def _flash_metas(node: Node, a: dict) -> tuple[TensorMeta, TensorMeta] | None:
+def _flash_metas(a: dict) -> tuple[TensorMeta, TensorMeta] | None:
     """The metadata of the flash kernel's output and log-sum-exp, from a run on
     uninitialised tensors (the kernel takes grouped-query heads as they are, as eager's
     call passes them); None where the kernel refuses the call."""
@@ -85,7 +85,7 @@ def flash_attention_calls(graph: Graph) -> tuple[Graph, str]:
     found = {}
     for node in graph.calls():
         a = _operands(node)
-        metas = _flash_metas(node, a) if a is not None else None
+        metas = _flash_metas(a) if a is not None else None
         if metas is not None:
             found[node] = (a, metas)
     if not found:

@@ -23,25 +23,29 @@ from minicompile.graph import Node, TensorMeta
 from minicompile.lowering import MAX_CAT_PIECES
 
 DTYPES = frozenset({torch.float32, torch.float64})
-# A 5x5 filter, one accumulator a tap in the kernel.  ConvNeXt's 7x7 filters (at 4x4 and
-# 2x2 pixels) made convnext_atto's train step 10-28% slower (one and two threads): the
-# forty-nine sums' stack, the input's padding and the longer reduction cost more there
-# than ATen's weight gradient.
-MAX_TAPS = 25
-PIECES = MAX_CAT_PIECES  # (25 taps: 4 stacks of up to 8, then one cat of 4)
+# Up to a 7x7 filter (ConvNeXt's), one accumulator a tap in the kernel.
+MAX_TAPS = 49
+PIECES = MAX_CAT_PIECES  # (49 taps: 7 stacks of up to 8, then one cat of 7)
 # Output pixels (batch x rows x columns) up to which the taps' sums are the faster: 2-4x
 # at 8-32 (the shapes above, 3x3 to 7x7 filters); from 512 on ATen's was (0.10-0.23 ms
 # against 0.23-0.35 for 96-144 channels of 3x3 filters, one thread).  efficientnet_b0,
 # mobilenetv3_small_100 and mobilenet_v2 train steps took 5%, 6% and 6% less (two threads).
 # (Measured in NCHW; channels-last, without the bound efficientnet_b0's step was the same.)
 MAX_PIXELS = 64
+# ATen's weight gradient of a 7x7 depthwise filter is slower still: 1.3-2.1 ms for 40
+# channels of 2x16x16 pixels, 0.65-0.9 for 80 of 2x8x8 (one thread, its input gradient
+# 0.1), so those filters take the sums up to 512 pixels: convnext_atto's train step 0.76
+# of its time with ATen's (one thread's CPU time; taking the sums from 64 pixels on only,
+# 1.13 of that).  (Before the cat pieces of reduction kernels, 7x7 filters at 4x4 and 2x2
+# pixels had made that step 10-28% slower.)
+MAX_PIXELS_7X7 = 512
 
 
 def applies(g: Node, x: Node, w: Node, groups: Any, spatial: list) -> bool:
     """Whether ``conv2d(x, w, groups=groups)``, whose result's gradient is ``g``, is a
     depthwise convolution on the CPU whose weight gradient :func:`weight_grad` computes:
     float32/float64, static sizes, one filter per channel, at most :data:`MAX_TAPS` taps
-    and :data:`MAX_PIXELS` output pixels."""
+    and :data:`MAX_PIXELS` output pixels (:data:`MAX_PIXELS_7X7` for more than 25 taps)."""
     metas = (g.meta, x.meta, w.meta)
     if not all(isinstance(m, TensorMeta) and m.ndim == 4 and not m.is_symbolic
                and m.device.type == "cpu" and m.dtype in DTYPES for m in metas):
@@ -49,7 +53,8 @@ def applies(g: Node, x: Node, w: Node, groups: Any, spatial: list) -> bool:
     channels, per_group, kh, kw = (int(s) for s in w.meta.shape)
     batch, _, rows, columns = (int(s) for s in g.meta.shape)
     return (len(spatial) == 3 and groups == channels == int(x.meta.shape[1]) and per_group == 1
-            and kh * kw <= MAX_TAPS and batch * rows * columns <= MAX_PIXELS)
+            and kh * kw <= MAX_TAPS
+            and batch * rows * columns <= (MAX_PIXELS if kh * kw <= 25 else MAX_PIXELS_7X7))
 
 
 def gradients(d: Any, g: Node, x: Node, w: Node, bias: Node | None, spatial: list) -> list:

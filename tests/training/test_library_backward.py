@@ -32,6 +32,9 @@ CASES = {
     # few output pixels: on the CPU the weight's gradient is passes/depthwise_grad.py's
     "depthwise_few_pixels": lambda: nn.Conv2d(4, 4, 3, stride=2, padding=1, groups=4),
     "depthwise_dilated": lambda: nn.Conv2d(4, 4, 5, padding=4, dilation=2, groups=4, bias=False),
+    # ConvNeXt's 7x7 filter: on the CPU its weight's gradient is the 49 taps' sums (up to
+    # 512 output pixels: here 180)
+    "depthwise_7x7": lambda: nn.Conv2d(4, 4, 7, padding=3, groups=4),
     "conv1d": lambda: nn.Conv1d(4, 6, 3, padding=1),
     "conv3d": lambda: nn.Conv3d(4, 2, 3, padding=(1, 0, 1)),
     "padding_same": lambda: nn.Conv2d(4, 6, 4, padding="same"),  # asymmetric: autograd's road

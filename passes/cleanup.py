@@ -9,8 +9,7 @@ from typing import Any
 import torch
 
 from minicompile.graph import Graph, Node, TensorMeta, copy_graph
-from minicompile import ops
-from minicompile.ops import CAT_OPS, OPS, RANDOM_EXTERNS, run_on_ones
+from minicompile.ops import CAT_OPS, OPS, RANDOM_EXTERNS, cat_arguments, run_on_ones
 
 
 def _key(value: Any) -> Any:
@@ -113,7 +112,7 @@ def drop_skipped_cat_pieces(graph: Graph) -> Graph:
     dtype (none then counts in the type promotion), so that nothing reads them."""
     found = {}
     for node in graph.calls():
-        args = ops.cat_arguments(node) if node.target in CAT_OPS - {"torch.stack"} else None
+        args = cat_arguments(node) if node.target in CAT_OPS - {"torch.stack"} else None
         if args is None or node.meta.ndim == 1:
             continue
         tensors, dim = args

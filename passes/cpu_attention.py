@@ -32,11 +32,10 @@ from minicompile import ops
 from minicompile.graph import Graph, Node, TensorMeta, copy_graph
 from minicompile.library_layouts import ATTENTION, ATTENTION_ARGS, run_on_device, uninitialised
 from minicompile.passes.decompose import _Builder
+from minicompile.passes.decompose_attention import DEFAULTS
 from minicompile.passes.decompose_reductions import bind
 
 FLASH = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
-DEFAULTS = {"attn_mask": None, "dropout_p": 0.0, "is_causal": False, "scale": None,
-            "enable_gqa": False}
 
 
 def _operands(node: Node) -> dict | None:

@@ -153,11 +153,12 @@ class CppReductionKernel(CppKernel):
         self.names = {}
         elem = [s for s in p.stores if s.level == "xr"]
         self.kept = self.kept_operands(elem)
+        self.written: dict[Expr, Store] = {}  # kept operands an earlier pass stored
         for batch in reduction_batches(self.plan):
             self.reduce_batch(batch)
+            self.written.update((r.x, self.kept[r.x]) for r in batch if r.x in self.kept)
         # An output that is a kept operand itself was written by its reduction's pass.
         elem = [s for s in elem if s.value not in self.kept or self.kept[s.value] is not s]
-        reread = {x: s for x, s in self.kept.items() if any(s is e for e in elem)}
         sums = p.column_sums
         self.hoist([s.value for s in elem + list(sums)])
         position = {id(s): k for k, s in enumerate(p.stores)}
@@ -165,8 +166,7 @@ class CppReductionKernel(CppKernel):
 
         def body() -> None:
             stores = self.plan.stores  # (in a cat span's loop, its pieces: element_loops)
-            for x, store in reread.items():  # (stored by the reduction's pass)
-                self.names[x] = self.fresh(self.stored(store), CPP.compute(x.dtype))
+            self.reread([stores[k].value for k in elem_at + sums_at])
             for k in elem_at:
                 self.emit_body_store(stores[k])
             for j, k in enumerate(sums_at):  # (dense: its index is the column's)
@@ -178,26 +178,41 @@ class CppReductionKernel(CppKernel):
         self.row_stores([s for s in p.stores if s.level == "x"])
 
     def kept_operands(self, elem: list[Store]) -> dict[Expr, Store]:
-        """Reduced operands with a math function (softmax's ``exp(x - max)``) that a
-        per-element output of the same type contains: the reduction's pass stores each in
-        that output, and the last pass reads it back instead of computing it again.  Not
-        an output stored in place of an input: the passes read the input there."""
+        """Reduced operands that a per-element output of the same type contains, where
+        reading them back is cheaper than computing them again: with a math function
+        (softmax's ``exp(x - max)``), or a load strided along the innermost reduced loop
+        into an output that is not (a layer norm of ``x + y.transpose(1, 2)``, mlp_mixer's
+        residual after its token mixing: each later pass gathered ``y`` again, one element
+        a cache line).  The reduction's pass stores each in that output, and the later
+        passes read it back.  Not an output stored in place of an input: the passes read
+        the input there."""
         kept: dict[Expr, Store] = {}
         in_place = {out for _, out in self.plan.in_place}
+        inner = self.plan.rvars[-1]
         for red in (r for batch in reduction_batches(self.plan) for r in batch):
             x = red.x
-            if x in kept or not any(isinstance(e, Op) and e.op in EXPENSIVE for e in walk(x)):
+            expensive = any(isinstance(e, Op) and e.op in EXPENSIVE for e in walk(x))
+            gathers = any(isinstance(e, Load) and _step(e.index, inner) not in (0, 1)
+                          for e in walk(x))
+            if x in kept or not (expensive or gathers):
                 continue  # (cheaper to compute again than to store and load)
             fits = [s for s in elem if s.dtype == x.dtype and s.buffer not in in_place
+                    and (expensive or _step(s.index, inner) == 1)
                     and x.dtype in (torch.float32, torch.float64)
                     and all(s is not k for k in kept.values())  # one operand an output
-                    and any(e == x for e in walk(s.value))]
+                    and _uses(s.value, x)]
             if fits:  # an output of the operand itself first: it needs no last pass
                 kept[x] = next((s for s in fits if s.value == x), fits[0])
         return kept
 
     def stored(self, store: Store) -> str:
         return f"{self.pointer(store.buffer)}[{cpp_index(store.index)}]"
+
+    def reread(self, exprs: list[Expr]) -> None:
+        """The kept operands that an earlier pass stored and ``exprs`` use, read back."""
+        for x, store in self.written.items():
+            if any(_uses(v, x) for v in exprs):
+                self.names[x] = self.fresh(self.stored(store), CPP.compute(x.dtype))
 
     def row_stores(self, stores: list) -> None:
         """The stores of one value per kept point, after the row's loops."""
@@ -227,6 +242,7 @@ class CppReductionKernel(CppKernel):
         self.hoist([red.x for red in batch])
 
         def body() -> None:
+            self.reread([red.x for red in batch])
             for red, acc, ctype, nan in accs:
                 v = self.value(red.x)
                 self.w.line(f"{acc} = {COMBINE[red.op].format(acc=acc, v=v, t=ctype)};")
@@ -301,6 +317,26 @@ class CppReductionKernel(CppKernel):
     def add_partials(self, blocked: list[str]) -> None:
         for acc in blocked:
             self.w.line(f"{acc} += {acc}_part;")
+
+
+def _uses(value: Expr, x: Expr) -> bool:
+    """Whether ``value`` computes ``x`` per element (not only inside a reduction's operand,
+    which its own pass computed)."""
+    stack, seen = [value], set()
+    while stack:
+        e = stack.pop()
+        if e == x:
+            return True
+        if id(e) not in seen and not isinstance(e, Reduce):
+            seen.add(id(e))
+            stack.extend(e.children())
+    return False
+
+
+def _step(index: sympy.Expr, r: sympy.Symbol) -> int:
+    """How far ``index`` moves per step of loop ``r`` (-1 where not a constant)."""
+    step = sympy.expand(index).coeff(r)
+    return int(step) if step.is_Integer else -1
 
 
 def _final_text(red: Reduce, acc: str, nan: str | None) -> str:

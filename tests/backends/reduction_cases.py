@@ -356,6 +356,13 @@ long_case("layer_norm_long", lambda x, w, b: F.layer_norm(x, (5000,), w, b),
      rand(LONG), _weight(5000), _weight(5000))
 case("residual_layer_norm", lambda x, r, w, b: F.layer_norm(x + r, (33,), w, b),
      rand(MAT), rand(MAT), _weight(33), _weight(33))
+# mlp_mixer's: the residual sum read transposed, kept as an output and normalised.  The C++
+# backend stores it in the first pass and reads it back (cpp_reduction.kept_operands).
+case("residual_transposed_layer_norm",
+     lambda x, r, w, b: ((x + r.mT) * 1, F.layer_norm(x + r.mT, (33,), w, b)),
+     rand((3, 5, 33)), rand((3, 33, 5)), _weight(33), _weight(33))
+case("residual_transposed_rms_norm_alone",
+     lambda x, r: F.rms_norm(x + r.mT, (33,)), rand((2, 7, 33)), rand((2, 33, 7)))
 
 case("rms_norm_last1", lambda x: F.rms_norm(x, (33,)), rand(MAT))
 case("rms_norm_weight", lambda x, w: F.rms_norm(x, (33,), w), rand(MAT), _weight(33))

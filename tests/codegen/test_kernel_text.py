@@ -424,3 +424,30 @@ def test_a_pad_fuses_only_along_the_contiguous_dim() -> None:
     channels_last = torch.empty(2, 8, 6, 6).to(memory_format=torch.channels_last)
     text = compile_graph_text(padded_twice(channels_last).graph, "cpp").code
     assert "torch.nn.functional.pad(" in text.module
+
+
+def transposed_residual_norm(x: torch.Tensor, y: torch.Tensor) -> tuple:
+    """mlp_mixer's second norm of a block: the residual after its token mixing (read
+    transposed), kept, and its layer norm."""
+    z = x + y.transpose(1, 2)
+    return z, F.layer_norm(z, (64,))
+
+
+def test_cpp_a_row_gathered_once_is_read_back_by_the_later_passes() -> None:
+    """A layer norm's operand that gathers along the row (``y`` read transposed: stride 8)
+    is stored in its unit-stride output by the mean's pass; the variance's and the last
+    pass read that back (cpp_reduction.kept_operands), so ``y`` is read once.  Values as
+    eager's, two calls."""
+    b = GraphBuilder()
+    x, y = b.input("L_x", (4, 8, 64)), b.input("L_y", (4, 64, 8))
+    z = b("add", x, b("permute", y, (0, 2, 1)))
+    b.output(z, b(ops.extern_op(F.layer_norm), z, (64,)))
+    (kernel,) = cpp_kernels(compile_graph_text(b.graph, "cpp"))
+    gathers = re.findall(r"in_ptr1\[[^\]]*8\*r0[^\]]*\]", kernel)
+    assert len(gathers) == 1, kernel
+    assert kernel.count("out_ptr0[") == 3, kernel  # stored once, read back twice
+    compiled = minicompile.compile(transposed_residual_norm, backend="cpp")
+    for _ in range(2):
+        args = (torch.randn(4, 8, 64), torch.randn(4, 64, 8))
+        for got, want in zip(compiled(*args), transposed_residual_norm(*args), strict=True):
+            torch.testing.assert_close(got, want)

@@ -71,6 +71,31 @@ static inline uint16_t mc_float_to_half(float f) {
 #endif
 static inline float mc_round_half(float f) { return mc_half_to_float(mc_float_to_half(f)); }
 static inline float mc_round_bf16(float f) { return mc_bf16_to_float(mc_float_to_bf16(f)); }
+//! section mc_erf
+// erf(x) of a float in arithmetic and one exp, so that a loop calling it vectorises on
+// libmvec's exp: below |x| = 0.5 its Taylor series to x^15 (truncated at 5e-10, exact
+// at tiny x), from there Abramowitz and Stegun 7.1.26 (absolute error under 1.5e-7,
+// against erf(0.5) = 0.52); 1.8e-7 at most from torch.erf over [-6, 6].  With glibc's
+// erff (vectorised too) GELU kernels ran at half eager's speed: 0.25 ms against 0.12-0.17
+// for 1024 x 256 floats forward, 0.42-0.52 against 0.30-0.32 backward with its column sum
+// (one thread).  Doubles keep std::erf.
+static inline float mc_erf(float x) {
+    float s = x * x;
+    float p = -1.492565036e-05f;
+    p = p * s + 1.205533298e-04f;
+    p = p * s + -8.548327023e-04f;
+    p = p * s + 5.223977625e-03f;
+    p = p * s + -2.686617065e-02f;
+    p = p * s + 1.128379167e-01f;
+    p = p * s + -3.761263890e-01f;
+    p = p * s + 1.128379167e+00f;
+    float t = 1.0f / (0.3275911f * std::fabs(x) + 1.0f);
+    float r = (((1.061405429f * t - 1.453152027f) * t + 1.421413741f) * t - 0.284496736f) * t
+              + 0.254829592f;
+    float tail = std::copysign(1.0f - r * t * std::exp(-s), x);
+    return std::fabs(x) < 0.5f ? x * p : tail;
+}
+static inline double mc_erf(double x) { return std::erf(x); }
 //! section mc_maximum
 template <typename T> static inline T mc_maximum(T a, T b) { return (a > b || a != a) ? a : b; }
 //! section mc_minimum

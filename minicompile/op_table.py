@@ -115,7 +115,7 @@ ROWS: tuple[Row, ...] = (
         "static_cast<{t}>(1) / (static_cast<{t}>(1) + std::exp(-{0}))",
         _t("sigmoid", "F.sigmoid", "torch.special.expit"), True,
         lambda d, x, y, g: d("mul", g, d("mul", y(), d("sub", 1.0, y())))),
-    Row("erf", "unary", torch.erf, "libdevice.erf({0})", "std::erf({0})",
+    Row("erf", "unary", torch.erf, "libdevice.erf({0})", "mc_erf({0})",
         _t("erf", "torch.special.erf"), True,
         lambda d, x, y, g: d("mul", g, d("mul", d("exp", d("neg", d("mul", x(), x()))),
                                          _ERF_SCALE)), interp="tl", simd=True),

@@ -35,6 +35,14 @@ def chain(dtype: torch.dtype) -> GraphBuilder:
     return b
 
 
+def gelu(dtype: torch.dtype) -> GraphBuilder:
+    """erf's GELU: mc_erf is arithmetic and one exp (codegen/cpp_helpers.h)."""
+    b = GraphBuilder()
+    x = b.input("L_x", SHAPE, dtype)
+    b.output(b("mul", b("mul", x, 0.5), b("add", b("erf", b("mul", x, 0.7071067811865476)), 1.0)))
+    return b
+
+
 def softmax(dtype: torch.dtype) -> GraphBuilder:
     b = GraphBuilder()
     x = b.input("L_x", SHAPE, dtype)
@@ -61,6 +69,7 @@ def any_positive(dtype: torch.dtype) -> GraphBuilder:
 CASES = {
     "pointwise_chain": (chain, torch.float32),
     "pointwise_chain_bf16": (chain, torch.bfloat16),
+    "gelu_erf": (gelu, torch.float32),
     "softmax_rows": (softmax, torch.float32),
     "sum_rows": (reduction(1), torch.float32),
     "amax_rows": (reduction(1, "amax"), torch.float32),

@@ -78,3 +78,34 @@ def test_max_pool_matches_eager(case: tuple[str, str], grad: bool, backend: str,
     ours = backend == "cpp" or config.get().triton_interpret
     assert all(r is not None for r in direct) and len(direct) == (
         2 if grad and logged and ours else 0)
+
+
+@pytest.mark.parametrize("grad", [True, False], ids=["train", "eval"])
+def test_many_threads_pool_on_the_nchw_kernel(grad: bool) -> None:
+    """With few elements a thread (4x40x16x16 on 16 threads), the rewritten pool runs ATen's
+    NCHW kernel (the planes shared among the threads) instead of the channels-last copies;
+    on one thread the channels-last one.  Values and gradients as eager's either way."""
+    from minicompile.runtime import pooling
+
+    x = torch.randn(4, 40, 16, 16)
+    fn = pool(WINDOWS["squeezenet"])
+    compiled = minicompile.compile(fn, backend="cpp")
+    threads = torch.get_num_threads()
+    try:
+        for n, channels_last in ((1, True), (16, False)):
+            torch.set_num_threads(n)
+            assert pooling.channels_last_pays(x) == channels_last
+            for seed in (0, 1):
+                torch.manual_seed(seed)
+                a = torch.randn(4, 40, 16, 16).requires_grad_(grad)
+                b = a.detach().clone().requires_grad_(grad)
+                expected, got = fn(a), compiled(b)
+                torch.testing.assert_close(got, expected, rtol=0, atol=0)
+                assert got.stride() == expected.stride()
+                if grad:
+                    g = torch.randn_like(expected)
+                    expected.backward(g)
+                    got.backward(g)
+                    torch.testing.assert_close(b.grad, a.grad, rtol=0, atol=0)
+    finally:
+        torch.set_num_threads(threads)

@@ -11,6 +11,7 @@ from collections.abc import Callable
 import pytest
 import torch
 import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import minicompile
 from minicompile import config
@@ -40,6 +41,23 @@ def pool(window: tuple) -> Callable[[torch.Tensor], torch.Tensor]:
     return fn
 
 
+def matches_eager(fn: Callable, compiled: Callable, make: Callable, grad: bool) -> None:
+    """``compiled`` gives ``fn``'s values, strides and (``grad``) input gradients exactly,
+    on two fresh inputs."""
+    for seed in (0, 1):
+        torch.manual_seed(seed)
+        x = make().requires_grad_(grad)
+        x2 = x.detach().clone().requires_grad_(grad)
+        expected, got = fn(x), compiled(x2)
+        torch.testing.assert_close(got, expected, rtol=0, atol=0)
+        assert got.stride() == expected.stride()
+        if grad:
+            g = torch.randn_like(expected)
+            expected.backward(g)
+            got.backward(g)
+            torch.testing.assert_close(x2.grad, x.grad, rtol=0, atol=0)
+
+
 # Every window on NCHW inputs; one on the others.
 CASES = [(kind, w) for kind in ("nchw", "relu_ties") for w in WINDOWS] + [
     (kind, "resnet") for kind in ("small_nchw", "channels_last", "transposed")]
@@ -58,19 +76,7 @@ def test_max_pool_matches_eager(case: tuple[str, str], grad: bool, backend: str,
     make, rewritten = INPUTS[case[0]]
     fn = pool(WINDOWS[case[1]])
     with config.patch(logs=frozenset({"graph"})):
-        compiled = minicompile.compile(fn, backend=backend)
-        for seed in (0, 1):
-            torch.manual_seed(seed)
-            x = make().requires_grad_(grad)
-            x2 = x.detach().clone().requires_grad_(grad)
-            expected, got = fn(x), compiled(x2)
-            torch.testing.assert_close(got, expected, rtol=0, atol=0)
-            assert got.stride() == expected.stride()
-            if grad:
-                g = torch.randn_like(expected)
-                expected.backward(g)
-                got.backward(g)
-                torch.testing.assert_close(x2.grad, x.grad, rtol=0, atol=0)
+        matches_eager(fn, minicompile.compile(fn, backend=backend), make, grad)
     logged = "1 max pools on the channels-last kernel" in capsys.readouterr().err
     assert logged == (not grad if rewritten is None else rewritten)
     # (Triton on CPU tensors without its interpreter, on a GPU machine: the graph is
@@ -78,6 +84,21 @@ def test_max_pool_matches_eager(case: tuple[str, str], grad: bool, backend: str,
     ours = backend == "cpp" or config.get().triton_interpret
     assert all(r is not None for r in direct) and len(direct) == (
         2 if grad and logged and ours else 0)
+
+
+class PoolInputs(TorchDispatchMode):
+    """Whether each max pool's input (ATen's kernel call) is channels-last."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.channels_last: list[bool] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
+        if func is torch.ops.aten.max_pool2d_with_indices.default:
+            x = args[0]
+            self.channels_last.append(not x.is_contiguous() and x.is_contiguous(
+                memory_format=torch.channels_last))
+        return func(*args, **(kwargs or {}))
 
 
 @pytest.mark.parametrize("grad", [True, False], ids=["train", "eval"])
@@ -90,22 +111,19 @@ def test_many_threads_pool_on_the_nchw_kernel(grad: bool) -> None:
     x = torch.randn(4, 40, 16, 16)
     fn = pool(WINDOWS["squeezenet"])
     compiled = minicompile.compile(fn, backend="cpp")
+    compiled(x.requires_grad_(grad))  # (compiled before the calls watched)
     threads = torch.get_num_threads()
     try:
         for n, channels_last in ((1, True), (16, False)):
             torch.set_num_threads(n)
             assert pooling.channels_last_pays(x) == channels_last
-            for seed in (0, 1):
-                torch.manual_seed(seed)
-                a = torch.randn(4, 40, 16, 16).requires_grad_(grad)
-                b = a.detach().clone().requires_grad_(grad)
-                expected, got = fn(a), compiled(b)
-                torch.testing.assert_close(got, expected, rtol=0, atol=0)
-                assert got.stride() == expected.stride()
-                if grad:
-                    g = torch.randn_like(expected)
-                    expected.backward(g)
-                    got.backward(g)
-                    torch.testing.assert_close(b.grad, a.grad, rtol=0, atol=0)
+            seen = PoolInputs()
+
+            def watched(x: torch.Tensor, seen: PoolInputs = seen) -> torch.Tensor:
+                with seen:
+                    return compiled(x)
+
+            matches_eager(fn, watched, INPUTS["nchw"][0], grad)
+            assert seen.channels_last == [channels_last] * 2, seen.channels_last
     finally:
         torch.set_num_threads(threads)

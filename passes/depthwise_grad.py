@@ -32,6 +32,7 @@ PIECES = MAX_CAT_PIECES  # (49 taps: 7 stacks of up to 8, then one cat of 7)
 # mobilenetv3_small_100 and mobilenet_v2 train steps took 5%, 6% and 6% less (two threads).
 # (Measured in NCHW; channels-last, without the bound efficientnet_b0's step was the same.)
 MAX_PIXELS = 64
+SMALL_TAPS = 25  # (up to 5x5 filters: MAX_PIXELS; larger ones MAX_PIXELS_7X7)
 # ATen's weight gradient of a 7x7 depthwise filter is slower still: 1.3-2.1 ms for 40
 # channels of 2x16x16 pixels, 0.65-0.9 for 80 of 2x8x8 (one thread, its input gradient
 # 0.1), so those filters take the sums up to 512 pixels: convnext_atto's train step 0.76
@@ -45,7 +46,7 @@ def applies(g: Node, x: Node, w: Node, groups: Any, spatial: list) -> bool:
     """Whether ``conv2d(x, w, groups=groups)``, whose result's gradient is ``g``, is a
     depthwise convolution on the CPU whose weight gradient :func:`weight_grad` computes:
     float32/float64, static sizes, one filter per channel, at most :data:`MAX_TAPS` taps
-    and :data:`MAX_PIXELS` output pixels (:data:`MAX_PIXELS_7X7` for more than 25 taps)."""
+    and :data:`MAX_PIXELS` output pixels (:data:`MAX_PIXELS_7X7` above :data:`SMALL_TAPS` taps)."""
     metas = (g.meta, x.meta, w.meta)
     if not all(isinstance(m, TensorMeta) and m.ndim == 4 and not m.is_symbolic
                and m.device.type == "cpu" and m.dtype in DTYPES for m in metas):
@@ -54,7 +55,7 @@ def applies(g: Node, x: Node, w: Node, groups: Any, spatial: list) -> bool:
     batch, _, rows, columns = (int(s) for s in g.meta.shape)
     return (len(spatial) == 3 and groups == channels == int(x.meta.shape[1]) and per_group == 1
             and kh * kw <= MAX_TAPS
-            and batch * rows * columns <= (MAX_PIXELS if kh * kw <= 25 else MAX_PIXELS_7X7))
+            and batch * rows * columns <= (MAX_PIXELS if kh * kw <= SMALL_TAPS else MAX_PIXELS_7X7))
 
 
 def gradients(d: Any, g: Node, x: Node, w: Node, bias: Node | None, spatial: list) -> list:

@@ -37,6 +37,11 @@ def channels_last_pays(x: torch.Tensor) -> bool:
     return x.numel() >= MIN_CHANNELS_LAST_PER_THREAD * torch.get_num_threads()
 
 
+def _pooled_input(x: torch.Tensor) -> torch.Tensor:
+    """What ATen's kernel pools: ``x`` channels-last where that pays, else ``x`` itself."""
+    return x.contiguous(memory_format=torch.channels_last) if channels_last_pays(x) else x
+
+
 def _pair(v: Any) -> list[int]:
     return list(v) * (2 // len(v)) if isinstance(v, (tuple, list)) else [v, v]
 
@@ -50,8 +55,7 @@ def _max_pool2d_function(window: tuple) -> type:
     class MaxPool2d(torch.autograd.Function):
         @staticmethod
         def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
-            src = x.contiguous(memory_format=torch.channels_last) if channels_last_pays(x) else x
-            out, indices = torch.ops.aten.max_pool2d_with_indices(src, *window)
+            out, indices = torch.ops.aten.max_pool2d_with_indices(_pooled_input(x), *window)
             ctx.save_for_backward(x, indices.contiguous())
             return out.contiguous()
 
@@ -76,7 +80,4 @@ def max_pool2d(input: torch.Tensor, kernel_size: Any, stride: Any = None, paddin
               tuple(_pair(dilation)), bool(ceil_mode))
     if input.requires_grad and torch.is_grad_enabled():  # (passes/cpu_pooling.py: large)
         return _max_pool2d_function(window).apply(input)
-    if not channels_last_pays(input):
-        return torch.ops.aten.max_pool2d(input, *window)
-    return torch.ops.aten.max_pool2d(
-        input.contiguous(memory_format=torch.channels_last), *window).contiguous()
+    return torch.ops.aten.max_pool2d(_pooled_input(input), *window).contiguous()

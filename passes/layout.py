@@ -174,6 +174,12 @@ def contiguous(meta: TensorMeta) -> bool:
     return same_layout(meta, dataclasses.replace(meta, stride=row_major))
 
 
+def channels_last(meta: TensorMeta) -> bool:
+    """A 4-d tensor laid out NHWC (along every dim longer than 1)."""
+    return meta.ndim == 4 and same_layout(
+        meta, dataclasses.replace(meta, stride=dense_strides(meta.shape, CHANNELS_LAST)))
+
+
 def _metas(meta: Any) -> tuple:
     return meta if isinstance(meta, tuple) else (meta,)
 

@@ -11,7 +11,8 @@ dilation are numbers.  oneDNN is fastest on channels-last activations: passes/la
 lays a graph out channels-last on the CPU where :func:`wants_channels_last`, and this pass
 packs only convolutions whose input and result are channels-last, and not those of one
 pixel an image (a squeeze-excite block's), where ``F.conv2d`` was the faster (0.010-0.016 ms
-against 0.032-0.037, 576 <-> 144 channels, one thread).
+against 0.032-0.037, 576 <-> 144 channels, one thread), nor the small 1x1 ones that
+passes/conv_gemm.py made products of pixel rows before it.
 """
 
 from __future__ import annotations
@@ -27,14 +28,8 @@ from minicompile.meta_rules import int_tuple
 from minicompile.passes.conv_gemm import DEFAULTS, PARAMS
 from minicompile.passes.decompose_reductions import bind
 from minicompile.passes.hoist_params import parameter_values
-from minicompile.passes.layout import (CHANNELS_LAST, CONV2D, convolutions, dense_strides,
-                                       same_layout)
+from minicompile.passes.layout import CONV2D, channels_last, convolutions, dense_strides
 from minicompile.runtime import onednn
-
-
-def _channels_last(meta: TensorMeta) -> bool:
-    wanted = dense_strides(meta.shape, CHANNELS_LAST)
-    return same_layout(meta, TensorMeta(meta.shape, wanted, meta.dtype, meta.device))
 
 
 def packable(node: Node, params: set[Node]) -> dict[str, Any] | None:
@@ -67,9 +62,6 @@ def wants_channels_last(graph: Graph, state: frozenset[int]) -> bool:
     return bool(convs) and all(packable(c, params) is not None for c in convs)
 
 
-HARDTANH = ("input", "min_val", "max_val", "inplace")
-
-
 def _scaled(weight: Node) -> tuple[Node, Node, list[Node]] | None:
     """``weight`` as (w, scale, its nodes) where it is ``w * scale`` of float32, one scale
     per output channel (a folded batch norm's), maybe copied channels-last, read by the
@@ -89,39 +81,28 @@ def _scaled(weight: Node) -> tuple[Node, Node, list[Node]] | None:
     return w, scale, nodes
 
 
-def _number(v: object) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
-
-
 def _library_activation(conv: Node) -> tuple[Node, str, list, list[Node]] | None:
-    """F.hardswish or F.hardtanh (ReLU6 is one) of ``conv``, its only reader."""
+    """F.hardswish of ``conv``, its only reader."""
     (u,) = conv.users
     if u.target == "torch.nn.functional.hardswish" and u.args == (conv,) and (
             u.kwargs in ({}, {"inplace": False})):
         return u, "hardswish", [], []
-    if u.target == "torch.nn.functional.hardtanh" and len(u.args) <= 4:
-        b = bind(u.args, u.kwargs, HARDTANH, {"min_val": -1.0, "max_val": 1.0, "inplace": False})
-        if (set(b) == set(HARDTANH) and b["input"] is conv and b["inplace"] is False
-                and _number(b["min_val"]) and _number(b["max_val"])):
-            return u, "hardtanh", [float(b["min_val"]), float(b["max_val"])], []
     return None
 
 
 def _activation(conv: Node) -> tuple[Node, str, list, list[Node]] | None:
     """The activation that alone reads ``conv``, for oneDNN to apply as the convolution
     writes: (the node it stands for, oneDNN's name for it, its scalars, the nodes of it
-    that go), else None.  ReLU and SiLU come decomposed: ``where(lt(conv, 0), 0, conv)``,
-    ``truediv(conv, add(exp(neg(conv)), 1.0))``."""
+    that go), else None.  SiLU comes decomposed: ``truediv(conv, add(exp(neg(conv)),
+    1.0))``.  Only activations that keep a NaN as eager's do: oneDNN's ReLU and clip
+    (hardtanh, ReLU6) write 0 for a NaN, where ``torch.relu`` keeps it, so those stay
+    kernels of their own."""
     users = conv.users
     if len(users) == 1:
         return _library_activation(conv)
     if len(users) != 2 or len(set(users)) != 2 or any(u.kwargs for u in users):
         return None
     by_op = {u.target: u for u in users}
-    if set(by_op) == {"lt", "where"}:
-        lt, where = by_op["lt"], by_op["where"]
-        if lt.args == (conv, 0) and lt.users == [where] and where.args == (lt, 0, conv):
-            return where, "relu", [], [lt]
     if set(by_op) == {"neg", "truediv"} and len(by_op["neg"].users) == 1:
         neg, div = by_op["neg"], by_op["truediv"]
         (exp,) = neg.users
@@ -138,7 +119,7 @@ def pack_convolutions(graph: Graph, state: frozenset[int]) -> tuple[Graph, str]:
     logs ("" where nothing)."""
     params = parameter_values(graph, state)
     found = {n: a for n in graph.calls() if (a := packable(n, params)) is not None
-             and _channels_last(a["input"].meta) and _channels_last(n.meta)
+             and channels_last(a["input"].meta) and channels_last(n.meta)
              and n.meta.shape[2] * n.meta.shape[3] > 1}
     if not found:
         return graph, ""

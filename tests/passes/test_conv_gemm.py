@@ -6,11 +6,13 @@ from __future__ import annotations
 import dataclasses
 import math
 
+import pytest
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 import minicompile
-from minicompile import ops
+from minicompile import config, ops
 from minicompile.passes.conv_gemm import convs_as_products
 
 from graph_builder import GraphBuilder
@@ -157,3 +159,49 @@ def test_patch_products_match_eager() -> None:
                         strict=True):
             torch.testing.assert_close(a, e, rtol=1e-4, atol=1e-5)
     assert minicompile.stats()["eager_fallbacks"] == 0
+
+
+class Stage(nn.Module):
+    """A MobileNet stage at 8x8 pixels, channels-last in inference (oneDNN's layout)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, 32, 3, padding=1, bias=False),
+                                  nn.BatchNorm2d(32), nn.ReLU6())
+        self.expand = nn.Sequential(nn.Conv2d(32, 96, 1, bias=False), nn.BatchNorm2d(96),
+                                    nn.ReLU6())
+        self.depthwise = nn.Sequential(nn.Conv2d(96, 96, 3, padding=1, groups=96, bias=False),
+                                       nn.BatchNorm2d(96), nn.ReLU6())
+        self.project = nn.Conv2d(96, 8, 1)
+        self.shallow = nn.Conv2d(8, 512, 1)  # 8 input channels: too shallow for a product
+        self.wide = nn.Conv2d(512, 512, 1)  # 2 x 8 x 8 x 512 x 512 multiply-adds: too many
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        y = self.project(self.depthwise(self.expand(self.stem(x))))
+        return y, self.wide(self.shallow(y))
+
+
+@pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="no oneDNN: no channels-last")
+def test_channels_last_inference_products(capsys: pytest.CaptureFixture) -> None:
+    """In a channels-last inference graph, the small 1x1 convolutions of more than 16 input
+    channels (a batch norm folded into one) are products of the pixel rows (a view of the
+    input, the result channels-last: no copy); the others stay oneDNN's; and all match
+    eager, in eager's strides, before and after the parameters change."""
+    torch.manual_seed(0)
+    model = Stage().eval()
+    with config.patch(logs=frozenset({"graph"})), torch.no_grad():
+        compiled = minicompile.compile(model, backend="cpp", fullgraph=True)
+        for step in range(3):
+            for _ in range(2):  # fresh values each call
+                x = torch.randn(2, 3, 8, 8)
+                for got, want in zip(compiled(x), model(x), strict=True):
+                    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+                    assert got.stride() == want.stride()
+            if step == 0:  # the folded weight and its batch norm
+                model.expand[0].weight.mul_(-1.5)
+                model.expand[1].running_var.add_(1.0)
+            else:
+                model.project.bias.sub_(1.0)
+    main = capsys.readouterr().err.split("after passes ========")[1]
+    assert main.count(PRODUCT) == 2, main  # expand and project
+    assert main.count("minicompile.runtime.onednn.conv2d") == 4, main

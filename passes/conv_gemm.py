@@ -4,11 +4,15 @@ what it measured): the deep stages of a CNN on small images (resnext50's 2x2 pix
 1024 and 2048 channels at 64x64 input) spend most of their time there.
 
 Only for float32 and float64 on the CPU, static sizes, a contiguous input and result
-(channels-last ones are passes/layout.py's); any other convolution stays the
+(channels-last ones: below); any other convolution stays the
 call it was.  From 16 pixels on the convolution was the faster (by 4-90%, 13 shapes
 measured on one thread), so the rule stops below.  A convolution of a parameter in float32
 runs on a packed oneDNN weight instead where it can (passes/onednn_conv.py, which is
-faster still: 0.11 ms against 0.31 for 1024 channels on 2x2 pixels).
+faster still: 0.11 ms against 0.31 for 1024 channels on 2x2 pixels).  In a graph laid out
+channels-last for oneDNN, a 1x1 inference convolution with a small product
+(:func:`_small_rows_product`) is that product all the same: the pixel rows are then a view
+of the input and the product's rows the result's pixels, and MKL ran those faster than
+oneDNN's packed convolution.
 
 One pixel an image (a squeeze-excite block's convolutions), in any layout and with any
 stride, is one ``F.linear`` between views (:func:`_pixel_product`), in inference too: on one

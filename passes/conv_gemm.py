@@ -104,7 +104,7 @@ def rewrite_of(node: Node) -> tuple[Callable[..., Node], tuple] | None:
         return _rows_product, (x, w, bias, kernel)
     pixels = math.prod(int(s) for s in node.meta.shape[2:])
     if all(channels_last(m) for m in (x.meta, node.meta)):  # (passes/layout.py's choice)
-        return (_library_product, (x, w, bias, stride)) if _small_rows_product(
+        return (_library_product, (x, w, bias, stride, True)) if _small_rows_product(
             node, bound) else None  # (else oneDNN's: passes/onednn_conv.py)
     if not all(contiguous(m) for m in (x.meta, node.meta)):
         return None
@@ -151,11 +151,13 @@ def convs_as_products(graph: Graph) -> tuple[Graph, str]:
 
 
 def _library_product(b: _Builder, x: Node, w: Node, bias: Node | None,
-                     stride: tuple[int, int]) -> Node:
-    """The product as one library call (runtime/conv_gemm.py), in inference."""
+                     stride: tuple[int, int], channels_last: bool = False) -> Node:
+    """The product as one library call (runtime/conv_gemm.py), in inference; its result
+    ``channels_last`` where the graph's layout has it so."""
     origin = b.origin
-    return b.graph.call(ops.extern_op(conv_gemm.conv2d_1x1), (x, w, bias, stride), {},
-                        origin.meta, origin.stack)
+    args = (x, w, bias, stride) + ((True,) if channels_last else ())
+    return b.graph.call(ops.extern_op(conv_gemm.conv2d_1x1), args, {}, origin.meta,
+                        origin.stack)
 
 
 def _rows_product(b: _Builder, x: Node, w: Node, bias: Node | None,

@@ -81,25 +81,14 @@ def _scaled(weight: Node) -> tuple[Node, Node, list[Node]] | None:
     return w, scale, nodes
 
 
-def _library_activation(conv: Node) -> tuple[Node, str, list, list[Node]] | None:
-    """F.hardswish of ``conv``, its only reader."""
-    (u,) = conv.users
-    if u.target == "torch.nn.functional.hardswish" and u.args == (conv,) and (
-            u.kwargs in ({}, {"inplace": False})):
-        return u, "hardswish", [], []
-    return None
-
-
 def _activation(conv: Node) -> tuple[Node, str, list, list[Node]] | None:
     """The activation that alone reads ``conv``, for oneDNN to apply as the convolution
     writes: (the node it stands for, oneDNN's name for it, its scalars, the nodes of it
-    that go), else None.  SiLU comes decomposed: ``truediv(conv, add(exp(neg(conv)),
-    1.0))``.  Only activations that keep a NaN as eager's do: oneDNN's ReLU and clip
-    (hardtanh, ReLU6) write 0 for a NaN, where ``torch.relu`` keeps it, so those stay
-    kernels of their own."""
+    that go), else None.  Only SiLU, decomposed by then (passes/decompose.py):
+    ``truediv(conv, add(exp(neg(conv)), 1.0))``.  oneDNN's ReLU and clip (hardtanh,
+    ReLU6) write 0 for a NaN, where eager keeps it, so those stay kernels of their own;
+    hardswish, decomposed too, is a ``where`` chain oneDNN is not given."""
     users = conv.users
-    if len(users) == 1:
-        return _library_activation(conv)
     if len(users) != 2 or len(set(users)) != 2 or any(u.kwargs for u in users):
         return None
     by_op = {u.target: u for u in users}

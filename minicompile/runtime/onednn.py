@@ -39,9 +39,9 @@ def conv2d(input: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None,
            groups: int, attr: str = "none", scalars: tuple[float, ...] = ()) -> torch.Tensor:
     """``F.conv2d(input, weight, bias, stride, padding, dilation, groups)`` of a
     channels-last ``input``, ``packed`` from ``weight`` by :func:`pack_conv2d_weight`,
-    and oneDNN's activation ``attr`` ("relu", "swish", "hardswish", "hardtanh" with its
-    bounds as ``scalars``) applied to it; the result channels-last (as eager's convolution
-    of a channels-last input)."""
+    and oneDNN's activation ``attr`` ("swish", say, with its ``scalars``) applied to it
+    (passes/onednn_conv.py gives only those that keep a NaN as eager does); the result
+    channels-last (as eager's convolution of a channels-last input)."""
     _, convolve = compat.onednn_convolution()
     out = convolve(input, packed, bias, list(padding), list(stride), list(dilation), groups,
                    attr, list(scalars), "")

@@ -205,3 +205,22 @@ def test_channels_last_inference_products(capsys: pytest.CaptureFixture) -> None
     main = capsys.readouterr().err.split("after passes ========")[1]
     assert main.count(PRODUCT) == 2, main  # expand and project
     assert main.count("minicompile.runtime.onednn.conv2d") == 4, main
+
+
+def test_the_library_product_lays_out_its_result_as_told() -> None:
+    """runtime/conv_gemm.conv2d_1x1 writes channels-last only when the compiler says so: a
+    one-channel input is channels-last and contiguous at once, and its result is eager's
+    (contiguous) all the same."""
+    from minicompile.runtime.conv_gemm import conv2d_1x1
+
+    for _ in range(2):  # fresh values each call
+        x, w, b = torch.randn(2, 1, 2, 2), torch.randn(4, 1, 1, 1), torch.randn(4)
+        got, want = conv2d_1x1(x, w, b, (1, 1)), F.conv2d(x, w, b)
+        torch.testing.assert_close(got, want)
+        assert got.stride() == want.stride()
+        x = torch.randn(2, 24, 3, 3).contiguous(memory_format=torch.channels_last)
+        w = torch.randn(8, 24, 1, 1)
+        bias = b[:1].expand(8)
+        got, want = conv2d_1x1(x, w, bias, (1, 1), True), F.conv2d(x, w, bias)
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+        assert got.stride() == want.stride()  # (eager's of a channels-last input)

@@ -87,6 +87,17 @@ def planned_threads() -> int:
     return max(torch.get_num_threads(), os.cpu_count() or 1)
 
 
+def kernel_work(plan: KernelPlan) -> sympy.Expr:
+    """The estimated work of ``plan``: its elements (kept and reduced) times
+    :func:`element_cost`."""
+    return plan.numel * sympy.Max(plan.rnumel, 1) * element_cost(plan)
+
+
+def parallel_bar() -> int:
+    """The least work an OpenMP region pays for on :func:`planned_threads` threads."""
+    return max(MIN_PARALLEL_WORK, planned_threads() * MIN_THREAD_WORK)
+
+
 def plan_parallel(plan: KernelPlan, loops: Sequence[sympy.Expr],
                   loop_vars: Sequence[sympy.Symbol] = ()) -> Parallel:
     """Which of the outer ``loops`` (their trip counts, outermost first: the loops that may
@@ -95,7 +106,7 @@ def plan_parallel(plan: KernelPlan, loops: Sequence[sympy.Expr],
     :func:`element_cost`.  ``loop_vars``: the variables of the first of ``loops`` where
     they are the plan's (the stores' indices tell how many iterations fill a cache line)."""
     threads = planned_threads()
-    work = plan.numel * sympy.Max(plan.rnumel, 1) * element_cost(plan)
+    work = kernel_work(plan)
     hints = {s: sympy.Integer(v) for s, v in plan.hints.items()}
 
     def value(e: sympy.Expr) -> int:
@@ -103,7 +114,7 @@ def plan_parallel(plan: KernelPlan, loops: Sequence[sympy.Expr],
         return int(e) if e.is_Integer else UNKNOWN_SIZE
 
     total = value(work)
-    bar = max(MIN_PARALLEL_WORK, threads * MIN_THREAD_WORK)
+    bar = parallel_bar()
     if work.is_Integer and total < bar:
         return Parallel()  # too little work (for so many threads): one thread
     depth, par = 0, 1

@@ -44,6 +44,31 @@ def test_small_columns_stay_on_one_thread(monkeypatch: pytest.MonkeyPatch) -> No
     assert "chunk" not in kernel and "#pragma omp parallel" not in kernel
 
 
+def test_blocks_with_little_work_each_are_not_split(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each block of columns runs the split kernel's parallel loops (one a reduction batch,
+    one for the outputs per element): a mobilenet_v2 batch norm's 384 channels of 32 pixels
+    (6 blocks) made 18 OpenMP regions of 2 chunks, 140 us on 16 threads for 12,288
+    elements.  Too little work a block, or no more chunks than blocks (already shared in one
+    loop), keeps the column kernel."""
+    monkeypatch.setattr(cpp_threads, "planned_threads", lambda: 16)
+    b = GraphBuilder()
+    x = b.input("L_x", torch.empty(2, 384, 4, 4).to(memory_format=torch.channels_last))
+    centred = b("sub", x, b("truediv", b("sum", x, [0, 2, 3], True), 32))
+    var = b("truediv", b("sum", b("mul", centred, centred), [0, 2, 3], True), 32)
+    normal = b("add", b("mul", b("mul", centred, b("rsqrt", b("add", var, 1e-5))), 0.5), 0.1)
+    w, bias = b.input("L_w", (1, 384, 1, 1)), b.input("L_b", (1, 384, 1, 1))
+    b.output(b("clamp", b("add", b("mul", normal, w), bias), 0.0, 6.0), var)
+    (kernel,) = kernels(b)
+    assert "chunk" not in kernel and kernel.count("#pragma omp parallel") <= 1
+    b = GraphBuilder()
+    y = b.input("L_x", (48, 192))  # 3 blocks, 3 chunks of 16 rows (costly math: much work)
+    for op in ["exp", "sin", "cos", "tanh", "sigmoid", "erf", "log1p", "exp2", "expm1", "sin"]:
+        y = b(op, y)
+    b.output(b("sum", y, [0], False))
+    (kernel,) = kernels(b)
+    assert "chunk" not in kernel and kernel.count("#pragma omp parallel for") == 1
+
+
 def normalized(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
     """Reductions over dim 0, then a value per element that reads them."""
     mean = x.mean(0)
@@ -104,20 +129,21 @@ def test_the_split_kernel_runs_in_the_model(monkeypatch: pytest.MonkeyPatch,
 
 
 def transposed_layer_norm(a: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    return F.layer_norm(a.transpose(1, 2), (512,), w, b)
+    return F.layer_norm(a.transpose(1, 2), (a.shape[1],), w, b)
 
 
 def test_a_split_kernel_writes_its_per_element_output(monkeypatch: pytest.MonkeyPatch,
                                                       capsys: pytest.CaptureFixture) -> None:
-    """A layer norm of rows stored transposed (mlp_mixer's first one): its statistics are
-    column sums over 2 x 1 blocks of columns, split on 16 planned threads, and the
-    normalised output is written in the same kernel, per element (a TypeError there once
-    made it run eagerly, with the right values)."""
+    """A layer norm of rows stored transposed (as mlp_mixer's first one, longer): its
+    statistics are column sums over one block of 16 columns, split on 16 planned threads,
+    and the normalised output is written in the same kernel, per element (a TypeError there
+    once made it run eagerly, with the right values).  (mlp_mixer's own, 512 long in 2
+    blocks, is too little work to split.)"""
     monkeypatch.setattr(cpp_threads, "planned_threads", lambda: 16)
     with minicompile.config.patch(logs=frozenset({"output_code"})):
         compiled = minicompile.compile(transposed_layer_norm, backend="cpp")
         for _ in range(2):  # fresh values each call
-            args = torch.randn(2, 512, 16), torch.randn(512), torch.randn(512)
+            args = torch.randn(1, 8192, 16), torch.randn(8192), torch.randn(8192)
             torch.testing.assert_close(compiled(*args), transposed_layer_norm(*args),
                                        rtol=1e-5, atol=1e-5)
     assert minicompile.stats()["eager_fallbacks"] == 0

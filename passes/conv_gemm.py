@@ -26,7 +26,14 @@ instead (:func:`_rows_product`: its pixel rows, ``F.linear``, the result back in
 layout), whose backward is derived as matrix products too (passes/derivatives.py's
 ``linear_rule``): efficientnet_b0's 2x2-pixel stages at 64x64 input, one thread, took 0.9 ms
 a forward and 1.0-1.2 ms a backward as convolutions against 0.12 and 0.24 as products
-(1152 -> 320 channels on 2x2x2 pixels; 320 -> 1280 alike).
+(1152 -> 320 channels on 2x2x2 pixels; 320 -> 1280 alike).  A strided one (a ResNet's
+shortcut) of up to :data:`MAX_STRIDED_PIXELS` output pixels is the product of every
+stride-th pixel (:func:`_strided_rows_product`; the slices' gradient scatters back into
+zeros): ATen's convolution and its backward of 1024 -> 2048 channels on 2x2x2 output pixels
+took 19 ms on one thread (1.6 on 16), the product's 3 (0.5).  Over 9 such shapes of 4-128
+output pixels the products took 0.18-0.79 of the convolutions' time on 2 threads, 0.19-0.81
+on 4 and 0.33-0.96 on 16 (H200 host); resnext26ts's train step 0.88 -> 0.63 of eager's
+time on one thread (CPU time), 0.80-0.83 -> 0.75-0.78 on 16.
 
 A patch embedding (stride equal to the kernel, a vision transformer's 16x16 or a ConvNeXt
 stem's 4x4) of at most :data:`MAX_PATCH_ROWS` patches is the same product of the patches'
@@ -55,6 +62,7 @@ from minicompile.passes.layout import CONV2D, channels_last, contiguous, plain
 from minicompile.runtime import conv_gemm
 
 MAX_PIXELS = 8  # output pixels (batch x height x width)
+MAX_STRIDED_PIXELS = 128  # of a strided one that takes a gradient
 MAX_ROWS_MACS = 4 << 20  # multiply-adds of a channels-last 1x1 convolution's product
 MAX_ROWS = 2048  # its pixel rows: 8192 rows of 32 -> 16 channels took 1.4x oneDNN's time
 MIN_ROWS_DEPTH = 16  # input channels: at 16 or fewer, oneDNN's convolution was the faster
@@ -108,10 +116,13 @@ def rewrite_of(node: Node) -> tuple[Callable[..., Node], tuple] | None:
             node, bound) else None  # (else oneDNN's: passes/onednn_conv.py)
     if not all(contiguous(m) for m in (x.meta, node.meta)):
         return None
+    if node.requires_grad and stride != (1, 1):
+        return (_strided_rows_product, (x, w, bias, stride)) if (
+            n * pixels <= MAX_STRIDED_PIXELS) else None
     if not 1 < pixels <= n * pixels <= MAX_PIXELS:
         return None  # too many pixels
-    if node.requires_grad:  # (a stride: its input's gradient would be a strided scatter)
-        return (_rows_product, (x, w, bias)) if stride == (1, 1) else None
+    if node.requires_grad:
+        return _rows_product, (x, w, bias)
     return _library_product, (x, w, bias, stride)
 
 
@@ -173,6 +184,15 @@ def _rows_product(b: _Builder, x: Node, w: Node, bias: Node | None,
     product = b(ops.extern_op(F.linear), rows, b("reshape", w, (out, depth)), bias)
     pixels = b("permute", b("reshape", product, (n, h, width, out)), (0, 3, 1, 2))
     return b("to_eager_layout", pixels, plain(b.origin.meta.stride))
+
+
+def _strided_rows_product(b: _Builder, x: Node, w: Node, bias: Node | None,
+                          stride: tuple[int, int]) -> Node:
+    """``F.conv2d(x, w, bias, stride)`` of a 1x1 ``w`` as graph ops: the product of every
+    ``stride``-th pixel of ``x`` (two slices, whose gradient scatters back into zeros)."""
+    h, width = (int(s) for s in x.meta.shape[2:])
+    picked = b("slice", b("slice", x, 2, 0, h, stride[0]), 3, 0, width, stride[1])
+    return _rows_product(b, picked, w, bias)
 
 
 def _pixel_product(b: _Builder, x: Node, w: Node, bias: Node | None) -> Node:

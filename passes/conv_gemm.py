@@ -35,6 +35,17 @@ output pixels the products took 0.18-0.79 of the convolutions' time on 2 threads
 on 4 and 0.33-0.96 on 16 (H200 host); resnext26ts's train step 0.88 -> 0.63 of eager's
 time on one thread (CPU time), 0.80-0.83 -> 0.75-0.78 on 16.
 
+A k x k convolution (stride 1, any padding) that takes a gradient over at most
+:data:`MAX_WINDOW_PIXELS` output pixels is the product of its windows' rows
+(:func:`_window_product`: the padded input's taps, views stacked into rows by one kernel,
+then ``F.linear``; the taps' gradients add back in fused kernels): ATen's convolution and
+its backward of 3x3 filters on few pixels cost far more than their arithmetic (512 -> 512
+channels on 2x2x2 pixels: 13-20 ms on one thread, 1.5 on 16; the product 3.4 and 0.5).
+Over 10 shapes of ResNet's and DenseNet's stages the products took 0.16-0.85 of the
+convolutions' time at up to 32 pixels on one and two threads (1.15-1.64 at 128), 0.31-0.71
+on 16 (H200 host); resnet18's train step 0.99 -> 0.74 of eager's time on one thread (CPU
+time), 0.94 -> 0.72 on 16; densenet121's 0.83 -> 0.77 on one.
+
 A patch embedding (stride equal to the kernel, a vision transformer's 16x16 or a ConvNeXt
 stem's 4x4) of at most :data:`MAX_PATCH_ROWS` patches is the same product of the patches'
 rows (:func:`rewrite_of`).  Train steps, as products over as convolutions (``.gpu/ab.py``;
@@ -55,6 +66,7 @@ import torch.nn.functional as F
 
 from minicompile import ops
 from minicompile.graph import Graph, Node, TensorMeta, copy_graph
+from minicompile.lowering import MAX_CAT_PIECES
 from minicompile.meta_rules import int_tuple
 from minicompile.passes.decompose import _Builder
 from minicompile.passes.decompose_reductions import bind
@@ -66,6 +78,7 @@ MAX_STRIDED_PIXELS = 128  # of a strided one that takes a gradient
 MAX_ROWS_MACS = 4 << 20  # multiply-adds of a channels-last 1x1 convolution's product
 MAX_ROWS = 2048  # its pixel rows: 8192 rows of 32 -> 16 channels took 1.4x oneDNN's time
 MIN_ROWS_DEPTH = 16  # input channels: at 16 or fewer, oneDNN's convolution was the faster
+MAX_WINDOW_PIXELS = 32  # output pixels of a k x k convolution as its windows' product
 MAX_PATCH_ROWS = 512  # patches (batch x patch rows x patch columns)
 DTYPES = frozenset({torch.float32, torch.float64})
 PARAMS = ("input", "weight", "bias", "stride", "padding", "dilation", "groups")
@@ -86,8 +99,9 @@ def _convolution(node: Node) -> dict[str, Any] | None:
                for t in tensors) or not isinstance(meta, TensorMeta) or meta.is_symbolic:
         return None
     bound["stride"] = int_tuple(bound["stride"], 2)
+    bound["padding"] = int_tuple(bound["padding"], 2) if bound["padding"] != "valid" else (0, 0)
     if (meta.device.type != "cpu" or meta.dtype not in DTYPES or x.meta.ndim != 4
-            or bound["stride"] is None or int_tuple(bound["padding"], 2) != (0, 0)
+            or bound["stride"] is None or bound["padding"] is None
             or int_tuple(bound["dilation"], 2) != (1, 1) or bound["groups"] != 1):
         return None
     return bound
@@ -102,6 +116,9 @@ def rewrite_of(node: Node) -> tuple[Callable[..., Node], tuple] | None:
     x, w, bias, stride = bound["input"], bound["weight"], bound["bias"], bound["stride"]
     kernel = tuple(int(s) for s in w.meta.shape[2:])
     n, _, h, width = (int(s) for s in x.meta.shape)
+    if bound["padding"] != (0, 0) or (kernel != (1, 1) and stride == (1, 1)):
+        return (_window_product, (x, w, bias, bound["padding"])) if _small_windows(
+            node, bound) else None
     if kernel == (1, 1) and (h, width) == (1, 1):
         return _pixel_product, (x, w, bias)  # one pixel an image: any layout, any stride
     if kernel != (1, 1):  # a patch embedding, or a convolution this pass leaves
@@ -124,6 +141,17 @@ def rewrite_of(node: Node) -> tuple[Callable[..., Node], tuple] | None:
     if node.requires_grad:
         return _rows_product, (x, w, bias)
     return _library_product, (x, w, bias, stride)
+
+
+def _small_windows(node: Node, bound: dict[str, Any]) -> bool:
+    """Whether a k x k convolution (stride 1) that takes a gradient is the product of its
+    windows' rows (:func:`_window_product`): eager's layout and at most
+    :data:`MAX_WINDOW_PIXELS` output pixels."""
+    x, w = bound["input"], bound["weight"]
+    pixels = math.prod(int(s) for s in node.meta.shape) // int(w.meta.shape[0])
+    return (node.requires_grad and bound["stride"] == (1, 1)
+            and all(contiguous(m) for m in (x.meta, node.meta))
+            and pixels <= MAX_WINDOW_PIXELS)
 
 
 def _small_rows_product(node: Node, bound: dict[str, Any]) -> bool:
@@ -193,6 +221,33 @@ def _strided_rows_product(b: _Builder, x: Node, w: Node, bias: Node | None,
     h, width = (int(s) for s in x.meta.shape[2:])
     picked = b("slice", b("slice", x, 2, 0, h, stride[0]), 3, 0, width, stride[1])
     return _rows_product(b, picked, w, bias)
+
+
+def _window_product(b: _Builder, x: Node, w: Node, bias: Node | None,
+                    padding: tuple[int, int]) -> Node:
+    """``F.conv2d(x, w, bias, padding=padding)`` (stride 1) as graph ops: each output
+    pixel's window of the padded input is a row (every channel's ``kh x kw`` taps, in
+    ``w``'s order), times ``w``'s matrix; the result in the convolution's layout.  The taps
+    are views stacked into the rows by one kernel; autograd derives the products, and the
+    taps' gradients add back into the input's pixels."""
+    n, c, h, width = (int(s) for s in x.meta.shape)
+    out, _, kh, kw = (int(s) for s in w.meta.shape)
+    (ph, pw), depth = padding, c * kh * kw
+    padded = b(ops.extern_op(F.pad), x, (pw, pw, ph, ph)) if ph or pw else x
+    rows_out, columns_out = h + 2 * ph - kh + 1, width + 2 * pw - kw + 1
+    taps = []
+    for i in range(kh):
+        band = b("slice", padded, 2, i, i + rows_out, 1)
+        for j in range(kw):
+            tap = b("slice", band, 3, j, j + columns_out, 1)
+            taps.append(b("permute", tap, (0, 2, 3, 1)))  # (n, rows, columns, channels)
+    stack = ops.extern_op(torch.stack)  # (8 taps a kernel at most: its cat's pieces)
+    groups = [b(stack, taps[k:k + MAX_CAT_PIECES], 4) for k in range(0, len(taps), MAX_CAT_PIECES)]
+    windows = groups[0] if len(groups) == 1 else b(ops.extern_op(torch.cat), groups, 4)
+    rows = b("reshape", windows, (n * rows_out * columns_out, depth))
+    product = b(ops.extern_op(F.linear), rows, b("reshape", w, (out, depth)), bias)
+    pixels = b("permute", b("reshape", product, (n, rows_out, columns_out, out)), (0, 3, 1, 2))
+    return b("to_eager_layout", pixels, plain(b.origin.meta.stride))
 
 
 def _pixel_product(b: _Builder, x: Node, w: Node, bias: Node | None) -> Node:

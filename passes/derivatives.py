@@ -373,6 +373,23 @@ def linear_rule(d: Any, node: Node, g: Node) -> list | None:
     return out
 
 
+def pad_rule(d: Any, node: Node, g: Node) -> list | None:
+    """F.pad(x, pad) with the constant mode and pads of at least zero: x's gradient is
+    ``g`` without the padding (slices); None for other modes and crops."""
+    bound = dict(zip(("input", "pad", "mode", "value"), node.args), **node.kwargs)
+    x, pad = bound.get("input"), bound.get("pad")
+    if (bound.get("mode", "constant") != "constant" or not isinstance(x, Node)
+            or not isinstance(pad, (list, tuple)) or len(pad) % 2
+            or not all(type(p) is int and p >= 0 for p in pad)):
+        return None
+    grad = g
+    for k in range(len(pad) // 2):
+        dim, before = x.meta.ndim - 1 - k, pad[2 * k]
+        if before or pad[2 * k + 1]:
+            grad = d("slice", grad, dim, before, before + x.meta.shape[dim], 1)
+    return [(x, grad)] if d.needs(x) else []
+
+
 def addmm_rule(d: Any, node: Node, g: Node) -> list | None:
     """torch.addmm(c, a, b) = c + a @ b (transformers' GPT-2 Conv1D): dc = g summed to c's
     shape, da = g @ b^T, db = a^T @ g; None for other beta or alpha."""
@@ -558,6 +575,7 @@ LIBRARY_RULES: dict[str, Callable[..., list | None]] = {
     "torch.nn.functional.max_pool2d": max_pool2d_rule, "torch.max_pool2d": max_pool2d_rule,
     "torch.nn.functional.avg_pool2d": avg_pool2d_rule,
     "torch.nn.functional.embedding": embedding_rule,
+    "torch.nn.functional.pad": pad_rule,
 }
 
 

@@ -147,6 +147,76 @@ def test_strided_products_take_gradients_as_eager() -> None:
     assert minicompile.stats()["eager_fallbacks"] == 0
 
 
+def _trained_window_conv(image: int, requires_grad: bool = True) -> str:
+    """The graph text after the pass, of one 3x3 convolution (padding 1) over 2 images."""
+    b = GraphBuilder(torch.device("cpu"))
+    x = b.input("L_x", (2, 64, image, image), torch.float32)
+    w = b.input("L_w", (32, 64, 3, 3), torch.float32)
+    conv = ops.extern_op(F.conv2d)
+    args = (x, w, None, (1, 1), (1, 1))
+    meta = dataclasses.replace(ops.infer_meta(conv, args, {}, b.device),
+                               requires_grad=requires_grad)
+    b.output(b.graph.call(conv, args, {}, meta))
+    return str(convs_as_products(b.graph)[0])
+
+
+def test_small_trained_convolutions_are_window_products() -> None:
+    """A k x k convolution that takes a gradient over at most 32 output pixels is the product
+    of its windows' rows (9 taps stacked, one F.linear); over more pixels, or in inference,
+    it stays the convolution."""
+    text = _trained_window_conv(4)  # 2 x 4 x 4 output pixels
+    assert "torch.stack" in text and "torch.nn.functional.linear" in text
+    assert "torch.nn.functional.pad" in text and "conv2d" not in text
+    assert "conv2d" in _trained_window_conv(8)  # 128 output pixels
+    assert "conv2d" in _trained_window_conv(4, requires_grad=False)
+
+
+def test_window_products_take_gradients_as_eager() -> None:
+    """ResNet's last stage (ATen's 3x3 convolution of 512 channels on 2x2 pixels and its
+    backward: 13 ms on one thread; the product's 3), and odd kernels, paddings and sizes:
+    values, strides and gradients as eager's at two calls with fresh values; F.pad's
+    gradient (a slice of the result's) is derived in the graph, and checked here too."""
+    cases = [((2, 512, 2, 2), 512, 3, 1, True), ((2, 8, 5, 7), 24, 5, (2, 0), False),
+             ((1, 16, 3, 4), 8, 3, 0, True), ((2, 4, 1, 1), 6, 3, 1, True)]
+    for x_shape, out, k, padding, bias in cases:
+        def fn(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None,
+               padding: Any = padding) -> torch.Tensor:
+            return F.conv2d(x, w, b, padding=padding).relu() * 2
+
+        compiled = minicompile.compile(fn, backend="cpp")
+        for _ in range(2):
+            shapes = [x_shape, (out, x_shape[1], k, k)] + [(out,)] * bias
+            args = [(torch.randn(s) / math.prod(s[1:]) ** 0.5).requires_grad_() for s in shapes]
+            got, want = compiled(*args, *[None] * (not bias)), fn(*args, *[None] * (not bias))
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+            assert got.stride() == want.stride()
+            g = torch.randn_like(want)
+            for a, e in zip(torch.autograd.grad(got, args, g),
+                            torch.autograd.grad(want, args, g), strict=True):
+                torch.testing.assert_close(a, e, rtol=1e-4, atol=1e-4)
+    assert minicompile.stats()["eager_fallbacks"] == 0
+
+
+def padded(x: torch.Tensor) -> torch.Tensor:
+    return F.pad(x.sin(), (1, 2, 0, 3)) * torch.arange(7.0)
+
+
+def test_the_gradient_of_a_constant_pad(capsys: pytest.CaptureFixture) -> None:
+    """Derived in the graph (a slice of the result's gradient), not recorded for
+    PyTorch's autograd."""
+    with config.patch(logs=frozenset({"graph"})):
+        compiled = minicompile.compile(padded, backend="cpp")
+        compiled(torch.randn(3, 5, 4, requires_grad=True))
+    assert "autograd.vjp" not in capsys.readouterr().err
+    for _ in range(2):
+        x = torch.randn(3, 5, 4, requires_grad=True)
+        got, want = compiled(x), padded(x)
+        torch.testing.assert_close(got, want)
+        g = torch.randn_like(want)
+        torch.testing.assert_close(torch.autograd.grad(got, x, g)[0],
+                                   torch.autograd.grad(want, x, g)[0])
+
+
 def embed(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """A vision transformer's patch embedding: 4x4 patches, each a row of ``w``'s outputs."""
     return F.conv2d(x, w, b, stride=4).flatten(2).transpose(1, 2).relu()

@@ -86,17 +86,24 @@ def test_products_take_gradients_as_eager() -> None:
     eager's on fresh values at each of two calls."""
     shapes = ((2, 24, 2, 2), (96, 24, 1, 1), (96,), (96, 1, 3, 3), (24, 96, 1, 1),
               (96, 96, 1, 1))
-    compiled = minicompile.compile(block, backend="cpp")
+    _trains_as_eager(block, shapes)
+
+
+def _trains_as_eager(fn: Any, shapes: Any, *constants: Any) -> None:
+    """``fn`` compiled, at two calls with fresh values of ``shapes`` (then ``constants``):
+    its result, the result's strides and every gradient as eager's."""
+    compiled = minicompile.compile(fn, backend="cpp")
     for _ in range(2):
         # (weights at 1/sqrt(fan-in), as nn.Conv2d's: the float32 sums stay near 1)
         args = [(torch.randn(s) / math.prod(s[1:]) ** 0.5).requires_grad_() for s in shapes]
-        got = compiled(*args)
-        want = block(*args)
+        got, want = compiled(*args, *constants), fn(*args, *constants)
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+        assert got.stride() == want.stride()
         g = torch.randn_like(want)  # a gradient that differs at each element
         for a, e in zip(torch.autograd.grad(got, args, g), torch.autograd.grad(want, args, g),
                         strict=True):
             torch.testing.assert_close(a, e, rtol=1e-4, atol=1e-4)
+    assert minicompile.stats()["eager_fallbacks"] == 0
 
 
 def _trained_conv(image: int, stride: int = 1) -> str:
@@ -133,18 +140,7 @@ def test_strided_products_take_gradients_as_eager() -> None:
                stride: Any = stride) -> torch.Tensor:
             return F.conv2d(x, w, b, stride=stride).relu() * 2
 
-        compiled = minicompile.compile(fn, backend="cpp")
-        for _ in range(2):
-            shapes = (x_shape, (out, x_shape[1], 1, 1), (out,))
-            args = [(torch.randn(s) / math.prod(s[1:]) ** 0.5).requires_grad_() for s in shapes]
-            got, want = compiled(*args), fn(*args)
-            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
-            assert got.stride() == want.stride()
-            g = torch.randn_like(want)
-            for a, e in zip(torch.autograd.grad(got, args, g),
-                            torch.autograd.grad(want, args, g), strict=True):
-                torch.testing.assert_close(a, e, rtol=1e-4, atol=1e-4)
-    assert minicompile.stats()["eager_fallbacks"] == 0
+        _trains_as_eager(fn, (x_shape, (out, x_shape[1], 1, 1), (out,)))
 
 
 def _trained_window_conv(image: int, requires_grad: bool = True) -> str:
@@ -183,18 +179,8 @@ def test_window_products_take_gradients_as_eager() -> None:
                padding: Any = padding) -> torch.Tensor:
             return F.conv2d(x, w, b, padding=padding).relu() * 2
 
-        compiled = minicompile.compile(fn, backend="cpp")
-        for _ in range(2):
-            shapes = [x_shape, (out, x_shape[1], k, k)] + [(out,)] * bias
-            args = [(torch.randn(s) / math.prod(s[1:]) ** 0.5).requires_grad_() for s in shapes]
-            got, want = compiled(*args, *[None] * (not bias)), fn(*args, *[None] * (not bias))
-            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
-            assert got.stride() == want.stride()
-            g = torch.randn_like(want)
-            for a, e in zip(torch.autograd.grad(got, args, g),
-                            torch.autograd.grad(want, args, g), strict=True):
-                torch.testing.assert_close(a, e, rtol=1e-4, atol=1e-4)
-    assert minicompile.stats()["eager_fallbacks"] == 0
+        _trains_as_eager(fn, [x_shape, (out, x_shape[1], k, k)] + [(out,)] * bias,
+                         *[None] * (not bias))
 
 
 def padded(x: torch.Tensor) -> torch.Tensor:

@@ -28,23 +28,27 @@ layout), whose backward is derived as matrix products too (passes/derivatives.py
 a forward and 1.0-1.2 ms a backward as convolutions against 0.12 and 0.24 as products
 (1152 -> 320 channels on 2x2x2 pixels; 320 -> 1280 alike).  A strided one (a ResNet's
 shortcut) of up to :data:`MAX_STRIDED_PIXELS` output pixels is the product of every
-stride-th pixel (:func:`_strided_rows_product`; the slices' gradient scatters back into
-zeros): ATen's convolution and its backward of 1024 -> 2048 channels on 2x2x2 output pixels
-took 19 ms on one thread (1.6 on 16), the product's 3 (0.5).  Over 9 such shapes of 4-128
-output pixels the products took 0.18-0.79 of the convolutions' time on 2 threads, 0.19-0.81
+stride-th pixel (:func:`_window_product`'s one tap, a phase of the input): ATen's
+convolution and its backward of 1024 -> 2048 channels on 2x2x2 output pixels took 19
+ms on one thread (1.6 on 16), the product's 3 (0.5).  Over 9 such shapes of 4-128 output
+pixels the products took 0.18-0.79 of the convolutions' time on 2 threads, 0.19-0.81
 on 4 and 0.33-0.96 on 16 (H200 host); resnext26ts's train step 0.88 -> 0.63 of eager's
 time on one thread (CPU time), 0.80-0.83 -> 0.75-0.78 on 16.
 
-A k x k convolution (stride 1, any padding) that takes a gradient over at most
-:data:`MAX_WINDOW_PIXELS` output pixels is the product of its windows' rows
-(:func:`_window_product`: the padded input's taps, views stacked into rows by one kernel,
-then ``F.linear``; the taps' gradients add back in fused kernels): ATen's convolution and
+A k x k convolution (any stride and padding, but a patch embedding's) that takes a
+gradient over at most :data:`MAX_WINDOW_PIXELS` output pixels is the product of its
+windows' rows (:func:`_window_product`: the padded input's taps, views stacked into rows
+by one kernel, then ``F.linear``; the taps' gradients add back in fused kernels; strided
+taps are phases of the padded input, :func:`_taps`): ATen's convolution and
 its backward of 3x3 filters on few pixels cost far more than their arithmetic (512 -> 512
 channels on 2x2x2 pixels: 13-20 ms on one thread, 1.5 on 16; the product 3.4 and 0.5).
 Over 10 shapes of ResNet's and DenseNet's stages the products took 0.16-0.85 of the
 convolutions' time at up to 32 pixels on one and two threads (1.15-1.64 at 128), 0.31-0.71
 on 16 (H200 host); resnet18's train step 0.99 -> 0.74 of eager's time on one thread (CPU
-time), 0.94 -> 0.72 on 16; densenet121's 0.83 -> 0.77 on one.
+time), 0.94 -> 0.72 on 16; densenet121's 0.83 -> 0.77 on one.  Strided 3x3 ones (ResNet's
+transitions: 256 -> 512 channels on 4x4 pixels, 10.9 ms against 1.7) took
+0.15-0.56 of the convolutions' time at up to 32 output pixels (1.52 at 128; one thread),
+and resnet18's compiled step 51-55 -> 41-48 ms of CPU time.
 
 A patch embedding (stride equal to the kernel, a vision transformer's 16x16 or a ConvNeXt
 stem's 4x4) of at most :data:`MAX_PATCH_ROWS` patches is the same product of the patches'
@@ -116,8 +120,8 @@ def rewrite_of(node: Node) -> tuple[Callable[..., Node], tuple] | None:
     x, w, bias, stride = bound["input"], bound["weight"], bound["bias"], bound["stride"]
     kernel = tuple(int(s) for s in w.meta.shape[2:])
     n, _, h, width = (int(s) for s in x.meta.shape)
-    if bound["padding"] != (0, 0) or (kernel != (1, 1) and stride == (1, 1)):
-        return (_window_product, (x, w, bias, bound["padding"])) if _small_windows(
+    if bound["padding"] != (0, 0) or kernel not in ((1, 1), stride):  # (not a patch)
+        return (_window_product, (x, w, bias, bound["padding"], stride)) if _small_windows(
             node, bound) else None
     if kernel == (1, 1) and (h, width) == (1, 1):
         return _pixel_product, (x, w, bias)  # one pixel an image: any layout, any stride
@@ -133,8 +137,8 @@ def rewrite_of(node: Node) -> tuple[Callable[..., Node], tuple] | None:
             node, bound) else None  # (else oneDNN's: passes/onednn_conv.py)
     if not all(contiguous(m) for m in (x.meta, node.meta)):
         return None
-    if node.requires_grad and stride != (1, 1):
-        return (_strided_rows_product, (x, w, bias, stride)) if (
+    if node.requires_grad and stride != (1, 1):  # (its one tap: every stride-th pixel)
+        return (_window_product, (x, w, bias, (0, 0), stride)) if (
             n * pixels <= MAX_STRIDED_PIXELS) else None
     if not 1 < pixels <= n * pixels <= MAX_PIXELS:
         return None  # too many pixels
@@ -144,13 +148,12 @@ def rewrite_of(node: Node) -> tuple[Callable[..., Node], tuple] | None:
 
 
 def _small_windows(node: Node, bound: dict[str, Any]) -> bool:
-    """Whether a k x k convolution (stride 1) that takes a gradient is the product of its
-    windows' rows (:func:`_window_product`): eager's layout and at most
-    :data:`MAX_WINDOW_PIXELS` output pixels."""
+    """Whether a k x k convolution that takes a gradient is the product of its windows'
+    rows (:func:`_window_product`): eager's layout and at most :data:`MAX_WINDOW_PIXELS`
+    output pixels."""
     x, w = bound["input"], bound["weight"]
     pixels = math.prod(int(s) for s in node.meta.shape) // int(w.meta.shape[0])
-    return (node.requires_grad and bound["stride"] == (1, 1)
-            and all(contiguous(m) for m in (x.meta, node.meta))
+    return (node.requires_grad and all(contiguous(m) for m in (x.meta, node.meta))
             and pixels <= MAX_WINDOW_PIXELS)
 
 
@@ -214,33 +217,18 @@ def _rows_product(b: _Builder, x: Node, w: Node, bias: Node | None,
     return b("to_eager_layout", pixels, plain(b.origin.meta.stride))
 
 
-def _strided_rows_product(b: _Builder, x: Node, w: Node, bias: Node | None,
-                          stride: tuple[int, int]) -> Node:
-    """``F.conv2d(x, w, bias, stride)`` of a 1x1 ``w`` as graph ops: the product of every
-    ``stride``-th pixel of ``x`` (two slices, whose gradient scatters back into zeros)."""
-    h, width = (int(s) for s in x.meta.shape[2:])
-    picked = b("slice", b("slice", x, 2, 0, h, stride[0]), 3, 0, width, stride[1])
-    return _rows_product(b, picked, w, bias)
-
-
 def _window_product(b: _Builder, x: Node, w: Node, bias: Node | None,
-                    padding: tuple[int, int]) -> Node:
-    """``F.conv2d(x, w, bias, padding=padding)`` (stride 1) as graph ops: each output
-    pixel's window of the padded input is a row (every channel's ``kh x kw`` taps, in
-    ``w``'s order), times ``w``'s matrix; the result in the convolution's layout.  The taps
-    are views stacked into the rows by one kernel; autograd derives the products, and the
-    taps' gradients add back into the input's pixels."""
-    n, c, h, width = (int(s) for s in x.meta.shape)
+                    padding: tuple[int, int], stride: tuple[int, int]) -> Node:
+    """``F.conv2d(x, w, bias, stride, padding)`` as graph ops: each output pixel's window
+    of the padded input is a row (every channel's ``kh x kw`` taps, in ``w``'s order),
+    times ``w``'s matrix; the result in the convolution's layout.  The taps are views
+    stacked into the rows by one kernel; autograd derives the products, and the taps'
+    gradients add back into the input's pixels (:func:`_taps`)."""
+    n, c = (int(s) for s in x.meta.shape[:2])
     out, _, kh, kw = (int(s) for s in w.meta.shape)
-    (ph, pw), depth = padding, c * kh * kw
-    padded = b(ops.extern_op(F.pad), x, (pw, pw, ph, ph)) if ph or pw else x
-    rows_out, columns_out = h + 2 * ph - kh + 1, width + 2 * pw - kw + 1
-    taps = []
-    for i in range(kh):
-        band = b("slice", padded, 2, i, i + rows_out, 1)
-        for j in range(kw):
-            tap = b("slice", band, 3, j, j + columns_out, 1)
-            taps.append(b("permute", tap, (0, 2, 3, 1)))  # (n, rows, columns, channels)
+    rows_out, columns_out = (int(s) for s in b.origin.meta.shape[2:])
+    depth = c * kh * kw
+    taps = _taps(b, x, (kh, kw), padding, stride, (rows_out, columns_out))
     stack = ops.extern_op(torch.stack)  # (8 taps a kernel at most: its cat's pieces)
     groups = [b(stack, taps[k:k + MAX_CAT_PIECES], 4) for k in range(0, len(taps), MAX_CAT_PIECES)]
     windows = groups[0] if len(groups) == 1 else b(ops.extern_op(torch.cat), groups, 4)
@@ -248,6 +236,39 @@ def _window_product(b: _Builder, x: Node, w: Node, bias: Node | None,
     product = b(ops.extern_op(F.linear), rows, b("reshape", w, (out, depth)), bias)
     pixels = b("permute", b("reshape", product, (n, rows_out, columns_out, out)), (0, 3, 1, 2))
     return b("to_eager_layout", pixels, plain(b.origin.meta.stride))
+
+
+def _taps(b: _Builder, x: Node, kernel: tuple[int, int], padding: tuple[int, int],
+          stride: tuple[int, int], size: tuple[int, int]) -> list[Node]:
+    """Each filter tap's view of the padded input, (n, rows, columns, channels), row-major
+    over the taps.  With a stride, the padded input (cut or padded to whole strides) is
+    viewed as stride x stride phases, (n, c, rows, row phase, columns, column phase): a
+    tap is one phase's rows and columns from an offset, so that every view steps by 1 and
+    its gradient is a fused placement into zeros (not a strided scatter)."""
+    h, width = (int(s) for s in x.meta.shape[2:])
+    # the padded input's rows and columns that the windows span, in whole strides
+    need = [s * ((k - 1) // s + o) for k, s, o in zip(kernel, stride, size)]
+    keep = [min(full, spanned - p) for full, spanned, p in zip((h, width), need, padding)]
+    if keep[0] < h:
+        x = b("slice", x, 2, 0, keep[0], 1)  # rows no window reads
+    if keep[1] < width:
+        x = b("slice", x, 3, 0, keep[1], 1)
+    pads = (padding[1], need[1] - padding[1] - keep[1],
+            padding[0], need[0] - padding[0] - keep[0])
+    padded = b(ops.extern_op(F.pad), x, pads) if any(pads) else x
+    (sh, sw), (rows, columns) = stride, size
+    if stride != (1, 1):
+        n, c = (int(s) for s in x.meta.shape[:2])
+        padded = b("reshape", padded, (n, c, need[0] // sh, sh, need[1] // sw, sw))
+    taps = []
+    for i in range(kernel[0]):
+        band = b("slice", padded, 2, i // sh, i // sh + rows, 1)
+        for j in range(kernel[1]):
+            tap = b("slice", band, 3 if stride == (1, 1) else 4, j // sw, j // sw + columns, 1)
+            if stride != (1, 1):
+                tap = b("select", b("select", tap, 5, j % sw), 3, i % sh)
+            taps.append(b("permute", tap, (0, 2, 3, 1)))
+    return taps
 
 
 def _pixel_product(b: _Builder, x: Node, w: Node, bias: Node | None) -> Node:

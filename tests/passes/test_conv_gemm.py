@@ -143,13 +143,13 @@ def test_strided_products_take_gradients_as_eager() -> None:
         _trains_as_eager(fn, (x_shape, (out, x_shape[1], 1, 1), (out,)))
 
 
-def _trained_window_conv(image: int, requires_grad: bool = True) -> str:
+def _trained_window_conv(image: int, requires_grad: bool = True, stride: int = 1) -> str:
     """The graph text after the pass, of one 3x3 convolution (padding 1) over 2 images."""
     b = GraphBuilder(torch.device("cpu"))
     x = b.input("L_x", (2, 64, image, image), torch.float32)
     w = b.input("L_w", (32, 64, 3, 3), torch.float32)
     conv = ops.extern_op(F.conv2d)
-    args = (x, w, None, (1, 1), (1, 1))
+    args = (x, w, None, (stride, stride), (1, 1))
     meta = dataclasses.replace(ops.infer_meta(conv, args, {}, b.device),
                                requires_grad=requires_grad)
     b.output(b.graph.call(conv, args, {}, meta))
@@ -158,13 +158,15 @@ def _trained_window_conv(image: int, requires_grad: bool = True) -> str:
 
 def test_small_trained_convolutions_are_window_products() -> None:
     """A k x k convolution that takes a gradient over at most 32 output pixels is the product
-    of its windows' rows (9 taps stacked, one F.linear); over more pixels, or in inference,
-    it stays the convolution."""
+    of its windows' rows (9 taps stacked, one F.linear), strided too; over more pixels, or
+    in inference, it stays the convolution."""
     text = _trained_window_conv(4)  # 2 x 4 x 4 output pixels
     assert "torch.stack" in text and "torch.nn.functional.linear" in text
     assert "torch.nn.functional.pad" in text and "conv2d" not in text
     assert "conv2d" in _trained_window_conv(8)  # 128 output pixels
     assert "conv2d" in _trained_window_conv(4, requires_grad=False)
+    text = _trained_window_conv(8, stride=2)  # the taps: phases of the padded input
+    assert "select(" in text and "torch.nn.functional.linear" in text and "conv2d" not in text
 
 
 def test_window_products_take_gradients_as_eager() -> None:
@@ -172,12 +174,15 @@ def test_window_products_take_gradients_as_eager() -> None:
     backward: 13 ms on one thread; the product's 3), and odd kernels, paddings and sizes:
     values, strides and gradients as eager's at two calls with fresh values; F.pad's
     gradient (a slice of the result's) is derived in the graph, and checked here too."""
-    cases = [((2, 512, 2, 2), 512, 3, 1, True), ((2, 8, 5, 7), 24, 5, (2, 0), False),
-             ((1, 16, 3, 4), 8, 3, 0, True), ((2, 4, 1, 1), 6, 3, 1, True)]
-    for x_shape, out, k, padding, bias in cases:
+    cases = [((2, 512, 2, 2), 512, 3, 1, 1, True), ((2, 8, 5, 7), 24, 5, (2, 0), 1, False),
+             ((1, 16, 3, 4), 8, 3, 0, 1, True), ((2, 4, 1, 1), 6, 3, 1, 1, True),
+             # strided: ResNet's transitions, odd sizes, and rows no window reads (7 -> 6)
+             ((2, 256, 4, 4), 512, 3, 1, 2, True), ((2, 8, 5, 7), 6, 3, 1, 2, False),
+             ((1, 4, 7, 6), 5, 3, (1, 0), (2, 3), True), ((2, 4, 7, 7), 5, 2, 0, 3, True)]
+    for x_shape, out, k, padding, stride, bias in cases:
         def fn(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None,
-               padding: Any = padding) -> torch.Tensor:
-            return F.conv2d(x, w, b, padding=padding).relu() * 2
+               padding: Any = padding, stride: Any = stride) -> torch.Tensor:
+            return F.conv2d(x, w, b, stride, padding).relu() * 2
 
         _trains_as_eager(fn, [x_shape, (out, x_shape[1], k, k)] + [(out,)] * bias,
                          *[None] * (not bias))

@@ -52,9 +52,8 @@ def chunks(plan: KernelPlan) -> int:
     if int(cpp_threads.kernel_work(plan)) // blocks < cpp_threads.parallel_bar():
         return 0  # each block's parallel loops would cost more than their work
     count = min(CHUNKS, math.prod(int(s) for s in plan.rranges) // CHUNK_POINTS)
-    if count <= blocks or not plan_parallel(plan, [sympy.Integer(count)]).depth:
-        return 0  # no more iterations to share than the blocks' (in one loop), or too little work
-    return count
+    # (no more chunks than blocks: the column kernel shares those in one loop already)
+    return count if count > blocks else 0
 
 
 class CppSplitColumnKernel(CppColumnReductionKernel):

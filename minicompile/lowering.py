@@ -409,17 +409,14 @@ class Lowering:
         padded dim (the value outside, ``x`` shifted into place inside), as Inductor lowers
         ``constant_pad_nd``: consumers read ``x`` directly.  None (the library call) for
         other modes, negative pads (crops), symbolic sizes, bool or complex values."""
-        bound = dict(zip(("input", "pad", "mode", "value"), node.args), **node.kwargs)
-        x, pad, value = bound.get("input"), bound.get("pad"), bound.get("value")
-        value = 0 if value is None else value
         meta = node.meta
-        if (set(bound) - {"input", "pad", "mode", "value"} or bound.get("mode", "constant")
-                != "constant" or not isinstance(x, Node) or not isinstance(pad, (list, tuple))
-                or len(pad) % 2 or len(pad) // 2 > len(meta.shape)
-                or not all(type(p) is int and p >= 0 for p in pad)
-                or type(value) not in (int, float) or meta.dtype == torch.bool
-                or meta.dtype.is_complex or any(not s.is_Integer for s in meta.shape)
-                or product(x.meta.shape) == 0):
+        args = constant_pads(node)
+        if args is None:
+            return None
+        x, pad, value = args
+        if (len(pad) // 2 > len(meta.shape) or type(value) not in (int, float)
+                or meta.dtype == torch.bool or meta.dtype.is_complex
+                or any(not s.is_Integer for s in meta.shape) or product(x.meta.shape) == 0):
             return None
         out = dim_symbols(len(meta.shape))
         # pad = (last dim's before, after, the one before it's before, after, ...)
@@ -489,6 +486,18 @@ _LOWER_BY_FAMILY = {"view": Lowering.lower_view, "extern": Lowering.lower_extern
 # of at most this many pieces (more: the library call, which copies each input once).
 MAX_CAT_PIECES = 8
 PAD = ops.extern_op(torch.nn.functional.pad)  # lowered as cats of the fill value (lower_pad)
+
+
+def constant_pads(node: Node) -> tuple[Node, tuple[int, ...], Any] | None:
+    """``F.pad(x, pad, "constant", value)``'s ``(x, pad, value)`` where every pad is at
+    least 0 (no crop), else None (other modes, arguments not known here)."""
+    bound = dict(zip(("input", "pad", "mode", "value"), node.args), **node.kwargs)
+    x, pad, value = bound.get("input"), bound.get("pad"), bound.get("value")
+    if (set(bound) - {"input", "pad", "mode", "value"} or bound.get("mode", "constant")
+            != "constant" or not isinstance(x, Node) or not isinstance(pad, (list, tuple))
+            or len(pad) % 2 or not all(type(p) is int and p >= 0 for p in pad)):
+        return None
+    return x, tuple(pad), 0 if value is None else value
 
 
 def _fits(in_shape: tuple, out_shape: tuple, dim: int, stack: bool) -> bool:

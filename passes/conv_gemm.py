@@ -138,8 +138,8 @@ def rewrite_of(node: Node) -> tuple[Callable[..., Node], tuple] | None:
     if not all(contiguous(m) for m in (x.meta, node.meta)):
         return None
     if node.requires_grad and stride != (1, 1):  # (its one tap: every stride-th pixel)
-        return (_window_product, (x, w, bias, (0, 0), stride)) if (
-            n * pixels <= MAX_STRIDED_PIXELS) else None
+        return (_window_product, (x, w, bias, (0, 0), stride)) if _small_windows(
+            node, bound) else None
     if not 1 < pixels <= n * pixels <= MAX_PIXELS:
         return None  # too many pixels
     if node.requires_grad:
@@ -148,13 +148,14 @@ def rewrite_of(node: Node) -> tuple[Callable[..., Node], tuple] | None:
 
 
 def _small_windows(node: Node, bound: dict[str, Any]) -> bool:
-    """Whether a k x k convolution that takes a gradient is the product of its windows'
-    rows (:func:`_window_product`): eager's layout and at most :data:`MAX_WINDOW_PIXELS`
-    output pixels."""
+    """Whether a convolution that takes a gradient is the product of its windows' rows
+    (:func:`_window_product`): eager's layout and at most :data:`MAX_WINDOW_PIXELS` output
+    pixels (:data:`MAX_STRIDED_PIXELS` for a 1x1 filter's one tap)."""
     x, w = bound["input"], bound["weight"]
     pixels = math.prod(int(s) for s in node.meta.shape) // int(w.meta.shape[0])
+    one_tap = all(int(k) == 1 for k in w.meta.shape[2:])
     return (node.requires_grad and all(contiguous(m) for m in (x.meta, node.meta))
-            and pixels <= MAX_WINDOW_PIXELS)
+            and pixels <= (MAX_STRIDED_PIXELS if one_tap else MAX_WINDOW_PIXELS))
 
 
 def _small_rows_product(node: Node, bound: dict[str, Any]) -> bool:

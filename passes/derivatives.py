@@ -20,6 +20,7 @@ import torch
 
 from minicompile import compat, ops
 from minicompile.graph import Node, flatten_nodes, map_nodes
+from minicompile.lowering import constant_pads
 from minicompile.meta_rules import int_tuple
 from minicompile.op_table import ROWS, ZERO
 
@@ -376,18 +377,18 @@ def linear_rule(d: Any, node: Node, g: Node) -> list | None:
 def pad_rule(d: Any, node: Node, g: Node) -> list | None:
     """F.pad(x, pad) with the constant mode and pads of at least zero: x's gradient is
     ``g`` without the padding (slices); None for other modes and crops."""
-    bound = dict(zip(("input", "pad", "mode", "value"), node.args), **node.kwargs)
-    x, pad = bound.get("input"), bound.get("pad")
-    if (bound.get("mode", "constant") != "constant" or not isinstance(x, Node)
-            or not isinstance(pad, (list, tuple)) or len(pad) % 2
-            or not all(type(p) is int and p >= 0 for p in pad)):
+    args = constant_pads(node)
+    if args is None:
         return None
+    x, pad, _ = args
+    if not d.needs(x):
+        return []
     grad = g
     for k in range(len(pad) // 2):
         dim, before = x.meta.ndim - 1 - k, pad[2 * k]
         if before or pad[2 * k + 1]:
             grad = d("slice", grad, dim, before, before + x.meta.shape[dim], 1)
-    return [(x, grad)] if d.needs(x) else []
+    return [(x, grad)]
 
 
 def addmm_rule(d: Any, node: Node, g: Node) -> list | None:

@@ -26,29 +26,17 @@ instead (:func:`_rows_product`: its pixel rows, ``F.linear``, the result back in
 layout), whose backward is derived as matrix products too (passes/derivatives.py's
 ``linear_rule``): efficientnet_b0's 2x2-pixel stages at 64x64 input, one thread, took 0.9 ms
 a forward and 1.0-1.2 ms a backward as convolutions against 0.12 and 0.24 as products
-(1152 -> 320 channels on 2x2x2 pixels; 320 -> 1280 alike).  A strided one (a ResNet's
-shortcut) of up to :data:`MAX_STRIDED_PIXELS` output pixels is the product of every
-stride-th pixel (:func:`_window_product`'s one tap, a phase of the input): ATen's
-convolution and its backward of 1024 -> 2048 channels on 2x2x2 output pixels took 19
-ms on one thread (1.6 on 16), the product's 3 (0.5).  Over 9 such shapes of 4-128 output
-pixels the products took 0.18-0.79 of the convolutions' time on 2 threads, 0.19-0.81
-on 4 and 0.33-0.96 on 16 (H200 host); resnext26ts's train step 0.88 -> 0.63 of eager's
-time on one thread (CPU time), 0.80-0.83 -> 0.75-0.78 on 16.
+(1152 -> 320 channels on 2x2x2 pixels; 320 -> 1280 alike).
 
-A k x k convolution (any stride and padding, but a patch embedding's) that takes a
-gradient over at most :data:`MAX_WINDOW_PIXELS` output pixels is the product of its
-windows' rows (:func:`_window_product`: the padded input's taps, views stacked into rows
-by one kernel, then ``F.linear``; the taps' gradients add back in fused kernels; strided
-taps are phases of the padded input, :func:`_taps`): ATen's convolution and
-its backward of 3x3 filters on few pixels cost far more than their arithmetic (512 -> 512
-channels on 2x2x2 pixels: 13-20 ms on one thread, 1.5 on 16; the product 3.4 and 0.5).
-Over 10 shapes of ResNet's and DenseNet's stages the products took 0.16-0.85 of the
-convolutions' time at up to 32 pixels on one and two threads (1.15-1.64 at 128), 0.31-0.71
-on 16 (H200 host); resnet18's train step 0.99 -> 0.74 of eager's time on one thread (CPU
-time), 0.94 -> 0.72 on 16; densenet121's 0.83 -> 0.77 on one.  Strided 3x3 ones (ResNet's
-transitions: 256 -> 512 channels on 4x4 pixels, 10.9 ms against 1.7) took
-0.15-0.56 of the convolutions' time at up to 32 output pixels (1.52 at 128; one thread),
-and resnet18's compiled step 51-55 -> 41-48 ms of CPU time.
+Any other convolution that takes a gradient over few output pixels (:func:`_small_windows`)
+is the product of its windows' rows (:func:`_window_product`: the padded input's taps,
+views stacked into rows by one kernel, then ``F.linear``; a stride views the input as
+phases, :func:`_taps`): ATen's convolution and backward cost far more there than their
+arithmetic (3x3, 512 -> 512 channels on 2x2x2 pixels: 13-20 ms on one thread, 1.5 on 16,
+the product 3.4 and 0.5; a 1x1 of 1024 -> 2048 with stride 2: 19 ms, the product 3).
+Measured over 25 ResNet and DenseNet shapes (README: the train steps): products took
+0.15-0.96 of the time at up to 32 output pixels on 1-16 threads (a strided 1x1's one tap:
+up to 128), 1.15-1.64 at 128 on one thread.
 
 A patch embedding (stride equal to the kernel, a vision transformer's 16x16 or a ConvNeXt
 stem's 4x4) of at most :data:`MAX_PATCH_ROWS` patches is the same product of the patches'

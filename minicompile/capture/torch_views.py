@@ -1,7 +1,7 @@
 """Casts, views and metadata queries of tensors, registered into :mod:`torch_ops`' tables
 (imported from there).  Casts become ``to_dtype`` (the input itself for the same dtype);
 views become ``permute``, ``unsqueeze``, ``squeeze`` and ``expand``; ``contiguous()`` is
-the input when it is contiguous; metadata is answered from the guarded traced metadata.
+the input when it is contiguous (in a memory format: :func:`relaid`); metadata is answered from the guarded traced metadata.
 """
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ def _to(em: Emitter, fname: str, args: tuple, kwargs: dict) -> Any:
     dtype = kwargs.pop("dtype", None)
     device = kwargs.pop("device", None)
     copy = kwargs.pop("copy", False)
+    fmt = kwargs.pop("memory_format", torch.preserve_format)
     kwargs.pop("non_blocking", None)
     if kwargs:
         raise Unsupported(f"{fname}() argument(s) {sorted(kwargs)} not supported")
@@ -68,6 +69,8 @@ def _to(em: Emitter, fname: str, args: tuple, kwargs: dict) -> Any:
     if device is not None and _moves(x, torch.device(device)):
         # A copy to another device: a library call (the wrapper runs x.to(device)).
         x = em.op("torch.Tensor.to", (x, _full_device(torch.device(device))))
+    if fmt is not torch.preserve_format:
+        x = relaid(em, fname, x, fmt)
     return cast(em, x, dtype)
 
 
@@ -228,12 +231,31 @@ def _expand_as(em: Emitter, fname: str, args: tuple, kwargs: dict) -> Any:
 def _contiguous(em: Emitter, fname: str, args: tuple, kwargs: dict) -> Any:
     x, fmt = parse(
         fname, args, kwargs, ("input", "memory_format"), memory_format=torch.contiguous_format)
-    if fmt is not torch.contiguous_format:
-        raise Unsupported(f"{fname}(memory_format={fmt}) is not supported")
     x = tensor_arg(fname, x)
+    if fmt is not torch.contiguous_format:
+        return relaid(em, fname, x, fmt)
     if x.meta.fake().is_contiguous():
         return x  # eager returns the tensor itself
     return em.op("contiguous", (x,))  # a row-major copy, as eager makes
+
+
+def relaid(em: Emitter, fname: str, x: TensorVar, fmt: Any) -> Any:
+    """``x`` laid out as ``fname(memory_format=fmt)`` lays it (``x.contiguous`` or
+    ``x.to``, channels-last ones): ``x`` itself where eager returns it, else a copy in the
+    strides eager gives (``to_eager_layout``), both read off the same call on ``x``'s meta
+    tensor.  A format eager refuses (channels-last of a 3-d tensor) is eager's to raise."""
+    if not isinstance(fmt, torch.memory_format) or fmt is torch.preserve_format:
+        raise Unsupported(f"{fname}(memory_format={fmt!r}) is not supported")
+    if x.meta.is_symbolic:
+        raise Unsupported(f"{fname}(memory_format={fmt}) of dynamic sizes is not supported")
+    fake = x.meta.fake()
+    try:
+        laid = getattr(fake, fname.rsplit(".", 1)[-1])(memory_format=fmt)
+    except RuntimeError as e:
+        raise Unsupported(f"{fname}(memory_format={fmt}): {e}") from None
+    if laid is fake:
+        return x
+    return em.op("to_eager_layout", (x, tuple(laid.stride())))
 
 
 # -- metadata --------------------------------------------------------------------------------

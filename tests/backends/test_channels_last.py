@@ -270,6 +270,32 @@ def test_convolution_of_a_channels_last_input_has_eager_strides(backend: str) ->
             assert compiled(x, w).stride() == f(x, w).stride()
 
 
+def relaid(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    return (x.contiguous(memory_format=torch.channels_last) * 2,
+            x.to(memory_format=torch.channels_last),
+            x.to(torch.float64, memory_format=torch.channels_last),
+            x.unsqueeze(-1).contiguous(memory_format=torch.channels_last_3d))
+
+
+def test_memory_formats_are_captured(backend: str) -> None:
+    """``x.contiguous(memory_format=...)`` and ``x.to(memory_format=...)`` are graph ops, no
+    graph break: ``x`` itself where eager returns it, else a copy in eager's strides (single
+    channels and 1x1 images included), on contiguous, channels-last and transposed input,
+    twice with fresh values; channels-last of a 3-d tensor is eager's error."""
+    compiled = minicompile.compile(relaid, backend=backend, fullgraph=True)
+    for shape in ((2, 3, 4, 5), (2, 1, 4, 4), (2, 3, 1, 1)):
+        for x in images(shape, shape, channels_last=True) + images(shape, shape):
+            for x in (x.to(device_for(backend)), x.to(device_for(backend)).transpose(1, 2)):
+                got, want = compiled(x), relaid(x)
+                for a, e in zip(got, want, strict=True):
+                    torch.testing.assert_close(a, e)
+                    assert a.stride() == e.stride() and a.dtype == e.dtype
+                assert (got[1] is x) == (want[1] is x)
+    with pytest.raises(RuntimeError, match="channels_last"):
+        minicompile.compile(lambda x: x.contiguous(memory_format=torch.channels_last) + 1,
+                            backend=backend)(torch.randn(3, 4, 5, device=device_for(backend)))
+
+
 def conv_relu(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return F.conv2d(x, w, padding=1).relu()
 

@@ -35,7 +35,7 @@ from minicompile.passes.derivatives import (
     cat_rule,
     custom_op_rule,
 )
-from minicompile.passes.layout import overlaps
+from minicompile.passes.layout import channels_last, overlaps
 
 RECORD = "minicompile.runtime.autograd.record"
 VJP = "minicompile.runtime.autograd.vjp"
@@ -108,6 +108,10 @@ def differentiate(graph: Graph) -> Joint:
             if tuple(g.meta.shape) != tuple(ph.meta.shape):
                 raise Unsupported(f"internal: gradient of {ph.target} has shape "
                                   f"{tuple(g.meta.shape)}, not {tuple(ph.meta.shape)}")
+            if _gapped(g.meta):  # a slice of a larger gradient (F.pad's): eager's is a new
+                # tensor, in its input's memory format (row-major, or channels-last)
+                g = d("to_eager_layout", g, tuple(ph.meta.stride) if channels_last(ph.meta)
+                      else _row_major(ph.meta.shape))
             input_grads.append(len(results))
             results.append(g)
         else:
@@ -308,6 +312,16 @@ def _grad_stride(meta: Any) -> tuple:
     if meta.is_symbolic or overlaps(meta, {}):  # symbolic, or an expanded input
         return _row_major(meta.shape)
     return tuple(meta.stride)
+
+
+def _gapped(meta: TensorMeta) -> bool:
+    """Whether a tensor of static sizes spans more memory than its elements fill (a slice
+    of a larger one)."""
+    if meta.is_symbolic or overlaps(meta, {}):
+        return False
+    sizes = [int(n) for n in meta.shape]
+    span = 1 + sum((n - 1) * int(s) for n, s in zip(sizes, meta.stride) if n > 0)
+    return 0 not in sizes and span > meta.numel()
 
 
 def _row_major(shape: tuple) -> tuple:

@@ -9,10 +9,11 @@ call it was.  From 16 pixels on the convolution was the faster (by 4-90%, 13 sha
 measured on one thread), so the rule stops below.  A convolution of a parameter in float32
 runs on a packed oneDNN weight instead where it can (passes/onednn_conv.py, which is
 faster still: 0.11 ms against 0.31 for 1024 channels on 2x2 pixels).  In a graph laid out
-channels-last for oneDNN, a 1x1 inference convolution with a small product
-(:func:`_small_rows_product`) is that product all the same: the pixel rows are then a view
-of the input and the product's rows the result's pixels, and MKL ran those faster than
-oneDNN's packed convolution.
+channels-last (for oneDNN in inference, for its depthwise convolutions in training), a 1x1
+convolution with a small product (:func:`_small_rows_product`) is that product all the
+same: the pixel rows are then a view of the input and the product's rows the result's
+pixels, and MKL ran those faster than oneDNN's convolution (in training as graph ops,
+:func:`_rows_product`, whose backward is two more products on views).
 
 One pixel an image (a squeeze-excite block's convolutions), in any layout and with any
 stride, is one ``F.linear`` between views (:func:`_pixel_product`), in inference too: on one
@@ -79,7 +80,7 @@ DEFAULTS = {"bias": None, "stride": 1, "padding": 0, "dilation": 1, "groups": 1}
 
 def _convolution(node: Node) -> dict[str, Any] | None:
     """The bound arguments of ``node`` where it is a 2-d convolution of static sizes on
-    the CPU in float32 or float64, without padding, dilation or groups."""
+    the CPU in float32 or float64, without dilation or groups."""
     if node.target not in CONV2D or len(node.args) > len(PARAMS):
         return None
     bound = bind(node.args, node.kwargs, PARAMS, DEFAULTS)
@@ -121,8 +122,11 @@ def rewrite_of(node: Node) -> tuple[Callable[..., Node], tuple] | None:
         return _rows_product, (x, w, bias, kernel)
     pixels = math.prod(int(s) for s in node.meta.shape[2:])
     if all(channels_last(m) for m in (x.meta, node.meta)):  # (passes/layout.py's choice)
-        return (_library_product, (x, w, bias, stride, True)) if _small_rows_product(
-            node, bound) else None  # (else oneDNN's: passes/onednn_conv.py)
+        if not _small_rows_product(node, bound):
+            return None  # (oneDNN's: passes/onednn_conv.py)
+        if node.requires_grad:  # the rows a view of the input, the result's a view of them
+            return _rows_product, (x, w, bias)
+        return _library_product, (x, w, bias, stride, True)
     if not all(contiguous(m) for m in (x.meta, node.meta)):
         return None
     if node.requires_grad and stride != (1, 1):  # (its one tap: every stride-th pixel)
@@ -147,18 +151,20 @@ def _small_windows(node: Node, bound: dict[str, Any]) -> bool:
 
 
 def _small_rows_product(node: Node, bound: dict[str, Any]) -> bool:
-    """Whether a 1x1 inference convolution of a channels-last input (stride 1, float32) is
-    a product small enough that MKL's runs it faster than oneDNN's convolution on a packed
-    weight: at most :data:`MAX_ROWS_MACS` multiply-adds and :data:`MAX_ROWS` pixel rows,
-    over more than :data:`MIN_ROWS_DEPTH` input channels.  Timed on 15 such shapes
-    (MobileNet's, ConvNeXt's and ResNet's stages at 64x64), MKL's product took 0.34-0.96
-    of oneDNN's time on one thread (and once 1.17, for a shape another run put at 0.81),
-    0.38-0.78 on two, 0.55-0.88 on four, and 0.52-1.02 on 16 but for 512 rows of 24 -> 144
-    channels there (1.2)."""
+    """Whether a 1x1 convolution of a channels-last input (stride 1, float32) is a product
+    small enough that MKL's runs it faster than oneDNN's convolution: at most
+    :data:`MAX_ROWS_MACS` multiply-adds and :data:`MAX_ROWS` pixel rows, over more than
+    :data:`MIN_ROWS_DEPTH` input channels.  Timed on 15 such shapes (MobileNet's,
+    ConvNeXt's and ResNet's stages at 64x64) in inference, MKL's product took 0.34-0.96 of
+    oneDNN's time on a packed weight on one thread (and once 1.17, for a shape another run
+    put at 0.81), 0.38-0.78 on two, 0.55-0.88 on four, and 0.52-1.02 on 16 but for 512
+    rows of 24 -> 144 channels there (1.2).  In training, forward and backward of 19
+    MobileNet and ConvNeXt shapes (``.gpu/mb_cl1x1.py``): 0.24-0.92 on two threads (ATen's
+    convolution ran slower on two threads than on one), 0.63-1.25 on one."""
     x, w = bound["input"].meta, bound["weight"].meta
     rows = math.prod(int(s) for s in node.meta.shape) // int(w.shape[0])
     depth = int(x.shape[1])
-    return (not node.requires_grad and bound["stride"] == (1, 1) and x.dtype == torch.float32
+    return (bound["stride"] == (1, 1) and x.dtype == torch.float32
             and depth > MIN_ROWS_DEPTH and rows <= MAX_ROWS
             and rows * depth * int(w.shape[0]) <= MAX_ROWS_MACS)
 
@@ -202,8 +208,14 @@ def _rows_product(b: _Builder, x: Node, w: Node, bias: Node | None,
     patches = b("reshape", x, (n, c, h, kh, width, kw))
     rows = b("reshape", b("permute", patches, (0, 2, 4, 1, 3, 5)), (n * h * width, depth))
     product = b(ops.extern_op(F.linear), rows, b("reshape", w, (out, depth)), bias)
-    pixels = b("permute", b("reshape", product, (n, h, width, out)), (0, 3, 1, 2))
-    return b("to_eager_layout", pixels, plain(b.origin.meta.stride))
+    return _as_convolution(b, b("reshape", product, (n, h, width, out)))
+
+
+def _as_convolution(b: _Builder, pixels: Node) -> Node:
+    """``pixels`` (n, rows, columns, channels) as the convolution's result: a view where
+    that has its strides, else a copy in them."""
+    result, want = b("permute", pixels, (0, 3, 1, 2)), plain(b.origin.meta.stride)
+    return result if plain(result.meta.stride) == want else b("to_eager_layout", result, want)
 
 
 def _window_product(b: _Builder, x: Node, w: Node, bias: Node | None,
@@ -223,8 +235,7 @@ def _window_product(b: _Builder, x: Node, w: Node, bias: Node | None,
     windows = groups[0] if len(groups) == 1 else b(ops.extern_op(torch.cat), groups, 4)
     rows = b("reshape", windows, (n * rows_out * columns_out, depth))
     product = b(ops.extern_op(F.linear), rows, b("reshape", w, (out, depth)), bias)
-    pixels = b("permute", b("reshape", product, (n, rows_out, columns_out, out)), (0, 3, 1, 2))
-    return b("to_eager_layout", pixels, plain(b.origin.meta.stride))
+    return _as_convolution(b, b("reshape", product, (n, rows_out, columns_out, out)))
 
 
 def _taps(b: _Builder, x: Node, kernel: tuple[int, int], padding: tuple[int, int],

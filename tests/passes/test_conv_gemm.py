@@ -208,6 +208,25 @@ def test_the_gradient_of_a_constant_pad(capsys: pytest.CaptureFixture) -> None:
                                    torch.autograd.grad(want, x, g)[0])
 
 
+def pad_input(x: torch.Tensor) -> torch.Tensor:
+    return F.pad(x, (1, 2, 0, 3)) * 2
+
+
+def test_an_input_gets_its_padding_gradient_dense() -> None:
+    """The gradient of a padded input is a slice of the result's: returned for the input,
+    it is copied out dense in eager's strides (its input's memory format: row-major, or
+    channels-last), not a view into the larger gradient (as passes/autograd.py gave it)."""
+    compiled = minicompile.compile(pad_input, backend="cpp")
+    for x in (torch.randn(3, 5, 4), torch.randn(3, 4, 5).transpose(1, 2),
+              torch.randn(2, 3, 5, 4).contiguous(memory_format=torch.channels_last)):
+        x.requires_grad_()
+        g = torch.randn_like(pad_input(x))
+        got, want = torch.autograd.grad(compiled(x), x, g)[0], torch.autograd.grad(
+            pad_input(x), x, g)[0]
+        torch.testing.assert_close(got, want)
+        assert got.stride() == want.stride()
+
+
 def embed(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """A vision transformer's patch embedding: 4x4 patches, each a row of ``w``'s outputs."""
     return F.conv2d(x, w, b, stride=4).flatten(2).transpose(1, 2).relu()
@@ -294,6 +313,28 @@ def test_channels_last_inference_products(capsys: pytest.CaptureFixture) -> None
     main = capsys.readouterr().err.split("after passes ========")[1]
     assert main.count(PRODUCT) == 2, main  # expand and project
     assert main.count("minicompile.runtime.onednn.conv2d") == 4, main
+
+
+def channels_last_conv(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """A 1x1 convolution of a channels-last input: a MobileNet's in a train step (laid out
+    so by passes/layout.py), or a ConvNeXt's after its permuted layer norm."""
+    return F.conv2d(x.contiguous(memory_format=torch.channels_last), w, b)
+
+
+def test_channels_last_products_take_gradients_as_eager(capsys: pytest.CaptureFixture) -> None:
+    """Taking a gradient, a small channels-last 1x1 convolution is its pixel rows' product
+    in graph ops: the rows a view of the input, the result channels-last as eager's (no
+    copy), the backward derived as matrix products; values, strides and gradients as
+    eager's.  Too shallow an input (8 channels) stays the convolution."""
+    with config.patch(logs=frozenset({"graph"})):
+        _trains_as_eager(channels_last_conv, ((2, 96, 4, 4), (160, 96, 1, 1), (160,)))
+        _trains_as_eager(channels_last_conv, ((2, 8, 4, 5), (160, 8, 1, 1), (160,)))
+    graphs = capsys.readouterr().err.split("======== minicompile graph: ")
+    product, shallow = (g for g in graphs if g.startswith("channels_last_conv after passes"))
+    conv = "torch.nn.functional.conv2d(%"  # (the source line in comments says conv2d)
+    assert "torch.nn.functional.linear" in product and conv not in product, product
+    assert product.count("to_eager_layout(%") == 1, product  # (the input's, in the source)
+    assert conv in shallow and "linear(%" not in shallow, shallow
 
 
 def test_the_library_product_lays_out_its_result_as_told() -> None:

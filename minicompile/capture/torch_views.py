@@ -1,7 +1,8 @@
 """Casts, views and metadata queries of tensors, registered into :mod:`torch_ops`' tables
 (imported from there).  Casts become ``to_dtype`` (the input itself for the same dtype);
 views become ``permute``, ``unsqueeze``, ``squeeze`` and ``expand``; ``contiguous()`` is
-the input when it is contiguous (in a memory format: :func:`relaid`); metadata is answered from the guarded traced metadata.
+the input when it is contiguous (in a memory format: :func:`relaid`); metadata is answered
+from the guarded traced metadata.
 """
 
 from __future__ import annotations

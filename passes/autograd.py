@@ -23,7 +23,7 @@ from typing import Any
 import sympy
 import torch
 
-from minicompile import ops
+from minicompile import compat, ops
 from minicompile.errors import Unsupported
 from minicompile.graph import Graph, Node, TensorMeta, copy_graph, flatten_nodes, map_nodes
 
@@ -315,13 +315,10 @@ def _grad_stride(meta: Any) -> tuple:
 
 
 def _gapped(meta: TensorMeta) -> bool:
-    """Whether a tensor of static sizes spans more memory than its elements fill (a slice
-    of a larger one)."""
-    if meta.is_symbolic or overlaps(meta, {}):
-        return False
-    sizes = [int(n) for n in meta.shape]
-    span = 1 + sum((n - 1) * int(s) for n, s in zip(sizes, meta.stride) if n > 0)
-    return 0 not in sizes and span > meta.numel()
+    """Whether a tensor of static sizes has gaps between its elements (a slice of a larger
+    one): neither dense nor overlapping."""
+    return not (meta.is_symbolic or overlaps(meta, {})
+                or compat.prims_common().is_non_overlapping_and_dense_or_false(meta.fake()))
 
 
 def _row_major(shape: tuple) -> tuple:

@@ -217,9 +217,9 @@ def test_an_input_gets_its_padding_gradient_dense() -> None:
     it is copied out dense in eager's strides (its input's memory format: row-major, or
     channels-last), not a view into the larger gradient (as passes/autograd.py gave it)."""
     compiled = minicompile.compile(pad_input, backend="cpp")
-    for x in (torch.randn(3, 5, 4), torch.randn(3, 4, 5).transpose(1, 2),
-              torch.randn(2, 3, 5, 4).contiguous(memory_format=torch.channels_last)):
-        x.requires_grad_()
+    layouts = (lambda: torch.randn(3, 5, 4), lambda: torch.randn(3, 4, 5).transpose(1, 2),
+               lambda: torch.randn(2, 3, 5, 4).contiguous(memory_format=torch.channels_last))
+    for x in (make().requires_grad_() for make in layouts for _ in range(2)):  # fresh values
         g = torch.randn_like(pad_input(x))
         got, want = torch.autograd.grad(compiled(x), x, g)[0], torch.autograd.grad(
             pad_input(x), x, g)[0]
